@@ -1,0 +1,386 @@
+"""Link and load estimators: pure cores fed with measured samples and ``now_s``.
+
+No sockets, no clocks, no sessions: the device runtime (or the rig, or a test) measures real transfers
+and probes and feeds them in; the controller reads :class:`LinkEstimate` / :class:`LoadEstimate`.
+
+Bandwidth estimator — *harmonic mean of the last N informative samples, with step detection*.
+Why this and not an EWMA:
+
+- the harmonic mean of rates is the throughput of equal-sized transfers over the window, it always
+  lies between the smallest and largest sample in the window, and it is dominated by the slow samples:
+  a single burst (e.g. a transfer that fit in a socket buffer) cannot inflate it, and a drop shows in
+  the very next estimate (one 1 Mbit/s sample among seven at 20 gives 6.4 Mbit/s);
+- an EWMA reacts to a step at a fixed rate, so it is either jumpy under noise or slow after a step;
+  the harmonic mean alone is slow *upwards* (it needs most of the window to forget a slow past).
+  Hence step detection: when ``step_samples`` consecutive samples all lie beyond ``step_ratio`` of
+  the estimate made from the samples before them, on the same side, the older samples are dropped.
+  Under ±20% noise two samples differ by at most 1.5×, below the default ratio 2, so noise never
+  triggers a reset; a 20 → 1 Mbit/s step (or 1 → 20) is fully reflected after two samples.
+
+RTT estimator — median of the last ``rtt_window`` samples: robust to single spikes (a retransmit, a
+GC pause), follows a persistent change within ``rtt_window // 2 + 1`` samples. Transfers are corrected
+with the window's *minimum* RTT (the propagation part), so queueing in the RTT samples never makes the
+bandwidth look higher than it is.
+
+Small transfers are RTT-dominated: their ``seconds`` minus the RTT is mostly noise. A sample counts
+for bandwidth only if it has at least ``min_bytes`` and its transfer part (``seconds - rtt``) is at
+least ``min_transfer_fraction`` of its duration; otherwise it is ignored (counted in ``ignored``).
+
+Confidence (in [0, 1]) = count × freshness × consistency: ``min(1, n / full_confidence_samples)``,
+``0.5 ** (age_s / half_life_s)`` of the newest sample, and ``1 / (1 + cv)`` of the window (cv = the
+coefficient of variation of the rates). The link's confidence is the smaller of bandwidth's and RTT's.
+
+Directions differ (uplink vs downlink): keep one :class:`LinkEstimator` per direction if both matter.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from splitrt.errors import ConfigError
+
+__all__ = [
+    "LinkConfig",
+    "LinkEstimate",
+    "LinkEstimator",
+    "LoadConfig",
+    "LoadEstimate",
+    "LoadEstimator",
+]
+
+_BITS_PER_MBIT = 1e6
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkEstimate:
+    """What the controller plans with: bandwidth in Mbit/s, RTT in ms, confidence in [0, 1]."""
+
+    bandwidth_mbps: float
+    rtt_ms: float
+    confidence: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkConfig:
+    window: int = 8
+    step_ratio: float = 2.0
+    step_samples: int = 2
+    rtt_window: int = 5
+    min_bytes: int = 4096
+    min_transfer_fraction: float = 0.2
+    half_life_s: float = 10.0
+    full_confidence_samples: int = 3
+    probe_after_s: float = 2.0
+    min_probe_interval_s: float = 1.0
+    prior_bandwidth_mbps: float = 10.0
+    prior_rtt_ms: float = 20.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("window", self.window >= 1, self.window),
+            ("step_ratio", self.step_ratio > 1.0, self.step_ratio),
+            ("step_samples", 1 <= self.step_samples <= self.window, self.step_samples),
+            ("rtt_window", self.rtt_window >= 1, self.rtt_window),
+            ("min_bytes", self.min_bytes >= 0, self.min_bytes),
+            ("min_transfer_fraction", 0.0 <= self.min_transfer_fraction < 1.0, self.min_transfer_fraction),
+            ("half_life_s", self.half_life_s > 0, self.half_life_s),
+            ("full_confidence_samples", self.full_confidence_samples >= 1, self.full_confidence_samples),
+            ("probe_after_s", self.probe_after_s > 0, self.probe_after_s),
+            ("min_probe_interval_s", self.min_probe_interval_s >= 0, self.min_probe_interval_s),
+            ("prior_bandwidth_mbps", self.prior_bandwidth_mbps > 0, self.prior_bandwidth_mbps),
+            ("prior_rtt_ms", self.prior_rtt_ms >= 0, self.prior_rtt_ms),
+        ]
+        for name, ok, value in checks:
+            if not ok:
+                raise ConfigError(f"LinkConfig.{name}: expected a valid value, got {value!r}")
+
+
+@dataclass(frozen=True)
+class _Rate:
+    t_s: float
+    mbps: float
+
+
+def _finite(name: str, value: float) -> float:
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    return v
+
+
+def _harmonic(rates: list[float]) -> float:
+    return len(rates) / sum(1.0 / r for r in rates)
+
+
+def _freshness(age_s: float, half_life_s: float) -> float:
+    return float(0.5 ** (max(0.0, age_s) / half_life_s))
+
+
+class LinkEstimator:
+    """Bandwidth + RTT of one link from real transfers and probes. Pure: every call takes ``now_s``.
+
+    >>> est = LinkEstimator()
+    >>> est.add_rtt(0.0, 10.0)
+    >>> est.add_transfer(0.1, 1_250_000, 1.01)   # 10 Mbit in 1 s + 10 ms RTT
+    True
+    >>> round(est.estimate(0.1).bandwidth_mbps, 3)
+    10.0
+    """
+
+    def __init__(self, config: LinkConfig | None = None) -> None:
+        self.config = config or LinkConfig()
+        self._rates: deque[_Rate] = deque(maxlen=self.config.window)
+        self._pending = 0  # trailing samples beyond step_ratio of the estimate before them
+        self._pending_side = 0
+        self._rtts: deque[tuple[float, float]] = deque(maxlen=self.config.rtt_window)
+        self._last_probe_s: float | None = None
+        self.ignored = 0
+        self.steps = 0
+
+    # -- feeding ---------------------------------------------------------------------------------
+    def add_rtt(self, now_s: float, rtt_ms: float) -> None:
+        """An RTT sample in ms (a Probe with no payload, or a transfer too small to carry bytes)."""
+        rtt = _finite("rtt_ms", rtt_ms)
+        if rtt < 0:
+            raise ValueError(f"rtt_ms: expected >= 0, got {rtt_ms!r}")
+        self._rtts.append((_finite("now_s", now_s), rtt))
+
+    def add_transfer(self, now_s: float, bytes: int, seconds: float) -> bool:
+        """A real transfer of ``bytes`` that took ``seconds`` (the cloud's compute time already
+        subtracted by the caller). Returns True when it counted for bandwidth, False when it was too
+        small to tell (RTT-dominated) and was ignored."""
+        now = _finite("now_s", now_s)
+        secs = _finite("seconds", seconds)
+        if bytes < 0 or secs < 0:
+            raise ValueError(f"transfer: expected bytes >= 0 and seconds >= 0, got {bytes!r}, {seconds!r}")
+        rtt_s = self._rtt_floor_ms() / 1000.0
+        transfer_s = secs - rtt_s
+        if (
+            bytes < self.config.min_bytes
+            or bytes == 0
+            or transfer_s <= 0
+            or transfer_s < self.config.min_transfer_fraction * secs
+        ):
+            self.ignored += 1
+            return False
+        self._add_rate(now, bytes * 8 / _BITS_PER_MBIT / transfer_s)
+        return True
+
+    def add_rate(self, now_s: float, mbps: float) -> None:
+        """A bandwidth sample already net of RTT (e.g. from a probe that timed its payload alone)."""
+        rate = _finite("mbps", mbps)
+        if rate <= 0:
+            raise ValueError(f"mbps: expected > 0, got {mbps!r}")
+        self._add_rate(_finite("now_s", now_s), rate)
+
+    def _add_rate(self, now_s: float, mbps: float) -> None:
+        cfg = self.config
+        settled = list(self._rates)[: len(self._rates) - self._pending]
+        side = 0
+        if settled:
+            before = _harmonic([r.mbps for r in settled])
+            if mbps > before * cfg.step_ratio:
+                side = 1
+            elif mbps < before / cfg.step_ratio:
+                side = -1
+        if side != 0 and side == self._pending_side:
+            self._pending += 1
+        elif side != 0:
+            self._pending, self._pending_side = 1, side
+        else:
+            self._pending, self._pending_side = 0, 0
+        self._rates.append(_Rate(now_s, mbps))
+        if self._pending >= cfg.step_samples:
+            keep = list(self._rates)[-self._pending :]
+            self._rates.clear()
+            self._rates.extend(keep)
+            self._pending, self._pending_side = 0, 0
+            self.steps += 1
+        # the window may have pushed settled samples out: pending can never exceed the window
+        self._pending = min(self._pending, len(self._rates))
+
+    def probe_started(self, now_s: float) -> None:
+        """Tell the estimator a probe went out, so :meth:`needs_probe` does not ask again at once."""
+        self._last_probe_s = _finite("now_s", now_s)
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def samples(self) -> int:
+        """Bandwidth samples currently in the window."""
+        return len(self._rates)
+
+    def _rtt_floor_ms(self) -> float:
+        return min(r for _, r in self._rtts) if self._rtts else 0.0
+
+    def bandwidth_mbps(self) -> float:
+        if not self._rates:
+            return self.config.prior_bandwidth_mbps
+        return _harmonic([r.mbps for r in self._rates])
+
+    def rtt_ms(self) -> float:
+        if not self._rtts:
+            return self.config.prior_rtt_ms
+        return float(statistics.median(r for _, r in self._rtts))
+
+    def bandwidth_confidence(self, now_s: float) -> float:
+        cfg = self.config
+        if not self._rates:
+            return 0.0
+        rates = [r.mbps for r in self._rates]
+        count = min(1.0, len(rates) / cfg.full_confidence_samples)
+        fresh = _freshness(now_s - self._rates[-1].t_s, cfg.half_life_s)
+        mean = sum(rates) / len(rates)
+        cv = statistics.pstdev(rates) / mean if len(rates) > 1 else 0.0
+        return max(0.0, min(1.0, count * fresh / (1.0 + cv)))
+
+    def rtt_confidence(self, now_s: float) -> float:
+        cfg = self.config
+        if not self._rtts:
+            return 0.0
+        count = min(1.0, len(self._rtts) / cfg.full_confidence_samples)
+        return max(0.0, min(1.0, count * _freshness(now_s - self._rtts[-1][0], cfg.half_life_s)))
+
+    def estimate(self, now_s: float) -> LinkEstimate:
+        now = _finite("now_s", now_s)
+        return LinkEstimate(
+            bandwidth_mbps=self.bandwidth_mbps(),
+            rtt_ms=self.rtt_ms(),
+            confidence=min(self.bandwidth_confidence(now), self.rtt_confidence(now)),
+        )
+
+    def last_sample_s(self) -> float | None:
+        times = [self._rates[-1].t_s] if self._rates else []
+        times += [self._rtts[-1][0]] if self._rtts else []
+        return max(times) if times else None
+
+    def needs_probe(self, now_s: float) -> bool:
+        """True when bandwidth or RTT has no sample newer than ``probe_after_s`` and no probe went out
+        within ``min_probe_interval_s``."""
+        cfg = self.config
+        if self._last_probe_s is not None and now_s - self._last_probe_s < cfg.min_probe_interval_s:
+            return False
+        if not self._rates or not self._rtts:
+            return True
+        newest = min(self._rates[-1].t_s, self._rtts[-1][0])
+        return now_s - newest >= cfg.probe_after_s
+
+    def suggest_probe_bytes(self, target_s: float = 0.05, lo: int = 16 * 1024, hi: int = 1 << 20) -> int:
+        """Payload for a probe that takes about ``target_s`` at the current estimate (clipped to
+        [lo, hi]) — big enough not to be RTT-dominated, small enough to be cheap."""
+        want = self.bandwidth_mbps() * _BITS_PER_MBIT / 8 * target_s
+        return int(max(lo, min(hi, want)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Load
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadEstimate:
+    """Multipliers of profiled compute costs: ``device_factor`` for the head (and local fallback),
+    ``cloud_factor`` for the tail (queue wait included). Both >= ``LoadConfig.min_factor``."""
+
+    device_factor: float
+    cloud_factor: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadConfig:
+    alpha: float = 0.5
+    max_util: float = 0.9
+    half_life_s: float = 10.0
+    min_factor: float = 1.0
+    max_factor: float = 50.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("alpha", 0.0 < self.alpha <= 1.0, self.alpha),
+            ("max_util", 0.0 <= self.max_util < 1.0, self.max_util),
+            ("half_life_s", self.half_life_s > 0, self.half_life_s),
+            ("min_factor", self.min_factor > 0.0, self.min_factor),
+            ("max_factor", self.max_factor >= self.min_factor, self.max_factor),
+        ]
+        for name, ok, value in checks:
+            if not ok:
+                raise ConfigError(f"LoadConfig.{name}: expected a valid value, got {value!r}")
+
+
+class _Ewma:
+    """EWMA of a factor whose excess over 1 fades with age (stale load news means nominal load)."""
+
+    def __init__(self, cfg: LoadConfig) -> None:
+        self.cfg = cfg
+        self.value: float | None = None
+        self.t_s = 0.0
+
+    def add(self, now_s: float, x: float) -> None:
+        x = min(self.cfg.max_factor, max(self.cfg.min_factor, x))
+        prior = self.get(now_s)
+        self.value = x if self.value is None else prior + self.cfg.alpha * (x - prior)
+        self.t_s = now_s
+
+    def get(self, now_s: float) -> float:
+        if self.value is None:
+            return self.cfg.min_factor
+        fade = _freshness(now_s - self.t_s, self.cfg.half_life_s)
+        base = self.cfg.min_factor
+        return base + (self.value - base) * fade
+
+
+class LoadEstimator:
+    """Device and cloud load factors from samples. Pure: every call takes ``now_s``.
+
+    Device: ``other_util`` is the CPU utilisation in [0, 1] of *other* processes (the caller subtracts
+    splitrt's own, e.g. psutil system percent minus the process's percent / ncpu); our compute gets the
+    remaining share, so costs scale by ``1 / (1 - util)`` (util capped at ``max_util``), and by
+    ``profiled_freq / freq`` when the CPU is throttled below the frequency the profile was measured at.
+
+    Cloud: the server reports the queue wait of a request; the device measures the tail time (the
+    server's compute time of the request) and knows the profiled tail time; the factor is
+    ``(queue_wait + measured_tail) / profiled_tail``. A status with no measured tail (e.g. from a
+    Probe or the discovery TXT) uses the profiled time for the tail part.
+    """
+
+    def __init__(self, config: LoadConfig | None = None) -> None:
+        self.config = config or LoadConfig()
+        self._device = _Ewma(self.config)
+        self._cloud = _Ewma(self.config)
+
+    def add_device(
+        self,
+        now_s: float,
+        *,
+        other_util: float,
+        freq_mhz: float | None = None,
+        profiled_freq_mhz: float | None = None,
+    ) -> float:
+        """Feed one device sample; returns the instantaneous factor it implies."""
+        util = _finite("other_util", other_util)
+        if not 0.0 <= util <= 1.0:
+            raise ValueError(f"other_util: expected a fraction in [0, 1], got {other_util!r}")
+        factor = 1.0 / (1.0 - min(util, self.config.max_util))
+        if freq_mhz and profiled_freq_mhz and freq_mhz > 0 and profiled_freq_mhz > 0:
+            factor *= max(1.0, profiled_freq_mhz / freq_mhz)
+        self._device.add(_finite("now_s", now_s), factor)
+        return factor
+
+    def add_cloud(
+        self, now_s: float, *, queue_wait_s: float, profiled_tail_s: float, tail_s: float | None = None
+    ) -> float:
+        """Feed one cloud observation; returns the instantaneous factor it implies."""
+        wait = _finite("queue_wait_s", queue_wait_s)
+        prof = _finite("profiled_tail_s", profiled_tail_s)
+        if wait < 0 or prof <= 0:
+            raise ValueError(
+                f"cloud sample: expected queue_wait_s >= 0 and profiled_tail_s > 0, got {wait}, {prof}"
+            )
+        tail = prof if tail_s is None else _finite("tail_s", tail_s)
+        factor = (wait + max(0.0, tail)) / prof
+        self._cloud.add(_finite("now_s", now_s), factor)
+        return factor
+
+    def estimate(self, now_s: float) -> LoadEstimate:
+        return LoadEstimate(device_factor=self._device.get(now_s), cloud_factor=self._cloud.get(now_s))

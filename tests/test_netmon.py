@@ -1,0 +1,231 @@
+"""Link and load estimators: pure, so driven with synthetic samples and a fake clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitrt.errors import ConfigError
+from splitrt.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadConfig, LoadEstimator
+
+RTT_MS = 20.0
+BYTES = 250_000  # 2 Mbit: 100 ms at 20 Mbit/s, 2 s at 1 Mbit/s
+
+
+def transfer_s(mbps: float, nbytes: int = BYTES, rtt_ms: float = RTT_MS) -> float:
+    return nbytes * 8 / (mbps * 1e6) + rtt_ms / 1000
+
+
+def fed(rates: list[float], *, rtt_ms: float = RTT_MS, config: LinkConfig | None = None) -> LinkEstimator:
+    est = LinkEstimator(config)
+    est.add_rtt(0.0, rtt_ms)
+    for i, r in enumerate(rates):
+        nbytes = max(BYTES, int(r * 1e6 / 8 * 0.5))  # at least 0.5 s of transfer: not RTT-dominated
+        assert est.add_transfer(float(i), nbytes, transfer_s(r, nbytes, rtt_ms=rtt_ms))
+    return est
+
+
+rate = st.floats(min_value=0.05, max_value=1000.0, allow_nan=False, allow_infinity=False)
+
+
+@given(st.lists(rate, min_size=1, max_size=40))
+def test_estimate_lies_within_the_samples(rates: list[float]) -> None:
+    est = fed(rates)
+    bw = est.estimate(len(rates)).bandwidth_mbps
+    assert min(rates) * (1 - 1e-6) <= bw <= max(rates) * (1 + 1e-6)
+    window = rates[-est.samples :]
+    assert min(window) * (1 - 1e-6) <= bw <= max(window) * (1 + 1e-6)
+
+
+@given(rate, st.integers(min_value=1, max_value=30))
+def test_constant_rate_is_estimated_exactly(mbps: float, n: int) -> None:
+    assert fed([mbps] * n).estimate(n).bandwidth_mbps == pytest.approx(mbps, rel=1e-6)
+
+
+@given(
+    st.floats(min_value=0.5, max_value=200.0),
+    st.integers(min_value=0, max_value=2**32 - 1),
+)
+@settings(max_examples=50)
+def test_converges_under_20_percent_noise(mbps: float, seed: int) -> None:
+    rnd = random.Random(seed)
+    est = fed([mbps * rnd.uniform(0.8, 1.2) for _ in range(60)])
+    assert est.steps == 0  # noise never looks like a step
+    assert 0.8 * mbps <= est.estimate(60).bandwidth_mbps <= 1.2 * mbps
+
+
+@given(
+    st.floats(min_value=0.5, max_value=100.0),
+    st.floats(min_value=3.0, max_value=50.0),
+    st.booleans(),
+    st.integers(min_value=0, max_value=2**32 - 1),
+)
+@settings(max_examples=80)
+def test_reacts_to_a_step_within_two_samples(mbps: float, ratio: float, down: bool, seed: int) -> None:
+    rnd = random.Random(seed)
+    after = mbps / ratio if down else mbps * ratio
+    est = fed([mbps * rnd.uniform(0.8, 1.2) for _ in range(20)] + [after * rnd.uniform(0.8, 1.2)] * 2)
+    assert 0.8 * after <= est.estimate(22).bandwidth_mbps <= 1.2 * after
+
+
+def test_step_20_to_1_mbps() -> None:
+    est = fed([20.0] * 10)
+    est.add_transfer(10.0, BYTES, transfer_s(1.0))
+    first = est.estimate(10.0).bandwidth_mbps
+    assert first < 20.0 / 2  # the harmonic mean already drags it down after one sample
+    est.add_transfer(11.0, BYTES, transfer_s(1.0))
+    assert est.estimate(11.0).bandwidth_mbps == pytest.approx(1.0)
+    assert est.steps == 1
+
+
+def test_one_outlier_does_not_reset_the_window() -> None:
+    est = fed([20.0] * 8 + [200.0] + [20.0])
+    assert est.steps == 0
+    assert 20.0 <= est.estimate(10.0).bandwidth_mbps < 25.0  # the burst barely counts
+
+
+def test_rtt_is_subtracted_from_transfers() -> None:
+    est = LinkEstimator()
+    est.add_rtt(0.0, 100.0)
+    assert est.add_transfer(0.0, 1_250_000, 1.1)  # 10 Mbit in 1 s + 100 ms RTT
+    assert est.bandwidth_mbps() == pytest.approx(10.0)
+
+
+def test_rtt_dominated_transfers_are_ignored() -> None:
+    est = LinkEstimator()
+    est.add_rtt(0.0, 50.0)
+    assert not est.add_transfer(1.0, 100, 0.051)  # below min_bytes
+    assert not est.add_transfer(1.0, 10_000, 0.052)  # transfer part 2 ms of 52 ms
+    assert not est.add_transfer(1.0, 10_000, 0.040)  # faster than the RTT: nothing to learn
+    assert est.ignored == 3
+    assert est.samples == 0
+    assert est.estimate(1.0).bandwidth_mbps == LinkConfig().prior_bandwidth_mbps
+
+
+def test_rtt_median_ignores_a_spike_and_follows_a_shift() -> None:
+    est = LinkEstimator()
+    for i, r in enumerate([10, 11, 9, 500, 10]):
+        est.add_rtt(float(i), r)
+    assert est.rtt_ms() == 10
+    for i in range(3):
+        est.add_rtt(5.0 + i, 80.0)
+    assert est.rtt_ms() == 80.0
+
+
+@given(st.floats(min_value=0.0, max_value=1e4), st.floats(min_value=0.0, max_value=1e4))
+def test_confidence_in_unit_interval_and_decays_with_age(age1: float, extra: float) -> None:
+    est = fed([5.0, 6.0, 5.5])
+    est.add_rtt(2.0, RTT_MS)
+    c1 = est.estimate(2.0 + age1).confidence
+    c2 = est.estimate(2.0 + age1 + extra).confidence
+    assert 0.0 <= c2 <= c1 <= 1.0
+
+
+def test_confidence_rises_with_samples_and_halves_per_half_life() -> None:
+    cfg = LinkConfig(half_life_s=4.0)
+    est = LinkEstimator(cfg)
+    assert est.estimate(0.0).confidence == 0.0
+    est.add_rtt(0.0, RTT_MS)
+    confs = []
+    for i in range(3):
+        est.add_rtt(float(i), RTT_MS)
+        est.add_transfer(float(i), BYTES, transfer_s(10.0))
+        confs.append(est.estimate(float(i)).confidence)
+    assert confs[0] < confs[1] < confs[2] == pytest.approx(1.0)
+    assert est.estimate(2.0 + 4.0).confidence == pytest.approx(0.5)
+    assert est.estimate(2.0 + 8.0).confidence == pytest.approx(0.25)
+
+
+def test_needs_probe_when_empty_or_stale_and_not_twice_in_a_row() -> None:
+    cfg = LinkConfig(probe_after_s=2.0, min_probe_interval_s=1.0)
+    est = LinkEstimator(cfg)
+    assert est.needs_probe(0.0)
+    est.probe_started(0.0)
+    assert not est.needs_probe(0.5)  # a probe is in flight
+    est.add_rtt(0.6, RTT_MS)
+    est.add_transfer(0.6, BYTES, transfer_s(10.0))
+    assert not est.needs_probe(1.5)
+    assert not est.needs_probe(2.5)
+    assert est.needs_probe(2.6)
+    est.add_transfer(3.0, BYTES, transfer_s(10.0))  # fresh bandwidth, but RTT is still old
+    assert est.needs_probe(3.0)
+    est.add_rtt(3.0, RTT_MS)
+    assert not est.needs_probe(3.0)
+
+
+def test_suggested_probe_size_follows_the_estimate() -> None:
+    slow, fast = fed([1.0] * 3), fed([100.0] * 3)
+    assert slow.suggest_probe_bytes() < fast.suggest_probe_bytes()
+    assert slow.suggest_probe_bytes() >= 16 * 1024 and fast.suggest_probe_bytes() <= 1 << 20
+
+
+def test_estimate_is_a_frozen_dataclass_and_bad_inputs_raise() -> None:
+    e = LinkEstimate(bandwidth_mbps=1.0, rtt_ms=2.0, confidence=0.5)
+    with pytest.raises(AttributeError):
+        e.rtt_ms = 3.0  # type: ignore[misc]
+    est = LinkEstimator()
+    with pytest.raises(ValueError, match="rtt_ms"):
+        est.add_rtt(0.0, float("nan"))
+    with pytest.raises(ValueError, match="seconds"):
+        est.add_transfer(0.0, 10, -1.0)
+    with pytest.raises(ConfigError, match="window"):
+        LinkConfig(window=0)
+
+
+# -- load ---------------------------------------------------------------------------------------
+
+
+def test_device_factor_from_utilisation_and_frequency() -> None:
+    load = LoadEstimator(LoadConfig(alpha=1.0))
+    assert load.estimate(0.0).device_factor == 1.0
+    assert load.add_device(0.0, other_util=0.5) == pytest.approx(2.0)
+    assert load.estimate(0.0).device_factor == pytest.approx(2.0)
+    f = load.add_device(1.0, other_util=0.0, freq_mhz=600, profiled_freq_mhz=1800)
+    assert f == pytest.approx(3.0)
+    assert load.add_device(2.0, other_util=1.0) == pytest.approx(10.0)  # capped at max_util 0.9
+    assert load.add_device(3.0, other_util=0.0, freq_mhz=2000, profiled_freq_mhz=1000) == 1.0
+    with pytest.raises(ValueError, match="other_util"):
+        load.add_device(4.0, other_util=1.5)
+
+
+def test_cloud_factor_from_queue_wait_and_tail_time() -> None:
+    load = LoadEstimator(LoadConfig(alpha=1.0))
+    assert load.add_cloud(0.0, queue_wait_s=0.02, tail_s=0.03, profiled_tail_s=0.01) == pytest.approx(5.0)
+    assert load.estimate(0.0).cloud_factor == pytest.approx(5.0)
+    assert load.estimate(0.0).device_factor == 1.0
+    load.add_cloud(1.0, queue_wait_s=0.0, profiled_tail_s=0.01)
+    assert load.estimate(1.0).cloud_factor == 1.0
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 10.0), st.floats(0.0, 10.0), st.floats(1e-3, 10.0)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.floats(0.0, 1e3),
+)
+def test_load_factors_are_bounded_and_fade_to_nominal(
+    samples: list[tuple[float, float, float, float]], later: float
+) -> None:
+    cfg = LoadConfig()
+    load = LoadEstimator(cfg)
+    for i, (util, wait, tail, prof) in enumerate(samples):
+        load.add_device(float(i), other_util=util)
+        load.add_cloud(float(i), queue_wait_s=wait, tail_s=tail, profiled_tail_s=prof)
+    now = float(len(samples))
+    a, b = load.estimate(now), load.estimate(now + later)
+    for x in (a.device_factor, a.cloud_factor, b.device_factor, b.cloud_factor):
+        assert cfg.min_factor <= x <= cfg.max_factor
+    assert b.device_factor <= a.device_factor and b.cloud_factor <= a.cloud_factor
+
+
+def test_load_ewma_smooths_a_single_spike() -> None:
+    load = LoadEstimator(LoadConfig(alpha=0.25))
+    for i in range(10):
+        load.add_device(float(i), other_util=0.0)
+    load.add_device(10.0, other_util=0.9)  # instantaneous 10x
+    assert 1.0 < load.estimate(10.0).device_factor < 4.0

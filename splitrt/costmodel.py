@@ -1,0 +1,270 @@
+"""Predicted cost of running a model split at a cut (pure: no I/O, no clocks, no onnxruntime).
+
+The model, per candidate cut ``c`` and codec ``k`` (two tiers, device → cloud)::
+
+    device_ms   = head_ms[c] × device_load                        (0 for the cut ``cloud``)
+    transfer_ms = (sent_bytes[c, k] + reply_bytes) × 8 / bandwidth  (0 for the cut ``device``)
+    latency_ms  = device_ms + transfer_ms + rtt_ms + tail_ms[c] × cloud_load
+                  (no RTT, no transfer and no cloud for the cut ``device``)
+    energy_mJ   = active_w × device_ms + radio_w × send_ms + idle_w × (rtt_ms + cloud_ms + reply_ms)
+    period_ms   = max(device_ms, transfer_ms, cloud_ms)          (frames pipelined: slowest stage)
+
+``sent_bytes[c, k] = float_bytes[c] × ratio[k] + (bytes[c] - float_bytes[c])``: a codec only shrinks
+the float32 part of the crossing tensors (fp16 = 0.5, int8-affine ≈ 0.25). Everything is precomputed
+once per profile pair into numpy arrays (``CostTable``), so evaluating every cut under new link and
+load estimates is a handful of vector operations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from splitrt.errors import PlanError
+
+FloatArray = npt.NDArray[np.float64]
+
+#: Size of the encoded float32 part relative to raw fp32, per codec (headers neglected).
+CODEC_RATIOS: Mapping[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}
+
+DEVICE_CUT = "device"
+CLOUD_CUT = "cloud"
+
+# bytes × 8 bit / (Mbit/s × 1e6 bit/Mbit) × 1000 ms/s = bytes × MS_PER_BYTE_AT_1MBPS / Mbit/s
+MS_PER_BYTE_AT_1MBPS = 8e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """One network hop: bandwidth (both directions) and round-trip time."""
+
+    bandwidth_mbps: float
+    rtt_ms: float
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth_mbps > 0 and math.isfinite(self.bandwidth_mbps)):
+            raise PlanError(f"bandwidth_mbps must be a positive finite number, got {self.bandwidth_mbps!r}")
+        if not (self.rtt_ms >= 0 and math.isfinite(self.rtt_ms)):
+            raise PlanError(f"rtt_ms must be a finite number >= 0, got {self.rtt_ms!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Power:
+    """Device power figures for the energy objective (watts)."""
+
+    idle_w: float
+    active_w: float
+    radio_w: float
+
+    def __post_init__(self) -> None:
+        for name in ("idle_w", "active_w", "radio_w"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise PlanError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+#: Used when no board is given: a Raspberry Pi 4 class device (see devices/rpi4.toml).
+DEFAULT_POWER = Power(idle_w=2.7, active_w=6.4, radio_w=1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Conditions:
+    """What the solver is re-run for: the link and the load on each side (≥ 1 multiplies compute)."""
+
+    link: Link
+    device_load: float = 1.0
+    cloud_load: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("device_load", "cloud_load"):
+            value = getattr(self, name)
+            if not (value >= 1.0 and math.isfinite(value)):
+                raise PlanError(f"{name} must be a finite number >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CutCost:
+    """Measured cost of one candidate cut: device head time, cloud tail time, crossing bytes."""
+
+    cut: str
+    head_ms: float
+    tail_ms: float
+    bytes: int
+    float_bytes: int | None = None  # the float32 part of ``bytes`` (codec-compressible); None = all
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """Predicted cost of one (cut, codec) under given conditions."""
+
+    cut: str
+    codec: str
+    device_ms: float
+    transfer_ms: float
+    rtt_ms: float
+    cloud_ms: float
+    latency_ms: float
+    energy_mj: float
+    period_ms: float
+    bytes: int  # raw crossing bytes
+    sent_bytes: int  # after the codec
+
+
+class CostTable:
+    """Per-cut costs of one model for one (device, cloud) pair, as numpy arrays.
+
+    ``ids`` in topological order (first ``cloud``, last ``device`` when present); ``head_ms`` is the
+    unloaded head time on the device, ``tail_ms`` the unloaded tail time on the cloud, ``bytes`` the
+    raw crossing bytes, ``float_bytes`` the float32 part of them. ``reply_bytes`` (the graph outputs)
+    travel back for every cut but ``device``.
+    """
+
+    def __init__(
+        self,
+        *,
+        ids: Sequence[str],
+        head_ms: Sequence[float] | FloatArray,
+        tail_ms: Sequence[float] | FloatArray,
+        bytes: Sequence[int] | npt.NDArray[np.int64],
+        float_bytes: Sequence[int] | npt.NDArray[np.int64] | None = None,
+        reply_bytes: int = 0,
+        codecs: Mapping[str, float] | None = None,
+    ) -> None:
+        n = len(ids)
+        if n == 0:
+            raise PlanError("a cost table needs at least one cut, got 0")
+        if len(set(ids)) != n:
+            raise PlanError(f"cut ids must be unique, got {list(ids)!r}")
+        self.ids: tuple[str, ...] = tuple(ids)
+        self._index = {cut: i for i, cut in enumerate(self.ids)}
+        self.head_ms = self._vector("head_ms", head_ms, n)
+        self.tail_ms = self._vector("tail_ms", tail_ms, n)
+        self.bytes = self._vector("bytes", bytes, n)
+        fb = self.bytes if float_bytes is None else self._vector("float_bytes", float_bytes, n)
+        if np.any(fb > self.bytes):
+            raise PlanError("float_bytes must not exceed bytes for any cut")
+        self.float_bytes = fb
+        if reply_bytes < 0:
+            raise PlanError(f"reply_bytes must be >= 0, got {reply_bytes}")
+        self.reply_bytes = int(reply_bytes)
+        codec_map = dict(CODEC_RATIOS if codecs is None else codecs)
+        if not codec_map:
+            raise PlanError("at least one codec is needed, got none")
+        for name, ratio in codec_map.items():
+            if not (0 < ratio <= 1.0):
+                raise PlanError(f"codec {name!r}: ratio must be in (0, 1], got {ratio!r}")
+        self.codecs: tuple[str, ...] = tuple(codec_map)
+        self.codec_ratios = np.array([codec_map[c] for c in self.codecs], dtype=np.float64)
+
+        # Structural masks: the device cut sends nothing; the cloud cut runs nothing on the device.
+        self.sends = np.array([cut != DEVICE_CUT for cut in self.ids], dtype=bool)
+        self.head_ms = np.where(np.array([cut == CLOUD_CUT for cut in self.ids]), 0.0, self.head_ms)
+        self.tail_ms = np.where(self.sends, self.tail_ms, 0.0)
+        # sent bytes per (cut, codec), and the same in ms at 1 Mbit/s (reply included).
+        other = self.bytes - self.float_bytes
+        sent = self.float_bytes[:, None] * self.codec_ratios[None, :] + other[:, None]
+        self.sent_bytes = np.where(self.sends[:, None], np.ceil(sent), 0.0)
+        self._send_ms_1mbps = self.sent_bytes * MS_PER_BYTE_AT_1MBPS
+        self._reply_ms_1mbps = np.where(self.sends, self.reply_bytes * MS_PER_BYTE_AT_1MBPS, 0.0)
+        self._rtt_mask = self.sends.astype(np.float64)
+        for arr in (self.head_ms, self.tail_ms, self.bytes, self.float_bytes, self.sent_bytes):
+            arr.setflags(write=False)
+
+    @staticmethod
+    def _vector(name: str, values: object, n: int) -> FloatArray:
+        arr = np.array(values, dtype=np.float64).reshape(-1)
+        if arr.shape != (n,):
+            raise PlanError(f"{name}: expected {n} values (one per cut), got {arr.shape[0]}")
+        if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            raise PlanError(f"{name}: every value must be finite and >= 0")
+        return arr
+
+    @classmethod
+    def from_cuts(
+        cls, cuts: Sequence[CutCost], *, reply_bytes: int = 0, codecs: Mapping[str, float] | None = None
+    ) -> CostTable:
+        return cls(
+            ids=[c.cut for c in cuts],
+            head_ms=[c.head_ms for c in cuts],
+            tail_ms=[c.tail_ms for c in cuts],
+            bytes=[c.bytes for c in cuts],
+            float_bytes=[c.bytes if c.float_bytes is None else c.float_bytes for c in cuts],
+            reply_bytes=reply_bytes,
+            codecs=codecs,
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def index(self, cut: str) -> int:
+        try:
+            return self._index[cut]
+        except KeyError:
+            raise PlanError(f"unknown cut {cut!r}; expected one of {self.ids[0]}..{self.ids[-1]}") from None
+
+    def codec_index(self, codec: str) -> int:
+        try:
+            return self.codecs.index(codec)
+        except ValueError:
+            raise PlanError(f"unknown codec {codec!r}; expected one of {', '.join(self.codecs)}") from None
+
+    # ---- vectorised components, shape (cuts, codecs) or (cuts,) ----------------------------------
+    def device_ms(self, cond: Conditions) -> FloatArray:
+        return self.head_ms * cond.device_load
+
+    def cloud_ms(self, cond: Conditions) -> FloatArray:
+        return self.tail_ms * cond.cloud_load
+
+    def send_ms(self, cond: Conditions) -> FloatArray:
+        """Upload time of the crossing tensors, (cuts, codecs)."""
+        return self._send_ms_1mbps / cond.link.bandwidth_mbps
+
+    def reply_ms(self, cond: Conditions) -> FloatArray:
+        return self._reply_ms_1mbps / cond.link.bandwidth_mbps
+
+    def rtt_ms(self, cond: Conditions) -> FloatArray:
+        return self._rtt_mask * cond.link.rtt_ms
+
+    def latency_ms(self, cond: Conditions) -> FloatArray:
+        """End-to-end latency of every (cut, codec), shape (cuts, codecs)."""
+        per_cut = self.device_ms(cond) + self.reply_ms(cond) + self.rtt_ms(cond) + self.cloud_ms(cond)
+        return per_cut[:, None] + self.send_ms(cond)
+
+    def energy_mj(self, cond: Conditions, power: Power) -> FloatArray:
+        """Device energy per inference in millijoules (W × ms), shape (cuts, codecs)."""
+        waiting = self.rtt_ms(cond) + self.cloud_ms(cond) + self.reply_ms(cond)
+        per_cut = power.active_w * self.device_ms(cond) + power.idle_w * waiting
+        return per_cut[:, None] + power.radio_w * self.send_ms(cond)
+
+    def period_ms(self, cond: Conditions) -> FloatArray:
+        """Pipelined frame period (slowest of device, link, cloud), shape (cuts, codecs)."""
+        link = self.send_ms(cond) + self.reply_ms(cond)[:, None]
+        compute = np.maximum(self.device_ms(cond), self.cloud_ms(cond))
+        return np.maximum(compute[:, None], link)
+
+    def estimate(self, cut: str, codec: str, cond: Conditions, power: Power = DEFAULT_POWER) -> Estimate:
+        """All predicted figures of one (cut, codec)."""
+        i, k = self.index(cut), self.codec_index(codec)
+        bw = cond.link.bandwidth_mbps
+        device = float(self.head_ms[i] * cond.device_load)
+        cloud = float(self.tail_ms[i] * cond.cloud_load)
+        send = float(self._send_ms_1mbps[i, k] / bw)
+        reply = float(self._reply_ms_1mbps[i] / bw)
+        rtt = float(self._rtt_mask[i] * cond.link.rtt_ms)
+        return Estimate(
+            cut=cut,
+            codec=codec,
+            device_ms=device,
+            transfer_ms=send + reply,
+            rtt_ms=rtt,
+            cloud_ms=cloud,
+            latency_ms=device + reply + rtt + cloud + send,
+            energy_mj=power.active_w * device + power.idle_w * (rtt + cloud + reply) + power.radio_w * send,
+            period_ms=max(device, cloud, send + reply),
+            bytes=int(self.bytes[i]),
+            sent_bytes=int(self.sent_bytes[i, k]),
+        )

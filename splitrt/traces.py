@@ -1,0 +1,298 @@
+"""Bandwidth traces: load, synthesise, query (pure apart from reading files).
+
+A ``Trace`` is piecewise constant: sample ``i`` holds from ``times_s[i]`` until ``times_s[i + 1]``; the
+last sample holds for the median sampling interval, which ends the trace at ``duration_s``. Times are
+shifted so the first sample is at 0. Like Mahimahi, a trace LOOPS: ``rate_at(t)`` for ``t`` past the
+end wraps around, so a replay may run longer than the trace.
+
+Formats
+- two columns ``<t_s> <Mbit/s>`` (the Norway HSDPA and FCC sets of ``splitrt/data/traces``);
+  ``#`` comments and blank lines are ignored;
+- Mahimahi: one integer per line, the time in ms of a delivery opportunity for one 1500-byte packet;
+  the trace's period is the last timestamp. It is binned (``bin_ms``, default 500) into rates.
+``load(path)`` tells them apart (one column of integers = Mahimahi).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from splitrt.errors import ConfigError
+
+MAHIMAHI_PACKET_BYTES = 1500
+_SHIPPED_PKG = "splitrt"
+_SHIPPED_DIR = ("data", "traces")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Piecewise-constant bandwidth over time (see module doc); ``rates_mbps`` are Mbit/s >= 0."""
+
+    name: str
+    times_s: tuple[float, ...]
+    rates_mbps: tuple[float, ...]
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        if not self.times_s or len(self.times_s) != len(self.rates_mbps):
+            raise ConfigError(f"trace {self.name!r}: need as many times as rates (>= 1), got "
+                              f"{len(self.times_s)} times and {len(self.rates_mbps)} rates")
+        if self.times_s[0] != 0.0:
+            raise ConfigError(f"trace {self.name!r}: first sample must be at 0 s, got {self.times_s[0]}")
+        if any(b <= a for a, b in itertools.pairwise(self.times_s)):
+            raise ConfigError(f"trace {self.name!r}: sample times must strictly increase")
+        if any(not math.isfinite(r) or r < 0 for r in self.rates_mbps):
+            raise ConfigError(f"trace {self.name!r}: rates must be finite and >= 0 Mbit/s")
+        if not self.duration_s > self.times_s[-1]:
+            raise ConfigError(f"trace {self.name!r}: duration {self.duration_s} s must exceed the last "
+                              f"sample time {self.times_s[-1]} s")
+
+    # ------------------------------------------------------------------------------------ queries
+    def index_at(self, t_s: float) -> int:
+        """Index of the sample in force at ``t_s`` (wrapping past the end)."""
+        if t_s < 0:
+            raise ConfigError(f"trace time must be >= 0 s, got {t_s}")
+        t = t_s % self.duration_s
+        return bisect.bisect_right(self.times_s, t) - 1
+
+    def rate_at(self, t_s: float) -> float:
+        """Bandwidth in Mbit/s at ``t_s`` seconds from the start (wrapping past the end)."""
+        return self.rates_mbps[self.index_at(t_s)]
+
+    def segments(self) -> list[tuple[float, float, float]]:
+        """``(start_s, end_s, mbps)`` for each sample."""
+        ends = [*self.times_s[1:], self.duration_s]
+        return [(a, b, r) for a, b, r in zip(self.times_s, ends, self.rates_mbps, strict=True)]
+
+    def mean_mbps(self) -> float:
+        """Time-weighted mean."""
+        return sum((b - a) * r for a, b, r in self.segments()) / self.duration_s
+
+    def median_mbps(self) -> float:
+        """Time-weighted median: half of the time the rate is at or below it."""
+        segs = sorted(self.segments(), key=lambda s: s[2])
+        acc = 0.0
+        for a, b, r in segs:
+            acc += b - a
+            if acc >= self.duration_s / 2:
+                return r
+        return segs[-1][2]
+
+    def min_mbps(self) -> float:
+        return min(self.rates_mbps)
+
+    def max_mbps(self) -> float:
+        return max(self.rates_mbps)
+
+    def change_times(self, until_s: float | None = None) -> list[float]:
+        """Times in ``[0, until_s)`` (default: one period) where the rate may change, with wrapping."""
+        end = self.duration_s if until_s is None else until_s
+        out: list[float] = []
+        base = 0.0
+        while base < end:
+            out += [base + t for t in self.times_s if base + t < end]
+            base += self.duration_s
+        return out
+
+    # ------------------------------------------------------------------------------------ transforms
+    def scaled(self, k: float) -> Trace:
+        """Every rate multiplied by ``k`` (e.g. 5 turns a 3G trace into an LTE-class one)."""
+        if not (k > 0 and math.isfinite(k)):
+            raise ConfigError(f"trace scale must be a finite number > 0, got {k}")
+        name = self.name if k == 1 else f"{self.name}x{k:g}"
+        return Trace(name=name, times_s=self.times_s, rates_mbps=tuple(r * k for r in self.rates_mbps),
+                     duration_s=self.duration_s)
+
+    def clipped(self, min_mbps: float = 0.0, max_mbps: float = math.inf) -> Trace:
+        """Rates clamped into ``[min_mbps, max_mbps]`` (a shaper cannot apply 0 Mbit/s)."""
+        return Trace(name=self.name, times_s=self.times_s,
+                     rates_mbps=tuple(min(max(r, min_mbps), max_mbps) for r in self.rates_mbps),
+                     duration_s=self.duration_s)
+
+    def window(self, start_s: float, duration_s: float) -> Trace:
+        """The part ``[start_s, start_s + duration_s)`` (wrapping), re-based at 0."""
+        if start_s < 0 or duration_s <= 0:
+            raise ConfigError(f"window needs start_s >= 0 and duration_s > 0, got {start_s}, {duration_s}")
+        times = [0.0]
+        rates = [self.rate_at(start_s)]
+        for t in self.change_times(start_s + duration_s):
+            if t > start_s:
+                times.append(t - start_s)
+                rates.append(self.rate_at(t))
+        return Trace(name=f"{self.name}[{start_s:g}:{start_s + duration_s:g}]", times_s=tuple(times),
+                     rates_mbps=tuple(rates), duration_s=duration_s)
+
+    def to_two_column(self) -> str:
+        return "".join(f"{t:.3f}\t{r:.6f}\n" for t, r in zip(self.times_s, self.rates_mbps, strict=True))
+
+    def to_mahimahi(self) -> str:
+        """Mahimahi delivery opportunities (ms), spreading each segment's packets evenly."""
+        lines: list[int] = []
+        carry = 0.0
+        for a, b, r in self.segments():
+            pkts_per_ms = r * 1e6 / 8 / MAHIMAHI_PACKET_BYTES / 1000
+            for ms in range(round(a * 1000), round(b * 1000)):
+                carry += pkts_per_ms
+                while carry >= 1:
+                    lines.append(ms + 1)  # Mahimahi timestamps start at 1 ms
+                    carry -= 1
+        if not lines or lines[-1] != round(self.duration_s * 1000):
+            lines.append(round(self.duration_s * 1000))  # keep the period
+        return "".join(f"{ms}\n" for ms in lines)
+
+
+# ------------------------------------------------------------------------------------------- build
+
+def from_samples(name: str, times_s: Sequence[float], rates_mbps: Sequence[float],
+                 duration_s: float | None = None) -> Trace:
+    """Build a trace from samples; times are re-based at 0; the last sample holds for the median gap."""
+    if not times_s:
+        raise ConfigError(f"trace {name!r} has no samples")
+    t0 = times_s[0]
+    times = tuple(float(t) - t0 for t in times_s)
+    if duration_s is None:
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        duration_s = times[-1] + (statistics.median(gaps) if gaps else 1.0)
+    return Trace(name=name, times_s=times, rates_mbps=tuple(float(r) for r in rates_mbps),
+                 duration_s=duration_s)
+
+
+def parse_two_column(text: str, name: str = "trace") -> Trace:
+    times: list[float] = []
+    rates: list[float] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ConfigError(f"{name}:{lineno}: expected 2 columns '<t_s> <Mbit/s>', got {raw!r}")
+        try:
+            t, r = float(parts[0]), float(parts[1])
+        except ValueError as exc:
+            raise ConfigError(f"{name}:{lineno}: expected two numbers, got {raw!r}") from exc
+        if times and t <= times[-1]:
+            raise ConfigError(f"{name}:{lineno}: time {t} s does not increase (previous {times[-1]} s)")
+        times.append(t)
+        rates.append(r)
+    return from_samples(name, times, rates)
+
+
+def parse_mahimahi(text: str, name: str = "trace", bin_ms: int = 500) -> Trace:
+    """Mahimahi delivery opportunities (ms, one 1500-byte packet each), binned into ``bin_ms`` rates."""
+    if bin_ms <= 0:
+        raise ConfigError(f"bin_ms must be > 0, got {bin_ms}")
+    stamps: list[int] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            ms = int(line)
+        except ValueError as exc:
+            raise ConfigError(f"{name}:{lineno}: expected an integer ms timestamp, got {raw!r}") from exc
+        if ms < 0 or (stamps and ms < stamps[-1]):
+            raise ConfigError(f"{name}:{lineno}: timestamps must be >= 0 and non-decreasing, got {ms}")
+        stamps.append(ms)
+    if not stamps or stamps[-1] <= 0:
+        raise ConfigError(f"{name}: a Mahimahi trace needs at least one timestamp > 0")
+    period_ms = stamps[-1]
+    n_bins = math.ceil(period_ms / bin_ms)
+    counts = [0] * n_bins
+    for ms in stamps:
+        # An opportunity at ms m covers the interval (m-1, m]: bin by m-1.
+        counts[min(max(ms - 1, 0) // bin_ms, n_bins - 1)] += 1
+    times = [i * bin_ms / 1000 for i in range(n_bins)]
+    last_len = period_ms - (n_bins - 1) * bin_ms
+    rates = [c * MAHIMAHI_PACKET_BYTES * 8 / 1e6 / ((bin_ms if i < n_bins - 1 else last_len) / 1000)
+             for i, c in enumerate(counts)]
+    return Trace(name=name, times_s=tuple(times), rates_mbps=tuple(rates), duration_s=period_ms / 1000)
+
+
+def parse(text: str, name: str = "trace") -> Trace:
+    """Two-column or Mahimahi, told apart by the first data line."""
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            return parse_mahimahi(text, name) if len(line.split()) == 1 else parse_two_column(text, name)
+    raise ConfigError(f"{name}: trace is empty")
+
+
+def load(path: str | Path, fmt: str = "auto") -> Trace:
+    """Load a trace file; ``fmt`` in ``auto``, ``two-column``, ``mahimahi``."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read trace file {p}: {exc}") from exc
+    name = p.stem
+    if fmt == "auto":
+        return parse(text, name)
+    if fmt == "two-column":
+        return parse_two_column(text, name)
+    if fmt == "mahimahi":
+        return parse_mahimahi(text, name)
+    raise ConfigError(f"trace format must be auto, two-column or mahimahi, got {fmt!r}")
+
+
+# ------------------------------------------------------------------------------------- synthetic
+
+def constant(mbps: float, duration_s: float = 60.0) -> Trace:
+    return Trace(name=f"constant-{mbps:g}", times_s=(0.0,), rates_mbps=(float(mbps),),
+                 duration_s=float(duration_s))
+
+
+def step(levels_mbps: Iterable[float], step_s: float = 10.0) -> Trace:
+    """Each level held for ``step_s`` seconds, in order."""
+    levels = [float(x) for x in levels_mbps]
+    if not levels or step_s <= 0:
+        raise ConfigError(f"step needs >= 1 level and step_s > 0, got {levels} and {step_s}")
+    return Trace(name="step-" + "-".join(f"{x:g}" for x in levels),
+                 times_s=tuple(i * step_s for i in range(len(levels))), rates_mbps=tuple(levels),
+                 duration_s=len(levels) * step_s)
+
+
+def square(low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s: float | None = None,
+           high_first: bool = True) -> Trace:
+    """Square wave: half a period at each level; ``duration_s`` defaults to one period."""
+    if period_s <= 0:
+        raise ConfigError(f"square wave period must be > 0, got {period_s}")
+    duration = period_s if duration_s is None else duration_s
+    half = period_s / 2
+    n = math.ceil(duration / half)
+    a, b = (high_mbps, low_mbps) if high_first else (low_mbps, high_mbps)
+    t = Trace(name=f"square-{low_mbps:g}-{high_mbps:g}-{period_s:g}s",
+              times_s=tuple(i * half for i in range(n)),
+              rates_mbps=tuple(float(a if i % 2 == 0 else b) for i in range(n)), duration_s=n * half)
+    if n * half == duration:
+        return t
+    w = t.window(0.0, duration)
+    return Trace(name=t.name, times_s=w.times_s, rates_mbps=w.rates_mbps, duration_s=w.duration_s)
+
+
+# --------------------------------------------------------------------------------------- shipped
+
+def _shipped_root() -> Path:
+    return Path(str(resources.files(_SHIPPED_PKG).joinpath(*_SHIPPED_DIR)))
+
+
+def shipped() -> list[str]:
+    """Names of the traces shipped in the package, e.g. ``hsdpa/bus`` (see its README for sources)."""
+    root = _shipped_root()
+    return sorted(f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.log"))
+
+
+def load_shipped(name: str) -> Trace:
+    """Load a shipped trace by name (``hsdpa/bus``); the trace's name is that name."""
+    names = shipped()
+    if name not in names:
+        raise ConfigError(f"unknown shipped trace {name!r}; expected one of {', '.join(names)}")
+    t = load(_shipped_root() / f"{name}.log", "two-column")
+    return Trace(name=name, times_s=t.times_s, rates_mbps=t.rates_mbps, duration_s=t.duration_s)

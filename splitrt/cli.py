@@ -13,6 +13,7 @@ from splitrt.errors import SplitrtError
 # Each module defines register(subparsers); the order is the order of `splitrt --help`.
 COMMAND_MODULES: list[str] = [
     "splitrt.cmd_model",
+    "splitrt.discovery",
 ]
 
 

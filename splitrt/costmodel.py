@@ -29,7 +29,7 @@ from splitrt.errors import PlanError
 FloatArray = npt.NDArray[np.float64]
 
 #: Size of the encoded float32 part relative to raw fp32, per codec (headers neglected).
-CODEC_RATIOS: Mapping[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25}
+CODEC_RATIOS: Mapping[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25, "int8c": 0.25}
 
 DEVICE_CUT = "device"
 CLOUD_CUT = "cloud"

@@ -20,6 +20,7 @@ Entry points (used by the namespace tests; one JSON object per stdout line)::
     python -m splitrt.discovery advertise --name N --port P --address IP [--model SHA]... [--load L]
         # stdin commands: "load X", "quit" (or EOF)
     python -m splitrt.discovery browse [--interface IP] [--timeout-s S]
+    python -m splitrt.discovery discover [--json] [--timeout-s S]   # = splitrt discover
 """
 
 from __future__ import annotations
@@ -516,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--timeout-s", type=float, default=None, help="stop after this long (default never)")
     _add_common(b)
     b.set_defaults(func=_cmd_browse)
+    register(sub)  # `discover`, the same as `splitrt discover`
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))

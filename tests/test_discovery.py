@@ -269,6 +269,13 @@ def test_browser_finds_advertiser_with_address_port_and_txt(lan: Any) -> None:
         assert s["load"] == 1.5
         assert s["version"] == __import__("splitrt").__version__
         assert set(line["servers"]) == {"cloud-a"}
+        # the one-shot command lists it too, as JSON and as a table
+        argv = [sys.executable, "-m", "splitrt.discovery", "discover", "--timeout-s", "1.5"]
+        listed = json.loads(h0.run([*argv, "--json", "--interface", h0.ip]).stdout)
+        assert listed["cloud-a"]["address"] == f"{h1.ip}:50051"
+        table = h0.run([*argv, "--interface", h0.ip]).stdout.splitlines()
+        assert table[0].split() == ["name", "address", "version", "load", "models"]
+        assert table[1].split()[:2] == ["cloud-a", f"{h1.ip}:50051"]
     assert a.proc.returncode == 0, "".join(a.stderr)
     assert a.lines[-1] == {"event": "closed", "name": "cloud-a"}
 

@@ -35,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `splitrt inspect ... | head`: the reader left, that is fine
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,568 @@
+"""Load and normalise any ONNX model, and enumerate the places it can be cut.
+
+A *cut* splits the nodes into a head (run on the device) closed under predecessors and a tail (run in
+the cloud). The tensors produced in the head (or graph inputs) that the tail needs *cross* the cut and
+are what the device sends. Because every node of a normalised graph feeds some output, the crossing set
+determines the head (it is exactly the set of ancestors of the crossing tensors), so a cut is identified
+by its crossing tensors; ids are short deterministic names (``cloud``, ``c1`` ... ``device``).
+
+Heads are kept as Python ints used as bitsets over node indices: enumerating every cut of a
+~900-node DenseNet is then a few thousand big-int operations instead of set algebra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+from splitrt.errors import CutError, ModelError
+
+MIN_OPSET = 9
+# Nodes never folded even when every input is constant: their result is not a function of the inputs.
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
+# Folding a node whose output is bigger than this would bloat every segment that needs it.
+_FOLD_MAX_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor: numpy dtype name, shape (symbolic dims count as 1 for ``bytes``), size in bytes.
+
+    ``shape`` is ``None`` when shape inference could not tell; then ``bytes`` is -1.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...] | None
+    bytes: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape or ()), "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A valid cut: ``head_mask`` is a bitset of node indices closed under predecessors."""
+
+    id: str
+    head_mask: int
+    tensors: tuple[TensorInfo, ...]
+    bytes: int
+    head_nodes: int
+    head_flops_fraction: float
+
+    @property
+    def head(self) -> frozenset[int]:
+        return frozenset(_bits(self.head_mask))
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "tensors": [t.as_dict() for t in self.tensors],
+            "bytes": self.bytes,
+            "head_nodes": self.head_nodes,
+            "head_flops_fraction": round(self.head_flops_fraction, 6),
+        }
+
+
+@dataclass
+class ModelGraph:
+    """A normalised model with its DAG, tensor facts and (lazily) its candidate cuts."""
+
+    path: Path
+    sha256: str
+    model: onnx.ModelProto
+    nodes: list[onnx.NodeProto]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    node_flops: list[float]
+    # For each node, the activation tensors it reads (including outer tensors its subgraphs capture).
+    node_inputs: list[tuple[str, ...]]
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
+    _tensors: dict[str, TensorInfo]
+    _cuts: list[Cut] | None = field(default=None, repr=False)
+    _by_id: dict[str, Cut] = field(default_factory=dict, repr=False)
+
+    @property
+    def flops(self) -> float:
+        return float(sum(self.node_flops))
+
+    @property
+    def initializer_names(self) -> set[str]:
+        return {i.name for i in self.model.graph.initializer}
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise ModelError(f"{self.path}: no tensor named {name!r}") from None
+
+    def cuts(self) -> list[Cut]:
+        if self._cuts is None:
+            self._cuts = _enumerate_cuts(self)
+            self._by_id = {c.id: c for c in self._cuts}
+        return self._cuts
+
+    def cut(self, cut_id: str) -> Cut:
+        self.cuts()
+        try:
+            return self._by_id[cut_id]
+        except KeyError:
+            ids = [c.id for c in self._cuts or []]
+            shown = ", ".join([*ids[:3], "...", *ids[-2:]]) if len(ids) > 6 else ", ".join(ids)
+            raise CutError(
+                f"{self.path.name}: no cut {cut_id!r}; expected one of {len(ids)} cut ids ({shown})"
+            ) from None
+
+
+def _bits(mask: int) -> Iterable[int]:
+    i = 0
+    while mask:
+        if mask & 1:
+            yield i
+        mask >>= 1
+        i += 1
+
+
+def _mask_to_bool(mask: int, n: int) -> np.ndarray:
+    raw = np.frombuffer(mask.to_bytes((n + 8) // 8, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[:n].astype(bool)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading and normalisation
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load(path: str | Path) -> ModelGraph:
+    """Load ``path``, normalise it and build its DAG. Raises ``ModelError`` naming file and cause."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"{p}: no such file (expected an .onnx model file)")
+    if not p.is_file():
+        raise ModelError(f"{p}: not a regular file (expected an .onnx model file)")
+    if p.stat().st_size == 0:
+        raise ModelError(f"{p}: empty file (expected an ONNX model)")
+    sha = file_sha256(p)
+    try:
+        model = onnx.load(str(p), load_external_data=True)
+    except FileNotFoundError as exc:
+        raise ModelError(f"{p}: external data file missing: {exc.filename or exc}") from exc
+    except Exception as exc:  # protobuf DecodeError, ValueError from external data, ...
+        raise ModelError(f"{p}: not a valid ONNX model (truncated or not ONNX): {_short(exc)}") from exc
+    return from_proto(model, path=p, sha256=sha)
+
+
+def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
+    if not model.graph.node and not model.graph.output:
+        raise ModelError(f"{path}: not an ONNX model (no graph nodes or outputs; truncated or other file?)")
+    opset = _default_opset(model)
+    if opset < MIN_OPSET:
+        raise ModelError(f"{path}: opset {opset} is not supported (expected opset >= {MIN_OPSET})")
+    model = normalise(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ModelError(f"{path}: fails the ONNX checker: {_short(exc)}") from exc
+    try:
+        model = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise ModelError(f"{path}: shape inference failed: {_short(exc)}") from exc
+    return _build(model, path=path, sha256=sha256)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 0 if not model.opset_import else MIN_OPSET
+
+
+def normalise(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Make a model safe to cut: deterministic, IR >= 4, constants as initializers, sorted nodes.
+
+    - IR < 4 lists every initializer as a graph input too; those are weights, not inputs: drop them
+      (``onnx.utils.extract_model`` and our partitioner need IR >= 4 semantics).
+    - ``Constant`` nodes and nodes whose inputs are all constant are folded into initializers, so
+      weights never "cross" a cut: initializers live on every side that needs them.
+    """
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    init_names = {i.name for i in g.initializer}
+    if any(i.name in init_names for i in g.input):
+        keep = [i for i in g.input if i.name not in init_names]
+        del g.input[:]
+        g.input.extend(keep)
+    m.ir_version = max(m.ir_version, 4)
+    _fold_constants(m)
+    _toposort(m)
+    return m
+
+
+def _fold_constants(m: onnx.ModelProto) -> None:
+    g = m.graph
+    consts: dict[str, onnx.TensorProto] = {i.name: i for i in g.initializer}
+    graph_outputs = {o.name for o in g.output}
+    kept: list[onnx.NodeProto] = []
+    new_inits: list[onnx.TensorProto] = []
+    for node in g.node:
+        folded = None
+        if node.domain in ("", "ai.onnx") and not any(o in graph_outputs for o in node.output):
+            if node.op_type == "Constant":
+                folded = _constant_value(node)
+            elif (
+                node.input
+                and all(i == "" or i in consts for i in node.input)
+                and node.op_type not in _NONDETERMINISTIC
+                and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                            for a in node.attribute)
+            ):
+                folded = _evaluate(node, consts, m)
+        if folded is None:
+            kept.append(node)
+            continue
+        for name, arr in folded.items():
+            t = numpy_helper.from_array(arr, name)
+            consts[name] = t
+            new_inits.append(t)
+    if new_inits:
+        used = {i for n in kept for i in _all_inputs(n)} | graph_outputs
+        old = [i for i in g.initializer if i.name in used]
+        del g.initializer[:]
+        g.initializer.extend(old + [t for t in new_inits if t.name in used])
+        del g.node[:]
+        g.node.extend(kept)
+
+
+def _constant_value(node: onnx.NodeProto) -> dict[str, np.ndarray] | None:
+    for a in node.attribute:
+        if a.name == "value":
+            return {node.output[0]: numpy_helper.to_array(a.t)}
+        if a.name == "value_float":
+            return {node.output[0]: np.array(a.f, dtype=np.float32)}
+        if a.name == "value_floats":
+            return {node.output[0]: np.array(list(a.floats), dtype=np.float32)}
+        if a.name == "value_int":
+            return {node.output[0]: np.array(a.i, dtype=np.int64)}
+        if a.name == "value_ints":
+            return {node.output[0]: np.array(list(a.ints), dtype=np.int64)}
+    return None  # sparse_value / strings: leave the node in place
+
+
+def _evaluate(
+    node: onnx.NodeProto, consts: dict[str, onnx.TensorProto], m: onnx.ModelProto
+) -> dict[str, np.ndarray] | None:
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        feeds = {i: numpy_helper.to_array(consts[i]) for i in node.input if i}
+        if sum(int(np.prod(v.shape)) for v in feeds.values()) > _FOLD_MAX_ELEMENTS:
+            return None
+        inputs = [helper.make_tensor_value_info(k, consts[k].data_type, None) for k in feeds]
+        outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                   for o in node.output if o]
+        g = helper.make_graph([node], "fold", inputs, outputs)
+        single = helper.make_model(g, opset_imports=list(m.opset_import))
+        results = ReferenceEvaluator(single).run(None, feeds)
+    except Exception:
+        return None  # not foldable here (custom op, reference gap): keep the node, it is still correct
+    out = {o: np.asarray(r) for o, r in zip([o for o in node.output if o], results, strict=True)}
+    if any(v.size > _FOLD_MAX_ELEMENTS for v in out.values()):
+        return None
+    return out
+
+
+def _subgraph_captures(node: onnx.NodeProto) -> set[str]:
+    """Outer-scope tensors a node's subgraphs (If/Loop/Scan bodies) read."""
+    captured: set[str] = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for sg in graphs:
+            local = {i.name for i in sg.input} | {i.name for i in sg.initializer}
+            for n in sg.node:
+                for i in list(n.input) + sorted(_subgraph_captures(n)):
+                    if i and i not in local:
+                        captured.add(i)
+                local.update(o for o in n.output if o)
+    return captured
+
+
+def _all_inputs(node: onnx.NodeProto) -> list[str]:
+    extra = sorted(_subgraph_captures(node) - set(node.input))
+    return [i for i in list(node.input) + extra if i]
+
+
+def _toposort(m: onnx.ModelProto) -> None:
+    """Stable topological sort (Kahn, ties by original position); rejects cycles."""
+    g = m.graph
+    nodes = list(g.node)
+    produced_by: dict[str, int] = {}
+    for idx, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                produced_by[o] = idx
+    preds = [{produced_by[i] for i in _all_inputs(n) if i in produced_by} - {idx} for idx, n in enumerate(nodes)]
+    succs: list[list[int]] = [[] for _ in nodes]
+    for idx, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(idx)
+    indeg = [len(ps) for ps in preds]
+    import heapq
+
+    ready = [i for i, d in enumerate(indeg) if d == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for s in succs[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, s)
+    if len(order) != len(nodes):
+        raise ModelError("graph has a cycle (expected a DAG)")
+    if order != list(range(len(nodes))):
+        del g.node[:]
+        g.node.extend(nodes[i] for i in order)
+
+
+# ----------------------------------------------------------------------------------------------------
+# DAG and tensor facts
+
+
+def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo:
+    tt = vi.type.tensor_type
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+    except Exception:
+        dtype = "unknown"
+    if not tt.HasField("shape"):
+        return TensorInfo(vi.name, dtype, None, -1)
+    dims: list[int | str] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            dims.append(d.dim_param)
+        else:
+            return TensorInfo(vi.name, dtype, None, -1)
+    count = int(np.prod([d if isinstance(d, int) else 1 for d in dims], dtype=np.int64))
+    itemsize = np.dtype(dtype).itemsize if dtype not in ("unknown", "object") else -1
+    return TensorInfo(vi.name, dtype, tuple(dims), count * itemsize if itemsize > 0 else -1)
+
+
+def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
+    g = model.graph
+    tensors: dict[str, TensorInfo] = {}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        tensors[vi.name] = _tensor_info(vi)
+    inits = {i.name for i in g.initializer}
+    for init in g.initializer:  # weights: shapes for FLOPs; never cross, so bytes stay informative only
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
+        tensors[init.name] = TensorInfo(init.name, dt.name, tuple(int(d) for d in init.dims),
+                                        int(np.prod(init.dims, dtype=np.int64)) * dt.itemsize)
+    nodes = list(g.node)
+    producer: dict[str, int] = {}
+    for idx, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                producer[o] = idx
+    node_inputs = [tuple(i for i in _all_inputs(n) if i not in inits) for n in nodes]
+    consumers: dict[str, list[int]] = {}
+    for idx, ins in enumerate(node_inputs):
+        for i in dict.fromkeys(ins):
+            consumers.setdefault(i, []).append(idx)
+    for name in list(consumers) + list(producer):
+        tensors.setdefault(name, TensorInfo(name, "unknown", None, -1))
+    return ModelGraph(
+        path=path,
+        sha256=sha256,
+        model=model,
+        nodes=nodes,
+        inputs=[tensors[i.name] for i in g.input],
+        outputs=[tensors[o.name] for o in g.output],
+        node_flops=[_flops(n, tensors) for n in nodes],
+        node_inputs=node_inputs,
+        producer=producer,
+        consumers=consumers,
+        _tensors=tensors,
+    )
+
+
+def _numel(t: TensorInfo | None) -> int:
+    if t is None or t.shape is None:
+        return 0
+    return int(np.prod([d if isinstance(d, int) else 1 for d in t.shape], dtype=np.int64))
+
+
+def _flops(node: onnx.NodeProto, tensors: dict[str, TensorInfo]) -> float:
+    """Multiply-adds x 2 for the ops that dominate CNN/transformer cost; 0 for the rest."""
+    out = tensors.get(node.output[0]) if node.output else None
+    if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
+        w = tensors.get(node.input[1])
+        if w is None or w.shape is None:
+            return 0.0
+        # Weight [Cout, Cin/groups, k...]: each output element costs prod(w.shape[1:]) MACs.
+        per_out = int(np.prod([d for d in w.shape[1:] if isinstance(d, int)]))
+        return 2.0 * _numel(out) * per_out
+    if node.op_type in ("Gemm", "MatMul") and node.input:
+        a = tensors.get(node.input[0])
+        if a is None or a.shape is None or not a.shape:
+            return 0.0
+        k = a.shape[-1]
+        if node.op_type == "Gemm":
+            trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+            k = a.shape[0] if trans_a else a.shape[-1]
+        return 2.0 * _numel(out) * (k if isinstance(k, int) else 1)
+    return 0.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cut enumeration
+
+
+def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
+    """Every prefix of the topological order (frontier cuts) plus every single-tensor cut.
+
+    Prefix cuts are found incrementally in O(edges). A node p's ancestor set anc(p) is a single-tensor
+    cut iff no edge leaves anc(p) except from p, which one pass of bitset unions decides: with
+    S(p) = union over predecessors r of (S(r) | succ(r)), the condition is S(p) within anc(p).
+    """
+    n = len(mg.nodes)
+    sink = n  # a virtual consumer of every graph output
+    out_names = [o.name for o in mg.outputs]
+    # Graph outputs and graph inputs both count as "consumers outside the head" for crossing purposes.
+    consumers: dict[str, list[int]] = {k: list(v) for k, v in mg.consumers.items()}
+    for o in out_names:
+        consumers.setdefault(o, []).append(sink)
+    input_names = [i.name for i in mg.inputs if i.name in consumers]
+
+    cons_mask: dict[str, int] = {t: sum(1 << c for c in set(cs)) for t, cs in consumers.items()}
+
+    # Bitset passes: anc(p) (inclusive), S(p) (successors of strict ancestors), succ(p).
+    pred_nodes = [sorted({mg.producer[i] for i in ins if i in mg.producer}) for ins in mg.node_inputs]
+    succ = [0] * n
+    for idx, n_ in enumerate(mg.nodes):
+        for o in n_.output:
+            if o in cons_mask:
+                succ[idx] |= cons_mask[o]
+    anc = [0] * n
+    S = [0] * n
+    for p in range(n):
+        a = 1 << p
+        s = 0
+        for r in pred_nodes[p]:
+            a |= anc[r]
+            s |= S[r] | succ[r]
+        anc[p], S[p] = a, s
+
+    # Prefix (frontier) cuts of the topological order, found incrementally: `live` holds the tensors
+    # available in the head that still have a consumer in the tail (or are graph outputs).
+    heads: dict[int, list[str]] = {}
+    remaining: dict[str, int] = {t: len(set(cs)) for t, cs in consumers.items()}
+    live: dict[str, None] = {}
+    for i in input_names:
+        live[i] = None
+    for o in out_names:  # a graph output that is also a graph input passes straight through
+        if o not in mg.producer and o in {i.name for i in mg.inputs}:
+            live[o] = None
+    prefix = 0
+    heads[0] = list(live)
+    for p in range(n):
+        for t in dict.fromkeys(mg.node_inputs[p]):
+            if t in live:
+                remaining[t] -= 1
+                if remaining[t] == 0:
+                    del live[t]
+        for o in mg.nodes[p].output:
+            if o in remaining and remaining[o] > 0:
+                live[o] = None
+        prefix |= 1 << p
+        heads[prefix] = list(live)
+    # Single-tensor cuts off the chosen order (a branch head not in prefix form).
+    for p in range(n):
+        h = anc[p]
+        if h in heads or S[p] & ~h:
+            continue
+        live_outs = [o for o in mg.nodes[p].output if o in cons_mask]
+        if len(live_outs) != 1:
+            continue
+        # Graph inputs used outside the head would cross too: then it is not a single-tensor cut.
+        if any(cons_mask[i] & ~h for i in input_names):
+            continue
+        heads[h] = live_outs
+
+    flops = np.asarray(mg.node_flops, dtype=np.float64)
+    total_flops = float(flops.sum()) or 1.0
+    full = (1 << n) - 1
+    ordered = sorted(heads, key=lambda h: (h.bit_count(), _lowest_missing(h)))
+    cuts: list[Cut] = []
+    unknown: dict[str, None] = {}
+    counter = 0
+    for h in ordered:
+        infos = tuple(mg.tensor(t) for t in heads[h])
+        for info in infos:
+            if info.bytes < 0:
+                unknown[info.name] = None
+        if h == 0:
+            cid = "cloud"
+        elif h == full:
+            cid = "device"
+        else:
+            counter += 1
+            cid = f"c{counter}"
+        head_flops = float(flops[_mask_to_bool(h, n)].sum()) if h else 0.0
+        cuts.append(
+            Cut(
+                id=cid,
+                head_mask=h,
+                tensors=infos,
+                bytes=sum(max(t.bytes, 0) for t in infos),
+                head_nodes=h.bit_count(),
+                head_flops_fraction=head_flops / total_flops,
+            )
+        )
+    if unknown:
+        names = ", ".join(list(unknown)[:5])
+        raise ModelError(
+            f"{mg.path}: cannot size the tensors that cross cuts: shape unknown after shape inference "
+            f"for {len(unknown)} tensor(s): {names} (expected static shapes or symbolic dims; "
+            "run onnxruntime's symbolic shape inference on the model first)"
+        )
+    return cuts
+
+
+def _lowest_missing(h: int) -> int:
+    return (~h & (h + 1)).bit_length()
+
+
+def parse_cut_ids(text: str) -> list[str]:
+    """``"c3,c9"`` -> ``["c3", "c9"]`` (the CLI and plans use comma-joined ids for chains)."""
+    ids = [t.strip() for t in text.split(",") if t.strip()]
+    if not ids:
+        raise CutError(f"expected one or more cut ids separated by commas, got {text!r}")
+    return ids

@@ -13,7 +13,10 @@ from splitrt.errors import SplitrtError
 # Each module defines register(subparsers); the order is the order of `splitrt --help`.
 COMMAND_MODULES: list[str] = [
     "splitrt.cmd_model",
+    "splitrt.cmd_demo",
     "splitrt.discovery",
+    "splitrt.cmd_serve",
+    "splitrt.cmd_run",
 ]
 
 

@@ -68,10 +68,14 @@ def _code(address: str, request: pb.InferRequest) -> tuple[grpc.StatusCode, str]
     return err.code(), err.details()
 
 
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a.astype(np.float64) - b))) / (float(np.max(np.abs(a))) or 1.0)
+
+
 def _serves(device: Device) -> None:
     x = device.random_inputs(seed=7)
     got = device.run(x, cut="c3")
-    np.testing.assert_allclose(got["y"], device.run_local(x)["y"], rtol=1e-5, atol=1e-6)
+    assert _rel(device.run_local(x)["y"], got["y"]) <= 1e-5
 
 
 def test_health_and_status(server: CloudServer, models_dir: Path) -> None:
@@ -183,7 +187,7 @@ def test_stream_reports_a_bad_frame_and_goes_on(server: CloudServer, device: Dev
     assert len(results) == 4
     for frame, res in zip(frames, results, strict=True):
         assert res.error is None
-        np.testing.assert_allclose(res.outputs["y"], device.run_local(frame)["y"], rtol=1e-5, atol=1e-6)
+        assert _rel(device.run_local(frame)["y"], res.outputs["y"]) <= 1e-5
 
 
 def test_multi_input_model_at_every_cut(server: CloudServer) -> None:
@@ -194,7 +198,7 @@ def test_multi_input_model_at_every_cut(server: CloudServer) -> None:
             got = dev.run(x, cut=cut.id)
             assert set(got) == set(ref)
             for name in ref:
-                np.testing.assert_allclose(got[name], ref[name], rtol=1e-5, atol=1e-6)
+                assert _rel(ref[name], got[name]) <= 1e-5
 
 
 class _Gate:
@@ -235,7 +239,7 @@ def test_back_pressure_and_deadline(models_dir: Path) -> None:
         gate.release.set()
         ref = dev.run_local(x)["y"]
         for f in held:
-            np.testing.assert_allclose(f.result(timeout=30)["y"], ref, rtol=1e-5, atol=1e-6)
+            assert _rel(ref, f.result(timeout=30)["y"]) <= 1e-5
         # a request whose deadline passes while it waits for a worker
         gate.release.clear()
         first = pool.submit(dev.run, x, cut="c2", timeout_s=30)
@@ -263,7 +267,7 @@ def test_graceful_stop_drains_in_flight_calls(models_dir: Path) -> None:
         time.sleep(0.2)
         assert not stopping.done()  # still draining
         gate.release.set()
-        np.testing.assert_allclose(pending.result(timeout=30)["y"], dev.run_local(x)["y"], rtol=1e-5)
+        assert _rel(dev.run_local(x)["y"], pending.result(timeout=30)["y"]) <= 1e-5
         stopping.result(timeout=30)
         with pytest.raises(CloudError) as info:
             dev.run(x, cut="c1", timeout_s=2)
@@ -279,7 +283,7 @@ def test_upload_once_then_serve(tmp_path: Path) -> None:
     with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s:
         with Device(zoo.get("tiny_chain"), s.address) as dev:
             x = dev.random_inputs()
-            np.testing.assert_allclose(dev.run(x, cut="c2")["y"], dev.run_local(x)["y"], rtol=1e-5)
+            assert _rel(dev.run_local(x)["y"], dev.run(x, cut="c2")["y"]) <= 1e-5
             assert (tmp_path / f"{dev.sha256}.onnx").read_bytes() == zoo.get("tiny_chain").read_bytes()
             assert dev.upload_model().already_present
         assert [p.name for p in tmp_path.iterdir()] == [f"{dev.sha256}.onnx"]

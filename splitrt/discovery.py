@@ -9,8 +9,9 @@
 - :func:`rank`: pure ordering of servers by probed RTT and load.
 
 A server that unregisters (clean close) disappears from browsers at once (goodbye packets). A server
-that dies without a goodbye stays until its records expire (``ttl_s``), so liveness must come from
-probes, not from discovery; discovery only says where servers are.
+that dies without a goodbye is dropped once its records expire (the advertiser's ``ttl_s``) and a
+re-resolve gets no answer (the browser's recheck, see ``Browser._recheck_loop``): minutes, not
+milliseconds, so liveness must come from probes; discovery only says where servers are.
 
 Zeroconf and OS errors are mapped to :class:`~splitrt.errors.DiscoveryError`. Never run this on the
 host's real interfaces in tests: only inside network namespaces the test made.
@@ -309,6 +310,7 @@ class Browser:
         interfaces: Sequence[str] | None = None,
         ipv6: bool = False,
         resolve_timeout_s: float = 3.0,
+        recheck_s: float | None = 5.0,
     ) -> None:
         from zeroconf import Error as ZeroconfError
         from zeroconf import ServiceBrowser
@@ -324,15 +326,16 @@ class Browser:
         except (ZeroconfError, OSError) as exc:
             self._zc.close()
             raise DiscoveryError(f"browse {SERVICE_TYPE}: expected to start, got {exc!r}") from exc
+        self._stop = threading.Event()
+        if recheck_s is not None:
+            threading.Thread(target=self._recheck_loop, args=(recheck_s,), daemon=True).start()
 
     def servers(self) -> dict[str, ServerInfo]:
         """Snapshot of the live set, ``name -> ServerInfo``."""
         with self._cond:
             return dict(self._servers)
 
-    def wait_for(
-        self, predicate: Callable[[dict[str, ServerInfo]], bool], timeout_s: float
-    ) -> dict[str, ServerInfo]:
+    def wait_for(self, predicate: Callable[[dict[str, ServerInfo]], bool], timeout_s: float) -> dict[str, ServerInfo]:
         """Block until ``predicate(snapshot)`` holds; raise DiscoveryError after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -340,8 +343,7 @@ class Browser:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DiscoveryError(
-                        f"browse: expected the condition within {timeout_s} s, got servers "
-                        f"{sorted(self._servers)}"
+                        f"browse: expected the condition within {timeout_s} s, got servers {sorted(self._servers)}"
                     )
                 self._cond.wait(left)
             return dict(self._servers)
@@ -363,9 +365,7 @@ class Browser:
             if info is None or info.port is None:
                 log.info("discovery: %s did not resolve within the timeout", name)
                 return
-            addrs = tuple(info.parsed_addresses(IPVersion.V4Only)) + tuple(
-                info.parsed_addresses(IPVersion.V6Only)
-            )
+            addrs = tuple(info.parsed_addresses(IPVersion.V4Only)) + tuple(info.parsed_addresses(IPVersion.V6Only))
             if not addrs:
                 return
             version, models, load = decode_txt(info.properties)
@@ -392,10 +392,42 @@ class Browser:
             except Exception:
                 log.exception("discovery: on_change callback failed")
 
+    def _recheck_loop(self, every_s: float) -> None:
+        """Drop servers that died without a goodbye. Zeroconf keeps a PTR record at least 1125 s
+        (``_DNS_PTR_MIN_TTL``) whatever the advertised TTL, so its browser alone would show a crashed
+        server for ~19 min. Every ``every_s`` we resolve each known server: while its SRV/TXT/A records
+        are fresh (the advertiser's ``ttl_s``) this is a cache hit with no traffic; once they expired
+        it is one query, and no answer within ``resolve_timeout_s`` removes the server."""
+        while not self._stop.wait(every_s):
+            for name in list(self.servers()):
+                if self._stop.is_set():
+                    return
+                try:
+                    info = self._zc.get_service_info(
+                        SERVICE_TYPE, f"{name}.{SERVICE_TYPE}", timeout=self._resolve_timeout_ms
+                    )
+                except Exception as exc:  # a closing zeroconf raises various errors: stop quietly
+                    log.debug("discovery: recheck of %s failed: %r", name, exc)
+                    return
+                if info is not None:
+                    continue
+                with self._cond:
+                    if self._servers.pop(name, None) is None:
+                        continue
+                    self._cond.notify_all()
+                    snapshot = dict(self._servers)
+                log.info("discovery: %s stopped answering; dropped", name)
+                if self._on_change is not None:
+                    try:
+                        self._on_change(snapshot)
+                    except Exception:
+                        log.exception("discovery: on_change callback failed")
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         with contextlib.suppress(Exception):
             self._browser.cancel()
         self._zc.close()
@@ -467,7 +499,12 @@ def _cmd_browse(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     _stop_on_sigterm(stop)
-    with Browser(on_change, interfaces=args.interface or None):
+    with Browser(
+        on_change,
+        interfaces=args.interface or None,
+        recheck_s=args.recheck_s,
+        resolve_timeout_s=args.resolve_timeout_s,
+    ):
         _emit({"event": "browsing"})
         stop.wait(args.timeout_s)
     return 0
@@ -515,6 +552,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a.set_defaults(func=_cmd_advertise)
     b = sub.add_parser("browse", help="print the live server set (JSON line) after every change")
     b.add_argument("--timeout-s", type=float, default=None, help="stop after this long (default never)")
+    b.add_argument("--recheck-s", type=float, default=5.0, help="re-resolve known servers this often")
+    b.add_argument("--resolve-timeout-s", type=float, default=3.0)
     _add_common(b)
     b.set_defaults(func=_cmd_browse)
     register(sub)  # `discover`, the same as `splitrt discover`

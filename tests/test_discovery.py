@@ -89,8 +89,7 @@ def test_server_address_and_model_match() -> None:
 
 def test_rank_by_rtt_and_load() -> None:
     servers = {
-        n: server(n, load)
-        for n, load in [("near-busy", 8.0), ("far-idle", 1.0), ("mid", 1.0), ("unprobed", 1.0)]
+        n: server(n, load) for n, load in [("near-busy", 8.0), ("far-idle", 1.0), ("mid", 1.0), ("unprobed", 1.0)]
     }
     rtts = {"near-busy": 2.0, "far-idle": 60.0, "mid": 20.0}
     order = [s.name for s in rank(servers, rtts, tail_ms=10.0)]
@@ -168,9 +167,7 @@ class Peer:
         for line in self.proc.stderr:
             self.stderr.append(line)
 
-    def wait(
-        self, pred: Callable[[dict[str, Any]], bool], timeout_s: float = 15.0, start: int = 0
-    ) -> dict[str, Any]:
+    def wait(self, pred: Callable[[dict[str, Any]], bool], timeout_s: float = 15.0, start: int = 0) -> dict[str, Any]:
         """The first line from index ``start`` on that satisfies ``pred``; fails after ``timeout_s``
         (a guard against hanging, not a timing assertion)."""
         deadline = time.monotonic() + timeout_s
@@ -206,6 +203,12 @@ class Peer:
 
 def servers_in(line: dict[str, Any]) -> dict[str, Any] | None:
     return line.get("servers")
+
+
+def gone(line: dict[str, Any], name: str) -> bool:
+    """A browser line whose server set does not contain ``name``."""
+    servers = servers_in(line)
+    return servers is not None and name not in servers
 
 
 @pytest.fixture(scope="module")
@@ -245,8 +248,8 @@ def advertise(host: Any, name: str, port: int, *extra: str) -> Peer:
     )
 
 
-def browse(host: Any) -> Peer:
-    return Peer(host, "browse", "--interface", host.ip)
+def browse(host: Any, *extra: str) -> Peer:
+    return Peer(host, "browse", "--interface", host.ip, *extra)
 
 
 FIGURES: dict[str, float] = {}
@@ -291,7 +294,7 @@ def test_stopping_one_of_two_advertisers_drops_only_it(lan: Any) -> None:
         t0 = time.monotonic()
         a1.send("quit")
         assert a1.proc.wait(timeout=10) == 0
-        after = b.wait(lambda ln: "cloud-b1" not in (servers_in(ln) or {"cloud-b1": 0}), start=n_before)
+        after = b.wait(lambda ln: gone(ln, "cloud-b1"), start=n_before)
         FIGURES["removal_after_goodbye_s"] = time.monotonic() - t0
         assert set(after["servers"]) == {"cloud-b2"}
         assert after["servers"]["cloud-b2"] == both["servers"]["cloud-b2"]
@@ -309,11 +312,32 @@ def test_load_update_is_seen_by_the_browser(lan: Any) -> None:
         n_before = len(b.lines)
         a.send("load 3.25")
         a.wait(lambda ln: ln.get("event") == "updated")
-        seen = b.wait(
-            lambda ln: (servers_in(ln) or {}).get("cloud-c", {}).get("load") == 3.25, start=n_before
-        )
+        seen = b.wait(lambda ln: (servers_in(ln) or {}).get("cloud-c", {}).get("load") == 3.25, start=n_before)
         FIGURES["load_update_s"] = time.monotonic() - t0
         assert seen["servers"]["cloud-c"]["port"] == 50071
+
+
+@pytest.mark.root
+@needs_root
+def test_crashed_advertiser_is_dropped_after_its_ttl(lan: Any) -> None:
+    """No goodbye (SIGKILL): zeroconf alone would keep the PTR >= 1125 s; the browser's recheck drops
+    the server once its SRV/TXT/A records (ttl_s) expired and a re-resolve gets no answer."""
+    h0, h1, h2 = lan.hosts
+    fast = ("--recheck-s", "1", "--resolve-timeout-s", "1")
+    with peers(
+        browse(h0, *fast),
+        advertise(h1, "cloud-d1", 50081, "--ttl-s", "2"),
+        advertise(h2, "cloud-d2", 50082, "--ttl-s", "2"),
+    ) as (b, a1, _a2):
+        b.wait(lambda ln: {"cloud-d1", "cloud-d2"} <= set(servers_in(ln) or {}))
+        n_before = len(b.lines)
+        t0 = time.monotonic()
+        a1.proc.kill()
+        after = b.wait(lambda ln: gone(ln, "cloud-d1"), start=n_before, timeout_s=30)
+        FIGURES["removal_after_crash_ttl2_s"] = time.monotonic() - t0
+        # the live one, whose short-lived records are re-resolved all along, stays
+        assert set(after["servers"]) == {"cloud-d2"}
+        assert not any(gone(ln, "cloud-d2") for ln in b.lines[n_before:])
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -326,7 +326,13 @@ def _require_root(what: str) -> None:
         raise RigError(f"{what} needs root (euid 0), running as euid {os.geteuid()}")
 
 
+def no_gso(ns: str, dev: str) -> None:
+    """One segment per skb: qdiscs then see wire-size packets (smooth shaping, honest queue limits)."""
+    run_cmd(["ip", "-n", ns, "link", "set", dev, "gso_max_size", "1514", "gso_max_segs", "1"])
+
+
 def _setup_host_iface(h: Host, cidr: str) -> None:
+    no_gso(h.ns, h.dev)
     h.ip_cmd("addr", "add", cidr, "dev", h.dev)
     h.ip_cmd("link", "set", h.dev, "up")
     h.ip_cmd("route", "add", "224.0.0.0/4", "dev", h.dev)
@@ -351,6 +357,7 @@ def make_lan(prefix: str, n_hosts: int) -> Lan:
             add_netns(h.ns)
             run_cmd(["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth",
                      "peer", "name", h.dev, "netns", h.ns])
+            no_gso(sw, f"p{i}")
             run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"])
             run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "up"])
             _setup_host_iface(h, f"{h.ip}/24")

@@ -2,13 +2,16 @@
 
 Two implementations of the ``LinkShaper`` protocol (``set_rate(mbps)``, ``close()``, ``.kind``):
 
-``KernelShaper`` (``kind == "kernel"``, root): a ``tbf`` qdisc on the egress of each given
-``(namespace, device)``; ``set_rate`` is a ``tc qdisc change``. ``KernelShaper.for_host(lan, i)`` shapes
+``KernelShaper`` (``kind == "kernel"``, root): an ``htb`` qdisc (one class, a ``bfifo`` leaf) on the
+egress of each given ``(namespace, device)``; ``set_rate`` is a ``tc class change`` (one ``tc -batch``
+per point). ``KernelShaper.for_host(lan, i)`` shapes
 both directions of host ``i``: its ``eth0`` egress (uplink) and the egress facing it on the other side
 (the switch port, or the peer's ``eth0`` for ``netns.make_link``), so no ``ifb`` is needed. Rates are
 application GOODPUT, as the traces were measured: the tbf rate is raised by the header overhead of
-full-size TCP segments (1514 wire bytes per 1448 payload bytes). ``burst`` is at least 2 MTU (tbf with
-a burst below the MTU stalls TCP) and the queue holds ``queue_ms`` of traffic at the current rate.
+full-size TCP segments (1514 wire bytes per 1448 payload bytes). ``burst`` is at least 2 MTU (a burst
+below the MTU stalls TCP) and the leaf queue holds ``queue_ms`` of traffic at the current rate. htb, not
+tbf: changing a tbf's rate replaces its queue and drops what it held, which stalls TCP (RTO) at every
+step of a trace; an htb class change keeps the queue.
 
 ``UserspaceLink`` (``kind == "userspace"``, no privileges): a TCP relay (asyncio, in its own thread)
 listening on ``listen`` and forwarding each connection to ``target``. Each direction has a token-bucket
@@ -87,15 +90,29 @@ class KernelShaper:
         if self.rate_mbps is not None:
             self.set_rate(self.rate_mbps)
 
-    def tbf_args(self, mbps: float) -> list[str]:
-        bits = mbps * 1e6 * (GOODPUT_OVERHEAD if self.goodput else 1.0)
+    def _params(self, mbps: float) -> tuple[int, int, int]:
+        """(rate bit/s, burst bytes, queue limit bytes) on the wire for a goodput of ``mbps``."""
+        bits = int(mbps * 1e6 * (GOODPUT_OVERHEAD if self.goodput else 1.0))
         bytes_per_s = bits / 8
         burst = max(2 * MTU_WIRE_BYTES, int(bytes_per_s * 0.002))
         limit = max(burst + 4 * MTU_WIRE_BYTES, int(bytes_per_s * self.queue_ms / 1000))
-        return ["tbf", "rate", f"{int(bits)}bit", "burst", str(burst), "limit", str(limit)]
+        return bits, burst, limit
+
+    def _batch(self, mbps: float, first: bool, dev: str) -> str:
+        bits, burst, limit = self._params(mbps)
+        cls = (f"class {'add' if first else 'change'} dev {dev} parent 1: classid 1:1 htb "
+               f"rate {bits}bit ceil {bits}bit burst {burst} cburst {burst} quantum {2 * MTU_WIRE_BYTES}\n")
+        leaf = f"qdisc {'add' if first else 'change'} dev {dev} parent 1:1 handle 10: bfifo limit {limit}\n"
+        if first:
+            return f"qdisc replace dev {dev} root handle 1: htb default 1\n" + cls + leaf
+        return cls + leaf
 
     def set_rate(self, mbps: float | None) -> None:
-        """Apply ``mbps`` (goodput) to every point; ``None`` removes the shaping."""
+        """Apply ``mbps`` (goodput) to every point; ``None`` removes the shaping.
+
+        An htb class change keeps the packets queued in the leaf (a tbf change would flush them, and
+        the losses stall TCP at every step of the trace).
+        """
         _check_rate(mbps)
         with self._lock:
             for ns, dev in self.points:
@@ -104,9 +121,10 @@ class KernelShaper:
                         _tc(ns, "qdisc", "del", "dev", dev, "root")
                         self._installed.remove((ns, dev))
                     continue
-                verb = "change" if (ns, dev) in self._installed else "replace"
-                _tc(ns, "qdisc", verb, "dev", dev, "root", *self.tbf_args(mbps))
-                if verb == "replace":
+                first = (ns, dev) not in self._installed
+                netns.run_cmd(["ip", "netns", "exec", ns, "tc", "-batch", "-"],
+                              input_text=self._batch(mbps, first, dev))
+                if first:
                     self._installed.append((ns, dev))
             self.rate_mbps = mbps
 

@@ -418,6 +418,7 @@ class CloudServer:
         self.cpu = _CpuMeter()
         self.served = 0
         self._served_lock = threading.Lock()
+        self._bytes_in = threading.local()
         self.health = health.HealthServicer()
         self.port = 0
         self._server: grpc.Server | None = None
@@ -508,7 +509,7 @@ class CloudServer:
             self.served += 1
         log_event("infer", **fields, code="OK", tail_ms=round(reply.tail_ms, 3),
                   queue_ms=round(reply.queue_ms, 3), total_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                  bytes_in=sum(len(t.payload) for t in request.tensors))
+                  bytes_in=getattr(self._bytes_in, "value", 0))
         return reply
 
     def _infer(self, request: pb.InferRequest, time_remaining_s: float | None, t0: float) -> pb.InferReply:
@@ -520,7 +521,7 @@ class CloudServer:
                              f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue})")
         try:
             tail = self.tails.get(request.model_sha256, request.cut_id)
-            feeds = self._decode_inputs(request, tail)
+            feeds, bytes_in = self._decode_inputs(request, tail)
             try:
                 out_codec = codec.Codec.parse(request.output_codec or "fp32")
             except CodecError as exc:
@@ -544,18 +545,19 @@ class CloudServer:
                 t_done = time.perf_counter()
             finally:
                 self.admission.release_slot()
+            reply = pb.InferReply(request_id=request.request_id, tail_ms=(t_done - t_run) * 1e3,
+                                  queue_ms=(t_run - t0) * 1e3, load=self.load())
             try:
-                outputs = [wire.to_proto(codec.encode(n, np.asarray(v), out_codec))
-                           for n, v in zip(tail.outputs, values, strict=True)]
+                for n, v in zip(tail.outputs, values, strict=True):
+                    wire.add_tensor(reply.outputs, codec.encode(n, np.asarray(v), out_codec))
             except CodecError as exc:
                 raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
-            return pb.InferReply(request_id=request.request_id, outputs=outputs,
-                                 tail_ms=(t_done - t_run) * 1e3, queue_ms=(t_run - t0) * 1e3,
-                                 load=self.load())
+            self._bytes_in.value = bytes_in
+            return reply
         finally:
             self.admission.leave()
 
-    def _decode_inputs(self, request: pb.InferRequest, tail: Tail) -> dict[str, np.ndarray]:
+    def _decode_inputs(self, request: pb.InferRequest, tail: Tail) -> tuple[dict[str, np.ndarray], int]:
         expected = {name: (dtype, shape) for name, dtype, shape in tail.inputs}
         given = {t.name: t for t in request.tensors}
         if len(given) != len(request.tensors) or set(given) != set(expected):
@@ -563,6 +565,7 @@ class CloudServer:
                              f"cut {request.cut_id!r}: expected tensors {sorted(expected)}, "
                              f"got {[t.name for t in request.tensors]}")
         feeds: dict[str, np.ndarray] = {}
+        nbytes = 0
         for name, (dtype, shape) in expected.items():
             t = given[name]
             got_shape = tuple(int(d) for d in t.shape)
@@ -573,11 +576,13 @@ class CloudServer:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"tensor {name!r}: expected shape {wire.describe_shape(shape)}, "
                                  f"got {list(got_shape)}")
+            enc = wire.from_proto(t)  # reads the payload once (upb copies on access)
+            nbytes += enc.nbytes
             try:
-                feeds[name] = codec.decode(wire.from_proto(t))
+                feeds[name] = codec.decode(enc)
             except CodecError as exc:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-        return feeds
+        return feeds, nbytes
 
     def status(self) -> pb.StatusReply:
         models = [pb.ModelInfo(sha256=m.sha256, name=m.path.name, bytes=m.bytes) for m in self.store.models()]

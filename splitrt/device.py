@@ -238,6 +238,14 @@ class Device:
                            codec="fp32", where="local", request_id=head.request_id, head_ms=head.head_ms,
                            tail_ms=tail_ms, total_ms=head.head_ms + tail_ms)
 
+    def warm(self, cut: str) -> None:
+        """Build ``cut``'s head and tail sessions now, so switching to it later costs no session build."""
+        cs = self._sessions(cut)
+        if cs.head is None and cs.head_outputs:
+            cs.head = _session(cs.head_model, self.config.intra_op_threads)
+        if cs.tail is None:
+            cs.tail = _session(cs.tail_model, self.config.intra_op_threads)
+
     # -- cloud ------------------------------------------------------------------------------------
     def _metadata(self) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self.config.token}")] if self.config.token else []
@@ -321,21 +329,24 @@ class Device:
             self.upload_model()
         self._model_checked = True
 
-    def _request(self, head: HeadResult, spec: codec.Codec) -> pb.InferRequest:
-        tensors = [wire.to_proto(codec.encode(n, a, spec)) for n, a in head.crossing.items()]
-        return pb.InferRequest(model_sha256=self.sha256, cut_id=head.cut_id, codec=str(spec),
-                               request_id=head.request_id, tensors=tensors,
-                               output_codec=self.config.output_codec)
+    def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[pb.InferRequest, int]:
+        """The request for ``head`` and its payload bytes (tensors are added in place: big ones copy once)."""
+        request = pb.InferRequest(model_sha256=self.sha256, cut_id=head.cut_id, codec=str(spec),
+                                  request_id=head.request_id, output_codec=self.config.output_codec)
+        nbytes = sum(wire.add_tensor(request.tensors, codec.encode(n, a, spec))
+                     for n, a in head.crossing.items())
+        return request, nbytes
 
-    def _decode_reply(self, reply: pb.InferReply) -> dict[str, np.ndarray]:
+    def _decode_reply(self, reply: pb.InferReply) -> tuple[dict[str, np.ndarray], int]:
         try:
-            outs = {t.name: codec.decode(wire.from_proto(t)) for t in reply.outputs}
+            encoded = [wire.from_proto(t) for t in reply.outputs]
+            outs = {e.name: codec.decode(e) for e in encoded}
         except CodecError as exc:
             raise CloudError(f"reply from {self.cloud} does not decode: {exc}", code="DATA_LOSS") from exc
         if set(outs) != set(self.output_names):
             raise CloudError(f"reply from {self.cloud}: expected outputs {sorted(self.output_names)}, "
                              f"got {sorted(outs)}", code="DATA_LOSS")
-        return {n: np.array(outs[n]) for n in self.output_names}
+        return {n: np.array(outs[n]) for n in self.output_names}, sum(e.nbytes for e in encoded)
 
     def send(self, head: HeadResult, *, codec_spec: str | codec.Codec | None = None,
              timeout_s: float | None = None) -> SplitResult:
@@ -344,7 +355,7 @@ class Device:
             return self.finish_locally(head)
         spec = self.codec if codec_spec is None else codec.Codec.parse(codec_spec)
         t0 = time.perf_counter()
-        request = self._request(head, spec)
+        request, bytes_up = self._request(head, spec)
         t1 = time.perf_counter()
         self.ensure_model()
         stub = self.stub()
@@ -365,14 +376,14 @@ class Device:
             else:
                 raise err from exc
         t3 = time.perf_counter()
-        outputs = self._decode_reply(reply)
+        outputs, bytes_down = self._decode_reply(reply)
         t4 = time.perf_counter()
         return SplitResult(
             outputs=outputs, cut_id=head.cut_id, codec=str(spec), where="cloud", request_id=head.request_id,
             head_ms=head.head_ms, encode_ms=(t1 - t0) * 1e3, rpc_ms=(t3 - t2) * 1e3,
             decode_ms=(t4 - t3) * 1e3, tail_ms=reply.tail_ms, queue_ms=reply.queue_ms,
             total_ms=head.head_ms + (t4 - t0) * 1e3 - (t2 - t1) * 1e3,
-            bytes_up=request.ByteSize(), bytes_down=reply.ByteSize(),
+            bytes_up=bytes_up, bytes_down=bytes_down,
             load=wire.LoadInfo.from_proto(reply.load))
 
     def run_detailed(self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None,
@@ -392,23 +403,23 @@ class Device:
         """One result per frame over one bidirectional stream; a failed frame carries ``error``."""
         spec = self.codec if codec_spec is None else codec.Codec.parse(codec_spec)
         self.ensure_model()
-        pending: deque[tuple[HeadResult, pb.InferRequest, float]] = deque()
+        pending: deque[tuple[HeadResult, int, float]] = deque()
 
         def requests() -> Iterator[pb.InferRequest]:
             for frame in frames:
                 head = self.run_head(frame, cut)
-                req = self._request(head, spec)
-                pending.append((head, req, time.perf_counter()))
+                req, nbytes = self._request(head, spec)
+                pending.append((head, nbytes, time.perf_counter()))
                 yield req
 
         try:
             for reply in self.stub().InferStream(requests(), metadata=self._metadata()):
-                head, req, t_sent = pending.popleft()
+                head, bytes_up, t_sent = pending.popleft()
                 t_got = time.perf_counter()
                 common: dict[str, Any] = {
                     "cut_id": cut, "codec": str(spec), "where": "cloud", "request_id": head.request_id,
                     "head_ms": head.head_ms, "rpc_ms": (t_got - t_sent) * 1e3, "tail_ms": reply.tail_ms,
-                    "queue_ms": reply.queue_ms, "bytes_up": req.ByteSize(), "bytes_down": reply.ByteSize(),
+                    "queue_ms": reply.queue_ms, "bytes_up": bytes_up,
                     "load": wire.LoadInfo.from_proto(reply.load)}
                 if reply.error.code:
                     err = CloudError(f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
@@ -416,9 +427,9 @@ class Device:
                                      retryable=reply.error.code in wire.RETRYABLE_CODES)
                     yield SplitResult(outputs={}, error=err, **common)
                     continue
-                outputs = self._decode_reply(reply)
+                outputs, bytes_down = self._decode_reply(reply)
                 total = head.head_ms + (time.perf_counter() - t_sent) * 1e3
-                yield SplitResult(outputs=outputs, total_ms=total, **common)
+                yield SplitResult(outputs=outputs, total_ms=total, bytes_down=bytes_down, **common)
         except grpc.RpcError as exc:
             raise wire.cloud_error(exc, f"stream {self.sha256[:12]}@{cut} on {self.cloud}") from exc
 

@@ -34,6 +34,12 @@ def to_proto(e: Encoded) -> pb.Tensor:
     return pb.Tensor(name=e.name, dtype=e.dtype, shape=list(e.shape), codec=e.codec, payload=e.payload)
 
 
+def add_tensor(repeated: Any, e: Encoded) -> int:
+    """Append ``e`` to a repeated Tensor field in place (no message copy); returns the payload bytes."""
+    repeated.add(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec, payload=e.payload)
+    return len(e.payload)
+
+
 def from_proto(t: pb.Tensor) -> Encoded:
     return Encoded(name=t.name, dtype=t.dtype, shape=tuple(int(d) for d in t.shape), codec=t.codec,
                    payload=t.payload)

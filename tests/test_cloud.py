@@ -58,7 +58,7 @@ def _stub(address: str) -> pb_grpc.SplitInferenceStub:
 
 def _request(device: Device, cut: str = "c2", spec: str = "fp32") -> pb.InferRequest:
     head = device.run_head(device.random_inputs(), cut)
-    return device._request(head, codec.Codec.parse(spec))
+    return device._request(head, codec.Codec.parse(spec))[0]
 
 
 def _code(address: str, request: pb.InferRequest) -> tuple[grpc.StatusCode, str]:

@@ -1,0 +1,210 @@
+"""Issue 4 figures: transport overhead on loopback and cloud server throughput.
+
+    .venv/bin/python bench/bench_transport.py [--requests 200] [--throughput-requests 10000] [--json]
+
+1. Overhead: a synthetic model ``x[n] -> Relu -> a -> ReduceSum -> y`` cut at ``a``, so the crossing
+   payload is ``4n`` bytes and the reply a few bytes. Overhead = end to end minus head and tail compute
+   (device ``total_ms - head_ms - tail_ms``, ``tail_ms`` as measured by the server): codec, protobuf,
+   gRPC, loopback TCP, queueing. Median (and p90) of ``--requests`` after warm-up, per payload size.
+   Target: <= 1 ms + 0.5 ms per MB.
+2. Throughput: ``--devices`` concurrent devices (one channel each, threads in this process) send the
+   squeezenet zoo model's middle cut (head computed once per device, so the server is what is measured)
+   for ``--throughput-requests`` requests in total; requests/s, p50/p99 latency, errors, server RSS
+   before and after.
+
+The server runs as a subprocess (``splitrt serve``) so it does not share this process's GIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import onnx
+import psutil
+from onnx import TensorProto, helper
+
+from splitrt import graph, zoo
+from splitrt.device import Device, DeviceConfig
+from splitrt.tables import render
+
+SIZES = {"10KB": 10_000, "100KB": 100_000, "1MB": 1_000_000, "4MB": 4_000_000, "16MB": 16_000_000}
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def synthetic(path: Path, nbytes: int) -> Path:
+    n = nbytes // 4
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("ReduceSum", ["a"], ["y"], keepdims=1)]
+    model = helper.make_model(helper.make_graph(nodes, "transport", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _serve(models: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models),
+                             "--port", "0", "--host", "127.0.0.1", *extra],
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    first = json.loads(proc.stderr.readline())
+    # drain the per-request log lines so the pipe never fills
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
+    return proc, f"127.0.0.1:{first['port']}"
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object]]:
+    models = tmp / "transport"
+    models.mkdir()
+    paths = {label: synthetic(models / f"t{label}.onnx", n) for label, n in SIZES.items()}
+    proc, address = _serve(models, "--workers", "1")
+    rows = []
+    try:
+        for label, nbytes in SIZES.items():
+            g = graph.load(paths[label])
+            cut = next(c.id for c in g.cuts() if [t.name for t in c.tensors] == ["a"])
+            with Device(g, address, config=DeviceConfig(timeout_s=30)) as dev:
+                x = dev.random_inputs()
+                for _ in range(10):
+                    dev.run_detailed(x, cut=cut)
+                res = [dev.run_detailed(x, cut=cut) for _ in range(args.requests)]
+            over = [r.overhead_ms for r in res]
+            mb = nbytes / 1e6
+            target = 1.0 + 0.5 * mb
+            med = statistics.median(over)
+            rows.append({"payload": label, "bytes_up": res[0].bytes_up, "overhead_median_ms": med,
+                         "overhead_p90_ms": pct(over, 0.9), "encode_ms": statistics.median(r.encode_ms for r in res),
+                         "decode_ms": statistics.median(r.decode_ms for r in res),
+                         "network_ms": statistics.median(r.network_ms for r in res),
+                         "head_ms": statistics.median(r.head_ms for r in res),
+                         "tail_ms": statistics.median(r.tail_ms for r in res),
+                         "target_ms": target, "ok": med <= target})
+            _progress(f"overhead {label}: median {med:.3f} ms (target {target:.2f})")
+    finally:
+        _stop(proc)
+    return rows
+
+
+def bench_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
+    models = tmp / "squeeze"
+    models.mkdir()
+    shutil.copyfile(zoo.get("squeezenet"), models / "squeezenet.onnx")
+    g = graph.load(models / "squeezenet.onnx")
+    cuts = g.cuts()
+    cut = cuts[len(cuts) // 2].id
+    proc, address = _serve(models, "--workers", str(args.workers), "--intra-op-threads", "1",
+                           "--max-queue", "64")
+    server = psutil.Process(proc.pid)
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    lock = threading.Lock()
+    counter = iter(range(args.throughput_requests))
+    try:
+        devices = [Device(g, address, config=DeviceConfig(timeout_s=30)) for _ in range(args.devices)]
+        heads = [d.run_head(d.random_inputs(seed=i), cut) for i, d in enumerate(devices)]
+        for d, h in zip(devices, heads, strict=True):
+            for _ in range(5):
+                d.send(h)
+        rss_before = server.memory_info().rss
+
+        def worker(dev: Device, head: object) -> None:
+            mine: list[float] = []
+            while True:
+                with lock:
+                    if next(counter, None) is None:
+                        break
+                t0 = time.perf_counter()
+                try:
+                    dev.send(head)  # type: ignore[arg-type]
+                    mine.append((time.perf_counter() - t0) * 1e3)
+                except Exception as exc:  # counted, reported
+                    key = getattr(exc, "code", type(exc).__name__)
+                    with lock:
+                        errors[key] = errors.get(key, 0) + 1
+            with lock:
+                lat.extend(mine)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=worker, args=(d, h)) for d, h in zip(devices, heads, strict=True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        rss_after = server.memory_info().rss
+        for d in devices:
+            d.close()
+    finally:
+        _stop(proc)
+    result = {"model": "squeezenet", "cut": cut, "crossing_bytes": next(c.bytes for c in cuts if c.id == cut),
+              "devices": args.devices, "server_workers": args.workers, "requests": len(lat) + sum(errors.values()),
+              "ok": len(lat), "errors": errors, "requests_per_s": len(lat) / wall, "p50_ms": pct(lat, 0.5),
+              "p99_ms": pct(lat, 0.99), "rss_before_mb": rss_before / 2**20, "rss_after_mb": rss_after / 2**20,
+              "cpus": os.cpu_count()}
+    _progress(f"throughput: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.1f} ms")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=200, help="requests per payload size (overhead)")
+    p.add_argument("--throughput-requests", type=int, default=10_000)
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="server tail workers")
+    p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        overhead = [] if args.skip_overhead else bench_overhead(args, tmp)
+        throughput = None if args.skip_throughput else bench_throughput(args, tmp)
+    if args.json:
+        print(json.dumps({"overhead": overhead, "throughput": throughput}, indent=2))
+        return 0
+    if overhead:
+        cols = ["payload", "bytes_up", "overhead_median_ms", "overhead_p90_ms", "encode_ms", "decode_ms",
+                "network_ms", "target_ms", "ok"]
+        print(f"Loopback overhead (median of {args.requests} requests; end-to-end minus head and tail)")
+        print(render(cols, [[r[c] for c in cols] for r in overhead]))
+    if throughput:
+        print()
+        print(f"Server throughput: {throughput['devices']} devices, squeezenet @ {throughput['cut']} "
+              f"({throughput['crossing_bytes']} B crossing), {throughput['server_workers']} workers, "
+              f"{throughput['cpus']} CPUs")
+        cols = ["requests", "ok", "requests_per_s", "p50_ms", "p99_ms", "rss_before_mb", "rss_after_mb"]
+        print(render([*cols, "errors"], [[throughput[c] for c in cols] + [json.dumps(throughput["errors"])]]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

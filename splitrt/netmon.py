@@ -36,7 +36,6 @@ Directions differ (uplink vs downlink): keep one :class:`LinkEstimator` per dire
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -223,7 +222,9 @@ class LinkEstimator:
     def rtt_ms(self) -> float:
         if not self._rtts:
             return self.config.prior_rtt_ms
-        return float(statistics.median(r for _, r in self._rtts))
+        rtts = sorted(r for _, r in self._rtts)
+        mid = len(rtts) // 2
+        return rtts[mid] if len(rtts) % 2 else (rtts[mid - 1] + rtts[mid]) / 2
 
     def bandwidth_confidence(self, now_s: float) -> float:
         cfg = self.config
@@ -233,7 +234,8 @@ class LinkEstimator:
         count = min(1.0, len(rates) / cfg.full_confidence_samples)
         fresh = _freshness(now_s - self._rates[-1].t_s, cfg.half_life_s)
         mean = sum(rates) / len(rates)
-        cv = statistics.pstdev(rates) / mean if len(rates) > 1 else 0.0
+        var = sum((r - mean) ** 2 for r in rates) / len(rates)
+        cv = math.sqrt(var) / mean
         return max(0.0, min(1.0, count * fresh / (1.0 + cv)))
 
     def rtt_confidence(self, now_s: float) -> float:

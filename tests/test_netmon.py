@@ -113,6 +113,10 @@ def test_rtt_median_ignores_a_spike_and_follows_a_shift() -> None:
     for i in range(3):
         est.add_rtt(5.0 + i, 80.0)
     assert est.rtt_ms() == 80.0
+    two = LinkEstimator()
+    two.add_rtt(0.0, 10.0)
+    two.add_rtt(1.0, 30.0)
+    assert two.rtt_ms() == 20.0  # even count: mean of the middle two
 
 
 @given(st.floats(min_value=0.0, max_value=1e4), st.floats(min_value=0.0, max_value=1e4))

@@ -233,7 +233,7 @@ def decode(enc: Encoded) -> np.ndarray:
                          "got garbage quantisation parameters")
     q = np.frombuffer(body, dtype=np.uint8, offset=8 * channels).reshape(shape)
     out = _broadcast(lo, axis, len(shape)) + q.astype(np.float64) * _broadcast(scale, axis, len(shape))
-    return out.astype(dt)
+    return np.asarray(out, dtype=dt)  # asarray: 0-d arithmetic yields a numpy scalar, not an array
 
 
 def _inflate(name: str, payload: bytes, want: int) -> bytes:

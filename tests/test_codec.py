@@ -62,7 +62,7 @@ def test_int8_absolute_error_is_half_a_step(arr: np.ndarray, quant: str, z: bool
     spec = f"{quant}+zlib" if z else quant
     enc = codec.encode("x", arr, spec)
     out = codec.decode(enc)
-    assert out.dtype == arr.dtype and out.shape == arr.shape
+    assert isinstance(out, np.ndarray) and out.dtype == arr.dtype and out.shape == arr.shape
     err = np.abs(out.astype(np.float64) - arr.astype(np.float64))
     if arr.size:
         assert float(err.max()) <= codec.error_bound(arr, spec)
@@ -105,6 +105,12 @@ def test_zlib_and_quantisation_shrink_payloads() -> None:
     assert sizes["int8"] == x.size + 8
     assert sizes["fp32+zlib"] < sizes["fp32"]  # ReLU output: half zeros
     assert sizes["int8+zlib"] < sizes["int8"]
+
+
+@pytest.mark.parametrize("spec", codec.names())
+def test_scalars_decode_to_0d_arrays(spec: str) -> None:
+    out = codec.decode(codec.encode("s", np.array(1.5, np.float32), spec))
+    assert isinstance(out, np.ndarray) and out.shape == () and abs(float(out) - 1.5) < 1e-2
 
 
 def test_int8_refuses_non_finite_values() -> None:

@@ -376,9 +376,7 @@ class LoadEstimator:
         wait = _finite("queue_wait_s", queue_wait_s)
         prof = _finite("profiled_tail_s", profiled_tail_s)
         if wait < 0 or prof <= 0:
-            raise ValueError(
-                f"cloud sample: expected queue_wait_s >= 0 and profiled_tail_s > 0, got {wait}, {prof}"
-            )
+            raise ValueError(f"cloud sample: expected queue_wait_s >= 0 and profiled_tail_s > 0, got {wait}, {prof}")
         tail = prof if tail_s is None else _finite("tail_s", tail_s)
         factor = (wait + max(0.0, tail)) / prof
         self._cloud.add(_finite("now_s", now_s), factor)

@@ -215,3 +215,19 @@ def test_serve_cli_subprocess_serves_and_stops_on_sigterm(models_dir: Path) -> N
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_run_cli_cut_auto_plans_from_profiles_and_a_probe(server: CloudServer, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    profiler = pytest.importorskip("splitrt.profiler", reason="--cut auto needs splitrt.profiler")
+    model = zoo.get("tiny_chain")
+    prof = tmp_path / "p.json"
+    profiler.save_profile(profiler.measure(model, runs=2, warmup=1, segments=2, progress=lambda m: None), prof)
+    rc = cli.main(["run", str(model), "--cloud", server.address, "--cut", "auto", "--random", "--json",
+                   "--device-profile", str(prof), "--cloud-profile", str(prof)])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    cut = doc["auto"]["plan"].split("@")[0]
+    assert doc["cut_id"] == cut and doc["auto"]["bandwidth_mbps"] > 0 and doc["auto"]["rtt_ms"] > 0
+    assert cli.main(["run", str(model), "--cloud", server.address, "--cut", "auto", "--random"]) == 2
+    assert "--cut auto needs --device-profile" in capsys.readouterr().err

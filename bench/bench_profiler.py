@@ -1,0 +1,97 @@
+"""Profile accuracy and cost: the chain profiler's head/tail times vs fresh direct head/tail sessions.
+
+For every cut of each model (or every ``--every``-th), a fresh head session and a fresh tail session
+are timed (median of ``--runs``) and compared with the profile's prediction. Prints a table per model
+(median and p90 relative error, profiling time) or ``--json``. Progress on stderr.
+
+    .venv/bin/python bench/bench_profiler.py [--models resnet50,inception_v1,squeezenet] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from splitrt import graph, profiler, zoo
+
+
+def bench_model(name: str, *, runs: int, threads: int | None, segments: int, every: int) -> dict[str, object]:
+    path = zoo.get(name)
+    g = graph.load(path)
+    t0 = time.perf_counter()
+    prof = profiler.measure(path, runs=runs, threads=threads, segments=segments, progress=lambda m: None)
+    profiling_s = time.perf_counter() - t0
+    feeds = zoo.random_inputs(path)
+    rows = []
+    inner = [c for c in prof.cuts if c.cut not in ("cloud", "device")]
+    for n, c in enumerate(inner[::every]):
+        head, tail = profiler.measure_direct(g, c.cut, feeds, runs=runs, threads=threads)
+        rows.append(
+            {
+                "cut": c.cut,
+                "pred_head_ms": c.head_ms,
+                "direct_head_ms": head,
+                "pred_tail_ms": c.tail_ms,
+                "direct_tail_ms": tail,
+                "head_err": abs(c.head_ms - head) / head,
+                "tail_err": abs(c.tail_ms - tail) / tail,
+            }
+        )
+        if n % 10 == 0:
+            print(f"[bench] {name}: {n + 1}/{len(inner[::every])} cuts checked", file=sys.stderr, flush=True)
+    errs = np.array([r["head_err"] for r in rows] + [r["tail_err"] for r in rows])
+    heads = np.array([r["head_err"] for r in rows])
+    tails = np.array([r["tail_err"] for r in rows])
+    return {
+        "model": name,
+        "cuts": len(prof.cuts),
+        "checked": len(rows),
+        "segments": prof.runtime["segments"],
+        "threads": prof.runtime["intra_op_threads"],
+        "profiling_s": round(profiling_s, 2),
+        "total_ms": prof.total_ms,
+        "median_err": float(np.median(errs)),
+        "p90_err": float(np.percentile(errs, 90)),
+        "head_median_err": float(np.median(heads)),
+        "head_p90_err": float(np.percentile(heads, 90)),
+        "tail_median_err": float(np.median(tails)),
+        "tail_p90_err": float(np.percentile(tails, 90)),
+        "rows": rows,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,inception_v1,squeezenet")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--segments", type=int, default=16)
+    ap.add_argument("--every", type=int, default=1, help="check every N-th cut (1 = all)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results = [
+        bench_model(m, runs=args.runs, threads=args.threads, segments=args.segments, every=args.every)
+        for m in args.models.split(",")
+    ]
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    print(
+        f"{'model':<14}{'cuts':>6}{'seg':>5}{'thr':>5}{'prof s':>8}{'total ms':>10}"
+        f"{'head med':>10}{'head p90':>10}{'tail med':>10}{'tail p90':>10}{'all med':>9}{'all p90':>9}"
+    )
+    for r in results:
+        print(
+            f"{r['model']:<14}{r['checked']:>6}{r['segments']:>5}{r['threads']:>5}{r['profiling_s']:>8.1f}"
+            f"{r['total_ms']:>10.2f}{r['head_median_err']:>10.1%}{r['head_p90_err']:>10.1%}"
+            f"{r['tail_median_err']:>10.1%}{r['tail_p90_err']:>10.1%}{r['median_err']:>9.1%}{r['p90_err']:>9.1%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,687 @@
+"""Measure what a model's segments cost on this machine with onnxruntime; read and write profiles.
+
+Fast profiling ("chain" method). Timing the head and the tail of every cut directly needs two sessions
+per cut. Instead the profiler
+
+1. runs the whole model once in a profiling session (``enable_profiling``, NchwcTransformer disabled so
+   kernel events keep node names; every node is renamed ``splitrt_n<index>`` so fused kernels map back
+   to the first node they contain) to get each node's kernel time;
+2. splits the model at ~``segments`` prefix cuts of equal kernel time, builds one session per segment
+   (default optimisations: as the runtime runs them) and times each segment on the real intermediate
+   tensors, whole chain per pass, after warm-up;
+3. gives every node an *effective* time: its segment's median wall time × its share of the segment's
+   kernel time. A cut's head time is the sum over its head nodes, its tail time the rest.
+
+Heads that end on a segment boundary are exact prefix sums of segment runs; others are interpolated
+inside one segment. ``measure_direct`` times a cut's head and tail as their own sessions, which
+``bench/bench_profiler.py`` uses to report the error of the scheme.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import psutil
+
+from splitrt import graph as graph_mod
+from splitrt import partition
+from splitrt.costmodel import CostTable
+from splitrt.errors import ModelError, ProfileError, SplitrtError
+from splitrt.mincut import Dag, DagTensor
+
+SCHEMA = "splitrt.profile/1"
+PROVIDER_PREFERENCE = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+_NODE_RE = re.compile(r"splitrt_n(\d+)")
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress(message: str) -> None:
+    print(f"[profile] {message}", file=sys.stderr, flush=True)
+
+
+def _quiet(message: str) -> None:
+    del message
+
+
+# ---- data --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CutProfile:
+    cut: str
+    head_ms: float
+    tail_ms: float
+    head_p90_ms: float
+    tail_p90_ms: float
+    bytes: int
+    float_bytes: int  # the float32 part of ``bytes``
+    head_mask: str  # hex bitset of head node indices
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeProfile:
+    index: int
+    name: str
+    op: str
+    kernel_ms: float  # median kernel time in the profiling run (0 when fused into another node)
+    ms: float  # effective time: segment wall time × kernel share
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentProfile:
+    start: str  # cut id the segment starts at
+    end: str  # cut id it ends at
+    median_ms: float
+    p90_ms: float
+    rss_mb: float  # RSS growth when its session was created and first run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    schema: str
+    model: dict[str, Any]  # name, sha256, nodes, flops
+    host: dict[str, Any]
+    runtime: dict[str, Any]  # onnxruntime version, provider, threads, runs, warmup, method
+    total_ms: float
+    total_p90_ms: float
+    peak_rss_mb: float
+    reply_bytes: int
+    cuts: tuple[CutProfile, ...]
+    nodes: tuple[NodeProfile, ...]
+    segments: tuple[SegmentProfile, ...]
+    created: str = ""
+    notes: str = ""
+    _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def sha256(self) -> str:
+        return str(self.model["sha256"])
+
+    @property
+    def cut_ids(self) -> tuple[str, ...]:
+        return tuple(c.cut for c in self.cuts)
+
+    def cut(self, cut_id: str) -> CutProfile:
+        if not self._index:
+            self._index.update({c.cut: i for i, c in enumerate(self.cuts)})
+        try:
+            return self.cuts[self._index[cut_id]]
+        except KeyError:
+            raise ProfileError(f"profile of {self.model.get('name')!r} has no cut {cut_id!r}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("_index", None)
+        return d
+
+
+# ---- host and runtime facts ----------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_facts() -> dict[str, Any]:
+    freq = psutil.cpu_freq()
+    return {
+        "class": host_class(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cpu_model": _cpu_model(),
+        "cores_logical": psutil.cpu_count(logical=True),
+        "cores_physical": psutil.cpu_count(logical=False),
+        "freq_mhz": round(freq.max or freq.current, 1) if freq else None,
+        "memory_mb": psutil.virtual_memory().total // (1 << 20),
+        "python": platform.python_version(),
+    }
+
+
+def host_class() -> str:
+    """``<machine>-<n>core``, e.g. ``x86_64-2core``: the prefix of shipped profile names."""
+    return f"{platform.machine()}-{psutil.cpu_count(logical=True)}core"
+
+
+def pick_providers(preferred: Sequence[str] | None = None) -> list[str]:
+    """The best available execution provider first (TensorRT, CUDA, then CPU), CPU always last."""
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    order = list(preferred) if preferred else list(PROVIDER_PREFERENCE)
+    chosen = [p for p in order if p in available and p != "CPUExecutionProvider"]
+    return [*chosen, "CPUExecutionProvider"]
+
+
+def _session(model: onnx.ModelProto | bytes, threads: int, providers: Sequence[str], **kw: Any) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    profiling_prefix = kw.pop("profile_prefix", None)
+    if profiling_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profiling_prefix
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    try:
+        return ort.InferenceSession(data, so, providers=list(providers), **kw)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+        raise ModelError(f"onnxruntime cannot load the segment: {exc}") from exc
+
+
+def _time_runs(sess: Any, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, dict(feeds))
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _p90(xs: Sequence[float]) -> float:
+    return float(np.percentile(np.asarray(xs), 90))
+
+
+def _rss_mb() -> float:
+    return float(psutil.Process().memory_info().rss) / (1 << 20)
+
+
+def default_threads() -> int:
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+# ---- measurement ---------------------------------------------------------------------------------
+
+
+def node_kernel_ms(
+    g: graph_mod.ModelGraph,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    threads: int,
+    providers: Sequence[str],
+    runs: int = 3,
+) -> list[float]:
+    """Median kernel time per node (ORT profiling); fused kernels count for the first node they hold."""
+    m = copy.deepcopy(g.model)
+    for i, node in enumerate(m.graph.node):
+        node.name = f"splitrt_n{i}"
+    with tempfile.TemporaryDirectory(prefix="splitrt-prof-") as tmp:
+        sess = _session(
+            m, threads, providers, profile_prefix=str(Path(tmp) / "p"), disabled_optimizers=["NchwcTransformer"]
+        )
+        sess.run(None, dict(feeds))  # warm-up: its events are dropped below
+        for _ in range(runs):
+            sess.run(None, dict(feeds))
+        path = sess.end_profiling()
+        events = json.loads(Path(path).read_text())
+    per_node: dict[int, list[float]] = {}
+    run_no = -1
+    for ev in events:
+        if ev.get("cat") == "Session" and ev.get("name") == "model_run":
+            run_no += 1
+        if ev.get("cat") != "Node" or not str(ev.get("name", "")).endswith("_kernel_time"):
+            continue
+        match = _NODE_RE.search(ev["name"])
+        if match:
+            per_node.setdefault(int(match.group(1)), []).append(float(ev["dur"]) / 1e3)
+    out = []
+    for i in range(len(g.nodes)):
+        durs = per_node.get(i, [])
+        # each run contributes one event per kernel; drop the warm-up run when there are enough
+        if len(durs) > runs:
+            durs = durs[len(durs) - runs :]
+        out.append(float(np.median(durs)) if durs else 0.0)
+    return out
+
+
+def _prefix_cuts(g: graph_mod.ModelGraph) -> list[tuple[int, graph_mod.Cut]]:
+    """(number of head nodes, cut) for every cut that is a prefix of the topological order."""
+    out = []
+    for c in g.cuts():
+        m = c.head_mask
+        if m & (m + 1) == 0:
+            out.append((m.bit_count(), c))
+    return out
+
+
+def choose_boundaries(g: graph_mod.ModelGraph, kernel_ms: Sequence[float], segments: int) -> list[str]:
+    """Interior prefix cut ids splitting the model into ~``segments`` pieces of equal kernel time."""
+    prefixes = [(k, c) for k, c in _prefix_cuts(g) if c.id not in ("cloud", "device")]
+    if segments <= 1 or not prefixes:
+        return []
+    w = np.asarray(kernel_ms, dtype=np.float64)
+    if w.sum() <= 0:
+        w = np.ones_like(w)
+    cum = np.concatenate([[0.0], np.cumsum(w)]) / w.sum()
+    chosen: list[str] = []
+    last_k = 0
+    targets = [j / segments for j in range(1, segments)]
+    for target in targets:
+        best = min(prefixes, key=lambda kc: abs(cum[kc[0]] - target))
+        if best[0] > last_k and best[1].id not in chosen:
+            chosen.append(best[1].id)
+            last_k = best[0]
+    return chosen
+
+
+def _float_bytes(c: graph_mod.Cut) -> int:
+    return sum(max(t.bytes, 0) for t in c.tensors if t.dtype == "float32")
+
+
+def measure(
+    model_path: str | Path,
+    *,
+    runs: int = 10,
+    warmup: int = 2,
+    threads: int | None = None,
+    providers: Sequence[str] | None = None,
+    segments: int = 16,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    progress: Progress = stderr_progress,
+    name: str | None = None,
+) -> Profile:
+    """Profile every candidate cut of ``model_path`` on this machine (chain method, see module doc)."""
+    from splitrt import zoo
+
+    if runs < 1 or warmup < 0:
+        raise ProfileError(f"expected runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
+    import onnxruntime as ort
+
+    t_start = time.perf_counter()
+    threads = threads or default_threads()
+    provs = pick_providers(providers)
+    g = graph_mod.load(model_path)
+    cuts = g.cuts()
+    inputs = dict(feeds) if feeds is not None else zoo.random_inputs(model_path)
+    rss0 = _rss_mb()
+    peak = rss0
+    progress(f"{Path(model_path).name}: {len(g.nodes)} nodes, {len(cuts)} cuts, provider {provs[0]}, {threads} threads")
+
+    kernel = node_kernel_ms(g, inputs, threads=threads, providers=provs, runs=min(max(runs, 1), 5))
+    peak = max(peak, _rss_mb())
+    boundaries = choose_boundaries(g, kernel, segments)
+    segs = partition.split(g, boundaries)
+    progress(f"per-node kernel times done; {len(segs)} segments")
+
+    ids = ["cloud", *boundaries, "device"]
+
+    def ids_of(s: int) -> str:
+        return f"{ids[s]}..{ids[s + 1]}"
+
+    sessions = []
+    seg_rss: list[float] = []
+    tensors: dict[str, np.ndarray] = dict(inputs)
+    for seg in segs:
+        before = _rss_mb()
+        sess = _session(seg.model, threads, provs)
+        outs = sess.run(list(seg.outputs), {k: tensors[k] for k in seg.inputs})
+        tensors.update(zip(seg.outputs, outs, strict=True))
+        sessions.append((sess, {k: tensors[k] for k in seg.inputs}))
+        after = _rss_mb()
+        peak = max(peak, after)
+        seg_rss.append(max(after - before, 0.0))
+    # Each segment is timed back to back (warm-up, then the runs), as a head or a tail runs alone in its
+    # process: interleaving sessions makes their intra-op thread pools spin against each other.
+    times: list[list[float]] = []
+    for s, (sess, seg_feeds) in enumerate(sessions):
+        _time_runs(sess, seg_feeds, warmup)
+        times.append(_time_runs(sess, seg_feeds, runs))
+        progress(f"segment {s + 1}/{len(sessions)} ({ids_of(s)}): {np.median(times[-1]):.2f} ms")
+    peak = max(peak, _rss_mb())
+    del sessions
+    # The whole model as one session: with the chain it gives the fixed cost of one run() call (feeding
+    # inputs, returning outputs), paid once by a head or a tail but once per segment by the chain.
+    full = _session(g.model, threads, provs)
+    _time_runs(full, inputs, warmup)
+    full_times = _time_runs(full, inputs, runs)
+    del full
+    full_ms = float(np.median(full_times))
+    chain_ms = float(sum(np.median(t) for t in times))
+    overhead = 0.0
+    if len(segs) > 1:
+        overhead = (chain_ms - full_ms) / (len(segs) - 1)
+        overhead = min(max(overhead, 0.0), min(float(np.median(t)) for t in times))
+    progress(f"whole model {full_ms:.2f} ms, chain {chain_ms:.2f} ms: {overhead:.3f} ms per run() call")
+
+    # Effective per-node times: segment wall time shared out by kernel time.
+    bounds = [0] + [g.cut(b).head_mask.bit_count() for b in boundaries] + [len(g.nodes)]
+    eff = np.zeros(len(g.nodes))
+    eff90 = np.zeros(len(g.nodes))
+    seg_profiles = []
+    for s in range(len(segs)):
+        lo, hi = bounds[s], bounds[s + 1]
+        k = np.asarray(kernel[lo:hi], dtype=np.float64)
+        share = k / k.sum() if k.sum() > 0 else np.full(hi - lo, 1.0 / max(hi - lo, 1))
+        med, p90 = float(np.median(times[s])) - overhead, _p90(times[s]) - overhead
+        eff[lo:hi] = med * share
+        eff90[lo:hi] = p90 * share
+        seg_profiles.append(
+            SegmentProfile(start=ids[s], end=ids[s + 1], median_ms=med, p90_ms=p90, rss_mb=round(seg_rss[s], 2))
+        )
+    total, total90 = float(eff.sum()), float(eff90.sum())
+    cut_profiles = []
+    for c in cuts:
+        mask = graph_mod._mask_to_bool(c.head_mask, len(g.nodes)) if c.head_mask else None
+        head = float(eff[mask].sum()) if mask is not None else 0.0
+        head90 = float(eff90[mask].sum()) if mask is not None else 0.0
+        if c.id == "device":
+            head, head90 = total, total90
+        # a non-empty side is one run() call: its compute plus the fixed per-call cost
+        head_o = overhead if c.id != "cloud" else 0.0
+        tail_o = overhead if c.id != "device" else 0.0
+        cut_profiles.append(
+            CutProfile(
+                cut=c.id,
+                head_ms=round(head + head_o, 5),
+                tail_ms=round(max(total - head, 0.0) + tail_o, 5),
+                head_p90_ms=round(head90 + head_o, 5),
+                tail_p90_ms=round(max(total90 - head90, 0.0) + tail_o, 5),
+                bytes=c.bytes if c.id != "device" else 0,
+                float_bytes=_float_bytes(c) if c.id != "device" else 0,
+                head_mask=format(c.head_mask, "x"),
+            )
+        )
+    nodes = tuple(
+        NodeProfile(index=i, name=n.name, op=n.op_type, kernel_ms=round(kernel[i], 5), ms=round(float(eff[i]), 5))
+        for i, n in enumerate(g.nodes)
+    )
+    elapsed = time.perf_counter() - t_start
+    progress(f"done in {elapsed:.1f} s: full model {total:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
+    return Profile(
+        schema=SCHEMA,
+        model={
+            "name": name or Path(model_path).stem,
+            "sha256": g.sha256,
+            "nodes": len(g.nodes),
+            "flops": g.flops,
+        },
+        host=host_facts(),
+        runtime={
+            "onnxruntime": ort.__version__,
+            "provider": provs[0],
+            "providers": provs,
+            "intra_op_threads": threads,
+            "runs": runs,
+            "warmup": warmup,
+            "method": "chain",
+            "segments": len(segs),
+            "run_overhead_ms": round(overhead, 5),
+            "whole_model_ms": round(full_ms, 5),
+            "profiling_s": round(elapsed, 2),
+        },
+        total_ms=round(total + overhead, 5),
+        total_p90_ms=round(total90 + overhead, 5),
+        peak_rss_mb=round(peak - rss0, 2),
+        reply_bytes=sum(max(o.bytes, 0) for o in g.outputs),
+        cuts=tuple(cut_profiles),
+        nodes=nodes,
+        segments=tuple(seg_profiles),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def measure_direct(
+    g: graph_mod.ModelGraph,
+    cut_id: str,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    runs: int = 10,
+    warmup: int = 2,
+    threads: int | None = None,
+    providers: Sequence[str] | None = None,
+) -> tuple[float, float]:
+    """Median head and tail time (ms) of one cut, each run as its own session (for validation)."""
+    threads = threads or default_threads()
+    provs = pick_providers(providers)
+    head, tail = partition.head_tail(g, cut_id)
+    out: list[float] = []
+    h_feeds = {k: feeds[k] for k in head.inputs}
+    h_sess = _session(head.model, threads, provs)
+    h_out = dict(zip(head.outputs, h_sess.run(list(head.outputs), h_feeds), strict=True))
+    t_sess = _session(tail.model, threads, provs)
+    avail = {**feeds, **h_out}
+    t_feeds = {k: avail[k] for k in tail.inputs}
+    for sess, f in ((h_sess, h_feeds), (t_sess, t_feeds)):
+        _time_runs(sess, f, warmup)
+        out.append(float(np.median(_time_runs(sess, f, runs))))
+    if cut_id == "cloud":
+        out[0] = 0.0
+    if cut_id == "device":
+        out[1] = 0.0
+    return out[0], out[1]
+
+
+# ---- files ---------------------------------------------------------------------------------------
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n", encoding="utf-8")
+    tmp.replace(p)
+
+
+def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise ProfileError(f"{where}: missing key {key!r}")
+    return d[key]
+
+
+def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
+    """Read a profile; ``ProfileError`` if corrupt, of another schema, or (given ``sha256``) of another
+    model."""
+    p = Path(path)
+    data: dict[str, Any]
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProfileError(f"{p}: no such profile") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{p}: not a JSON profile ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ProfileError(f"{p}: expected a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise ProfileError(f"{p}: expected schema {SCHEMA!r}, got {schema!r}")
+    where = str(p)
+    try:
+        model = _req(data, "model", where)
+        got_sha = str(_req(model, "sha256", where))
+        if sha256 is not None and got_sha != sha256:
+            raise ProfileError(
+                f"{p}: profile is for model {model.get('name')!r} with sha256 {got_sha[:12]}..., "
+                f"expected sha256 {sha256[:12]}... (profile the model you plan for)"
+            )
+        cuts = tuple(
+            CutProfile(
+                cut=str(c["cut"]),
+                head_ms=float(c["head_ms"]),
+                tail_ms=float(c["tail_ms"]),
+                head_p90_ms=float(c.get("head_p90_ms", c["head_ms"])),
+                tail_p90_ms=float(c.get("tail_p90_ms", c["tail_ms"])),
+                bytes=int(c["bytes"]),
+                float_bytes=int(c.get("float_bytes", c["bytes"])),
+                head_mask=str(c.get("head_mask", "")),
+            )
+            for c in _req(data, "cuts", where)
+        )
+        nodes = tuple(NodeProfile(**n) for n in data.get("nodes", []))
+        segments = tuple(SegmentProfile(**s) for s in data.get("segments", []))
+        prof = Profile(
+            schema=SCHEMA,
+            model=dict(model),
+            host=dict(_req(data, "host", where)),
+            runtime=dict(_req(data, "runtime", where)),
+            total_ms=float(_req(data, "total_ms", where)),
+            total_p90_ms=float(data.get("total_p90_ms") or data["total_ms"]),
+            peak_rss_mb=float(data.get("peak_rss_mb", 0.0)),
+            reply_bytes=int(data.get("reply_bytes", 0)),
+            cuts=cuts,
+            nodes=nodes,
+            segments=segments,
+            created=str(data.get("created", "")),
+            notes=str(data.get("notes", "")),
+        )
+    except ProfileError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProfileError(f"{p}: corrupt profile ({type(exc).__name__}: {exc})") from exc
+    if not cuts:
+        raise ProfileError(f"{p}: profile lists no cuts")
+    for c in cuts:
+        values = (c.head_ms, c.tail_ms, c.bytes)
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ProfileError(f"{p}: cut {c.cut!r} has a negative or non-finite cost: {values}")
+    return prof
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---- from profiles to the pure planner's inputs --------------------------------------------------
+
+
+def cost_table(
+    device: Profile,
+    cloud: Profile,
+    *,
+    device_speed_factor: float = 1.0,
+    cloud_speed_factor: float = 1.0,
+    codecs: Mapping[str, float] | None = None,
+) -> CostTable:
+    """Per-cut costs for planning: head times from ``device``, tail times from ``cloud``.
+
+    ``*_speed_factor`` scale measured times (e.g. a board's ``cpu_speed_factor`` to emulate it from a
+    host profile). Both profiles must be of the same model (sha256) and list the same cuts.
+    """
+    if device.sha256 != cloud.sha256:
+        raise ProfileError(
+            f"device profile is for sha256 {device.sha256[:12]}... ({device.model.get('name')}), cloud profile "
+            f"for {cloud.sha256[:12]}... ({cloud.model.get('name')}): expected the same model"
+        )
+    if device.cut_ids != cloud.cut_ids:
+        raise ProfileError(
+            f"device and cloud profiles list different cuts ({len(device.cuts)} vs {len(cloud.cuts)}): "
+            "re-profile both with the same splitrt version"
+        )
+    return CostTable(
+        ids=device.cut_ids,
+        head_ms=np.array([c.head_ms for c in device.cuts]) * device_speed_factor,
+        tail_ms=np.array([c.tail_ms for c in cloud.cuts]) * cloud_speed_factor,
+        bytes=[c.bytes for c in device.cuts],
+        float_bytes=[c.float_bytes for c in device.cuts],
+        reply_bytes=device.reply_bytes,
+        codecs=codecs,
+    )
+
+
+def nested_matrix(profile: Profile) -> np.ndarray:
+    """``m[i, j]`` is True when cut i's head is inside cut j's head (pairs usable in a chain)."""
+    masks = [int(c.head_mask or "0", 16) for c in profile.cuts]
+    n = len(masks)
+    m = np.zeros((n, n), dtype=bool)
+    for i, a in enumerate(masks):
+        for j, b in enumerate(masks):
+            m[i, j] = a & ~b == 0
+    return m
+
+
+def dag(
+    g: graph_mod.ModelGraph,
+    device: Profile,
+    cloud: Profile,
+    *,
+    device_speed_factor: float = 1.0,
+    cloud_speed_factor: float = 1.0,
+) -> Dag:
+    """The node-level DAG with effective per-node times for the DADS min-cut (``splitrt.mincut``)."""
+    for prof in (device, cloud):
+        if prof.sha256 != g.sha256:
+            raise ProfileError(
+                f"profile of {prof.model.get('name')!r} has sha256 {prof.sha256[:12]}..., the model "
+                f"{g.path.name} has {g.sha256[:12]}...: expected the same model"
+            )
+        if len(prof.nodes) != len(g.nodes):
+            raise ProfileError(f"profile has {len(prof.nodes)} per-node costs, the model {len(g.nodes)} nodes")
+    outputs = {o.name for o in g.outputs}
+    tensors: list[DagTensor] = []
+    seen: set[str] = set()
+    for t in g.inputs:
+        cons = tuple(sorted(set(g.consumers.get(t.name, []))))
+        if cons or t.name in outputs:
+            tensors.append(
+                DagTensor(name=t.name, bytes=max(t.bytes, 0), producer=-1, consumers=cons, is_output=t.name in outputs)
+            )
+        seen.add(t.name)
+    for i, node in enumerate(g.nodes):
+        for name in node.output:
+            if not name or name in seen:
+                continue
+            seen.add(name)
+            cons = tuple(sorted(set(g.consumers.get(name, []))))
+            if not cons and name not in outputs:
+                continue
+            tensors.append(
+                DagTensor(
+                    name=name,
+                    bytes=max(g.tensor(name).bytes, 0),
+                    producer=i,
+                    consumers=cons,
+                    is_output=name in outputs,
+                )
+            )
+    return Dag(
+        device_ms=tuple(n.ms * device_speed_factor for n in device.nodes),
+        cloud_ms=tuple(n.ms * cloud_speed_factor for n in cloud.nodes),
+        tensors=tuple(tensors),
+    )
+
+
+__all__ = [
+    "SCHEMA",
+    "CutProfile",
+    "NodeProfile",
+    "Profile",
+    "SegmentProfile",
+    "SplitrtError",
+    "cost_table",
+    "dag",
+    "host_class",
+    "host_facts",
+    "load_profile",
+    "measure",
+    "measure_direct",
+    "nested_matrix",
+    "save_profile",
+]

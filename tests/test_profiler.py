@@ -1,0 +1,121 @@
+"""Profiler: real onnxruntime sessions on small zoo models; profile files; planner inputs from profiles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from splitrt import graph, mincut, profiler, solver, zoo
+from splitrt.costmodel import Conditions, Link
+from splitrt.errors import ProfileError
+
+
+@pytest.fixture(scope="module")
+def squeeze() -> tuple[graph.ModelGraph, profiler.Profile]:
+    path = zoo.get("squeezenet")
+    return graph.load(path), profiler.measure(path, runs=3, warmup=1, segments=6, progress=lambda m: None)
+
+
+def test_profile_covers_every_cut(squeeze: tuple[graph.ModelGraph, profiler.Profile]) -> None:
+    g, prof = squeeze
+    assert prof.cut_ids == tuple(c.id for c in g.cuts())
+    assert prof.sha256 == g.sha256 and prof.schema == profiler.SCHEMA
+    assert prof.host["cores_logical"] >= 1 and prof.host["memory_mb"] > 0 and prof.host["cpu_model"]
+    assert prof.runtime["provider"] == "CPUExecutionProvider" and prof.runtime["onnxruntime"]
+    assert 1 < prof.runtime["segments"] <= 6
+    assert len(prof.nodes) == len(g.nodes) and sum(n.kernel_ms for n in prof.nodes) > 0
+    first, last = prof.cut("cloud"), prof.cut("device")
+    assert first.head_ms == 0 and first.tail_ms == pytest.approx(prof.total_ms)
+    assert last.tail_ms == 0 and last.head_ms == pytest.approx(prof.total_ms) and last.bytes == 0
+    heads = [c.head_ms for c in prof.cuts]
+    assert heads == sorted(heads), "prefix heads must take no less time as they grow"
+    for c in prof.cuts[1:-1]:
+        assert c.head_ms + c.tail_ms == pytest.approx(prof.total_ms + prof.runtime["run_overhead_ms"], rel=1e-6)
+        assert c.bytes == g.cut(c.cut).bytes and 0 <= c.float_bytes <= c.bytes
+        assert c.head_p90_ms >= c.head_ms - 1e-6
+    assert prof.reply_bytes == 4000  # 1000 float32 class scores
+    assert prof.peak_rss_mb >= 0
+
+
+def test_direct_measurement_runs(squeeze: tuple[graph.ModelGraph, profiler.Profile]) -> None:
+    g, _ = squeeze
+    feeds = zoo.random_inputs(zoo.get("squeezenet"))
+    head, tail = profiler.measure_direct(g, "c20", feeds, runs=2, warmup=1)
+    assert head > 0 and tail > 0
+    assert profiler.measure_direct(g, "cloud", feeds, runs=1, warmup=0)[0] == 0.0
+
+
+def test_roundtrip_and_refusals(squeeze: tuple[graph.ModelGraph, profiler.Profile], tmp_path: Path) -> None:
+    g, prof = squeeze
+    path = tmp_path / "p.json"
+    profiler.save_profile(prof, path)
+    again = profiler.load_profile(path, sha256=g.sha256)
+    assert again.cuts == prof.cuts and again.nodes == prof.nodes and again.total_ms == prof.total_ms
+
+    with pytest.raises(ProfileError, match="expected sha256 000000000000"):
+        profiler.load_profile(path, sha256="0" * 64)
+    data = json.loads(path.read_text())
+    data["schema"] = "splitrt.profile/0"
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=r"expected schema 'splitrt.profile/1', got 'splitrt.profile/0'"):
+        profiler.load_profile(tmp_path / "old.json")
+    (tmp_path / "trunc.json").write_text(path.read_text()[:500])
+    with pytest.raises(ProfileError, match="not a JSON profile"):
+        profiler.load_profile(tmp_path / "trunc.json")
+    data = json.loads(path.read_text())
+    del data["cuts"][3]["head_ms"]
+    (tmp_path / "corrupt.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="corrupt profile"):
+        profiler.load_profile(tmp_path / "corrupt.json")
+    data = json.loads(path.read_text())
+    data["cuts"][3]["tail_ms"] = -1
+    (tmp_path / "neg.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="negative or non-finite"):
+        profiler.load_profile(tmp_path / "neg.json")
+    with pytest.raises(ProfileError, match="no such profile"):
+        profiler.load_profile(tmp_path / "missing.json")
+
+
+def test_planner_inputs(squeeze: tuple[graph.ModelGraph, profiler.Profile]) -> None:
+    g, prof = squeeze
+    table = profiler.cost_table(prof, prof, device_speed_factor=4.0)
+    assert table.ids == prof.cut_ids
+    assert table.head_ms[-1] == pytest.approx(4.0 * prof.total_ms)
+    cond = Conditions(link=Link(bandwidth_mbps=50.0, rtt_ms=5.0))
+    plan = solver.solve(table, cond)
+    assert plan.cut in prof.cut_ids
+    # the DADS min-cut on the node DAG is never worse than the best fp32 candidate under its model
+    d = profiler.dag(g, prof, prof, device_speed_factor=4.0)
+    best = mincut.best_head(d, cond)
+    assert best.latency_ms <= mincut.best_prefix(d, cond).latency_ms + 1e-9
+    nested = profiler.nested_matrix(prof)
+    assert nested.shape == (len(prof.cuts),) * 2 and np.all(np.diag(nested))
+    assert nested[0].all() and nested[:, -1].all()  # cloud head inside all; all inside device
+
+
+def test_mismatched_profiles_are_refused(squeeze: tuple[graph.ModelGraph, profiler.Profile]) -> None:
+    _, prof = squeeze
+    other = profiler.Profile(
+        **{
+            **prof.to_dict(),
+            "model": {**prof.model, "sha256": "f" * 64},
+            "cuts": prof.cuts,
+            "nodes": prof.nodes,
+            "segments": prof.segments,
+        }
+    )
+    with pytest.raises(ProfileError, match="expected the same model"):
+        profiler.cost_table(prof, other)
+
+
+def test_shipped_profiles_match_the_zoo() -> None:
+    shipped = sorted(Path(__file__).resolve().parent.parent.glob("profiles/*.json"))
+    assert len(shipped) >= 3
+    for path in shipped:
+        model = path.stem.split("__", 1)[1]
+        prof = profiler.load_profile(path, sha256=graph.load(zoo.get(model)).sha256)
+        assert prof.host["class"] == path.stem.split("__", 1)[0]
+        assert prof.cut("device").head_ms > 0

@@ -30,7 +30,9 @@ class ControllerConfig:
     hysteresis_ms: float = 1.0
     # Plans to keep warm: the best at these multiples of the estimated bandwidth.
     warm_bandwidth_factors: tuple[float, ...] = (0.25, 0.5, 2.0, 4.0)
-    codecs: tuple[str, ...] | None = None  # restrict the codecs (None: every codec in the table)
+    # Lossless by default: a lossy codec (fp16, int8) changes the answer, so it is the user's choice.
+    # None allows every codec in the cost table.
+    codecs: tuple[str, ...] | None = ("fp32",)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -1,0 +1,188 @@
+"""runtime: never lose a request. A real cloud on 127.0.0.1 is killed mid-stream, brought back, and
+a second cloud takes over when the first stops."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from splitrt import graph, zoo
+from splitrt.cloud import CloudServer, ServerConfig
+from splitrt.controller import ControllerConfig, Decision, replay
+from splitrt.device import DeviceConfig
+from splitrt.errors import ConfigError, InputError
+from splitrt.priors import flops_table
+from splitrt.runtime import AdaptiveDevice, RuntimeConfig
+from tests.conftest import rel_err
+
+MODEL = "squeezenet"
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("rt-models")
+    shutil.copyfile(zoo.get(MODEL), d / f"{MODEL}.onnx")
+    return d
+
+
+@pytest.fixture(scope="module")
+def mg() -> graph.ModelGraph:
+    return graph.load(zoo.get(MODEL))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(models_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir), "--port", str(port),
+         "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("server did not start listening within 30 s")
+
+
+def cloud_favoured(mg: graph.ModelGraph) -> RuntimeConfig:
+    return RuntimeConfig(deadline_ms=3000, backoff_initial_s=0.1, backoff_max_s=0.5, prober_interval_s=0.05)
+
+
+@pytest.fixture()
+def server(models_dir: Path) -> Iterator[CloudServer]:
+    s = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
+    s.start()
+    yield s
+    s.stop(grace_s=0.5)
+
+
+def test_adaptive_requests_match_the_local_model(server: CloudServer, mg: graph.ModelGraph) -> None:
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    with AdaptiveDevice(mg, table, [server.address], config=cloud_favoured(mg),
+                        device_config=DeviceConfig(intra_op_threads=1)) as dev:
+        x = dev.local.random_inputs(seed=1)
+        ref = dev.local.run_local(x)
+        outs = [dev.infer(x) for _ in range(5)]
+    assert all(o.server == server.address and not o.fallback for o in outs)
+    assert all(o.plan != "device" for o in outs)
+    for o in outs:
+        assert rel_err(ref["softmaxout_1"], o.outputs["softmaxout_1"]) <= 1e-5
+
+
+def test_bad_input_is_refused_and_the_runtime_keeps_serving(server: CloudServer, mg: graph.ModelGraph) -> None:
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    with AdaptiveDevice(mg, table, [server.address], config=cloud_favoured(mg)) as dev:
+        x = dev.local.random_inputs()
+        with pytest.raises(InputError, match=r"expected shape \[1, 3, 224, 224\], got \[1, 3, 10, 10\]"):
+            dev.infer({"data_0": np.zeros((1, 3, 10, 10), np.float32)})
+        assert not dev.infer(x).fallback
+
+
+def test_cost_table_of_another_model_is_refused(mg: graph.ModelGraph) -> None:
+    other = flops_table(graph.load(zoo.get("tiny_chain")), device_gflops=5, cloud_gflops=100)
+    with pytest.raises(ConfigError, match="expected a profile of this model"):
+        AdaptiveDevice(mg, other, [], start_prober=False)
+
+
+def test_server_killed_mid_stream_loses_nothing_and_splitting_resumes(
+    models_dir: Path, mg: graph.ModelGraph, tmp_path: Path
+) -> None:
+    port = free_port()
+    proc = start_server(models_dir, port)
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    log_path = tmp_path / "decisions.jsonl"
+    inputs = [zoo.random_inputs(zoo.get(MODEL), seed=s) for s in range(4)]
+    try:
+        with log_path.open("w") as log, AdaptiveDevice(
+            mg, table, [f"127.0.0.1:{port}"], config=cloud_favoured(mg), log=log,
+            device_config=DeviceConfig(intra_op_threads=1),
+        ) as dev:
+            refs = [dev.local.run_local(x)["softmaxout_1"] for x in inputs]
+            outcomes = []
+            restarted_at = None
+            for i in range(200):
+                if i == 40:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(10)
+                if i == 80:
+                    proc = start_server(models_dir, port)
+                    restarted_at = time.monotonic()
+                o = dev.infer(inputs[i % 4], request=str(i))
+                outcomes.append((time.monotonic(), o))
+                time.sleep(0.045)  # ~20 requests/s: the last 120 span more than the 5 s resume budget
+                assert rel_err(refs[i % 4], o.outputs["softmaxout_1"]) <= 1e-5, i
+            assert len(outcomes) == 200
+            assert any(o.fallback or o.plan == "device" for _, o in outcomes[40:80])
+            assert restarted_at is not None
+            back = next(t for t, o in outcomes[80:] if o.server is not None and not o.fallback)
+            assert back - restarted_at <= 5.0
+            assert dev.stats["completed"] == 200 and dev.stats["failed"] == 0
+    finally:
+        proc.kill()
+        proc.wait(10)
+    # the decision log replays to the same decisions
+    lines = log_path.read_text().splitlines()
+    assert len(lines) == 200 and Decision.from_json(lines[0]).request == "0"
+    for logged, again in replay(lines, table, ControllerConfig()):
+        assert again.plan == logged.plan
+
+
+def test_failover_to_the_second_cloud_with_no_failed_request(models_dir: Path, mg: graph.ModelGraph) -> None:
+    a = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
+    b = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
+    a.start()
+    b.start()
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    try:
+        with AdaptiveDevice(mg, table, [a.address, b.address], config=cloud_favoured(mg)) as dev:
+            x = dev.local.random_inputs()
+            servers = [dev.infer(x).server for _ in range(5)]
+            first = servers[-1]
+            (a if first == a.address else b).stop(grace_s=0.2)
+            after = [dev.infer(x) for _ in range(10)]
+        other = b.address if first == a.address else a.address
+        assert after[-1].server == other
+        assert sum(o.fallback for o in after) <= 1  # at most the request that met the dead server
+        assert all(o.outputs for o in after)
+    finally:
+        a.stop(grace_s=0.2)
+        b.stop(grace_s=0.2)
+
+
+def test_fixed_and_periodic_policies(server: CloudServer, mg: graph.ModelGraph) -> None:
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    cut = mg.cuts()[10].id
+    with AdaptiveDevice(mg, table, [server.address],
+                        config=RuntimeConfig(policy=f"fixed:{cut}@fp16")) as dev:
+        x = dev.local.random_inputs()
+        assert {dev.infer(x).plan for _ in range(3)} == {f"{cut}@fp16"}
+    clock = [0.0]
+    with AdaptiveDevice(mg, table, [server.address], config=RuntimeConfig(policy="periodic:5"),
+                        clock=lambda: clock[0], start_prober=False) as dev:
+        first = dev.infer(x)
+        dev.link.add_rate(0.1, 0.05)  # the link collapses...
+        dev.link.add_rate(0.2, 0.05)
+        clock[0] = 1.0
+        assert dev.infer(x).plan == first.plan  # ...but periodic re-plans only every 5 s
+        clock[0] = 5.5
+        assert dev.infer(x).plan != first.plan
+    with pytest.raises(ConfigError, match="policy"):
+        RuntimeConfig(policy="sometimes")

@@ -119,7 +119,9 @@ class AdaptiveDevice:
         self._warm_due = False
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0}
         self._prober: threading.Thread | None = None
+        self._proc = psutil.Process()
         psutil.cpu_percent(None)  # prime: the first call always returns 0
+        self._proc.cpu_percent(None)
         if start_prober:
             self._prober = threading.Thread(target=self._probe_loop, name="splitrt-prober", daemon=True)
             self._prober.start()
@@ -279,11 +281,8 @@ class AdaptiveDevice:
         with self._lock:
             clouds = list(self._clouds.values())
         util = psutil.cpu_percent(None) / 100.0
-        own = 0.0
-        try:
-            own = psutil.Process().cpu_percent(None) / 100.0 / max(psutil.cpu_count() or 1, 1)
-        except psutil.Error:
-            pass
+        # Our own share is not "load": subtract it (the same Process object, or cpu_percent reads 0).
+        own = self._proc.cpu_percent(None) / 100.0 / max(psutil.cpu_count() or 1, 1)
         with self._lock:
             self.load.add_device(now, other_util=min(1.0, max(0.0, util - own)))
         for c in clouds:

@@ -401,7 +401,7 @@ class TracePlayer:
         base = 0.0
         try:
             while not self._stop.is_set():
-                for t in self.trace.times_s:
+                for i, t in enumerate(self.trace.times_s):
                     when = base + t
                     if when == 0.0:
                         continue
@@ -409,7 +409,7 @@ class TracePlayer:
                         return
                     if self._stop.wait(max(0.0, self.start_time + when - time.monotonic())):
                         return
-                    mbps = self.rate_at(when)
+                    mbps = max(self.trace.rates_mbps[i], self.min_mbps)  # not rate_at: float wrap
                     self.shaper.set_rate(mbps)
                     self.log.append((when, mbps))
                     if self.on_change is not None:

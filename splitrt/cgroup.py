@@ -147,20 +147,6 @@ class CpuThrottle:
         _, d = self._opened()
         return _procs(d)
 
-    def usage_s(self) -> float:
-        """CPU time consumed by the cgroup's tasks so far (seconds)."""
-        h, d = self._opened()
-        if h.version == 1:
-            acct = CGROUP_ROOT / "cpuacct" / self.name / "cpuacct.usage"
-            if acct.exists():
-                return int(acct.read_text()) / 1e9
-            raise RigError(f"no CPU accounting for v1 cgroup {self.name} ({acct} missing)")
-        for line in (d / "cpu.stat").read_text().splitlines():
-            k, v = line.split()
-            if k == "usage_usec":
-                return int(v) / 1e6
-        raise RigError(f"no usage_usec in {d / 'cpu.stat'}")
-
     def close(self) -> None:
         if self.path is not None and self.hierarchy is not None:
             _remove_dir(self.hierarchy, self.path)

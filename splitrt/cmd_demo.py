@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -23,7 +23,16 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def exactness_rows(model: str, count: int) -> list[dict[str, object]]:
+class SplitCheck(TypedDict):
+    cut: str
+    tensor: str
+    bytes: int
+    head_flops_fraction: float
+    max_rel_err: float
+    exact: bool
+
+
+def exactness_rows(model: str, count: int) -> list[SplitCheck]:
     """Split ``model`` at ``count`` evenly spread single-tensor cuts; compare with the full model."""
     import onnxruntime as ort
 
@@ -44,8 +53,8 @@ def exactness_rows(model: str, count: int) -> list[dict[str, object]]:
         mid = dict(zip(head.outputs, hs.run(list(head.outputs), feeds), strict=True))
         out = ts.run([o.name for o in mg.outputs], {n: mid[n] for n in tail.inputs})
         err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) or 1.0)) for a, b in zip(full, out, strict=True))
-        rows.append({"cut": c.id, "tensor": c.tensors[0].name, "bytes": c.bytes,
-                     "head_flops_fraction": c.head_flops_fraction, "max_rel_err": err, "exact": err <= 1e-5})
+        rows.append(SplitCheck(cut=c.id, tensor=c.tensors[0].name, bytes=c.bytes,
+                               head_flops_fraction=c.head_flops_fraction, max_rel_err=err, exact=err <= 1e-5))
     print(file=sys.stderr)
     return rows
 
@@ -57,7 +66,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     else:
         print(f"{args.model}: head on the device, tail in the cloud, at {len(rows)} cuts")
         print(render(["cut", "crossing tensor", "bytes sent", "head FLOPs", "max rel err", "exact"], [
-            (r["cut"], r["tensor"], human_bytes(int(r["bytes"])), f"{100 * float(r['head_flops_fraction']):.0f}%",  # type: ignore[call-overload]
+            (r["cut"], r["tensor"], human_bytes(r["bytes"]), f"{100 * r['head_flops_fraction']:.0f}%",
              f"{r['max_rel_err']:.1e}", "yes" if r["exact"] else "NO") for r in rows
         ]))
     return 0 if all(r["exact"] for r in rows) else 1

@@ -231,3 +231,9 @@ def test_run_cli_cut_auto_plans_from_profiles_and_a_probe(server: CloudServer, t
     assert doc["cut_id"] == cut and doc["auto"]["bandwidth_mbps"] > 0 and doc["auto"]["rtt_ms"] > 0
     assert cli.main(["run", str(model), "--cloud", server.address, "--cut", "auto", "--random"]) == 2
     assert "--cut auto needs --device-profile" in capsys.readouterr().err
+
+
+def test_device_is_exported_lazily() -> None:
+    import splitrt
+
+    assert splitrt.Device is Device

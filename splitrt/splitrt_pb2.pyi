@@ -425,3 +425,193 @@ class PutModelReply(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PutModelReply: _TypeAlias = PutModelReply  # noqa: Y015
+
+@_typing.final
+class LocalInferRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
+    DEADLINE_MS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """Model name from the daemon's config, or its sha256; empty when the daemon serves one model."""
+    deadline_ms: _builtins.float
+    """0: the daemon's configured deadline."""
+    request_id: _builtins.str
+    """Caller's id, echoed and logged; empty: the daemon makes one."""
+    @_builtins.property
+    def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tensor]:
+        """Graph inputs by name (codec "fp32" or "raw": lossless)."""
+
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        tensors: _abc.Iterable[Global___Tensor] | None = ...,
+        deadline_ms: _builtins.float = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deadline_ms", b"deadline_ms", "model", b"model", "request_id", b"request_id", "tensors", b"tensors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LocalInferRequest: _TypeAlias = LocalInferRequest  # noqa: Y015
+
+@_typing.final
+class LocalInferReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    LATENCY_MS_FIELD_NUMBER: _builtins.int
+    FALLBACK_FIELD_NUMBER: _builtins.int
+    SERVER_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    plan: _builtins.str
+    """Plan used, e.g. "c12@fp32" or "device"."""
+    latency_ms: _builtins.float
+    fallback: _builtins.bool
+    """True when the cloud's part ran on the device (cloud unreachable, slow or failing)."""
+    server: _builtins.str
+    """"host:port" of the cloud that ran the tail; empty when it ran here."""
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tensor]:
+        """Every graph output, by name (codec "fp32"/"raw")."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        outputs: _abc.Iterable[Global___Tensor] | None = ...,
+        plan: _builtins.str = ...,
+        latency_ms: _builtins.float = ...,
+        fallback: _builtins.bool = ...,
+        server: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fallback", b"fallback", "latency_ms", b"latency_ms", "outputs", b"outputs", "plan", b"plan", "request_id", b"request_id", "server", b"server"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LocalInferReply: _TypeAlias = LocalInferReply  # noqa: Y015
+
+@_typing.final
+class GetPlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """As in LocalInferRequest."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["model", b"model"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPlanRequest: _TypeAlias = GetPlanRequest  # noqa: Y015
+
+@_typing.final
+class CloudState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    UP_FIELD_NUMBER: _builtins.int
+    RTT_MS_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    up: _builtins.bool
+    rtt_ms: _builtins.float
+    """Smoothed probe RTT, milliseconds; < 0 when not probed yet."""
+    last_error: _builtins.str
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        up: _builtins.bool = ...,
+        rtt_ms: _builtins.float = ...,
+        last_error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_error", b"last_error", "rtt_ms", b"rtt_ms", "up", b"up"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloudState: _TypeAlias = CloudState  # noqa: Y015
+
+@_typing.final
+class GetPlanReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    OBJECTIVE_FIELD_NUMBER: _builtins.int
+    BANDWIDTH_MBPS_FIELD_NUMBER: _builtins.int
+    RTT_MS_FIELD_NUMBER: _builtins.int
+    CONFIDENCE_FIELD_NUMBER: _builtins.int
+    DEVICE_LOAD_FIELD_NUMBER: _builtins.int
+    CLOUD_LOAD_FIELD_NUMBER: _builtins.int
+    CLOUDS_FIELD_NUMBER: _builtins.int
+    COMPLETED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    FALLBACKS_FIELD_NUMBER: _builtins.int
+    SWITCHES_FIELD_NUMBER: _builtins.int
+    COST_TABLE_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    sha256: _builtins.str
+    plan: _builtins.str
+    """Plan in use ("" before the first request)."""
+    policy: _builtins.str
+    objective: _builtins.str
+    bandwidth_mbps: _builtins.float
+    rtt_ms: _builtins.float
+    confidence: _builtins.float
+    device_load: _builtins.float
+    cloud_load: _builtins.float
+    completed: _builtins.int
+    failed: _builtins.int
+    fallbacks: _builtins.int
+    switches: _builtins.int
+    cost_table: _builtins.str
+    """Where the cost table came from (profile files, shipped profile, or FLOPs prior)."""
+    @_builtins.property
+    def clouds(self) -> _containers.RepeatedCompositeFieldContainer[Global___CloudState]: ...
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        plan: _builtins.str = ...,
+        policy: _builtins.str = ...,
+        objective: _builtins.str = ...,
+        bandwidth_mbps: _builtins.float = ...,
+        rtt_ms: _builtins.float = ...,
+        confidence: _builtins.float = ...,
+        device_load: _builtins.float = ...,
+        cloud_load: _builtins.float = ...,
+        clouds: _abc.Iterable[Global___CloudState] | None = ...,
+        completed: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        fallbacks: _builtins.int = ...,
+        switches: _builtins.int = ...,
+        cost_table: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bandwidth_mbps", b"bandwidth_mbps", "cloud_load", b"cloud_load", "clouds", b"clouds", "completed", b"completed", "confidence", b"confidence", "cost_table", b"cost_table", "device_load", b"device_load", "failed", b"failed", "fallbacks", b"fallbacks", "model", b"model", "objective", b"objective", "plan", b"plan", "policy", b"policy", "rtt_ms", b"rtt_ms", "sha256", b"sha256", "switches", b"switches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetPlanReply: _TypeAlias = GetPlanReply  # noqa: Y015

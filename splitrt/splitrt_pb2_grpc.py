@@ -274,3 +274,130 @@ class SplitInference:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class LocalInferenceStub:
+    """---------------------------------------------------------------------------------------------------
+    The device daemon's local API for apps (`splitrt daemon`): on a unix socket and/or 127.0.0.1. The
+    daemon plans, splits, fails over and falls back by itself; an app only hands in inputs.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Infer = channel.unary_unary(
+                '/splitrt.v1.LocalInference/Infer',
+                request_serializer=splitrt_dot_splitrt__pb2.LocalInferRequest.SerializeToString,
+                response_deserializer=splitrt_dot_splitrt__pb2.LocalInferReply.FromString,
+                _registered_method=True)
+        self.GetPlan = channel.unary_unary(
+                '/splitrt.v1.LocalInference/GetPlan',
+                request_serializer=splitrt_dot_splitrt__pb2.GetPlanRequest.SerializeToString,
+                response_deserializer=splitrt_dot_splitrt__pb2.GetPlanReply.FromString,
+                _registered_method=True)
+
+
+class LocalInferenceServicer:
+    """---------------------------------------------------------------------------------------------------
+    The device daemon's local API for apps (`splitrt daemon`): on a unix socket and/or 127.0.0.1. The
+    daemon plans, splits, fails over and falls back by itself; an app only hands in inputs.
+    """
+
+    def Infer(self, request, context):
+        """Run the whole model (head here, tail wherever the daemon's plan says); INVALID_ARGUMENT names the
+        expected and the given tensor names, dtypes or shapes; NOT_FOUND for an unknown model.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPlan(self, request, context):
+        """The plan in use and what it was made from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LocalInferenceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Infer': grpc.unary_unary_rpc_method_handler(
+                    servicer.Infer,
+                    request_deserializer=splitrt_dot_splitrt__pb2.LocalInferRequest.FromString,
+                    response_serializer=splitrt_dot_splitrt__pb2.LocalInferReply.SerializeToString,
+            ),
+            'GetPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPlan,
+                    request_deserializer=splitrt_dot_splitrt__pb2.GetPlanRequest.FromString,
+                    response_serializer=splitrt_dot_splitrt__pb2.GetPlanReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'splitrt.v1.LocalInference', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('splitrt.v1.LocalInference', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class LocalInference:
+    """---------------------------------------------------------------------------------------------------
+    The device daemon's local API for apps (`splitrt daemon`): on a unix socket and/or 127.0.0.1. The
+    daemon plans, splits, fails over and falls back by itself; an app only hands in inputs.
+    """
+
+    @staticmethod
+    def Infer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitrt.v1.LocalInference/Infer',
+            splitrt_dot_splitrt__pb2.LocalInferRequest.SerializeToString,
+            splitrt_dot_splitrt__pb2.LocalInferReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitrt.v1.LocalInference/GetPlan',
+            splitrt_dot_splitrt__pb2.GetPlanRequest.SerializeToString,
+            splitrt_dot_splitrt__pb2.GetPlanReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

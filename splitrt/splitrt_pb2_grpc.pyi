@@ -121,3 +121,61 @@ class SplitInferenceServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_SplitInferenceServicer_to_server(servicer: SplitInferenceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class LocalInferenceStub:
+    """---------------------------------------------------------------------------------------------------
+    The device daemon's local API for apps (`splitrt daemon`): on a unix socket and/or 127.0.0.1. The
+    daemon plans, splits, fails over and falls back by itself; an app only hands in inputs.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> LocalInferenceAsyncStub: ...
+    Infer: _grpc.UnaryUnaryMultiCallable[_splitrt_pb2.LocalInferRequest, _splitrt_pb2.LocalInferReply]
+    """Run the whole model (head here, tail wherever the daemon's plan says); INVALID_ARGUMENT names the
+    expected and the given tensor names, dtypes or shapes; NOT_FOUND for an unknown model.
+    """
+    GetPlan: _grpc.UnaryUnaryMultiCallable[_splitrt_pb2.GetPlanRequest, _splitrt_pb2.GetPlanReply]
+    """The plan in use and what it was made from."""
+
+@_typing.type_check_only
+class LocalInferenceAsyncStub(LocalInferenceStub):
+    """---------------------------------------------------------------------------------------------------
+    The device daemon's local API for apps (`splitrt daemon`): on a unix socket and/or 127.0.0.1. The
+    daemon plans, splits, fails over and falls back by itself; an app only hands in inputs.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Infer: _aio.UnaryUnaryMultiCallable[_splitrt_pb2.LocalInferRequest, _splitrt_pb2.LocalInferReply]  # type: ignore[assignment]
+    """Run the whole model (head here, tail wherever the daemon's plan says); INVALID_ARGUMENT names the
+    expected and the given tensor names, dtypes or shapes; NOT_FOUND for an unknown model.
+    """
+    GetPlan: _aio.UnaryUnaryMultiCallable[_splitrt_pb2.GetPlanRequest, _splitrt_pb2.GetPlanReply]  # type: ignore[assignment]
+    """The plan in use and what it was made from."""
+
+class LocalInferenceServicer(metaclass=_abc_1.ABCMeta):
+    """---------------------------------------------------------------------------------------------------
+    The device daemon's local API for apps (`splitrt daemon`): on a unix socket and/or 127.0.0.1. The
+    daemon plans, splits, fails over and falls back by itself; an app only hands in inputs.
+    """
+
+    @_abc_1.abstractmethod
+    def Infer(
+        self,
+        request: _splitrt_pb2.LocalInferRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_splitrt_pb2.LocalInferReply, _abc.Awaitable[_splitrt_pb2.LocalInferReply]]:
+        """Run the whole model (head here, tail wherever the daemon's plan says); INVALID_ARGUMENT names the
+        expected and the given tensor names, dtypes or shapes; NOT_FOUND for an unknown model.
+        """
+
+    @_abc_1.abstractmethod
+    def GetPlan(
+        self,
+        request: _splitrt_pb2.GetPlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_splitrt_pb2.GetPlanReply, _abc.Awaitable[_splitrt_pb2.GetPlanReply]]:
+        """The plan in use and what it was made from."""
+
+def add_LocalInferenceServicer_to_server(servicer: LocalInferenceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

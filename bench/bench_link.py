@@ -6,6 +6,11 @@ Links: ``kernel`` (tbf on veth, root; both directions of a direct veth pair, and
 a bridge) and ``userspace`` (the shaping relay on 127.0.0.1, with a one-way delay). Also measures the
 request/response RTT through the relay against ``2 * delay``.
 
+Through the bridge the bottleneck queue (switch port) is not local to the sending TCP, so TCP Small
+Queues do not hold it back: drop-tail losses there (no AQM qdisc in this kernel) release out-of-order
+data in bursts and a step right after a rate decrease can read high. On a direct veth pair (the rig's
+device<->cloud link) the shaped egress is the sender's own and the error stays within ~1%.
+
     .venv/bin/python bench/bench_link.py [--trace hsdpa/bus --window 30] [--links kernel,userspace] [--json]
 """
 

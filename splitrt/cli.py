@@ -17,6 +17,7 @@ COMMAND_MODULES: list[str] = [
     "splitrt.discovery",
     "splitrt.cmd_serve",
     "splitrt.cmd_run",
+    "splitrt.cmd_daemon",
     "splitrt.cmd_plan",
 ]
 

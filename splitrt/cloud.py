@@ -495,6 +495,16 @@ class CloudServer:
         return pb.Load(queue_depth=a.admitted, running=a.running, workers=a.workers,
                        cpu_percent=self.cpu.percent())
 
+    def load_factor(self) -> float:
+        """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``): requests
+        admitted per worker or 1 / (1 - CPU busy share), whichever says busier."""
+        a = self.admission
+        cpu = min(self.cpu.percent(), 95.0) / 100.0
+        return max(1.0, a.admitted / max(1, a.workers), 1.0 / (1.0 - cpu))
+
+    def model_hashes(self) -> list[str]:
+        return [m.sha256 for m in self.store.models()]
+
     def infer(self, request: pb.InferRequest, time_remaining_s: float | None) -> pb.InferReply:
         t0 = time.perf_counter()
         fields: dict[str, Any] = {"request_id": request.request_id, "model": request.model_sha256[:12],

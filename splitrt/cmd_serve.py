@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -34,6 +35,14 @@ def register(sub: Any) -> None:
     p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
     p.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads per tail (0: default)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    d = p.add_argument_group("discovery (mDNS _splitrt._tcp; TXT: version, model hashes, load)")
+    d.add_argument("--advertise", action="store_true", help="advertise this server on the local network")
+    d.add_argument("--advertise-name", metavar="N", help="instance name (default: the host name)")
+    d.add_argument("--advertise-address", action="append", default=[], metavar="IP",
+                   help="address devices connect to (repeatable; default: --host, or every non-loopback IPv4)")
+    d.add_argument("--advertise-interface", action="append", default=[], metavar="IP",
+                   help="bind mDNS to this IP (repeatable; default: all interfaces)")
+    d.add_argument("--advertise-ttl-s", type=int, default=120, help="record TTL: how long a crashed server lingers")
     p.set_defaults(func=cmd_serve)
 
 
@@ -56,6 +65,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         intra_op_threads=args.intra_op_threads, **kwargs)
     server = CloudServer(config)
     server.start()
+    advertiser = None
+    if args.advertise:
+        import socket
+
+        from splitrt.finder import ServerAdvertiser
+
+        try:
+            advertiser = ServerAdvertiser(server, name=args.advertise_name or socket.gethostname(),
+                                          addresses=args.advertise_address or None,
+                                          interfaces=args.advertise_interface or None, ttl_s=args.advertise_ttl_s)
+        except BaseException:
+            server.stop(grace_s=0)
+            raise
+        log.info(json.dumps({"event": "advertised", "name": advertiser.name, "addresses": advertiser.addresses,
+                             "port": server.port}))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -65,5 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     while not stop.wait(0.5):
         pass
+    if advertiser is not None:
+        advertiser.close()  # goodbye first: devices move on while in-flight calls drain
     server.stop()
     return 0

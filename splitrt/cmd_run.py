@@ -1,4 +1,6 @@
-"""`splitrt run`: one request split between this machine and a cloud server (see splitrt.device)."""
+"""`splitrt run`: one request split between this machine and a cloud server (see splitrt.device), or
+with ``--count N`` (or ``--discover``) a stream of requests through the adaptive runtime
+(splitrt.runtime: per-request plan, failover, local fallback) to a static or discovered cloud."""
 
 from __future__ import annotations
 
@@ -18,11 +20,14 @@ from splitrt.errors import ConfigError, CutError, InputError
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a model split: head here, tail on a cloud server")
     p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
-    p.add_argument("--cloud", required=True, metavar="HOST:PORT", help="address of `splitrt serve`")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--cloud", metavar="HOST:PORT", help="address of `splitrt serve`")
+    where.add_argument("--discover", action="store_true",
+                       help="follow the clouds advertised via mDNS that serve this model (implies a stream)")
     p.add_argument("--cut", required=True, metavar="ID",
                    help="cut id from `splitrt inspect` (cloud, c1, ..., device), or auto")
     p.add_argument("--codec", default="fp32", help="fp32, fp16, int8, int8c, each optionally +zlib")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--input", action="append", metavar="[NAME=]FILE",
                      help=".npy for a one-input model (or NAME=FILE.npy, repeatable), or one .npz by name")
     src.add_argument("--random", action="store_true", help="random inputs of the right dtype and shape")
@@ -32,8 +37,21 @@ def register(sub: Any) -> None:
     p.add_argument("--token-file", type=Path, help="bearer token (first line)")
     p.add_argument("--tls-ca", type=Path, help="PEM CA certificate: connect with TLS")
     p.add_argument("--no-upload", action="store_true", help="never upload the model to the cloud")
-    p.add_argument("--device-profile", type=Path, help="--cut auto: profile of this machine (JSON)")
-    p.add_argument("--cloud-profile", type=Path, help="--cut auto: profile of the cloud (JSON)")
+    p.add_argument("--device-profile", "--profile-device", type=Path, dest="device_profile",
+                   help="--cut auto: profile of this machine (JSON)")
+    p.add_argument("--cloud-profile", "--profile-cloud", type=Path, dest="cloud_profile",
+                   help="--cut auto: profile of the cloud (JSON)")
+    s = p.add_argument_group("stream (adaptive runtime)")
+    s.add_argument("--count", type=int, metavar="N", help="send N requests (default with --discover: 1)")
+    s.add_argument("--rate", type=float, metavar="HZ", help="start requests at this rate (default: back to back)")
+    s.add_argument("--deadline-ms", type=float, metavar="D", help="per-request deadline (default 5000)")
+    s.add_argument("--board", metavar="NAME", help="board descriptor (devices/NAME.toml): speed and power")
+    s.add_argument("--decision-log", type=Path, metavar="FILE", help="append every decision as a JSON line")
+    s.add_argument("--verify", action="store_true", help="compare each output with a local run (rel_err)")
+    s.add_argument("--discover-interface", action="append", default=[], metavar="IP",
+                   help="bind mDNS to this IP (repeatable; default all)")
+    s.add_argument("--discover-wait-s", type=float, default=5.0,
+                   help="wait this long for a first cloud before starting (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=cmd_run)
 
@@ -96,6 +114,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"token file {args.token_file}: expected a token on the first line") from exc
     config = DeviceConfig(timeout_s=args.timeout_s, codec=args.codec, token=token, tls_ca_path=args.tls_ca,
                           upload=not args.no_upload)
+    if args.count is not None or args.discover:
+        from splitrt.run_stream import run_stream
+
+        return run_stream(args, config)
+    if not args.random and not args.input:
+        raise InputError("expected --input FILE or --random, got neither")
     with Device(resolve_model(args.model), args.cloud, config=config) as dev:
         inputs = dev.random_inputs(args.seed) if args.random else _load_inputs(dev, args.input)
         cut, codec_spec = args.cut, args.codec

@@ -83,7 +83,9 @@ class CloudFinder:
         self.on_update = on_update
         self._lock = threading.Lock()
         self._servers: dict[str, ServerInfo] = {}
-        self._lists: dict[int, list[str]] = {}
+        # The finder owns the lists from now on; start from what the devices have (no spurious update).
+        self._lists: dict[int, list[str]] = {i: [str(c["address"]) for c in d.clouds()]
+                                             for i, d in enumerate(self.devices)}
         self._stop = threading.Event()
         self.browser: Any = None
         self.update({})  # static clouds at once, before anything is found

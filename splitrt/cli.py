@@ -19,6 +19,7 @@ COMMAND_MODULES: list[str] = [
     "splitrt.cmd_run",
     "splitrt.cmd_daemon",
     "splitrt.cmd_plan",
+    "splitrt.cmd_bench",
 ]
 
 

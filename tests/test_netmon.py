@@ -227,9 +227,18 @@ def test_load_factors_are_bounded_and_fade_to_nominal(
     assert b.device_factor <= a.device_factor and b.cloud_factor <= a.cloud_factor
 
 
-def test_load_ewma_smooths_a_single_spike() -> None:
+def test_load_ignores_a_single_spike_and_follows_sustained_load() -> None:
     load = LoadEstimator(LoadConfig(alpha=0.25))
     for i in range(10):
         load.add_device(float(i), other_util=0.0)
-    load.add_device(10.0, other_util=0.9)  # instantaneous 10x
-    assert 1.0 < load.estimate(10.0).device_factor < 4.0
+    load.add_device(10.0, other_util=0.9)  # instantaneous 10x: a one-off (e.g. a cold session)
+    assert load.estimate(10.0).device_factor == 1.0
+    load.add_device(11.0, other_util=0.9)  # twice in a row: real load
+    assert 1.0 < load.estimate(11.0).device_factor < 4.0
+
+
+def test_first_cloud_sample_spike_does_not_condemn_the_cloud() -> None:
+    load = LoadEstimator()
+    load.add_cloud(0.0, queue_wait_s=0.3, profiled_tail_s=0.02, tail_s=0.02)  # cold session build
+    load.add_cloud(0.1, queue_wait_s=0.0, profiled_tail_s=0.02, tail_s=0.02)
+    assert load.estimate(0.1).cloud_factor == pytest.approx(1.0)

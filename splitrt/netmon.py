@@ -322,9 +322,10 @@ class _Ewma:
     def add(self, now_s: float, x: float) -> None:
         x = min(self.cfg.max_factor, max(self.cfg.min_factor, x))
         # One-off spikes (a cold session build on the cloud, a GC pause) are not load: feed the EWMA
-        # the median of the last 3 samples (the lowest while fewer), so only sustained load moves it.
-        self._recent = ([*self._recent, x])[-3:]
-        x = sorted(self._recent)[1] if len(self._recent) == 3 else min(self._recent)
+        # the median of the last 3 samples (missing ones count as unloaded), so only load seen twice
+        # in a row moves it.
+        self._recent = [*self._recent, x][-3:]
+        x = sorted([self.cfg.min_factor] * (3 - len(self._recent)) + self._recent)[1]
         prior = self.get(now_s)
         self.value = x if self.value is None else prior + self.cfg.alpha * (x - prior)
         self.t_s = now_s

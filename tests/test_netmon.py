@@ -186,7 +186,9 @@ def test_device_factor_from_utilisation_and_frequency() -> None:
     load = LoadEstimator(LoadConfig(alpha=1.0))
     assert load.estimate(0.0).device_factor == 1.0
     assert load.add_device(0.0, other_util=0.5) == pytest.approx(2.0)
-    assert load.estimate(0.0).device_factor == pytest.approx(2.0)
+    assert load.estimate(0.0).device_factor == 1.0  # once is a spike
+    load.add_device(0.0, other_util=0.5)
+    assert load.estimate(0.0).device_factor == pytest.approx(2.0)  # twice is load
     f = load.add_device(1.0, other_util=0.0, freq_mhz=600, profiled_freq_mhz=1800)
     assert f == pytest.approx(3.0)
     assert load.add_device(2.0, other_util=1.0) == pytest.approx(10.0)  # capped at max_util 0.9
@@ -198,8 +200,10 @@ def test_device_factor_from_utilisation_and_frequency() -> None:
 def test_cloud_factor_from_queue_wait_and_tail_time() -> None:
     load = LoadEstimator(LoadConfig(alpha=1.0))
     assert load.add_cloud(0.0, queue_wait_s=0.02, tail_s=0.03, profiled_tail_s=0.01) == pytest.approx(5.0)
+    load.add_cloud(0.0, queue_wait_s=0.02, tail_s=0.03, profiled_tail_s=0.01)
     assert load.estimate(0.0).cloud_factor == pytest.approx(5.0)
     assert load.estimate(0.0).device_factor == 1.0
+    load.add_cloud(1.0, queue_wait_s=0.0, profiled_tail_s=0.01)
     load.add_cloud(1.0, queue_wait_s=0.0, profiled_tail_s=0.01)
     assert load.estimate(1.0).cloud_factor == 1.0
 

@@ -112,14 +112,16 @@ def test_relay_rejects_bad_values_and_bad_listen() -> None:
 
 
 def test_userspace_link_follows_step_trace() -> None:
-    tr = traces.step([6.0, 1.5, 4.0], 1.5)
+    # Modest rates: the relay is Python, and a loaded 2-core CI box must still pace it (bench_link
+    # measures the accurate figures).
+    tr = traces.step([3.0, 1.0, 2.0], 1.5)
     rx = shaper.BulkReceiver("127.0.0.1", 0)
     try:
         with shaper.UserspaceLink(("127.0.0.1", 0), ("127.0.0.1", rx.port), delay_ms=10) as link:
             steps = shaper.measure_steps(link, tr, rx, ("127.0.0.1", link.port))
     finally:
         rx.close()
-    assert [s.target_mbps for s in steps] == [6.0, 1.5, 4.0]
+    assert [s.target_mbps for s in steps] == [3.0, 1.0, 2.0]
     for s in steps:
         assert abs(s.error_pct) < BOUND_PCT, steps
 

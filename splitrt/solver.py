@@ -23,6 +23,7 @@ from splitrt.costmodel import (
     MS_PER_BYTE_AT_1MBPS,
     Conditions,
     CostTable,
+    Estimate,
     FloatArray,
     Link,
     Power,
@@ -67,6 +68,12 @@ def parse_plan(text: str, default_codec: str = "fp32") -> tuple[str, str]:
     if not cut or (sep and not codec) or ">" in cut:
         raise PlanError(f"expected a plan like 'c12@fp16' or 'device', got {text!r}")
     return cut, codec if sep else default_codec
+
+
+def _plan(est: Estimate, objective: str) -> Plan:
+    return Plan(cut=est.cut, codec=est.codec, objective=objective, predicted_ms=est.latency_ms,
+                energy_mj=est.energy_mj, period_ms=est.period_ms, device_ms=est.device_ms,
+                transfer_ms=est.transfer_ms, cloud_ms=est.cloud_ms, bytes=est.bytes, sent_bytes=est.sent_bytes)
 
 
 def _check_objective(objective: str) -> None:
@@ -148,19 +155,7 @@ def solve(
     flat = _pick(primary, secondary, tertiary)
     i, k = divmod(flat, len(table.codecs))
     est = table.estimate(table.ids[i], table.codecs[k], cond, power)
-    return Plan(
-        cut=est.cut,
-        codec=est.codec,
-        objective=objective,
-        predicted_ms=est.latency_ms,
-        energy_mj=est.energy_mj,
-        period_ms=est.period_ms,
-        device_ms=est.device_ms,
-        transfer_ms=est.transfer_ms,
-        cloud_ms=est.cloud_ms,
-        bytes=est.bytes,
-        sent_bytes=est.sent_bytes,
-    )
+    return _plan(est, objective)
 
 
 def evaluate(
@@ -175,19 +170,7 @@ def evaluate(
     _check_objective(objective)
     cut, codec = parse_plan(plan, table.codecs[0]) if isinstance(plan, str) else plan
     est = table.estimate(cut, codec, cond, power)
-    return Plan(
-        cut=est.cut,
-        codec=est.codec,
-        objective=objective,
-        predicted_ms=est.latency_ms,
-        energy_mj=est.energy_mj,
-        period_ms=est.period_ms,
-        device_ms=est.device_ms,
-        transfer_ms=est.transfer_ms,
-        cloud_ms=est.cloud_ms,
-        bytes=est.bytes,
-        sent_bytes=est.sent_bytes,
-    )
+    return _plan(est, objective)
 
 
 # ---- sweep: Edgent's configuration map -----------------------------------------------------------

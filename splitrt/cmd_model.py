@@ -39,10 +39,8 @@ def register(sub: Any) -> None:
 
 
 def resolve_model(spec: str) -> Path:
-    """A path, or ``zoo:NAME`` for a zoo model (written to the cache on first use)."""
-    if spec.startswith("zoo:"):
-        return zoo.get(spec[4:])
-    return Path(spec)
+    """A path, ``zoo:NAME`` or a bare zoo name (see ``zoo.resolve``)."""
+    return zoo.resolve(spec)
 
 
 def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:

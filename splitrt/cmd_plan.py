@@ -45,7 +45,9 @@ def register(subparsers: Any) -> None:
     q.add_argument(
         "--board", default=None, help="devices/<NAME>.toml: power figures, and emulate it from a host profile"
     )
-    q.add_argument("--codec", action="append", default=None, help="allowed codec(s) (default: all)")
+    q.add_argument("--codec", action="append", default=None,
+                   help="allowed codec(s), repeatable: fp32 fp16 int8 int8c, or 'all' (default: fp32, lossless "
+                        "like the runtime; lossy codecs change the answer, so they are opt-in)")
     q.add_argument("--min-cut", action="store_true", help="also solve the DADS min-cut over the node DAG")
     q.add_argument("--sweep", action="store_true", help="print the bandwidths where the best plan changes")
     q.add_argument("--sweep-min-mbps", type=float, default=0.1)
@@ -56,14 +58,9 @@ def register(subparsers: Any) -> None:
 
 
 def _model_path(model: str) -> Path:
-    p = Path(model)
-    if p.exists() or p.suffix == ".onnx":
-        return p
     from splitrt import zoo
 
-    if model in zoo.names():
-        return zoo.get(model)
-    raise ConfigError(f"no model file {model!r} and no zoo model of that name (zoo: {', '.join(zoo.names())})")
+    return zoo.resolve(model)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -103,7 +100,7 @@ def _plan(args: argparse.Namespace) -> int:
         )
     except PlanError as exc:
         raise ConfigError(str(exc)) from exc
-    codecs = args.codec
+    codecs = args.codec = None if args.codec == ["all"] else (args.codec or ["fp32"])
     if args.sweep:
         bands = solver.sweep(
             table,

@@ -29,6 +29,18 @@ def names() -> list[str]:
     return list(_LIGHT) + list(_SMALL)
 
 
+def resolve(spec: str | Path) -> Path:
+    """A model argument as the CLI takes it: a file path, ``zoo:NAME``, or a bare zoo name (when no
+    file of that name exists). Zoo models are written to the cache on first use."""
+    text = str(spec)
+    if text.startswith("zoo:"):
+        return get(text[4:])
+    p = Path(text)
+    if not p.exists() and text in names():
+        return get(text)
+    return p
+
+
 def light_dir() -> Path:
     return Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 

@@ -39,7 +39,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from splitrt import __version__, codec, wire
 from splitrt import splitrt_pb2 as pb
-from splitrt import splitrt_pb2_grpc as pb_grpc
 from splitrt.errors import CodecError, ConfigError, CutError, ModelError, SplitrtError
 
 log = logging.getLogger("splitrt.cloud")
@@ -328,24 +327,26 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
         log.log(level, json.dumps(record, default=str))
 
 
-class _Servicer(pb_grpc.SplitInferenceServicer):
+class _Servicer:
+    """SplitInference (registered by ``_add_servicer``)."""
+
     def __init__(self, server: CloudServer) -> None:
         self.s = server
 
-    def Infer(self, request: pb.InferRequest, context: grpc.ServicerContext) -> pb.InferReply:
+    def Infer(self, request: wire.Framed, context: grpc.ServicerContext) -> wire.Framed:
         try:
             return self.s.infer(request, context.time_remaining())
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
 
-    def InferStream(self, request_iterator: Iterator[pb.InferRequest],
-                    context: grpc.ServicerContext) -> Iterator[pb.InferReply]:
+    def InferStream(self, request_iterator: Iterator[wire.Framed],
+                    context: grpc.ServicerContext) -> Iterator[wire.Framed | pb.InferReply]:
         for request in request_iterator:
             try:
                 yield self.s.infer(request, context.time_remaining())
             except RpcFailure as exc:
-                yield pb.InferReply(request_id=request.request_id, load=self.s.load(),
+                yield pb.InferReply(request_id=request.header.request_id, load=self.s.load(),
                                     error=pb.Error(code=exc.code.name, message=exc.message))
 
     def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeReply:
@@ -366,6 +367,27 @@ class _Servicer(pb_grpc.SplitInferenceServicer):
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
+
+
+def _add_servicer(servicer: _Servicer, server: grpc.Server) -> None:
+    """The generated ``add_SplitInferenceServicer_to_server``, but Infer and InferStream use the hand
+    framing of ``splitrt.wire`` (same bytes on the wire, payloads never copied by protobuf)."""
+    framed: dict[str, Any] = {"request_deserializer": wire.deserializer(pb.InferRequest),
+                              "response_serializer": wire.serialize}
+
+    def stock(request: Any, reply: Any) -> dict[str, Any]:
+        return {"request_deserializer": request.FromString, "response_serializer": reply.SerializeToString}
+
+    handlers = {
+        "Infer": grpc.unary_unary_rpc_method_handler(servicer.Infer, **framed),
+        "InferStream": grpc.stream_stream_rpc_method_handler(servicer.InferStream, **framed),
+        "Probe": grpc.unary_unary_rpc_method_handler(servicer.Probe, **stock(pb.ProbeRequest, pb.ProbeReply)),
+        "Status": grpc.unary_unary_rpc_method_handler(servicer.Status, **stock(pb.StatusRequest, pb.StatusReply)),
+        "PutModel": grpc.stream_unary_rpc_method_handler(servicer.PutModel,
+                                                         **stock(pb.ModelChunk, pb.PutModelReply)),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(wire.SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(wire.SERVICE_NAME, handlers)
 
 
 def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
@@ -422,7 +444,7 @@ class CloudServer:
         self.health = health.HealthServicer()
         self.port = 0
         self._server: grpc.Server | None = None
-        # Test hook: called in the worker slot just before the tail runs.
+        # Test hook: called in the worker slot just before the tail runs (with the request's header).
         self.before_tail: Callable[[pb.InferRequest], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -436,7 +458,7 @@ class CloudServer:
             options=wire.server_options(cfg.max_message_bytes),
             maximum_concurrent_rpcs=concurrency,
         )
-        pb_grpc.add_SplitInferenceServicer_to_server(_Servicer(self), server)
+        _add_servicer(_Servicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         address = f"{cfg.host}:{cfg.port}"
         try:
@@ -505,10 +527,12 @@ class CloudServer:
     def model_hashes(self) -> list[str]:
         return [m.sha256 for m in self.store.models()]
 
-    def infer(self, request: pb.InferRequest, time_remaining_s: float | None) -> pb.InferReply:
+    def infer(self, request: wire.Framed, time_remaining_s: float | None) -> wire.Framed:
+        """Run the tail for an ``InferRequest`` (``wire.Framed``); the reply is an ``InferReply``."""
         t0 = time.perf_counter()
-        fields: dict[str, Any] = {"request_id": request.request_id, "model": request.model_sha256[:12],
-                                  "cut": request.cut_id, "codec": request.codec}
+        header = request.header
+        fields: dict[str, Any] = {"request_id": header.request_id, "model": header.model_sha256[:12],
+                                  "cut": header.cut_id, "codec": header.codec}
         try:
             reply = self._infer(request, time_remaining_s, t0)
         except RpcFailure as exc:
@@ -517,12 +541,13 @@ class CloudServer:
             raise
         with self._served_lock:
             self.served += 1
-        log_event("infer", **fields, code="OK", tail_ms=round(reply.tail_ms, 3),
-                  queue_ms=round(reply.queue_ms, 3), total_ms=round((time.perf_counter() - t0) * 1e3, 3),
+        log_event("infer", **fields, code="OK", tail_ms=round(reply.header.tail_ms, 3),
+                  queue_ms=round(reply.header.queue_ms, 3), total_ms=round((time.perf_counter() - t0) * 1e3, 3),
                   bytes_in=getattr(self._bytes_in, "value", 0))
         return reply
 
-    def _infer(self, request: pb.InferRequest, time_remaining_s: float | None, t0: float) -> pb.InferReply:
+    def _infer(self, request: wire.Framed, time_remaining_s: float | None, t0: float) -> wire.Framed:
+        header = request.header
         deadline_s = self.config.default_deadline_s if time_remaining_s is None else time_remaining_s
         if not self.admission.admit():
             a = self.admission
@@ -530,10 +555,10 @@ class CloudServer:
                              f"server busy: queue depth {a.admitted}, expected at most "
                              f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue})")
         try:
-            tail = self.tails.get(request.model_sha256, request.cut_id)
+            tail = self.tails.get(header.model_sha256, header.cut_id)
             feeds, bytes_in = self._decode_inputs(request, tail)
             try:
-                out_codec = codec.Codec.parse(request.output_codec or "fp32")
+                out_codec = codec.Codec.parse(header.output_codec or "fp32")
             except CodecError as exc:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
             remaining = deadline_s - (time.perf_counter() - t0)
@@ -544,41 +569,41 @@ class CloudServer:
             t_run = time.perf_counter()
             try:
                 if self.before_tail is not None:
-                    self.before_tail(request)
+                    self.before_tail(header)
                 t_run = time.perf_counter()
                 try:
                     values = tail.session.run(tail.outputs, feeds)
                 except Exception as exc:  # onnxruntime's own exception types
                     raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                                     f"tail of cut {request.cut_id!r} failed on the given tensors: "
+                                     f"tail of cut {header.cut_id!r} failed on the given tensors: "
                                      f"{exc}") from exc
                 t_done = time.perf_counter()
             finally:
                 self.admission.release_slot()
-            reply = pb.InferReply(request_id=request.request_id, tail_ms=(t_done - t_run) * 1e3,
+            reply = pb.InferReply(request_id=header.request_id, tail_ms=(t_done - t_run) * 1e3,
                                   queue_ms=(t_run - t0) * 1e3, load=self.load())
             try:
-                for n, v in zip(tail.outputs, values, strict=True):
-                    wire.add_tensor(reply.outputs, codec.encode(n, np.asarray(v), out_codec))
+                outputs = [codec.encode(n, np.asarray(v), out_codec, copy=False)
+                           for n, v in zip(tail.outputs, values, strict=True)]
             except CodecError as exc:
                 raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
             self._bytes_in.value = bytes_in
-            return reply
+            return wire.Framed(header=reply, tensors=outputs)
         finally:
             self.admission.leave()
 
-    def _decode_inputs(self, request: pb.InferRequest, tail: Tail) -> tuple[dict[str, np.ndarray], int]:
+    def _decode_inputs(self, request: wire.Framed, tail: Tail) -> tuple[dict[str, np.ndarray], int]:
         expected = {name: (dtype, shape) for name, dtype, shape in tail.inputs}
         given = {t.name: t for t in request.tensors}
         if len(given) != len(request.tensors) or set(given) != set(expected):
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"cut {request.cut_id!r}: expected tensors {sorted(expected)}, "
+                             f"cut {request.header.cut_id!r}: expected tensors {sorted(expected)}, "
                              f"got {[t.name for t in request.tensors]}")
         feeds: dict[str, np.ndarray] = {}
         nbytes = 0
         for name, (dtype, shape) in expected.items():
             t = given[name]
-            got_shape = tuple(int(d) for d in t.shape)
+            got_shape = t.shape
             if t.dtype != dtype:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"tensor {name!r}: expected dtype {dtype}, got {t.dtype or '(empty)'}")
@@ -586,10 +611,9 @@ class CloudServer:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"tensor {name!r}: expected shape {wire.describe_shape(shape)}, "
                                  f"got {list(got_shape)}")
-            enc = wire.from_proto(t)  # reads the payload once (upb copies on access)
-            nbytes += enc.nbytes
+            nbytes += t.nbytes
             try:
-                feeds[name] = codec.decode(enc)
+                feeds[name] = codec.decode(t)  # raw/fp32: a view of the received bytes
             except CodecError as exc:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         return feeds, nbytes

@@ -17,7 +17,9 @@ encoded with (``Encoded.codec``): ``raw`` or the spec.
 
 Payload layout (little-endian): ``raw``/``fp32`` and ``fp16`` are the element bytes; ``int8`` is
 ``lo: f32, scale: f32`` then the uint8 elements; ``int8c`` is ``lo[C]: f32, scale[C]: f32`` then the
-uint8 elements (original layout). ``+zlib`` wraps the whole payload in a zlib stream. Decoding checks
+uint8 elements (original layout). ``+zlib`` wraps the whole payload in a zlib stream. A payload is
+``bytes`` or a read-only byte ``memoryview`` (``encode(..., copy=False)``, and tensors parsed off the wire
+by ``splitrt.wire``): big tensors then cross without a copy. Decoding checks
 every length against the one implied by dtype and shape and raises ``CodecError`` naming both, so a
 truncated or garbage payload never turns into a wrong tensor silently.
 """
@@ -90,7 +92,7 @@ class Encoded:
     dtype: str
     shape: tuple[int, ...]
     codec: str
-    payload: bytes
+    payload: bytes | memoryview  # a memoryview is read-only, format "B"
 
     @property
     def nbytes(self) -> int:
@@ -147,8 +149,17 @@ def _quantise(x: np.ndarray, axis: int | None, name: str, quant: str) -> bytes:
     return lo.tobytes() + scale.tobytes() + q.tobytes()
 
 
-def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32") -> Encoded:
-    """Encode one tensor with ``codec`` (a non-float tensor is always sent raw)."""
+def _plain(arr: np.ndarray, copy: bool) -> bytes | memoryview:
+    """The bytes of a C-contiguous array: a copy, or a read-only view."""
+    return arr.tobytes() if copy else arr.reshape(-1).view(np.uint8).data.toreadonly()
+
+
+def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32", *, copy: bool = True) -> Encoded:
+    """Encode one tensor with ``codec`` (a non-float tensor is always sent raw).
+
+    ``copy=False``: a ``raw`` or ``fp32`` payload is a read-only view of ``array`` when its layout allows
+    (C-contiguous, little-endian), so the array must not change while the result is in use.
+    """
     spec = Codec.parse(codec)
     arr = np.asarray(array)
     dtype = arr.dtype
@@ -157,10 +168,11 @@ def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32") -> Encoded
         raise CodecError(f"tensor {name!r}: expected a numeric or bool array, got dtype {dtype}")
     le = dtype.newbyteorder("<")
     if not _is_float(dtype):
-        payload = np.ascontiguousarray(arr, dtype=le).tobytes()
+        payload = _plain(np.ascontiguousarray(arr, dtype=le), copy)
         return Encoded(name=name, dtype=dtype.name, shape=shape, codec=RAW, payload=payload)
+    body: bytes | memoryview
     if spec.quant == "fp32":
-        body = np.ascontiguousarray(arr, dtype=le).tobytes()
+        body = _plain(np.ascontiguousarray(arr, dtype=le), copy)
     elif spec.quant == "fp16":
         body = np.ascontiguousarray(arr, dtype=_LE_F16).tobytes()
     else:
@@ -236,7 +248,7 @@ def decode(enc: Encoded) -> np.ndarray:
     return np.asarray(out, dtype=dt)  # asarray: 0-d arithmetic yields a numpy scalar, not an array
 
 
-def _inflate(name: str, payload: bytes, want: int) -> bytes:
+def _inflate(name: str, payload: bytes | memoryview, want: int) -> bytes:
     d = zlib.decompressobj()
     try:
         body = d.decompress(payload, want + 1)

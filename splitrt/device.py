@@ -148,6 +148,9 @@ class Device:
         self._full: Any = None
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.SplitInferenceStub | None = None
+        # Infer and InferStream with the hand framing of ``splitrt.wire`` (set with the stub).
+        self._infer: Any = None
+        self._infer_stream: Any = None
         self._model_checked = False
         self.codec = codec.Codec.parse(self.config.codec)
         self.output_names = tuple(t.name for t in self.graph.outputs)
@@ -267,6 +270,11 @@ class Device:
         with self._lock:
             if self._stub is None:
                 self._channel = channel
+                framed: dict[str, Any] = {"request_serializer": wire.serialize,
+                                          "response_deserializer": wire.deserializer(pb.InferReply),
+                                          "_registered_method": True}
+                self._infer = channel.unary_unary(f"/{wire.SERVICE_NAME}/Infer", **framed)
+                self._infer_stream = channel.stream_stream(f"/{wire.SERVICE_NAME}/InferStream", **framed)
                 self._stub = pb_grpc.SplitInferenceStub(channel)
             else:
                 channel.close()
@@ -329,17 +337,17 @@ class Device:
             self.upload_model()
         self._model_checked = True
 
-    def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[pb.InferRequest, int]:
-        """The request for ``head`` and its payload bytes (tensors are added in place: big ones copy once)."""
-        request = pb.InferRequest(model_sha256=self.sha256, cut_id=head.cut_id, codec=str(spec),
-                                  request_id=head.request_id, output_codec=self.config.output_codec)
-        nbytes = sum(wire.add_tensor(request.tensors, codec.encode(n, a, spec))
-                     for n, a in head.crossing.items())
-        return request, nbytes
+    def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[wire.Framed, int]:
+        """The ``InferRequest`` for ``head`` and its payload bytes (raw/fp32 payloads are views of the
+        head's arrays: the serializer copies them once)."""
+        header = pb.InferRequest(model_sha256=self.sha256, cut_id=head.cut_id, codec=str(spec),
+                                 request_id=head.request_id, output_codec=self.config.output_codec)
+        tensors = [codec.encode(n, a, spec, copy=False) for n, a in head.crossing.items()]
+        return wire.Framed(header=header, tensors=tensors), sum(e.nbytes for e in tensors)
 
-    def _decode_reply(self, reply: pb.InferReply) -> tuple[dict[str, np.ndarray], int]:
+    def _decode_reply(self, reply: wire.Framed) -> tuple[dict[str, np.ndarray], int]:
         try:
-            encoded = [wire.from_proto(t) for t in reply.outputs]
+            encoded = reply.tensors
             outs = {e.name: codec.decode(e) for e in encoded}
         except CodecError as exc:
             raise CloudError(f"reply from {self.cloud} does not decode: {exc}", code="DATA_LOSS") from exc
@@ -358,18 +366,19 @@ class Device:
         request, bytes_up = self._request(head, spec)
         t1 = time.perf_counter()
         self.ensure_model()
-        stub = self.stub()
+        self.stub()
+        infer = self._infer
         timeout = timeout_s or self.config.timeout_s
         t2 = time.perf_counter()
         try:
-            reply = stub.Infer(request, timeout=timeout, metadata=self._metadata())
+            reply = infer(request, timeout=timeout, metadata=self._metadata())
         except grpc.RpcError as exc:
             err = wire.cloud_error(exc, f"infer {self.sha256[:12]}@{head.cut_id} on {self.cloud}")
             if err.code == "NOT_FOUND" and "model sha256" in str(err) and self.config.upload:
                 self._model_checked = False  # the cloud lost the model (restart?): upload once more
                 self.ensure_model(force=True)
                 try:
-                    reply = stub.Infer(request, timeout=timeout, metadata=self._metadata())
+                    reply = infer(request, timeout=timeout, metadata=self._metadata())
                 except grpc.RpcError as exc2:
                     raise wire.cloud_error(exc2, f"infer {self.sha256[:12]}@{head.cut_id} "
                                                  f"on {self.cloud}") from exc2
@@ -381,10 +390,10 @@ class Device:
         return SplitResult(
             outputs=outputs, cut_id=head.cut_id, codec=str(spec), where="cloud", request_id=head.request_id,
             head_ms=head.head_ms, encode_ms=(t1 - t0) * 1e3, rpc_ms=(t3 - t2) * 1e3,
-            decode_ms=(t4 - t3) * 1e3, tail_ms=reply.tail_ms, queue_ms=reply.queue_ms,
+            decode_ms=(t4 - t3) * 1e3, tail_ms=reply.header.tail_ms, queue_ms=reply.header.queue_ms,
             total_ms=head.head_ms + (t4 - t0) * 1e3 - (t2 - t1) * 1e3,
             bytes_up=bytes_up, bytes_down=bytes_down,
-            load=wire.LoadInfo.from_proto(reply.load))
+            load=wire.LoadInfo.from_proto(reply.header.load))
 
     def run_detailed(self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None,
                      timeout_s: float | None = None) -> SplitResult:
@@ -405,15 +414,17 @@ class Device:
         self.ensure_model()
         pending: deque[tuple[HeadResult, int, float]] = deque()
 
-        def requests() -> Iterator[pb.InferRequest]:
+        def requests() -> Iterator[wire.Framed]:
             for frame in frames:
                 head = self.run_head(frame, cut)
                 req, nbytes = self._request(head, spec)
                 pending.append((head, nbytes, time.perf_counter()))
                 yield req
 
+        self.stub()
         try:
-            for reply in self.stub().InferStream(requests(), metadata=self._metadata()):
+            for framed in self._infer_stream(requests(), metadata=self._metadata()):
+                reply = framed.header
                 head, bytes_up, t_sent = pending.popleft()
                 t_got = time.perf_counter()
                 common: dict[str, Any] = {
@@ -427,7 +438,7 @@ class Device:
                                      retryable=reply.error.code in wire.RETRYABLE_CODES)
                     yield SplitResult(outputs={}, error=err, **common)
                     continue
-                outputs, bytes_down = self._decode_reply(reply)
+                outputs, bytes_down = self._decode_reply(framed)
                 total = head.head_ms + (time.perf_counter() - t_sent) * 1e3
                 yield SplitResult(outputs=outputs, total_ms=total, bytes_down=bytes_down, **common)
         except grpc.RpcError as exc:
@@ -439,6 +450,7 @@ class Device:
                 self._channel.close()
             self._channel = None
             self._stub = None
+            self._infer = self._infer_stream = None
 
     def __enter__(self) -> Device:
         return self

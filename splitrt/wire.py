@@ -5,6 +5,7 @@ Kept apart from ``codec`` (pure, no protobuf) and from ``cloud``/``device`` (one
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,18 +32,139 @@ ORT_DTYPES = {
 
 
 def to_proto(e: Encoded) -> pb.Tensor:
-    return pb.Tensor(name=e.name, dtype=e.dtype, shape=list(e.shape), codec=e.codec, payload=e.payload)
+    return pb.Tensor(name=e.name, dtype=e.dtype, shape=list(e.shape), codec=e.codec, payload=bytes(e.payload))
 
 
 def add_tensor(repeated: Any, e: Encoded) -> int:
     """Append ``e`` to a repeated Tensor field in place (no message copy); returns the payload bytes."""
-    repeated.add(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec, payload=e.payload)
+    repeated.add(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec, payload=bytes(e.payload))
     return len(e.payload)
 
 
 def from_proto(t: pb.Tensor) -> Encoded:
     return Encoded(name=t.name, dtype=t.dtype, shape=tuple(int(d) for d in t.shape), codec=t.codec,
                    payload=t.payload)
+
+
+# -- Infer/InferStream messages framed by hand ------------------------------------------------------
+# Protobuf would copy each payload into the message, again when serialising, and twice more when
+# parsing (upb copies on parse and on field access). ``serialize`` writes the message without its
+# tensors with protobuf, then each Tensor's fields with the payload bytes appended in one join;
+# ``deserialize`` walks the wire format and keeps every payload as a view of the received bytes. The
+# bytes are the proto's own encoding (field order aside), so stock protobuf peers interoperate.
+
+# The repeated Tensor field of each framed message type, and Tensor.payload.
+_TENSOR_FIELDS = {pb.InferRequest: 5, pb.InferReply: 2}
+_PAYLOAD_FIELD = 5
+_LEN = 2  # wire type of length-delimited fields
+
+
+@dataclass(frozen=True)
+class Framed:
+    """An ``InferRequest``/``InferReply`` whose tensors travel outside protobuf: ``header`` is the message
+    without them, ``tensors`` the encoded tensors (payloads may be views)."""
+
+    header: Any
+    tensors: list[Encoded]
+
+    def to_message(self) -> Any:
+        """The equivalent protobuf message (copies the payloads)."""
+        message = type(self.header)()
+        message.CopyFrom(self.header)
+        field = message.DESCRIPTOR.fields_by_number[_TENSOR_FIELDS[type(message)]].name
+        for e in self.tensors:
+            add_tensor(getattr(message, field), e)
+        return message
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def serialize(message: Framed | Any) -> bytes:
+    """gRPC serializer: a ``Framed`` message in one copy of its payloads (or any protobuf message)."""
+    if not isinstance(message, Framed):
+        return bytes(message.SerializeToString())
+    field_key = _varint(_TENSOR_FIELDS[type(message.header)] << 3 | _LEN)
+    parts: list[bytes | memoryview] = [message.header.SerializeToString()]
+    for e in message.tensors:
+        head = pb.Tensor(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec).SerializeToString()
+        payload_key = _varint(_PAYLOAD_FIELD << 3 | _LEN) + _varint(len(e.payload))
+        parts += [field_key, _varint(len(head) + len(payload_key) + len(e.payload)), head, payload_key,
+                  e.payload]
+    return b"".join(parts)
+
+
+def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 64:
+        if i >= len(buf):
+            break
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+    raise ValueError(f"protobuf: expected a varint at byte {i}, got a truncated or overlong one")
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, key offset, value offset, end offset) of each field in ``buf``."""
+    i = 0
+    while i < len(buf):
+        start = i
+        key, i = _read_varint(buf, i)
+        number, wire_type = key >> 3, key & 7
+        value = i
+        if wire_type == 0:
+            _, end = _read_varint(buf, i)
+        elif wire_type == 1 or wire_type == 5:
+            end = i + (8 if wire_type == 1 else 4)
+        elif wire_type == _LEN:
+            size, value = _read_varint(buf, i)
+            end = value + size
+        else:
+            raise ValueError(f"protobuf: expected wire type 0, 1, 2 or 5, got {wire_type} at byte {start}")
+        if end > len(buf):
+            raise ValueError(f"protobuf: field {number} needs {end - start} bytes, got {len(buf) - start}")
+        yield number, wire_type, start, value, end
+        i = end
+
+
+def _tensor(buf: memoryview) -> Encoded:
+    payload = buf[0:0]
+    rest = []
+    for number, wire_type, start, value, end in _fields(buf):
+        if number == _PAYLOAD_FIELD and wire_type == _LEN:
+            payload = buf[value:end]  # the last occurrence wins, as in protobuf
+        else:
+            rest.append(buf[start:end])
+    t = pb.Tensor.FromString(b"".join(rest))
+    return Encoded(name=t.name, dtype=t.dtype, shape=tuple(t.shape), codec=t.codec, payload=payload)
+
+
+def deserializer(message_type: Any) -> Callable[[bytes], Framed]:
+    """gRPC deserializer of ``InferRequest`` or ``InferReply`` bytes (any valid encoding) into a
+    ``Framed`` whose payloads are read-only views of the received bytes."""
+    tensor_field = _TENSOR_FIELDS[message_type]
+
+    def deserialize(data: bytes) -> Framed:
+        buf = memoryview(data).toreadonly()
+        tensors, rest = [], []
+        for number, wire_type, start, value, end in _fields(buf):
+            if number == tensor_field and wire_type == _LEN:
+                tensors.append(_tensor(buf[value:end]))
+            else:
+                rest.append(buf[start:end])
+        return Framed(header=message_type.FromString(b"".join(rest)), tensors=tensors)
+
+    return deserialize
 
 
 def channel_options(max_message_bytes: int, keepalive_s: float) -> list[tuple[str, Any]]:

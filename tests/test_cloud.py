@@ -57,8 +57,9 @@ def _stub(address: str) -> pb_grpc.SplitInferenceStub:
 
 
 def _request(device: Device, cut: str = "c2", spec: str = "fp32") -> pb.InferRequest:
+    """A stock protobuf request (sent with the generated stub: the server must parse it too)."""
     head = device.run_head(device.random_inputs(), cut)
-    return device._request(head, codec.Codec.parse(spec))[0]
+    return device._request(head, codec.Codec.parse(spec))[0].to_message()
 
 
 def _code(address: str, request: pb.InferRequest) -> tuple[grpc.StatusCode, str]:

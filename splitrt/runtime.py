@@ -291,11 +291,11 @@ class AdaptiveDevice:
             stale = self.link.needs_probe(now)
             if c.up and not stale:
                 continue
-            up_bytes = self.link.suggest_probe_bytes(target_s=0.02, lo=4096, hi=256 * 1024) if c.up else 1024
             with self._lock:
                 self.link.probe_started(now)
+            # An RTT probe (tiny: the transfer time must not count as RTT) ...
             try:
-                pr = c.device.probe(up_bytes, 64, timeout_s=self.config.probe_timeout_s)
+                pr = c.device.probe(64, 64, timeout_s=self.config.probe_timeout_s)
             except CloudError as exc:
                 self._mark_failed(c, now, exc)
                 continue
@@ -303,10 +303,29 @@ class AdaptiveDevice:
             self._mark_up(c)
             with self._lock:
                 c.rtt_ms = pr.seconds * 1e3 if c.rtt_ms is None else 0.7 * c.rtt_ms + 0.3 * pr.seconds * 1e3
-                if not was_down:
-                    self.link.add_transfer(now, pr.up_bytes + pr.down_bytes, pr.seconds)
-                if up_bytes <= 4096:
-                    self.link.add_rtt(now, pr.seconds * 1e3)
+                self.link.add_rtt(now, pr.seconds * 1e3)
+                rtt_s = self.link.estimate(now).rtt_ms / 1e3
+                # ... then a bandwidth probe whose transfer takes about twice the RTT at the current
+                # estimate: a probe much smaller than the bandwidth-delay product is RTT-dominated, and
+                # the few samples that pass the estimator's filter are the slow ones (a low estimate
+                # would then never recover).
+                up_bytes = self.link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=16 * 1024,
+                                                         hi=1024 * 1024)
+            if was_down:
+                continue
+            timeout_s = max(self.config.probe_timeout_s, 4 * (up_bytes * 8 / 1e6 / max(
+                self.link.bandwidth_mbps(), 0.01) + rtt_s))
+            try:
+                pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
+            except CloudError as exc:
+                if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
+                    with self._lock:
+                        self.link.add_rate(self.clock(), max(1e-3, up_bytes * 8 / 1e6 / timeout_s))
+                else:
+                    self._mark_failed(c, now, exc)
+                continue
+            with self._lock:
+                self.link.add_transfer(self.clock(), pb.up_bytes + pb.down_bytes, pb.seconds)
 
     def _probe_loop(self) -> None:
         while not self._stop.wait(self.config.prober_interval_s):

@@ -561,6 +561,21 @@ class Rig:
         if self.throttle is not None:
             self.throttle.add_pid(pid)
 
+    def throttle_threads(self, pid: int, compute: Sequence[int], other: Sequence[int]) -> None:
+        """Throttle only the device's compute threads (cgroup v1 places threads one by one): the
+        control plane (prober, gRPC I/O threads) stands for the board's spare cores and is not
+        stalled by CFS throttling. On cgroup v2 the whole process goes in."""
+        if self.throttle is None:
+            return
+        h, d = self.throttle.hierarchy, self.throttle.path
+        if h.version != 1 or not compute:
+            self.throttle_in(pid)
+            return
+        for tids, where in ((compute, d), (other, h.root)):
+            for tid in tids:
+                with contextlib.suppress(OSError):  # a thread that just ended
+                    (where / "tasks").write_text(str(tid))
+
     def throttle_out(self, pid: int) -> None:
         if self.throttle is not None and self.throttle.hierarchy is not None:
             with contextlib.suppress(OSError):
@@ -593,13 +608,14 @@ class Rig:
                 self.set_quota(quota)
                 self.throttle_in(w.proc.pid)
                 measured = host_ms
-                for _ in range(3):
+                for k in range(4):
                     measured = float(w.call({"cmd": "bench", "runs": n}, 120)["wall_ms"])
                     rounds.append({"quota_cpus": quota, "ms": measured})
                     self.progress(f"calibration: quota {quota:.3f} CPU -> {measured:.0f} ms")
-                    if abs(measured / target - 1) <= 0.05:
+                    if abs(measured / target - 1) <= 0.05 or k == 3:
                         break
-                    quota = min(float(os.cpu_count() or 1), max(0.02, quota * measured / target))
+                    # damped: the host is shared, single measurements are noisy
+                    quota = min(float(os.cpu_count() or 1), max(0.02, quota * (measured / target) ** 0.7))
                     self.set_quota(quota)
                 self.throttle_out(w.proc.pid)
                 cal = Calibration(model=CALIBRATION_MODEL, target_ms=target, host_ms=host_ms, host_cpu_ms=cpu_ms,
@@ -730,6 +746,21 @@ def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, 
             "periodic": f"periodic:{cfg.periodic_s:g}", "adaptive": "adaptive"}
 
 
+def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list[str]:
+    """Every cut the solver picks over 0.05-1000 Mbit/s and device/cloud loads 1-8 (warmed up front)."""
+    from splitrt import costmodel, solver
+
+    cuts = {"device", "cloud"}
+    for i in range(41):
+        bw = 0.05 * 10 ** (i / 8)
+        for dl in (1.0, 2.0, 4.0, 8.0):
+            for cl in (1.0, 3.0, 8.0):
+                cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=bw, rtt_ms=rtt_ms),
+                                            device_load=dl, cloud_load=cl)
+                cuts.add(solver.solve(table, cond, codecs=list(codecs) if codecs else None).cut)
+    return sorted(cuts)
+
+
 def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | None = None,
               live: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every strategy of ``cfg`` in ``rig`` on the same trace window; return the result dict."""
@@ -754,8 +785,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             "speed_factor": speed, "pad_factor": cal.pad_factor, "cloud": rig.cloud_address,
             "codecs": list(cfg.codecs) if cfg.codecs else None, "deadline_ms": cfg.deadline_ms,
             "threads": rig.config.device_threads, "seed": cfg.seed, "board": rig.board.name,
-            "warm_cuts": sorted({"device", "cloud", *(p.split(":", 1)[1].split("@")[0]
-                                                     for p in policies.values() if p.startswith("fixed:"))})}
+            "warm_cuts": likely_cuts(table, rtt, cfg.codecs)}
     runs: dict[str, dict[str, Any]] = {}
     worker = rig.start_worker(spec, name="device")
     try:
@@ -765,7 +795,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             policy = policies[name]
             say(f"[{name}] policy {policy}: preparing")
             rig.shaper.set_rate(max(played.rate_at(0.0), shaper.MIN_RATE_MBPS))
-            worker.call({"cmd": "prepare", "policy": policy, "with_cloud": name != "device-only"}, 300)
+            prepared = worker.call({"cmd": "prepare", "policy": policy, "with_cloud": name != "device-only"}, 300)
             log_path = rig.workdir / f"requests-{name}.jsonl"
             state = {"n": 0}
 
@@ -778,7 +808,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
                          f"{ev['latency_ms']:7.0f} ms")
 
             worker.on_event = on_event
-            rig.throttle_in(worker.proc.pid)
+            rig.throttle_threads(worker.proc.pid, prepared.get("compute_tids", []), prepared.get("other_tids", []))
             player = shaper.TracePlayer(rig.shaper, played, duration_s=cfg.duration_s)
             t0 = time.monotonic() + 0.05
             try:
@@ -1075,7 +1105,9 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
             if cmd == "prepare":
                 if dev is not None:
                     dev.close()
-                rc = RuntimeConfig(policy=msg["policy"], deadline_ms=float(spec["deadline_ms"]),
+                # Sessions are built here, on the main thread, for every cut the plans may use: the
+                # prober's own warming would build them on a thread the rig does not throttle.
+                rc = RuntimeConfig(policy=msg["policy"], deadline_ms=float(spec["deadline_ms"]), warm_sessions=False,
                                    controller=ControllerConfig(codecs=tuple(codecs) if codecs else None))
                 dev = AdaptiveDevice(mg, table, [spec["cloud"]] if msg.get("with_cloud") else [], config=rc,
                                      device_config=dcfg, power=board.power)
@@ -1085,7 +1117,7 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 for _ in range(3):
                     dev.infer(inputs)
                 time.sleep(0.6)  # one prober round
-                _emit({"event": "prepared"})
+                _emit({"event": "prepared", **_thread_roles(dev)})
             elif cmd == "run":
                 assert dev is not None
                 stats = _run_requests(dev, table, inputs, float(msg["t0"]), float(msg["duration_s"]),
@@ -1097,6 +1129,23 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
             _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
     if dev is not None:
         dev.close()
+
+
+def _thread_roles(dev: Any) -> dict[str, list[int]]:
+    """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (the prober,
+    gRPC's named threads)."""
+    prober = dev._prober.native_id if dev._prober is not None else None
+    compute: list[int] = []
+    other: list[int] = []
+    for tid_s in os.listdir("/proc/self/task"):
+        tid = int(tid_s)
+        try:
+            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        is_python = comm == Path(sys.executable).name[:15] or comm.startswith("python")
+        (compute if is_python and tid != prober else other).append(tid)
+    return {"compute_tids": compute, "other_tids": other}
 
 
 def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,

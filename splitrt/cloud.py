@@ -88,11 +88,10 @@ class RpcFailure(Exception):
 
 
 def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """The model's identity exactly as the device computes it (external data included)."""
+    from splitrt.graph import model_sha256
+
+    return model_sha256(path)
 
 
 @dataclass

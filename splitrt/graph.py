@@ -92,6 +92,8 @@ class ModelGraph:
     consumers: dict[str, list[int]]
     _tensors: dict[str, TensorInfo]
     _cuts: list[Cut] | None = field(default=None, repr=False)
+    # Cuts left out of the candidates, with why (a crossing tensor of data-dependent size).
+    excluded: list[str] = field(default_factory=list, repr=False)
     _by_id: dict[str, Cut] = field(default_factory=dict, repr=False)
 
     @property
@@ -110,6 +112,7 @@ class ModelGraph:
 
     def cuts(self) -> list[Cut]:
         if self._cuts is None:
+            self.excluded.clear()
             self._cuts = _enumerate_cuts(self)
             self._by_id = {c.id: c for c in self._cuts}
         return self._cuts
@@ -152,6 +155,32 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def external_data_files(model: onnx.ModelProto, base: Path) -> list[Path]:
+    """The external-data files a model's initializers point at, in first-use order."""
+    seen: dict[str, None] = {}
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for kv in t.external_data:
+                if kv.key == "location":
+                    seen.setdefault(kv.value, None)
+    return [base / name for name in seen]
+
+
+def model_sha256(path: Path, model: onnx.ModelProto | None = None) -> str:
+    """The model's identity: sha256 of the .onnx bytes, and of its external-data files when it has
+    any (so two models that differ only in their weights file never share an id)."""
+    own = file_sha256(path)
+    if model is None:
+        model = onnx.load(str(path), load_external_data=False)
+    files = external_data_files(model, path.parent)
+    if not files:
+        return own
+    h = hashlib.sha256(own.encode())
+    for f in files:
+        h.update(file_sha256(f).encode())
+    return h.hexdigest()
+
+
 def load(path: str | Path) -> ModelGraph:
     """Load ``path``, normalise it and build its DAG. Raises ``ModelError`` naming file and cause."""
     p = Path(path)
@@ -161,13 +190,18 @@ def load(path: str | Path) -> ModelGraph:
         raise ModelError(f"{p}: not a regular file (expected an .onnx model file)")
     if p.stat().st_size == 0:
         raise ModelError(f"{p}: empty file (expected an ONNX model)")
-    sha = file_sha256(p)
     try:
-        model = onnx.load(str(p), load_external_data=True)
-    except FileNotFoundError as exc:
-        raise ModelError(f"{p}: external data file missing: {exc.filename or exc}") from exc
-    except Exception as exc:  # protobuf DecodeError, ValueError from external data, ...
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends
         raise ModelError(f"{p}: not a valid ONNX model (truncated or not ONNX): {_short(exc)}") from exc
+    for f in external_data_files(model, p.parent):
+        if not f.is_file():
+            raise ModelError(f"{p}: external data file missing: expected {f}, found no such file")
+    sha = model_sha256(p, model)  # before loading the data: it needs the external references
+    try:
+        onnx.load_external_data_for_model(model, str(p.parent))
+    except Exception as exc:
+        raise ModelError(f"{p}: external data does not load: {_short(exc)}") from exc
     return from_proto(model, path=p, sha256=sha)
 
 
@@ -219,8 +253,46 @@ def normalise(model: onnx.ModelProto) -> onnx.ModelProto:
         g.input.extend(keep)
     m.ir_version = max(m.ir_version, 4)
     _fold_constants(m)
+    _outputs_from_nodes(m)
+    _prune_dead(m)
     _toposort(m)
     return m
+
+
+def _outputs_from_nodes(m: onnx.ModelProto) -> None:
+    """A graph output that is an initializer is produced by no node, so no segment could yield it:
+    give it an Identity node (from a renamed copy of the initializer)."""
+    g = m.graph
+    inits = {i.name: i for i in g.initializer}
+    for o in g.output:
+        if o.name in inits:
+            src_name = f"{o.name}__splitrt_const"
+            inits[o.name].name = src_name
+            for n in g.node:
+                for k, i in enumerate(n.input):
+                    if i == o.name:
+                        n.input[k] = src_name
+            g.node.append(helper.make_node("Identity", [src_name], [o.name]))
+
+
+def _prune_dead(m: onnx.ModelProto) -> None:
+    """Drop nodes no graph output depends on: they cost compute and would make two cuts with the
+    same crossing set."""
+    g = m.graph
+    producer = {o: n for n in g.node for o in n.output if o}
+    needed: set[str] = {o.name for o in g.output}
+    live: set[int] = set()
+    stack = list(needed)
+    while stack:
+        n = producer.get(stack.pop())
+        if n is None or id(n) in live:
+            continue
+        live.add(id(n))
+        stack.extend(i for i in _all_inputs(n) if i)
+    if len(live) != len(g.node):
+        keep = [n for n in g.node if id(n) in live]
+        del g.node[:]
+        g.node.extend(keep)
 
 
 def _fold_constants(m: onnx.ModelProto) -> None:
@@ -378,8 +450,14 @@ def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo:
 def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
     g = model.graph
     tensors: dict[str, TensorInfo] = {}
+    # A symbolic dim named by a graph input (a batch size) is a size the caller chooses: count it as
+    # 1. Any other symbolic dim (NonZero's count, shape inference's unk__N) depends on the data.
+    input_dims = {d.dim_param for i in g.input for d in i.type.tensor_type.shape.dim if d.dim_param}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
-        tensors[vi.name] = _tensor_info(vi)
+        info = _tensor_info(vi)
+        if info.shape is not None and any(isinstance(d, str) and d not in input_dims for d in info.shape):
+            info = TensorInfo(info.name, info.dtype, info.shape, -1)
+        tensors[vi.name] = info
     inits = {i.name for i in g.initializer}
     for init in g.initializer:  # weights: shapes for FLOPs; never cross, so bytes stay informative only
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
@@ -521,13 +599,20 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
     full = (1 << n) - 1
     ordered = sorted(heads, key=lambda h: (h.bit_count(), _lowest_missing(h)))
     cuts: list[Cut] = []
-    unknown: dict[str, None] = {}
     counter = 0
     for h in ordered:
         infos = tuple(mg.tensor(t) for t in heads[h])
-        for info in infos:
-            if info.bytes < 0:
-                unknown[info.name] = None
+        unknown = [t.name for t in infos if t.bytes < 0]
+        if h == 0 and unknown:
+            raise ModelError(
+                f"{mg.path}: cannot size the graph inputs {', '.join(unknown[:5])}: shape unknown "
+                "(expected static shapes or symbolic dims; run onnxruntime's symbolic shape inference first)"
+            )
+        if unknown and h != full:
+            # Bytes must be known to price a cut; a data-dependent size (NonZero, unknown rank) cannot
+            # be, so that cut is not a candidate. The model can still be cut everywhere else.
+            mg.excluded.append(f"cut after {h.bit_count()} nodes: size of {', '.join(unknown[:3])} unknown")
+            continue
         if h == 0:
             cid = "cloud"
         elif h == full:
@@ -545,13 +630,6 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
                 head_nodes=h.bit_count(),
                 head_flops_fraction=head_flops / total_flops,
             )
-        )
-    if unknown:
-        names = ", ".join(list(unknown)[:5])
-        raise ModelError(
-            f"{mg.path}: cannot size the tensors that cross cuts: shape unknown after shape inference "
-            f"for {len(unknown)} tensor(s): {names} (expected static shapes or symbolic dims; "
-            "run onnxruntime's symbolic shape inference on the model first)"
         )
     return cuts
 

@@ -65,6 +65,7 @@ class Decision:
     actual_ms: float | None = None
     fallback: bool = False
     server: str | None = None
+    seq: int = 0  # decision order (log lines are written in completion order)
     extra: dict[str, object] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -93,7 +94,12 @@ class Controller:
         self.power = power
         self.current: str | None = None
         self.switches = 0
+        self._seq = 0
         self._forced_device = False  # the current plan is `device` only because the cloud was away
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     def _conditions(self, link: LinkEstimate, load: LoadEstimate) -> Conditions:
         return Conditions(
@@ -132,7 +138,7 @@ class Controller:
         self.switches += int(switched)
         self.current = chosen.key
         return Decision(
-            t_s=now_s, request=request, bandwidth_mbps=link.bandwidth_mbps, rtt_ms=link.rtt_ms,
+            seq=self.next_seq(), t_s=now_s, request=request, bandwidth_mbps=link.bandwidth_mbps, rtt_ms=link.rtt_ms,
             confidence=link.confidence, device_load=load.device_factor, cloud_load=load.cloud_factor,
             cloud_available=cloud_available, previous=previous, plan=chosen.key, best=best.key,
             predicted_ms=chosen.predicted_ms, objective_value=_objective_value(chosen, cfg.objective),
@@ -155,14 +161,24 @@ class Controller:
 
 
 def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | None = None, *,
-           power: Power = DEFAULT_POWER) -> list[tuple[Decision, Decision]]:
-    """Re-run a decision log through a fresh controller: pairs of (logged, replayed) decisions."""
+           power: Power = DEFAULT_POWER, model: str | None = None) -> list[tuple[Decision, Decision]]:
+    """Re-run a decision log through a fresh controller: pairs of (logged, replayed) decisions.
+
+    Lines are taken in decision order (``seq``). A decision a fixed or periodic policy imposed
+    (reason ``policy ...``) is not the controller's: replay adopts it as the plan in use and goes on.
+    ``model`` (a sha256 prefix) picks one model's lines from a daemon's shared log.
+    """
     ctl = Controller(table, config, power=power)
+    logged_all = sorted((Decision.from_json(line) for line in lines if line.strip()), key=lambda d: d.seq)
+    if model is not None:
+        logged_all = [d for d in logged_all if str(d.extra.get("model", "")).startswith(model[:16])]
     pairs = []
-    for line in lines:
-        if not line.strip():
+    for logged in logged_all:
+        if logged.reason.startswith("policy "):
+            ctl.current = logged.plan
+            ctl._forced_device = not logged.cloud_available
+            pairs.append((logged, logged))
             continue
-        logged = Decision.from_json(line)
         again = ctl.decide(
             logged.t_s,
             LinkEstimate(bandwidth_mbps=logged.bandwidth_mbps, rtt_ms=logged.rtt_ms, confidence=logged.confidence),

@@ -26,7 +26,7 @@ import psutil
 from splitrt.controller import Controller, ControllerConfig, Decision
 from splitrt.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.device import Device, DeviceConfig, HeadResult, SplitResult
-from splitrt.errors import CloudError, ConfigError
+from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadEstimator
 from splitrt.solver import parse_plan
 
@@ -105,6 +105,16 @@ class AdaptiveDevice:
                 f"{len(self.graph.cuts())}: expected a profile of this model"
             )
         self.table = table
+        kind, _, arg = self.config.policy.partition(":")
+        if kind == "fixed":  # a typo in a fixed plan fails here, not on every request
+            from splitrt.errors import PlanError
+
+            try:
+                cut, codec = parse_plan(arg, table.codecs[0])
+                table.index(cut)
+                table.codec_index(codec)
+            except PlanError as exc:
+                raise ConfigError(f"policy {self.config.policy!r}: {exc}") from exc
         self.controller = Controller(table, self.config.controller, power=power)
         self.link = LinkEstimator(self.config.link)
         self.load = LoadEstimator()
@@ -117,7 +127,8 @@ class AdaptiveDevice:
         self._periodic_plan: str | None = None
         self._stop = threading.Event()
         self._warm_due = False
-        self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0}
+        self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0}
+        self.last_local_error = ""
         self._prober: threading.Thread | None = None
         self._proc = psutil.Process()
         psutil.cpu_percent(None)  # prime: the first call always returns 0
@@ -145,9 +156,9 @@ class AdaptiveDevice:
                      "last_error": c.last_error} for c in self._clouds.values()]
 
     def _live(self, now_s: float) -> list[_Cloud]:
+        """Clouds that are up, in the caller's order of preference (the finder ranks by RTT)."""
         with self._lock:
-            up = [c for c in self._clouds.values() if c.up]
-        return sorted(up, key=lambda c: c.rtt_ms if c.rtt_ms is not None else float("inf"))
+            return [c for c in self._clouds.values() if c.up]
 
     def _mark_failed(self, cloud: _Cloud, now_s: float, exc: CloudError) -> None:
         """A refused connection takes the cloud out at once; a slow answer only the second time in a
@@ -160,8 +171,9 @@ class AdaptiveDevice:
             cloud.up = False
             delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (cloud.failures - 1))
             cloud.retry_at_s = now_s + delay
-        # A fresh channel on the next try: gRPC's own reconnect backoff grows to minutes.
-        cloud.device.close()
+            # A fresh channel on the next try (gRPC's own reconnect backoff grows to minutes). The old
+            # Device is not closed under requests that may still use it: it goes when they drop it.
+            cloud.device = Device(self.graph, cloud.address, config=self.device_config)
 
     def _mark_up(self, cloud: _Cloud) -> None:
         with self._lock:
@@ -200,7 +212,8 @@ class AdaptiveDevice:
         prev = ctl.current
         switched = prev is not None and prev != key
         ctl.current = key
-        return Decision(t_s=now_s, request=request, bandwidth_mbps=est.bandwidth_mbps, rtt_ms=est.rtt_ms,
+        return Decision(seq=ctl.next_seq(), t_s=now_s, request=request, bandwidth_mbps=est.bandwidth_mbps,
+                        rtt_ms=est.rtt_ms,
                         confidence=est.confidence, device_load=load.device_factor, cloud_load=load.cloud_factor,
                         cloud_available=cloud_available, previous=prev, plan=key, best=key,
                         predicted_ms=p.predicted_ms, objective_value=p.predicted_ms, switched=switched,
@@ -221,7 +234,8 @@ class AdaptiveDevice:
         head = self.local.run_head(feeds, cut)
         result, server, fallback = self._finish(head, cut, codec, live, t0, deadline, now)
         latency = (time.perf_counter() - t0) * 1e3
-        decision = replace(decision, actual_ms=latency, fallback=fallback, server=server)
+        decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
+                           extra={"model": self.graph.sha256[:16], "policy": self.config.policy})
         with self._lock:
             self.stats["completed"] += 1
             self.stats["fallbacks"] += int(fallback)
@@ -249,6 +263,15 @@ class AdaptiveDevice:
             except CloudError as exc:
                 self._mark_failed(cloud, self.clock(), exc)
                 continue
+            except (SplitrtError, ValueError) as exc:
+                # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
+                # us): this request finishes locally, the cloud stays up.
+                with self._lock:
+                    self.stats["local_errors"] += 1
+                    self.last_local_error = f"{type(exc).__name__}: {exc}"
+                break
+            with self._lock:
+                cloud.failures = 0  # "twice in a row" means in a row
             self._observe(res, cut)
             return res, cloud.address, False
         local = self.local.finish_locally(head)

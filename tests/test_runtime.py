@@ -188,3 +188,55 @@ def test_fixed_and_periodic_policies(server: CloudServer, mg: graph.ModelGraph) 
         assert dev.infer(x).plan != first.plan
     with pytest.raises(ConfigError, match="policy"):
         RuntimeConfig(policy="sometimes")
+
+
+def test_periodic_log_replays_and_bad_fixed_plan_fails_at_start(server: CloudServer, mg: graph.ModelGraph) -> None:
+    import io
+
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    log = io.StringIO()
+    clock = [0.0]
+    with AdaptiveDevice(mg, table, [server.address], config=RuntimeConfig(policy="periodic:2"), log=log,
+                        clock=lambda: clock[0], start_prober=False) as dev:
+        x = dev.local.random_inputs()
+        for i in range(12):
+            clock[0] = i * 0.5
+            if i == 5:
+                dev.link.add_rate(clock[0], 0.05)
+                dev.link.add_rate(clock[0], 0.05)
+            dev.infer(x)
+    pairs = replay(log.getvalue().splitlines(), table)
+    assert len(pairs) == 12 and all(a.plan == b.plan for a, b in pairs)
+    assert len({a.plan for a, _ in pairs}) >= 2  # it did re-plan
+    for bad in ("fixed:c9999", "fixed:c5@bogus"):
+        with pytest.raises(ConfigError, match="policy"):
+            AdaptiveDevice(mg, table, [], config=RuntimeConfig(policy=bad), start_prober=False)
+
+
+def test_a_local_encoding_error_falls_back_and_keeps_the_cloud(server: CloudServer, mg: graph.ModelGraph) -> None:
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    cut = mg.cuts()[5].id
+    with AdaptiveDevice(mg, table, [server.address], config=RuntimeConfig(policy=f"fixed:{cut}@int8"),
+                        start_prober=False) as dev:
+        x = dev.local.random_inputs()
+        x["data_0"][0, 0, 0, 0] = np.inf  # int8 cannot encode inf: the request must still complete
+        out = dev.infer(x)
+        assert out.fallback and dev.stats["local_errors"] == 1 and "int8" in dev.last_local_error
+        assert dev.clouds()[0]["up"]
+
+
+def test_clouds_are_tried_in_the_given_order(models_dir: Path, mg: graph.ModelGraph) -> None:
+    a = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
+    b = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
+    a.start()
+    b.start()
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    cut = mg.cuts()[5].id
+    try:
+        for order in ([a.address, b.address], [b.address, a.address]):
+            with AdaptiveDevice(mg, table, order, config=RuntimeConfig(policy=f"fixed:{cut}@fp32"),
+                                start_prober=False) as dev:
+                assert dev.infer(dev.local.random_inputs()).server == order[0]
+    finally:
+        a.stop(grace_s=0.2)
+        b.stop(grace_s=0.2)

@@ -180,6 +180,10 @@ class RigConfig:
     keep_workdir: bool = False
     models: tuple[str, ...] = ()  # served from the start (a model added later restarts the cloud)
     cfs_period_us: int = 20_000  # short periods: throttling spread evenly, not 100 ms stalls
+    # Skip the calibration with a fixed emulation (tests): the cgroup quota (kernel) or the compute
+    # padding factor (userspace).
+    quota_cpus: float | None = None
+    pad_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.link not in ("auto", "kernel", "userspace"):
@@ -587,6 +591,15 @@ class Rig:
 
         if self.calibration is not None:
             return self.calibration
+        fixed = self.config.quota_cpus if self.kind == "kernel" else self.config.pad_factor
+        if fixed is not None:
+            if self.kind == "kernel":
+                self.set_quota(fixed)
+            self.calibration = Calibration(
+                model="(not calibrated)", target_ms=math.nan, host_ms=math.nan, host_cpu_ms=math.nan,
+                quota_cpus=fixed if self.kind == "kernel" else None,
+                pad_factor=1.0 if self.kind == "kernel" else fixed, measured_ms=math.nan)
+            return self.calibration
         prof_path = shipped_profile(CALIBRATION_MODEL)
         if prof_path is None:
             raise RigError(f"no shipped profile of {CALIBRATION_MODEL} in {profiles_dir()} to calibrate against")
@@ -608,11 +621,12 @@ class Rig:
                 self.set_quota(quota)
                 self.throttle_in(w.proc.pid)
                 measured = host_ms
-                for k in range(4):
+                for k in range(3):
                     measured = float(w.call({"cmd": "bench", "runs": n}, 120)["wall_ms"])
                     rounds.append({"quota_cpus": quota, "ms": measured})
                     self.progress(f"calibration: quota {quota:.3f} CPU -> {measured:.0f} ms")
-                    if abs(measured / target - 1) <= 0.05 or k == 3:
+                    # within 8 %: the run-to-run noise of this shared host is about that large
+                    if abs(measured / target - 1) <= 0.08 or k == 2:
                         break
                     # damped: the host is shared, single measurements are noisy
                     quota = min(float(os.cpu_count() or 1), max(0.02, quota * (measured / target) ** 0.7))
@@ -1114,7 +1128,7 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 dev.local = local  # sessions built once, outside the cgroup
                 dev.load = HeadLoad()
                 # Warm-up (uncounted): the channel, the cloud's tail sessions, the estimators.
-                for _ in range(3):
+                for _ in range(2):
                     dev.infer(inputs)
                 time.sleep(0.6)  # one prober round
                 _emit({"event": "prepared", **_thread_roles(dev)})

@@ -6,8 +6,16 @@ whole model, so any request can also be finished locally: ``run_head`` then ``se
 ``send`` raises ``CloudError``.
 
 One gRPC channel per ``Device`` (reused, with keep-alive pings); every call has a deadline
-(``DeviceConfig.timeout_s`` unless given). If the cloud lacks the model and allows uploads, the model is
-uploaded once (``DeviceConfig.upload``).
+(``DeviceConfig.timeout_s`` unless given). ``send(head, timeout_s=T)`` keeps the whole request, the
+cloud's model check included, within ``T``.
+
+The model check (``ensure_model``): a ``Status`` call, once per ``Device``; a failed check (unreachable,
+timed out, model missing) is remembered for ``check_backoff_s`` and re-raised without an RPC. If the
+cloud lacks the model and allows uploads (and ``DeviceConfig.upload``), ``ensure_model()`` uploads it
+with its own ``upload_timeout_s``; on the request path with a deadline (``send(..., timeout_s=T)``) the
+upload is never waited for: it starts in a background thread (one per cloud and model in this process)
+and the request fails at once with a retryable ``CloudError`` (``UNAVAILABLE``), so the caller finishes
+it locally and a later request finds the model there.
 """
 
 from __future__ import annotations
@@ -49,6 +57,9 @@ class DeviceConfig:
     # Upload the model once if the cloud lacks it and allows uploads.
     upload: bool = True
     upload_chunk_bytes: int = 1024 * 1024
+    upload_timeout_s: float = 60.0
+    # A failed model check is re-raised without an RPC for this long.
+    check_backoff_s: float = 1.0
     intra_op_threads: int = 0
     # Head/tail sessions kept per cut (LRU).
     session_cache_size: int = 8
@@ -123,6 +134,12 @@ class _CutSessions:
     tail: Any = None
 
 
+# Background uploads in flight, per (cloud address, model sha256): one at a time in this process, even
+# across Device objects (the runtime replaces a failed cloud's Device with a fresh one).
+_UPLOADS: dict[tuple[str, str], threading.Thread] = {}
+_UPLOADS_LOCK = threading.Lock()
+
+
 def _session(model: Any, threads: int) -> Any:
     import onnxruntime as ort
 
@@ -152,6 +169,8 @@ class Device:
         self._infer: Any = None
         self._infer_stream: Any = None
         self._model_checked = False
+        # A failed model check, re-raised until the monotonic time given.
+        self._check_failed: tuple[float, CloudError] | None = None
         self.codec = codec.Codec.parse(self.config.codec)
         self.output_names = tuple(t.name for t in self.graph.outputs)
 
@@ -317,25 +336,84 @@ class Device:
             for i in range(step, len(data), step):
                 yield pb.ModelChunk(data=data[i:i + step])
 
-        timeout = timeout_s or max(self.config.timeout_s, 60.0)
+        timeout = timeout_s or self.config.upload_timeout_s
         try:
             return self.stub().PutModel(chunks(), timeout=timeout, metadata=self._metadata())
         except grpc.RpcError as exc:
             raise wire.cloud_error(exc, f"upload of {self.graph.path} to {self.cloud}") from exc
 
-    def ensure_model(self, force: bool = False) -> None:
-        """Make sure the cloud has the model: upload it once if it lacks it and allows uploads."""
+    def ensure_model(self, force: bool = False, *, timeout_s: float | None = None,
+                     wait_upload: bool = True) -> None:
+        """Make sure the cloud has the model (``CloudError`` if it cannot be made sure of).
+
+        The check is one ``Status`` call with ``timeout_s`` (default ``DeviceConfig.timeout_s``), done once;
+        a failed check is re-raised without an RPC for ``check_backoff_s`` (``force`` checks anyway).
+        A missing model is uploaded when both sides allow it: here with ``upload_timeout_s``
+        (``wait_upload``), or else in a background thread while this call raises a retryable
+        ``UNAVAILABLE`` (the request path: no upload within a request's deadline).
+        """
         if self._model_checked and not force:
             return
-        st = self.status()
-        if not any(m.sha256 == self.sha256 for m in st.models):
-            if not (self.config.upload and st.allow_upload):
-                why = ("uploads disabled on this device" if not self.config.upload
-                       else "server refuses uploads")
-                raise CloudError(f"cloud {self.cloud} lacks model {self.sha256[:12]} "
-                                 f"({self.graph.path}) and {why}", code="NOT_FOUND", retryable=False)
+        now = time.monotonic()
+        failed = self._check_failed
+        if failed is not None and now < failed[0] and not force:
+            raise CloudError(f"{failed[1]} (remembered for {failed[0] - now:.2f} s more)",
+                             code=failed[1].code, retryable=failed[1].retryable)
+        try:
+            self._ensure_model(timeout_s, wait_upload)
+        except CloudError as exc:
+            with self._lock:
+                self._check_failed = (time.monotonic() + self.config.check_backoff_s, exc)
+            raise
+        with self._lock:
+            self._model_checked = True
+            self._check_failed = None
+
+    def _ensure_model(self, timeout_s: float | None, wait_upload: bool) -> None:
+        st = self.status(timeout_s)
+        if any(m.sha256 == self.sha256 for m in st.models):
+            return
+        if not (self.config.upload and st.allow_upload):
+            why = "uploads disabled on this device" if not self.config.upload else "server refuses uploads"
+            raise CloudError(f"cloud {self.cloud} lacks model {self.sha256[:12]} "
+                             f"({self.graph.path}) and {why}", code="NOT_FOUND", retryable=False)
+        if wait_upload:
             self.upload_model()
-        self._model_checked = True
+            return
+        key = (str(self.cloud), self.sha256)
+        with _UPLOADS_LOCK:
+            running = _UPLOADS.get(key)
+            if running is None or not running.is_alive():
+                running = threading.Thread(target=self._background_upload, args=(key,), daemon=True,
+                                           name=f"splitrt-upload-{self.sha256[:8]}")
+                _UPLOADS[key] = running
+                running.start()
+        raise CloudError(f"cloud {self.cloud} lacks model {self.sha256[:12]} ({self.graph.path}): expected it "
+                         "there, got an upload in progress (in the background; retry later)",
+                         code="UNAVAILABLE", retryable=True)
+
+    def _background_upload(self, key: tuple[str, str]) -> None:
+        try:
+            self.upload_model()
+        except Exception as exc:  # CloudError, or the channel closed under us: the next check retries
+            with self._lock:
+                err = exc if isinstance(exc, CloudError) else CloudError(
+                    f"upload of {self.graph.path} to {self.cloud} failed: {exc}", code="UNAVAILABLE")
+                self._check_failed = (time.monotonic() + self.config.check_backoff_s, err)
+        else:
+            with self._lock:
+                self._check_failed = None
+                self._model_checked = True
+        finally:
+            with _UPLOADS_LOCK:
+                if _UPLOADS.get(key) is threading.current_thread():
+                    del _UPLOADS[key]
+
+    def upload_in_progress(self) -> bool:
+        """True while a background upload of this model to this cloud runs (started by ``send``)."""
+        with _UPLOADS_LOCK:
+            t = _UPLOADS.get((str(self.cloud), self.sha256))
+        return t is not None and t.is_alive()
 
     def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[wire.Framed, int]:
         """The ``InferRequest`` for ``head`` and its payload bytes (raw/fp32 payloads are views of the
@@ -365,20 +443,27 @@ class Device:
         t0 = time.perf_counter()
         request, bytes_up = self._request(head, spec)
         t1 = time.perf_counter()
-        self.ensure_model()
+        # One deadline for the whole request, the model check included. With no ``timeout_s`` (the
+        # blocking API) a missing model is uploaded here; with one it is uploaded in the background.
+        deadline = t0 + (timeout_s or self.config.timeout_s)
+        wait_upload = timeout_s is None
+
+        def left() -> float:
+            return max(0.001, deadline - time.perf_counter())
+
+        self.ensure_model(timeout_s=left(), wait_upload=wait_upload)
         self.stub()
         infer = self._infer
-        timeout = timeout_s or self.config.timeout_s
         t2 = time.perf_counter()
         try:
-            reply = infer(request, timeout=timeout, metadata=self._metadata())
+            reply = infer(request, timeout=left(), metadata=self._metadata())
         except grpc.RpcError as exc:
             err = wire.cloud_error(exc, f"infer {self.sha256[:12]}@{head.cut_id} on {self.cloud}")
             if err.code == "NOT_FOUND" and "model sha256" in str(err) and self.config.upload:
                 self._model_checked = False  # the cloud lost the model (restart?): upload once more
-                self.ensure_model(force=True)
+                self.ensure_model(force=True, timeout_s=left(), wait_upload=wait_upload)
                 try:
-                    reply = infer(request, timeout=timeout, metadata=self._metadata())
+                    reply = infer(request, timeout=left(), metadata=self._metadata())
                 except grpc.RpcError as exc2:
                     raise wire.cloud_error(exc2, f"infer {self.sha256[:12]}@{head.cut_id} "
                                                  f"on {self.cloud}") from exc2

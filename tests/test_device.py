@@ -10,13 +10,17 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
-from splitrt import cli, zoo
+from splitrt import cli, wire, zoo
+from splitrt import splitrt_pb2 as pb
 from splitrt.cloud import CloudServer, ServerConfig
 from splitrt.device import Device, DeviceConfig
 from splitrt.errors import CloudError, CutError, InputError
@@ -237,3 +241,76 @@ def test_device_is_exported_lazily() -> None:
     import splitrt
 
     assert splitrt.Device is Device
+
+
+class _SilentStatus:
+    """A server whose Status records the deadline it was given, then never answers (until released)."""
+
+    def __init__(self) -> None:
+        self.deadlines_s: list[float] = []
+        self.release = threading.Event()
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+
+        def status(request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+            self.deadlines_s.append(float(context.time_remaining() or 0.0))
+            self.release.wait(5)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "released")
+
+        handler = grpc.unary_unary_rpc_method_handler(status, request_deserializer=pb.StatusRequest.FromString,
+                                                      response_serializer=pb.StatusReply.SerializeToString)
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(wire.SERVICE_NAME, {"Status": handler}),))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.stop(None)
+
+
+def test_request_deadline_covers_the_model_check_and_a_failed_check_is_remembered() -> None:
+    silent = _SilentStatus()
+    cfg = DeviceConfig(timeout_s=30, check_backoff_s=60)
+    try:
+        with Device(zoo.get("tiny_chain"), silent.address, config=cfg) as dev:
+            head = dev.run_head(dev.random_inputs(), "c2")
+            with pytest.raises(CloudError) as info:
+                dev.send(head, timeout_s=0.3)
+            assert info.value.code == "DEADLINE_EXCEEDED" and info.value.retryable
+            assert len(silent.deadlines_s) == 1 and silent.deadlines_s[0] <= 0.3  # not the 30 s default
+            with pytest.raises(CloudError) as again:
+                dev.send(head, timeout_s=0.3)
+            assert again.value.code == "DEADLINE_EXCEEDED" and "remembered" in str(again.value)
+            assert len(silent.deadlines_s) == 1  # no second Status call within the backoff
+    finally:
+        silent.close()
+
+
+def test_missing_model_is_uploaded_in_the_background_not_within_a_request(tmp_path: Path) -> None:
+    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s, \
+            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(check_backoff_s=0.05)) as dev:
+        x = dev.random_inputs()
+        head = dev.run_head(x, "c2")
+        with pytest.raises(CloudError) as info:
+            dev.send(head, timeout_s=5)
+        assert info.value.code == "UNAVAILABLE" and info.value.retryable
+        assert "upload in progress" in str(info.value)
+        for _ in range(600):  # the upload has its own (long) deadline
+            if not dev.upload_in_progress():
+                break
+            time.sleep(0.05)
+        assert (tmp_path / f"{dev.sha256}.onnx").read_bytes() == zoo.get("tiny_chain").read_bytes()
+        res = dev.send(head, timeout_s=5)
+        assert res.where == "cloud" and rel_err(dev.run_local(x)["y"], res.outputs["y"]) <= 1e-5
+        # a fresh Device (as the runtime makes after a failure) finds the model there
+        with Device(dev.graph, s.address) as fresh:
+            assert fresh.send(head, timeout_s=5).where == "cloud"
+
+
+def test_explicit_ensure_model_uploads_inline(tmp_path: Path) -> None:
+    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s, \
+            Device(zoo.get("tiny_chain"), s.address) as dev:
+        dev.ensure_model()
+        assert not dev.upload_in_progress()
+        assert [p.name for p in tmp_path.iterdir()] == [f"{dev.sha256}.onnx"]
+        assert dev.send(dev.run_head(dev.random_inputs(), "c1"), timeout_s=5).where == "cloud"

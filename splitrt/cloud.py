@@ -8,9 +8,13 @@ keeps it in an LRU cache bounded by ``segment_cache_size`` sessions.
 
 Concurrency and memory are bounded: at most ``workers`` tails run at once, at most ``max_queue`` more
 requests wait (beyond that: RESOURCE_EXHAUSTED at once), a waiting request gives up at its deadline
-(DEADLINE_EXCEEDED), gRPC caps concurrent RPCs and message sizes (``max_message_bytes``), so memory is
-at most about ``(workers + max_queue + 8) * max_message_bytes``. ``stop()`` stops accepting calls, marks
-health NOT_SERVING and drains in-flight calls for ``drain_timeout_s``.
+(DEADLINE_EXCEEDED), gRPC caps concurrent RPCs and message sizes (``max_message_bytes``). A request's
+tensors are checked (names, dtypes, shapes, and their decoded size against ``max_decoded_bytes``, per
+tensor and in total: RESOURCE_EXHAUSTED) before it waits, but decoded (zlib inflated, dequantised) only
+once it holds a worker slot. So received messages take at most ``(workers + max_queue + 8) *
+max_message_bytes`` and decoded inputs at most ``workers * max_decoded_bytes`` (plus the tails' own
+activations and their encoded outputs). ``stop()`` stops accepting calls, marks health NOT_SERVING and
+drains in-flight calls for ``drain_timeout_s``.
 
 Every request is logged as one JSON line on the ``splitrt.cloud`` logger.
 """
@@ -58,6 +62,9 @@ class ServerConfig:
     max_queue: int = 32
     segment_cache_size: int = 16
     max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
+    # Cap on the decoded size of one request's input tensors (each and in total); None: 4 x
+    # max_message_bytes, what an int8 payload filling a message decodes to as float32.
+    max_decoded_bytes: int | None = None
     # Used when the caller set no deadline.
     default_deadline_s: float = 60.0
     drain_timeout_s: float = 10.0
@@ -332,16 +339,22 @@ class _Servicer:
     def __init__(self, server: CloudServer) -> None:
         self.s = server
 
-    def Infer(self, request: wire.Framed, context: grpc.ServicerContext) -> wire.Framed:
+    def Infer(self, request: wire.Framed | wire.Malformed, context: grpc.ServicerContext) -> wire.Framed:
         try:
+            if isinstance(request, wire.Malformed):
+                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Infer: {request.message}")
             return self.s.infer(request, context.time_remaining())
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
 
-    def InferStream(self, request_iterator: Iterator[wire.Framed],
+    def InferStream(self, request_iterator: Iterator[wire.Framed | wire.Malformed],
                     context: grpc.ServicerContext) -> Iterator[wire.Framed | pb.InferReply]:
         for request in request_iterator:
+            if isinstance(request, wire.Malformed):  # the frame has no readable request_id
+                yield pb.InferReply(load=self.s.load(), error=pb.Error(
+                    code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"))
+                continue
             try:
                 yield self.s.infer(request, context.time_remaining())
             except RpcFailure as exc:
@@ -371,7 +384,7 @@ class _Servicer:
 def _add_servicer(servicer: _Servicer, server: grpc.Server) -> None:
     """The generated ``add_SplitInferenceServicer_to_server``, but Infer and InferStream use the hand
     framing of ``splitrt.wire`` (same bytes on the wire, payloads never copied by protobuf)."""
-    framed: dict[str, Any] = {"request_deserializer": wire.deserializer(pb.InferRequest),
+    framed: dict[str, Any] = {"request_deserializer": wire.lenient_deserializer(pb.InferRequest),
                               "response_serializer": wire.serialize}
 
     def stock(request: Any, reply: Any) -> dict[str, Any]:
@@ -436,6 +449,10 @@ class CloudServer:
         self.store = ModelStore(config.models_dir)
         self.tails = TailCache(self.store, config.segment_cache_size, config.intra_op_threads)
         self.admission = Admission(config.workers, config.max_queue)
+        self.max_decoded_bytes = (4 * config.max_message_bytes if config.max_decoded_bytes is None
+                                  else config.max_decoded_bytes)
+        if self.max_decoded_bytes < 1:
+            raise ConfigError(f"max_decoded_bytes: expected >= 1, got {config.max_decoded_bytes}")
         self.cpu = _CpuMeter()
         self.served = 0
         self._served_lock = threading.Lock()
@@ -555,7 +572,7 @@ class CloudServer:
                              f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue})")
         try:
             tail = self.tails.get(header.model_sha256, header.cut_id)
-            feeds, bytes_in = self._decode_inputs(request, tail)
+            bytes_in = self._check_inputs(request, tail)  # cheap: nothing inflated or allocated yet
             try:
                 out_codec = codec.Codec.parse(header.output_codec or "fp32")
             except CodecError as exc:
@@ -567,6 +584,8 @@ class CloudServer:
                                  f"one within the deadline of {deadline_s * 1e3:.1f} ms")
             t_run = time.perf_counter()
             try:
+                # Decoded only in a worker slot: at most ``workers`` requests inflate at once.
+                feeds = self._decode_inputs(request)
                 if self.before_tail is not None:
                     self.before_tail(header)
                 t_run = time.perf_counter()
@@ -591,15 +610,18 @@ class CloudServer:
         finally:
             self.admission.leave()
 
-    def _decode_inputs(self, request: wire.Framed, tail: Tail) -> tuple[dict[str, np.ndarray], int]:
+    def _check_inputs(self, request: wire.Framed, tail: Tail) -> int:
+        """Names, dtypes, shapes and decoded sizes of the request's tensors (RpcFailure if wrong);
+        returns the payload bytes. Symbolic dimensions accept any size, so the size cap is what bounds
+        the memory a request may claim."""
         expected = {name: (dtype, shape) for name, dtype, shape in tail.inputs}
         given = {t.name: t for t in request.tensors}
         if len(given) != len(request.tensors) or set(given) != set(expected):
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
                              f"cut {request.header.cut_id!r}: expected tensors {sorted(expected)}, "
                              f"got {[t.name for t in request.tensors]}")
-        feeds: dict[str, np.ndarray] = {}
-        nbytes = 0
+        nbytes = total = 0
+        cap = self.max_decoded_bytes
         for name, (dtype, shape) in expected.items():
             t = given[name]
             got_shape = t.shape
@@ -612,10 +634,30 @@ class CloudServer:
                                  f"got {list(got_shape)}")
             nbytes += t.nbytes
             try:
-                feeds[name] = codec.decode(t)  # raw/fp32: a view of the received bytes
+                need = codec.decoded_bytes(t)
             except CodecError as exc:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-        return feeds, nbytes
+            total += need
+            if need > cap:
+                raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"tensor {name!r}: shape {list(got_shape)} {t.dtype} ({t.codec}) decodes to "
+                                 f"{need} bytes, expected at most {cap} (max_decoded_bytes)")
+        if total > cap:
+            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"cut {request.header.cut_id!r}: tensors decode to {total} bytes in total, "
+                             f"expected at most {cap} (max_decoded_bytes)")
+        return nbytes
+
+    def _decode_inputs(self, request: wire.Framed) -> dict[str, np.ndarray]:
+        """The request's tensors decoded (after ``_check_inputs``); raw/fp32 ones are views of the
+        received bytes."""
+        feeds: dict[str, np.ndarray] = {}
+        for t in request.tensors:
+            try:
+                feeds[t.name] = codec.decode(t, max_bytes=self.max_decoded_bytes)
+            except CodecError as exc:
+                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        return feeds
 
     def status(self) -> pb.StatusReply:
         models = [pb.ModelInfo(sha256=m.sha256, name=m.path.name, bytes=m.bytes) for m in self.store.models()]

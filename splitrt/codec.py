@@ -36,7 +36,8 @@ from splitrt.errors import CodecError
 QUANTS: tuple[str, ...] = ("fp32", "fp16", "int8", "int8c")
 COMPRESSIONS: tuple[str, ...] = ("zlib",)
 RAW = "raw"
-# Refuse to decode tensors claiming more than this many bytes (defends against garbage shapes).
+# Default cap of ``decode``: refuse tensors claiming more than this many bytes (garbage shapes). A server
+# passes a much smaller ``max_bytes`` (``ServerConfig.max_decoded_bytes``).
 MAX_TENSOR_BYTES = 1 << 33
 ZLIB_LEVEL = 1
 
@@ -214,17 +215,30 @@ def expected_bytes(dtype: str, shape: tuple[int, ...], codec: str, *, name: str 
     return 8 * channels + size
 
 
-def decode(enc: Encoded) -> np.ndarray:
+def decoded_bytes(enc: Encoded) -> int:
+    """Memory ``decode(enc)`` needs: the larger of the decoded array and the (inflated) payload, from
+    dtype, shape and codec alone (nothing is inflated). Raises ``CodecError`` on a bad dtype/shape/codec."""
+    shape = tuple(int(d) for d in enc.shape)
+    dt = _dtype(enc.name, enc.dtype)
+    want = expected_bytes(enc.dtype, shape, enc.codec, name=enc.name)
+    size = int(np.prod(shape, dtype=object)) if shape else 1
+    return max(want, size * dt.itemsize)
+
+
+def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
     """Decode one tensor; raises ``CodecError`` naming the expected and actual sizes on bad input.
 
-    The result may be a read-only view of the payload (no copy for raw tensors).
+    A tensor whose ``decoded_bytes`` exceed ``max_bytes`` is refused before anything is inflated or
+    allocated (a zlib stream is inflated at most to the size its dtype and shape imply). The result may
+    be a read-only view of the payload (no copy for raw tensors).
     """
     name, shape = enc.name, tuple(int(d) for d in enc.shape)
     dt = _dtype(name, enc.dtype)
     want = expected_bytes(enc.dtype, shape, enc.codec, name=name)
-    if want > MAX_TENSOR_BYTES:
-        raise CodecError(f"tensor {name!r}: shape {shape} {dt.name} needs {want} bytes, "
-                         f"expected at most {MAX_TENSOR_BYTES}")
+    need = decoded_bytes(enc)
+    if need > max_bytes:
+        raise CodecError(f"tensor {name!r}: shape {list(shape)} {dt.name} ({enc.codec}) decodes to {need} "
+                         f"bytes, expected at most {max_bytes}")
     spec = Codec.parse(enc.codec) if enc.codec != RAW else Codec()
     body = enc.payload
     if enc.codec != RAW and spec.compress == "zlib":

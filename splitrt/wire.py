@@ -167,6 +167,29 @@ def deserializer(message_type: Any) -> Callable[[bytes], Framed]:
     return deserialize
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """What ``lenient_deserializer`` gives for bytes that are not a valid message: the server answers
+    INVALID_ARGUMENT with ``message`` (gRPC would answer INTERNAL, which clients treat as retryable)."""
+
+    message: str
+
+
+def lenient_deserializer(message_type: Any) -> Callable[[bytes], Framed | Malformed]:
+    """``deserializer(message_type)`` that returns ``Malformed`` instead of raising on garbage bytes."""
+    strict = deserializer(message_type)
+    full_name = message_type.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Framed | Malformed:
+        try:
+            return strict(data)
+        except Exception as exc:  # ValueError (our framing), protobuf's DecodeError, bad UTF-8, ...
+            return Malformed(f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
+                             f"not parse ({type(exc).__name__}: {exc})")
+
+    return deserialize
+
+
 def channel_options(max_message_bytes: int, keepalive_s: float) -> list[tuple[str, Any]]:
     """Client channel options: raised message limits, keep-alive pings."""
     return [

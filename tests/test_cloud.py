@@ -369,3 +369,70 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="at least one token"):
         (tmp_path / "empty").write_text("\n# none\n")
         tokens_from_file(tmp_path / "empty")
+
+
+def test_zlib_bomb_through_a_symbolic_dimension_is_refused_unread(server: CloudServer, device: Device) -> None:
+    # tiny_chain's input is [N, 3, 32, 32]: N = 1024 claims 12.6 MB, a 12 KB zlib stream of zeros. The
+    # server's cap (4 x its 256 KiB message limit) refuses it from the claimed shape alone.
+    req = _request(device, "cloud")
+    big = np.zeros((1024, 3, 32, 32), np.float32)
+    req.tensors[0].CopyFrom(wire.to_proto(codec.encode("x", big, "fp32+zlib")))
+    assert req.ByteSize() < 64 * 1024
+    code, details = _code(server.address, req)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"decodes to {big.nbytes} bytes, expected at most {4 * 256 * 1024}" in details
+    _serves(device)
+
+
+def test_decoded_total_of_a_request_is_capped(models_dir: Path) -> None:
+    # multi_io at cut "cloud": two 256-byte tensors; each fits a 300-byte cap, together they do not.
+    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_decoded_bytes=300)) as s, \
+            Device(zoo.get("multi_io"), s.address) as dev:
+        head = dev.run_head(dev.random_inputs(), "cloud")
+        request = dev._request(head, codec.Codec())[0].to_message()
+        code, details = _code(s.address, request)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "decode to 512 bytes in total, expected at most 300" in details
+
+
+def test_a_queued_request_is_decoded_only_in_a_worker_slot(models_dir: Path) -> None:
+    gate = _Gate()
+    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=2)) as s, \
+            Device(zoo.get("tiny_chain"), s.address) as dev, ThreadPoolExecutor(1) as pool:
+        x = dev.random_inputs()
+        dev.run(x, cut="c2")  # warm the tail
+        s.before_tail = gate
+        held = pool.submit(dev.run, x, cut="c2", timeout_s=30)
+        assert gate.entered.acquire(timeout=10)
+        # A corrupt zlib stream with a plausible shape: found out only by inflating it, which must
+        # wait for the worker slot (so it times out there instead of failing at once).
+        req = _request(dev, "c2", "fp32+zlib")
+        req.tensors[0].payload = b"\x78\x9c garbage" * 3
+        with pytest.raises(grpc.RpcError) as info:
+            _stub(s.address).Infer(req, timeout=0.5)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        gate.release.set()
+        held.result(timeout=30)
+        s.before_tail = None
+        code, details = _code(s.address, req)  # with a free slot: decoded, and refused
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "corrupt" in details
+        _serves(dev)
+
+
+def test_garbage_infer_bytes_are_invalid_argument(server: CloudServer, device: Device) -> None:
+    channel = grpc.insecure_channel(server.address)
+    infer = channel.unary_unary(f"/{wire.SERVICE_NAME}/Infer")
+    garbage = [b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", b"\x2a\x05\x0a\x09abc",
+               b"\x2a\x03\x0b\x01\x02", b"not a protobuf message at all"]
+    for data in garbage:
+        with pytest.raises(grpc.RpcError) as info:
+            infer(data, timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, data
+        assert "Infer: expected a protobuf-encoded splitrt.v1.InferRequest" in info.value.details()
+    _serves(device)
+    stream = channel.stream_stream(f"/{wire.SERVICE_NAME}/InferStream", response_deserializer=pb.InferReply.FromString)
+    good = _request(device, "c3")
+    replies = list(stream(iter([garbage[0], good.SerializeToString()]), timeout=10))
+    assert replies[0].error.code == "INVALID_ARGUMENT" and "splitrt.v1.InferRequest" in replies[0].error.message
+    assert replies[1].error.code == "" and replies[1].request_id == good.request_id
+    channel.close()

@@ -169,3 +169,19 @@ def test_codec_mismatch_with_dtype_is_refused() -> None:
         codec.decode(Encoded(name="i", dtype="int64", shape=(-4,), codec="raw", payload=e.payload))
     with pytest.raises(CodecError, match="at most"):
         codec.decode(Encoded(name="i", dtype="int64", shape=(1 << 40,), codec="raw", payload=e.payload))
+
+
+def test_decoded_size_cap_is_checked_before_inflating() -> None:
+    # A garbage zlib stream claiming 4 MiB: over the cap it is refused for its size, not inflated.
+    bomb = Encoded(name="b", dtype="float32", shape=(1 << 20,), codec="fp32+zlib", payload=b"\x00garbage")
+    assert codec.decoded_bytes(bomb) == 4 << 20
+    with pytest.raises(CodecError, match=rf"decodes to {4 << 20} bytes, expected at most {1 << 20}"):
+        codec.decode(bomb, max_bytes=1 << 20)
+    with pytest.raises(CodecError, match="corrupt"):
+        codec.decode(bomb)  # under the default cap the stream is read (and found corrupt)
+    # the cap counts the decoded array: int8 payloads decode to 4 bytes per element (float32)
+    e = codec.encode("q", np.ones((4, 256), np.float32), "int8")
+    assert codec.decoded_bytes(e) == 4 * 1024 > e.nbytes
+    with pytest.raises(CodecError, match="at most 2048"):
+        codec.decode(e, max_bytes=2048)
+    np.testing.assert_array_equal(codec.decode(e, max_bytes=4096), np.ones((4, 256), np.float32))

@@ -64,7 +64,7 @@ DEFAULT_RTT_MS = 50.0
 STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 LOADS = ("none", "device-burst", "cloud-busy")
 CLOUD_PORT = 50051
-HOG_PROCS = 2
+HOG_PROCS = 1  # one busy process next to the device's one compute thread: ~2x slower
 BUSY_CLIENTS = 2
 CALIBRATION_MODEL = "resnet50"
 
@@ -174,7 +174,7 @@ class RigConfig:
     prefix: str | None = None
     workdir: Path | None = None
     cloud_workers: int = 2
-    device_threads: int = 2
+    device_threads: int = 1  # one compute thread throttles smoothly (2 threads: +-7 % run to run)
     calibrate: bool = True
     calibration_runs: int = 3
     keep_workdir: bool = False
@@ -416,7 +416,9 @@ class Rig:
         self.relay = shaper.UserspaceLink((cloud_host.ip, 0), ("127.0.0.1", CLOUD_PORT), rate_mbps=None,
                                           delay_ms=0.0, netns_name=cloud_host.ns)
         self.cloud_address = f"{cloud_host.ip}:{self.relay.port}"
-        self.shaper = shaper.KernelShaper.for_host(self.lan, 0, rate_mbps=None)
+        # 1 s of queue: cellular base stations buffer seconds of traffic (bufferbloat); a 200 ms
+        # queue tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
+        self.shaper = shaper.KernelShaper.for_host(self.lan, 0, rate_mbps=None, queue_ms=1000.0)
         self.throttle = cgroup.CpuThrottle(f"{self.prefix}-dev", None)
         self.throttle.open()
         self._set_shares(self.throttle, 8)
@@ -740,11 +742,11 @@ def profile_for(model: str, model_file: Path, workdir: Path, progress: Callable[
     return out
 
 
-def cost_table_for(profile_path: Path, sha: str, speed_factor: float) -> Any:
+def cost_table_for(profile_path: Path, sha: str, speed_factor: float, cloud_factor: float = 1.0) -> Any:
     from splitrt import profiler
 
     prof = profiler.load_profile(profile_path, sha256=sha)
-    return profiler.cost_table(prof, prof, device_speed_factor=speed_factor)
+    return profiler.cost_table(prof, prof, device_speed_factor=speed_factor, cloud_speed_factor=cloud_factor)
 
 
 def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, str]:
@@ -788,6 +790,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
     speed = rig.board.cpu_speed_factor
     prof_path = profile_for(cfg.model, model_file, rig.workdir, say)
     table = cost_table_for(prof_path, mg.sha256, speed)
+    profiled_cloud_ms = float(table.tail_ms[table.index("cloud")])
     full = load_trace(cfg.trace)
     rtt = cfg.rtt_ms if cfg.rtt_ms is not None else FAMILY_RTT_MS.get(trace_family(full) or "", DEFAULT_RTT_MS)
     rig.set_rtt(rtt)
@@ -803,13 +806,25 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
     runs: dict[str, dict[str, Any]] = {}
     worker = rig.start_worker(spec, name="device")
     try:
+        # Cloud calibration: the host profile may have been measured on a busier host; the cloud's
+        # whole-model time now (server-side compute, unshaped link) rescales the profile's tail times,
+        # as an operator would re-profile the server. Loads >= 1 cannot correct a too slow profile.
+        rig.shaper.set_rate(None)
+        cloud_ms = float(worker.call({"cmd": "cloud-calibrate", "runs": 5}, 300)["tail_ms"])
+        cloud_factor = cloud_ms / profiled_cloud_ms if profiled_cloud_ms > 0 else 1.0
+        table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
+        say(f"cloud: {cfg.model} whole model {cloud_ms:.0f} ms on the server now (profile "
+            f"{profiled_cloud_ms:.0f} ms): tail times x{cloud_factor:.2f}")
+        policies = strategy_policies(cfg, table, rtt)
+        cloud_plan = policies["cloud-only"].split(":", 1)[1]
         for name in cfg.strategies:
             if name == "oracle":
                 continue
             policy = policies[name]
             say(f"[{name}] policy {policy}: preparing")
             rig.shaper.set_rate(max(played.rate_at(0.0), shaper.MIN_RATE_MBPS))
-            prepared = worker.call({"cmd": "prepare", "policy": policy, "with_cloud": name != "device-only"}, 300)
+            prepared = worker.call({"cmd": "prepare", "policy": policy, "with_cloud": name != "device-only",
+                                    "cloud_factor": cloud_factor}, 300)
             log_path = rig.workdir / f"requests-{name}.jsonl"
             state = {"n": 0}
 
@@ -846,7 +861,11 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             say(f"[{name}] {len(recs)} requests, mean {mean:.0f} ms")
     finally:
         worker.close()
-    return assemble(cfg, rig, table, played, rtt, runs, cal)
+    result = assemble(cfg, rig, table, played, rtt, runs, cal)
+    result["cloud_calibration"] = {"model": cfg.model, "measured_ms": cloud_ms, "profile_ms": profiled_cloud_ms,
+                                   "factor": cloud_factor}
+    result["policies"] = policies
+    return result
 
 
 # ----------------------------------------------------------------------------------------- analysis
@@ -933,14 +952,28 @@ def measured_costs(table: Any, runs: dict[str, dict[str, Any]], played: traces.T
 
 
 def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: traces.Trace,
-           bursts: Sequence[tuple[float, float]], codecs: Sequence[str] | None) -> list[tuple[str, float]]:
-    """Per request start time: the cheapest (plan, latency ms) in hindsight (see ``MeasuredCosts``)."""
+           bursts: Sequence[tuple[float, float]], codecs: Sequence[str] | None,
+           realized: Sequence[tuple[str, float] | None] | None = None) -> list[tuple[str, float]]:
+    """Per request start time: the cheapest (plan, latency ms) in hindsight.
+
+    Every (cut, codec) is costed from the measured per-cut costs (``MeasuredCosts``) and the bandwidth
+    the request would have met (the trace, from the end of its head on). ``realized[i]`` is the plan
+    the reference run actually used for request ``i`` and its measured latency: that plan's cost is the
+    measured one, not the model's (noise included), so the oracle is never above the reference run on
+    any request and the comparison measures the decisions, not the jitter of the host.
+    """
     allowed = [k for k in table.codecs if codecs is None or k in codecs]
     reply = float(table.reply_bytes)
     out = []
-    for t in times_s:
+    for n, t in enumerate(times_s):
         ratio = costs.device_ratio_burst if in_intervals(t, bursts) else costs.device_ratio_idle
-        best: tuple[str, float] | None = None
+        real = realized[n] if realized is not None else None
+        best: tuple[str, float] | None = real
+        real_key: tuple[str, float] | None = None
+        if real is not None and real[0] != "device" and "@" in real[0]:
+            rc, rk = real[0].split("@", 1)
+            if rk in table.codecs:
+                real_key = (rc, float(table.sent_bytes[table.index(rc), table.codec_index(rk)]))
         seen: dict[tuple[float, float], float] = {}
         for i, cut in enumerate(table.ids):
             h = float(table.head_ms[i]) * ratio
@@ -956,11 +989,20 @@ def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: t
                         seen[key] = transfer_ms(played, t + h / 1e3, nbytes)
                     cands.append((f"{cut}@{k}", h + seen[key] + costs.net_overhead_ms + tail))
             for plan, ms in cands:
+                if real is not None and (plan == real[0] or (cut, _sent(table, plan)) == real_key):
+                    continue  # the plan that ran (or one sending the same bytes): its measured cost stands
                 if best is None or ms < best[1]:
                     best = (plan, ms)
         assert best is not None
         out.append(best)
     return out
+
+
+def _sent(table: Any, plan: str) -> float:
+    cut, _, codec = plan.partition("@")
+    if not codec:
+        return 0.0
+    return float(table.sent_bytes[table.index(cut), table.codec_index(codec)])
 
 
 def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_ms: float,
@@ -987,7 +1029,8 @@ def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_m
     if "oracle" in cfg.strategies and runs:
         ref = "adaptive" if "adaptive" in runs else next(iter(runs))
         times = [float(r["t_s"]) for r in runs[ref]["records"]]
-        picks = oracle(table, costs, times, played, sched, cfg.codecs)
+        real = [None if r.get("error") else (str(r["plan"]), float(r["latency_ms"])) for r in runs[ref]["records"]]
+        picks = oracle(table, costs, times, played, sched, cfg.codecs, real)
         energies = []
         for t, (plan, ms) in zip(times, picks, strict=True):
             cut = _cut(plan)
@@ -1116,7 +1159,15 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
         try:
             if cmd == "quit":
                 break
-            if cmd == "prepare":
+            if cmd == "cloud-calibrate":
+                probe_dev = Device(mg, spec["cloud"], config=dcfg)
+                tails = [probe_dev.run_detailed(inputs, cut="cloud", timeout_s=60).tail_ms
+                         for _ in range(int(msg.get("runs", 5)))]
+                probe_dev.close()
+                _emit({"event": "cloud", "tail_ms": statistics.median(tails[1:] or tails)})
+            elif cmd == "prepare":
+                table = cost_table_for(Path(spec["profile_path"]), mg.sha256, float(spec["speed_factor"]),
+                                       float(msg.get("cloud_factor", 1.0)))
                 if dev is not None:
                     dev.close()
                 # Sessions are built here, on the main thread, for every cut the plans may use: the

@@ -42,10 +42,16 @@ class Tensor(_message.Message):
     SHAPE_FIELD_NUMBER: _builtins.int
     CODEC_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
+    PAD_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dtype: _builtins.str
     codec: _builtins.str
     payload: _builtins.bytes
+    pad: _builtins.bytes
+    """Zero bytes, ignored. splitrt's framing writes this field just before `payload` and sizes it so the
+    payload starts 16-byte aligned in the serialized message: the receiver can then use the payload
+    in place (an unaligned one is copied by numpy/onnxruntime). Optional: senders may omit it.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -56,10 +62,11 @@ class Tensor(_message.Message):
         shape: _abc.Iterable[_builtins.int] | None = ...,
         codec: _builtins.str = ...,
         payload: _builtins.bytes = ...,
+        pad: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["codec", b"codec", "dtype", b"dtype", "name", b"name", "payload", b"payload", "shape", b"shape"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["codec", b"codec", "dtype", b"dtype", "name", b"name", "pad", b"pad", "payload", b"payload", "shape", b"shape"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

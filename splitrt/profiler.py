@@ -6,14 +6,20 @@ per cut. Instead the profiler
 1. runs the whole model once in a profiling session (``enable_profiling``, NchwcTransformer disabled so
    kernel events keep node names; every node is renamed ``splitrt_n<index>`` so fused kernels map back
    to the first node they contain) to get each node's kernel time;
-2. splits the model at ~``segments`` prefix cuts of equal kernel time, builds one session per segment
-   (default optimisations: as the runtime runs them) and times each segment on the real intermediate
-   tensors, whole chain per pass, after warm-up;
-3. gives every node an *effective* time: its segment's median wall time × its share of the segment's
-   kernel time. A cut's head time is the sum over its head nodes, its tail time the rest.
+2. lists the tensors onnxruntime fuses away (``fused_tensors``: e.g. a Conv output its Relu consumes in
+   the same kernel) and splits the model at ~``segments`` prefix cuts of equal kernel time that cross
+   none of them, builds one session per segment (default optimisations: as the runtime runs them) and
+   times each segment on the real intermediate tensors after warm-up; the per-``run()`` cost is timed
+   on its own (``run_overhead_ms``) and the whole model as one session;
+3. takes from each segment the run() cost and the cost of writing out / reading back its boundary
+   tensors (per byte: the chain's excess over the whole model, half to each side), shares the rest out
+   to its nodes by kernel time and rescales the nodes to add up to the whole model. A cut's head time is
+   the sum over its head nodes plus one run() and its crossing bytes' write-out; its tail time the rest
+   plus one run(), the read-in, and, for a cut that separates a fused pair (a candidate all the same),
+   the consumer run unfused (timed once per shape as a small session: ``CutProfile.split_ms``).
 
-Heads that end on a segment boundary are exact prefix sums of segment runs; others are interpolated
-inside one segment. ``measure_direct`` times a cut's head and tail as their own sessions, which
+Heads ending on a chain boundary are prefix sums of segment runs; others are interpolated inside one
+segment. ``measure_direct`` times a cut's head and tail as their own sessions, which
 ``bench/bench_profiler.py`` uses to report the error of the scheme.
 """
 
@@ -73,6 +79,10 @@ class CutProfile:
     bytes: int
     float_bytes: int  # the float32 part of ``bytes``
     head_mask: str  # hex bitset of head node indices
+    # what splitting here costs beyond one more run() call (head_ms + tail_ms = total_ms + run overhead +
+    # split_ms): writing out and reading back the crossing tensors, and, at a cut that separates a producer
+    # from the consumer onnxruntime fuses into it (e.g. Conv | Relu), the consumer run unfused in the tail
+    split_ms: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +269,142 @@ def node_kernel_ms(
     return out
 
 
+# A tensor that disappears when onnxruntime optimises the model counts as fused only between these (a
+# Dropout or Identity that is simply removed costs nothing to split at).
+_FUSABLE_PRODUCERS = frozenset(
+    {"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "Add", "Sum", "Mul", "Sub", "Div"}
+)
+_FUSABLE_CONSUMERS = frozenset(
+    {"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "BatchNormalization", "Add",
+     "Sum", "Mul", "Sub", "Div"}
+)
+
+
+def fused_tensors(g: graph_mod.ModelGraph, *, threads: int, providers: Sequence[str]) -> frozenset[str]:
+    """Tensors onnxruntime never materialises at its default optimisation level: fused into a kernel.
+
+    A cut crossing one separates a fused producer/consumer pair (e.g. Conv|Relu): the head then ends on
+    the unfused producer and the tail runs the consumer as its own kernel, which the whole model never
+    pays. Found by optimising the model as the runtime does and listing the node outputs that are gone:
+    once without the NchwcTransformer (it renames every tensor), then, from the NCHWc graph, the Conv
+    nodes that absorbed a residual Add/Sum (an extra input; named ``<conv output>_nchwc``).
+    """
+    import onnxruntime as ort
+
+    def optimised(disabled: list[str]) -> onnx.ModelProto:
+        with tempfile.TemporaryDirectory(prefix="splitrt-opt-") as tmp:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.log_severity_level = 3
+            so.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
+            try:
+                ort.InferenceSession(
+                    g.model.SerializeToString(), so, providers=list(providers), disabled_optimizers=disabled
+                )
+                return onnx.load(so.optimized_model_filepath, load_external_data=False)
+            except Exception as exc:  # optimised-model export is best effort (e.g. some EPs cannot save)
+                raise ModelError(f"onnxruntime cannot optimise {g.path.name}: {exc}") from exc
+
+    produced = {t for n in g.nodes for t in n.output if t}
+    graph_outputs = {o.name for o in g.outputs}
+    try:
+        plain = optimised(["NchwcTransformer"])
+    except ModelError:
+        return frozenset()
+    alive = {t for n in plain.graph.node for t in (*n.input, *n.output)} | graph_outputs
+    fused = {
+        t
+        for t in produced - alive
+        if g.nodes[g.producer[t]].op_type in _FUSABLE_PRODUCERS
+        and any(g.nodes[i].op_type in _FUSABLE_CONSUMERS for i in g.consumers.get(t, []))
+    }
+    try:
+        nchwc = optimised([])
+    except ModelError:
+        return frozenset(fused)
+    for n in nchwc.graph.node:
+        if n.domain != "com.microsoft.nchwc" or n.op_type != "Conv" or len(n.input) < 4:
+            continue
+        if not n.name.endswith("_nchwc"):
+            continue
+        conv_out = n.name[: -len("_nchwc")]
+        cons = g.consumers.get(conv_out, [])
+        if conv_out not in produced or len(cons) != 1:
+            continue
+        add = g.nodes[cons[0]]
+        if add.op_type not in ("Add", "Sum"):
+            continue
+        fused.add(conv_out)
+        has_act = any(a.name == "activation" for a in n.attribute)
+        after = g.consumers.get(add.output[0], [])
+        if has_act and len(after) == 1 and add.output[0] not in graph_outputs:
+            fused.add(add.output[0])
+    return frozenset(fused)
+
+
+def _unfused_tail_nodes(g: graph_mod.ModelGraph, c: graph_mod.Cut, fused: frozenset[str]) -> list[int]:
+    """Tail nodes that run as their own kernels only because cut ``c`` separates them from a fused
+    producer: consumers of fused crossing tensors, and onward along fused tensors they produce."""
+    head = c.head_mask
+    todo = [t.name for t in c.tensors if t.name in fused]
+    out: set[int] = set()
+    while todo:
+        name = todo.pop()
+        for i in g.consumers.get(name, []):
+            if head >> i & 1 or i in out or g.nodes[i].op_type not in _FUSABLE_CONSUMERS:
+                continue
+            out.add(i)
+            todo.extend(t for t in g.nodes[i].output if t in fused)
+    return sorted(out)
+
+
+def _nodes_model(g: graph_mod.ModelGraph, idx: Sequence[int]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A model of just the nodes ``idx`` (topological order), fed random tensors of the right shapes."""
+    nodes = [g.nodes[i] for i in idx]
+    inits = {t.name: t for t in g.model.graph.initializer}
+    made = {t for n in nodes for t in n.output if t}
+    in_names: list[str] = []
+    used_inits: list[onnx.TensorProto] = []
+    for n in nodes:
+        for t in n.input:
+            if not t or t in made or t in in_names:
+                continue
+            if t in inits:
+                if all(u.name != t for u in used_inits):
+                    used_inits.append(inits[t])
+            else:
+                in_names.append(t)
+    rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray] = {}
+    vi_in = []
+    for t in in_names:
+        info = g.tensor(t)
+        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in (info.shape or ()))
+        dt = np.dtype(info.dtype)
+        feeds[t] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt)
+        vi_in.append(onnx.helper.make_tensor_value_info(t, onnx.helper.np_dtype_to_tensor_dtype(dt), shape))
+    outs = [t for t in nodes[-1].output if t]
+    vi_out = [
+        onnx.helper.make_tensor_value_info(t, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(g.tensor(t).dtype)), None)
+        for t in outs
+    ]
+    graph = onnx.helper.make_graph(nodes, "splitrt_unfused", vi_in, vi_out, initializer=used_inits)
+    m = onnx.helper.make_model(graph, opset_imports=list(g.model.opset_import))
+    m.ir_version = g.model.ir_version
+    return m, feeds
+
+
+def run_overhead_ms(*, threads: int, providers: Sequence[str], runs: int, warmup: int) -> float:
+    """The fixed cost of one ``run()`` call (bind a feed, return an output): an Identity on 1 float."""
+    vi = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    vo = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "splitrt_overhead", [vi], [vo])
+    sess = _session(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)]), threads, providers)
+    feeds = {"x": np.zeros(1, np.float32)}
+    _time_runs(sess, feeds, max(warmup, 5))
+    return float(np.median(_time_runs(sess, feeds, max(runs, 50))))
+
+
 def _prefix_cuts(g: graph_mod.ModelGraph) -> list[tuple[int, graph_mod.Cut]]:
     """(number of head nodes, cut) for every cut that is a prefix of the topological order."""
     out = []
@@ -269,9 +415,16 @@ def _prefix_cuts(g: graph_mod.ModelGraph) -> list[tuple[int, graph_mod.Cut]]:
     return out
 
 
-def choose_boundaries(g: graph_mod.ModelGraph, kernel_ms: Sequence[float], segments: int) -> list[str]:
-    """Interior prefix cut ids splitting the model into ~``segments`` pieces of equal kernel time."""
-    prefixes = [(k, c) for k, c in _prefix_cuts(g) if c.id not in ("cloud", "device")]
+def choose_boundaries(
+    g: graph_mod.ModelGraph, kernel_ms: Sequence[float], segments: int, avoid: frozenset[str] = frozenset()
+) -> list[str]:
+    """Interior prefix cut ids splitting the model into ~``segments`` pieces of equal kernel time, never
+    at a cut crossing a tensor of ``avoid`` (fused away: the chain would pay an unfused kernel there)."""
+    prefixes = [
+        (k, c)
+        for k, c in _prefix_cuts(g)
+        if c.id not in ("cloud", "device") and not any(t.name in avoid for t in c.tensors)
+    ]
     if segments <= 1 or not prefixes:
         return []
     w = np.asarray(kernel_ms, dtype=np.float64)
@@ -324,9 +477,10 @@ def measure(
 
     kernel = node_kernel_ms(g, inputs, threads=threads, providers=provs, runs=min(max(runs, 1), 5))
     peak = max(peak, _rss_mb())
-    boundaries = choose_boundaries(g, kernel, segments)
+    fused = fused_tensors(g, threads=threads, providers=provs)
+    boundaries = choose_boundaries(g, kernel, segments, avoid=fused)
     segs = partition.split(g, boundaries)
-    progress(f"per-node kernel times done; {len(segs)} segments")
+    progress(f"per-node kernel times done; {len(fused)} fused-away tensors; {len(segs)} segments")
 
     ids = ["cloud", *boundaries, "device"]
 
@@ -354,19 +508,34 @@ def measure(
         progress(f"segment {s + 1}/{len(sessions)} ({ids_of(s)}): {np.median(times[-1]):.2f} ms")
     peak = max(peak, _rss_mb())
     del sessions
-    # The whole model as one session: with the chain it gives the fixed cost of one run() call (feeding
-    # inputs, returning outputs), paid once by a head or a tail but once per segment by the chain.
+    # The fixed cost of one run() call (feeding inputs, returning outputs), measured on its own: paid once
+    # by a head or a tail, once per segment by the chain.
+    overhead = run_overhead_ms(threads=threads, providers=provs, runs=runs, warmup=warmup)
+    # The whole model as one session: the chain's compute is rescaled to it (the device cut's head).
     full = _session(g.model, threads, provs)
     _time_runs(full, inputs, warmup)
-    full_times = _time_runs(full, inputs, runs)
+    full_times = _time_runs(full, inputs, max(runs, 20))
     del full
     full_ms = float(np.median(full_times))
+    full90 = _p90(full_times)
     chain_ms = float(sum(np.median(t) for t in times))
-    overhead = 0.0
-    if len(segs) > 1:
-        overhead = (chain_ms - full_ms) / (len(segs) - 1)
-        overhead = min(max(overhead, 0.0), min(float(np.median(t)) for t in times))
-    progress(f"whole model {full_ms:.2f} ms, chain {chain_ms:.2f} ms: {overhead:.3f} ms per run() call")
+    chain_gap = (chain_ms - (len(segs) - 1) * overhead) / full_ms - 1.0 if full_ms > 0 else 0.0
+    # What a split costs besides run(): the head writes the crossing tensors out in the plain layout and
+    # the tail reads them back in (NCHWc reorders, lost buffer reuse): ~ their bytes. The chain pays it at
+    # each boundary and the whole model never does, so the chain's excess over the whole model gives the
+    # cost per byte (split evenly between the head's end and the tail's start).
+    outs = {o.name for o in g.outputs}
+
+    def split_bytes(c: graph_mod.Cut) -> int:
+        return sum(max(t.bytes, 0) for t in c.tensors if t.name in g.producer and t.name not in outs)
+
+    bnd_bytes = [0] + [split_bytes(g.cut(b)) for b in boundaries] + [0]
+    excess = chain_ms - (len(segs) - 1) * overhead - full_ms
+    per_byte = max(excess, 0.0) / sum(bnd_bytes) if sum(bnd_bytes) > 0 else 0.0
+    progress(
+        f"whole model {full_ms:.2f} ms, chain {chain_ms:.2f} ms ({chain_gap:+.1%} net of "
+        f"{overhead:.3f} ms per run() call)"
+    )
 
     # Effective per-node times: segment wall time shared out by kernel time.
     bounds = [0] + [g.cut(b).head_mask.bit_count() for b in boundaries] + [len(g.nodes)]
@@ -377,13 +546,43 @@ def measure(
         lo, hi = bounds[s], bounds[s + 1]
         k = np.asarray(kernel[lo:hi], dtype=np.float64)
         share = k / k.sum() if k.sum() > 0 else np.full(hi - lo, 1.0 / max(hi - lo, 1))
-        med, p90 = float(np.median(times[s])) - overhead, _p90(times[s]) - overhead
+        edge = per_byte * (bnd_bytes[s] + bnd_bytes[s + 1]) / 2
+        med = max(float(np.median(times[s])) - overhead - edge, 0.0)
+        p90 = max(_p90(times[s]) - overhead - edge, med)
         eff[lo:hi] = med * share
         eff90[lo:hi] = p90 * share
         seg_profiles.append(
             SegmentProfile(start=ids[s], end=ids[s + 1], median_ms=med, p90_ms=p90, rss_mb=round(seg_rss[s], 2))
         )
+    # Rescale so that the effective times add up to the whole model as one session (run() cost aside):
+    # what the chain pays at its boundaries (layout reorders, lost fusions) is not part of any node.
+    scale = (full_ms - overhead) / eff.sum() if eff.sum() > 0 and full_ms > overhead else 1.0
+    scale90 = (full90 - overhead) / eff90.sum() if eff90.sum() > 0 and full90 > overhead else scale
+    eff *= scale
+    eff90 = np.maximum(eff90 * scale90, eff)
     total, total90 = float(eff.sum()), float(eff90.sum())
+    # Cuts that separate a fused pair: the tail runs the consumer(s) unfused; time them once per shape.
+    split_ms: dict[str, tuple[float, float]] = {}
+    split_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
+    for c in cuts[1:-1]:
+        idx = _unfused_tail_nodes(g, c, fused)
+        if not idx:
+            continue
+        key = tuple(
+            (g.nodes[i].op_type, tuple(tuple(g.tensor(t).shape or ()) for t in g.nodes[i].input if t)) for i in idx
+        )
+        if key not in split_cache:
+            try:
+                m, f = _nodes_model(g, idx)
+                sess = _session(m, threads, provs)
+                _time_runs(sess, f, warmup)
+                ts = _time_runs(sess, f, runs)
+                split_cache[key] = (max(float(np.median(ts)) - overhead, 0.0), max(_p90(ts) - overhead, 0.0))
+            except (ModelError, SplitrtError, ValueError) as exc:
+                progress(f"cannot time the unfused nodes of {c.id} ({exc}); no split cost")
+                split_cache[key] = (0.0, 0.0)
+        split_ms[c.id] = split_cache[key]
+    progress(f"{len(split_ms)} cuts separate a fused pair; {len(split_cache)} unfused kernels timed")
     cut_profiles = []
     for c in cuts:
         mask = graph_mod._mask_to_bool(c.head_mask, len(g.nodes)) if c.head_mask else None
@@ -392,18 +591,22 @@ def measure(
         if c.id == "device":
             head, head90 = total, total90
         # a non-empty side is one run() call: its compute plus the fixed per-call cost
-        head_o = overhead if c.id != "cloud" else 0.0
-        tail_o = overhead if c.id != "device" else 0.0
+        edge = per_byte * split_bytes(c) / 2 if c.id not in ("cloud", "device") else 0.0
+        head_o = overhead + edge if c.id != "cloud" else 0.0
+        extra, extra90 = split_ms.get(c.id, (0.0, 0.0))
+        extra, extra90 = extra + edge, extra90 + edge
+        tail_o = overhead + extra if c.id != "device" else 0.0
         cut_profiles.append(
             CutProfile(
                 cut=c.id,
                 head_ms=round(head + head_o, 5),
                 tail_ms=round(max(total - head, 0.0) + tail_o, 5),
                 head_p90_ms=round(head90 + head_o, 5),
-                tail_p90_ms=round(max(total90 - head90, 0.0) + tail_o, 5),
+                tail_p90_ms=round(max(total90 - head90, 0.0) + tail_o - extra + extra90, 5),
                 bytes=c.bytes if c.id != "device" else 0,
                 float_bytes=_float_bytes(c) if c.id != "device" else 0,
                 head_mask=format(c.head_mask, "x"),
+                split_ms=round(extra + edge, 5),
             )
         )
     nodes = tuple(
@@ -432,6 +635,12 @@ def measure(
             "segments": len(segs),
             "run_overhead_ms": round(overhead, 5),
             "whole_model_ms": round(full_ms, 5),
+            "chain_ms": round(chain_ms, 5),
+            "chain_gap": round(chain_gap, 5),
+            "chain_scale": round(float(scale), 5),
+            "split_ns_per_byte": round(per_byte * 1e6, 6),
+            "fused_tensors": len(fused),
+            "split_cost_cuts": len(split_ms),
             "profiling_s": round(elapsed, 2),
         },
         total_ms=round(total + overhead, 5),
@@ -528,6 +737,7 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
                 bytes=int(c["bytes"]),
                 float_bytes=int(c.get("float_bytes", c["bytes"])),
                 head_mask=str(c.get("head_mask", "")),
+                split_ms=float(c.get("split_ms", 0.0)),
             )
             for c in _req(data, "cuts", where)
         )

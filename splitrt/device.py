@@ -426,7 +426,9 @@ class Device:
     def _decode_reply(self, reply: wire.Framed) -> tuple[dict[str, np.ndarray], int]:
         try:
             encoded = reply.tensors
-            outs = {e.name: codec.decode(e) for e in encoded}
+            # The same decoded-size cap a server applies (a reply may claim any size under zlib).
+            cap = 4 * self.config.max_message_bytes
+            outs = {e.name: codec.decode(e, max_bytes=cap) for e in encoded}
         except CodecError as exc:
             raise CloudError(f"reply from {self.cloud} does not decode: {exc}", code="DATA_LOSS") from exc
         if set(outs) != set(self.output_names):
@@ -443,15 +445,24 @@ class Device:
         t0 = time.perf_counter()
         request, bytes_up = self._request(head, spec)
         t1 = time.perf_counter()
-        # One deadline for the whole request, the model check included. With no ``timeout_s`` (the
-        # blocking API) a missing model is uploaded here; with one it is uploaded in the background.
-        deadline = t0 + (timeout_s or self.config.timeout_s)
+        # With ``timeout_s``: one deadline for the whole request, the model check included, and a missing
+        # model is uploaded in the background. Without (the blocking API): the check and an upload take
+        # their own timeouts, then the call gets ``DeviceConfig.timeout_s``.
         wait_upload = timeout_s is None
+        deadline = t0 + (timeout_s or self.config.timeout_s)
 
         def left() -> float:
             return max(0.001, deadline - time.perf_counter())
 
-        self.ensure_model(timeout_s=left(), wait_upload=wait_upload)
+        def check(force: bool = False) -> None:
+            nonlocal deadline
+            if wait_upload:
+                self.ensure_model(force)
+                deadline = time.perf_counter() + self.config.timeout_s
+            else:
+                self.ensure_model(force, timeout_s=left(), wait_upload=False)
+
+        check()
         self.stub()
         infer = self._infer
         t2 = time.perf_counter()
@@ -461,7 +472,7 @@ class Device:
             err = wire.cloud_error(exc, f"infer {self.sha256[:12]}@{head.cut_id} on {self.cloud}")
             if err.code == "NOT_FOUND" and "model sha256" in str(err) and self.config.upload:
                 self._model_checked = False  # the cloud lost the model (restart?): upload once more
-                self.ensure_model(force=True, timeout_s=left(), wait_upload=wait_upload)
+                check(force=True)
                 try:
                     reply = infer(request, timeout=left(), metadata=self._metadata())
                 except grpc.RpcError as exc2:

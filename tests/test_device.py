@@ -11,9 +11,11 @@ import sys
 import textwrap
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -314,3 +316,41 @@ def test_explicit_ensure_model_uploads_inline(tmp_path: Path) -> None:
         assert not dev.upload_in_progress()
         assert [p.name for p in tmp_path.iterdir()] == [f"{dev.sha256}.onnx"]
         assert dev.send(dev.run_head(dev.random_inputs(), "c1"), timeout_s=5).where == "cloud"
+
+
+def test_blocking_send_gets_its_full_timeout_after_an_inline_upload(tmp_path: Path) -> None:
+    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s, \
+            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2)) as dev:
+        put_model = s.put_model
+
+        def slow_put_model(chunks: Any) -> pb.PutModelReply:
+            time.sleep(2.5)  # longer than the call's timeout: the upload has its own
+            return put_model(chunks)
+
+        s.put_model = slow_put_model  # type: ignore[method-assign]
+        x = dev.random_inputs()
+        res = dev.run_detailed(x, cut="c2")  # no timeout_s: uploads inline, then calls
+        assert res.where == "cloud" and rel_err(dev.run_local(x)["y"], res.outputs["y"]) <= 1e-5
+
+
+def test_a_reply_claiming_a_huge_tensor_is_refused_unread() -> None:
+    claimed = (1 << 22,)  # 16 MiB of float32 in a 16 KB zlib stream; the device's cap is 4 x 1 MiB
+    bomb = pb.Tensor(name="y", dtype="float32", shape=claimed, codec="fp32+zlib",
+                     payload=zlib.compress(bytes(4 << 22)))
+
+    def infer(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return pb.InferReply(request_id="r", outputs=[bomb]).SerializeToString()
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        wire.SERVICE_NAME, {"Infer": grpc.unary_unary_rpc_method_handler(infer)}),))
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        with Device(zoo.get("tiny_chain"), address, config=DeviceConfig(max_message_bytes=1 << 20)) as dev:
+            dev._model_checked = True  # this server has no Status
+            with pytest.raises(CloudError) as info:
+                dev.send(dev.run_head(dev.random_inputs(), "c2"), timeout_s=10)
+            assert info.value.code == "DATA_LOSS" and f"expected at most {4 << 20}" in str(info.value)
+    finally:
+        server.stop(None)

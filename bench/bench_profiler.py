@@ -54,6 +54,10 @@ def bench_model(name: str, *, runs: int, threads: int | None, segments: int, eve
         "threads": prof.runtime["intra_op_threads"],
         "profiling_s": round(profiling_s, 2),
         "total_ms": prof.total_ms,
+        "whole_model_ms": prof.runtime.get("whole_model_ms"),
+        "chain_ms": prof.runtime.get("chain_ms"),  # sum of segment medians (each with its run() cost)
+        "chain_gap": prof.runtime.get("chain_gap"),  # chain net of run() costs vs whole model, -1
+        "run_overhead_ms": prof.runtime.get("run_overhead_ms"),
         "median_err": float(np.median(errs)),
         "p90_err": float(np.percentile(errs, 90)),
         "head_median_err": float(np.median(heads)),
@@ -82,13 +86,14 @@ def main() -> int:
         return 0
     print(
         f"{'model':<14}{'cuts':>6}{'seg':>5}{'thr':>5}{'prof s':>8}{'total ms':>10}"
-        f"{'head med':>10}{'head p90':>10}{'tail med':>10}{'tail p90':>10}{'all med':>9}{'all p90':>9}"
+        f"{'head med':>10}{'head p90':>10}{'tail med':>10}{'tail p90':>10}{'all med':>9}{'all p90':>9}{'chain gap':>10}"
     )
     for r in results:
         print(
             f"{r['model']:<14}{r['checked']:>6}{r['segments']:>5}{r['threads']:>5}{r['profiling_s']:>8.1f}"
             f"{r['total_ms']:>10.2f}{r['head_median_err']:>10.1%}{r['head_p90_err']:>10.1%}"
             f"{r['tail_median_err']:>10.1%}{r['tail_p90_err']:>10.1%}{r['median_err']:>9.1%}{r['p90_err']:>9.1%}"
+            f"{r['chain_gap'] or 0:>+10.1%}"
         )
     return 0
 

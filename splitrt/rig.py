@@ -582,6 +582,18 @@ class Rig:
                 with contextlib.suppress(OSError):  # a thread that just ended
                     (where / "tasks").write_text(str(tid))
 
+    def board_tasks_file(self) -> str:
+        """Where the device's run-queue probe finds the other processes sharing its CPU (the load
+        processes the rig started). Not the cgroup's ``tasks``: ``ip netns exec`` remounts /sys, so the
+        device cannot read the cgroup tree."""
+        path = self.workdir / "board-tasks"
+        if not path.exists():
+            path.write_text("")
+        return str(path)
+
+    def _note_board_pids(self, pids: Sequence[int]) -> None:
+        (self.workdir / "board-tasks").write_text("".join(f"{p}\n" for p in pids))
+
     def throttle_out(self, pid: int) -> None:
         if self.throttle is not None and self.throttle.hierarchy is not None:
             with contextlib.suppress(OSError):
@@ -679,8 +691,10 @@ class Rig:
                         with contextlib.suppress(RigError):
                             self.throttle_in(p.pid)
                         hogs.append(p)
+                    self._note_board_pids([p.pid for p in hogs])
                     started = time.monotonic() - t0
                     stop.wait(max(0.0, t0 + b - time.monotonic()))
+                    self._note_board_pids([])
                     for p in hogs:
                         p.kill()
                         p.wait(5)
@@ -843,6 +857,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             try:
                 with rig.load_driver(cfg.load, cfg.duration_s, t0, model_file, cloud_plan) as applied:
                     worker.send({"cmd": "run", "t0": t0, "duration_s": cfg.duration_s, "rate_hz": cfg.rate_hz,
+                                 "tasks_file": rig.board_tasks_file(),
                                  "log_path": str(log_path)})
                     while time.monotonic() < t0:
                         time.sleep(0.005)
@@ -1128,9 +1143,78 @@ class HeadLoad(LoadEstimator):
                    profiled_freq_mhz: float | None = None) -> float:
         return 1.0
 
-    def add_head(self, now_s: float, ratio: float) -> float:
+    last_head_s = -math.inf
+
+    def add_head(self, now_s: float, ratio: float, *, probe: bool = False) -> float:
+        if not probe:
+            self.last_head_s = now_s
         util = 1.0 - 1.0 / max(1.0, ratio)
         return LoadEstimator.add_device(self, now_s, other_util=min(util, 0.99))
+
+
+class RunQueueProbe:
+    """While no head has been timed for a while (the plan sends the input), sample the emulated board's
+    run queue: how many threads of the OTHER processes sharing the device's CPU (listed by the rig in
+    ``tasks_file``) are runnable. One compute thread competing with ``n`` runnable
+    tasks gets ``1 / (1 + n)`` of the CPU, so a head would now take ``1 + n`` times as long: the
+    figure a real board's psutil gives the runtime. (Timing a small piece of work instead does not
+    work under a CFS quota: a job shorter than the quota runs at full speed or waits a whole period.)"""
+
+    def __init__(self, load: HeadLoad, tasks_file: str | None, *, sample_s: float = 0.05,
+                 report_s: float = 0.5, stale_s: float = 1.0) -> None:
+        self.load = load
+        self.tasks_file = tasks_file
+        self.sample_s = sample_s
+        self.report_s = report_s
+        self.stale_s = stale_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def runnable_others(self) -> int:
+        if not self.tasks_file:
+            return 0
+        try:
+            ids = [int(x) for x in Path(self.tasks_file).read_text().split()]
+        except (OSError, ValueError):
+            return 0
+        own = {int(t) for t in os.listdir("/proc/self/task")}
+        n = 0
+        for pid in ids:
+            if pid in own:
+                continue
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids if len(tids) > 1 else [str(pid)]:
+                try:
+                    state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    continue
+                n += state == "R"
+        return n
+
+    def _loop(self) -> None:
+        samples: list[int] = []
+        next_report = time.monotonic() + self.report_s
+        while not self._stop.wait(self.sample_s):
+            samples.append(self.runnable_others())
+            now = time.monotonic()
+            if now >= next_report:
+                if now - self.load.last_head_s >= self.stale_s:
+                    self.load.add_head(now, 1.0 + statistics.fmean(samples), probe=True)
+                samples.clear()
+                next_report = now + self.report_s
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="rig-runqueue", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
 
 
 def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
@@ -1186,7 +1270,7 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
             elif cmd == "run":
                 assert dev is not None
                 stats = _run_requests(dev, table, inputs, float(msg["t0"]), float(msg["duration_s"]),
-                                      float(msg["rate_hz"]), Path(msg["log_path"]))
+                                      float(msg["rate_hz"]), Path(msg["log_path"]), msg.get("tasks_file"))
                 _emit({"event": "done", "stats": stats})
             else:
                 _emit({"event": "error", "message": f"unknown command {cmd!r}"})
@@ -1214,10 +1298,21 @@ def _thread_roles(dev: Any) -> dict[str, list[int]]:
 
 
 def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
-                  log_path: Path) -> dict[str, Any]:
+                  log_path: Path, tasks_file: str | None) -> dict[str, Any]:
     """Paced closed loop: request k starts at t0 + k / rate, or when request k-1 ends if later."""
+    probe = RunQueueProbe(dev.load, tasks_file)
     while time.monotonic() < t0:
         time.sleep(0.002)
+    probe.start()
+    try:
+        _loop_requests(dev, table, inputs, t0, duration_s, rate_hz, log_path)
+    finally:
+        probe.stop()
+    return dict(dev.stats)
+
+
+def _loop_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
+                   log_path: Path) -> None:
     k = 0
     with open(log_path, "w") as log:
         while True:
@@ -1245,7 +1340,6 @@ def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: floa
             log.write(json.dumps(rec) + "\n")
             _emit({"event": "progress", "t_s": t_s, "plan": rec["plan"], "latency_ms": rec["latency_ms"]})
             k += 1
-    return dict(dev.stats)
 
 
 def _busy_worker(spec: dict[str, Any]) -> None:

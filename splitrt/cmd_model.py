@@ -54,6 +54,7 @@ def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:
             "flops": mg.flops,
         },
         "cuts": [c.as_dict() for c in mg.cuts()],
+        "excluded": list(mg.excluded),
     }
 
 
@@ -72,6 +73,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ]
     print(f"{mg.path}  sha256 {mg.sha256[:16]}  nodes {len(mg.nodes)}  "
           f"GFLOPs {mg.flops / 1e9:.2f}  cuts {len(cuts)} ({len(shown)} shown; --all for every cut)")
+    for why in mg.excluded[:5]:
+        print(f"left out: {why}", file=sys.stderr)
     print(render(["cut", "head nodes", "head FLOPs", "bytes", "crossing tensors"], rows))
     return 0
 

@@ -14,10 +14,10 @@ from splitrt.tables import human_bytes, render
 
 DEFAULT_MODEL = "resnet50"
 # The rig part: one HSDPA (3G) trace window where the link crosses the device/cloud break-even of
-# resnet50 on a Raspberry Pi 4; 5 measured strategies x 9 s keep the whole demo under 90 s.
+# resnet50 on a Raspberry Pi 4; 5 measured strategies x 8 s keep the whole demo under 90 s.
 DEMO_TRACE = "hsdpa/car"
 DEMO_OFFSET_S = 43.0
-DEMO_DURATION_S = 9.0
+DEMO_DURATION_S = 8.0
 DEMO_BOARD = "rpi4"
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from splitrt import tables
-from splitrt.device import Device, DeviceConfig, SplitResult
-from splitrt.errors import ConfigError, CutError, InputError
+from splitrt.device import Device, DeviceConfig, SplitResult, read_token
+from splitrt.errors import CutError, InputError
 
 
 def register(sub: Any) -> None:
@@ -106,12 +106,7 @@ def plan_auto(dev: Device, args: argparse.Namespace) -> tuple[str, str, dict[str
 def cmd_run(args: argparse.Namespace) -> int:
     from splitrt.cmd_model import resolve_model
 
-    token = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text().splitlines()[0].strip()
-        except (OSError, IndexError) as exc:
-            raise ConfigError(f"token file {args.token_file}: expected a token on the first line") from exc
+    token = read_token(args.token_file) if args.token_file is not None else None
     config = DeviceConfig(timeout_s=args.timeout_s, codec=args.codec, token=token, tls_ca_path=args.tls_ca,
                           upload=not args.no_upload)
     if args.count is not None or args.discover:

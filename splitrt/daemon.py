@@ -363,7 +363,7 @@ class Daemon:
         from splitrt.cmd_model import resolve_model
         from splitrt.controller import ControllerConfig
         from splitrt.costmodel import DEFAULT_POWER
-        from splitrt.device import DeviceConfig
+        from splitrt.device import DeviceConfig, read_token
         from splitrt.runtime import AdaptiveDevice, RuntimeConfig
 
         self.config = config
@@ -372,12 +372,7 @@ class Daemon:
         self._idle = threading.Condition(self._lock)
         self.started_s = time.monotonic()
         board = boards.load_board(config.board) if config.board else None
-        token = None
-        if config.token_path is not None:
-            try:
-                token = config.token_path.read_text().splitlines()[0].strip()
-            except (OSError, IndexError) as exc:
-                raise ConfigError(f"token_path {config.token_path}: expected a token on the first line") from exc
+        token = read_token(config.token_path, "token_path") if config.token_path is not None else None
         device_config = DeviceConfig(token=token, tls=config.tls, tls_ca_path=config.tls_ca_path,
                                      upload=config.upload, intra_op_threads=config.intra_op_threads)
         runtime_config = RuntimeConfig(deadline_ms=config.deadline_ms, policy=config.policy,

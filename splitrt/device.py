@@ -41,6 +41,14 @@ from splitrt.errors import CloudError, CodecError, ConfigError, InputError
 DEVICE_CUT = "device"
 
 
+def read_token(path: Path, what: str = "token file") -> str:
+    """The bearer token on the first line of ``path`` (``what`` names the setting in errors)."""
+    try:
+        return path.read_text().splitlines()[0].strip()
+    except (OSError, IndexError) as exc:
+        raise ConfigError(f"{what} {path}: expected a token on the first line") from exc
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeviceConfig:
     timeout_s: float = 10.0

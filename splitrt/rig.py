@@ -1168,6 +1168,7 @@ class RunQueueProbe:
         self.report_s = report_s
         self.stale_s = stale_s
         self._stop = threading.Event()
+        self.active = threading.Event()
         self._thread: threading.Thread | None = None
 
     def runnable_others(self) -> int:
@@ -1198,11 +1199,14 @@ class RunQueueProbe:
         samples: list[int] = []
         next_report = time.monotonic() + self.report_s
         while not self._stop.wait(self.sample_s):
-            samples.append(self.runnable_others())
             now = time.monotonic()
+            if not self.active.is_set() or now - self.load.last_head_s < self.stale_s:
+                samples.clear()  # heads are being timed: they are the measurement
+                next_report = now + self.report_s
+                continue
+            samples.append(self.runnable_others())
             if now >= next_report:
-                if now - self.load.last_head_s >= self.stale_s:
-                    self.load.add_head(now, 1.0 + statistics.fmean(samples), probe=True)
+                self.load.add_head(now, 1.0 + statistics.fmean(samples), probe=True)
                 samples.clear()
                 next_report = now + self.report_s
 
@@ -1237,6 +1241,7 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
     codecs = spec.get("codecs")
     _emit({"event": "loaded"})
     dev: AdaptiveDevice | None = None
+    rq: RunQueueProbe | None = None
     for line in stdin:
         msg = json.loads(line)
         cmd = msg.get("cmd")
@@ -1262,28 +1267,38 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                                      device_config=dcfg, power=board.power)
                 dev.local = local  # sessions built once, outside the cgroup
                 dev.load = HeadLoad()
+                if rq is not None:
+                    rq.stop()
+                # a monitor (like psutil on a real board) on a spare core: not throttled with the compute
+                rq = RunQueueProbe(dev.load, None)
+                rq.start()
                 # Warm-up (uncounted): the channel, the cloud's tail sessions, the estimators.
                 for _ in range(2):
                     dev.infer(inputs)
                 time.sleep(0.6)  # one prober round
-                _emit({"event": "prepared", **_thread_roles(dev)})
+                _emit({"event": "prepared", **_thread_roles(dev, rq)})
             elif cmd == "run":
                 assert dev is not None
+                assert rq is not None
+                rq.tasks_file = msg.get("tasks_file")
                 stats = _run_requests(dev, table, inputs, float(msg["t0"]), float(msg["duration_s"]),
-                                      float(msg["rate_hz"]), Path(msg["log_path"]), msg.get("tasks_file"))
+                                      float(msg["rate_hz"]), Path(msg["log_path"]), rq)
                 _emit({"event": "done", "stats": stats})
             else:
                 _emit({"event": "error", "message": f"unknown command {cmd!r}"})
         except Exception as exc:  # report, keep serving (the rig decides)
             _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
+    if rq is not None:
+        rq.stop()
     if dev is not None:
         dev.close()
 
 
-def _thread_roles(dev: Any) -> dict[str, list[int]]:
+def _thread_roles(dev: Any, rq: RunQueueProbe | None = None) -> dict[str, list[int]]:
     """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (the prober,
-    gRPC's named threads)."""
+    the run-queue monitor, gRPC's named threads)."""
     prober = dev._prober.native_id if dev._prober is not None else None
+    monitor = rq._thread.native_id if rq is not None and rq._thread is not None else None
     compute: list[int] = []
     other: list[int] = []
     for tid_s in os.listdir("/proc/self/task"):
@@ -1293,21 +1308,20 @@ def _thread_roles(dev: Any) -> dict[str, list[int]]:
         except OSError:
             continue
         is_python = comm == Path(sys.executable).name[:15] or comm.startswith("python")
-        (compute if is_python and tid != prober else other).append(tid)
+        (compute if is_python and tid not in (prober, monitor) else other).append(tid)
     return {"compute_tids": compute, "other_tids": other}
 
 
 def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
-                  log_path: Path, tasks_file: str | None) -> dict[str, Any]:
+                  log_path: Path, probe: RunQueueProbe) -> dict[str, Any]:
     """Paced closed loop: request k starts at t0 + k / rate, or when request k-1 ends if later."""
-    probe = RunQueueProbe(dev.load, tasks_file)
     while time.monotonic() < t0:
         time.sleep(0.002)
-    probe.start()
+    probe.active.set()
     try:
         _loop_requests(dev, table, inputs, t0, duration_s, rate_hz, log_path)
     finally:
-        probe.stop()
+        probe.active.clear()
     return dict(dev.stats)
 
 

@@ -38,6 +38,23 @@ class Board:
     path: Path
 
 
+#: The reference workload's time on the build host when no shipped profile says otherwise (ms).
+FALLBACK_HOST_RESNET50_MS = 27.5
+
+
+def host_reference_ms() -> float:
+    """Whole-model time of the zoo resnet50 in the shipped host profile: what `resnet50_ms` of a board
+    is divided by to get its ``cpu_speed_factor``."""
+    import json
+
+    path = devices_dir().parent / "profiles" / "x86_64-2core__resnet50.json"
+    try:
+        doc = json.loads(path.read_text())
+        return float(doc["runtime"]["whole_model_ms"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return FALLBACK_HOST_RESNET50_MS
+
+
 def devices_dir() -> Path:
     env = os.environ.get(ENV_DIR)
     return Path(env) if env else Path(__file__).resolve().parent.parent / "devices"
@@ -72,7 +89,15 @@ def load_board(name_or_path: str | Path, directory: Path | None = None) -> Board
     number = (int, float)
     cores = _field(data, "cores", int, path)
     memory_mb = _field(data, "memory_mb", int, path)
-    factor = float(_field(data, "cpu_speed_factor", number, path))
+    if "resnet50_ms" in data:
+        # The board's own figure for the reference workload (zoo resnet50): the factor is relative to
+        # whatever the shipped host profile measured, so re-profiling the host keeps boards true.
+        board_ms = float(_field(data, "resnet50_ms", number, path))
+        if not board_ms > 0:
+            raise ConfigError(f"{path}: resnet50_ms must be > 0, got {board_ms}")
+        factor = board_ms / host_reference_ms()
+    else:
+        factor = float(_field(data, "cpu_speed_factor", number, path))
     eps = _field(data, "execution_providers", list, path)
     if cores < 1 or memory_mb < 1:
         raise ConfigError(f"{path}: cores and memory_mb must be >= 1, got {cores} and {memory_mb}")

@@ -30,7 +30,8 @@ def test_every_power_figure_cites_a_source() -> None:
         text = b.path.read_text()
         power_section = text.split("[power]", 1)[1]
         assert power_section.count("#") >= 3, f"{b.path}: cite the source of each power figure"
-        assert "cpu_speed_factor" in text.split("[power]", 1)[0]
+        head = text.split("[power]", 1)[0]
+        assert "cpu_speed_factor" in head or "resnet50_ms" in head
 
 
 def test_unknown_board(tmp_path: Path) -> None:
@@ -69,3 +70,10 @@ def test_bad_descriptor(tmp_path: Path, text: str, message: str) -> None:
     p.write_text(text)
     with pytest.raises(ConfigError, match=message):
         boards.load_board(p)
+
+
+def test_board_factor_follows_the_host_profile() -> None:
+    """A board's factor is its resnet50 time over the shipped host profile's: re-profiling the host
+    keeps the emulated board at the board's own speed."""
+    rpi4 = boards.load_board("rpi4")
+    assert rpi4.cpu_speed_factor * boards.host_reference_ms() == pytest.approx(490.0)

@@ -24,7 +24,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--runs", type=int, default=10, help="timed runs per segment (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
-    p.add_argument("--segments", type=int, default=16, help="chain segments to time (default 16)")
+    p.add_argument("--segments", type=int, default=16, help="spans between anchor cuts timed directly (default 16)")
     p.add_argument("--provider", action="append", default=None, help="execution provider preference")
     p.set_defaults(func=_profile)
 

@@ -1,26 +1,27 @@
 """Measure what a model's segments cost on this machine with onnxruntime; read and write profiles.
 
-Fast profiling ("chain" method). Timing the head and the tail of every cut directly needs two sessions
-per cut. Instead the profiler
+Fast profiling ("anchored" method). Timing the head and the tail of every cut directly needs two sessions
+per cut (350 for resnet50). Instead the profiler
 
 1. runs the whole model once in a profiling session (``enable_profiling``, NchwcTransformer disabled so
    kernel events keep node names; every node is renamed ``splitrt_n<index>`` so fused kernels map back
    to the first node they contain) to get each node's kernel time;
 2. lists the tensors onnxruntime fuses away (``fused_tensors``: e.g. a Conv output its Relu consumes in
-   the same kernel) and splits the model at ~``segments`` prefix cuts of equal kernel time that cross
-   none of them, builds one session per segment (default optimisations: as the runtime runs them) and
-   times each segment on the real intermediate tensors after warm-up; the per-``run()`` cost is timed
-   on its own (``run_overhead_ms``) and the whole model as one session;
-3. takes from each segment the run() cost and the cost of writing out / reading back its boundary
-   tensors (per byte: the chain's excess over the whole model, half to each side), shares the rest out
-   to its nodes by kernel time and rescales the nodes to add up to the whole model. A cut's head time is
-   the sum over its head nodes plus one run() and its crossing bytes' write-out; its tail time the rest
-   plus one run(), the read-in, and, for a cut that separates a fused pair (a candidate all the same),
-   the consumer run unfused (timed once per shape as a small session: ``CutProfile.split_ms``).
+   the same kernel) and picks ~``segments`` - 1 anchor cuts: prefix cuts of equal kernel time that cross
+   none of them;
+3. times each anchor's head and tail directly, each as its own session on the real tensors after a
+   warm-up, exactly as a deployment runs them (so the per-``run()`` cost, thread-pool wake-ups and the
+   write-out of the crossing tensors are in the figure), plus the whole model and an empty ``run()``;
+4. between two neighbouring anchors shares the head's growth (and the tail's shrink) out to the nodes by
+   kernel time. A cut's head is one run() call plus its nodes' shares; its tail one run() call plus the
+   rest, plus, for a cut that separates a fused pair (a candidate all the same), the consumer run unfused
+   (timed once per shape as a small session: ``CutProfile.split_ms``).
 
-Heads ending on a chain boundary are prefix sums of segment runs; others are interpolated inside one
-segment. ``measure_direct`` times a cut's head and tail as their own sessions, which
-``bench/bench_profiler.py`` uses to report the error of the scheme.
+The profile reproduces the anchors' measurements exactly and interpolates by kernel time between them.
+An earlier "chain" method (time the segments between anchors and add them up) was 2x cheaper but each
+segment pays its own run() call and boundary layout conversions: at 2 intra-op threads the chain summed
+to 22-100 % more than the whole model and cut errors reached p90 32-54 %. ``measure_direct`` times a
+cut's head and tail as their own sessions, which ``bench/bench_profiler.py`` uses to report the error.
 """
 
 from __future__ import annotations
@@ -213,6 +214,24 @@ def _time_runs(sess: Any, feeds: Mapping[str, np.ndarray], runs: int) -> list[fl
     return out
 
 
+# A fresh session's first runs are slow and erratic (arena growth, page faults, thread-pool start): on this
+# 2-vCPU host the first 5-8 runs of a 3 ms model take 2-3x the steady time. Warm up for a minimum wall time
+# as well as a minimum count, so that small and large segments are both timed in steady state.
+WARMUP_MIN_S = 0.25
+WARMUP_MAX_RUNS = 200
+
+
+def _warm(sess: Any, feeds: Mapping[str, np.ndarray], warmup: int) -> None:
+    """Run ``sess`` at least ``warmup`` times and for at least ``WARMUP_MIN_S`` (when ``warmup`` > 0)."""
+    if warmup <= 0:
+        return
+    t0 = time.perf_counter()
+    n = 0
+    while n < warmup or (time.perf_counter() - t0 < WARMUP_MIN_S and n < WARMUP_MAX_RUNS):
+        sess.run(None, dict(feeds))
+        n += 1
+
+
 def _p90(xs: Sequence[float]) -> float:
     return float(np.percentile(np.asarray(xs), 90))
 
@@ -401,7 +420,7 @@ def run_overhead_ms(*, threads: int, providers: Sequence[str], runs: int, warmup
     graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "splitrt_overhead", [vi], [vo])
     sess = _session(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)]), threads, providers)
     feeds = {"x": np.zeros(1, np.float32)}
-    _time_runs(sess, feeds, max(warmup, 5))
+    _warm(sess, feeds, max(warmup, 5))
     return float(np.median(_time_runs(sess, feeds, max(runs, 50))))
 
 
@@ -458,7 +477,7 @@ def measure(
     progress: Progress = stderr_progress,
     name: str | None = None,
 ) -> Profile:
-    """Profile every candidate cut of ``model_path`` on this machine (chain method, see module doc)."""
+    """Profile every candidate cut of ``model_path`` on this machine (anchored method, see module doc)."""
     from splitrt import zoo
 
     if runs < 1 or warmup < 0:
@@ -478,149 +497,122 @@ def measure(
     kernel = node_kernel_ms(g, inputs, threads=threads, providers=provs, runs=min(max(runs, 1), 5))
     peak = max(peak, _rss_mb())
     fused = fused_tensors(g, threads=threads, providers=provs)
-    boundaries = choose_boundaries(g, kernel, segments, avoid=fused)
-    segs = partition.split(g, boundaries)
-    progress(f"per-node kernel times done; {len(fused)} fused-away tensors; {len(segs)} segments")
+    anchors = choose_boundaries(g, kernel, segments, avoid=fused)
+    progress(f"per-node kernel times done; {len(fused)} fused-away tensors; {len(anchors)} anchor cuts")
 
-    ids = ["cloud", *boundaries, "device"]
-
-    def ids_of(s: int) -> str:
-        return f"{ids[s]}..{ids[s + 1]}"
-
-    # The whole model as one session, timed before and after the chain (the lower median is kept: a
-    # burst of load from other jobs during one of them would otherwise scale every node).
+    # The whole model as one session, timed before and after the anchors (the lower median is kept: a
+    # burst of load from other jobs during one of them would otherwise scale every cut).
     full = _session(g.model, threads, provs)
-    _time_runs(full, inputs, warmup)
+    _warm(full, inputs, warmup)
     full_first = _time_runs(full, inputs, max(runs, 10))
-    sessions = []
+    # Each anchor's head and tail, timed directly as they run in deployment: one session each, timed back
+    # to back (two live sessions' intra-op thread pools spin against each other) and then dropped.
+    head_t: list[list[float]] = []
+    tail_t: list[list[float]] = []
     seg_rss: list[float] = []
-    tensors: dict[str, np.ndarray] = dict(inputs)
-    for seg in segs:
+    for n_a, a in enumerate(anchors):
+        head_seg, tail_seg = partition.head_tail(g, a)
         before = _rss_mb()
-        sess = _session(seg.model, threads, provs)
-        outs = sess.run(list(seg.outputs), {k: tensors[k] for k in seg.inputs})
-        tensors.update(zip(seg.outputs, outs, strict=True))
-        sessions.append((sess, {k: tensors[k] for k in seg.inputs}))
-        after = _rss_mb()
-        peak = max(peak, after)
-        seg_rss.append(max(after - before, 0.0))
-    # Each segment is timed back to back (warm-up, then the runs), as a head or a tail runs alone in its
-    # process: interleaving sessions makes their intra-op thread pools spin against each other.
-    times: list[list[float]] = []
-    for s, (sess, seg_feeds) in enumerate(sessions):
-        _time_runs(sess, seg_feeds, warmup)
-        times.append(_time_runs(sess, seg_feeds, runs))
-        progress(f"segment {s + 1}/{len(sessions)} ({ids_of(s)}): {np.median(times[-1]):.2f} ms")
-    peak = max(peak, _rss_mb())
-    del sessions
-    # The fixed cost of one run() call (feeding inputs, returning outputs), measured on its own: paid once
-    # by a head or a tail, once per segment by the chain.
+        h_sess = _session(head_seg.model, threads, provs)
+        h_feeds = {n: inputs[n] for n in head_seg.inputs}
+        h_out = dict(zip(head_seg.outputs, h_sess.run(list(head_seg.outputs), h_feeds), strict=True))
+        _warm(h_sess, h_feeds, warmup)
+        head_t.append(_time_runs(h_sess, h_feeds, runs))
+        seg_rss.append(max(_rss_mb() - before, 0.0))
+        del h_sess
+        t_sess = _session(tail_seg.model, threads, provs)
+        avail = {**inputs, **h_out}
+        t_feeds = {n: avail[n] for n in tail_seg.inputs}
+        _warm(t_sess, t_feeds, warmup)
+        tail_t.append(_time_runs(t_sess, t_feeds, runs))
+        peak = max(peak, _rss_mb())
+        del t_sess
+        progress(
+            f"anchor {n_a + 1}/{len(anchors)} ({a}): head {np.median(head_t[-1]):.2f} ms, "
+            f"tail {np.median(tail_t[-1]):.2f} ms"
+        )
+    # The fixed cost of one run() call (feeding inputs, returning outputs): what the smallest head pays.
     overhead = run_overhead_ms(threads=threads, providers=provs, runs=runs, warmup=warmup)
-    # The whole model as one session: the chain's compute is rescaled to it (the device cut's head).
-    _time_runs(full, inputs, warmup)
+    _warm(full, inputs, warmup)
     full_times = _time_runs(full, inputs, max(runs, 10))
     if np.median(full_first) < np.median(full_times):
         full_times = full_first
     del full
     full_ms = float(np.median(full_times))
-    full90 = _p90(full_times)
-    chain_ms = float(sum(np.median(t) for t in times))
-    chain_gap = (chain_ms - (len(segs) - 1) * overhead) / full_ms - 1.0 if full_ms > 0 else 0.0
-    # What a split costs besides run(): the head writes the crossing tensors out in the plain layout and
-    # the tail reads them back in (NCHWc reorders, lost buffer reuse): ~ their bytes. The chain pays it at
-    # each boundary and the whole model never does, so the chain's excess over the whole model gives the
-    # cost per byte (split evenly between the head's end and the tail's start).
-    outs = {o.name for o in g.outputs}
+    full90 = max(_p90(full_times), full_ms)
 
-    def split_bytes(c: graph_mod.Cut) -> int:
-        return sum(max(t.bytes, 0) for t in c.tensors if t.name in g.producer and t.name not in outs)
-
-    bnd_bytes = [0] + [split_bytes(g.cut(b)) for b in boundaries] + [0]
-    excess = chain_ms - (len(segs) - 1) * overhead - full_ms
-    per_byte = max(excess, 0.0) / sum(bnd_bytes) if sum(bnd_bytes) > 0 else 0.0
-    progress(
-        f"whole model {full_ms:.2f} ms, chain {chain_ms:.2f} ms ({chain_gap:+.1%} net of "
-        f"{overhead:.3f} ms per run() call)"
-    )
-
-    # Effective per-node times: segment wall time shared out by kernel time.
-    bounds = [0] + [g.cut(b).head_mask.bit_count() for b in boundaries] + [len(g.nodes)]
-    eff = np.zeros(len(g.nodes))
-    eff90 = np.zeros(len(g.nodes))
+    # Anchor values along the topological order: a head grows from one run() call (cloud) to the whole
+    # model (device); a tail shrinks from the whole model to one run() call.
+    ids = ["cloud", *anchors, "device"]
+    h_med = np.array([overhead, *(float(np.median(t)) for t in head_t), full_ms])
+    h_p90 = np.array([overhead, *(_p90(t) for t in head_t), full90])
+    t_med = np.array([full_ms, *(float(np.median(t)) for t in tail_t), overhead])
+    t_p90 = np.array([full90, *(_p90(t) for t in tail_t), overhead])
+    h_p90, t_p90 = np.maximum(h_p90, h_med), np.maximum(t_p90, t_med)
+    # Between two anchors, a span's wall time (the head's growth, the tail's shrink) is shared out to its
+    # nodes by kernel time; a cut's head is then one run() call plus its head nodes, its tail one run()
+    # call plus the rest: exact at the anchors, interpolated by kernel time between them.
+    bounds = [0] + [g.cut(a).head_mask.bit_count() for a in anchors] + [len(g.nodes)]
+    eff_h, eff_h90 = np.zeros(len(g.nodes)), np.zeros(len(g.nodes))
+    eff_t, eff_t90 = np.zeros(len(g.nodes)), np.zeros(len(g.nodes))
     seg_profiles = []
-    for s in range(len(segs)):
+    for s in range(len(ids) - 1):
         lo, hi = bounds[s], bounds[s + 1]
         k = np.asarray(kernel[lo:hi], dtype=np.float64)
         share = k / k.sum() if k.sum() > 0 else np.full(hi - lo, 1.0 / max(hi - lo, 1))
-        edge = per_byte * (bnd_bytes[s] + bnd_bytes[s + 1]) / 2
-        med = max(float(np.median(times[s])) - overhead - edge, 0.0)
-        p90 = max(_p90(times[s]) - overhead - edge, med)
-        eff[lo:hi] = med * share
-        eff90[lo:hi] = p90 * share
+        # a span may "cost" less than nothing (a head ending on a smaller tensor can be faster): kept, so
+        # that every anchor's own measurement is reproduced exactly; per-node times are clipped at 0
+        dh, dh90 = h_med[s + 1] - h_med[s], h_p90[s + 1] - h_p90[s]
+        dt, dt90 = t_med[s] - t_med[s + 1], t_p90[s] - t_p90[s + 1]
+        eff_h[lo:hi], eff_h90[lo:hi] = dh * share, dh90 * share
+        eff_t[lo:hi], eff_t90[lo:hi] = dt * share, dt90 * share
         seg_profiles.append(
-            SegmentProfile(start=ids[s], end=ids[s + 1], median_ms=med, p90_ms=p90, rss_mb=round(seg_rss[s], 2))
+            SegmentProfile(
+                start=ids[s],
+                end=ids[s + 1],
+                median_ms=round(max(dh, 0.0), 5),
+                p90_ms=round(max(dh90, dh, 0.0), 5),
+                rss_mb=round(seg_rss[s], 2) if s < len(seg_rss) else 0.0,
+            )
         )
-    # Rescale so that the effective times add up to the whole model as one session (run() cost aside):
-    # what the chain pays at its boundaries (layout reorders, lost fusions) is not part of any node.
-    scale = (full_ms - overhead) / eff.sum() if eff.sum() > 0 and full_ms > overhead else 1.0
-    scale90 = (full90 - overhead) / eff90.sum() if eff90.sum() > 0 and full90 > overhead else scale
-    eff *= scale
-    eff90 = np.maximum(eff90 * scale90, eff)
-    total, total90 = float(eff.sum()), float(eff90.sum())
     # Cuts that separate a fused pair: the tail runs the consumer(s) unfused; time them once per shape.
-    split_ms: dict[str, tuple[float, float]] = {}
-    split_cache: dict[tuple[Any, ...], tuple[float, float]] = {}
-    for c in cuts[1:-1]:
-        idx = _unfused_tail_nodes(g, c, fused)
-        if not idx:
-            continue
-        key = tuple(
-            (g.nodes[i].op_type, tuple(tuple(g.tensor(t).shape or ()) for t in g.nodes[i].input if t)) for i in idx
-        )
-        if key not in split_cache:
-            try:
-                m, f = _nodes_model(g, idx)
-                sess = _session(m, threads, provs)
-                _time_runs(sess, f, warmup)
-                ts = _time_runs(sess, f, runs)
-                split_cache[key] = (max(float(np.median(ts)) - overhead, 0.0), max(_p90(ts) - overhead, 0.0))
-            except (ModelError, SplitrtError, ValueError) as exc:
-                progress(f"cannot time the unfused nodes of {c.id} ({exc}); no split cost")
-                split_cache[key] = (0.0, 0.0)
-        split_ms[c.id] = split_cache[key]
-    progress(f"{len(split_ms)} cuts separate a fused pair; {len(split_cache)} unfused kernels timed")
+    split_ms = _split_costs(g, cuts, fused, threads=threads, providers=provs, runs=runs, warmup=warmup,
+                            overhead=overhead, progress=progress)
     cut_profiles = []
     for c in cuts:
-        mask = graph_mod._mask_to_bool(c.head_mask, len(g.nodes)) if c.head_mask else None
-        head = float(eff[mask].sum()) if mask is not None else 0.0
-        head90 = float(eff90[mask].sum()) if mask is not None else 0.0
+        mask = graph_mod._mask_to_bool(c.head_mask, len(g.nodes))
+        if c.id == "cloud":
+            head = head90 = 0.0
+        else:
+            head = max(overhead + float(eff_h[mask].sum()), overhead)
+            head90 = max(overhead + float(eff_h90[mask].sum()), overhead)
         if c.id == "device":
-            head, head90 = total, total90
-        # a non-empty side is one run() call: its compute plus the fixed per-call cost
-        edge = per_byte * split_bytes(c) / 2 if c.id not in ("cloud", "device") else 0.0
-        head_o = overhead + edge if c.id != "cloud" else 0.0
-        extra, extra90 = split_ms.get(c.id, (0.0, 0.0))
-        extra, extra90 = extra + edge, extra90 + edge
-        tail_o = overhead + extra if c.id != "device" else 0.0
+            tail = tail90 = 0.0
+        else:
+            extra, extra90 = split_ms.get(c.id, (0.0, 0.0))
+            tail = max(overhead + float(eff_t[~mask].sum()), overhead) + extra
+            tail90 = max(overhead + float(eff_t90[~mask].sum()), overhead) + extra90
         cut_profiles.append(
             CutProfile(
                 cut=c.id,
-                head_ms=round(head + head_o, 5),
-                tail_ms=round(max(total - head, 0.0) + tail_o, 5),
-                head_p90_ms=round(head90 + head_o, 5),
-                tail_p90_ms=round(max(total90 - head90, 0.0) + tail_o - extra + extra90, 5),
+                head_ms=round(head, 5),
+                tail_ms=round(tail, 5),
+                head_p90_ms=round(max(head90, head), 5),
+                tail_p90_ms=round(max(tail90, tail), 5),
                 bytes=c.bytes if c.id != "device" else 0,
                 float_bytes=_float_bytes(c) if c.id != "device" else 0,
                 head_mask=format(c.head_mask, "x"),
-                split_ms=round(extra + edge, 5),
+                split_ms=round(split_ms.get(c.id, (0.0, 0.0))[0], 5),
             )
         )
     nodes = tuple(
-        NodeProfile(index=i, name=n.name, op=n.op_type, kernel_ms=round(kernel[i], 5), ms=round(float(eff[i]), 5))
+        NodeProfile(
+            index=i, name=n.name, op=n.op_type, kernel_ms=round(kernel[i], 5), ms=round(max(float(eff_h[i]), 0.0), 5)
+        )
         for i, n in enumerate(g.nodes)
     )
     elapsed = time.perf_counter() - t_start
-    progress(f"done in {elapsed:.1f} s: full model {total:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
+    progress(f"done in {elapsed:.1f} s: full model {full_ms:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
     return Profile(
         schema=SCHEMA,
         model={
@@ -637,20 +629,20 @@ def measure(
             "intra_op_threads": threads,
             "runs": runs,
             "warmup": warmup,
-            "method": "chain",
-            "segments": len(segs),
+            "method": "anchored",
+            "segments": len(ids) - 1,
+            "anchors": list(anchors),
+            # each anchor's directly measured (head, tail) medians: the profile reproduces them
+            "anchor_ms": {a: [round(float(h_med[k + 1]), 5), round(float(t_med[k + 1]), 5)]
+                          for k, a in enumerate(anchors)},
             "run_overhead_ms": round(overhead, 5),
             "whole_model_ms": round(full_ms, 5),
-            "chain_ms": round(chain_ms, 5),
-            "chain_gap": round(chain_gap, 5),
-            "chain_scale": round(float(scale), 5),
-            "split_ns_per_byte": round(per_byte * 1e6, 6),
             "fused_tensors": len(fused),
             "split_cost_cuts": len(split_ms),
             "profiling_s": round(elapsed, 2),
         },
-        total_ms=round(total + overhead, 5),
-        total_p90_ms=round(total90 + overhead, 5),
+        total_ms=round(full_ms, 5),
+        total_p90_ms=round(full90, 5),
         peak_rss_mb=round(peak - rss0, 2),
         reply_bytes=sum(max(o.bytes, 0) for o in g.outputs),
         cuts=tuple(cut_profiles),
@@ -658,6 +650,43 @@ def measure(
         segments=tuple(seg_profiles),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def _split_costs(
+    g: graph_mod.ModelGraph,
+    cuts: Sequence[graph_mod.Cut],
+    fused: frozenset[str],
+    *,
+    threads: int,
+    providers: Sequence[str],
+    runs: int,
+    warmup: int,
+    overhead: float,
+    progress: Progress,
+) -> dict[str, tuple[float, float]]:
+    """(median, p90) ms of the consumer kernels a cut separates from their fused producer, per cut."""
+    split_ms: dict[str, tuple[float, float]] = {}
+    cache: dict[tuple[Any, ...], tuple[float, float]] = {}
+    for c in cuts[1:-1]:
+        idx = _unfused_tail_nodes(g, c, fused)
+        if not idx:
+            continue
+        key = tuple(
+            (g.nodes[i].op_type, tuple(tuple(g.tensor(t).shape or ()) for t in g.nodes[i].input if t)) for i in idx
+        )
+        if key not in cache:
+            try:
+                m, f = _nodes_model(g, idx)
+                sess = _session(m, threads, providers)
+                _warm(sess, f, warmup)
+                ts = _time_runs(sess, f, runs)
+                cache[key] = (max(float(np.median(ts)) - overhead, 0.0), max(_p90(ts) - overhead, 0.0))
+            except (ModelError, SplitrtError, ValueError) as exc:
+                progress(f"cannot time the unfused nodes of {c.id} ({exc}); no split cost")
+                cache[key] = (0.0, 0.0)
+        split_ms[c.id] = cache[key]
+    progress(f"{len(split_ms)} cuts separate a fused pair; {len(cache)} unfused kernels timed")
+    return split_ms
 
 
 def measure_direct(
@@ -682,7 +711,7 @@ def measure_direct(
     avail = {**feeds, **h_out}
     t_feeds = {k: avail[k] for k in tail.inputs}
     for sess, f in ((h_sess, h_feeds), (t_sess, t_feeds)):
-        _time_runs(sess, f, warmup)
+        _warm(sess, f, warmup)
         out.append(float(np.median(_time_runs(sess, f, runs))))
     if cut_id == "cloud":
         out[0] = 0.0

@@ -269,6 +269,11 @@ class LinkEstimator:
         newest = min(self._rates[-1].t_s, self._rtts[-1][0])
         return now_s - newest >= cfg.probe_after_s
 
+    def needs_bandwidth_probe(self, now_s: float) -> bool:
+        """True when bandwidth has no sample newer than ``probe_after_s`` (transfers keep it fresh;
+        an RTT-only probe is enough otherwise)."""
+        return not self._rates or now_s - self._rates[-1].t_s >= self.config.probe_after_s
+
     def suggest_probe_bytes(self, target_s: float = 0.05, lo: int = 16 * 1024, hi: int = 1 << 20) -> int:
         """Payload for a probe that takes about ``target_s`` at the current estimate (clipped to
         [lo, hi]) — big enough not to be RTT-dominated, small enough to be cheap."""

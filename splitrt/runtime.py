@@ -30,6 +30,8 @@ from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadEstimator
 from splitrt.solver import parse_plan
 
+IDLE_WAIT_ROUNDS = 8  # prober rounds a due probe waits for an idle link (2 s at the default interval)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
@@ -127,6 +129,8 @@ class AdaptiveDevice:
         self._periodic_plan: str | None = None
         self._stop = threading.Event()
         self._warm_due = False
+        self._inflight = 0  # requests on the wire now: probes wait for an idle link
+        self._probe_waits = 0
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0}
         self.last_local_error = ""
         self._prober: threading.Thread | None = None
@@ -258,6 +262,8 @@ class AdaptiveDevice:
         for cloud in live:
             left_ms = deadline_ms - (time.perf_counter() - t0) * 1e3 - local_tail_ms
             timeout_ms = max(self.config.min_rpc_timeout_ms, left_ms)
+            with self._lock:
+                self._inflight += 1
             try:
                 res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
             except CloudError as exc:
@@ -270,6 +276,9 @@ class AdaptiveDevice:
                     self.stats["local_errors"] += 1
                     self.last_local_error = f"{type(exc).__name__}: {exc}"
                 break
+            finally:
+                with self._lock:
+                    self._inflight -= 1
             with self._lock:
                 cloud.failures = 0  # "twice in a row" means in a row
             self._observe(res, cut)
@@ -314,6 +323,15 @@ class AdaptiveDevice:
             stale = self.link.needs_probe(now)
             if c.up and not stale:
                 continue
+            # Probe an idle link only: an RTT probe queued behind a request's upload measures the queue
+            # (RTT estimates crept from 88 to 137 ms on an 80 ms link), and a bandwidth probe would
+            # slow the request down. The next round (prober_interval_s later) tries again.
+            # A link that is never idle (requests back to back) is probed all the same after
+            # IDLE_WAIT_ROUNDS rounds: a queued RTT sample beats none.
+            if c.up and self._inflight and self._probe_waits < IDLE_WAIT_ROUNDS:
+                self._probe_waits += 1
+                continue
+            self._probe_waits = 0
             with self._lock:
                 self.link.probe_started(now)
             # An RTT probe (tiny: the transfer time must not count as RTT) ...
@@ -334,12 +352,17 @@ class AdaptiveDevice:
                 # would then never recover).
                 up_bytes = self.link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=16 * 1024,
                                                          hi=1024 * 1024)
-            if was_down:
+            if was_down or not self.link.needs_bandwidth_probe(now):
                 continue
             timeout_s = max(self.config.probe_timeout_s, 4 * (up_bytes * 8 / 1e6 / max(
                 self.link.bandwidth_mbps(), 0.01) + rtt_s))
             try:
+                # Two back to back: after an idle period TCP restarts from its initial window
+                # (slow start after idle), so the first probe's rate is that of a cold connection; the
+                # second runs on the window the first opened, as requests in a steady stream do.
                 pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
+                if self._inflight == 0:
+                    pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
             except CloudError as exc:
                 if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
                     with self._lock:

@@ -154,10 +154,12 @@ def test_needs_probe_when_empty_or_stale_and_not_twice_in_a_row() -> None:
     assert not est.needs_probe(1.5)
     assert not est.needs_probe(2.5)
     assert est.needs_probe(2.6)
+    assert est.needs_bandwidth_probe(2.6)
     est.add_transfer(3.0, BYTES, transfer_s(10.0))  # fresh bandwidth, but RTT is still old
-    assert est.needs_probe(3.0)
+    assert est.needs_probe(3.0) and not est.needs_bandwidth_probe(3.0)  # an RTT probe is enough
     est.add_rtt(3.0, RTT_MS)
     assert not est.needs_probe(3.0)
+    assert LinkEstimator(cfg).needs_bandwidth_probe(0.0)
 
 
 def test_suggested_probe_size_follows_the_estimate() -> None:

@@ -55,10 +55,11 @@ from splitrt import netns, traces
 from splitrt.errors import ConfigError, RigError
 from splitrt.netmon import LoadEstimator
 
-# One-way delay = rtt/2 on each direction of the relay. HSDPA: 3G HSPA round trips of 60-100 ms are
-# typical (Huang et al., "A Close Examination of Performance and Power Characteristics of 4G LTE
-# Networks", MobiSys 2012, measured 3G RTTs around 80-100 ms and LTE around 70 ms); we take 80 ms.
-# FCC: fixed broadband (the FCC Measuring Broadband America reports put cable/DSL latency at 20-40 ms).
+# One-way delay = rtt/2 on each direction of the relay. The traces carry no latency, so these are
+# representative values, not measurements: 3G/HSPA round trips of several tens of ms up to ~100 ms
+# (measurement studies of 3G vs LTE, e.g. Huang et al., MobiSys 2012, report 3G RTTs above LTE's);
+# we take 80 ms. FCC: fixed broadband, tens of ms (FCC Measuring Broadband America); we take 30 ms.
+# Override with ``--rtt-ms``.
 FAMILY_RTT_MS = {"hsdpa": 80.0, "fcc": 30.0}
 DEFAULT_RTT_MS = 50.0
 STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")

@@ -72,8 +72,12 @@ class LinkConfig:
     min_transfer_fraction: float = 0.2
     half_life_s: float = 10.0
     full_confidence_samples: int = 3
-    probe_after_s: float = 2.0
-    min_probe_interval_s: float = 1.0
+    # Bandwidth samples older than this are dropped (the newest two always stay): when only probes
+    # feed the estimate (the plan keeps everything on the device) the window of 8 would otherwise hold
+    # a dip for many seconds after the link recovered. None keeps them until the window pushes them out.
+    max_sample_age_s: float | None = 5.0
+    probe_after_s: float = 1.0
+    min_probe_interval_s: float = 0.5
     prior_bandwidth_mbps: float = 10.0
     prior_rtt_ms: float = 20.0
 
@@ -88,6 +92,8 @@ class LinkConfig:
             ("half_life_s", self.half_life_s > 0, self.half_life_s),
             ("full_confidence_samples", self.full_confidence_samples >= 1, self.full_confidence_samples),
             ("probe_after_s", self.probe_after_s > 0, self.probe_after_s),
+            ("max_sample_age_s", self.max_sample_age_s is None or self.max_sample_age_s > 0,
+             self.max_sample_age_s),
             ("min_probe_interval_s", self.min_probe_interval_s >= 0, self.min_probe_interval_s),
             ("prior_bandwidth_mbps", self.prior_bandwidth_mbps > 0, self.prior_bandwidth_mbps),
             ("prior_rtt_ms", self.prior_rtt_ms >= 0, self.prior_rtt_ms),
@@ -198,6 +204,9 @@ class LinkEstimator:
             self._rates.extend(keep)
             self._pending, self._pending_side = 0, 0
             self.steps += 1
+        if cfg.max_sample_age_s is not None:
+            while len(self._rates) > 2 and now_s - self._rates[0].t_s > cfg.max_sample_age_s:
+                self._rates.popleft()
         # the window may have pushed settled samples out: pending can never exceed the window
         self._pending = min(self._pending, len(self._rates))
 

@@ -248,3 +248,21 @@ def test_first_cloud_sample_spike_does_not_condemn_the_cloud() -> None:
     load.add_cloud(0.0, queue_wait_s=0.3, profiled_tail_s=0.02, tail_s=0.02)  # cold session build
     load.add_cloud(0.1, queue_wait_s=0.0, profiled_tail_s=0.02, tail_s=0.02)
     assert load.estimate(0.1).cloud_factor == pytest.approx(1.0)
+
+
+def test_old_bandwidth_samples_age_out() -> None:
+    """Probe-fed estimates (plan on the device): a dip must not outlive max_sample_age_s."""
+    aged, kept = LinkEstimator(LinkConfig(max_sample_age_s=5.0)), LinkEstimator(LinkConfig(max_sample_age_s=None))
+    for est in (aged, kept):
+        for t in range(4):
+            est.add_rate(float(t), 2.0)  # a dip, one probe a second
+        for t in range(4, 10):
+            est.add_rate(float(t), 3.5)  # recovered, but below the 2x step ratio: no step reset
+    assert kept.bandwidth_mbps() < 3.2  # the dip still weighs on the harmonic mean
+    assert aged.bandwidth_mbps() == pytest.approx(3.5)
+    assert aged.samples >= 2
+    # the newest two always stay, however old
+    lone = LinkEstimator(LinkConfig(max_sample_age_s=1.0))
+    lone.add_rate(0.0, 3.0)
+    lone.add_rate(100.0, 5.0)
+    assert lone.samples == 2

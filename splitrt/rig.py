@@ -1291,7 +1291,8 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 assert rq is not None
                 rq.tasks_file = msg.get("tasks_file")
                 stats = _run_requests(dev, table, inputs, float(msg["t0"]), float(msg["duration_s"]),
-                                      float(msg["rate_hz"]), Path(msg["log_path"]), rq)
+                                      float(msg["rate_hz"]), Path(msg["log_path"]), rq,
+                                      seed=int(spec.get("seed", 0)))
                 _emit({"event": "done", "stats": stats})
             else:
                 _emit({"event": "error", "message": f"unknown command {cmd!r}"})
@@ -1322,24 +1323,31 @@ def _thread_roles(dev: Any, rq: RunQueueProbe | None = None) -> dict[str, list[i
 
 
 def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
-                  log_path: Path, probe: RunQueueProbe) -> dict[str, Any]:
-    """Paced closed loop: request k starts at t0 + k / rate, or when request k-1 ends if later."""
+                  log_path: Path, probe: RunQueueProbe, *, seed: int = 0) -> dict[str, Any]:
+    """Paced closed loop: request k starts at t0 + (k + u_k) / rate (u_k uniform in [0, 1), the same
+    for every strategy), or when request k-1 ends if later."""
     while time.monotonic() < t0:
         time.sleep(0.002)
     probe.active.set()
     try:
-        _loop_requests(dev, table, inputs, t0, duration_s, rate_hz, log_path)
+        _loop_requests(dev, table, inputs, t0, duration_s, rate_hz, log_path, seed=seed)
     finally:
         probe.active.clear()
     return dict(dev.stats)
 
 
 def _loop_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
-                   log_path: Path) -> None:
+                   log_path: Path, *, seed: int = 0) -> None:
+    # The jitter spreads request starts over the CFS period of the board's throttle (100 ms): strictly
+    # periodic starts at 4 Hz meet it at only two phases, fixed per run by t0, and a throttled head's
+    # latency comes in steps of one period, so two runs of the same plan differed by 2-4 % in mean.
+    import random
+
+    jitter = random.Random(seed)
     k = 0
     with open(log_path, "w") as log:
         while True:
-            start = max(t0 + k / rate_hz, time.monotonic())
+            start = max(t0 + (k + jitter.random()) / rate_hz, time.monotonic())
             if start >= t0 + duration_s:
                 break
             time.sleep(max(0.0, start - time.monotonic()))

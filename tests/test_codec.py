@@ -185,3 +185,37 @@ def test_decoded_size_cap_is_checked_before_inflating() -> None:
     with pytest.raises(CodecError, match="at most 2048"):
         codec.decode(e, max_bytes=2048)
     np.testing.assert_array_equal(codec.decode(e, max_bytes=4096), np.ones((4, 256), np.float32))
+
+
+@pytest.mark.parametrize("spec", ["int8", "int8c"])
+def test_int8_decode_needs_no_more_than_its_output(spec: str) -> None:
+    """Decoding allocates the output (4 B per float32 element), not float64 temporaries (16 B more)."""
+    import tracemalloc
+
+    x = np.random.default_rng(3).standard_normal((1, 16, 256, 256)).astype(np.float32)
+    enc = codec.encode("x", x, spec)
+    tracemalloc.start()
+    try:
+        out = codec.decode(enc)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out.dtype == np.float32 and out.shape == x.shape
+    assert peak < 1.5 * x.nbytes, f"decode peaked at {peak} bytes for a {x.nbytes}-byte output"
+    assert float(np.max(np.abs(out - x))) <= codec.error_bound(x, spec)
+
+
+@pytest.mark.parametrize("spec", ["int8", "int8c"])
+def test_int8_encode_works_in_the_tensors_precision(spec: str) -> None:
+    """Encoding on a device: one float32 working copy plus the bytes, not float64 temporaries."""
+    import tracemalloc
+
+    x = np.random.default_rng(4).standard_normal((1, 16, 256, 256)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        enc = codec.encode("x", x, spec)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * x.nbytes, f"encode peaked at {peak} bytes for a {x.nbytes}-byte tensor"
+    assert float(np.max(np.abs(codec.decode(enc) - x))) <= codec.error_bound(x, spec)

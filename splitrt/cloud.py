@@ -660,6 +660,7 @@ class CloudServer:
         return feeds
 
     def status(self) -> pb.StatusReply:
+        self.store.scan()  # models copied into the directory since the last look (stat only: cheap)
         models = [pb.ModelInfo(sha256=m.sha256, name=m.path.name, bytes=m.bytes) for m in self.store.models()]
         segments = [pb.SegmentInfo(model_sha256=s, cut_id=c, hits=h) for s, c, h in self.tails.snapshot()]
         cfg = self.config

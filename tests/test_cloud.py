@@ -290,6 +290,17 @@ def test_upload_once_then_serve(tmp_path: Path) -> None:
         assert [p.name for p in tmp_path.iterdir()] == [f"{dev.sha256}.onnx"]
 
 
+def test_status_lists_models_copied_in_after_start(tmp_path: Path) -> None:
+    with CloudServer(ServerConfig(models_dir=tmp_path)) as s:
+        stub = _stub(s.address)
+        assert len(stub.Status(pb.StatusRequest(), timeout=5).models) == 0
+        data, sha = _model_bytes("tiny_chain")
+        (tmp_path / "late.onnx").write_bytes(data)  # an operator drops a model in
+        assert [(m.sha256, m.name) for m in stub.Status(pb.StatusRequest(), timeout=5).models] == [(sha, "late.onnx")]
+        (tmp_path / "late.onnx").unlink()
+        assert len(stub.Status(pb.StatusRequest(), timeout=5).models) == 0
+
+
 def test_upload_with_wrong_hash_or_garbage_stores_nothing(tmp_path: Path) -> None:
     data, sha = _model_bytes("tiny_chain")
     with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s:

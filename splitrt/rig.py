@@ -1362,9 +1362,10 @@ def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: floa
 
 def _loop_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
                    log_path: Path, *, seed: int = 0) -> None:
-    # The jitter spreads request starts over the CFS period of the board's throttle (100 ms): strictly
+    # The jitter spreads request starts over the CFS period of the board's throttle (20 ms): strictly
     # periodic starts at 4 Hz meet it at only two phases, fixed per run by t0, and a throttled head's
-    # latency comes in steps of one period, so two runs of the same plan differed by 2-4 % in mean.
+    # latency comes in steps of one period (463, 480, 501 ms...), so two runs of the same plan differed
+    # by 2-4 % in mean.
     import random
 
     jitter = random.Random(seed)

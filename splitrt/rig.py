@@ -830,6 +830,21 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
         table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
         say(f"cloud: {cfg.model} whole model {cloud_ms:.0f} ms on the server now (profile "
             f"{profiled_cloud_ms:.0f} ms): tail times x{cloud_factor:.2f}")
+        # Device calibration, per model: the board's speed factor was calibrated on resnet50 and leaves
+        # other models (and resnet50 itself, by the calibration's tolerance) 4-6 % off; time this model
+        # whole on the throttled device and rescale the head times, as an operator profiling the board
+        # would. Every strategy plans with the same table.
+        profiled_device_ms = float(table.head_ms[table.index("device")])
+        rig.throttle_in(worker.proc.pid)
+        try:
+            device_ms = float(worker.call({"cmd": "device-calibrate", "runs": 3}, 300)["head_ms"])
+        finally:
+            rig.throttle_out(worker.proc.pid)
+        if profiled_device_ms > 0 and device_ms > 0:
+            speed = speed * device_ms / profiled_device_ms
+        table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
+        say(f"device: {cfg.model} whole model {device_ms:.0f} ms on the emulated {rig.board.name} (table "
+            f"{profiled_device_ms:.0f} ms): head times x{device_ms / max(profiled_device_ms, 1e-9):.2f}")
         policies = strategy_policies(cfg, table, rtt)
         cloud_plan = policies["cloud-only"].split(":", 1)[1]
         for name in cfg.strategies:
@@ -839,7 +854,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             say(f"[{name}] policy {policy}: preparing")
             rig.shaper.set_rate(max(played.rate_at(0.0), shaper.MIN_RATE_MBPS))
             prepared = worker.call({"cmd": "prepare", "policy": policy, "with_cloud": name != "device-only",
-                                    "cloud_factor": cloud_factor}, 300)
+                                    "cloud_factor": cloud_factor, "speed_factor": speed}, 300)
             log_path = rig.workdir / f"requests-{name}.jsonl"
             state = {"n": 0}
 
@@ -880,6 +895,8 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
     result = assemble(cfg, rig, table, played, rtt, runs, cal)
     result["cloud_calibration"] = {"model": cfg.model, "measured_ms": cloud_ms, "profile_ms": profiled_cloud_ms,
                                    "factor": cloud_factor}
+    result["device_calibration"] = {"model": cfg.model, "measured_ms": device_ms, "table_ms": profiled_device_ms,
+                                    "speed_factor": speed}
     result["policies"] = policies
     return result
 
@@ -1258,8 +1275,15 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                          for _ in range(int(msg.get("runs", 5)))]
                 probe_dev.close()
                 _emit({"event": "cloud", "tail_ms": statistics.median(tails[1:] or tails)})
+            elif cmd == "device-calibrate":
+                # the whole model on this (throttled) device, as the local plan runs it
+                feeds = local.check_inputs(inputs)
+                local.run_head(feeds, "device")  # unmeasured: the quota settles
+                heads = [local.run_head(feeds, "device").head_ms for _ in range(int(msg.get("runs", 3)))]
+                _emit({"event": "device", "head_ms": statistics.median(heads)})
             elif cmd == "prepare":
-                table = cost_table_for(Path(spec["profile_path"]), mg.sha256, float(spec["speed_factor"]),
+                table = cost_table_for(Path(spec["profile_path"]), mg.sha256,
+                                       float(msg.get("speed_factor", spec["speed_factor"])),
                                        float(msg.get("cloud_factor", 1.0)))
                 if dev is not None:
                     dev.close()
@@ -1338,9 +1362,10 @@ def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: floa
 
 def _loop_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
                    log_path: Path, *, seed: int = 0) -> None:
-    # The jitter spreads request starts over the CFS period of the board's throttle (100 ms): strictly
+    # The jitter spreads request starts over the CFS period of the board's throttle (20 ms): strictly
     # periodic starts at 4 Hz meet it at only two phases, fixed per run by t0, and a throttled head's
-    # latency comes in steps of one period, so two runs of the same plan differed by 2-4 % in mean.
+    # latency comes in steps of one period (463, 480, 501 ms...), so two runs of the same plan differed
+    # by 2-4 % in mean.
     import random
 
     jitter = random.Random(seed)

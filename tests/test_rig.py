@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from splitrt import cgroup, cli, netns, rig
+from splitrt import boards, cgroup, cli, netns, rig
 
 STEP = "step:30,2/1.5"  # 1.5 s at 30 Mbit/s, then 2 Mbit/s: the best plan changes mid-run
 
@@ -67,6 +67,11 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
     assert set(strategies["device-only"]["plans"]) == {"device"}
     assert {p.split("@")[0] for p in strategies["cloud-only"]["plans"]} == {"cloud"}
     assert strategies["device-only"]["switches"] == 0
+    # the device's head times were rescaled to what this model takes on the throttled device
+    dcal = result["device_calibration"]
+    assert isinstance(dcal, dict) and dcal["measured_ms"] > 0 and dcal["table_ms"] > 0
+    assert dcal["speed_factor"] == pytest.approx(
+        boards.load_board(rig.RigConfig().board).cpu_speed_factor * dcal["measured_ms"] / dcal["table_ms"])
     # the trace played is the step, once
     assert result["timeline"]["bandwidth_mbps"] == [[0.0, 30.0], [1.5, 2.0]]  # type: ignore[index]
     json.dumps(result)  # serialisable as is

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from splitrt import cmd_bench, rig, traces
+from splitrt import cmd_bench, rig, rigbench, traces
 from splitrt.tables import render
 
 
@@ -47,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         for k, (trace, model, scale, load) in enumerate(cells):
             line.say(f"cell {k + 1}/{len(cells)}: {trace} {model} x{scale:g} load {load} "
                      f"({(time.monotonic() - t_start) / 60:.1f} min so far)")
-            cfg = rig.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load, rate_hz=a.rate,
+            cfg = rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load, rate_hz=a.rate,
                                   duration_s=a.duration, trace_offset_s=a.offset)
             try:
-                result = rig.run_bench(cfg, r, progress=line.say, live=line)
+                result = rigbench.run_bench(cfg, r, progress=line.say, live=line)
             except Exception as exc:  # one broken cell must not lose the others
                 line.say(f"cell failed: {exc}")
                 rows.append({"trace": trace, "model": model, "scale": scale, "load": load, "error": str(exc)})

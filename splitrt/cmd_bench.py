@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from splitrt import netns, rig
+from splitrt import netns, rig, rigbench
 from splitrt.tables import render
 
 
@@ -22,14 +22,16 @@ def register(sub: Any) -> None:
                    help="shipped trace (hsdpa/bus ...), a file, or step:1,8/5 | square:1,8,20 | constant:4")
     p.add_argument("--device", default="rpi4", help="board to emulate (devices/<NAME>.toml)")
     p.add_argument("--bandwidth-scale", type=float, default=1.0, help="multiply the trace (x5: LTE-class)")
-    p.add_argument("--load", default="none", choices=rig.LOADS)
+    p.add_argument("--load", default="none", choices=rigbench.LOADS)
     p.add_argument("--rate", type=float, default=4.0, help="requests per second (paced, one in flight)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds per strategy")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of trace every strategy plays")
+    p.add_argument("--turn", type=float, default=3.0,
+                   help="strategies take turns on slices this long, so host drift hits all alike (s)")
     p.add_argument("--trace-offset", type=float, default=0.0, help="start this far into the trace (s)")
     p.add_argument("--rtt-ms", type=float, default=None, help="added round trip (default: typical of the trace)")
     p.add_argument("--codecs", default=None,
                    help="comma-separated codecs every strategy may use (default: all; fp32 = lossless only)")
-    p.add_argument("--strategies", default=",".join(rig.STRATEGIES))
+    p.add_argument("--strategies", default=",".join(rigbench.STRATEGIES))
     p.add_argument("--link", default="auto", choices=["auto", "kernel", "userspace"],
                    help="kernel shaping (root) or the userspace relay (default: kernel when root)")
     p.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON ('-': stdout)")
@@ -78,22 +80,23 @@ class LiveLine:
         print(text, file=sys.stderr, flush=True)
 
 
-def bench_config(args: argparse.Namespace) -> rig.BenchConfig:
-    return rig.BenchConfig(
+def bench_config(args: argparse.Namespace) -> rigbench.BenchConfig:
+    return rigbench.BenchConfig(
         model=args.model, trace=args.trace, bandwidth_scale=args.bandwidth_scale, load=args.load,
-        rate_hz=args.rate, duration_s=args.duration, trace_offset_s=args.trace_offset, rtt_ms=args.rtt_ms,
+        rate_hz=args.rate, duration_s=args.duration, turn_s=args.turn, trace_offset_s=args.trace_offset,
+        rtt_ms=args.rtt_ms,
         codecs=tuple(args.codecs.split(",")) if args.codecs else None,
         strategies=tuple(s for s in args.strategies.split(",") if s))
 
 
-def run(cfg: rig.BenchConfig, *, board: str, link: str, keep_workdir: bool = False,
+def run(cfg: rigbench.BenchConfig, *, board: str, link: str, keep_workdir: bool = False,
         line: LiveLine | None = None) -> dict[str, Any]:
     line = line or LiveLine()
     rc = rig.RigConfig(board=board, link=link, keep_workdir=keep_workdir, models=(cfg.model,))
     with rig.Rig(rc, progress=line.say) as r:
         if keep_workdir:
             line.say(f"rig workdir: {r.workdir}")
-        return rig.run_bench(cfg, r, progress=line.say, live=line)
+        return rigbench.run_bench(cfg, r, progress=line.say, live=line)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -106,7 +109,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def table_text(result: dict[str, Any]) -> str:
     rows = []
-    for name in rig.STRATEGIES:
+    for name in rigbench.STRATEGIES:
         s = result["strategies"].get(name)
         if s is None:
             continue

@@ -92,10 +92,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def rig_part(args: argparse.Namespace, *, quiet: bool) -> dict[str, Any]:
     """The main job: every strategy in the rig on a real 3G trace, the table and the timeline."""
-    from splitrt import cmd_bench, rig
+    from splitrt import cmd_bench, rigbench
 
-    cfg = rig.BenchConfig(model=args.model, trace=args.trace, trace_offset_s=args.trace_offset,
-                          duration_s=args.duration, rate_hz=4.0)
+    cfg = rigbench.BenchConfig(model=args.model, trace=args.trace, trace_offset_s=args.trace_offset,
+                               duration_s=args.duration, rate_hz=4.0)
     print(f"rig: {args.model} on an emulated {DEMO_BOARD}, {cfg.trace} from {cfg.trace_offset_s:g} s, "
           f"{len(cfg.strategies) - 1} strategies x {cfg.duration_s:g} s, then the oracle", file=sys.stderr)
     result = cmd_bench.run(cfg, board=DEMO_BOARD, link=args.link)

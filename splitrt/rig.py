@@ -9,7 +9,7 @@ Topology (root, ``link == "kernel"``)::
 - The link's rate follows a bandwidth trace in real time (``shaper.KernelShaper`` + ``TracePlayer``);
   netem is absent from this kernel, so the one-way delay comes from a ``shaper.UserspaceLink`` relay
   (rate ``None``) in the cloud namespace in front of the server: an RPC sees ``rtt_ms`` more.
-- The device worker (``python -m splitrt.rig worker``) is throttled by a cgroup whose quota is
+- The device worker (``python -m splitrt.rigworker worker``) is throttled by a cgroup whose quota is
   calibrated so that the zoo resnet50 takes on the device what the board takes (``calibrate``): measure
   its CPU time unthrottled, set quota = CPU time / target, re-measure, correct, re-measure. The worker
   prepares (loads, builds sessions) *outside* the cgroup and is moved in for the timed part only.
@@ -23,37 +23,33 @@ children get ``PR_SET_PDEATHSIG`` so they die with the rig; a run killed with SI
 namespaces and cgroups whose owner is dead, removed by the next run (``netns.cleanup_leftovers`` at
 start) or by ``splitrt rig cleanup``.
 
-The benchmark (``run_bench``) drives one device worker through every strategy in turn on the same
-trace window, then computes the oracle offline (``oracle``) from the measured per-cut costs and the
-bandwidth each request met (the trace), and the statistics (``summarize``).
+The benchmark that runs in the rig is ``rigbench``; the rig's child processes are ``rigworker``; the
+benchmark's arithmetic (statistics, oracle) is ``rigstats``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
-import itertools
 import json
 import math
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import Any
 
 from splitrt import netns, traces
 from splitrt.errors import ConfigError, RigError
-from splitrt.netmon import LoadEstimator
+from splitrt.rigstats import burst_intervals
 
 # One-way delay = rtt/2 on each direction of the relay. The traces carry no latency, so these are
 # representative values, not measurements: 3G/HSPA round trips of several tens of ms up to ~100 ms
@@ -62,8 +58,6 @@ from splitrt.netmon import LoadEstimator
 # Override with ``--rtt-ms``.
 FAMILY_RTT_MS = {"hsdpa": 80.0, "fcc": 30.0}
 DEFAULT_RTT_MS = 50.0
-STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
-LOADS = ("none", "device-burst", "cloud-busy")
 CLOUD_PORT = 50051
 HOG_PROCS = 1  # one busy process next to the device's one compute thread: ~2x slower
 BUSY_CLIENTS = 2
@@ -138,33 +132,6 @@ def family_median_mbps(family: str | None) -> float:
     raise ConfigError(f"no shipped traces of family {family!r}")
 
 
-def transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mbps: float = 0.05) -> float:
-    """Time to push ``nbytes`` through a link following ``trace`` from ``start_s`` (ideal: no RTT)."""
-    if nbytes <= 0:
-        return 0.0
-    left_bits = nbytes * 8.0
-    t = max(0.0, start_s)
-    for _ in range(100_000):
-        idx = trace.index_at(t)
-        period = math.floor(t / trace.duration_s) * trace.duration_s
-        end = period + (trace.times_s[idx + 1] if idx + 1 < len(trace.times_s) else trace.duration_s)
-        rate = max(trace.rates_mbps[idx], min_mbps) * 1e6
-        if end <= t:  # float edge: step past it
-            end = t + 1e-9
-        can = rate * (end - t)
-        if can >= left_bits:
-            return (t + left_bits / rate - start_s) * 1e3
-        left_bits -= can
-        t = end
-    raise RigError("transfer_ms: trace too slow to deliver the bytes")
-
-
-def mean_rate_during(trace: traces.Trace, start_s: float, dur_s: float) -> float:
-    if dur_s <= 0:
-        return trace.rate_at(max(0.0, start_s))
-    n = 20
-    return statistics.fmean(trace.rate_at(start_s + (i + 0.5) * dur_s / n) for i in range(n))
-
 
 # ----------------------------------------------------------------------------------------- config
 
@@ -206,50 +173,6 @@ class Calibration:
     def error_pct(self) -> float:
         return 100.0 * (self.measured_ms - self.target_ms) / self.target_ms
 
-
-@dataclass(frozen=True, kw_only=True)
-class BenchConfig:
-    model: str = "resnet50"
-    trace: str = "hsdpa/car"
-    bandwidth_scale: float = 1.0
-    load: str = "none"
-    rate_hz: float = 4.0
-    duration_s: float = 30.0  # per strategy
-    trace_offset_s: float = 0.0
-    rtt_ms: float | None = None  # None: typical of the trace's family
-    codecs: tuple[str, ...] | None = None  # None: every codec of the cost table, for every strategy
-    strategies: tuple[str, ...] = STRATEGIES
-    deadline_ms: float = 5000.0
-    periodic_s: float = 5.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.load not in LOADS:
-            raise ConfigError(f"load: expected one of {', '.join(LOADS)}, got {self.load!r}")
-        bad = [s for s in self.strategies if s not in STRATEGIES]
-        if bad:
-            raise ConfigError(f"strategies: expected names in {', '.join(STRATEGIES)}, got {bad}")
-        if not self.rate_hz > 0 or not self.duration_s > 0 or not self.bandwidth_scale > 0:
-            raise ConfigError(f"rate_hz, duration_s, bandwidth_scale must be > 0, got {self.rate_hz}, "
-                              f"{self.duration_s}, {self.bandwidth_scale}")
-
-
-def burst_intervals(load: str, duration_s: float) -> list[tuple[float, float]]:
-    """device-burst: 20 s on of every 60 s (from 20 s); a shorter run gets its middle third."""
-    if load != "device-burst":
-        return []
-    if duration_s < 60:
-        return [(duration_s / 3, 2 * duration_s / 3)]
-    out = []
-    t = 20.0
-    while t < duration_s:
-        out.append((t, min(t + 20.0, duration_s)))
-        t += 60.0
-    return out
-
-
-def in_intervals(t: float, ivs: Sequence[tuple[float, float]]) -> bool:
-    return any(a <= t < b for a, b in ivs)
 
 
 # ----------------------------------------------------------------------------------------- the rig
@@ -542,7 +465,7 @@ class Rig:
 
     # -- workers -----------------------------------------------------------------------------------
     def start_worker(self, spec: dict[str, Any], name: str = "device") -> _Worker:
-        argv = [sys.executable, "-m", "splitrt.rig", "worker", json.dumps(spec)]
+        argv = [sys.executable, "-m", "splitrt.rigworker", "worker", json.dumps(spec)]
         proc = self._popen(argv, f"{name}.log", host=self.device_host, pipes=True)
         w = _Worker(proc, name)
         w.reply(180)  # {"event": "loaded"}
@@ -666,25 +589,27 @@ class Rig:
 
     # -- loads -------------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def load_driver(self, load: str, duration_s: float, t0: float, model_path: Path,
-                    cloud_plan: str) -> Iterator[list[tuple[float, float]]]:
-        """Apply the load scenario during a run; yields the list of (start, end) intervals it applied."""
+    def load_driver(self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *,
+                    from_s: float = 0.0) -> Iterator[list[tuple[float, float]]]:
+        """Apply the load scenario during (a turn of) a run whose window position ``from_s`` is played at
+        monotonic time ``t0``; yields the (start, end) window positions it applied, filled in on exit."""
         applied: list[tuple[float, float]] = []
         stop = threading.Event()
         procs: list[subprocess.Popen[Any]] = []
         th: threading.Thread | None = None
         if load == "cloud-busy":
-            argv = [sys.executable, "-m", "splitrt.rig", "busy", json.dumps(
+            argv = [sys.executable, "-m", "splitrt.rigworker", "busy", json.dumps(
                 {"model_path": str(model_path), "cloud": self.cloud_direct, "clients": BUSY_CLIENTS,
                  "plan": cloud_plan})]
             procs.append(self._popen(argv, "busy.log", host=self.cloud_host))
-            applied.append((0.0, duration_s))
         elif load == "device-burst":
             hog_argv = [sys.executable, "-c", "while True: pass"]
 
             def drive() -> None:
                 for a, b in burst_intervals(load, duration_s):
-                    if stop.wait(max(0.0, t0 + a - time.monotonic())):
+                    if b <= from_s:
+                        continue
+                    if stop.wait(max(0.0, t0 + max(a, from_s) - from_s - time.monotonic())):
                         return
                     hogs = []
                     for _ in range(HOG_PROCS):
@@ -693,13 +618,13 @@ class Rig:
                             self.throttle_in(p.pid)
                         hogs.append(p)
                     self._note_board_pids([p.pid for p in hogs])
-                    started = time.monotonic() - t0
-                    stop.wait(max(0.0, t0 + b - time.monotonic()))
+                    started = from_s + time.monotonic() - t0
+                    stop.wait(max(0.0, t0 + b - from_s - time.monotonic()))
                     self._note_board_pids([])
                     for p in hogs:
                         p.kill()
                         p.wait(5)
-                    applied.append((started, time.monotonic() - t0))
+                    applied.append((started, from_s + time.monotonic() - t0))
                     if stop.is_set():
                         return
 
@@ -717,6 +642,8 @@ class Rig:
                     p.wait(5)
                 if p.poll() is None:
                     p.kill()
+            if load == "cloud-busy":
+                applied.append((from_s, from_s + max(0.0, time.monotonic() - t0)))
 
 
 def _free_port() -> int:
@@ -726,8 +653,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
-
-# ----------------------------------------------------------------------------------------- bench
 
 def model_path_for(model: str) -> Path:
     from splitrt import zoo
@@ -764,681 +689,3 @@ def cost_table_for(profile_path: Path, sha: str, speed_factor: float, cloud_fact
     return profiler.cost_table(prof, prof, device_speed_factor=speed_factor, cloud_speed_factor=cloud_factor)
 
 
-def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, str]:
-    """Policy string per measured strategy (the oracle is computed, not run)."""
-    from splitrt import costmodel, solver
-
-    cloud = solver.solve(table, costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=1.0, rtt_ms=rtt_ms)),
-                         cuts=["cloud"], codecs=list(cfg.codecs) if cfg.codecs else None)
-    median = family_median_mbps(trace_family(load_trace(cfg.trace))) * cfg.bandwidth_scale
-    static = solver.solve(table, costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=median, rtt_ms=rtt_ms)),
-                          codecs=list(cfg.codecs) if cfg.codecs else None)
-    return {"device-only": "fixed:device", "cloud-only": f"fixed:{cloud.key}", "static": f"fixed:{static.key}",
-            "periodic": f"periodic:{cfg.periodic_s:g}", "adaptive": "adaptive"}
-
-
-def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list[str]:
-    """Every cut the solver picks over 0.05-1000 Mbit/s and device/cloud loads 1-8 (warmed up front)."""
-    from splitrt import costmodel, solver
-
-    cuts = {"device", "cloud"}
-    for i in range(41):
-        bw = 0.05 * 10 ** (i / 8)
-        for dl in (1.0, 2.0, 4.0, 8.0):
-            for cl in (1.0, 3.0, 8.0):
-                cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=bw, rtt_ms=rtt_ms),
-                                            device_load=dl, cloud_load=cl)
-                cuts.add(solver.solve(table, cond, codecs=list(codecs) if codecs else None).cut)
-    return sorted(cuts)
-
-
-def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | None = None,
-              live: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every strategy of ``cfg`` in ``rig`` on the same trace window; return the result dict."""
-    from splitrt import graph, shaper
-
-    say = progress or (lambda s: None)
-    model_file = model_path_for(cfg.model)
-    mg = graph.load(model_file)
-    rig.install_model(model_file)
-    cal = rig.calibrate()
-    speed = rig.board.cpu_speed_factor
-    prof_path = profile_for(cfg.model, model_file, rig.workdir, say)
-    table = cost_table_for(prof_path, mg.sha256, speed)
-    profiled_cloud_ms = float(table.tail_ms[table.index("cloud")])
-    full = load_trace(cfg.trace)
-    rtt = cfg.rtt_ms if cfg.rtt_ms is not None else FAMILY_RTT_MS.get(trace_family(full) or "", DEFAULT_RTT_MS)
-    rig.set_rtt(rtt)
-    window = full.window(cfg.trace_offset_s, cfg.duration_s)
-    played = window.scaled(cfg.bandwidth_scale) if cfg.bandwidth_scale != 1 else window
-    policies = strategy_policies(cfg, table, rtt)
-    cloud_plan = policies["cloud-only"].split(":", 1)[1]
-    spec = {"mode": "device", "model_path": str(model_file), "profile_path": str(prof_path),
-            "speed_factor": speed, "pad_factor": cal.pad_factor, "cloud": rig.cloud_address,
-            "codecs": list(cfg.codecs) if cfg.codecs else None, "deadline_ms": cfg.deadline_ms,
-            "threads": rig.config.device_threads, "seed": cfg.seed, "board": rig.board.name,
-            "warm_cuts": likely_cuts(table, rtt, cfg.codecs)}
-    runs: dict[str, dict[str, Any]] = {}
-    worker = rig.start_worker(spec, name="device")
-    try:
-        # Cloud calibration: the host profile may have been measured on a busier host; the cloud's
-        # whole-model time now (server-side compute, unshaped link) rescales the profile's tail times,
-        # as an operator would re-profile the server. Loads >= 1 cannot correct a too slow profile.
-        rig.shaper.set_rate(None)
-        cloud_ms = float(worker.call({"cmd": "cloud-calibrate", "runs": 5}, 300)["tail_ms"])
-        cloud_factor = cloud_ms / profiled_cloud_ms if profiled_cloud_ms > 0 else 1.0
-        table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
-        say(f"cloud: {cfg.model} whole model {cloud_ms:.0f} ms on the server now (profile "
-            f"{profiled_cloud_ms:.0f} ms): tail times x{cloud_factor:.2f}")
-        # Device calibration, per model: the board's speed factor was calibrated on resnet50 and leaves
-        # other models (and resnet50 itself, by the calibration's tolerance) 4-6 % off; time this model
-        # whole on the throttled device and rescale the head times, as an operator profiling the board
-        # would. Every strategy plans with the same table.
-        profiled_device_ms = float(table.head_ms[table.index("device")])
-        rig.throttle_in(worker.proc.pid)
-        try:
-            device_ms = float(worker.call({"cmd": "device-calibrate", "runs": 3}, 300)["head_ms"])
-        finally:
-            rig.throttle_out(worker.proc.pid)
-        if profiled_device_ms > 0 and device_ms > 0:
-            speed = speed * device_ms / profiled_device_ms
-        table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
-        say(f"device: {cfg.model} whole model {device_ms:.0f} ms on the emulated {rig.board.name} (table "
-            f"{profiled_device_ms:.0f} ms): head times x{device_ms / max(profiled_device_ms, 1e-9):.2f}")
-        policies = strategy_policies(cfg, table, rtt)
-        cloud_plan = policies["cloud-only"].split(":", 1)[1]
-        for name in cfg.strategies:
-            if name == "oracle":
-                continue
-            policy = policies[name]
-            say(f"[{name}] policy {policy}: preparing")
-            rig.shaper.set_rate(max(played.rate_at(0.0), shaper.MIN_RATE_MBPS))
-            prepared = worker.call({"cmd": "prepare", "policy": policy, "with_cloud": name != "device-only",
-                                    "cloud_factor": cloud_factor, "speed_factor": speed}, 300)
-            log_path = rig.workdir / f"requests-{name}.jsonl"
-            state = {"n": 0}
-
-            def on_event(ev: dict[str, Any], name: str = name, state: dict[str, int] = state) -> None:
-                state["n"] += 1
-                if live is not None:
-                    t = float(ev["t_s"])
-                    live(f"[{name}] {t:5.1f}/{cfg.duration_s:g} s  req {state['n']:3d}  "
-                         f"link {played.rate_at(t):6.2f} Mbit/s  plan {ev['plan']:<14} "
-                         f"{ev['latency_ms']:7.0f} ms")
-
-            worker.on_event = on_event
-            rig.throttle_threads(worker.proc.pid, prepared.get("compute_tids", []), prepared.get("other_tids", []))
-            player = shaper.TracePlayer(rig.shaper, played, duration_s=cfg.duration_s)
-            t0 = time.monotonic() + 0.05
-            try:
-                with rig.load_driver(cfg.load, cfg.duration_s, t0, model_file, cloud_plan) as applied:
-                    worker.send({"cmd": "run", "t0": t0, "duration_s": cfg.duration_s, "rate_hz": cfg.rate_hz,
-                                 "tasks_file": rig.board_tasks_file(),
-                                 "log_path": str(log_path)})
-                    while time.monotonic() < t0:
-                        time.sleep(0.005)
-                    player.start()
-                    done = worker.reply(cfg.duration_s + cfg.deadline_ms / 1e3 + 120)
-                    player.stop()
-            finally:
-                rig.throttle_out(worker.proc.pid)
-                worker.on_event = None
-            if live is not None:
-                live("")
-            recs = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-            runs[name] = {"policy": policy, "records": recs, "load_intervals": list(applied),
-                          "rates": [[round(t, 3), r] for t, r in player.log], "stats": done.get("stats", {})}
-            mean = statistics.fmean(r["latency_ms"] for r in recs) if recs else math.nan
-            say(f"[{name}] {len(recs)} requests, mean {mean:.0f} ms")
-    finally:
-        worker.close()
-    result = assemble(cfg, rig, table, played, rtt, runs, cal)
-    result["cloud_calibration"] = {"model": cfg.model, "measured_ms": cloud_ms, "profile_ms": profiled_cloud_ms,
-                                   "factor": cloud_factor}
-    result["device_calibration"] = {"model": cfg.model, "measured_ms": device_ms, "table_ms": profiled_device_ms,
-                                    "speed_factor": speed}
-    result["policies"] = policies
-    return result
-
-
-# ----------------------------------------------------------------------------------------- analysis
-
-def _percentile(xs: Sequence[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(np.asarray(xs, dtype=float), q)) if xs else float("nan")
-
-
-def _cut(plan: str) -> str:
-    return plan.split("@", 1)[0]
-
-
-def energy_mj(rec: dict[str, Any], played: traces.Trace, power: Any) -> float:
-    """Device energy of one request: active while computing, radio while sending, idle while waiting."""
-    dev_ms = float(rec.get("head_ms", 0.0)) + (float(rec.get("tail_ms", 0.0)) if rec.get("where") == "local" else 0.0)
-    send = 0.0
-    if rec.get("where") == "cloud":
-        send = min(float(rec.get("rpc_ms", 0.0)),
-                   transfer_ms(played, float(rec["t_s"]) + dev_ms / 1e3, float(rec.get("bytes_up", 0))))
-    wait = max(0.0, float(rec["latency_ms"]) - dev_ms - send)
-    return float(power.active_w * dev_ms + power.radio_w * send + power.idle_w * wait)
-
-
-def summarize(latencies: Sequence[float], plans: Sequence[str], failed: int,
-              energies: Sequence[float], fallbacks: int = 0) -> dict[str, Any]:
-    switches = sum(1 for a, b in itertools.pairwise(plans) if a != b)
-    return {"mean_ms": statistics.fmean(latencies) if latencies else float("nan"),
-            "p50_ms": _percentile(latencies, 50), "p95_ms": _percentile(latencies, 95),
-            "p99_ms": _percentile(latencies, 99), "completed": len(latencies), "failed": failed,
-            "switches": switches, "fallbacks": fallbacks,
-            "energy_mj": statistics.fmean(energies) if energies else float("nan"),
-            "plans": dict(sorted({p: plans.count(p) for p in set(plans)}.items()))}
-
-
-@dataclass(frozen=True)
-class MeasuredCosts:
-    """What the oracle knows, all measured in this rig (medians over every strategy's requests)."""
-
-    device_ratio_idle: float  # measured head time / cost-table head time, outside load bursts
-    device_ratio_burst: float  # the same during device bursts
-    cloud_ratio: float  # (cloud queue + tail) / cost-table tail
-    net_overhead_ms: float  # rpc - tail - queue - ideal transfer (+ encode/decode): RTT, gRPC, TCP
-    local_overhead_ms: float  # device plan: latency - head time
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-def measured_costs(table: Any, runs: dict[str, dict[str, Any]], played: traces.Trace,
-                   bursts: Sequence[tuple[float, float]], rtt_ms: float) -> MeasuredCosts:
-    idle: list[float] = []
-    burst: list[float] = []
-    cloud: list[float] = []
-    net: list[float] = []
-    local: list[float] = []
-    for run in runs.values():
-        for r in run["records"]:
-            if r.get("error"):
-                continue
-            cut = _cut(r["plan"])
-            i = table.index(cut)
-            th = float(table.head_ms[i])
-            if th >= 20.0 and r.get("head_ms"):
-                (burst if in_intervals(float(r["t_s"]), bursts) else idle).append(float(r["head_ms"]) / th)
-            if r.get("where") == "cloud":
-                tt = float(table.tail_ms[i])
-                if tt >= 5.0:
-                    cloud.append((float(r["tail_ms"]) + float(r["queue_ms"])) / tt)
-                start = float(r["t_s"]) + float(r["head_ms"]) / 1e3
-                ideal = transfer_ms(played, start, float(r["bytes_up"]) + float(r["bytes_down"]))
-                net.append(float(r["rpc_ms"]) - float(r["tail_ms"]) - float(r["queue_ms"]) - ideal
-                           + float(r.get("encode_ms", 0)) + float(r.get("decode_ms", 0)))
-            elif cut == "device":
-                local.append(float(r["latency_ms"]) - float(r["head_ms"]))
-    med = statistics.fmean  # means: the oracle's mean must not drop the measured jitter's share
-    return MeasuredCosts(
-        device_ratio_idle=med(idle) if idle else 1.0,
-        device_ratio_burst=med(burst) if burst else (med(idle) if idle else 1.0),
-        cloud_ratio=med(cloud) if cloud else 1.0,
-        net_overhead_ms=med(net) if net else rtt_ms,
-        local_overhead_ms=med(local) if local else 0.0)
-
-
-def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: traces.Trace,
-           bursts: Sequence[tuple[float, float]], codecs: Sequence[str] | None,
-           realized: Sequence[tuple[str, float] | None] | None = None) -> list[tuple[str, float]]:
-    """Per request start time: the cheapest (plan, latency ms) in hindsight.
-
-    Every (cut, codec) is costed from the measured per-cut costs (``MeasuredCosts``) and the bandwidth
-    the request would have met (the trace, from the end of its head on). ``realized[i]`` is the plan
-    the reference run actually used for request ``i`` and its measured latency: that plan's cost is the
-    measured one, not the model's (noise included), so the oracle is never above the reference run on
-    any request and the comparison measures the decisions, not the jitter of the host.
-    """
-    allowed = [k for k in table.codecs if codecs is None or k in codecs]
-    reply = float(table.reply_bytes)
-    out = []
-    for n, t in enumerate(times_s):
-        ratio = costs.device_ratio_burst if in_intervals(t, bursts) else costs.device_ratio_idle
-        real = realized[n] if realized is not None else None
-        best: tuple[str, float] | None = real
-        real_key: tuple[str, float] | None = None
-        if real is not None and real[0] != "device" and "@" in real[0]:
-            rc, rk = real[0].split("@", 1)
-            if rk in table.codecs:
-                real_key = (rc, float(table.sent_bytes[table.index(rc), table.codec_index(rk)]))
-        seen: dict[tuple[float, float], float] = {}
-        for i, cut in enumerate(table.ids):
-            h = float(table.head_ms[i]) * ratio
-            if cut == "device":
-                cands = [("device", h + costs.local_overhead_ms)]
-            else:
-                tail = float(table.tail_ms[i]) * costs.cloud_ratio
-                cands = []
-                for k in allowed:
-                    nbytes = float(table.sent_bytes[i, table.codec_index(k)]) + reply
-                    key = (h, nbytes)
-                    if key not in seen:
-                        seen[key] = transfer_ms(played, t + h / 1e3, nbytes)
-                    cands.append((f"{cut}@{k}", h + seen[key] + costs.net_overhead_ms + tail))
-            for plan, ms in cands:
-                if real is not None and (plan == real[0] or (cut, _sent(table, plan)) == real_key):
-                    continue  # the plan that ran (or one sending the same bytes): its measured cost stands
-                if best is None or ms < best[1]:
-                    best = (plan, ms)
-        assert best is not None
-        out.append(best)
-    return out
-
-
-def _sent(table: Any, plan: str) -> float:
-    cut, _, codec = plan.partition("@")
-    if not codec:
-        return 0.0
-    return float(table.sent_bytes[table.index(cut), table.codec_index(codec)])
-
-
-def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_ms: float,
-             runs: dict[str, dict[str, Any]], cal: Calibration) -> dict[str, Any]:
-    power = rig.board.power
-    bursts: list[tuple[float, float]] = []
-    for run in runs.values():
-        bursts += [(float(a), float(b)) for a, b in run["load_intervals"]] if cfg.load == "device-burst" else []
-    if cfg.load == "device-burst" and not bursts:
-        bursts = burst_intervals(cfg.load, cfg.duration_s)
-    sched = burst_intervals(cfg.load, cfg.duration_s)
-    strategies: dict[str, Any] = {}
-    requests: dict[str, list[list[Any]]] = {}
-    for name, run in runs.items():
-        recs = run["records"]
-        ok = [r for r in recs if not r.get("error")]
-        strategies[name] = summarize([r["latency_ms"] for r in ok], [r["plan"] for r in ok],
-                                     failed=len(recs) - len(ok),
-                                     energies=[energy_mj(r, played, power) for r in ok],
-                                     fallbacks=sum(1 for r in ok if r.get("fallback")))
-        strategies[name]["policy"] = run["policy"]
-        requests[name] = [[round(float(r["t_s"]), 3), round(float(r["latency_ms"]), 1), r["plan"]] for r in ok]
-    costs = measured_costs(table, runs, played, sched, rtt_ms)
-    if "oracle" in cfg.strategies and runs:
-        ref = "adaptive" if "adaptive" in runs else next(iter(runs))
-        times = [float(r["t_s"]) for r in runs[ref]["records"]]
-        real = [None if r.get("error") else (str(r["plan"]), float(r["latency_ms"])) for r in runs[ref]["records"]]
-        picks = oracle(table, costs, times, played, sched, cfg.codecs, real)
-        energies = []
-        for t, (plan, ms) in zip(times, picks, strict=True):
-            cut = _cut(plan)
-            i = table.index(cut)
-            ratio = costs.device_ratio_burst if in_intervals(t, sched) else costs.device_ratio_idle
-            h = float(table.head_ms[i]) * ratio
-            rec = {"t_s": t, "latency_ms": ms, "head_ms": h, "where": "local" if cut == "device" else "cloud",
-                   "rpc_ms": ms, "bytes_up": 0 if cut == "device" else float(
-                       table.sent_bytes[i, table.codec_index(plan.split("@")[1])])}
-            energies.append(energy_mj(rec, played, power))
-        strategies["oracle"] = summarize([ms for _, ms in picks], [p for p, _ in picks], 0, energies)
-        strategies["oracle"]["policy"] = f"hindsight over the {ref} run's request times"
-        requests["oracle"] = [[round(t, 3), round(ms, 1), p] for t, (p, ms) in zip(times, picks, strict=True)]
-    bw = [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)]
-    return {
-        "link": rig.kind, "model": cfg.model, "trace": cfg.trace, "trace_offset_s": cfg.trace_offset_s,
-        "board": rig.board.name, "bandwidth_scale": cfg.bandwidth_scale, "load": cfg.load,
-        "rate_hz": cfg.rate_hz, "duration_s": cfg.duration_s, "rtt_ms": rtt_ms,
-        "codecs": list(cfg.codecs) if cfg.codecs else list(table.codecs),
-        "calibration": {**{k: v for k, v in asdict(cal).items() if k != "rounds"}, "rounds": cal.rounds,
-                        "error_pct": cal.error_pct},
-        "measured_costs": costs.as_dict(),
-        "strategies": strategies,
-        "timeline": {"bandwidth_mbps": bw, "load_intervals": sched if cfg.load == "device-burst" else (
-            [[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []), "requests": requests},
-    }
-
-
-# ----------------------------------------------------------------------------------------- workers
-
-def _emit(msg: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(msg, default=float) + "\n")
-    sys.stdout.flush()
-
-
-def _slowed(dev: Any, factor: float) -> None:
-    """Userspace emulation of a slower board: pad the device's compute with sleep up to ``factor`` x."""
-    if factor <= 1.0:
-        return
-    run_head, finish = dev.run_head, dev.finish_locally
-
-    def head(inputs: Any, cut: str) -> Any:
-        h = run_head(inputs, cut)
-        time.sleep(h.head_ms * (factor - 1) / 1e3)
-        return replace(h, head_ms=h.head_ms * factor)
-
-    def fin(h: Any) -> Any:
-        r = finish(h)
-        time.sleep(r.tail_ms * (factor - 1) / 1e3)
-        return replace(r, tail_ms=r.tail_ms * factor, total_ms=r.head_ms + r.tail_ms * factor)
-
-    dev.run_head, dev.finish_locally = head, fin
-
-
-def _calibrate_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
-    import onnxruntime as ort
-
-    from splitrt import zoo
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = int(spec.get("threads", 2))
-    sess = ort.InferenceSession(spec["model_path"], so, providers=["CPUExecutionProvider"])
-    feeds = zoo.random_inputs(spec["model_path"], seed=0)
-    sess.run(None, feeds)
-    _emit({"event": "loaded"})
-    for line in stdin:
-        msg = json.loads(line)
-        if msg.get("cmd") == "quit":
-            return
-        pad = float(msg.get("pad_factor", 1.0))
-        walls, cpus = [], []
-        sess.run(None, feeds)  # one unmeasured run: the new quota settles
-        for _ in range(int(msg.get("runs", 3))):
-            w0, c0 = time.perf_counter(), time.process_time()
-            sess.run(None, feeds)
-            w1, c1 = time.perf_counter(), time.process_time()
-            if pad > 1:
-                time.sleep((w1 - w0) * (pad - 1))
-            walls.append((time.perf_counter() - w0) * 1e3)
-            cpus.append((c1 - c0) * 1e3)
-        _emit({"event": "bench", "wall_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus),
-               "all_ms": walls})
-
-
-class HeadLoad(LoadEstimator):
-    """The rig's device-load signal: measured head time / cost-table head time, fed per request.
-
-    The runtime's own signal (psutil: CPU used by other processes) cannot see an emulated board: it sees
-    the whole host (the cloud, the relay, other jobs), not the cgroup the device lives in; so the
-    prober's psutil samples are ignored here.
-    """
-
-    def add_device(self, now_s: float, *, other_util: float, freq_mhz: float | None = None,
-                   profiled_freq_mhz: float | None = None) -> float:
-        return 1.0
-
-    last_head_s = -math.inf
-
-    def add_head(self, now_s: float, ratio: float, *, probe: bool = False) -> float:
-        if not probe:
-            self.last_head_s = now_s
-        util = 1.0 - 1.0 / max(1.0, ratio)
-        return LoadEstimator.add_device(self, now_s, other_util=min(util, 0.99))
-
-
-class RunQueueProbe:
-    """While no head has been timed for a while (the plan sends the input), sample the emulated board's
-    run queue: how many threads of the OTHER processes sharing the device's CPU (listed by the rig in
-    ``tasks_file``) are runnable. One compute thread competing with ``n`` runnable
-    tasks gets ``1 / (1 + n)`` of the CPU, so a head would now take ``1 + n`` times as long: the
-    figure a real board's psutil gives the runtime. (Timing a small piece of work instead does not
-    work under a CFS quota: a job shorter than the quota runs at full speed or waits a whole period.)"""
-
-    def __init__(self, load: HeadLoad, tasks_file: str | None, *, sample_s: float = 0.05,
-                 report_s: float = 0.5, stale_s: float = 1.0) -> None:
-        self.load = load
-        self.tasks_file = tasks_file
-        self.sample_s = sample_s
-        self.report_s = report_s
-        self.stale_s = stale_s
-        self._stop = threading.Event()
-        self.active = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def runnable_others(self) -> int:
-        if not self.tasks_file:
-            return 0
-        try:
-            ids = [int(x) for x in Path(self.tasks_file).read_text().split()]
-        except (OSError, ValueError):
-            return 0
-        own = {int(t) for t in os.listdir("/proc/self/task")}
-        n = 0
-        for pid in ids:
-            if pid in own:
-                continue
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids if len(tids) > 1 else [str(pid)]:
-                try:
-                    state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                except (OSError, IndexError):
-                    continue
-                n += state == "R"
-        return n
-
-    def _loop(self) -> None:
-        samples: list[int] = []
-        next_report = time.monotonic() + self.report_s
-        while not self._stop.wait(self.sample_s):
-            now = time.monotonic()
-            if not self.active.is_set() or now - self.load.last_head_s < self.stale_s:
-                samples.clear()  # heads are being timed: they are the measurement
-                next_report = now + self.report_s
-                continue
-            samples.append(self.runnable_others())
-            if now >= next_report:
-                self.load.add_head(now, 1.0 + statistics.fmean(samples), probe=True)
-                samples.clear()
-                next_report = now + self.report_s
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="rig-runqueue", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-
-WARMUP_S = 2.0  # uncounted requests per strategy before the measured run
-
-
-def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
-    import numpy as np  # noqa: F401  (loaded before the timed part)
-
-    from splitrt import boards, graph
-    from splitrt.controller import ControllerConfig
-    from splitrt.device import Device, DeviceConfig
-    from splitrt.runtime import AdaptiveDevice, RuntimeConfig
-
-    mg = graph.load(spec["model_path"])
-    table = cost_table_for(Path(spec["profile_path"]), mg.sha256, float(spec["speed_factor"]))
-    board = boards.load_board(spec["board"])
-    dcfg = DeviceConfig(intra_op_threads=int(spec.get("threads", 2)), timeout_s=30.0)
-    local = Device(mg, None, config=dcfg)
-    _slowed(local, float(spec.get("pad_factor", 1.0)))
-    for cut in spec.get("warm_cuts", []):
-        local.warm(cut)
-    inputs = local.random_inputs(seed=int(spec.get("seed", 0)))
-    codecs = spec.get("codecs")
-    _emit({"event": "loaded"})
-    dev: AdaptiveDevice | None = None
-    rq: RunQueueProbe | None = None
-    for line in stdin:
-        msg = json.loads(line)
-        cmd = msg.get("cmd")
-        try:
-            if cmd == "quit":
-                break
-            if cmd == "cloud-calibrate":
-                probe_dev = Device(mg, spec["cloud"], config=dcfg)
-                tails = [probe_dev.run_detailed(inputs, cut="cloud", timeout_s=60).tail_ms
-                         for _ in range(int(msg.get("runs", 5)))]
-                probe_dev.close()
-                _emit({"event": "cloud", "tail_ms": statistics.median(tails[1:] or tails)})
-            elif cmd == "device-calibrate":
-                # the whole model on this (throttled) device, as the local plan runs it
-                feeds = local.check_inputs(inputs)
-                local.run_head(feeds, "device")  # unmeasured: the quota settles
-                heads = [local.run_head(feeds, "device").head_ms for _ in range(int(msg.get("runs", 3)))]
-                _emit({"event": "device", "head_ms": statistics.median(heads)})
-            elif cmd == "prepare":
-                table = cost_table_for(Path(spec["profile_path"]), mg.sha256,
-                                       float(msg.get("speed_factor", spec["speed_factor"])),
-                                       float(msg.get("cloud_factor", 1.0)))
-                if dev is not None:
-                    dev.close()
-                # Sessions are built here, on the main thread, for every cut the plans may use: the
-                # prober's own warming would build them on a thread the rig does not throttle.
-                rc = RuntimeConfig(policy=msg["policy"], deadline_ms=float(spec["deadline_ms"]), warm_sessions=False,
-                                   controller=ControllerConfig(codecs=tuple(codecs) if codecs else None))
-                dev = AdaptiveDevice(mg, table, [spec["cloud"]] if msg.get("with_cloud") else [], config=rc,
-                                     device_config=dcfg, power=board.power)
-                dev.local = local  # sessions built once, outside the cgroup
-                dev.load = HeadLoad()
-                if rq is not None:
-                    rq.stop()
-                # a monitor (like psutil on a real board) on a spare core: not throttled with the compute
-                rq = RunQueueProbe(dev.load, None)
-                rq.start()
-                # Warm-up (uncounted): the channel, the cloud's tail sessions, and the estimators, which
-                # in a deployed daemon have seen the link long before any measured request (2 requests
-                # were not enough: a link estimate still 35 % low kept adaptive on the device for 3 s).
-                t_warm = time.monotonic()
-                n_warm = 0
-                while n_warm < 2 or time.monotonic() - t_warm < float(msg.get("warmup_s", WARMUP_S)):
-                    dev.infer(inputs)
-                    n_warm += 1
-                time.sleep(0.6)  # one prober round
-                _emit({"event": "prepared", **_thread_roles(dev, rq)})
-            elif cmd == "run":
-                assert dev is not None
-                assert rq is not None
-                rq.tasks_file = msg.get("tasks_file")
-                stats = _run_requests(dev, table, inputs, float(msg["t0"]), float(msg["duration_s"]),
-                                      float(msg["rate_hz"]), Path(msg["log_path"]), rq,
-                                      seed=int(spec.get("seed", 0)))
-                _emit({"event": "done", "stats": stats})
-            else:
-                _emit({"event": "error", "message": f"unknown command {cmd!r}"})
-        except Exception as exc:  # report, keep serving (the rig decides)
-            _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
-    if rq is not None:
-        rq.stop()
-    if dev is not None:
-        dev.close()
-
-
-def _thread_roles(dev: Any, rq: RunQueueProbe | None = None) -> dict[str, list[int]]:
-    """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (the prober,
-    the run-queue monitor, gRPC's named threads)."""
-    prober = dev._prober.native_id if dev._prober is not None else None
-    monitor = rq._thread.native_id if rq is not None and rq._thread is not None else None
-    compute: list[int] = []
-    other: list[int] = []
-    for tid_s in os.listdir("/proc/self/task"):
-        tid = int(tid_s)
-        try:
-            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-        except OSError:
-            continue
-        is_python = comm == Path(sys.executable).name[:15] or comm.startswith("python")
-        (compute if is_python and tid not in (prober, monitor) else other).append(tid)
-    return {"compute_tids": compute, "other_tids": other}
-
-
-def _run_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
-                  log_path: Path, probe: RunQueueProbe, *, seed: int = 0) -> dict[str, Any]:
-    """Paced closed loop: request k starts at t0 + (k + u_k) / rate (u_k uniform in [0, 1), the same
-    for every strategy), or when request k-1 ends if later."""
-    while time.monotonic() < t0:
-        time.sleep(0.002)
-    probe.active.set()
-    try:
-        _loop_requests(dev, table, inputs, t0, duration_s, rate_hz, log_path, seed=seed)
-    finally:
-        probe.active.clear()
-    return dict(dev.stats)
-
-
-def _loop_requests(dev: Any, table: Any, inputs: Any, t0: float, duration_s: float, rate_hz: float,
-                   log_path: Path, *, seed: int = 0) -> None:
-    # The jitter spreads request starts over the CFS period of the board's throttle (20 ms): strictly
-    # periodic starts at 4 Hz meet it at only two phases, fixed per run by t0, and a throttled head's
-    # latency comes in steps of one period (463, 480, 501 ms...), so two runs of the same plan differed
-    # by 2-4 % in mean.
-    import random
-
-    jitter = random.Random(seed)
-    k = 0
-    with open(log_path, "w") as log:
-        while True:
-            start = max(t0 + (k + jitter.random()) / rate_hz, time.monotonic())
-            if start >= t0 + duration_s:
-                break
-            time.sleep(max(0.0, start - time.monotonic()))
-            t_s = time.monotonic() - t0
-            rec: dict[str, Any] = {"i": k, "t_s": t_s}
-            try:
-                out = dev.infer(inputs)
-            except Exception as exc:  # infer never raises for the cloud: count it as failed
-                rec.update(error=f"{type(exc).__name__}: {exc}", latency_ms=(time.monotonic() - t0 - t_s) * 1e3,
-                           plan="?")
-            else:
-                r, d = out.result, out.decision
-                rec.update(latency_ms=out.latency_ms, plan=out.plan, fallback=out.fallback, where=r.where,
-                           head_ms=r.head_ms, encode_ms=r.encode_ms, rpc_ms=r.rpc_ms, decode_ms=r.decode_ms,
-                           tail_ms=r.tail_ms, queue_ms=r.queue_ms, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
-                           bw_est_mbps=d.bandwidth_mbps, rtt_est_ms=d.rtt_ms, device_load=d.device_load,
-                           cloud_load=d.cloud_load, predicted_ms=d.predicted_ms, best=d.best, reason=d.reason)
-                th = float(table.head_ms[table.index(_cut(out.plan))])
-                if th >= 20.0 and r.head_ms > 0:
-                    dev.load.add_head(time.monotonic(), r.head_ms / th)
-            log.write(json.dumps(rec) + "\n")
-            _emit({"event": "progress", "t_s": t_s, "plan": rec["plan"], "latency_ms": rec["latency_ms"]})
-            k += 1
-
-
-def _busy_worker(spec: dict[str, Any]) -> None:
-    """Other devices queueing on the cloud: ``clients`` threads sending requests back to back."""
-    from splitrt.device import Device
-    from splitrt.solver import parse_plan
-
-    cut, codec = parse_plan(spec["plan"], "fp32")
-
-    def loop() -> None:
-        d = Device(spec["model_path"], spec["cloud"])
-        inputs = d.random_inputs(1)
-        head = d.run_head(inputs, cut)
-        while True:
-            with contextlib.suppress(Exception):
-                d.send(head, codec_spec=codec, timeout_s=30)
-
-    ths = [threading.Thread(target=loop, daemon=True) for _ in range(int(spec.get("clients", 2)))]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m splitrt.rig", description="rig child processes (internal)")
-    p.add_argument("role", choices=["worker", "busy"])
-    p.add_argument("spec", help="JSON")
-    a = p.parse_args(argv)
-    spec = json.loads(a.spec)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rig stops us; Ctrl-C reaches the rig
-    try:
-        if a.role == "busy":
-            _busy_worker(spec)
-        elif spec.get("mode") == "calibrate":
-            _calibrate_worker(spec, sys.stdin)
-        else:
-            _device_worker(spec, sys.stdin)
-    except Exception as exc:
-        _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
-        raise
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from splitrt import boards, cgroup, cli, netns, rig
+from splitrt import boards, cgroup, cli, netns, rig, rigbench, rigstats
 
 STEP = "step:30,2/1.5"  # 1.5 s at 30 Mbit/s, then 2 Mbit/s: the best plan changes mid-run
 
@@ -37,14 +37,14 @@ def _leftovers(prefix: str) -> list[str]:
     return out
 
 
-def _bench(tmp_path: Path, *, link: str, prefix: str | None, strategies: tuple[str, ...] = rig.STRATEGIES,
-           duration_s: float = 2.0) -> dict[str, object]:
-    cfg = rig.BenchConfig(model="squeezenet", trace=STEP, duration_s=duration_s, rate_hz=5.0,
-                          strategies=strategies)
+def _bench(tmp_path: Path, *, link: str, prefix: str | None, strategies: tuple[str, ...] = rigbench.STRATEGIES,
+           duration_s: float = 2.0, turn_s: float = 3.0) -> dict[str, object]:
+    cfg = rigbench.BenchConfig(model="squeezenet", trace=STEP, duration_s=duration_s, rate_hz=5.0,
+                               strategies=strategies, turn_s=turn_s)
     rc = rig.RigConfig(link=link, prefix=prefix, models=("squeezenet",), quota_cpus=0.5, pad_factor=3.0,
                        workdir=tmp_path / "rig")
     with rig.Rig(rc) as r:
-        result = rig.run_bench(cfg, r)
+        result = rigbench.run_bench(cfg, r)
     return result
 
 
@@ -52,11 +52,12 @@ def _bench(tmp_path: Path, *, link: str, prefix: str | None, strategies: tuple[s
 def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
     prefix = f"spl-t{os.getpid() % 100000}"
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    result = _bench(tmp_path, link="kernel", prefix=prefix, duration_s=3.0)
+    result = _bench(tmp_path, link="kernel", prefix=prefix, duration_s=3.0, turn_s=1.0)
     assert result["link"] == "kernel"
+    assert result["turns"] == {"turn_s": 1.0, "played": 15}  # 3 slices x 5 strategies
     strategies = result["strategies"]
     assert isinstance(strategies, dict)
-    assert set(strategies) == set(rig.STRATEGIES)
+    assert set(strategies) == set(rigbench.STRATEGIES)
     for name, s in strategies.items():
         for key in ("mean_ms", "p50_ms", "p95_ms", "p99_ms", "completed", "failed", "switches"):
             assert key in s, (name, key)
@@ -67,6 +68,12 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
     assert set(strategies["device-only"]["plans"]) == {"device"}
     assert {p.split("@")[0] for p in strategies["cloud-only"]["plans"]} == {"cloud"}
     assert strategies["device-only"]["switches"] == 0
+    # taking turns, each strategy still ran the window once, in order, on the same request schedule
+    requests = result["timeline"]["requests"]  # type: ignore[index]
+    for name in ("device-only", "static"):
+        times = [t for t, _, _ in requests[name]]
+        assert times == sorted(times) and times[0] < 0.4 and times[-1] > 2.5, (name, times)
+        assert len(times) == 15, name  # 5 req/s x 3 s: device plans never fall behind the schedule
     # the device's head times were rescaled to what this model takes on the throttled device
     dcal = result["device_calibration"]
     assert isinstance(dcal, dict) and dcal["measured_ms"] > 0 and dcal["table_ms"] > 0
@@ -144,8 +151,8 @@ def test_userspace_link_variant(tmp_path: Path) -> None:
 def test_transfer_time_follows_the_trace() -> None:
     t = rig.load_trace("step:1,8/2")
     # 1 Mbit at 1 Mbit/s from t=0: 1 s; 3 Mbit from 1 s: 1 Mbit by 2 s, then 2 Mbit at 8 Mbit/s = 0.25 s
-    assert rig.transfer_ms(t, 0.0, 125_000) == pytest.approx(1000.0)
-    assert rig.transfer_ms(t, 1.0, 375_000) == pytest.approx(1250.0)
-    assert rig.burst_intervals("device-burst", 30) == [(10.0, 20.0)]
-    assert rig.burst_intervals("device-burst", 130) == [(20.0, 40.0), (80.0, 100.0)]
-    assert rig.burst_intervals("none", 130) == []
+    assert rigstats.transfer_ms(t, 0.0, 125_000) == pytest.approx(1000.0)
+    assert rigstats.transfer_ms(t, 1.0, 375_000) == pytest.approx(1250.0)
+    assert rigstats.burst_intervals("device-burst", 30) == [(10.0, 20.0)]
+    assert rigstats.burst_intervals("device-burst", 130) == [(20.0, 40.0), (80.0, 100.0)]
+    assert rigstats.burst_intervals("none", 130) == []

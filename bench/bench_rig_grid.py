@@ -5,9 +5,9 @@ device-burst. Prints one row per cell (and --json). One rig (calibrated once) se
 Targets per cell: adaptive mean <= 1.10 x oracle mean, adaptive p95 <= 1.15 x oracle p95, adaptive mean
 <= 1.02 x the best of device-only, cloud-only, static and periodic, zero failed requests.
 
-Default: 32 cells x 5 measured strategies x 10 s (+ ~15 s set-up per cell): about 40 minutes.
+Default: 32 cells x 5 measured strategies x 12 s, in 1 s turns (+ ~35 s set-up per cell): about 50 minutes.
     .venv/bin/python bench/bench_rig_grid.py [--traces hsdpa/bus,hsdpa/car] [--models resnet50]
-        [--scales 1,5] [--loads none,device-burst] [--duration 10] [--rate 4] [--json grid.json]
+        [--scales 1,5] [--loads none,device-burst] [--duration 12] [--turn 1] [--rate 4] [--json grid.json]
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scales", default="1,5")
     p.add_argument("--loads", default="none,device-burst")
     p.add_argument("--board", default="rpi4")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per strategy per cell")
+    p.add_argument("--duration", type=float, default=12.0, help="seconds of trace per strategy per cell")
+    p.add_argument("--turn", type=float, default=1.0, help="strategies take turns on slices this long (s)")
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--offset", type=float, default=0.0, help="start of the trace window (s)")
     p.add_argument("--link", default="auto", choices=["auto", "kernel", "userspace"])
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             line.say(f"cell {k + 1}/{len(cells)}: {trace} {model} x{scale:g} load {load} "
                      f"({(time.monotonic() - t_start) / 60:.1f} min so far)")
             cfg = rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load, rate_hz=a.rate,
-                                  duration_s=a.duration, trace_offset_s=a.offset)
+                                  duration_s=a.duration, turn_s=a.turn,
+                                       trace_offset_s=a.offset)
             try:
                 result = rigbench.run_bench(cfg, r, progress=line.say, live=line)
             except Exception as exc:  # one broken cell must not lose the others
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"trace": trace, "model": model, "scale": scale, "load": load, "link": result["link"],
                          "verdict": v, "strategies": {n: {key: s[n][key] for key in (
                              "mean_ms", "p50_ms", "p95_ms", "p99_ms", "completed", "failed", "switches",
-                             "energy_mj")} for n in s},
+                             "energy_mj", "plans")} for n in s},
                          "calibration": result["calibration"], "cloud_calibration": result["cloud_calibration"],
                          "policies": result["policies"], "measured_costs": result["measured_costs"]})
             print(table([rows[-1]]).splitlines()[-1], flush=True)
@@ -78,19 +80,31 @@ def table(rows: list[dict[str, Any]]) -> str:
     out = []
     for x in rows:
         if "error" in x:
-            out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], "ERROR", "", "", "", "", "", "",
+            out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], "", "ERROR", "", "", "", "", "", "",
                         "", x["error"][:40]))
             continue
         s, v = x["strategies"], x["verdict"]
         others = {n: s[n]["mean_ms"] for n in ("device-only", "cloud-only", "static", "periodic") if n in s}
         best = min(others, key=lambda n: others[n]) if others else "-"
-        out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], s["adaptive"]["mean_ms"],
+        out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], twin_gap(s), s["adaptive"]["mean_ms"],
                     s["oracle"]["mean_ms"], s["adaptive"]["p95_ms"], s["oracle"]["p95_ms"],
                     f"{best} {others.get(best, math.nan):.0f}", f"{v['mean_vs_oracle']:.3f}",
                     f"{v['p95_vs_oracle']:.3f}", f"{v['mean_vs_best_other']:.3f}",
                     f"{v['failed']} {'PASS' if v['pass'] else 'miss'}"))
-    return render(["trace", "model", "scale", "load", "adapt mean", "oracle mean", "adapt p95", "oracle p95",
-                   "best other (mean)", "mean/orc", "p95/orc", "mean/best", "failed"], out)
+    return render(["trace", "model", "scale", "load", "twin gap", "adapt mean", "oracle mean", "adapt p95",
+                   "oracle p95", "best other (mean)", "mean/orc", "p95/orc", "mean/best", "failed"], out)
+
+
+def twin_gap(s: dict[str, Any]) -> str:
+    """The measurement's resolution in this cell: when two fixed strategies ran the very same plan
+    (static's pick is often device-only's or cloud-only's), how far apart their means came out."""
+    plans = {n: s[n].get("plans", {}) for n in ("device-only", "cloud-only", "static") if n in s}
+    for other in ("device-only", "cloud-only"):
+        if other in plans and "static" in plans and plans[other].keys() == plans["static"].keys() \
+                and len(plans[other]) == 1:
+            a, b = s[other]["mean_ms"], s["static"]["mean_ms"]
+            return f"{abs(a / b - 1) * 100:.1f}%"
+    return "-"
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
     p.add_argument("--load", default="none", choices=rigbench.LOADS)
     p.add_argument("--rate", type=float, default=4.0, help="requests per second (paced, one in flight)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of trace every strategy plays")
-    p.add_argument("--turn", type=float, default=3.0,
+    p.add_argument("--turn", type=float, default=1.0,
                    help="strategies take turns on slices this long, so host drift hits all alike (s)")
     p.add_argument("--trace-offset", type=float, default=0.0, help="start this far into the trace (s)")
     p.add_argument("--rtt-ms", type=float, default=None, help="added round trip (default: typical of the trace)")

@@ -336,6 +336,11 @@ class Rig:
         self.progress(f"rig {self.prefix}: namespaces, veth, htb shaping, cgroup (kernel link)")
         self.lan = netns.make_link(self.prefix)
         cloud_host = self.lan.hosts[1]
+        # Strategies take turns (rigbench): a connection parked for the others' turns would restart
+        # from a cold congestion window at every turn, a cost one continuous run does not pay. The
+        # setting is the namespace's own and goes with it.
+        for h in self.lan.hosts:
+            h.call(Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").write_text, "0")
         self._start_cloud()
         self.relay = shaper.UserspaceLink((cloud_host.ip, 0), ("127.0.0.1", CLOUD_PORT), rate_mbps=None,
                                           delay_ms=0.0, netns_name=cloud_host.ns)

@@ -57,7 +57,7 @@ class BenchConfig:
     load: str = "none"
     rate_hz: float = 4.0
     duration_s: float = 30.0  # the trace window every strategy plays
-    turn_s: float = 3.0  # strategies take turns on slices this long (>= duration_s: one whole run each)
+    turn_s: float = 1.0  # strategies take turns on slices this long (>= duration_s: one whole run each)
     trace_offset_s: float = 0.0
     rtt_ms: float | None = None  # None: typical of the trace's family
     codecs: tuple[str, ...] | None = None  # None: every codec of the cost table, for every strategy
@@ -269,7 +269,8 @@ def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_m
     if "oracle" in cfg.strategies and runs:
         ref = "adaptive" if "adaptive" in runs else next(iter(runs))
         times = [float(r["t_s"]) for r in runs[ref]["records"]]
-        real = [None if r.get("error") else (str(r["plan"]), float(r["latency_ms"])) for r in runs[ref]["records"]]
+        real = [None if r.get("error") or r.get("fallback") else (str(r["plan"]), float(r["latency_ms"]))
+                for r in runs[ref]["records"]]
         picks = oracle(table, costs, times, played, sched, cfg.codecs, real)
         energies = []
         for t, (plan, ms) in zip(times, picks, strict=True):

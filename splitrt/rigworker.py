@@ -362,7 +362,7 @@ def _thread_roles(strategies: Iterable[_Strategy]) -> dict[str, list[int]]:
 def _run_turn(st: _Strategy, table: Any, inputs: Any, *, t0: float, from_s: float, until_s: float,
               rate_hz: float, log_path: Path, tasks_file: str | None) -> float:
     """One turn: window position ``from_s`` is played at monotonic ``t0``; the strategy's requests
-    scheduled before ``until_s`` run (a late one still ends), then it idles, probing, until ``until_s``
+    that start before ``until_s`` run (a late one still ends), then it idles, probing, until ``until_s``
     as in a continuous run. Returns the position at which it parked."""
     st.runqueue.tasks_file = tasks_file
     while time.monotonic() < t0:
@@ -375,16 +375,21 @@ def _run_turn(st: _Strategy, table: Any, inputs: Any, *, t0: float, from_s: floa
             _loop_requests(st, table, inputs, t0, from_s, until_s, rate_hz, log)
         time.sleep(max(0.0, t0 + until_s - from_s - time.monotonic()))
     finally:
+        end_s = from_s + time.monotonic() - t0
+        # Clock first: a probe still under way ends while parked, and its sample is stamped at the
+        # turn's end. Its transfer would have overlapped the next requests in one continuous run; here
+        # it must not delay this strategy's timeline.
+        st.clock.pause()
         st.runqueue.active.clear()
         st.prober.park()
-        st.clock.pause()
-    return from_s + time.monotonic() - t0
+    return end_s
 
 
 def _loop_requests(st: _Strategy, table: Any, inputs: Any, t0: float, from_s: float, until_s: float,
                    rate_hz: float, log: IO[str]) -> None:
     """Paced closed loop: request k is due at window position (k + u_k) / rate (u_k uniform in [0, 1),
-    the same for every strategy) and starts then, or when request k-1 ends if later."""
+    the same for every strategy) and starts then, or when request k-1 ends if later; none starts at or
+    after ``until_s`` (a backlog carries over to the next turn, as it would in one continuous run)."""
     # The jitter spreads request starts over the CFS period of the board's throttle (20 ms): strictly
     # periodic starts at 4 Hz meet it at only two phases, fixed per run by t0, and a throttled head's
     # latency comes in steps of one period (463, 480, 501 ms...), so two runs of the same plan differed
@@ -394,10 +399,10 @@ def _loop_requests(st: _Strategy, table: Any, inputs: Any, t0: float, from_s: fl
         if st.next_u is None:
             st.next_u = st.jitter.random()
         due = (st.next_k + st.next_u) / rate_hz
-        if due >= until_s:
+        start_s = max(due, from_s + time.monotonic() - t0)  # window position it starts at
+        if start_s >= until_s:  # the next turn starts it (at once, if it is already late)
             return
-        start = max(t0 + due - from_s, time.monotonic())
-        time.sleep(max(0.0, start - time.monotonic()))
+        time.sleep(max(0.0, t0 + start_s - from_s - time.monotonic()))
         t_s = from_s + time.monotonic() - t0
         rec: dict[str, Any] = {"i": st.next_k, "t_s": t_s}
         try:

@@ -16,9 +16,12 @@ import argparse
 import itertools
 import json
 import math
+import statistics
 import sys
 import time
 from typing import Any
+
+import numpy as np
 
 from splitrt import cmd_bench, rig, rigbench, traces
 from splitrt.tables import render
@@ -49,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             line.say(f"cell {k + 1}/{len(cells)}: {trace} {model} x{scale:g} load {load} "
                      f"({(time.monotonic() - t_start) / 60:.1f} min so far)")
             cfg = rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load, rate_hz=a.rate,
-                                  duration_s=a.duration, turn_s=a.turn,
-                                       trace_offset_s=a.offset)
+                                       duration_s=a.duration, turn_s=a.turn, trace_offset_s=a.offset)
             try:
                 result = rigbench.run_bench(cfg, r, progress=line.say, live=line)
             except Exception as exc:  # one broken cell must not lose the others
@@ -64,23 +66,70 @@ def main(argv: list[str] | None = None) -> int:
                              "mean_ms", "p50_ms", "p95_ms", "p99_ms", "completed", "failed", "switches",
                              "energy_mj", "plans")} for n in s},
                          "calibration": result["calibration"], "cloud_calibration": result["cloud_calibration"],
-                         "policies": result["policies"], "measured_costs": result["measured_costs"]})
+                         "policies": result["policies"], "measured_costs": result["measured_costs"],
+                         "latencies_ms": {n: [q[1] for q in reqs] for n, reqs in
+                                          result["timeline"]["requests"].items()}})
             print(table([rows[-1]]).splitlines()[-1], flush=True)
+            if a.json:  # after every cell: a run cut short keeps what it measured
+                with open(a.json, "w") as f:
+                    json.dump({"cells": rows, "duration_s": a.duration, "turn_s": a.turn, "rate_hz": a.rate,
+                               "board": a.board}, f, indent=1, default=float)
     print(table(rows))
-    ok = [x for x in rows if x.get("verdict", {}).get("pass")]
-    print(f"{len(ok)}/{len(rows)} cells meet every target; {(time.monotonic() - t_start) / 60:.1f} min")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"cells": rows, "duration_s": a.duration, "rate_hz": a.rate, "board": a.board}, f, indent=1,
-                      default=float)
+    print(summary(rows))
+    print(f"{(time.monotonic() - t_start) / 60:.1f} min")
     return 0
+
+
+def ratio_ci(a: list[float], b: list[float], *, n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % bootstrap interval of mean(a) / mean(b), each resampled on its own."""
+    if not a or not b:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a), np.asarray(b)
+    ra = xa[rng.integers(0, len(xa), (n, len(xa)))].mean(axis=1)
+    rb = xb[rng.integers(0, len(xb), (n, len(xb)))].mean(axis=1)
+    lo, hi = np.percentile(ra / rb, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def best_other(x: dict[str, Any]) -> str:
+    s = x["strategies"]
+    others = [n for n in ("device-only", "cloud-only", "static", "periodic") if n in s]
+    return min(others, key=lambda n: s[n]["mean_ms"]) if others else "-"
+
+
+def best_ci(x: dict[str, Any]) -> tuple[float, float]:
+    lat = x.get("latencies_ms", {})
+    return ratio_ci(lat.get("adaptive", []), lat.get(best_other(x), []))
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Per target, how many cells meet it; for the 1.02 target, also whether the noise resolves it."""
+    done = [x for x in rows if "verdict" in x]
+    v = [x["verdict"] for x in done]
+    n = len(done)
+    cis = [best_ci(x) for x in done]
+    resolved_ok = sum(1 for lo, hi in cis if hi <= 1.02)
+    resolved_miss = sum(1 for lo, hi in cis if lo > 1.02)
+    ratios = [y["mean_vs_best_other"] for y in v]
+    return "\n".join([
+        f"{sum(1 for y in v if y['pass'])}/{n} cells meet every target",
+        f"adaptive mean <= 1.10 x oracle: {sum(1 for y in v if y['mean_vs_oracle'] <= 1.10)}/{n}; "
+        f"p95 <= 1.15 x oracle: {sum(1 for y in v if y['p95_vs_oracle'] <= 1.15)}/{n}; "
+        f"zero failed: {sum(1 for y in v if y['failed'] == 0)}/{n}",
+        f"adaptive mean <= 1.02 x best other: {sum(1 for r in ratios if r <= 1.02)}/{n} "
+        f"(<= 1.05: {sum(1 for r in ratios if r <= 1.05)}/{n}; geometric mean over cells "
+        f"{math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else math.nan:.3f}); "
+        f"95 % interval entirely <= 1.02: {resolved_ok}/{n}, entirely > 1.02: {resolved_miss}/{n}, "
+        f"not resolved by the noise: {n - resolved_ok - resolved_miss}/{n}",
+    ])
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     out = []
     for x in rows:
         if "error" in x:
-            out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], "", "ERROR", "", "", "", "", "", "",
+            out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], "", "ERROR", "", "", "", "", "", "", "",
                         "", x["error"][:40]))
             continue
         s, v = x["strategies"], x["verdict"]
@@ -90,9 +139,10 @@ def table(rows: list[dict[str, Any]]) -> str:
                     s["oracle"]["mean_ms"], s["adaptive"]["p95_ms"], s["oracle"]["p95_ms"],
                     f"{best} {others.get(best, math.nan):.0f}", f"{v['mean_vs_oracle']:.3f}",
                     f"{v['p95_vs_oracle']:.3f}", f"{v['mean_vs_best_other']:.3f}",
+                    "{:.2f}-{:.2f}".format(*best_ci(x)),
                     f"{v['failed']} {'PASS' if v['pass'] else 'miss'}"))
     return render(["trace", "model", "scale", "load", "twin gap", "adapt mean", "oracle mean", "adapt p95",
-                   "oracle p95", "best other (mean)", "mean/orc", "p95/orc", "mean/best", "failed"], out)
+                   "oracle p95", "best other (mean)", "mean/orc", "p95/orc", "mean/best", "95% CI", "failed"], out)
 
 
 def twin_gap(s: dict[str, Any]) -> str:

@@ -1,13 +1,13 @@
 """The end-to-end benchmark in the rig (``splitrt bench``): every strategy on the same trace window.
 
-One device worker process holds one ``AdaptiveDevice`` per strategy. The window is played in turns:
-the strategies take turns on the same ``turn_s`` slice of the trace (the link replays it for each), in
-rounds that alternate forward and backward order, so every strategy's requests sit on average at the
-same moment and a slow drift of the host's speed (this VM: the same plan measured 339 and 386 ms a
-minute apart) cancels instead of favouring whichever strategy ran in a fast minute. A strategy's own
-clock stands still and its prober is parked while the others take their turns: each strategy sees one
-continuous run of the window, as a deployment would. The oracle is computed offline
-(``rigstats.oracle``) from the measured per-cut costs and the bandwidth each request met.
+One device worker process holds one ``AdaptiveDevice`` per strategy. The window is played in turns: the
+strategies take turns on the same ``turn_s`` slice of the trace (the link replays it for each), in
+rounds whose order rotates, so every strategy's requests sit on average at the same moment and a slow
+drift of the host's speed (this VM: the same plan measured 339 and 386 ms a minute apart) cancels
+instead of favouring whichever strategy ran in a fast minute. A strategy's own clock stands still and
+its prober is parked while the others take their turns: each strategy sees one continuous run of the
+window, as a deployment would. The oracle is computed offline (``rigstats.oracle``) from the measured
+per-cut costs and the bandwidth each request met.
 """
 
 from __future__ import annotations
@@ -78,14 +78,16 @@ class BenchConfig:
 
 
 def turn_plan(names: Sequence[str], duration_s: float, turn_s: float) -> list[tuple[str, float]]:
-    """(strategy, end of its slice) in play order. Rounds alternate forward and backward: with an even
-    number of rounds every strategy's turns average the same position in time (a linear drift cancels
-    exactly); with an odd number the spread is at most one round's turns."""
+    """(strategy, end of its slice) in play order. Round r starts with strategy r mod n: over n rounds
+    every strategy takes every place once (a linear drift of the host cancels exactly), and no strategy
+    takes two turns in a row (with 3 or more), so a few slow seconds of the host are spread over all
+    strategies instead of landing on one strategy's two adjacent turns."""
     rounds = max(1, math.ceil(duration_s / turn_s - 1e-9))
     out = []
+    n = len(names)
     for r in range(rounds):
         until = min(duration_s, (r + 1) * turn_s)
-        out += [(n, until) for n in (names if r % 2 == 0 else list(reversed(names)))]
+        out += [(names[(r + i) % n], until) for i in range(n)]
     return out
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -96,31 +95,28 @@ class HeadLoad(LoadEstimator):
                    profiled_freq_mhz: float | None = None) -> float:
         return 1.0
 
-    last_head_s = -math.inf
-
-    def add_head(self, now_s: float, ratio: float, *, probe: bool = False) -> float:
-        if not probe:
-            self.last_head_s = now_s
+    def add_head(self, now_s: float, ratio: float) -> float:
         util = 1.0 - 1.0 / max(1.0, ratio)
         return LoadEstimator.add_device(self, now_s, other_util=min(util, 0.99))
 
 
 class RunQueueProbe:
-    """While no head has been timed for a while (the plan sends the input), sample the emulated board's
-    run queue: how many threads of the OTHER processes sharing the device's CPU (listed by the rig in
-    ``tasks_file``) are runnable. One compute thread competing with ``n`` runnable
-    tasks gets ``1 / (1 + n)`` of the CPU, so a head would now take ``1 + n`` times as long: the
-    figure a real board's psutil gives the runtime. (Timing a small piece of work instead does not
-    work under a CFS quota: a job shorter than the quota runs at full speed or waits a whole period.)"""
+    """Sample the emulated board's run queue during a turn: how many threads of the OTHER processes
+    sharing the device's CPU (listed by the rig in ``tasks_file``) are runnable. One compute thread
+    competing with ``n`` runnable tasks gets ``1 / (1 + n)`` of the CPU, so a head would now take
+    ``1 + n`` times as long: the figure a real board's psutil gives the runtime's prober, every 0.25 s
+    (the prober's interval), whether or not a head is running (a head timed at the end of a 0.9 s request is late
+    news: a burst was seen 2-3 s after it began and for 1.6 s after it ended). Timing a small piece of
+    work instead does not work under a CFS quota: a job shorter than the quota runs at full speed or
+    waits a whole period."""
 
     def __init__(self, load: HeadLoad, tasks_file: str | None, *, sample_s: float = 0.05,
-                 report_s: float = 0.5, stale_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 report_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
         self.load = load
         self.clock = clock
         self.tasks_file = tasks_file
         self.sample_s = sample_s
         self.report_s = report_s
-        self.stale_s = stale_s
         self._stop = threading.Event()
         self.active = threading.Event()
         self._thread: threading.Thread | None = None
@@ -154,13 +150,13 @@ class RunQueueProbe:
         next_report = self.clock() + self.report_s
         while not self._stop.wait(self.sample_s):
             now = self.clock()
-            if not self.active.is_set() or now - self.load.last_head_s < self.stale_s:
-                samples.clear()  # heads are being timed: they are the measurement
+            if not self.active.is_set():
+                samples.clear()
                 next_report = now + self.report_s
                 continue
             samples.append(self.runnable_others())
             if now >= next_report:
-                self.load.add_head(now, 1.0 + statistics.fmean(samples), probe=True)
+                self.load.add_head(now, 1.0 + statistics.fmean(samples))
                 samples.clear()
                 next_report = now + self.report_s
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -16,25 +17,26 @@ from splitrt.rigworker import TurnClock
 NAMES = ["device-only", "cloud-only", "static", "periodic", "adaptive"]
 
 
-def test_turns_cover_the_window_once_per_strategy_in_alternating_order() -> None:
+def test_turns_cover_the_window_once_per_strategy_in_rotating_order() -> None:
     plan = rigbench.turn_plan(NAMES, 12.0, 3.0)
     assert len(plan) == 4 * len(NAMES)
     assert [n for n, _ in plan[:5]] == NAMES
-    assert [n for n, _ in plan[5:10]] == NAMES[::-1]
+    assert [n for n, _ in plan[5:10]] == NAMES[1:] + NAMES[:1]
     for name in NAMES:
         assert [u for n, u in plan if n == name] == [3.0, 6.0, 9.0, 12.0]
 
 
-@given(n=st.integers(1, 6), rounds=st.integers(1, 8), turn_s=st.floats(0.5, 5.0))
-def test_every_strategy_sits_at_the_same_mean_place_in_time(n: int, rounds: int, turn_s: float) -> None:
+@given(n=st.integers(1, 6), rounds=st.integers(1, 13), turn_s=st.floats(0.5, 5.0))
+def test_every_strategy_takes_every_place_and_never_two_turns_in_a_row(n: int, rounds: int, turn_s: float) -> None:
     names = [f"s{i}" for i in range(n)]
     plan = rigbench.turn_plan(names, rounds * turn_s, turn_s)
     assert len(plan) == n * rounds
-    means = [statistics.fmean(k for k, (name, _) in enumerate(plan) if name == s) for s in names]
-    # even rounds: a linear drift of the host cancels exactly; odd: off by at most one round's spread
-    spread = max(means) - min(means)
-    assert spread == pytest.approx(0.0, abs=1e-9) if rounds % 2 == 0 else spread <= (n - 1) / rounds + 1e-9
     assert plan[-1][1] == pytest.approx(rounds * turn_s)
+    places = {s: [k % n for k, (name, _) in enumerate(plan) if name == s] for s in names}
+    if rounds % n == 0:  # whole cycles: the same mean place, so a linear drift of the host cancels exactly
+        assert len({statistics.fmean(p) for p in places.values()}) == 1
+    if n >= 3:
+        assert all(a[0] != b[0] for a, b in itertools.pairwise(plan))
 
 
 def test_a_turn_longer_than_the_window_is_one_run_each() -> None:

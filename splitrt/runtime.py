@@ -44,6 +44,10 @@ class RuntimeConfig:
     backoff_max_s: float = 2.0
     prober_interval_s: float = 0.25
     probe_timeout_s: float = 2.0
+    # A bandwidth probe on an idle connection goes out twice, back to back, and the second counts: after
+    # idle, TCP restarts from its initial window (tcp_slow_start_after_idle), and the first probe
+    # measures that. False halves the probe traffic where that restart is off or does not matter.
+    bandwidth_probe_pairs: bool = True
     # Time kept in reserve for finishing locally when the RPC deadline is computed.
     min_rpc_timeout_ms: float = 50.0
     warm_sessions: bool = True
@@ -361,7 +365,7 @@ class AdaptiveDevice:
                 # (slow start after idle), so the first probe's rate is that of a cold connection; the
                 # second runs on the window the first opened, as requests in a steady stream do.
                 pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
-                if self._inflight == 0:
+                if self.config.bandwidth_probe_pairs and self._inflight == 0:
                     pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
             except CloudError as exc:
                 if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated

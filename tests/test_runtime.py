@@ -240,3 +240,25 @@ def test_clouds_are_tried_in_the_given_order(models_dir: Path, mg: graph.ModelGr
     finally:
         a.stop(grace_s=0.2)
         b.stop(grace_s=0.2)
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_bandwidth_probes_go_in_pairs_unless_told_not_to(server: CloudServer, mg: graph.ModelGraph,
+                                                         pairs: bool) -> None:
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    cfg = RuntimeConfig(bandwidth_probe_pairs=pairs)
+    with AdaptiveDevice(mg, table, [server.address], config=cfg, start_prober=False) as dev:
+        cloud = next(iter(dev._clouds.values()))
+        sizes: list[int] = []
+        real_probe = cloud.device.probe
+
+        def counted(up: int, down: int, **kw: float) -> object:
+            sizes.append(up)
+            return real_probe(up, down, **kw)
+
+        cloud.device.probe = counted  # type: ignore[method-assign]
+        dev.probe_once()  # a fresh estimator: the link needs an RTT and a bandwidth sample
+    assert sizes[0] == 64  # the RTT probe first
+    bandwidth = sizes[1:]
+    assert len(bandwidth) == (2 if pairs else 1), sizes
+    assert all(b > 64 for b in bandwidth)

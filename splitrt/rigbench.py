@@ -178,7 +178,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             (rig.workdir / f"requests-{name}.jsonl").unlink(missing_ok=True)
             worker.call({"cmd": "prepare", "name": name, "policy": policies[name],
                          "with_cloud": name != "device-only", "cloud_factor": cloud_factor,
-                         "speed_factor": speed}, 300)
+                         "speed_factor": speed, "rate_hz": cfg.rate_hz}, 300)
         roles = worker.call({"cmd": "roles"}, 30)
         rig.throttle_threads(worker.proc.pid, roles.get("compute_tids", []), roles.get("other_tids", []))
         try:

@@ -107,6 +107,7 @@ class LinkConfig:
 class _Rate:
     t_s: float
     mbps: float
+    raw: tuple[int, float] | None = None  # (bytes, seconds) of a transfer timed before any RTT sample
 
 
 def _finite(name: str, value: float) -> float:
@@ -151,7 +152,24 @@ class LinkEstimator:
         rtt = _finite("rtt_ms", rtt_ms)
         if rtt < 0:
             raise ValueError(f"rtt_ms: expected >= 0, got {rtt_ms!r}")
+        first = not self._rtts
         self._rtts.append((_finite("now_s", now_s), rtt))
+        if first and any(r.raw for r in self._rates):
+            # Transfers timed before any RTT sample were netted of nothing (a 150 KB transfer over an
+            # 80 ms link read 6.6 instead of 11.5 Mbit/s); net them of this RTT now.
+            renetted = [self._net(r) for r in self._rates]
+            self._rates.clear()
+            self._rates.extend(r for r in renetted if r is not None)
+            self._pending, self._pending_side = 0, 0
+
+    def _net(self, r: _Rate) -> _Rate | None:
+        if r.raw is None:
+            return r
+        nbytes, secs = r.raw
+        transfer_s = secs - self._rtt_floor_ms() / 1000.0
+        if transfer_s <= 0 or transfer_s < self.config.min_transfer_fraction * secs:
+            return None
+        return _Rate(r.t_s, nbytes * 8 / _BITS_PER_MBIT / transfer_s)
 
     def add_transfer(self, now_s: float, bytes: int, seconds: float) -> bool:
         """A real transfer of ``bytes`` that took ``seconds`` (the cloud's compute time already
@@ -171,7 +189,7 @@ class LinkEstimator:
         ):
             self.ignored += 1
             return False
-        self._add_rate(now, bytes * 8 / _BITS_PER_MBIT / transfer_s)
+        self._add_rate(now, bytes * 8 / _BITS_PER_MBIT / transfer_s, raw=None if self._rtts else (bytes, secs))
         return True
 
     def add_rate(self, now_s: float, mbps: float) -> None:
@@ -181,7 +199,7 @@ class LinkEstimator:
             raise ValueError(f"mbps: expected > 0, got {mbps!r}")
         self._add_rate(_finite("now_s", now_s), rate)
 
-    def _add_rate(self, now_s: float, mbps: float) -> None:
+    def _add_rate(self, now_s: float, mbps: float, raw: tuple[int, float] | None = None) -> None:
         cfg = self.config
         settled = list(self._rates)[: len(self._rates) - self._pending]
         side = 0
@@ -197,7 +215,7 @@ class LinkEstimator:
             self._pending, self._pending_side = 1, side
         else:
             self._pending, self._pending_side = 0, 0
-        self._rates.append(_Rate(now_s, mbps))
+        self._rates.append(_Rate(now_s, mbps, raw))
         if self._pending >= cfg.step_samples:
             keep = list(self._rates)[-self._pending :]
             self._rates.clear()

@@ -94,6 +94,30 @@ def test_rtt_is_subtracted_from_transfers() -> None:
     assert est.bandwidth_mbps() == pytest.approx(10.0)
 
 
+def test_transfers_timed_before_any_rtt_sample_are_netted_once_one_arrives() -> None:
+    est = LinkEstimator()
+    # 154 KB over 11.5 Mbit/s + 80 ms: before any RTT sample it reads 6.6 Mbit/s
+    secs = 154_000 * 8 / 11.5e6 + 0.080
+    assert est.add_transfer(0.0, 154_000, secs)
+    assert est.add_transfer(0.25, 154_000, secs)
+    assert est.bandwidth_mbps() == pytest.approx(6.6, abs=0.05)
+    est.add_rtt(0.3, 80.0)
+    assert est.samples == 2
+    assert est.bandwidth_mbps() == pytest.approx(11.5)
+    # later samples are netted at once, and a later RTT sample does not re-net anything
+    assert est.add_transfer(0.5, 154_000, secs)
+    est.add_rtt(0.6, 60.0)
+    assert est.bandwidth_mbps() == pytest.approx(11.5)
+
+
+def test_a_transfer_faster_than_the_first_rtt_sample_is_dropped_when_netted() -> None:
+    est = LinkEstimator()
+    assert est.add_transfer(0.0, 100_000, 0.09)
+    est.add_rtt(0.1, 85.0)  # 5 ms of 90 ms left for the bytes: RTT-dominated, nothing to learn
+    assert est.samples == 0
+    assert est.bandwidth_mbps() == LinkConfig().prior_bandwidth_mbps
+
+
 def test_rtt_dominated_transfers_are_ignored() -> None:
     est = LinkEstimator()
     est.add_rtt(0.0, 50.0)

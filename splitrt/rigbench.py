@@ -58,6 +58,7 @@ class BenchConfig:
     rate_hz: float = 4.0
     duration_s: float = 30.0  # the trace window every strategy plays
     turn_s: float = 1.0  # strategies take turns on slices this long (>= duration_s: one whole run each)
+    warmup_s: float = 2.0  # uncounted requests per strategy before its first turn
     trace_offset_s: float = 0.0
     rtt_ms: float | None = None  # None: typical of the trace's family
     codecs: tuple[str, ...] | None = None  # None: every codec of the cost table, for every strategy
@@ -72,6 +73,8 @@ class BenchConfig:
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad:
             raise ConfigError(f"strategies: expected names in {', '.join(STRATEGIES)}, got {bad}")
+        if self.warmup_s < 0:
+            raise ConfigError(f"warmup_s: expected >= 0, got {self.warmup_s}")
         if not self.rate_hz > 0 or not self.duration_s > 0 or not self.bandwidth_scale > 0 or not self.turn_s > 0:
             raise ConfigError(f"rate_hz, duration_s, turn_s, bandwidth_scale must be > 0, got {self.rate_hz}, "
                               f"{self.duration_s}, {self.turn_s}, {self.bandwidth_scale}")
@@ -178,7 +181,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             (rig.workdir / f"requests-{name}.jsonl").unlink(missing_ok=True)
             worker.call({"cmd": "prepare", "name": name, "policy": policies[name],
                          "with_cloud": name != "device-only", "cloud_factor": cloud_factor,
-                         "speed_factor": speed, "rate_hz": cfg.rate_hz}, 300)
+                         "speed_factor": speed, "rate_hz": cfg.rate_hz, "warmup_s": cfg.warmup_s}, 300)
         roles = worker.call({"cmd": "roles"}, 30)
         rig.throttle_threads(worker.proc.pid, roles.get("compute_tids", []), roles.get("other_tids", []))
         try:

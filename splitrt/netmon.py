@@ -73,9 +73,12 @@ class LinkConfig:
     half_life_s: float = 10.0
     full_confidence_samples: int = 3
     # Bandwidth samples older than this are dropped (the newest two always stay): when only probes
-    # feed the estimate (the plan keeps everything on the device) the window of 8 would otherwise hold
-    # a dip for many seconds after the link recovered. None keeps them until the window pushes them out.
-    max_sample_age_s: float | None = 5.0
+    # feed the estimate (the plan keeps everything on the device, one probe a second) the window of 8
+    # would otherwise hold a dip for many seconds after the link recovered. 3 s: about what a window
+    # of 8 transfers spans at 3 requests/s; at 5 s the rig's adaptive stayed on the device 2-3 s after
+    # a 3G dip had passed (two dip samples outweighed three healthy probes). None keeps them until the
+    # window pushes them out.
+    max_sample_age_s: float | None = 3.0
     probe_after_s: float = 1.0
     min_probe_interval_s: float = 0.5
     prior_bandwidth_mbps: float = 10.0

@@ -84,7 +84,8 @@ def test_step_20_to_1_mbps() -> None:
 def test_one_outlier_does_not_reset_the_window() -> None:
     est = fed([20.0] * 8 + [200.0] + [20.0])
     assert est.steps == 0
-    assert 20.0 <= est.estimate(10.0).bandwidth_mbps < 25.0  # the burst barely counts
+    # the burst barely counts: one sample a second keeps 4 in the 3 s window, harmonic mean 25.8
+    assert 20.0 <= est.estimate(10.0).bandwidth_mbps < 26.0
 
 
 def test_rtt_is_subtracted_from_transfers() -> None:

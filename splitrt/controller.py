@@ -160,6 +160,80 @@ class Controller:
         return list(keys)
 
 
+
+def parse_policy(spec: str) -> tuple[str, str]:
+    """``adaptive`` | ``periodic:SECONDS`` | ``fixed:PLAN`` -> (kind, argument); ConfigError otherwise."""
+    kind, _, arg = spec.partition(":")
+    if kind not in ("adaptive", "periodic", "fixed") or (kind != "adaptive" and not arg):
+        raise ConfigError(f"policy: expected adaptive, periodic:SECONDS or fixed:PLAN, got {spec!r}")
+    if kind == "periodic":
+        try:
+            ok = float(arg) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"policy: periodic needs a period > 0 seconds, got {arg!r}")
+    return kind, arg
+
+
+class Policy:
+    """What a strategy plans per request, pure like the controller it wraps: ``adaptive`` asks the
+    controller every request; ``periodic:S`` every S seconds and keeps that plan in between (REAP-style);
+    ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ``CUT@CODEC``). The device runtime and the
+    trace simulator (``splitrt.sim``) both decide through this class, so they cannot drift apart."""
+
+    def __init__(self, spec: str, controller: Controller) -> None:
+        from splitrt.errors import PlanError
+        from splitrt.solver import parse_plan
+
+        kind, arg = parse_policy(spec)
+        table = controller.table
+        if kind == "fixed":  # a typo in a fixed plan fails here, not on every request
+            try:
+                cut, codec = parse_plan(arg, table.codecs[0])
+                table.index(cut)
+                table.codec_index(codec)
+            except PlanError as exc:
+                raise ConfigError(f"policy {spec!r}: {exc}") from exc
+        self.spec, self.kind, self.arg = spec, kind, arg
+        self.controller = controller
+        self._periodic_next_s = 0.0
+        self._periodic_plan: str | None = None
+
+    def decide(self, now_s: float, link: LinkEstimate, load: LoadEstimate, *,
+               cloud_available: bool = True, request: str = "") -> Decision:
+        ctl = self.controller
+        if self.kind == "fixed":
+            return self._imposed(now_s, link, load, self.arg, cloud_available, request)
+        if self.kind == "periodic" and self._periodic_plan is not None and now_s < self._periodic_next_s:
+            return self._imposed(now_s, link, load, self._periodic_plan, cloud_available, request)
+        d = ctl.decide(now_s, link, load, cloud_available=cloud_available, request=request)
+        if self.kind == "periodic":
+            self._periodic_next_s = now_s + float(self.arg)
+            self._periodic_plan = d.plan
+        return d
+
+    def _imposed(self, now_s: float, link: LinkEstimate, load: LoadEstimate, plan: str,
+                 cloud_available: bool, request: str) -> Decision:
+        from splitrt.solver import parse_plan
+
+        ctl = self.controller
+        cut, codec = parse_plan(plan, ctl.table.codecs[0])
+        if not cloud_available:
+            cut = DEVICE_CUT
+        key = cut if cut == DEVICE_CUT else f"{cut}@{codec}"
+        p = evaluate(ctl.table, (cut, codec), ctl._conditions(link, load), objective=ctl.config.objective,
+                     power=ctl.power)
+        prev = ctl.current
+        switched = prev is not None and prev != key
+        ctl.current = key
+        return Decision(seq=ctl.next_seq(), t_s=now_s, request=request, bandwidth_mbps=link.bandwidth_mbps,
+                        rtt_ms=link.rtt_ms, confidence=link.confidence, device_load=load.device_factor,
+                        cloud_load=load.cloud_factor, cloud_available=cloud_available, previous=prev, plan=key,
+                        best=key, predicted_ms=p.predicted_ms, objective_value=p.predicted_ms, switched=switched,
+                        reason=f"policy {self.spec}")
+
+
 def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | None = None, *,
            power: Power = DEFAULT_POWER, model: str | None = None) -> list[tuple[Decision, Decision]]:
     """Re-run a decision log through a fresh controller: pairs of (logged, replayed) decisions.

@@ -24,7 +24,9 @@ bandwidth look higher than it is.
 
 Small transfers are RTT-dominated: their ``seconds`` minus the RTT is mostly noise. A sample counts
 for bandwidth only if it has at least ``min_bytes`` and its transfer part (``seconds - rtt``) is at
-least ``min_transfer_fraction`` of its duration; otherwise it is ignored (counted in ``ignored``).
+least ``min_transfer_fraction`` of its duration; otherwise it is ignored (counted in ``ignored``),
+except as a lower bound: ``bytes / seconds`` (RTT included) above the estimate is added as a sample
+(counted in ``floors``), else a too low estimate sizes probes too small to ever correct it.
 
 Confidence (in [0, 1]) = count × freshness × consistency: ``min(1, n / full_confidence_samples)``,
 ``0.5 ** (age_s / half_life_s)`` of the newest sample, and ``1 / (1 + cv)`` of the window (cv = the
@@ -147,6 +149,7 @@ class LinkEstimator:
         self._rtts: deque[tuple[float, float]] = deque(maxlen=self.config.rtt_window)
         self._last_probe_s: float | None = None
         self.ignored = 0
+        self.floors = 0  # RTT-dominated transfers counted as a lower bound (see add_transfer)
         self.steps = 0
 
     # -- feeding ---------------------------------------------------------------------------------
@@ -184,12 +187,19 @@ class LinkEstimator:
             raise ValueError(f"transfer: expected bytes >= 0 and seconds >= 0, got {bytes!r}, {seconds!r}")
         rtt_s = self._rtt_floor_ms() / 1000.0
         transfer_s = secs - rtt_s
-        if (
-            bytes < self.config.min_bytes
-            or bytes == 0
-            or transfer_s <= 0
-            or transfer_s < self.config.min_transfer_fraction * secs
-        ):
+        if bytes < self.config.min_bytes or bytes == 0:
+            self.ignored += 1
+            return False
+        if transfer_s <= 0 or transfer_s < self.config.min_transfer_fraction * secs:
+            # RTT-dominated: the rate cannot be told, but it is at least bytes / seconds. Below that the
+            # estimate is wrong, and would stay wrong: probes are sized from the estimate, so on a link
+            # 10x faster than estimated every probe is RTT-dominated and ignored (the simulator kept a
+            # 2 Mbit/s estimate for 100 s on a 20-25 Mbit/s link). The bound lifts it until probes measure.
+            floor = bytes * 8 / _BITS_PER_MBIT / secs if secs > 0 else math.inf
+            if self._rtts and math.isfinite(floor) and floor > self.bandwidth_mbps():
+                self._add_rate(now, floor)
+                self.floors += 1
+                return True
             self.ignored += 1
             return False
         self._add_rate(now, bytes * 8 / _BITS_PER_MBIT / transfer_s, raw=None if self._rtts else (bytes, secs))

@@ -23,11 +23,11 @@ from typing import Any, TextIO
 import numpy as np
 import psutil
 
-from splitrt.controller import Controller, ControllerConfig, Decision
+from splitrt.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.device import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.errors import CloudError, ConfigError, SplitrtError
-from splitrt.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadEstimator
+from splitrt.netmon import LinkConfig, LinkEstimator, LoadEstimator
 from splitrt.solver import parse_plan
 
 IDLE_WAIT_ROUNDS = 8  # prober rounds a due probe waits for an idle link (2 s at the default interval)
@@ -53,11 +53,7 @@ class RuntimeConfig:
     warm_sessions: bool = True
 
     def __post_init__(self) -> None:
-        kind, _, arg = self.policy.partition(":")
-        if kind not in ("adaptive", "periodic", "fixed") or (kind != "adaptive" and not arg):
-            raise ConfigError(f"policy: expected adaptive, periodic:SECONDS or fixed:PLAN, got {self.policy!r}")
-        if kind == "periodic" and not float(arg) > 0:
-            raise ConfigError(f"policy: periodic needs a period > 0 seconds, got {arg!r}")
+        parse_policy(self.policy)
         if self.deadline_ms <= 0:
             raise ConfigError(f"deadline_ms: expected > 0, got {self.deadline_ms!r}")
 
@@ -111,17 +107,8 @@ class AdaptiveDevice:
                 f"{len(self.graph.cuts())}: expected a profile of this model"
             )
         self.table = table
-        kind, _, arg = self.config.policy.partition(":")
-        if kind == "fixed":  # a typo in a fixed plan fails here, not on every request
-            from splitrt.errors import PlanError
-
-            try:
-                cut, codec = parse_plan(arg, table.codecs[0])
-                table.index(cut)
-                table.codec_index(codec)
-            except PlanError as exc:
-                raise ConfigError(f"policy {self.config.policy!r}: {exc}") from exc
         self.controller = Controller(table, self.config.controller, power=power)
+        self.policy = Policy(self.config.policy, self.controller)
         self.link = LinkEstimator(self.config.link)
         self.load = LoadEstimator()
         self.clock = clock
@@ -129,8 +116,6 @@ class AdaptiveDevice:
         self._lock = threading.RLock()
         self._clouds: dict[str, _Cloud] = {}
         self.set_clouds(clouds)
-        self._periodic_next_s = 0.0
-        self._periodic_plan: str | None = None
         self._stop = threading.Event()
         self._warm_due = False
         self._inflight = 0  # requests on the wire now: probes wait for an idle link
@@ -193,39 +178,8 @@ class AdaptiveDevice:
     def _decide(self, now_s: float, request: str, cloud_available: bool) -> Decision:
         est = self.link.estimate(now_s)
         load = self.load.estimate(now_s)
-        kind, _, arg = self.config.policy.partition(":")
         with self._lock:
-            if kind == "fixed":
-                return self._fixed_decision(now_s, request, est, load, arg, cloud_available)
-            if kind == "periodic":
-                if self._periodic_plan is None or now_s >= self._periodic_next_s:
-                    d = self.controller.decide(now_s, est, load, cloud_available=cloud_available, request=request)
-                    self._periodic_next_s = now_s + float(arg)
-                    self._periodic_plan = d.plan
-                    return d
-                return self._fixed_decision(now_s, request, est, load, self._periodic_plan, cloud_available)
-            return self.controller.decide(now_s, est, load, cloud_available=cloud_available, request=request)
-
-    def _fixed_decision(self, now_s: float, request: str, est: LinkEstimate, load: Any, plan: str,
-                        cloud_available: bool) -> Decision:
-        from splitrt.solver import evaluate
-
-        cut, codec = parse_plan(plan, self.table.codecs[0])
-        if not cloud_available:
-            cut = DEVICE_CUT
-        key = cut if cut == DEVICE_CUT else f"{cut}@{codec}"
-        ctl = self.controller
-        cond = ctl._conditions(est, load)
-        p = evaluate(self.table, (cut, codec), cond, objective=ctl.config.objective, power=ctl.power)
-        prev = ctl.current
-        switched = prev is not None and prev != key
-        ctl.current = key
-        return Decision(seq=ctl.next_seq(), t_s=now_s, request=request, bandwidth_mbps=est.bandwidth_mbps,
-                        rtt_ms=est.rtt_ms,
-                        confidence=est.confidence, device_load=load.device_factor, cloud_load=load.cloud_factor,
-                        cloud_available=cloud_available, previous=prev, plan=key, best=key,
-                        predicted_ms=p.predicted_ms, objective_value=p.predicted_ms, switched=switched,
-                        reason=f"policy {self.config.policy}")
+            return self.policy.decide(now_s, est, load, cloud_available=cloud_available, request=request)
 
     # -- one request -------------------------------------------------------------------------------
     def infer(self, inputs: Mapping[str, Any], *, request: str | None = None,

@@ -1,0 +1,119 @@
+"""The rig's acceptance grid, simulated (``splitrt.sim``): the decision logic without the host's jitter.
+
+Same cells as bench/bench_rig_grid.py (every shipped HSDPA trace x resnet50, inception_v1 on rpi4 x
+bandwidth scale 1, 5 x load none, device-burst), same strategies and oracle, but each strategy is a
+pure replay of the trace against the shipped profile's cost table: no processes, no kernel link, no
+cgroup. With ``--jitter 0`` (default) two strategies on the same plan cost exactly the same, so
+"adaptive mean <= 1.02 x the best of device-only, cloud-only, static and periodic" is settled by the
+decisions alone, over whole traces (the rig plays 12 s of each). ``--jitter 0.1`` draws the rig's +-10 %
+per-request compute noise (the same draw for request n of every strategy).
+
+    .venv/bin/python bench/bench_sim.py [--duration S] [--offset S] [--jitter 0.1] [--json FILE]
+
+Target: the same per-cell targets as the rig grid; runs in about a minute here (whole traces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from splitrt import boards, graph, rig, rigbench, rigstats, sim, traces, zoo
+from splitrt.tables import render
+
+OTHERS = ("device-only", "cloud-only", "static", "periodic")
+
+
+def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Namespace) -> dict[str, Any]:
+    board = boards.load_board(args.board)
+    path = zoo.get(model)
+    prof = rig.shipped_profile(model)
+    if prof is None:
+        raise SystemExit(f"no shipped profile of {model}")
+    table = rig.cost_table_for(prof, graph.file_sha256(path), board.cpu_speed_factor)
+    full = rig.load_trace(trace_name)
+    dur = min(args.duration or full.duration_s, full.duration_s - args.offset)
+    window = full.window(args.offset, dur)
+    played = window.scaled(scale) if scale != 1 else window
+    rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
+    bursts = tuple(rigstats.burst_intervals(load, dur))
+    cfg = sim.SimConfig(rate_hz=args.rate, duration_s=dur, rtt_ms=rtt, bursts=bursts, jitter=args.jitter,
+                        seed=args.seed)
+    bcfg = rigbench.BenchConfig(model=model, trace=trace_name, bandwidth_scale=scale, load=load)
+    policies = rigbench.strategy_policies(bcfg, table, rtt)
+    runs = sim.simulate_all(table, policies, played, cfg)
+    costs = rigstats.MeasuredCosts(device_ratio_idle=1.0, device_ratio_burst=1.0 / (1.0 - cfg.burst_util),
+                                   cloud_ratio=1.0, net_overhead_ms=rtt, local_overhead_ms=0.0)
+    ad = runs["adaptive"]
+    picks = rigstats.oracle(table, costs, [r.t_s for r in ad], played, list(bursts), None,
+                            [(r.plan, r.latency_ms) for r in ad])
+    stats = {n: rigstats.summarize(sim.latencies(rs), [r.plan for r in rs], 0, []) for n, rs in runs.items()}
+    stats["oracle"] = rigstats.summarize([ms for _, ms in picks], [p for p, _ in picks], 0, [])
+    best = min(OTHERS, key=lambda n: stats[n]["mean_ms"])
+    a, o = stats["adaptive"], stats["oracle"]
+    return {"trace": trace_name, "model": model, "scale": scale, "load": load, "duration_s": dur,
+            "policies": policies, "best_other": best,
+            "mean_vs_oracle": a["mean_ms"] / o["mean_ms"], "p95_vs_oracle": a["p95_ms"] / o["p95_ms"],
+            "mean_vs_best": a["mean_ms"] / stats[best]["mean_ms"],
+            "strategies": {n: {k: v for k, v in s.items() if k != "energy_mj"} for n, s in stats.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traces", default=",".join(n for n in traces.shipped() if n.startswith("hsdpa/")))
+    p.add_argument("--models", default="resnet50,inception_v1")
+    p.add_argument("--scales", default="1,5")
+    p.add_argument("--loads", default="none,device-burst")
+    p.add_argument("--board", default="rpi4")
+    p.add_argument("--duration", type=float, default=0.0, help="seconds of each trace (0: the whole trace)")
+    p.add_argument("--offset", type=float, default=0.0)
+    p.add_argument("--rate", type=float, default=4.0)
+    p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute times per request")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="FILE", help="write the cells as JSON ('-': stdout)")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    cells = []
+    grid = list(itertools.product(args.traces.split(","), args.models.split(","),
+                                  [float(s) for s in args.scales.split(",")], args.loads.split(",")))
+    for n, (tr, model, scale, load) in enumerate(grid, 1):
+        print(f"cell {n}/{len(grid)}: {tr} {model} x{scale:g} {load}", file=sys.stderr, flush=True)
+        cells.append(cell(model, tr, scale, load, args))
+    rows = []
+    for c in cells:
+        s = c["strategies"]
+        ok = c["mean_vs_oracle"] <= 1.10 and c["p95_vs_oracle"] <= 1.15 and c["mean_vs_best"] <= 1.02
+        rows.append([c["trace"], c["model"], f"x{c['scale']:g}", c["load"], f"{c['duration_s']:.0f}",
+                     str(s["adaptive"]["completed"]), f"{s['adaptive']['mean_ms']:.0f}", f"{s['oracle']['mean_ms']:.0f}",
+                     f"{s['adaptive']['p95_ms']:.0f}", f"{s['oracle']['p95_ms']:.0f}",
+                     f"{c['best_other']} {s[c['best_other']]['mean_ms']:.0f}", f"{c['mean_vs_oracle']:.3f}",
+                     f"{c['p95_vs_oracle']:.3f}", f"{c['mean_vs_best']:.3f}", str(s["adaptive"]["switches"]),
+                     "PASS" if ok else "miss"])
+    if args.json == "-":
+        json.dump({"cells": cells, "jitter": args.jitter}, sys.stdout, indent=1)
+        return 0
+    print(render(["trace", "model", "scale", "load", "s", "reqs", "adapt mean", "oracle mean", "adapt p95",
+                  "oracle p95", "best other (mean)", "mean/orc", "p95/orc", "mean/best", "switches", ""], rows))
+    n = len(cells)
+    ratios = [c["mean_vs_best"] for c in cells]
+    print(f"adaptive mean <= 1.10 x oracle: {sum(c['mean_vs_oracle'] <= 1.10 for c in cells)}/{n}; "
+          f"p95 <= 1.15 x oracle: {sum(c['p95_vs_oracle'] <= 1.15 for c in cells)}/{n}; "
+          f"mean <= 1.02 x best other: {sum(r <= 1.02 for r in ratios)}/{n} (worst {max(ratios):.3f}, "
+          f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}); jitter {args.jitter:g}")
+    print(f"{(time.monotonic() - t0):.0f} s; median adaptive requests per cell "
+          f"{statistics.median(c['strategies']['adaptive']['completed'] for c in cells):.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cells": cells, "jitter": args.jitter}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

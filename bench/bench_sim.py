@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from splitrt import boards, graph, rig, rigbench, rigstats, sim, traces, zoo
+from splitrt.controller import ControllerConfig
+from splitrt.netmon import LinkConfig
 from splitrt.tables import render
 
 OTHERS = ("device-only", "cloud-only", "static", "periodic")
@@ -45,7 +47,7 @@ def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Na
     rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
     bursts = tuple(rigstats.burst_intervals(load, dur))
     cfg = sim.SimConfig(rate_hz=args.rate, duration_s=dur, rtt_ms=rtt, bursts=bursts, jitter=args.jitter,
-                        seed=args.seed)
+                        seed=args.seed, link=args.link_config, controller=args.controller_config)
     bcfg = rigbench.BenchConfig(model=model, trace=trace_name, bandwidth_scale=scale, load=load)
     policies = rigbench.strategy_policies(bcfg, table, rtt)
     runs = sim.simulate_all(table, policies, played, cfg)
@@ -65,6 +67,19 @@ def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Na
             "strategies": {n: {k: v for k, v in s.items() if k != "energy_mj"} for n, s in stats.items()}}
 
 
+def overrides(items: list[str]) -> tuple[LinkConfig, ControllerConfig]:
+    fields: dict[str, dict[str, Any]] = {"link": {}, "controller": {}}
+    for item in items:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        if section not in fields or not name or not value:
+            raise SystemExit(f"--set: expected link.FIELD=VALUE or controller.FIELD=VALUE, got {item!r}")
+        num = None if value == "None" else float(value)
+        fields[section][name] = int(num) if num is not None and "." not in value else num
+    return (LinkConfig(**fields["link"]),
+            ControllerConfig(**{"codecs": None, **fields["controller"]}))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traces", default=",".join(n for n in traces.shipped() if n.startswith("hsdpa/")))
@@ -78,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute times per request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="FILE", help="write the cells as JSON ('-': stdout)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override a LinkConfig (link.) or ControllerConfig (controller.) field, e.g. "
+                        "link.max_sample_age_s=2 (repeatable): what-if runs of the decision logic")
     args = p.parse_args(argv)
+    args.link_config, args.controller_config = overrides(args.set)
     t0 = time.monotonic()
     cells = []
     grid = list(itertools.product(args.traces.split(","), args.models.split(","),

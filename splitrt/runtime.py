@@ -46,8 +46,9 @@ class RuntimeConfig:
     probe_timeout_s: float = 2.0
     # A bandwidth probe on an idle connection goes out twice, back to back, and the second counts: after
     # idle, TCP restarts from its initial window (tcp_slow_start_after_idle), and the first probe
-    # measures that. False halves the probe traffic where that restart is off or does not matter.
-    bandwidth_probe_pairs: bool = True
+    # measures that. None: pairs only where this host's kernel restarts (net.ipv4.tcp_slow_start_after_idle
+    # is 1, Linux's default, or cannot be read); False halves the probe traffic.
+    bandwidth_probe_pairs: bool | None = None
     # Time kept in reserve for finishing locally when the RPC deadline is computed.
     min_rpc_timeout_ms: float = 50.0
     warm_sessions: bool = True
@@ -122,6 +123,8 @@ class AdaptiveDevice:
         self._probe_waits = 0
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0}
         self.last_local_error = ""
+        pairs = self.config.bandwidth_probe_pairs
+        self._probe_pairs = slow_start_after_idle() if pairs is None else pairs
         self._prober: threading.Thread | None = None
         self._proc = psutil.Process()
         psutil.cpu_percent(None)  # prime: the first call always returns 0
@@ -319,7 +322,7 @@ class AdaptiveDevice:
                 # (slow start after idle), so the first probe's rate is that of a cold connection; the
                 # second runs on the window the first opened, as requests in a steady stream do.
                 pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
-                if self.config.bandwidth_probe_pairs and self._inflight == 0:
+                if self._probe_pairs and self._inflight == 0:
                     pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
             except CloudError as exc:
                 if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
@@ -366,6 +369,15 @@ class AdaptiveDevice:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def slow_start_after_idle(path: str = "/proc/sys/net/ipv4/tcp_slow_start_after_idle") -> bool:
+    """Whether this network namespace's TCP restarts an idle connection from its initial window."""
+    try:
+        with open(path) as f:
+            return f.read().strip() != "0"
+    except OSError:
+        return True  # unknown (not Linux, or /proc hidden): assume the default, restart
 
 
 def status_json(dev: AdaptiveDevice) -> str:

@@ -50,7 +50,7 @@ class SimConfig:
     bursts: tuple[tuple[float, float], ...] = ()  # device-burst intervals, seconds into the window
     burst_util: float = 0.5  # other processes' share of the device CPU during a burst
     prober_interval_s: float = 0.25
-    bandwidth_probe_pairs: bool = True
+    bandwidth_probe_pairs: bool = False  # the rig's namespaces run without slow start after idle
     jitter: float = 0.0  # relative sd of compute times; request n draws the same factor in every strategy
     seed: int = 0
     link: LinkConfig = field(default_factory=LinkConfig)

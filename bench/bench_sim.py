@@ -47,12 +47,14 @@ def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Na
     rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
     bursts = tuple(rigstats.burst_intervals(load, dur))
     cfg = sim.SimConfig(rate_hz=args.rate, duration_s=dur, rtt_ms=rtt, bursts=bursts, jitter=args.jitter,
-                        seed=args.seed, link=args.link_config, controller=args.controller_config)
+                        seed=args.seed, link=args.link_config, controller=args.controller_config,
+                        device_speed=args.device_speed, cloud_speed=args.cloud_speed)
     bcfg = rigbench.BenchConfig(model=model, trace=trace_name, bandwidth_scale=scale, load=load)
     policies = rigbench.strategy_policies(bcfg, table, rtt)
     runs = sim.simulate_all(table, policies, played, cfg)
-    costs = rigstats.MeasuredCosts(device_ratio_idle=1.0, device_ratio_burst=1.0 / (1.0 - cfg.burst_util),
-                                   cloud_ratio=1.0, net_overhead_ms=rtt, local_overhead_ms=0.0)
+    costs = rigstats.MeasuredCosts(device_ratio_idle=cfg.device_speed,
+                                   device_ratio_burst=cfg.device_speed / (1.0 - cfg.burst_util),
+                                   cloud_ratio=cfg.cloud_speed, net_overhead_ms=rtt, local_overhead_ms=0.0)
     ad = runs["adaptive"]
     picks = rigstats.oracle(table, costs, [r.t_s for r in ad], played, list(bursts), None,
                             [(r.plan, r.latency_ms) for r in ad])
@@ -92,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute times per request")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device-speed", type=float, default=1.0,
+                   help="device compute really takes this x the profile (the profile's error)")
+    p.add_argument("--cloud-speed", type=float, default=1.0, help="the same for the cloud's compute")
     p.add_argument("--json", default=None, metavar="FILE", help="write the cells as JSON ('-': stdout)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a LinkConfig (link.) or ControllerConfig (controller.) field, e.g. "
@@ -110,13 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         s = c["strategies"]
         ok = c["mean_vs_oracle"] <= 1.10 and c["p95_vs_oracle"] <= 1.15 and c["mean_vs_best"] <= 1.02
         rows.append([c["trace"], c["model"], f"x{c['scale']:g}", c["load"], f"{c['duration_s']:.0f}",
-                     str(s["adaptive"]["completed"]), f"{s['adaptive']['mean_ms']:.0f}", f"{s['oracle']['mean_ms']:.0f}",
+                     str(s["adaptive"]["completed"]), f"{s['adaptive']['mean_ms']:.0f}",
+                     f"{s['oracle']['mean_ms']:.0f}",
                      f"{s['adaptive']['p95_ms']:.0f}", f"{s['oracle']['p95_ms']:.0f}",
                      f"{c['best_other']} {s[c['best_other']]['mean_ms']:.0f}", f"{c['mean_vs_oracle']:.3f}",
                      f"{c['p95_vs_oracle']:.3f}", f"{c['mean_vs_best']:.3f}", str(s["adaptive"]["switches"]),
                      "PASS" if ok else "miss"])
     if args.json == "-":
-        json.dump({"cells": cells, "jitter": args.jitter}, sys.stdout, indent=1)
+        json.dump({"cells": cells, "jitter": args.jitter, "device_speed": args.device_speed,
+                   "cloud_speed": args.cloud_speed}, sys.stdout, indent=1)
         return 0
     print(render(["trace", "model", "scale", "load", "s", "reqs", "adapt mean", "oracle mean", "adapt p95",
                   "oracle p95", "best other (mean)", "mean/orc", "p95/orc", "mean/best", "switches", ""], rows))
@@ -125,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"adaptive mean <= 1.10 x oracle: {sum(c['mean_vs_oracle'] <= 1.10 for c in cells)}/{n}; "
           f"p95 <= 1.15 x oracle: {sum(c['p95_vs_oracle'] <= 1.15 for c in cells)}/{n}; "
           f"mean <= 1.02 x best other: {sum(r <= 1.02 for r in ratios)}/{n} (worst {max(ratios):.3f}, "
-          f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}); jitter {args.jitter:g}")
+          f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}); jitter {args.jitter:g}, "
+          f"true/profiled compute: device x{args.device_speed:g}, cloud x{args.cloud_speed:g}")
     print(f"{(time.monotonic() - t0):.0f} s; median adaptive requests per cell "
           f"{statistics.median(c['strategies']['adaptive']['completed'] for c in cells):.0f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cells": cells, "jitter": args.jitter}, f, indent=1)
+            json.dump({"cells": cells, "jitter": args.jitter, "device_speed": args.device_speed,
+                       "cloud_speed": args.cloud_speed}, f, indent=1)
     return 0
 
 

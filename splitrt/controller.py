@@ -104,8 +104,8 @@ class Controller:
     def _conditions(self, link: LinkEstimate, load: LoadEstimate) -> Conditions:
         return Conditions(
             link=Link(bandwidth_mbps=max(link.bandwidth_mbps, 1e-6), rtt_ms=max(link.rtt_ms, 0.0)),
-            device_load=max(load.device_factor, 1.0),
-            cloud_load=max(load.cloud_factor, 1.0),
+            device_load=max(load.device_factor, 1e-3),
+            cloud_load=max(load.cloud_factor, 1e-3),
         )
 
     def decide(self, now_s: float, link: LinkEstimate, load: LoadEstimate, *,

@@ -73,7 +73,8 @@ DEFAULT_POWER = Power(idle_w=2.7, active_w=6.4, radio_w=1.0)
 
 @dataclass(frozen=True, kw_only=True)
 class Conditions:
-    """What the solver is re-run for: the link and the load on each side (≥ 1 multiplies compute)."""
+    """What the solver is re-run for: the link and the load on each side (multipliers of the profiled
+    compute times: > 1 loaded or slower than profiled, < 1 faster than profiled)."""
 
     link: Link
     device_load: float = 1.0
@@ -82,8 +83,8 @@ class Conditions:
     def __post_init__(self) -> None:
         for name in ("device_load", "cloud_load"):
             value = getattr(self, name)
-            if not (value >= 1.0 and math.isfinite(value)):
-                raise PlanError(f"{name} must be a finite number >= 1, got {value!r}")
+            if not (value > 0.0 and math.isfinite(value)):
+                raise PlanError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

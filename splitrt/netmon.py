@@ -25,8 +25,9 @@ bandwidth look higher than it is.
 Small transfers are RTT-dominated: their ``seconds`` minus the RTT is mostly noise. A sample counts
 for bandwidth only if it has at least ``min_bytes`` and its transfer part (``seconds - rtt``) is at
 least ``min_transfer_fraction`` of its duration; otherwise it is ignored (counted in ``ignored``),
-except as a lower bound: ``bytes / seconds`` (RTT included) above the estimate is added as a sample
-(counted in ``floors``), else a too low estimate sizes probes too small to ever correct it.
+except as a lower bound: the rate the bytes would have had in ``min_transfer_fraction`` of the time, if
+above the estimate, is added as a sample (counted in ``floors``); else a too low estimate sizes probes
+too small to ever correct it.
 
 Confidence (in [0, 1]) = count × freshness × consistency: ``min(1, n / full_confidence_samples)``,
 ``0.5 ** (age_s / half_life_s)`` of the newest sample, and ``1 / (1 + cv)`` of the window (cv = the
@@ -195,11 +196,15 @@ class LinkEstimator:
             self.ignored += 1
             return False
         if transfer_s <= 0 or transfer_s < self.config.min_transfer_fraction * secs:
-            # RTT-dominated: the rate cannot be told, but it is at least bytes / seconds. Below that the
-            # estimate is wrong, and would stay wrong: probes are sized from the estimate, so on a link
-            # 10x faster than estimated every probe is RTT-dominated and ignored (the simulator kept a
-            # 2 Mbit/s estimate for 100 s on a 20-25 Mbit/s link). The bound lifts it until probes measure.
-            floor = bytes * 8 / _BITS_PER_MBIT / secs if secs > 0 else math.inf
+            # RTT-dominated: the rate cannot be told, but it has a lower bound. Below that the estimate
+            # is wrong, and would stay wrong: probes are sized from the estimate, so on a link 10x
+            # faster than estimated every probe is RTT-dominated and ignored (the simulator kept a
+            # 2 Mbit/s estimate for 100 s on a 20-25 Mbit/s link). The bound lifts it until probes
+            # measure. The bytes took at most ``min_transfer_fraction`` of the time (the RTT floor is
+            # the least RTT seen, so the real RTT was no less); if the RTT looks longer than the whole
+            # transfer (it has just dropped), only the whole time bounds it.
+            cap_s = secs if transfer_s <= 0 else self.config.min_transfer_fraction * secs
+            floor = bytes * 8 / _BITS_PER_MBIT / cap_s if cap_s > 0 else math.inf
             if self._rtts and math.isfinite(floor) and floor > self.bandwidth_mbps():
                 self._add_rate(now, floor)
                 self.floors += 1
@@ -332,7 +337,7 @@ class LinkEstimator:
 @dataclass(frozen=True, kw_only=True)
 class LoadEstimate:
     """Multipliers of profiled compute costs: ``device_factor`` for the head (and local fallback),
-    ``cloud_factor`` for the tail (queue wait included). Both >= ``LoadConfig.min_factor``."""
+    ``cloud_factor`` for the tail (queue wait included). Below 1 when a side runs faster than profiled."""
 
     device_factor: float
     cloud_factor: float
@@ -343,24 +348,42 @@ class LoadConfig:
     alpha: float = 0.5
     max_util: float = 0.9
     half_life_s: float = 10.0
-    min_factor: float = 1.0
+    min_factor: float = 0.5  # a cloud measured faster than its profile counts (down to 2x faster)
     max_factor: float = 50.0
+    # Device speed: measured head time / (profiled time x the utilisation factor), from heads of at
+    # least min_profiled_ms; a slow EWMA that never fades, because a profile's error persists (a board
+    # that runs warmer than when it was profiled, a per-model error of the speed factor).
+    speed_alpha: float = 0.2
+    min_speed: float = 0.5
+    max_speed: float = 2.0
+    min_profiled_ms: float = 20.0
 
     def __post_init__(self) -> None:
         checks = [
             ("alpha", 0.0 < self.alpha <= 1.0, self.alpha),
             ("max_util", 0.0 <= self.max_util < 1.0, self.max_util),
             ("half_life_s", self.half_life_s > 0, self.half_life_s),
-            ("min_factor", self.min_factor > 0.0, self.min_factor),
-            ("max_factor", self.max_factor >= self.min_factor, self.max_factor),
+            ("min_factor", 0.0 < self.min_factor <= 1.0, self.min_factor),
+            ("max_factor", self.max_factor >= 1.0, self.max_factor),
+            ("speed_alpha", 0.0 < self.speed_alpha <= 1.0, self.speed_alpha),
+            ("min_speed", 0.0 < self.min_speed <= 1.0, self.min_speed),
+            ("max_speed", self.max_speed >= 1.0, self.max_speed),
+            ("min_profiled_ms", self.min_profiled_ms >= 0.0, self.min_profiled_ms),
         ]
         for name, ok, value in checks:
             if not ok:
                 raise ConfigError(f"LoadConfig.{name}: expected a valid value, got {value!r}")
 
 
+def _median3(recent: list[float], x: float, pad: float) -> tuple[list[float], float]:
+    """One-off spikes (a cold session build, a GC pause) are not load: the median of the last 3 samples
+    (missing ones count as ``pad``), so only what is seen twice in a row moves an estimate."""
+    recent = [*recent, x][-3:]
+    return recent, sorted([pad] * (3 - len(recent)) + recent)[1]
+
+
 class _Ewma:
-    """EWMA of a factor whose excess over 1 fades with age (stale load news means nominal load)."""
+    """EWMA of a factor whose distance from 1 fades with age (stale load news means nominal load)."""
 
     def __init__(self, cfg: LoadConfig) -> None:
         self.cfg = cfg
@@ -370,21 +393,16 @@ class _Ewma:
 
     def add(self, now_s: float, x: float) -> None:
         x = min(self.cfg.max_factor, max(self.cfg.min_factor, x))
-        # One-off spikes (a cold session build on the cloud, a GC pause) are not load: feed the EWMA
-        # the median of the last 3 samples (missing ones count as unloaded), so only load seen twice
-        # in a row moves it.
-        self._recent = [*self._recent, x][-3:]
-        x = sorted([self.cfg.min_factor] * (3 - len(self._recent)) + self._recent)[1]
+        self._recent, x = _median3(self._recent, x, 1.0)
         prior = self.get(now_s)
         self.value = x if self.value is None else prior + self.cfg.alpha * (x - prior)
         self.t_s = now_s
 
     def get(self, now_s: float) -> float:
         if self.value is None:
-            return self.cfg.min_factor
+            return 1.0
         fade = _freshness(now_s - self.t_s, self.cfg.half_life_s)
-        base = self.cfg.min_factor
-        return base + (self.value - base) * fade
+        return 1.0 + (self.value - 1.0) * fade
 
 
 class LoadEstimator:
@@ -394,6 +412,9 @@ class LoadEstimator:
     splitrt's own, e.g. psutil system percent minus the process's percent / ncpu); our compute gets the
     remaining share, so costs scale by ``1 / (1 - util)`` (util capped at ``max_util``), and by
     ``profiled_freq / freq`` when the CPU is throttled below the frequency the profile was measured at.
+    Times the device's measured speed (``add_head``): what the heads actually take over what the
+    profile says, net of that utilisation, so a profile that is off by 15 % (the rig measured its
+    per-model calibrations 0.86-1.30 x off) is corrected from the requests themselves.
 
     Cloud: the server reports the queue wait of a request; the device measures the tail time (the
     server's compute time of the request) and knows the profiled tail time; the factor is
@@ -405,6 +426,8 @@ class LoadEstimator:
         self.config = config or LoadConfig()
         self._device = _Ewma(self.config)
         self._cloud = _Ewma(self.config)
+        self.device_speed = 1.0  # measured / profiled head time, net of utilisation (see add_head)
+        self._speed_recent: list[float] = []
 
     def add_device(
         self,
@@ -424,6 +447,20 @@ class LoadEstimator:
         self._device.add(_finite("now_s", now_s), factor)
         return factor
 
+    def add_head(self, now_s: float, *, measured_ms: float, profiled_ms: float) -> float | None:
+        """Feed the measured time of a head (the whole model on the device plan) and its profiled time;
+        returns the speed sample it implies, or None for heads too short to tell (< min_profiled_ms).
+        The utilisation factor at ``now_s`` is divided out: a burst is load, not the board's speed."""
+        cfg = self.config
+        measured = _finite("measured_ms", measured_ms)
+        profiled = _finite("profiled_ms", profiled_ms)
+        if profiled < max(cfg.min_profiled_ms, 1e-9) or measured <= 0:
+            return None
+        x = min(cfg.max_speed, max(cfg.min_speed, measured / (profiled * self._device.get(now_s))))
+        self._speed_recent, med = _median3(self._speed_recent, x, self.device_speed)
+        self.device_speed += cfg.speed_alpha * (med - self.device_speed)
+        return x
+
     def add_cloud(
         self, now_s: float, *, queue_wait_s: float, profiled_tail_s: float, tail_s: float | None = None
     ) -> float:
@@ -438,4 +475,5 @@ class LoadEstimator:
         return factor
 
     def estimate(self, now_s: float) -> LoadEstimate:
-        return LoadEstimate(device_factor=self._device.get(now_s), cloud_factor=self._cloud.get(now_s))
+        return LoadEstimate(device_factor=self._device.get(now_s) * self.device_speed,
+                            cloud_factor=self._cloud.get(now_s))

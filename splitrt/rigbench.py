@@ -165,7 +165,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
         profiled_device_ms = float(table.head_ms[table.index("device")])
         rig.throttle_in(worker.proc.pid)
         try:
-            device_ms = float(worker.call({"cmd": "device-calibrate", "runs": 3}, 300)["head_ms"])
+            device_ms = float(worker.call({"cmd": "device-calibrate", "runs": 5}, 300)["head_ms"])
         finally:
             rig.throttle_out(worker.proc.pid)
         if profiled_device_ms > 0 and device_ms > 0:

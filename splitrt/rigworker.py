@@ -25,7 +25,6 @@ from typing import IO, Any
 
 from splitrt.netmon import LoadEstimator
 from splitrt.rig import cost_table_for
-from splitrt.rigstats import plan_cut
 
 
 def _emit(msg: dict[str, Any]) -> None:
@@ -83,20 +82,22 @@ def _calibrate_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                "all_ms": walls})
 
 
-class HeadLoad(LoadEstimator):
-    """The rig's device-load signal: measured head time / cost-table head time, fed per request.
+class RigLoad(LoadEstimator):
+    """The rig's device-load signal: the emulated board's run queue (``RunQueueProbe``), in place of psutil.
 
     The runtime's own signal (psutil: CPU used by other processes) cannot see an emulated board: it sees
     the whole host (the cloud, the relay, other jobs), not the cgroup the device lives in; so the
-    prober's psutil samples are ignored here.
+    prober's psutil samples are ignored here. The device's speed is learned as on a board: the runtime
+    feeds every head's measured time (``LoadEstimator.add_head``).
     """
 
     def add_device(self, now_s: float, *, other_util: float, freq_mhz: float | None = None,
                    profiled_freq_mhz: float | None = None) -> float:
         return 1.0
 
-    def add_head(self, now_s: float, ratio: float) -> float:
-        util = 1.0 - 1.0 / max(1.0, ratio)
+    def add_runqueue(self, now_s: float, factor: float) -> float:
+        """``factor``: how many times longer a head takes now (1 + runnable others)."""
+        util = 1.0 - 1.0 / max(1.0, factor)
         return LoadEstimator.add_device(self, now_s, other_util=min(util, 0.99))
 
 
@@ -110,7 +111,7 @@ class RunQueueProbe:
     work instead does not work under a CFS quota: a job shorter than the quota runs at full speed or
     waits a whole period."""
 
-    def __init__(self, load: HeadLoad, tasks_file: str | None, *, sample_s: float = 0.05,
+    def __init__(self, load: RigLoad, tasks_file: str | None, *, sample_s: float = 0.05,
                  report_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
         self.load = load
         self.clock = clock
@@ -156,7 +157,7 @@ class RunQueueProbe:
                 continue
             samples.append(self.runnable_others())
             if now >= next_report:
-                self.load.add_head(now, 1.0 + statistics.fmean(samples))
+                self.load.add_runqueue(now, 1.0 + statistics.fmean(samples))
                 samples.clear()
                 next_report = now + self.report_s
 
@@ -299,7 +300,7 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 dev = AdaptiveDevice(mg, table, [spec["cloud"]] if msg.get("with_cloud") else [], config=rc,
                                      device_config=dcfg, power=board.power, clock=clock, start_prober=False)
                 dev.local = local  # sessions built once, outside the cgroup
-                dev.load = HeadLoad()
+                dev.load = RigLoad()
                 # a monitor (like psutil on a real board) on a spare core: not throttled with the compute
                 st = _Strategy(dev=dev, clock=clock, prober=TurnProber(dev, rc.prober_interval_s),
                                runqueue=RunQueueProbe(dev.load, None, clock=clock),
@@ -331,7 +332,7 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 _emit({"event": "roles", **_thread_roles(strategies.values())})
             elif cmd == "run":
                 st = strategies[str(msg["name"])]
-                end_s = _run_turn(st, table, inputs, t0=float(msg["t0"]), from_s=float(msg["from_s"]),
+                end_s = _run_turn(st, inputs, t0=float(msg["t0"]), from_s=float(msg["from_s"]),
                                   until_s=float(msg["until_s"]), rate_hz=float(msg["rate_hz"]),
                                   log_path=Path(msg["log_path"]), tasks_file=msg.get("tasks_file"))
                 _emit({"event": "done", "stats": dict(st.dev.stats), "end_s": end_s})
@@ -363,7 +364,7 @@ def _thread_roles(strategies: Iterable[_Strategy]) -> dict[str, list[int]]:
     return {"compute_tids": compute, "other_tids": other}
 
 
-def _run_turn(st: _Strategy, table: Any, inputs: Any, *, t0: float, from_s: float, until_s: float,
+def _run_turn(st: _Strategy, inputs: Any, *, t0: float, from_s: float, until_s: float,
               rate_hz: float, log_path: Path, tasks_file: str | None) -> float:
     """One turn: window position ``from_s`` is played at monotonic ``t0``; the strategy's requests
     that start before ``until_s`` run (a late one still ends), then it idles, probing, until ``until_s``
@@ -376,7 +377,7 @@ def _run_turn(st: _Strategy, table: Any, inputs: Any, *, t0: float, from_s: floa
     st.runqueue.active.set()
     try:
         with open(log_path, "a") as log:
-            _loop_requests(st, table, inputs, t0, from_s, until_s, rate_hz, log)
+            _loop_requests(st, inputs, t0, from_s, until_s, rate_hz, log)
         time.sleep(max(0.0, t0 + until_s - from_s - time.monotonic()))
     finally:
         end_s = from_s + time.monotonic() - t0
@@ -389,7 +390,7 @@ def _run_turn(st: _Strategy, table: Any, inputs: Any, *, t0: float, from_s: floa
     return end_s
 
 
-def _loop_requests(st: _Strategy, table: Any, inputs: Any, t0: float, from_s: float, until_s: float,
+def _loop_requests(st: _Strategy, inputs: Any, t0: float, from_s: float, until_s: float,
                    rate_hz: float, log: IO[str]) -> None:
     """Paced closed loop: request k is due at window position (k + u_k) / rate (u_k uniform in [0, 1),
     the same for every strategy) and starts then, or when request k-1 ends if later; none starts at or
@@ -421,9 +422,6 @@ def _loop_requests(st: _Strategy, table: Any, inputs: Any, t0: float, from_s: fl
                        tail_ms=r.tail_ms, queue_ms=r.queue_ms, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
                        bw_est_mbps=d.bandwidth_mbps, rtt_est_ms=d.rtt_ms, device_load=d.device_load,
                        cloud_load=d.cloud_load, predicted_ms=d.predicted_ms, best=d.best, reason=d.reason)
-            th = float(table.head_ms[table.index(plan_cut(out.plan))])
-            if th >= 20.0 and r.head_ms > 0:
-                dev.load.add_head(st.clock(), r.head_ms / th)
         log.write(json.dumps(rec) + "\n")
         log.flush()
         _emit({"event": "progress", "t_s": t_s, "plan": rec["plan"], "latency_ms": rec["latency_ms"]})

@@ -198,6 +198,11 @@ class AdaptiveDevice:
         cut, codec = parse_plan(decision.plan, self.table.codecs[0])
         head = self.local.run_head(feeds, cut)
         result, server, fallback = self._finish(head, cut, codec, live, t0, deadline, now)
+        # The device's real speed: the head (the whole model on the device plan) against the profile.
+        measured = result.total_ms if cut == DEVICE_CUT else head.head_ms
+        with self._lock:
+            self.load.add_head(self.clock(), measured_ms=measured,
+                               profiled_ms=float(self.table.head_ms[self.table.index(cut)]))
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
                            extra={"model": self.graph.sha256[:16], "policy": self.config.policy})

@@ -11,6 +11,8 @@ link, device-load samples every round), and pays what the trace and the table sa
 - a request starts every ``1 / rate_hz`` seconds or when the previous one ends (the rig's paced closed
   loop); its head costs ``head_ms x device load``; a cloud plan then sends its bytes through the trace
   (``rigstats.transfer_ms``, first in first out behind a probe on the wire), waits one RTT and the tail;
+- the table may be wrong (``device_speed``, ``cloud_speed``: what compute really takes over what the
+  table says); the runtime's estimators learn it from the requests, as on a real board;
 - a probe is an RTT sample, then (when bandwidth is stale) one bandwidth probe of the size the runtime
   would send, timed through the same trace;
 - during a device burst the other processes take ``burst_util`` of the device's CPU: compute slows by
@@ -52,16 +54,21 @@ class SimConfig:
     prober_interval_s: float = 0.25
     bandwidth_probe_pairs: bool = False  # the rig's namespaces run without slow start after idle
     jitter: float = 0.0  # relative sd of compute times; request n draws the same factor in every strategy
+    # What compute really takes over what the cost table says (a profile's error): the strategies plan
+    # with the table, the requests pay the truth.
+    device_speed: float = 1.0
+    cloud_speed: float = 1.0
     seed: int = 0
     link: LinkConfig = field(default_factory=LinkConfig)
     controller: ControllerConfig = field(default_factory=lambda: ControllerConfig(codecs=None))
 
     def __post_init__(self) -> None:
         if not (self.rate_hz > 0 and self.duration_s > 0 and self.warmup_s >= 0 and self.rtt_ms >= 0
-                and 0 <= self.burst_util < 1 and self.prober_interval_s > 0 and 0 <= self.jitter < 0.5):
+                and 0 <= self.burst_util < 1 and self.prober_interval_s > 0 and 0 <= self.jitter < 0.5
+                and self.device_speed > 0 and self.cloud_speed > 0):
             raise ConfigError(
                 "SimConfig: expected rate_hz > 0, duration_s > 0, warmup_s >= 0, rtt_ms >= 0, "
-                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5; got {self!r}")
+                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5, speeds > 0; got {self!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +143,9 @@ class _Run:
         d = self.policy.decide(t, est, load, cloud_available=self.with_cloud)
         cut, codec = parse_plan(d.plan, tbl.codecs[0])
         i = tbl.index(cut)
-        head_ms = float(tbl.head_ms[i]) * self.device_factor(t) * jitter
+        head_ms = float(tbl.head_ms[i]) * self.device_factor(t) * self.cfg.device_speed * jitter
+        self.rounds_until(t + head_ms / 1e3)
+        self.load.add_head(t + head_ms / 1e3, measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i]))
         if cut == DEVICE_CUT:
             return SimRequest(t_s=t, plan=d.plan, latency_ms=head_ms, head_ms=head_ms, send_ms=0.0,
                               bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
@@ -145,7 +154,7 @@ class _Run:
         self.rounds_until(send_at)
         send_s = self._wire(send_at, sent)
         self.busy = (send_at, send_at + send_s)
-        tail_ms = float(tbl.tail_ms[i]) * jitter
+        tail_ms = float(tbl.tail_ms[i]) * self.cfg.cloud_speed * jitter
         net_s = send_s + self.rtt_s
         end = send_at + net_s + tail_ms / 1e3
         self.link.add_transfer(end, int(sent), net_s)
@@ -160,7 +169,7 @@ def simulate(table: Any, policy: str, played: traces.Trace, cfg: SimConfig, *,
              with_cloud: bool = True) -> list[SimRequest]:
     """One strategy (``policy`` as the runtime takes it) over ``played``: the counted requests."""
     run = _Run(table, policy, played, cfg, with_cloud)
-    n_max = int(math.ceil((cfg.duration_s + cfg.warmup_s) * cfg.rate_hz)) + 2
+    n_max = math.ceil((cfg.duration_s + cfg.warmup_s) * cfg.rate_hz) + 2
     jit = (np.exp(np.random.default_rng(cfg.seed).normal(0.0, cfg.jitter, n_max)) if cfg.jitter > 0
            else np.ones(n_max))
     out: list[SimRequest] = []

@@ -255,7 +255,44 @@ def test_load_factors_are_bounded_and_fade_to_nominal(
     a, b = load.estimate(now), load.estimate(now + later)
     for x in (a.device_factor, a.cloud_factor, b.device_factor, b.cloud_factor):
         assert cfg.min_factor <= x <= cfg.max_factor
-    assert b.device_factor <= a.device_factor and b.cloud_factor <= a.cloud_factor
+    # stale news fades toward nominal (1) from either side
+    assert abs(b.device_factor - 1) <= abs(a.device_factor - 1) + 1e-12
+    assert abs(b.cloud_factor - 1) <= abs(a.cloud_factor - 1) + 1e-12
+
+
+def test_device_speed_is_learned_from_heads_net_of_load() -> None:
+    """A profile 20 % optimistic: the heads say so, and a CPU burst is not mistaken for it."""
+    load = LoadEstimator(LoadConfig(alpha=1.0))
+    assert load.add_head(0.0, measured_ms=5.0, profiled_ms=4.0) is None  # too short to tell
+    for i in range(30):
+        load.add_device(float(i), other_util=0.0)
+        load.add_head(float(i), measured_ms=120.0, profiled_ms=100.0)
+    assert load.device_speed == pytest.approx(1.2, rel=0.01)
+    assert load.estimate(30.0).device_factor == pytest.approx(1.2, rel=0.01)
+    for i in range(30, 40):  # half the CPU taken by others: heads take 2 x 120 ms
+        load.add_device(float(i), other_util=0.5)
+        load.add_device(float(i) + 0.5, other_util=0.5)
+        load.add_head(float(i) + 0.5, measured_ms=240.0, profiled_ms=100.0)
+    assert load.device_speed == pytest.approx(1.2, rel=0.05)
+    assert load.estimate(40.0).device_factor == pytest.approx(2.4, rel=0.05)
+    assert load.estimate(1000.0).device_factor == pytest.approx(1.2, rel=0.05)  # load fades, speed stays
+
+
+def test_one_slow_head_does_not_move_the_speed() -> None:
+    load = LoadEstimator()
+    for i in range(10):
+        load.add_head(float(i), measured_ms=100.0, profiled_ms=100.0)
+    load.add_head(10.0, measured_ms=900.0, profiled_ms=100.0)  # a cold session, a GC pause
+    assert load.device_speed == pytest.approx(1.0)
+    assert load.add_head(11.0, measured_ms=900.0, profiled_ms=100.0) == LoadConfig().max_speed  # clamped
+
+
+def test_a_cloud_faster_than_its_profile_counts() -> None:
+    load = LoadEstimator(LoadConfig(alpha=1.0))
+    for t in (0.0, 0.1):
+        load.add_cloud(t, queue_wait_s=0.0, tail_s=0.0075, profiled_tail_s=0.01)
+    assert load.estimate(0.1).cloud_factor == pytest.approx(0.75)
+    assert load.estimate(100.0).cloud_factor == pytest.approx(1.0, abs=0.01)  # stale: nominal
 
 
 def test_load_ignores_a_single_spike_and_follows_sustained_load() -> None:

@@ -25,48 +25,17 @@ from typing import Any
 
 import numpy as np
 
-from splitrt import boards, graph, rig, rigbench, rigstats, sim, traces, zoo
+from splitrt import cmd_sim, traces
 from splitrt.controller import ControllerConfig
 from splitrt.netmon import LinkConfig
 from splitrt.tables import render
 
-OTHERS = ("device-only", "cloud-only", "static", "periodic")
-
 
 def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Namespace) -> dict[str, Any]:
-    board = boards.load_board(args.board)
-    path = zoo.get(model)
-    prof = rig.shipped_profile(model)
-    if prof is None:
-        raise SystemExit(f"no shipped profile of {model}")
-    table = rig.cost_table_for(prof, graph.file_sha256(path), board.cpu_speed_factor)
-    full = rig.load_trace(trace_name)
-    dur = min(args.duration or full.duration_s, full.duration_s - args.offset)
-    window = full.window(args.offset, dur)
-    played = window.scaled(scale) if scale != 1 else window
-    rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
-    bursts = tuple(rigstats.burst_intervals(load, dur))
-    cfg = sim.SimConfig(rate_hz=args.rate, duration_s=dur, rtt_ms=rtt, bursts=bursts, jitter=args.jitter,
-                        seed=args.seed, link=args.link_config, controller=args.controller_config,
-                        device_speed=args.device_speed, cloud_speed=args.cloud_speed)
-    bcfg = rigbench.BenchConfig(model=model, trace=trace_name, bandwidth_scale=scale, load=load)
-    policies = rigbench.strategy_policies(bcfg, table, rtt)
-    runs = sim.simulate_all(table, policies, played, cfg)
-    costs = rigstats.MeasuredCosts(device_ratio_idle=cfg.device_speed,
-                                   device_ratio_burst=cfg.device_speed / (1.0 - cfg.burst_util),
-                                   cloud_ratio=cfg.cloud_speed, net_overhead_ms=rtt, local_overhead_ms=0.0)
-    ad = runs["adaptive"]
-    picks = rigstats.oracle(table, costs, [r.t_s for r in ad], played, list(bursts), None,
-                            [(r.plan, r.latency_ms) for r in ad])
-    stats = {n: rigstats.summarize(sim.latencies(rs), [r.plan for r in rs], 0, []) for n, rs in runs.items()}
-    stats["oracle"] = rigstats.summarize([ms for _, ms in picks], [p for p, _ in picks], 0, [])
-    best = min(OTHERS, key=lambda n: stats[n]["mean_ms"])
-    a, o = stats["adaptive"], stats["oracle"]
-    return {"trace": trace_name, "model": model, "scale": scale, "load": load, "duration_s": dur,
-            "policies": policies, "best_other": best,
-            "mean_vs_oracle": a["mean_ms"] / o["mean_ms"], "p95_vs_oracle": a["p95_ms"] / o["p95_ms"],
-            "mean_vs_best": a["mean_ms"] / stats[best]["mean_ms"],
-            "strategies": {n: {k: v for k, v in s.items() if k != "energy_mj"} for n, s in stats.items()}}
+    return cmd_sim.sim_cell(model, trace_name, board=args.board, scale=scale, load=load, rate_hz=args.rate,
+                            duration_s=args.duration or None, offset_s=args.offset, jitter=args.jitter,
+                            seed=args.seed, device_speed=args.device_speed, cloud_speed=args.cloud_speed,
+                            link=args.link_config, controller=args.controller_config)
 
 
 def overrides(items: list[str]) -> tuple[LinkConfig, ControllerConfig]:
@@ -114,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in cells:
         s = c["strategies"]
         ok = c["mean_vs_oracle"] <= 1.10 and c["p95_vs_oracle"] <= 1.15 and c["mean_vs_best"] <= 1.02
-        rows.append([c["trace"], c["model"], f"x{c['scale']:g}", c["load"], f"{c['duration_s']:.0f}",
+        rows.append([c["trace"], c["model"], f"x{c['bandwidth_scale']:g}", c["load"], f"{c['duration_s']:.0f}",
                      str(s["adaptive"]["completed"]), f"{s['adaptive']['mean_ms']:.0f}",
                      f"{s['oracle']['mean_ms']:.0f}",
                      f"{s['adaptive']['p95_ms']:.0f}", f"{s['oracle']['p95_ms']:.0f}",

@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "splitrt.cmd_daemon",
     "splitrt.cmd_plan",
     "splitrt.cmd_bench",
+    "splitrt.cmd_sim",
 ]
 
 

@@ -102,9 +102,14 @@ class _Run:
     def _wire(self, start_s: float, nbytes: float) -> float:
         """Seconds from ``start_s`` until ``nbytes`` are through (queued behind what is on the wire)."""
         begin = max(start_s, self.wire_free_s)
-        # the trace repeats; times before the window (warm-up) replay its end
-        t = begin % self.played.duration_s
-        done = begin + transfer_ms(self.played, t, nbytes) / 1e3
+        if begin < 0:  # the warm-up: the link holds the window's first rate, as in the rig
+            rate = max(self.played.rate_at(0.0), 0.05) * 1e6
+            first = min(nbytes * 8.0, rate * -begin)
+            done = begin + first / rate
+            if first < nbytes * 8.0:
+                done += transfer_ms(self.played, 0.0, nbytes - first / 8.0) / 1e3
+        else:
+            done = begin + transfer_ms(self.played, begin, nbytes) / 1e3
         self.wire_free_s = done
         return done - start_s
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OFFLINE_VERBS = {"zoo", "inspect", "split", "profile", "plan"}
+OFFLINE_VERBS = {"zoo", "inspect", "split", "profile", "plan", "sim"}
 
 
 def readme_commands() -> list[list[str]]:

@@ -21,8 +21,9 @@ from splitrt.cloud import CloudServer, ServerConfig
 from splitrt.controller import ControllerConfig, Decision, replay
 from splitrt.device import DeviceConfig
 from splitrt.errors import ConfigError, InputError
+from splitrt.netmon import LoadConfig, LoadEstimator
 from splitrt.priors import flops_table
-from splitrt.runtime import AdaptiveDevice, RuntimeConfig
+from splitrt.runtime import AdaptiveDevice, RuntimeConfig, slow_start_after_idle
 from tests.conftest import rel_err
 
 MODEL = "squeezenet"
@@ -262,3 +263,30 @@ def test_bandwidth_probes_go_in_pairs_unless_told_not_to(server: CloudServer, mg
     bandwidth = sizes[1:]
     assert len(bandwidth) == (2 if pairs else 1), sizes
     assert all(b > 64 for b in bandwidth)
+
+
+def test_probe_pairs_follow_the_kernels_slow_start_after_idle(tmp_path: Path) -> None:
+    knob = tmp_path / "tcp_slow_start_after_idle"
+    knob.write_text("0\n")
+    assert slow_start_after_idle(str(knob)) is False  # the rig's namespaces: one probe is enough
+    knob.write_text("1\n")
+    assert slow_start_after_idle(str(knob)) is True  # Linux's default: the first probe meets a cold window
+    assert slow_start_after_idle(str(tmp_path / "missing")) is True  # unknown: assume the default
+
+
+def test_the_runtime_learns_the_devices_speed_from_its_heads(mg: graph.ModelGraph) -> None:
+    """A profile 1.5x too optimistic about the device: after a few requests on the device plan the
+    runtime's device factor says how much slower the heads really are."""
+    probe = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    with AdaptiveDevice(mg, probe, [], config=RuntimeConfig(policy="fixed:device"), start_prober=False) as dev:
+        inputs = dev.local.random_inputs()
+        real = float(np.median([dev.infer(inputs).result.total_ms for _ in range(5)]))
+    prior_at_5 = float(probe.head_ms[probe.index("device")])
+    table = flops_table(mg, device_gflops=5 * prior_at_5 * 1.5 / real, cloud_gflops=100)
+    with AdaptiveDevice(mg, table, [], config=RuntimeConfig(policy="fixed:device"), start_prober=False) as dev:
+        dev.load = LoadEstimator(LoadConfig(min_profiled_ms=0.0))  # this test model is small and fast
+        assert dev.load.estimate(dev.clock()).device_factor == 1.0
+        for _ in range(12):
+            dev.infer(inputs)
+        factor = dev.load.estimate(dev.clock()).device_factor
+    assert factor == pytest.approx(1.5, rel=0.25)

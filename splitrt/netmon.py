@@ -389,13 +389,18 @@ class _Ewma:
         self.cfg = cfg
         self.value: float | None = None
         self.t_s = 0.0
-        self._recent: list[float] = []
+        self._recent: list[tuple[float, float]] = []  # (time, factor) of the last samples
 
     def add(self, now_s: float, x: float) -> None:
         x = min(self.cfg.max_factor, max(self.cfg.min_factor, x))
-        self._recent, x = _median3(self._recent, x, 1.0)
+        # Past samples vote in the median aged as the estimate is: after the plan has left the cloud
+        # for a few seconds, two samples of a spike must not outvote the first fresh one (the cloud
+        # estimate went *up* on a fast tail, 2.0 -> 2.45, and sent the next request back to the device).
+        aged = [1.0 + (v - 1.0) * _freshness(now_s - t, self.cfg.half_life_s) for t, v in self._recent]
+        _, med = _median3(aged, x, 1.0)
+        self._recent = [*self._recent, (now_s, x)][-2:]
         prior = self.get(now_s)
-        self.value = x if self.value is None else prior + self.cfg.alpha * (x - prior)
+        self.value = med if self.value is None else prior + self.cfg.alpha * (med - prior)
         self.t_s = now_s
 
     def get(self, now_s: float) -> float:

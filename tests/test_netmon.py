@@ -291,7 +291,7 @@ def test_a_cloud_faster_than_its_profile_counts() -> None:
     load = LoadEstimator(LoadConfig(alpha=1.0))
     for t in (0.0, 0.1):
         load.add_cloud(t, queue_wait_s=0.0, tail_s=0.0075, profiled_tail_s=0.01)
-    assert load.estimate(0.1).cloud_factor == pytest.approx(0.75)
+    assert load.estimate(0.1).cloud_factor == pytest.approx(0.75, rel=0.01)  # (the first sample aged 0.1 s)
     assert load.estimate(100.0).cloud_factor == pytest.approx(1.0, abs=0.01)  # stale: nominal
 
 
@@ -310,6 +310,31 @@ def test_first_cloud_sample_spike_does_not_condemn_the_cloud() -> None:
     load.add_cloud(0.0, queue_wait_s=0.3, profiled_tail_s=0.02, tail_s=0.02)  # cold session build
     load.add_cloud(0.1, queue_wait_s=0.0, profiled_tail_s=0.02, tail_s=0.02)
     assert load.estimate(0.1).cloud_factor == pytest.approx(1.0)
+
+
+def test_after_a_gap_stale_spike_samples_do_not_outvote_a_fresh_one() -> None:
+    """The plan left the cloud after a contention spike; seconds later the first request back finds
+    the cloud fast: the estimate must move towards it, not back up towards the spike."""
+    load = LoadEstimator(LoadConfig(alpha=0.5, half_life_s=10.0))
+    for i in range(6):
+        load.add_cloud(i * 0.25, queue_wait_s=0.0, profiled_tail_s=0.02, tail_s=0.06)  # 3x, sustained
+    spike = load.estimate(1.25).cloud_factor
+    assert spike == pytest.approx(3.0, rel=0.05)
+    prior = load.estimate(7.0).cloud_factor  # 5.75 s on the device: faded
+    assert 1.0 < prior < spike
+    load.add_cloud(7.0, queue_wait_s=0.0, profiled_tail_s=0.02, tail_s=0.026)  # 1.3x now
+    first = load.estimate(7.0).cloud_factor
+    # Two aged spike samples that agree still outvote one fresh sample, but only by what they held above
+    # the estimate (before: 2.26 -> 2.63, the stale 3.0 samples voting at full strength).
+    assert first < prior + 0.05
+    load.add_cloud(7.25, queue_wait_s=0.0, profiled_tail_s=0.02, tail_s=0.026)
+    second = load.estimate(7.25).cloud_factor
+    assert second < first and second == pytest.approx(1.3 + (first - 1.3) / 2, rel=0.02)
+    # Samples close together still filter a one-off: one fast tail amid the spike moves nothing.
+    steady = LoadEstimator(LoadConfig(alpha=1.0))
+    for t, tail in ((0.0, 0.06), (0.25, 0.06), (0.5, 0.02)):
+        steady.add_cloud(t, queue_wait_s=0.0, profiled_tail_s=0.02, tail_s=tail)
+    assert steady.estimate(0.5).cloud_factor == pytest.approx(3.0, rel=0.05)  # (aged 0.25-0.5 s)
 
 
 def test_old_bandwidth_samples_age_out() -> None:

@@ -19,6 +19,7 @@ import pytest
 from splitrt import graph, zoo
 from splitrt.cloud import CloudServer, ServerConfig
 from splitrt.controller import ControllerConfig, Decision, replay
+from splitrt.costmodel import CostTable
 from splitrt.device import DeviceConfig
 from splitrt.errors import ConfigError, InputError
 from splitrt.netmon import LoadConfig, LoadEstimator
@@ -278,15 +279,27 @@ def test_the_runtime_learns_the_devices_speed_from_its_heads(mg: graph.ModelGrap
     """A profile 1.5x too optimistic about the device: after a few requests on the device plan the
     runtime's device factor says how much slower the heads really are."""
     probe = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    # A fresh session's first runs are 2-3x slow here (arena growth, page faults): warm up before timing.
     with AdaptiveDevice(mg, probe, [], config=RuntimeConfig(policy="fixed:device"), start_prober=False) as dev:
         inputs = dev.local.random_inputs()
-        real = float(np.median([dev.infer(inputs).result.total_ms for _ in range(5)]))
-    prior_at_5 = float(probe.head_ms[probe.index("device")])
-    table = flops_table(mg, device_gflops=5 * prior_at_5 * 1.5 / real, cloud_gflops=100)
+        for _ in range(10):
+            dev.infer(inputs)
+        real = float(np.median([dev.infer(inputs).result.total_ms for _ in range(15)]))
+    # Every head 1.6x faster than the real one (the FLOPs prior is not linear in its GFLOP/s: scale the
+    # table itself).
+    k = real / 1.6 / float(probe.head_ms[probe.index("device")])
+    table = CostTable(ids=probe.ids, head_ms=probe.head_ms * k, tail_ms=probe.tail_ms, bytes=probe.bytes,
+                      float_bytes=probe.float_bytes, reply_bytes=probe.reply_bytes,
+                      codecs=dict(zip(probe.codecs, probe.codec_ratios.tolist(), strict=True)))
     with AdaptiveDevice(mg, table, [], config=RuntimeConfig(policy="fixed:device"), start_prober=False) as dev:
+        for _ in range(10):
+            dev.infer(inputs)
         dev.load = LoadEstimator(LoadConfig(min_profiled_ms=0.0))  # this test model is small and fast
         assert dev.load.estimate(dev.clock()).device_factor == 1.0
-        for _ in range(12):
-            dev.infer(inputs)
+        measured = [dev.infer(inputs).result.total_ms for _ in range(20)]
         factor = dev.load.estimate(dev.clock()).device_factor
-    assert factor == pytest.approx(1.5, rel=0.25)
+    # This host's speed drifts by 10-30 % between runs: compare with what the last requests took (the
+    # estimate is an EWMA, alpha 0.2).
+    slower = float(np.median(measured[-8:])) / float(table.head_ms[table.index("device")])
+    assert slower > 1.05, f"the heads ran {slower:.2f}x the table: the setup did not make it optimistic"
+    assert factor == pytest.approx(min(slower, LoadConfig().max_speed), rel=0.15)  # (speed is clamped)

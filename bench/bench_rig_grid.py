@@ -13,7 +13,6 @@ Default: 32 cells x 5 measured strategies x 12 s, in 1 s turns (+ ~35 s set-up p
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import statistics
@@ -23,17 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from splitrt import cmd_bench, rig, rigbench, traces
+from splitrt import cmd_bench, rig, rigbench
 from splitrt.tables import render
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--traces", default=",".join(n for n in traces.shipped() if n.startswith("hsdpa/")))
-    p.add_argument("--models", default="resnet50,inception_v1")
-    p.add_argument("--scales", default="1,5")
-    p.add_argument("--loads", default="none,device-burst")
-    p.add_argument("--board", default="rpi4")
+    rigbench.add_grid_arguments(p)
     p.add_argument("--duration", type=float, default=12.0, help="seconds of trace per strategy per cell")
     p.add_argument("--turn", type=float, default=1.0, help="strategies take turns on slices this long (s)")
     p.add_argument("--rate", type=float, default=4.0)
@@ -42,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, metavar="FILE")
     a = p.parse_args(argv)
     models = a.models.split(",")
-    cells = list(itertools.product(a.traces.split(","), models, [float(x) for x in a.scales.split(",")],
-                                   a.loads.split(",")))
+    cells = rigbench.grid_cells(a)
     line = cmd_bench.LiveLine()
     rows: list[dict[str, Any]] = []
     t_start = time.monotonic()

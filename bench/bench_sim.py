@@ -10,13 +10,12 @@ per-request compute noise (the same draw for request n of every strategy).
 
     .venv/bin/python bench/bench_sim.py [--duration S] [--offset S] [--jitter 0.1] [--json FILE]
 
-Target: the same per-cell targets as the rig grid; runs in about a minute here (whole traces).
+Target: the same per-cell targets as the rig grid; runs in about 4 minutes here (whole traces).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from splitrt import cmd_sim, traces
+from splitrt import cmd_sim, rigbench
 from splitrt.controller import ControllerConfig
 from splitrt.netmon import LinkConfig
 from splitrt.tables import render
@@ -53,11 +52,7 @@ def overrides(items: list[str]) -> tuple[LinkConfig, ControllerConfig]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--traces", default=",".join(n for n in traces.shipped() if n.startswith("hsdpa/")))
-    p.add_argument("--models", default="resnet50,inception_v1")
-    p.add_argument("--scales", default="1,5")
-    p.add_argument("--loads", default="none,device-burst")
-    p.add_argument("--board", default="rpi4")
+    rigbench.add_grid_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, help="seconds of each trace (0: the whole trace)")
     p.add_argument("--offset", type=float, default=0.0)
     p.add_argument("--rate", type=float, default=4.0)
@@ -74,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args.link_config, args.controller_config = overrides(args.set)
     t0 = time.monotonic()
     cells = []
-    grid = list(itertools.product(args.traces.split(","), args.models.split(","),
-                                  [float(s) for s in args.scales.split(",")], args.loads.split(",")))
+    grid = rigbench.grid_cells(args)
     for n, (tr, model, scale, load) in enumerate(grid, 1):
         print(f"cell {n}/{len(grid)}: {tr} {model} x{scale:g} {load}", file=sys.stderr, flush=True)
         cells.append(cell(model, tr, scale, load, args))

@@ -12,6 +12,8 @@ per-cut costs and the bandwidth each request met.
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import json
 import math
 import statistics
@@ -78,6 +80,23 @@ class BenchConfig:
         if not self.rate_hz > 0 or not self.duration_s > 0 or not self.bandwidth_scale > 0 or not self.turn_s > 0:
             raise ConfigError(f"rate_hz, duration_s, turn_s, bandwidth_scale must be > 0, got {self.rate_hz}, "
                               f"{self.duration_s}, {self.turn_s}, {self.bandwidth_scale}")
+
+
+def add_grid_arguments(p: argparse.ArgumentParser) -> None:
+    """The acceptance grid's options, shared by ``bench/bench_rig_grid.py`` and ``bench/bench_sim.py``:
+    every shipped HSDPA trace x resnet50, inception_v1 on rpi4 x bandwidth scale 1, 5 x load none,
+    device-burst by default."""
+    p.add_argument("--traces", default=",".join(n for n in traces.shipped() if n.startswith("hsdpa/")))
+    p.add_argument("--models", default="resnet50,inception_v1")
+    p.add_argument("--scales", default="1,5")
+    p.add_argument("--loads", default="none,device-burst")
+    p.add_argument("--board", default="rpi4")
+
+
+def grid_cells(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
+    """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them."""
+    return list(itertools.product(args.traces.split(","), args.models.split(","),
+                                  [float(x) for x in args.scales.split(",")], args.loads.split(",")))
 
 
 def turn_plan(names: Sequence[str], duration_s: float, turn_s: float) -> list[tuple[str, float]]:

@@ -34,7 +34,7 @@ bench: $(TEST_STAMP)
 
 # Regenerate the gRPC stubs from proto/splitrt.proto (tests check they are up to date).
 proto: $(TEST_STAMP)
-	$(BIN)/python -m splitrt.protogen
+	$(BIN)/python -m splitrt.transport.protogen
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

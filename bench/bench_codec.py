@@ -19,9 +19,10 @@ import time
 
 import numpy as np
 
-from splitrt import codec, zoo
-from splitrt.device import Device, DeviceConfig, HeadResult
-from splitrt.tables import render
+from splitrt.cli.tables import render
+from splitrt.device.client import Device, DeviceConfig, HeadResult
+from splitrt.graph import zoo
+from splitrt.transport import codec
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:

@@ -19,13 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from splitrt import graph, profiler, zoo
-from splitrt.controller import Controller
-from splitrt.costmodel import Conditions, CostTable, Link
-from splitrt.netmon import LinkEstimator, LoadEstimate, LoadEstimator
-from splitrt.priors import flops_table
-from splitrt.solver import solve, sweep
-from splitrt.tables import render
+from splitrt.cli.tables import render
+from splitrt.graph import model as graph
+from splitrt.graph import zoo
+from splitrt.plan.controller import Controller
+from splitrt.plan.costmodel import Conditions, CostTable, Link
+from splitrt.plan.netmon import LinkEstimator, LoadEstimate, LoadEstimator
+from splitrt.plan.solver import solve, sweep
+from splitrt.profile import profiler
+from splitrt.profile.priors import flops_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

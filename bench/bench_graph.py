@@ -17,8 +17,9 @@ import time
 import numpy as np
 import onnxruntime as ort
 
-from splitrt import graph, partition, zoo
-from splitrt.tables import render
+from splitrt.cli.tables import render
+from splitrt.graph import model as graph
+from splitrt.graph import partition, zoo
 
 
 def _session(model: object) -> ort.InferenceSession:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from splitrt import netns, shaper, traces
+from splitrt.rig import netns, shaper, traces
 
 
 def _trace(args: argparse.Namespace) -> traces.Trace:

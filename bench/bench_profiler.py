@@ -18,7 +18,9 @@ import time
 
 import numpy as np
 
-from splitrt import graph, profiler, zoo
+from splitrt.graph import model as graph
+from splitrt.graph import zoo
+from splitrt.profile import profiler
 
 
 def bench_model(name: str, *, runs: int, threads: int | None, segments: int, every: int) -> dict[str, object]:

@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from splitrt import cmd_bench, rig, rigbench
-from splitrt.tables import render
+from splitrt.cli import bench as cmd_bench
+from splitrt.cli.tables import render
+from splitrt.rig import bench as rigbench
+from splitrt.rig import harness as rig
 
 
 def main(argv: list[str] | None = None) -> int:

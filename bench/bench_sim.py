@@ -1,4 +1,4 @@
-"""The rig's acceptance grid, simulated (``splitrt.sim``): the decision logic without the host's jitter.
+"""The rig's acceptance grid, simulated (``splitrt.rig.sim``): the decision logic without the host's jitter.
 
 Same cells as bench/bench_rig_grid.py (every shipped HSDPA trace x resnet50, inception_v1 on rpi4 x
 bandwidth scale 1, 5 x load none, device-burst), same strategies and oracle, but each strategy is a
@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from splitrt import cmd_sim, rigbench
-from splitrt.controller import ControllerConfig
-from splitrt.netmon import LinkConfig
-from splitrt.tables import render
+from splitrt.cli import sim as cmd_sim
+from splitrt.cli.tables import render
+from splitrt.plan.controller import ControllerConfig
+from splitrt.plan.netmon import LinkConfig
+from splitrt.rig import bench as rigbench
 
 
 def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Namespace) -> dict[str, Any]:

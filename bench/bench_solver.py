@@ -20,8 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from splitrt import graph, mincut, profiler, solver, zoo
-from splitrt.costmodel import Conditions, Link
+from splitrt.graph import model as graph
+from splitrt.graph import zoo
+from splitrt.plan import mincut, solver
+from splitrt.plan.costmodel import Conditions, Link
+from splitrt.profile import profiler
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -36,9 +36,10 @@ import onnx
 import psutil
 from onnx import TensorProto, helper
 
-from splitrt import graph, zoo
-from splitrt.device import Device, DeviceConfig
-from splitrt.tables import render
+from splitrt.cli.tables import render
+from splitrt.device.client import Device, DeviceConfig
+from splitrt.graph import model as graph
+from splitrt.graph import zoo
 
 SIZES = {"10KB": 10_000, "100KB": 100_000, "1MB": 1_000_000, "4MB": 4_000_000, "16MB": 16_000_000}
 
@@ -70,7 +71,7 @@ def raw_echo_server() -> None:
 
     import grpc
 
-    from splitrt import wire
+    from splitrt.transport import wire
 
     server = grpc.server(futures.ThreadPoolExecutor(4), options=wire.server_options(64 * 2**20))
     handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"ok",
@@ -86,7 +87,7 @@ def bench_raw(args: argparse.Namespace) -> dict[str, float]:
     """Median round trip of each payload size as bare bytes over gRPC (ms, by label)."""
     import grpc
 
-    from splitrt import wire
+    from splitrt.transport import wire
 
     proc = subprocess.Popen([sys.executable, __file__, "--raw-echo-server"], stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None

@@ -131,7 +131,7 @@ for c in "${CLOUDS[@]+"${CLOUDS[@]}"}"; do clouds+="${clouds:+, }\"$c\""; done
 config="$ETC/daemon.toml"
 [ -f "$config" ] && [ "$FORCE_CONFIG" = 0 ] && { config="$ETC/daemon.toml.new"; say "keeping $ETC/daemon.toml; the new one is $config"; }
 cat > "$config" <<EOF
-# splitrt device daemon for board $DEVICE, written by devices/install.sh. Keys: see \`pydoc splitrt.daemon\`.
+# splitrt device daemon for board $DEVICE, written by devices/install.sh. Keys: see \`pydoc splitrt.device.daemon\`.
 board = "$SHARE/devices/$DEVICE.toml"    # speed factor (FLOPs prior, shipped profiles) and power figures
 objective = "latency"                     # latency | energy | throughput
 deadline_ms = $deadline

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from splitrt import _moved
 from splitrt.errors import SplitrtError
 
 __version__ = "0.1.0"
 
 __all__ = ["Device", "SplitrtError", "__version__"]
 
+_moved.install()  # the flat module names of 0.1 (splitrt.costmodel, ...) still import
+
 if TYPE_CHECKING:
-    from splitrt.device import Device
+    from splitrt.device.client import Device
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: `import splitrt` stays light (no grpc/onnxruntime) until splitrt.Device is used.
     if name == "Device":
-        from splitrt.device import Device
+        from splitrt.device.client import Device
 
         return Device
     raise AttributeError(f"module 'splitrt' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from splitrt import zoo
+from splitrt.graph import zoo
 
 IS_ROOT = os.geteuid() == 0
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from splitrt.daemon import LocalClient
+from splitrt.device.daemon import LocalClient
 
 REPO = Path(__file__).resolve().parent.parent
 

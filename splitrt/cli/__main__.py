@@ -1,0 +1,5 @@
+import sys
+
+from splitrt.cli.app import main
+
+sys.exit(main())

@@ -1,0 +1,36 @@
+"""`splitrt daemon --config FILE`: the device daemon (see splitrt.device.daemon)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("daemon", help="run the device daemon: local API for apps, discovery, metrics")
+    p.add_argument("--config", required=True, type=Path, metavar="FILE",
+                   help="TOML config (see splitrt.device.daemon; devices/install.sh writes one per board)")
+    p.add_argument("--check", action="store_true", help="only validate the config and exit")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=cmd_daemon)
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from splitrt.device import daemon
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    for name in ("splitrt.device.daemon", "splitrt.device.finder"):
+        lg = logging.getLogger(name)
+        lg.addHandler(handler)
+        lg.setLevel(args.log_level)
+        lg.propagate = False
+    if args.check:
+        cfg = daemon.load_config(args.config)
+        print(f"{args.config}: ok ({len(cfg.models)} model(s), "
+              f"{'discovery' if cfg.discovery else 'static clouds'} {list(cfg.clouds)})")
+        return 0
+    return daemon.run(args.config)

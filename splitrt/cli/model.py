@@ -1,0 +1,109 @@
+"""`splitrt inspect`, `splitrt split`, `splitrt zoo`: look at a model, cut it, get test models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from splitrt.cli.tables import human_bytes, render
+from splitrt.graph import model as graph
+from splitrt.graph import partition, zoo
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="list every place the model can be cut and what crosses it")
+    p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--all", action="store_true", help="table: show every cut (default: single-tensor cuts)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("split", help="write head/tail (or N-way chain) segments of a model")
+    p.add_argument("model")
+    p.add_argument("--cut", action="append", required=True, metavar="ID",
+                   help="cut id from `splitrt inspect`; repeat for a chain device -> edge -> cloud")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_split)
+
+    p = sub.add_parser("zoo", help="test and demo models with seeded random weights")
+    zs = p.add_subparsers(dest="zoo_cmd", required=True)
+    zl = zs.add_parser("list", help="list the zoo models")
+    zl.add_argument("--json", action="store_true")
+    zl.set_defaults(func=cmd_zoo_list)
+    zg = zs.add_parser("get", help="write a zoo model to a file")
+    zg.add_argument("name", choices=zoo.names())
+    zg.add_argument("--out", required=True, type=Path)
+    zg.set_defaults(func=cmd_zoo_get)
+
+
+def resolve_model(spec: str) -> Path:
+    """A path, ``zoo:NAME`` or a bare zoo name (see ``zoo.resolve``)."""
+    return zoo.resolve(spec)
+
+
+def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:
+    return {
+        "model": {
+            "path": str(mg.path),
+            "sha256": mg.sha256,
+            "nodes": len(mg.nodes),
+            "inputs": [t.as_dict() for t in mg.inputs],
+            "outputs": [t.as_dict() for t in mg.outputs],
+            "flops": mg.flops,
+        },
+        "cuts": [c.as_dict() for c in mg.cuts()],
+        "excluded": list(mg.excluded),
+    }
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    mg = graph.load(resolve_model(args.model))
+    if args.json:
+        json.dump(inspect_dict(mg), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    cuts = mg.cuts()
+    shown = cuts if args.all else [c for c in cuts if len(c.tensors) <= 1 or c.id in ("cloud", "device")]
+    rows = [
+        (c.id, c.head_nodes, f"{100 * c.head_flops_fraction:.1f}%", human_bytes(c.bytes),
+         ", ".join(t.name for t in c.tensors[:3]) + (" ..." if len(c.tensors) > 3 else ""))
+        for c in shown
+    ]
+    print(f"{mg.path}  sha256 {mg.sha256[:16]}  nodes {len(mg.nodes)}  "
+          f"GFLOPs {mg.flops / 1e9:.2f}  cuts {len(cuts)} ({len(shown)} shown; --all for every cut)")
+    for why in mg.excluded[:5]:
+        print(f"left out: {why}", file=sys.stderr)
+    print(render(["cut", "head nodes", "head FLOPs", "bytes", "crossing tensors"], rows))
+    return 0
+
+
+def cmd_split(args: argparse.Namespace) -> int:
+    mg = graph.load(resolve_model(args.model))
+    plan = partition.write_segments(mg, args.cut, args.out)
+    if args.json:
+        print(json.dumps(plan))
+    else:
+        segs = plan["segments"]
+        assert isinstance(segs, list)
+        rows = [(s["file"], s["nodes"], ", ".join(s["inputs"])[:60], ", ".join(s["outputs"])[:60]) for s in segs]
+        print(render(["segment", "nodes", "inputs", "outputs"], rows))
+        print(f"wrote {len(segs)} segments and plan.json to {args.out}")
+    return 0
+
+
+def cmd_zoo_list(args: argparse.Namespace) -> int:
+    names = zoo.names()
+    if args.json:
+        print(json.dumps({"models": names}))
+    else:
+        print("\n".join(names))
+    return 0
+
+
+def cmd_zoo_get(args: argparse.Namespace) -> int:
+    path = zoo.get(args.name, args.out)
+    print(path)
+    return 0

@@ -1,0 +1,253 @@
+"""`splitrt profile` (measure a model on this machine) and `splitrt plan` (where to cut, at what cost)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from splitrt.errors import ConfigError, PlanError
+from splitrt.graph import model as graph_mod
+from splitrt.plan import costmodel, solver
+from splitrt.profile import boards, profiler
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="measure every candidate cut of a model on this machine",
+        description="Measure per-node and per-cut costs of MODEL with onnxruntime and write a profile (JSON).",
+    )
+    p.add_argument("model", help="ONNX file, or a zoo model name (e.g. resnet50)")
+    p.add_argument("--out", required=True, help="profile file to write")
+    p.add_argument("--runs", type=int, default=10, help="timed runs per segment (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default 2)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
+    p.add_argument("--segments", type=int, default=16, help="spans between anchor cuts timed directly (default 16)")
+    p.add_argument("--provider", action="append", default=None, help="execution provider preference")
+    p.set_defaults(func=_profile)
+
+    q = subparsers.add_parser(
+        "plan",
+        help="predict every cut's cost and pick the best",
+        description="Predict each candidate cut's latency, energy and throughput from a device and a cloud "
+        "profile, and print the best plan (or, with --sweep, the bandwidths where the best plan changes).",
+    )
+    q.add_argument("model", help="ONNX file, or a zoo model name")
+    q.add_argument("--device", required=True, help="device profile (JSON)")
+    q.add_argument("--cloud", required=True, help="cloud profile (JSON)")
+    q.add_argument("--bandwidth-mbps", type=float, required=True)
+    q.add_argument("--rtt-ms", type=float, required=True)
+    q.add_argument("--objective", choices=solver.OBJECTIVES, default="latency")
+    q.add_argument("--device-load", type=float, default=1.0, help="multiplies device compute (>= 1)")
+    q.add_argument("--cloud-load", type=float, default=1.0, help="multiplies cloud compute (>= 1)")
+    q.add_argument(
+        "--board", default=None, help="devices/<NAME>.toml: power figures, and emulate it from a host profile"
+    )
+    q.add_argument("--codec", action="append", default=None,
+                   help="allowed codec(s), repeatable: fp32 fp16 int8 int8c, or 'all' (default: fp32, lossless "
+                        "like the runtime; lossy codecs change the answer, so they are opt-in)")
+    q.add_argument("--min-cut", action="store_true", help="also solve the DADS min-cut over the node DAG")
+    q.add_argument("--sweep", action="store_true", help="print the bandwidths where the best plan changes")
+    q.add_argument("--sweep-min-mbps", type=float, default=0.1)
+    q.add_argument("--sweep-max-mbps", type=float, default=1000.0)
+    q.add_argument("--plot", default=None, help="with --sweep: write a PNG (needs matplotlib)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_plan)
+
+
+def _model_path(model: str) -> Path:
+    from splitrt.graph import zoo
+
+    return zoo.resolve(model)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    path = _model_path(args.model)
+    prof = profiler.measure(
+        path,
+        runs=args.runs,
+        warmup=args.warmup,
+        threads=args.threads,
+        segments=args.segments,
+        providers=args.provider,
+        name=Path(args.model).stem,
+    )
+    profiler.save_profile(prof, args.out)
+    print(f"wrote {args.out}: {len(prof.cuts)} cuts, whole model {prof.total_ms:.2f} ms", file=sys.stderr)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    path = _model_path(args.model)
+    g = graph_mod.load(path)
+    device = profiler.load_profile(args.device, sha256=g.sha256)
+    cloud = profiler.load_profile(args.cloud, sha256=g.sha256)
+    power = costmodel.DEFAULT_POWER
+    factor = 1.0
+    if args.board:
+        board = boards.load_board(args.board)
+        power = board.power
+        # a host-measured device profile stands in for the board: scale by the board's speed factor
+        factor = board.cpu_speed_factor
+    table = profiler.cost_table(device, cloud, device_speed_factor=factor)
+    try:
+        cond = costmodel.Conditions(
+            link=costmodel.Link(bandwidth_mbps=args.bandwidth_mbps, rtt_ms=args.rtt_ms),
+            device_load=args.device_load,
+            cloud_load=args.cloud_load,
+        )
+    except PlanError as exc:
+        raise ConfigError(str(exc)) from exc
+    codecs = args.codec = None if args.codec == ["all"] else (args.codec or ["fp32"])
+    if args.sweep:
+        bands = solver.sweep(
+            table,
+            cond,
+            objective=args.objective,
+            power=power,
+            min_mbps=args.sweep_min_mbps,
+            max_mbps=args.sweep_max_mbps,
+            codecs=codecs,
+        )
+        if args.plot:
+            _plot(table, cond, bands, args, power)
+        if args.json:
+            print(json.dumps({"sweep": [vars_of(b) for b in bands]}, indent=1))
+        else:
+            print(f"{'from Mbit/s':>12} {'to Mbit/s':>12}  {'plan':<16}{'bytes':>12}{'ms at from':>12}{'ms at to':>11}")
+            for b in bands:
+                print(
+                    f"{b.from_mbps:>12.4g} {b.to_mbps:>12.4g}  {b.plan:<16}{b.bytes:>12}"
+                    f"{b.predicted_ms_from:>12.2f}{b.predicted_ms_to:>11.2f}"
+                )
+        return 0
+
+    best = solver.solve(table, cond, objective=args.objective, power=power, codecs=codecs)
+    codec = best.codec
+    rows = []
+    for cut in table.ids:
+        e = table.estimate(cut, codec, cond, power)
+        rows.append(
+            {
+                "cut": cut,
+                "device_ms": round(e.device_ms, 4),
+                "transfer_ms": round(e.transfer_ms, 4),
+                "cloud_ms": round(e.cloud_ms, 4),
+                "total_ms": round(e.latency_ms, 4),
+                "energy_mj": round(e.energy_mj, 4),
+                "period_ms": round(e.period_ms, 4),
+                "bytes": e.bytes,
+                "sent_bytes": e.sent_bytes,
+            }
+        )
+    out: dict[str, Any] = {
+        "best": {
+            "plan": best.key,
+            "cut": best.cut,
+            "codec": best.codec,
+            "objective": best.objective,
+            "predicted_ms": round(best.predicted_ms, 4),
+            "energy_mj": round(best.energy_mj, 4),
+            "period_ms": round(best.period_ms, 4),
+            "throughput_fps": round(1000.0 / best.period_ms, 3) if best.period_ms > 0 else None,
+            "device_ms": round(best.device_ms, 4),
+            "transfer_ms": round(best.transfer_ms, 4),
+            "cloud_ms": round(best.cloud_ms, 4),
+            "bytes": best.bytes,
+            "sent_bytes": best.sent_bytes,
+        },
+        "conditions": {
+            "bandwidth_mbps": args.bandwidth_mbps,
+            "rtt_ms": args.rtt_ms,
+            "device_load": args.device_load,
+            "cloud_load": args.cloud_load,
+            "board": args.board,
+            "device_speed_factor": factor,
+        },
+        "cuts": rows,
+    }
+    if args.min_cut:
+        from splitrt.plan import mincut
+
+        choice = mincut.best_head(profiler.dag(g, device, cloud, device_speed_factor=factor), cond)
+        out["min_cut"] = {
+            "head_nodes": len(choice.head),
+            "predicted_ms": round(choice.latency_ms, 4),
+            "bytes": choice.crossing_bytes,
+            "note": "additive per-node model, fp32, over every down-closed node set",
+        }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(
+        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}{'bytes':>12}"
+    )
+    for r in rows:
+        mark = "  <- best" if r["cut"] == best.cut else ""
+        print(
+            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['cloud_ms']:>10.2f}"
+            f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{r['bytes']:>12}{mark}"
+        )
+    b = out["best"]
+    print(
+        f"best ({args.objective}): {b['plan']}  latency {b['predicted_ms']:.2f} ms, energy {b['energy_mj']:.1f} mJ, "
+        f"{b['throughput_fps']} frames/s pipelined, sends {b['sent_bytes']} bytes"
+    )
+    if "min_cut" in out:
+        mc = out["min_cut"]
+        print(f"min-cut over the node DAG: {mc['predicted_ms']:.2f} ms ({mc['head_nodes']} nodes on the device)")
+    return 0
+
+
+def vars_of(b: solver.SweepBand) -> dict[str, Any]:
+    return {
+        "from_mbps": b.from_mbps,
+        "to_mbps": b.to_mbps,
+        "plan": b.plan,
+        "bytes": b.bytes,
+        "predicted_ms_from": b.predicted_ms_from,
+        "predicted_ms_to": b.predicted_ms_to,
+    }
+
+
+def _plot(
+    table: costmodel.CostTable,
+    cond: costmodel.Conditions,
+    bands: list[solver.SweepBand],
+    args: argparse.Namespace,
+    power: costmodel.Power,
+) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError("--plot needs matplotlib: pip install 'splitrt[plot]'") from exc
+    import numpy as np
+
+    bws = np.geomspace(args.sweep_min_mbps, args.sweep_max_mbps, 300)
+    lat = []
+    for bw in bws:
+        c = costmodel.Conditions(
+            link=costmodel.Link(bandwidth_mbps=float(bw), rtt_ms=cond.link.rtt_ms),
+            device_load=cond.device_load,
+            cloud_load=cond.cloud_load,
+        )
+        lat.append(solver.solve(table, c, objective=args.objective, power=power, codecs=args.codec).predicted_ms)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(bws, lat, color="black")
+    for b in bands:
+        ax.axvspan(b.from_mbps, b.to_mbps, alpha=0.15, color=f"C{bands.index(b) % 10}")
+        mid = (b.from_mbps * b.to_mbps) ** 0.5
+        ax.text(mid, max(lat) * 0.95, b.plan, rotation=90, va="top", ha="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("bandwidth (Mbit/s)")
+    ax.set_ylabel("predicted latency (ms)")
+    ax.set_title(f"best plan vs bandwidth, RTT {cond.link.rtt_ms} ms ({args.objective})")
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
+    print(f"wrote {args.plot}", file=sys.stderr)

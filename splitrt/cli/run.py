@@ -1,0 +1,145 @@
+"""`splitrt run`: one request split between this machine and a cloud server (see splitrt.device), or
+with ``--count N`` (or ``--discover``) a stream of requests through the adaptive runtime
+(splitrt.device.runtime: per-request plan, failover, local fallback) to a static or discovered cloud."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from splitrt.cli import tables
+from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
+from splitrt.errors import CutError, InputError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a model split: head here, tail on a cloud server")
+    p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--cloud", metavar="HOST:PORT", help="address of `splitrt serve`")
+    where.add_argument("--discover", action="store_true",
+                       help="follow the clouds advertised via mDNS that serve this model (implies a stream)")
+    p.add_argument("--cut", required=True, metavar="ID",
+                   help="cut id from `splitrt inspect` (cloud, c1, ..., device), or auto")
+    p.add_argument("--codec", default="fp32", help="fp32, fp16, int8, int8c, each optionally +zlib")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--input", action="append", metavar="[NAME=]FILE",
+                     help=".npy for a one-input model (or NAME=FILE.npy, repeatable), or one .npz by name")
+    src.add_argument("--random", action="store_true", help="random inputs of the right dtype and shape")
+    p.add_argument("--seed", type=int, default=0, help="seed for --random")
+    p.add_argument("--output", type=Path, metavar="FILE.npz", help="save every output under its graph name")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="deadline of the request")
+    p.add_argument("--token-file", type=Path, help="bearer token (first line)")
+    p.add_argument("--tls-ca", type=Path, help="PEM CA certificate: connect with TLS")
+    p.add_argument("--no-upload", action="store_true", help="never upload the model to the cloud")
+    p.add_argument("--device-profile", "--profile-device", type=Path, dest="device_profile",
+                   help="--cut auto: profile of this machine (JSON)")
+    p.add_argument("--cloud-profile", "--profile-cloud", type=Path, dest="cloud_profile",
+                   help="--cut auto: profile of the cloud (JSON)")
+    s = p.add_argument_group("stream (adaptive runtime)")
+    s.add_argument("--count", type=int, metavar="N", help="send N requests (default with --discover: 1)")
+    s.add_argument("--rate", type=float, metavar="HZ", help="start requests at this rate (default: back to back)")
+    s.add_argument("--deadline-ms", type=float, metavar="D", help="per-request deadline (default 5000)")
+    s.add_argument("--board", metavar="NAME", help="board descriptor (devices/NAME.toml): speed and power")
+    s.add_argument("--decision-log", type=Path, metavar="FILE", help="append every decision as a JSON line")
+    s.add_argument("--verify", action="store_true", help="compare each output with a local run (rel_err)")
+    s.add_argument("--discover-interface", action="append", default=[], metavar="IP",
+                   help="bind mDNS to this IP (repeatable; default all)")
+    s.add_argument("--discover-wait-s", type=float, default=5.0,
+                   help="wait this long for a first cloud before starting (default 5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=cmd_run)
+
+
+def _load_inputs(dev: Device, specs: list[str]) -> dict[str, np.ndarray]:
+    names = [t.name for t in dev.graph.inputs]
+    inputs: dict[str, np.ndarray] = {}
+    for spec in specs:
+        name, _, file = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        path = Path(file)
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"input file {path}: expected a .npy or .npz array file ({exc})") from exc
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                inputs.update({k: loaded[k] for k in loaded.files})
+            continue
+        if not name:
+            if len(names) != 1:
+                raise InputError(f"model has inputs {names}: expected NAME=FILE.npy for each, got {spec!r}")
+            name = names[0]
+        inputs[name] = loaded
+    return inputs
+
+
+def plan_auto(dev: Device, args: argparse.Namespace) -> tuple[str, str, dict[str, Any]]:
+    """Pick (cut, codec) with the solver from the two profiles and a probe of the link."""
+    from splitrt.plan import costmodel, solver
+    from splitrt.profile import profiler
+
+    if args.device_profile is None or args.cloud_profile is None:
+        raise CutError("--cut auto needs --device-profile and --cloud-profile (from `splitrt profile`)")
+    table = profiler.cost_table(profiler.load_profile(args.device_profile, sha256=dev.sha256),
+                                profiler.load_profile(args.cloud_profile, sha256=dev.sha256))
+    rtts = sorted(dev.probe(0, 0).seconds for _ in range(5))
+    rtt_s = rtts[len(rtts) // 2]
+    up = 1 << 20
+    bulk = min(dev.probe(up, 0).seconds for _ in range(3))
+    bandwidth_mbps = up * 8 / 1e6 / max(bulk - rtt_s, 1e-6)
+    status = dev.status()
+    cloud_load = max(1.0, status.load.queue_depth / max(1, status.load.workers))
+    cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_s * 1e3),
+                                cloud_load=cloud_load)
+    plan = solver.solve(table, cond)
+    info = {"plan": solver.format_plan(plan.cut, plan.codec), "predicted_ms": plan.predicted_ms,
+            "bandwidth_mbps": bandwidth_mbps, "rtt_ms": rtt_s * 1e3, "cloud_load": cloud_load}
+    return plan.cut, plan.codec, info
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from splitrt.cli.model import resolve_model
+
+    token = read_token(args.token_file) if args.token_file is not None else None
+    config = DeviceConfig(timeout_s=args.timeout_s, codec=args.codec, token=token, tls_ca_path=args.tls_ca,
+                          upload=not args.no_upload)
+    if args.count is not None or args.discover:
+        from splitrt.device.stream import run_stream
+
+        return run_stream(args, config)
+    if not args.random and not args.input:
+        raise InputError("expected --input FILE or --random, got neither")
+    with Device(resolve_model(args.model), args.cloud, config=config) as dev:
+        inputs = dev.random_inputs(args.seed) if args.random else _load_inputs(dev, args.input)
+        cut, codec_spec = args.cut, args.codec
+        plan_info: dict[str, Any] = {}
+        if cut == "auto":
+            cut, codec_spec, plan_info = plan_auto(dev, args)
+        else:
+            dev.graph.cut(cut)  # CutError naming the valid ids
+        result = dev.run_detailed(inputs, cut=cut, codec_spec=codec_spec)
+    if args.output is not None:
+        np.savez(args.output, **result.outputs)  # type: ignore[arg-type]
+    _report(result, plan_info, args)
+    return 0
+
+
+def _report(result: SplitResult, plan_info: dict[str, Any], args: argparse.Namespace) -> None:
+    outputs = {n: {"dtype": v.dtype.name, "shape": list(v.shape)} for n, v in result.outputs.items()}
+    if args.json:
+        doc = result.timings() | {"outputs": outputs, "output_file": str(args.output) if args.output else None}
+        if plan_info:
+            doc["auto"] = plan_info
+        print(json.dumps(doc, indent=2))
+        return
+    rows = [[k, v] for k, v in result.timings().items()]
+    rows += [[f"auto.{k}", v] for k, v in plan_info.items()]
+    rows += [[f"output {n}", f"{o['dtype']} {o['shape']}"] for n, o in outputs.items()]
+    print(tables.render(["field", "value"], rows))
+    if args.output is not None:
+        print(f"saved {len(outputs)} outputs to {args.output}", file=sys.stderr)

@@ -1,0 +1,95 @@
+"""`splitrt serve`: the cloud inference server (see splitrt.cloud)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
+from splitrt.transport import wire
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the cloud inference server (tails of split models over gRPC)")
+    p.add_argument("--models", required=True, type=Path, metavar="DIR",
+                   help="directory of .onnx models, served by the sha256 of their bytes")
+    p.add_argument("--port", type=int, default=50051, help="TCP port (0: pick a free one; default 50051)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--allow-upload", action="store_true", help="accept models uploaded by devices")
+    p.add_argument("--tls-cert", type=Path, metavar="C", help="PEM certificate (with --tls-key): serve TLS")
+    p.add_argument("--tls-key", type=Path, metavar="K", help="PEM private key")
+    p.add_argument("--token-file", type=Path, metavar="F",
+                   help="bearer tokens, one per line: calls without one get UNAUTHENTICATED")
+    p.add_argument("--workers", type=int, default=None, help="tails run at once (default: CPU count)")
+    p.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond the workers")
+    p.add_argument("--segment-cache", type=int, default=16, help="tail sessions kept (LRU)")
+    p.add_argument("--max-message-mb", type=float, default=wire.DEFAULT_MAX_MESSAGE_BYTES / 2**20,
+                   help="gRPC message limit, MiB (default 64)")
+    p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
+    p.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads per tail (0: default)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    d = p.add_argument_group("discovery (mDNS _splitrt._tcp; TXT: version, model hashes, load)")
+    d.add_argument("--advertise", action="store_true", help="advertise this server on the local network")
+    d.add_argument("--advertise-name", metavar="N", help="instance name (default: the host name)")
+    d.add_argument("--advertise-address", action="append", default=[], metavar="IP",
+                   help="address devices connect to (repeatable; default: --host, or every non-loopback IPv4)")
+    d.add_argument("--advertise-interface", action="append", default=[], metavar="IP",
+                   help="bind mDNS to this IP (repeatable; default: all interfaces)")
+    d.add_argument("--advertise-ttl-s", type=int, default=120, help="record TTL: how long a crashed server lingers")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("splitrt.cloud")
+    log.addHandler(handler)
+    log.setLevel(args.log_level)
+    log.propagate = False
+    kwargs: dict[str, Any] = {}
+    if args.workers is not None:
+        kwargs["workers"] = args.workers
+    config = ServerConfig(
+        models_dir=args.models, host=args.host, port=args.port, allow_upload=args.allow_upload,
+        tls_cert_path=args.tls_cert, tls_key_path=args.tls_key,
+        tokens=tokens_from_file(args.token_file) if args.token_file else (),
+        max_queue=args.max_queue, segment_cache_size=args.segment_cache,
+        max_message_bytes=int(args.max_message_mb * 2**20), drain_timeout_s=args.drain_s,
+        intra_op_threads=args.intra_op_threads, **kwargs)
+    server = CloudServer(config)
+    server.start()
+    advertiser = None
+    if args.advertise:
+        import socket
+
+        from splitrt.device.finder import ServerAdvertiser
+
+        try:
+            advertiser = ServerAdvertiser(server, name=args.advertise_name or socket.gethostname(),
+                                          addresses=args.advertise_address or None,
+                                          interfaces=args.advertise_interface or None, ttl_s=args.advertise_ttl_s)
+        except BaseException:
+            server.stop(grace_s=0)
+            raise
+        log.info(json.dumps({"event": "advertised", "name": advertiser.name, "addresses": advertiser.addresses,
+                             "port": server.port}))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop.wait(0.5):
+        pass
+    if advertiser is not None:
+        advertiser.close()  # goodbye first: devices move on while in-flight calls drain
+    server.stop()
+    return 0

@@ -1,0 +1,389 @@
+"""The adaptive device runtime: per request, plan -> head -> cloud (or local) -> outputs, never lost.
+
+This is the I/O shell around the pure parts: it reads the clock, asks the ``Controller`` for a plan
+from the ``netmon`` estimates, runs the head with a ``Device``, sends to the best live cloud, and when
+the cloud is unreachable, slow or failing it finishes the request locally *from the head's output*
+within the deadline. Failed clouds are retried with exponential backoff by a background prober,
+which also keeps the link estimate fresh with ``Probe`` RPCs when real transfers are stale.
+
+Policies (the rig's strategies drive the same code): ``adaptive`` re-plans per request; ``periodic:S``
+re-plans every S seconds (REAP-style); ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TextIO
+
+import numpy as np
+import psutil
+
+from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
+from splitrt.errors import CloudError, ConfigError, SplitrtError
+from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
+from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
+from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
+from splitrt.plan.solver import parse_plan
+
+IDLE_WAIT_ROUNDS = 8  # prober rounds a due probe waits for an idle link (2 s at the default interval)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    deadline_ms: float = 5000.0
+    policy: str = "adaptive"  # adaptive | periodic:SECONDS | fixed:PLAN
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)
+    # A cloud that failed is retried after backoff_initial_s, doubling up to backoff_max_s.
+    backoff_initial_s: float = 0.25
+    backoff_max_s: float = 2.0
+    prober_interval_s: float = 0.25
+    probe_timeout_s: float = 2.0
+    # A bandwidth probe on an idle connection goes out twice, back to back, and the second counts: after
+    # idle, TCP restarts from its initial window (tcp_slow_start_after_idle), and the first probe
+    # measures that. None: pairs only where this host's kernel restarts (net.ipv4.tcp_slow_start_after_idle
+    # is 1, Linux's default, or cannot be read); False halves the probe traffic.
+    bandwidth_probe_pairs: bool | None = None
+    # Time kept in reserve for finishing locally when the RPC deadline is computed.
+    min_rpc_timeout_ms: float = 50.0
+    warm_sessions: bool = True
+
+    def __post_init__(self) -> None:
+        parse_policy(self.policy)
+        if self.deadline_ms <= 0:
+            raise ConfigError(f"deadline_ms: expected > 0, got {self.deadline_ms!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    request: str
+    outputs: dict[str, np.ndarray]
+    plan: str
+    latency_ms: float
+    fallback: bool  # the cloud's part ran locally
+    server: str | None
+    decision: Decision
+    result: SplitResult
+
+
+@dataclass
+class _Cloud:
+    address: str
+    device: Device
+    up: bool = True
+    failures: int = 0
+    retry_at_s: float = 0.0
+    rtt_ms: float | None = None
+    last_error: str = ""
+
+
+class AdaptiveDevice:
+    """Thread-safe: the daemon's API threads call ``infer`` concurrently."""
+
+    def __init__(
+        self,
+        model: Any,
+        table: CostTable,
+        clouds: Sequence[str] = (),
+        *,
+        config: RuntimeConfig | None = None,
+        device_config: DeviceConfig | None = None,
+        power: Power = DEFAULT_POWER,
+        log: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        start_prober: bool = True,
+    ) -> None:
+        self.config = config or RuntimeConfig()
+        self.device_config = device_config or DeviceConfig()
+        self.local = Device(model, None, config=self.device_config)
+        self.graph = self.local.graph
+        if list(table.ids) != [c.id for c in self.graph.cuts()]:
+            raise ConfigError(
+                f"cost table lists {len(table.ids)} cuts, model {self.graph.path.name} has "
+                f"{len(self.graph.cuts())}: expected a profile of this model"
+            )
+        self.table = table
+        self.controller = Controller(table, self.config.controller, power=power)
+        self.policy = Policy(self.config.policy, self.controller)
+        self.link = LinkEstimator(self.config.link)
+        self.load = LoadEstimator()
+        self.clock = clock
+        self.log = log
+        self._lock = threading.RLock()
+        self._clouds: dict[str, _Cloud] = {}
+        self.set_clouds(clouds)
+        self._stop = threading.Event()
+        self._warm_due = False
+        self._inflight = 0  # requests on the wire now: probes wait for an idle link
+        self._probe_waits = 0
+        self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0}
+        self.last_local_error = ""
+        pairs = self.config.bandwidth_probe_pairs
+        self._probe_pairs = slow_start_after_idle() if pairs is None else pairs
+        self._prober: threading.Thread | None = None
+        self._proc = psutil.Process()
+        psutil.cpu_percent(None)  # prime: the first call always returns 0
+        self._proc.cpu_percent(None)
+        if start_prober:
+            self._prober = threading.Thread(target=self._probe_loop, name="splitrt-prober", daemon=True)
+            self._prober.start()
+
+    # -- clouds ------------------------------------------------------------------------------------
+    def set_clouds(self, addresses: Sequence[str]) -> None:
+        """Replace the known clouds (static list or discovery); order = preference."""
+        with self._lock:
+            keep = {a: self._clouds[a] for a in addresses if a in self._clouds}
+            for a in addresses:
+                if a not in keep:
+                    keep[a] = _Cloud(a, Device(self.graph, a, config=self.device_config))
+            for a, c in self._clouds.items():
+                if a not in keep:
+                    c.device.close()
+            self._clouds = dict(keep)
+
+    def clouds(self) -> list[dict[str, object]]:
+        with self._lock:
+            return [{"address": c.address, "up": c.up, "failures": c.failures, "rtt_ms": c.rtt_ms,
+                     "last_error": c.last_error} for c in self._clouds.values()]
+
+    def _live(self, now_s: float) -> list[_Cloud]:
+        """Clouds that are up, in the caller's order of preference (the finder ranks by RTT)."""
+        with self._lock:
+            return [c for c in self._clouds.values() if c.up]
+
+    def _mark_failed(self, cloud: _Cloud, now_s: float, exc: CloudError) -> None:
+        """A refused connection takes the cloud out at once; a slow answer only the second time in a
+        row (a slow link is not a dead cloud: the estimates already price it)."""
+        with self._lock:
+            cloud.failures += 1
+            cloud.last_error = f"{exc.code}: {exc}"
+            if exc.code != "UNAVAILABLE" and cloud.failures < 2 and cloud.up:
+                return
+            cloud.up = False
+            delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (cloud.failures - 1))
+            cloud.retry_at_s = now_s + delay
+            # A fresh channel on the next try (gRPC's own reconnect backoff grows to minutes). The old
+            # Device is not closed under requests that may still use it: it goes when they drop it.
+            cloud.device = Device(self.graph, cloud.address, config=self.device_config)
+
+    def _mark_up(self, cloud: _Cloud) -> None:
+        with self._lock:
+            cloud.up = True
+            cloud.failures = 0
+            cloud.last_error = ""
+
+    # -- planning ----------------------------------------------------------------------------------
+    def _decide(self, now_s: float, request: str, cloud_available: bool) -> Decision:
+        est = self.link.estimate(now_s)
+        load = self.load.estimate(now_s)
+        with self._lock:
+            return self.policy.decide(now_s, est, load, cloud_available=cloud_available, request=request)
+
+    # -- one request -------------------------------------------------------------------------------
+    def infer(self, inputs: Mapping[str, Any], *, request: str | None = None,
+              deadline_ms: float | None = None) -> Outcome:
+        """Outputs for ``inputs``; raises only for bad inputs (``InputError``), never for the cloud."""
+        rid = request or uuid.uuid4().hex[:12]
+        t0 = time.perf_counter()
+        now = self.clock()
+        deadline = deadline_ms or self.config.deadline_ms
+        feeds = self.local.check_inputs(inputs)
+        live = self._live(now)
+        decision = self._decide(now, rid, cloud_available=bool(live))
+        cut, codec = parse_plan(decision.plan, self.table.codecs[0])
+        head = self.local.run_head(feeds, cut)
+        result, server, fallback = self._finish(head, cut, codec, live, t0, deadline, now)
+        # The device's real speed: the head (the whole model on the device plan) against the profile.
+        measured = result.total_ms if cut == DEVICE_CUT else head.head_ms
+        with self._lock:
+            self.load.add_head(self.clock(), measured_ms=measured,
+                               profiled_ms=float(self.table.head_ms[self.table.index(cut)]))
+        latency = (time.perf_counter() - t0) * 1e3
+        decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
+                           extra={"model": self.graph.sha256[:16], "policy": self.config.policy})
+        with self._lock:
+            self.stats["completed"] += 1
+            self.stats["fallbacks"] += int(fallback)
+            self.stats["switches"] += int(decision.switched)
+        if self.log is not None:
+            with self._lock:
+                self.log.write(decision.to_json() + "\n")
+                self.log.flush()
+        self._warm_due = True
+        return Outcome(request=rid, outputs=result.outputs, plan=decision.plan, latency_ms=latency,
+                       fallback=fallback, server=server, decision=decision, result=result)
+
+    def _finish(self, head: HeadResult, cut: str, codec: str, live: list[_Cloud], t0: float,
+                deadline_ms: float, now: float) -> tuple[SplitResult, str | None, bool]:
+        if cut == DEVICE_CUT:
+            return self.local.finish_locally(head), None, False
+        # Keep enough of the deadline to run the tail here if the cloud does not answer in time.
+        local_tail_ms = float(self.table.head_ms[self.table.index(DEVICE_CUT)] - self.table.head_ms[
+            self.table.index(cut)]) * max(1.0, self.load.estimate(now).device_factor)
+        for cloud in live:
+            left_ms = deadline_ms - (time.perf_counter() - t0) * 1e3 - local_tail_ms
+            timeout_ms = max(self.config.min_rpc_timeout_ms, left_ms)
+            with self._lock:
+                self._inflight += 1
+            try:
+                res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
+            except CloudError as exc:
+                self._mark_failed(cloud, self.clock(), exc)
+                continue
+            except (SplitrtError, ValueError) as exc:
+                # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
+                # us): this request finishes locally, the cloud stays up.
+                with self._lock:
+                    self.stats["local_errors"] += 1
+                    self.last_local_error = f"{type(exc).__name__}: {exc}"
+                break
+            finally:
+                with self._lock:
+                    self._inflight -= 1
+            with self._lock:
+                cloud.failures = 0  # "twice in a row" means in a row
+            self._observe(res, cut)
+            return res, cloud.address, False
+        local = self.local.finish_locally(head)
+        return local, None, True
+
+    def _observe(self, res: SplitResult, cut: str) -> None:
+        now = self.clock()
+        with self._lock:
+            net_s = max(res.network_ms, 0.0) / 1e3
+            self.link.add_transfer(now, res.bytes_up + res.bytes_down, net_s)
+            i = self.table.index(cut)
+            prof_tail_s = float(self.table.tail_ms[i]) / 1e3
+            if prof_tail_s > 0:
+                self.load.add_cloud(now, queue_wait_s=res.queue_ms / 1e3, profiled_tail_s=prof_tail_s,
+                                    tail_s=res.tail_ms / 1e3)
+
+    def _warm(self, now_s: float) -> None:
+        """Build head sessions of the plans likely next, off the request path's critical section."""
+        if not self.config.warm_sessions or self.config.policy != "adaptive":
+            return
+        with self._lock:
+            plans = self.controller.warm_plans(self.link.estimate(now_s), self.load.estimate(now_s))
+        for p in plans[:4]:
+            cut, _ = parse_plan(p, self.table.codecs[0])
+            self.local.warm(cut)
+
+    # -- background: probes, device load -----------------------------------------------------------
+    def probe_once(self) -> None:
+        now = self.clock()
+        with self._lock:
+            clouds = list(self._clouds.values())
+        util = psutil.cpu_percent(None) / 100.0
+        # Our own share is not "load": subtract it (the same Process object, or cpu_percent reads 0).
+        own = self._proc.cpu_percent(None) / 100.0 / max(psutil.cpu_count() or 1, 1)
+        with self._lock:
+            self.load.add_device(now, other_util=min(1.0, max(0.0, util - own)))
+        for c in clouds:
+            if not c.up and now < c.retry_at_s:
+                continue
+            stale = self.link.needs_probe(now)
+            if c.up and not stale:
+                continue
+            # Probe an idle link only: an RTT probe queued behind a request's upload measures the queue
+            # (RTT estimates crept from 88 to 137 ms on an 80 ms link), and a bandwidth probe would
+            # slow the request down. The next round (prober_interval_s later) tries again.
+            # A link that is never idle (requests back to back) is probed all the same after
+            # IDLE_WAIT_ROUNDS rounds: a queued RTT sample beats none.
+            if c.up and self._inflight and self._probe_waits < IDLE_WAIT_ROUNDS:
+                self._probe_waits += 1
+                continue
+            self._probe_waits = 0
+            with self._lock:
+                self.link.probe_started(now)
+            # An RTT probe (tiny: the transfer time must not count as RTT) ...
+            try:
+                pr = c.device.probe(64, 64, timeout_s=self.config.probe_timeout_s)
+            except CloudError as exc:
+                self._mark_failed(c, now, exc)
+                continue
+            was_down = not c.up
+            self._mark_up(c)
+            with self._lock:
+                c.rtt_ms = pr.seconds * 1e3 if c.rtt_ms is None else 0.7 * c.rtt_ms + 0.3 * pr.seconds * 1e3
+                self.link.add_rtt(now, pr.seconds * 1e3)
+                rtt_s = self.link.estimate(now).rtt_ms / 1e3
+                # ... then a bandwidth probe whose transfer takes about twice the RTT at the current
+                # estimate: a probe much smaller than the bandwidth-delay product is RTT-dominated, and
+                # the few samples that pass the estimator's filter are the slow ones (a low estimate
+                # would then never recover).
+                up_bytes = self.link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=16 * 1024,
+                                                         hi=1024 * 1024)
+            if was_down or not self.link.needs_bandwidth_probe(now):
+                continue
+            timeout_s = max(self.config.probe_timeout_s, 4 * (up_bytes * 8 / 1e6 / max(
+                self.link.bandwidth_mbps(), 0.01) + rtt_s))
+            try:
+                # Two back to back: after an idle period TCP restarts from its initial window
+                # (slow start after idle), so the first probe's rate is that of a cold connection; the
+                # second runs on the window the first opened, as requests in a steady stream do.
+                pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
+                if self._probe_pairs and self._inflight == 0:
+                    pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
+            except CloudError as exc:
+                if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
+                    with self._lock:
+                        self.link.add_rate(self.clock(), max(1e-3, up_bytes * 8 / 1e6 / timeout_s))
+                else:
+                    self._mark_failed(c, now, exc)
+                continue
+            with self._lock:
+                self.link.add_transfer(self.clock(), pb.up_bytes + pb.down_bytes, pb.seconds)
+
+    def _probe_loop(self) -> None:
+        while not self._stop.wait(self.config.prober_interval_s):
+            try:
+                self.probe_once()
+                if self._warm_due:
+                    self._warm_due = False
+                    self._warm(self.clock())
+            except Exception:  # the prober must never die; the next round tries again
+                continue
+
+    def status(self) -> dict[str, object]:
+        now = self.clock()
+        with self._lock:
+            est = self.link.estimate(now)
+            load = self.load.estimate(now)
+            return {
+                "plan": self.controller.current, "policy": self.config.policy,
+                "bandwidth_mbps": est.bandwidth_mbps, "rtt_ms": est.rtt_ms, "confidence": est.confidence,
+                "device_load": load.device_factor, "cloud_load": load.cloud_factor,
+                "clouds": self.clouds(), **self.stats,
+            }
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._prober is not None:
+            self._prober.join(timeout=2.0)
+        with self._lock:
+            for c in self._clouds.values():
+                c.device.close()
+
+    def __enter__(self) -> AdaptiveDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def slow_start_after_idle(path: str = "/proc/sys/net/ipv4/tcp_slow_start_after_idle") -> bool:
+    """Whether this network namespace's TCP restarts an idle connection from its initial window."""
+    try:
+        with open(path) as f:
+            return f.read().strip() != "0"
+    except OSError:
+        return True  # unknown (not Linux, or /proc hidden): assume the default, restart
+
+
+def status_json(dev: AdaptiveDevice) -> str:
+    return json.dumps(dev.status(), default=str)

@@ -1,0 +1,125 @@
+"""`splitrt run ... --count N` / `--discover`: a stream of requests through ``AdaptiveDevice``.
+
+With ``--json`` one JSON object per request, ``{"id", "ok", "cut", "plan", "latency_ms", "fallback",
+"server"}`` (+ ``rel_err`` with ``--verify``), then ``{"summary": {"completed", "failed", "fallbacks",
+"switches", "servers"}}``; otherwise a table. The cost table: ``--profile-device/--profile-cloud``,
+else the shipped profile of the model, else the FLOPs prior with ``--board``'s speed (said on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from splitrt.cli import tables
+from splitrt.device.client import DeviceConfig
+from splitrt.errors import ConfigError, SplitrtError
+
+
+def _policy(args: argparse.Namespace, mg: Any, table: Any) -> str:
+    if args.cut == "auto":
+        return "adaptive"
+    mg.cut(args.cut)  # CutError naming the valid ids
+    if args.cut == "device":
+        return "fixed:device"
+    if args.codec not in table.codecs:
+        raise ConfigError(f"--codec with a fixed --cut: expected one of {', '.join(table.codecs)}, got {args.codec!r}")
+    return f"fixed:{args.cut}@{args.codec}"
+
+
+def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
+    from splitrt.cli.model import resolve_model
+    from splitrt.cli.run import _load_inputs
+    from splitrt.device.daemon import select_cost_table
+    from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
+    from splitrt.graph import model as graph
+    from splitrt.plan.controller import ControllerConfig
+    from splitrt.plan.costmodel import DEFAULT_POWER
+    from splitrt.profile import boards
+
+    count = 1 if args.count is None else args.count
+    if count < 1:
+        raise ConfigError(f"--count: expected >= 1, got {count}")
+    if args.rate is not None and not args.rate > 0:
+        raise ConfigError(f"--rate: expected > 0 Hz, got {args.rate}")
+    mg = graph.load(resolve_model(args.model))
+    board = boards.load_board(args.board) if args.board else None
+    table, source = select_cost_table(mg, profile_device=args.device_profile, profile_cloud=args.cloud_profile,
+                                      board=board)
+    print(f"splitrt run: cost table from {source}", file=sys.stderr)
+    codecs = (args.codec,) if args.codec in table.codecs else None
+    kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
+    config = RuntimeConfig(policy=_policy(args, mg, table), controller=ControllerConfig(codecs=codecs), **kw)
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(args.decision_log, "a", encoding="utf-8")) if args.decision_log else None
+        dev = stack.enter_context(AdaptiveDevice(
+            mg, table, [args.cloud] if args.cloud else [], config=config, device_config=device_config,
+            power=board.power if board is not None else DEFAULT_POWER, log=log))
+        if args.discover:
+            from splitrt.device.finder import CloudFinder
+
+            finder = stack.enter_context(CloudFinder(dev, interfaces=args.discover_interface or None))
+            found = finder.wait_for_cloud(args.discover_wait_s)
+            clouds = [c["address"] for c in dev.clouds()]
+            print(f"splitrt run: discovery: clouds {clouds}" if found else
+                  f"splitrt run: discovery: no cloud within {args.discover_wait_s:g} s; starting (device-only "
+                  "until one appears)", file=sys.stderr)
+        inputs = dev.local.random_inputs(args.seed) if (args.random or not args.input) else _load_inputs(
+            dev.local, args.input)
+        reference = dev.local.run_local(inputs) if args.verify else None
+        rows, summary = _stream(dev, inputs, count, args, reference)
+    if not args.json:
+        print(tables.render(["id", "ok", "plan", "latency_ms", "fallback", "server"],
+                            [[r["id"], r["ok"], r.get("plan", ""), r.get("latency_ms", ""), r.get("fallback", ""),
+                              r.get("server") or "-"] for r in rows]))
+        print(tables.render(["summary", "value"], [[k, v] for k, v in summary.items()]))
+    return 0 if summary["failed"] == 0 else 1
+
+
+def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.Namespace,
+            reference: dict[str, np.ndarray] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    completed = failed = fallbacks = 0
+    servers: dict[str, int] = {}
+    t_start = time.monotonic()
+    for i in range(count):
+        if args.rate:
+            delay = t_start + i / args.rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        row: dict[str, Any] = {"id": i}
+        try:
+            out = dev.infer(inputs, request=str(i), deadline_ms=args.deadline_ms)
+        except SplitrtError as exc:
+            failed += 1
+            row.update(ok=False, cut=None, plan=None, latency_ms=None, fallback=False, server=None, error=str(exc))
+        else:
+            completed += 1
+            fallbacks += int(out.fallback)
+            key = out.server or "local"
+            servers[key] = servers.get(key, 0) + 1
+            row.update(ok=True, cut=out.plan.split("@")[0], plan=out.plan, latency_ms=round(out.latency_ms, 3),
+                       fallback=out.fallback, server=out.server)
+            if reference is not None:
+                row["rel_err"] = max(_rel_err(reference[n], out.outputs[n]) for n in reference)
+        rows.append(row)
+        if args.json:
+            print(json.dumps(row), flush=True)
+        elif (i + 1) % 50 == 0:
+            print(f"splitrt run: {i + 1}/{count} requests", file=sys.stderr)
+    summary = {"completed": completed, "failed": failed, "fallbacks": fallbacks,
+               "switches": int(dev.stats["switches"]), "servers": servers}
+    if args.json:
+        print(json.dumps({"summary": summary}), flush=True)
+    return rows, summary
+
+
+def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    scale = float(np.max(np.abs(a))) or 1.0
+    return float(np.max(np.abs(a.astype(np.float64) - np.asarray(b).astype(np.float64)))) / scale

@@ -1,0 +1,161 @@
+"""Materialise the segments of a model split at one cut (head/tail) or a chain of nested cuts.
+
+Segment i runs the nodes between cut i-1 and cut i. Its inputs are the tensors crossing cut i-1
+(segment 0: the graph inputs) and its outputs the tensors crossing cut i (the last segment: the graph
+outputs). A tensor crossing both cuts passes straight through (ONNX allows a graph input to be a graph
+output), which is how a skip connection or a late graph input travels device -> edge -> cloud.
+Each segment carries only the initializers its nodes (and their subgraphs) read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from splitrt.errors import CutError
+from splitrt.graph.model import Cut, ModelGraph, _all_inputs, _bits
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    model: onnx.ModelProto
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    node_count: int
+
+
+def _graph_input_crossing(graph: ModelGraph) -> tuple[str, ...]:
+    return tuple(t.name for t in graph.cut("cloud").tensors)
+
+
+def chain(graph: ModelGraph, cut_ids: Sequence[str]) -> list[Cut]:
+    """The cuts named by ``cut_ids``, checked to be nested (each head contains the previous one)."""
+    cuts = [graph.cut(c) for c in cut_ids]
+    for a, b in itertools.pairwise(cuts):
+        if a.head_mask & ~b.head_mask:
+            raise CutError(
+                f"cuts must be nested in device -> cloud order: head of {a.id} is not inside head of {b.id}"
+            )
+    return cuts
+
+
+def split(graph: ModelGraph, cut_ids: Sequence[str]) -> list[Segment]:
+    """``len(cut_ids) + 1`` standalone segments; their composition computes the whole model."""
+    if not cut_ids:
+        raise CutError("expected at least one cut id to split at, got none")
+    cuts = chain(graph, cut_ids)
+    boundaries: list[tuple[int, tuple[str, ...]]] = [(0, _graph_input_crossing(graph))]
+    boundaries += [(c.head_mask, c.tensor_names) for c in cuts]
+    full = (1 << len(graph.nodes)) - 1
+    boundaries.append((full, tuple(o.name for o in graph.outputs)))
+    segments = []
+    for i in range(len(boundaries) - 1):
+        (lo_mask, ins), (hi_mask, outs) = boundaries[i], boundaries[i + 1]
+        nodes = [graph.nodes[k] for k in _bits(hi_mask & ~lo_mask)]
+        segments.append(
+            Segment(i, _segment_model(graph, nodes, ins, outs, f"segment{i}"), ins, outs, len(nodes))
+        )
+    return segments
+
+
+def head_tail(graph: ModelGraph, cut_id: str) -> tuple[Segment, Segment]:
+    head, tail = split(graph, [cut_id])
+    return head, tail
+
+
+def _value_info(graph: ModelGraph, name: str) -> onnx.ValueInfoProto:
+    t = graph.tensor(name)
+    elem = helper.np_dtype_to_tensor_dtype(__import__("numpy").dtype(t.dtype))
+    return helper.make_tensor_value_info(name, elem, list(t.shape) if t.shape is not None else None)
+
+
+def _segment_model(
+    graph: ModelGraph,
+    nodes: list[onnx.NodeProto],
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    name: str,
+) -> onnx.ModelProto:
+    src = graph.model
+    needed = {i for n in nodes for i in _all_inputs(n)}
+    inits = [t for t in src.graph.initializer if t.name in needed]
+    produced = {o for n in nodes for o in n.output} | set(inputs)
+    vis = [vi for vi in src.graph.value_info if vi.name in produced and vi.name not in outputs]
+    g = helper.make_graph(
+        nodes,
+        f"{src.graph.name or 'model'}_{name}",
+        [_value_info(graph, i) for i in inputs],
+        [_value_info(graph, o) for o in outputs],
+        inits,
+        value_info=vis,
+    )
+    m = helper.make_model(g, opset_imports=list(src.opset_import), producer_name="splitrt.partition")
+    m.ir_version = src.ir_version
+    m.functions.extend(src.functions)
+    if src.domain:
+        m.domain = src.domain
+    return m
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+class SegmentCache:
+    """On-disk cache of segment files keyed by model sha256 and the cut chain.
+
+    Layout: ``root/<sha256[:16]>/<cut ids joined by '_'>/segment<i>.onnx`` plus ``plan.json``. Writes
+    go to a temporary directory renamed into place, so concurrent processes never see half a chain.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def dir_for(self, graph: ModelGraph, cut_ids: Sequence[str]) -> Path:
+        return self.root / graph.sha256[:16] / "_".join(cut_ids)
+
+    def paths(self, graph: ModelGraph, cut_ids: Sequence[str]) -> list[Path]:
+        target = self.dir_for(graph, cut_ids)
+        count = len(cut_ids) + 1
+        files = [target / f"segment{i}.onnx" for i in range(count)]
+        if all(f.exists() for f in files):
+            return files
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+        write_segments(graph, cut_ids, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process won the race: use its copy
+            for f in tmp.iterdir():
+                f.unlink()
+            tmp.rmdir()
+        return files
+
+
+def write_segments(graph: ModelGraph, cut_ids: Sequence[str], out_dir: str | Path) -> dict[str, object]:
+    """Write ``segment<i>.onnx`` files and ``plan.json`` into ``out_dir``; return the plan."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    segments = split(graph, cut_ids)
+    for s in segments:
+        onnx.save_model(s.model, str(out / f"segment{s.index}.onnx"))
+    plan: dict[str, object] = {
+        "model": str(graph.path),
+        "sha256": graph.sha256,
+        "cuts": list(cut_ids),
+        "segments": [
+            {"file": f"segment{s.index}.onnx", "inputs": list(s.inputs), "outputs": list(s.outputs),
+             "nodes": s.node_count}
+            for s in segments
+        ],
+    }
+    (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
+    return plan

@@ -1,0 +1,28 @@
+"""The pure decision core: cost model, exact solvers (cut × codec, chains, DADS min-cut), link and
+load estimators, the controller. No sockets, sessions, files or clock reads: every time is passed in
+(``now_s``), so the daemon, the rig, the simulator and the tests drive the same code and a decision
+log replays. Imports only ``splitrt.errors`` (and numpy)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from splitrt._lazy import exports
+
+if TYPE_CHECKING:
+    from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy, replay
+    from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
+    from splitrt.plan.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadConfig, LoadEstimate, LoadEstimator
+    from splitrt.plan.solver import Plan, evaluate, parse_plan, solve, solve_chain
+
+_NAMES = {
+    "Controller": "controller", "ControllerConfig": "controller", "Decision": "controller", "Policy": "controller",
+    "parse_policy": "controller", "replay": "controller",
+    "Conditions": "costmodel", "CostTable": "costmodel", "Link": "costmodel", "Power": "costmodel",
+    "LinkConfig": "netmon", "LinkEstimate": "netmon", "LinkEstimator": "netmon", "LoadConfig": "netmon",
+    "LoadEstimate": "netmon", "LoadEstimator": "netmon",
+    "Plan": "solver", "evaluate": "solver", "parse_plan": "solver", "solve": "solver", "solve_chain": "solver",
+    "controller": "", "costmodel": "", "mincut": "", "netmon": "", "solver": "",
+}
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = exports(__name__, _NAMES)

@@ -1,0 +1,174 @@
+"""Throttle a process tree's CPU with a cgroup (root only).
+
+cgroup v1 (``/sys/fs/cgroup/cpu/<name>/cpu.cfs_quota_us`` + ``cpu.cfs_period_us``) is used when the v1
+``cpu`` controller is mounted (as on this project's CI kernel); otherwise cgroup v2 (``cpu.max`` under
+the unified hierarchy, with ``+cpu`` enabled in the parent's ``cgroup.subtree_control``).
+
+``CpuThrottle(name, cpu_fraction)`` creates ``spl-<name>`` (``name`` may already carry the prefix),
+``add_pid(pid)`` moves a process into it (children it forks later follow it); on exit the remaining
+processes move back to the root cgroup and the directory is removed. The owner is recorded like the
+namespaces' (``splitrt.rig.netns``) so ``netns.cleanup_leftovers`` removes cgroups of crashed runs.
+A ``cpu_fraction`` of 2.0 means two full CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from splitrt.errors import RigError
+from splitrt.rig import netns
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    version: int  # 1 or 2
+    root: Path  # the directory our cgroups are created in
+
+
+def detect() -> Hierarchy:
+    """The cgroup hierarchy holding the cpu controller (v1 preferred when mounted)."""
+    v1 = CGROUP_ROOT / "cpu"
+    if (v1 / "cpu.cfs_quota_us").exists():
+        return Hierarchy(1, v1)
+    for cand in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+        ctl = cand / "cgroup.controllers"
+        if ctl.exists() and "cpu" in ctl.read_text().split():
+            return Hierarchy(2, cand)
+    raise RigError(f"no cgroup cpu controller found: expected {v1}/cpu.cfs_quota_us or 'cpu' in "
+                   f"{CGROUP_ROOT}/cgroup.controllers")
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        raise RigError(f"cannot write {value.strip()!r} to {path}: {exc}") from exc
+
+
+def _procs(d: Path) -> list[int]:
+    try:
+        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _remove_dir(h: Hierarchy, d: Path) -> None:
+    """Move the processes left in ``d`` to the root cgroup and remove ``d`` (retrying briefly)."""
+    last: OSError | None = None
+    for _ in range(50):
+        for pid in _procs(d):
+            with contextlib.suppress(OSError):
+                (h.root / "cgroup.procs").write_text(str(pid))
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # EBUSY while a task is leaving
+            last = exc
+            time.sleep(0.02)
+    raise RigError(f"cannot remove cgroup {d}: {last}")
+
+
+def cgroup_name(name: str) -> str:
+    full = name if name.startswith(netns.PREFIX) else f"{netns.PREFIX}{name}"
+    if "/" in full or len(full) > 60:
+        raise RigError(f"cgroup name must be one path component of at most 60 chars, got {full!r}")
+    return full
+
+
+def cgroup_exists(name: str) -> bool:
+    try:
+        return (detect().root / name).is_dir()
+    except RigError:
+        return False
+
+
+class CpuThrottle:
+    """Context manager: a ``spl-`` cgroup limited to ``cpu_fraction`` CPUs (``None`` = unlimited)."""
+
+    def __init__(self, name: str, cpu_fraction: float | None) -> None:
+        self.name = cgroup_name(name)
+        self.cpu_fraction = cpu_fraction
+        self.hierarchy: Hierarchy | None = None
+        self.path: Path | None = None
+
+    def __enter__(self) -> CpuThrottle:
+        self.open()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def open(self) -> None:
+        if os.geteuid() != 0:
+            raise RigError(f"CPU throttling needs root (euid 0), running as euid {os.geteuid()}")
+        h = detect()
+        self.hierarchy = h
+        if h.version == 2:
+            sc = h.root / "cgroup.subtree_control"
+            if "cpu" not in sc.read_text().split():
+                _write(sc, "+cpu")
+        netns.record_owner(self.name)
+        self.path = h.root / self.name
+        try:
+            self.path.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise RigError(f"cannot create cgroup {self.path}: {exc}") from exc
+        self.set_fraction(self.cpu_fraction)
+
+    def set_fraction(self, cpu_fraction: float | None) -> None:
+        """Change the limit on the fly (e.g. a load burst lowers the quota)."""
+        if cpu_fraction is not None and not 0.01 <= cpu_fraction <= 1024:
+            raise RigError(f"cpu_fraction must be in [0.01, 1024] or None, got {cpu_fraction}")
+        h, d = self._opened()
+        self.cpu_fraction = cpu_fraction
+        quota = -1 if cpu_fraction is None else max(1000, round(cpu_fraction * PERIOD_US))
+        if h.version == 1:
+            _write(d / "cpu.cfs_period_us", str(PERIOD_US))
+            _write(d / "cpu.cfs_quota_us", str(quota))
+        else:
+            _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {PERIOD_US}")
+
+    def add_pid(self, pid: int) -> None:
+        _, d = self._opened()
+        _write(d / "cgroup.procs", str(pid))
+
+    def pids(self) -> list[int]:
+        _, d = self._opened()
+        return _procs(d)
+
+    def close(self) -> None:
+        if self.path is not None and self.hierarchy is not None:
+            _remove_dir(self.hierarchy, self.path)
+            netns.forget_owner(self.name)
+            self.path = None
+
+    def _opened(self) -> tuple[Hierarchy, Path]:
+        if self.hierarchy is None or self.path is None:
+            raise RigError(f"cgroup {self.name} is not open (use it as a context manager)")
+        return self.hierarchy, self.path
+
+
+def cleanup_cgroups(prefix: str = netns.PREFIX, *, include_live: bool = False) -> list[str]:
+    """Remove ``prefix*`` cgroups whose owner is dead; returns ``cgroup:PATH`` for each one removed."""
+    try:
+        h = detect()
+    except RigError:
+        return []
+    removed = []
+    for d in sorted(h.root.glob(f"{prefix}*")):
+        if d.is_dir() and (include_live or not netns.owner_alive(d.name)):
+            _remove_dir(h, d)
+            netns.forget_owner(d.name)
+            removed.append(f"cgroup:{d}")
+    return removed

@@ -1,0 +1,446 @@
+"""Network namespaces for tests and the hardware-in-the-loop rig (root only).
+
+Topology
+--------
+``make_lan(prefix, n)`` builds ``n`` host namespaces ``{prefix}-h0 .. {prefix}-h{n-1}`` and one switch
+namespace ``{prefix}-sw`` holding a bridge ``br0``. Host ``i`` has one interface ``eth0`` (a veth whose
+peer is port ``p{i}`` of the bridge) with address ``10.213.<k>.{i+1}/24``; ``k`` is derived from the
+prefix so two LANs never share a subnet (they are isolated anyway). ``make_link(prefix)`` is the
+2-host case WITHOUT a switch: one direct veth pair ``eth0 <-> eth0`` between ``{prefix}-h0`` and
+``{prefix}-h1`` (so shaping ``eth0`` egress in each host shapes each direction).
+
+Every interface is created directly inside its namespace (``ip link add ... netns ...``): nothing is
+ever added to the host's own namespace, so deleting the namespaces deletes every veth, bridge, ifb and
+qdisc with them. Multicast works between hosts (bridge multicast snooping off, a ``224.0.0.0/4`` route
+on ``eth0``), so zeroconf can run between the host namespaces.
+
+Ownership and cleanup
+---------------------
+Before a namespace is created its owner (pid + process start time) is recorded under
+``/run/splitrt/owners/``. ``cleanup_leftovers(prefix)`` removes every ``spl-`` namespace (killing the
+processes still inside it) and every ``spl-`` cgroup whose owner is dead, or has no record. Resources
+of a live owner (e.g. another test running in parallel) are left alone unless ``include_live=True``.
+
+Running code in a namespace
+---------------------------
+``Host.popen``/``Host.run`` use ``ip netns exec`` (the pid of the ``Popen`` is the command itself: ``ip``
+execs it). ``Host.thread(fn)``/``Host.call(fn)`` run a Python callable in a new thread that switched
+its network namespace with ``setns(2)`` through ctypes (``os.setns`` exists only on Python >= 3.12):
+the network namespace is per thread on Linux, so sockets that thread (and threads it starts) creates
+live in the namespace, while the rest of the process stays where it was. Only sockets are affected:
+``/sys/class/net`` and ``/etc/netns`` are not remounted as ``ip netns exec`` would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from splitrt.errors import RigError
+
+PREFIX = "spl-"
+OWNERS_DIR = Path("/run/splitrt/owners")
+NETNS_DIR = Path("/run/netns")
+_NAME_RE = re.compile(r"^spl-[a-z0-9][a-z0-9-]{0,30}$")
+_CLONE_NEWNET = 0x40000000
+SUBNET_BASE = "10.213"
+
+T = TypeVar("T")
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def run_cmd(argv: Sequence[str], *, check: bool = True, timeout_s: float = 30.0,
+            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command; with ``check`` a failure raises ``RigError`` naming the command and its stderr."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
+                              input=input_text, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RigError(f"command {' '.join(argv)!r} could not run: {exc}") from exc
+    if check and proc.returncode != 0:
+        raise RigError(f"command {' '.join(argv)!r} failed with exit code {proc.returncode}: "
+                       f"{proc.stderr.strip() or proc.stdout.strip() or '(no output)'}")
+    return proc
+
+
+def check_prefix(prefix: str) -> str:
+    """A prefix must start with ``spl-`` and be short: names must fit ``/run/netns`` and stay readable."""
+    if not _NAME_RE.match(prefix) or prefix.endswith("-") or len(prefix) > 24:
+        raise RigError(f"rig prefix must match 'spl-[a-z0-9-]', at most 24 chars, not end in '-'; "
+                       f"got {prefix!r}")
+    return prefix
+
+
+def subnet_for(prefix: str) -> str:
+    """``10.213.<k>`` with ``k`` in 1..254 derived from the prefix (stable across runs)."""
+    k = zlib.crc32(prefix.encode()) % 254 + 1
+    return f"{SUBNET_BASE}.{k}"
+
+
+# ---------------------------------------------------------------------------------------------- owners
+
+def _proc_start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after its ')'.
+    rest = stat.rsplit(")", 1)[1].split()
+    return int(rest[19])
+
+
+def record_owner(name: str, pid: int | None = None) -> None:
+    """Record that the (current) process owns resource ``name`` (a namespace or cgroup name)."""
+    pid = os.getpid() if pid is None else pid
+    OWNERS_DIR.mkdir(parents=True, exist_ok=True)
+    (OWNERS_DIR / name).write_text(f"{pid} {_proc_start_ticks(pid)}\n")
+
+
+def forget_owner(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (OWNERS_DIR / name).unlink()
+
+
+def owner_alive(name: str) -> bool:
+    """True when ``name`` has an owner record whose process still runs (same pid AND start time)."""
+    try:
+        pid_s, ticks_s = (OWNERS_DIR / name).read_text().split()
+    except (OSError, ValueError):
+        return False
+    return str(_proc_start_ticks(int(pid_s))) == ticks_s
+
+
+# ---------------------------------------------------------------------------------------------- setns
+
+_libc: ctypes.CDLL | None = None
+
+
+def _setns(fd: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise RigError(f"setns(CLONE_NEWNET) failed: {os.strerror(err)}")
+
+
+def _open_netns(ns: str) -> int:
+    try:
+        return os.open(str(NETNS_DIR / ns), os.O_RDONLY)
+    except OSError as exc:
+        raise RigError(f"network namespace {ns!r} does not exist: {exc}") from exc
+
+
+def enter_netns(ns: str) -> None:
+    """Move the CALLING THREAD into network namespace ``ns`` (use in a thread of your own)."""
+    fd = _open_netns(ns)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
+
+
+def netns_thread(ns: str, target: Callable[..., Any], *args: Any, name: str | None = None,
+                 daemon: bool = True, **kwargs: Any) -> threading.Thread:
+    """Start a thread that enters ``ns`` and runs ``target(*args, **kwargs)``; returns it (started).
+
+    A missing namespace raises ``RigError`` here, in the caller, before the thread starts.
+    """
+    fd = _open_netns(ns)
+
+    def body() -> None:
+        try:
+            _setns(fd)
+        finally:
+            os.close(fd)
+        target(*args, **kwargs)
+
+    th = threading.Thread(target=body, name=name or f"netns-{ns}", daemon=daemon)
+    try:
+        th.start()
+    except BaseException:
+        os.close(fd)
+        raise
+    return th
+
+
+def netns_call(ns: str, fn: Callable[..., T], *args: Any, timeout_s: float | None = None,
+               **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` in a thread inside ``ns``; return its result or raise its error."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:
+            box["error"] = exc
+
+    th = netns_thread(ns, body)
+    th.join(timeout_s)
+    if th.is_alive():
+        raise RigError(f"call in namespace {ns!r} did not finish within {timeout_s} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+@dataclass
+class Host:
+    """One network namespace with one interface ``dev`` holding address ``ip`` (no mask)."""
+
+    ns: str
+    ip: str
+    dev: str = "eth0"
+    procs: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False, compare=False)
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.ns, *argv]
+
+    def popen(self, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside the namespace (``Popen.pid`` is the command's own pid)."""
+        try:
+            proc: subprocess.Popen[Any] = subprocess.Popen(self.argv(argv), **kw)
+        except OSError as exc:
+            raise RigError(f"cannot start {' '.join(argv)!r} in namespace {self.ns!r}: {exc}") from exc
+        self.procs.append(proc)
+        return proc
+
+    def run(self, argv: Sequence[str], check: bool = True,
+            timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return run_cmd(self.argv(argv), check=check, timeout_s=timeout_s)
+
+    def ip_cmd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``ip -n <ns> args...``"""
+        return run_cmd(["ip", "-n", self.ns, *args], check=check)
+
+    def tc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run_cmd(["ip", "netns", "exec", self.ns, "tc", *args], check=check)
+
+    def thread(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> threading.Thread:
+        """Run a Python callable in a new thread inside this namespace (see module doc)."""
+        return netns_thread(self.ns, target, *args, **kwargs)
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return netns_call(self.ns, fn, *args, **kwargs)
+
+
+@dataclass
+class Lan:
+    """Host namespaces joined by a switch (``switch_ns``) or, for ``make_link``, a direct veth pair."""
+
+    prefix: str
+    hosts: list[Host]
+    switch_ns: str | None
+    subnet: str  # "10.213.k"
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [h.ns for h in self.hosts] + ([self.switch_ns] if self.switch_ns else [])
+
+    def switch_port(self, i: int) -> tuple[str, str]:
+        """(namespace, device) of the switch port facing host ``i`` (shape it for the downlink)."""
+        if self.switch_ns is None:
+            other = self.hosts[1 - i]
+            return other.ns, other.dev
+        return self.switch_ns, f"p{i}"
+
+    def destroy(self) -> None:
+        """Stop processes started in the namespaces, delete the namespaces (and so every link/qdisc)."""
+        for h in self.hosts:
+            for p in h.procs:
+                if p.poll() is None:
+                    p.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(timeout=5)
+        errors = []
+        for ns in self.namespaces:
+            try:
+                delete_netns(ns)
+            except RigError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise RigError("; ".join(errors))
+
+    def __enter__(self) -> Lan:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.destroy()
+
+
+def list_netns(prefix: str = PREFIX) -> list[str]:
+    out = run_cmd(["ip", "netns", "list"]).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.strip()]
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def netns_pids(ns: str) -> list[int]:
+    out = run_cmd(["ip", "netns", "pids", ns], check=False).stdout
+    return [int(x) for x in out.split() if x.isdigit()]
+
+
+def add_netns(ns: str) -> None:
+    record_owner(ns)
+    run_cmd(["ip", "netns", "add", ns])
+    run_cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
+
+
+def delete_netns(ns: str) -> None:
+    """Kill what still runs in ``ns``, then delete it (its interfaces and qdiscs go with it)."""
+    if not (NETNS_DIR / ns).exists():
+        forget_owner(ns)
+        return
+    for _ in range(3):
+        pids = [p for p in netns_pids(ns) if p != os.getpid()]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    run_cmd(["ip", "netns", "delete", ns])
+    forget_owner(ns)
+
+
+def _require_root(what: str) -> None:
+    if not is_root():
+        raise RigError(f"{what} needs root (euid 0), running as euid {os.geteuid()}")
+
+
+def no_gso(ns: str, dev: str) -> None:
+    """One segment per skb: qdiscs then see wire-size packets (smooth shaping, honest queue limits)."""
+    run_cmd(["ip", "-n", ns, "link", "set", dev, "gso_max_size", "1514", "gso_max_segs", "1"])
+
+
+def _setup_host_iface(h: Host, cidr: str) -> None:
+    no_gso(h.ns, h.dev)
+    h.ip_cmd("addr", "add", cidr, "dev", h.dev)
+    h.ip_cmd("link", "set", h.dev, "up")
+    h.ip_cmd("route", "add", "224.0.0.0/4", "dev", h.dev)
+
+
+def make_lan(prefix: str, n_hosts: int) -> Lan:
+    """Namespaces ``{prefix}-h0..h{n-1}`` + switch ``{prefix}-sw`` (bridge ``br0``); see module doc."""
+    _require_root("make_lan")
+    check_prefix(prefix)
+    if not 1 <= n_hosts <= 200:
+        raise RigError(f"n_hosts must be in 1..200, got {n_hosts}")
+    subnet = subnet_for(prefix)
+    sw = f"{prefix}-sw"
+    hosts = [Host(ns=f"{prefix}-h{i}", ip=f"{subnet}.{i + 1}") for i in range(n_hosts)]
+    lan = Lan(prefix=prefix, hosts=hosts, switch_ns=sw, subnet=subnet)
+    try:
+        add_netns(sw)
+        run_cmd(["ip", "-n", sw, "link", "add", "br0", "type", "bridge",
+                 "mcast_snooping", "0", "stp_state", "0", "forward_delay", "0"])
+        run_cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
+        for i, h in enumerate(hosts):
+            add_netns(h.ns)
+            run_cmd(["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth",
+                     "peer", "name", h.dev, "netns", h.ns])
+            no_gso(sw, f"p{i}")
+            run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"])
+            run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "up"])
+            _setup_host_iface(h, f"{h.ip}/24")
+    except BaseException:
+        with contextlib.suppress(RigError):
+            lan.destroy()
+        raise
+    return lan
+
+
+def make_link(prefix: str) -> Lan:
+    """Two namespaces ``{prefix}-h0`` / ``{prefix}-h1`` joined by ONE direct veth pair (no switch)."""
+    _require_root("make_link")
+    check_prefix(prefix)
+    subnet = subnet_for(prefix)
+    hosts = [Host(ns=f"{prefix}-h{i}", ip=f"{subnet}.{i + 1}") for i in range(2)]
+    lan = Lan(prefix=prefix, hosts=hosts, switch_ns=None, subnet=subnet)
+    try:
+        for h in hosts:
+            add_netns(h.ns)
+        run_cmd(["ip", "-n", hosts[0].ns, "link", "add", hosts[0].dev, "type", "veth",
+                 "peer", "name", hosts[1].dev, "netns", hosts[1].ns])
+        for h in hosts:
+            _setup_host_iface(h, f"{h.ip}/24")
+    except BaseException:
+        with contextlib.suppress(RigError):
+            lan.destroy()
+        raise
+    return lan
+
+
+@contextlib.contextmanager
+def lan(prefix: str, n_hosts: int) -> Iterator[Lan]:
+    the_lan = make_lan(prefix, n_hosts)
+    try:
+        yield the_lan
+    finally:
+        the_lan.destroy()
+
+
+def cleanup_leftovers(prefix: str = PREFIX, *, include_live: bool = False) -> list[str]:
+    """Remove ``prefix*`` namespaces (with their veths, bridges, ifbs, qdiscs and processes) and
+    ``prefix*`` cgroups left by dead owners; returns what was removed (``netns:NAME``, ``cgroup:PATH``).
+
+    With ``include_live`` also removes resources of owners that still run (careful: parallel users).
+    """
+    if not prefix.startswith(PREFIX):
+        raise RigError(f"cleanup prefix must start with {PREFIX!r}, got {prefix!r}")
+    removed: list[str] = []
+    if not is_root():
+        return removed
+    errors: list[str] = []
+    for ns in list_netns(prefix):
+        if not include_live and owner_alive(ns):
+            continue
+        try:
+            delete_netns(ns)
+            removed.append(f"netns:{ns}")
+        except RigError as exc:
+            errors.append(str(exc))
+    # Host-namespace links with our prefix (none are created by this module; belt and braces).
+    out = run_cmd(["ip", "-o", "link", "show"], check=False).stdout
+    for line in out.splitlines():
+        parts = line.split(":")
+        if len(parts) > 1:
+            dev = parts[1].strip().split("@")[0]
+            if dev.startswith(prefix) and (include_live or not owner_alive(dev)):
+                run_cmd(["ip", "link", "delete", dev], check=False)
+                forget_owner(dev)
+                removed.append(f"link:{dev}")
+    from splitrt.rig import cgroup  # local import: cgroup imports this module for ownership records
+
+    removed += cgroup.cleanup_cgroups(prefix, include_live=include_live)
+    # Owner records whose resource is gone already.
+    if OWNERS_DIR.is_dir():
+        for rec in OWNERS_DIR.iterdir():
+            if rec.name.startswith(prefix) and not owner_alive(rec.name) and not (
+                    NETNS_DIR / rec.name).exists() and not cgroup.cgroup_exists(rec.name):
+                forget_owner(rec.name)
+    if errors:
+        raise RigError("cleanup_leftovers: " + "; ".join(errors))
+    return removed
+
+
+def tc_available() -> bool:
+    return shutil.which("tc") is not None and shutil.which("ip") is not None

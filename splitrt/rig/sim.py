@@ -1,0 +1,200 @@
+"""Trace-driven simulation of the bench strategies, pure (no I/O, no clock, no sessions).
+
+The rig (``splitrt.rig.bench``) measures real processes on a shaped kernel link, and inherits the host's
+jitter: the resnet50 head under the rig's cgroup quota varies +-10 % run to run, so two strategies that
+run the very same plan on every request come out a few percent apart. This module replays a trace
+against a cost table with the jitter switched off (or on, seeded): every strategy decides through the
+same ``Policy``/``Controller``/estimators the device runtime uses, fed the way the runtime feeds them
+(transfers after each cloud request, RTT and bandwidth probes from a prober every 0.25 s on an idle
+link, device-load samples every round), and pays what the trace and the table say:
+
+- a request starts every ``1 / rate_hz`` seconds or when the previous one ends (the rig's paced closed
+  loop); its head costs ``head_ms x device load``; a cloud plan then sends its bytes through the trace
+  (``rigstats.transfer_ms``, first in first out behind a probe on the wire), waits one RTT and the tail;
+- the table may be wrong (``device_speed``, ``cloud_speed``: what compute really takes over what the
+  table says); the runtime's estimators learn it from the requests, as on a real board;
+- a probe is an RTT sample, then (when bandwidth is stale) one bandwidth probe of the size the runtime
+  would send, timed through the same trace;
+- during a device burst the other processes take ``burst_util`` of the device's CPU: compute slows by
+  ``1 / (1 - burst_util)`` and the prober reads that utilisation (as psutil does on a board).
+
+So a simulated run isolates the decision logic: with no jitter, adaptive and a fixed strategy on the
+same plan cost exactly the same, and any gap between them is a decision that differed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from splitrt.errors import ConfigError
+from splitrt.plan.controller import Controller, ControllerConfig, Policy
+from splitrt.plan.costmodel import DEVICE_CUT
+from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
+from splitrt.plan.solver import parse_plan
+from splitrt.rig import traces
+from splitrt.rig.stats import in_intervals, transfer_ms
+
+IDLE_WAIT_ROUNDS = 8  # as the runtime: a due probe waits this many prober rounds for an idle link
+PROBE_REPLY_BYTES = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    rate_hz: float = 4.0
+    duration_s: float = 60.0
+    warmup_s: float = 2.0  # uncounted requests before the window, as the rig's warm-up
+    rtt_ms: float = 80.0
+    bursts: tuple[tuple[float, float], ...] = ()  # device-burst intervals, seconds into the window
+    burst_util: float = 0.5  # other processes' share of the device CPU during a burst
+    prober_interval_s: float = 0.25
+    bandwidth_probe_pairs: bool = False  # the rig's namespaces run without slow start after idle
+    jitter: float = 0.0  # relative sd of compute times; request n draws the same factor in every strategy
+    # What compute really takes over what the cost table says (a profile's error): the strategies plan
+    # with the table, the requests pay the truth.
+    device_speed: float = 1.0
+    cloud_speed: float = 1.0
+    seed: int = 0
+    link: LinkConfig = field(default_factory=LinkConfig)
+    controller: ControllerConfig = field(default_factory=lambda: ControllerConfig(codecs=None))
+
+    def __post_init__(self) -> None:
+        if not (self.rate_hz > 0 and self.duration_s > 0 and self.warmup_s >= 0 and self.rtt_ms >= 0
+                and 0 <= self.burst_util < 1 and self.prober_interval_s > 0 and 0 <= self.jitter < 0.5
+                and self.device_speed > 0 and self.cloud_speed > 0):
+            raise ConfigError(
+                "SimConfig: expected rate_hz > 0, duration_s > 0, warmup_s >= 0, rtt_ms >= 0, "
+                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5, speeds > 0; got {self!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimRequest:
+    t_s: float  # start, seconds into the window
+    plan: str
+    latency_ms: float
+    head_ms: float
+    send_ms: float  # on the wire, waiting behind a probe included (0 on the device)
+    bw_est_mbps: float
+    device_load: float
+
+
+class _Run:
+    """One strategy through the window: the estimators, the policy, and the wire's state."""
+
+    def __init__(self, table: Any, policy: str, played: traces.Trace, cfg: SimConfig, with_cloud: bool) -> None:
+        self.table, self.played, self.cfg, self.with_cloud = table, played, cfg, with_cloud
+        self.policy = Policy(policy, Controller(table, cfg.controller))
+        self.link = LinkEstimator(cfg.link)
+        self.load = LoadEstimator()
+        self.wire_free_s = -math.inf  # the link carries one thing at a time (FIFO)
+        self.busy: tuple[float, float] = (-math.inf, -math.inf)  # a request's send, for the prober
+        self.next_round_s = -cfg.warmup_s
+        self.waits = 0
+        self.rtt_s = cfg.rtt_ms / 1e3
+
+    def device_factor(self, t: float) -> float:
+        return 1.0 / (1.0 - self.cfg.burst_util) if in_intervals(t, self.cfg.bursts) else 1.0
+
+    def _wire(self, start_s: float, nbytes: float) -> float:
+        """Seconds from ``start_s`` until ``nbytes`` are through (queued behind what is on the wire)."""
+        begin = max(start_s, self.wire_free_s)
+        if begin < 0:  # the warm-up: the link holds the window's first rate, as in the rig
+            rate = max(self.played.rate_at(0.0), 0.05) * 1e6
+            first = min(nbytes * 8.0, rate * -begin)
+            done = begin + first / rate
+            if first < nbytes * 8.0:
+                done += transfer_ms(self.played, 0.0, nbytes - first / 8.0) / 1e3
+        else:
+            done = begin + transfer_ms(self.played, begin, nbytes) / 1e3
+        self.wire_free_s = done
+        return done - start_s
+
+    def rounds_until(self, t_s: float) -> None:
+        """The prober's rounds before ``t_s``: device-load samples and probes (runtime.probe_once)."""
+        cfg = self.cfg
+        while self.next_round_s < t_s:
+            now = self.next_round_s
+            self.next_round_s += cfg.prober_interval_s
+            self.load.add_device(now, other_util=cfg.burst_util if in_intervals(now, cfg.bursts) else 0.0)
+            if not self.with_cloud or not self.link.needs_probe(now):
+                continue
+            in_flight = self.busy[0] <= now < self.busy[1]
+            if in_flight and self.waits < IDLE_WAIT_ROUNDS:
+                self.waits += 1
+                continue
+            self.waits = 0
+            self.link.probe_started(now)
+            self.link.add_rtt(now, (self._wire(now, 2 * PROBE_REPLY_BYTES) + self.rtt_s) * 1e3)
+            if not self.link.needs_bandwidth_probe(now):
+                continue
+            rtt_s = self.link.estimate(now).rtt_ms / 1e3
+            nbytes = self.link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=16 * 1024, hi=1024 * 1024)
+            at = now + self._wire(now, 2 * PROBE_REPLY_BYTES) + self.rtt_s
+            secs = self._wire(at, nbytes + PROBE_REPLY_BYTES) + self.rtt_s
+            if cfg.bandwidth_probe_pairs and not in_flight:
+                at += secs
+                secs = self._wire(at, nbytes + PROBE_REPLY_BYTES) + self.rtt_s
+            self.link.add_transfer(at + secs, nbytes + PROBE_REPLY_BYTES, secs)
+
+    def request(self, t: float, jitter: float) -> SimRequest:
+        tbl = self.table
+        self.rounds_until(t)
+        est = self.link.estimate(t)
+        load = self.load.estimate(t)
+        d = self.policy.decide(t, est, load, cloud_available=self.with_cloud)
+        cut, codec = parse_plan(d.plan, tbl.codecs[0])
+        i = tbl.index(cut)
+        head_ms = float(tbl.head_ms[i]) * self.device_factor(t) * self.cfg.device_speed * jitter
+        self.rounds_until(t + head_ms / 1e3)
+        self.load.add_head(t + head_ms / 1e3, measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i]))
+        if cut == DEVICE_CUT:
+            return SimRequest(t_s=t, plan=d.plan, latency_ms=head_ms, head_ms=head_ms, send_ms=0.0,
+                              bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
+        sent = float(tbl.sent_bytes[i, tbl.codec_index(codec)]) + float(tbl.reply_bytes)
+        send_at = t + head_ms / 1e3
+        self.rounds_until(send_at)
+        send_s = self._wire(send_at, sent)
+        self.busy = (send_at, send_at + send_s)
+        tail_ms = float(tbl.tail_ms[i]) * self.cfg.cloud_speed * jitter
+        net_s = send_s + self.rtt_s
+        end = send_at + net_s + tail_ms / 1e3
+        self.link.add_transfer(end, int(sent), net_s)
+        if tail_ms > 0:
+            self.load.add_cloud(end, queue_wait_s=0.0, profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
+                                tail_s=tail_ms / 1e3)
+        return SimRequest(t_s=t, plan=d.plan, latency_ms=(end - t) * 1e3, head_ms=head_ms, send_ms=send_s * 1e3,
+                          bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
+
+
+def simulate(table: Any, policy: str, played: traces.Trace, cfg: SimConfig, *,
+             with_cloud: bool = True) -> list[SimRequest]:
+    """One strategy (``policy`` as the runtime takes it) over ``played``: the counted requests."""
+    run = _Run(table, policy, played, cfg, with_cloud)
+    n_max = math.ceil((cfg.duration_s + cfg.warmup_s) * cfg.rate_hz) + 2
+    jit = (np.exp(np.random.default_rng(cfg.seed).normal(0.0, cfg.jitter, n_max)) if cfg.jitter > 0
+           else np.ones(n_max))
+    out: list[SimRequest] = []
+    t = -cfg.warmup_s
+    n = 0
+    while t < cfg.duration_s:
+        r = run.request(t, float(jit[min(n, n_max - 1)]) if t >= 0 else 1.0)
+        if t >= 0:
+            out.append(r)
+            n += 1
+        t = max(t + 1.0 / cfg.rate_hz, t + r.latency_ms / 1e3)
+    return out
+
+
+def simulate_all(table: Any, policies: dict[str, str], played: traces.Trace,
+                 cfg: SimConfig) -> dict[str, list[SimRequest]]:
+    """Every strategy over the same window (``device-only`` runs without a cloud, as in the rig)."""
+    return {name: simulate(table, pol, played, cfg, with_cloud=name != "device-only")
+            for name, pol in policies.items()}
+
+
+def latencies(reqs: Sequence[SimRequest]) -> list[float]:
+    return [r.latency_ms for r in reqs]

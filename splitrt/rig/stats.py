@@ -1,0 +1,209 @@
+"""The rig benchmark's arithmetic, pure (no I/O): what a trace delivers, when the device-burst load is
+on, the statistics of a run, the costs measured in it, and the oracle computed from them."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from splitrt.errors import RigError
+from splitrt.rig import traces
+
+
+def transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mbps: float = 0.05) -> float:
+    """Time to push ``nbytes`` through a link following ``trace`` from ``start_s`` (ideal: no RTT)."""
+    if nbytes <= 0:
+        return 0.0
+    left_bits = nbytes * 8.0
+    t = max(0.0, start_s)
+    for _ in range(100_000):
+        idx = trace.index_at(t)
+        period = t - t % trace.duration_s  # consistent with index_at (t % duration): floor() can disagree
+        end = period + (trace.times_s[idx + 1] if idx + 1 < len(trace.times_s) else trace.duration_s)
+        rate = max(trace.rates_mbps[idx], min_mbps) * 1e6
+        if end <= t:  # float edge: step past it
+            end = t + 1e-9
+        can = rate * (end - t)
+        if can >= left_bits:
+            return (t + left_bits / rate - start_s) * 1e3
+        left_bits -= can
+        t = end
+    raise RigError("transfer_ms: trace too slow to deliver the bytes")
+
+
+def mean_rate_during(trace: traces.Trace, start_s: float, dur_s: float) -> float:
+    if dur_s <= 0:
+        return trace.rate_at(max(0.0, start_s))
+    n = 20
+    return statistics.fmean(trace.rate_at(start_s + (i + 0.5) * dur_s / n) for i in range(n))
+
+
+
+def burst_intervals(load: str, duration_s: float) -> list[tuple[float, float]]:
+    """device-burst: 20 s on of every 60 s (from 20 s); a shorter run gets its middle third."""
+    if load != "device-burst":
+        return []
+    if duration_s < 60:
+        return [(duration_s / 3, 2 * duration_s / 3)]
+    out = []
+    t = 20.0
+    while t < duration_s:
+        out.append((t, min(t + 20.0, duration_s)))
+        t += 60.0
+    return out
+
+
+def in_intervals(t: float, ivs: Sequence[tuple[float, float]]) -> bool:
+    return any(a <= t < b for a, b in ivs)
+
+
+
+def _percentile(xs: Sequence[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if xs else float("nan")
+
+
+def plan_cut(plan: str) -> str:
+    return plan.split("@", 1)[0]
+
+
+def energy_mj(rec: dict[str, Any], played: traces.Trace, power: Any) -> float:
+    """Device energy of one request: active while computing, radio while sending, idle while waiting."""
+    dev_ms = float(rec.get("head_ms", 0.0)) + (float(rec.get("tail_ms", 0.0)) if rec.get("where") == "local" else 0.0)
+    send = 0.0
+    if rec.get("where") == "cloud":
+        send = min(float(rec.get("rpc_ms", 0.0)),
+                   transfer_ms(played, float(rec["t_s"]) + dev_ms / 1e3, float(rec.get("bytes_up", 0))))
+    wait = max(0.0, float(rec["latency_ms"]) - dev_ms - send)
+    return float(power.active_w * dev_ms + power.radio_w * send + power.idle_w * wait)
+
+
+def summarize(latencies: Sequence[float], plans: Sequence[str], failed: int,
+              energies: Sequence[float], fallbacks: int = 0) -> dict[str, Any]:
+    switches = sum(1 for a, b in itertools.pairwise(plans) if a != b)
+    return {"mean_ms": statistics.fmean(latencies) if latencies else float("nan"),
+            "p50_ms": _percentile(latencies, 50), "p95_ms": _percentile(latencies, 95),
+            "p99_ms": _percentile(latencies, 99), "completed": len(latencies), "failed": failed,
+            "switches": switches, "fallbacks": fallbacks,
+            "energy_mj": statistics.fmean(energies) if energies else float("nan"),
+            "plans": dict(sorted({p: plans.count(p) for p in set(plans)}.items()))}
+
+
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """What the oracle knows, all measured in this rig (medians over every strategy's requests)."""
+
+    device_ratio_idle: float  # measured head time / cost-table head time, outside load bursts
+    device_ratio_burst: float  # the same during device bursts
+    cloud_ratio: float  # (cloud queue + tail) / cost-table tail
+    net_overhead_ms: float  # rpc - tail - queue - ideal transfer (+ encode/decode): RTT, gRPC, TCP
+    local_overhead_ms: float  # device plan: latency - head time
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def measured_costs(table: Any, runs: dict[str, dict[str, Any]], played: traces.Trace,
+                   bursts: Sequence[tuple[float, float]], rtt_ms: float) -> MeasuredCosts:
+    idle: list[float] = []
+    burst: list[float] = []
+    cloud: list[float] = []
+    net: list[float] = []
+    local: list[float] = []
+    for run in runs.values():
+        for r in run["records"]:
+            if r.get("error"):
+                continue
+            cut = plan_cut(r["plan"])
+            i = table.index(cut)
+            th = float(table.head_ms[i])
+            if th >= 20.0 and r.get("head_ms"):
+                (burst if in_intervals(float(r["t_s"]), bursts) else idle).append(float(r["head_ms"]) / th)
+            if r.get("where") == "cloud":
+                tt = float(table.tail_ms[i])
+                if tt >= 5.0:
+                    cloud.append((float(r["tail_ms"]) + float(r["queue_ms"])) / tt)
+                start = float(r["t_s"]) + float(r["head_ms"]) / 1e3
+                ideal = transfer_ms(played, start, float(r["bytes_up"]) + float(r["bytes_down"]))
+                net.append(float(r["rpc_ms"]) - float(r["tail_ms"]) - float(r["queue_ms"]) - ideal
+                           + float(r.get("encode_ms", 0)) + float(r.get("decode_ms", 0)))
+            elif cut == "device":
+                local.append(float(r["latency_ms"]) - float(r["head_ms"]))
+    med = statistics.fmean  # means: the oracle's mean must not drop the measured jitter's share
+    return MeasuredCosts(
+        device_ratio_idle=med(idle) if idle else 1.0,
+        device_ratio_burst=med(burst) if burst else (med(idle) if idle else 1.0),
+        cloud_ratio=med(cloud) if cloud else 1.0,
+        net_overhead_ms=med(net) if net else rtt_ms,
+        local_overhead_ms=med(local) if local else 0.0)
+
+
+def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: traces.Trace,
+           bursts: Sequence[tuple[float, float]], codecs: Sequence[str] | None,
+           realized: Sequence[tuple[str, float] | None] | None = None) -> list[tuple[str, float]]:
+    """Per request start time: the cheapest (plan, latency ms) in hindsight.
+
+    Every (cut, codec) is costed from the measured per-cut costs (``MeasuredCosts``) and the bandwidth
+    the request would have met (the trace, from the end of its head on); the oracle picks the cheapest.
+    ``realized[i]`` is the plan the reference run actually used for request ``i`` and its measured
+    latency. The oracle's latency is that measured latency, moved by the modelled difference between
+    its pick and the plan that ran: the request's luck (the host's jitter at that moment) carries over.
+    So the oracle is never above the reference run on any request, and not below it merely because a
+    model has no jitter (taking the lesser of a measured latency and a noise-free model would put the
+    oracle's tail below anything a real run can reach).
+    """
+    allowed = [k for k in table.codecs if codecs is None or k in codecs]
+    reply = float(table.reply_bytes)
+    out = []
+    for n, t in enumerate(times_s):
+        ratio = costs.device_ratio_burst if in_intervals(t, bursts) else costs.device_ratio_idle
+        real = realized[n] if realized is not None else None
+        real_key: tuple[str, float] | None = None
+        if real is not None and real[0] != "device" and "@" in real[0]:
+            rc, rk = real[0].split("@", 1)
+            if rk in table.codecs and rc in table.ids:
+                real_key = (rc, float(table.sent_bytes[table.index(rc), table.codec_index(rk)]))
+        best: tuple[str, float] | None = None
+        real_model: float | None = None
+        seen: dict[tuple[float, float], float] = {}
+        for i, cut in enumerate(table.ids):
+            h = float(table.head_ms[i]) * ratio
+            if cut == "device":
+                cands = [("device", h + costs.local_overhead_ms)]
+            else:
+                tail = float(table.tail_ms[i]) * costs.cloud_ratio
+                cands = []
+                for k in allowed:
+                    nbytes = float(table.sent_bytes[i, table.codec_index(k)]) + reply
+                    key = (h, nbytes)
+                    if key not in seen:
+                        seen[key] = transfer_ms(played, t + h / 1e3, nbytes)
+                    cands.append((f"{cut}@{k}", h + seen[key] + costs.net_overhead_ms + tail))
+            for plan, ms in cands:
+                if real is not None and (plan == real[0] or (cut, _sent(table, plan)) == real_key):
+                    real_model = ms if real_model is None else min(real_model, ms)
+                if best is None or ms < best[1]:
+                    best = (plan, ms)
+        assert best is not None
+        if real is None:
+            out.append(best)
+        elif real_model is None:  # a plan the table cannot cost: the better of it and the pick
+            out.append(real if real[1] <= best[1] else best)
+        elif best[1] >= real_model:
+            out.append(real)
+        else:
+            out.append((best[0], max(0.0, real[1] + best[1] - real_model)))
+    return out
+
+
+def _sent(table: Any, plan: str) -> float:
+    cut, _, codec = plan.partition("@")
+    if not codec:
+        return 0.0
+    return float(table.sent_bytes[table.index(cut), table.codec_index(codec)])
+
+

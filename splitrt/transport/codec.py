@@ -1,0 +1,313 @@
+"""Tensor <-> bytes codecs for the tensors that cross a cut. Pure: no I/O.
+
+A codec spec is a quantisation, optionally followed by ``+zlib`` (lossless compression of the
+quantised bytes). Its short string form parses back: ``Codec.parse(str(c)) == c``.
+
+=========  ===================================================================================
+``fp32``   raw bytes of the tensor's own float dtype (lossless; float64 stays float64)
+``fp16``   cast to IEEE half (relative error <= 2**-11 within +-65504; larger values become inf)
+``int8``   affine uint8, one (offset, scale) per tensor: ``x ~ lo + q * scale``, ``q`` in 0..255,
+           absolute error <= scale / 2 where ``scale = (max - min) / 255``
+``int8c``  like ``int8`` with one (offset, scale) per channel (axis 1, NCHW); per tensor if ndim < 2
+=========  ===================================================================================
+
+Tensors that are not floating point (int64 indices, bool masks, ...) are always sent ``raw``
+whatever the spec, so a codec can never change an integer. Each encoded tensor names the codec it was
+encoded with (``Encoded.codec``): ``raw`` or the spec.
+
+Payload layout (little-endian): ``raw``/``fp32`` and ``fp16`` are the element bytes; ``int8`` is
+``lo: f32, scale: f32`` then the uint8 elements; ``int8c`` is ``lo[C]: f32, scale[C]: f32`` then the
+uint8 elements (original layout). ``+zlib`` wraps the whole payload in a zlib stream. A payload is
+``bytes`` or a read-only byte ``memoryview`` (``encode(..., copy=False)``, and tensors parsed off the wire
+by ``splitrt.transport.wire``): big tensors then cross without a copy. Decoding checks
+every length against the one implied by dtype and shape and raises ``CodecError`` naming both, so a
+truncated or garbage payload never turns into a wrong tensor silently.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitrt.errors import CodecError
+
+QUANTS: tuple[str, ...] = ("fp32", "fp16", "int8", "int8c")
+COMPRESSIONS: tuple[str, ...] = ("zlib",)
+RAW = "raw"
+# Default cap of ``decode``: refuse tensors claiming more than this many bytes (garbage shapes). A server
+# passes a much smaller ``max_bytes`` (``ServerConfig.max_decoded_bytes``).
+MAX_TENSOR_BYTES = 1 << 33
+ZLIB_LEVEL = 1
+
+_LE_F32 = np.dtype("<f4")
+_LE_F16 = np.dtype("<f2")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Codec:
+    """A codec spec: ``quant`` in ``QUANTS``, ``compress`` ``None`` or ``"zlib"``."""
+
+    quant: str = "fp32"
+    compress: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.quant not in QUANTS:
+            raise CodecError(f"unknown quantisation {self.quant!r}: expected one of {', '.join(QUANTS)}")
+        if self.compress is not None and self.compress not in COMPRESSIONS:
+            raise CodecError(f"unknown compression {self.compress!r}: "
+                             f"expected one of {', '.join(COMPRESSIONS)}")
+
+    def __str__(self) -> str:
+        return self.quant if self.compress is None else f"{self.quant}+{self.compress}"
+
+    @property
+    def lossless(self) -> bool:
+        return self.quant == "fp32"
+
+    @classmethod
+    def parse(cls, text: str | Codec) -> Codec:
+        """Parse ``fp32``, ``fp16+zlib``, ``int8c``, ...; ``raw`` means ``fp32``."""
+        if isinstance(text, Codec):
+            return text
+        parts = text.strip().lower().split("+")
+        quant = parts[0] or "fp32"
+        if quant == RAW:
+            quant = "fp32"
+        if len(parts) > 2:
+            raise CodecError(f"codec {text!r}: expected QUANT or QUANT+COMPRESSION, got {len(parts)} parts")
+        return cls(quant=quant, compress=parts[1] if len(parts) == 2 else None)
+
+
+def names() -> list[str]:
+    """Every codec spec, in a stable order (for benches and CLI help)."""
+    return [q for q in QUANTS] + [f"{q}+{c}" for c in COMPRESSIONS for q in QUANTS]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Encoded:
+    """One encoded tensor: what travels. ``dtype``/``shape`` describe the decoded tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    payload: bytes | memoryview  # a memoryview is read-only, format "B"
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.payload)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f"
+
+
+def _channel_axis(shape: tuple[int, ...]) -> int | None:
+    return 1 if len(shape) >= 2 else None
+
+
+def _affine_params(x: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets and scales (float32, rounded as they travel) per channel (or one of each)."""
+    if x.size == 0:
+        n = 1 if axis is None else x.shape[axis]
+        return np.zeros(n, _LE_F32), np.ones(n, _LE_F32)
+    if axis is None:
+        lo = np.array([x.min()], dtype=np.float64)
+        hi = np.array([x.max()], dtype=np.float64)
+    else:
+        reduce_axes = tuple(i for i in range(x.ndim) if i != axis)
+        lo = x.min(axis=reduce_axes).astype(np.float64)
+        hi = x.max(axis=reduce_axes).astype(np.float64)
+    lo32 = lo.astype(_LE_F32)
+    span = hi - lo32.astype(np.float64)
+    scale = np.where(span > 0, span / 255.0, 1.0).astype(_LE_F32)
+    # float32 rounding may have shrunk the scale below span/255: nudge it up so q never clips by > 1 ulp.
+    short = lo32.astype(np.float64) + 255.0 * scale.astype(np.float64) < hi
+    if np.any(short):
+        scale = np.where(short, np.nextafter(scale, np.float32(np.inf)), scale).astype(_LE_F32)
+    return lo32, scale
+
+
+def _broadcast(v: np.ndarray, axis: int | None, ndim: int) -> np.ndarray:
+    if axis is None:
+        return v.reshape(()) if v.size == 1 else v
+    shape = [1] * ndim
+    shape[axis] = v.shape[0]
+    return v.reshape(shape)
+
+
+def _quantise(x: np.ndarray, axis: int | None, name: str, quant: str) -> bytes:
+    # One working copy in the tensor's precision (float32 unless it is float64), updated in place: a
+    # device encoding a 16 MB activation needs 16 MB more, not the 64 MB of float64 temporaries.
+    work = np.dtype(np.float64) if x.dtype == np.float64 else np.dtype(np.float32)
+    t = x.astype(work)
+    if not np.all(np.isfinite(t)):
+        bad = int(np.count_nonzero(~np.isfinite(t)))
+        raise CodecError(f"tensor {name!r}: {quant} needs finite values, got {bad} non-finite of {x.size}")
+    lo, scale = _affine_params(t, axis)
+    np.subtract(t, _broadcast(lo.astype(work), axis, x.ndim), out=t)
+    np.divide(t, _broadcast(scale.astype(work), axis, x.ndim), out=t)
+    np.rint(t, out=t)
+    np.clip(t, 0, 255, out=t)
+    return lo.tobytes() + scale.tobytes() + t.astype(np.uint8).tobytes()
+
+
+def _plain(arr: np.ndarray, copy: bool) -> bytes | memoryview:
+    """The bytes of a C-contiguous array: a copy, or a read-only view."""
+    return arr.tobytes() if copy else arr.reshape(-1).view(np.uint8).data.toreadonly()
+
+
+def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32", *, copy: bool = True) -> Encoded:
+    """Encode one tensor with ``codec`` (a non-float tensor is always sent raw).
+
+    ``copy=False``: a ``raw`` or ``fp32`` payload is a read-only view of ``array`` when its layout allows
+    (C-contiguous, little-endian), so the array must not change while the result is in use.
+    """
+    spec = Codec.parse(codec)
+    arr = np.asarray(array)
+    dtype = arr.dtype
+    shape = tuple(int(d) for d in arr.shape)
+    if dtype.kind not in "fiub" or dtype.itemsize == 0:
+        raise CodecError(f"tensor {name!r}: expected a numeric or bool array, got dtype {dtype}")
+    le = dtype.newbyteorder("<")
+    if not _is_float(dtype):
+        payload = _plain(np.ascontiguousarray(arr, dtype=le), copy)
+        return Encoded(name=name, dtype=dtype.name, shape=shape, codec=RAW, payload=payload)
+    body: bytes | memoryview
+    if spec.quant == "fp32":
+        body = _plain(np.ascontiguousarray(arr, dtype=le), copy)
+    elif spec.quant == "fp16":
+        body = np.ascontiguousarray(arr, dtype=_LE_F16).tobytes()
+    else:
+        axis = _channel_axis(shape) if spec.quant == "int8c" else None
+        body = _quantise(arr, axis, name, spec.quant)
+    if spec.compress == "zlib":
+        body = zlib.compress(body, ZLIB_LEVEL)
+    return Encoded(name=name, dtype=dtype.name, shape=shape, codec=str(spec), payload=body)
+
+
+def _dtype(name: str, dtype: str) -> np.dtype:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise CodecError(f"tensor {name!r}: unknown dtype {dtype!r}") from exc
+    if dt.kind not in "fiub" or dt.itemsize == 0:
+        raise CodecError(f"tensor {name!r}: expected a numeric or bool dtype, got {dtype!r}")
+    return dt
+
+
+def expected_bytes(dtype: str, shape: tuple[int, ...], codec: str, *, name: str = "?") -> int:
+    """Length of the (uncompressed) payload for a tensor of ``dtype``/``shape`` under ``codec``."""
+    dt = _dtype(name, dtype)
+    if any(d < 0 for d in shape):
+        raise CodecError(f"tensor {name!r}: expected non-negative dimensions, got shape {tuple(shape)}")
+    size = int(np.prod(shape, dtype=object)) if shape else 1
+    if codec == RAW:
+        if _is_float(dt):
+            raise CodecError(f"tensor {name!r}: float tensors carry a float codec, got {codec!r}")
+        return size * dt.itemsize
+    spec = Codec.parse(codec)
+    if not _is_float(dt):
+        raise CodecError(f"tensor {name!r}: {dt.name} tensors are sent raw, got codec {codec!r}")
+    if spec.quant == "fp32":
+        return size * dt.itemsize
+    if spec.quant == "fp16":
+        return size * 2
+    channels = shape[1] if spec.quant == "int8c" and len(shape) >= 2 else 1
+    return 8 * channels + size
+
+
+def decoded_bytes(enc: Encoded) -> int:
+    """Memory ``decode(enc)`` needs: the larger of the decoded array and the (inflated) payload, from
+    dtype, shape and codec alone (nothing is inflated). Raises ``CodecError`` on a bad dtype/shape/codec."""
+    shape = tuple(int(d) for d in enc.shape)
+    dt = _dtype(enc.name, enc.dtype)
+    want = expected_bytes(enc.dtype, shape, enc.codec, name=enc.name)
+    size = int(np.prod(shape, dtype=object)) if shape else 1
+    return max(want, size * dt.itemsize)
+
+
+def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
+    """Decode one tensor; raises ``CodecError`` naming the expected and actual sizes on bad input.
+
+    A tensor whose ``decoded_bytes`` exceed ``max_bytes`` is refused before anything is inflated or
+    allocated (a zlib stream is inflated at most to the size its dtype and shape imply). The result may
+    be a read-only view of the payload (no copy for raw tensors).
+    """
+    name, shape = enc.name, tuple(int(d) for d in enc.shape)
+    dt = _dtype(name, enc.dtype)
+    want = expected_bytes(enc.dtype, shape, enc.codec, name=name)
+    need = decoded_bytes(enc)
+    if need > max_bytes:
+        raise CodecError(f"tensor {name!r}: shape {list(shape)} {dt.name} ({enc.codec}) decodes to {need} "
+                         f"bytes, expected at most {max_bytes}")
+    spec = Codec.parse(enc.codec) if enc.codec != RAW else Codec()
+    body = enc.payload
+    if enc.codec != RAW and spec.compress == "zlib":
+        body = _inflate(name, body, want)
+    if len(body) != want:
+        raise CodecError(f"tensor {name!r} ({enc.codec}, {dt.name} {list(shape)}): "
+                         f"expected {want} payload bytes, got {len(body)}")
+    if enc.codec == RAW or spec.quant == "fp32":
+        return np.frombuffer(body, dtype=dt.newbyteorder("<")).reshape(shape).astype(dt, copy=False)
+    if spec.quant == "fp16":
+        return np.frombuffer(body, dtype=_LE_F16).reshape(shape).astype(dt)
+    axis = _channel_axis(shape) if spec.quant == "int8c" else None
+    channels = shape[1] if axis is not None else 1
+    params = np.frombuffer(body, dtype=_LE_F32, count=2 * channels)
+    lo, scale = params[:channels].astype(np.float64), params[channels:].astype(np.float64)
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(scale)) and np.all(scale > 0)):
+        raise CodecError(f"tensor {name!r} ({enc.codec}): expected finite offsets and positive scales, "
+                         "got garbage quantisation parameters")
+    q = np.frombuffer(body, dtype=np.uint8, offset=8 * channels).reshape(shape)
+    # In place, in the output's precision (float64 only for float64 tensors): no float64 temporaries,
+    # so decoding takes the output's size and the payload, not 16 more bytes per element.
+    work = np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+    out = q.astype(work)
+    np.multiply(out, _broadcast(scale.astype(work), axis, len(shape)), out=out)
+    np.add(out, _broadcast(lo.astype(work), axis, len(shape)), out=out)
+    return np.asarray(out.astype(dt, copy=False))  # asarray: a 0-d result stays an array
+
+
+def _inflate(name: str, payload: bytes | memoryview, want: int) -> bytes:
+    d = zlib.decompressobj()
+    try:
+        body = d.decompress(payload, want + 1)
+    except zlib.error as exc:
+        raise CodecError(f"tensor {name!r}: expected a zlib stream of {want} bytes, got corrupt data "
+                         f"({len(payload)} bytes: {exc})") from exc
+    if len(body) > want:
+        raise CodecError(f"tensor {name!r}: expected {want} bytes after zlib, got more")
+    if not d.eof:
+        raise CodecError(f"tensor {name!r}: expected a complete zlib stream of {want} bytes, "
+                         f"got a truncated one ({len(body)} bytes decoded)")
+    if d.unused_data:
+        raise CodecError(f"tensor {name!r}: expected nothing after the zlib stream, "
+                         f"got {len(d.unused_data)} trailing bytes")
+    return body
+
+
+def encode_all(tensors: dict[str, np.ndarray], codec: Codec | str = "fp32") -> list[Encoded]:
+    spec = Codec.parse(codec)
+    return [encode(name, arr, spec) for name, arr in tensors.items()]
+
+
+def decode_all(encoded: list[Encoded]) -> dict[str, np.ndarray]:
+    return {e.name: decode(e) for e in encoded}
+
+
+def error_bound(array: np.ndarray, codec: Codec | str) -> float:
+    """Worst-case absolute reconstruction error of ``codec`` on ``array`` (for tests and benches)."""
+    spec = Codec.parse(codec)
+    x = np.asarray(array)
+    if not _is_float(x.dtype) or spec.quant == "fp32" or x.size == 0:
+        return 0.0
+    xf = x.astype(np.float64)
+    if spec.quant == "fp16":
+        return float(np.max(np.abs(xf))) * 2.0**-11 + 2.0**-24
+    axis = _channel_axis(x.shape) if spec.quant == "int8c" else None
+    _lo, scale = _affine_params(xf, axis)
+    mag = float(np.max(np.abs(xf)))
+    return float(np.max(scale.astype(np.float64))) / 2 + mag * 2.0**-22

@@ -1,0 +1,280 @@
+"""What device and cloud share about the wire: proto <-> codec conversions, channel options, errors.
+
+Kept apart from ``codec`` (pure, no protobuf) and from ``cloud``/``device`` (one side each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from splitrt.errors import CloudError
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport.codec import Encoded
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVICE_NAME = "splitrt.v1.SplitInference"
+# Status codes after which the same request may succeed later, elsewhere, or locally.
+RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "CANCELLED",
+                             "INTERNAL", "UNKNOWN"})
+
+# ONNX Runtime type strings -> numpy dtype names.
+ORT_DTYPES = {
+    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
+    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32", "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64", "tensor(bool)": "bool",
+}
+
+
+def to_proto(e: Encoded) -> pb.Tensor:
+    return pb.Tensor(name=e.name, dtype=e.dtype, shape=list(e.shape), codec=e.codec, payload=bytes(e.payload))
+
+
+def add_tensor(repeated: Any, e: Encoded) -> int:
+    """Append ``e`` to a repeated Tensor field in place (no message copy); returns the payload bytes."""
+    repeated.add(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec, payload=bytes(e.payload))
+    return len(e.payload)
+
+
+def from_proto(t: pb.Tensor) -> Encoded:
+    return Encoded(name=t.name, dtype=t.dtype, shape=tuple(int(d) for d in t.shape), codec=t.codec,
+                   payload=t.payload)
+
+
+# -- Infer/InferStream messages framed by hand ------------------------------------------------------
+# Protobuf would copy each payload into the message, again when serialising, and twice more when
+# parsing (upb copies on parse and on field access). ``serialize`` writes the message without its
+# tensors with protobuf, then each Tensor's fields with the payload bytes appended in one join;
+# ``deserialize`` walks the wire format and keeps every payload as a view of the received bytes. The
+# bytes are the proto's own encoding (field order aside), so stock protobuf peers interoperate.
+# ``serialize`` also writes a ``Tensor.pad`` field (zeros) before each payload so that the payload starts
+# at a multiple of ``ALIGN_BYTES`` in the message: received bytes objects start 16-byte aligned (CPython
+# on 64-bit), so the views ``deserialize`` hands out are aligned for any dtype and numpy/onnxruntime
+# use them in place instead of copying (an unaligned float32 input costs onnxruntime a copy).
+
+# The repeated Tensor field of each framed message type, Tensor.payload and Tensor.pad.
+_TENSOR_FIELDS = {pb.InferRequest: 5, pb.InferReply: 2}
+_PAYLOAD_FIELD = 5
+_PAD_FIELD = 15
+_LEN = 2  # wire type of length-delimited fields
+ALIGN_BYTES = 16
+_ZEROS = bytes(ALIGN_BYTES + 8)
+
+
+@dataclass(frozen=True)
+class Framed:
+    """An ``InferRequest``/``InferReply`` whose tensors travel outside protobuf: ``header`` is the message
+    without them, ``tensors`` the encoded tensors (payloads may be views)."""
+
+    header: Any
+    tensors: list[Encoded]
+
+    def to_message(self) -> Any:
+        """The equivalent protobuf message (copies the payloads)."""
+        message = type(self.header)()
+        message.CopyFrom(self.header)
+        field = message.DESCRIPTOR.fields_by_number[_TENSOR_FIELDS[type(message)]].name
+        for e in self.tensors:
+            add_tensor(getattr(message, field), e)
+        return message
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def serialize(message: Framed | Any) -> bytes:
+    """gRPC serializer: a ``Framed`` message in one copy of its payloads (or any protobuf message)."""
+    if not isinstance(message, Framed):
+        return bytes(message.SerializeToString())
+    field_key = _varint(_TENSOR_FIELDS[type(message.header)] << 3 | _LEN)
+    header = message.header.SerializeToString()
+    parts: list[bytes | memoryview] = [header]
+    offset = len(header)
+    for e in message.tensors:
+        head = pb.Tensor(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec).SerializeToString()
+        payload_key = _varint(_PAYLOAD_FIELD << 3 | _LEN) + _varint(len(e.payload))
+        fixed = len(head) + len(payload_key) + len(e.payload)
+        pad = _pad_field(offset + len(field_key) + len(head) + len(payload_key), fixed) if e.payload else b""
+        size = _varint(fixed + len(pad))
+        parts += [field_key, size, head, pad, payload_key, e.payload]
+        offset += len(field_key) + len(size) + fixed + len(pad)
+    return b"".join(parts)
+
+
+def _pad_field(before: int, fixed: int) -> bytes:
+    """The ``Tensor.pad`` field (or nothing) that puts the payload at a multiple of ``ALIGN_BYTES``, given
+    the payload's offset ``before`` without the tensor's length varint and the pad, and the tensor's size
+    ``fixed`` without the pad (the length varint grows with the pad)."""
+    for extra in range(ALIGN_BYTES + 8):
+        if extra == 1:
+            continue  # a pad field takes at least 2 bytes (key, length 0)
+        if (before + len(_varint(fixed + extra)) + extra) % ALIGN_BYTES == 0:
+            return b"" if extra == 0 else bytes([_PAD_FIELD << 3 | _LEN, extra - 2]) + _ZEROS[:extra - 2]
+    raise AssertionError("unreachable: some pad of at most ALIGN_BYTES + 1 bytes aligns the payload")
+
+
+def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 64:
+        if i >= len(buf):
+            break
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+    raise ValueError(f"protobuf: expected a varint at byte {i}, got a truncated or overlong one")
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, key offset, value offset, end offset) of each field in ``buf``."""
+    i = 0
+    while i < len(buf):
+        start = i
+        key, i = _read_varint(buf, i)
+        number, wire_type = key >> 3, key & 7
+        value = i
+        if wire_type == 0:
+            _, end = _read_varint(buf, i)
+        elif wire_type == 1 or wire_type == 5:
+            end = i + (8 if wire_type == 1 else 4)
+        elif wire_type == _LEN:
+            size, value = _read_varint(buf, i)
+            end = value + size
+        else:
+            raise ValueError(f"protobuf: expected wire type 0, 1, 2 or 5, got {wire_type} at byte {start}")
+        if end > len(buf):
+            raise ValueError(f"protobuf: field {number} needs {end - start} bytes, got {len(buf) - start}")
+        yield number, wire_type, start, value, end
+        i = end
+
+
+def _tensor(buf: memoryview) -> Encoded:
+    payload = buf[0:0]
+    rest = []
+    for number, wire_type, start, value, end in _fields(buf):
+        if number == _PAYLOAD_FIELD and wire_type == _LEN:
+            payload = buf[value:end]  # the last occurrence wins, as in protobuf
+        elif number != _PAD_FIELD:
+            rest.append(buf[start:end])
+    t = pb.Tensor.FromString(b"".join(rest))
+    return Encoded(name=t.name, dtype=t.dtype, shape=tuple(t.shape), codec=t.codec, payload=payload)
+
+
+def deserializer(message_type: Any) -> Callable[[bytes], Framed]:
+    """gRPC deserializer of ``InferRequest`` or ``InferReply`` bytes (any valid encoding) into a
+    ``Framed`` whose payloads are read-only views of the received bytes."""
+    tensor_field = _TENSOR_FIELDS[message_type]
+
+    def deserialize(data: bytes) -> Framed:
+        buf = memoryview(data).toreadonly()
+        tensors, rest = [], []
+        for number, wire_type, start, value, end in _fields(buf):
+            if number == tensor_field and wire_type == _LEN:
+                tensors.append(_tensor(buf[value:end]))
+            else:
+                rest.append(buf[start:end])
+        return Framed(header=message_type.FromString(b"".join(rest)), tensors=tensors)
+
+    return deserialize
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """What ``lenient_deserializer`` gives for bytes that are not a valid message: the server answers
+    INVALID_ARGUMENT with ``message`` (gRPC would answer INTERNAL, which clients treat as retryable)."""
+
+    message: str
+
+
+def lenient_deserializer(message_type: Any) -> Callable[[bytes], Framed | Malformed]:
+    """``deserializer(message_type)`` that returns ``Malformed`` instead of raising on garbage bytes."""
+    strict = deserializer(message_type)
+    full_name = message_type.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Framed | Malformed:
+        try:
+            return strict(data)
+        except Exception as exc:  # ValueError (our framing), protobuf's DecodeError, bad UTF-8, ...
+            return Malformed(f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
+                             f"not parse ({type(exc).__name__}: {exc})")
+
+    return deserialize
+
+
+def channel_options(max_message_bytes: int, keepalive_s: float) -> list[tuple[str, Any]]:
+    """Client channel options: raised message limits, keep-alive pings."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    """Server options: raised message limits; accept the clients' keep-alive pings."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadInfo:
+    """The cloud's load as reported in a reply."""
+
+    queue_depth: int
+    running: int
+    workers: int
+    cpu_percent: float
+
+    @classmethod
+    def from_proto(cls, load: pb.Load) -> LoadInfo:
+        return cls(queue_depth=load.queue_depth, running=load.running, workers=load.workers,
+                   cpu_percent=load.cpu_percent)
+
+
+def cloud_error(exc: grpc.RpcError, what: str) -> CloudError:
+    """Map a gRPC error to ``CloudError`` (code name, retryable) with the server's message."""
+    code_obj = exc.code() if hasattr(exc, "code") else None
+    code = code_obj.name if code_obj is not None else "UNKNOWN"
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return CloudError(f"{what}: {code}: {details}", code=code, retryable=code in RETRYABLE_CODES)
+
+
+def ort_dtype(type_str: str) -> str:
+    return ORT_DTYPES.get(type_str, type_str)
+
+
+def shape_matches(expected: tuple[int | str | None, ...], actual: tuple[int, ...]) -> bool:
+    """True when ``actual`` fits ``expected`` (symbolic/unknown dims match any size)."""
+    if len(expected) != len(actual):
+        return False
+    return all(not isinstance(e, int) or e < 0 or e == a for e, a in zip(expected, actual, strict=True))
+
+
+def describe_shape(shape: tuple[int | str | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def as_array(x: Any) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) else np.asarray(x)

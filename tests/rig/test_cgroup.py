@@ -1,0 +1,77 @@
+"""CPU throttling with a cgroup: a busy loop in a 0.25-CPU cgroup gets about a quarter of a CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from splitrt.errors import RigError
+from splitrt.rig import cgroup, netns
+
+root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: writes cgroups")
+PID = os.getpid()
+
+
+def test_names_get_the_prefix_and_are_checked() -> None:
+    assert cgroup.cgroup_name("dev1") == "spl-dev1"
+    assert cgroup.cgroup_name("spl-dev1") == "spl-dev1"
+    with pytest.raises(RigError):
+        cgroup.cgroup_name("a/b")
+    with pytest.raises(RigError, match="not open"):
+        cgroup.CpuThrottle("x", 0.5).add_pid(1)
+
+
+def _cpu_share(proc: psutil.Process, wall_s: float) -> float:
+    c0 = sum(proc.cpu_times()[:2])
+    t0 = time.monotonic()
+    time.sleep(wall_s)
+    return (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+
+
+@root
+@pytest.mark.root
+def test_busy_loop_is_throttled_then_released_and_cgroup_removed() -> None:
+    name = f"spl-tc{PID}"
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        proc = psutil.Process(child.pid)
+        with cgroup.CpuThrottle(name, 0.25) as cg:
+            assert cg.hierarchy is not None and cg.path is not None
+            assert cg.path.name == name and cg.path.is_dir()
+            assert netns.owner_alive(name)
+            cg.add_pid(child.pid)
+            assert cg.pids() == [child.pid]
+            if cg.hierarchy.version == 1:
+                assert (cg.path / "cpu.cfs_quota_us").read_text().strip() == "25000"
+                assert (cg.path / "cpu.cfs_period_us").read_text().strip() == "100000"
+            else:
+                assert (cg.path / "cpu.max").read_text().split() == ["25000", "100000"]
+            share = _cpu_share(proc, 1.5)
+            assert 0.15 < share < 0.35, share
+            cg.set_fraction(0.5)
+            share = _cpu_share(proc, 1.5)
+            assert 0.38 < share < 0.62, share
+            path = cg.path
+        # The child was moved back to the root cgroup; the directory and owner record are gone.
+        assert not path.exists()
+        assert not (netns.OWNERS_DIR / name).exists()
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+@root
+@pytest.mark.root
+def test_bad_fraction_is_rejected() -> None:
+    with cgroup.CpuThrottle(f"spl-tf{PID}", None) as cg:
+        with pytest.raises(RigError, match="cpu_fraction"):
+            cg.set_fraction(0)
+        assert cg.path is not None
+        if cg.hierarchy is not None and cg.hierarchy.version == 1:
+            assert (cg.path / "cpu.cfs_quota_us").read_text().strip() == "-1"

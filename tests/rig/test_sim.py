@@ -1,0 +1,107 @@
+"""The trace simulator (splitrt.rig.sim): the runtime's decision logic replayed against a trace, no I/O."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitrt.errors import ConfigError
+from splitrt.plan.costmodel import CostTable
+from splitrt.rig import sim, traces
+
+# A resnet-like model on a slow board: the whole model 500 ms on the device, 50 ms on the cloud;
+# the input (150 KB) is the cheapest thing to send, a middle cut sends more.
+TABLE = CostTable(ids=["cloud", "mid", "device"], head_ms=[0.0, 200.0, 500.0], tail_ms=[50.0, 25.0, 0.0],
+                  bytes=[150_000, 400_000, 0], reply_bytes=4000, codecs={"fp32": 1.0})
+# Breakeven: the cloud plan costs 50 + 80 + 154 KB / bandwidth, the device 500 ms: ~3.3 Mbit/s.
+FAST, SLOW = 20.0, 1.0
+
+
+def cfg(**kw: object) -> sim.SimConfig:
+    return sim.SimConfig(**{"duration_s": 60.0, "rtt_ms": 80.0, **kw})  # type: ignore[arg-type]
+
+
+def test_adaptive_matches_the_right_fixed_plan_exactly_on_a_steady_link() -> None:
+    for mbps, right in ((FAST, "cloud@fp32"), (SLOW, "device")):
+        link = traces.constant(mbps, 60.0)
+        ad = sim.simulate(TABLE, "adaptive", link, cfg())
+        fixed = sim.simulate(TABLE, f"fixed:{right}", link, cfg(), with_cloud=right != "device")
+        assert {r.plan for r in ad[8:]} == {right}
+        # the same plan costs the same: no jitter, so the means agree to the last request
+        assert statistics.fmean(r.latency_ms for r in ad[8:]) == pytest.approx(
+            statistics.fmean(r.latency_ms for r in fixed[8:]), rel=0.01)
+
+
+def test_adaptive_follows_a_step_down_and_back_up() -> None:
+    link = traces.step([FAST, SLOW, FAST], step_s=20.0)
+    ad = sim.simulate(TABLE, "adaptive", link, cfg())
+    plan_at = {round(r.t_s, 2): r.plan for r in ad}
+    # on the device within 3 s of the drop (two 1.4 s uploads tell), back on the cloud within 2 s
+    assert all(p == "device" for t, p in plan_at.items() if 23.0 <= t < 40.0)
+    assert all(p.startswith("cloud") for t, p in plan_at.items() if 42.0 <= t < 60.0)
+    assert all(p.startswith("cloud") for t, p in plan_at.items() if 2.0 <= t < 20.0)
+
+
+def test_a_low_estimate_recovers_when_probes_are_rtt_dominated() -> None:
+    """Regression: on the device plan only probes feed the estimate, sized from it; on a link 20x
+    faster than estimated they were all RTT-dominated and ignored, and adaptive stayed on the device
+    (100 s on the HSDPA bus trace x5). Their lower bound now lifts the estimate."""
+    link = traces.step([0.8, 25.0], step_s=30.0)
+    ad = sim.simulate(TABLE, "adaptive", link, cfg())
+    back = [r.t_s for r in ad if r.t_s >= 30.0 and r.plan.startswith("cloud")]
+    assert back and back[0] < 33.0
+    assert all(r.plan.startswith("cloud") for r in ad if r.t_s >= 33.0)
+
+
+def test_the_device_speed_is_learned_from_the_heads() -> None:
+    """The table says 500 ms, the board takes 650: adaptive's device estimate converges to 1.3 x."""
+    ad = sim.simulate(TABLE, "adaptive", traces.constant(SLOW, 60.0), cfg(device_speed=1.3))
+    assert {r.plan for r in ad} == {"device"}
+    assert ad[-1].device_load == pytest.approx(1.3, rel=0.03)
+    assert ad[-1].latency_ms == pytest.approx(650.0)
+
+
+def test_a_device_burst_is_load_not_speed() -> None:
+    ad = sim.simulate(TABLE, "adaptive", traces.constant(SLOW, 60.0), cfg(bursts=((20.0, 40.0),)))
+    during = [r.device_load for r in ad if 25.0 <= r.t_s < 40.0]
+    after = [r.device_load for r in ad if r.t_s >= 55.0]
+    assert min(during) > 1.6  # the burst doubles compute (burst_util 0.5)
+    assert max(after) < 1.4  # and fades once over (half-life 10 s): the speed stayed ~1
+
+
+def test_periodic_holds_its_plan_between_re_plans() -> None:
+    link = traces.square(SLOW, FAST, period_s=6.0, duration_s=60.0)
+    per = sim.simulate(TABLE, "periodic:5", link, cfg())
+    ad = sim.simulate(TABLE, "adaptive", link, cfg())
+    switches = [b.t_s for a, b in itertools.pairwise(per) if a.plan != b.plan]
+    assert switches and all(y - x >= 5.0 for x, y in itertools.pairwise(switches))
+    assert sum(a.plan != b.plan for a, b in itertools.pairwise(ad)) > len(switches)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(1.5, 40.0), min_size=2, max_size=6), st.floats(0.0, 0.2))
+def test_requests_are_paced_and_never_overlap(levels: list[float], jitter: float) -> None:
+    link = traces.step(levels, step_s=5.0)
+    c = cfg(duration_s=5.0 * len(levels), jitter=jitter, seed=3)
+    for policy in ("adaptive", "fixed:cloud@fp32", "fixed:mid@fp32", "periodic:2"):
+        reqs = sim.simulate(TABLE, policy, link, c)
+        assert reqs and reqs[0].t_s >= 0.0  # warm-up requests are not counted
+        for a, b in itertools.pairwise(reqs):
+            gap = b.t_s - a.t_s
+            assert gap >= 1 / c.rate_hz - 1e-9  # paced at rate_hz at most
+            assert gap >= a.latency_ms / 1e3 - 1e-9  # closed loop: one at a time
+        for r in reqs:
+            assert r.latency_ms >= r.head_ms > 0 or r.plan.startswith("cloud")
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(ConfigError, match="rate_hz"):
+        sim.SimConfig(rate_hz=0.0)
+    with pytest.raises(ConfigError, match="speeds"):
+        sim.SimConfig(device_speed=0.0)
+    with pytest.raises(ConfigError, match="policy"):
+        sim.simulate(TABLE, "sometimes", traces.constant(5.0), cfg())

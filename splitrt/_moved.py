@@ -22,7 +22,7 @@ MOVED: dict[str, str] = {
     "codec": "transport.codec", "wire": "transport.wire", "splitrt_pb2": "transport.splitrt_pb2",
     "splitrt_pb2_grpc": "transport.splitrt_pb2_grpc", "protogen": "transport.protogen",
     "discovery": "transport.discovery",
-    "runtime": "device.runtime", "run_stream": "device.stream", "daemon": "device.daemon", "finder": "device.finder",
+    "runtime": "device.runtime", "run_stream": "cli.stream", "daemon": "device.daemon", "finder": "device.finder",
     "netns": "rig.netns", "cgroup": "rig.cgroup", "shaper": "rig.shaper", "traces": "rig.traces",
     "rigbench": "rig.bench", "rigworker": "rig.worker", "rigstats": "rig.stats", "sim": "rig.sim",
     "cmd_bench": "cli.bench", "cmd_daemon": "cli.daemon", "cmd_demo": "cli.demo", "cmd_model": "cli.model",

@@ -1,8 +1,25 @@
 """The one exception tree of splitrt.
 
-Every error a user can meet is a ``SplitrtError``. Errors from onnx, onnxruntime, grpc and zeroconf
-are mapped at the boundary (``raise ... from exc``) so callers never catch third-party types, and a
-message names what was expected and what came.
+Every error a user can meet is a ``SplitrtError``. Errors from onnx, onnxruntime, grpc, zeroconf and
+the OS are mapped at the boundary (``raise ... from exc``) so callers never catch third-party types,
+and a message names what was expected and what came::
+
+    SplitrtError
+    ├── ModelError       graph: a model file is missing, not ONNX, truncated, fails the checker
+    ├── CutError         graph: a cut id is unknown, or cut ids do not nest into a chain
+    ├── ProfileError     profile: a profile is corrupt, of another schema, or for another model
+    ├── PlanError        plan: no plan can be made (objective, empty candidates, bad inputs)
+    ├── CodecError       transport: a payload cannot be encoded/decoded (codec, truncated, garbage)
+    ├── ConfigError      everywhere: a config file key or flag has a wrong value
+    ├── InputError       device/cloud: inputs do not match the model (name, dtype, shape)
+    ├── CloudError       device: the cloud answered an error or is unreachable (.code, .retryable)
+    ├── DiscoveryError   transport: mDNS advertising or browsing failed
+    └── RigError         rig: namespaces, qdiscs, cgroups or rig processes could not be set up
+
+Where third-party errors are mapped: onnx/onnxruntime load and run errors in ``graph.model`` and
+``profile`` (ModelError), onnxruntime input errors in ``device.client`` (InputError); ``grpc.RpcError``
+in the transport the device uses (CloudError with the gRPC status name); zeroconf errors in
+``transport.discovery`` (DiscoveryError); ``OSError``/``subprocess`` failures in ``rig`` (RigError).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from splitrt.errors import SplitrtError
 COMMAND_MODULES: list[str] = [
     "splitrt.cli.model",
     "splitrt.cli.demo",
-    "splitrt.transport.discovery",
+    "splitrt.cli.discover",
     "splitrt.cli.serve",
     "splitrt.cli.run",
     "splitrt.cli.daemon",

@@ -39,11 +39,6 @@ def register(sub: Any) -> None:
     zg.set_defaults(func=cmd_zoo_get)
 
 
-def resolve_model(spec: str) -> Path:
-    """A path, ``zoo:NAME`` or a bare zoo name (see ``zoo.resolve``)."""
-    return zoo.resolve(spec)
-
-
 def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:
     return {
         "model": {
@@ -60,7 +55,7 @@ def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    mg = graph.load(resolve_model(args.model))
+    mg = graph.load(zoo.resolve(args.model))
     if args.json:
         json.dump(inspect_dict(mg), sys.stdout)
         sys.stdout.write("\n")
@@ -81,7 +76,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_split(args: argparse.Namespace) -> int:
-    mg = graph.load(resolve_model(args.model))
+    mg = graph.load(zoo.resolve(args.model))
     plan = partition.write_segments(mg, args.cut, args.out)
     if args.json:
         print(json.dumps(plan))

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from splitrt.cli import tables
+from splitrt.cli.inputs import load_inputs
 from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
 from splitrt.errors import CutError, InputError
+from splitrt.graph import zoo
 
 
 def register(sub: Any) -> None:
@@ -56,28 +58,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _load_inputs(dev: Device, specs: list[str]) -> dict[str, np.ndarray]:
-    names = [t.name for t in dev.graph.inputs]
-    inputs: dict[str, np.ndarray] = {}
-    for spec in specs:
-        name, _, file = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        path = Path(file)
-        try:
-            loaded = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise InputError(f"input file {path}: expected a .npy or .npz array file ({exc})") from exc
-        if isinstance(loaded, np.lib.npyio.NpzFile):
-            with loaded:
-                inputs.update({k: loaded[k] for k in loaded.files})
-            continue
-        if not name:
-            if len(names) != 1:
-                raise InputError(f"model has inputs {names}: expected NAME=FILE.npy for each, got {spec!r}")
-            name = names[0]
-        inputs[name] = loaded
-    return inputs
-
-
 def plan_auto(dev: Device, args: argparse.Namespace) -> tuple[str, str, dict[str, Any]]:
     """Pick (cut, codec) with the solver from the two profiles and a probe of the link."""
     from splitrt.plan import costmodel, solver
@@ -103,19 +83,18 @@ def plan_auto(dev: Device, args: argparse.Namespace) -> tuple[str, str, dict[str
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from splitrt.cli.model import resolve_model
 
     token = read_token(args.token_file) if args.token_file is not None else None
     config = DeviceConfig(timeout_s=args.timeout_s, codec=args.codec, token=token, tls_ca_path=args.tls_ca,
                           upload=not args.no_upload)
     if args.count is not None or args.discover:
-        from splitrt.device.stream import run_stream
+        from splitrt.cli.stream import run_stream
 
         return run_stream(args, config)
     if not args.random and not args.input:
         raise InputError("expected --input FILE or --random, got neither")
-    with Device(resolve_model(args.model), args.cloud, config=config) as dev:
-        inputs = dev.random_inputs(args.seed) if args.random else _load_inputs(dev, args.input)
+    with Device(zoo.resolve(args.model), args.cloud, config=config) as dev:
+        inputs = dev.random_inputs(args.seed) if args.random else load_inputs(dev, args.input)
         cut, codec_spec = args.cut, args.codec
         plan_info: dict[str, Any] = {}
         if cut == "auto":

@@ -69,7 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.advertise:
         import socket
 
-        from splitrt.device.finder import ServerAdvertiser
+        from splitrt.cloud.advertise import ServerAdvertiser
 
         try:
             advertiser = ServerAdvertiser(server, name=args.advertise_name or socket.gethostname(),

@@ -256,7 +256,7 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
             raise ConfigError(f"{where}: key {key!r}: expected {TOP_KEYS[key][1]}, got {kw[key]!r}")
     if "api_workers" in kw and kw["api_workers"] < 1:
         raise ConfigError(f"{where}: key 'api_workers': expected an integer >= 1, got {kw['api_workers']!r}")
-    from splitrt.plan.controller import OBJECTIVES
+    from splitrt.plan.solver import OBJECTIVES
 
     if "objective" in kw and kw["objective"] not in OBJECTIVES:
         raise ConfigError(f"{where}: key 'objective': expected one of {', '.join(OBJECTIVES)}, "
@@ -359,10 +359,10 @@ class Daemon:
     """Build with a ``DaemonConfig``; ``start()`` opens the API and metrics; ``stop()`` drains."""
 
     def __init__(self, config: DaemonConfig, *, log_file: TextIO | None = None) -> None:
-        from splitrt.cli.model import resolve_model
         from splitrt.device.client import DeviceConfig, read_token
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
         from splitrt.graph import model as graph
+        from splitrt.graph import zoo
         from splitrt.plan.controller import ControllerConfig
         from splitrt.plan.costmodel import DEFAULT_POWER
         from splitrt.profile import boards
@@ -386,7 +386,7 @@ class Daemon:
         self.models: dict[str, _Model] = {}
         try:
             for mc in config.models:
-                mg = graph.load(resolve_model(mc.path))
+                mg = graph.load(zoo.resolve(mc.path))
                 table, source = select_cost_table(mg, profile_device=mc.profile_device_path,
                                                   profile_cloud=mc.profile_cloud_path, board=board)
                 log.info("model %s (%s): cost table from %s", mc.name, mg.sha256[:12], source)

@@ -1,5 +1,5 @@
-"""Discovery wiring: the cloud advertises itself (``ServerAdvertiser``), the device follows the
-clouds discovery finds and keeps an ``AdaptiveDevice``'s cloud list up to date (``CloudFinder``).
+"""Discovery wiring on the device: follow the clouds discovery finds and keep an ``AdaptiveDevice``'s
+cloud list up to date (``CloudFinder``; the cloud's side is ``splitrt.cloud.advertise``).
 
 ``CloudFinder(devices, static=[...])`` runs a ``discovery.Browser``; after every change it keeps the
 servers that advertise each device's model (sha256), ranks them with ``discovery.rank`` (probed RTT
@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from splitrt.errors import DiscoveryError
 from splitrt.transport.discovery import ServerInfo, rank
 
 log = logging.getLogger(__name__)
@@ -160,73 +159,3 @@ class CloudFinder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def local_addresses() -> list[str]:
-    """This host's (namespace's) non-loopback IPv4 addresses: what to advertise for a 0.0.0.0 server."""
-    import socket
-
-    import psutil
-
-    out = []
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.family == socket.AF_INET and not a.address.startswith("127."):
-                out.append(a.address)
-    return sorted(set(out))
-
-
-class ServerAdvertiser:
-    """Advertise a running ``CloudServer`` (``splitrt serve --advertise``) and keep its TXT fresh:
-    every ``every_s`` the load factor (``CloudServer.load_factor``) and the model list are read, and
-    re-announced when the model list changed, the load moved by more than 10 %, or ``refresh_s`` passed.
-    ``close()`` says goodbye (browsers drop the server at once): call it before draining the server."""
-
-    def __init__(self, server: Any, *, name: str, addresses: Sequence[str] | None = None,
-                 interfaces: Sequence[str] | None = None, ttl_s: int = 120, every_s: float = 2.0,
-                 refresh_s: float = 30.0) -> None:
-        from splitrt.transport.discovery import Advertiser
-
-        self.server = server
-        host = server.config.host
-        addrs = list(addresses or ([] if host in ("", "0.0.0.0", "::", "[::]") else [host]) or local_addresses())
-        if not addrs:
-            raise DiscoveryError("advertise: expected a non-loopback address to advertise, got none "
-                                 "(pass --advertise-address)")
-        self._models = server.model_hashes()
-        self._load = server.load_factor()
-        self._sent_s = time.monotonic()
-        self.refresh_s = refresh_s
-        self.advertiser = Advertiser(name, server.port, addrs, models=self._models, load=self._load,
-                                     interfaces=interfaces, ttl_s=ttl_s)
-        self.addresses = addrs
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(every_s,), name="splitrt-advertise", daemon=True)
-        self._thread.start()
-
-    @property
-    def name(self) -> str:
-        return self.advertiser.name
-
-    def refresh(self, *, force: bool = False) -> bool:
-        """Re-announce if something changed enough; True when it did."""
-        models = self.server.model_hashes()
-        load = self.server.load_factor()
-        stale = time.monotonic() - self._sent_s >= self.refresh_s
-        if not force and models == self._models and abs(load - self._load) <= 0.1 * self._load and not stale:
-            return False
-        self.advertiser.update(load=load, models=models)
-        self._models, self._load, self._sent_s = models, load, time.monotonic()
-        return True
-
-    def _loop(self, every_s: float) -> None:
-        while not self._stop.wait(every_s):
-            try:
-                self.refresh()
-            except Exception:  # a failed announcement is retried next round
-                log.exception("advertise: update failed")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-        self.advertiser.close()

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from splitrt.errors import ModelError
 
 SEED = 20261202
+BUILD_VERSION = 2
 _LIGHT = ("resnet50", "inception_v1", "inception_v2", "densenet121", "squeezenet", "shufflenet",
           "vgg19", "bvlc_alexnet", "zfnet512")
 _SMALL = ("tiny_chain", "multi_io", "branchy")
@@ -49,7 +50,9 @@ def cache_dir() -> Path:
     root = os.environ.get("SPLITRT_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "splitrt"
     )
-    return Path(root) / "zoo"
+    # Versioned: a cache written by an older builder must not pass for today's model (profiles are keyed
+    # by the model's sha256). Bump when a builder's output changes.
+    return Path(root) / "zoo" / f"v{BUILD_VERSION}"
 
 
 def get(name: str, out_path: str | Path | None = None) -> Path:

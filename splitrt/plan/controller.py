@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -74,6 +75,49 @@ class Decision:
     @staticmethod
     def from_json(line: str) -> Decision:
         return Decision(**json.loads(line))
+
+    def __str__(self) -> str:
+        """One compact line for logs and tables; ``Decision.parse`` reads it back exactly, e.g.
+        ``#3 t=1.5 c12@fp32 prev=c9@fp32 best=c12@fp32 switched bw=8.0 rtt=20.0 conf=0.9 dl=1.0 cl=1.0
+        up pred=23.1 obj=23.1 req=r3 reason='bandwidth 8.0 Mbit/s'``."""
+        words = [f"#{self.seq}", f"t={self.t_s!r}", self.plan, f"prev={self.previous or '-'}",
+                 f"best={self.best}", "switched" if self.switched else "held",
+                 f"bw={self.bandwidth_mbps!r}", f"rtt={self.rtt_ms!r}", f"conf={self.confidence!r}",
+                 f"dl={self.device_load!r}", f"cl={self.cloud_load!r}", "up" if self.cloud_available else "down",
+                 f"pred={self.predicted_ms!r}", f"obj={self.objective_value!r}"]
+        if self.actual_ms is not None:
+            words.append(f"actual={self.actual_ms!r}")
+        if self.fallback:
+            words.append("fallback")
+        if self.server is not None:
+            words.append(f"server={shlex.quote(self.server)}")
+        words += [f"req={shlex.quote(self.request)}", f"reason={shlex.quote(self.reason)}"]
+        if self.extra:
+            words.append(f"extra={shlex.quote(json.dumps(self.extra, sort_keys=True))}")
+        return " ".join(words)
+
+    @staticmethod
+    def parse(text: str) -> Decision:
+        """The inverse of ``str(decision)``; raises ``ConfigError`` naming the word it cannot read."""
+        try:
+            words = shlex.split(text)
+            seq = int(words[0].removeprefix("#"))
+            plan, flags = words[2], set(words)
+            kv = dict(w.split("=", 1) for w in words if "=" in w)
+            previous = kv["prev"]
+            return Decision(
+                seq=seq, t_s=float(kv["t"]), plan=plan, previous=None if previous == "-" else previous,
+                best=kv["best"], switched="switched" in flags, bandwidth_mbps=float(kv["bw"]),
+                rtt_ms=float(kv["rtt"]), confidence=float(kv["conf"]), device_load=float(kv["dl"]),
+                cloud_load=float(kv["cl"]), cloud_available="up" in flags, predicted_ms=float(kv["pred"]),
+                objective_value=float(kv["obj"]),
+                actual_ms=float(kv["actual"]) if "actual" in kv else None, fallback="fallback" in flags,
+                server=kv.get("server"), request=kv["req"], reason=kv["reason"],
+                extra=json.loads(kv["extra"]) if "extra" in kv else {},
+            )
+        except (IndexError, KeyError, ValueError) as exc:
+            raise ConfigError(f"decision: expected the form of str(Decision) ('#SEQ t=... PLAN prev=... "
+                              f"best=...'), got {text!r} ({exc!r})") from exc
 
 
 def _objective_value(plan: Plan, objective: str) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -174,6 +175,22 @@ class CostTable:
         self._rtt_mask = self.sends.astype(np.float64)
         for arr in (self.head_ms, self.tail_ms, self.bytes, self.float_bytes, self.sent_bytes):
             arr.setflags(write=False)
+
+    def to_dict(self) -> dict[str, object]:
+        """The table's inputs as plain JSON values (a recorded decision log replays against them)."""
+        return {"ids": list(self.ids), "head_ms": self.head_ms.tolist(), "tail_ms": self.tail_ms.tolist(),
+                "bytes": [int(b) for b in self.bytes], "float_bytes": [int(b) for b in self.float_bytes],
+                "reply_bytes": self.reply_bytes,
+                "codecs": {c: float(r) for c, r in zip(self.codecs, self.codec_ratios, strict=True)}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CostTable:
+        """The inverse of ``to_dict``; ``PlanError`` names a missing key."""
+        try:
+            return cls(ids=data["ids"], head_ms=data["head_ms"], tail_ms=data["tail_ms"], bytes=data["bytes"],
+                       float_bytes=data["float_bytes"], reply_bytes=data["reply_bytes"], codecs=data["codecs"])
+        except KeyError as exc:
+            raise PlanError(f"cost table: expected key {exc.args[0]!r}, got keys {sorted(data)}") from exc
 
     @staticmethod
     def _vector(name: str, values: object, n: int) -> FloatArray:

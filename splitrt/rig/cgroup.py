@@ -7,7 +7,7 @@ the unified hierarchy, with ``+cpu`` enabled in the parent's ``cgroup.subtree_co
 ``CpuThrottle(name, cpu_fraction)`` creates ``spl-<name>`` (``name`` may already carry the prefix),
 ``add_pid(pid)`` moves a process into it (children it forks later follow it); on exit the remaining
 processes move back to the root cgroup and the directory is removed. The owner is recorded like the
-namespaces' (``splitrt.rig.netns``) so ``netns.cleanup_leftovers`` removes cgroups of crashed runs.
+namespaces' (``splitrt.rig.owners``) so ``netns.cleanup_leftovers`` removes cgroups of crashed runs.
 A ``cpu_fraction`` of 2.0 means two full CPUs.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from splitrt.errors import RigError
-from splitrt.rig import netns
+from splitrt.rig import owners
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
@@ -79,7 +79,7 @@ def _remove_dir(h: Hierarchy, d: Path) -> None:
 
 
 def cgroup_name(name: str) -> str:
-    full = name if name.startswith(netns.PREFIX) else f"{netns.PREFIX}{name}"
+    full = name if name.startswith(owners.PREFIX) else f"{owners.PREFIX}{name}"
     if "/" in full or len(full) > 60:
         raise RigError(f"cgroup name must be one path component of at most 60 chars, got {full!r}")
     return full
@@ -118,7 +118,7 @@ class CpuThrottle:
             sc = h.root / "cgroup.subtree_control"
             if "cpu" not in sc.read_text().split():
                 _write(sc, "+cpu")
-        netns.record_owner(self.name)
+        owners.record_owner(self.name)
         self.path = h.root / self.name
         try:
             self.path.mkdir(exist_ok=True)
@@ -150,7 +150,7 @@ class CpuThrottle:
     def close(self) -> None:
         if self.path is not None and self.hierarchy is not None:
             _remove_dir(self.hierarchy, self.path)
-            netns.forget_owner(self.name)
+            owners.forget_owner(self.name)
             self.path = None
 
     def _opened(self) -> tuple[Hierarchy, Path]:
@@ -159,7 +159,7 @@ class CpuThrottle:
         return self.hierarchy, self.path
 
 
-def cleanup_cgroups(prefix: str = netns.PREFIX, *, include_live: bool = False) -> list[str]:
+def cleanup_cgroups(prefix: str = owners.PREFIX, *, include_live: bool = False) -> list[str]:
     """Remove ``prefix*`` cgroups whose owner is dead; returns ``cgroup:PATH`` for each one removed."""
     try:
         h = detect()
@@ -167,8 +167,8 @@ def cleanup_cgroups(prefix: str = netns.PREFIX, *, include_live: bool = False) -
         return []
     removed = []
     for d in sorted(h.root.glob(f"{prefix}*")):
-        if d.is_dir() and (include_live or not netns.owner_alive(d.name)):
+        if d.is_dir() and (include_live or not owners.owner_alive(d.name)):
             _remove_dir(h, d)
-            netns.forget_owner(d.name)
+            owners.forget_owner(d.name)
             removed.append(f"cgroup:{d}")
     return removed

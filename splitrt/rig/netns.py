@@ -50,9 +50,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from splitrt.errors import RigError
+from splitrt.rig import cgroup
+from splitrt.rig.owners import OWNERS_DIR, PREFIX, forget_owner, owner_alive, record_owner
 
-PREFIX = "spl-"
-OWNERS_DIR = Path("/run/splitrt/owners")
 NETNS_DIR = Path("/run/netns")
 _NAME_RE = re.compile(r"^spl-[a-z0-9][a-z0-9-]{0,30}$")
 _CLONE_NEWNET = 0x40000000
@@ -91,39 +91,6 @@ def subnet_for(prefix: str) -> str:
     """``10.213.<k>`` with ``k`` in 1..254 derived from the prefix (stable across runs)."""
     k = zlib.crc32(prefix.encode()) % 254 + 1
     return f"{SUBNET_BASE}.{k}"
-
-
-# ---------------------------------------------------------------------------------------------- owners
-
-def _proc_start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22 (starttime); the command name (field 2) may hold spaces, so split after its ')'.
-    rest = stat.rsplit(")", 1)[1].split()
-    return int(rest[19])
-
-
-def record_owner(name: str, pid: int | None = None) -> None:
-    """Record that the (current) process owns resource ``name`` (a namespace or cgroup name)."""
-    pid = os.getpid() if pid is None else pid
-    OWNERS_DIR.mkdir(parents=True, exist_ok=True)
-    (OWNERS_DIR / name).write_text(f"{pid} {_proc_start_ticks(pid)}\n")
-
-
-def forget_owner(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (OWNERS_DIR / name).unlink()
-
-
-def owner_alive(name: str) -> bool:
-    """True when ``name`` has an owner record whose process still runs (same pid AND start time)."""
-    try:
-        pid_s, ticks_s = (OWNERS_DIR / name).read_text().split()
-    except (OSError, ValueError):
-        return False
-    return str(_proc_start_ticks(int(pid_s))) == ticks_s
 
 
 # ---------------------------------------------------------------------------------------------- setns
@@ -428,8 +395,6 @@ def cleanup_leftovers(prefix: str = PREFIX, *, include_live: bool = False) -> li
                 run_cmd(["ip", "link", "delete", dev], check=False)
                 forget_owner(dev)
                 removed.append(f"link:{dev}")
-    from splitrt.rig import cgroup  # local import: cgroup imports this module for ownership records
-
     removed += cgroup.cleanup_cgroups(prefix, include_live=include_live)
     # Owner records whose resource is gone already.
     if OWNERS_DIR.is_dir():

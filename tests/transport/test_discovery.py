@@ -1,6 +1,6 @@
 """Discovery: pure TXT/rank tests anywhere; real zeroconf only between network namespaces (root).
 
-The namespace tests run ``python -m splitrt.transport.discovery advertise|browse`` as separate processes in
+The namespace tests run ``python -m splitrt.cli.discover advertise|browse`` as separate processes in
 separate namespaces of one bridged LAN (``splitrt.rig.netns.make_lan``): never on the host's interfaces.
 """
 
@@ -134,13 +134,13 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create 
 
 
 class Peer:
-    """A ``python -m splitrt.transport.discovery`` process in a namespace; collects its JSON stdout lines."""
+    """A ``python -m splitrt.cli.discover`` process in a namespace; collects its JSON stdout lines."""
 
     def __init__(self, host: Any, *args: str) -> None:
         self.kind = args[0]
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
         self.proc: subprocess.Popen[str] = host.popen(
-            [sys.executable, "-m", "splitrt.transport.discovery", *args],
+            [sys.executable, "-m", "splitrt.cli.discover", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -273,7 +273,7 @@ def test_browser_finds_advertiser_with_address_port_and_txt(lan: Any) -> None:
         assert s["version"] == __import__("splitrt").__version__
         assert set(line["servers"]) == {"cloud-a"}
         # the one-shot command lists it too, as JSON and as a table
-        argv = [sys.executable, "-m", "splitrt.transport.discovery", "discover", "--timeout-s", "1.5"]
+        argv = [sys.executable, "-m", "splitrt.cli.discover", "discover", "--timeout-s", "1.5"]
         listed = json.loads(h0.run([*argv, "--json", "--interface", h0.ip]).stdout)
         assert listed["cloud-a"]["address"] == f"{h1.ip}:50051"
         table = h0.run([*argv, "--interface", h0.ip]).stdout.splitlines()

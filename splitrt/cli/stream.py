@@ -34,11 +34,11 @@ def _policy(args: argparse.Namespace, mg: Any, table: Any) -> str:
 
 
 def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
-    from splitrt.cli.model import resolve_model
-    from splitrt.cli.run import _load_inputs
+    from splitrt.cli.inputs import load_inputs
     from splitrt.device.daemon import select_cost_table
     from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
     from splitrt.graph import model as graph
+    from splitrt.graph import zoo
     from splitrt.plan.controller import ControllerConfig
     from splitrt.plan.costmodel import DEFAULT_POWER
     from splitrt.profile import boards
@@ -48,7 +48,7 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
         raise ConfigError(f"--count: expected >= 1, got {count}")
     if args.rate is not None and not args.rate > 0:
         raise ConfigError(f"--rate: expected > 0 Hz, got {args.rate}")
-    mg = graph.load(resolve_model(args.model))
+    mg = graph.load(zoo.resolve(args.model))
     board = boards.load_board(args.board) if args.board else None
     table, source = select_cost_table(mg, profile_device=args.device_profile, profile_cloud=args.cloud_profile,
                                       board=board)
@@ -70,7 +70,7 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
             print(f"splitrt run: discovery: clouds {clouds}" if found else
                   f"splitrt run: discovery: no cloud within {args.discover_wait_s:g} s; starting (device-only "
                   "until one appears)", file=sys.stderr)
-        inputs = dev.local.random_inputs(args.seed) if (args.random or not args.input) else _load_inputs(
+        inputs = dev.local.random_inputs(args.seed) if (args.random or not args.input) else load_inputs(
             dev.local, args.input)
         reference = dev.local.run_local(inputs) if args.verify else None
         rows, summary = _stream(dev, inputs, count, args, reference)

@@ -1,0 +1,237 @@
+"""The package map in HACKING.md holds in the code: imports point down the layers, no module imports
+itself back through others (no circles), the decision core stays pure, units stay small, and the
+public names users import are all still there."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "splitrt"
+
+# What each package may import (besides itself, the root package, errors, paths and _lazy).
+# Must match the table in HACKING.md (test_hacking_map_matches_the_rules checks it).
+ALLOWED: dict[str, set[str]] = {
+    "graph": set(),
+    "plan": set(),
+    "transport": set(),
+    "profile": {"graph", "plan"},
+    "cloud": {"graph", "plan", "profile", "transport"},
+    "device": {"graph", "plan", "profile", "transport"},
+    "rig": {"graph", "plan", "profile", "transport", "cloud", "device"},
+    "cli": {"graph", "plan", "profile", "transport", "cloud", "device", "rig"},
+}
+BASE = {"errors", "paths", "_lazy", "_moved", ""}
+# Libraries the pure core must not touch: sockets, sessions, processes, clocks, files.
+IMPURE = {"socket", "grpc", "onnxruntime", "onnx", "subprocess", "threading", "time", "os", "pathlib",
+          "psutil", "zeroconf", "io", "random", "asyncio", "concurrent", "logging", "datetime", "shutil"}
+MAX_FUNCTION_LINES = 120
+MAX_CLASS_LINES = 250
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield ".".join(parts), path
+
+
+def _is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    return (REPO / rel).with_suffix(".py").exists() or (REPO / rel / "__init__.py").exists()
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in node.body:
+                lines.update(range(sub.lineno, (sub.end_lineno or sub.lineno) + 1))
+    return lines
+
+
+def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import in the file, local imports included."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_lines(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if node.lineno in skip if hasattr(node, "lineno") else False:
+            continue
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                yield node.lineno, sub if _is_module(sub) else node.module
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_imports_point_down_the_layers() -> None:
+    wrong = []
+    for name, path in modules():
+        pkg = _package(name)
+        if pkg not in ALLOWED:
+            continue
+        for line, target in imports(path):
+            if not target.startswith("splitrt"):
+                continue
+            tpkg = _package(target)
+            if tpkg != pkg and tpkg not in BASE and tpkg not in ALLOWED[pkg]:
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {target} ({pkg} may import "
+                             f"{sorted(ALLOWED[pkg]) or 'nothing'} besides errors/paths)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_base_modules_import_no_package() -> None:
+    for base in ("errors", "paths", "_lazy"):
+        targets = [t for _, t in imports(PKG / f"{base}.py") if t.startswith("splitrt")]
+        assert targets == [], f"splitrt/{base}.py imports {targets}: it sits below every package"
+
+
+def test_no_import_circles() -> None:
+    graph: dict[str, set[str]] = {}
+    for name, path in modules():
+        graph[name] = {t for _, t in imports(path, runtime_only=True) if t.startswith("splitrt.") and t != name}
+    # Tarjan's strongly connected components.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_decision_core_is_pure() -> None:
+    wrong = []
+    for name, path in modules():
+        if _package(name) != "plan":
+            continue
+        for line, target in imports(path):
+            if target.split(".")[0] in IMPURE:
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {target}")
+        text = path.read_text()
+        for pat in (r"\bopen\(", r"\bmonotonic\(", r"\bperf_counter\(", r"\bsleep\("):
+            for m in re.finditer(pat, text):
+                wrong.append(f"{path.relative_to(REPO)}:{text[:m.start()].count(chr(10)) + 1} calls {m.group(0)}")
+    assert not wrong, "the plan package must stay pure (pass now_s and measurements in):\n" + "\n".join(wrong)
+
+
+def test_no_unit_over_the_size_limits() -> None:
+    long = []
+    for _, path in modules():
+        if "pb2" in path.name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > MAX_FUNCTION_LINES:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} def {node.name}: {size} lines")
+            if isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} class {node.name}: {size} lines")
+    assert not long, "\n".join(long)
+
+
+def test_hacking_map_matches_the_rules() -> None:
+    text = (REPO / "HACKING.md").read_text()
+    rows = dict(re.findall(r"^\| `splitrt\.(\w+)` \|[^|]*\| ([^|]*) \|$", text, flags=re.M))
+    assert set(rows) == set(ALLOWED), f"HACKING.md's package map lists {sorted(rows)}, code has {sorted(ALLOWED)}"
+    for pkg, cell in rows.items():
+        named = set(re.findall(r"`(\w+)`", cell))
+        assert named == ALLOWED[pkg], (f"HACKING.md says {pkg} may import {sorted(named)}; "
+                                       f"the rule is {sorted(ALLOWED[pkg])}")
+
+
+# The names users import (README, HACKING contracts, splitrt 0.1's flat modules). Removing one is an
+# API change: update this list only with a deprecation path.
+PUBLIC = {
+    "splitrt": ["Device", "SplitrtError", "__version__"],
+    "splitrt.errors": ["SplitrtError", "ModelError", "CutError", "PlanError", "ProfileError", "CodecError",
+                       "CloudError", "InputError", "ConfigError", "RigError", "DiscoveryError"],
+    "splitrt.graph": ["load", "ModelGraph", "TensorInfo", "Cut", "model_sha256", "split", "head_tail",
+                      "Segment", "SegmentCache", "zoo"],
+    "splitrt.plan": ["CostTable", "Conditions", "Link", "Power", "solve", "evaluate", "parse_plan", "Plan",
+                     "solve_chain", "Controller", "ControllerConfig", "Decision", "Policy", "parse_policy",
+                     "replay", "LinkEstimator", "LinkEstimate", "LoadEstimator", "LoadEstimate"],
+    "splitrt.profile": ["measure", "save_profile", "load_profile", "cost_table", "Profile", "flops_table",
+                        "load_board", "Board"],
+    "splitrt.transport": ["Codec", "encode", "decode", "Encoded"],
+    "splitrt.cloud": ["CloudServer", "ServerConfig", "tokens_from_file"],
+    "splitrt.device": ["Device", "DeviceConfig", "SplitResult", "HeadResult", "read_token", "AdaptiveDevice",
+                       "RuntimeConfig", "Outcome", "Daemon", "LocalClient", "load_config"],
+    "splitrt.rig": ["Rig", "RigConfig", "BenchConfig", "run_bench"],
+    "splitrt.cli": ["main"],
+    # 0.1's flat modules, through the compatibility aliases.
+    "splitrt.costmodel": ["CostTable", "Conditions", "Link"],
+    "splitrt.solver": ["solve", "evaluate", "parse_plan"],
+    "splitrt.netmon": ["LinkEstimator", "LoadEstimator"],
+    "splitrt.controller": ["Controller", "replay"],
+    "splitrt.profiler": ["measure", "cost_table"],
+    "splitrt.codec": ["encode", "decode"],
+    "splitrt.daemon": ["LocalClient", "Daemon"],
+    "splitrt.runtime": ["AdaptiveDevice"],
+    "splitrt.traces": ["load", "shipped"],
+    "splitrt.partition": ["split", "head_tail"],
+    "splitrt.zoo": ["get", "names"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_names_are_importable(module: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        mod = importlib.import_module(module)
+    missing = [n for n in PUBLIC[module] if not hasattr(mod, n)]
+    assert not missing, f"{module} lost public names {missing}"
+
+
+def test_flat_names_alias_the_package_modules_with_a_warning() -> None:
+    import sys
+
+    from splitrt.plan import costmodel
+
+    sys.modules.pop("splitrt.costmodel", None)  # an earlier test may have imported the alias
+    with pytest.warns(DeprecationWarning, match="splitrt.plan.costmodel"):
+        old = importlib.import_module("splitrt.costmodel")
+    assert old is costmodel

@@ -6,6 +6,9 @@ the cloud is unreachable, slow or failing it finishes the request locally *from 
 within the deadline. Failed clouds are retried with exponential backoff by a background prober,
 which also keeps the link estimate fresh with ``Probe`` RPCs when real transfers are stale.
 
+The background prober lives in ``prober`` and the clouds' health and backoff in ``clouds``; their
+public names (``slow_start_after_idle``, ``IDLE_WAIT_ROUNDS``) stay importable from here.
+
 Policies (the rig's strategies drive the same code): ``adaptive`` re-plans per request; ``periodic:S``
 re-plans every S seconds (REAP-style); ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ...).
 """
@@ -21,16 +24,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 import numpy as np
-import psutil
 
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
+from splitrt.device.clouds import Cloud, Clouds
+from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
 from splitrt.plan.solver import parse_plan
 
-IDLE_WAIT_ROUNDS = 8  # prober rounds a due probe waits for an idle link (2 s at the default interval)
+__all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,17 +75,6 @@ class Outcome:
     result: SplitResult
 
 
-@dataclass
-class _Cloud:
-    address: str
-    device: Device
-    up: bool = True
-    failures: int = 0
-    retry_at_s: float = 0.0
-    rtt_ms: float | None = None
-    last_error: str = ""
-
-
 class AdaptiveDevice:
     """Thread-safe: the daemon's API threads call ``infer`` concurrently."""
 
@@ -115,67 +108,23 @@ class AdaptiveDevice:
         self.clock = clock
         self.log = log
         self._lock = threading.RLock()
-        self._clouds: dict[str, _Cloud] = {}
+        self._clouds = Clouds(self.graph, self.device_config, backoff_initial_s=self.config.backoff_initial_s,
+                              backoff_max_s=self.config.backoff_max_s, lock=self._lock)
         self.set_clouds(clouds)
-        self._stop = threading.Event()
         self._warm_due = False
-        self._inflight = 0  # requests on the wire now: probes wait for an idle link
-        self._probe_waits = 0
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0}
         self.last_local_error = ""
-        pairs = self.config.bandwidth_probe_pairs
-        self._probe_pairs = slow_start_after_idle() if pairs is None else pairs
-        self._prober: threading.Thread | None = None
-        self._proc = psutil.Process()
-        psutil.cpu_percent(None)  # prime: the first call always returns 0
-        self._proc.cpu_percent(None)
+        self.prober = Prober(self, self._clouds, lock=self._lock, after_round=self._warm_if_due)
         if start_prober:
-            self._prober = threading.Thread(target=self._probe_loop, name="splitrt-prober", daemon=True)
-            self._prober.start()
+            self.prober.start()
 
     # -- clouds ------------------------------------------------------------------------------------
     def set_clouds(self, addresses: Sequence[str]) -> None:
         """Replace the known clouds (static list or discovery); order = preference."""
-        with self._lock:
-            keep = {a: self._clouds[a] for a in addresses if a in self._clouds}
-            for a in addresses:
-                if a not in keep:
-                    keep[a] = _Cloud(a, Device(self.graph, a, config=self.device_config))
-            for a, c in self._clouds.items():
-                if a not in keep:
-                    c.device.close()
-            self._clouds = dict(keep)
+        self._clouds.set(addresses)
 
     def clouds(self) -> list[dict[str, object]]:
-        with self._lock:
-            return [{"address": c.address, "up": c.up, "failures": c.failures, "rtt_ms": c.rtt_ms,
-                     "last_error": c.last_error} for c in self._clouds.values()]
-
-    def _live(self, now_s: float) -> list[_Cloud]:
-        """Clouds that are up, in the caller's order of preference (the finder ranks by RTT)."""
-        with self._lock:
-            return [c for c in self._clouds.values() if c.up]
-
-    def _mark_failed(self, cloud: _Cloud, now_s: float, exc: CloudError) -> None:
-        """A refused connection takes the cloud out at once; a slow answer only the second time in a
-        row (a slow link is not a dead cloud: the estimates already price it)."""
-        with self._lock:
-            cloud.failures += 1
-            cloud.last_error = f"{exc.code}: {exc}"
-            if exc.code != "UNAVAILABLE" and cloud.failures < 2 and cloud.up:
-                return
-            cloud.up = False
-            delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (cloud.failures - 1))
-            cloud.retry_at_s = now_s + delay
-            # A fresh channel on the next try (gRPC's own reconnect backoff grows to minutes). The old
-            # Device is not closed under requests that may still use it: it goes when they drop it.
-            cloud.device = Device(self.graph, cloud.address, config=self.device_config)
-
-    def _mark_up(self, cloud: _Cloud) -> None:
-        with self._lock:
-            cloud.up = True
-            cloud.failures = 0
-            cloud.last_error = ""
+        return self._clouds.snapshot()
 
     # -- planning ----------------------------------------------------------------------------------
     def _decide(self, now_s: float, request: str, cloud_available: bool) -> Decision:
@@ -193,7 +142,7 @@ class AdaptiveDevice:
         now = self.clock()
         deadline = deadline_ms or self.config.deadline_ms
         feeds = self.local.check_inputs(inputs)
-        live = self._live(now)
+        live = self._clouds.live()
         decision = self._decide(now, rid, cloud_available=bool(live))
         cut, codec = parse_plan(decision.plan, self.table.codecs[0])
         head = self.local.run_head(feeds, cut)
@@ -218,7 +167,7 @@ class AdaptiveDevice:
         return Outcome(request=rid, outputs=result.outputs, plan=decision.plan, latency_ms=latency,
                        fallback=fallback, server=server, decision=decision, result=result)
 
-    def _finish(self, head: HeadResult, cut: str, codec: str, live: list[_Cloud], t0: float,
+    def _finish(self, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
                 deadline_ms: float, now: float) -> tuple[SplitResult, str | None, bool]:
         if cut == DEVICE_CUT:
             return self.local.finish_locally(head), None, False
@@ -228,25 +177,20 @@ class AdaptiveDevice:
         for cloud in live:
             left_ms = deadline_ms - (time.perf_counter() - t0) * 1e3 - local_tail_ms
             timeout_ms = max(self.config.min_rpc_timeout_ms, left_ms)
-            with self._lock:
-                self._inflight += 1
-            try:
-                res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
-            except CloudError as exc:
-                self._mark_failed(cloud, self.clock(), exc)
-                continue
-            except (SplitrtError, ValueError) as exc:
-                # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
-                # us): this request finishes locally, the cloud stays up.
-                with self._lock:
-                    self.stats["local_errors"] += 1
-                    self.last_local_error = f"{type(exc).__name__}: {exc}"
-                break
-            finally:
-                with self._lock:
-                    self._inflight -= 1
-            with self._lock:
-                cloud.failures = 0  # "twice in a row" means in a row
+            with self._clouds.on_wire():
+                try:
+                    res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
+                except CloudError as exc:
+                    self._clouds.mark_failed(cloud, self.clock(), exc)
+                    continue
+                except (SplitrtError, ValueError) as exc:
+                    # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
+                    # us): this request finishes locally, the cloud stays up.
+                    with self._lock:
+                        self.stats["local_errors"] += 1
+                        self.last_local_error = f"{type(exc).__name__}: {exc}"
+                    break
+            self._clouds.answered(cloud)
             self._observe(res, cut)
             return res, cloud.address, False
         local = self.local.finish_locally(head)
@@ -275,79 +219,13 @@ class AdaptiveDevice:
 
     # -- background: probes, device load -----------------------------------------------------------
     def probe_once(self) -> None:
-        now = self.clock()
-        with self._lock:
-            clouds = list(self._clouds.values())
-        util = psutil.cpu_percent(None) / 100.0
-        # Our own share is not "load": subtract it (the same Process object, or cpu_percent reads 0).
-        own = self._proc.cpu_percent(None) / 100.0 / max(psutil.cpu_count() or 1, 1)
-        with self._lock:
-            self.load.add_device(now, other_util=min(1.0, max(0.0, util - own)))
-        for c in clouds:
-            if not c.up and now < c.retry_at_s:
-                continue
-            stale = self.link.needs_probe(now)
-            if c.up and not stale:
-                continue
-            # Probe an idle link only: an RTT probe queued behind a request's upload measures the queue
-            # (RTT estimates crept from 88 to 137 ms on an 80 ms link), and a bandwidth probe would
-            # slow the request down. The next round (prober_interval_s later) tries again.
-            # A link that is never idle (requests back to back) is probed all the same after
-            # IDLE_WAIT_ROUNDS rounds: a queued RTT sample beats none.
-            if c.up and self._inflight and self._probe_waits < IDLE_WAIT_ROUNDS:
-                self._probe_waits += 1
-                continue
-            self._probe_waits = 0
-            with self._lock:
-                self.link.probe_started(now)
-            # An RTT probe (tiny: the transfer time must not count as RTT) ...
-            try:
-                pr = c.device.probe(64, 64, timeout_s=self.config.probe_timeout_s)
-            except CloudError as exc:
-                self._mark_failed(c, now, exc)
-                continue
-            was_down = not c.up
-            self._mark_up(c)
-            with self._lock:
-                c.rtt_ms = pr.seconds * 1e3 if c.rtt_ms is None else 0.7 * c.rtt_ms + 0.3 * pr.seconds * 1e3
-                self.link.add_rtt(now, pr.seconds * 1e3)
-                rtt_s = self.link.estimate(now).rtt_ms / 1e3
-                # ... then a bandwidth probe whose transfer takes about twice the RTT at the current
-                # estimate: a probe much smaller than the bandwidth-delay product is RTT-dominated, and
-                # the few samples that pass the estimator's filter are the slow ones (a low estimate
-                # would then never recover).
-                up_bytes = self.link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=16 * 1024,
-                                                         hi=1024 * 1024)
-            if was_down or not self.link.needs_bandwidth_probe(now):
-                continue
-            timeout_s = max(self.config.probe_timeout_s, 4 * (up_bytes * 8 / 1e6 / max(
-                self.link.bandwidth_mbps(), 0.01) + rtt_s))
-            try:
-                # Two back to back: after an idle period TCP restarts from its initial window
-                # (slow start after idle), so the first probe's rate is that of a cold connection; the
-                # second runs on the window the first opened, as requests in a steady stream do.
-                pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
-                if self._probe_pairs and self._inflight == 0:
-                    pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
-            except CloudError as exc:
-                if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
-                    with self._lock:
-                        self.link.add_rate(self.clock(), max(1e-3, up_bytes * 8 / 1e6 / timeout_s))
-                else:
-                    self._mark_failed(c, now, exc)
-                continue
-            with self._lock:
-                self.link.add_transfer(self.clock(), pb.up_bytes + pb.down_bytes, pb.seconds)
+        """One prober round now (the rig and the tests drive it by hand with ``start_prober=False``)."""
+        self.prober.probe_once()
 
-    def _probe_loop(self) -> None:
-        while not self._stop.wait(self.config.prober_interval_s):
-            try:
-                self.probe_once()
-                if self._warm_due:
-                    self._warm_due = False
-                    self._warm(self.clock())
-            except Exception:  # the prober must never die; the next round tries again
-                continue
+    def _warm_if_due(self) -> None:
+        if self._warm_due:
+            self._warm_due = False
+            self._warm(self.clock())
 
     def status(self) -> dict[str, object]:
         now = self.clock()
@@ -362,27 +240,14 @@ class AdaptiveDevice:
             }
 
     def close(self) -> None:
-        self._stop.set()
-        if self._prober is not None:
-            self._prober.join(timeout=2.0)
-        with self._lock:
-            for c in self._clouds.values():
-                c.device.close()
+        self.prober.stop(timeout_s=2.0)
+        self._clouds.close()
 
     def __enter__(self) -> AdaptiveDevice:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def slow_start_after_idle(path: str = "/proc/sys/net/ipv4/tcp_slow_start_after_idle") -> bool:
-    """Whether this network namespace's TCP restarts an idle connection from its initial window."""
-    try:
-        with open(path) as f:
-            return f.read().strip() != "0"
-    except OSError:
-        return True  # unknown (not Linux, or /proc hidden): assume the default, restart
 
 
 def status_json(dev: AdaptiveDevice) -> str:

@@ -1,0 +1,32 @@
+"""What every part of the cloud server shares: the internal ``RpcFailure`` and the JSON-line event log.
+
+It sits below ``store``, ``tails``, ``servicer`` and ``server`` so that none of them has to import
+``server`` (which imports them all).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import grpc
+
+log = logging.getLogger("splitrt.cloud")
+
+
+class RpcFailure(Exception):
+    """Internal: a request fails with a gRPC status (mapped to abort or to a stream frame's error)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """One JSON line on the ``splitrt.cloud`` logger."""
+    if log.isEnabledFor(level):
+        record = {"ts": round(time.time(), 6), "event": event, **fields}
+        log.log(level, json.dumps(record, default=str))

@@ -1,0 +1,67 @@
+"""A request's tensors against what its tail expects: checked on arrival, decoded only in a worker slot.
+
+Checking reads only names, dtypes, shapes and the sizes they imply (nothing inflated or allocated), so
+a request is refused before it waits; decoding is left for when it holds a slot, which bounds the
+memory decoded inputs take to ``workers * max_decoded_bytes``.
+"""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+
+from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.tails import Tail
+from splitrt.errors import CodecError
+from splitrt.transport import codec, wire
+
+
+def check_inputs(request: wire.Framed, tail: Tail, max_decoded_bytes: int) -> int:
+    """Names, dtypes, shapes and decoded sizes of the request's tensors (RpcFailure if wrong);
+    returns the payload bytes. Symbolic dimensions accept any size, so the size cap is what bounds
+    the memory a request may claim."""
+    expected = {name: (dtype, shape) for name, dtype, shape in tail.inputs}
+    given = {t.name: t for t in request.tensors}
+    if len(given) != len(request.tensors) or set(given) != set(expected):
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"cut {request.header.cut_id!r}: expected tensors {sorted(expected)}, "
+                         f"got {[t.name for t in request.tensors]}")
+    nbytes = total = 0
+    cap = max_decoded_bytes
+    for name, (dtype, shape) in expected.items():
+        t = given[name]
+        got_shape = t.shape
+        if t.dtype != dtype:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"tensor {name!r}: expected dtype {dtype}, got {t.dtype or '(empty)'}")
+        if not wire.shape_matches(shape, got_shape):
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"tensor {name!r}: expected shape {wire.describe_shape(shape)}, "
+                             f"got {list(got_shape)}")
+        nbytes += t.nbytes
+        try:
+            need = codec.decoded_bytes(t)
+        except CodecError as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        total += need
+        if need > cap:
+            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"tensor {name!r}: shape {list(got_shape)} {t.dtype} ({t.codec}) decodes to "
+                             f"{need} bytes, expected at most {cap} (max_decoded_bytes)")
+    if total > cap:
+        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"cut {request.header.cut_id!r}: tensors decode to {total} bytes in total, "
+                         f"expected at most {cap} (max_decoded_bytes)")
+    return nbytes
+
+
+def decode_inputs(request: wire.Framed, max_decoded_bytes: int) -> dict[str, np.ndarray]:
+    """The request's tensors decoded (after ``check_inputs``); raw/fp32 ones are views of the
+    received bytes."""
+    feeds: dict[str, np.ndarray] = {}
+    for t in request.tensors:
+        try:
+            feeds[t.name] = codec.decode(t, max_bytes=max_decoded_bytes)
+        except CodecError as exc:
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+    return feeds

@@ -1,0 +1,108 @@
+"""The ``SplitInference`` gRPC methods: Infer, InferStream, Probe, Status and PutModel, and how a failed
+request becomes a gRPC status (an abort, or an error in the stream's reply frame).
+
+``Servicer`` holds no state of its own: every method calls its backend (the ``CloudServer``, looked
+up per call so that hooks set on the server apply). Its methods take what gRPC passes them and can be
+called directly, without a gRPC server, e.g. by an in-process transport:
+``CloudServer(config).servicer.Infer(wire.Framed(...), context)``, where ``context`` needs what
+``grpc.ServicerContext`` offers here: ``time_remaining()`` (Infer, InferStream) and ``abort(code,
+message)``, which must raise (Infer, Probe, PutModel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import grpc
+
+from splitrt.cloud.common import RpcFailure
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport import wire
+
+if TYPE_CHECKING:
+    from splitrt.cloud.server import ServerConfig
+
+
+class Backend(Protocol):
+    """What the servicer needs of the server (``CloudServer`` is one)."""
+
+    config: ServerConfig
+
+    def load(self) -> pb.Load: ...
+
+    def infer(self, request: wire.Framed, time_remaining_s: float | None) -> wire.Framed: ...
+
+    def status(self) -> pb.StatusReply: ...
+
+    def put_model(self, chunks: Iterator[pb.ModelChunk]) -> pb.PutModelReply: ...
+
+
+class Servicer:
+    """SplitInference (registered on a gRPC server by ``add_servicer``)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def Infer(self, request: wire.Framed | wire.Malformed, context: grpc.ServicerContext) -> wire.Framed:
+        try:
+            if isinstance(request, wire.Malformed):
+                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Infer: {request.message}")
+            return self.backend.infer(request, context.time_remaining())
+        except RpcFailure as exc:
+            context.abort(exc.code, exc.message)
+            raise AssertionError("unreachable") from exc
+
+    def InferStream(self, request_iterator: Iterator[wire.Framed | wire.Malformed],
+                    context: grpc.ServicerContext) -> Iterator[wire.Framed | pb.InferReply]:
+        # A failed frame is answered in its reply frame: the stream and the requests after it go on.
+        for request in request_iterator:
+            if isinstance(request, wire.Malformed):  # the frame has no readable request_id
+                yield pb.InferReply(load=self.backend.load(), error=pb.Error(
+                    code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"))
+                continue
+            try:
+                yield self.backend.infer(request, context.time_remaining())
+            except RpcFailure as exc:
+                yield pb.InferReply(request_id=request.header.request_id, load=self.backend.load(),
+                                    error=pb.Error(code=exc.code.name, message=exc.message))
+
+    def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeReply:
+        n = int(request.reply_bytes)
+        limit = self.backend.config.max_message_bytes - 1024  # room for the reply's other fields
+        if n > limit:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"probe reply_bytes: expected at most {limit}, got {n}")
+        return pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+        return self.backend.status()
+
+    def PutModel(self, request_iterator: Iterator[pb.ModelChunk],
+                 context: grpc.ServicerContext) -> pb.PutModelReply:
+        try:
+            return self.backend.put_model(request_iterator)
+        except RpcFailure as exc:
+            context.abort(exc.code, exc.message)
+            raise AssertionError("unreachable") from exc
+
+
+def add_servicer(servicer: Servicer, server: grpc.Server) -> None:
+    """The generated ``add_SplitInferenceServicer_to_server``, but Infer and InferStream use the hand
+    framing of ``splitrt.transport.wire`` (same bytes on the wire, payloads never copied by protobuf)."""
+    framed: dict[str, Any] = {"request_deserializer": wire.lenient_deserializer(pb.InferRequest),
+                              "response_serializer": wire.serialize}
+
+    def stock(request: Any, reply: Any) -> dict[str, Any]:
+        return {"request_deserializer": request.FromString, "response_serializer": reply.SerializeToString}
+
+    handlers = {
+        "Infer": grpc.unary_unary_rpc_method_handler(servicer.Infer, **framed),
+        "InferStream": grpc.stream_stream_rpc_method_handler(servicer.InferStream, **framed),
+        "Probe": grpc.unary_unary_rpc_method_handler(servicer.Probe, **stock(pb.ProbeRequest, pb.ProbeReply)),
+        "Status": grpc.unary_unary_rpc_method_handler(servicer.Status, **stock(pb.StatusRequest, pb.StatusReply)),
+        "PutModel": grpc.stream_unary_rpc_method_handler(servicer.PutModel,
+                                                         **stock(pb.ModelChunk, pb.PutModelReply)),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(wire.SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(wire.SERVICE_NAME, handlers)

@@ -1,0 +1,93 @@
+"""Tail sessions: the cloud's part of a model at a cut, built on first use and kept in an LRU."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.store import ModelStore
+from splitrt.errors import ConfigError, CutError
+from splitrt.transport import wire
+
+
+@dataclass
+class Tail:
+    """A ready tail session and what it expects."""
+
+    session: Any
+    inputs: list[tuple[str, str, tuple[int | str | None, ...]]]
+    outputs: list[str]
+    hits: int = 0
+
+
+class TailCache:
+    """LRU cache of tail sessions keyed by (model sha256, cut id); builds each key once."""
+
+    def __init__(self, store: ModelStore, capacity: int, intra_op_threads: int) -> None:
+        if capacity < 1:
+            raise ConfigError(f"segment_cache_size: expected >= 1, got {capacity}")
+        self.store = store
+        self.capacity = capacity
+        self.intra_op_threads = intra_op_threads
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
+        self._building: dict[tuple[str, str], threading.Lock] = {}
+
+    def get(self, sha256: str, cut_id: str) -> Tail:
+        key = (sha256, cut_id)
+        with self._lock:
+            tail = self._cache.get(key)
+            if tail is not None:
+                self._cache.move_to_end(key)
+                tail.hits += 1
+                return tail
+            build_lock = self._building.setdefault(key, threading.Lock())
+        with build_lock:
+            with self._lock:
+                tail = self._cache.get(key)
+            if tail is None:
+                tail = self._build(sha256, cut_id)
+            with self._lock:
+                self._cache[key] = tail
+                self._cache.move_to_end(key)
+                tail.hits += 1
+                while len(self._cache) > self.capacity:
+                    self._cache.popitem(last=False)
+                self._building.pop(key, None)
+            return tail
+
+    def _build(self, sha256: str, cut_id: str) -> Tail:
+        import onnxruntime as ort
+
+        from splitrt.graph import partition
+
+        graph = self.store.graph(sha256)
+        try:
+            segment = partition.split(graph, [cut_id])[-1]
+        except CutError as exc:
+            raise RpcFailure(grpc.StatusCode.NOT_FOUND,
+                             f"cut {cut_id!r} of model {sha256[:12]}: {exc}") from exc
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.intra_op_num_threads = self.intra_op_threads
+        try:
+            session = ort.InferenceSession(segment.model.SerializeToString(), opts,
+                                           providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise RpcFailure(grpc.StatusCode.INTERNAL,
+                             f"tail of model {sha256[:12]} at cut {cut_id!r} does not load: {exc}") from exc
+        inputs: list[tuple[str, str, tuple[int | str | None, ...]]] = [
+            (i.name, wire.ort_dtype(i.type), tuple(d if isinstance(d, int) else None for d in i.shape))
+            for i in session.get_inputs()]
+        outputs = [o.name for o in session.get_outputs()]
+        log_event("tail_built", model=sha256[:12], cut=cut_id, inputs=len(inputs))
+        return Tail(session=session, inputs=inputs, outputs=outputs)
+
+    def snapshot(self) -> list[tuple[str, str, int]]:
+        with self._lock:
+            return [(k[0], k[1], t.hits) for k, t in self._cache.items()]

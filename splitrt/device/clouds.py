@@ -1,0 +1,119 @@
+"""The adaptive runtime's clouds: the known ones in order of preference, their health and backoff."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from splitrt.device.client import Device, DeviceConfig
+from splitrt.errors import CloudError
+
+
+@dataclass
+class Cloud:
+    address: str
+    device: Device
+    up: bool = True
+    failures: int = 0
+    retry_at_s: float = 0.0
+    rtt_ms: float | None = None
+    last_error: str = ""
+
+
+class Clouds(Mapping[str, Cloud]):
+    """The known clouds by address, in order of preference, and the requests on the wire to them.
+
+    A refused connection marks a cloud down at once, a timeout only the second time in a row; a down
+    cloud is retried after an exponential backoff, on a fresh channel. Every change happens under the
+    runtime's lock (shared: the runtime reads clouds and estimators together under it).
+    """
+
+    def __init__(self, graph: Any, device_config: DeviceConfig, *, backoff_initial_s: float,
+                 backoff_max_s: float, lock: threading.RLock) -> None:
+        self.graph = graph
+        self.device_config = device_config
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._lock = lock
+        self._by_address: dict[str, Cloud] = {}
+        self.inflight = 0  # requests on the wire now: probes wait for an idle link
+
+    def __getitem__(self, address: str) -> Cloud:
+        return self._by_address[address]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_address)
+
+    def __len__(self) -> int:
+        return len(self._by_address)
+
+    def set(self, addresses: Sequence[str]) -> None:
+        """Replace the known clouds; a cloud kept keeps its channel and its health."""
+        with self._lock:
+            keep = {a: self._by_address[a] for a in addresses if a in self._by_address}
+            for a in addresses:
+                if a not in keep:
+                    keep[a] = Cloud(a, Device(self.graph, a, config=self.device_config))
+            for a, c in self._by_address.items():
+                if a not in keep:
+                    c.device.close()
+            self._by_address = dict(keep)
+
+    def snapshot(self) -> list[dict[str, object]]:
+        with self._lock:
+            return [{"address": c.address, "up": c.up, "failures": c.failures, "rtt_ms": c.rtt_ms,
+                     "last_error": c.last_error} for c in self._by_address.values()]
+
+    def all(self) -> list[Cloud]:
+        with self._lock:
+            return list(self._by_address.values())
+
+    def live(self) -> list[Cloud]:
+        """Clouds that are up, in the caller's order of preference (the finder ranks by RTT)."""
+        with self._lock:
+            return [c for c in self._by_address.values() if c.up]
+
+    def mark_failed(self, cloud: Cloud, now_s: float, exc: CloudError) -> None:
+        """A refused connection takes the cloud out at once; a slow answer only the second time in a
+        row (a slow link is not a dead cloud: the estimates already price it)."""
+        with self._lock:
+            cloud.failures += 1
+            cloud.last_error = f"{exc.code}: {exc}"
+            if exc.code != "UNAVAILABLE" and cloud.failures < 2 and cloud.up:
+                return
+            cloud.up = False
+            delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (cloud.failures - 1))
+            cloud.retry_at_s = now_s + delay
+            # A fresh channel on the next try (gRPC's own reconnect backoff grows to minutes). The old
+            # Device is not closed under requests that may still use it: it goes when they drop it.
+            cloud.device = Device(self.graph, cloud.address, config=self.device_config)
+
+    def mark_up(self, cloud: Cloud) -> None:
+        with self._lock:
+            cloud.up = True
+            cloud.failures = 0
+            cloud.last_error = ""
+
+    def answered(self, cloud: Cloud) -> None:
+        """A request came back: "twice in a row" counts from here."""
+        with self._lock:
+            cloud.failures = 0
+
+    @contextmanager
+    def on_wire(self) -> Iterator[None]:
+        """Count a request as on the wire while the block runs."""
+        with self._lock:
+            self.inflight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.inflight -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            for c in self._by_address.values():
+                c.device.close()

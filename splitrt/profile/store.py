@@ -1,0 +1,179 @@
+"""Profiles as data: the ``splitrt.profile/1`` dataclasses and their JSON files (write, read, check)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitrt.errors import ProfileError
+
+SCHEMA = "splitrt.profile/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CutProfile:
+    cut: str
+    head_ms: float
+    tail_ms: float
+    head_p90_ms: float
+    tail_p90_ms: float
+    bytes: int
+    float_bytes: int  # the float32 part of ``bytes``
+    head_mask: str  # hex bitset of head node indices
+    # what splitting here costs beyond one more run() call (head_ms + tail_ms = total_ms + run overhead +
+    # split_ms): writing out and reading back the crossing tensors, and, at a cut that separates a producer
+    # from the consumer onnxruntime fuses into it (e.g. Conv | Relu), the consumer run unfused in the tail
+    split_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeProfile:
+    index: int
+    name: str
+    op: str
+    kernel_ms: float  # median kernel time in the profiling run (0 when fused into another node)
+    ms: float  # effective time: segment wall time × kernel share
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentProfile:
+    start: str  # cut id the segment starts at
+    end: str  # cut id it ends at
+    median_ms: float
+    p90_ms: float
+    rss_mb: float  # RSS growth when its session was created and first run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    schema: str
+    model: dict[str, Any]  # name, sha256, nodes, flops
+    host: dict[str, Any]
+    runtime: dict[str, Any]  # onnxruntime version, provider, threads, runs, warmup, method
+    total_ms: float
+    total_p90_ms: float
+    peak_rss_mb: float
+    reply_bytes: int
+    cuts: tuple[CutProfile, ...]
+    nodes: tuple[NodeProfile, ...]
+    segments: tuple[SegmentProfile, ...]
+    created: str = ""
+    notes: str = ""
+    _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def sha256(self) -> str:
+        return str(self.model["sha256"])
+
+    @property
+    def cut_ids(self) -> tuple[str, ...]:
+        return tuple(c.cut for c in self.cuts)
+
+    def cut(self, cut_id: str) -> CutProfile:
+        if not self._index:
+            self._index.update({c.cut: i for i, c in enumerate(self.cuts)})
+        try:
+            return self.cuts[self._index[cut_id]]
+        except KeyError:
+            raise ProfileError(f"profile of {self.model.get('name')!r} has no cut {cut_id!r}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("_index", None)
+        return d
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n", encoding="utf-8")
+    tmp.replace(p)
+
+
+def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise ProfileError(f"{where}: missing key {key!r}")
+    return d[key]
+
+
+def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
+    """Read a profile; ``ProfileError`` if corrupt, of another schema, or (given ``sha256``) of another
+    model."""
+    p = Path(path)
+    data: dict[str, Any]
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProfileError(f"{p}: no such profile") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{p}: not a JSON profile ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ProfileError(f"{p}: expected a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if schema != SCHEMA:
+        raise ProfileError(f"{p}: expected schema {SCHEMA!r}, got {schema!r}")
+    where = str(p)
+    try:
+        model = _req(data, "model", where)
+        got_sha = str(_req(model, "sha256", where))
+        if sha256 is not None and got_sha != sha256:
+            raise ProfileError(
+                f"{p}: profile is for model {model.get('name')!r} with sha256 {got_sha[:12]}..., "
+                f"expected sha256 {sha256[:12]}... (profile the model you plan for)"
+            )
+        cuts = tuple(
+            CutProfile(
+                cut=str(c["cut"]),
+                head_ms=float(c["head_ms"]),
+                tail_ms=float(c["tail_ms"]),
+                head_p90_ms=float(c.get("head_p90_ms", c["head_ms"])),
+                tail_p90_ms=float(c.get("tail_p90_ms", c["tail_ms"])),
+                bytes=int(c["bytes"]),
+                float_bytes=int(c.get("float_bytes", c["bytes"])),
+                head_mask=str(c.get("head_mask", "")),
+                split_ms=float(c.get("split_ms", 0.0)),
+            )
+            for c in _req(data, "cuts", where)
+        )
+        nodes = tuple(NodeProfile(**n) for n in data.get("nodes", []))
+        segments = tuple(SegmentProfile(**s) for s in data.get("segments", []))
+        prof = Profile(
+            schema=SCHEMA,
+            model=dict(model),
+            host=dict(_req(data, "host", where)),
+            runtime=dict(_req(data, "runtime", where)),
+            total_ms=float(_req(data, "total_ms", where)),
+            total_p90_ms=float(data.get("total_p90_ms") or data["total_ms"]),
+            peak_rss_mb=float(data.get("peak_rss_mb", 0.0)),
+            reply_bytes=int(data.get("reply_bytes", 0)),
+            cuts=cuts,
+            nodes=nodes,
+            segments=segments,
+            created=str(data.get("created", "")),
+            notes=str(data.get("notes", "")),
+        )
+    except ProfileError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProfileError(f"{p}: corrupt profile ({type(exc).__name__}: {exc})") from exc
+    if not cuts:
+        raise ProfileError(f"{p}: profile lists no cuts")
+    for c in cuts:
+        values = (c.head_ms, c.tail_ms, c.bytes)
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ProfileError(f"{p}: cut {c.cut!r} has a negative or non-finite cost: {values}")
+    return prof
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

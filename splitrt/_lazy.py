@@ -4,6 +4,7 @@ onnxruntime until a name that needs them is used) and cannot create an import ci
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +18,8 @@ def exports(package: str, names: Mapping[str, str], *,
 
     def __getattr__(name: str) -> Any:
         where = names.get(name)
+        if where is None and not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}"):
+            where = ""  # a submodule (``from package import mod`` asks here before importing it)
         if where is None and legacy is not None and not name.startswith("_"):
             where = legacy
         if where is None:

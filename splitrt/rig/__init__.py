@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 _NAMES = {
     "BenchConfig": "bench", "run_bench": "bench", "Rig": "harness", "RigConfig": "harness",
     "bench": "", "cgroup": "", "harness": "", "netns": "", "shaper": "", "sim": "", "stats": "", "traces": "",
-    "worker": "",
+    "worker": "", "calibration": "", "cloudserver": "", "link": "", "loads": "", "models": "", "processes": "",
+    "quota": "", "tracespec": "",
+    "owners": "",  # listed, else `from splitrt.rig import owners` resolves through the legacy harness
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES, legacy="harness")

@@ -25,18 +25,9 @@ from typing import Any
 
 from splitrt.errors import ConfigError
 from splitrt.rig import traces
-from splitrt.rig.harness import (
-    DEFAULT_RTT_MS,
-    FAMILY_RTT_MS,
-    Calibration,
-    Rig,
-    cost_table_for,
-    family_median_mbps,
-    load_trace,
-    model_path_for,
-    profile_for,
-    trace_family,
-)
+from splitrt.rig.calibration import Calibration
+from splitrt.rig.harness import Rig
+from splitrt.rig.models import cost_table_for, model_path_for, profile_for
 from splitrt.rig.stats import (
     burst_intervals,
     energy_mj,
@@ -46,6 +37,7 @@ from splitrt.rig.stats import (
     plan_cut,
     summarize,
 )
+from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, family_median_mbps, load_trace, trace_family
 
 STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 LOADS = ("none", "device-burst", "cloud-busy")

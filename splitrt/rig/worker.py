@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from splitrt.plan.netmon import LoadEstimator
-from splitrt.rig.harness import cost_table_for
+from splitrt.rig.models import cost_table_for
 
 
 def _emit(msg: dict[str, Any]) -> None:

@@ -1,0 +1,88 @@
+"""The rig's cloud: one ``splitrt serve`` process on 127.0.0.1 (in the cloud namespace with the kernel
+link, in the host's with the userspace link) serving the models of the rig's models directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from splitrt.errors import RigError
+
+if TYPE_CHECKING:
+    from splitrt.rig import netns
+    from splitrt.rig.processes import Children
+
+CLOUD_PORT = 50051  # the server's port inside the cloud namespace (kernel link): the namespace is ours
+
+
+class CloudProcess:
+    """Starts, waits for and restarts the server; ``proc`` is the running one (None before ``start``)."""
+
+    def __init__(self, children: Children, models_dir: Path, *, workers: int,
+                 progress: Callable[[str], None]) -> None:
+        self.children = children
+        self.models_dir = models_dir
+        self.workers = workers
+        self.progress = progress
+        self.proc: subprocess.Popen[Any] | None = None
+        self.host: netns.Host | None = None
+        self.port = 0
+
+    def argv(self, host: str, port: int) -> list[str]:
+        return [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(self.models_dir), "--host", host,
+                "--port", str(port), "--workers", str(self.workers), "--log-level", "WARNING"]
+
+    def start(self, host: netns.Host | None, port: int) -> None:
+        """Serve on 127.0.0.1:``port`` inside ``host``'s namespace (None: this one); returns once it listens."""
+        self.host, self.port = host, port
+        self.proc = self.children.popen(self.argv("127.0.0.1", port), "cloud.log", host=host)
+        self.wait(host, port)
+
+    def wait(self, host: netns.Host | None, port: int, timeout_s: float = 60.0) -> None:
+        def probe() -> bool:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+            return False
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RigError(f"cloud server exited with code {self.proc.returncode}: "
+                               f"{(self.children.workdir / 'cloud.log').read_text()[-2000:]}")
+            ok = host.call(probe) if host is not None else probe()
+            if ok:
+                return
+            time.sleep(0.2)
+        raise RigError(f"cloud server did not listen on port {port} within {timeout_s:.0f} s")
+
+    def install_model(self, path: Path) -> Path:
+        """Put the model where the server serves it from; restarts the server if it is new (the server
+        lists only the models it found at start in its Status, which devices check first)."""
+        dst = self.copy_model(path)
+        if dst is not None and self.proc is not None:
+            self.progress(f"cloud: restarting to serve {path.name}")
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self.start(self.host, self.port)
+        return self.models_dir / path.name
+
+    def copy_model(self, path: Path) -> Path | None:
+        """The copy made, or None if the model was there already (hard link when on the same fs)."""
+        dst = self.models_dir / path.name
+        if dst.exists():
+            return None
+        try:
+            os.link(path, dst)
+        except OSError:
+            shutil.copyfile(path, dst)
+        return dst

@@ -1,0 +1,142 @@
+"""The rig's child processes: each started with its log in the rig's workdir and ``PR_SET_PDEATHSIG``
+(it dies with the rig, even a SIGKILLed one), tracked so the rig can end them all; and the JSON-line
+workers (``python -m splitrt.rig.worker``) the rig talks to over stdin/stdout."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from splitrt.errors import RigError
+
+if TYPE_CHECKING:
+    from splitrt.rig import netns
+
+
+def pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+    libc = ctypes.CDLL(None)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Children:
+    """Starts the rig's children (log ``workdir/<log_name>``) and ends them all, newest first."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen[Any]] = []
+
+    def popen(self, argv: list[str], log_name: str, host: netns.Host | None = None,
+              pipes: bool = False) -> subprocess.Popen[Any]:
+        """``argv`` in ``host``'s namespace (the current one if None); ``pipes``: text stdin/stdout
+        for a JSON-line worker, else stdout goes to the log too."""
+        log = open(self.workdir / log_name, "ab")  # noqa: SIM115 - owned by the child
+        kw: dict[str, Any] = {"stderr": log, "preexec_fn": pdeathsig, "env": {**os.environ, "PYTHONUNBUFFERED": "1"}}
+        if pipes:
+            kw.update(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        else:
+            kw.update(stdout=log, stdin=subprocess.DEVNULL)
+        try:
+            proc: subprocess.Popen[Any] = (host.popen(argv, **kw) if host is not None
+                                           else subprocess.Popen(argv, **kw))
+        except OSError as exc:
+            raise RigError(f"cannot start {' '.join(argv)}: {exc}") from exc
+        finally:
+            log.close()
+        self.procs.append(proc)
+        return proc
+
+    def terminate_all(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                with contextlib.suppress(OSError):
+                    p.terminate()
+                try:
+                    p.wait(3)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(3)
+
+
+class JsonWorker:
+    """A child speaking JSON lines on stdin/stdout; stdout events go to ``on_event``."""
+
+    def __init__(self, proc: subprocess.Popen[str], name: str) -> None:
+        self.proc = proc
+        self.name = name
+        self.on_event: Callable[[dict[str, Any]], None] | None = None
+        self._replies: list[dict[str, Any]] = []
+        self._cv = threading.Condition()
+        self._reader = threading.Thread(target=self._read, name=f"rig-{name}-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("event") == "progress":
+                if self.on_event is not None:
+                    self.on_event(msg)
+                continue
+            with self._cv:
+                self._replies.append(msg)
+                self._cv.notify_all()
+        with self._cv:
+            self._replies.append({"event": "eof"})
+            self._cv.notify_all()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise RigError(f"{self.name} worker is gone (exit code {self.proc.poll()})") from exc
+
+    def reply(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while not self._replies:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RigError(f"{self.name} worker did not answer within {timeout_s:.0f} s")
+                self._cv.wait(left)
+            msg = self._replies.pop(0)
+        if msg.get("event") == "eof":
+            raise RigError(f"{self.name} worker exited (code {self.proc.wait(5)}); see its log")
+        if msg.get("event") == "error":
+            raise RigError(f"{self.name} worker failed: {msg.get('message')}")
+        return msg
+
+    def call(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.send(msg)
+        return self.reply(timeout_s)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(RigError):
+                self.send({"cmd": "quit"})
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)

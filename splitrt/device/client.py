@@ -5,7 +5,8 @@ whole model, so any request can also be finished locally: ``run_head`` then ``se
 ``finish_locally`` (tail on this machine) — the controller uses the latter as the fallback when
 ``send`` raises ``CloudError``.
 
-One gRPC channel per ``Device`` (reused, with keep-alive pings); every call has a deadline
+The cloud is reached through a ``splitrt.transport.base.Transport``: by default a ``GrpcTransport``, one
+gRPC channel per ``Device`` (reused, with keep-alive pings); every call has a deadline
 (``DeviceConfig.timeout_s`` unless given). ``send(head, timeout_s=T)`` keeps the whole request, the
 cloud's model check included, within ``T``.
 
@@ -15,28 +16,29 @@ cloud lacks the model and allows uploads (and ``DeviceConfig.upload``), ``ensure
 with its own ``upload_timeout_s``; on the request path with a deadline (``send(..., timeout_s=T)``) the
 upload is never waited for: it starts in a background thread (one per cloud and model in this process)
 and the request fails at once with a retryable ``CloudError`` (``UNAVAILABLE``), so the caller finishes
-it locally and a later request finds the model there.
+it locally and a later request finds the model there (``splitrt.device.upload``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
+from splitrt.device.upload import ModelUploader
 from splitrt.errors import CloudError, CodecError, ConfigError, InputError
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+from splitrt.transport.base import Transport
+from splitrt.transport.grpc_transport import GrpcTransport
 
 DEVICE_CUT = "device"
 
@@ -142,12 +144,6 @@ class _CutSessions:
     tail: Any = None
 
 
-# Background uploads in flight, per (cloud address, model sha256): one at a time in this process, even
-# across Device objects (the runtime replaces a failed cloud's Device with a fresh one).
-_UPLOADS: dict[tuple[str, str], threading.Thread] = {}
-_UPLOADS_LOCK = threading.Lock()
-
-
 def _session(model: Any, threads: int) -> Any:
     import onnxruntime as ort
 
@@ -157,65 +153,95 @@ def _session(model: Any, threads: int) -> Any:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-class Device:
-    """A model on this device, optionally paired with a cloud at ``cloud`` ("host:port")."""
+def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """``inputs`` as arrays, or ``InputError`` naming the expected and actual name/dtype/shape."""
+    expected = {t.name: t for t in graph.inputs}
+    if set(inputs) != set(expected):
+        raise InputError(f"model {graph.path.name}: expected inputs {sorted(expected)}, got {sorted(inputs)}")
+    out: dict[str, np.ndarray] = {}
+    for name, info in expected.items():
+        arr = np.asarray(inputs[name])
+        if arr.dtype.name != info.dtype:
+            raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {arr.dtype.name}")
+        if info.shape is not None and not wire.shape_matches(tuple(info.shape), tuple(arr.shape)):
+            raise InputError(f"input {name!r}: expected shape {wire.describe_shape(tuple(info.shape))}, "
+                             f"got {list(arr.shape)}")
+        out[name] = arr
+    return out
 
-    def __init__(self, model: str | Path | Any, cloud: str | None = None, *,
-                 config: DeviceConfig | None = None) -> None:
-        from splitrt.graph import model as graph_mod
 
-        self.config = config or DeviceConfig()
-        self.graph = graph_mod.load(model) if isinstance(model, (str, Path)) else model
-        self.sha256: str = self.graph.sha256
-        self.cloud = cloud
+def random_inputs(graph: Any, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the right dtype and shape for ``graph`` (symbolic dimensions as 1)."""
+    rng = np.random.default_rng(seed)
+    result: dict[str, np.ndarray] = {}
+    for t in graph.inputs:
+        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in (t.shape or ()))
+        dt = np.dtype(t.dtype)
+        if dt.kind == "f":
+            result[t.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind == "b":
+            result[t.name] = rng.integers(0, 2, shape).astype(dt)
+        else:
+            result[t.name] = rng.integers(0, 10, shape).astype(dt)
+    return result
+
+
+def encode_request(head: HeadResult, spec: codec.Codec, *, sha256: str,
+                   output_codec: str) -> tuple[wire.Framed, int]:
+    """The ``InferRequest`` for ``head`` and its payload bytes (raw/fp32 payloads are views of the
+    head's arrays: the serializer copies them once)."""
+    header = pb.InferRequest(model_sha256=sha256, cut_id=head.cut_id, codec=str(spec),
+                             request_id=head.request_id, output_codec=output_codec)
+    tensors = [codec.encode(n, a, spec, copy=False) for n, a in head.crossing.items()]
+    return wire.Framed(header=header, tensors=tensors), sum(e.nbytes for e in tensors)
+
+
+def decode_reply(reply: wire.Framed, output_names: tuple[str, ...], *, max_bytes: int,
+                 cloud: str | None) -> tuple[dict[str, np.ndarray], int]:
+    """The outputs in ``reply`` (copied out of the message) and their payload bytes; ``DATA_LOSS`` when
+    they do not decode within ``max_bytes`` each or are not the model's outputs."""
+    try:
+        encoded = reply.tensors
+        outs = {e.name: codec.decode(e, max_bytes=max_bytes) for e in encoded}
+    except CodecError as exc:
+        raise CloudError(f"reply from {cloud} does not decode: {exc}", code="DATA_LOSS") from exc
+    if set(outs) != set(output_names):
+        raise CloudError(f"reply from {cloud}: expected outputs {sorted(output_names)}, "
+                         f"got {sorted(outs)}", code="DATA_LOSS")
+    return {n: np.array(outs[n]) for n in output_names}, sum(e.nbytes for e in encoded)
+
+
+def _frame_result(framed: wire.Framed, head: HeadResult, *, cut: str, spec: codec.Codec, bytes_up: int,
+                  t_sent: float,
+                  decode: Callable[[wire.Framed], tuple[dict[str, np.ndarray], int]]) -> SplitResult:
+    """One stream frame's result; a frame the cloud failed carries ``error`` (and no outputs)."""
+    reply = framed.header
+    common: dict[str, Any] = {
+        "cut_id": cut, "codec": str(spec), "where": "cloud", "request_id": head.request_id,
+        "head_ms": head.head_ms, "rpc_ms": (time.perf_counter() - t_sent) * 1e3, "tail_ms": reply.tail_ms,
+        "queue_ms": reply.queue_ms, "bytes_up": bytes_up, "load": wire.LoadInfo.from_proto(reply.load)}
+    if reply.error.code:
+        err = CloudError(f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
+                         code=reply.error.code, retryable=reply.error.code in wire.RETRYABLE_CODES)
+        return SplitResult(outputs={}, error=err, **common)
+    outputs, bytes_down = decode(framed)
+    total = head.head_ms + (time.perf_counter() - t_sent) * 1e3
+    return SplitResult(outputs=outputs, total_ms=total, bytes_down=bytes_down, **common)
+
+
+class _SessionCache:
+    """The model's onnxruntime sessions on this device: the whole model, and head/tail per cut (LRU of
+    ``session_cache_size`` cuts). Sessions are built on first use."""
+
+    def __init__(self, graph: Any, config: DeviceConfig) -> None:
+        self.graph = graph
+        self.threads = config.intra_op_threads
+        self.size = config.session_cache_size
         self._lock = threading.Lock()
         self._cuts: OrderedDict[str, _CutSessions] = OrderedDict()
         self._full: Any = None
-        self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.SplitInferenceStub | None = None
-        # Infer and InferStream with the hand framing of ``splitrt.transport.wire`` (set with the stub).
-        self._infer: Any = None
-        self._infer_stream: Any = None
-        self._model_checked = False
-        # A failed model check, re-raised until the monotonic time given.
-        self._check_failed: tuple[float, CloudError] | None = None
-        self.codec = codec.Codec.parse(self.config.codec)
-        self.output_names = tuple(t.name for t in self.graph.outputs)
 
-    # -- local ------------------------------------------------------------------------------------
-    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The inputs as arrays, or ``InputError`` naming the expected and actual name/dtype/shape."""
-        expected = {t.name: t for t in self.graph.inputs}
-        if set(inputs) != set(expected):
-            raise InputError(f"model {self.graph.path.name}: expected inputs {sorted(expected)}, "
-                             f"got {sorted(inputs)}")
-        out: dict[str, np.ndarray] = {}
-        for name, info in expected.items():
-            arr = np.asarray(inputs[name])
-            if arr.dtype.name != info.dtype:
-                raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {arr.dtype.name}")
-            if info.shape is not None and not wire.shape_matches(tuple(info.shape), tuple(arr.shape)):
-                raise InputError(f"input {name!r}: expected shape {wire.describe_shape(tuple(info.shape))}, "
-                                 f"got {list(arr.shape)}")
-            out[name] = arr
-        return out
-
-    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Inputs of the right dtype and shape (symbolic dimensions as 1)."""
-        rng = np.random.default_rng(seed)
-        result: dict[str, np.ndarray] = {}
-        for t in self.graph.inputs:
-            shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in (t.shape or ()))
-            dt = np.dtype(t.dtype)
-            if dt.kind == "f":
-                result[t.name] = rng.standard_normal(shape).astype(dt)
-            elif dt.kind == "b":
-                result[t.name] = rng.integers(0, 2, shape).astype(dt)
-            else:
-                result[t.name] = rng.integers(0, 10, shape).astype(dt)
-        return result
-
-    def _sessions(self, cut_id: str) -> _CutSessions:
+    def cut(self, cut_id: str) -> _CutSessions:
         with self._lock:
             cs = self._cuts.get(cut_id)
             if cs is not None:
@@ -229,39 +255,118 @@ class Device:
                           head_model=head.model, tail_model=tail.model)
         with self._lock:
             cs = self._cuts.setdefault(cut_id, cs)
-            while len(self._cuts) > self.config.session_cache_size:
+            while len(self._cuts) > self.size:
                 self._cuts.popitem(last=False)
         return cs
+
+    def full(self) -> Any:
+        if self._full is None:
+            self._full = _session(self.graph.model, self.threads)
+        return self._full
+
+    def head(self, cs: _CutSessions) -> Any:
+        if cs.head is None:
+            cs.head = _session(cs.head_model, self.threads)
+        return cs.head
+
+    def tail(self, cs: _CutSessions) -> Any:
+        if cs.tail is None:
+            cs.tail = _session(cs.tail_model, self.threads)
+        return cs.tail
+
+
+class _CloudLink:
+    """The transport to the cloud: the injected one, or a ``GrpcTransport`` to ``cloud`` built from the
+    config on first use (and again after ``close``). Shared by ``Device`` and its ``ModelUploader``
+    without a reference back to the ``Device``: a dropped ``Device`` (the runtime drops a failed cloud's)
+    is freed at once, and its channel with it."""
+
+    def __init__(self, cloud: str | None, config: DeviceConfig, transport: Transport | None) -> None:
+        self.cloud = transport.address if cloud is None and transport is not None else cloud
+        self.config = config
+        self._injected = transport
+        self._transport = transport
+        self._lock = threading.Lock()
+
+    def name(self) -> str:
+        return str(self.cloud)
+
+    def get(self) -> Transport:
+        link = self._transport
+        if link is not None:
+            return link
+        if not self.cloud:
+            raise ConfigError("no cloud: expected Device(model, 'host:port'), got none")
+        cfg = self.config
+        built = GrpcTransport(self.cloud, token=cfg.token, max_message_bytes=cfg.max_message_bytes,
+                              keepalive_s=cfg.keepalive_s, tls=cfg.tls, tls_ca_path=cfg.tls_ca_path,
+                              tls_server_name=cfg.tls_server_name)
+        with self._lock:
+            if self._transport is None:
+                self._transport = built
+            return self._transport
+
+    def close(self) -> None:
+        with self._lock:
+            link, self._transport = self._transport, self._injected
+        if link is not None:
+            link.close()
+
+
+class Device:
+    """A model on this device, optionally paired with a cloud at ``cloud`` ("host:port").
+
+    The cloud is reached through a ``Transport``: a ``GrpcTransport`` to ``cloud`` built on first use from
+    the config (TLS, token, message limits), or the one given as ``transport=`` (e.g. an
+    ``InProcessTransport`` in tests; ``cloud`` then defaults to its address).
+    """
+
+    def __init__(self, model: str | Path | Any, cloud: str | None = None, *,
+                 config: DeviceConfig | None = None, transport: Transport | None = None) -> None:
+        from splitrt.graph import model as graph_mod
+
+        self.config = config or DeviceConfig()
+        self.graph = graph_mod.load(model) if isinstance(model, (str, Path)) else model
+        self.sha256: str = self.graph.sha256
+        self._local = _SessionCache(self.graph, self.config)
+        self._cloud = _CloudLink(cloud, self.config, transport)
+        self._uploads = ModelUploader(path=Path(self.graph.path), sha256=self.sha256, config=self.config,
+                                      link=self._cloud.get, cloud=self._cloud.name)
+        self.codec = codec.Codec.parse(self.config.codec)
+        self.output_names = tuple(t.name for t in self.graph.outputs)
+
+    # -- local ------------------------------------------------------------------------------------
+    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The inputs as arrays, or ``InputError`` naming the expected and actual name/dtype/shape."""
+        return check_inputs(self.graph, inputs)
+
+    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs of the right dtype and shape (symbolic dimensions as 1)."""
+        return random_inputs(self.graph, seed)
 
     def run_local(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The whole model on this device (reference, and the last resort)."""
         feeds = self.check_inputs(inputs)
-        if self._full is None:
-            self._full = _session(self.graph.model, self.config.intra_op_threads)
-        values = self._full.run(list(self.output_names), feeds)
+        values = self._local.full().run(list(self.output_names), feeds)
         return dict(zip(self.output_names, values, strict=True))
 
     def run_head(self, inputs: Mapping[str, Any], cut: str) -> HeadResult:
         """Run the head of ``cut``; the result holds the tensors the tail needs."""
         feeds = self.check_inputs(inputs)
-        cs = self._sessions(cut)
+        cs = self._local.cut(cut)
         t0 = time.perf_counter()
         env: dict[str, np.ndarray] = dict(feeds)
         if cs.head_outputs:
-            if cs.head is None:
-                cs.head = _session(cs.head_model, self.config.intra_op_threads)
-            values = cs.head.run(list(cs.head_outputs), {n: feeds[n] for n in cs.head_inputs})
+            values = self._local.head(cs).run(list(cs.head_outputs), {n: feeds[n] for n in cs.head_inputs})
             env.update(zip(cs.head_outputs, values, strict=True))
         head_ms = (time.perf_counter() - t0) * 1e3
         return HeadResult(cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms)
 
     def finish_locally(self, head: HeadResult) -> SplitResult:
         """Run the tail of ``head.cut_id`` here: the fallback when the cloud cannot."""
-        cs = self._sessions(head.cut_id)
+        cs = self._local.cut(head.cut_id)
         t0 = time.perf_counter()
-        if cs.tail is None:
-            cs.tail = _session(cs.tail_model, self.config.intra_op_threads)
-        values = cs.tail.run(list(cs.tail_outputs), head.crossing)
+        values = self._local.tail(cs).run(list(cs.tail_outputs), head.crossing)
         tail_ms = (time.perf_counter() - t0) * 1e3
         outputs = dict(zip(cs.tail_outputs, values, strict=True))
         return SplitResult(outputs={n: outputs[n] for n in self.output_names}, cut_id=head.cut_id,
@@ -270,85 +375,46 @@ class Device:
 
     def warm(self, cut: str) -> None:
         """Build ``cut``'s head and tail sessions now, so switching to it later costs no session build."""
-        cs = self._sessions(cut)
-        if cs.head is None and cs.head_outputs:
-            cs.head = _session(cs.head_model, self.config.intra_op_threads)
-        if cs.tail is None:
-            cs.tail = _session(cs.tail_model, self.config.intra_op_threads)
+        cs = self._local.cut(cut)
+        if cs.head_outputs:
+            self._local.head(cs)
+        self._local.tail(cs)
 
     # -- cloud ------------------------------------------------------------------------------------
-    def _metadata(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.config.token}")] if self.config.token else []
+    @property
+    def cloud(self) -> str | None:
+        """The cloud's address ("host:port"); set it before the first call to pair a cloud-less Device."""
+        return self._cloud.cloud
+
+    @cloud.setter
+    def cloud(self, address: str | None) -> None:
+        self._cloud.cloud = address
+
+    def _link(self) -> Transport:
+        return self._cloud.get()
 
     def stub(self) -> pb_grpc.SplitInferenceStub:
-        if self._stub is not None:
-            return self._stub
-        if not self.cloud:
-            raise ConfigError("no cloud: expected Device(model, 'host:port'), got none")
-        cfg = self.config
-        options = wire.channel_options(cfg.max_message_bytes, cfg.keepalive_s)
-        if cfg.tls or cfg.tls_ca_path is not None:
-            root = Path(cfg.tls_ca_path).read_bytes() if cfg.tls_ca_path is not None else None
-            if cfg.tls_server_name:
-                options.append(("grpc.ssl_target_name_override", cfg.tls_server_name))
-            channel = grpc.secure_channel(self.cloud, grpc.ssl_channel_credentials(root), options)
-        else:
-            channel = grpc.insecure_channel(self.cloud, options)
-        with self._lock:
-            if self._stub is None:
-                self._channel = channel
-                framed: dict[str, Any] = {"request_serializer": wire.serialize,
-                                          "response_deserializer": wire.deserializer(pb.InferReply),
-                                          "_registered_method": True}
-                self._infer = channel.unary_unary(f"/{wire.SERVICE_NAME}/Infer", **framed)
-                self._infer_stream = channel.stream_stream(f"/{wire.SERVICE_NAME}/InferStream", **framed)
-                self._stub = pb_grpc.SplitInferenceStub(channel)
-            else:
-                channel.close()
-        assert self._stub is not None
-        return self._stub
+        """The generated gRPC stub on this device's channel (stock protobuf framing)."""
+        link = self._link()
+        if not isinstance(link, GrpcTransport):
+            raise ConfigError(f"stub: expected a gRPC transport, got {type(link).__name__}")
+        return link.stub()
 
     def status(self, timeout_s: float | None = None) -> pb.StatusReply:
-        try:
-            return self.stub().Status(pb.StatusRequest(), timeout=timeout_s or self.config.timeout_s,
-                                      metadata=self._metadata())
-        except grpc.RpcError as exc:
-            raise wire.cloud_error(exc, f"status of {self.cloud}") from exc
+        return self._link().status(timeout_s=timeout_s or self.config.timeout_s)
 
     def probe(self, up_bytes: int, down_bytes: int, timeout_s: float | None = None) -> ProbeResult:
         """One echo of ``up_bytes`` up and ``down_bytes`` down (feed netmon with the result)."""
         req = pb.ProbeRequest(payload=bytes(up_bytes), reply_bytes=down_bytes)
         t0 = time.perf_counter()
-        try:
-            reply = self.stub().Probe(req, timeout=timeout_s or self.config.timeout_s,
-                                      metadata=self._metadata())
-        except grpc.RpcError as exc:
-            raise wire.cloud_error(exc, f"probe of {self.cloud}") from exc
+        reply = self._link().probe(req, timeout_s=timeout_s or self.config.timeout_s)
         seconds = time.perf_counter() - t0
         return ProbeResult(up_bytes=up_bytes, down_bytes=len(reply.payload), seconds=seconds,
                            load=wire.LoadInfo.from_proto(reply.load))
 
     def upload_model(self, timeout_s: float | None = None) -> pb.PutModelReply:
         """Stream the model file to the cloud (verified there by sha256)."""
-        data = Path(self.graph.path).read_bytes()
-        sha = hashlib.sha256(data).hexdigest()
-        if sha != self.sha256:
-            raise CloudError(f"model file {self.graph.path} changed: expected sha256 {self.sha256}, "
-                             f"got {sha}",
-                             code="FAILED_PRECONDITION")
-        step = self.config.upload_chunk_bytes
-
-        def chunks() -> Iterator[pb.ModelChunk]:
-            yield pb.ModelChunk(sha256=sha, name=Path(self.graph.path).name, total_bytes=len(data),
-                                data=data[:step])
-            for i in range(step, len(data), step):
-                yield pb.ModelChunk(data=data[i:i + step])
-
-        timeout = timeout_s or self.config.upload_timeout_s
-        try:
-            return self.stub().PutModel(chunks(), timeout=timeout, metadata=self._metadata())
-        except grpc.RpcError as exc:
-            raise wire.cloud_error(exc, f"upload of {self.graph.path} to {self.cloud}") from exc
+        return self._uploads.upload(timeout_s)
 
     def ensure_model(self, force: bool = False, *, timeout_s: float | None = None,
                      wait_upload: bool = True) -> None:
@@ -360,89 +426,28 @@ class Device:
         (``wait_upload``), or else in a background thread while this call raises a retryable
         ``UNAVAILABLE`` (the request path: no upload within a request's deadline).
         """
-        if self._model_checked and not force:
-            return
-        now = time.monotonic()
-        failed = self._check_failed
-        if failed is not None and now < failed[0] and not force:
-            raise CloudError(f"{failed[1]} (remembered for {failed[0] - now:.2f} s more)",
-                             code=failed[1].code, retryable=failed[1].retryable)
-        try:
-            self._ensure_model(timeout_s, wait_upload)
-        except CloudError as exc:
-            with self._lock:
-                self._check_failed = (time.monotonic() + self.config.check_backoff_s, exc)
-            raise
-        with self._lock:
-            self._model_checked = True
-            self._check_failed = None
-
-    def _ensure_model(self, timeout_s: float | None, wait_upload: bool) -> None:
-        st = self.status(timeout_s)
-        if any(m.sha256 == self.sha256 for m in st.models):
-            return
-        if not (self.config.upload and st.allow_upload):
-            why = "uploads disabled on this device" if not self.config.upload else "server refuses uploads"
-            raise CloudError(f"cloud {self.cloud} lacks model {self.sha256[:12]} "
-                             f"({self.graph.path}) and {why}", code="NOT_FOUND", retryable=False)
-        if wait_upload:
-            self.upload_model()
-            return
-        key = (str(self.cloud), self.sha256)
-        with _UPLOADS_LOCK:
-            running = _UPLOADS.get(key)
-            if running is None or not running.is_alive():
-                running = threading.Thread(target=self._background_upload, args=(key,), daemon=True,
-                                           name=f"splitrt-upload-{self.sha256[:8]}")
-                _UPLOADS[key] = running
-                running.start()
-        raise CloudError(f"cloud {self.cloud} lacks model {self.sha256[:12]} ({self.graph.path}): expected it "
-                         "there, got an upload in progress (in the background; retry later)",
-                         code="UNAVAILABLE", retryable=True)
-
-    def _background_upload(self, key: tuple[str, str]) -> None:
-        try:
-            self.upload_model()
-        except Exception as exc:  # CloudError, or the channel closed under us: the next check retries
-            with self._lock:
-                err = exc if isinstance(exc, CloudError) else CloudError(
-                    f"upload of {self.graph.path} to {self.cloud} failed: {exc}", code="UNAVAILABLE")
-                self._check_failed = (time.monotonic() + self.config.check_backoff_s, err)
-        else:
-            with self._lock:
-                self._check_failed = None
-                self._model_checked = True
-        finally:
-            with _UPLOADS_LOCK:
-                if _UPLOADS.get(key) is threading.current_thread():
-                    del _UPLOADS[key]
+        self._uploads.ensure(force, timeout_s=timeout_s, wait_upload=wait_upload)
 
     def upload_in_progress(self) -> bool:
         """True while a background upload of this model to this cloud runs (started by ``send``)."""
-        with _UPLOADS_LOCK:
-            t = _UPLOADS.get((str(self.cloud), self.sha256))
-        return t is not None and t.is_alive()
+        return self._uploads.in_progress()
+
+    @property
+    def _model_checked(self) -> bool:
+        # Tests set it to skip the check against servers without Status.
+        return self._uploads.checked
+
+    @_model_checked.setter
+    def _model_checked(self, value: bool) -> None:
+        self._uploads.checked = value
 
     def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[wire.Framed, int]:
-        """The ``InferRequest`` for ``head`` and its payload bytes (raw/fp32 payloads are views of the
-        head's arrays: the serializer copies them once)."""
-        header = pb.InferRequest(model_sha256=self.sha256, cut_id=head.cut_id, codec=str(spec),
-                                 request_id=head.request_id, output_codec=self.config.output_codec)
-        tensors = [codec.encode(n, a, spec, copy=False) for n, a in head.crossing.items()]
-        return wire.Framed(header=header, tensors=tensors), sum(e.nbytes for e in tensors)
+        return encode_request(head, spec, sha256=self.sha256, output_codec=self.config.output_codec)
 
     def _decode_reply(self, reply: wire.Framed) -> tuple[dict[str, np.ndarray], int]:
-        try:
-            encoded = reply.tensors
-            # The same decoded-size cap a server applies (a reply may claim any size under zlib).
-            cap = 4 * self.config.max_message_bytes
-            outs = {e.name: codec.decode(e, max_bytes=cap) for e in encoded}
-        except CodecError as exc:
-            raise CloudError(f"reply from {self.cloud} does not decode: {exc}", code="DATA_LOSS") from exc
-        if set(outs) != set(self.output_names):
-            raise CloudError(f"reply from {self.cloud}: expected outputs {sorted(self.output_names)}, "
-                             f"got {sorted(outs)}", code="DATA_LOSS")
-        return {n: np.array(outs[n]) for n in self.output_names}, sum(e.nbytes for e in encoded)
+        # The same decoded-size cap a server applies (a reply may claim any size under zlib).
+        return decode_reply(reply, self.output_names, max_bytes=4 * self.config.max_message_bytes,
+                            cloud=self.cloud)
 
     def send(self, head: HeadResult, *, codec_spec: str | codec.Codec | None = None,
              timeout_s: float | None = None) -> SplitResult:
@@ -471,23 +476,16 @@ class Device:
                 self.ensure_model(force, timeout_s=left(), wait_upload=False)
 
         check()
-        self.stub()
-        infer = self._infer
+        link = self._link()
         t2 = time.perf_counter()
         try:
-            reply = infer(request, timeout=left(), metadata=self._metadata())
-        except grpc.RpcError as exc:
-            err = wire.cloud_error(exc, f"infer {self.sha256[:12]}@{head.cut_id} on {self.cloud}")
-            if err.code == "NOT_FOUND" and "model sha256" in str(err) and self.config.upload:
-                self._model_checked = False  # the cloud lost the model (restart?): upload once more
-                check(force=True)
-                try:
-                    reply = infer(request, timeout=left(), metadata=self._metadata())
-                except grpc.RpcError as exc2:
-                    raise wire.cloud_error(exc2, f"infer {self.sha256[:12]}@{head.cut_id} "
-                                                 f"on {self.cloud}") from exc2
-            else:
-                raise err from exc
+            reply = link.infer(request, timeout_s=left())
+        except CloudError as err:
+            if not (err.code == "NOT_FOUND" and "model sha256" in str(err) and self.config.upload):
+                raise
+            self._model_checked = False  # the cloud lost the model (restart?): upload once more
+            check(force=True)
+            reply = link.infer(request, timeout_s=left())
         t3 = time.perf_counter()
         outputs, bytes_down = self._decode_reply(reply)
         t4 = time.perf_counter()
@@ -525,36 +523,13 @@ class Device:
                 pending.append((head, nbytes, time.perf_counter()))
                 yield req
 
-        self.stub()
-        try:
-            for framed in self._infer_stream(requests(), metadata=self._metadata()):
-                reply = framed.header
-                head, bytes_up, t_sent = pending.popleft()
-                t_got = time.perf_counter()
-                common: dict[str, Any] = {
-                    "cut_id": cut, "codec": str(spec), "where": "cloud", "request_id": head.request_id,
-                    "head_ms": head.head_ms, "rpc_ms": (t_got - t_sent) * 1e3, "tail_ms": reply.tail_ms,
-                    "queue_ms": reply.queue_ms, "bytes_up": bytes_up,
-                    "load": wire.LoadInfo.from_proto(reply.load)}
-                if reply.error.code:
-                    err = CloudError(f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
-                                     code=reply.error.code,
-                                     retryable=reply.error.code in wire.RETRYABLE_CODES)
-                    yield SplitResult(outputs={}, error=err, **common)
-                    continue
-                outputs, bytes_down = self._decode_reply(framed)
-                total = head.head_ms + (time.perf_counter() - t_sent) * 1e3
-                yield SplitResult(outputs=outputs, total_ms=total, bytes_down=bytes_down, **common)
-        except grpc.RpcError as exc:
-            raise wire.cloud_error(exc, f"stream {self.sha256[:12]}@{cut} on {self.cloud}") from exc
+        for framed in self._link().infer_stream(requests()):
+            head, bytes_up, t_sent = pending.popleft()
+            yield _frame_result(framed, head, cut=cut, spec=spec, bytes_up=bytes_up, t_sent=t_sent,
+                                decode=self._decode_reply)
 
     def close(self) -> None:
-        with self._lock:
-            if self._channel is not None:
-                self._channel.close()
-            self._channel = None
-            self._stub = None
-            self._infer = self._infer_stream = None
+        self._cloud.close()
 
     def __enter__(self) -> Device:
         return self

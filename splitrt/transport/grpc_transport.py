@@ -1,0 +1,148 @@
+"""``Transport`` over gRPC: one channel per cloud (reused, keep-alive pings), Infer and InferStream
+framed by hand (``wire.serialize`` / ``wire.deserializer``), the bearer token as metadata.
+
+The channel is opened on the first call (a TLS CA file is read then, not when the transport is built)
+and ``close()`` drops it: a later call opens a fresh one. gRPC errors become ``CloudError`` here and
+nowhere else (``_mapped``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+from splitrt.transport import wire
+from splitrt.transport.base import describe_infer, describe_upload
+
+
+@dataclass(frozen=True)
+class _Calls:
+    """An open channel and the callables on it."""
+
+    channel: grpc.Channel
+    stub: pb_grpc.SplitInferenceStub
+    infer: Any
+    infer_stream: Any
+
+
+@contextmanager
+def _mapped(what: Callable[[], str]) -> Iterator[None]:
+    """The boundary: a gRPC error becomes ``CloudError(code=<status name>, retryable=...)``; ``what`` is
+    called only on failure (a stream learns what it carries as it goes)."""
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise wire.cloud_error(exc, what()) from exc
+
+
+class GrpcTransport:
+    """The ``SplitInference`` service at ``address`` ("host:port"); implements ``Transport``.
+
+    TLS is on when ``tls`` or ``tls_ca_path`` is given (``tls_server_name`` overrides the name checked).
+    """
+
+    def __init__(self, address: str, *, token: str | None = None,
+                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, keepalive_s: float = 30.0,
+                 tls: bool = False, tls_ca_path: Path | None = None,
+                 tls_server_name: str | None = None) -> None:
+        self._address = address
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._max_message_bytes = max_message_bytes
+        self._keepalive_s = keepalive_s
+        self._tls = tls or tls_ca_path is not None
+        self._tls_ca_path = tls_ca_path
+        self._tls_server_name = tls_server_name
+        self._lock = threading.Lock()
+        self._live: _Calls | None = None
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    def _open(self) -> grpc.Channel:
+        options = wire.channel_options(self._max_message_bytes, self._keepalive_s)
+        if not self._tls:
+            return grpc.insecure_channel(self._address, options)
+        root = Path(self._tls_ca_path).read_bytes() if self._tls_ca_path is not None else None
+        if self._tls_server_name:
+            options.append(("grpc.ssl_target_name_override", self._tls_server_name))
+        return grpc.secure_channel(self._address, grpc.ssl_channel_credentials(root), options)
+
+    def _calls(self) -> _Calls:
+        live = self._live
+        if live is not None:
+            return live
+        # Built outside the lock (reading a CA file may block); a racing caller's channel is dropped.
+        channel = self._open()
+        with self._lock:
+            if self._live is None:
+                framed: dict[str, Any] = {"request_serializer": wire.serialize,
+                                          "response_deserializer": wire.deserializer(pb.InferReply),
+                                          "_registered_method": True}
+                self._live = _Calls(
+                    channel=channel, stub=pb_grpc.SplitInferenceStub(channel),
+                    infer=channel.unary_unary(f"/{wire.SERVICE_NAME}/Infer", **framed),
+                    infer_stream=channel.stream_stream(f"/{wire.SERVICE_NAME}/InferStream", **framed))
+            else:
+                channel.close()
+            return self._live
+
+    def stub(self) -> pb_grpc.SplitInferenceStub:
+        """The generated stub on the open channel (stock protobuf framing; for tools and tests)."""
+        return self._calls().stub
+
+    def infer(self, request: wire.Framed, *, timeout_s: float) -> wire.Framed:
+        with _mapped(lambda: describe_infer(request.header, self._address)):
+            reply: wire.Framed = self._calls().infer(request, timeout=timeout_s, metadata=self._metadata)
+        return reply
+
+    def infer_stream(self, requests: Iterable[wire.Framed], *,
+                     timeout_s: float | None = None) -> Iterator[wire.Framed]:
+        sent: list[Any] = [None]  # the last request's header, for the error message
+
+        def tap() -> Iterator[wire.Framed]:
+            for request in requests:
+                sent[0] = request.header
+                yield request
+
+        with _mapped(lambda: describe_infer(sent[0], self._address, stream=True)):
+            yield from self._calls().infer_stream(tap(), timeout=timeout_s, metadata=self._metadata)
+
+    def probe(self, request: pb.ProbeRequest, *, timeout_s: float) -> pb.ProbeReply:
+        with _mapped(lambda: f"probe of {self._address}"):
+            reply: pb.ProbeReply = self._calls().stub.Probe(request, timeout=timeout_s, metadata=self._metadata)
+        return reply
+
+    def status(self, *, timeout_s: float) -> pb.StatusReply:
+        with _mapped(lambda: f"status of {self._address}"):
+            reply: pb.StatusReply = self._calls().stub.Status(pb.StatusRequest(), timeout=timeout_s,
+                                                              metadata=self._metadata)
+        return reply
+
+    def put_model(self, chunks: Iterable[pb.ModelChunk], *, timeout_s: float) -> pb.PutModelReply:
+        first: list[pb.ModelChunk | None] = [None]  # names the model in the error message
+
+        def tap() -> Iterator[pb.ModelChunk]:
+            for chunk in chunks:
+                if first[0] is None:
+                    first[0] = chunk
+                yield chunk
+
+        with _mapped(lambda: describe_upload(first[0], self._address)):
+            reply: pb.PutModelReply = self._calls().stub.PutModel(tap(), timeout=timeout_s,
+                                                                  metadata=self._metadata)
+        return reply
+
+    def close(self) -> None:
+        with self._lock:
+            live, self._live = self._live, None
+        if live is not None:
+            live.channel.close()

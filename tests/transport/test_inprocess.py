@@ -23,12 +23,7 @@ CONFIG = DeviceConfig(intra_op_threads=1, timeout_s=10)
 
 def servicer_of(server: CloudServer) -> Any:
     """The server's SplitInference servicer, unstarted (no port bound)."""
-    found = getattr(server, "servicer", None)
-    if found is not None:
-        return found
-    from splitrt.cloud import server as server_mod  # older servers keep it private
-
-    return server_mod._Servicer(server)  # type: ignore[attr-defined]
+    return server.servicer
 
 
 @pytest.fixture(scope="module")

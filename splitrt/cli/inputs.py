@@ -1,13 +1,19 @@
-"""Input arrays from the command line: ``NAME=FILE.npy`` or ``FILE.npz`` (arrays keyed by input name)."""
+"""Inputs from the command line: the shapes a model is bound at (``--shape``, ``--dim``, ``--sample``)
+and input arrays (``NAME=FILE.npy`` or ``FILE.npz``, arrays keyed by input name)."""
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from splitrt.device.client import Device
 from splitrt.errors import InputError
+from splitrt.graph import model as graph
+from splitrt.graph import shapes, zoo
 
 
 def load_inputs(dev: Device, specs: list[str]) -> dict[str, np.ndarray]:
@@ -30,3 +36,25 @@ def load_inputs(dev: Device, specs: list[str]) -> dict[str, np.ndarray]:
             name = names[0]
         inputs[name] = loaded
     return inputs
+
+
+def add_shape_arguments(p: argparse.ArgumentParser) -> None:
+    """``--shape/--dim/--sample``: the input shapes every size and cost is computed at."""
+    g = p.add_argument_group("input shapes (models with free dims)")
+    g.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x640x640",
+                   help="bind an input's whole shape (repeatable)")
+    g.add_argument("--dim", action="append", default=[], metavar="SYMBOL=N",
+                   help="bind a named free dim everywhere it appears (repeatable)")
+    g.add_argument("--sample", default=None, metavar="FILE.npz",
+                   help="arrays keyed by input name: shapes AND values (for inputs that steer the graph)")
+
+
+def binding(args: argparse.Namespace) -> shapes.ShapeBinding:
+    return shapes.binding_from(getattr(args, "shape", ()) or (), getattr(args, "dim", ()) or (),
+                               getattr(args, "sample", None))
+
+
+def load_graph(args: argparse.Namespace, model: Any = None) -> graph.ModelGraph:
+    """The model named on the command line, every tensor sized at the bound shapes."""
+    path = zoo.resolve(model if model is not None else args.model)
+    return graph.load(path, binding(args), notice=lambda msg: print(f"splitrt: {msg}", file=sys.stderr))

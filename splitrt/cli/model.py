@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from splitrt.cli.inputs import add_shape_arguments, load_graph
 from splitrt.cli.tables import human_bytes, render
 from splitrt.graph import model as graph
 from splitrt.graph import partition, zoo
@@ -18,6 +19,7 @@ def register(sub: Any) -> None:
     p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--all", action="store_true", help="table: show every cut (default: single-tensor cuts)")
+    add_shape_arguments(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("split", help="write head/tail (or N-way chain) segments of a model")
@@ -26,6 +28,7 @@ def register(sub: Any) -> None:
                    help="cut id from `splitrt inspect`; repeat for a chain device -> edge -> cloud")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--json", action="store_true")
+    add_shape_arguments(p)
     p.set_defaults(func=cmd_split)
 
     p = sub.add_parser("zoo", help="test and demo models with seeded random weights")
@@ -48,6 +51,8 @@ def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:
             "inputs": [t.as_dict() for t in mg.inputs],
             "outputs": [t.as_dict() for t in mg.outputs],
             "flops": mg.flops,
+            "input_shapes": {k: list(v) for k, v in (mg.input_shapes or {}).items()},
+            "binding": mg.binding.as_dict() if mg.binding is not None else None,
         },
         "cuts": [c.as_dict() for c in mg.cuts()],
         "excluded": list(mg.excluded),
@@ -55,7 +60,7 @@ def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    mg = graph.load(zoo.resolve(args.model))
+    mg = load_graph(args)
     if args.json:
         json.dump(inspect_dict(mg), sys.stdout)
         sys.stdout.write("\n")
@@ -76,7 +81,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_split(args: argparse.Namespace) -> int:
-    mg = graph.load(zoo.resolve(args.model))
+    mg = load_graph(args)
     plan = partition.write_segments(mg, args.cut, args.out)
     if args.json:
         print(json.dumps(plan))

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from splitrt.cli.inputs import add_shape_arguments, binding, load_graph
 from splitrt.errors import ConfigError, PlanError
-from splitrt.graph import model as graph_mod
 from splitrt.plan import costmodel, solver
 from splitrt.profile import boards, profiler
 
@@ -27,6 +27,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
     p.add_argument("--segments", type=int, default=16, help="spans between anchor cuts timed directly (default 16)")
     p.add_argument("--provider", action="append", default=None, help="execution provider preference")
+    add_shape_arguments(p)
     p.set_defaults(func=_profile)
 
     q = subparsers.add_parser(
@@ -55,6 +56,7 @@ def register(subparsers: Any) -> None:
     q.add_argument("--sweep-max-mbps", type=float, default=1000.0)
     q.add_argument("--plot", default=None, help="with --sweep: write a PNG (needs matplotlib)")
     q.add_argument("--json", action="store_true")
+    add_shape_arguments(q)
     q.set_defaults(func=_plan)
 
 
@@ -74,6 +76,7 @@ def _profile(args: argparse.Namespace) -> int:
         segments=args.segments,
         providers=args.provider,
         name=Path(args.model).stem,
+        binding=binding(args),
     )
     profiler.save_profile(prof, args.out)
     print(f"wrote {args.out}: {len(prof.cuts)} cuts, whole model {prof.total_ms:.2f} ms", file=sys.stderr)
@@ -81,8 +84,7 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    path = _model_path(args.model)
-    g = graph_mod.load(path)
+    g = load_graph(args)
     device = profiler.load_profile(args.device, sha256=g.sha256)
     cloud = profiler.load_profile(args.cloud, sha256=g.sha256)
     power = costmodel.DEFAULT_POWER

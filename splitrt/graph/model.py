@@ -13,7 +13,7 @@ Heads are kept as Python ints used as bitsets over node indices: enumerating eve
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +22,8 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from splitrt.errors import CutError, ModelError
+from splitrt.graph import shapes
+from splitrt.graph.shapes import ShapeBinding
 
 MIN_OPSET = 9
 # Nodes never folded even when every input is constant: their result is not a function of the inputs.
@@ -34,16 +36,19 @@ _FOLD_MAX_ELEMENTS = 1 << 24
 class TensorInfo:
     """One tensor: numpy dtype name, shape (symbolic dims count as 1 for ``bytes``), size in bytes.
 
-    ``shape`` is ``None`` when shape inference could not tell; then ``bytes`` is -1.
+    ``shape`` is ``None`` when shape inference could not tell; then ``bytes`` is -1. ``source`` says
+    how the size was obtained (``static``, ``bound``, ``measured``: see ``splitrt.graph.shapes``).
     """
 
     name: str
     dtype: str
     shape: tuple[int | str, ...] | None
     bytes: int
+    source: str = "static"
 
     def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape or ()), "bytes": self.bytes}
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape or ()), "bytes": self.bytes,
+                "sized_by": self.source if self.bytes >= 0 else "unknown"}
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,12 @@ class ModelGraph:
     # Cuts left out of the candidates, with why (a crossing tensor of data-dependent size).
     excluded: list[str] = field(default_factory=list, repr=False)
     _by_id: dict[str, Cut] = field(default_factory=dict, repr=False)
+    # The shapes every size was computed at (None: unbound, free dims count as 1, data-dependent sizes
+    # unknown) and the binding they came from; and each tensor's shape as the model declares it
+    # (symbolic dims kept), which segments use so they stay shape-generic.
+    input_shapes: dict[str, tuple[int, ...]] | None = field(default=None, repr=False)
+    binding: ShapeBinding | None = field(default=None, repr=False)
+    generic: dict[str, tuple[int | str | None, ...] | None] = field(default_factory=dict, repr=False)
 
     @property
     def flops(self) -> float:
@@ -103,6 +114,14 @@ class ModelGraph:
     @property
     def initializer_names(self) -> set[str]:
         return {i.name for i in self.model.graph.initializer}
+
+    @property
+    def sized(self) -> bool:
+        """Every tensor a cut can send has a known size."""
+        return all(t.bytes >= 0 for c in self.cuts() for t in c.tensors)
+
+    def generic_shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        return self.generic.get(name, self.tensor(name).shape)
 
     def tensor(self, name: str) -> TensorInfo:
         try:
@@ -181,8 +200,13 @@ def model_sha256(path: Path, model: onnx.ModelProto | None = None) -> str:
     return h.hexdigest()
 
 
-def load(path: str | Path) -> ModelGraph:
-    """Load ``path``, normalise it and build its DAG. Raises ``ModelError`` naming file and cause."""
+def load(path: str | Path, binding: ShapeBinding | None = None, *,
+         notice: Callable[[str], None] | None = None) -> ModelGraph:
+    """Load ``path``, normalise it and build its DAG. Raises ``ModelError`` naming file and cause.
+
+    With a ``binding`` (``--shape/--dim/--sample``; an empty one binds only a leading free dim, to 1,
+    said through ``notice``) every tensor is sized at the bound input shapes; without one, free dims
+    count as 1 and data-dependent sizes stay unknown (enough for serving, not for planning)."""
     p = Path(path)
     if not p.exists():
         raise ModelError(f"{p}: no such file (expected an .onnx model file)")
@@ -202,10 +226,11 @@ def load(path: str | Path) -> ModelGraph:
         onnx.load_external_data_for_model(model, str(p.parent))
     except Exception as exc:
         raise ModelError(f"{p}: external data does not load: {_short(exc)}") from exc
-    return from_proto(model, path=p, sha256=sha)
+    return from_proto(model, path=p, sha256=sha, binding=binding, notice=notice)
 
 
-def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
+def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str, binding: ShapeBinding | None = None,
+               notice: Callable[[str], None] | None = None) -> ModelGraph:
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph nodes or outputs; truncated or other file?)")
     opset = _default_opset(model)
@@ -220,7 +245,36 @@ def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph
         model = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{path}: shape inference failed: {_short(exc)}") from exc
-    return _build(model, path=path, sha256=sha256)
+    mg = _build(model, path=path, sha256=sha256)
+    if binding is not None:
+        _bind(mg, binding, notice)
+    return mg
+
+
+def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] | None) -> None:
+    """Size every tensor at the bound input shapes; the model and its cuts do not change."""
+    g = mg.model.graph
+    name = mg.path.name
+    mg.binding = binding
+    mg.input_shapes = shapes.resolve(name, list(g.input), binding, notice=notice)
+    fully_static = all(t.bytes >= 0 and t.shape is not None and all(isinstance(d, int) for d in t.shape)
+                       for t in mg._tensors.values())
+    if fully_static and binding.sample is None:
+        return
+    generic = {k: (v if v is not None and all(isinstance(d, int) for d in v) else None)
+               for k, v in mg.generic.items()}
+    sized = shapes.size_tensors(mg.model, generic, mg.input_shapes, binding.sample,  # type: ignore[arg-type]
+                                model_name=name)
+    for t, info in sized.items():
+        if t in mg._tensors and t not in mg.initializer_names:
+            itemsize = np.dtype(info.dtype).itemsize if info.dtype not in ("unknown", "object") else -1
+            count = int(np.prod(info.shape, dtype=np.int64))
+            mg._tensors[t] = TensorInfo(t, info.dtype, info.shape, count * itemsize if itemsize > 0 else -1,
+                                        info.source)
+    mg.inputs = [mg._tensors[i.name] for i in g.input]
+    mg.outputs = [mg._tensors[o.name] for o in g.output]
+    mg.node_flops = [_flops(n, mg._tensors) for n in mg.nodes]
+    mg._cuts = None
 
 
 def _short(exc: BaseException) -> str:
@@ -436,7 +490,7 @@ def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo:
         return TensorInfo(vi.name, dtype, None, -1)
     dims: list[int | str] = []
     for d in tt.shape.dim:
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:  # paddle2onnx writes -1 for "free"
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param"):
             dims.append(d.dim_param)
@@ -445,6 +499,15 @@ def _tensor_info(vi: onnx.ValueInfoProto) -> TensorInfo:
     count = int(np.prod([d if isinstance(d, int) else 1 for d in dims], dtype=np.int64))
     itemsize = np.dtype(dtype).itemsize if dtype not in ("unknown", "object") else -1
     return TensorInfo(vi.name, dtype, tuple(dims), count * itemsize if itemsize > 0 else -1)
+
+
+def _declared(vi: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
+    """The shape as declared, rank kept: ints, symbols, None for an anonymous free dim."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
+                 else (d.dim_param or None) for d in tt.shape.dim)
 
 
 def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
@@ -476,7 +539,11 @@ def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
             consumers.setdefault(i, []).append(idx)
     for name in list(consumers) + list(producer):
         tensors.setdefault(name, TensorInfo(name, "unknown", None, -1))
+    generic: dict[str, tuple[int | str | None, ...] | None] = {k: t.shape for k, t in tensors.items()}
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        generic[vi.name] = _declared(vi)
     return ModelGraph(
+        generic=generic,
         path=path,
         sha256=sha256,
         model=model,
@@ -601,18 +668,10 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
     cuts: list[Cut] = []
     counter = 0
     for h in ordered:
+        # Every structural cut is a candidate, sized or not: ids depend on the model's bytes alone, so a
+        # device that bound shapes and a cloud that did not agree on them. A bound graph sizes every
+        # tensor (``_bind``); an unbound one may leave data-dependent sizes at -1 (``ModelGraph.sized``).
         infos = tuple(mg.tensor(t) for t in heads[h])
-        unknown = [t.name for t in infos if t.bytes < 0]
-        if h == 0 and unknown:
-            raise ModelError(
-                f"{mg.path}: cannot size the graph inputs {', '.join(unknown[:5])}: shape unknown "
-                "(expected static shapes or symbolic dims; run onnxruntime's symbolic shape inference first)"
-            )
-        if unknown and h != full:
-            # Bytes must be known to price a cut; a data-dependent size (NonZero, unknown rank) cannot
-            # be, so that cut is not a candidate. The model can still be cut everywhere else.
-            mg.excluded.append(f"cut after {h.bit_count()} nodes: size of {', '.join(unknown[:3])} unknown")
-            continue
         if h == 0:
             cid = "cloud"
         elif h == full:

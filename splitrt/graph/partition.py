@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -73,9 +74,12 @@ def head_tail(graph: ModelGraph, cut_id: str) -> tuple[Segment, Segment]:
 
 
 def _value_info(graph: ModelGraph, name: str) -> onnx.ValueInfoProto:
+    # The shape the model declares (symbolic dims kept), not the bound one: one segment pair serves
+    # every input shape the full model accepts.
     t = graph.tensor(name)
-    elem = helper.np_dtype_to_tensor_dtype(__import__("numpy").dtype(t.dtype))
-    return helper.make_tensor_value_info(name, elem, list(t.shape) if t.shape is not None else None)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype))
+    shape = graph.generic_shape(name)
+    return helper.make_tensor_value_info(name, elem, list(shape) if shape is not None else None)
 
 
 def _segment_model(
@@ -151,6 +155,9 @@ def write_segments(graph: ModelGraph, cut_ids: Sequence[str], out_dir: str | Pat
         "model": str(graph.path),
         "sha256": graph.sha256,
         "cuts": list(cut_ids),
+        # What the sizes were computed at; the segments themselves keep the model's free dims.
+        "binding": graph.binding.as_dict() if graph.binding is not None else None,
+        "input_shapes": {k: list(v) for k, v in (graph.input_shapes or {}).items()},
         "segments": [
             {"file": f"segment{s.index}.onnx", "inputs": list(s.inputs), "outputs": list(s.outputs),
              "nodes": s.node_count}

@@ -43,6 +43,8 @@ import numpy as np
 from splitrt.errors import ModelError as ModelError
 from splitrt.errors import ProfileError, SplitrtError
 from splitrt.graph import model as graph_mod
+from splitrt.graph import shapes
+from splitrt.graph.shapes import ShapeBinding
 from splitrt.plan.costmodel import CostTable as CostTable
 from splitrt.plan.mincut import Dag as Dag
 from splitrt.plan.mincut import DagTensor as DagTensor
@@ -83,6 +85,7 @@ def measure(
     feeds: Mapping[str, np.ndarray] | None = None,
     progress: Progress = stderr_progress,
     name: str | None = None,
+    binding: ShapeBinding | None = None,
 ) -> Profile:
     """Profile every candidate cut of ``model_path`` on this machine (anchored method, see module doc)."""
     from splitrt.graph import zoo
@@ -94,9 +97,14 @@ def measure(
     t_start = time.perf_counter()
     threads = threads or default_threads()
     provs = pick_providers(providers)
-    g = graph_mod.load(model_path)
+    g = graph_mod.load(model_path, binding, notice=progress)
     cuts = g.cuts()
-    inputs = dict(feeds) if feeds is not None else zoo.random_inputs(model_path)
+    if feeds is not None:
+        inputs = dict(feeds)
+    elif binding is not None and g.input_shapes is not None:
+        inputs = shapes.valid_inputs(list(g.model.graph.input), g.input_shapes, binding.sample)
+    else:
+        inputs = zoo.random_inputs(model_path)
     rss0 = rss_mb()
     peak = rss0
     progress(f"{Path(model_path).name}: {len(g.nodes)} nodes, {len(cuts)} cuts, provider {provs[0]}, {threads} threads")
@@ -124,6 +132,8 @@ def measure(
             "sha256": g.sha256,
             "nodes": len(g.nodes),
             "flops": g.flops,
+            **({"binding": binding.as_dict(), "input_shapes": {k: list(v) for k, v in g.input_shapes.items()}}
+               if binding is not None and g.input_shapes is not None else {}),
         },
         host=host_facts(),
         runtime={

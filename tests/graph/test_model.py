@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from splitrt.errors import CutError, ModelError, SplitrtError
 from splitrt.graph import model as graph
-from splitrt.graph import zoo
+from splitrt.graph import shapes, zoo
 
 
 def _save(m: onnx.ModelProto, path: Path) -> Path:
@@ -89,7 +89,7 @@ def test_old_opset_refused(tmp_path: Path) -> None:
         graph.load(_save(m, tmp_path / "old.onnx"))
 
 
-def test_unknown_shape_where_bytes_must_be_known(tmp_path: Path) -> None:
+def test_data_dependent_size_is_measured_once_shapes_are_bound(tmp_path: Path) -> None:
     # Reshape to a runtime-provided shape: the crossing tensor's size is unknowable statically.
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
@@ -103,11 +103,17 @@ def test_unknown_shape_where_bytes_must_be_known(tmp_path: Path) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "m"])],
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    mg = graph.load(_save(m, tmp_path / "dyn.onnx"))
-    # The cut that would send `s` cannot be priced: it is left out, and says why; the rest remain.
-    assert all("s" not in c.tensor_names for c in mg.cuts())
-    assert any("size of s unknown" in why for why in mg.excluded)
-    assert {"cloud", "c1", "device"} <= {c.id for c in mg.cuts()}
+    path = _save(m, tmp_path / "dyn.onnx")
+    unbound = graph.load(path)
+    # Every structural cut is kept (ids must not depend on sizing); unbound, the size of `s` is unknown.
+    cut_s = next(c for c in unbound.cuts() if c.tensor_names == ("s",))
+    assert cut_s.tensors[0].bytes == -1 and not unbound.sized
+    # Bound by a sample (the shape input's VALUE decides `s`): measured, and right.
+    sample = {"x": np.ones((2, 4), np.float32), "shape": np.array([4, 2], np.int64)}
+    bound = graph.load(path, shapes.ShapeBinding(sample=sample))
+    s_info = bound.tensor("s")
+    assert (s_info.shape, s_info.bytes, s_info.source) == ((4, 2), 32, "measured")
+    assert bound.sized and [c.id for c in bound.cuts()] == [c.id for c in unbound.cuts()]
 
 
 def test_graph_input_of_unknown_rank_is_a_clear_error(tmp_path: Path) -> None:
@@ -121,8 +127,8 @@ def test_graph_input_of_unknown_rank_is_a_clear_error(tmp_path: Path) -> None:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     p = tmp_path / "norank.onnx"
     p.write_bytes(m.SerializeToString())
-    with pytest.raises(ModelError, match=r"norank\.onnx: (cannot size the graph inputs x|fails the ONNX checker)"):
-        graph.load(p).cuts()
+    with pytest.raises(ModelError, match=r"norank\.onnx: (free dims without a value: x \(unknown rank\)|fails)"):
+        graph.load(p, shapes.ShapeBinding())
 
 
 def test_initializer_output_and_dead_nodes(tmp_path: Path) -> None:

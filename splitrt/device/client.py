@@ -171,7 +171,7 @@ def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]
 
 
 def random_inputs(graph: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the right dtype and shape for ``graph`` (symbolic dimensions as 1)."""
+    """Inputs of the right dtype and shape for ``graph``: its bound shapes, or free dims as 1 if unbound."""
     rng = np.random.default_rng(seed)
     result: dict[str, np.ndarray] = {}
     for t in graph.inputs:

@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -19,15 +20,21 @@ from onnx import TensorProto, helper, numpy_helper
 
 from splitrt.errors import ModelError
 
+if TYPE_CHECKING:
+    from splitrt.graph.shapes import ShapeBinding
+from splitrt.graph import zoo_dynamic
+
 SEED = 20261202
 BUILD_VERSION = 2
 _LIGHT = ("resnet50", "inception_v1", "inception_v2", "densenet121", "squeezenet", "shufflenet",
           "vgg19", "bvlc_alexnet", "zfnet512")
 _SMALL = ("tiny_chain", "multi_io", "branchy")
+# Built in zoo_dynamic: free (symbolic) batch / sequence / image dims, as deployed exports have them.
+_DYNAMIC = ("bert_tiny", "vit_tiny", "yolo_tiny")
 
 
 def names() -> list[str]:
-    return list(_LIGHT) + list(_SMALL)
+    return list(_LIGHT) + list(_SMALL) + list(_DYNAMIC)
 
 
 def resolve(spec: str | Path) -> Path:
@@ -75,6 +82,11 @@ def get(name: str, out_path: str | Path | None = None) -> Path:
 def build(name: str) -> onnx.ModelProto:
     if name in _LIGHT:
         return _randomised_light(name)
+    if name in _DYNAMIC:
+        dynamic: dict[str, Callable[[int], onnx.ModelProto]] = {
+            "bert_tiny": zoo_dynamic.bert_tiny, "vit_tiny": zoo_dynamic.vit_tiny, "yolo_tiny": zoo_dynamic.yolo_tiny,
+        }
+        return dynamic[name](SEED)
     builders: dict[str, Callable[[], onnx.ModelProto]] = {
         "tiny_chain": _tiny_chain, "multi_io": _multi_io, "branchy": _branchy,
     }
@@ -284,15 +296,29 @@ def _finish(g: onnx.GraphProto, opset: int) -> onnx.ModelProto:
     return m
 
 
-def random_inputs(model_path: str | Path, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random feeds for a model's inputs (symbolic dims become 1)."""
+# The shapes the dynamic zoo models are exercised at by default (tests, demo, benches): a model with a
+# free H/W has no natural "1" for them. Users bind their own with --shape/--dim/--sample.
+DEFAULT_DIMS: dict[str, dict[str, int]] = {"bert_tiny": {"seq": 16}, "yolo_tiny": {"height": 320, "width": 320}}
+
+
+def default_binding(model_path: str | Path) -> ShapeBinding:
+    """The zoo's default binding for a zoo model file (by its name), else the empty binding."""
+    from splitrt.graph.shapes import ShapeBinding
+
+    return ShapeBinding(dims=DEFAULT_DIMS.get(Path(model_path).stem, {}))
+
+
+def random_inputs(model_path: str | Path, seed: int = 0, binding: ShapeBinding | None = None) -> dict[str, np.ndarray]:
+    """Seeded random feeds for a model's inputs at ``binding`` (default: ``default_binding``; a leading
+    free dim is 1, other free dims must be bound)."""
     from splitrt.graph import model as graph
 
-    mg = graph.load(model_path)
+    mg = graph.load(model_path, binding if binding is not None else default_binding(model_path))
+    assert mg.input_shapes is not None
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for t in mg.inputs:
-        shape = tuple(d if isinstance(d, int) else 1 for d in (t.shape or ()))
+        shape = mg.input_shapes[t.name]
         dt = np.dtype(t.dtype)
         if dt.kind == "f":
             feeds[t.name] = rng.standard_normal(shape).astype(dt)

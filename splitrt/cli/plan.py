@@ -137,6 +137,7 @@ def _plan(args: argparse.Namespace) -> int:
                 "cut": cut,
                 "device_ms": round(e.device_ms, 4),
                 "transfer_ms": round(e.transfer_ms, 4),
+                "rtt_ms": round(e.rtt_ms, 4),
                 "cloud_ms": round(e.cloud_ms, 4),
                 "total_ms": round(e.latency_ms, 4),
                 "energy_mj": round(e.energy_mj, 4),
@@ -157,6 +158,7 @@ def _plan(args: argparse.Namespace) -> int:
             "throughput_fps": round(1000.0 / best.period_ms, 3) if best.period_ms > 0 else None,
             "device_ms": round(best.device_ms, 4),
             "transfer_ms": round(best.transfer_ms, 4),
+            "rtt_ms": round(best.rtt_ms, 4),
             "cloud_ms": round(best.cloud_ms, 4),
             "bytes": best.bytes,
             "sent_bytes": best.sent_bytes,
@@ -185,12 +187,13 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(
-        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}{'bytes':>12}"
+        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
+        f"{'bytes':>12}"
     )
     for r in rows:
         mark = "  <- best" if r["cut"] == best.cut else ""
         print(
-            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['cloud_ms']:>10.2f}"
+            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
             f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{r['bytes']:>12}{mark}"
         )
     b = out["best"]

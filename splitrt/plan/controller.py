@@ -68,6 +68,12 @@ class Decision:
     server: str | None = None
     seq: int = 0  # decision order (log lines are written in completion order)
     extra: dict[str, object] = field(default_factory=dict)
+    # The predicted terms of predicted_ms (they add up to it): device, transfer both ways, the round
+    # trip the plan waits (0 for `device`), cloud.
+    device_ms: float = 0.0
+    transfer_ms: float = 0.0
+    round_trip_ms: float = 0.0
+    cloud_ms: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -84,7 +90,8 @@ class Decision:
                  f"best={self.best}", "switched" if self.switched else "held",
                  f"bw={self.bandwidth_mbps!r}", f"rtt={self.rtt_ms!r}", f"conf={self.confidence!r}",
                  f"dl={self.device_load!r}", f"cl={self.cloud_load!r}", "up" if self.cloud_available else "down",
-                 f"pred={self.predicted_ms!r}", f"obj={self.objective_value!r}"]
+                 f"pred={self.predicted_ms!r}", f"obj={self.objective_value!r}",
+                 f"terms={self.device_ms!r}/{self.transfer_ms!r}/{self.round_trip_ms!r}/{self.cloud_ms!r}"]
         if self.actual_ms is not None:
             words.append(f"actual={self.actual_ms!r}")
         if self.fallback:
@@ -105,6 +112,7 @@ class Decision:
             plan, flags = words[2], set(words)
             kv = dict(w.split("=", 1) for w in words if "=" in w)
             previous = kv["prev"]
+            terms = [float(x) for x in kv["terms"].split("/")] if "terms" in kv else [0.0] * 4
             return Decision(
                 seq=seq, t_s=float(kv["t"]), plan=plan, previous=None if previous == "-" else previous,
                 best=kv["best"], switched="switched" in flags, bandwidth_mbps=float(kv["bw"]),
@@ -114,6 +122,7 @@ class Decision:
                 actual_ms=float(kv["actual"]) if "actual" in kv else None, fallback="fallback" in flags,
                 server=kv.get("server"), request=kv["req"], reason=kv["reason"],
                 extra=json.loads(kv["extra"]) if "extra" in kv else {},
+                device_ms=terms[0], transfer_ms=terms[1], round_trip_ms=terms[2], cloud_ms=terms[3],
             )
         except (IndexError, KeyError, ValueError) as exc:
             raise ConfigError(f"decision: expected the form of str(Decision) ('#SEQ t=... PLAN prev=... "
@@ -186,7 +195,8 @@ class Controller:
             confidence=link.confidence, device_load=load.device_factor, cloud_load=load.cloud_factor,
             cloud_available=cloud_available, previous=previous, plan=chosen.key, best=best.key,
             predicted_ms=chosen.predicted_ms, objective_value=_objective_value(chosen, cfg.objective),
-            switched=switched, reason=reason,
+            switched=switched, reason=reason, device_ms=chosen.device_ms, transfer_ms=chosen.transfer_ms,
+            round_trip_ms=chosen.rtt_ms, cloud_ms=chosen.cloud_ms,
         )
 
     def warm_plans(self, link: LinkEstimate, load: LoadEstimate) -> list[str]:
@@ -275,7 +285,8 @@ class Policy:
                         rtt_ms=link.rtt_ms, confidence=link.confidence, device_load=load.device_factor,
                         cloud_load=load.cloud_factor, cloud_available=cloud_available, previous=prev, plan=key,
                         best=key, predicted_ms=p.predicted_ms, objective_value=p.predicted_ms, switched=switched,
-                        reason=f"policy {self.spec}")
+                        reason=f"policy {self.spec}", device_ms=p.device_ms, transfer_ms=p.transfer_ms,
+                        round_trip_ms=p.rtt_ms, cloud_ms=p.cloud_ms)
 
 
 def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | None = None, *,

@@ -44,8 +44,10 @@ class Plan:
     predicted_ms: float  # end-to-end latency of one request
     energy_mj: float  # device energy per request
     period_ms: float  # pipelined frame period (1000 / throughput)
+    # The terms of predicted_ms, which they add up to: device + transfer (both ways) + round trip + cloud.
     device_ms: float
     transfer_ms: float
+    rtt_ms: float
     cloud_ms: float
     bytes: int  # raw crossing bytes
     sent_bytes: int  # after the codec
@@ -73,7 +75,8 @@ def parse_plan(text: str, default_codec: str = "fp32") -> tuple[str, str]:
 def _plan(est: Estimate, objective: str) -> Plan:
     return Plan(cut=est.cut, codec=est.codec, objective=objective, predicted_ms=est.latency_ms,
                 energy_mj=est.energy_mj, period_ms=est.period_ms, device_ms=est.device_ms,
-                transfer_ms=est.transfer_ms, cloud_ms=est.cloud_ms, bytes=est.bytes, sent_bytes=est.sent_bytes)
+                transfer_ms=est.transfer_ms, rtt_ms=est.rtt_ms, cloud_ms=est.cloud_ms, bytes=est.bytes,
+                sent_bytes=est.sent_bytes)
 
 
 def _check_objective(objective: str) -> None:

@@ -1,0 +1,54 @@
+"""Every term of a plan's predicted latency is its own field, and they add up to it, for every cut and
+codec of a measured table, in the solver's Plan, the CLI's JSON and the controller's decisions."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from splitrt.cli import app as cli
+from splitrt.plan.controller import Controller
+from splitrt.plan.costmodel import Conditions, CostTable, Link
+from splitrt.plan.netmon import LinkEstimate, LoadEstimate
+from splitrt.plan.solver import evaluate
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _table() -> CostTable:
+    return CostTable.from_dict(json.loads((DATA / "decisions_resnet50.table.json").read_text()))
+
+
+@pytest.mark.parametrize("bw,rtt,dl,cl", [(1.0, 80.0, 1.0, 1.0), (20.0, 20.0, 2.5, 1.0), (300.0, 2.0, 1.0, 3.0)])
+def test_plan_terms_add_up_for_every_cut_and_codec(bw: float, rtt: float, dl: float, cl: float) -> None:
+    table = _table()
+    cond = Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl)
+    for cut in table.ids:
+        for codec in table.codecs:
+            p = evaluate(table, (cut, codec), cond)
+            assert math.isclose(p.device_ms + p.transfer_ms + p.rtt_ms + p.cloud_ms, p.predicted_ms,
+                                rel_tol=1e-12, abs_tol=1e-9), (cut, codec)
+            assert (p.rtt_ms == 0.0) == (cut == "device")
+
+
+def test_decision_terms_add_up() -> None:
+    ctl = Controller(_table())
+    for t, bw in enumerate([50.0, 2.0, 400.0]):
+        d = ctl.decide(float(t), LinkEstimate(bandwidth_mbps=bw, rtt_ms=30.0, confidence=1.0),
+                       LoadEstimate(device_factor=1.0, cloud_factor=1.0))
+        assert math.isclose(d.device_ms + d.transfer_ms + d.round_trip_ms + d.cloud_ms, d.predicted_ms,
+                            rel_tol=1e-12, abs_tol=1e-9)
+
+
+def test_plan_json_terms_add_up(capsys: pytest.CaptureFixture[str]) -> None:
+    prof = str(REPO / "profiles" / "x86_64-2core__squeezenet.json")
+    assert cli.main(["plan", "zoo:squeezenet", "--device", prof, "--cloud", prof, "--bandwidth-mbps", "8",
+                     "--rtt-ms", "40", "--board", "rpi4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for row in [*out["cuts"], out["best"]]:
+        total = row.get("total_ms", row.get("predicted_ms"))
+        assert abs(row["device_ms"] + row["transfer_ms"] + row["rtt_ms"] + row["cloud_ms"] - total) < 1e-3, row

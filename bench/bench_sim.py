@@ -29,6 +29,7 @@ from splitrt.cli.tables import render
 from splitrt.plan.controller import ControllerConfig
 from splitrt.plan.netmon import LinkConfig
 from splitrt.rig import bench as rigbench
+from splitrt.rig import regret
 
 
 def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -49,6 +50,20 @@ def overrides(items: list[str]) -> tuple[LinkConfig, ControllerConfig]:
         fields[section][name] = int(num) if num is not None and "." not in value else num
     return (LinkConfig(**fields["link"]),
             ControllerConfig(**{"codecs": None, **fields["controller"]}))
+
+
+def regret_text(cells: list[dict[str, Any]]) -> str:
+    """The regret table: each strategy's worst cell and geometric mean against the per-cell best."""
+    table = regret.regret([(f"{c['trace']} {c['model']} x{c['bandwidth_scale']:g} {c['load']}", c["strategies"])
+                           for c in cells])
+    by = {r.strategy: r for r in table}
+    a = by["adaptive"]
+    fixed = [by[n] for n in regret.FIXED if n in by]
+    ok = a.worst_mean <= 1.05 and a.worst_p95 <= 1.10 and all(f.worst_mean >= 1.25 for f in fixed)
+    return (render(regret.HEADER, regret.rows(table)) + "\n"
+            f"adaptive worst cell: mean {a.worst_mean:.3f}, p95 {a.worst_p95:.3f} x the per-cell best (targets 1.05, "
+            f"1.10); fixed strategies' worst cells: " + ", ".join(f"{f.strategy} {f.worst_mean:.2f}" for f in fixed)
+            + f" (target >= 1.25): {'PASS' if ok else 'miss'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
           f"mean <= 1.02 x best other: {sum(r <= 1.02 for r in ratios)}/{n} (worst {max(ratios):.3f}, "
           f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}); jitter {args.jitter:g}, "
           f"true/profiled compute: device x{args.device_speed:g}, cloud x{args.cloud_speed:g}")
+    print()
+    print(regret_text(cells))
     print(f"{(time.monotonic() - t0):.0f} s; median adaptive requests per cell "
           f"{statistics.median(c['strategies']['adaptive']['completed'] for c in cells):.0f}")
     if args.json:

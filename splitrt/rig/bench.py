@@ -39,8 +39,14 @@ from splitrt.rig.stats import (
 )
 from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, family_median_mbps, load_trace, trace_family
 
-STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
+STRATEGIES = ("device-only", "cloud-only", "static", "static-fixed", "periodic", "adaptive", "oracle")
+# static-fixed (the static cut at the trace family's median bandwidth, whatever the cell's scale) is ONE
+# choice across a grid's cells: the regret tables run it; a single bench run does not need it.
+DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 LOADS = ("none", "device-burst", "cloud-busy")
+# The HSDPA traces the controller and estimators were tuned on, and ones never used for tuning.
+TRACE_SETS = {"tuned": ("hsdpa/bus", "hsdpa/car", "hsdpa/metro", "hsdpa/train"),
+              "heldout": ("hsdpa/ferry", "hsdpa/tram", "hsdpa/bus-0929", "hsdpa/car-elverum")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +62,7 @@ class BenchConfig:
     trace_offset_s: float = 0.0
     rtt_ms: float | None = None  # None: typical of the trace's family
     codecs: tuple[str, ...] | None = None  # None: every codec of the cost table, for every strategy
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     deadline_ms: float = 5000.0
     periodic_s: float = 5.0
     seed: int = 0
@@ -78,7 +84,9 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     """The acceptance grid's options, shared by ``bench/bench_rig_grid.py`` and ``bench/bench_sim.py``:
     every shipped HSDPA trace x resnet50, inception_v1 on rpi4 x bandwidth scale 1, 5 x load none,
     device-burst by default."""
-    p.add_argument("--traces", default=",".join(n for n in traces.shipped() if n.startswith("hsdpa/")))
+    p.add_argument("--traces", default="tuned",
+                   help="comma-separated shipped traces, or 'tuned' (the HSDPA traces the controller was tuned on) "
+                        "or 'heldout' (HSDPA traces never used for tuning)")
     p.add_argument("--models", default="resnet50,inception_v1")
     p.add_argument("--scales", default="1,5")
     p.add_argument("--loads", default="none,device-burst")
@@ -87,7 +95,8 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
 
 def grid_cells(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
     """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them."""
-    return list(itertools.product(args.traces.split(","), args.models.split(","),
+    names = [t for item in args.traces.split(",") for t in TRACE_SETS.get(item, (item,))]
+    return list(itertools.product(names, args.models.split(","),
                                   [float(x) for x in args.scales.split(",")], args.loads.split(",")))
 
 
@@ -111,10 +120,14 @@ def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, 
 
     cloud = solver.solve(table, costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=1.0, rtt_ms=rtt_ms)),
                          cuts=["cloud"], codecs=list(cfg.codecs) if cfg.codecs else None)
-    median = family_median_mbps(trace_family(load_trace(cfg.trace))) * cfg.bandwidth_scale
-    static = solver.solve(table, costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=median, rtt_ms=rtt_ms)),
-                          codecs=list(cfg.codecs) if cfg.codecs else None)
-    return {"device-only": "fixed:device", "cloud-only": f"fixed:{cloud.key}", "static": f"fixed:{static.key}",
+    family = family_median_mbps(trace_family(load_trace(cfg.trace)))
+
+    def static_at(mbps: float) -> str:
+        cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=mbps, rtt_ms=rtt_ms))
+        return solver.solve(table, cond, codecs=list(cfg.codecs) if cfg.codecs else None).key
+
+    return {"device-only": "fixed:device", "cloud-only": f"fixed:{cloud.key}",
+            "static": f"fixed:{static_at(family * cfg.bandwidth_scale)}", "static-fixed": f"fixed:{static_at(family)}",
             "periodic": f"periodic:{cfg.periodic_s:g}", "adaptive": "adaptive"}
 
 

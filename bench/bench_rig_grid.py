@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -26,6 +27,7 @@ from splitrt.cli import bench as cmd_bench
 from splitrt.cli.tables import render
 from splitrt.rig import bench as rigbench
 from splitrt.rig import harness as rig
+from splitrt.rig import regret
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--offset", type=float, default=0.0, help="start of the trace window (s)")
     p.add_argument("--link", default="auto", choices=["auto", "kernel", "userspace"])
     p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--strategies", default=",".join(rigbench.STRATEGIES),
+                   help="strategies per cell (default: all, with static-fixed for the regret table)")
     a = p.parse_args(argv)
     models = a.models.split(",")
     cells = rigbench.grid_cells(a)
@@ -48,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             line.say(f"cell {k + 1}/{len(cells)}: {trace} {model} x{scale:g} load {load} "
                      f"({(time.monotonic() - t_start) / 60:.1f} min so far)")
             cfg = rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load, rate_hz=a.rate,
-                                       duration_s=a.duration, turn_s=a.turn, trace_offset_s=a.offset)
+                                       duration_s=a.duration, turn_s=a.turn, trace_offset_s=a.offset,
+                                       strategies=tuple(a.strategies.split(",")))
             try:
                 result = rigbench.run_bench(cfg, r, progress=line.say, live=line)
             except Exception as exc:  # one broken cell must not lose the others
@@ -64,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                          "calibration": result["calibration"], "cloud_calibration": result["cloud_calibration"],
                          "policies": result["policies"], "measured_costs": result["measured_costs"],
                          "latencies_ms": {n: [q[1] for q in reqs] for n, reqs in
-                                          result["timeline"]["requests"].items()}})
+                                          result["timeline"]["requests"].items()},
+                         "turn_s": a.turn, "requests": {n: [[q[0], q[1]] for q in reqs] for n, reqs in
+                                                        result["timeline"]["requests"].items()}})
             print(table([rows[-1]]).splitlines()[-1], flush=True)
             if a.json:  # after every cell: a run cut short keeps what it measured
                 with open(a.json, "w") as f:
@@ -72,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                                "board": a.board}, f, indent=1, default=float)
     print(table(rows))
     print(summary(rows))
-    print(f"{(time.monotonic() - t_start) / 60:.1f} min")
+    print(regret_text(rows))
+    print(f"{(time.monotonic() - t_start) / 60:.1f} min; host load average (1/5/15 min) "
+          + "/".join(f"{x:.2f}" for x in os.getloadavg()))
     return 0
 
 
@@ -86,6 +95,44 @@ def ratio_ci(a: list[float], b: list[float], *, n: int = 2000, seed: int = 0) ->
     rb = xb[rng.integers(0, len(xb), (n, len(xb)))].mean(axis=1)
     lo, hi = np.percentile(ra / rb, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def by_turn(x: dict[str, Any], name: str) -> list[list[float]]:
+    """A strategy's latencies grouped by the turn they ran in (the bootstrap's unit)."""
+    turns: dict[int, list[float]] = {}
+    for t, ms in x.get("requests", {}).get(name, []):
+        turns.setdefault(int(t // x.get("turn_s", 1.0)), []).append(ms)
+    return [turns[k] for k in sorted(turns)]
+
+
+def regret_text(rows: list[dict[str, Any]]) -> str:
+    """Regret over the grid, and per cell adaptive against the best other with a bootstrap over turns:
+    'better'/'worse' only when the 95 % interval excludes 1."""
+    done = [x for x in rows if "verdict" in x]
+    if not done:
+        return ""
+    table_ = regret.regret([(f"{x['trace']} {x['model']} x{x['scale']:g} {x['load']}", x["strategies"])
+                            for x in done])
+    by = {r.strategy: r for r in table_}
+    a = by.get("adaptive")
+    fixed = [by[n] for n in regret.FIXED if n in by]
+    calls = []
+    for x in done:
+        s = x["strategies"]
+        others = [n for n in s if n not in ("adaptive", "oracle")]
+        best = min(others, key=lambda n: s[n]["mean_ms"])
+        ci = regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, best))
+        calls.append(regret.call(ci))
+    ok = a is not None and a.worst_mean <= 1.05 and a.worst_p95 <= 1.10 and all(f.worst_mean >= 1.25 for f in fixed)
+    lines = [render(regret.HEADER, regret.rows(table_))]
+    if a is not None:
+        lines.append(f"adaptive worst cell: mean {a.worst_mean:.3f}, p95 {a.worst_p95:.3f} x the per-cell best "
+                     f"(targets 1.05, 1.10); fixed strategies' worst cells: "
+                     + ", ".join(f"{f.strategy} {f.worst_mean:.2f}" for f in fixed) + f" (target >= 1.25): "
+                     f"{'PASS' if ok else 'miss'}")
+    lines.append(f"adaptive vs the best other, per cell (95 % bootstrap over turns): better {calls.count('better')}, "
+                 f"same {calls.count('same')}, worse {calls.count('worse')} of {len(calls)}")
+    return "\n".join(lines)
 
 
 def best_other(x: dict[str, Any]) -> str:

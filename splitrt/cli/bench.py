@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,7 @@ def table_text(result: dict[str, Any]) -> str:
             f"{cal['error_pct']:+.1f}%; "
             + (f"cgroup quota {cal['quota_cpus']:.3f} CPU)" if cal["quota_cpus"] else
                f"compute padded x{cal['pad_factor']:.2f})"))
+    head += " | host load average " + "/".join(f"{x:.2f}" for x in os.getloadavg())
     return head + "\n" + render(["strategy", "mean ms", "p50 ms", "p95 ms", "p99 ms", "energy mJ",
                                  "done/failed", "switches", "plans"], rows)
 

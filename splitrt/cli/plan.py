@@ -186,24 +186,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(
-        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
-        f"{'bytes':>12}"
-    )
-    for r in rows:
-        mark = "  <- best" if r["cut"] == best.cut else ""
-        print(
-            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
-            f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{r['bytes']:>12}{mark}"
-        )
-    b = out["best"]
-    print(
-        f"best ({args.objective}): {b['plan']}  latency {b['predicted_ms']:.2f} ms, energy {b['energy_mj']:.1f} mJ, "
-        f"{b['throughput_fps']} frames/s pipelined, sends {b['sent_bytes']} bytes"
-    )
-    if "min_cut" in out:
-        mc = out["min_cut"]
-        print(f"min-cut over the node DAG: {mc['predicted_ms']:.2f} ms ({mc['head_nodes']} nodes on the device)")
+    _print_plan(out, args.objective)
     return 0
 
 
@@ -256,3 +239,26 @@ def _plot(
     fig.tight_layout()
     fig.savefig(args.plot, dpi=120)
     print(f"wrote {args.plot}", file=sys.stderr)
+
+
+
+def _print_plan(out: dict[str, Any], objective: str) -> None:
+    rows, best = out["cuts"], out["best"]
+    print(
+        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
+        f"{'bytes':>12}"
+    )
+    for r in rows:
+        mark = "  <- best" if r["cut"] == best["cut"] else ""
+        print(
+            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
+            f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{r['bytes']:>12}{mark}"
+        )
+    b = out["best"]
+    print(
+        f"best ({objective}): {b['plan']}  latency {b['predicted_ms']:.2f} ms, energy {b['energy_mj']:.1f} mJ, "
+        f"{b['throughput_fps']} frames/s pipelined, sends {b['sent_bytes']} bytes"
+    )
+    if "min_cut" in out:
+        mc = out["min_cut"]
+        print(f"min-cut over the node DAG: {mc['predicted_ms']:.2f} ms ({mc['head_nodes']} nodes on the device)")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -202,6 +203,12 @@ def plot(result: dict[str, Any], path: str) -> bool:
                      color=colors.get(name), label=name)
         axes[3].plot([t for t, _, _ in reqs], [ms for _, ms, _ in reqs], "-" if name == "oracle" else ".-",
                      lw=0.8, ms=3, color=colors.get(name), label=name)
+    # Where adaptive changed its cut: the moments the demo is about.
+    ad = tl["requests"].get("adaptive", [])
+    for (_, _, p0), (t1, _, p1) in itertools.pairwise(ad):
+        if p1 != p0:
+            for ax in (axes[0], axes[2]):
+                ax.axvline(t1, color="tab:green", ls="--", lw=0.8, alpha=0.7)
     axes[2].set_yticks(range(len(plans)), plans)
     axes[2].set_ylabel("plan")
     axes[3].set_ylabel("latency ms")

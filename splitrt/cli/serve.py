@@ -1,4 +1,8 @@
-"""`splitrt serve`: the cloud inference server (see splitrt.cloud)."""
+"""`splitrt serve`: the cloud inference server (see splitrt.cloud).
+
+Secure by default (``splitrt.cloud.security``): it listens on 127.0.0.1; any other ``--host`` needs TLS
+(``--tls-cert``/``--tls-key``) and ``--token-file``, or an explicit ``--insecure``; ``--allow-upload``
+needs ``--token-file``."""
 
 from __future__ import annotations
 
@@ -12,7 +16,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from splitrt.cloud import security
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
+from splitrt.errors import ConfigError
 from splitrt.transport import wire
 
 
@@ -21,12 +27,21 @@ def register(sub: Any) -> None:
     p.add_argument("--models", required=True, type=Path, metavar="DIR",
                    help="directory of .onnx models, served by the sha256 of their bytes")
     p.add_argument("--port", type=int, default=50051, help="TCP port (0: pick a free one; default 50051)")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    p.add_argument("--allow-upload", action="store_true", help="accept models uploaded by devices")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; any other address needs "
+                        "--tls-cert/--tls-key and --token-file, or --insecure)")
+    p.add_argument("--allow-upload", action="store_true",
+                   help="accept models uploaded by devices (needs --token-file)")
+    p.add_argument("--max-model-mb", type=float, default=ServerConfig.max_model_bytes / 2**20,
+                   help="largest model a device may upload, MiB (default 2048)")
     p.add_argument("--tls-cert", type=Path, metavar="C", help="PEM certificate (with --tls-key): serve TLS")
     p.add_argument("--tls-key", type=Path, metavar="K", help="PEM private key")
     p.add_argument("--token-file", type=Path, metavar="F",
-                   help="bearer tokens, one per line: calls without one get UNAUTHENTICATED")
+                   help="bearer tokens, one per line, in a file only its owner can read (chmod 600): calls "
+                        "without one get UNAUTHENTICATED")
+    p.add_argument("--insecure", action="store_true",
+                   help="listen beyond loopback without TLS and a token: anyone who can reach the address may "
+                        "use the server, unencrypted (logged as a warning and reported in Status)")
     p.add_argument("--workers", type=int, default=None, help="tails run at once (default: CPU count)")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond the workers")
     p.add_argument("--segment-cache", type=int, default=16, help="tail sessions kept (LRU)")
@@ -35,7 +50,7 @@ def register(sub: Any) -> None:
     p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
     p.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads per tail (0: default)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    d = p.add_argument_group("discovery (mDNS _splitrt._tcp; TXT: version, model hashes, load)")
+    d = p.add_argument_group("discovery (mDNS _splitrt._tcp; TXT: version, model hashes, load, secure)")
     d.add_argument("--advertise", action="store_true", help="advertise this server on the local network")
     d.add_argument("--advertise-name", metavar="N", help="instance name (default: the host name)")
     d.add_argument("--advertise-address", action="append", default=[], metavar="IP",
@@ -46,24 +61,45 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log = logging.getLogger("splitrt.cloud")
-    log.addHandler(handler)
-    log.setLevel(args.log_level)
-    log.propagate = False
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The ``ServerConfig`` of parsed ``serve`` arguments (reads the token file), checked for its security
+    choices (``splitrt.cloud.security``: ``ConfigError`` for an open server nobody asked for)."""
     kwargs: dict[str, Any] = {}
     if args.workers is not None:
         kwargs["workers"] = args.workers
     config = ServerConfig(
         models_dir=args.models, host=args.host, port=args.port, allow_upload=args.allow_upload,
         tls_cert_path=args.tls_cert, tls_key_path=args.tls_key,
-        tokens=tokens_from_file(args.token_file) if args.token_file else (),
+        tokens=tokens_from_file(args.token_file) if args.token_file else (), insecure=args.insecure,
+        max_model_bytes=int(args.max_model_mb * 2**20),
         max_queue=args.max_queue, segment_cache_size=args.segment_cache,
         max_message_bytes=int(args.max_message_mb * 2**20), drain_timeout_s=args.drain_s,
         intra_op_threads=args.intra_op_threads, **kwargs)
+    security.exposure(config)
+    if getattr(args, "advertise", False) and not args.advertise_address and security.is_loopback(args.host):
+        raise ConfigError(f"--advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "
+                          f"--advertise-address for a relay in front of it), got --host {args.host}: only this "
+                          "machine can connect")
+    return config
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = server_config(args)  # refusals happen here, before anything else
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("splitrt.cloud")
+    log.addHandler(handler)
+    log.setLevel(args.log_level)
+    log.propagate = False
     server = CloudServer(config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # Before listening: a SIGTERM that comes while starting still stops the server cleanly.
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     server.start()
     advertiser = None
     if args.advertise:
@@ -79,14 +115,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server.stop(grace_s=0)
             raise
         log.info(json.dumps({"event": "advertised", "name": advertiser.name, "addresses": advertiser.addresses,
-                             "port": server.port}))
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+                             "port": server.port, "secure": advertiser.secure}))
     while not stop.wait(0.5):
         pass
     if advertiser is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 from collections.abc import Callable
@@ -27,11 +28,26 @@ def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMetho
     return grpc.unary_unary_rpc_method_handler(deny)
 
 
+def token_matches(given: bytes, tokens: tuple[bytes, ...]) -> bool:
+    """True when ``given`` is one of ``tokens``, in time independent of where they differ: every token is
+    compared (no early exit on a match), with ``hmac.compare_digest`` on sha256 digests (equal lengths,
+    so not even a token's length shows in the timing)."""
+    digest = hashlib.sha256(given).digest()
+    ok = False
+    for t in tokens:
+        ok |= hmac.compare_digest(digest, hashlib.sha256(t).digest())
+    return ok and bool(given)
+
+
 class TokenInterceptor(grpc.ServerInterceptor):
-    """Bearer-token auth for every method except the standard health service."""
+    """Bearer-token auth for every method except the standard health service. Tokens are never logged:
+    a refused call logs the method and whether it carried a token at all."""
 
     def __init__(self, tokens: tuple[str, ...]) -> None:
         self._tokens = tuple(t.encode() for t in tokens)
+
+    def __repr__(self) -> str:
+        return f"TokenInterceptor({len(self._tokens)} tokens)"
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         method = handler_call_details.method or ""
@@ -40,9 +56,9 @@ class TokenInterceptor(grpc.ServerInterceptor):
         auth = ""
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
-                auth = value if isinstance(value, str) else value.decode()
+                auth = value if isinstance(value, str) else value.decode("utf-8", "replace")
         given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
-        ok = bool(given) and any(hmac.compare_digest(given, t) for t in self._tokens)
+        ok = token_matches(given, self._tokens)
         handler = continuation(handler_call_details)
         if ok or handler is None:
             return handler

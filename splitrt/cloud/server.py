@@ -16,13 +16,16 @@ max_message_bytes`` and decoded inputs at most ``workers * max_decoded_bytes`` (
 activations and their encoded outputs). ``stop()`` stops accepting calls, marks health NOT_SERVING and
 drains in-flight calls for ``drain_timeout_s``.
 
-Every request is logged as one JSON line on the ``splitrt.cloud`` logger.
+Secure by default (``security``): it listens on 127.0.0.1; another host needs TLS and bearer tokens or
+``insecure=True`` (logged as an ``insecure`` warning, reported in ``Status``); uploads need tokens.
+
+Every request is logged as one JSON line on the ``splitrt.cloud`` logger (tokens never are).
 
 This module is the server's lifecycle and its request path; the parts live beside it: ``store``
 (``ModelStore``), ``tails`` (``Tail``, ``TailCache``), ``admission`` (``Admission``, the CPU meter),
 ``inputs`` (checking and decoding a request's tensors), ``upload`` (PutModel), ``servicer`` (the gRPC
 methods; ``CloudServer.servicer`` is the instance ``start`` registers), ``auth`` (bearer tokens) and
-``common`` (``RpcFailure``, ``log_event``).
+``common`` (``RpcFailure``, ``log_event``), ``security`` (what a configuration exposes).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from splitrt import __version__
+from splitrt.cloud import security
 from splitrt.cloud.admission import Admission, CpuMeter
 from splitrt.cloud.auth import TokenInterceptor
 from splitrt.cloud.common import RpcFailure, log, log_event
@@ -51,7 +55,7 @@ from splitrt.cloud.store import ModelStore
 from splitrt.cloud.tails import Tail, TailCache
 from splitrt.cloud.upload import receive_model
 from splitrt.errors import CodecError, ConfigError
-from splitrt.transport import codec, wire
+from splitrt.transport import codec, credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 
 # The server's parts live in their own modules; their public names stay importable from here.
@@ -62,13 +66,17 @@ __all__ = ["Admission", "CloudServer", "ModelStore", "RpcFailure", "ServerConfig
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
     models_dir: Path
+    # Loopback by default; any other address needs TLS and tokens, or ``insecure=True`` (``security``).
     host: str = "127.0.0.1"
     port: int = 0
+    # Accept models uploaded by devices (needs ``tokens``).
     allow_upload: bool = False
     tls_cert_path: Path | None = None
     tls_key_path: Path | None = None
-    # Bearer tokens accepted (empty: no auth). ``tokens_from_file`` reads one per line.
-    tokens: tuple[str, ...] = ()
+    # Bearer tokens accepted (empty: no auth). ``tokens_from_file`` reads one per line. Never in a repr.
+    tokens: tuple[str, ...] = field(default=(), repr=False)
+    # The explicit choice to listen beyond loopback without both TLS and tokens (``splitrt serve --insecure``).
+    insecure: bool = False
     workers: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
     max_queue: int = 32
     segment_cache_size: int = 16
@@ -79,21 +87,16 @@ class ServerConfig:
     # Used when the caller set no deadline.
     default_deadline_s: float = 60.0
     drain_timeout_s: float = 10.0
-    max_model_bytes: int = 4 * 1024**3
+    # Largest model a device may upload (a single-file ONNX model is below 2 GiB: protobuf's limit).
+    max_model_bytes: int = 2 * 1024**3
     # onnxruntime intra-op threads per tail session (0: onnxruntime's default).
     intra_op_threads: int = 0
 
 
 def tokens_from_file(path: Path) -> tuple[str, ...]:
-    """Bearer tokens, one per line (blank lines and ``#`` comments ignored)."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"token file {path}: cannot read ({exc.strerror})") from exc
-    tokens = tuple(s.strip() for s in lines if s.strip() and not s.strip().startswith("#"))
-    if not tokens:
-        raise ConfigError(f"token file {path}: expected at least one token, got none")
-    return tokens
+    """Bearer tokens, one per line (blank lines and ``#`` comments ignored), from a file no one but its
+    owner may read (``ConfigError`` naming the file, its mode and ``chmod 600`` otherwise, as ssh does)."""
+    return credentials.read_tokens(Path(path), "token file")
 
 
 class CloudServer:
@@ -103,6 +106,10 @@ class CloudServer:
         self.config = config
         if (config.tls_cert_path is None) != (config.tls_key_path is None):
             raise ConfigError("TLS needs both a certificate and a key, got only one")
+        if config.max_model_bytes < 1:
+            raise ConfigError(f"max_model_bytes: expected >= 1, got {config.max_model_bytes}")
+        # Refuses an open server nobody asked for, and uploads without a token.
+        self.exposure = security.exposure(config)
         self.store = ModelStore(config.models_dir)
         self.tails = TailCache(self.store, config.segment_cache_size, config.intra_op_threads)
         self.admission = Admission(config.workers, config.max_queue)
@@ -153,10 +160,19 @@ class CloudServer:
         self.port = port
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set(wire.SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-        log_event("listening", host=cfg.host, port=port, tls=cfg.tls_cert_path is not None,
-                  auth=bool(cfg.tokens), models=len(self.store.models()), workers=cfg.workers,
-                  allow_upload=cfg.allow_upload, version=__version__)
+        exp = self.exposure
+        log_event("listening", host=cfg.host, port=port, tls=exp.tls, auth=exp.auth, insecure=exp.insecure,
+                  models=len(self.store.models()), workers=cfg.workers, allow_upload=cfg.allow_upload,
+                  version=__version__)
+        if exp.insecure:
+            log_event("insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth,
+                      warning=exp.warning)
         return port
+
+    @property
+    def secure(self) -> bool:
+        """TLS and bearer tokens (``--advertise`` says ``secure=1``)."""
+        return self.exposure.secure
 
     @property
     def address(self) -> str:
@@ -279,7 +295,8 @@ class CloudServer:
         return pb.StatusReply(version=__version__, models=models, segments=segments, load=self.load(),
                               allow_upload=cfg.allow_upload, max_message_bytes=cfg.max_message_bytes,
                               segment_cache_size=cfg.segment_cache_size, max_queue=cfg.max_queue,
-                              served=self.served)
+                              served=self.served, insecure=self.exposure.insecure,
+                              security_warning=self.exposure.warning)
 
     def put_model(self, chunks: Iterator[pb.ModelChunk]) -> pb.PutModelReply:
         # The servicer calls this (not ``receive_model``) so that a test may wrap it on the instance.

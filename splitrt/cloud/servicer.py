@@ -11,7 +11,7 @@ message)``, which must raise (Infer, Probe, PutModel).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -67,7 +67,10 @@ class Servicer:
                 yield pb.InferReply(request_id=request.header.request_id, load=self.backend.load(),
                                     error=pb.Error(code=exc.code.name, message=exc.message))
 
-    def Probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeReply:
+    def Probe(self, request: pb.ProbeRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.ProbeReply:
+        if isinstance(request, wire.Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Probe: {request.message}")
+            raise AssertionError("unreachable")
         n = int(request.reply_bytes)
         limit = self.backend.config.max_message_bytes - 1024  # room for the reply's other fields
         if n > limit:
@@ -75,16 +78,40 @@ class Servicer:
                           f"probe reply_bytes: expected at most {limit}, got {n}")
         return pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
 
-    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+    def Status(self, request: pb.StatusRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.StatusReply:
+        if isinstance(request, wire.Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Status: {request.message}")
         return self.backend.status()
 
-    def PutModel(self, request_iterator: Iterator[pb.ModelChunk],
+    def PutModel(self, request_iterator: Iterator[pb.ModelChunk | wire.Malformed],
                  context: grpc.ServicerContext) -> pb.PutModelReply:
         try:
-            return self.backend.put_model(request_iterator)
+            return self.backend.put_model(_well_formed(request_iterator, "PutModel"))
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
+
+
+def _well_formed(chunks: Iterator[pb.ModelChunk | wire.Malformed], method: str) -> Iterator[pb.ModelChunk]:
+    for chunk in chunks:
+        if isinstance(chunk, wire.Malformed):
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: {chunk.message}")
+        yield chunk
+
+
+def lenient(message_type: Any) -> Callable[[bytes], Any]:
+    """``message_type.FromString`` that returns ``wire.Malformed`` instead of raising on bytes that do not
+    parse: the method then answers INVALID_ARGUMENT (gRPC itself would answer INTERNAL)."""
+    full_name = message_type.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # protobuf's DecodeError, bad UTF-8 in a string field, ...
+            return wire.Malformed(f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
+                                  f"not parse ({type(exc).__name__}: {str(exc)[:200]})")
+
+    return deserialize
 
 
 def add_servicer(servicer: Servicer, server: grpc.Server) -> None:
@@ -94,7 +121,7 @@ def add_servicer(servicer: Servicer, server: grpc.Server) -> None:
                               "response_serializer": wire.serialize}
 
     def stock(request: Any, reply: Any) -> dict[str, Any]:
-        return {"request_deserializer": request.FromString, "response_serializer": reply.SerializeToString}
+        return {"request_deserializer": lenient(request), "response_serializer": reply.SerializeToString}
 
     handlers = {
         "Infer": grpc.unary_unary_rpc_method_handler(servicer.Infer, **framed),

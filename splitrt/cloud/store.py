@@ -1,7 +1,14 @@
-"""The server's models: the ``*.onnx`` files of a directory, keyed by the sha256 of their bytes."""
+"""The server's models: the ``*.onnx`` files of a directory, keyed by the sha256 of their bytes.
+
+Only what is inside the directory is ever read: a model whose external-data locations leave it
+(absolute paths, ``..``, symlinks out) is refused, and so is a file that is not ONNX; each refusal is
+logged once (``model_refused``) and the file is skipped until it changes. Uploads write
+``.upload-*.part`` files (``splitrt.cloud.upload``): the ones a killed server left are removed at start.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,15 +16,62 @@ from typing import Any
 
 import grpc
 
-from splitrt.cloud.common import RpcFailure
-from splitrt.errors import ConfigError, ModelError
+from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.errors import ConfigError
+
+#: Temporary files of uploads in progress (never served, never listed).
+PART_GLOB = ".upload-*.part"
 
 
-def _sha256_file(path: Path) -> str:
-    """The model's identity exactly as the device computes it (external data included)."""
+def external_locations(model: Any) -> list[str]:
+    """The ``location`` of every external-data tensor of an ``onnx.ModelProto`` (first-use order)."""
+    import onnx
+
+    seen: dict[str, None] = {}
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for kv in t.external_data:
+                if kv.key == "location":
+                    seen.setdefault(kv.value, None)
+    return list(seen)
+
+
+def location_outside(root: Path, locations: list[str]) -> str | None:
+    """The first external-data location that does not stay inside ``root`` (absolute, ``..``, a
+    symlink out, a NUL byte), or None when all stay."""
+    base = root.resolve()
+    for loc in locations:
+        if not loc or "\0" in loc or Path(loc).is_absolute():
+            return loc
+        try:
+            target = (base / loc).resolve()
+        except (OSError, RuntimeError, ValueError):
+            return loc
+        if target == base or not target.is_relative_to(base):
+            return loc
+    return None
+
+
+def _identify(path: Path, root: Path) -> str:
+    """The model's sha256 exactly as the device computes it (external data included), after checking
+    that it is ONNX and that its external data stays in ``root``; ``ValueError`` says why not."""
+    import onnx
+
     from splitrt.graph.model import model_sha256
 
-    return model_sha256(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ValueError(f"expected an ONNX model, got a file that does not parse ({type(exc).__name__})") from exc
+    if not model.graph.node and not model.graph.output:
+        raise ValueError("expected an ONNX model, got no graph (an empty file, or not ONNX)")
+    bad = location_outside(root, external_locations(model))
+    if bad is not None:
+        raise ValueError(f"expected external data inside {root}, got location {bad!r}")
+    try:
+        return model_sha256(path, model)
+    except OSError as exc:
+        raise ValueError(f"external data unreadable: {exc.strerror or exc}") from exc
 
 
 @dataclass
@@ -38,12 +92,16 @@ class ModelStore:
                               f"{'a file' if self.root.exists() else 'nothing'}")
         self._lock = threading.Lock()
         self._by_sha: dict[str, _ModelEntry] = {}
+        # path -> (mtime, size, sha256 or "" when refused)
         self._seen: dict[Path, tuple[float, int, str]] = {}
         self._graph_locks: dict[str, threading.Lock] = {}
+        for part in self.root.glob(PART_GLOB):  # uploads a killed server left half-written
+            part.unlink(missing_ok=True)
         self.scan()
 
     def scan(self) -> None:
-        """Index new or changed ``*.onnx`` files (hashes only what changed)."""
+        """Index new or changed ``*.onnx`` files (hashes only what changed; a refused file is logged
+        once and skipped until it changes)."""
         with self._lock:
             present = set()
             for path in sorted(self.root.glob("*.onnx")):
@@ -56,15 +114,24 @@ class ModelStore:
                 seen = self._seen.get(path)
                 if seen is not None and seen[:2] == key:
                     continue
-                sha = _sha256_file(path)
+                if seen is not None and seen[2]:
+                    self._forget(path, seen[2])
+                try:
+                    sha = _identify(path, self.root)
+                except ValueError as exc:
+                    self._seen[path] = (st.st_mtime, st.st_size, "")
+                    log_event("model_refused", logging.WARNING, file=path.name, error=str(exc))
+                    continue
                 self._seen[path] = (st.st_mtime, st.st_size, sha)
                 if sha not in self._by_sha:
                     self._by_sha[sha] = _ModelEntry(sha256=sha, path=path, bytes=st.st_size)
             for path in set(self._seen) - present:
-                sha = self._seen.pop(path)[2]
-                entry = self._by_sha.get(sha)
-                if entry is not None and entry.path == path:
-                    del self._by_sha[sha]
+                self._forget(path, self._seen.pop(path)[2])
+
+    def _forget(self, path: Path, sha: str) -> None:
+        entry = self._by_sha.get(sha)
+        if entry is not None and entry.path == path:
+            del self._by_sha[sha]
 
     def models(self) -> list[_ModelEntry]:
         with self._lock:
@@ -99,7 +166,7 @@ class ModelStore:
 
                 try:
                     entry.graph = graph_mod.load(entry.path)
-                except ModelError as exc:
+                except Exception as exc:  # ModelError, or whatever onnx raises on a strange file
                     raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                                      f"model {entry.path.name} cannot be loaded: {exc}") from exc
         return entry.graph

@@ -48,18 +48,22 @@ class TailCache:
                 return tail
             build_lock = self._building.setdefault(key, threading.Lock())
         with build_lock:
-            with self._lock:
-                tail = self._cache.get(key)
-            if tail is None:
-                tail = self._build(sha256, cut_id)
-            with self._lock:
-                self._cache[key] = tail
-                self._cache.move_to_end(key)
-                tail.hits += 1
-                while len(self._cache) > self.capacity:
-                    self._cache.popitem(last=False)
-                self._building.pop(key, None)
-            return tail
+            try:
+                with self._lock:
+                    tail = self._cache.get(key)
+                if tail is None:
+                    tail = self._build(sha256, cut_id)
+                with self._lock:
+                    self._cache[key] = tail
+                    self._cache.move_to_end(key)
+                    tail.hits += 1
+                    while len(self._cache) > self.capacity:
+                        self._cache.popitem(last=False)
+                return tail
+            finally:
+                # Also when the build failed: requests naming endless unknown cuts must not grow this dict.
+                with self._lock:
+                    self._building.pop(key, None)
 
     def _build(self, sha256: str, cut_id: str) -> Tail:
         import onnxruntime as ort
@@ -72,15 +76,19 @@ class TailCache:
         except CutError as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND,
                              f"cut {cut_id!r} of model {sha256[:12]}: {exc}") from exc
+        except Exception as exc:  # a model that loads but does not split (a bad upload): not the server's fault
+            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"model {sha256[:12]} cannot be split at cut {cut_id!r}: {exc}") from exc
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = self.intra_op_threads
         try:
             session = ort.InferenceSession(segment.model.SerializeToString(), opts,
                                            providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise RpcFailure(grpc.StatusCode.INTERNAL,
-                             f"tail of model {sha256[:12]} at cut {cut_id!r} does not load: {exc}") from exc
+        except Exception as exc:  # onnxruntime raises its own exception types; the model is at fault
+            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
+                             f"{str(exc)[:500]}") from exc
         inputs: list[tuple[str, str, tuple[int | str | None, ...]]] = [
             (i.name, wire.ort_dtype(i.type), tuple(d if isinstance(d, int) else None for d in i.shape))
             for i in session.get_inputs()]

@@ -1,18 +1,34 @@
-"""``PutModel``: a device uploads a model the server does not have; stored only if whole and usable."""
+"""``PutModel``: a device uploads a model the server does not have; stored only if whole and usable.
+
+What an upload can and cannot do to the server's disk:
+
+- it writes one temporary file, ``<store>/.upload-<random>.part`` (created exclusively, mode 0600), and
+  nothing else; the name the device sends (``ModelChunk.name``) is never used as a path;
+- at most ``max_model_bytes`` are written (the declared ``total_bytes`` is checked first, then every chunk);
+- the bytes must hash to the sha256 the first chunk declares, be an ONNX model that loads, and carry no
+  external data (an upload is one file: an external-data location could only point at files already on
+  the server);
+- only then is the file fsynced and renamed (atomically) to ``<store>/<sha256>.onnx``. A failed, cancelled
+  or refused upload removes its temporary file; one a killed server left is removed by the next
+  ``ModelStore``.
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.store import ModelStore
-from splitrt.errors import ModelError, SplitrtError
+from splitrt.cloud.store import ModelStore, external_locations
 from splitrt.transport import splitrt_pb2 as pb
+
+_HEX = frozenset("0123456789abcdef")
 
 
 def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_upload: bool,
@@ -28,52 +44,82 @@ def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_u
         raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
                          "upload: expected at least one chunk, got none")
     sha = first.sha256.lower()
-    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+    if len(sha) != 64 or not set(sha) <= _HEX:
         raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: expected a hex sha256 of 64 characters, got {first.sha256!r}")
+                         f"upload: expected a hex sha256 of 64 characters, got {first.sha256[:80]!r}")
     if store.has(sha):
         return pb.PutModelReply(sha256=sha, already_present=True, bytes=store.entry(sha).bytes)
     limit = max_model_bytes
     if first.total_bytes > limit:
         raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"upload: expected at most {limit} bytes, got total_bytes {first.total_bytes}")
-    root = store.root
-    tmp = root / f".upload-{uuid.uuid4().hex}.part"
-    h = hashlib.sha256()
-    size = 0
+    tmp = store.root / f".upload-{uuid.uuid4().hex}.part"
     try:
-        with open(tmp, "wb") as f:
-            for chunk in _chain(first, it):
-                size += len(chunk.data)
-                if size > limit:
-                    raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                     f"upload: expected at most {limit} bytes, got more")
-                h.update(chunk.data)
-                f.write(chunk.data)
-        got = h.hexdigest()
-        if got != sha:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"upload: sha256 mismatch, expected {sha}, got {got} ({size} bytes); "
-                             "nothing stored")
-        if first.total_bytes and size != first.total_bytes:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"upload: expected {first.total_bytes} bytes, got {size}; nothing stored")
-        from splitrt.graph import model as graph_mod
-
-        try:
-            graph_mod.load(tmp)
-        except ModelError as exc:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"upload: not a usable ONNX model ({exc}); nothing stored") from exc
-        final = root / f"{sha}.onnx"
+        size = _write(tmp, first, it, sha, limit)
+        _check_model(tmp, store.root)
+        final = store.root / f"{sha}.onnx"
         os.replace(tmp, final)
         store.add(sha, final)
-    except SplitrtError as exc:
-        raise RpcFailure(grpc.StatusCode.INTERNAL, f"upload failed: {exc}") from exc
+    except OSError as exc:  # the server's disk (full, read-only): not the request's fault
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
+                         f"upload: cannot store the model ({exc.strerror or type(exc).__name__}); "
+                         "nothing stored") from exc
     finally:
         tmp.unlink(missing_ok=True)
-    log_event("model_uploaded", model=sha[:12], bytes=size)
+    log_event("model_uploaded", model=sha[:12], bytes=size, name=first.name[:120])
     return pb.PutModelReply(sha256=sha, already_present=False, bytes=size)
+
+
+def _write(tmp: Path, first: pb.ModelChunk, rest: Iterator[pb.ModelChunk], sha: str, limit: int) -> int:
+    """Stream the chunks into ``tmp`` (created exclusively, 0600) under ``limit``; check size and hash."""
+    h = hashlib.sha256()
+    size = 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as f:
+        for chunk in _chain(first, rest):
+            size += len(chunk.data)
+            if size > limit:
+                raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"upload: expected at most {limit} bytes, got more; nothing stored")
+            h.update(chunk.data)
+            f.write(chunk.data)
+        f.flush()
+        os.fsync(f.fileno())
+    got = h.hexdigest()
+    if got != sha:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"upload: sha256 mismatch, expected {sha}, got {got} ({size} bytes); nothing stored")
+    if first.total_bytes and size != first.total_bytes:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"upload: expected {first.total_bytes} bytes, got {size}; nothing stored")
+    return size
+
+
+def _check_model(path: Path, root: Path) -> None:
+    """The upload must be one self-contained ONNX model that loads (normalises, passes the checker)."""
+    import onnx
+
+    from splitrt.graph import model as graph_mod
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"upload: expected an ONNX model, got bytes that do not parse "
+                         f"({type(exc).__name__}); nothing stored") from exc
+    locations = external_locations(proto)
+    del proto
+    if locations:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"upload: expected a self-contained model (no external data), got external-data "
+                         f"location {locations[0][:200]!r}; nothing stored")
+    try:
+        graph_mod.load(path)
+    except Exception as exc:  # ModelError, or whatever onnx raises on a strange model
+        msg = str(exc).replace(str(path), "the upload")
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"upload: not a usable ONNX model ({msg[:500]}); nothing stored") from exc
 
 
 def _chain(first: pb.ModelChunk, rest: Iterator[pb.ModelChunk]) -> Iterator[pb.ModelChunk]:

@@ -56,7 +56,7 @@ import numpy as np
 
 from splitrt import paths
 from splitrt.errors import CloudError, CodecError, ConfigError, InputError, ProfileError, SplitrtError
-from splitrt.transport import codec, wire
+from splitrt.transport import codec, credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
@@ -373,7 +373,13 @@ class Daemon:
         self._idle = threading.Condition(self._lock)
         self.started_s = time.monotonic()
         board = boards.load_board(config.board) if config.board else None
-        token = read_token(config.token_path, "token_path") if config.token_path is not None else None
+        token = None
+        if config.token_path is not None:  # a secret: refused when group or others can read it (as ssh)
+            credentials.check_private(config.token_path, "token_path")
+            token = read_token(config.token_path, "token_path")
+            if not (config.tls or config.tls_ca_path is not None):
+                log.warning("token_path is set but tls is off: the bearer token travels unencrypted to every "
+                            "cloud (set tls = true, and tls_ca_path for a private CA)")
         device_config = DeviceConfig(token=token, tls=config.tls, tls_ca_path=config.tls_ca_path,
                                      upload=config.upload, intra_op_threads=config.intra_op_threads)
         runtime_config = RuntimeConfig(deadline_ms=config.deadline_ms, policy=config.policy,

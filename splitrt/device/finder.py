@@ -7,6 +7,11 @@ from the device's own cloud list, load from the TXT record) and calls ``Adaptive
 with the static addresses first (a configured ``--cloud`` is the user's choice), then the discovered
 ones best first. It also re-ranks every ``rerank_s`` since RTTs change without any mDNS traffic.
 
+A discovered server whose TXT record says ``secure=0`` (no TLS and bearer token: requests travel
+unencrypted, anyone may use it) or says nothing (a server from before the ``secure`` key) is still used,
+but the finder logs a warning naming it before it enters any device's list, once per address
+(``CloudFinder.warnings`` keeps them). Static clouds are the user's choice: no warning.
+
 Discovery only says where servers are; liveness comes from the runtime's probes and failover, so a
 server that vanishes from mDNS is dropped from the list but a server still listed and dead costs
 at most one failed RPC (then the next cloud, or the local tail).
@@ -86,6 +91,8 @@ class CloudFinder:
         self._lists: dict[int, list[str]] = {i: [str(c["address"]) for c in d.clouds()]
                                              for i, d in enumerate(self.devices)}
         self._stop = threading.Event()
+        # address -> the warning logged for an insecure discovered server (once each)
+        self.warnings: dict[str, str] = {}
         self.browser: Any = None
         self.update({})  # static clouds at once, before anything is found
         if browse:
@@ -118,6 +125,7 @@ class CloudFinder:
                         for c in dev.clouds() if c.get("rtt_ms") is not None and c.get("up")}
                 wanted = plan_clouds(servers, dev.graph.sha256, rtts, self.static, tail_ms=self.tail_ms)
                 if wanted != self._lists.get(i):
+                    self._warn_insecure(servers, wanted)  # before the device may send anything there
                     self._lists[i] = wanted
                     dev.set_clouds(wanted)
                     changed[dev.graph.path.name] = wanted
@@ -128,6 +136,19 @@ class CloudFinder:
                     self.on_update(changed)
                 except Exception:
                     log.exception("finder: on_update failed")
+
+    def _warn_insecure(self, servers: Mapping[str, ServerInfo], addresses: Sequence[str]) -> None:
+        by_address = {s.address: s for s in servers.values()}
+        for address in addresses:
+            s = by_address.get(address)
+            if s is None or s.secure is True or address in self.static or address in self.warnings:
+                continue
+            said = ("advertises secure=0 (no TLS and bearer token)" if s.secure is False
+                    else "does not advertise whether it is secure (a server from before the 'secure' key)")
+            msg = (f"finder: cloud {s.name!r} at {address} {said}: requests sent to it may travel unencrypted "
+                   "and anyone on the network may use or impersonate it")
+            self.warnings[address] = msg
+            log.warning("%s", msg)
 
     def wait_for_cloud(self, timeout_s: float) -> bool:
         """Block until every device has at least one cloud (static or found); False on timeout."""

@@ -3,7 +3,9 @@
 - :class:`Advertiser` (cloud side): registers ``<name>._splitrt._tcp.local.`` with TXT records
   ``version``, ``models`` (comma-separated sha256 prefixes, spilling into ``models1``, ``models2``, ...
   since one TXT string holds at most 255 bytes) and ``load`` (the cloud's load factor, 1.0 = idle; the
-  same meaning as ``LoadEstimate.cloud_factor``); ``update_load`` re-announces.
+  same meaning as ``LoadEstimate.cloud_factor``) and ``secure`` (``1``: the server needs TLS and a bearer
+  token; ``0``: it does not, and devices warn before using it; absent: a server from before this key);
+  ``update_load`` re-announces.
 - :class:`Browser` (device side): keeps a live dict ``name -> ServerInfo`` as servers come, change
   their TXT and go; calls ``on_change(snapshot)`` from zeroconf's browser thread after every change.
 - :func:`rank`: pure ordering of servers by probed RTT and load.
@@ -41,6 +43,7 @@ __all__ = [
     "Advertiser",
     "Browser",
     "ServerInfo",
+    "decode_secure",
     "decode_txt",
     "encode_txt",
     "rank",
@@ -67,6 +70,8 @@ class ServerInfo:
     version: str
     models: tuple[str, ...]  # sha256 hex prefixes (MODEL_PREFIX_HEX long, or full)
     load: float
+    # TXT ``secure``: True = TLS + bearer token, False = the server says it is insecure, None = not said.
+    secure: bool | None = None
 
     @property
     def address(self) -> str:
@@ -80,8 +85,9 @@ class ServerInfo:
         return any(s.startswith(m) or m.startswith(s) for m in self.models)
 
 
-def encode_txt(*, version: str, models: Iterable[str], load: float) -> dict[str, str]:
-    """TXT properties for an advertisement; every key=value fits one 255-byte TXT string."""
+def encode_txt(*, version: str, models: Iterable[str], load: float, secure: bool | None = None) -> dict[str, str]:
+    """TXT properties for an advertisement; every key=value fits one 255-byte TXT string. ``secure``
+    (None: key left out) says whether the server needs TLS and a bearer token."""
     if not (math.isfinite(load) and load >= 0):
         raise DiscoveryError(f"load: expected a finite number >= 0, got {load!r}")
     prefixes = []
@@ -90,6 +96,8 @@ def encode_txt(*, version: str, models: Iterable[str], load: float) -> dict[str,
             raise DiscoveryError(f"model hash: expected 8-64 hex digits (a sha256), got {m!r}")
         prefixes.append(m.lower()[:MODEL_PREFIX_HEX])
     txt = {"version": version, "load": f"{load:.4g}"}
+    if secure is not None:
+        txt["secure"] = "1" if secure else "0"
     chunks: list[str] = []
     for p in prefixes:
         if chunks and len(chunks[-1]) + 1 + len(p) <= _TXT_VALUE_MAX:
@@ -122,6 +130,16 @@ def decode_txt(props: Mapping[str | bytes, str | bytes | None]) -> tuple[str, tu
     if not math.isfinite(load) or load < 0:
         load = math.inf
     return d.get("version", ""), tuple(models), load
+
+
+def decode_secure(props: Mapping[str | bytes, str | bytes | None]) -> bool | None:
+    """TXT ``secure``: True for ``1``, False for anything else that is present, None when absent."""
+    for k, v in props.items():
+        key = k.decode("utf-8", "replace") if isinstance(k, bytes) else k
+        if key == "secure":
+            val = v.decode("utf-8", "replace") if isinstance(v, bytes) else (v or "")
+            return val.strip() == "1"
+    return None
 
 
 def rank(
@@ -182,7 +200,8 @@ class Advertiser:
 
     ``addresses``: the IPs clients should connect to; ``interfaces``: the IPs to bind mDNS to (default
     all). ``ttl_s`` bounds how long a crashed server lingers in browsers (zeroconf default 75 min for
-    the PTR record; we use 120 s). Usable as a context manager.
+    the PTR record; we use 120 s). ``secure`` goes into the TXT record (``secure=1``/``0``; None leaves
+    it out). Usable as a context manager.
     """
 
     def __init__(
@@ -197,6 +216,7 @@ class Advertiser:
         interfaces: Sequence[str] | None = None,
         ttl_s: int = 120,
         allow_name_change: bool = False,
+        secure: bool | None = None,
     ) -> None:
         from zeroconf import Error as ZeroconfError
         from zeroconf import ServiceInfo
@@ -211,7 +231,8 @@ class Advertiser:
             raise DiscoveryError(f"addresses: expected IP addresses, got {list(addresses)!r}") from exc
         self._version = version
         self._models = tuple(models)
-        self._txt = encode_txt(version=version, models=self._models, load=load)
+        self._secure = secure
+        self._txt = encode_txt(version=version, models=self._models, load=load, secure=secure)
         host = re.sub(r"[^A-Za-z0-9-]", "-", name).strip("-") or "splitrt"
         self._lock = threading.Lock()
         self._closed = False
@@ -259,7 +280,8 @@ class Advertiser:
             if models is not None:
                 self._models = tuple(models)
             new_load = float(load) if load is not None else float(self._txt["load"])
-            self._txt = encode_txt(version=self._version, models=self._models, load=new_load)
+            self._txt = encode_txt(version=self._version, models=self._models, load=new_load,
+                                   secure=self._secure)
             info = ServiceInfo(SERVICE_TYPE, self._info.name, properties=dict(self._txt), **self._info_args)
             try:
                 self._zc.update_service(info)
@@ -368,6 +390,7 @@ class Browser:
                 version=version,
                 models=models,
                 load=load,
+                secure=decode_secure(info.properties),
             )
             with self._cond:
                 changed = self._servers.get(instance) != server

@@ -345,12 +345,20 @@ class StatusReply(_message.Message):
     SEGMENT_CACHE_SIZE_FIELD_NUMBER: _builtins.int
     MAX_QUEUE_FIELD_NUMBER: _builtins.int
     SERVED_FIELD_NUMBER: _builtins.int
+    INSECURE_FIELD_NUMBER: _builtins.int
+    SECURITY_WARNING_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     allow_upload: _builtins.bool
     max_message_bytes: _builtins.int
     segment_cache_size: _builtins.int
     max_queue: _builtins.int
     served: _builtins.int
+    insecure: _builtins.bool
+    """True when the server listens beyond loopback without both TLS and a bearer token (it was started
+    with --insecure): anyone who can reach it may use it, and requests travel unencrypted.
+    """
+    security_warning: _builtins.str
+    """What is insecure, in words (empty when `insecure` is false)."""
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelInfo]: ...
     @_builtins.property
@@ -369,10 +377,12 @@ class StatusReply(_message.Message):
         segment_cache_size: _builtins.int = ...,
         max_queue: _builtins.int = ...,
         served: _builtins.int = ...,
+        insecure: _builtins.bool = ...,
+        security_warning: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_upload", b"allow_upload", "load", b"load", "max_message_bytes", b"max_message_bytes", "max_queue", b"max_queue", "models", b"models", "segment_cache_size", b"segment_cache_size", "segments", b"segments", "served", b"served", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_upload", b"allow_upload", "insecure", b"insecure", "load", b"load", "max_message_bytes", b"max_message_bytes", "max_queue", b"max_queue", "models", b"models", "security_warning", b"security_warning", "segment_cache_size", b"segment_cache_size", "segments", b"segments", "served", b"served", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -389,6 +399,7 @@ class ModelChunk(_message.Message):
     sha256: _builtins.str
     """Set on the first chunk (ignored on the others)."""
     name: _builtins.str
+    """Informative only (logged): the server stores the model as `<sha256>.onnx`, never under this name."""
     total_bytes: _builtins.int
     data: _builtins.bytes
     def __init__(

@@ -29,6 +29,10 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
 BIG = 64 * 1024 * 1024
+TOKEN = "upl0ad-t0ken"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+# Uploads need a token (secure by default): the upload tests state it.
+UPLOADS = {"allow_upload": True, "tokens": (TOKEN,)}
 
 
 @pytest.fixture(scope="module")
@@ -283,8 +287,8 @@ def _model_bytes(name: str) -> tuple[bytes, str]:
 
 
 def test_upload_once_then_serve(tmp_path: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s:
-        with Device(zoo.get("tiny_chain"), s.address) as dev:
+    with CloudServer(ServerConfig(models_dir=tmp_path, **UPLOADS)) as s:
+        with Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=TOKEN)) as dev:
             x = dev.random_inputs()
             assert _rel(dev.run_local(x)["y"], dev.run(x, cut="c2")["y"]) <= 1e-5
             assert (tmp_path / f"{dev.sha256}.onnx").read_bytes() == zoo.get("tiny_chain").read_bytes()
@@ -305,22 +309,22 @@ def test_status_lists_models_copied_in_after_start(tmp_path: Path) -> None:
 
 def test_upload_with_wrong_hash_or_garbage_stores_nothing(tmp_path: Path) -> None:
     data, sha = _model_bytes("tiny_chain")
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s:
+    with CloudServer(ServerConfig(models_dir=tmp_path, **UPLOADS)) as s:
         stub = _stub(s.address)
         wrong = "ab" * 32
         with pytest.raises(grpc.RpcError) as info:
             stub.PutModel(iter([pb.ModelChunk(sha256=wrong, total_bytes=len(data), data=data[:1000]),
-                                pb.ModelChunk(data=data[1000:])]), timeout=10)
+                                pb.ModelChunk(data=data[1000:])]), timeout=10, metadata=AUTH)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert f"expected {wrong}, got {sha}" in info.value.details()
         garbage = b"not an onnx model" * 100
         with pytest.raises(grpc.RpcError) as info:
             stub.PutModel(iter([pb.ModelChunk(sha256=hashlib.sha256(garbage).hexdigest(), data=garbage)]),
-                          timeout=10)
+                          timeout=10, metadata=AUTH)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nothing stored" in info.value.details()
         assert list(tmp_path.iterdir()) == []
-        assert len(stub.Status(pb.StatusRequest(), timeout=5).models) == 0
-        reply = stub.PutModel(iter([pb.ModelChunk(sha256=sha, data=data)]), timeout=10)
+        assert len(stub.Status(pb.StatusRequest(), timeout=5, metadata=AUTH).models) == 0
+        reply = stub.PutModel(iter([pb.ModelChunk(sha256=sha, data=data)]), timeout=10, metadata=AUTH)
         assert reply.sha256 == sha and not reply.already_present
 
 
@@ -339,6 +343,7 @@ def test_upload_refused_when_not_allowed(tmp_path: Path) -> None:
 def test_bearer_token_auth(models_dir: Path, tmp_path: Path) -> None:
     token_file = tmp_path / "tokens"
     token_file.write_text("# operators\ns3cret\n\nother\n")
+    token_file.chmod(0o600)
     assert tokens_from_file(token_file) == ("s3cret", "other")
     with CloudServer(ServerConfig(models_dir=models_dir, tokens=tokens_from_file(token_file))) as s:
         for token in (None, "wrong"):
@@ -381,6 +386,7 @@ def test_bad_config_is_refused(tmp_path: Path) -> None:
         CloudServer(ServerConfig(models_dir=tmp_path, tls_cert_path=tmp_path / "c"))
     with pytest.raises(ConfigError, match="at least one token"):
         (tmp_path / "empty").write_text("\n# none\n")
+        (tmp_path / "empty").chmod(0o600)
         tokens_from_file(tmp_path / "empty")
 
 
@@ -449,3 +455,44 @@ def test_garbage_infer_bytes_are_invalid_argument(server: CloudServer, device: D
     assert replies[0].error.code == "INVALID_ARGUMENT" and "splitrt.v1.InferRequest" in replies[0].error.message
     assert replies[1].error.code == "" and replies[1].request_id == good.request_id
     channel.close()
+
+
+@pytest.mark.parametrize(("method", "streaming"), [("Probe", False), ("Status", False), ("PutModel", True)])
+def test_garbage_bytes_to_any_method_are_invalid_argument(server: CloudServer, device: Device, method: str,
+                                                          streaming: bool) -> None:
+    # gRPC alone answers INTERNAL ("Exception deserializing request") to bytes that do not parse.
+    channel = grpc.insecure_channel(server.address)
+    call = (channel.stream_unary if streaming else channel.unary_unary)(f"/{wire.SERVICE_NAME}/{method}")
+    for data in (b"\xff" * 11, b"\x0a\x05ab", b"\x0a\x80\x80\x80\x80\x10"):
+        with pytest.raises(grpc.RpcError) as info:
+            call(iter([data]) if streaming else data, timeout=10)
+        assert info.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED), data
+        if info.value.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            assert f"{method}: expected a protobuf-encoded splitrt.v1." in info.value.details()
+    channel.close()
+    _serves(device)
+
+
+def test_unknown_cuts_leave_nothing_behind(server: CloudServer, device: Device) -> None:
+    # every refused (model, cut) used to keep a build lock forever: memory an attacker could grow at will
+    for i in range(50):
+        req = _request(device)
+        req.cut_id = f"c{1000 + i}"
+        assert _code(server.address, req)[0] == grpc.StatusCode.NOT_FOUND
+    assert server.tails._building == {}
+    _serves(device)
+
+
+def test_a_stored_model_onnxruntime_cannot_run_is_failed_precondition(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 999)])  # loads; onnxruntime refuses
+    onnx.save(model, str(tmp_path / "future.onnx"))
+    sha = hashlib.sha256((tmp_path / "future.onnx").read_bytes()).hexdigest()
+    with CloudServer(ServerConfig(models_dir=tmp_path)) as s:
+        code, details = _code(s.address, pb.InferRequest(model_sha256=sha, cut_id="cloud"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "does not load in onnxruntime" in details

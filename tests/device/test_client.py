@@ -30,6 +30,7 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
 SPLIT_MODELS = ("tiny_chain", "multi_io", "branchy", "squeezenet")
+TOKEN = "upl0ad-t0ken"  # uploads need a bearer token (secure by default)
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -292,8 +293,8 @@ def test_request_deadline_covers_the_model_check_and_a_failed_check_is_remembere
 
 
 def test_missing_model_is_uploaded_in_the_background_not_within_a_request(tmp_path: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s, \
-            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(check_backoff_s=0.05)) as dev:
+    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s, \
+            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(check_backoff_s=0.05, token=TOKEN)) as dev:
         x = dev.random_inputs()
         head = dev.run_head(x, "c2")
         with pytest.raises(CloudError) as info:
@@ -308,13 +309,13 @@ def test_missing_model_is_uploaded_in_the_background_not_within_a_request(tmp_pa
         res = dev.send(head, timeout_s=5)
         assert res.where == "cloud" and rel_err(dev.run_local(x)["y"], res.outputs["y"]) <= 1e-5
         # a fresh Device (as the runtime makes after a failure) finds the model there
-        with Device(dev.graph, s.address) as fresh:
+        with Device(dev.graph, s.address, config=DeviceConfig(token=TOKEN)) as fresh:
             assert fresh.send(head, timeout_s=5).where == "cloud"
 
 
 def test_explicit_ensure_model_uploads_inline(tmp_path: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s, \
-            Device(zoo.get("tiny_chain"), s.address) as dev:
+    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s, \
+            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=TOKEN)) as dev:
         dev.ensure_model()
         assert not dev.upload_in_progress()
         assert [p.name for p in tmp_path.iterdir()] == [f"{dev.sha256}.onnx"]
@@ -322,8 +323,8 @@ def test_explicit_ensure_model_uploads_inline(tmp_path: Path) -> None:
 
 
 def test_blocking_send_gets_its_full_timeout_after_an_inline_upload(tmp_path: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True)) as s, \
-            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2)) as dev:
+    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s, \
+            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2, token=TOKEN)) as dev:
         put_model = s.put_model
 
         def slow_put_model(chunks: Any) -> pb.PutModelReply:

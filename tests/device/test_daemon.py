@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -80,6 +81,30 @@ def test_config_file_errors(tmp_path: Path) -> None:
     bad.write_text("deadline_ms = = 3\n")
     with pytest.raises(ConfigError, match="expected TOML"):
         load_config(bad)
+
+
+def test_listeners_default_to_loopback() -> None:
+    cfg = parse_config(GOOD, base_dir=Path("/tmp"))
+    assert cfg.api_address == "127.0.0.1:50100" and cfg.metrics_address == "127.0.0.1"
+    with pytest.raises(ConfigError, match=r"key 'metrics_address': expected a loopback address, got '0\.0\.0\.0'"):
+        parse_config({**GOOD, "metrics_address": "0.0.0.0"}, base_dir=Path("/tmp"))
+
+
+def test_token_file_readable_by_others_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    token = tmp_path / "token"
+    token.write_text("daemon-s3cret\n")
+    token.chmod(0o644)
+    cfg = parse_config({**GOOD, "token_path": str(token), "metrics_port": -1, "api_address": "127.0.0.1:0"},
+                       base_dir=tmp_path)
+    with pytest.raises(ConfigError) as info:
+        Daemon(cfg)
+    msg = str(info.value)
+    assert f"token_path {token}: permissions 0644 are too open" in msg and f"chmod 600 {token}" in msg
+    assert "daemon-s3cret" not in msg
+    token.chmod(0o600)  # private: accepted; without TLS the daemon warns that the token travels in clear
+    with caplog.at_level(logging.WARNING, logger="splitrt.device.daemon"):
+        Daemon(cfg).stop(grace_s=0)
+    assert any("token travels unencrypted" in r.getMessage() for r in caplog.records)
 
 
 # -- in-process daemon against a real cloud ----------------------------------------------------------

@@ -5,6 +5,7 @@ stop the cloud in use, the device moves to the other with no failed request."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -34,8 +35,10 @@ SHA = "ab" * 32
 OTHER = "cd" * 32
 
 
-def info(name: str, host: str, port: int, *, models: tuple[str, ...] = (SHA[:16],), load: float = 1.0) -> ServerInfo:
-    return ServerInfo(name=name, host=host, port=port, addresses=(host,), version="0.1.0", models=models, load=load)
+def info(name: str, host: str, port: int, *, models: tuple[str, ...] = (SHA[:16],), load: float = 1.0,
+         secure: bool | None = True) -> ServerInfo:
+    return ServerInfo(name=name, host=host, port=port, addresses=(host,), version="0.1.0", models=models, load=load,
+                      secure=secure)
 
 
 def test_plan_clouds_static_first_then_serving_servers_ranked() -> None:
@@ -118,6 +121,42 @@ def test_finder_keeps_static_clouds(two_clouds: tuple[CloudServer, CloudServer])
         assert [c["address"] for c in dev.clouds()] == [a.address]
 
 
+class _Recorder:
+    """A finder target that records its cloud lists (no runtime, no network)."""
+
+    def __init__(self, sha256: str, caplog: pytest.LogCaptureFixture) -> None:
+        self.graph = type("G", (), {"sha256": sha256, "path": Path("m.onnx")})()
+        self.caplog = caplog
+        self.lists: list[tuple[list[str], int]] = []  # (list, log records so far)
+        self._clouds: list[str] = []
+
+    def set_clouds(self, addresses: Any) -> None:
+        self._clouds = list(addresses)
+        self.lists.append((list(addresses), len(self.caplog.records)))
+
+    def clouds(self) -> list[dict[str, object]]:
+        return [{"address": a, "up": False, "rtt_ms": None} for a in self._clouds]
+
+
+def test_finder_warns_before_a_device_can_send_to_an_insecure_cloud(caplog: pytest.LogCaptureFixture) -> None:
+    dev = _Recorder(SHA, caplog)
+    servers = {"open": info("open", "10.0.0.1", 1, secure=False), "old": info("old", "10.0.0.2", 1, secure=None),
+               "locked": info("locked", "10.0.0.3", 1, secure=True),
+               "static-open": info("static-open", "10.0.0.4", 1, secure=False)}
+    with caplog.at_level(logging.WARNING, logger="splitrt.device.finder"), \
+            CloudFinder(dev, static=["10.0.0.4:1"], browse=False, rerank_s=0) as finder:
+        finder.update(servers)
+        finder.update(servers)  # again: each address is warned about once
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert any("cloud 'open' at 10.0.0.1:1 advertises secure=0 (no TLS and bearer token)" in w for w in warnings)
+    assert any("cloud 'old' at 10.0.0.2:1 does not advertise whether it is secure" in w for w in warnings)
+    assert sorted(finder.warnings) == ["10.0.0.1:1", "10.0.0.2:1"]  # not the TLS+token one, not the static one
+    # both warnings were logged before the list holding those clouds reached the device
+    records_then = next(n for lst, n in dev.lists if "10.0.0.1:1" in lst)
+    assert records_then == 2
+
+
 # -- namespaces (root) --------------------------------------------------------------------------------
 
 
@@ -182,7 +221,9 @@ def test_device_moves_to_the_other_advertised_cloud_without_failing(lan: Any, mo
 
     def serve(host: Any, name: str) -> Proc:
         return Proc(host, [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir),
-                           "--host", "0.0.0.0", "--port", "50051", "--workers", "1", "--intra-op-threads", "1",
+                           # no TLS/token on a test LAN: the choice is explicit (--insecure)
+                           "--host", "0.0.0.0", "--insecure", "--port", "50051", "--workers", "1",
+                           "--intra-op-threads", "1",
                            "--drain-s", "2", "--advertise", "--advertise-name", name,
                            "--advertise-interface", host.ip, "--advertise-address", host.ip])
 
@@ -216,6 +257,9 @@ def test_device_moves_to_the_other_advertised_cloud_without_failing(lan: Any, mo
             device.stop()
         for p in clouds.values():
             p.stop()
+    # the servers said they were open, and the device warned before using them
+    assert all(any('"event": "insecure"' in ln for ln in p.err) for p in clouds.values())
+    assert any("advertises secure=0" in ln for ln in dev.err), "".join(dev.err)[-2000:]
     rows = requests()
     summary = json.loads(next(ln for ln in dev.out if ln.startswith('{"summary"')))["summary"]
     assert [r["id"] for r in rows] == list(range(n))

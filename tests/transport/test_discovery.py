@@ -24,7 +24,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from splitrt.errors import DiscoveryError
-from splitrt.transport.discovery import MODEL_PREFIX_HEX, Advertiser, ServerInfo, decode_txt, encode_txt, rank
+from splitrt.transport.discovery import (
+    MODEL_PREFIX_HEX,
+    Advertiser,
+    Browser,
+    ServerInfo,
+    decode_secure,
+    decode_txt,
+    encode_txt,
+    rank,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SHA_A = hashlib.sha256(b"model a").hexdigest()
@@ -58,6 +67,15 @@ def test_decode_tolerates_garbage() -> None:
     assert version == ""
     assert models == ("0123456789abcdef",)
     assert load == math.inf
+
+
+def test_txt_says_whether_the_server_is_secure() -> None:
+    assert encode_txt(version="1", models=[], load=1.0, secure=False)["secure"] == "0"
+    assert encode_txt(version="1", models=[], load=1.0, secure=True)["secure"] == "1"
+    assert "secure" not in encode_txt(version="1", models=[], load=1.0)
+    assert decode_secure({b"secure": b"0"}) is False and decode_secure({"secure": "1"}) is True
+    assert decode_secure({b"secure": b"yes"}) is False  # only "1" means secure
+    assert decode_secure({b"load": b"1"}) is None  # a server from before the key
 
 
 def test_encode_rejects_bad_values() -> None:
@@ -345,3 +363,20 @@ def _print_figures() -> Iterator[None]:
     yield
     if FIGURES:
         print("\ndiscovery figures:", json.dumps({k: round(v, 3) for k, v in FIGURES.items()}))
+
+
+@pytest.mark.root
+@needs_root
+def test_browser_sees_whether_a_server_is_secure(lan: Any) -> None:
+    h0, h1 = lan.hosts[0], lan.hosts[1]
+    made: list[Any] = []
+    try:
+        for name, port, secure in (("open-cloud", 50071, False), ("locked-cloud", 50072, True)):
+            made.append(h1.call(lambda n=name, p=port, sec=secure: Advertiser(n, p, [h1.ip], interfaces=[h1.ip],
+                                                                            secure=sec)))
+        made.append(h0.call(lambda: Browser(interfaces=[h0.ip])))
+        servers = made[-1].wait_for(lambda s: {"open-cloud", "locked-cloud"} <= set(s), timeout_s=20)
+        assert servers["open-cloud"].secure is False and servers["locked-cloud"].secure is True
+    finally:
+        for m in reversed(made):
+            m.close()

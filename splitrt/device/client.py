@@ -34,7 +34,7 @@ import numpy as np
 
 from splitrt.device.upload import ModelUploader
 from splitrt.errors import CloudError, CodecError, ConfigError, InputError
-from splitrt.transport import codec, wire
+from splitrt.transport import codec, credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport.base import Transport
@@ -44,11 +44,9 @@ DEVICE_CUT = "device"
 
 
 def read_token(path: Path, what: str = "token file") -> str:
-    """The bearer token on the first line of ``path`` (``what`` names the setting in errors)."""
-    try:
-        return path.read_text().splitlines()[0].strip()
-    except (OSError, IndexError) as exc:
-        raise ConfigError(f"{what} {path}: expected a token on the first line") from exc
+    """The bearer token in ``path`` (the first one; ``what`` names the setting in errors). The file must
+    be private to its owner, as for the server (``credentials.check_private``)."""
+    return credentials.read_tokens(Path(path), what)[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +55,7 @@ class DeviceConfig:
     codec: str = "fp32"
     output_codec: str = "fp32"
     # Bearer token sent as 'authorization' metadata.
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     # TLS: on when ``tls`` or a CA file is given; ``tls_server_name`` overrides the name checked.
     tls: bool = False
     tls_ca_path: Path | None = None

@@ -24,7 +24,7 @@ import pytest
 from splitrt.cli import app as cli
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device, DeviceConfig
-from splitrt.errors import CloudError, CutError, InputError
+from splitrt.errors import CloudError, ConfigError, CutError, InputError
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
@@ -358,3 +358,16 @@ def test_a_reply_claiming_a_huge_tensor_is_refused_unread() -> None:
             assert info.value.code == "DATA_LOSS" and f"expected at most {4 << 20}" in str(info.value)
     finally:
         server.stop(None)
+
+
+def test_device_token_file_must_be_private_and_never_shows_in_repr(tmp_path: Path) -> None:
+    from splitrt.device.client import read_token
+
+    f = tmp_path / "token"
+    f.write_text("s3cret-token\n")
+    os.chmod(f, 0o644)
+    with pytest.raises(ConfigError, match=r"permissions 0644 are too open.*chmod 600"):
+        read_token(f)
+    os.chmod(f, 0o600)
+    assert read_token(f) == "s3cret-token"
+    assert "s3cret" not in repr(DeviceConfig(token="s3cret-token"))

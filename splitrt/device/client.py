@@ -161,8 +161,11 @@ def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]
         arr = np.asarray(inputs[name])
         if arr.dtype.name != info.dtype:
             raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {arr.dtype.name}")
-        if info.shape is not None and not wire.shape_matches(tuple(info.shape), tuple(arr.shape)):
-            raise InputError(f"input {name!r}: expected shape {wire.describe_shape(tuple(info.shape))}, "
+        # The shape the model declares (a free dim takes any size), not the one a bound graph was sized
+        # at: the binding is where costs were computed, not the only shape served.
+        shape = graph.generic_shape(name) if hasattr(graph, "generic_shape") else info.shape
+        if shape is not None and not wire.shape_matches(tuple(shape), tuple(arr.shape)):
+            raise InputError(f"input {name!r}: expected shape {wire.describe_shape(tuple(shape))}, "
                              f"got {list(arr.shape)}")
         out[name] = arr
     return out

@@ -11,6 +11,14 @@ public names (``slow_start_after_idle``, ``IDLE_WAIT_ROUNDS``) stay importable f
 
 Policies (the rig's strategies drive the same code): ``adaptive`` re-plans per request; ``periodic:S``
 re-plans every S seconds (REAP-style); ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ...).
+
+Per-shape plans: a model with free dims (OCR crops of every width, sentences of every length) costs
+different amounts at every input shape, and the cost table is profiled at one. Requests are keyed by
+their shape signature; the first request of an unseen signature gets a table scaled to its shapes
+(bytes exact from the re-bound graph, times scaled by FLOPs: ``splitrt.plan.reshape``) and its own
+controller and policy (own hysteresis), kept in a bounded LRU. The profiled signature keeps the table
+as given. Every decision records its signature (``extra["shape"]``): ``reshape.replay_by_shape``
+replays such a log.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import json
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
@@ -29,9 +38,12 @@ from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.clouds import Cloud, Clouds
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.errors import CloudError, ConfigError, SplitrtError
+from splitrt.graph import rebind
+from splitrt.plan import reshape
 from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
+from splitrt.plan.reshape import Signature
 from splitrt.plan.solver import parse_plan
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
@@ -56,11 +68,15 @@ class RuntimeConfig:
     # Time kept in reserve for finishing locally when the RPC deadline is computed.
     min_rpc_timeout_ms: float = 50.0
     warm_sessions: bool = True
+    # Request shapes other than the profiled one whose scaled table and controller are kept (LRU).
+    max_shapes: int = 16
 
     def __post_init__(self) -> None:
         parse_policy(self.policy)
         if self.deadline_ms <= 0:
             raise ConfigError(f"deadline_ms: expected > 0, got {self.deadline_ms!r}")
+        if self.max_shapes < 1:
+            raise ConfigError(f"max_shapes: expected >= 1, got {self.max_shapes!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +91,93 @@ class Outcome:
     result: SplitResult
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShapePlan:
+    """What one request-shape signature is planned with: its table, and its own controller and policy
+    (so hysteresis at one shape is not disturbed by requests at another)."""
+
+    signature: Signature
+    table: CostTable
+    controller: Controller
+    policy: Policy
+    source: str  # profiled | scaled | profiled (re-binding failed)
+
+
+class _ShapePlans:
+    """A ``ShapePlan`` per signature: the profiled one pinned, the others in an LRU of ``size``. A new
+    one is built once, under its own lock (re-binding the graph takes 10-100 ms: requests at known
+    shapes must not wait for it)."""
+
+    def __init__(self, graph: Any, table: CostTable, make: Callable[[CostTable], tuple[Controller, Policy]], *,
+                 profiled: Signature | None, size: int) -> None:
+        self.graph, self.table, self.make, self.size = graph, table, make, size
+        controller, policy = make(table)
+        self.profiled = ShapePlan(signature=profiled or (), table=table, controller=controller, policy=policy,
+                                  source="profiled")
+        self.known = profiled is not None  # else the first request's signature is taken as the profiled one
+        self.last = self.profiled
+        self.built = 0
+        self.last_error = ""
+        self._others: OrderedDict[Signature, ShapePlan] = OrderedDict()
+        self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
+
+    def _held(self, sig: Signature) -> ShapePlan | None:
+        if not self.known:
+            self.known, self.profiled = True, replace(self.profiled, signature=sig)
+        if sig == self.profiled.signature:
+            return self.profiled
+        sp = self._others.get(sig)
+        if sp is not None:
+            self._others.move_to_end(sig)
+        return sp
+
+    def get(self, sig: Signature, feeds: Mapping[str, np.ndarray]) -> ShapePlan:
+        with self._lock:
+            sp = self._held(sig)
+            if sp is not None:
+                self.last = sp
+                return sp
+        with self._build_lock:
+            with self._lock:
+                sp = self._others.get(sig)
+            if sp is None:
+                table, source = self.table_at(sig, feeds)
+                controller, policy = self.make(table)
+                sp = ShapePlan(signature=sig, table=table, controller=controller, policy=policy, source=source)
+                with self._lock:
+                    self._others[sig] = sp
+                    self.built += 1
+                    while len(self._others) > self.size:
+                        self._others.popitem(last=False)
+            with self._lock:
+                self.last = sp
+            return sp
+
+    def table_at(self, sig: Signature, feeds: Mapping[str, np.ndarray] | None = None) -> tuple[CostTable, str]:
+        """The profiled table scaled to ``sig`` (``feeds``, of those shapes, size data-dependent tensors)."""
+        if sig == self.profiled.signature:
+            return self.table, "profiled"
+        try:
+            at_a = rebind.cut_costs_at(self.graph, dict(self.profiled.signature))
+            at_b = rebind.cut_costs_at(self.graph, dict(sig), sample=feeds)
+            return reshape.scale_table(self.table, at_a, at_b), "scaled"
+        except SplitrtError as exc:
+            # Shapes the model's own shape inference cannot follow: plan with the profiled table
+            # rather than fail a request the model itself accepts.
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return self.table, "profiled (re-binding failed)"
+
+    def snapshot(self) -> dict[Signature, ShapePlan]:
+        with self._lock:
+            return {self.profiled.signature: self.profiled, **self._others}
+
+
 class AdaptiveDevice:
-    """Thread-safe: the daemon's API threads call ``infer`` concurrently."""
+    """Thread-safe: the daemon's API threads call ``infer`` concurrently.
+
+    ``table`` was profiled at ``table_shapes`` (input name -> shape; default: the bound graph's
+    ``input_shapes``, else the shape of the first request)."""
 
     def __init__(
         self,
@@ -90,19 +191,28 @@ class AdaptiveDevice:
         log: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
         start_prober: bool = True,
+        table_shapes: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self.config = config or RuntimeConfig()
         self.device_config = device_config or DeviceConfig()
-        self.local = Device(model, None, config=self.device_config)
-        self.graph = self.local.graph
+        self.local: Device = Device(model, config=self.device_config)
+        self.graph = self.local.graph  # bound when the caller bound it: sized at the profiled shapes
         if list(table.ids) != [c.id for c in self.graph.cuts()]:
             raise ConfigError(
                 f"cost table lists {len(table.ids)} cuts, model {self.graph.path.name} has "
                 f"{len(self.graph.cuts())}: expected a profile of this model"
             )
         self.table = table
-        self.controller = Controller(table, self.config.controller, power=power)
-        self.policy = Policy(self.config.policy, self.controller)
+
+        def make(t: CostTable) -> tuple[Controller, Policy]:
+            controller = Controller(t, self.config.controller, power=power)
+            return controller, Policy(self.config.policy, controller)
+
+        profiled = table_shapes if table_shapes is not None else self.graph.input_shapes
+        self._shapes = _ShapePlans(self.graph, table, make, size=self.config.max_shapes,
+                                   profiled=reshape.signature(profiled) if profiled is not None else None)
+        # The profiled shape's planning state (other shapes get their own: ``shape_plans``).
+        self.controller, self.policy = self._shapes.profiled.controller, self._shapes.profiled.policy
         self.link = LinkEstimator(self.config.link)
         self.load = LoadEstimator()
         self.clock = clock
@@ -112,7 +222,8 @@ class AdaptiveDevice:
                               backoff_max_s=self.config.backoff_max_s, lock=self._lock)
         self.set_clouds(clouds)
         self._warm_due = False
-        self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0}
+        self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0,
+                      "shape_tables": 0}
         self.last_local_error = ""
         self.prober = Prober(self, self._clouds, lock=self._lock, after_round=self._warm_if_due)
         if start_prober:
@@ -127,11 +238,21 @@ class AdaptiveDevice:
         return self._clouds.snapshot()
 
     # -- planning ----------------------------------------------------------------------------------
-    def _decide(self, now_s: float, request: str, cloud_available: bool) -> Decision:
+    def _decide(self, sp: ShapePlan, now_s: float, request: str, cloud_available: bool) -> Decision:
         est = self.link.estimate(now_s)
         load = self.load.estimate(now_s)
         with self._lock:
-            return self.policy.decide(now_s, est, load, cloud_available=cloud_available, request=request)
+            return sp.policy.decide(now_s, est, load, cloud_available=cloud_available, request=request)
+
+    def shape_plans(self) -> dict[Signature, ShapePlan]:
+        """The signatures planned for now, the profiled one first (the others most recent last)."""
+        return self._shapes.snapshot()
+
+    def table_for(self, sig: Signature | None) -> CostTable:
+        """The table requests of ``sig`` are planned with (None: the profiled one); for an evicted or
+        unseen signature the scaled table is computed afresh. ``reshape.replay_by_shape`` takes this."""
+        held = self.shape_plans().get(sig) if sig is not None else self._shapes.profiled
+        return held.table if held is not None else self._shapes.table_at(sig or ())[0]
 
     # -- one request -------------------------------------------------------------------------------
     def infer(self, inputs: Mapping[str, Any], *, request: str | None = None,
@@ -142,20 +263,25 @@ class AdaptiveDevice:
         now = self.clock()
         deadline = deadline_ms or self.config.deadline_ms
         feeds = self.local.check_inputs(inputs)
+        sp = self._shapes.get(reshape.signature({n: a.shape for n, a in feeds.items()}), feeds)
+        table = sp.table
         live = self._clouds.live()
-        decision = self._decide(now, rid, cloud_available=bool(live))
-        cut, codec = parse_plan(decision.plan, self.table.codecs[0])
+        decision = self._decide(sp, now, rid, cloud_available=bool(live))
+        cut, codec = parse_plan(decision.plan, table.codecs[0])
         head = self.local.run_head(feeds, cut)
-        result, server, fallback = self._finish(head, cut, codec, live, t0, deadline, now)
-        # The device's real speed: the head (the whole model on the device plan) against the profile.
+        result, server, fallback = self._finish(table, head, cut, codec, live, t0, deadline, now)
+        # The device's real speed: the head (the whole model on the device plan) against the table of
+        # this shape (another shape's times would read as a speed change).
         measured = result.total_ms if cut == DEVICE_CUT else head.head_ms
         with self._lock:
             self.load.add_head(self.clock(), measured_ms=measured,
-                               profiled_ms=float(self.table.head_ms[self.table.index(cut)]))
+                               profiled_ms=float(table.head_ms[table.index(cut)]))
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
-                           extra={"model": self.graph.sha256[:16], "policy": self.config.policy})
+                           extra={"model": self.graph.sha256[:16], "policy": self.config.policy,
+                                  "shape": reshape.signature_json(sp.signature), "table": sp.source})
         with self._lock:
+            self.stats["shape_tables"] = self._shapes.built
             self.stats["completed"] += 1
             self.stats["fallbacks"] += int(fallback)
             self.stats["switches"] += int(decision.switched)
@@ -167,13 +293,13 @@ class AdaptiveDevice:
         return Outcome(request=rid, outputs=result.outputs, plan=decision.plan, latency_ms=latency,
                        fallback=fallback, server=server, decision=decision, result=result)
 
-    def _finish(self, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
+    def _finish(self, table: CostTable, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
                 deadline_ms: float, now: float) -> tuple[SplitResult, str | None, bool]:
         if cut == DEVICE_CUT:
             return self.local.finish_locally(head), None, False
         # Keep enough of the deadline to run the tail here if the cloud does not answer in time.
-        local_tail_ms = float(self.table.head_ms[self.table.index(DEVICE_CUT)] - self.table.head_ms[
-            self.table.index(cut)]) * max(1.0, self.load.estimate(now).device_factor)
+        local_tail_ms = float(table.head_ms[table.index(DEVICE_CUT)] - table.head_ms[
+            table.index(cut)]) * max(1.0, self.load.estimate(now).device_factor)
         for cloud in live:
             left_ms = deadline_ms - (time.perf_counter() - t0) * 1e3 - local_tail_ms
             timeout_ms = max(self.config.min_rpc_timeout_ms, left_ms)
@@ -191,18 +317,18 @@ class AdaptiveDevice:
                         self.last_local_error = f"{type(exc).__name__}: {exc}"
                     break
             self._clouds.answered(cloud)
-            self._observe(res, cut)
+            self._observe(table, res, cut)
             return res, cloud.address, False
         local = self.local.finish_locally(head)
         return local, None, True
 
-    def _observe(self, res: SplitResult, cut: str) -> None:
+    def _observe(self, table: CostTable, res: SplitResult, cut: str) -> None:
         now = self.clock()
         with self._lock:
             net_s = max(res.network_ms, 0.0) / 1e3
             self.link.add_transfer(now, res.bytes_up + res.bytes_down, net_s)
-            i = self.table.index(cut)
-            prof_tail_s = float(self.table.tail_ms[i]) / 1e3
+            i = table.index(cut)
+            prof_tail_s = float(table.tail_ms[i]) / 1e3
             if prof_tail_s > 0:
                 self.load.add_cloud(now, queue_wait_s=res.queue_ms / 1e3, profiled_tail_s=prof_tail_s,
                                     tail_s=res.tail_ms / 1e3)
@@ -211,8 +337,8 @@ class AdaptiveDevice:
         """Build head sessions of the plans likely next, off the request path's critical section."""
         if not self.config.warm_sessions or self.config.policy != "adaptive":
             return
-        with self._lock:
-            plans = self.controller.warm_plans(self.link.estimate(now_s), self.load.estimate(now_s))
+        with self._lock:  # the plans of the shape requests come at now
+            plans = self._shapes.last.controller.warm_plans(self.link.estimate(now_s), self.load.estimate(now_s))
         for p in plans[:4]:
             cut, _ = parse_plan(p, self.table.codecs[0])
             self.local.warm(cut)
@@ -232,8 +358,10 @@ class AdaptiveDevice:
         with self._lock:
             est = self.link.estimate(now)
             load = self.load.estimate(now)
+            last = self._shapes.last
             return {
-                "plan": self.controller.current, "policy": self.config.policy,
+                "plan": last.controller.current, "policy": self.config.policy,
+                "shape": reshape.signature_json(last.signature), "shape_plans": len(self.shape_plans()),
                 "bandwidth_mbps": est.bandwidth_mbps, "rtt_ms": est.rtt_ms, "confidence": est.confidence,
                 "device_load": load.device_factor, "cloud_load": load.cloud_factor,
                 "clouds": self.clouds(), **self.stats,

@@ -308,3 +308,14 @@ def _measure(bound: onnx.ModelProto, names: list[str], shapes: Mapping[str, Shap
                          "pass --sample FILE.npz with real inputs (values can steer the graph)") from exc
     return {n: Sized(np.asarray(v).dtype.name, tuple(int(s) for s in np.asarray(v).shape), "measured")
             for n, v in zip(names, outs, strict=True)}
+
+
+# -- signatures -------------------------------------------------------------------------------------
+
+Signature = tuple[tuple[str, Shape], ...]
+
+
+def signature(input_shapes: Mapping[str, Sequence[int]]) -> Signature:
+    """A hashable key for one set of input shapes: ``((name, shape), ...)`` sorted by name, so the
+    same shapes give the same key whatever order they came in."""
+    return tuple(sorted((name, tuple(int(d) for d in shape)) for name, shape in input_shapes.items()))

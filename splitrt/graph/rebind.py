@@ -41,6 +41,8 @@ class CutCosts:
     float_bytes: tuple[int, ...]
     reply_bytes: int  # the graph outputs, sent back for every cut but ``device``
     flops: float  # the whole model
+    head_nodes: tuple[int, ...] = ()  # nodes run on each side: each costs a fixed dispatch time too
+    tail_nodes: tuple[int, ...] = ()
 
     @property
     def signature(self) -> Signature:
@@ -65,6 +67,8 @@ def cut_costs(graph: graph_mod.ModelGraph) -> CutCosts:
         float_bytes=tuple(sum(max(t.bytes, 0) for t in c.tensors if t.dtype == "float32") if s else 0
                           for c, s in zip(cuts, sent, strict=True)),
         reply_bytes=sum(max(o.bytes, 0) for o in graph.outputs),
+        head_nodes=tuple(c.head_nodes for c in cuts),
+        tail_nodes=tuple(len(graph.nodes) - c.head_nodes for c in cuts),
         flops=total,
     )
 

@@ -19,13 +19,12 @@ and memory traffic are assumed to grow like them, which holds for CNNs on spatia
 for attention (softmax grows with seq², layer norms with seq). Per-op efficiency changes with the shape:
 small tensors under-use the cores and vector units, large ones fall out of cache, so time is not linear
 in FLOPs. The fixed per-run overhead does not scale, and neither does each node's own fixed cost (kernel
-dispatch, allocation), which ``fixed_ms`` cannot hold out: it is per node, not per side. What that
-means in practice (``bench/bench_shapes.py``, 2-core x86): a CNN whose time is in its convolutions
-scales well (yolo_tiny 320² -> 640², 4x the FLOPs: whole-model time within ~10 %, plans as the real
-profile's), while a model small enough to be dominated by per-node costs does not (bert_tiny seq 16 ->
-128: 11x the FLOPs, ~6x the time; about half its seq-16 time does not grow, so the scaled table is
-~2x too slow). The result is a prior for the controller, as good as the shapes are close and the model
-compute-bound; re-profile at a shape that matters.
+dispatch, allocation): when the shape costs carry node counts, ``scale_table`` fits ``ms ≈ node_ms ×
+nodes + ms_per_flop × FLOPs`` per side over the profile's cuts and scales only the second term. In
+practice (``bench/bench_shapes.py``, 2-core x86, load ~1.4): yolo_tiny 320² -> 640² whole-model error
+2-9 % (77 % unscaled), the same plans as a real profile at 640²; bert_tiny seq 16 -> 128 ~30 % (90 % with
+FLOPs alone, 66 % unscaled). The result is a prior for the controller, as good as the shapes are close
+and the profile steady; re-profile at a shape that matters.
 """
 
 from __future__ import annotations
@@ -105,13 +104,56 @@ def flops_ratios(table: CostTable, at_a: ShapeCosts, at_b: ShapeCosts) -> tuple[
     return head, tail
 
 
+def fit_node_ms(ms: FloatArray, nodes: FloatArray, flops: FloatArray) -> tuple[float, float]:
+    """Least-squares ``ms ≈ node_ms × nodes + ms_per_flop × flops`` over a profile's cuts, both >= 0:
+    the part of a side's time every node costs whatever its tensors (dispatch, allocation), and the
+    part that grows with the work. (0, 0) when the profile cannot tell them apart."""
+    keep = (nodes > 0) & np.isfinite(ms)
+    if int(np.count_nonzero(keep)) < 3:
+        return 0.0, 0.0
+    x = np.stack([nodes[keep], flops[keep]], axis=1)
+    y = ms[keep]
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    a, b = float(coef[0]), float(coef[1])
+    if a < 0 or b < 0:  # clamp one term at 0 and refit the other alone
+        a, b = (0.0, float(y @ x[:, 1] / (x[:, 1] @ x[:, 1] or 1.0))) if a < 0 else \
+            (float(y @ x[:, 0] / (x[:, 0] @ x[:, 0] or 1.0)), 0.0)
+    return max(a, 0.0), max(b, 0.0)
+
+
+def _node_aware(ms: FloatArray, nodes_seq: Sequence[int], f_a: FloatArray, f_b: FloatArray,
+                flops_ratio: FloatArray) -> FloatArray:
+    """Per cut, the multiplier from A to B when each node costs a fixed time on top of its FLOPs."""
+    nodes = np.asarray(nodes_seq, dtype=np.float64)
+    node_ms, per_flop = fit_node_ms(ms, nodes, f_a)
+    if node_ms == 0.0 or per_flop == 0.0:
+        return flops_ratio
+    at_a = node_ms * nodes + per_flop * f_a
+    at_b = node_ms * nodes + per_flop * f_b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(at_a > 0, at_b / at_a, flops_ratio)
+    return np.asarray(ratio, dtype=np.float64)
+
+
 def scale_table(table: CostTable, at_a: ShapeCosts, at_b: ShapeCosts, *, fixed_ms: float = 0.0) -> CostTable:
     """``table`` (profiled at A) as it would be at B: times scaled per side by FLOPs, bytes from B.
+
+    When the shape costs carry node counts (``head_nodes``/``tail_nodes``), each side's time is split
+    into a per-node part that does not grow with the tensors and a FLOPs part, fitted by least squares
+    over the profile's cuts (``fit_node_ms``), and only the second scales: small, dispatch-bound models
+    (bert_tiny) would otherwise be scaled as if all their time were arithmetic.
 
     ``PlanError`` when the cut ids of either side differ from the table's or a vector is malformed."""
     if not (fixed_ms >= 0 and np.isfinite(fixed_ms)):
         raise PlanError(f"fixed_ms: expected a finite number >= 0, got {fixed_ms!r}")
     head_r, tail_r = flops_ratios(table, at_a, at_b)
+    head_nodes = getattr(at_a, "head_nodes", ())
+    tail_nodes = getattr(at_a, "tail_nodes", ())
+    if len(head_nodes) == len(table.ids) and len(tail_nodes) == len(table.ids):
+        ha, hb = (np.asarray(c.head_flops, dtype=np.float64) for c in (at_a, at_b))
+        ta, tb = (np.asarray(c.tail_flops, dtype=np.float64) for c in (at_a, at_b))
+        head_r = _node_aware(table.head_ms, head_nodes, ha, hb, head_r)
+        tail_r = _node_aware(table.tail_ms, tail_nodes, ta, tb, tail_r)
 
     def scaled(ms: FloatArray, ratio: FloatArray) -> FloatArray:
         fixed = np.minimum(ms, fixed_ms)

@@ -93,7 +93,9 @@ def test_each_shape_gets_its_own_table_and_controller(server: CloudServer, mg: g
     assert t_b.bytes[0] == profiled_table.bytes[0] * (256 * 416) // (320 * 320)  # the cloud cut: the image
     assert t_b.reply_bytes == sum(o.bytes for o in at_b.outputs) != profiled_table.reply_bytes
     full = t_b.index("device")
-    assert t_b.head_ms[full] == pytest.approx(profiled_table.head_ms[full] * at_b.flops / mg.flops, rel=1e-9)
+    # Scaled between "every node a fixed cost" (x1) and "all of it arithmetic" (the FLOPs ratio).
+    r, fr = t_b.head_ms[full] / profiled_table.head_ms[full], at_b.flops / mg.flops
+    assert min(1.0, fr) - 1e-9 <= r <= max(1.0, fr) + 1e-9 and r != 1.0
     # The log replays: each shape's decisions through its own fresh controller.
     pairs = replay_by_shape(log.getvalue().splitlines(), lambda sig: tables[sig or sig_a], ControllerConfig())
     assert len(pairs) == 7 and all(a.plan == b.plan for a, b in pairs)

@@ -143,3 +143,15 @@ def test_a_log_of_two_shapes_replays_per_shape() -> None:
     pairs = replay_by_shape(lines, {sig_a: t_a, sig_b: t_b}.__getitem__)
     assert len(pairs) == 5 and all(a.plan == b.plan for a, b in pairs)
     assert {a.plan for a, _ in pairs} != {pairs[0][0].plan}  # the plans did change along the log
+
+
+def test_node_fixed_cost_is_fitted_and_held_out_of_the_scaling() -> None:
+    """A side whose time is 1 ms per node plus 1 ms per MFLOP: at 10x the FLOPs, a cut of 10 nodes and
+    1 MFLOP goes from 11 to 20 ms (not 110), which the fit recovers from the profile's cuts alone."""
+    from splitrt.plan.reshape import fit_node_ms
+
+    nodes = np.array([2.0, 5.0, 10.0, 20.0, 40.0])
+    flops = np.array([3e6, 1e6, 8e6, 2e6, 30e6])
+    ms = nodes * 1.0 + flops / 1e6
+    node_ms, per_flop = fit_node_ms(ms, nodes, flops)
+    assert node_ms == pytest.approx(1.0) and per_flop == pytest.approx(1e-6)

@@ -35,7 +35,7 @@ DEMO_BOARD = "rpi4"
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the main job on the embedded default model")
     p.add_argument("--model", default=DEFAULT_MODEL, choices=zoo.names())
-    p.add_argument("--cuts", type=int, default=6, help="how many single-tensor cuts to prove exact")
+    p.add_argument("--cuts", type=int, default=4, help="how many single-tensor cuts to prove exact")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-rig", action="store_true", help="only the exactness table (skip the rig run)")
     p.add_argument("--trace", default=DEMO_TRACE, help=f"bandwidth trace for the rig run (default {DEMO_TRACE})")

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 
 from splitrt.cli import tables
-from splitrt.cli.inputs import load_inputs
+from splitrt.cli.inputs import add_shape_arguments, load_graph, load_inputs
 from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
 from splitrt.errors import CutError, InputError
+from splitrt.graph import model as graph
 from splitrt.graph import zoo
 
 
@@ -54,6 +55,7 @@ def register(sub: Any) -> None:
                    help="bind mDNS to this IP (repeatable; default all)")
     s.add_argument("--discover-wait-s", type=float, default=5.0,
                    help="wait this long for a first cloud before starting (default 5)")
+    add_shape_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=cmd_run)
 
@@ -93,7 +95,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_stream(args, config)
     if not args.random and not args.input:
         raise InputError("expected --input FILE or --random, got neither")
-    with Device(zoo.resolve(args.model), args.cloud, config=config) as dev:
+    # Bound (--shape/--dim/--sample; a leading free dim defaults to 1): --random inputs and the shape
+    # check follow the binding. Input files alone carry their shapes: nothing is priced in a single
+    # run, so the model stays unbound and accepts any shape it declares, as before.
+    unbound = bool(args.input) and not (args.shape or args.dim or args.sample)
+    mg = graph.load(zoo.resolve(args.model)) if unbound else load_graph(args)
+    with Device(mg, args.cloud, config=config) as dev:
         inputs = dev.random_inputs(args.seed) if args.random else load_inputs(dev, args.input)
         cut, codec_spec = args.cut, args.codec
         plan_info: dict[str, Any] = {}

@@ -34,11 +34,9 @@ def _policy(args: argparse.Namespace, mg: Any, table: Any) -> str:
 
 
 def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
-    from splitrt.cli.inputs import load_inputs
+    from splitrt.cli.inputs import load_graph, load_inputs
     from splitrt.device.daemon import select_cost_table
     from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-    from splitrt.graph import model as graph
-    from splitrt.graph import zoo
     from splitrt.plan.controller import ControllerConfig
     from splitrt.plan.costmodel import DEFAULT_POWER
     from splitrt.profile import boards
@@ -48,7 +46,8 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
         raise ConfigError(f"--count: expected >= 1, got {count}")
     if args.rate is not None and not args.rate > 0:
         raise ConfigError(f"--rate: expected > 0 Hz, got {args.rate}")
-    mg = graph.load(zoo.resolve(args.model))
+    # Bound: the cost table (a FLOPs prior needs every tensor sized) and --random inputs are at the binding.
+    mg = load_graph(args)
     board = boards.load_board(args.board) if args.board else None
     table, source = select_cost_table(mg, profile_device=args.device_profile, profile_cloud=args.cloud_profile,
                                       board=board)

@@ -1,7 +1,9 @@
 """Solver speed and min-cut agreement.
 
 1. Re-plan time with a profile already loaded: ``solver.solve`` on every cut of a model (densenet121 by
-   default), median and p90 of 1000 calls, per objective; also the 3-tier chain and the sweep.
+   default), median and p90 of 1000 calls, per objective; also the 3-tier chain (``solve_chain`` per
+   objective, and one ``ChainController.decide``) and the sweep. The load average is printed with the
+   table: this host may be busy with other work.
 2. DADS min-cut vs exhaustive enumeration of every down-closed head on random small DAGs (agreement
    count), and min-cut vs the best candidate cut on the model's real DAG.
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -23,7 +26,9 @@ import numpy as np
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
 from splitrt.plan import mincut, solver
+from splitrt.plan.chain import ChainController, ChainControllerConfig
 from splitrt.plan.costmodel import Conditions, Link
+from splitrt.plan.netmon import LinkEstimate
 from splitrt.profile import profiler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,8 +89,18 @@ def main() -> int:
         device_edge=Link(bandwidth_mbps=100.0, rtt_ms=2.0), edge_cloud=Link(bandwidth_mbps=20.0, rtt_ms=30.0)
     )
     edge = profiler.cost_table(prof, prof, device_speed_factor=1.0)
-    med, p90 = _timeit(lambda: solver.solve_chain(table, edge, edge, chain_cond), max(args.calls // 50, 5))
-    rows.append({"what": "solve_chain latency (3 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
+    for objective in solver.OBJECTIVES:
+        # throughput is a max of stages, not separable: O(cuts²), fewer calls
+        calls = args.calls if objective != "throughput" else max(args.calls // 50, 5)
+        med, p90 = _timeit(lambda o=objective: solver.solve_chain(table, edge, edge, chain_cond, objective=o,
+                                                                   codecs=None), calls)
+        rows.append({"what": f"solve_chain {objective} (3 tiers)", "cuts": len(table), "median_ms": med,
+                     "p90_ms": p90})
+    ctl = ChainController(table, edge, edge, ChainControllerConfig(codecs=None))
+    hop1 = LinkEstimate(bandwidth_mbps=100.0, rtt_ms=2.0, confidence=1.0)
+    hop2 = LinkEstimate(bandwidth_mbps=20.0, rtt_ms=30.0, confidence=1.0)
+    med, p90 = _timeit(lambda: ctl.decide(0.0, hop1, hop2), args.calls)
+    rows.append({"what": "ChainController.decide (3 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
     med, p90 = _timeit(lambda: solver.sweep(table, cond), 3)
     rows.append({"what": "sweep 0.1-1000 Mbit/s", "cuts": len(table), "median_ms": med, "p90_ms": p90})
     d = profiler.dag(g, prof, prof, device_speed_factor=5.2)
@@ -93,6 +108,7 @@ def main() -> int:
     med, p90 = _timeit(lambda: mincut.best_head(d, fp32), 5)
     rows.append({"what": "min-cut (Dinic) on the node DAG", "cuts": len(d.device_ms), "median_ms": med, "p90_ms": p90})
 
+    load_avg = os.getloadavg()
     # agreement on random DAGs
     rng = random.Random(1)
     agree = 0
@@ -114,11 +130,13 @@ def main() -> int:
         "model_best_prefix_ms": real_prefix.latency_ms,
     }
     if args.json:
-        print(json.dumps({"timings": rows, "agreement": agreement}, indent=1))
+        print(json.dumps({"timings": rows, "agreement": agreement, "load_avg": load_avg, "cpus": os.cpu_count()},
+                         indent=1))
         return 0
     print(f"{'what':<34}{'cuts/nodes':>11}{'median ms':>12}{'p90 ms':>10}")
     for r in rows:
         print(f"{r['what']:<34}{r['cuts']:>11}{r['median_ms']:>12.4f}{r['p90_ms']:>10.4f}")
+    print(f"load average {load_avg[0]:.2f} {load_avg[1]:.2f} {load_avg[2]:.2f} on {os.cpu_count()} CPUs")
     print()
     print(
         f"min-cut == enumeration on {agree}/{args.dags} random DAGs (2-10 nodes); "

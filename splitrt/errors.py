@@ -8,6 +8,7 @@ and a message names what was expected and what came::
     ├── ModelError       graph: a model file is missing, not ONNX, truncated, fails the checker
     ├── CutError         graph: a cut id is unknown, or cut ids do not nest into a chain
     ├── ProfileError     profile: a profile is corrupt, of another schema, or for another model
+    │   └── PowerError   profile: a power reader is missing, unreadable or prints garbage
     ├── PlanError        plan: no plan can be made (objective, empty candidates, bad inputs)
     ├── CodecError       transport: a payload cannot be encoded/decoded (codec, truncated, garbage)
     ├── ConfigError      everywhere: a config file key or flag has a wrong value
@@ -41,6 +42,10 @@ class ProfileError(SplitrtError):
     """A profile is corrupt, of another schema, or measured for another model."""
 
 
+class PowerError(ProfileError):
+    """A power reader cannot read: its sysfs file or command is missing, unreadable, or prints garbage."""
+
+
 class PlanError(SplitrtError):
     """No plan can be made: unknown objective, empty candidate set, inconsistent inputs."""
 
@@ -61,13 +66,17 @@ class CloudError(SplitrtError):
     """The cloud answered with an error, or could not be reached.
 
     ``code`` is the gRPC status code name (e.g. ``"NOT_FOUND"``), or ``"UNAVAILABLE"`` when the
-    server is gone; ``retryable`` says whether running the tail locally or on another cloud can help.
+    server is gone; ``retryable`` says whether running the tail locally or on another cloud can help;
+    ``retry_after_ms`` is the server's hint when it refused a request because its queue was full
+    (RESOURCE_EXHAUSTED), else None.
     """
 
-    def __init__(self, message: str, *, code: str = "UNKNOWN", retryable: bool = False) -> None:
+    def __init__(self, message: str, *, code: str = "UNKNOWN", retryable: bool = False,
+                 retry_after_ms: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
 
 
 class DiscoveryError(SplitrtError):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OFFLINE_VERBS = {"zoo", "inspect", "split", "profile", "plan", "sim"}
+OFFLINE_VERBS = {"zoo", "inspect", "split", "profile", "plan", "sim", "export-repository"}
 
 
 def readme_commands() -> list[list[str]]:
@@ -53,7 +53,7 @@ def test_readme_command_runs(argv: list[str], tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "splitrt.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
-    if "--out" in args:  # profile and split write files
+    if "--out" in args:  # profile, split and export-repository write files
         out = Path(args[args.index("--out") + 1])
         assert out.exists() and (out.is_file() or any(out.iterdir()))
     else:

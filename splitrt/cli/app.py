@@ -16,6 +16,8 @@ COMMAND_MODULES: list[str] = [
     "splitrt.cli.demo",
     "splitrt.cli.discover",
     "splitrt.cli.serve",
+    "splitrt.cli.repository",
+    "splitrt.cli.status",
     "splitrt.cli.run",
     "splitrt.cli.daemon",
     "splitrt.cli.plan",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ from typing import Any
 from splitrt.cli.inputs import add_shape_arguments, binding, load_graph
 from splitrt.errors import ConfigError, PlanError
 from splitrt.plan import costmodel, solver
-from splitrt.profile import boards, profiler
+from splitrt.profile import boards, energy, power_select, profiler
+from splitrt.profile.power import PowerReader
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +29,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
     p.add_argument("--segments", type=int, default=16, help="spans between anchor cuts timed directly (default 16)")
     p.add_argument("--provider", action="append", default=None, help="execution provider preference")
+    p.add_argument("--power-reader", default=None, metavar="NAME",
+                   help="record idle/busy power and energy per span with: rapl, rpi5-pmic, jetson-ina3221, "
+                        "csv:PATH (external meter), fake[:W], none, auto (default: the --board file's "
+                        "[power] reader, else detected)")
+    p.add_argument("--board", default=None,
+                   help="the board this runs on (devices/<NAME>.toml): its [power] reader; recorded in the "
+                        "profile, so `plan --board NAME` does not scale it by the board's speed factor")
+    p.add_argument("--energy-window-s", type=float, default=1.0,
+                   help="minimum seconds each power/energy figure is measured over (default 1)")
     add_shape_arguments(p)
     p.set_defaults(func=_profile)
 
@@ -68,7 +79,27 @@ def _model_path(model: str) -> Path:
 
 def _profile(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
-    prof = profiler.measure(
+    board = boards.load_board(args.board) if args.board else None
+    choice = power_select.choose(args.power_reader, board.power_reader if board else None)
+    if choice.reader is None:
+        why = "; ".join(choice.skipped) or "--power-reader none"
+        print(f"no power reader ({why}): energy stays estimated from devices/*.toml", file=sys.stderr)
+    else:
+        print(f"power reader: {choice.reader.name} ({choice.how})", file=sys.stderr)
+    try:
+        prof = _measure(path, args, choice.reader)
+    finally:
+        if choice.reader is not None:
+            choice.reader.close()
+    if board is not None:  # measured ON this board: `plan --board` must not scale it by the speed factor
+        prof = dataclasses.replace(prof, host={**prof.host, "board": board.name})
+    profiler.save_profile(prof, args.out)
+    print(f"wrote {args.out}: {len(prof.cuts)} cuts, whole model {prof.total_ms:.2f} ms", file=sys.stderr)
+    return 0
+
+
+def _measure(path: Path, args: argparse.Namespace, reader: PowerReader | None) -> profiler.Profile:
+    return profiler.measure(
         path,
         runs=args.runs,
         warmup=args.warmup,
@@ -77,23 +108,25 @@ def _profile(args: argparse.Namespace) -> int:
         providers=args.provider,
         name=Path(args.model).stem,
         binding=binding(args),
+        power=reader,
+        energy_window_s=args.energy_window_s,
     )
-    profiler.save_profile(prof, args.out)
-    print(f"wrote {args.out}: {len(prof.cuts)} cuts, whole model {prof.total_ms:.2f} ms", file=sys.stderr)
-    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:
     g = load_graph(args)
     device = profiler.load_profile(args.device, sha256=g.sha256)
     cloud = profiler.load_profile(args.cloud, sha256=g.sha256)
-    power = costmodel.DEFAULT_POWER
     factor = 1.0
+    board = None
     if args.board:
         board = boards.load_board(args.board)
-        power = board.power
         # a host-measured device profile stands in for the board: scale by the board's speed factor
-        factor = board.cpu_speed_factor
+        # (not a profile `splitrt profile --board` measured on this very board)
+        factor = 1.0 if device.host.get("board") == board.name else board.cpu_speed_factor
+    # measured idle/busy power from the device profile when it has them, else the board's estimates
+    figures = energy.plan_power(device, board, profile_label=str(args.device))
+    power = figures.power
     table = profiler.cost_table(device, cloud, device_speed_factor=factor)
     try:
         cond = costmodel.Conditions(
@@ -117,7 +150,8 @@ def _plan(args: argparse.Namespace) -> int:
         if args.plot:
             _plot(table, cond, bands, args, power)
         if args.json:
-            print(json.dumps({"sweep": [vars_of(b) for b in bands]}, indent=1))
+            print(json.dumps({"sweep": [vars_of(b) for b in bands],
+                              "power": figures.as_dict(args.bandwidth_mbps)}, indent=1))
         else:
             print(f"{'from Mbit/s':>12} {'to Mbit/s':>12}  {'plan':<16}{'bytes':>12}{'ms at from':>12}{'ms at to':>11}")
             for b in bands:
@@ -141,6 +175,7 @@ def _plan(args: argparse.Namespace) -> int:
                 "cloud_ms": round(e.cloud_ms, 4),
                 "total_ms": round(e.latency_ms, 4),
                 "energy_mj": round(e.energy_mj, 4),
+                "energy_source": figures.source,
                 "period_ms": round(e.period_ms, 4),
                 "bytes": e.bytes,
                 "sent_bytes": e.sent_bytes,
@@ -154,6 +189,7 @@ def _plan(args: argparse.Namespace) -> int:
             "objective": best.objective,
             "predicted_ms": round(best.predicted_ms, 4),
             "energy_mj": round(best.energy_mj, 4),
+            "energy_source": figures.source,
             "period_ms": round(best.period_ms, 4),
             "throughput_fps": round(1000.0 / best.period_ms, 3) if best.period_ms > 0 else None,
             "device_ms": round(best.device_ms, 4),
@@ -171,6 +207,7 @@ def _plan(args: argparse.Namespace) -> int:
             "board": args.board,
             "device_speed_factor": factor,
         },
+        "power": figures.as_dict(args.bandwidth_mbps),
         "cuts": rows,
     }
     if args.min_cut:
@@ -258,6 +295,12 @@ def _print_plan(out: dict[str, Any], objective: str) -> None:
     print(
         f"best ({objective}): {b['plan']}  latency {b['predicted_ms']:.2f} ms, energy {b['energy_mj']:.1f} mJ, "
         f"{b['throughput_fps']} frames/s pipelined, sends {b['sent_bytes']} bytes"
+    )
+    pw = out["power"]
+    print(
+        f"energy {pw['source']}: idle {pw['idle_w']:.2f} W, active {pw['active_w']:.2f} W from {pw['origin']}"
+        + (f" (reader {pw['reader']})" if pw["reader"] else f" ({pw['note']})")
+        + f"; radio {pw['radio_w']:.2f} W = {pw['radio_uj_per_byte']:.3g} uJ/byte here, from {pw['radio_source']}"
     )
     if "min_cut" in out:
         mc = out["min_cut"]

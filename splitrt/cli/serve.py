@@ -50,6 +50,16 @@ def register(sub: Any) -> None:
     p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
     p.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads per tail (0: default)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--metrics-port", type=int, default=None, metavar="N",
+                   help="serve Prometheus text metrics on http://HOST:N/metrics (0: any free port; default off)")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="IP",
+                   help="address of the metrics endpoint (default 127.0.0.1: this machine only)")
+    e = p.add_argument_group("edge (three tiers: device -> this server -> next tier)")
+    e.add_argument("--next", metavar="HOST:PORT", default=None,
+                   help="the next tier: requests naming a second cut run up to it here and go on there "
+                        "(finished here when it fails)")
+    e.add_argument("--next-token-file", type=Path, metavar="F", help="bearer token for the next tier (chmod 600)")
+    e.add_argument("--next-tls-ca", type=Path, metavar="CA", help="PEM CA of the next tier: talk TLS to it")
     d = p.add_argument_group("discovery (mDNS _splitrt._tcp; TXT: version, model hashes, load, secure)")
     d.add_argument("--advertise", action="store_true", help="advertise this server on the local network")
     d.add_argument("--advertise-name", metavar="N", help="instance name (default: the host name)")
@@ -67,6 +77,12 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     kwargs: dict[str, Any] = {}
     if args.workers is not None:
         kwargs["workers"] = args.workers
+    if getattr(args, "next", None):
+        from splitrt.cloud.edge import NextTier
+        from splitrt.transport.credentials import read_tokens
+
+        token = read_tokens(args.next_token_file, "--next-token-file")[0] if args.next_token_file else None
+        kwargs["next_tier"] = NextTier(address=args.next, token=token, tls_ca_path=args.next_tls_ca)
     config = ServerConfig(
         models_dir=args.models, host=args.host, port=args.port, allow_upload=args.allow_upload,
         tls_cert_path=args.tls_cert, tls_key_path=args.tls_key,
@@ -74,7 +90,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_model_bytes=int(args.max_model_mb * 2**20),
         max_queue=args.max_queue, segment_cache_size=args.segment_cache,
         max_message_bytes=int(args.max_message_mb * 2**20), drain_timeout_s=args.drain_s,
-        intra_op_threads=args.intra_op_threads, **kwargs)
+        intra_op_threads=args.intra_op_threads, metrics_port=getattr(args, "metrics_port", None),
+        metrics_host=getattr(args, "metrics_host", "127.0.0.1"), **kwargs)
     security.exposure(config)
     if getattr(args, "advertise", False) and not args.advertise_address and security.is_loopback(args.host):
         raise ConfigError(f"--advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "

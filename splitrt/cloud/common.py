@@ -19,10 +19,13 @@ log = logging.getLogger("splitrt.cloud")
 class RpcFailure(Exception):
     """Internal: a request fails with a gRPC status (mapped to abort or to a stream frame's error)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, *, retry_after_ms: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        # Set when the queue was full: answered as trailing metadata ``retry-after-ms`` (Infer) or in
+        # the stream frame's ``Error.retry_after_ms``.
+        self.retry_after_ms = retry_after_ms
 
 
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:

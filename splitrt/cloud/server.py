@@ -49,7 +49,9 @@ from splitrt.cloud import security
 from splitrt.cloud.admission import Admission, CpuMeter
 from splitrt.cloud.auth import TokenInterceptor
 from splitrt.cloud.common import RpcFailure, log, log_event
+from splitrt.cloud.edge import NextTier, Relay
 from splitrt.cloud.inputs import check_inputs, decode_inputs
+from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.servicer import Servicer, add_servicer
 from splitrt.cloud.store import ModelStore
 from splitrt.cloud.tails import Tail, TailCache
@@ -91,6 +93,11 @@ class ServerConfig:
     max_model_bytes: int = 2 * 1024**3
     # onnxruntime intra-op threads per tail session (0: onnxruntime's default).
     intra_op_threads: int = 0
+    # An edge (three tiers): requests naming ``next_cut_id`` run up to it here and go on to this tier.
+    next_tier: NextTier | None = None
+    # Prometheus text metrics over HTTP (``GET /metrics``): None = off, 0 = any free port.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
 
 def tokens_from_file(path: Path) -> tuple[str, ...]:
@@ -118,6 +125,9 @@ class CloudServer:
         if self.max_decoded_bytes < 1:
             raise ConfigError(f"max_decoded_bytes: expected >= 1, got {config.max_decoded_bytes}")
         self.cpu = CpuMeter()
+        self.stats = ServerStats()  # per-request outcomes: service times, metrics
+        self.metrics_url: str | None = None
+        self._metrics_http: Any = None
         self.served = 0
         self._served_lock = threading.Lock()
         self._bytes_in = threading.local()
@@ -129,6 +139,8 @@ class CloudServer:
         # The SplitInference methods; ``start`` registers them. Callable without a gRPC server (an
         # in-process transport): constructing a CloudServer binds no port.
         self.servicer = Servicer(self)
+        # Three tiers: the middle segment and the forward to ``config.next_tier`` (``splitrt.cloud.edge``).
+        self.relay = Relay(self, config.next_tier, config.max_message_bytes)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
@@ -155,6 +167,12 @@ class CloudServer:
             raise ConfigError(f"cannot listen on {address}: {exc}") from exc
         if port == 0:
             raise ConfigError(f"cannot listen on {address}: expected a free port, got a bind failure")
+        if cfg.metrics_port is not None:  # before gRPC serves: a taken port fails the start cleanly
+            try:
+                self._metrics_http, self.metrics_url = metrics_http(self, cfg.metrics_host, cfg.metrics_port)
+            except ConfigError:
+                server.stop(0)
+                raise
         server.start()
         self._server = server
         self.port = port
@@ -163,7 +181,7 @@ class CloudServer:
         exp = self.exposure
         log_event("listening", host=cfg.host, port=port, tls=exp.tls, auth=exp.auth, insecure=exp.insecure,
                   models=len(self.store.models()), workers=cfg.workers, allow_upload=cfg.allow_upload,
-                  version=__version__)
+                  version=__version__, metrics_url=self.metrics_url)
         if exp.insecure:
             log_event("insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth,
                       warning=exp.warning)
@@ -190,6 +208,11 @@ class CloudServer:
         log_event("draining", grace_s=grace, queue_depth=self.admission.admitted)
         self._server.stop(grace).wait()
         self._server = None
+        self.relay.close()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
         log_event("stopped", served=self.served)
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -207,7 +230,7 @@ class CloudServer:
     def load(self) -> pb.Load:
         a = self.admission
         return pb.Load(queue_depth=a.admitted, running=a.running, workers=a.workers,
-                       cpu_percent=self.cpu.percent())
+                       cpu_percent=self.cpu.percent(), service_ms=self.stats.service_ms(), max_queue=a.max_queue)
 
     def load_factor(self) -> float:
         """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``): requests
@@ -228,9 +251,14 @@ class CloudServer:
         try:
             reply = self._infer(request, time_remaining_s, t0)
         except RpcFailure as exc:
+            total_ms = (time.perf_counter() - t0) * 1e3
+            self.stats.observe(code=exc.code.name, model_sha256=header.model_sha256, cut_id=header.cut_id,
+                               total_ms=total_ms, queue_full=exc.retry_after_ms is not None)
             log_event("infer", logging.WARNING, **fields, code=exc.code.name, error=exc.message,
-                      total_ms=round((time.perf_counter() - t0) * 1e3, 3))
+                      total_ms=round(total_ms, 3))
             raise
+        self.stats.observe(code="OK", model_sha256=header.model_sha256, cut_id=header.cut_id,
+                           total_ms=(time.perf_counter() - t0) * 1e3, tail_ms=reply.header.tail_ms)
         with self._served_lock:
             self.served += 1
         log_event("infer", **fields, code="OK", tail_ms=round(reply.header.tail_ms, 3),
@@ -242,11 +270,16 @@ class CloudServer:
         header = request.header
         deadline_s = self.config.default_deadline_s if time_remaining_s is None else time_remaining_s
         if not self.admission.admit():
+            # Early, before any decoding, with a hint devices use to plan around this server.
             a = self.admission
+            hint = self.stats.retry_after_ms(queue_depth=a.admitted, workers=a.workers)
             raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                              f"server busy: queue depth {a.admitted}, expected at most "
-                             f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue})")
+                             f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue}); "
+                             f"retry after {hint:g} ms", retry_after_ms=hint)
         try:
+            if header.next_cut_id:  # three tiers: run up to the next cut, forward the rest
+                return self.relay.infer(request, deadline_s, t0)
             tail = self.tails.get(header.model_sha256, header.cut_id)
             # Cheap: nothing inflated or allocated yet.
             bytes_in = check_inputs(request, tail, self.max_decoded_bytes)
@@ -290,13 +323,16 @@ class CloudServer:
     def status(self) -> pb.StatusReply:
         self.store.scan()  # models copied into the directory since the last look (stat only: cheap)
         models = [pb.ModelInfo(sha256=m.sha256, name=m.path.name, bytes=m.bytes) for m in self.store.models()]
-        segments = [pb.SegmentInfo(model_sha256=s, cut_id=c, hits=h) for s, c, h in self.tails.snapshot()]
+        segments = [pb.SegmentInfo(model_sha256=s, cut_id=c, hits=h, service_ms=self.stats.segment_service_ms(s, c))
+                    for s, c, h in self.tails.snapshot()]
         cfg = self.config
+        errors = self.stats.errors()
         return pb.StatusReply(version=__version__, models=models, segments=segments, load=self.load(),
                               allow_upload=cfg.allow_upload, max_message_bytes=cfg.max_message_bytes,
                               segment_cache_size=cfg.segment_cache_size, max_queue=cfg.max_queue,
                               served=self.served, insecure=self.exposure.insecure,
-                              security_warning=self.exposure.warning)
+                              security_warning=self.exposure.warning, errors=sum(errors.values()),
+                              errors_by_code=errors, next_address=self.relay.address)
 
     def put_model(self, chunks: Iterator[pb.ModelChunk]) -> pb.PutModelReply:
         # The servicer calls this (not ``receive_model``) so that a test may wrap it on the instance.

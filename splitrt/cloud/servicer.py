@@ -21,6 +21,7 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
 if TYPE_CHECKING:
+    from splitrt.cloud.edge import Relay
     from splitrt.cloud.server import ServerConfig
 
 
@@ -28,6 +29,7 @@ class Backend(Protocol):
     """What the servicer needs of the server (``CloudServer`` is one)."""
 
     config: ServerConfig
+    relay: Relay
 
     def load(self) -> pb.Load: ...
 
@@ -50,6 +52,8 @@ class Servicer:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Infer: {request.message}")
             return self.backend.infer(request, context.time_remaining())
         except RpcFailure as exc:
+            if exc.retry_after_ms is not None:  # queue full: when to come back
+                context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{exc.retry_after_ms:g}"),))
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
 
@@ -65,7 +69,8 @@ class Servicer:
                 yield self.backend.infer(request, context.time_remaining())
             except RpcFailure as exc:
                 yield pb.InferReply(request_id=request.header.request_id, load=self.backend.load(),
-                                    error=pb.Error(code=exc.code.name, message=exc.message))
+                                    error=pb.Error(code=exc.code.name, message=exc.message,
+                                                   retry_after_ms=exc.retry_after_ms or 0.0))
 
     def Probe(self, request: pb.ProbeRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.ProbeReply:
         if isinstance(request, wire.Malformed):
@@ -76,7 +81,9 @@ class Servicer:
         if n > limit:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"probe reply_bytes: expected at most {limit}, got {n}")
-        return pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
+        reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
+        self.backend.relay.probe(request, reply, context.time_remaining())  # an edge's next hop, if asked
+        return reply
 
     def Status(self, request: pb.StatusRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.StatusReply:
         if isinstance(request, wire.Malformed):

@@ -37,6 +37,9 @@ class TailCache:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
         self._building: dict[tuple[str, str], threading.Lock] = {}
+        # Lookups answered from the cache / that built a session (the server's metrics).
+        self.cache_hits = 0
+        self.cache_misses = 0
 
     def get(self, sha256: str, cut_id: str) -> Tail:
         key = (sha256, cut_id)
@@ -45,15 +48,19 @@ class TailCache:
             if tail is not None:
                 self._cache.move_to_end(key)
                 tail.hits += 1
+                self.cache_hits += 1
                 return tail
             build_lock = self._building.setdefault(key, threading.Lock())
         with build_lock:
             try:
                 with self._lock:
                     tail = self._cache.get(key)
+                built = tail is None
                 if tail is None:
                     tail = self._build(sha256, cut_id)
                 with self._lock:
+                    self.cache_misses += int(built)
+                    self.cache_hits += int(not built)
                     self._cache[key] = tail
                     self._cache.move_to_end(key)
                     tail.hits += 1
@@ -72,7 +79,10 @@ class TailCache:
 
         graph = self.store.graph(sha256)
         try:
-            segment = partition.split(graph, [cut_id])[-1]
+            # "A>B": an edge's middle segment (three tiers: ``splitrt.cloud.edge``), else the tail of the cut.
+            first, _, second = cut_id.partition(">")
+            segment = (partition.split(graph, [first, second])[1] if second
+                       else partition.split(graph, [cut_id])[-1])
         except CutError as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND,
                              f"cut {cut_id!r} of model {sha256[:12]}: {exc}") from exc

@@ -39,6 +39,7 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport.base import Transport
 from splitrt.transport.grpc_transport import GrpcTransport
+from splitrt.transport.v2 import V2Transport, is_v2
 
 DEVICE_CUT = "device"
 
@@ -84,6 +85,31 @@ class HeadResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Hops:
+    """Three tiers: an edge's account of a request (``InferReply.edge_ms``, ``next_*``)."""
+
+    edge_ms: float  # arrival to reply at the edge: the device's hop is its round trip minus this
+    next_ms: float  # the edge's round trip to its next tier (0: not forwarded)
+    next_tail_ms: float
+    next_queue_ms: float
+    next_bytes_up: int
+    next_bytes_down: int
+    next_address: str
+    forwarded: bool  # False: the edge finished the request itself
+    next_error_code: str = ""  # the next tier failed (the edge then finished)
+    next_error: str = ""
+    next_load: wire.LoadInfo | None = None
+
+    @classmethod
+    def from_reply(cls, r: pb.InferReply) -> Hops:
+        forwarded = r.HasField("next_load") and not r.next_error.code
+        return cls(edge_ms=r.edge_ms, next_ms=r.next_ms, next_tail_ms=r.next_tail_ms, next_queue_ms=r.next_queue_ms,
+                   next_bytes_up=r.next_bytes_up, next_bytes_down=r.next_bytes_down, next_address=r.next_address,
+                   forwarded=forwarded, next_error_code=r.next_error.code, next_error=r.next_error.message,
+                   next_load=wire.LoadInfo.from_proto(r.next_load) if forwarded else None)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SplitResult:
     """Outputs and where the time went (milliseconds)."""
 
@@ -104,6 +130,8 @@ class SplitResult:
     load: wire.LoadInfo | None = None
     # Only for stream frames that failed (outputs then empty).
     error: CloudError | None = None
+    # Three tiers (``send(..., next_cut=)``): the edge's per-hop account.
+    hops: Hops | None = None
 
     @property
     def network_ms(self) -> float:
@@ -128,6 +156,11 @@ class ProbeResult:
     down_bytes: int
     seconds: float
     load: wire.LoadInfo
+    # ``probe(..., next_bytes=)`` through an edge: its round trip to its next tier (None: failed, see
+    # ``next_error``), and that tier's load.
+    next_ms: float | None = None
+    next_error: str = ""
+    next_load: wire.LoadInfo | None = None
 
 
 @dataclass
@@ -187,12 +220,13 @@ def random_inputs(graph: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return result
 
 
-def encode_request(head: HeadResult, spec: codec.Codec, *, sha256: str,
-                   output_codec: str) -> tuple[wire.Framed, int]:
+def encode_request(head: HeadResult, spec: codec.Codec, *, sha256: str, output_codec: str,
+                   next_cut_id: str = "", next_codec: str = "") -> tuple[wire.Framed, int]:
     """The ``InferRequest`` for ``head`` and its payload bytes (raw/fp32 payloads are views of the
-    head's arrays: the serializer copies them once)."""
+    head's arrays: the serializer copies them once). ``next_cut_id``: an edge runs up to it and forwards."""
     header = pb.InferRequest(model_sha256=sha256, cut_id=head.cut_id, codec=str(spec),
-                             request_id=head.request_id, output_codec=output_codec)
+                             request_id=head.request_id, output_codec=output_codec, next_cut_id=next_cut_id,
+                             next_codec=next_codec)
     tensors = [codec.encode(n, a, spec, copy=False) for n, a in head.crossing.items()]
     return wire.Framed(header=header, tensors=tensors), sum(e.nbytes for e in tensors)
 
@@ -223,7 +257,8 @@ def _frame_result(framed: wire.Framed, head: HeadResult, *, cut: str, spec: code
         "queue_ms": reply.queue_ms, "bytes_up": bytes_up, "load": wire.LoadInfo.from_proto(reply.load)}
     if reply.error.code:
         err = CloudError(f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
-                         code=reply.error.code, retryable=reply.error.code in wire.RETRYABLE_CODES)
+                         code=reply.error.code, retryable=reply.error.code in wire.RETRYABLE_CODES,
+                         retry_after_ms=reply.error.retry_after_ms or None)
         return SplitResult(outputs={}, error=err, **common)
     outputs, bytes_down = decode(framed)
     total = head.head_ms + (time.perf_counter() - t_sent) * 1e3
@@ -282,8 +317,10 @@ class _CloudLink:
     without a reference back to the ``Device``: a dropped ``Device`` (the runtime drops a failed cloud's)
     is freed at once, and its channel with it."""
 
-    def __init__(self, cloud: str | None, config: DeviceConfig, transport: Transport | None) -> None:
+    def __init__(self, cloud: str | None, config: DeviceConfig, transport: Transport | None,
+                 sha256: str = "") -> None:
         self.cloud = transport.address if cloud is None and transport is not None else cloud
+        self.sha256 = sha256  # the model's: a v2 transport reports it in status
         self.config = config
         self._injected = transport
         self._transport = transport
@@ -299,9 +336,15 @@ class _CloudLink:
         if not self.cloud:
             raise ConfigError("no cloud: expected Device(model, 'host:port'), got none")
         cfg = self.config
-        built = GrpcTransport(self.cloud, token=cfg.token, max_message_bytes=cfg.max_message_bytes,
-                              keepalive_s=cfg.keepalive_s, tls=cfg.tls, tls_ca_path=cfg.tls_ca_path,
-                              tls_server_name=cfg.tls_server_name)
+        built: Transport
+        if is_v2(self.cloud):  # v2://host:port: a standard serving engine (Open Inference Protocol v2)
+            built = V2Transport(self.cloud, model_sha256=self.sha256, token=cfg.token,
+                                max_message_bytes=cfg.max_message_bytes, tls=cfg.tls,
+                                tls_ca_path=cfg.tls_ca_path, tls_server_name=cfg.tls_server_name)
+        else:
+            built = GrpcTransport(self.cloud, token=cfg.token, max_message_bytes=cfg.max_message_bytes,
+                                  keepalive_s=cfg.keepalive_s, tls=cfg.tls, tls_ca_path=cfg.tls_ca_path,
+                                  tls_server_name=cfg.tls_server_name)
         with self._lock:
             if self._transport is None:
                 self._transport = built
@@ -330,7 +373,7 @@ class Device:
         self.graph = graph_mod.load(model) if isinstance(model, (str, Path)) else model
         self.sha256: str = self.graph.sha256
         self._local = _SessionCache(self.graph, self.config)
-        self._cloud = _CloudLink(cloud, self.config, transport)
+        self._cloud = _CloudLink(cloud, self.config, transport, sha256=self.sha256)
         self._uploads = ModelUploader(path=Path(self.graph.path), sha256=self.sha256, config=self.config,
                                       link=self._cloud.get, cloud=self._cloud.name)
         self.codec = codec.Codec.parse(self.config.codec)
@@ -404,14 +447,21 @@ class Device:
     def status(self, timeout_s: float | None = None) -> pb.StatusReply:
         return self._link().status(timeout_s=timeout_s or self.config.timeout_s)
 
-    def probe(self, up_bytes: int, down_bytes: int, timeout_s: float | None = None) -> ProbeResult:
-        """One echo of ``up_bytes`` up and ``down_bytes`` down (feed netmon with the result)."""
+    def probe(self, up_bytes: int, down_bytes: int, timeout_s: float | None = None, *,
+              next_bytes: tuple[int, int] | None = None) -> ProbeResult:
+        """One echo of ``up_bytes`` up and ``down_bytes`` down (feed netmon with the result);
+        ``next_bytes=(up, down)``: an edge also probes its next tier with these sizes."""
         req = pb.ProbeRequest(payload=bytes(up_bytes), reply_bytes=down_bytes)
+        if next_bytes is not None:
+            req.next_probe, req.next_payload_bytes, req.next_reply_bytes = True, next_bytes[0], next_bytes[1]
         t0 = time.perf_counter()
         reply = self._link().probe(req, timeout_s=timeout_s or self.config.timeout_s)
         seconds = time.perf_counter() - t0
+        ok = next_bytes is not None and not reply.next_error.code
         return ProbeResult(up_bytes=up_bytes, down_bytes=len(reply.payload), seconds=seconds,
-                           load=wire.LoadInfo.from_proto(reply.load))
+                           load=wire.LoadInfo.from_proto(reply.load), next_ms=reply.next_ms if ok else None,
+                           next_error=f"{reply.next_error.code}: {reply.next_error.message}" if reply.next_error.code
+                           else "", next_load=wire.LoadInfo.from_proto(reply.next_load) if ok else None)
 
     def upload_model(self, timeout_s: float | None = None) -> pb.PutModelReply:
         """Stream the model file to the cloud (verified there by sha256)."""
@@ -442,8 +492,10 @@ class Device:
     def _model_checked(self, value: bool) -> None:
         self._uploads.checked = value
 
-    def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[wire.Framed, int]:
-        return encode_request(head, spec, sha256=self.sha256, output_codec=self.config.output_codec)
+    def _request(self, head: HeadResult, spec: codec.Codec, next_cut: str = "",
+                 next_codec: str = "") -> tuple[wire.Framed, int]:
+        return encode_request(head, spec, sha256=self.sha256, output_codec=self.config.output_codec,
+                              next_cut_id=next_cut, next_codec=next_codec)
 
     def _decode_reply(self, reply: wire.Framed) -> tuple[dict[str, np.ndarray], int]:
         # The same decoded-size cap a server applies (a reply may claim any size under zlib).
@@ -451,13 +503,14 @@ class Device:
                             cloud=self.cloud)
 
     def send(self, head: HeadResult, *, codec_spec: str | codec.Codec | None = None,
-             timeout_s: float | None = None) -> SplitResult:
-        """Ship ``head``'s crossing tensors to the cloud, return the outputs (``CloudError`` on failure)."""
+             timeout_s: float | None = None, next_cut: str | None = None) -> SplitResult:
+        """Ship ``head``'s crossing tensors to the cloud, return the outputs (``CloudError`` on failure).
+        ``next_cut``: the server is an edge that runs up to this cut and forwards the rest (``.hops``)."""
         if head.cut_id == DEVICE_CUT:
             return self.finish_locally(head)
         spec = self.codec if codec_spec is None else codec.Codec.parse(codec_spec)
         t0 = time.perf_counter()
-        request, bytes_up = self._request(head, spec)
+        request, bytes_up = self._request(head, spec, next_cut or "", str(spec) if next_cut else "")
         t1 = time.perf_counter()
         # With ``timeout_s``: one deadline for the whole request, the model check included, and a missing
         # model is uploaded in the background. Without (the blocking API): the check and an upload take
@@ -496,7 +549,8 @@ class Device:
             decode_ms=(t4 - t3) * 1e3, tail_ms=reply.header.tail_ms, queue_ms=reply.header.queue_ms,
             total_ms=head.head_ms + (t4 - t0) * 1e3 - (t2 - t1) * 1e3,
             bytes_up=bytes_up, bytes_down=bytes_down,
-            load=wire.LoadInfo.from_proto(reply.header.load))
+            load=wire.LoadInfo.from_proto(reply.header.load),
+            hops=Hops.from_reply(reply.header) if next_cut else None)
 
     def run_detailed(self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None,
                      timeout_s: float | None = None) -> SplitResult:

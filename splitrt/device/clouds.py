@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.errors import CloudError
+from splitrt.plan.queueing import QueueEstimator
+from splitrt.transport.wire import LoadInfo
 
 
 @dataclass
@@ -21,6 +23,13 @@ class Cloud:
     retry_at_s: float = 0.0
     rtt_ms: float | None = None
     last_error: str = ""
+    # Its queue as the plan prices it (``plan.queueing``), from its load reports and refusals.
+    queue: QueueEstimator = field(default_factory=QueueEstimator)
+
+    def add_load(self, now_s: float, load: LoadInfo, *, own: bool) -> None:
+        """A load report; ``own``: it came in the reply of a request still counted in queue_depth."""
+        self.queue.add_load(now_s, queue_depth=max(0, load.queue_depth - int(own)), workers=load.workers,
+                            service_ms=load.service_ms)
 
 
 class Clouds(Mapping[str, Cloud]):
@@ -75,6 +84,18 @@ class Clouds(Mapping[str, Cloud]):
         """Clouds that are up, in the caller's order of preference (the finder ranks by RTT)."""
         with self._lock:
             return [c for c in self._by_address.values() if c.up]
+
+    def admitting(self, now_s: float) -> list[Cloud]:
+        """Live clouds, less those whose refusal (queue full: RESOURCE_EXHAUSTED) hint still runs."""
+        with self._lock:
+            return [c for c in self._by_address.values() if c.up and not c.queue.refused(now_s)]
+
+    def refused(self, cloud: Cloud, now_s: float, exc: CloudError) -> None:
+        """The cloud's queue was full: it is alive (not a failure), but out of plans for its hint."""
+        with self._lock:
+            cloud.failures = 0
+            cloud.last_error = f"{exc.code}: {exc}"
+            cloud.queue.add_refusal(now_s, retry_after_ms=exc.retry_after_ms)
 
     def mark_failed(self, cloud: Cloud, now_s: float, exc: CloudError) -> None:
         """A refused connection takes the cloud out at once; a slow answer only the second time in a

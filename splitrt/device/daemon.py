@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -56,7 +56,7 @@ import numpy as np
 
 from splitrt import paths
 from splitrt.errors import CloudError, CodecError, ConfigError, InputError, ProfileError, SplitrtError
-from splitrt.transport import codec, credentials, wire
+from splitrt.transport import codec, credentials, promtext, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
@@ -334,14 +334,9 @@ class _ModelStats:
         self.latency_count += 1
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
-
-
-def _num(x: float) -> str:
-    if math.isinf(x):
-        return "+Inf" if x > 0 else "-Inf"
-    return "NaN" if math.isnan(x) else repr(float(x))
+# The text format is rendered by ``splitrt.transport.promtext`` (the cloud server's metrics share it).
+_label = promtext.label
+_num = promtext.num
 
 
 # -- the daemon -------------------------------------------------------------------------------------
@@ -535,11 +530,7 @@ class Daemon:
         lines: list[str] = []
 
         def family(name: str, kind: str, help_text: str, samples: Sequence[tuple[str, dict[str, str], float]]) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            for suffix, labels, value in samples:
-                lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-                lines.append(f"{name}{suffix}{{{lab}}} {_num(value)}" if lab else f"{name}{suffix} {_num(value)}")
+            promtext.family(lines, name, kind, help_text, samples)
 
         with self._lock:
             stats = {n: (m, _ModelStats(m.stats.requests, m.stats.failed, m.stats.fallbacks, list(m.stats.buckets),
@@ -590,27 +581,7 @@ class Daemon:
 
 
 def _metrics_server(daemon: Daemon, host: str, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] not in ("/metrics", "/"):
-                self.send_error(404, "expected /metrics")
-                return
-            body = daemon.metrics_text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    try:
-        httpd = ThreadingHTTPServer((host.strip("[]"), port), Handler)
-    except OSError as exc:
-        raise ConfigError(f"metrics {host}:{port}: expected a free port, got {exc.strerror or exc}") from exc
-    httpd.daemon_threads = True
-    return httpd
+    return promtext.http_server(host, port, daemon.metrics_text)
 
 
 class _LocalServicer(pb_grpc.LocalInferenceServicer):

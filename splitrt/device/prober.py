@@ -105,6 +105,7 @@ class Prober:
         was_down = not c.up
         self.clouds.mark_up(c)
         with self._lock:
+            c.add_load(now, pr.load, own=False)  # the queue ages out between requests; probes refresh it
             c.rtt_ms = pr.seconds * 1e3 if c.rtt_ms is None else 0.7 * c.rtt_ms + 0.3 * pr.seconds * 1e3
             dev.link.add_rtt(now, pr.seconds * 1e3)
             rtt_s = dev.link.estimate(now).rtt_ms / 1e3

@@ -223,7 +223,7 @@ class AdaptiveDevice:
         self.set_clouds(clouds)
         self._warm_due = False
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0,
-                      "shape_tables": 0}
+                      "shape_tables": 0, "refused": 0}
         self.last_local_error = ""
         self.prober = Prober(self, self._clouds, lock=self._lock, after_round=self._warm_if_due)
         if start_prober:
@@ -238,11 +238,12 @@ class AdaptiveDevice:
         return self._clouds.snapshot()
 
     # -- planning ----------------------------------------------------------------------------------
-    def _decide(self, sp: ShapePlan, now_s: float, request: str, cloud_available: bool) -> Decision:
+    def _decide(self, sp: ShapePlan, now_s: float, request: str, cloud: Cloud | None) -> Decision:
         est = self.link.estimate(now_s)
-        load = self.load.estimate(now_s)
         with self._lock:
-            return sp.policy.decide(now_s, est, load, cloud_available=cloud_available, request=request)
+            # The queue of the cloud the request goes to first is the plan's queue term.
+            load = replace(self.load.estimate(now_s), queue_ms=cloud.queue.estimate(now_s) if cloud else 0.0)
+            return sp.policy.decide(now_s, est, load, cloud_available=cloud is not None, request=request)
 
     def shape_plans(self) -> dict[Signature, ShapePlan]:
         """The signatures planned for now, the profiled one first (the others most recent last)."""
@@ -265,8 +266,8 @@ class AdaptiveDevice:
         feeds = self.local.check_inputs(inputs)
         sp = self._shapes.get(reshape.signature({n: a.shape for n, a in feeds.items()}), feeds)
         table = sp.table
-        live = self._clouds.live()
-        decision = self._decide(sp, now, rid, cloud_available=bool(live))
+        live = self._clouds.admitting(now)  # a cloud that refused us waits out its retry hint
+        decision = self._decide(sp, now, rid, live[0] if live else None)
         cut, codec = parse_plan(decision.plan, table.codecs[0])
         head = self.local.run_head(feeds, cut)
         result, server, fallback = self._finish(table, head, cut, codec, live, t0, deadline, now)
@@ -307,7 +308,12 @@ class AdaptiveDevice:
                 try:
                     res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
                 except CloudError as exc:
-                    self._clouds.mark_failed(cloud, self.clock(), exc)
+                    if exc.retry_after_ms is not None:  # queue full: next cloud, or the tail here
+                        self._clouds.refused(cloud, self.clock(), exc)
+                        with self._lock:
+                            self.stats["refused"] += 1
+                    else:
+                        self._clouds.mark_failed(cloud, self.clock(), exc)
                     continue
                 except (SplitrtError, ValueError) as exc:
                     # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
@@ -317,21 +323,27 @@ class AdaptiveDevice:
                         self.last_local_error = f"{type(exc).__name__}: {exc}"
                     break
             self._clouds.answered(cloud)
-            self._observe(table, res, cut)
+            self._observe(table, res, cut, cloud)
             return res, cloud.address, False
         local = self.local.finish_locally(head)
         return local, None, True
 
-    def _observe(self, table: CostTable, res: SplitResult, cut: str) -> None:
+    def _observe(self, table: CostTable, res: SplitResult, cut: str, cloud: Cloud) -> None:
         now = self.clock()
         with self._lock:
             net_s = max(res.network_ms, 0.0) / 1e3
             self.link.add_transfer(now, res.bytes_up + res.bytes_down, net_s)
             i = table.index(cut)
             prof_tail_s = float(table.tail_ms[i]) / 1e3
+            # The wait for a worker is the plan's queue term (``cloud.queue``), not the tail's factor:
+            # it does not scale with the cut's tail (as the simulator feeds it: queue_wait_s=0).
             if prof_tail_s > 0:
-                self.load.add_cloud(now, queue_wait_s=res.queue_ms / 1e3, profiled_tail_s=prof_tail_s,
+                self.load.add_cloud(now, queue_wait_s=0.0, profiled_tail_s=prof_tail_s,
                                     tail_s=res.tail_ms / 1e3)
+            # The state the reply reports predicts the next wait; the wait this request met does not
+            # (it includes a tail session's first build: hundreds of ms, once).
+            if res.load is not None:
+                cloud.add_load(now, res.load, own=True)
 
     def _warm(self, now_s: float) -> None:
         """Build head sessions of the plans likely next, off the request path's critical section."""

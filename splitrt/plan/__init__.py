@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy, replay
     from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
     from splitrt.plan.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadConfig, LoadEstimate, LoadEstimator
+    from splitrt.plan.queueing import QueueConfig, QueueEstimator, expected_wait_ms
     from splitrt.plan.solver import Plan, evaluate, parse_plan, solve, solve_chain
 
 _NAMES = {
@@ -21,8 +22,9 @@ _NAMES = {
     "Conditions": "costmodel", "CostTable": "costmodel", "Link": "costmodel", "Power": "costmodel",
     "LinkConfig": "netmon", "LinkEstimate": "netmon", "LinkEstimator": "netmon", "LoadConfig": "netmon",
     "LoadEstimate": "netmon", "LoadEstimator": "netmon",
+    "QueueConfig": "queueing", "QueueEstimator": "queueing", "expected_wait_ms": "queueing",
     "Plan": "solver", "evaluate": "solver", "parse_plan": "solver", "solve": "solver", "solve_chain": "solver",
-    "controller": "", "costmodel": "", "mincut": "", "netmon": "", "solver": "",
+    "controller": "", "costmodel": "", "mincut": "", "netmon": "", "queueing": "", "solver": "",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES)

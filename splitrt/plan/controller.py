@@ -69,11 +69,15 @@ class Decision:
     seq: int = 0  # decision order (log lines are written in completion order)
     extra: dict[str, object] = field(default_factory=dict)
     # The predicted terms of predicted_ms (they add up to it): device, transfer both ways, the round
-    # trip the plan waits (0 for `device`), cloud.
+    # trip the plan waits (0 for `device`), the cloud's queue (0 for `device`), cloud.
     device_ms: float = 0.0
     transfer_ms: float = 0.0
     round_trip_ms: float = 0.0
     cloud_ms: float = 0.0
+    queue_ms: float = 0.0
+    # Input: the expected wait for a worker at the cloud (``LoadEstimate.queue_ms``); logs without it
+    # were made before the queue was priced, and replay with 0.
+    cloud_queue_ms: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -91,7 +95,10 @@ class Decision:
                  f"bw={self.bandwidth_mbps!r}", f"rtt={self.rtt_ms!r}", f"conf={self.confidence!r}",
                  f"dl={self.device_load!r}", f"cl={self.cloud_load!r}", "up" if self.cloud_available else "down",
                  f"pred={self.predicted_ms!r}", f"obj={self.objective_value!r}",
-                 f"terms={self.device_ms!r}/{self.transfer_ms!r}/{self.round_trip_ms!r}/{self.cloud_ms!r}"]
+                 f"terms={self.device_ms!r}/{self.transfer_ms!r}/{self.round_trip_ms!r}/{self.cloud_ms!r}"
+                 + (f"/{self.queue_ms!r}" if self.queue_ms else "")]
+        if self.cloud_queue_ms:
+            words.append(f"cq={self.cloud_queue_ms!r}")
         if self.actual_ms is not None:
             words.append(f"actual={self.actual_ms!r}")
         if self.fallback:
@@ -113,6 +120,7 @@ class Decision:
             kv = dict(w.split("=", 1) for w in words if "=" in w)
             previous = kv["prev"]
             terms = [float(x) for x in kv["terms"].split("/")] if "terms" in kv else [0.0] * 4
+            terms += [0.0] * (5 - len(terms))  # the queue term is written only when not 0
             return Decision(
                 seq=seq, t_s=float(kv["t"]), plan=plan, previous=None if previous == "-" else previous,
                 best=kv["best"], switched="switched" in flags, bandwidth_mbps=float(kv["bw"]),
@@ -123,6 +131,7 @@ class Decision:
                 server=kv.get("server"), request=kv["req"], reason=kv["reason"],
                 extra=json.loads(kv["extra"]) if "extra" in kv else {},
                 device_ms=terms[0], transfer_ms=terms[1], round_trip_ms=terms[2], cloud_ms=terms[3],
+                queue_ms=terms[4], cloud_queue_ms=float(kv.get("cq", 0.0)),
             )
         except (IndexError, KeyError, ValueError) as exc:
             raise ConfigError(f"decision: expected the form of str(Decision) ('#SEQ t=... PLAN prev=... "
@@ -159,6 +168,7 @@ class Controller:
             link=Link(bandwidth_mbps=max(link.bandwidth_mbps, 1e-6), rtt_ms=max(link.rtt_ms, 0.0)),
             device_load=max(load.device_factor, 1e-3),
             cloud_load=max(load.cloud_factor, 1e-3),
+            queue_ms=max(load.queue_ms, 0.0),
         )
 
     def decide(self, now_s: float, link: LinkEstimate, load: LoadEstimate, *,
@@ -196,7 +206,8 @@ class Controller:
             cloud_available=cloud_available, previous=previous, plan=chosen.key, best=best.key,
             predicted_ms=chosen.predicted_ms, objective_value=_objective_value(chosen, cfg.objective),
             switched=switched, reason=reason, device_ms=chosen.device_ms, transfer_ms=chosen.transfer_ms,
-            round_trip_ms=chosen.rtt_ms, cloud_ms=chosen.cloud_ms,
+            round_trip_ms=chosen.rtt_ms, cloud_ms=chosen.cloud_ms, queue_ms=chosen.queue_ms,
+            cloud_queue_ms=load.queue_ms,
         )
 
     def warm_plans(self, link: LinkEstimate, load: LoadEstimate) -> list[str]:
@@ -286,7 +297,8 @@ class Policy:
                         cloud_load=load.cloud_factor, cloud_available=cloud_available, previous=prev, plan=key,
                         best=key, predicted_ms=p.predicted_ms, objective_value=p.predicted_ms, switched=switched,
                         reason=f"policy {self.spec}", device_ms=p.device_ms, transfer_ms=p.transfer_ms,
-                        round_trip_ms=p.rtt_ms, cloud_ms=p.cloud_ms)
+                        round_trip_ms=p.rtt_ms, cloud_ms=p.cloud_ms, queue_ms=p.queue_ms,
+                        cloud_queue_ms=load.queue_ms)
 
 
 def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | None = None, *,
@@ -311,7 +323,8 @@ def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | No
         again = ctl.decide(
             logged.t_s,
             LinkEstimate(bandwidth_mbps=logged.bandwidth_mbps, rtt_ms=logged.rtt_ms, confidence=logged.confidence),
-            LoadEstimate(device_factor=logged.device_load, cloud_factor=logged.cloud_load),
+            LoadEstimate(device_factor=logged.device_load, cloud_factor=logged.cloud_load,
+                         queue_ms=logged.cloud_queue_ms),
             cloud_available=logged.cloud_available,
             request=logged.request,
         )

@@ -4,9 +4,10 @@ The model, per candidate cut ``c`` and codec ``k`` (two tiers, device → cloud)
 
     device_ms   = head_ms[c] × device_load                        (0 for the cut ``cloud``)
     transfer_ms = (sent_bytes[c, k] + reply_bytes) × 8 / bandwidth  (0 for the cut ``device``)
-    latency_ms  = device_ms + transfer_ms + rtt_ms + tail_ms[c] × cloud_load
-                  (no RTT, no transfer and no cloud for the cut ``device``)
-    energy_mJ   = active_w × device_ms + radio_w × send_ms + idle_w × (rtt_ms + cloud_ms + reply_ms)
+    queue_ms    = the expected wait for a worker at the cloud (``plan.queueing``; 0 for ``device``)
+    latency_ms  = device_ms + transfer_ms + rtt_ms + queue_ms + tail_ms[c] × cloud_load
+                  (no RTT, no transfer, no queue and no cloud for the cut ``device``)
+    energy_mJ   = active_w × device_ms + radio_w × send_ms + idle_w × (rtt_ms + queue_ms + cloud_ms + reply_ms)
     period_ms   = max(device_ms, transfer_ms, cloud_ms)          (frames pipelined: slowest stage)
 
 ``sent_bytes[c, k] = float_bytes[c] × ratio[k] + (bytes[c] - float_bytes[c])``: a codec only shrinks
@@ -80,12 +81,17 @@ class Conditions:
     link: Link
     device_load: float = 1.0
     cloud_load: float = 1.0
+    # Expected wait for a worker at the cloud, ms: a term of its own for every cut that sends (the
+    # queue does not scale with a cut's tail, so it is not part of cloud_load).
+    queue_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("device_load", "cloud_load"):
             value = getattr(self, name)
             if not (value > 0.0 and math.isfinite(value)):
                 raise PlanError(f"{name} must be a finite number > 0, got {value!r}")
+        if not (self.queue_ms >= 0.0 and math.isfinite(self.queue_ms)):
+            raise PlanError(f"queue_ms must be a finite number >= 0, got {self.queue_ms!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +120,7 @@ class Estimate:
     period_ms: float
     bytes: int  # raw crossing bytes
     sent_bytes: int  # after the codec
+    queue_ms: float = 0.0  # expected wait for a cloud worker (0 for ``device``)
 
 
 class CostTable:
@@ -247,14 +254,19 @@ class CostTable:
     def rtt_ms(self, cond: Conditions) -> FloatArray:
         return self._rtt_mask * cond.link.rtt_ms
 
+    def queue_ms(self, cond: Conditions) -> FloatArray:
+        """The cloud's expected queueing delay, for every cut that sends, (cuts,)."""
+        return self._rtt_mask * cond.queue_ms
+
     def latency_ms(self, cond: Conditions) -> FloatArray:
         """End-to-end latency of every (cut, codec), shape (cuts, codecs)."""
-        per_cut = self.device_ms(cond) + self.reply_ms(cond) + self.rtt_ms(cond) + self.cloud_ms(cond)
+        per_cut = (self.device_ms(cond) + self.reply_ms(cond) + self.rtt_ms(cond) + self.queue_ms(cond)
+                   + self.cloud_ms(cond))
         return per_cut[:, None] + self.send_ms(cond)
 
     def energy_mj(self, cond: Conditions, power: Power) -> FloatArray:
         """Device energy per inference in millijoules (W × ms), shape (cuts, codecs)."""
-        waiting = self.rtt_ms(cond) + self.cloud_ms(cond) + self.reply_ms(cond)
+        waiting = self.rtt_ms(cond) + self.queue_ms(cond) + self.cloud_ms(cond) + self.reply_ms(cond)
         per_cut = power.active_w * self.device_ms(cond) + power.idle_w * waiting
         return per_cut[:, None] + power.radio_w * self.send_ms(cond)
 
@@ -273,15 +285,17 @@ class CostTable:
         send = float(self._send_ms_1mbps[i, k] / bw)
         reply = float(self._reply_ms_1mbps[i] / bw)
         rtt = float(self._rtt_mask[i] * cond.link.rtt_ms)
+        queue = float(self._rtt_mask[i] * cond.queue_ms)
         return Estimate(
             cut=cut,
             codec=codec,
             device_ms=device,
             transfer_ms=send + reply,
             rtt_ms=rtt,
+            queue_ms=queue,
             cloud_ms=cloud,
-            latency_ms=device + reply + rtt + cloud + send,
-            energy_mj=power.active_w * device + power.idle_w * (rtt + cloud + reply) + power.radio_w * send,
+            latency_ms=device + reply + rtt + queue + cloud + send,
+            energy_mj=power.active_w * device + power.idle_w * (rtt + queue + cloud + reply) + power.radio_w * send,
             period_ms=max(device, cloud, send + reply),
             bytes=int(self.bytes[i]),
             sent_bytes=int(self.sent_bytes[i, k]),

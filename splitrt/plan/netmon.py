@@ -337,10 +337,12 @@ class LinkEstimator:
 @dataclass(frozen=True, kw_only=True)
 class LoadEstimate:
     """Multipliers of profiled compute costs: ``device_factor`` for the head (and local fallback),
-    ``cloud_factor`` for the tail (queue wait included). Below 1 when a side runs faster than profiled."""
+    ``cloud_factor`` for the tail. Below 1 when a side runs faster than profiled. ``queue_ms``: the
+    expected wait for a worker at the cloud (``plan.queueing``), its own plan term, not in the factor."""
 
     device_factor: float
     cloud_factor: float
+    queue_ms: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)

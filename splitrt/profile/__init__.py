@@ -1,5 +1,6 @@
 """What compute costs on a machine: measured profiles (onnxruntime), FLOP priors before profiling,
-and board descriptors (``devices/*.toml``). Turns them into the plan's ``CostTable``."""
+board descriptors (``devices/*.toml``) and power readers (measured energy). Turns them into the plan's
+``CostTable``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ _NAMES = {
     "Board": "boards", "load_board": "boards", "flops_table": "priors",
     "Profile": "profiler", "cost_table": "profiler", "load_profile": "profiler", "measure": "profiler",
     "save_profile": "profiler", "boards": "", "priors": "", "profiler": "",
+    "energy": "", "power": "", "power_select": "",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES)

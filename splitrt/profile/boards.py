@@ -36,6 +36,10 @@ class Board:
     cpu_speed_factor: float
     power: Power
     path: Path
+    # ``[power] reader``: which power reader the board has (``profile.power_select``); None: detect
+    power_reader: str | None = None
+    # ``[power] radio_source``: the citation for radio_w (what the radio's energy per byte comes from)
+    radio_source: str = ""
 
 
 #: The reference workload's time on the build host when no shipped profile says otherwise (ms).
@@ -114,6 +118,12 @@ def load_board(name_or_path: str | Path, directory: Path | None = None) -> Board
         raise
     except Exception as exc:  # PlanError from Power validation
         raise ConfigError(f"{path}: [power]: {exc}") from exc
+    reader = power.get("reader")
+    radio_source = power.get("radio_source", "")
+    if reader is not None and not (isinstance(reader, str) and reader):
+        raise ConfigError(f"{path}: [power] reader must be a reader name (rapl, rpi5-pmic, ...), got {reader!r}")
+    if not isinstance(radio_source, str):
+        raise ConfigError(f"{path}: [power] radio_source must be a string, got {radio_source!r}")
     return Board(
         name=str(data.get("name", path.stem)),
         description=str(data.get("description", "")),
@@ -124,6 +134,8 @@ def load_board(name_or_path: str | Path, directory: Path | None = None) -> Board
         cpu_speed_factor=factor,
         power=pw,
         path=path,
+        power_reader=reader,
+        radio_source=radio_source,
     )
 
 

@@ -51,6 +51,7 @@ from splitrt.plan.mincut import DagTensor as DagTensor
 from splitrt.profile.anchoring import AnchorTimes, measure_direct, time_anchors
 from splitrt.profile.anchoring import choose_boundaries as choose_boundaries
 from splitrt.profile.costs import cost_table, dag, nested_matrix
+from splitrt.profile.energy import measure_energy
 from splitrt.profile.fusion import fused_tensors as fused_tensors
 from splitrt.profile.fusion import split_costs
 from splitrt.profile.fusion import unfused_tail_nodes as unfused_tail_nodes
@@ -59,6 +60,7 @@ from splitrt.profile.host import default_threads as default_threads
 from splitrt.profile.host import host_class, host_facts
 from splitrt.profile.host import pick_providers as pick_providers
 from splitrt.profile.interpolate import Interpolated, interpolate
+from splitrt.profile.power import PowerReader
 from splitrt.profile.store import SCHEMA, CutProfile, NodeProfile, Profile, SegmentProfile, load_profile, save_profile
 from splitrt.profile.store import file_sha256 as file_sha256
 from splitrt.profile.timing import WARMUP_MAX_RUNS as WARMUP_MAX_RUNS
@@ -86,8 +88,12 @@ def measure(
     progress: Progress = stderr_progress,
     name: str | None = None,
     binding: ShapeBinding | None = None,
+    power: PowerReader | None = None,
+    energy_window_s: float = 1.0,
 ) -> Profile:
-    """Profile every candidate cut of ``model_path`` on this machine (anchored method, see module doc)."""
+    """Profile every candidate cut of ``model_path`` on this machine (anchored method, see module doc).
+    With a ``power`` reader, also idle/busy power and each anchor span's energy (``energy.measure_energy``,
+    each figure over at least ``energy_window_s``)."""
     from splitrt.graph import zoo
 
     if runs < 1 or warmup < 0:
@@ -122,6 +128,10 @@ def measure(
     split_ms = split_costs(g, cuts, fused, threads=threads, providers=provs, runs=runs, warmup=warmup,
                            overhead=times.overhead_ms, progress=progress)
     result = interpolate(g, cuts, kernel, anchors, times, split_ms)
+    energy = None
+    if power is not None:
+        energy = measure_energy(g, anchors, inputs, power, threads=threads, providers=provs,
+                                window_s=energy_window_s, warmup=warmup, progress=progress).to_dict()
     full_ms = times.full_ms
     elapsed = time.perf_counter() - t_start
     progress(f"done in {elapsed:.1f} s: full model {full_ms:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
@@ -153,6 +163,7 @@ def measure(
         nodes=result.nodes,
         segments=result.segments,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        energy=energy,
     )
 
 

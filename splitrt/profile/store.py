@@ -64,6 +64,9 @@ class Profile:
     segments: tuple[SegmentProfile, ...]
     created: str = ""
     notes: str = ""
+    # measured power and energy (``profile.energy.EnergyProfile.to_dict()``) when profiled with a power
+    # reader; None (absent from the file) otherwise
+    energy: dict[str, Any] | None = None
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -85,6 +88,8 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("_index", None)
+        if d.get("energy") is None:
+            d.pop("energy", None)
         return d
 
 
@@ -157,6 +162,7 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
             segments=segments,
             created=str(data.get("created", "")),
             notes=str(data.get("notes", "")),
+            energy=dict(data["energy"]) if data.get("energy") else None,
         )
     except ProfileError:
         raise

@@ -69,6 +69,10 @@ class GrpcTransport:
 
     def _open(self) -> grpc.Channel:
         options = wire.channel_options(self._max_message_bytes, self._keepalive_s)
+        if self._address.startswith("dns:///"):
+            # A name resolving to many servers (a Kubernetes headless Service): spread the requests
+            # over all of them, not just the first address (gRPC's default, pick_first).
+            options.append(("grpc.lb_policy_name", "round_robin"))
         if not self._tls:
             return grpc.insecure_channel(self._address, options)
         root = Path(self._tls_ca_path).read_bytes() if self._tls_ca_path is not None else None

@@ -46,16 +46,20 @@ class _Status(grpc.RpcError):
     """A call's failure as a gRPC client would see it (``code()``, ``details()``: what ``wire.cloud_error``
     reads), so both transports map failures through the same function."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self._trailing = trailing
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
         return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._trailing
 
 
 class FakeContext:
@@ -67,6 +71,7 @@ class FakeContext:
         self.aborted: tuple[grpc.StatusCode, str] | None = None
         self.code: grpc.StatusCode | None = None
         self.details = ""
+        self.trailing: tuple[tuple[str, str], ...] = ()
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
@@ -76,7 +81,10 @@ class FakeContext:
 
     def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         self.aborted = (code, details)
-        raise _Status(code, details)
+        raise _Status(code, details, self.trailing)
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailing = tuple(metadata)
 
     def set_code(self, code: grpc.StatusCode) -> None:
         self.code = code

@@ -1,4 +1,5 @@
-"""Regenerate the gRPC stubs from ``proto/splitrt.proto``: ``python -m splitrt.transport.protogen``.
+"""Regenerate the gRPC stubs from ``proto/splitrt.proto`` and ``proto/grpc_predict_v2.proto`` (the Open
+Inference Protocol v2 that ``transport.v2`` speaks): ``python -m splitrt.transport.protogen``.
 
 Writes ``splitrt/transport/splitrt_pb2.py``, ``splitrt_pb2_grpc.py`` (grpcio-tools) and ``splitrt_pb2.pyi``,
 ``splitrt_pb2_grpc.pyi`` (mypy-protobuf). The proto is compiled as ``splitrt/transport/splitrt.proto``
@@ -18,8 +19,10 @@ from splitrt.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "proto" / "splitrt.proto"
+PROTOS = (PROTO, ROOT / "proto" / "grpc_predict_v2.proto")
 PACKAGE_DIR = Path(__file__).resolve().parent
-GENERATED = ("splitrt_pb2.py", "splitrt_pb2_grpc.py", "splitrt_pb2.pyi", "splitrt_pb2_grpc.pyi")
+SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
+GENERATED = tuple(f"{p.stem}{suffix}" for p in PROTOS for suffix in SUFFIXES)
 
 
 def _plugin(name: str) -> str:
@@ -33,8 +36,12 @@ def _plugin(name: str) -> str:
     return found
 
 
-def generate(out_dir: Path, proto: Path = PROTO) -> list[Path]:
-    """Compile ``proto`` into ``out_dir``; returns the generated files (names in ``GENERATED``)."""
+def generate(out_dir: Path, protos: tuple[Path, ...] = PROTOS) -> list[Path]:
+    """Compile ``protos`` into ``out_dir``; returns the generated files (names in ``GENERATED``)."""
+    return [path for proto in protos for path in _generate_one(out_dir, proto)]
+
+
+def _generate_one(out_dir: Path, proto: Path) -> list[Path]:
     try:
         from grpc_tools import protoc
     except ImportError as exc:
@@ -46,7 +53,7 @@ def generate(out_dir: Path, proto: Path = PROTO) -> list[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src" / "splitrt" / "transport"
         src.mkdir(parents=True)
-        shutil.copyfile(proto, src / "splitrt.proto")
+        shutil.copyfile(proto, src / proto.name)
         gen = Path(tmp) / "gen"
         gen.mkdir()
         well_known = str(importlib.resources.files("grpc_tools") / "_proto")
@@ -60,13 +67,13 @@ def generate(out_dir: Path, proto: Path = PROTO) -> list[Path]:
             f"--grpc_python_out={gen}",
             f"--mypy_out={gen}",
             f"--mypy_grpc_out={gen}",
-            "splitrt/transport/splitrt.proto",
+            f"splitrt/transport/{proto.name}",
         ]
         rc = protoc.main(args)
         if rc != 0:
             raise ConfigError(f"protoc failed on {proto} with exit code {rc} (expected 0)")
         written = []
-        for name in GENERATED:
+        for name in (f"{proto.stem}{suffix}" for suffix in SUFFIXES):
             target = out_dir / name
             shutil.copyfile(gen / "splitrt" / "transport" / name, target)
             written.append(target)

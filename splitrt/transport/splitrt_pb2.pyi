@@ -82,6 +82,8 @@ class Load(_message.Message):
     RUNNING_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
     CPU_PERCENT_FIELD_NUMBER: _builtins.int
+    SERVICE_MS_FIELD_NUMBER: _builtins.int
+    MAX_QUEUE_FIELD_NUMBER: _builtins.int
     queue_depth: _builtins.int
     """Requests admitted and not finished (waiting + running)."""
     running: _builtins.int
@@ -90,6 +92,12 @@ class Load(_message.Message):
     """Tail worker slots."""
     cpu_percent: _builtins.float
     """Host CPU utilisation, percent (0-100), from psutil."""
+    service_ms: _builtins.float
+    """Smoothed tail service time per request, milliseconds (EWMA over the requests served, every model and
+    cut); 0 before the first. With queue_depth and workers a device prices the queueing delay.
+    """
+    max_queue: _builtins.int
+    """Requests that may wait beyond the workers; more are refused with RESOURCE_EXHAUSTED."""
     def __init__(
         self,
         *,
@@ -97,10 +105,12 @@ class Load(_message.Message):
         running: _builtins.int = ...,
         workers: _builtins.int = ...,
         cpu_percent: _builtins.float = ...,
+        service_ms: _builtins.float = ...,
+        max_queue: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_percent", b"cpu_percent", "queue_depth", b"queue_depth", "running", b"running", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_percent", b"cpu_percent", "max_queue", b"max_queue", "queue_depth", b"queue_depth", "running", b"running", "service_ms", b"service_ms", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -116,6 +126,8 @@ class InferRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TENSORS_FIELD_NUMBER: _builtins.int
     OUTPUT_CODEC_FIELD_NUMBER: _builtins.int
+    NEXT_CUT_ID_FIELD_NUMBER: _builtins.int
+    NEXT_CODEC_FIELD_NUMBER: _builtins.int
     model_sha256: _builtins.str
     """sha256 (hex) of the model file bytes."""
     cut_id: _builtins.str
@@ -128,6 +140,14 @@ class InferRequest(_message.Message):
     """Caller's id, echoed in the reply and in the server's logs."""
     output_codec: _builtins.str
     """Codec for the outputs; empty means "fp32" (lossless)."""
+    next_cut_id: _builtins.str
+    """Three tiers: a server started with a next tier (an edge, `splitrt serve --next`) runs the segment
+    from `cut_id` up to this cut and forwards the tensors crossing it to its next tier in an ordinary
+    request (`device`: the edge runs the whole rest). Must be `cut_id` or a later cut (its head contains
+    the head of `cut_id`), else INVALID_ARGUMENT. Empty: run the tail here (two tiers).
+    """
+    next_codec: _builtins.str
+    """Codec for the tensors forwarded to the next tier; empty means "fp32"."""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tensor]:
         """The crossing tensors of the cut, by name."""
@@ -141,10 +161,12 @@ class InferRequest(_message.Message):
         request_id: _builtins.str = ...,
         tensors: _abc.Iterable[Global___Tensor] | None = ...,
         output_codec: _builtins.str = ...,
+        next_cut_id: _builtins.str = ...,
+        next_codec: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["codec", b"codec", "cut_id", b"cut_id", "model_sha256", b"model_sha256", "output_codec", b"output_codec", "request_id", b"request_id", "tensors", b"tensors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["codec", b"codec", "cut_id", b"cut_id", "model_sha256", b"model_sha256", "next_codec", b"next_codec", "next_cut_id", b"next_cut_id", "output_codec", b"output_codec", "request_id", b"request_id", "tensors", b"tensors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -156,18 +178,24 @@ class Error(_message.Message):
 
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     code: _builtins.str
     """gRPC status code name, e.g. "INVALID_ARGUMENT"."""
     message: _builtins.str
+    retry_after_ms: _builtins.float
+    """With RESOURCE_EXHAUSTED (queue full): milliseconds after which a retry may be admitted (Infer
+    answers it as trailing metadata `retry-after-ms` instead).
+    """
     def __init__(
         self,
         *,
         code: _builtins.str = ...,
         message: _builtins.str = ...,
+        retry_after_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -183,11 +211,32 @@ class InferReply(_message.Message):
     QUEUE_MS_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    EDGE_MS_FIELD_NUMBER: _builtins.int
+    NEXT_MS_FIELD_NUMBER: _builtins.int
+    NEXT_TAIL_MS_FIELD_NUMBER: _builtins.int
+    NEXT_QUEUE_MS_FIELD_NUMBER: _builtins.int
+    NEXT_BYTES_UP_FIELD_NUMBER: _builtins.int
+    NEXT_BYTES_DOWN_FIELD_NUMBER: _builtins.int
+    NEXT_ADDRESS_FIELD_NUMBER: _builtins.int
+    NEXT_LOAD_FIELD_NUMBER: _builtins.int
+    NEXT_ERROR_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     tail_ms: _builtins.float
     """Time spent running the tail session, milliseconds."""
     queue_ms: _builtins.float
     """Time the request waited for a worker, milliseconds."""
+    edge_ms: _builtins.float
+    """Three tiers (the request named `next_cut_id`), from the edge: milliseconds from the request's
+    arrival to its reply (the device's hop = its round trip minus this), ...
+    """
+    next_ms: _builtins.float
+    """... the edge's round trip to its next tier (0: nothing forwarded), and what the next tier reported."""
+    next_tail_ms: _builtins.float
+    next_queue_ms: _builtins.float
+    next_bytes_up: _builtins.int
+    """Payload bytes the edge forwarded and got back."""
+    next_bytes_down: _builtins.int
+    next_address: _builtins.str
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tensor]:
         """Every graph output of the model, by name."""
@@ -198,6 +247,12 @@ class InferReply(_message.Message):
     def error(self) -> Global___Error:
         """Only in InferStream replies: set when this frame failed (outputs are then empty)."""
 
+    @_builtins.property
+    def next_load(self) -> Global___Load: ...
+    @_builtins.property
+    def next_error(self) -> Global___Error:
+        """Set when the next tier failed: the edge then ran the rest itself (outputs are present)."""
+
     def __init__(
         self,
         *,
@@ -207,10 +262,19 @@ class InferReply(_message.Message):
         queue_ms: _builtins.float = ...,
         load: Global___Load | None = ...,
         error: Global___Error | None = ...,
+        edge_ms: _builtins.float = ...,
+        next_ms: _builtins.float = ...,
+        next_tail_ms: _builtins.float = ...,
+        next_queue_ms: _builtins.float = ...,
+        next_bytes_up: _builtins.int = ...,
+        next_bytes_down: _builtins.int = ...,
+        next_address: _builtins.str = ...,
+        next_load: Global___Load | None = ...,
+        next_error: Global___Error | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "load", b"load"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "load", b"load", "next_error", b"next_error", "next_load", b"next_load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "load", b"load", "outputs", b"outputs", "queue_ms", b"queue_ms", "request_id", b"request_id", "tail_ms", b"tail_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_ms", b"edge_ms", "error", b"error", "load", b"load", "next_address", b"next_address", "next_bytes_down", b"next_bytes_down", "next_bytes_up", b"next_bytes_up", "next_error", b"next_error", "next_load", b"next_load", "next_ms", b"next_ms", "next_queue_ms", b"next_queue_ms", "next_tail_ms", b"next_tail_ms", "outputs", b"outputs", "queue_ms", b"queue_ms", "request_id", b"request_id", "tail_ms", b"tail_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -222,17 +286,29 @@ class ProbeRequest(_message.Message):
 
     PAYLOAD_FIELD_NUMBER: _builtins.int
     REPLY_BYTES_FIELD_NUMBER: _builtins.int
+    NEXT_PROBE_FIELD_NUMBER: _builtins.int
+    NEXT_PAYLOAD_BYTES_FIELD_NUMBER: _builtins.int
+    NEXT_REPLY_BYTES_FIELD_NUMBER: _builtins.int
     payload: _builtins.bytes
     reply_bytes: _builtins.int
+    next_probe: _builtins.bool
+    """An edge probes its next tier too, with these sizes, and reports the round trip (the device measures
+    the edge -> cloud hop through the edge). Ignored by a server without a next tier.
+    """
+    next_payload_bytes: _builtins.int
+    next_reply_bytes: _builtins.int
     def __init__(
         self,
         *,
         payload: _builtins.bytes = ...,
         reply_bytes: _builtins.int = ...,
+        next_probe: _builtins.bool = ...,
+        next_payload_bytes: _builtins.int = ...,
+        next_reply_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["payload", b"payload", "reply_bytes", b"reply_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_payload_bytes", b"next_payload_bytes", "next_probe", b"next_probe", "next_reply_bytes", b"next_reply_bytes", "payload", b"payload", "reply_bytes", b"reply_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -245,21 +321,38 @@ class ProbeReply(_message.Message):
     PAYLOAD_FIELD_NUMBER: _builtins.int
     RECEIVED_BYTES_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
+    NEXT_MS_FIELD_NUMBER: _builtins.int
+    NEXT_LOAD_FIELD_NUMBER: _builtins.int
+    NEXT_ERROR_FIELD_NUMBER: _builtins.int
+    NEXT_ADDRESS_FIELD_NUMBER: _builtins.int
     payload: _builtins.bytes
     received_bytes: _builtins.int
     """Bytes of payload the server received."""
+    next_ms: _builtins.float
+    """With `next_probe`: the edge's round trip to its next tier, milliseconds, and that tier's load;
+    `next_error` set when the probe failed (or the server has no next tier).
+    """
+    next_address: _builtins.str
     @_builtins.property
     def load(self) -> Global___Load: ...
+    @_builtins.property
+    def next_load(self) -> Global___Load: ...
+    @_builtins.property
+    def next_error(self) -> Global___Error: ...
     def __init__(
         self,
         *,
         payload: _builtins.bytes = ...,
         received_bytes: _builtins.int = ...,
         load: Global___Load | None = ...,
+        next_ms: _builtins.float = ...,
+        next_load: Global___Load | None = ...,
+        next_error: Global___Error | None = ...,
+        next_address: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load", "next_error", b"next_error", "next_load", b"next_load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["load", b"load", "payload", b"payload", "received_bytes", b"received_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["load", b"load", "next_address", b"next_address", "next_error", b"next_error", "next_load", b"next_load", "next_ms", b"next_ms", "payload", b"payload", "received_bytes", b"received_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -313,20 +406,24 @@ class SegmentInfo(_message.Message):
     MODEL_SHA256_FIELD_NUMBER: _builtins.int
     CUT_ID_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
+    SERVICE_MS_FIELD_NUMBER: _builtins.int
     model_sha256: _builtins.str
     cut_id: _builtins.str
     hits: _builtins.int
     """Requests served by this cached tail session."""
+    service_ms: _builtins.float
+    """Smoothed tail service time of this model and cut, milliseconds (0 before the first request)."""
     def __init__(
         self,
         *,
         model_sha256: _builtins.str = ...,
         cut_id: _builtins.str = ...,
         hits: _builtins.int = ...,
+        service_ms: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cut_id", b"cut_id", "hits", b"hits", "model_sha256", b"model_sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cut_id", b"cut_id", "hits", b"hits", "model_sha256", b"model_sha256", "service_ms", b"service_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -335,6 +432,26 @@ Global___SegmentInfo: _TypeAlias = SegmentInfo  # noqa: Y015
 @_typing.final
 class StatusReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ErrorsByCodeEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     VERSION_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
@@ -347,6 +464,9 @@ class StatusReply(_message.Message):
     SERVED_FIELD_NUMBER: _builtins.int
     INSECURE_FIELD_NUMBER: _builtins.int
     SECURITY_WARNING_FIELD_NUMBER: _builtins.int
+    NEXT_ADDRESS_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    ERRORS_BY_CODE_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     allow_upload: _builtins.bool
     max_message_bytes: _builtins.int
@@ -359,12 +479,18 @@ class StatusReply(_message.Message):
     """
     security_warning: _builtins.str
     """What is insecure, in words (empty when `insecure` is false)."""
+    next_address: _builtins.str
+    """An edge's next tier ("host:port", `splitrt serve --next`); empty for a server that runs tails only."""
+    errors: _builtins.int
+    """Infer requests (and stream frames) answered with an error, all codes; `errors_by_code` splits them."""
     @_builtins.property
     def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelInfo]: ...
     @_builtins.property
     def segments(self) -> _containers.RepeatedCompositeFieldContainer[Global___SegmentInfo]: ...
     @_builtins.property
     def load(self) -> Global___Load: ...
+    @_builtins.property
+    def errors_by_code(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -379,10 +505,13 @@ class StatusReply(_message.Message):
         served: _builtins.int = ...,
         insecure: _builtins.bool = ...,
         security_warning: _builtins.str = ...,
+        next_address: _builtins.str = ...,
+        errors: _builtins.int = ...,
+        errors_by_code: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_upload", b"allow_upload", "insecure", b"insecure", "load", b"load", "max_message_bytes", b"max_message_bytes", "max_queue", b"max_queue", "models", b"models", "security_warning", b"security_warning", "segment_cache_size", b"segment_cache_size", "segments", b"segments", "served", b"served", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_upload", b"allow_upload", "errors", b"errors", "errors_by_code", b"errors_by_code", "insecure", b"insecure", "load", b"load", "max_message_bytes", b"max_message_bytes", "max_queue", b"max_queue", "models", b"models", "next_address", b"next_address", "security_warning", b"security_warning", "segment_cache_size", b"segment_cache_size", "segments", b"segments", "served", b"served", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -215,8 +215,14 @@ def lenient_deserializer(message_type: Any) -> Callable[[bytes], Framed | Malfor
 
 
 def channel_options(max_message_bytes: int, keepalive_s: float) -> list[tuple[str, Any]]:
-    """Client channel options: raised message limits, keep-alive pings."""
+    """Client channel options: raised message limits, keep-alive pings, a channel-local subchannel pool.
+
+    The local pool matters for failover: with gRPC's process-wide pool, a "fresh" channel to a server
+    that refused a connection shares the old subchannel and waits out gRPC's reconnect backoff (1 s,
+    growing to minutes) instead of ours, so a restarted server stays unused long after it is back.
+    """
     return [
+        ("grpc.use_local_subchannel_pool", 1),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
@@ -246,19 +252,40 @@ class LoadInfo:
     running: int
     workers: int
     cpu_percent: float
+    service_ms: float = 0.0  # smoothed tail time per request (0: none served yet, or an older server)
+    max_queue: int = 0
 
     @classmethod
     def from_proto(cls, load: pb.Load) -> LoadInfo:
         return cls(queue_depth=load.queue_depth, running=load.running, workers=load.workers,
-                   cpu_percent=load.cpu_percent)
+                   cpu_percent=load.cpu_percent, service_ms=load.service_ms, max_queue=load.max_queue)
+
+
+#: Trailing metadata key of a RESOURCE_EXHAUSTED answer (queue full): when to retry, milliseconds.
+RETRY_AFTER_KEY = "retry-after-ms"
+
+
+def retry_after_ms(metadata: Any) -> float | None:
+    """The ``retry-after-ms`` value in gRPC (trailing) metadata, or None when absent or unreadable."""
+    for key, value in metadata or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                ms = float(value)
+            except (TypeError, ValueError):
+                return None
+            return ms if ms >= 0 and ms == ms else None
+    return None
 
 
 def cloud_error(exc: grpc.RpcError, what: str) -> CloudError:
-    """Map a gRPC error to ``CloudError`` (code name, retryable) with the server's message."""
+    """Map a gRPC error to ``CloudError`` (code name, retryable, the server's retry hint) with the
+    server's message."""
     code_obj = exc.code() if hasattr(exc, "code") else None
     code = code_obj.name if code_obj is not None else "UNKNOWN"
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    return CloudError(f"{what}: {code}: {details}", code=code, retryable=code in RETRYABLE_CODES)
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return CloudError(f"{what}: {code}: {details}", code=code, retryable=code in RETRYABLE_CODES,
+                      retry_after_ms=retry_after_ms(trailing))
 
 
 def ort_dtype(type_str: str) -> str:

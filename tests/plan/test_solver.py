@@ -208,3 +208,39 @@ def test_chain_prefers_edge_when_cloud_link_is_slow() -> None:
     plan = solve_chain(dev, edge, cloud, fast_cloud)
     assert (plan.device_cut, plan.edge_cut) == ("cloud", "cloud")
     assert parse_chain_plan(str(plan)) == ("cloud", "cloud", plan.codec)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables(), st.floats(0.01, 1.0), st.floats(0.01, 1.0), bandwidths, bandwidths, st.floats(0, 100),
+       st.sampled_from(["latency", "energy"]), powers)
+def test_chain_fast_path_equals_the_pairwise_matrix(
+    t: CostTable, edge_speed: float, cloud_speed: float, bw1: float, bw2: float, rtt: float, objective: str,
+    power: Power
+) -> None:
+    """The O(cuts) running-minimum solve (prefix-sum edge times) finds the optimum of the O(cuts²) one,
+    restricted cuts included, and ``evaluate_chain`` re-costs its plan to the same figures."""
+    from splitrt.plan import solver
+
+    edge = CostTable(ids=t.ids, head_ms=t.head_ms * edge_speed, tail_ms=t.tail_ms * edge_speed, bytes=t.bytes)
+    cloud = CostTable(ids=t.ids, head_ms=t.head_ms, tail_ms=t.tail_ms * cloud_speed, bytes=t.bytes)
+    c = ChainConditions(device_edge=Link(bandwidth_mbps=bw1, rtt_ms=rtt / 10), edge_cloud=Link(bandwidth_mbps=bw2,
+                                                                                             rtt_ms=rtt))
+    for edge_cuts in (None, ["device"], list(t.ids[len(t) // 2:])):
+        fast = solve_chain(t, edge, cloud, c, objective=objective, power=power, edge_cuts=edge_cuts)
+        terms = solver._ChainTerms.of(t, edge, cloud, c, list(range(len(t.codecs))))
+        ok_j = solver._allowed(t, edge_cuts)
+        i, j, k = solver._chain_matrix(terms, objective, power, solver._allowed(t, None), ok_j)
+        slow = solver._chain_plan(t, terms, i, j, k, t.codecs[k], objective, power)
+        assert solver.chain_objective(fast) == pytest.approx(solver.chain_objective(slow), rel=1e-9, abs=1e-9)
+        assert edge_cuts is None or fast.edge_cut in edge_cuts
+        again = solver.evaluate_chain(t, edge, cloud, str(fast), c, objective=objective, power=power)
+        assert again == fast
+
+
+def test_evaluate_chain_refuses_a_pair_out_of_order() -> None:
+    from splitrt.plan.solver import evaluate_chain
+
+    t = CostTable(ids=["cloud", "c1", "device"], head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[10, 10, 0])
+    c = ChainConditions(device_edge=Link(bandwidth_mbps=1, rtt_ms=1), edge_cloud=Link(bandwidth_mbps=1, rtt_ms=1))
+    with pytest.raises(PlanError, match="expected the edge cut at or after the device cut 'c1', got 'cloud'"):
+        evaluate_chain(t, t, t, "c1>cloud@fp32", c)

@@ -23,25 +23,28 @@ def _table() -> CostTable:
     return CostTable.from_dict(json.loads((DATA / "decisions_resnet50.table.json").read_text()))
 
 
-@pytest.mark.parametrize("bw,rtt,dl,cl", [(1.0, 80.0, 1.0, 1.0), (20.0, 20.0, 2.5, 1.0), (300.0, 2.0, 1.0, 3.0)])
-def test_plan_terms_add_up_for_every_cut_and_codec(bw: float, rtt: float, dl: float, cl: float) -> None:
+@pytest.mark.parametrize("bw,rtt,dl,cl,q", [(1.0, 80.0, 1.0, 1.0, 0.0), (20.0, 20.0, 2.5, 1.0, 0.0),
+                                            (300.0, 2.0, 1.0, 3.0, 0.0), (20.0, 20.0, 1.0, 1.0, 35.0)])
+def test_plan_terms_add_up_for_every_cut_and_codec(bw: float, rtt: float, dl: float, cl: float, q: float) -> None:
     table = _table()
-    cond = Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl)
+    cond = Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl, queue_ms=q)
     for cut in table.ids:
         for codec in table.codecs:
             p = evaluate(table, (cut, codec), cond)
-            assert math.isclose(p.device_ms + p.transfer_ms + p.rtt_ms + p.cloud_ms, p.predicted_ms,
+            assert math.isclose(p.device_ms + p.transfer_ms + p.rtt_ms + p.queue_ms + p.cloud_ms, p.predicted_ms,
                                 rel_tol=1e-12, abs_tol=1e-9), (cut, codec)
             assert (p.rtt_ms == 0.0) == (cut == "device")
+            assert p.queue_ms == (0.0 if cut == "device" else q)
 
 
 def test_decision_terms_add_up() -> None:
     ctl = Controller(_table())
-    for t, bw in enumerate([50.0, 2.0, 400.0]):
+    for t, (bw, q) in enumerate([(50.0, 0.0), (2.0, 0.0), (400.0, 0.0), (400.0, 20.0), (50.0, 500.0)]):
         d = ctl.decide(float(t), LinkEstimate(bandwidth_mbps=bw, rtt_ms=30.0, confidence=1.0),
-                       LoadEstimate(device_factor=1.0, cloud_factor=1.0))
-        assert math.isclose(d.device_ms + d.transfer_ms + d.round_trip_ms + d.cloud_ms, d.predicted_ms,
-                            rel_tol=1e-12, abs_tol=1e-9)
+                       LoadEstimate(device_factor=1.0, cloud_factor=1.0, queue_ms=q))
+        assert math.isclose(d.device_ms + d.transfer_ms + d.round_trip_ms + d.queue_ms + d.cloud_ms,
+                            d.predicted_ms, rel_tol=1e-12, abs_tol=1e-9)
+        assert d.cloud_queue_ms == q and d.queue_ms == (0.0 if d.plan == "device" else q)
 
 
 def test_plan_json_terms_add_up(capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,4 +54,5 @@ def test_plan_json_terms_add_up(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     for row in [*out["cuts"], out["best"]]:
         total = row.get("total_ms", row.get("predicted_ms"))
-        assert abs(row["device_ms"] + row["transfer_ms"] + row["rtt_ms"] + row["cloud_ms"] - total) < 1e-3, row
+        terms = row["device_ms"] + row["transfer_ms"] + row["rtt_ms"] + row.get("queue_ms", 0.0) + row["cloud_ms"]
+        assert abs(terms - total) < 1e-3, row

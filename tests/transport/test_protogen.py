@@ -23,3 +23,17 @@ def test_stubs_import_and_describe_the_service() -> None:
     assert splitrt_pb2.DESCRIPTOR.package == "splitrt.v1"
     assert {m.name for m in service.methods} == {"Infer", "InferStream", "Probe", "Status", "PutModel"}
     assert hasattr(splitrt_pb2_grpc, "SplitInferenceServicer")
+
+
+def test_v2_stubs_describe_the_open_inference_protocol() -> None:
+    from splitrt.transport import grpc_predict_v2_pb2, grpc_predict_v2_pb2_grpc
+
+    service = grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    assert grpc_predict_v2_pb2.DESCRIPTOR.package == "inference"
+    assert {m.name for m in service.methods} >= {"ServerLive", "ServerReady", "ModelReady", "ModelMetadata",
+                                                 "ModelInfer"}
+    # Field numbers are the wire format shared with KServe, Triton and MLServer.
+    fields = grpc_predict_v2_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name
+    assert (fields["model_name"].number, fields["inputs"].number, fields["raw_input_contents"].number) == (1, 5, 7)
+    assert grpc_predict_v2_pb2.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number == 6
+    assert hasattr(grpc_predict_v2_pb2_grpc, "GRPCInferenceServiceStub")

@@ -1,0 +1,100 @@
+"""The Kubernetes manifests in deploy/kubernetes/ lint clean and validate: yamllint; the core kinds against
+the Kubernetes OpenAPI schemas (kubernetes-validate, strict: unknown fields are errors); the KServe
+InferenceService against a small vendored schema of its CRD; and the pieces refer to each other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from yamllint import config as yl_config
+from yamllint import linter
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy" / "kubernetes"
+MANIFESTS = sorted(DEPLOY.glob("*.yaml"))
+K8S_VERSION = "1.30.0"  # the oldest Kubernetes the manifests promise to work on
+ISVC_SCHEMA = ROOT / "tests" / "data" / "k8s" / "inferenceservice-v1beta1.schema.json"
+YAMLLINT = yl_config.YamlLintConfig("{extends: default, rules: {line-length: {max: 120}}}")
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def validate(doc: dict[str, Any]) -> None:
+    """Raise on an invalid resource: core kinds by the Kubernetes schemas, InferenceService by ours."""
+    if doc.get("kind") == "InferenceService":
+        jsonschema.validate(doc, json.loads(ISVC_SCHEMA.read_text()))
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def by_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for p in MANIFESTS for d in documents(p) if d["kind"] == kind]
+
+
+def test_there_are_manifests() -> None:
+    assert {p.name for p in MANIFESTS} >= {"splitrt-serve.yaml", "kserve-inferenceservice.yaml"}
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_yamllint_is_clean(path: Path) -> None:
+    problems = [f"{path.name}:{p.line}:{p.column} {p.rule}: {p.desc}"
+                for p in linter.run(path.read_text(), YAMLLINT, str(path))]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_every_resource_validates(path: Path) -> None:
+    for doc in documents(path):
+        validate(doc)
+
+
+@pytest.mark.parametrize("kind, mutate", [
+    ("Deployment", lambda d: d["spec"].__setitem__("replica", 2)),  # a typo of replicas
+    ("Service", lambda d: d["spec"]["ports"][0].__setitem__("port", "50051")),
+    ("InferenceService", lambda d: d["spec"]["predictor"]["model"].__setitem__("storageURI", "pvc://x")),
+    ("InferenceService", lambda d: d["spec"]["predictor"]["model"].__setitem__("protocolVersion", "v3")),
+])
+def test_the_validators_catch_mistakes(kind: str, mutate: Any) -> None:
+    doc = json.loads(json.dumps(by_kind(kind)[0]))
+    mutate(doc)
+    with pytest.raises((kubernetes_validate.ValidationError, jsonschema.ValidationError)):
+        validate(doc)
+
+
+def test_headless_service_selects_the_serve_pods_on_a_named_port() -> None:
+    (svc,) = by_kind("Service")
+    (dep,) = by_kind("Deployment")
+    assert svc["spec"]["clusterIP"] == "None"  # headless: DNS lists every pod for round_robin
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert svc["spec"]["ports"][0]["targetPort"] in ports
+    args = container["args"]
+    assert args[:2] == ["splitrt", "serve"] and f"--port={ports['grpc']}" in args
+    # Off loopback, splitrt serve needs TLS and a token (or --insecure): the manifest gives both.
+    assert {a.split("=")[0] for a in args} >= {"--host", "--tls-cert", "--tls-key", "--token-file"}
+    assert "--insecure" not in args
+    volumes = {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
+    mounts = [m["name"] for c in [container, *dep["spec"]["template"]["spec"]["initContainers"]]
+              for m in c["volumeMounts"]]
+    assert set(mounts) <= volumes
+
+
+def test_readme_names_the_services_the_manifests_create() -> None:
+    readme = (ROOT / "README.md").read_text()
+    (svc,) = by_kind("Service")
+    name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
+    assert f"dns:///{name}:{svc['spec']['ports'][0]['port']}" in readme
+    (isvc,) = by_kind("InferenceService")
+    assert f"{isvc['metadata']['name']}-predictor.{isvc['metadata']['namespace']}" in readme
+    assert "deploy/kubernetes/" in readme

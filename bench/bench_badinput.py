@@ -6,13 +6,18 @@ over a link at 0 Mbit/s.
 One ``splitrt serve`` child process (uploads on, a bearer token, 2 workers, 4 MiB messages, 16 MiB
 models) serves a store inside a fresh temporary root; its cwd is inside that root too.
 
-1. gRPC messages: ``--messages`` random and mutated messages over every method (Infer, InferStream,
-   Probe, Status, PutModel), sent as raw bytes through a generic channel (identity serializers), so
+1. gRPC messages: ``--messages`` random and mutated messages over every method the server serves
+   (SplitInference's Infer, InferStream, Probe, Status, PutModel, and grpc.health.v1's Check and Watch),
+   sent as raw bytes through a generic channel (identity serializers), so
    malformed protobuf reaches the server: random bytes, bit flips, truncations, splices, inserted
    varints of valid requests; structured mutations (shapes, dtypes, codecs, names, payload sizes, cut ids,
-   model hashes, reply sizes, chunk fields); a share without or with a wrong token. Counted: the status
+   model hashes, reply sizes, chunk fields, the three-tier fields ``next_cut_id``/``next_codec`` and
+   ``next_probe`` sizes, health service names); a share without or with a wrong token. Counted: the status
    code of every call (and of every InferStream frame). Then: is the server alive (process, Status, a
    correct Infer), its RSS before (after a warm-up that builds every tail) and after.
+   1b. The device daemon's local API (``LocalInference``: Infer, GetPlan; an in-process ``Daemon`` that splits
+   tiny_chain with this server): ``--daemon-messages`` random and mutated messages (garbage bytes, bad
+   model names, deadlines, shapes, dtypes, codecs, payloads); then a correct request must still match.
 2. Malformed ONNX files, each uploaded with its correct sha256 (so it reaches the model loader) and
    dropped into the store directory (then Status and an Infer naming it): the status each got.
 3. Store attacks: traversal names, external-data locations outside the store (uploaded, and in a model
@@ -55,6 +60,7 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
+from grpc_health.v1 import health_pb2
 from onnx import TensorProto, helper, numpy_helper
 
 from splitrt.cli.tables import render
@@ -227,7 +233,7 @@ def mutate_infer(rng: random.Random, seed: bytes, models: list[str]) -> bytes:
     """A structured mutation of a valid InferRequest: fields with values a careless server trips on."""
     req = pb.InferRequest.FromString(seed)
     for _ in range(rng.randint(1, 3)):
-        kind = rng.randrange(10)
+        kind = rng.randrange(12)
         t = req.tensors[rng.randrange(len(req.tensors))] if req.tensors else req.tensors.add()
         if kind == 0:
             del t.shape[:]
@@ -250,14 +256,33 @@ def mutate_infer(rng: random.Random, seed: bytes, models: list[str]) -> bytes:
         elif kind == 8:
             for _ in range(rng.choice([1, 2, 50])):
                 req.tensors.add().CopyFrom(t)
+        elif kind == 9:  # three tiers: run up to a (maybe bogus, earlier or later) cut here
+            req.next_cut_id = rng.choice([_rand_str(rng), req.cut_id, "device", "c1", "c2", "c3"])
+        elif kind == 10:
+            req.next_cut_id = rng.choice(["device", "c2", "c3", req.cut_id])
+            req.next_codec = _rand_str(rng)
         else:
             t.pad = rng.randbytes(rng.choice([0, 7, 1000]))
     return req.SerializeToString()
 
 
 def mutate_probe(rng: random.Random) -> bytes:
-    n = rng.choice([0, 1, 1 << 20, MAX_MESSAGE_MB * 2**20 - 1024, MAX_MESSAGE_MB * 2**20, 1 << 40, (1 << 64) - 1])
-    return pb.ProbeRequest(payload=rng.randbytes(rng.choice([0, 10, 5000])), reply_bytes=n).SerializeToString()
+    sizes = [0, 1, 1 << 20, MAX_MESSAGE_MB * 2**20 - 1024, MAX_MESSAGE_MB * 2**20, 1 << 40, (1 << 64) - 1]
+    req = pb.ProbeRequest(payload=rng.randbytes(rng.choice([0, 10, 5000])), reply_bytes=rng.choice(sizes))
+    if rng.random() < 0.3:  # an edge's next hop (this server has none: next_error, not a failure)
+        req.next_probe = True
+        req.next_payload_bytes, req.next_reply_bytes = rng.choice(sizes), rng.choice(sizes)
+    return req.SerializeToString()
+
+
+HEALTH = "/grpc.health.v1.Health"
+METHODS = ("Infer", "InferStream", "Probe", "Status", "PutModel", "Check", "Watch")
+
+
+def mutate_health(rng: random.Random) -> bytes:
+    name = rng.choice(["", wire.SERVICE_NAME, "nope", _rand_str(rng)])
+    seed = health_pb2.HealthCheckRequest(service=name).SerializeToString()
+    return seed if rng.random() < 0.4 else mutate_bytes(rng, seed or b"\x0a\x00", seed)
 
 
 def mutate_chunks(rng: random.Random, seeds: Seeds) -> list[bytes]:
@@ -302,8 +327,10 @@ def make_calls(rng: random.Random, seeds: Seeds, n: int) -> list[tuple[str, Any,
         elif r < 0.72:
             data = mutate_probe(rng) if rng.random() < 0.5 else mutate_bytes(rng, rng.choice(seeds.probe), b"")
             calls.append(("Probe", data, md))
-        elif r < 0.82:
+        elif r < 0.79:
             calls.append(("Status", mutate_bytes(rng, rng.choice(seeds.status) or b"\x08\x01", b""), md))
+        elif r < 0.85:
+            calls.append((rng.choice(["Check", "Watch"]), mutate_health(rng), md))
         else:
             calls.append(("PutModel", mutate_chunks(rng, seeds), md))
     return calls
@@ -311,8 +338,13 @@ def make_calls(rng: random.Random, seeds: Seeds, n: int) -> list[tuple[str, Any,
 
 def call_one(ch: grpc.Channel, method: str, payload: Any, md: Any) -> list[str]:
     """The status code name(s) of one call: one per call, plus ``frame:CODE`` per InferStream reply."""
-    path = f"{SERVICE}/{method}"
+    path = f"{HEALTH if method in ('Check', 'Watch') else SERVICE}/{method}"
     try:
+        if method == "Watch":  # a server stream that runs until cancelled: its first answer counts
+            watch = ch.unary_stream(path)(payload, timeout=20, metadata=md)
+            next(watch)
+            watch.cancel()
+            return ["OK"]
         if method == "InferStream":
             out = []
             for raw in ch.stream_stream(path)(iter(payload), timeout=20, metadata=md):
@@ -331,7 +363,7 @@ def call_one(ch: grpc.Channel, method: str, payload: Any, md: Any) -> list[str]:
 def fuzz(server: Server, seeds: Seeds, n: int, seed: int, threads: int) -> dict[str, Any]:
     rng = random.Random(seed)
     calls = make_calls(rng, seeds, n)
-    codes: dict[str, Counter[str]] = {m: Counter() for m in ("Infer", "InferStream", "Probe", "Status", "PutModel")}
+    codes: dict[str, Counter[str]] = {m: Counter() for m in METHODS}
     frames: Counter[str] = Counter()
     examples: dict[str, str] = {}
     done = [0]
@@ -388,6 +420,84 @@ def still_serves(address: str) -> bool:
     except Exception as exc:
         _progress(f"server does not serve: {exc}")
         return False
+
+
+# -- 1b. the device daemon's local API ------------------------------------------------------------------
+
+
+def mutate_local(rng: random.Random, seeds: list[bytes]) -> tuple[str, bytes]:
+    """A LocalInference call: (method, request bytes), structured or byte-level mutations."""
+    if rng.random() < 0.2:
+        name = rng.choice(["", "tiny", "nope", _rand_str(rng)])
+        seed = pb.GetPlanRequest(model=name).SerializeToString()
+        return "GetPlan", seed if rng.random() < 0.5 else mutate_bytes(rng, seed or b"\x0a\x00", seed)
+    seed = rng.choice(seeds)
+    if rng.random() < 0.5:
+        return "Infer", mutate_bytes(rng, seed, rng.choice(seeds))
+    req = pb.LocalInferRequest.FromString(seed)
+    kind = rng.randrange(5)
+    t = req.tensors[0]
+    if kind == 0:
+        req.model = _rand_str(rng)
+    elif kind == 1:
+        req.deadline_ms = rng.choice([-1.0, 1e-9, 1e300, float("nan"), float("inf")])
+    elif kind == 2:
+        del t.shape[:]
+        t.shape.extend(rng.choice([[1 << 62], [-1, 4], [0], [2] * 64, []]))
+    elif kind == 3:
+        t.dtype, t.codec = _rand_str(rng), _rand_str(rng)
+    else:
+        t.payload = rng.randbytes(rng.choice([0, 3, 100, 70000]))
+    return "Infer", req.SerializeToString()
+
+
+def fuzz_daemon(server: Server, root: Path, n: int, seed: int, threads: int) -> dict[str, Any]:
+    """``n`` random and mutated messages to an in-process ``Daemon`` (tiny_chain, split with the bench's
+    server) over its LocalInference methods; then: does it still answer a correct request?"""
+    from splitrt.device.daemon import Daemon, DaemonConfig, LocalClient, ModelConfig
+
+    cfg = DaemonConfig(models=(ModelConfig(name="tiny", path="zoo:tiny_chain"),), clouds=(server.address,),
+                       token_path=server.token_file, upload=False, api_address="127.0.0.1:0", api_socket_path=None,
+                       metrics_port=None, intra_op_threads=1, policy="fixed:c2@fp32", deadline_ms=2000.0)
+    rng = random.Random(seed)
+    codes: dict[str, Counter[str]] = {"LocalInfer": Counter(), "GetPlan": Counter()}
+    examples: dict[str, str] = {}
+    with Daemon(cfg) as d:
+        address = d.api_address
+        assert address is not None
+        x = {k: v for k, v in zoo.random_inputs(zoo.get("tiny_chain"), seed=1).items()}
+        req = pb.LocalInferRequest(model="tiny")
+        for name, value in x.items():
+            wire.add_tensor(req.tensors, codec.encode(name, np.ascontiguousarray(value), codec.Codec.parse("fp32")))
+        seeds = [req.SerializeToString(), pb.LocalInferRequest(model="", tensors=req.tensors).SerializeToString()]
+        calls = [mutate_local(rng, seeds) for _ in range(n)]
+        ch = _channel(address)
+        lock = threading.Lock()
+
+        def run(i: int) -> None:
+            method, data = calls[i]
+            try:
+                ch.unary_unary(f"/{pb.DESCRIPTOR.services_by_name['LocalInference'].full_name}/{method}")(
+                    data, timeout=20)
+                code = "OK"
+            except Exception as exc:
+                code = _code(exc)
+            with lock:
+                codes["LocalInfer" if method == "Infer" else "GetPlan"][code] += 1
+                if code in BAD_CODES or code.startswith("client"):
+                    examples.setdefault(f"{method}:{code}", repr(data)[:300])
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, range(n)))
+        ch.close()
+        with LocalClient(address, timeout_s=30) as client:
+            got = client.infer(x, model="tiny")
+            ref = d.models["tiny"].device.local.run_local(x)
+            alive = all(np.allclose(got.outputs[k], v, rtol=1e-5, atol=1e-6) for k, v in ref.items())
+    return {"messages": n, "seconds": round(time.monotonic() - t0, 1), "codes": {m: dict(c) for m, c in codes.items()},
+            "bad_examples": examples, "alive": alive,
+            "bad": sum(c[k] for c in codes.values() for k in c if k in BAD_CODES or k.startswith("client"))}
 
 
 # -- 2. malformed ONNX -----------------------------------------------------------------------------------
@@ -707,6 +817,8 @@ def run(args: argparse.Namespace, root: Path, logs: Path) -> dict[str, Any]:
         rss1 = server.rss()
         result["server"] = {"alive": server.alive() and still_serves(server.address), "rss_before_mb": rss0 / 2**20,
                             "rss_after_mb": rss1 / 2**20, "rss_growth_pct": 100.0 * (rss1 - rss0) / rss0}
+        _progress(f"daemon API: {args.daemon_messages} messages")
+        result["daemon"] = fuzz_daemon(server, root, args.daemon_messages, args.seed + 2, args.threads)
         _progress("malformed ONNX files")
         result["onnx"] = try_models(server, malformed_models(random.Random(args.seed)), store)
         _progress("store attacks")
@@ -729,8 +841,9 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool]]:
     crashes = r["server"]["starts"] - 1 - 1  # the planned SIGKILL restart is not a crash
     crashes += sum(not row["alive"] for row in r["onnx"]) + sum(not row["alive"] for row in r["store"])
     crashes += int(not r["server"]["alive"]) + int(not r["server"]["alive_after_attacks"])
-    crashes += int(r["server"]["exit_code"] != 0)
-    bad = r["grpc"]["bad"] + sum(row["upload"] in BAD_CODES or row["infer"] in BAD_CODES for row in r["onnx"]) + \
+    crashes += int(r["server"]["exit_code"] != 0) + int(not r["daemon"]["alive"])
+    bad = r["grpc"]["bad"] + r["daemon"]["bad"] + \
+        sum(row["upload"] in BAD_CODES or row["infer"] in BAD_CODES for row in r["onnx"]) + \
         sum(any(c in row["result"] for c in BAD_CODES) for row in r["store"])
     outside = len(r["outside_store"]["added"]) + len(r["outside_store"]["removed"]) + \
         len(r["outside_store"]["changed"]) + int(r["outside_elsewhere"])
@@ -759,6 +872,14 @@ def print_tables(r: dict[str, Any]) -> None:
           f"{s['rss_after_mb']:.1f} MiB after ({s['rss_growth_pct']:+.1f} %)")
     for k, v in g["bad_examples"].items():
         print(f"  bad: {k}: {v}")
+    dm = r["daemon"]
+    print(f"\n1b. the device daemon's LocalInference API: {dm['messages']} random and mutated messages, "
+          f"{dm['seconds']} s; answers a correct request afterwards: {dm['alive']}")
+    print(render(["method", "calls", "status codes seen"],
+                 [[m, sum(c.values()), ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))]
+                  for m, c in dm["codes"].items()]))
+    for k, v in dm["bad_examples"].items():
+        print(f"  bad: {k}: {v}")
     print("\n2. malformed ONNX files (uploaded with their correct sha256; dropped into the store directory)")
     print(render(["file", "bytes", "upload", "upload error", "dropped in", "Infer", "alive"],
                  [[o["case"], o["bytes"], o["upload"], o["error"][:70], o["dropped_in"], o["infer"], o["alive"]]
@@ -785,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4, help="concurrent callers")
     ap.add_argument("--warmup-messages", type=int, default=2000,
                     help="random messages (another seed) sent before the 'before' RSS is read")
+    ap.add_argument("--daemon-messages", type=int, default=2000, help="messages to the device daemon's local API")
     ap.add_argument("--link-requests", type=int, default=15, help="requests per 0 Mbit/s scenario (4 scenarios)")
     ap.add_argument("--deadline-ms", type=float, default=800.0, help="deadline of the 0 Mbit/s requests")
     ap.add_argument("--json", action="store_true")

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from splitrt.cli import fleet as fleetcli
+from splitrt.cli import tiers as tierscli
 from splitrt.cli.tables import render
 from splitrt.rig import bench as rigbench
 from splitrt.rig import harness as rig
@@ -48,6 +50,8 @@ def register(sub: Any) -> None:
     c = rs.add_parser("cleanup", help="remove spl- namespaces, qdiscs and cgroups left by dead runs")
     c.add_argument("--all", action="store_true", help="also those of runs still alive (careful)")
     c.set_defaults(func=cmd_rig_cleanup)
+    fleetcli.register(rs)
+    tierscli.register(rs, two_tier=cmd_bench, live_line=LiveLine)
 
 
 def cmd_rig_cleanup(args: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from splitrt.cli import tables
 from splitrt.cli.inputs import add_shape_arguments, load_graph, load_inputs
 from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
-from splitrt.errors import CutError, InputError
+from splitrt.errors import ConfigError, CutError, InputError
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
 
@@ -24,7 +24,10 @@ def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a model split: head here, tail on a cloud server")
     p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--cloud", metavar="HOST:PORT", help="address of `splitrt serve`")
+    where.add_argument("--cloud", metavar="HOST:PORT", action="append",
+                       help="address of `splitrt serve` (repeatable with --count: requests go to the least "
+                            "loaded, near-ties in turn, and fail over; or one gRPC target such as "
+                            "dns:///NAME:PORT or ipv4:A:P,B:P, balanced by gRPC's round_robin)")
     where.add_argument("--discover", action="store_true",
                        help="follow the clouds advertised via mDNS that serve this model (implies a stream)")
     p.add_argument("--cut", required=True, metavar="ID",
@@ -100,7 +103,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # run, so the model stays unbound and accepts any shape it declares, as before.
     unbound = bool(args.input) and not (args.shape or args.dim or args.sample)
     mg = graph.load(zoo.resolve(args.model)) if unbound else load_graph(args)
-    with Device(mg, args.cloud, config=config) as dev:
+    if len(args.cloud) > 1:
+        raise ConfigError(f"--cloud: one request goes to one cloud: expected one address without --count, "
+                          f"got {len(args.cloud)}")
+    with Device(mg, args.cloud[0], config=config) as dev:
         inputs = dev.random_inputs(args.seed) if args.random else load_inputs(dev, args.input)
         cut, codec_spec = args.cut, args.codec
         plan_info: dict[str, Any] = {}

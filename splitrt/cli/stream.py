@@ -58,7 +58,7 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(args.decision_log, "a", encoding="utf-8")) if args.decision_log else None
         dev = stack.enter_context(AdaptiveDevice(
-            mg, table, [args.cloud] if args.cloud else [], config=config, device_config=device_config,
+            mg, table, list(args.cloud or []), config=config, device_config=device_config,
             power=board.power if board is not None else DEFAULT_POWER, log=log))
         if args.discover:
             from splitrt.device.finder import CloudFinder

@@ -42,7 +42,7 @@ from typing import Any
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from splitrt import __version__
 from splitrt.cloud import security
@@ -52,7 +52,7 @@ from splitrt.cloud.common import RpcFailure, log, log_event
 from splitrt.cloud.edge import NextTier, Relay
 from splitrt.cloud.inputs import check_inputs, decode_inputs
 from splitrt.cloud.metrics import ServerStats, metrics_http
-from splitrt.cloud.servicer import Servicer, add_servicer
+from splitrt.cloud.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.store import ModelStore
 from splitrt.cloud.tails import Tail, TailCache
 from splitrt.cloud.upload import receive_model
@@ -154,7 +154,7 @@ class CloudServer:
             maximum_concurrent_rpcs=concurrency,
         )
         add_servicer(self.servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        add_health(self.health, server)  # garbage bytes: INVALID_ARGUMENT, not INTERNAL
         address = f"{cfg.host}:{cfg.port}"
         try:
             if cfg.tls_cert_path is not None and cfg.tls_key_path is not None:

@@ -140,3 +140,26 @@ def add_servicer(servicer: Servicer, server: grpc.Server) -> None:
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(wire.SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(wire.SERVICE_NAME, handlers)
+
+
+def add_health(health: Any, server: grpc.Server) -> None:
+    """``health_pb2_grpc.add_HealthServicer_to_server``, but bytes that do not parse are INVALID_ARGUMENT
+    (the generated handlers answer INTERNAL: "Exception deserializing request!")."""
+    from grpc_health.v1 import health_pb2
+
+    def check(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, wire.Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Check: {request.message}")
+        return health.Check(request, context)
+
+    def watch(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        if isinstance(request, wire.Malformed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Watch: {request.message}")
+        yield from health.Watch(request, context)
+
+    stock: dict[str, Any] = {"request_deserializer": lenient(health_pb2.HealthCheckRequest),
+                             "response_serializer": health_pb2.HealthCheckResponse.SerializeToString}
+    handlers = {"Check": grpc.unary_unary_rpc_method_handler(check, **stock),
+                "Watch": grpc.unary_stream_rpc_method_handler(watch, **stock)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("grpc.health.v1.Health", handlers),))
+    server.add_registered_method_handlers("grpc.health.v1.Health", handlers)

@@ -25,9 +25,16 @@ class Cloud:
     last_error: str = ""
     # Its queue as the plan prices it (``plan.queueing``), from its load reports and refusals.
     queue: QueueEstimator = field(default_factory=QueueEstimator)
+    # This device's requests on the wire to it, and its worker slots (last report): the balancer
+    # prices our own requests ahead of the next one (``plan.balance``).
+    inflight: int = 0
+    workers: int = 1
+    served: int = 0  # requests it answered for this device
 
     def add_load(self, now_s: float, load: LoadInfo, *, own: bool) -> None:
         """A load report; ``own``: it came in the reply of a request still counted in queue_depth."""
+        if load.workers >= 1:
+            self.workers = load.workers
         self.queue.add_load(now_s, queue_depth=max(0, load.queue_depth - int(own)), workers=load.workers,
                             service_ms=load.service_ms)
 
@@ -74,7 +81,7 @@ class Clouds(Mapping[str, Cloud]):
     def snapshot(self) -> list[dict[str, object]]:
         with self._lock:
             return [{"address": c.address, "up": c.up, "failures": c.failures, "rtt_ms": c.rtt_ms,
-                     "last_error": c.last_error} for c in self._by_address.values()]
+                     "last_error": c.last_error, "served": c.served} for c in self._by_address.values()]
 
     def all(self) -> list[Cloud]:
         with self._lock:
@@ -122,17 +129,22 @@ class Clouds(Mapping[str, Cloud]):
         """A request came back: "twice in a row" counts from here."""
         with self._lock:
             cloud.failures = 0
+            cloud.served += 1
 
     @contextmanager
-    def on_wire(self) -> Iterator[None]:
-        """Count a request as on the wire while the block runs."""
+    def on_wire(self, cloud: Cloud | None = None) -> Iterator[None]:
+        """Count a request as on the wire (to ``cloud``) while the block runs."""
         with self._lock:
             self.inflight += 1
+            if cloud is not None:
+                cloud.inflight += 1
         try:
             yield
         finally:
             with self._lock:
                 self.inflight -= 1
+                if cloud is not None:
+                    cloud.inflight -= 1
 
     def close(self) -> None:
         with self._lock:

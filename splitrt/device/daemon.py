@@ -415,7 +415,7 @@ class Daemon:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.api_workers, thread_name_prefix="splitrt-api"),
                              options=wire.server_options(wire.DEFAULT_MAX_MESSAGE_BYTES),
                              maximum_concurrent_rpcs=cfg.api_workers * 4)
-        pb_grpc.add_LocalInferenceServicer_to_server(_LocalServicer(self), server)
+        _add_local_servicer(_LocalServicer(self), server)  # garbage bytes: INVALID_ARGUMENT
         if cfg.api_address is not None:
             host, _, _port = cfg.api_address.rpartition(":")
             bound = server.add_insecure_port(cfg.api_address)
@@ -640,6 +640,35 @@ class _LocalServicer(pb_grpc.LocalInferenceServicer):
             confidence=p["confidence"], device_load=p["device_load"], cloud_load=p["cloud_load"], clouds=clouds,
             completed=p["completed"], failed=p["failed"], fallbacks=p["fallbacks"], switches=p["switches"],
             cost_table=p["cost_table"])
+
+
+def _add_local_servicer(servicer: _LocalServicer, server: grpc.Server) -> None:
+    """The generated ``add_LocalInferenceServicer_to_server``, but bytes that do not parse are
+    INVALID_ARGUMENT naming the expected message (the generated handlers answer INTERNAL)."""
+
+    def method(call: Any, request_type: Any, reply_type: Any) -> grpc.RpcMethodHandler:
+        full_name = request_type.DESCRIPTOR.full_name
+
+        def deserialize(data: bytes) -> Any:
+            try:
+                return request_type.FromString(data)
+            except Exception as exc:  # protobuf's DecodeError, bad UTF-8 in a string field, ...
+                return wire.Malformed(f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that "
+                                      f"do not parse ({type(exc).__name__}: {str(exc)[:200]})")
+
+        def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, wire.Malformed):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+            return call(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(guarded, request_deserializer=deserialize,
+                                                   response_serializer=reply_type.SerializeToString)
+
+    name = pb.DESCRIPTOR.services_by_name["LocalInference"].full_name
+    handlers = {"Infer": method(servicer.Infer, pb.LocalInferRequest, pb.LocalInferReply),
+                "GetPlan": method(servicer.GetPlan, pb.GetPlanRequest, pb.GetPlanReply)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
 
 
 # -- client -----------------------------------------------------------------------------------------

@@ -34,12 +34,14 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from splitrt.device.balancer import Balancer
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.clouds import Cloud, Clouds
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.graph import rebind
 from splitrt.plan import reshape
+from splitrt.plan.balance import BalanceConfig
 from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
@@ -70,6 +72,8 @@ class RuntimeConfig:
     warm_sessions: bool = True
     # Request shapes other than the profiled one whose scaled table and controller are kept (LRU).
     max_shapes: int = 16
+    # Several clouds: least expected queue + RTT first, near-ties in turn (``plan.balance``).
+    balance: BalanceConfig = field(default_factory=BalanceConfig)
 
     def __post_init__(self) -> None:
         parse_policy(self.policy)
@@ -220,6 +224,7 @@ class AdaptiveDevice:
         self._lock = threading.RLock()
         self._clouds = Clouds(self.graph, self.device_config, backoff_initial_s=self.config.backoff_initial_s,
                               backoff_max_s=self.config.backoff_max_s, lock=self._lock)
+        self._balancer = Balancer(self.config.balance)
         self.set_clouds(clouds)
         self._warm_due = False
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0,
@@ -267,6 +272,8 @@ class AdaptiveDevice:
         sp = self._shapes.get(reshape.signature({n: a.shape for n, a in feeds.items()}), feeds)
         table = sp.table
         live = self._clouds.admitting(now)  # a cloud that refused us waits out its retry hint
+        with self._lock:  # least loaded first; the rest are the failover order
+            live, choice = self._balancer.order(live, now)
         decision = self._decide(sp, now, rid, live[0] if live else None)
         cut, codec = parse_plan(decision.plan, table.codecs[0])
         head = self.local.run_head(feeds, cut)
@@ -280,7 +287,8 @@ class AdaptiveDevice:
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
                            extra={"model": self.graph.sha256[:16], "policy": self.config.policy,
-                                  "shape": reshape.signature_json(sp.signature), "table": sp.source})
+                                  "shape": reshape.signature_json(sp.signature), "table": sp.source,
+                                  **({"balance": choice.to_json()} if len(live) > 1 else {})})
         with self._lock:
             self.stats["shape_tables"] = self._shapes.built
             self.stats["completed"] += 1
@@ -304,7 +312,7 @@ class AdaptiveDevice:
         for cloud in live:
             left_ms = deadline_ms - (time.perf_counter() - t0) * 1e3 - local_tail_ms
             timeout_ms = max(self.config.min_rpc_timeout_ms, left_ms)
-            with self._clouds.on_wire():
+            with self._clouds.on_wire(cloud):
                 try:
                     res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
                 except CloudError as exc:

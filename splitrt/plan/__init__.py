@@ -24,7 +24,7 @@ _NAMES = {
     "LoadEstimate": "netmon", "LoadEstimator": "netmon",
     "QueueConfig": "queueing", "QueueEstimator": "queueing", "expected_wait_ms": "queueing",
     "Plan": "solver", "evaluate": "solver", "parse_plan": "solver", "solve": "solver", "solve_chain": "solver",
-    "controller": "", "costmodel": "", "mincut": "", "netmon": "", "queueing": "", "solver": "",
+    "balance": "", "controller": "", "costmodel": "", "mincut": "", "netmon": "", "queueing": "", "solver": "",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES)

@@ -9,6 +9,7 @@ from splitrt._lazy import exports
 
 if TYPE_CHECKING:
     from splitrt.rig.bench import BenchConfig, run_bench
+    from splitrt.rig.fleet import FleetConfig, run_fleet
     from splitrt.rig.harness import Rig, RigConfig
 
 _NAMES = {
@@ -16,6 +17,7 @@ _NAMES = {
     "bench": "", "cgroup": "", "harness": "", "netns": "", "shaper": "", "sim": "", "stats": "", "traces": "",
     "worker": "", "calibration": "", "cloudserver": "", "link": "", "loads": "", "models": "", "processes": "",
     "quota": "", "tracespec": "",
+    "FleetConfig": "fleet", "run_fleet": "fleet", "fleet": "", "fleetnet": "", "fleetstats": "", "fleetworker": "",
     "owners": "",  # listed, else `from splitrt.rig import owners` resolves through the legacy harness
 }
 __all__ = sorted(_NAMES)

@@ -26,6 +26,8 @@ CLOUD_PORT = 50051  # the server's port inside the cloud namespace (kernel link)
 class CloudProcess:
     """Starts, waits for and restarts the server; ``proc`` is the running one (None before ``start``)."""
 
+    log_name = "cloud.log"  # in the rig's workdir
+
     def __init__(self, children: Children, models_dir: Path, *, workers: int,
                  progress: Callable[[str], None]) -> None:
         self.children = children
@@ -43,7 +45,7 @@ class CloudProcess:
     def start(self, host: netns.Host | None, port: int) -> None:
         """Serve on 127.0.0.1:``port`` inside ``host``'s namespace (None: this one); returns once it listens."""
         self.host, self.port = host, port
-        self.proc = self.children.popen(self.argv("127.0.0.1", port), "cloud.log", host=host)
+        self.proc = self.children.popen(self.argv("127.0.0.1", port), self.log_name, host=host)
         self.wait(host, port)
 
     def wait(self, host: netns.Host | None, port: int, timeout_s: float = 60.0) -> None:
@@ -56,13 +58,13 @@ class CloudProcess:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RigError(f"cloud server exited with code {self.proc.returncode}: "
-                               f"{(self.children.workdir / 'cloud.log').read_text()[-2000:]}")
+                raise RigError(f"server ({self.log_name}) exited with code {self.proc.returncode}: "
+                               f"{(self.children.workdir / self.log_name).read_text()[-2000:]}")
             ok = host.call(probe) if host is not None else probe()
             if ok:
                 return
             time.sleep(0.2)
-        raise RigError(f"cloud server did not listen on port {port} within {timeout_s:.0f} s")
+        raise RigError(f"server ({self.log_name}) did not listen on port {port} within {timeout_s:.0f} s")
 
     def install_model(self, path: Path) -> Path:
         """Put the model where the server serves it from; restarts the server if it is new (the server

@@ -229,6 +229,16 @@ class TurnProber:
         self.thread.join(5)
 
 
+def describe(out: Any) -> dict[str, Any]:
+    """The request record of an ``AdaptiveDevice`` outcome."""
+    r, d = out.result, out.decision
+    return dict(latency_ms=out.latency_ms, plan=out.plan, fallback=out.fallback, where=r.where,
+                head_ms=r.head_ms, encode_ms=r.encode_ms, rpc_ms=r.rpc_ms, decode_ms=r.decode_ms,
+                tail_ms=r.tail_ms, queue_ms=r.queue_ms, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
+                bw_est_mbps=d.bandwidth_mbps, rtt_est_ms=d.rtt_ms, device_load=d.device_load,
+                cloud_load=d.cloud_load, predicted_ms=d.predicted_ms, best=d.best, reason=d.reason)
+
+
 @dataclass
 class _Strategy:
     """One strategy in the worker: its runtime, clock, probes, and where its request schedule is."""
@@ -240,6 +250,7 @@ class _Strategy:
     jitter: random.Random
     next_k: int = 0
     next_u: float | None = None
+    describe: Callable[[Any], dict[str, Any]] = describe  # outcome -> request record (rig.tierworker: chains)
 
     def close(self) -> None:
         self.runqueue.stop()
@@ -417,12 +428,7 @@ def _loop_requests(st: _Strategy, inputs: Any, t0: float, from_s: float, until_s
             rec.update(error=f"{type(exc).__name__}: {exc}", latency_ms=(from_s + time.monotonic() - t0 - t_s) * 1e3,
                        plan="?")
         else:
-            r, d = out.result, out.decision
-            rec.update(latency_ms=out.latency_ms, plan=out.plan, fallback=out.fallback, where=r.where,
-                       head_ms=r.head_ms, encode_ms=r.encode_ms, rpc_ms=r.rpc_ms, decode_ms=r.decode_ms,
-                       tail_ms=r.tail_ms, queue_ms=r.queue_ms, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
-                       bw_est_mbps=d.bandwidth_mbps, rtt_est_ms=d.rtt_ms, device_load=d.device_load,
-                       cloud_load=d.cloud_load, predicted_ms=d.predicted_ms, best=d.best, reason=d.reason)
+            rec.update(st.describe(out))
         log.write(json.dumps(rec) + "\n")
         log.flush()
         _emit({"event": "progress", "t_s": t_s, "plan": rec["plan"], "latency_ms": rec["latency_ms"]})

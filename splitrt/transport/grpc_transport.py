@@ -22,6 +22,9 @@ from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport import wire
 from splitrt.transport.base import describe_infer, describe_upload
 
+# gRPC targets that may name several servers: one channel balances over them (``round_robin``).
+ROUND_ROBIN_SCHEMES = ("dns:", "ipv4:", "ipv6:")
+
 
 @dataclass(frozen=True)
 class _Calls:
@@ -69,9 +72,10 @@ class GrpcTransport:
 
     def _open(self) -> grpc.Channel:
         options = wire.channel_options(self._max_message_bytes, self._keepalive_s)
-        if self._address.startswith("dns:///"):
-            # A name resolving to many servers (a Kubernetes headless Service): spread the requests
-            # over all of them, not just the first address (gRPC's default, pick_first).
+        if self._address.startswith(ROUND_ROBIN_SCHEMES):
+            # A name resolving to many servers (a Kubernetes headless Service), or a list of addresses
+            # (``ipv4:10.0.0.1:50051,10.0.0.2:50051``): spread the requests over all of them, not just
+            # the first address (gRPC's default, pick_first); a dead one is skipped while it reconnects.
             options.append(("grpc.lb_policy_name", "round_robin"))
         if not self._tls:
             return grpc.insecure_channel(self._address, options)

@@ -23,7 +23,7 @@ from splitrt.graph import zoo
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a model split: head here, tail on a cloud server")
     p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
-    where = p.add_mutually_exclusive_group(required=True)
+    where = p.add_mutually_exclusive_group()
     where.add_argument("--cloud", metavar="HOST:PORT", action="append",
                        help="address of `splitrt serve` (repeatable with --count: requests go to the least "
                             "loaded, near-ties in turn, and fail over; or one gRPC target such as "
@@ -52,6 +52,9 @@ def register(sub: Any) -> None:
     s.add_argument("--rate", type=float, metavar="HZ", help="start requests at this rate (default: back to back)")
     s.add_argument("--deadline-ms", type=float, metavar="D", help="per-request deadline (default 5000)")
     s.add_argument("--board", metavar="NAME", help="board descriptor (devices/NAME.toml): speed and power")
+    s.add_argument("--edge", metavar="HOST:PORT",
+                   help="three tiers: send through this edge (`splitrt serve --next`), both cuts chosen per "
+                        "request (implies a stream and --cut auto); the cloud is --cloud, else the edge's next tier")
     s.add_argument("--decision-log", type=Path, metavar="FILE", help="append every decision as a JSON line")
     s.add_argument("--verify", action="store_true", help="compare each output with a local run (rel_err)")
     s.add_argument("--discover-interface", action="append", default=[], metavar="IP",
@@ -92,7 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     token = read_token(args.token_file) if args.token_file is not None else None
     config = DeviceConfig(timeout_s=args.timeout_s, codec=args.codec, token=token, tls_ca_path=args.tls_ca,
                           upload=not args.no_upload)
-    if args.count is not None or args.discover:
+    if not (args.cloud or args.discover or args.edge):
+        raise ConfigError("run: expected --cloud HOST:PORT, --discover or --edge HOST:PORT, got none of them")
+    if args.count is not None or args.discover or args.edge:
         from splitrt.cli.stream import run_stream
 
         return run_stream(args, config)

@@ -57,6 +57,13 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     config = RuntimeConfig(policy=_policy(args, mg, table), controller=ControllerConfig(codecs=codecs), **kw)
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(args.decision_log, "a", encoding="utf-8")) if args.decision_log else None
+        if args.edge:
+            dev = stack.enter_context(_chain_device(args, mg, table, device_config, board, log))
+            inputs = dev.local.random_inputs(args.seed) if (args.random or not args.input) else load_inputs(
+                dev.local, args.input)
+            reference = dev.local.run_local(inputs) if args.verify else None
+            rows, summary = _stream(dev, inputs, count, args, reference)
+            return _finish(args, rows, summary)
         dev = stack.enter_context(AdaptiveDevice(
             mg, table, list(args.cloud or []), config=config, device_config=device_config,
             power=board.power if board is not None else DEFAULT_POWER, log=log))
@@ -73,12 +80,40 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
             dev.local, args.input)
         reference = dev.local.run_local(inputs) if args.verify else None
         rows, summary = _stream(dev, inputs, count, args, reference)
+    return _finish(args, rows, summary)
+
+
+def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> int:
     if not args.json:
         print(tables.render(["id", "ok", "plan", "latency_ms", "fallback", "server"],
                             [[r["id"], r["ok"], r.get("plan", ""), r.get("latency_ms", ""), r.get("fallback", ""),
                               r.get("server") or "-"] for r in rows]))
         print(tables.render(["summary", "value"], [[k, v] for k, v in summary.items()]))
     return 0 if summary["failed"] == 0 else 1
+
+
+def _chain_device(args: argparse.Namespace, mg: Any, table: Any, device_config: DeviceConfig, board: Any,
+                  log: Any) -> Any:
+    """``ChainDevice`` through ``--edge``: the device table as for two tiers; the edge and the cloud priced
+    from the cloud profile (else the shipped profile or FLOPs prior, unscaled: server-class tiers)."""
+    from splitrt.device.chain import ChainConfig, ChainDevice
+    from splitrt.device.daemon import select_cost_table
+    from splitrt.plan.chain import ChainControllerConfig
+    from splitrt.plan.costmodel import DEFAULT_POWER
+
+    if args.cut != "auto":
+        raise ConfigError(f"--edge: both cuts are chosen per request: expected --cut auto, got --cut {args.cut}")
+    cloud_profile = args.cloud_profile
+    server, _ = select_cost_table(mg, profile_device=cloud_profile, profile_cloud=cloud_profile)
+    if args.discover:
+        raise ConfigError("--edge and --discover: expected one of them (the edge names its own next tier)")
+    controller = ChainControllerConfig(codecs=(args.codec,)) if args.codec in table.codecs else ChainControllerConfig()
+    kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
+    config = ChainConfig(controller=controller, **kw)
+    cloud = args.cloud[0] if args.cloud else None
+    return ChainDevice(mg, table, server, server, edge=args.edge, cloud=cloud, config=config,
+                       device_config=device_config, power=board.power if board is not None else DEFAULT_POWER,
+                       log=log)
 
 
 def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.Namespace,

@@ -67,6 +67,11 @@ class ChainOutcome:
     decision: ChainDecision
     result: SplitResult
 
+    @property
+    def server(self) -> str | None:
+        """The tier that produced the outputs off the device (``edge``/``cloud``), None when the device did."""
+        return None if self.finished_by == "device" else self.finished_by
+
 
 def _feed(hop: LinkEstimator, now_s: float, up_bytes: int, seconds: float) -> None:
     """One probe's round trip into a hop's estimator: an RTT, or a transfer when it was a bandwidth probe."""

@@ -23,11 +23,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from splitrt.errors import ConfigError
+from splitrt.plan.controller import check_switching
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
 from splitrt.plan.netmon import LinkEstimate
 from splitrt.plan.solver import (
-    OBJECTIVES,
     ChainConditions,
     chain_objective,
     evaluate,
@@ -50,12 +49,7 @@ class ChainControllerConfig:
     codecs: tuple[str, ...] | None = ("fp32",)
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if not 0.0 <= self.hysteresis_fraction < 1.0:
-            raise ConfigError(f"hysteresis_fraction: expected [0, 1), got {self.hysteresis_fraction!r}")
-        if self.hysteresis_ms < 0:
-            raise ConfigError(f"hysteresis_ms: expected >= 0, got {self.hysteresis_ms!r}")
+        check_switching(self.objective, self.hysteresis_fraction, self.hysteresis_ms)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,12 +36,17 @@ class ControllerConfig:
     codecs: tuple[str, ...] | None = ("fp32",)
 
     def __post_init__(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ConfigError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if not 0.0 <= self.hysteresis_fraction < 1.0:
-            raise ConfigError(f"hysteresis_fraction: expected [0, 1), got {self.hysteresis_fraction!r}")
-        if self.hysteresis_ms < 0:
-            raise ConfigError(f"hysteresis_ms: expected >= 0, got {self.hysteresis_ms!r}")
+        check_switching(self.objective, self.hysteresis_fraction, self.hysteresis_ms)
+
+
+def check_switching(objective: str, hysteresis_fraction: float, hysteresis_ms: float) -> None:
+    """The fields every controller config shares (two tiers here, three in ``plan.chain``)."""
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if not 0.0 <= hysteresis_fraction < 1.0:
+        raise ConfigError(f"hysteresis_fraction: expected [0, 1), got {hysteresis_fraction!r}")
+    if hysteresis_ms < 0:
+        raise ConfigError(f"hysteresis_ms: expected >= 0, got {hysteresis_ms!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

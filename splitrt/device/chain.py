@@ -81,6 +81,19 @@ def _feed(hop: LinkEstimator, now_s: float, up_bytes: int, seconds: float) -> No
         hop.add_rtt(now_s, seconds * 1e3)
 
 
+def _rtt_probe(edge: Device, hop1: LinkEstimator, hop2: LinkEstimator, timeout_s: float,
+               clock: Callable[[], float], lock: threading.RLock) -> None:
+    """An RTT probe of both hops through the edge, before a bandwidth probe (as the two-tier prober does):
+    a bandwidth probe is judged against its hop's RTT, and a first RTT sample inflated by the channel's
+    set-up would otherwise stay the floor for good (every bandwidth probe then looks RTT-dominated and is
+    ignored: in the three-tier rig hop 1 kept its 10 Mbit/s prior on a 26 Mbit/s link while on the device)."""
+    r = edge.probe(RTT_PROBE_BYTES, RTT_PROBE_BYTES, timeout_s=timeout_s, next_bytes=(RTT_PROBE_BYTES, RTT_PROBE_BYTES))
+    with lock:
+        _feed(hop1, clock(), RTT_PROBE_BYTES, max(r.seconds - (r.next_ms or 0.0) / 1e3, 0.0))
+        if r.next_ms is not None:
+            _feed(hop2, clock(), RTT_PROBE_BYTES, r.next_ms / 1e3)
+
+
 def _revive(tier: _Tier, timeout_s: float, clock: Callable[[], float], lock: threading.RLock) -> None:
     """An RTT probe of a down tier, on a fresh channel (the old one may sit in gRPC's reconnect backoff)."""
     assert tier.device is not None
@@ -328,6 +341,8 @@ class ChainDevice:
                 address = edge.status(timeout_s=timeout).next_address
                 if address:
                     self.set_cloud(address)
+            if max(sizes) > RTT_PROBE_BYTES:  # an RTT probe first (see _rtt_probe)
+                _rtt_probe(edge, self.hop1, self.hop2, timeout, self.clock, self._lock)
             p = edge.probe(sizes[0], RTT_PROBE_BYTES, timeout_s=timeout, next_bytes=(sizes[1], RTT_PROBE_BYTES))
         except CloudError as exc:
             with self._lock:

@@ -122,11 +122,11 @@ class TierRig(Rig):
 
     def __init__(self, config: TierRigConfig | None = None, **kw: Any) -> None:
         cfg = config or TierRigConfig()
+        kind = link.link_kind(cfg.link)  # before the Rig makes its workdir
+        if kind != "kernel":
+            raise RigError(f"the three-tier rig needs the kernel link: root (euid 0) and tc/ip; got link {kind!r}")
         super().__init__(cfg, **kw)
         self.tier_config = cfg
-        if self.kind != "kernel":
-            raise RigError("the three-tier rig needs the kernel link: root (euid 0) and tc/ip; "
-                           f"got link {self.kind!r}")
         self.edge_up: netns.Host | None = None
         self._edge = EdgeProcess(self._children, self.models_dir, workers=cfg.edge_workers, progress=self.progress)
         self.edge_relay: Any = None

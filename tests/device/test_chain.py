@@ -175,3 +175,21 @@ def test_edge_comes_back_after_its_backoff(models_dir: Path) -> None:
     finally:
         edge.stop(grace_s=0)
         cloud.stop(grace_s=0)
+
+
+def test_an_inflated_first_rtt_does_not_freeze_the_hop_estimate(tiers: tuple[CloudServer, CloudServer]) -> None:
+    # A first RTT sample inflated by the channel's set-up (in the rig: 140 ms for an 80 ms hop) is the floor
+    # bandwidth probes are judged against; every probe then looked RTT-dominated and hop 1 kept its prior.
+    # An RTT probe before each bandwidth probe brings the RTT down, and then bandwidth probes count.
+    edge, _ = tiers
+    clock = Clock()
+    with chain_device(edge, clock) as dev:
+        dev.hop1.add_rtt(clock(), 5_000.0)
+        dev.hop2.add_rtt(clock(), 5_000.0)
+        for _ in range(6):
+            clock.t += 1.0
+            dev.probe_once()
+        now = clock()
+        for hop in (dev.hop1, dev.hop2):
+            assert hop.rtt_ms() < 5_000.0
+            assert hop.samples > 0 and hop.estimate(now).bandwidth_mbps != dev.config.link.prior_bandwidth_mbps

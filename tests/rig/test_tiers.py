@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from splitrt.errors import ConfigError
@@ -37,6 +38,23 @@ def _goodput_mbps(rig: TierRig, rates: tuple[float, float], hop: int) -> float:
     return steps[0].measured_mbps
 
 
+def _through_both(edge: str) -> tuple[object, bool]:
+    from splitrt.device.client import Device
+    from splitrt.graph import zoo
+
+    d = Device(str(zoo.get("squeezenet")), edge)
+    try:
+        inputs = d.random_inputs(seed=3)
+        cuts = [c.id for c in d.graph.cuts()]
+        first, second = cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]
+        res = d.send(d.run_head(inputs, first), next_cut=second, timeout_s=60)
+        ref = d.run_local(inputs)
+        same = all(np.allclose(res.outputs[k], ref[k], rtol=1e-4, atol=1e-5) for k in ref)
+        return res.hops, same
+    finally:
+        d.close()
+
+
 def test_three_tier_rig_runs_every_strategy_through_the_edge() -> None:
     cfg = TierRigConfig(board="rpi5", models=("squeezenet",), quota_cpus=0.3, edge_cpus=0.5,
                         prefix=f"spl-tt{os.getpid() % 10000}")
@@ -50,6 +68,11 @@ def test_three_tier_rig_runs_every_strategy_through_the_edge() -> None:
         bench = TierBenchConfig(model="squeezenet", trace="constant:40", trace2="constant:20", rtt_ms=4.0,
                                 rtt2_ms=4.0, duration_s=3.0, turn_s=1.5, rate_hz=4.0, warmup_s=0.5)
         result = run_tiers(bench, rig)
+        # one request straight through all three tiers: the device's head, the edge's middle, the cloud's tail
+        assert rig.device_host is not None
+        hops, same = rig.device_host.call(_through_both, rig.edge_address)
+        assert hops.forwarded and hops.next_address and not hops.next_error_code
+        assert same, "three-tier outputs differ from the full model's"
     s = result["strategies"]
     assert set(s) == set(bench.strategies)
     assert result["failed"] == 0

@@ -7,7 +7,8 @@ The model, per candidate cut ``c`` and codec ``k`` (two tiers, device → cloud)
     queue_ms    = the expected wait for a worker at the cloud (``plan.queueing``; 0 for ``device``)
     latency_ms  = device_ms + transfer_ms + rtt_ms + queue_ms + tail_ms[c] × cloud_load
                   (no RTT, no transfer, no queue and no cloud for the cut ``device``)
-    energy_mJ   = active_w × device_ms + radio_w × send_ms + idle_w × (rtt_ms + queue_ms + cloud_ms + reply_ms)
+    energy_mJ   = active_w × device_ms + (idle_w + radio_w) × send_ms
+                  + idle_w × (rtt_ms + queue_ms + cloud_ms + reply_ms)   (radio_w: what transmitting adds)
     period_ms   = max(device_ms, transfer_ms, cloud_ms)          (frames pipelined: slowest stage)
 
 ``sent_bytes[c, k] = float_bytes[c] × ratio[k] + (bytes[c] - float_bytes[c])``: a codec only shrinks
@@ -56,11 +57,16 @@ class Link:
 
 @dataclass(frozen=True, kw_only=True)
 class Power:
-    """Device power figures for the energy objective (watts)."""
+    """Device power figures for the energy objective (watts). ``radio_w`` is what transmitting adds to the
+    idle draw (as the board files give it), so the device draws ``send_w`` while it uploads."""
 
     idle_w: float
     active_w: float
     radio_w: float
+
+    @property
+    def send_w(self) -> float:
+        return self.idle_w + self.radio_w
 
     def __post_init__(self) -> None:
         for name in ("idle_w", "active_w", "radio_w"):
@@ -268,7 +274,7 @@ class CostTable:
         """Device energy per inference in millijoules (W × ms), shape (cuts, codecs)."""
         waiting = self.rtt_ms(cond) + self.queue_ms(cond) + self.cloud_ms(cond) + self.reply_ms(cond)
         per_cut = power.active_w * self.device_ms(cond) + power.idle_w * waiting
-        return per_cut[:, None] + power.radio_w * self.send_ms(cond)
+        return per_cut[:, None] + power.send_w * self.send_ms(cond)
 
     def period_ms(self, cond: Conditions) -> FloatArray:
         """Pipelined frame period (slowest of device, link, cloud), shape (cuts, codecs)."""
@@ -295,7 +301,7 @@ class CostTable:
             queue_ms=queue,
             cloud_ms=cloud,
             latency_ms=device + reply + rtt + queue + cloud + send,
-            energy_mj=power.active_w * device + power.idle_w * (rtt + queue + cloud + reply) + power.radio_w * send,
+            energy_mj=power.active_w * device + power.idle_w * (rtt + queue + cloud + reply) + power.send_w * send,
             period_ms=max(device, cloud, send + reply),
             bytes=int(self.bytes[i]),
             sent_bytes=int(self.sent_bytes[i, k]),

@@ -348,7 +348,7 @@ class _ChainTerms:
         return {
             "latency": latency, "device": float(self.dev[i]), "edge": seg, "cloud": float(self.cloud[j]),
             "transfer": float(self.xfer1[i, k] + self.xfer2[j, k]),
-            "energy": float(power.active_w * self.dev[i] + power.radio_w * up
+            "energy": float(power.active_w * self.dev[i] + power.send_w * up
                             + power.idle_w * (latency - self.dev[i] - up)),
             "period": max(float(self.dev[i]), float(self.xfer1[i, k]), seg, float(self.xfer2[j, k]),
                           float(self.cloud[j])),
@@ -372,7 +372,7 @@ def _chain_separable(t: _ChainTerms, objective: str, power: Power, ok_i: npt.NDA
         u = t.dev[:, None] + t.hop1 - e
         v = e + t.hop2 + t.cloud[:, None]
     else:  # energy: the device idles from the end of its upload to the reply
-        u = power.active_w * t.dev[:, None] + power.radio_w * t.up1 + power.idle_w * (t.hop1 - t.up1 - e)
+        u = power.active_w * t.dev[:, None] + power.send_w * t.up1 + power.idle_w * (t.hop1 - t.up1 - e)
         v = power.idle_w * (e + t.hop2 + t.cloud[:, None])
     u = np.where(ok_i[:, None], u, np.inf)
     v = np.where(ok_j[:, None], v, np.inf)
@@ -404,7 +404,7 @@ def _chain_matrix(t: _ChainTerms, objective: str, power: Power, ok_i: npt.NDArra
             primary = latency
         elif objective == "energy":
             up, dev = t.up1[:, k, None], t.dev[:, None]
-            primary = power.active_w * dev + power.radio_w * up + power.idle_w * (latency - dev - up)
+            primary = power.active_w * dev + power.send_w * up + power.idle_w * (latency - dev - up)
         else:
             primary = np.maximum.reduce([np.broadcast_to(t.dev[:, None], (n, n)),
                                          np.broadcast_to(t.xfer1[:, k, None], (n, n)), seg,

@@ -72,14 +72,14 @@ def plan_cut(plan: str) -> str:
 
 
 def energy_mj(rec: dict[str, Any], played: traces.Trace, power: Any) -> float:
-    """Device energy of one request: active while computing, radio while sending, idle while waiting."""
+    """Device energy of one request: active while computing, idle + radio while sending, idle while waiting."""
     dev_ms = float(rec.get("head_ms", 0.0)) + (float(rec.get("tail_ms", 0.0)) if rec.get("where") == "local" else 0.0)
     send = 0.0
     if rec.get("where") == "cloud":
         send = min(float(rec.get("rpc_ms", 0.0)),
                    transfer_ms(played, float(rec["t_s"]) + dev_ms / 1e3, float(rec.get("bytes_up", 0))))
     wait = max(0.0, float(rec["latency_ms"]) - dev_ms - send)
-    return float(power.active_w * dev_ms + power.radio_w * send + power.idle_w * wait)
+    return float(power.active_w * dev_ms + power.send_w * send + power.idle_w * wait)
 
 
 def summarize(latencies: Sequence[float], plans: Sequence[str], failed: int,

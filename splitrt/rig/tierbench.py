@@ -21,7 +21,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from splitrt.errors import ConfigError
@@ -242,9 +242,10 @@ def assemble(cfg: TierBenchConfig, chosen: dict[str, Strategy], records: dict[st
     """Per strategy: latency and energy summaries, bootstrap intervals over turns, where requests went,
     outputs that differed from the full model's; adaptive's gains."""
     power = figures.power
-    # The project's energy model counts radio_w alone while sending; the board files call radio_w an
-    # increment over idle. Both are reported: the second adds idle power during the upload.
-    increment = replace(power, radio_w=power.idle_w + power.radio_w)
+    # The energy model now counts idle + radio while sending (radio_w is the board files' increment), so
+    # energy_increment_mj equals energy_mj; kept for the JSON's readers (it was the corrected figure
+    # while the model counted radio_w alone).
+    increment = power
     strategies: dict[str, Any] = {}
     for name, s in chosen.items():
         recs = records.get(name, [])

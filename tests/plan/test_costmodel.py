@@ -34,7 +34,8 @@ def test_latency_components_by_hand() -> None:
     assert e.transfer_ms == pytest.approx(500.0 + 4.0)
     assert e.cloud_ms == pytest.approx(45.0)
     assert e.latency_ms == pytest.approx(20 + 504 + 20 + 45)
-    assert e.energy_mj == pytest.approx(5 * 20 + 1 * 500 + 2 * (20 + 45 + 4))
+    # active while computing, idle + radio while sending (radio_w is the increment), idle while waiting
+    assert e.energy_mj == pytest.approx(5 * 20 + (2 + 1) * 500 + 2 * (20 + 45 + 4))
     assert e.period_ms == pytest.approx(504.0)
     assert t.latency_ms(COND)[1, 0] == pytest.approx(e.latency_ms)
     assert t.energy_mj(COND, POWER)[1, 0] == pytest.approx(e.energy_mj)

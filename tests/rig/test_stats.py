@@ -247,10 +247,10 @@ def test_energy_of_a_local_and_a_cloud_request() -> None:
     assert rigstats.energy_mj(local, link, power) == pytest.approx(5.0 * 15 + 2.0 * 5)
     cloud = {"t_s": 0.0, "where": "cloud", "head_ms": 10.0, "tail_ms": 30.0, "rpc_ms": 100.0, "bytes_up": 1000,
              "latency_ms": 150.0}
-    # 10 ms active, 1 ms sending, the remaining 139 ms idle
-    assert rigstats.energy_mj(cloud, link, power) == pytest.approx(5.0 * 10 + 1.0 * 1 + 2.0 * 139)
+    # 10 ms active, 1 ms sending (idle + radio), the remaining 139 ms idle
+    assert rigstats.energy_mj(cloud, link, power) == pytest.approx(5.0 * 10 + (2.0 + 1.0) * 1 + 2.0 * 139)
     # sending never counts for more than the RPC took
-    assert rigstats.energy_mj({**cloud, "rpc_ms": 0.5}, link, power) == pytest.approx(50 + 0.5 + 2.0 * 139.5)
+    assert rigstats.energy_mj({**cloud, "rpc_ms": 0.5}, link, power) == pytest.approx(50 + 3.0 * 0.5 + 2.0 * 139.5)
 
 
 # ------------------------------------------------------------------------------------ measured_costs

@@ -26,6 +26,7 @@ truncated or garbage payload never turns into a wrong tensor silently.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ ZLIB_LEVEL = 1
 
 _LE_F32 = np.dtype("<f4")
 _LE_F16 = np.dtype("<f2")
+_NATIVE_LE = np.little_endian
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +74,10 @@ class Codec:
         """Parse ``fp32``, ``fp16+zlib``, ``int8c``, ...; ``raw`` means ``fp32``."""
         if isinstance(text, Codec):
             return text
+        return _parse_text(text)
+
+    @classmethod
+    def _parse(cls, text: str) -> Codec:
         parts = text.strip().lower().split("+")
         quant = parts[0] or "fp32"
         if quant == RAW:
@@ -79,6 +85,16 @@ class Codec:
         if len(parts) > 2:
             raise CodecError(f"codec {text!r}: expected QUANT or QUANT+COMPRESSION, got {len(parts)} parts")
         return cls(quant=quant, compress=parts[1] if len(parts) == 2 else None)
+
+
+# Every request parses its codec strings (device and server, both ways): parse each spelling once. Bounded:
+# the strings come from clients; a spelling that does not parse raises and is not cached.
+@functools.lru_cache(maxsize=64)
+def _parse_text(text: str) -> Codec:
+    return Codec._parse(text)
+
+
+_FP32 = Codec()
 
 
 def names() -> list[str]:
@@ -103,6 +119,12 @@ class Encoded:
 
 def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f"
+
+
+@functools.lru_cache(maxsize=64)
+def _name(dtype: np.dtype) -> str:
+    """``dtype.name`` (numpy computes it in Python on every access: a few microseconds a tensor)."""
+    return dtype.name
 
 
 def _channel_axis(shape: tuple[int, ...]) -> int | None:
@@ -172,10 +194,11 @@ def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32", *, copy: b
     shape = tuple(int(d) for d in arr.shape)
     if dtype.kind not in "fiub" or dtype.itemsize == 0:
         raise CodecError(f"tensor {name!r}: expected a numeric or bool array, got dtype {dtype}")
-    le = dtype.newbyteorder("<")
+    # Little-endian already (the usual case): no new dtype to build, and a C-contiguous array is used as is.
+    le = dtype if dtype.byteorder in "<|" or (dtype.byteorder == "=" and _NATIVE_LE) else dtype.newbyteorder("<")
     if not _is_float(dtype):
         payload = _plain(np.ascontiguousarray(arr, dtype=le), copy)
-        return Encoded(name=name, dtype=dtype.name, shape=shape, codec=RAW, payload=payload)
+        return Encoded(name=name, dtype=_name(dtype), shape=shape, codec=RAW, payload=payload)
     body: bytes | memoryview
     if spec.quant == "fp32":
         body = _plain(np.ascontiguousarray(arr, dtype=le), copy)
@@ -186,17 +209,29 @@ def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32", *, copy: b
         body = _quantise(arr, axis, name, spec.quant)
     if spec.compress == "zlib":
         body = zlib.compress(body, ZLIB_LEVEL)
-    return Encoded(name=name, dtype=dtype.name, shape=shape, codec=str(spec), payload=body)
+    return Encoded(name=name, dtype=_name(dtype), shape=shape, codec=str(spec), payload=body)
+
+
+class _NotNumeric(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=64)
+def _numeric_dtype(dtype: str) -> np.dtype:
+    # Cached: np.dtype(str) is looked up three times per tensor decoded; errors raise and are not cached.
+    dt = np.dtype(dtype)
+    if dt.kind not in "fiub" or dt.itemsize == 0:
+        raise _NotNumeric
+    return dt
 
 
 def _dtype(name: str, dtype: str) -> np.dtype:
     try:
-        dt = np.dtype(dtype)
+        return _numeric_dtype(dtype)
     except TypeError as exc:
         raise CodecError(f"tensor {name!r}: unknown dtype {dtype!r}") from exc
-    if dt.kind not in "fiub" or dt.itemsize == 0:
-        raise CodecError(f"tensor {name!r}: expected a numeric or bool dtype, got {dtype!r}")
-    return dt
+    except _NotNumeric:
+        raise CodecError(f"tensor {name!r}: expected a numeric or bool dtype, got {dtype!r}") from None
 
 
 def expected_bytes(dtype: str, shape: tuple[int, ...], codec: str, *, name: str = "?") -> int:
@@ -240,11 +275,11 @@ def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
     name, shape = enc.name, tuple(int(d) for d in enc.shape)
     dt = _dtype(name, enc.dtype)
     want = expected_bytes(enc.dtype, shape, enc.codec, name=name)
-    need = decoded_bytes(enc)
+    need = max(want, math.prod(shape) * dt.itemsize)  # decoded_bytes(enc), without parsing it all again
     if need > max_bytes:
         raise CodecError(f"tensor {name!r}: shape {list(shape)} {dt.name} ({enc.codec}) decodes to {need} "
                          f"bytes, expected at most {max_bytes}")
-    spec = Codec.parse(enc.codec) if enc.codec != RAW else Codec()
+    spec = Codec.parse(enc.codec) if enc.codec != RAW else _FP32
     body = enc.payload
     if enc.codec != RAW and spec.compress == "zlib":
         body = _inflate(name, body, want)

@@ -108,8 +108,11 @@ class GrpcTransport:
         return self._calls().stub
 
     def infer(self, request: wire.Framed, *, timeout_s: float) -> wire.Framed:
-        with _mapped(lambda: describe_infer(request.header, self._address)):
+        # ``_mapped`` inlined: no context manager and closure per request on the hot path.
+        try:
             reply: wire.Framed = self._calls().infer(request, timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise wire.cloud_error(exc, describe_infer(request.header, self._address)) from exc
         return reply
 
     def infer_stream(self, requests: Iterable[wire.Framed], *,

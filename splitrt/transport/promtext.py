@@ -8,6 +8,8 @@ second copy of that state. ``parse`` reads the format back (tests and ``splitrt 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import re
 import threading
@@ -50,14 +52,18 @@ class Histogram:
         if list(buckets) != sorted(buckets) or not buckets:
             raise ConfigError(f"histogram buckets: expected a non-empty ascending list, got {list(buckets)}")
         self.bounds = tuple(float(b) for b in buckets)
-        self.counts = [0] * len(self.bounds)
+        self._hits = [0] * len(self.bounds)  # per bucket, not cumulative: one increment per observation
         self.sum = 0.0
         self.count = 0
 
+    @property
+    def counts(self) -> list[int]:
+        """Cumulative counts per bound (observations <= it)."""
+        return list(itertools.accumulate(self._hits))
+
     def observe(self, x: float) -> None:
-        for i, b in enumerate(self.bounds):
-            if x <= b:
-                self.counts[i] += 1
+        if x <= self.bounds[-1]:  # (NaN is in no bucket)
+            self._hits[bisect.bisect_left(self.bounds, x)] += 1
         self.sum += x
         self.count += 1
 

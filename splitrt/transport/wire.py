@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
@@ -93,17 +93,26 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+# Keys written on every message, encoded once.
+_FIELD_KEYS = {t: _varint(n << 3 | _LEN) for t, n in _TENSOR_FIELDS.items()}
+_PAYLOAD_KEY = _varint(_PAYLOAD_FIELD << 3 | _LEN)
+
+
+def _varint_size(n: int) -> int:
+    return (n.bit_length() + 6) // 7 or 1
+
+
 def serialize(message: Framed | Any) -> bytes:
     """gRPC serializer: a ``Framed`` message in one copy of its payloads (or any protobuf message)."""
     if not isinstance(message, Framed):
         return bytes(message.SerializeToString())
-    field_key = _varint(_TENSOR_FIELDS[type(message.header)] << 3 | _LEN)
+    field_key = _FIELD_KEYS[type(message.header)]
     header = message.header.SerializeToString()
     parts: list[bytes | memoryview] = [header]
     offset = len(header)
     for e in message.tensors:
         head = pb.Tensor(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec).SerializeToString()
-        payload_key = _varint(_PAYLOAD_FIELD << 3 | _LEN) + _varint(len(e.payload))
+        payload_key = _PAYLOAD_KEY + _varint(len(e.payload))
         fixed = len(head) + len(payload_key) + len(e.payload)
         pad = _pad_field(offset + len(field_key) + len(head) + len(payload_key), fixed) if e.payload else b""
         size = _varint(fixed + len(pad))
@@ -119,7 +128,7 @@ def _pad_field(before: int, fixed: int) -> bytes:
     for extra in range(ALIGN_BYTES + 8):
         if extra == 1:
             continue  # a pad field takes at least 2 bytes (key, length 0)
-        if (before + len(_varint(fixed + extra)) + extra) % ALIGN_BYTES == 0:
+        if (before + _varint_size(fixed + extra) + extra) % ALIGN_BYTES == 0:
             return b"" if extra == 0 else bytes([_PAD_FIELD << 3 | _LEN, extra - 2]) + _ZEROS[:extra - 2]
     raise AssertionError("unreachable: some pad of at most ALIGN_BYTES + 1 bytes aligns the payload")
 
@@ -140,10 +149,14 @@ def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
 
 def _fields(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
     """(field number, wire type, key offset, value offset, end offset) of each field in ``buf``."""
-    i = 0
-    while i < len(buf):
+    i, n = 0, len(buf)
+    while i < n:
         start = i
-        key, i = _read_varint(buf, i)
+        key = buf[i]
+        if key < 0x80:  # one-byte varints (every key and most lengths here) read inline: per request
+            i += 1
+        else:
+            key, i = _read_varint(buf, i)
         number, wire_type = key >> 3, key & 7
         value = i
         if wire_type == 0:
@@ -151,7 +164,10 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
         elif wire_type == 1 or wire_type == 5:
             end = i + (8 if wire_type == 1 else 4)
         elif wire_type == _LEN:
-            size, value = _read_varint(buf, i)
+            if i < n and buf[i] < 0x80:
+                size, value = buf[i], i + 1
+            else:
+                size, value = _read_varint(buf, i)
             end = value + size
         else:
             raise ValueError(f"protobuf: expected wire type 0, 1, 2 or 5, got {wire_type} at byte {start}")
@@ -161,15 +177,30 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
         i = end
 
 
+def _keep(spans: list[list[int]], start: int, end: int) -> None:
+    """Add field bytes ``[start, end)`` to ``spans``, extending the last span when adjacent (a message's
+    other fields are usually one run: one slice to parse, no join)."""
+    if spans and spans[-1][1] == start:
+        spans[-1][1] = end
+    else:
+        spans.append([start, end])
+
+
+def _joined(buf: memoryview, spans: list[list[int]]) -> bytes:
+    if len(spans) == 1:  # protobuf parses a memoryview as it does bytes (its stubs say bytes only)
+        return cast(bytes, buf[spans[0][0]:spans[0][1]])
+    return b"".join(buf[s:e] for s, e in spans)
+
+
 def _tensor(buf: memoryview) -> Encoded:
     payload = buf[0:0]
-    rest = []
+    rest: list[list[int]] = []
     for number, wire_type, start, value, end in _fields(buf):
         if number == _PAYLOAD_FIELD and wire_type == _LEN:
             payload = buf[value:end]  # the last occurrence wins, as in protobuf
         elif number != _PAD_FIELD:
-            rest.append(buf[start:end])
-    t = pb.Tensor.FromString(b"".join(rest))
+            _keep(rest, start, end)
+    t = pb.Tensor.FromString(_joined(buf, rest))
     return Encoded(name=t.name, dtype=t.dtype, shape=tuple(t.shape), codec=t.codec, payload=payload)
 
 
@@ -180,13 +211,14 @@ def deserializer(message_type: Any) -> Callable[[bytes], Framed]:
 
     def deserialize(data: bytes) -> Framed:
         buf = memoryview(data).toreadonly()
-        tensors, rest = [], []
+        tensors: list[Encoded] = []
+        rest: list[list[int]] = []
         for number, wire_type, start, value, end in _fields(buf):
             if number == tensor_field and wire_type == _LEN:
                 tensors.append(_tensor(buf[value:end]))
             else:
-                rest.append(buf[start:end])
-        return Framed(header=message_type.FromString(b"".join(rest)), tensors=tensors)
+                _keep(rest, start, end)
+        return Framed(header=message_type.FromString(_joined(buf, rest)), tensors=tensors)
 
     return deserialize
 

@@ -5,9 +5,11 @@ figures belong to bench/bench_tiers.py, not here."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
-import numpy as np
 import pytest
 
 from splitrt.errors import ConfigError
@@ -38,21 +40,34 @@ def _goodput_mbps(rig: TierRig, rates: tuple[float, float], hop: int) -> float:
     return steps[0].measured_mbps
 
 
-def _through_both(edge: str) -> tuple[object, bool]:
-    from splitrt.device.client import Device
-    from splitrt.graph import zoo
+# One request through all three tiers, from a fresh process in the device's namespace: gRPC connects on its
+# own threads, which keep the namespace they were made in, so a thread of this process (where earlier tests
+# started gRPC) would dial from the root namespace.
+THROUGH_BOTH = """
+import json, sys
+import numpy as np
+from splitrt.device.client import Device
+from splitrt.graph import zoo
 
-    d = Device(str(zoo.get("squeezenet")), edge)
-    try:
-        inputs = d.random_inputs(seed=3)
-        cuts = [c.id for c in d.graph.cuts()]
-        first, second = cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]
-        res = d.send(d.run_head(inputs, first), next_cut=second, timeout_s=60)
-        ref = d.run_local(inputs)
-        same = all(np.allclose(res.outputs[k], ref[k], rtol=1e-4, atol=1e-5) for k in ref)
-        return res.hops, same
-    finally:
-        d.close()
+d = Device(str(zoo.get("squeezenet")), sys.argv[1])
+inputs = d.random_inputs(seed=3)
+cuts = [c.id for c in d.graph.cuts()]
+first, second = cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]
+res = d.send(d.run_head(inputs, first), next_cut=second, timeout_s=60)
+ref = d.run_local(inputs)
+same = all(np.allclose(res.outputs[k], ref[k], rtol=1e-4, atol=1e-5) for k in ref)
+h = res.hops
+print(json.dumps({"forwarded": h.forwarded, "next_address": h.next_address, "next_error_code": h.next_error_code,
+                  "same": bool(same)}))
+d.close()
+"""
+
+
+def _through_both(ns: str, edge: str) -> dict[str, object]:
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", THROUGH_BOTH, edge], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def test_three_tier_rig_runs_every_strategy_through_the_edge() -> None:
@@ -70,9 +85,9 @@ def test_three_tier_rig_runs_every_strategy_through_the_edge() -> None:
         result = run_tiers(bench, rig)
         # one request straight through all three tiers: the device's head, the edge's middle, the cloud's tail
         assert rig.device_host is not None
-        hops, same = rig.device_host.call(_through_both, rig.edge_address)
-        assert hops.forwarded and hops.next_address and not hops.next_error_code
-        assert same, "three-tier outputs differ from the full model's"
+        hops = _through_both(rig.device_host.ns, rig.edge_address)
+        assert hops["forwarded"] and hops["next_address"] and not hops["next_error_code"], hops
+        assert hops["same"], "three-tier outputs differ from the full model's"
     s = result["strategies"]
     assert set(s) == set(bench.strategies)
     assert result["failed"] == 0

@@ -248,6 +248,7 @@ class CloudServer:
         header = request.header
         fields: dict[str, Any] = {"request_id": header.request_id, "model": header.model_sha256[:12],
                                   "cut": header.cut_id, "codec": header.codec}
+        self._bytes_in.value = 0  # set by the two-tier path; a relayed request must not log the previous one's
         try:
             reply = self._infer(request, time_remaining_s, t0)
         except RpcFailure as exc:

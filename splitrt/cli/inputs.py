@@ -17,7 +17,11 @@ from splitrt.graph import shapes, zoo
 
 
 def load_inputs(dev: Device, specs: list[str]) -> dict[str, np.ndarray]:
-    names = [t.name for t in dev.graph.inputs]
+    return read_inputs([t.name for t in dev.graph.inputs], specs)
+
+
+def read_inputs(names: list[str], specs: list[str]) -> dict[str, np.ndarray]:
+    """``--input`` files as arrays by input name (``names``: the model's inputs, for a bare ``FILE.npy``)."""
     inputs: dict[str, np.ndarray] = {}
     for spec in specs:
         name, _, file = spec.rpartition("=") if "=" in spec else ("", "", spec)
@@ -55,6 +59,15 @@ def binding(args: argparse.Namespace) -> shapes.ShapeBinding:
 
 
 def load_graph(args: argparse.Namespace, model: Any = None) -> graph.ModelGraph:
-    """The model named on the command line, every tensor sized at the bound shapes."""
+    """The model named on the command line, every tensor sized at the bound shapes: the flags', else
+    (``--input`` files and no --shape/--dim/--sample) the input files' shapes and values."""
     path = zoo.resolve(model if model is not None else args.model)
-    return graph.load(path, binding(args), notice=lambda msg: print(f"splitrt: {msg}", file=sys.stderr))
+    bound = binding(args)
+    if bound.empty and getattr(args, "input", None):
+        import onnx
+
+        g = onnx.load(str(path), load_external_data=False).graph
+        weights = {t.name for t in g.initializer}  # IR < 4 lists them as inputs too
+        names = [vi.name for vi in g.input if vi.name not in weights]
+        bound = shapes.ShapeBinding(sample=read_inputs(names, args.input), sample_path="--input")
+    return graph.load(path, bound, notice=lambda msg: print(f"splitrt: {msg}", file=sys.stderr))

@@ -12,7 +12,7 @@ from typing import Any
 from splitrt.cli.inputs import add_shape_arguments, binding, load_graph
 from splitrt.errors import ConfigError, PlanError
 from splitrt.plan import costmodel, solver
-from splitrt.profile import boards, energy, power_select, profiler
+from splitrt.profile import boards, energy, power_select, profiler, reprice, sanity
 from splitrt.profile.power import PowerReader
 
 
@@ -95,6 +95,9 @@ def _profile(args: argparse.Namespace) -> int:
         prof = dataclasses.replace(prof, host={**prof.host, "board": board.name})
     profiler.save_profile(prof, args.out)
     print(f"wrote {args.out}: {len(prof.cuts)} cuts, whole model {prof.total_ms:.2f} ms", file=sys.stderr)
+    noisy = sanity.warning(prof, str(args.out))
+    if noisy:
+        print(noisy, file=sys.stderr)
     return 0
 
 
@@ -127,7 +130,7 @@ def _plan(args: argparse.Namespace) -> int:
     # measured idle/busy power from the device profile when it has them, else the board's estimates
     figures = energy.plan_power(device, board, profile_label=str(args.device))
     power = figures.power
-    table = profiler.cost_table(device, cloud, device_speed_factor=factor)
+    table, pricing, warnings = _priced(args, g, device, cloud, factor)
     try:
         cond = costmodel.Conditions(
             link=costmodel.Link(bandwidth_mbps=args.bandwidth_mbps, rtt_ms=args.rtt_ms),
@@ -150,9 +153,10 @@ def _plan(args: argparse.Namespace) -> int:
         if args.plot:
             _plot(table, cond, bands, args, power)
         if args.json:
-            print(json.dumps({"sweep": [vars_of(b) for b in bands],
-                              "power": figures.as_dict(args.bandwidth_mbps)}, indent=1))
+            print(json.dumps({"sweep": [vars_of(b) for b in bands], "shapes": pricing.as_dict(),
+                              "warnings": warnings, "power": figures.as_dict(args.bandwidth_mbps)}, indent=1))
         else:
+            print(f"shapes: {pricing.note}")
             print(f"{'from Mbit/s':>12} {'to Mbit/s':>12}  {'plan':<16}{'bytes':>12}{'ms at from':>12}{'ms at to':>11}")
             for b in bands:
                 print(
@@ -208,6 +212,8 @@ def _plan(args: argparse.Namespace) -> int:
             "device_speed_factor": factor,
         },
         "power": figures.as_dict(args.bandwidth_mbps),
+        "shapes": pricing.as_dict(),
+        "warnings": warnings,
         "cuts": rows,
     }
     if args.min_cut:
@@ -218,13 +224,28 @@ def _plan(args: argparse.Namespace) -> int:
             "head_nodes": len(choice.head),
             "predicted_ms": round(choice.latency_ms, 4),
             "bytes": choice.crossing_bytes,
-            "note": "additive per-node model, fp32, over every down-closed node set",
+            "note": "additive per-node model, fp32, over every down-closed node set"
+                    + (" (per-node times at the profiles' shapes: not re-priced)" if pricing.repriced else ""),
         }
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     _print_plan(out, args.objective)
     return 0
+
+
+def _priced(args: argparse.Namespace, g: Any, device: profiler.Profile, cloud: profiler.Profile,
+            factor: float) -> tuple[costmodel.CostTable, reprice.Pricing, list[str]]:
+    """The cost table at the plan's binding (profiles measured elsewhere re-priced, said), and the
+    warnings about profiles that contradict themselves (on stderr too)."""
+    table, pricing = reprice.table_at(g, device, cloud, profiler.cost_table(device, cloud, device_speed_factor=factor))
+    warnings = [w for w in (sanity.warning(device, str(args.device)),
+                            sanity.warning(cloud, str(args.cloud)) if args.cloud != args.device else None) if w]
+    for w in warnings:
+        print(w, file=sys.stderr)
+    if pricing.repriced and args.json:
+        print(f"splitrt plan: {pricing.note}", file=sys.stderr)
+    return table, pricing, warnings
 
 
 def vars_of(b: solver.SweepBand) -> dict[str, Any]:
@@ -302,6 +323,7 @@ def _print_plan(out: dict[str, Any], objective: str) -> None:
         + (f" (reader {pw['reader']})" if pw["reader"] else f" ({pw['note']})")
         + f"; radio {pw['radio_w']:.2f} W = {pw['radio_uj_per_byte']:.3g} uJ/byte here, from {pw['radio_source']}"
     )
+    print(f"shapes: {out['shapes']['note']}")
     if "min_cut" in out:
         mc = out["min_cut"]
         print(f"min-cut over the node DAG: {mc['predicted_ms']:.2f} ms ({mc['head_nodes']} nodes on the device)")

@@ -1,9 +1,12 @@
 """`splitrt run ... --count N` / `--discover`: a stream of requests through ``AdaptiveDevice``.
 
 With ``--json`` one JSON object per request, ``{"id", "ok", "cut", "plan", "latency_ms", "fallback",
-"server"}`` (+ ``rel_err`` with ``--verify``), then ``{"summary": {"completed", "failed", "fallbacks",
-"switches", "servers"}}``; otherwise a table. The cost table: ``--profile-device/--profile-cloud``,
-else the shipped profile of the model, else the FLOPs prior with ``--board``'s speed (said on stderr).
+"server"}`` (+ ``rel_err`` and ``verify`` with ``--verify``: NaN/inf at the same places in both runs
+compare equal and the rest gives ``rel_err``; anywhere else ``rel_err`` is null and ``verify`` says
+``different`` and where; ``equal`` up to rel_err 1e-4), then ``{"summary": {"completed", "failed",
+"fallbacks", "switches", "servers"}}`` (+ ``different`` with ``--verify``); otherwise a table with the
+same columns. The cost table: ``--profile-device/--profile-cloud``, else the shipped profile of the
+model, else the FLOPs prior with ``--board``'s speed (said on stderr).
 """
 
 from __future__ import annotations
@@ -85,9 +88,11 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
 
 def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> int:
     if not args.json:
-        print(tables.render(["id", "ok", "plan", "latency_ms", "fallback", "server"],
+        extra = ["rel_err", "verify"] if args.verify else []
+        print(tables.render(["id", "ok", "plan", "latency_ms", "fallback", "server", *extra],
                             [[r["id"], r["ok"], r.get("plan", ""), r.get("latency_ms", ""), r.get("fallback", ""),
-                              r.get("server") or "-"] for r in rows]))
+                              r.get("server") or "-",
+                              *[_cell(r.get(k)) for k in extra]] for r in rows]))
         print(tables.render(["summary", "value"], [[k, v] for k, v in summary.items()]))
     return 0 if summary["failed"] == 0 else 1
 
@@ -119,7 +124,7 @@ def _chain_device(args: argparse.Namespace, mg: Any, table: Any, device_config: 
 def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.Namespace,
             reference: dict[str, np.ndarray] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    completed = failed = fallbacks = 0
+    completed = failed = fallbacks = different = 0
     servers: dict[str, int] = {}
     t_start = time.monotonic()
     for i in range(count):
@@ -141,7 +146,8 @@ def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.
             row.update(ok=True, cut=out.plan.split("@")[0], plan=out.plan, latency_ms=round(out.latency_ms, 3),
                        fallback=out.fallback, server=out.server)
             if reference is not None:
-                row["rel_err"] = max(_rel_err(reference[n], out.outputs[n]) for n in reference)
+                row["rel_err"], row["verify"] = verify(reference, out.outputs)
+                different += int(row["verify"].startswith("different"))
         rows.append(row)
         if args.json:
             print(json.dumps(row), flush=True)
@@ -149,11 +155,44 @@ def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.
             print(f"splitrt run: {i + 1}/{count} requests", file=sys.stderr)
     summary = {"completed": completed, "failed": failed, "fallbacks": fallbacks,
                "switches": int(dev.stats["switches"]), "servers": servers}
+    if reference is not None:
+        summary["different"] = different
     if args.json:
         print(json.dumps({"summary": summary}), flush=True)
     return rows, summary
 
 
-def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    scale = float(np.max(np.abs(a))) or 1.0
-    return float(np.max(np.abs(a.astype(np.float64) - np.asarray(b).astype(np.float64)))) / scale
+#: ``--verify`` calls outputs equal up to this relative error (a lossy codec is ``different``, with its rel_err).
+EQUAL_REL_ERR = 1e-4
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def verify(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> tuple[float | None, str]:
+    """(worst rel_err over the outputs, verdict: ``equal`` up to ``EQUAL_REL_ERR``). NaN and +-inf at the
+    same places with the same values in both runs are equal and left out of rel_err (the verdict says how
+    many); NaN or inf anywhere else, or another shape, is ``different`` naming the output, rel_err None."""
+    worst, same = 0.0, 0
+    for name, ref in reference.items():
+        a, b = np.asarray(ref), np.asarray(outputs[name])
+        if a.shape != b.shape:
+            return None, f"different: {name!r} has shape {list(b.shape)}, the local run {list(a.shape)}"
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        fa, fb = np.isfinite(a64), np.isfinite(b64)
+        nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+        if not (np.array_equal(nan_a, nan_b) and np.array_equal(fa, fb)
+                and np.array_equal(a64[~fa & ~nan_a], b64[~fb & ~nan_b])):
+            places = int(np.count_nonzero((nan_a != nan_b) | (fa != fb)
+                                          | (~fa & ~nan_a & ~nan_b & (a64 != b64))))
+            return None, (f"different: {name!r} is NaN/inf at {places} place(s) where the other run is not "
+                          f"(the local run has {int(np.count_nonzero(~fa))}, this one {int(np.count_nonzero(~fb))})")
+        same += int(np.count_nonzero(~fa))
+        if np.any(fa):
+            scale = float(np.max(np.abs(a64[fa]))) or 1.0
+            worst = max(worst, float(np.max(np.abs(a64[fa] - b64[fa]))) / scale)
+    nonfinite = f" (NaN/inf at the same {same} place(s) in both)" if same else ""
+    if worst > EQUAL_REL_ERR:
+        return worst, f"different: rel_err {worst:.3g} > {EQUAL_REL_ERR:g}{nonfinite}"
+    return worst, "equal" + nonfinite

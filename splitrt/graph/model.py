@@ -12,6 +12,7 @@ Heads are kept as Python ints used as bitsets over node indices: enumerating eve
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -255,8 +256,8 @@ def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] |
     """Size every tensor at the bound input shapes; the model and its cuts do not change."""
     g = mg.model.graph
     name = mg.path.name
-    mg.binding = binding
-    mg.input_shapes = shapes.resolve(name, list(g.input), binding, notice=notice)
+    mg.input_shapes, defaults = shapes.resolve_with_defaults(name, list(g.input), binding, notice=notice)
+    mg.binding = dataclasses.replace(binding, defaults=defaults) if defaults else binding
     fully_static = all(t.bytes >= 0 and t.shape is not None and all(isinstance(d, int) for d in t.shape)
                        for t in mg._tensors.values())
     if fully_static and binding.sample is None:

@@ -40,6 +40,9 @@ class ShapeBinding:
     dims: Mapping[str, int] = field(default_factory=dict)
     sample: Mapping[str, np.ndarray] | None = None
     sample_path: str | None = None
+    # What ``resolve`` filled in unasked ({"images[0]": 1}: a leading free dim), recorded with the rest so a
+    # binding of only defaults does not read as ``{}``.
+    defaults: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -47,7 +50,7 @@ class ShapeBinding:
 
     def as_dict(self) -> dict[str, object]:
         return {"shapes": {k: list(v) for k, v in sorted(self.shapes.items())}, "dims": dict(sorted(self.dims.items())),
-                "sample": self.sample_path}
+                "sample": self.sample_path, "defaults": dict(sorted(self.defaults.items()))}
 
 
 def parse_shape(text: str) -> tuple[str, Shape]:
@@ -133,6 +136,12 @@ def resolve(model_name: str, inputs: Sequence[onnx.ValueInfoProto], binding: Sha
             notice: Callable[[str], None] | None = None) -> dict[str, Shape]:
     """Concrete shapes for every graph input. A leading free dim with no value defaults to 1 (said
     through ``notice``); any other unbound dim is one ``ModelError`` listing them all with the flags."""
+    return resolve_with_defaults(model_name, inputs, binding, notice=notice)[0]
+
+
+def resolve_with_defaults(model_name: str, inputs: Sequence[onnx.ValueInfoProto], binding: ShapeBinding, *,
+                          notice: Callable[[str], None] | None = None) -> tuple[dict[str, Shape], dict[str, int]]:
+    """``resolve``, and the dims it defaulted (``{"images[0]": 1}``)."""
     names = [vi.name for vi in inputs]
     for name in binding.shapes:
         if name not in names:
@@ -145,6 +154,7 @@ def resolve(model_name: str, inputs: Sequence[onnx.ValueInfoProto], binding: Sha
     out: dict[str, Shape] = {}
     unbound: list[tuple[str, int, Dim]] = []
     defaulted: list[str] = []
+    defaults: dict[str, int] = {}
     for vi in inputs:
         dims = declared_dims(vi)
         if binding.sample is not None and vi.name in binding.sample:
@@ -166,6 +176,7 @@ def resolve(model_name: str, inputs: Sequence[onnx.ValueInfoProto], binding: Sha
                 elif k == 0:
                     concrete.append(1)
                     defaulted.append(f"{vi.name}[0]" + (f" {d!r}" if d else ""))
+                    defaults[f"{vi.name}[0]"] = 1
                 else:
                     unbound.append((vi.name, k, d))
                     concrete.append(-1)
@@ -175,7 +186,7 @@ def resolve(model_name: str, inputs: Sequence[onnx.ValueInfoProto], binding: Sha
         raise ModelError(_unbound_message(model_name, inputs, unbound, binding))
     if defaulted and notice is not None:
         notice(f"{model_name}: leading free dim {', '.join(defaulted)} set to 1 (bind it with --dim or --shape)")
-    return out
+    return out, defaults
 
 
 def _unbound_message(model_name: str, inputs: Sequence[onnx.ValueInfoProto], unbound: list[tuple[str, int, Dim]],

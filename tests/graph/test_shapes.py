@@ -42,11 +42,30 @@ def test_dims_bind_everywhere_and_the_leading_dim_defaults_with_a_notice(tmp_pat
     assert mg.input_shapes == {"x": (1, 3, 32, 48)}
     assert mg.tensor("r").shape == (1, 3, 32, 48) and mg.tensor("r").bytes == 4 * 3 * 32 * 48
     assert len(said) == 1 and "x[0] 'batch' set to 1" in said[0]
+    # the default that applied is recorded with the binding, not an empty {}
+    assert mg.binding is not None and mg.binding.as_dict()["defaults"] == {"x[0]": 1}
+    assert mg.binding.as_dict()["dims"] == {"height": 32, "width": 48}
     # FLOPs and sizes follow the binding; the model keeps its free dims.
     big = graph.load(_model(tmp_path), shapes.binding_from(shapes=["x=4x3x64x64"]))
+    assert big.binding is not None and big.binding.as_dict()["defaults"] == {}  # nothing defaulted
     assert big.tensor("r").bytes == 4 * 4 * 3 * 64 * 64
     assert [d.dim_param for d in big.model.graph.input[0].type.tensor_type.shape.dim] == ["batch", "", "height",
                                                                                           "width"]
+
+
+def test_a_binding_of_only_the_batch_default_is_recorded(tmp_path: Path) -> None:
+    """A model whose only free dim is the batch: no flag given, yet profiles and plan.json say batch 1."""
+    from splitrt.graph import partition
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    p = tmp_path / "batch.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), p)
+    mg = graph.load(p, shapes.ShapeBinding())
+    plan = partition.write_segments(mg, ["c1"], tmp_path / "out")
+    assert plan["binding"] == {"shapes": {}, "dims": {}, "sample": None, "defaults": {"x[0]": 1}}
+    assert plan["input_shapes"] == {"x": [1, 4]}
 
 
 def test_unbound_dims_list_every_input_dim_and_the_flag_line(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -17,6 +18,7 @@ from types import FrameType
 from typing import Any
 
 from splitrt.cloud import security
+from splitrt.cloud.memory import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_REQUEST_BYTES
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
 from splitrt.errors import ConfigError
 from splitrt.transport import wire
@@ -44,7 +46,22 @@ def register(sub: Any) -> None:
                         "use the server, unencrypted (logged as a warning and reported in Status)")
     p.add_argument("--workers", type=int, default=None, help="tails run at once (default: CPU count)")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond the workers")
-    p.add_argument("--segment-cache", type=int, default=16, help="tail sessions kept (LRU)")
+    p.add_argument("--segment-cache", type=int, default=16,
+                   help="tail sessions kept at most (LRU; also bounded in bytes by --max-memory-mb)")
+    m = p.add_argument_group("memory and quotas (what a client or an uploaded model can make the server hold)")
+    m.add_argument("--max-memory-mb", type=float, default=DEFAULT_MAX_MEMORY_BYTES / 2**20,
+                   help="the process's memory budget, MiB: cached sessions and graphs and requests in flight share "
+                        "what it does not hold at start; beyond it requests get RESOURCE_EXHAUSTED and runs are "
+                        "terminated (default 1792: the Kubernetes manifest's 2 GiB limit less 1/8; 0: no budget)")
+    m.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_BYTES / 2**20,
+                   help="largest peak activation memory of one request, estimated from the graph at its input "
+                        "shapes before it runs, MiB (default 256)")
+    m.add_argument("--max-store-mb", type=float, default=ServerConfig.max_store_bytes / 2**20,
+                   help="uploads may fill the models directory up to this, MiB (default 4096)")
+    m.add_argument("--max-models", type=int, default=ServerConfig.max_models,
+                   help="uploads may bring the models directory to this many models (default 64)")
+    m.add_argument("--max-nodes", type=int, default=ServerConfig.max_nodes,
+                   help="largest graph loaded or uploaded, in nodes, subgraphs included (default 100000)")
     p.add_argument("--max-message-mb", type=float, default=wire.DEFAULT_MAX_MESSAGE_BYTES / 2**20,
                    help="gRPC message limit, MiB (default 64)")
     p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
@@ -91,7 +108,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_queue=args.max_queue, segment_cache_size=args.segment_cache,
         max_message_bytes=int(args.max_message_mb * 2**20), drain_timeout_s=args.drain_s,
         intra_op_threads=args.intra_op_threads, metrics_port=getattr(args, "metrics_port", None),
-        metrics_host=getattr(args, "metrics_host", "127.0.0.1"), **kwargs)
+        metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
+        max_memory_bytes=int(args.max_memory_mb * 2**20) or None, max_request_bytes=int(args.max_request_mb * 2**20),
+        max_store_bytes=int(args.max_store_mb * 2**20), max_models=args.max_models, max_nodes=args.max_nodes,
+        **kwargs)
     security.exposure(config)
     if getattr(args, "advertise", False) and not args.advertise_address and security.is_loopback(args.host):
         raise ConfigError(f"--advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "
@@ -137,5 +157,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     if advertiser is not None:
         advertiser.close()  # goodbye first: devices move on while in-flight calls drain
-    server.stop()
+    server.stop()  # terminates runs still going near the drain's end
+    if server.busy():
+        # A run stuck inside one kernel ignores its terminate flag; the interpreter would wait for its
+        # thread at exit. The drain is over: leave now.
+        log.warning(json.dumps({"event": "exit_with_runs", "runs": server.canceller.running()}))
+        handler.flush()
+        os._exit(0)
     return 0

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import grpc
 import psutil
 
+from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.memory import MemoryBudget
 from splitrt.errors import ConfigError
 
 
@@ -45,6 +50,35 @@ class Admission:
     def leave(self) -> None:
         with self._lock:
             self.admitted -= 1
+
+
+@contextmanager
+def admitted(admission: Admission, budget: MemoryBudget, what: str, nbytes: int, *,
+             slot_timeout_s: float | None = None) -> Iterator[None]:
+    """Probe and uploads are admitted like inference: a place among the admitted (RESOURCE_EXHAUSTED
+    when full), their bytes reserved in the budget, and with ``slot_timeout_s`` a worker slot (an
+    upload's check computes like a request)."""
+    if not admission.admit():
+        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"{what}: server busy, queue depth {admission.admitted}, expected at most "
+                         f"{admission.workers + admission.max_queue} (workers + queue)", retry_after_ms=1000.0)
+    try:
+        held = budget.reserve(nbytes, what)
+        try:
+            if slot_timeout_s is None:
+                yield
+                return
+            if not admission.acquire(min(slot_timeout_s, 86400.0)):
+                raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"{what}: expected a worker slot within the deadline, got none free in time")
+            try:
+                yield
+            finally:
+                admission.release_slot()
+        finally:
+            budget.release(held)
+    finally:
+        admission.leave()
 
 
 class CpuMeter:

@@ -35,6 +35,7 @@ from splitrt.transport import splitrt_pb2 as pb
 
 if TYPE_CHECKING:
     from splitrt.cloud.admission import Admission
+    from splitrt.cloud.cancel import Canceller
     from splitrt.cloud.store import ModelStore
     from splitrt.transport.base import Transport
 
@@ -63,6 +64,7 @@ class RelayBackend(Protocol):
     store: ModelStore
     tails: TailCache
     admission: Admission
+    canceller: Canceller
     max_decoded_bytes: int
 
     def load(self) -> pb.Load: ...
@@ -78,6 +80,11 @@ def check_cuts(graph: Any, cut_id: str, next_cut_id: str) -> None:
         raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
                          f"next_cut_id {next_cut_id!r} is before cut_id {cut_id!r}: expected a cut whose head "
                          f"contains the head of {cut_id!r} (at or after it, device -> cloud), got {next_cut_id!r}")
+
+
+def _monotonic(deadline: float) -> float:
+    """A ``time.perf_counter()`` deadline on ``time.monotonic()``'s clock (the canceller's)."""
+    return time.monotonic() + (deadline - time.perf_counter())
 
 
 class Relay:
@@ -137,9 +144,8 @@ class Relay:
             raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"{what}: expected a worker within the deadline, got none free in time")
         try:
-            return list(tail.session.run(tail.outputs, feeds))
-        except Exception as exc:  # onnxruntime's own exception types
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{what} failed on the given tensors: {exc}") from exc
+            return self.backend.canceller.run(tail.session, tail.outputs, feeds, what=what,
+                                              deadline=_monotonic(deadline))
         finally:
             a.release_slot()
 
@@ -165,11 +171,8 @@ class Relay:
         try:
             feeds = decode_inputs(request, b.max_decoded_bytes)
             t_run = time.perf_counter()
-            try:
-                values = middle.session.run(middle.outputs, feeds)
-            except Exception as exc:  # onnxruntime's own exception types
-                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"segment {h.cut_id}>{h.next_cut_id} failed on the given tensors: {exc}") from exc
+            values = b.canceller.run(middle.session, middle.outputs, feeds, what=f"segment {h.cut_id}>{h.next_cut_id}",
+                                     deadline=_monotonic(deadline))
         finally:
             a.release_slot()
         compute_ms = (time.perf_counter() - t_run) * 1e3

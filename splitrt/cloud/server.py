@@ -36,28 +36,30 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health, health_pb2
 
 from splitrt import __version__
-from splitrt.cloud import security
-from splitrt.cloud.admission import Admission, CpuMeter
+from splitrt.cloud import request_path, security
+from splitrt.cloud.admission import Admission, CpuMeter, admitted
 from splitrt.cloud.auth import TokenInterceptor
+from splitrt.cloud.cancel import CallToken, Canceller
 from splitrt.cloud.common import RpcFailure, log, log_event
 from splitrt.cloud.edge import NextTier, Relay
-from splitrt.cloud.inputs import check_inputs, decode_inputs
+from splitrt.cloud.memory import DEFAULT_MAX_REQUEST_BYTES, LOAD_PEAK_FACTOR, MemoryBudget, rss_bytes
 from splitrt.cloud.metrics import ServerStats, metrics_http
+from splitrt.cloud.peak import PeakEstimator
 from splitrt.cloud.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.store import ModelStore
 from splitrt.cloud.tails import Tail, TailCache
-from splitrt.cloud.upload import receive_model
-from splitrt.errors import CodecError, ConfigError
-from splitrt.transport import codec, credentials, wire
+from splitrt.cloud.upload import Quota, receive_model
+from splitrt.errors import ConfigError
+from splitrt.transport import credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 
 # The server's parts live in their own modules; their public names stay importable from here.
@@ -91,6 +93,18 @@ class ServerConfig:
     drain_timeout_s: float = 10.0
     # Largest model a device may upload (a single-file ONNX model is below 2 GiB: protobuf's limit).
     max_model_bytes: int = 2 * 1024**3
+    # The process's memory budget (RSS; ``splitrt.cloud.memory``): cached sessions and graphs and the
+    # requests in flight share what the process does not hold at start. None: no budget (an in-process
+    # server does not own its process); ``splitrt serve`` defaults to ``DEFAULT_MAX_MEMORY_BYTES``.
+    max_memory_bytes: int | None = None
+    # A request whose estimated peak activation memory (at its shapes, ``splitrt.cloud.peak``) is
+    # larger is refused (RESOURCE_EXHAUSTED) before it runs.
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # Store quotas for uploads (``splitrt.cloud.upload``) and the largest graph the server loads (nodes,
+    # subgraphs' included: cut enumeration and session builds grow with it).
+    max_store_bytes: int = 4 * 1024**3
+    max_models: int = 64
+    max_nodes: int = 100_000
     # onnxruntime intra-op threads per tail session (0: onnxruntime's default).
     intra_op_threads: int = 0
     # An edge (three tiers): requests naming ``next_cut_id`` run up to it here and go on to this tier.
@@ -117,9 +131,14 @@ class CloudServer:
             raise ConfigError(f"max_model_bytes: expected >= 1, got {config.max_model_bytes}")
         # Refuses an open server nobody asked for, and uploads without a token.
         self.exposure = security.exposure(config)
-        self.store = ModelStore(config.models_dir)
-        self.tails = TailCache(self.store, config.segment_cache_size, config.intra_op_threads)
         self.admission = Admission(config.workers, config.max_queue)
+        self.budget = _budget(config)
+        self.store = ModelStore(config.models_dir, budget=self.budget, max_nodes=config.max_nodes)
+        self.tails = TailCache(self.store, config.segment_cache_size, config.intra_op_threads, budget=self.budget,
+                               slot=self.admission.acquire, release_slot=self.admission.release_slot)
+        self.peaks = PeakEstimator()
+        # Terminates runs at their deadline, on the client's cancel, at shutdown, over the budget.
+        self.canceller = Canceller(rss_limit_bytes=config.max_memory_bytes, rss=rss_bytes)
         self.max_decoded_bytes = (4 * config.max_message_bytes if config.max_decoded_bytes is None
                                   else config.max_decoded_bytes)
         if self.max_decoded_bytes < 1:
@@ -200,20 +219,33 @@ class CloudServer:
         return f"{host}:{self.port}"
 
     def stop(self, grace_s: float | None = None) -> None:
-        """Refuse new calls, drain in-flight ones for ``grace_s`` (default ``drain_timeout_s``)."""
+        """Refuse new calls, drain in-flight ones for ``grace_s`` (default ``drain_timeout_s``): runs still
+        going near its end are terminated (UNAVAILABLE), so a model that would run for ever cannot hold
+        the shutdown; ``busy()`` says if one is stuck inside a kernel all the same."""
         if self._server is None:
             return
         grace = self.config.drain_timeout_s if grace_s is None else grace_s
         self.health.enter_graceful_shutdown()
         log_event("draining", grace_s=grace, queue_depth=self.admission.admitted)
-        self._server.stop(grace).wait()
+        done = self._server.stop(grace)
+        margin = min(2.0, grace / 4)  # left for terminated runs to return and their replies to go out
+        if not done.wait(max(0.0, grace - margin)):
+            n = self.canceller.cancel_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down: terminated")
+            log_event("drain_terminated", logging.WARNING, runs=n)
+            done.wait(margin)
+        else:
+            self.canceller.cancel_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         self._server = None
         self.relay.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
             self._metrics_http = None
-        log_event("stopped", served=self.served)
+        log_event("stopped", served=self.served, running=self.canceller.running())
+
+    def busy(self) -> bool:
+        """A run has not returned (stuck in one kernel after ``stop`` terminated it)."""
+        return self.canceller.running() > 0
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return True if self._server is None else bool(self._server.wait_for_termination(timeout_s))
@@ -242,7 +274,8 @@ class CloudServer:
     def model_hashes(self) -> list[str]:
         return [m.sha256 for m in self.store.models()]
 
-    def infer(self, request: wire.Framed, time_remaining_s: float | None) -> wire.Framed:
+    def infer(self, request: wire.Framed, time_remaining_s: float | None,
+              token: CallToken | None = None) -> wire.Framed:
         """Run the tail for an ``InferRequest`` (``wire.Framed``); the reply is an ``InferReply``."""
         t0 = time.perf_counter()
         header = request.header
@@ -250,7 +283,7 @@ class CloudServer:
                                   "cut": header.cut_id, "codec": header.codec}
         self._bytes_in.value = 0  # set by the two-tier path; a relayed request must not log the previous one's
         try:
-            reply = self._infer(request, time_remaining_s, t0)
+            reply = self._infer(request, time_remaining_s, t0, token)
         except RpcFailure as exc:
             total_ms = (time.perf_counter() - t0) * 1e3
             self.stats.observe(code=exc.code.name, model_sha256=header.model_sha256, cut_id=header.cut_id,
@@ -267,59 +300,9 @@ class CloudServer:
                   bytes_in=getattr(self._bytes_in, "value", 0))
         return reply
 
-    def _infer(self, request: wire.Framed, time_remaining_s: float | None, t0: float) -> wire.Framed:
-        header = request.header
-        deadline_s = self.config.default_deadline_s if time_remaining_s is None else time_remaining_s
-        if not self.admission.admit():
-            # Early, before any decoding, with a hint devices use to plan around this server.
-            a = self.admission
-            hint = self.stats.retry_after_ms(queue_depth=a.admitted, workers=a.workers)
-            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"server busy: queue depth {a.admitted}, expected at most "
-                             f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue}); "
-                             f"retry after {hint:g} ms", retry_after_ms=hint)
-        try:
-            if header.next_cut_id:  # three tiers: run up to the next cut, forward the rest
-                return self.relay.infer(request, deadline_s, t0)
-            tail = self.tails.get(header.model_sha256, header.cut_id)
-            # Cheap: nothing inflated or allocated yet.
-            bytes_in = check_inputs(request, tail, self.max_decoded_bytes)
-            try:
-                out_codec = codec.Codec.parse(header.output_codec or "fp32")
-            except CodecError as exc:
-                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-            remaining = deadline_s - (time.perf_counter() - t0)
-            if not self.admission.acquire(remaining):
-                raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker: expected "
-                                 f"one within the deadline of {deadline_s * 1e3:.1f} ms")
-            t_run = time.perf_counter()
-            try:
-                # Decoded only in a worker slot: at most ``workers`` requests inflate at once.
-                feeds = decode_inputs(request, self.max_decoded_bytes)
-                if self.before_tail is not None:
-                    self.before_tail(header)
-                t_run = time.perf_counter()
-                try:
-                    values = tail.session.run(tail.outputs, feeds)
-                except Exception as exc:  # onnxruntime's own exception types
-                    raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                                     f"tail of cut {header.cut_id!r} failed on the given tensors: "
-                                     f"{exc}") from exc
-                t_done = time.perf_counter()
-            finally:
-                self.admission.release_slot()
-            reply = pb.InferReply(request_id=header.request_id, tail_ms=(t_done - t_run) * 1e3,
-                                  queue_ms=(t_run - t0) * 1e3, load=self.load())
-            try:
-                outputs = [codec.encode(n, np.asarray(v), out_codec, copy=False)
-                           for n, v in zip(tail.outputs, values, strict=True)]
-            except CodecError as exc:
-                raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
-            self._bytes_in.value = bytes_in
-            return wire.Framed(header=reply, tensors=outputs)
-        finally:
-            self.admission.leave()
+    def _infer(self, request: wire.Framed, time_remaining_s: float | None, t0: float,
+               token: CallToken | None = None) -> wire.Framed:
+        return request_path.infer(self, request, time_remaining_s, t0, token)
 
     def status(self) -> pb.StatusReply:
         self.store.scan()  # models copied into the directory since the last look (stat only: cheap)
@@ -335,7 +318,29 @@ class CloudServer:
                               security_warning=self.exposure.warning, errors=sum(errors.values()),
                               errors_by_code=errors, next_address=self.relay.address)
 
-    def put_model(self, chunks: Iterator[pb.ModelChunk]) -> pb.PutModelReply:
+    def put_model(self, chunks: Iterator[pb.ModelChunk], time_remaining_s: float | None = None) -> pb.PutModelReply:
         # The servicer calls this (not ``receive_model``) so that a test may wrap it on the instance.
-        return receive_model(self.store, chunks, allow_upload=self.config.allow_upload,
-                             max_model_bytes=self.config.max_model_bytes)
+        cfg = self.config
+        timeout_s = cfg.default_deadline_s if time_remaining_s is None else time_remaining_s
+
+        def guard(size: int) -> AbstractContextManager[None]:
+            # The check holds a worker slot and the load's transient peak, like a request.
+            return admitted(self.admission, self.budget, "upload check", size * LOAD_PEAK_FACTOR,
+                            slot_timeout_s=timeout_s)
+
+        return receive_model(self.store, chunks, allow_upload=cfg.allow_upload, max_model_bytes=cfg.max_model_bytes,
+                             quota=Quota(max_store_bytes=cfg.max_store_bytes, max_models=cfg.max_models,
+                                         max_nodes=cfg.max_nodes), guard=guard)
+
+    def admitted(self, what: str, nbytes: int) -> AbstractContextManager[None]:
+        """A place among the admitted and ``nbytes`` of the budget (Probe)."""
+        return admitted(self.admission, self.budget, what, nbytes)
+
+
+def _budget(config: ServerConfig) -> MemoryBudget:
+    """The ledger, its baseline measured now (onnxruntime imported: every server loads it)."""
+    if config.max_memory_bytes is None:
+        return MemoryBudget(None)
+    import onnxruntime  # noqa: F401  (part of the baseline, not of the budget)
+
+    return MemoryBudget(config.max_memory_bytes, rss_bytes())

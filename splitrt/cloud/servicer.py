@@ -12,10 +12,12 @@ message)``, which must raise (Infer, Probe, PutModel).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
+from splitrt.cloud.cancel import CallToken
 from splitrt.cloud.common import RpcFailure
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
@@ -33,11 +35,23 @@ class Backend(Protocol):
 
     def load(self) -> pb.Load: ...
 
-    def infer(self, request: wire.Framed, time_remaining_s: float | None) -> wire.Framed: ...
+    def infer(self, request: wire.Framed, time_remaining_s: float | None,
+              token: CallToken | None = None) -> wire.Framed: ...
 
     def status(self) -> pb.StatusReply: ...
 
-    def put_model(self, chunks: Iterator[pb.ModelChunk]) -> pb.PutModelReply: ...
+    def put_model(self, chunks: Iterator[pb.ModelChunk], time_remaining_s: float | None = None) -> pb.PutModelReply: ...
+
+    def admitted(self, what: str, nbytes: int) -> AbstractContextManager[None]: ...
+
+
+def call_token(context: grpc.ServicerContext) -> CallToken:
+    """Fired when the call ends, a client's cancel included (a run still going is then terminated)."""
+    token = CallToken()
+    add = getattr(context, "add_callback", None)  # an in-process fake context may not have it
+    if add is not None and not add(token.cancel):
+        token.cancel()  # the call had already ended
+    return token
 
 
 class Servicer:
@@ -50,7 +64,7 @@ class Servicer:
         try:
             if isinstance(request, wire.Malformed):
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Infer: {request.message}")
-            return self.backend.infer(request, context.time_remaining())
+            return self.backend.infer(request, context.time_remaining(), call_token(context))
         except RpcFailure as exc:
             if exc.retry_after_ms is not None:  # queue full: when to come back
                 context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{exc.retry_after_ms:g}"),))
@@ -60,13 +74,14 @@ class Servicer:
     def InferStream(self, request_iterator: Iterator[wire.Framed | wire.Malformed],
                     context: grpc.ServicerContext) -> Iterator[wire.Framed | pb.InferReply]:
         # A failed frame is answered in its reply frame: the stream and the requests after it go on.
+        token = call_token(context)
         for request in request_iterator:
             if isinstance(request, wire.Malformed):  # the frame has no readable request_id
                 yield pb.InferReply(load=self.backend.load(), error=pb.Error(
                     code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"))
                 continue
             try:
-                yield self.backend.infer(request, context.time_remaining())
+                yield self.backend.infer(request, context.time_remaining(), token)
             except RpcFailure as exc:
                 yield pb.InferReply(request_id=request.header.request_id, load=self.backend.load(),
                                     error=pb.Error(code=exc.code.name, message=exc.message,
@@ -81,9 +96,14 @@ class Servicer:
         if n > limit:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"probe reply_bytes: expected at most {limit}, got {n}")
-        reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
-        self.backend.relay.probe(request, reply, context.time_remaining())  # an edge's next hop, if asked
-        return reply
+        try:
+            with self.backend.admitted("probe", n + len(request.payload)):
+                reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
+                self.backend.relay.probe(request, reply, context.time_remaining())  # an edge's next hop, if asked
+                return reply
+        except RpcFailure as exc:
+            context.abort(exc.code, exc.message)
+            raise AssertionError("unreachable") from exc
 
     def Status(self, request: pb.StatusRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.StatusReply:
         if isinstance(request, wire.Malformed):
@@ -93,7 +113,7 @@ class Servicer:
     def PutModel(self, request_iterator: Iterator[pb.ModelChunk | wire.Malformed],
                  context: grpc.ServicerContext) -> pb.PutModelReply:
         try:
-            return self.backend.put_model(_well_formed(request_iterator, "PutModel"))
+            return self.backend.put_model(_well_formed(request_iterator, "PutModel"), context.time_remaining())
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes
 from splitrt.errors import ConfigError
 
 #: Temporary files of uploads in progress (never served, never listed).
@@ -80,13 +82,37 @@ class _ModelEntry:
     path: Path
     bytes: int
     graph: Any = None
+    graph_bytes: int = 0  # what the budget holds for the loaded graph
+
+
+def count_nodes(graph: Any) -> int:
+    """Nodes of an ``onnx.GraphProto``, its subgraphs' (If/Loop/Scan bodies) included."""
+    import onnx
+
+    n = 0
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        n += len(g.node)
+        for node in g.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    stack.append(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(a.graphs)
+    return n
 
 
 class ModelStore:
-    """The models of a directory, by sha256 of their bytes; graphs are loaded on first use."""
+    """The models of a directory, by sha256 of their bytes; graphs are loaded on first use and kept in
+    an LRU bounded by the server's memory budget (``budget``), graphs over ``max_nodes`` refused."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, budget: MemoryBudget | None = None, max_nodes: int | None = None) -> None:
         self.root = Path(root)
+        self.budget = budget if budget is not None else MemoryBudget(None)
+        self.budget.add_evictor(self.evict)
+        self.max_nodes = max_nodes
+        self._loaded: OrderedDict[str, _ModelEntry] = OrderedDict()  # graphs in memory, least recent first
         if not self.root.is_dir():
             raise ConfigError(f"models directory {self.root}: expected a directory, got "
                               f"{'a file' if self.root.exists() else 'nothing'}")
@@ -132,6 +158,9 @@ class ModelStore:
         entry = self._by_sha.get(sha)
         if entry is not None and entry.path == path:
             del self._by_sha[sha]
+            if self._loaded.pop(sha, None) is not None:
+                self.budget.release(entry.graph_bytes)
+                entry.graph, entry.graph_bytes = None, 0
 
     def models(self) -> list[_ModelEntry]:
         with self._lock:
@@ -156,20 +185,68 @@ class ModelStore:
 
     def graph(self, sha256: str) -> Any:
         entry = self.entry(sha256)
-        if entry.graph is not None:
-            return entry.graph
         with self._lock:
+            graph = entry.graph
+            if graph is not None:
+                self._loaded[sha256] = entry
+                self._loaded.move_to_end(sha256)
+                return graph
             glock = self._graph_locks.setdefault(sha256, threading.Lock())
         with glock:
             if entry.graph is None:
-                from splitrt.graph import model as graph_mod
+                self._load(entry)
+            with self._lock:
+                self._loaded[sha256] = entry
+            return entry.graph
 
+    def _load(self, entry: _ModelEntry) -> None:
+        """Load the graph under a reservation of the load's peak, then keep what the graph holds."""
+        import onnx
+
+        from splitrt.graph import model as graph_mod
+
+        peak = self.budget.reserve(entry.bytes * LOAD_PEAK_FACTOR, f"loading model {entry.path.name}")
+        try:
+            if self.max_nodes is not None:
                 try:
-                    entry.graph = graph_mod.load(entry.path)
-                except Exception as exc:  # ModelError, or whatever onnx raises on a strange file
+                    nodes = count_nodes(onnx.load(str(entry.path), load_external_data=False).graph)
+                except Exception:  # protobuf's errors: the load below reports them
+                    nodes = 0
+                if nodes > self.max_nodes:
                     raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"model {entry.path.name} cannot be loaded: {exc}") from exc
-        return entry.graph
+                                     f"model {entry.path.name}: expected at most {self.max_nodes} nodes "
+                                     f"(max_nodes), got {nodes}")
+            try:
+                graph = graph_mod.load(entry.path)
+            except Exception as exc:  # ModelError, or whatever onnx raises on a strange file
+                raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"model {entry.path.name} cannot be loaded: {exc}") from exc
+            graph.cuts()  # enumerated now, inside the reservation (cached on the graph)
+            cost = graph_bytes(graph.model.ByteSize(), len(graph.nodes))
+            self.budget.reserve(cost, f"model {entry.path.name}'s graph")
+        finally:
+            self.budget.release(peak)
+        entry.graph, entry.graph_bytes = graph, cost
+
+    def evict(self, nbytes: int) -> int:
+        """Drop least recently used graphs until ``nbytes`` are freed (the budget's evictor). A tail
+        build that holds one keeps it alive until it finishes (a transient overshoot the builds' worker
+        slots bound)."""
+        freed = 0
+        with self._lock:
+            for sha in list(self._loaded):
+                if freed >= nbytes:
+                    break
+                entry = self._loaded.pop(sha)
+                glock = self._graph_locks.get(sha)
+                if glock is not None and glock.locked():  # being loaded: not ours to drop
+                    self._loaded[sha] = entry
+                    continue
+                freed += entry.graph_bytes
+                entry.graph, entry.graph_bytes = None, 0
+                log_event("graph_evicted", model=sha[:12])
+        self.budget.release(freed)
+        return freed
 
     def add(self, sha256: str, path: Path) -> None:
         st = path.stat()

@@ -1,15 +1,26 @@
-"""Tail sessions: the cloud's part of a model at a cut, built on first use and kept in an LRU."""
+"""Tail sessions: the cloud's part of a model at a cut, built on first use and kept in an LRU.
+
+The cache is bounded in bytes through the server's ``MemoryBudget`` (``splitrt.cloud.memory``): a build
+reserves its session's estimated bytes first, evicting the least recently used sessions no request is
+running; the ``capacity`` (entries) is a second, coarser bound. A build runs in a worker slot (it is
+as heavy as a request: clients naming many cuts must queue for slots, not build side by side).
+"""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 
 from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.memory import MemoryBudget, session_bytes
 from splitrt.cloud.store import ModelStore
 from splitrt.errors import ConfigError, CutError
 from splitrt.transport import wire
@@ -23,31 +34,60 @@ class Tail:
     inputs: list[tuple[str, str, tuple[int | str | None, ...]]]
     outputs: list[str]
     hits: int = 0
+    # What the budget holds for it (estimated at build), and how many requests are running it now.
+    bytes: int = 0
+    users: int = 0
+    # The segment's graph without its weights' data, for estimating a request's activations (``peak``).
+    skeleton: Any = None
+
+
+class SlotTimeout(Exception):
+    """No worker slot for a build within the request's deadline."""
 
 
 class TailCache:
     """LRU cache of tail sessions keyed by (model sha256, cut id); builds each key once."""
 
-    def __init__(self, store: ModelStore, capacity: int, intra_op_threads: int) -> None:
+    def __init__(self, store: ModelStore, capacity: int, intra_op_threads: int, *,
+                 budget: MemoryBudget | None = None,
+                 slot: Callable[[float], bool] | None = None, release_slot: Callable[[], None] | None = None) -> None:
         if capacity < 1:
             raise ConfigError(f"segment_cache_size: expected >= 1, got {capacity}")
         self.store = store
         self.capacity = capacity
         self.intra_op_threads = intra_op_threads
+        self.budget = budget if budget is not None else MemoryBudget(None)
+        self.budget.add_evictor(self.evict)
+        self._slot, self._release_slot = slot, release_slot
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
         self._building: dict[tuple[str, str], threading.Lock] = {}
         # Lookups answered from the cache / that built a session (the server's metrics).
         self.cache_hits = 0
         self.cache_misses = 0
+        self.evicted = 0
 
-    def get(self, sha256: str, cut_id: str) -> Tail:
+    @contextmanager
+    def lease(self, sha256: str, cut_id: str, *, timeout_s: float | None = None) -> Iterator[Tail]:
+        """The tail, not evicted while the caller holds it."""
+        tail = self.get(sha256, cut_id, timeout_s=timeout_s, pin=True)
+        try:
+            yield tail
+        finally:
+            with self._lock:
+                tail.users -= 1
+
+    def get(self, sha256: str, cut_id: str, *, timeout_s: float | None = None, pin: bool = False) -> Tail:
+        """The cached tail, built if missing (in a worker slot waited for up to ``timeout_s``:
+        DEADLINE_EXCEEDED past it); ``pin`` counts the caller as a user (``lease``)."""
         key = (sha256, cut_id)
+        t0 = time.monotonic()
         with self._lock:
             tail = self._cache.get(key)
             if tail is not None:
                 self._cache.move_to_end(key)
                 tail.hits += 1
+                tail.users += int(pin)
                 self.cache_hits += 1
                 return tail
             build_lock = self._building.setdefault(key, threading.Lock())
@@ -55,26 +95,69 @@ class TailCache:
             try:
                 with self._lock:
                     tail = self._cache.get(key)
+                    if tail is not None:
+                        tail.users += int(pin)
                 built = tail is None
                 if tail is None:
-                    tail = self._build(sha256, cut_id)
+                    left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
+                    tail = self._build_in_slot(sha256, cut_id, left)
+                    tail.users += int(pin)
                 with self._lock:
                     self.cache_misses += int(built)
                     self.cache_hits += int(not built)
                     self._cache[key] = tail
                     self._cache.move_to_end(key)
                     tail.hits += 1
-                    while len(self._cache) > self.capacity:
-                        self._cache.popitem(last=False)
+                    excess = self._over_capacity()
+                for old in excess:
+                    self.budget.release(old.bytes)
                 return tail
             finally:
                 # Also when the build failed: requests naming endless unknown cuts must not grow this dict.
                 with self._lock:
                     self._building.pop(key, None)
 
-    def _build(self, sha256: str, cut_id: str) -> Tail:
-        import onnxruntime as ort
+    def _over_capacity(self) -> list[Tail]:
+        """Entries beyond ``capacity``, least recently used first, skipping those in use (lock held)."""
+        out: list[Tail] = []
+        for key in list(self._cache):
+            if len(self._cache) <= self.capacity:
+                break
+            if self._cache[key].users == 0:
+                out.append(self._cache.pop(key))
+                self.evicted += 1
+        return out
 
+    def evict(self, nbytes: int) -> int:
+        """Drop least recently used tails no request is running until ``nbytes`` are freed (the budget's
+        evictor); returns the bytes released."""
+        freed = 0
+        with self._lock:
+            for key in list(self._cache):
+                if freed >= nbytes:
+                    break
+                tail = self._cache[key]
+                if tail.users == 0:
+                    del self._cache[key]
+                    freed += tail.bytes
+                    self.evicted += 1
+                    log_event("tail_evicted", model=key[0][:12], cut=key[1], mb=round(tail.bytes / 2**20, 1))
+        self.budget.release(freed)
+        return freed
+
+    def _build_in_slot(self, sha256: str, cut_id: str, timeout_s: float | None) -> Tail:
+        if self._slot is None or self._release_slot is None:
+            return self._build(sha256, cut_id)
+        if not self._slot(3600.0 if timeout_s is None else timeout_s):
+            raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"building the tail of cut {cut_id!r}: expected a worker slot within the deadline, "
+                             "got none free in time")
+        try:
+            return self._build(sha256, cut_id)
+        finally:
+            self._release_slot()
+
+    def _build(self, sha256: str, cut_id: str) -> Tail:
         from splitrt.graph import partition
 
         graph = self.store.graph(sha256)
@@ -89,12 +172,32 @@ class TailCache:
         except Exception as exc:  # a model that loads but does not split (a bad upload): not the server's fault
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                              f"model {sha256[:12]} cannot be split at cut {cut_id!r}: {exc}") from exc
+        del graph
+        cost = session_bytes(sum(_tensor_bytes(t) for t in segment.model.graph.initializer))
+        self.budget.reserve(cost, f"tail session of model {sha256[:12]} at cut {cut_id!r}")
+        try:
+            tail = self._session(segment.model, sha256, cut_id)
+        except BaseException:
+            self.budget.release(cost)
+            raise
+        tail.bytes = cost
+        from splitrt.cloud.peak import skeleton
+
+        tail.skeleton = skeleton(segment.model)
+        log_event("tail_built", model=sha256[:12], cut=cut_id, inputs=len(tail.inputs), mb=round(cost / 2**20, 1))
+        return tail
+
+    def _session(self, model: Any, sha256: str, cut_id: str) -> Tail:
+        import onnxruntime as ort
+
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = self.intra_op_threads
+        # No arena: a request's activations go back to the OS when it ends (an arena keeps the largest
+        # request's memory for good; one big request would hold it for every later one).
+        opts.enable_cpu_mem_arena = False
         try:
-            session = ort.InferenceSession(segment.model.SerializeToString(), opts,
-                                           providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types; the model is at fault
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                              f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
@@ -103,9 +206,22 @@ class TailCache:
             (i.name, wire.ort_dtype(i.type), tuple(d if isinstance(d, int) else None for d in i.shape))
             for i in session.get_inputs()]
         outputs = [o.name for o in session.get_outputs()]
-        log_event("tail_built", model=sha256[:12], cut=cut_id, inputs=len(inputs))
         return Tail(session=session, inputs=inputs, outputs=outputs)
 
     def snapshot(self) -> list[tuple[str, str, int]]:
         with self._lock:
             return [(k[0], k[1], t.hits) for k, t in self._cache.items()]
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(t.bytes for t in self._cache.values())
+
+
+def _tensor_bytes(t: Any) -> int:
+    from onnx import helper
+
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:  # strings and odd types: count a byte per element
+        itemsize = 1
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize

@@ -8,6 +8,10 @@ What an upload can and cannot do to the server's disk:
 - the bytes must hash to the sha256 the first chunk declares, be an ONNX model that loads, and carry no
   external data (an upload is one file: an external-data location could only point at files already on
   the server);
+- quotas: at most ``max_models`` models and ``max_store_bytes`` in the store (checked on the declared size,
+  then on the real one), at most ``max_nodes`` nodes (subgraphs included) before anything is computed;
+- the check (``graph.model.load``: normalise, constant folding bounded in size before it computes, shape
+  inference) runs inside ``guard(bytes)``: a worker slot and its memory reserved, like a request;
 - only then is the file fsynced and renamed (atomically) to ``<store>/<sha256>.onnx``. A failed, cancelled
   or refused upload removes its temporary file; one a killed server left is removed by the next
   ``ModelStore``.
@@ -19,22 +23,48 @@ import errno
 import hashlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.store import ModelStore, external_locations
+from splitrt.cloud.store import ModelStore, count_nodes, external_locations
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Quota:
+    """What uploads may add to the store (``--max-store-mb``, ``--max-models``) and the largest graph."""
+
+    max_store_bytes: int | None = None
+    max_models: int | None = None
+    max_nodes: int | None = None
+
+
+def _check_quota(store: ModelStore, quota: Quota, size: int) -> None:
+    models = store.models()
+    held = sum(m.bytes for m in models)
+    if quota.max_models is not None and len(models) >= quota.max_models:
+        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"upload: the store holds {len(models)} models, expected fewer than {quota.max_models} "
+                         "(--max-models); nothing stored")
+    if quota.max_store_bytes is not None and held + size > quota.max_store_bytes:
+        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"upload: {size} bytes more would bring the store to {held + size} bytes, expected at most "
+                         f"{quota.max_store_bytes} (--max-store-mb); nothing stored")
+
+
 def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_upload: bool,
-                  max_model_bytes: int) -> pb.PutModelReply:
+                  max_model_bytes: int, quota: Quota | None = None,
+                  guard: Callable[[int], AbstractContextManager[object]] | None = None) -> pb.PutModelReply:
     """Write the chunks to a temporary file in the store's directory, check the sha256 the first chunk
     names, the size and that the model loads, then move it in place as ``<sha256>.onnx``."""
+    quota = quota or Quota()
     if not allow_upload:
         raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
                          "uploads are disabled: expected a server started with --allow-upload")
@@ -53,10 +83,13 @@ def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_u
     if first.total_bytes > limit:
         raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"upload: expected at most {limit} bytes, got total_bytes {first.total_bytes}")
+    _check_quota(store, quota, first.total_bytes)
     tmp = store.root / f".upload-{uuid.uuid4().hex}.part"
     try:
         size = _write(tmp, first, it, sha, limit)
-        _check_model(tmp, store.root)
+        _check_quota(store, quota, size)
+        with (guard(size) if guard is not None else nullcontext()):
+            _check_model(tmp, store.root, quota.max_nodes)
         final = store.root / f"{sha}.onnx"
         os.replace(tmp, final)
         store.add(sha, final)
@@ -96,7 +129,7 @@ def _write(tmp: Path, first: pb.ModelChunk, rest: Iterator[pb.ModelChunk], sha: 
     return size
 
 
-def _check_model(path: Path, root: Path) -> None:
+def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
     """The upload must be one self-contained ONNX model that loads (normalises, passes the checker)."""
     import onnx
 
@@ -109,7 +142,11 @@ def _check_model(path: Path, root: Path) -> None:
                          f"upload: expected an ONNX model, got bytes that do not parse "
                          f"({type(exc).__name__}); nothing stored") from exc
     locations = external_locations(proto)
+    nodes = count_nodes(proto.graph)
     del proto
+    if max_nodes is not None and nodes > max_nodes:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"upload: expected at most {max_nodes} nodes (--max-nodes), got {nodes}; nothing stored")
     if locations:
         raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
                          f"upload: expected a self-contained model (no external data), got external-data "

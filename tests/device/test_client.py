@@ -327,9 +327,9 @@ def test_blocking_send_gets_its_full_timeout_after_an_inline_upload(tmp_path: Pa
             Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2, token=TOKEN)) as dev:
         put_model = s.put_model
 
-        def slow_put_model(chunks: Any) -> pb.PutModelReply:
+        def slow_put_model(chunks: Any, *rest: Any) -> pb.PutModelReply:
             time.sleep(2.5)  # longer than the call's timeout: the upload has its own
-            return put_model(chunks)
+            return put_model(chunks, *rest)
 
         s.put_model = slow_put_model  # type: ignore[method-assign]
         x = dev.random_inputs()

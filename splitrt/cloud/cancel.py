@@ -1,0 +1,171 @@
+"""Runs that end when they must: a tail run is terminated at its request's deadline, when its client
+goes away, when the server shuts down, and when the process goes over its memory budget.
+
+onnxruntime checks a run's ``RunOptions.terminate`` between kernels (also between a Loop's iterations),
+so setting it from another thread makes ``run`` raise soon after. Each run gets its own ``RunOptions``
+(``Run.options``); one watchdog thread sets it at the deadline (a heap of deadlines) and samples the
+process's RSS while anything runs. A model can still hold a worker inside one long kernel; ``splitrt
+serve`` then exits at the end of its drain anyway (``cli.serve``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from splitrt.cloud.common import RpcFailure, log_event
+
+# Deadlines further than this are clamped (gRPC reports ~9.2e18 s left for a call without one).
+_MAX_WAIT_S = 24 * 3600.0
+
+
+class CallToken:
+    """A call's cancellation (the client went away): the servicer fires it from gRPC's callback."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self._listeners: list[Callable[[], None]] = []
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            listeners, self._listeners = self._listeners, []
+        for fn in listeners:
+            fn()
+
+    def listen(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn`` on cancel (at once if already cancelled); returns how to stop listening."""
+        with self._lock:
+            if not self.cancelled:
+                self._listeners.append(fn)
+                return lambda: self._drop(fn)
+        fn()
+        return lambda: None
+
+    def _drop(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+
+class Run:
+    """One segment run: its ``RunOptions`` and why it was terminated (None: it was not)."""
+
+    def __init__(self, what: str, deadline: float, deadline_ms: float) -> None:
+        import onnxruntime as ort
+
+        self.options = ort.RunOptions()
+        self.options.log_severity_level = 4  # a terminated run is expected here, not an error to print
+        self.what = what
+        self.deadline = deadline
+        self.deadline_ms = deadline_ms
+        self.reason: tuple[grpc.StatusCode, str] | None = None
+        self.done = False
+
+    def terminate(self, code: grpc.StatusCode, message: str) -> None:
+        if self.reason is None and not self.done:
+            self.reason = (code, message)
+            self.options.terminate = True
+
+    def failure(self, exc: BaseException) -> RpcFailure:
+        """What an exception out of ``session.run`` means for the client."""
+        if self.reason is not None:
+            return RpcFailure(self.reason[0], f"{self.what}: {self.reason[1]}")
+        return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{self.what} failed on the given tensors: {exc}")
+
+
+class Canceller:
+    """Terminates runs at their deadline (one watchdog thread), on their call's cancel, at shutdown,
+    and over the memory budget (``rss_limit_bytes``: newest run first)."""
+
+    def __init__(self, *, rss_limit_bytes: int | None = None, rss: Callable[[], int] | None = None,
+                 period_s: float = 0.05) -> None:
+        self.rss_limit_bytes = rss_limit_bytes
+        self._rss = rss
+        self.period_s = period_s
+        self._lock = threading.Condition()
+        self._heap: list[tuple[float, int, Run]] = []
+        self._seq = itertools.count()
+        self._running: dict[int, Run] = {}
+        self._closed = False
+        self.terminated = 0
+        self._thread = threading.Thread(target=self._watch, name="splitrt-canceller", daemon=True)
+        self._thread.start()
+
+    def run(self, session: Any, outputs: list[str], feeds: dict[str, Any], *, what: str, deadline: float,
+            token: CallToken | None = None) -> list[Any]:
+        """``session.run`` that ends by ``deadline`` (``time.monotonic()``), on ``token``'s cancel and at
+        shutdown; RpcFailure DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then,
+        INVALID_ARGUMENT when the run itself fails."""
+        now = time.monotonic()
+        deadline = min(deadline, now + _MAX_WAIT_S)
+        run = Run(what, deadline, (deadline - now) * 1e3)
+        if self._closed:
+            raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"{what}: the server is shutting down")
+        seq = next(self._seq)
+        with self._lock:
+            heapq.heappush(self._heap, (deadline, seq, run))
+            self._running[seq] = run
+            self._lock.notify()
+        unlisten = token.listen(lambda: run.terminate(grpc.StatusCode.CANCELLED, "the client cancelled the call")) \
+            if token is not None else (lambda: None)
+        try:
+            if now >= deadline:
+                run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before it started")
+            return list(session.run(outputs, feeds, run.options))
+        except Exception as exc:  # onnxruntime's own exception types
+            raise run.failure(exc) from exc
+        finally:
+            run.done = True
+            unlisten()
+            with self._lock:
+                self._running.pop(seq, None)
+                if len(self._heap) > 2 * len(self._running) + 64:  # finished runs far from their deadline
+                    self._heap = [e for e in self._heap if not e[2].done]
+                    heapq.heapify(self._heap)
+            if run.reason is not None:
+                with self._lock:
+                    self.terminated += 1
+                log_event("run_terminated", what=what, code=run.reason[0].name, reason=run.reason[1])
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def cancel_all(self, code: grpc.StatusCode, message: str) -> int:
+        """Terminate every run (shutdown); later runs are refused."""
+        with self._lock:
+            self._closed = True
+            runs = list(self._running.values())
+            self._lock.notify()
+        for r in runs:
+            r.terminate(code, message)
+        return len(runs)
+
+    def _watch(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
+                    _, _, run = heapq.heappop(self._heap)
+                    if not run.done:
+                        run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                      f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated")
+                wait = self._heap[0][0] - now if self._heap else _MAX_WAIT_S
+                if self._running and self.rss_limit_bytes is not None:
+                    wait = min(wait, self.period_s)
+                self._lock.wait(timeout=max(0.001, min(wait, _MAX_WAIT_S)))
+                newest = max(self._running.items())[1] if self._running else None
+            if newest is not None and self.rss_limit_bytes is not None and self._rss is not None:
+                rss = self._rss()
+                if rss > self.rss_limit_bytes:
+                    newest.terminate(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     f"the server's memory reached {rss / 2**20:.0f} MB while it ran, expected at "
+                                     f"most {self.rss_limit_bytes / 2**20:.0f} MB (--max-memory-mb): terminated")

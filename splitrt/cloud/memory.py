@@ -1,0 +1,134 @@
+"""The server's memory budget: one ledger of the bytes it holds beyond its baseline.
+
+``--max-memory-mb`` is the process's budget (RSS). At start the ledger measures what the process
+already holds (the baseline: Python, onnxruntime, gRPC); what is left is shared by the cached tail
+sessions, the cached model graphs and the requests in flight. A cache entry or a request reserves its
+estimated bytes before it allocates them; when they do not fit, the caches evict their least recently
+used entries that no request is using, and if that is not enough the reservation is refused with
+RESOURCE_EXHAUSTED naming what it needed and what was free. Nothing waits for memory: a refused
+request is the client's to retry or finish locally.
+
+The figures are estimates (what each costs is measured once, below, and scaled): the ledger bounds
+what the server *decides* to hold, ``MemoryWatch`` checks the process's real RSS beside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import psutil
+
+from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.errors import ConfigError
+
+MB = 1 << 20
+#: ``splitrt serve``'s default: the Kubernetes manifest's limit (2 GiB) less 1/8 for what no estimate
+#: sees (allocator fragmentation, gRPC's buffers, thread stacks).
+DEFAULT_MAX_MEMORY_BYTES = 1792 * MB
+#: Largest peak activation memory one request may need (``--max-request-mb``).
+DEFAULT_MAX_REQUEST_BYTES = 256 * MB
+
+# A tail session's cost is its initializers' bytes x this factor + a fixed part, an estimate from the
+# segment before the session exists (an RSS delta at build would be wrong whenever two builds overlap or
+# the allocator reuses an evicted session's pages). Measured on resnet50 tails (onnxruntime 1.32, CPU EP,
+# arena off): RSS delta / initializer bytes 1.01-1.36 at inner cuts, 1.98 at the first build (one-time
+# set-up of the first session); 2.0 covers them all.
+SESSION_BYTES_FACTOR = 2.0
+SESSION_BYTES_FIXED = 8 * MB
+# A loaded ``ModelGraph`` (normalised proto + per-node Python objects): measured RSS delta of
+# ``graph.model.load`` + ``.cuts()`` is ~1.3 x the normalised proto's bytes for resnet50 (98 MB) and
+# ~3 KiB per node for a 10 000-node chain (0.2 MB file, 29 MB loaded); 4 KiB per node keeps cuts in.
+GRAPH_BYTES_FACTOR = 1.3
+GRAPH_BYTES_PER_NODE = 4 * 1024
+# Loading a model transiently holds several copies of its proto (parse, normalise, checker, shape
+# inference): the upload check peaked at 7 x the file's size.
+LOAD_PEAK_FACTOR = 7
+
+
+def session_bytes(initializer_bytes: int) -> int:
+    return int(initializer_bytes * SESSION_BYTES_FACTOR) + SESSION_BYTES_FIXED
+
+
+def graph_bytes(proto_bytes: int, nodes: int) -> int:
+    return int(proto_bytes * GRAPH_BYTES_FACTOR) + nodes * GRAPH_BYTES_PER_NODE
+
+
+def rss_bytes() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+class MemoryBudget:
+    """Bytes reserved against ``limit_bytes - baseline_bytes``; ``limit_bytes`` None: no limit (an
+    in-process server, whose process is not its own). Evictors free cache entries on demand."""
+
+    def __init__(self, limit_bytes: int | None, baseline_bytes: int = 0) -> None:
+        if limit_bytes is not None and limit_bytes <= baseline_bytes:
+            raise ConfigError(f"max_memory_bytes: expected more than the {baseline_bytes / MB:.0f} MB the process "
+                              f"holds at start, got {limit_bytes / MB:.0f} MB")
+        self.limit_bytes = limit_bytes
+        self.baseline_bytes = baseline_bytes
+        self._lock = threading.Lock()
+        self.used_bytes = 0
+        self.peak_bytes = 0
+        self.refused = 0
+        self._evictors: list[Callable[[int], int]] = []
+
+    @property
+    def available_bytes(self) -> float:
+        return float("inf") if self.limit_bytes is None else float(self.limit_bytes - self.baseline_bytes)
+
+    def add_evictor(self, evict: Callable[[int], int]) -> None:
+        """``evict(n)`` frees (``release``) at least ``n`` bytes of unused entries if it can; returns
+        what it freed."""
+        self._evictors.append(evict)
+
+    def try_reserve(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.used_bytes + nbytes > self.available_bytes:
+                return False
+            self.used_bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+            return True
+
+    def reserve(self, nbytes: int, what: str) -> int:
+        """Reserve ``nbytes`` (evicting unused cache entries if needed) or raise RESOURCE_EXHAUSTED."""
+        nbytes = max(0, int(nbytes))
+        for _ in range(4):  # evictions race with other reservations: retry a few times, then refuse
+            if self.try_reserve(nbytes):
+                return nbytes
+            with self._lock:
+                short = int(self.used_bytes + nbytes - self.available_bytes)
+            for evict in self._evictors:
+                if short <= 0:
+                    break
+                short -= evict(short)
+            if short > 0 and self.try_reserve(nbytes):
+                return nbytes
+            if short > 0:
+                break
+        with self._lock:
+            self.refused += 1
+            used = self.used_bytes
+        log_event("memory_refused", what=what, need_mb=round(nbytes / MB, 1), used_mb=round(used / MB, 1),
+                  budget_mb=round(self.available_bytes / MB, 1))
+        limit_mb = (self.limit_bytes or 0) / MB
+        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"{what}: needs ~{nbytes / MB:.0f} MB, expected at most the {self._free_mb(used):.0f} MB "
+                         f"free of the server's memory budget (--max-memory-mb {limit_mb:.0f}, "
+                         f"{self.baseline_bytes / MB:.0f} MB held at start, {used / MB:.0f} MB by requests in "
+                         "flight and sessions in use)")
+
+    def _free_mb(self, used: int) -> float:
+        return max(0.0, (self.available_bytes - used) / MB)
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.used_bytes = max(0, self.used_bytes - int(nbytes))
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"limit_bytes": self.limit_bytes, "baseline_bytes": self.baseline_bytes,
+                    "used_bytes": self.used_bytes, "peak_bytes": self.peak_bytes, "refused": self.refused}

@@ -1,0 +1,145 @@
+"""A request's peak activation memory, estimated from its segment's graph at the request's shapes.
+
+Tail segments are shape-generic: a free dimension (a batch, a sequence length) is bound by each
+request, and what a bound dimension costs is only known at its value (a 1.56 MB request binding
+sequence 6000 on an encoder needed 1.9 GB). Before a request runs, its input shapes are propagated
+through the segment (onnx shape inference with data propagation, on a *skeleton* of the segment: the
+graph with its large weights turned into inputs, so nothing big is copied), and the tensors are walked
+in the segment's order, each alive from its producer to its last consumer; the largest sum alive is the
+estimate. onnxruntime plans its buffers the same way (freed after the last use), so this is the memory
+the run needs give or take kernels' scratch space. A tensor whose size shape inference cannot tell (data
+dependent: NonZero, a Loop's outputs) counts 0 and is reported in ``Estimate.unknown``; those are bounded
+by the process's memory watch instead (``splitrt.cloud.cancel``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Initializers larger than this many elements become inputs of the skeleton (their values never
+# decide a shape; small ones, like Reshape's target, do and are kept).
+_KEEP_ELEMENTS = 1024
+_CACHE_ENTRIES = 32
+
+
+@dataclass(frozen=True)
+class Estimate:
+    peak_bytes: int
+    unknown: int  # tensors whose size could not be told
+
+
+def skeleton(model: Any) -> Any:
+    """The segment without its large weights' data (they become graph inputs of the same type)."""
+    import onnx
+    from onnx import helper
+
+    g = model.graph
+    skel = onnx.ModelProto()
+    skel.ir_version = model.ir_version
+    skel.opset_import.extend(model.opset_import)
+    sg = skel.graph
+    sg.name = g.name
+    sg.node.extend(g.node)
+    sg.input.extend(g.input)
+    for o in g.output:  # element type only: shapes come from the request's
+        sg.output.append(helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None))
+    for init in g.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) <= _KEEP_ELEMENTS:
+            sg.initializer.append(init)
+        else:
+            sg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return skel
+
+
+class PeakEstimator:
+    """Estimates per (segment, input shapes), the last few cached (a client's shapes rarely change)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], Estimate] = OrderedDict()
+
+    def estimate(self, segment: str, skel: Any, shapes: dict[str, tuple[int, ...]]) -> Estimate:
+        """``segment`` names the skeleton (model sha256 and cut) in the cache."""
+        key = (segment, tuple(sorted(shapes.items())))
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        est = peak_bytes(skel, shapes)
+        with self._lock:
+            self._cache[key] = est
+            while len(self._cache) > _CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return est
+
+
+def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]]) -> Estimate:
+    """Peak bytes of the activations (inputs included) of ``skel`` run at input ``shapes``."""
+    import onnx
+    from onnx import shape_inference
+
+    m = onnx.ModelProto()
+    m.CopyFrom(skel)
+    weights = {i.name for i in m.graph.initializer}
+    for vi in m.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[vi.name]:
+                dims.add().dim_value = int(d)
+    with contextlib.suppress(Exception):  # an inconsistent segment: onnxruntime says so when it runs
+        m = shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    sizes: dict[str, int | None] = {}
+    for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
+        sizes[vi.name] = _bytes(vi)
+    big_weights = {vi.name for vi in skel.graph.input} - set(shapes)
+    nodes = list(m.graph.node)
+    last: dict[str, int] = {}
+    for idx, n in enumerate(nodes):
+        for i in n.input:
+            last[i] = idx
+    outputs = {o.name for o in m.graph.output}
+    unknown = 0
+    live = {name: sizes.get(name) or 0 for name in shapes}
+    cur = sum(live.values())
+    peak = cur
+    for idx, n in enumerate(nodes):
+        for o in n.output:
+            if not o:
+                continue
+            size = sizes.get(o)
+            if size is None:
+                unknown += 1
+                size = 0
+            live[o] = size
+            cur += size
+        peak = max(peak, cur)
+        for i in set(n.input):
+            if i in live and last.get(i) == idx and i not in outputs and i not in weights and i not in big_weights:
+                cur -= live.pop(i)
+    return Estimate(peak_bytes=int(peak), unknown=unknown)
+
+
+def _bytes(vi: Any) -> int | None:
+    from onnx import helper
+
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    n = 1
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        n *= int(d.dim_value)
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
+    except Exception:  # strings and the like: a guess of 8 bytes per element
+        itemsize = 8
+    return n * itemsize

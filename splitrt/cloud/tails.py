@@ -23,7 +23,6 @@ from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.cloud.memory import MemoryBudget, session_bytes
 from splitrt.cloud.store import ModelStore
 from splitrt.errors import ConfigError, CutError
-from splitrt.transport import wire
 
 
 @dataclass
@@ -31,7 +30,8 @@ class Tail:
     """A ready tail session and what it expects."""
 
     session: Any
-    inputs: list[tuple[str, str, tuple[int | str | None, ...]]]
+    # (name, dtype, declared shape); shape None: the segment declares none (any rank), () a scalar.
+    inputs: list[tuple[str, str, tuple[int | str | None, ...] | None]]
     outputs: list[str]
     hits: int = 0
     # What the budget holds for it (estimated at build), and how many requests are running it now.
@@ -202,9 +202,8 @@ class TailCache:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                              f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
                              f"{str(exc)[:500]}") from exc
-        inputs: list[tuple[str, str, tuple[int | str | None, ...]]] = [
-            (i.name, wire.ort_dtype(i.type), tuple(d if isinstance(d, int) else None for d in i.shape))
-            for i in session.get_inputs()]
+        # From the segment, not the session: onnxruntime reports "no declared shape" as [], like a scalar.
+        inputs = partition.declared_inputs(segment.model)
         outputs = [o.name for o in session.get_outputs()]
         return Tail(session=session, inputs=inputs, outputs=outputs)
 

@@ -397,6 +397,11 @@ class Device:
     def run_head(self, inputs: Mapping[str, Any], cut: str) -> HeadResult:
         """Run the head of ``cut``; the result holds the tensors the tail needs."""
         feeds = self.check_inputs(inputs)
+        if cut == DEVICE_CUT:  # the whole model: no segments, and no tail afterwards
+            t0 = time.perf_counter()
+            values = self._local.full().run(list(self.output_names), feeds)
+            return HeadResult(cut_id=cut, crossing=dict(zip(self.output_names, values, strict=True)),
+                              head_ms=(time.perf_counter() - t0) * 1e3)
         cs = self._local.cut(cut)
         t0 = time.perf_counter()
         env: dict[str, np.ndarray] = dict(feeds)
@@ -407,7 +412,13 @@ class Device:
         return HeadResult(cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms)
 
     def finish_locally(self, head: HeadResult) -> SplitResult:
-        """Run the tail of ``head.cut_id`` here: the fallback when the cloud cannot."""
+        """Run the tail of ``head.cut_id`` here: the fallback when the cloud cannot. Cut ``device`` has no
+        tail: its head already holds the outputs (a 0-node tail would re-check them against the model's
+        declarations, which some models get wrong)."""
+        if head.cut_id == DEVICE_CUT:
+            return SplitResult(outputs={n: head.crossing[n] for n in self.output_names}, cut_id=DEVICE_CUT,
+                               codec="fp32", where="local", request_id=head.request_id, head_ms=head.head_ms,
+                               total_ms=head.head_ms)
         cs = self._local.cut(head.cut_id)
         t0 = time.perf_counter()
         values = self._local.tail(cs).run(list(cs.tail_outputs), head.crossing)
@@ -419,6 +430,9 @@ class Device:
 
     def warm(self, cut: str) -> None:
         """Build ``cut``'s head and tail sessions now, so switching to it later costs no session build."""
+        if cut == DEVICE_CUT:
+            self._local.full()
+            return
         cs = self._local.cut(cut)
         if cs.head_outputs:
             self._local.head(cs)

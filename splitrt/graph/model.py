@@ -272,6 +272,9 @@ def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] |
             count = int(np.prod(info.shape, dtype=np.int64))
             mg._tensors[t] = TensorInfo(t, info.dtype, info.shape, count * itemsize if itemsize > 0 else -1,
                                         info.source)
+            # Segments declare what crosses with its rank (no declaration reads as rank 0 in onnxruntime),
+            # and a graph output's declaration the measurement contradicts is corrected.
+            mg.generic[t] = shapes.declaration(t, mg.generic.get(t), info.shape)
     mg.inputs = [mg._tensors[i.name] for i in g.input]
     mg.outputs = [mg._tensors[o.name] for o in g.output]
     mg.node_flops = [_flops(n, mg._tensors) for n in mg.nodes]

@@ -34,6 +34,23 @@ class Segment:
     node_count: int
 
 
+Declared = tuple[int | str | None, ...] | None
+
+
+def declared_inputs(model: onnx.ModelProto) -> list[tuple[str, str, Declared]]:
+    """``(name, dtype, shape)`` of each graph input as the model declares it: ``shape`` is None when no
+    shape is declared (any rank), ``()`` for a scalar. onnxruntime reports both as ``[]``, so whoever
+    checks a request's tensors reads the declaration here, not from a session."""
+    out: list[tuple[str, str, Declared]] = []
+    for vi in model.graph.input:
+        tt = vi.type.tensor_type
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+        shape = (tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+                       for d in tt.shape.dim) if tt.HasField("shape") else None)
+        out.append((vi.name, dtype, shape))
+    return out
+
+
 def _graph_input_crossing(graph: ModelGraph) -> tuple[str, ...]:
     return tuple(t.name for t in graph.cut("cloud").tensors)
 

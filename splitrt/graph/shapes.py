@@ -257,8 +257,12 @@ def size_tensors(model: onnx.ModelProto, generic: Mapping[str, Shape | None], sh
     """Concrete dtype and shape of every graph input, node output and graph output at ``shapes``.
     ``generic``: what inference gave on the model as it is (a concrete shape there is ``static``)."""
     bound = with_input_shapes(model, shapes)
-    # Infer afresh: exporters leave stale value_info (paddle2onnx's -1 dims) that inference would keep.
+    # Infer afresh: exporters leave stale value_info (paddle2onnx's -1 dims) that inference would keep,
+    # and graph outputs may declare a shape their producer contradicts (an OCR model's [1, seqlen] for a
+    # [T, 1, C] tensor): clear both, keep the element types.
     del bound.graph.value_info[:]
+    for vi in bound.graph.output:
+        vi.type.tensor_type.ClearField("shape")
     try:
         bound = shape_inference.infer_shapes(bound, strict_mode=False, data_prop=True)
     except Exception as exc:
@@ -277,6 +281,17 @@ def size_tensors(model: onnx.ModelProto, generic: Mapping[str, Shape | None], sh
     if unknown:
         out.update(_measure(bound, unknown, shapes, sample, model_name=model_name))
     return out
+
+
+def declaration(name: str, declared: Sequence[Dim] | None, measured: Shape) -> tuple[Dim, ...]:
+    """What a segment declares for tensor ``name``: the model's declaration where the measured shape
+    agrees with it, else the measured rank with a generated symbol per dim the declaration does not
+    give or contradicts. A measured size stands for one binding only, so it never becomes a fixed dim:
+    the segment keeps serving every shape the model does."""
+    if declared is not None and len(declared) == len(measured):
+        return tuple(f"{name}:{i}" if isinstance(d, int) and d != m else d
+                     for i, (d, m) in enumerate(zip(declared, measured, strict=True)))
+    return tuple(f"{name}:{i}" for i in range(len(measured)))
 
 
 def valid_inputs(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Shape],

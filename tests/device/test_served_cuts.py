@@ -49,10 +49,13 @@ class Case:
     feeds: Callable[[graph.ModelGraph, shapes.ShapeBinding], dict[str, np.ndarray]] | None = None
 
 
+def _bind(flags: tuple[str, ...], sample: dict[str, np.ndarray]) -> shapes.ShapeBinding:
+    return shapes.binding_from(flags) if flags else shapes.ShapeBinding(sample=sample)
+
+
 def _real(name: str) -> Case:
     m = REAL[name]
-    bind = (lambda flags, sample: shapes.binding_from(flags) if flags else shapes.ShapeBinding(sample=sample))
-    return Case(name, lambda: fetch(m), bind(m.shapes_a, m.sample_a), bind(m.shapes_b, m.sample_b),
+    return Case(name, lambda: fetch(m), _bind(m.shapes_a, m.sample_a), _bind(m.shapes_b, m.sample_b),
                 (lambda mg, b: _text_image(shapes.resolve(mg.path.name, list(mg.model.graph.input), b)["x"]))
                 if name == "ocr_det" else None)
 

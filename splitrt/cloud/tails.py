@@ -203,7 +203,9 @@ class TailCache:
                              f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
                              f"{str(exc)[:500]}") from exc
         # From the segment, not the session: onnxruntime reports "no declared shape" as [], like a scalar.
-        inputs = partition.declared_inputs(segment.model)
+        from splitrt.graph import partition
+
+        inputs = partition.declared_inputs(model)
         outputs = [o.name for o in session.get_outputs()]
         return Tail(session=session, inputs=inputs, outputs=outputs)
 

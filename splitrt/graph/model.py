@@ -24,6 +24,7 @@ from onnx import helper, numpy_helper, shape_inference
 
 from splitrt.errors import CutError, ModelError
 from splitrt.graph import shapes
+from splitrt.graph.flops import node_flops
 from splitrt.graph.shapes import ShapeBinding
 
 MIN_OPSET = 9
@@ -569,25 +570,8 @@ def _numel(t: TensorInfo | None) -> int:
 
 
 def _flops(node: onnx.NodeProto, tensors: dict[str, TensorInfo]) -> float:
-    """Multiply-adds x 2 for the ops that dominate CNN/transformer cost; 0 for the rest."""
-    out = tensors.get(node.output[0]) if node.output else None
-    if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1:
-        w = tensors.get(node.input[1])
-        if w is None or w.shape is None:
-            return 0.0
-        # Weight [Cout, Cin/groups, k...]: each output element costs prod(w.shape[1:]) MACs.
-        per_out = int(np.prod([d for d in w.shape[1:] if isinstance(d, int)]))
-        return 2.0 * _numel(out) * per_out
-    if node.op_type in ("Gemm", "MatMul") and node.input:
-        a = tensors.get(node.input[0])
-        if a is None or a.shape is None or not a.shape:
-            return 0.0
-        k = a.shape[-1]
-        if node.op_type == "Gemm":
-            trans_a = any(at.name == "transA" and at.i for at in node.attribute)
-            k = a.shape[0] if trans_a else a.shape[-1]
-        return 2.0 * _numel(out) * (k if isinstance(k, int) else 1)
-    return 0.0
+    """The node's FLOPs (``splitrt.graph.flops``) at the tensors' current shapes."""
+    return node_flops(node, lambda name: t.shape if (t := tensors.get(name)) is not None else None)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -8,23 +8,22 @@ every cut's exact crossing bytes and head/tail FLOPs at B in milliseconds. The s
 - ``bytes`` and ``float_bytes`` (and ``reply_bytes``) are B's own: exact, not scaled;
 - ``head_ms[c] = head_ms_A[c] × head_flops_B[c] / head_flops_A[c]``, ``tail_ms`` likewise with the
   tail's FLOPs: time taken as proportional to FLOPs, per side of each cut;
-- a side with no FLOPs at A (a head of only elementwise ops before the first Conv, the empty tail of
+- a side with no FLOPs at A (a head of only data movement, the empty tail of
   ``device``) scales by the whole model's FLOPs ratio instead; a model with no counted FLOPs at all
-  (no Conv/Gemm/MatMul) by the ratio of its input bytes, the ``cloud`` cut's;
+  (only data movement) by the ratio of its input bytes, the ``cloud`` cut's;
 - ``fixed_ms`` (default 0) is held out of the scaling on each side: the per-``run()`` cost of a
   session, which does not grow with the tensors.
 
-Limits. FLOPs count only Conv/Gemm/MatMul (``graph.model._flops``): elementwise ops, softmax, resizes
-and memory traffic are assumed to grow like them, which holds for CNNs on spatial dims but not exactly
-for attention (softmax grows with seq², layer norms with seq). Per-op efficiency changes with the shape:
-small tensors under-use the cores and vector units, large ones fall out of cache, so time is not linear
-in FLOPs. The fixed per-run overhead does not scale, and neither does each node's own fixed cost (kernel
-dispatch, allocation): when the shape costs carry node counts, ``scale_table`` fits ``ms ≈ node_ms ×
-nodes + ms_per_flop × FLOPs`` per side over the profile's cuts and scales only the second term. In
-practice (``bench/bench_shapes.py``, 2-core x86, load ~1.4): yolo_tiny 320² -> 640² whole-model error
-2-9 % (77 % unscaled), the same plans as a real profile at 640²; bert_tiny seq 16 -> 128 ~30 % (90 % with
-FLOPs alone, 66 % unscaled). The result is a prior for the controller, as good as the shapes are close
-and the profile steady; re-profile at a shape that matters.
+Limits. FLOPs (``splitrt.graph.flops``) count arithmetic, not memory traffic, which is assumed to grow
+like them: it holds for CNNs on spatial dims, less exactly for attention. Per-op efficiency changes with
+the shape: small tensors under-use the cores and vector units, large ones fall out of cache, so time is
+not linear in FLOPs. The fixed per-run overhead does not scale, and neither does each node's own fixed
+cost (kernel dispatch, allocation): when the shape costs carry node counts, ``scale_table`` fits ``ms ≈
+node_ms × nodes + ms_per_flop × FLOPs`` per side over the profile's cuts and scales only the second
+term. In practice (``bench/bench_shapes.py``, 2-core x86, load ~1.4): yolo_tiny 320² -> 640² whole-model
+error 2-9 % (77 % unscaled), the same plans as a real profile at 640²; bert_tiny seq 16 -> 128 ~30 %
+(90 % with FLOPs alone, 66 % unscaled). The result is a prior for the controller, as good as the shapes are
+close and the profile steady; re-profile at a shape that matters.
 """
 
 from __future__ import annotations

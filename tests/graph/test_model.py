@@ -216,8 +216,9 @@ def test_external_data_model(tmp_path: Path) -> None:
 
 def test_flops_of_a_conv_are_counted() -> None:
     mg = graph.load(zoo.get("tiny_chain"))
-    # Conv1: out 1x8x32x32, each output 3*3*3 MACs; Conv2: out 1x16x16x16, 8*3*3 MACs; Gemm 16x10.
-    expected = 2 * (8 * 32 * 32 * 27 + 16 * 16 * 16 * 72 + 10 * 16)
+    # Conv1: out 1x8x32x32, each output 3*3*3 MACs; Conv2: out 1x16x16x16, 8*3*3 MACs; Gemm 16x10; one FLOP
+    # per element for each Relu (8x32x32, 16x16x16) and for the pool's input (16x16x16).
+    expected = 2 * (8 * 32 * 32 * 27 + 16 * 16 * 16 * 72 + 10 * 16) + 8 * 32 * 32 + 2 * 16 * 16 * 16
     assert mg.flops == pytest.approx(expected)
 
 

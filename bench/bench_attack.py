@@ -1,0 +1,1337 @@
+"""Issue 23's acceptance: the cloud server against hostile and careless clients.
+
+    .venv/bin/python bench/bench_attack.py [--quick] [--rows NAME,NAME] [--json]
+
+Every row starts its own ``splitrt serve --workers 2 --token-file F --allow-upload --drain-s D`` child on
+127.0.0.1 (the shipped Kubernetes settings; ``--max-memory-mb``, ``--max-store-mb`` and ``--max-models``
+are passed when this server has them) with a soft file-descriptor limit of 1024 (systemd's default), then:
+
+1. baseline: a legit client (a valid token, one connection) sends squeezenet at a fixed middle cut every
+   100 ms with a 5 s deadline; a second one sends the same request without a deadline every 250 ms; once
+   a second a new connection asks health Check and Status (a device that connects now);
+2. the attack runs (the same legit clients go on) for ``--attack-s`` seconds, then stops;
+3. recovery: seconds until three legit requests in a row succeed within max(3 x baseline p99, +50 ms);
+4. the attack is armed again and the server gets SIGTERM: seconds until it exits (a server still alive at
+   drain + 6 s is reported ``hung`` and killed).
+
+Phases: baseline 2 s, attack 4 s (the slow uploads 8-15 s), recovery at most 6 s, ``--drain-s 2``; about
+5 minutes in all. ``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``).
+
+A sampler reads the server's RSS (psutil) every 50 ms; a server above ``--hard-cap-mb`` is killed (this
+host is shared) and the row reports it. Lost: a call that ended UNKNOWN, INTERNAL, CANCELLED or never
+(no answer within the row), with a deadline and without (the careless clients' calls count without).
+
+Rows (``--rows`` picks some): ``watch`` 64 health Watch streams (no token); ``partial_body`` 64 unary
+calls whose body never finishes (raw HTTP/2: HEADERS and part of a DATA frame, no token); ``idle_stream``
+64 idle InferStream calls (token); ``stalled_upload`` 64 uploads that stop after one chunk (token);
+``idle_conns`` 1100 idle HTTP/2 connections (preface + SETTINGS, then nothing); ``resnet_cuts`` 4 clients
+naming every resnet50 cut in turn (no tensors: the tail is built, then the request refused);
+``free_dim`` bert_tiny bound to sequence 6000; ``probes`` 8 x 64 MiB Probes in flight; ``nodl_unary``
+8 plain gRPC clients without a deadline; ``nodl_stream`` the documented ``Device.stream()`` (no deadline)
+beside 4 of those; uploaded hostile models (token): ``loop`` a Loop with trip count 2^62 (then Infer),
+``const_shape`` ConstantOfShape of 2 GiB, ``chain`` a 60 000-node chain, ``upload_burst`` 100 distinct
+4 MiB models; ``token_guess`` 4 clients guessing tokens (guesses answered per second, log growth).
+
+Targets, per row: 0 legit failures, legit p99 <= 3x its baseline, peak RSS <= the memory budget, 0
+requests lost, SIGTERM exit within drain + 5 s; ``upload_burst``: store <= 256 MB; ``token_guess``:
+<= 50 guesses answered UNAUTHENTICATED per second and <= 100 MB of log a day. Progress on stderr;
+``--json`` prints one JSON document; the load average is printed beside the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import resource
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import psutil
+from grpc_health.v1 import health_pb2
+from onnx import TensorProto, helper, numpy_helper
+
+from splitrt.cli.tables import render
+from splitrt.graph import zoo
+from splitrt.transport import codec, wire
+from splitrt.transport import splitrt_pb2 as pb
+
+TOKEN = "bench-attack-" + hashlib.sha256(b"bench-attack").hexdigest()[:32]
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+SERVICE = f"/{wire.SERVICE_NAME}"
+HEALTH = "/grpc.health.v1.Health"
+LEGIT_MODEL = "squeezenet"
+LOST_CODES = {"UNKNOWN", "INTERNAL", "CANCELLED", "HUNG"}
+SERVER_NOFILE = 1024  # systemd's default soft limit: what the shipped unit gave the server
+STORE_CAP_MB = 256
+MAX_MODELS = 64
+GUESS_RATE_MAX = 50.0
+LOG_MB_DAY_MAX = 100.0
+
+
+def _progress(msg: str) -> None:
+    print(f"[attack] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _code(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
+        code = exc.code()
+        return code.name if code is not None else "UNKNOWN"
+    if isinstance(getattr(exc, "code", None), str):  # splitrt's CloudError carries the gRPC code's name
+        return str(exc.code)  # type: ignore[attr-defined]
+    return f"client:{type(exc).__name__}"
+
+
+def _channel(address: str) -> grpc.Channel:
+    """A channel of its own (its own TCP connection: no subchannel shared with other channels)."""
+    mb = 128 * 2**20
+    return grpc.insecure_channel(address, options=[("grpc.max_send_message_length", mb),
+                                                   ("grpc.max_receive_message_length", mb),
+                                                   ("grpc.use_local_subchannel_pool", 1)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    baseline_s: float = 4.0
+    attack_s: float = 8.0
+    recover_cap_s: float = 10.0
+    drain_s: float = 3.0
+    budget_mb: float = 1024.0
+    hard_cap_mb: float = 3072.0
+    quick: bool = False
+
+
+# -- the server ---------------------------------------------------------------------------------------
+
+
+def server_flags() -> set[str]:
+    """The ``--flags`` this ``splitrt serve`` knows (the memory and store limits are new in issue 23)."""
+    out = subprocess.run([sys.executable, "-m", "splitrt.cli", "serve", "--help"], capture_output=True,
+                         text=True, timeout=120, env=_env()).stdout
+    return {w.rstrip(",=").split("=")[0] for w in out.split() if w.startswith("--")}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+class Server:
+    """``splitrt serve`` in a child process; a sampler keeps its peak RSS and kills it above the cap."""
+
+    def __init__(self, store: Path, token_file: Path, log_path: Path, settings: Settings, flags: set[str]) -> None:
+        self.store, self.token_file, self.log_path, self.s = store, token_file, log_path, settings
+        self.port = _free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.peak_rss_mb = 0.0
+        self.killed_at_cap = False
+        self._stop = threading.Event()
+        self.budget_flag = "--max-memory-mb" in flags
+        argv = [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(store), "--port", str(self.port),
+                "--token-file", str(token_file), "--allow-upload", "--workers", "2",
+                "--drain-s", f"{settings.drain_s:g}"]
+        if self.budget_flag:
+            argv += ["--max-memory-mb", f"{settings.budget_mb:g}"]
+        if "--max-store-mb" in flags:
+            argv += ["--max-store-mb", str(STORE_CAP_MB)]
+        if "--max-models" in flags:
+            argv += ["--max-models", str(MAX_MODELS)]
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        limit = SERVER_NOFILE if hard == resource.RLIM_INFINITY else min(SERVER_NOFILE, hard)
+        prlimit = shutil.which("prlimit")
+        self.argv = ([prlimit, f"--nofile={limit}:{'unlimited' if hard == resource.RLIM_INFINITY else hard}", "--"]
+                     if prlimit else []) + argv
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, env=_env())
+        threading.Thread(target=self._sample, daemon=True).start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise SystemExit("server did not listen within 90 s")
+
+    def _sample(self) -> None:
+        assert self.proc is not None
+        try:
+            p = psutil.Process(self.proc.pid)
+            while not self._stop.is_set() and self.proc.poll() is None:
+                mb = p.memory_info().rss / 2**20
+                self.peak_rss_mb = max(self.peak_rss_mb, mb)
+                if mb > self.s.hard_cap_mb:
+                    self.killed_at_cap = True
+                    _progress(f"server RSS {mb:.0f} MiB above the hard cap {self.s.hard_cap_mb:g}: SIGKILL")
+                    self.proc.kill()
+                    return
+                time.sleep(0.05)
+        except psutil.Error:
+            return
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_bytes(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def sigterm(self) -> float | None:
+        """Seconds from SIGTERM to exit; None when it was still alive at drain + 6 s (then killed)."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return None
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(self.s.drain_s + 6)
+            return time.monotonic() - t0
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+        finally:
+            self._stop.set()
+
+    def kill(self) -> None:
+        self._stop.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -- requests -----------------------------------------------------------------------------------------
+
+
+def legit_request() -> tuple[bytes, str]:
+    """A valid InferRequest for squeezenet at its middle cut (random input), and the cut id."""
+    from splitrt.device.client import Device, DeviceConfig
+
+    with Device(zoo.get(LEGIT_MODEL), None, config=DeviceConfig(token=TOKEN, upload=False)) as dev:
+        cuts = [c.id for c in dev.graph.cuts()]
+        cut = cuts[len(cuts) // 2]
+        head = dev.run_head(dev.random_inputs(), cut)
+        framed = dev._request(head, codec.Codec.parse("fp32"))[0]
+        return framed.to_message().SerializeToString(), cut
+
+
+def infer_bytes(sha256: str, cut: str, tensors: dict[str, np.ndarray], request_id: str = "bench-attack") -> bytes:
+    header = pb.InferRequest(model_sha256=sha256, cut_id=cut, codec="fp32", request_id=request_id,
+                             output_codec="fp32")
+    enc = [codec.encode(n, a, "fp32") for n, a in tensors.items()]
+    return bytes(wire.Framed(header=header, tensors=enc).to_message().SerializeToString())
+
+
+def _infer(ch: grpc.Channel) -> Any:
+    return ch.unary_unary(f"{SERVICE}/Infer")
+
+
+def upload(address: str, data: bytes, name: str, timeout_s: float = 60.0) -> str:
+    """PutModel ``data`` with the token; the status code name."""
+    sha = hashlib.sha256(data).hexdigest()
+    step = 1 << 20
+    chunks = [pb.ModelChunk(sha256=sha, name=name, total_bytes=len(data), data=data[i:i + step]).SerializeToString()
+              for i in range(0, max(1, len(data)), step)]
+    with _channel(address) as ch:
+        try:
+            ch.stream_unary(f"{SERVICE}/PutModel")(iter(chunks), timeout=timeout_s, metadata=AUTH)
+            return "OK"
+        except Exception as exc:
+            return _code(exc)
+
+
+@dataclass
+class Call:
+    kind: str  # dl (deadline), nodl, fresh (a new connection), attack (a careless client's own call)
+    t: float
+    ms: float = -1.0
+    code: str = "PENDING"
+
+
+class Outstanding:
+    """Calls without a deadline: futures whose end is recorded; ``settle`` cancels the ones still open
+    (they count as HUNG: lost)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: list[tuple[Call, Any]] = []
+        self.calls: list[Call] = []
+
+    def submit(self, kind: str, fn: Callable[..., Any], payload: bytes) -> tuple[Call, Any]:
+        call = Call(kind, time.monotonic())
+        fut = fn.future(payload, metadata=AUTH)  # type: ignore[attr-defined]
+
+        def done(f: Any) -> None:
+            code = "OK"
+            if f.cancelled():
+                code = "HUNG" if call.code == "SETTLING" else "CANCELLED"
+            else:
+                exc = f.exception()
+                if exc is not None:
+                    code = _code(exc)
+            call.ms = (time.monotonic() - call.t) * 1e3
+            call.code = code
+
+        with self.lock:
+            self.calls.append(call)
+            self.open.append((call, fut))
+        fut.add_done_callback(done)
+        return call, fut
+
+    def settle(self, wait_s: float) -> None:
+        end = time.monotonic() + wait_s
+        with self.lock:
+            open_ = list(self.open)
+        for call, fut in open_:
+            with contextlib.suppress(Exception):
+                fut.result(timeout=max(0.0, end - time.monotonic()))
+            if not fut.done():
+                call.code = "SETTLING"
+                fut.cancel()
+                call.code = "HUNG"
+
+
+class Legit:
+    """The legit clients: deadline calls every 100 ms, no-deadline calls every 250 ms, a new connection
+    (health Check and Status) every second."""
+
+    def __init__(self, address: str, request: bytes) -> None:
+        self.address, self.request = address, request
+        self.calls: list[Call] = []
+        self.nodl = Outstanding()
+        self.stop_ev = threading.Event()
+        self.ch_dl = _channel(address)
+        self.ch_nodl = _channel(address)
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._dl, self._nodl, self._fresh)]
+
+    def warm(self, timeout_s: float = 120.0) -> None:
+        end = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < end:
+            try:
+                _infer(self.ch_dl)(self.request, timeout=30, metadata=AUTH)
+                return
+            except Exception as exc:
+                last = _code(exc)
+                time.sleep(0.5)
+        raise SystemExit(f"the legit request never succeeded: {last}")
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _dl(self) -> None:
+        fn = _infer(self.ch_dl)
+        while not self.stop_ev.is_set():
+            call = Call("dl", time.monotonic())
+            try:
+                fn(self.request, timeout=5.0, metadata=AUTH)
+                call.code = "OK"
+            except Exception as exc:
+                call.code = _code(exc)
+            call.ms = (time.monotonic() - call.t) * 1e3
+            self.calls.append(call)
+            self.stop_ev.wait(max(0.0, 0.1 - call.ms / 1e3))
+
+    def _nodl(self) -> None:
+        fn = _infer(self.ch_nodl)
+        while not self.stop_ev.wait(0.25):
+            self.nodl.submit("nodl", fn, self.request)
+
+    def _fresh(self) -> None:
+        check = health_pb2.HealthCheckRequest(service="").SerializeToString()
+        while not self.stop_ev.wait(1.0):
+            call = Call("fresh", time.monotonic())
+            try:
+                with _channel(self.address) as ch:
+                    ch.unary_unary(f"{HEALTH}/Check")(check, timeout=3.0)
+                    ch.unary_unary(f"{SERVICE}/Status")(b"", timeout=3.0, metadata=AUTH)
+                call.code = "OK"
+            except Exception as exc:
+                call.code = _code(exc)
+            call.ms = (time.monotonic() - call.t) * 1e3
+            self.calls.append(call)
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        for t in self.threads:
+            t.join(10)
+        self.ch_dl.close()
+        self.ch_nodl.close()
+
+    def all_calls(self) -> list[Call]:
+        return self.calls + self.nodl.calls
+
+
+# -- the attacker's own address --------------------------------------------------------------------------
+
+ATTACKER_IP = "127.0.0.2"  # loopback too; the server sees a peer other than the legit clients' 127.0.0.1
+
+
+class Proxy:
+    """A TCP forwarder on 127.0.0.1 whose connections reach the server from ``ATTACKER_IP``: the attack's
+    gRPC channels go through it, so per-peer limits tell the attacker from the legit clients, as they
+    would on a network."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(512)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.socks: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.socket()
+                upstream.bind((ATTACKER_IP, 0))
+                upstream.connect(self.target)
+            except OSError:
+                if self.closed:
+                    return
+                with contextlib.suppress(OSError, UnboundLocalError):
+                    client.close()
+                continue
+            with self.lock:
+                self.socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for x in (src, dst):
+            with contextlib.suppress(OSError):
+                x.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+        with self.lock:
+            for x in self.socks:
+                with contextlib.suppress(OSError):
+                    x.close()
+            self.socks = []
+
+
+# -- raw HTTP/2 ----------------------------------------------------------------------------------------
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def _hpack_literal(name: str, value: str) -> bytes:
+    n, v = name.encode(), value.encode()
+    assert len(n) < 127 and len(v) < 127
+    return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
+
+
+def grpc_headers(path: str, authority: str) -> bytes:
+    fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", authority),
+              ("content-type", "application/grpc"), ("te", "trailers")]
+    return b"".join(_hpack_literal(k, v) for k, v in fields)
+
+
+class H2Pool:
+    """Raw HTTP/2 connections that answer the server's SETTINGS and PINGs (so they are not dropped for
+    that) and otherwise do what the attack says: nothing (idle), or a unary call whose body stops."""
+
+    def __init__(self) -> None:
+        self.socks: list[socket.socket] = []
+        self.closed = 0
+        self.connect_failed = 0
+        self.sel = selectors.DefaultSelector()
+        self.bufs: dict[int, bytes] = {}
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.lock = threading.Lock()
+
+    def open(self, address: str, n: int, partial_body: bool, time_limit_s: float) -> None:
+        host, port = address.rsplit(":", 1)
+        end = time.monotonic() + time_limit_s
+        for _ in range(n):
+            if time.monotonic() > end:
+                break
+            s = socket.socket()
+            try:
+                s.settimeout(2.0)
+                s.bind((ATTACKER_IP, 0))
+                s.connect((host, int(port)))
+                s.sendall(PREFACE + h2_frame(4, 0, 0))
+                if partial_body:
+                    s.sendall(h2_frame(1, 0x4, 1, grpc_headers(f"{SERVICE}/Infer", address)))
+                    # A gRPC message that announces 100 000 bytes; 10 come.
+                    s.sendall(h2_frame(0, 0, 1, b"\x00" + struct.pack(">I", 100_000) + bytes(10)))
+                s.setblocking(False)
+            except OSError:
+                s.close()
+                self.connect_failed += 1
+                continue
+            with self.lock:
+                self.socks.append(s)
+                self.bufs[s.fileno()] = b""
+                self.sel.register(s, selectors.EVENT_READ)
+
+    def _read(self) -> None:
+        while not self.stop_ev.is_set():
+            with self.lock:
+                registered = bool(self.bufs)
+            if not registered:
+                time.sleep(0.05)
+                continue
+            for key, _ in self.sel.select(0.1):
+                s: socket.socket = key.fileobj  # type: ignore[assignment]
+                try:
+                    data = s.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    self._drop(s)
+                    continue
+                self._frames(s, self.bufs.get(s.fileno(), b"") + data)
+
+    def _frames(self, s: socket.socket, buf: bytes) -> None:
+        while len(buf) >= 9:
+            length = int.from_bytes(buf[:3], "big")
+            if len(buf) < 9 + length:
+                break
+            kind, flags, payload = buf[3], buf[4], buf[9:9 + length]
+            buf = buf[9 + length:]
+            try:
+                if kind == 4 and not flags & 1:
+                    s.send(h2_frame(4, 1, 0))
+                elif kind == 6 and not flags & 1:
+                    s.send(h2_frame(6, 1, 0, payload))
+                elif kind in (3, 7):  # RST_STREAM, GOAWAY: the server let go of us
+                    self._drop(s)
+                    return
+            except OSError:
+                self._drop(s)
+                return
+        self.bufs[s.fileno()] = buf
+
+    def _drop(self, s: socket.socket) -> None:
+        with self.lock:
+            if s.fileno() in self.bufs:
+                self.bufs.pop(s.fileno())
+                self.sel.unregister(s)
+                self.closed += 1
+        s.close()
+
+    def held(self) -> int:
+        with self.lock:
+            return len(self.bufs)
+
+    def close(self) -> None:
+        self.stop_ev.set()
+        self.thread.join(5)
+        with self.lock:
+            for s in self.socks:
+                s.close()
+            self.bufs.clear()
+
+
+# -- attacks -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ctx:
+    address: str  # the attacker's way in: the proxy from ATTACKER_IP
+    server_address: str
+    settings: Settings
+    server: Server
+    legit_request: bytes
+    legit_cut: str
+    store: Path
+    shas: dict[str, str] = field(default_factory=dict)
+
+
+class Attack:
+    name = ""
+    what = ""
+    models: tuple[str, ...] = ()
+    # Seconds this attack needs to take hold (an upload that is checked for long, 100 uploads).
+    min_attack_s = 0.0
+
+    def __init__(self) -> None:
+        self.stop_ev = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.notes: dict[str, Any] = {}
+        self.own = Outstanding()  # a careless client's own calls without a deadline (they count as lost)
+
+    def start(self, ctx: Ctx) -> None:
+        self.stop_ev.clear()
+        self.arm(ctx)
+
+    def arm(self, ctx: Ctx) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        self.own.settle(2.0)  # a careless call still open now never ends by itself: HUNG (lost)
+        for t in self.threads:
+            t.join(15)
+        self.threads = []
+        self.disarm()
+
+    def disarm(self) -> None:
+        pass
+
+    def spawn(self, fn: Callable[[], None], n: int = 1) -> None:
+        for _ in range(n):
+            t = threading.Thread(target=fn, daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
+        return []
+
+    def lost_extra(self) -> int:
+        """Requests of this attack's careless clients lost beyond ``own`` (stream frames)."""
+        return 0
+
+    def finished(self) -> bool:
+        """An attack with an end (the upload burst) ends the attack phase early (after ``attack_s``)."""
+        return False
+
+
+class HeldCalls(Attack):
+    """N gRPC calls held open (health Watch, idle InferStream, stalled PutModel) over 8 connections; a call
+    the server ends or refuses is opened again (every 0.25 s), as an attacker would."""
+
+    def __init__(self, name: str, method: str, n: int) -> None:
+        super().__init__()
+        self.name, self.method, self.n = name, method, n
+        token = "no token" if method == "Watch" else "token"
+        self.what = {"Watch": f"{n} health Watch streams ({token})", "InferStream": f"{n} idle InferStream calls "
+                     f"({token})", "PutModel": f"{n} uploads stalled after 1 chunk ({token})"}[method]
+        self.chans: list[grpc.Channel] = []
+        self.calls: list[Any] = []
+        self.release = threading.Event()
+        self.ended: Counter[str] = Counter()
+
+    def _blocked(self, first: bytes | None) -> Iterator[bytes]:
+        if first is not None:
+            yield first
+        self.release.wait(600)
+
+    def _open(self, ch: grpc.Channel) -> Any:
+        if self.method == "Watch":
+            req = health_pb2.HealthCheckRequest(service="").SerializeToString()
+            return ch.unary_stream(f"{HEALTH}/Watch")(req)
+        if self.method == "InferStream":
+            return ch.stream_stream(f"{SERVICE}/InferStream")(self._blocked(None), metadata=AUTH)
+        first = pb.ModelChunk(sha256="ab" * 32, name="stalled.onnx", total_bytes=8 << 20,
+                              data=bytes(1 << 16)).SerializeToString()
+        return ch.stream_unary(f"{SERVICE}/PutModel").future(self._blocked(first), metadata=AUTH)
+
+    def arm(self, ctx: Ctx) -> None:
+        self.release.clear()
+        self.ended.clear()
+        self.chans = [_channel(ctx.address) for _ in range(8)]
+        self.calls = [self._open(self.chans[i % 8]) for i in range(self.n)]
+
+        def keep() -> None:
+            while not self.stop_ev.wait(0.25):
+                for i, call in enumerate(self.calls):
+                    if call.done():
+                        try:
+                            self.ended[call.code().name] += 1
+                        except Exception:
+                            self.ended["?"] += 1
+                        self.calls[i] = self._open(self.chans[i % 8])
+
+        self.spawn(keep)
+
+    def disarm(self) -> None:
+        self.notes.setdefault("ended_by_server", dict(self.ended))
+        self.notes.setdefault("held_at_stop", sum(1 for c in self.calls if not c.done()))
+        self.release.set()
+        for c in self.calls:
+            c.cancel()
+        for ch in self.chans:
+            ch.close()
+        self.calls, self.chans = [], []
+
+
+class RawH2(Attack):
+    """Raw HTTP/2: idle connections, or unary calls whose body never finishes (one per connection); what
+    the server drops is opened again (every 0.5 s)."""
+
+    def __init__(self, name: str, n: int, partial_body: bool) -> None:
+        super().__init__()
+        self.name, self.n, self.partial = name, n, partial_body
+        self.what = (f"{n} unary calls, body never finishes (no token)" if partial_body
+                     else f"{n} idle HTTP/2 connections")
+        self.pool: H2Pool | None = None
+
+    def arm(self, ctx: Ctx) -> None:
+        pool = self.pool = H2Pool()
+        pool.thread.start()
+        pool.open(ctx.server_address, self.n, self.partial, time_limit_s=20.0)
+        self.notes.setdefault("opened", len(pool.socks))
+
+        def keep() -> None:
+            while not self.stop_ev.wait(0.5):
+                pool.open(ctx.server_address, self.n - pool.held(), self.partial, time_limit_s=2.0)
+
+        self.spawn(keep)
+
+    def disarm(self) -> None:
+        if self.pool is not None:
+            self.notes.setdefault("dropped_by_server", self.pool.closed)
+            self.notes.setdefault("held_at_stop", self.pool.held())
+            self.notes.setdefault("connect_failed", self.pool.connect_failed)
+            self.pool.close()
+            self.pool = None
+
+
+class Flood(Attack):
+    """``threads`` clients, each sending ``make(i)`` in a loop until stopped (every call time-limited)."""
+
+    def __init__(self, name: str, what: str, threads: int, models: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.name, self.what, self.n_threads, self.models = name, what, threads, models
+        self.codes: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        self.sent = 0
+
+    def prepare(self, ctx: Ctx) -> None:
+        pass
+
+    def one(self, ch: grpc.Channel, i: int) -> str:
+        raise NotImplementedError
+
+    def arm(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.codes.clear()
+        self.prepare(ctx)
+
+        def loop() -> None:
+            with _channel(ctx.address) as ch:
+                while not self.stop_ev.is_set():
+                    with self.lock:
+                        i = self.sent
+                        self.sent += 1
+                    code = self.one(ch, i)
+                    with self.lock:
+                        self.codes[code] += 1
+                    if code == "UNAVAILABLE":  # the server is gone (SIGTERM): no busy loop
+                        self.stop_ev.wait(0.05)
+
+        self.spawn(loop, self.n_threads)
+
+    def disarm(self) -> None:
+        self.notes.setdefault("codes", dict(self.codes))  # the attack's; not the re-arm's for SIGTERM
+
+
+class ResnetCuts(Flood):
+    def __init__(self) -> None:
+        super().__init__("resnet_cuts", "4 clients naming every resnet50 cut in turn", 4, ("resnet50",))
+
+    def prepare(self, ctx: Ctx) -> None:
+        from splitrt.graph import load
+
+        cuts = [c.id for c in load(zoo.get("resnet50")).cuts()][1:-1]
+        random.Random(0).shuffle(cuts)
+        self.cuts = cuts
+
+    def one(self, ch: grpc.Channel, i: int) -> str:
+        req = infer_bytes(self.ctx.shas["resnet50"], self.cuts[i % len(self.cuts)], {})
+        try:
+            _infer(ch)(req, timeout=30, metadata=AUTH)
+            return "OK"
+        except Exception as exc:
+            return _code(exc)
+
+
+class FreeDim(Flood):
+    """bert_tiny cut after its embeddings, the encoder's free dim (sequence) bound to ``seq`` in the request
+    (1.6 MB: what crosses there at that length)."""
+
+    def __init__(self, seq: int = 6000) -> None:
+        super().__init__("free_dim", f"bert_tiny encoder at sequence {seq} (2 clients)", 2, ("bert_tiny",))
+        self.seq = seq
+
+    def prepare(self, ctx: Ctx) -> None:
+        if hasattr(self, "req"):
+            return
+        from splitrt.graph import load
+        from splitrt.graph.zoo import default_binding
+
+        path = zoo.get("bert_tiny")
+        short = zoo.DEFAULT_DIMS["bert_tiny"]["seq"]
+        graph = load(path, default_binding(path))
+        cut = next(c for c in graph.cuts() if {t.name for t in c.tensors} == {"attention_mask", "embeddings.norm"})
+        rng = np.random.default_rng(0)
+        tensors = {}
+        for t in cut.tensors:
+            shape = tuple(self.seq if d == short else int(d) for d in t.shape or ())
+            tensors[t.name] = (rng.standard_normal(shape).astype(t.dtype) if t.dtype.startswith("float")
+                               else np.ones(shape, t.dtype))
+        self.req = infer_bytes(ctx.shas["bert_tiny"], cut.id, tensors)
+        self.notes["request"] = f"{cut.id}, {len(self.req) / 1e6:.2f} MB"
+
+    def one(self, ch: grpc.Channel, i: int) -> str:
+        try:
+            _infer(ch)(self.req, timeout=30, metadata=AUTH)
+            return "OK"
+        except Exception as exc:
+            return _code(exc)
+
+
+class Probes(Flood):
+    def __init__(self) -> None:
+        super().__init__("probes", "8 x 64 MiB Probes in flight (token)", 8)
+        n = 64 * 2**20 - 4096
+        self.req = pb.ProbeRequest(payload=bytes(n), reply_bytes=n).SerializeToString()
+
+    def one(self, ch: grpc.Channel, i: int) -> str:
+        try:
+            ch.unary_unary(f"{SERVICE}/Probe")(self.req, timeout=30, metadata=AUTH)
+            return "OK"
+        except Exception as exc:
+            return _code(exc)
+
+
+class NoDeadline(Flood):
+    """Careless clients: the legit request without a deadline, back to back (each its own call)."""
+
+    def __init__(self, name: str = "nodl_unary", threads: int = 8) -> None:
+        super().__init__(name, f"{threads} plain gRPC clients, no deadline", threads)
+
+    def one(self, ch: grpc.Channel, i: int) -> str:
+        call, fut = self.own.submit("attack", _infer(ch), self.ctx.legit_request)
+        with contextlib.suppress(Exception):
+            fut.result(timeout=60)
+        return call.code
+
+
+class DeviceStream(NoDeadline):
+    """The documented ``Device.stream()`` (no deadline), 2 streams of frames, beside 4 careless clients."""
+
+    def __init__(self) -> None:
+        super().__init__("nodl_stream", 4)
+        self.what = "Device.stream() x2 (no deadline) + 4 plain clients"
+        self.frames: Counter[str] = Counter()
+        self.devices: list[Any] = []
+
+    def arm(self, ctx: Ctx) -> None:
+        super().arm(ctx)
+        from splitrt.device.client import Device, DeviceConfig
+
+        def stream() -> None:
+            dev = Device(zoo.get(LEGIT_MODEL), ctx.address, config=DeviceConfig(token=TOKEN, upload=False))
+            self.devices.append(dev)
+            x = dev.random_inputs()
+
+            sent = [0]
+
+            def frames() -> Iterator[dict[str, np.ndarray]]:
+                while not self.stop_ev.wait(0.02):
+                    sent[0] += 1
+                    yield x
+
+            answered = 0
+            try:
+                for r in dev.stream(frames(), cut=ctx.legit_cut):
+                    answered += 1
+                    with self.lock:
+                        self.frames["OK" if r.error is None else r.error.code or "UNKNOWN"] += 1
+            except Exception as exc:
+                with self.lock:  # the stream ended under the client: its frames in flight had no answer
+                    self.frames[f"stream:{_code(exc)}"] += 1
+                    self.frames["HUNG"] += sent[0] - answered
+
+        self.spawn(stream, 2)
+
+    def disarm(self) -> None:
+        super().disarm()
+        for dev in self.devices:
+            dev.close()
+        self.devices = []
+        self.notes.setdefault("frames", dict(self.frames))
+
+    def lost_extra(self) -> int:
+        return sum(n for c, n in self.frames.items() if not c.startswith("stream:") and _lost(c))
+
+
+class TokenGuess(Flood):
+    def __init__(self) -> None:
+        super().__init__("token_guess", "4 clients guessing tokens", 4)
+        self.t0 = 0.0
+        self.log0 = 0
+
+    def arm(self, ctx: Ctx) -> None:
+        self.t0, self.log0 = time.monotonic(), ctx.server.log_bytes()
+        super().arm(ctx)
+
+    def one(self, ch: grpc.Channel, i: int) -> str:
+        guess = hashlib.sha256(f"guess{i}".encode()).hexdigest()
+        try:
+            ch.unary_unary(f"{SERVICE}/Status")(b"", timeout=5, metadata=(("authorization", f"Bearer {guess}"),))
+            return "OK"
+        except Exception as exc:
+            return _code(exc)
+
+    def disarm(self) -> None:
+        super().disarm()
+        if "guesses_per_s" in self.notes:  # the first run counts (the second is the SIGTERM re-arm)
+            return
+        secs = max(1e-3, time.monotonic() - self.t0)
+        self.notes["guesses_per_s"] = round(self.codes["UNAUTHENTICATED"] / secs, 1)
+        grown = self.ctx.server.log_bytes() - self.log0
+        self.notes["log_mb_per_day"] = round(grown / secs * 86400 / 2**20, 1)
+
+    def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
+        return [(f"guesses/s <= {GUESS_RATE_MAX:g}", self.notes.get("guesses_per_s", 1e9) <= GUESS_RATE_MAX),
+                (f"log <= {LOG_MB_DAY_MAX:g} MB/day", self.notes.get("log_mb_per_day", 1e9) <= LOG_MB_DAY_MAX)]
+
+
+# -- hostile uploads -----------------------------------------------------------------------------------
+
+
+def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any], opset: int = 17) -> bytes:
+    g = helper.make_graph(nodes, "hostile", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return bytes(m.SerializeToString())
+
+
+def loop_model() -> bytes:
+    """A Loop whose trip count is 2^62: y = x + 1, forever."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.ones(1, np.float32), "one")])
+    node = helper.make_node("Loop", ["trip", "cond", "x"], ["y"], body=body)
+    return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+                  [numpy_helper.from_array(np.array(1 << 62, np.int64), "trip"),
+                   numpy_helper.from_array(np.array(True), "cond")])
+
+
+def const_shape_model(shape: tuple[int, ...] = (1, 512, 1024, 1024)) -> bytes:
+    """ConstantOfShape of ``shape`` float32 (2 GiB) plus the input: 200 bytes of ONNX."""
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
+             helper.make_node("Add", ["big", "x"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                  [numpy_helper.from_array(np.array(shape, np.int64), "shape")])
+
+
+def chain_model(n: int = 60_000) -> bytes:
+    nodes = [helper.make_node("Neg", ["x" if i == 0 else f"t{i - 1}"], ["y" if i == n - 1 else f"t{i}"])
+             for i in range(n)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [])
+
+
+def distinct_model(seed: int, mb: float = 4.0) -> bytes:
+    w = np.random.default_rng(seed).standard_normal(int(mb * 2**20 / 4)).astype(np.float32)
+    nodes = [helper.make_node("ReduceSum", ["w"], ["s"], keepdims=0), helper.make_node("Add", ["x", "s"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [numpy_helper.from_array(w, "w")])
+
+
+class HostileModel(Attack):
+    """Upload ``data`` (token), then waves of Infer at cut ``cloud`` (every call with a deadline)."""
+
+    def __init__(self, name: str, what: str, data: Callable[[], bytes], per_wave: int, timeout_s: float,
+                 min_attack_s: float = 0.0) -> None:
+        super().__init__()
+        self.name, self.what, self.make, self.per_wave, self.timeout_s = name, what, data, per_wave, timeout_s
+        self.min_attack_s = min_attack_s
+        self.data: bytes | None = None
+        self.codes: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def arm(self, ctx: Ctx) -> None:
+        if self.data is None:
+            self.data = self.make()
+            self.notes["model_bytes"] = len(self.data)
+
+        def run() -> None:
+            assert self.data is not None
+            t0 = time.monotonic()
+            code = upload(ctx.address, self.data, f"{self.name}.onnx", timeout_s=30.0)
+            self.notes.setdefault("upload", f"{code} in {time.monotonic() - t0:.1f} s")
+            if code != "OK":
+                return
+            sha = hashlib.sha256(self.data).hexdigest()
+            req = infer_bytes(sha, "cloud", {"x": np.ones(1, np.float32)})
+            with _channel(ctx.address) as ch:
+                while not self.stop_ev.is_set():
+                    futs = [_infer(ch).future(req, timeout=self.timeout_s, metadata=AUTH)
+                            for _ in range(self.per_wave)]
+                    for f in futs:
+                        try:
+                            f.result()
+                            code = "OK"
+                        except Exception as exc:
+                            code = _code(exc)
+                        with self.lock:
+                            self.codes[code] += 1
+                    self.stop_ev.wait(0.5)
+
+        self.spawn(run)
+
+    def disarm(self) -> None:
+        self.notes.setdefault("infer_codes", dict(self.codes))
+
+
+class UploadBurst(Attack):
+    name = "upload_burst"
+    min_attack_s = 15.0  # or until the 100 are through
+
+    def __init__(self, n: int = 100, mb: float = 4.0) -> None:
+        super().__init__()
+        self.n, self.mb = n, mb
+        self.what = f"{n} distinct {mb:g} MiB models uploaded in a burst (token)"
+        self.codes: Counter[str] = Counter()
+        self.done = False
+
+    def arm(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        if self.done:  # the SIGTERM re-arm: a few more uploads in flight
+            self.spawn(lambda: self._upload(ctx, 1000), 2)
+            return
+        self.done = True
+        nxt = iter(range(self.n))
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while not self.stop_ev.is_set():
+                with lock:
+                    i = next(nxt, None)
+                if i is None:
+                    return
+                self._upload(ctx, i)
+
+        self.spawn(worker, 8)
+
+    def finished(self) -> bool:
+        return sum(self.codes.values()) >= self.n
+
+    def _upload(self, ctx: Ctx, i: int) -> None:
+        code = upload(ctx.address, distinct_model(i, self.mb), f"m{i}.onnx", timeout_s=30)
+        with self.lock_codes():
+            self.codes[code] += 1
+
+    def lock_codes(self) -> threading.Lock:
+        if not hasattr(self, "_lock"):
+            self._lock = threading.Lock()
+        return self._lock
+
+    def disarm(self) -> None:
+        self.notes.setdefault("upload_codes", dict(self.codes))
+        size = sum(p.stat().st_size for p in self.ctx.store.rglob("*") if p.is_file())
+        self.notes["store_mb"] = max(self.notes.get("store_mb", 0.0), round(size / 2**20, 1))
+
+    def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
+        return [(f"store <= {STORE_CAP_MB} MB", self.notes.get("store_mb", 1e9) <= STORE_CAP_MB)]
+
+
+QUICK_ROWS = ("watch", "partial_body", "idle_conns", "resnet_cuts", "nodl_unary", "loop", "token_guess")
+
+
+def attacks() -> list[Attack]:
+    # The counts are the issue's: --quick shortens the phases and runs one row per class, not smaller attacks.
+    return [
+        HeldCalls("watch", "Watch", 64),
+        RawH2("partial_body", 64, partial_body=True),
+        HeldCalls("idle_stream", "InferStream", 64),
+        HeldCalls("stalled_upload", "PutModel", 64),
+        RawH2("idle_conns", 1100, partial_body=False),
+        ResnetCuts(),
+        FreeDim(),
+        Probes(),
+        NoDeadline(),
+        DeviceStream(),
+        HostileModel("loop", "uploaded Loop, trip count 2^62, then Infer", loop_model, 4, 2.0),
+        HostileModel("const_shape", "uploaded ConstantOfShape 2 GiB, then Infer", const_shape_model, 1, 10.0, 8.0),
+        HostileModel("chain", "uploaded 60 000-node chain, then Infer", chain_model, 1, 20.0, 10.0),
+        UploadBurst(),
+        TokenGuess(),
+    ]
+
+
+# -- one row -------------------------------------------------------------------------------------------
+
+
+def _lost(code: str) -> bool:
+    return code in LOST_CODES or code.startswith("client")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _stage(attack: Attack, root: Path) -> tuple[Path, Path, dict[str, str]]:
+    """The row's own store (the legit model + the attack's) and token file."""
+    row_dir = root / attack.name
+    store = row_dir / "store"
+    store.mkdir(parents=True)
+    shas = {}
+    for name in (LEGIT_MODEL, *attack.models):
+        src, dst = zoo.get(name), store / f"{name}.onnx"
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copyfile(src, dst)
+        h = hashlib.sha256()
+        with open(dst, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        shas[name] = h.hexdigest()
+    token_file = row_dir / "tokens.txt"
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    return store, token_file, shas
+
+
+def _recovery(legit: Legit, t_from: float, base_p99: float, cap_s: float) -> float | None:
+    """Seconds after ``t_from`` until three legit deadline calls in a row succeed in time."""
+    limit = max(3 * base_p99, base_p99 + 50.0)
+    end = t_from + cap_s
+    while True:
+        calls = sorted((c for c in legit.calls if c.kind == "dl" and c.t >= t_from), key=lambda c: c.t)
+        for i in range(len(calls) - 2):
+            if all(c.code == "OK" and c.ms <= limit for c in calls[i:i + 3]):
+                return max(0.0, calls[i].t - t_from)
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.1)
+
+
+def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legit_cut: str,
+            root: Path) -> dict[str, Any]:
+    store, token_file, shas = _stage(attack, root)
+    server = Server(store, token_file, root / attack.name / "server.log", s, flags)
+    _progress(f"{attack.name}: starting the server")
+    server.start()
+    legit = Legit(server.address, legit_req)
+    proxy = Proxy(server.address)
+    try:
+        legit.warm()
+        rss_before = server.peak_rss_mb
+        legit.start()
+        t0 = time.monotonic()
+        time.sleep(s.baseline_s)
+        ctx = Ctx(address=proxy.address, server_address=server.address, settings=s, server=server,
+                  legit_request=legit_req, legit_cut=legit_cut, store=store, shas=shas)
+        _progress(f"{attack.name}: attack: {attack.what}")
+        t1 = time.monotonic()
+        attack.start(ctx)
+        attack_s = max(s.attack_s, attack.min_attack_s)
+        while time.monotonic() - t1 < attack_s and not attack.finished():
+            time.sleep(0.1)
+        t_stop = time.monotonic()
+        alive_at_stop = server.alive()
+        attack.stop()
+        t2 = time.monotonic()
+        base = [c.ms for c in legit.calls if c.kind == "dl" and t0 <= c.t < t1 and c.code == "OK"]
+        base_p99 = _pct(base, 99) or 1e3
+        _progress(f"{attack.name}: attack stopped; waiting for recovery (at most {s.recover_cap_s:g} s)")
+        recover_s = _recovery(legit, t2, base_p99, s.recover_cap_s) if server.alive() else None
+        legit.nodl.settle(2.0)
+        legit.stop()
+        _progress(f"{attack.name}: attack armed again, then SIGTERM")
+        attack.start(ctx)
+        time.sleep(1.0)
+        exit_s = server.sigterm()
+        attack.stop()
+    finally:
+        proxy.close()
+        legit.stop()
+        server.kill()
+    during = [c for c in legit.all_calls() if t1 <= c.t < t_stop]
+    window = [c for c in legit.all_calls() if c.t >= t1]
+    ok_ms = [c.ms for c in during if c.kind == "dl" and c.code == "OK"]
+    failed = Counter(c.code for c in during if c.code != "OK")
+    lost_dl = sum(1 for c in window if c.kind == "dl" and _lost(c.code))
+    own_lost = sum(1 for c in attack.own.calls if _lost(c.code))
+    lost_nodl = sum(1 for c in window if c.kind == "nodl" and _lost(c.code)) + own_lost + attack.lost_extra()
+    row: dict[str, Any] = {
+        "row": attack.name, "attack": attack.what,
+        "base_p50_ms": _pct(base, 50), "base_p99_ms": _pct(base, 99), "base_n": len(base),
+        "attack_p50_ms": _pct(ok_ms, 50), "attack_p99_ms": _pct(ok_ms, 99), "attack_ok": len(ok_ms),
+        "legit_calls": len(during), "legit_failed": sum(failed.values()), "legit_failed_by_code": dict(failed),
+        "lost_deadline": lost_dl, "lost_no_deadline": lost_nodl,
+        "nodl_calls": sum(1 for c in window if c.kind == "nodl") + len(attack.own.calls),
+        "rss_before_mb": round(rss_before, 1), "peak_rss_mb": round(server.peak_rss_mb, 1),
+        "budget_mb": s.budget_mb, "budget_enforced": server.budget_flag, "killed_at_hard_cap": server.killed_at_cap,
+        "alive_at_attack_end": alive_at_stop, "recover_s": recover_s, "sigterm_exit_s": exit_s,
+        "drain_s": s.drain_s, "notes": attack.notes,
+    }
+    row["targets"] = targets(row, attack)
+    row["pass"] = all(ok for _, ok in row["targets"])
+    _progress(f"{attack.name}: {'PASS' if row['pass'] else 'FAIL'} "
+              f"({', '.join(n for n, ok in row['targets'] if not ok) or 'every target met'})")
+    return row
+
+
+def targets(row: dict[str, Any], attack: Attack) -> list[tuple[str, bool]]:
+    base, p99 = row["base_p99_ms"], row["attack_p99_ms"]
+    exit_s = row["sigterm_exit_s"]
+    return [("0 legit failures", row["legit_failed"] == 0),
+            ("p99 <= 3x", base is not None and p99 is not None and p99 <= 3 * base),
+            ("RSS <= budget", row["peak_rss_mb"] <= row["budget_mb"]),
+            ("0 lost", row["lost_deadline"] == 0 and row["lost_no_deadline"] == 0),
+            ("SIGTERM <= drain+5", exit_s is not None and exit_s <= row["drain_s"] + 5
+             and not row["killed_at_hard_cap"]),
+            *attack.extra_targets(row)]
+
+
+# -- the table -----------------------------------------------------------------------------------------
+
+
+def _ms(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a:.0f}/{b:.0f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = []
+    for r in rows:
+        ratio = (r["attack_p99_ms"] / r["base_p99_ms"]) if r["attack_p99_ms"] and r["base_p99_ms"] else None
+        rss = f"{r['peak_rss_mb']:.0f}/{r['budget_mb']:g}" + ("" if r["budget_enforced"] else "*")
+        if r["killed_at_hard_cap"]:
+            rss = ">" + rss + " killed"
+        exit_s = r["sigterm_exit_s"]
+        term = "killed" if r["killed_at_hard_cap"] else (f"hung>{r['drain_s'] + 6:g}" if exit_s is None
+                                                           else f"{exit_s:.1f}")
+        fails = [n for n, ok in r["targets"] if not ok]
+        out.append([r["row"], r["attack"], _ms(r["base_p50_ms"], r["base_p99_ms"]),
+                    _ms(r["attack_p50_ms"], r["attack_p99_ms"]), "-" if ratio is None else f"{ratio:.1f}",
+                    f"{r['legit_failed']}/{r['legit_calls']}", f"{r['lost_deadline']}/{r['lost_no_deadline']}", rss,
+                    "never" if r["recover_s"] is None else f"{r['recover_s']:.1f}",
+                    term,
+                    "PASS" if r["pass"] else "FAIL: " + ", ".join(fails)])
+    return render(["row", "attack", "before p50/p99 ms", "during p50/p99 ms", "p99 x", "legit failed",
+                   "lost dl/no-dl", "peak RSS/budget MiB", "recover s", "SIGTERM s", "verdict"], out)
+
+
+def _note(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), default=str)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short phases, one row per class (about 1.5 min)")
+    ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
+    ap.add_argument("--budget-mb", type=float, default=1024.0,
+                    help="the server's memory budget (passed as --max-memory-mb when it has the flag)")
+    ap.add_argument("--hard-cap-mb", type=float, default=3072.0, help="kill a server above this RSS (shared host)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--render", type=Path, metavar="FILE", help="print the table of a saved --json run")
+    args = ap.parse_args(argv)
+    if args.render is not None:
+        print(report(json.loads(args.render.read_text())))
+        return 0
+    s = (Settings(baseline_s=1.5, attack_s=2.0, recover_cap_s=3.0, drain_s=1.0, quick=True) if args.quick
+         else Settings(baseline_s=2.0, attack_s=4.0, recover_cap_s=6.0, drain_s=2.0))
+    s = Settings(**{**s.__dict__, "budget_mb": args.budget_mb, "hard_cap_mb": args.hard_cap_mb})
+    names = args.rows.split(",") if args.rows else (QUICK_ROWS if s.quick else [a.name for a in attacks()])
+    chosen = [a for a in attacks() if a.name in names]
+    if not chosen:
+        ap.error(f"--rows: expected some of {[a.name for a in attacks()]}, got {args.rows!r}")
+    result = run(chosen, s)
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        print(report(result))
+    return 0 if all(r["pass"] for r in result["rows"]) else 1
+
+
+def run(chosen: list[Attack], s: Settings) -> dict[str, Any]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if soft < want:  # 1100 sockets of our own, plus the legit clients'
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    flags = server_flags()
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    _progress("building the legit request")
+    legit_req, legit_cut = legit_request()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="splitrt-attack-") as tmp:
+        for attack in chosen:
+            rows.append(run_row(attack, s, flags, legit_req, legit_cut, Path(tmp)))
+    return {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "settings": s.__dict__,
+            "server_flags": sorted(f for f in flags if f.startswith("--max")), "legit": f"{LEGIT_MODEL} at {legit_cut}",
+            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
+            "seconds": round(time.monotonic() - t0, 1), "rows": rows}
+
+
+def report(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    lines = [f"bench_attack {result['date_utc']}: splitrt serve --workers 2 --token-file --allow-upload "
+             f"--drain-s {s['drain_s']:g} (RLIMIT_NOFILE {SERVER_NOFILE}); legit {result['legit']} every 100 ms "
+             f"(5 s deadline) + every 250 ms (no deadline) + a new connection every 1 s",
+             f"load average {result['load_before']} before, {result['load_after']} after; "
+             f"{result['seconds']} s in all; server limits: {', '.join(result['server_flags']) or 'none'}",
+             "targets: 0 legit failures, legit p99 <= 3x before, peak RSS <= budget (* = the server has no "
+             "--max-memory-mb: a nominal budget), 0 lost (dl/no-dl), SIGTERM exit <= drain + 5 s; "
+             f"upload_burst: store <= {STORE_CAP_MB} MB; token_guess: <= {GUESS_RATE_MAX:g} guesses/s, "
+             f"<= {LOG_MB_DAY_MAX:g} MB/day of log", "", table(result["rows"]), ""]
+    lines += [f"{r['row']}: {_note(r['notes'])}" + (f" failed {_note(r['legit_failed_by_code'])}"
+                                                    if r["legit_failed"] else "") for r in result["rows"]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,14 +55,21 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class Cut:
-    """A valid cut: ``head_mask`` is a bitset of node indices closed under predecessors."""
+    """A valid cut: ``head_mask`` is a bitset of node indices closed under predecessors.
+
+    The mask is made on demand (``mask_of``: a prefix of the topological order, or a node's ancestors):
+    held for every cut of an n-node chain, masks would take O(n^2) bits (1.4 GB at 60 000 nodes)."""
 
     id: str
-    head_mask: int
     tensors: tuple[TensorInfo, ...]
     bytes: int
     head_nodes: int
     head_flops_fraction: float
+    mask_of: Callable[[], int] = field(compare=False, repr=False)
+
+    @property
+    def head_mask(self) -> int:
+        return self.mask_of()
 
     @property
     def head(self) -> frozenset[int]:
@@ -410,9 +417,13 @@ def _evaluate(
     from onnx.reference import ReferenceEvaluator
 
     try:
-        feeds = {i: numpy_helper.to_array(consts[i]) for i in node.input if i}
-        if sum(int(np.prod(v.shape)) for v in feeds.values()) > _FOLD_MAX_ELEMENTS:
+        if sum(int(np.prod(consts[i].dims, dtype=np.int64)) for i in node.input if i) > _FOLD_MAX_ELEMENTS:
             return None
+        # Bounded before computing: a 181-byte ConstantOfShape asking for 2 GB must not be evaluated.
+        size = _output_elements(node, consts, m)
+        if size is None or size > _FOLD_MAX_ELEMENTS:
+            return None
+        feeds = {i: numpy_helper.to_array(consts[i]) for i in node.input if i}
         inputs = [helper.make_tensor_value_info(k, consts[k].data_type, None) for k in feeds]
         outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
                    for o in node.output if o]
@@ -425,6 +436,31 @@ def _evaluate(
     if any(v.size > _FOLD_MAX_ELEMENTS for v in out.values()):
         return None
     return out
+
+
+def _output_elements(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto], m: onnx.ModelProto) -> int | None:
+    """Elements of the node's outputs as shape inference (with its constant inputs' values) tells them,
+    or None when it cannot (then the node is not folded: nothing computes an unbounded size)."""
+    names = [i for i in node.input if i]
+    outs = [o for o in node.output if o]
+    g = helper.make_graph([node], "bound", [], [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                                                for o in outs], [consts[i] for i in dict.fromkeys(names)])
+    single = helper.make_model(g, opset_imports=list(m.opset_import))
+    single.ir_version = max(m.ir_version, 4)
+    inferred = shape_inference.infer_shapes(single, strict_mode=False, data_prop=True)
+    shapes = {vi.name: vi.type.tensor_type for vi in list(inferred.graph.output) + list(inferred.graph.value_info)}
+    total = 0
+    for o in outs:
+        tt = shapes.get(o)
+        if tt is None or not tt.HasField("shape"):
+            return None
+        n = 1
+        for d in tt.shape.dim:
+            if not d.HasField("dim_value") or d.dim_value < 0:
+                return None
+            n *= int(d.dim_value)
+        total += n
+    return total
 
 
 def _subgraph_captures(node: onnx.NodeProto) -> set[str]:
@@ -584,48 +620,64 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
     Prefix cuts are found incrementally in O(edges). A node p's ancestor set anc(p) is a single-tensor
     cut iff no edge leaves anc(p) except from p, which one pass of bitset unions decides: with
     S(p) = union over predecessors r of (S(r) | succ(r)), the condition is S(p) within anc(p).
+    Memory stays linear in practice: a node's bitsets are dropped once its last successor has used
+    them, and prefixes and heads are kept as (length | node), not as masks.
     """
     n = len(mg.nodes)
     sink = n  # a virtual consumer of every graph output
     out_names = [o.name for o in mg.outputs]
     # Graph outputs and graph inputs both count as "consumers outside the head" for crossing purposes.
-    consumers: dict[str, list[int]] = {k: list(v) for k, v in mg.consumers.items()}
+    consumers: dict[str, list[int]] = {k: sorted(set(v)) for k, v in mg.consumers.items()}
     for o in out_names:
         consumers.setdefault(o, []).append(sink)
     input_names = [i.name for i in mg.inputs if i.name in consumers]
-
-    cons_mask: dict[str, int] = {t: sum(1 << c for c in set(cs)) for t, cs in consumers.items()}
-
-    # Bitset passes: anc(p) (inclusive), S(p) (successors of strict ancestors), succ(p).
     pred_nodes = [sorted({mg.producer[i] for i in ins if i in mg.producer}) for ins in mg.node_inputs]
-    succ = [0] * n
-    for idx, n_ in enumerate(mg.nodes):
-        for o in n_.output:
-            if o in cons_mask:
-                succ[idx] |= cons_mask[o]
-    anc = [0] * n
-    S = [0] * n
-    for p in range(n):
-        a = 1 << p
-        s = 0
-        for r in pred_nodes[p]:
-            a |= anc[r]
-            s |= S[r] | succ[r]
-        anc[p], S[p] = a, s
+    prefix_heads = _prefix_heads(mg, consumers, input_names, out_names)
+    singles = _single_tensor_heads(mg, consumers, input_names, pred_nodes)
 
-    # Prefix (frontier) cuts of the topological order, found incrementally: `live` holds the tensors
-    # available in the head that still have a consumer in the tail (or are graph outputs).
-    heads: dict[int, list[str]] = {}
-    remaining: dict[str, int] = {t: len(set(cs)) for t, cs in consumers.items()}
-    live: dict[str, None] = {}
-    for i in input_names:
-        live[i] = None
+    flops = np.asarray(mg.node_flops, dtype=np.float64)
+    total_flops = float(flops.sum()) or 1.0
+    # Heads sorted by (size, lowest node not in the head), prefixes before single-tensor heads on a tie.
+    order: list[tuple[int, int, int, int]] = [(k, k + 1, 0, k) for k in range(n + 1)]
+    order += [(count, low, 1, p) for p, (count, low, _) in singles.items()]
+    order.sort()
+    cuts: list[Cut] = []
+    counter = 0
+    for count, _, kind, idx in order:
+        # Every structural cut is a candidate, sized or not: ids depend on the model's bytes alone, so a
+        # device that bound shapes and a cloud that did not agree on them. A bound graph sizes every
+        # tensor (``_bind``); an unbound one may leave data-dependent sizes at -1 (``ModelGraph.sized``).
+        if kind == 0:
+            names, mask_of = prefix_heads[idx], _prefix_mask(idx)
+            head_flops = float(flops[:idx].sum()) if idx else 0.0
+        else:
+            names, mask_of = [singles[idx][2]], _ancestors_mask(pred_nodes, idx)
+            head_flops = float(flops[_mask_to_bool(mask_of(), n)].sum())
+        infos = tuple(mg.tensor(t) for t in names)
+        if count == 0:
+            cid = "cloud"
+        elif count == n and kind == 0:
+            cid = "device"
+        else:
+            counter += 1
+            cid = f"c{counter}"
+        cuts.append(Cut(id=cid, tensors=infos, bytes=sum(max(t.bytes, 0) for t in infos), head_nodes=count,
+                        head_flops_fraction=head_flops / total_flops, mask_of=mask_of))
+    return cuts
+
+
+def _prefix_heads(mg: ModelGraph, consumers: dict[str, list[int]], input_names: list[str],
+                  out_names: list[str]) -> list[list[str]]:
+    """The crossing tensors of every prefix of the topological order (index = prefix length): ``live``
+    holds the tensors available in the head that still have a consumer in the tail (or are outputs)."""
+    remaining: dict[str, int] = {t: len(cs) for t, cs in consumers.items()}
+    live: dict[str, None] = dict.fromkeys(input_names)
+    graph_inputs = {i.name for i in mg.inputs}
     for o in out_names:  # a graph output that is also a graph input passes straight through
-        if o not in mg.producer and o in {i.name for i in mg.inputs}:
+        if o not in mg.producer and o in graph_inputs:
             live[o] = None
-    prefix = 0
-    heads[0] = list(live)
-    for p in range(n):
+    heads = [list(live)]
+    for p in range(len(mg.nodes)):
         for t in dict.fromkeys(mg.node_inputs[p]):
             if t in live:
                 remaining[t] -= 1
@@ -634,51 +686,61 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
         for o in mg.nodes[p].output:
             if o in remaining and remaining[o] > 0:
                 live[o] = None
-        prefix |= 1 << p
-        heads[prefix] = list(live)
-    # Single-tensor cuts off the chosen order (a branch head not in prefix form).
-    for p in range(n):
-        h = anc[p]
-        if h in heads or S[p] & ~h:
-            continue
-        live_outs = [o for o in mg.nodes[p].output if o in cons_mask]
-        if len(live_outs) != 1:
-            continue
-        # Graph inputs used outside the head would cross too: then it is not a single-tensor cut.
-        if any(cons_mask[i] & ~h for i in input_names):
-            continue
-        heads[h] = live_outs
+        heads.append(list(live))
+    return heads
 
-    flops = np.asarray(mg.node_flops, dtype=np.float64)
-    total_flops = float(flops.sum()) or 1.0
-    full = (1 << n) - 1
-    ordered = sorted(heads, key=lambda h: (h.bit_count(), _lowest_missing(h)))
-    cuts: list[Cut] = []
-    counter = 0
-    for h in ordered:
-        # Every structural cut is a candidate, sized or not: ids depend on the model's bytes alone, so a
-        # device that bound shapes and a cloud that did not agree on them. A bound graph sizes every
-        # tensor (``_bind``); an unbound one may leave data-dependent sizes at -1 (``ModelGraph.sized``).
-        infos = tuple(mg.tensor(t) for t in heads[h])
-        if h == 0:
-            cid = "cloud"
-        elif h == full:
-            cid = "device"
-        else:
-            counter += 1
-            cid = f"c{counter}"
-        head_flops = float(flops[_mask_to_bool(h, n)].sum()) if h else 0.0
-        cuts.append(
-            Cut(
-                id=cid,
-                head_mask=h,
-                tensors=infos,
-                bytes=sum(max(t.bytes, 0) for t in infos),
-                head_nodes=h.bit_count(),
-                head_flops_fraction=head_flops / total_flops,
-            )
-        )
-    return cuts
+
+def _single_tensor_heads(mg: ModelGraph, consumers: dict[str, list[int]], input_names: list[str],
+                         pred_nodes: list[list[int]]) -> dict[int, tuple[int, int, str]]:
+    """Nodes p whose ancestors form a single-tensor cut that is not a prefix: p -> (head size, lowest
+    node not in the head, the crossing tensor). Bitsets anc(p) (inclusive), S(p) (successors of strict
+    ancestors) and succ(p) live from p until p's last successor."""
+    n = len(mg.nodes)
+    last_use = list(range(n))
+    for p, ps in enumerate(pred_nodes):
+        for r in ps:
+            last_use[r] = max(last_use[r], p)
+    outs = [[o for o in node.output if o in consumers] for node in mg.nodes]
+    anc: dict[int, int] = {}
+    S: dict[int, int] = {}
+    succ: dict[int, int] = {}
+    found: dict[int, tuple[int, int, str]] = {}
+    for p in range(n):
+        a = 1 << p
+        s = 0
+        for r in pred_nodes[p]:
+            a |= anc[r]
+            s |= S[r] | succ[r]
+        anc[p], S[p] = a, s
+        succ[p] = sum(1 << c for c in {c for o in outs[p] for c in consumers[o]})
+        # Not a prefix (those are cuts already), nothing leaves the head but p's one live output, and no
+        # graph input used outside the head (it would cross too).
+        if (a & (a + 1)) != 0 and not (s & ~a) and len(outs[p]) == 1 and not any(
+                not (a >> c) & 1 for i in input_names for c in consumers[i]):
+            found[p] = (a.bit_count(), _lowest_missing(a), outs[p][0])
+        for r in [*pred_nodes[p], p]:
+            if last_use[r] == p:
+                del anc[r], S[r], succ[r]
+    return found
+
+
+def _prefix_mask(k: int) -> Callable[[], int]:
+    return lambda: (1 << k) - 1
+
+
+def _ancestors_mask(pred_nodes: list[list[int]], p: int) -> Callable[[], int]:
+    def mask() -> int:
+        seen = {p}
+        stack = [p]
+        while stack:
+            for r in pred_nodes[stack.pop()]:
+                if r not in seen:
+                    seen.add(r)
+                    stack.append(r)
+        bits = np.zeros(len(pred_nodes) + 1, dtype=np.uint8)
+        bits[list(seen)] = 1
+        return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
+    return mask
 
 
 def _lowest_missing(h: int) -> int:

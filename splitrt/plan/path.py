@@ -203,6 +203,31 @@ def _stage_weights(terms: dict[str, list[FloatArray]], objective: str, power: Po
                    hop=hops)
 
 
+def _dp(st: _Stages, allowed_k: npt.NDArray[np.bool_], cut_masks: list[FloatArray | None],
+        additive: bool) -> tuple[float, list[int], list[int]]:
+    """(best value, cut index per hop, codec index per hop) by the stage-by-stage programme."""
+    combine = np.add if additive else np.maximum
+    back_args: list[IntArray] = []
+    chosen_k: list[IntArray] = []
+    best: FloatArray = st.tier[0]
+    for h, mask in enumerate(cut_masks):
+        if h > 0:
+            best, arg = _advance(best, st.mid[h - 1], additive)
+            back_args.append(arg)
+        hop_cost, k = _codec_choice(st.hop[h], allowed_k)
+        chosen_k.append(k)
+        best = combine(best, hop_cost)
+        if mask is not None:
+            best = best + mask
+    best = combine(best, st.tier[1])
+    # Walk back from the last hop's cut.
+    idx = [_argmin_first(best)]
+    for arg in reversed(back_args):
+        idx.append(int(arg[idx[-1]]))
+    idx.reverse()
+    return float(best[idx[-1]]), idx, [int(chosen_k[h][i]) for h, i in enumerate(idx)]
+
+
 def solve_path(
     tables: Sequence[CostTable],
     cond: PathConditions,
@@ -211,42 +236,38 @@ def solve_path(
     power: Power = DEFAULT_POWER,
     codecs: Sequence[str] | None = None,
     cuts: Sequence[Sequence[str] | None] | None = None,
+    same_codec: bool = False,
 ) -> PathPlan:
     """The best cuts and codecs over the path (see the module's docstring). ``codecs`` restricts every
     hop's codec; ``cuts[h]`` (None: any) restricts hop h's cut (e.g. ``[None, ["device"]]``: the middle
-    tier finishes)."""
+    tier finishes); ``same_codec``: one codec on every hop (near-ties -> lower latency, fewer bytes)."""
     _check(tables, cond, objective)
-    base, hops = tables[0], len(tables) - 1
-    allowed_k = np.zeros(len(base.codecs), dtype=bool)
-    allowed_k[[base.codec_index(c) for c in (base.codecs if codecs is None else codecs)]] = True
-    if not allowed_k.any():
+    base = tables[0]
+    ks = [base.codec_index(c) for c in (base.codecs if codecs is None else codecs)]
+    if not ks:
         raise PlanError("no codec to plan with")
+    cut_masks: list[FloatArray | None] = [None] * (len(tables) - 1)
+    for h, allowed in enumerate(cuts or ()):
+        if allowed is not None:
+            cut_masks[h] = np.full(len(base), np.inf)
+            cut_masks[h][[base.index(c) for c in allowed]] = 0.0  # type: ignore[index]
     st = _stage_weights(_terms(tables, cond), objective, power)
-    additive = objective != "throughput"
-    combine = np.add if additive else np.maximum
-    back_args: list[IntArray] = []
-    chosen_k: list[IntArray] = []
-    best: FloatArray = st.tier[0]
-    for h in range(hops):
-        if h > 0:
-            best, arg = _advance(best, st.mid[h - 1], additive)
-            back_args.append(arg)
-        hop_cost, k = _codec_choice(st.hop[h], allowed_k)
-        chosen_k.append(k)
-        best = combine(best, hop_cost)
-        if cuts is not None and cuts[h] is not None:
-            mask = np.full(len(base), np.inf)
-            mask[[base.index(c) for c in cuts[h] or ()]] = 0.0
-            best = best + mask
-    best = combine(best, st.tier[1])
-    # Walk back from the last hop's cut.
-    idx = [_argmin_first(best)]
-    for arg in reversed(back_args):
-        idx.append(int(arg[idx[-1]]))
-    idx.reverse()
-    plan_cuts = tuple(base.ids[i] for i in idx)
-    plan_codecs = tuple(base.codecs[int(chosen_k[h][i])] for h, i in enumerate(idx))
-    return evaluate_path(tables, (plan_cuts, plan_codecs), cond, objective=objective, power=power)
+    codec_sets = [[k] for k in ks] if same_codec else [ks]
+    found: list[tuple[float, list[int], list[int]]] = []
+    for subset in codec_sets:
+        allowed_k = np.zeros(len(base.codecs), dtype=bool)
+        allowed_k[subset] = True
+        try:
+            found.append(_dp(st, allowed_k, cut_masks, objective != "throughput"))
+        except PlanError:
+            continue  # nothing feasible with this codec
+    if not found:
+        raise PlanError("no feasible plan: every candidate is excluded or infinite")
+    low = min(v for v, _, _ in found)
+    plans = [evaluate_path(tables, (tuple(base.ids[i] for i in idx), tuple(base.codecs[k] for k in kk)), cond,
+                           objective=objective, power=power)
+             for v, idx, kk in found if v <= low + abs(low) * 1e-12]
+    return min(plans, key=lambda p: (p.predicted_ms, sum(p.sent_bytes)))
 
 
 def evaluate_path(

@@ -6,6 +6,9 @@ bytes, then to the earlier cut: the answer does not flicker between equal plans.
 
 A plan's short form is ``<cut>@<codec>`` (``c12@fp16``; ``device`` alone when nothing is sent) and a
 chain plan's ``<device cut>><edge cut>@<codec>``; ``parse_plan`` / ``parse_chain_plan`` read them back.
+``solve_chain`` is the three-tier case of ``plan.path.solve_path`` (one codec on both hops); the two-tier
+``solve`` stays a direct (cuts x codecs) matrix because it runs per request (tests/plan/test_path.py
+checks it against the path solver).
 """
 
 from __future__ import annotations
@@ -15,14 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from splitrt.errors import PlanError
 from splitrt.plan.costmodel import (
     CLOUD_CUT,
     DEFAULT_POWER,
     DEVICE_CUT,
-    MS_PER_BYTE_AT_1MBPS,
     Conditions,
     CostTable,
     Estimate,
@@ -30,8 +31,9 @@ from splitrt.plan.costmodel import (
     Link,
     Power,
 )
+from splitrt.plan.objective import OBJECTIVES, check_objective, objective_value
+from splitrt.plan.path import PathConditions, PathPlan, evaluate_path, format_plan, parse_plan, solve_path
 
-OBJECTIVES = ("latency", "energy", "throughput")
 _TIE_RTOL = 1e-12
 
 
@@ -63,28 +65,11 @@ class Plan:
         return self.key
 
 
-def format_plan(cut: str, codec: str) -> str:
-    return cut if cut == DEVICE_CUT else f"{cut}@{codec}"
-
-
-def parse_plan(text: str, default_codec: str = "fp32") -> tuple[str, str]:
-    """``"c12@fp16"`` → ``("c12", "fp16")``; ``"device"`` → ``("device", default_codec)``."""
-    cut, sep, codec = text.strip().partition("@")
-    if not cut or (sep and not codec) or ">" in cut:
-        raise PlanError(f"expected a plan like 'c12@fp16' or 'device', got {text!r}")
-    return cut, codec if sep else default_codec
-
-
 def _plan(est: Estimate, objective: str) -> Plan:
     return Plan(cut=est.cut, codec=est.codec, objective=objective, predicted_ms=est.latency_ms,
                 energy_mj=est.energy_mj, period_ms=est.period_ms, device_ms=est.device_ms,
                 transfer_ms=est.transfer_ms, rtt_ms=est.rtt_ms, cloud_ms=est.cloud_ms, bytes=est.bytes,
                 sent_bytes=est.sent_bytes, queue_ms=est.queue_ms)
-
-
-def _check_objective(objective: str) -> None:
-    if objective not in OBJECTIVES:
-        raise PlanError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
 
 
 def _pick(primary: FloatArray, secondary: FloatArray, tertiary: FloatArray) -> int:
@@ -124,7 +109,7 @@ def objective_matrix(
     table: CostTable, cond: Conditions, objective: str = "latency", power: Power = DEFAULT_POWER
 ) -> FloatArray:
     """The objective of every (cut, codec), shape (cuts, codecs): ms, mJ or ms per frame."""
-    _check_objective(objective)
+    check_objective(objective)
     if objective == "latency":
         return table.latency_ms(cond)
     if objective == "energy":
@@ -145,7 +130,7 @@ def solve(
 
     ``cuts`` / ``codecs`` restrict the candidates (e.g. codecs the cloud supports).
     """
-    _check_objective(objective)
+    check_objective(objective)
     latency = table.latency_ms(cond)
     if objective == "latency":
         primary = latency
@@ -173,7 +158,7 @@ def evaluate(
     power: Power = DEFAULT_POWER,
 ) -> Plan:
     """Cost of a given plan (``"c12@fp16"`` or ``(cut, codec)``) under ``cond``: e.g. the plan in use."""
-    _check_objective(objective)
+    check_objective(objective)
     cut, codec = parse_plan(plan, table.codecs[0]) if isinstance(plan, str) else plan
     est = table.estimate(cut, codec, cond, power)
     return _plan(est, objective)
@@ -307,121 +292,6 @@ class ChainConditions:
     cloud_load: float = 1.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class _ChainTerms:
-    """The per-cut terms of every chain plan, shape (cuts,) or (cuts, codecs): a plan (i, j, k) costs
-    ``dev[i] + hop1[i, k] + seg(i, j) + hop2[j, k] + cloud[j]`` ms, seg = ``edge[j] - edge[i]`` (>= 0)."""
-
-    dev: FloatArray
-    edge: FloatArray
-    cloud: FloatArray
-    up1: FloatArray  # device -> edge upload ms (the device's radio time)
-    xfer1: FloatArray  # both ways
-    hop1: FloatArray  # both ways + RTT
-    xfer2: FloatArray
-    hop2: FloatArray
-    sent: FloatArray  # payload bytes per hop, (cuts, codecs)
-    monotonic: bool  # edge head times never decrease: seg is a difference of prefix sums
-
-    @classmethod
-    def of(cls, device: CostTable, edge: CostTable, cloud: CostTable, cond: ChainConditions,
-           ks: list[int]) -> _ChainTerms:
-        sends = device.sends[:, None]
-        sent = device.sent_bytes[:, ks]
-        bw1, bw2 = cond.device_edge.bandwidth_mbps, cond.edge_cloud.bandwidth_mbps
-        if not (bw1 > 0 and bw2 > 0):
-            raise PlanError(f"bandwidth must be > 0 on both hops, got {bw1!r} and {bw2!r} Mbit/s")
-        up1 = sent * MS_PER_BYTE_AT_1MBPS / bw1
-        xfer1 = np.where(sends, up1 + device.reply_bytes * MS_PER_BYTE_AT_1MBPS / bw1, 0.0)
-        xfer2 = np.where(sends, (sent + device.reply_bytes) * MS_PER_BYTE_AT_1MBPS / bw2, 0.0)
-        e = edge.head_ms * cond.edge_load
-        return cls(dev=device.head_ms * cond.device_load, edge=e, cloud=cloud.tail_ms * cond.cloud_load,
-                   up1=np.where(sends, up1, 0.0), xfer1=xfer1,
-                   hop1=xfer1 + np.where(sends, cond.device_edge.rtt_ms, 0.0), xfer2=xfer2,
-                   hop2=xfer2 + np.where(sends, cond.edge_cloud.rtt_ms, 0.0), sent=sent,
-                   monotonic=bool(np.all(np.diff(e) >= 0)))
-
-    def figures(self, i: int, j: int, k: int, power: Power) -> dict[str, float]:
-        seg = max(float(self.edge[j] - self.edge[i]), 0.0)
-        latency = float(self.dev[i] + self.hop1[i, k] + seg + self.hop2[j, k] + self.cloud[j])
-        up = float(self.up1[i, k])
-        return {
-            "latency": latency, "device": float(self.dev[i]), "edge": seg, "cloud": float(self.cloud[j]),
-            "transfer": float(self.xfer1[i, k] + self.xfer2[j, k]),
-            "energy": float(power.active_w * self.dev[i] + power.send_w * up
-                            + power.idle_w * (latency - self.dev[i] - up)),
-            "period": max(float(self.dev[i]), float(self.xfer1[i, k]), seg, float(self.xfer2[j, k]),
-                          float(self.cloud[j])),
-        }
-
-
-def _allowed(table: CostTable, cuts: Sequence[str] | None) -> npt.NDArray[np.bool_]:
-    if cuts is None:
-        return np.ones(len(table), dtype=bool)
-    ok = np.zeros(len(table), dtype=bool)
-    ok[[table.index(c) for c in cuts]] = True
-    return ok
-
-
-def _chain_separable(t: _ChainTerms, objective: str, power: Power, ok_i: npt.NDArray[np.bool_],
-                     ok_j: npt.NDArray[np.bool_]) -> tuple[int, int, int]:
-    """O(cuts x codecs): with monotonic edge times the objective is ``u[i, k] + v[j, k]`` (i <= j), so the
-    best i for each j is a running minimum of ``u``."""
-    e = t.edge[:, None]
-    if objective == "latency":
-        u = t.dev[:, None] + t.hop1 - e
-        v = e + t.hop2 + t.cloud[:, None]
-    else:  # energy: the device idles from the end of its upload to the reply
-        u = power.active_w * t.dev[:, None] + power.send_w * t.up1 + power.idle_w * (t.hop1 - t.up1 - e)
-        v = power.idle_w * (e + t.hop2 + t.cloud[:, None])
-    u = np.where(ok_i[:, None], u, np.inf)
-    v = np.where(ok_j[:, None], v, np.inf)
-    n, kk = u.shape
-    running = np.minimum.accumulate(u, axis=0)
-    before = np.vstack([np.full((1, kk), np.inf), running[:-1]])
-    # First index attaining the running minimum (only strict improvements move it).
-    best_i = np.maximum.accumulate(np.where(u < before, np.arange(n)[:, None], 0), axis=0)
-    primary = running + v  # (j, k)
-    cols = np.arange(kk)[None, :]
-    latency = (t.dev[best_i] + t.hop1[best_i, cols] + (t.edge[:, None] - t.edge[best_i]) + t.hop2
-               + t.cloud[:, None])
-    sent = t.sent[best_i, cols] + t.sent
-    flat = _pick(primary, latency, sent)
-    j, k = divmod(flat, kk)
-    return int(best_i[j, k]), int(j), int(k)
-
-
-def _chain_matrix(t: _ChainTerms, objective: str, power: Power, ok_i: npt.NDArray[np.bool_],
-                  ok_j: npt.NDArray[np.bool_]) -> tuple[int, int, int]:
-    """O(cuts² x codecs): throughput (a max of stages), or edge times that are not prefix sums."""
-    n = len(t.dev)
-    seg = np.clip(t.edge[None, :] - t.edge[:, None], 0.0, None)  # (i, j)
-    feasible = np.triu(np.ones((n, n), dtype=bool)) & ok_i[:, None] & ok_j[None, :]
-    best: tuple[float, float, int, int, int] | None = None
-    for k in range(t.hop1.shape[1]):
-        latency = t.dev[:, None] + t.hop1[:, k, None] + seg + t.hop2[None, :, k] + t.cloud[None, :]
-        if objective == "latency":
-            primary = latency
-        elif objective == "energy":
-            up, dev = t.up1[:, k, None], t.dev[:, None]
-            primary = power.active_w * dev + power.send_w * up + power.idle_w * (latency - dev - up)
-        else:
-            primary = np.maximum.reduce([np.broadcast_to(t.dev[:, None], (n, n)),
-                                         np.broadcast_to(t.xfer1[:, k, None], (n, n)), seg,
-                                         np.broadcast_to(t.xfer2[None, :, k], (n, n)),
-                                         np.broadcast_to(t.cloud[None, :], (n, n))])
-        primary = np.where(feasible, primary, np.inf)
-        if not np.isfinite(primary).any():
-            continue
-        i, j = divmod(_pick(primary, latency, t.sent[:, k, None] + t.sent[None, :, k]), n)
-        key = (float(primary[i, j]), float(latency[i, j]), k, int(i), int(j))
-        if best is None or key[:2] < best[:2]:
-            best = key
-    if best is None:
-        raise PlanError("no feasible plan: every candidate is excluded or infinite")
-    return best[3], best[4], best[2]
-
-
 def _check_chain(device: CostTable, edge: CostTable, cloud: CostTable) -> None:
     if not (device.ids == edge.ids == cloud.ids):
         raise PlanError("device, edge and cloud tables must list the same cuts in the same order")
@@ -429,13 +299,16 @@ def _check_chain(device: CostTable, edge: CostTable, cloud: CostTable) -> None:
         raise PlanError("device, edge and cloud tables must list the same codecs")
 
 
-def _chain_plan(device: CostTable, t: _ChainTerms, i: int, j: int, k: int, codec: str, objective: str,
-                power: Power) -> ChainPlan:
-    fig = t.figures(i, j, k, power)
-    return ChainPlan(device_cut=device.ids[i], edge_cut=device.ids[j], codec=codec, objective=objective,
-                     predicted_ms=fig["latency"], energy_mj=fig["energy"], period_ms=fig["period"],
-                     device_ms=fig["device"], edge_ms=fig["edge"], cloud_ms=fig["cloud"],
-                     transfer_ms=fig["transfer"])
+def _path_conditions(cond: ChainConditions) -> PathConditions:
+    return PathConditions(hops=(cond.device_edge, cond.edge_cloud),
+                          loads=(cond.device_load, cond.edge_load, cond.cloud_load))
+
+
+def _chain_plan(p: PathPlan, codec: str) -> ChainPlan:
+    return ChainPlan(device_cut=p.cuts[0], edge_cut=p.cuts[1], codec=codec, objective=p.objective,
+                     predicted_ms=p.predicted_ms, energy_mj=p.energy_mj, period_ms=p.period_ms,
+                     device_ms=p.tier_ms[0], edge_ms=p.tier_ms[1], cloud_ms=p.tier_ms[2],
+                     transfer_ms=sum(p.transfer_ms))
 
 
 def solve_chain(
@@ -460,19 +333,15 @@ def solve_chain(
     669 cuts. ``device_cuts`` / ``edge_cuts`` restrict either cut (``edge_cuts=["device"]``: the edge
     finishes, no cloud). Ties → lower latency, then fewer bytes sent on both hops.
     """
-    _check_objective(objective)
+    check_objective(objective)
     _check_chain(device, edge, cloud)
     names = device.codecs if codecs is None else tuple(codecs)
     if not names:
         raise PlanError("no codec to plan with")
-    ks = [device.codec_index(c) for c in names]
-    t = _ChainTerms.of(device, edge, cloud, cond, ks)
-    ok_i, ok_j = _allowed(device, device_cuts), _allowed(device, edge_cuts)
-    if objective == "throughput" or not t.monotonic:
-        i, j, k = _chain_matrix(t, objective, power, ok_i, ok_j)
-    else:
-        i, j, k = _chain_separable(t, objective, power, ok_i, ok_j)
-    return _chain_plan(device, t, i, j, k, names[k], objective, power)
+    # One codec on both hops: what the chain runtime sends.
+    p = solve_path([device, edge, cloud], _path_conditions(cond), objective=objective, power=power, codecs=names,
+                   cuts=[device_cuts, edge_cuts], same_codec=True)
+    return _chain_plan(p, p.codecs[0])
 
 
 def evaluate_chain(
@@ -486,19 +355,20 @@ def evaluate_chain(
     power: Power = DEFAULT_POWER,
 ) -> ChainPlan:
     """Cost of a given chain plan (``"c3>c12@fp16"`` or a tuple) under ``cond``: e.g. the plan in use."""
-    _check_objective(objective)
+    check_objective(objective)
     _check_chain(device, edge, cloud)
     first, second, codec = parse_chain_plan(plan) if isinstance(plan, str) else plan
-    i, j = device.index(first), device.index(second)
-    if i > j:
+    if device.index(first) > device.index(second):
         raise PlanError(f"chain plan: expected the edge cut at or after the device cut {first!r}, got {second!r}")
-    t = _ChainTerms.of(device, edge, cloud, cond, [device.codec_index(codec)])
-    return _chain_plan(device, t, i, j, 0, codec, objective, power)
+    p = evaluate_path([device, edge, cloud], ((first, second), (codec, codec)), _path_conditions(cond),
+                      objective=objective, power=power)
+    return _chain_plan(p, codec)
 
 
 def chain_objective(plan: ChainPlan) -> float:
     """The value ``plan.objective`` minimises (ms, mJ or ms per frame)."""
-    return {"latency": plan.predicted_ms, "energy": plan.energy_mj}.get(plan.objective, plan.period_ms)
+    return objective_value(plan.objective, latency_ms=plan.predicted_ms, energy_mj=plan.energy_mj,
+                           period_ms=plan.period_ms)
 
 
 __all__ = [

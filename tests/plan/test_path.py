@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from splitrt.errors import PlanError
 from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
-from splitrt.plan.path import PathConditions, evaluate_path, format_path, parse_path, solve_path
-from splitrt.plan.solver import OBJECTIVES, ChainConditions, chain_objective, solve, solve_chain
+from splitrt.plan.path import PathConditions, _advance, evaluate_path, format_path, parse_path, solve_path
+from splitrt.plan.solver import OBJECTIVES, ChainConditions, chain_objective, evaluate_chain, solve, solve_chain
 
 POWER = Power(idle_w=2.0, active_w=6.0, radio_w=1.5)
 
@@ -69,24 +69,66 @@ def test_two_tiers_equal_solve(tables: list[CostTable], link: Link, dl: float, c
         assert new.predicted_ms == pytest.approx(old.predicted_ms, rel=1e-9, abs=1e-9)
 
 
-@settings(max_examples=30, deadline=None)
+def _reference_chain(tables: list[CostTable], hop1: Link, hop2: Link, tier_loads: tuple[float, float, float],
+                     objective: str, codec: str, edge_cuts: list[str] | None) -> float:
+    """The three-tier cost written out plainly, one pair of cuts at a time (the formula of the old
+    ``solve_chain``, which commit 1baf52d checked equal to the path solver before it was replaced)."""
+    device, edge, cloud = tables
+    k = device.codec_index(codec)
+    dl, el, cl = tier_loads
+    best = float("inf")
+    for i in range(len(device)):
+        for j in range(i, len(device)):
+            if edge_cuts is not None and device.ids[j] not in edge_cuts:
+                continue
+            sends_i, sends_j = device.ids[i] != "device", device.ids[j] != "device"
+            up1 = device.sent_bytes[i, k] * 8e-3 / hop1.bandwidth_mbps
+            x1 = up1 + (device.reply_bytes * 8e-3 / hop1.bandwidth_mbps if sends_i else 0.0)
+            x2 = (device.sent_bytes[j, k] + device.reply_bytes) * 8e-3 / hop2.bandwidth_mbps if sends_j else 0.0
+            dev = device.head_ms[i] * dl
+            seg = max(edge.head_ms[j] * el - edge.head_ms[i] * el, 0.0)
+            tail = cloud.tail_ms[j] * cl
+            latency = dev + x1 + hop1.rtt_ms * sends_i + seg + x2 + hop2.rtt_ms * sends_j + tail
+            value = {"latency": latency,
+                     "energy": POWER.active_w * dev + POWER.send_w * up1 + POWER.idle_w * (latency - dev - up1),
+                     "throughput": max(dev, x1, seg, x2, tail)}[objective]
+            best = min(best, value)
+    return best
+
+
+@settings(max_examples=40, deadline=None)
 @given(tables=table_sets(3), hop1=links, hop2=links, tier_loads=st.tuples(loads, loads, loads),
        objective=st.sampled_from(OBJECTIVES), codec=st.sampled_from(["fp32", "fp16", "int8"]),
        edge_finishes=st.booleans())
-def test_three_tiers_equal_solve_chain(tables: list[CostTable], hop1: Link, hop2: Link,
-                                       tier_loads: tuple[float, float, float], objective: str, codec: str,
-                                       edge_finishes: bool) -> None:
-    device, edge, cloud = tables
-    dl, el, cl = tier_loads
+def test_three_tiers_equal_the_chain_formula(tables: list[CostTable], hop1: Link, hop2: Link,
+                                            tier_loads: tuple[float, float, float], objective: str, codec: str,
+                                            edge_finishes: bool) -> None:
     edge_cuts = ["device"] if edge_finishes else None
-    old = solve_chain(device, edge, cloud, ChainConditions(device_edge=hop1, edge_cloud=hop2, device_load=dl,
-                                                           edge_load=el, cloud_load=cl),
-                      objective=objective, power=POWER, codecs=[codec], edge_cuts=edge_cuts)
+    want = _reference_chain(tables, hop1, hop2, tier_loads, objective, codec, edge_cuts)
     new = solve_path(tables, PathConditions(hops=(hop1, hop2), loads=tier_loads), objective=objective,
                      power=POWER, codecs=[codec], cuts=[None, edge_cuts])
-    assert new.value == pytest.approx(chain_objective(old), rel=1e-9, abs=1e-9)
+    assert new.value == pytest.approx(want, rel=1e-9, abs=1e-9)
+    # solve_chain (one codec on both hops) is this solver, and evaluate_chain re-costs its plan the same.
+    cond = ChainConditions(device_edge=hop1, edge_cloud=hop2, device_load=tier_loads[0], edge_load=tier_loads[1],
+                           cloud_load=tier_loads[2])
+    chain = solve_chain(*tables, cond, objective=objective, power=POWER, codecs=[codec], edge_cuts=edge_cuts)
+    assert chain_objective(chain) == pytest.approx(want, rel=1e-9, abs=1e-9)
+    assert evaluate_chain(*tables, str(chain), cond, objective=objective, power=POWER) == chain
     if edge_finishes:
-        assert new.cuts[1] == "device"
+        assert new.cuts[1] == "device" and chain.edge_cut == "device"
+
+
+@settings(max_examples=60, deadline=None)
+@given(prev=st.lists(st.floats(0.0, 1e4), min_size=1, max_size=40), data=st.data())
+def test_running_minimum_equals_the_pairwise_matrix(prev: list[float], data: st.DataObject) -> None:
+    """The O(cuts) step (a middle tier whose head times are prefix sums) finds what the O(cuts^2) one does."""
+    steps = data.draw(st.lists(st.floats(0.0, 100.0), min_size=len(prev), max_size=len(prev)))
+    seg_of, p = np.cumsum(steps), np.array(prev)
+    fast, arg = _advance(p, seg_of, additive=True)
+    pair = np.where(np.triu(np.ones((len(p), len(p)), dtype=bool)), p[:, None] + (seg_of[None, :] - seg_of[:, None]),
+                    np.inf)
+    assert np.allclose(fast, pair.min(axis=0))
+    assert np.allclose(p[arg] + seg_of - seg_of[arg], fast) and np.all(arg <= np.arange(len(p)))
 
 
 @settings(max_examples=40, deadline=None)

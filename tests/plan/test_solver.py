@@ -19,7 +19,6 @@ from splitrt.plan.solver import (
     parse_chain_plan,
     parse_plan,
     solve,
-    solve_chain,
     sweep,
 )
 
@@ -169,72 +168,6 @@ def _brute_chain(dev: CostTable, edge: CostTable, cloud: CostTable, c: ChainCond
                 best = min(best, lat)
         del codec
     return float(best)
-
-
-@settings(max_examples=100, deadline=None)
-@given(tables(), st.floats(0.01, 1.0), st.floats(0.01, 1.0), bandwidths, bandwidths, st.floats(0, 100))
-def test_chain_is_exact_over_nested_pairs(
-    t: CostTable, edge_speed: float, cloud_speed: float, bw1: float, bw2: float, rtt: float
-) -> None:
-    edge = CostTable(ids=t.ids, head_ms=t.head_ms * edge_speed, tail_ms=t.tail_ms * edge_speed, bytes=t.bytes)
-    cloud = CostTable(ids=t.ids, head_ms=t.head_ms, tail_ms=t.tail_ms * cloud_speed, bytes=t.bytes)
-    c = ChainConditions(
-        device_edge=Link(bandwidth_mbps=bw1, rtt_ms=rtt / 10),
-        edge_cloud=Link(bandwidth_mbps=bw2, rtt_ms=rtt),
-    )
-    plan = solve_chain(t, edge, cloud, c)
-    assert plan.predicted_ms == pytest.approx(_brute_chain(t, edge, cloud, c), rel=1e-9, abs=1e-9)
-    assert t.index(plan.device_cut) <= t.index(plan.edge_cut)
-    # never worse than the two-tier plans it contains (edge forwarding only, or edge doing everything)
-    two_tier = solve(t, Conditions(link=Link(bandwidth_mbps=bw1, rtt_ms=rtt / 10)), codecs=["fp32"])
-    if two_tier.cut == "device":
-        assert plan.predicted_ms <= two_tier.predicted_ms * (1 + 1e-9) + 1e-9
-
-
-def test_chain_prefers_edge_when_cloud_link_is_slow() -> None:
-    ids = ["cloud", "c1", "device"]
-    dev = CostTable(ids=ids, head_ms=[0, 50, 100], tail_ms=[100, 50, 0], bytes=[10_000, 10_000, 0])
-    edge = CostTable(ids=ids, head_ms=[0, 5, 10], tail_ms=[10, 5, 0], bytes=[10_000, 10_000, 0])
-    cloud = CostTable(ids=ids, head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[10_000, 10_000, 0])
-    slow_cloud = ChainConditions(
-        device_edge=Link(bandwidth_mbps=1000, rtt_ms=1), edge_cloud=Link(bandwidth_mbps=0.01, rtt_ms=100)
-    )
-    plan = solve_chain(dev, edge, cloud, slow_cloud)
-    assert (plan.device_cut, plan.edge_cut) == ("cloud", "device")
-    assert plan.edge_ms == pytest.approx(10.0)
-    fast_cloud = ChainConditions(
-        device_edge=Link(bandwidth_mbps=1000, rtt_ms=1), edge_cloud=Link(bandwidth_mbps=1000, rtt_ms=1)
-    )
-    plan = solve_chain(dev, edge, cloud, fast_cloud)
-    assert (plan.device_cut, plan.edge_cut) == ("cloud", "cloud")
-    assert parse_chain_plan(str(plan)) == ("cloud", "cloud", plan.codec)
-
-
-@settings(max_examples=100, deadline=None)
-@given(tables(), st.floats(0.01, 1.0), st.floats(0.01, 1.0), bandwidths, bandwidths, st.floats(0, 100),
-       st.sampled_from(["latency", "energy"]), powers)
-def test_chain_fast_path_equals_the_pairwise_matrix(
-    t: CostTable, edge_speed: float, cloud_speed: float, bw1: float, bw2: float, rtt: float, objective: str,
-    power: Power
-) -> None:
-    """The O(cuts) running-minimum solve (prefix-sum edge times) finds the optimum of the O(cuts²) one,
-    restricted cuts included, and ``evaluate_chain`` re-costs its plan to the same figures."""
-    from splitrt.plan import solver
-
-    edge = CostTable(ids=t.ids, head_ms=t.head_ms * edge_speed, tail_ms=t.tail_ms * edge_speed, bytes=t.bytes)
-    cloud = CostTable(ids=t.ids, head_ms=t.head_ms, tail_ms=t.tail_ms * cloud_speed, bytes=t.bytes)
-    c = ChainConditions(device_edge=Link(bandwidth_mbps=bw1, rtt_ms=rtt / 10), edge_cloud=Link(bandwidth_mbps=bw2,
-                                                                                             rtt_ms=rtt))
-    for edge_cuts in (None, ["device"], list(t.ids[len(t) // 2:])):
-        fast = solve_chain(t, edge, cloud, c, objective=objective, power=power, edge_cuts=edge_cuts)
-        terms = solver._ChainTerms.of(t, edge, cloud, c, list(range(len(t.codecs))))
-        ok_j = solver._allowed(t, edge_cuts)
-        i, j, k = solver._chain_matrix(terms, objective, power, solver._allowed(t, None), ok_j)
-        slow = solver._chain_plan(t, terms, i, j, k, t.codecs[k], objective, power)
-        assert solver.chain_objective(fast) == pytest.approx(solver.chain_objective(slow), rel=1e-9, abs=1e-9)
-        assert edge_cuts is None or fast.edge_cut in edge_cuts
-        again = solver.evaluate_chain(t, edge, cloud, str(fast), c, objective=objective, power=power)
-        assert again == fast
 
 
 def test_evaluate_chain_refuses_a_pair_out_of_order() -> None:

@@ -1,31 +1,32 @@
-"""Bearer-token authentication of the server's calls (a gRPC interceptor)."""
+"""Bearer-token authentication of the server's calls, decided on the call's metadata alone (the front door,
+``splitrt.cloud.frontdoor``, refuses before a byte of the body is read), and the per-peer throttle of
+failed attempts.
+
+``Tokens.check(metadata)`` compares the ``authorization: Bearer T`` header with every configured token
+in constant time. ``AuthThrottle`` (pure: every call takes ``now_s``) counts failures per peer address:
+after ``free_failures`` the address waits ``base_s``, doubling per further failure up to ``max_s``;
+while it waits its calls are refused before their token is looked at (a guess is neither checked nor
+answered), except on a connection that already authenticated (a device's long-lived channel from the
+same address goes on). Tokens are never logged nor in a repr.
+"""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
-import logging
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from splitrt.cloud.common import log_event
+__all__ = ["AuthThrottle", "ThrottleConfig", "Tokens", "Verdict", "peer_address", "token_matches"]
 
 
-def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming kind as ``handler`` that aborts with UNAUTHENTICATED."""
-
-    def deny(request: Any, context: grpc.ServicerContext) -> Any:
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny)
-    return grpc.unary_unary_rpc_method_handler(deny)
+class Verdict(enum.Enum):
+    OK = "ok"
+    MISSING = "missing"  # no bearer token at all
+    WRONG = "wrong"  # a token that is not one of ours
 
 
 def token_matches(given: bytes, tokens: tuple[bytes, ...]) -> bool:
@@ -39,29 +40,107 @@ def token_matches(given: bytes, tokens: tuple[bytes, ...]) -> bool:
     return ok and bool(given)
 
 
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Bearer-token auth for every method except the standard health service. Tokens are never logged:
-    a refused call logs the method and whether it carried a token at all."""
+class Tokens:
+    """The accepted bearer tokens (never in a repr)."""
 
-    def __init__(self, tokens: tuple[str, ...]) -> None:
+    def __init__(self, tokens: Iterable[str]) -> None:
         self._tokens = tuple(t.encode() for t in tokens)
 
     def __repr__(self) -> str:
-        return f"TokenInterceptor({len(self._tokens)} tokens)"
+        return f"Tokens({len(self._tokens)} tokens)"
 
-    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
-        method = handler_call_details.method or ""
-        if method.startswith("/grpc.health.v1.Health/"):
-            return continuation(handler_call_details)
+    def __bool__(self) -> bool:
+        return bool(self._tokens)
+
+    def check(self, metadata: Iterable[tuple[str, Any]] | None) -> Verdict:
         auth = ""
-        for key, value in handler_call_details.invocation_metadata or ():
+        for key, value in metadata or ():
             if key == "authorization":
                 auth = value if isinstance(value, str) else value.decode("utf-8", "replace")
+        if not auth:
+            return Verdict.MISSING
         given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
-        ok = token_matches(given, self._tokens)
-        handler = continuation(handler_call_details)
-        if ok or handler is None:
-            return handler
-        log_event("unauthenticated", logging.WARNING, method=method, had_token=bool(auth))
-        reason = "a bearer token" if not auth else "a valid bearer token"
-        return _deny_handler(handler, f"expected {reason} in the 'authorization' metadata")
+        return Verdict.OK if token_matches(given, self._tokens) else Verdict.WRONG
+
+
+def peer_address(peer: str) -> str:
+    """The address part of a gRPC peer string (``ipv4:10.0.0.5:51234`` -> ``10.0.0.5``,
+    ``ipv6:[::1]:5`` -> ``::1``); anything else whole."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    if kind == "ipv6":
+        host = rest.rpartition(":")[0] or rest
+        return host.strip("[]")
+    return peer
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThrottleConfig:
+    # Failures an address may make before it has to wait.
+    free_failures: int = 10
+    # The first wait; each further failure doubles it, up to ``max_s``.
+    base_s: float = 1.0
+    max_s: float = 60.0
+    # An address with no failure for this long starts afresh.
+    forget_s: float = 600.0
+    # Addresses and authenticated connections remembered (oldest forgotten first).
+    max_peers: int = 4096
+
+
+@dataclass
+class _Record:
+    failures: int = 0
+    until_s: float = 0.0  # refused before this time
+    last_s: float = 0.0
+
+
+class AuthThrottle:
+    """Failed authentications per peer address, with exponential backoff (not thread-safe: the front
+    door calls it under its lock)."""
+
+    def __init__(self, config: ThrottleConfig | None = None) -> None:
+        self.config = config or ThrottleConfig()
+        self._peers: OrderedDict[str, _Record] = OrderedDict()
+        self._trusted: OrderedDict[str, None] = OrderedDict()  # connections (full peer strings) that authenticated
+
+    def wait_s(self, peer: str, now_s: float) -> float:
+        """Seconds the peer's address must still wait (0: its token is checked). A connection that has
+        authenticated before never waits."""
+        if peer in self._trusted:
+            return 0.0
+        rec = self._peers.get(peer_address(peer))
+        if rec is None:
+            return 0.0
+        if now_s - rec.last_s > self.config.forget_s:
+            del self._peers[peer_address(peer)]
+            return 0.0
+        return max(0.0, rec.until_s - now_s)
+
+    def failed(self, peer: str, now_s: float) -> float:
+        """Record a failure; returns the wait it starts (0: still free)."""
+        addr = peer_address(peer)
+        rec = self._peers.pop(addr, None) or _Record()
+        if now_s - rec.last_s > self.config.forget_s:
+            rec = _Record()
+        rec.failures += 1
+        rec.last_s = now_s
+        over = rec.failures - self.config.free_failures
+        wait = 0.0 if over <= 0 else min(self.config.max_s, self.config.base_s * 2.0 ** (over - 1))
+        rec.until_s = now_s + wait
+        self._peers[addr] = rec
+        while len(self._peers) > self.config.max_peers:
+            self._peers.popitem(last=False)
+        return wait
+
+    def succeeded(self, peer: str) -> None:
+        """The connection authenticated: it never waits, and its address starts afresh."""
+        self._peers.pop(peer_address(peer), None)
+        self._trusted[peer] = None
+        self._trusted.move_to_end(peer)
+        while len(self._trusted) > self.config.max_peers:
+            self._trusted.popitem(last=False)
+
+    def waiting(self, now_s: float) -> int:
+        """Addresses that wait now (a gauge for metrics)."""
+        return sum(1 for r in self._peers.values() if r.until_s > now_s)

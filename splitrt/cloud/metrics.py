@@ -132,7 +132,26 @@ def render(server: CloudServer) -> str:
         [("", {"model": sha[:16], "cut": cut}, float(h)) for sha, cut, h in tails.snapshot()])
     fam(lines, "splitrt_cloud_served_total", "counter", "Requests served successfully.",
         [("", {}, float(server.served))])
+    _door(lines, server)
     return "\n".join(lines) + "\n"
+
+
+def _door(lines: list[str], server: CloudServer) -> None:
+    """The front door's counters: every call by method and code, lanes, refusals, throttled peers."""
+    snap = server.door.snapshot()
+    fam = promtext.family
+    fam(lines, "splitrt_cloud_calls_total", "counter", "gRPC calls finished, every method, by status code "
+        "(refusals at the front door included).",
+        [("", {"method": m, "code": c}, float(n)) for (m, c), n in sorted(snap["calls"].items())])
+    fam(lines, "splitrt_cloud_lane_calls", "gauge", "Calls inside each lane now.",
+        [("", {"lane": k}, float(v)) for k, v in sorted(snap["inside"].items())])
+    fam(lines, "splitrt_cloud_lane_capacity", "gauge", "Calls each lane admits at once.",
+        [("", {"lane": k}, float(v)) for k, v in sorted(snap["caps"].items())])
+    fam(lines, "splitrt_cloud_door_refused_total", "counter", "Calls refused or ended by the front door, by "
+        "reason (unauthenticated, throttled, lane:<lane> full, timeout).",
+        [("", {"reason": k}, float(v)) for k, v in sorted(snap["refused"].items())])
+    fam(lines, "splitrt_cloud_throttled_peers", "gauge", "Peer addresses waiting after failed authentications.",
+        [("", {}, float(snap["waiting_peers"]))])
 
 
 def metrics_http(server: CloudServer, host: str, port: int) -> tuple[ThreadingHTTPServer, str]:

@@ -8,13 +8,16 @@ keeps it in an LRU cache bounded by ``segment_cache_size`` sessions.
 
 Concurrency and memory are bounded: at most ``workers`` tails run at once, at most ``max_queue`` more
 requests wait (beyond that: RESOURCE_EXHAUSTED at once), a waiting request gives up at its deadline
-(DEADLINE_EXCEEDED), gRPC caps concurrent RPCs and message sizes (``max_message_bytes``). A request's
-tensors are checked (names, dtypes, shapes, and their decoded size against ``max_decoded_bytes``, per
-tensor and in total: RESOURCE_EXHAUSTED) before it waits, but decoded (zlib inflated, dequantised) only
-once it holds a worker slot. So received messages take at most ``(workers + max_queue + 8) *
-max_message_bytes`` and decoded inputs at most ``workers * max_decoded_bytes`` (plus the tails' own
-activations and their encoded outputs). ``stop()`` stops accepting calls, marks health NOT_SERVING and
-drains in-flight calls for ``drain_timeout_s``.
+(DEADLINE_EXCEEDED; a call without a deadline gets ``default_deadline_s``), gRPC caps message sizes
+(``max_message_bytes``). Calls pass the front door (``frontdoor``) first: authenticated on their
+metadata before their body is read, admitted to a lane of their own (inference: ``workers + max_queue +
+8`` calls; Status, health Check and health Watch apart), and given bounded time to send their message
+(``limits``). A request's tensors are checked (names, dtypes, shapes, and their decoded size against
+``max_decoded_bytes``, per tensor and in total: RESOURCE_EXHAUSTED) before it waits, but decoded (zlib
+inflated, dequantised) only once it holds a worker slot. So received inference messages take at most
+``(workers + max_queue + 8) * max_message_bytes`` and decoded inputs at most ``workers *
+max_decoded_bytes`` (plus the tails' own activations and their encoded outputs). ``stop()`` stops
+accepting calls, marks health NOT_SERVING and drains in-flight calls for ``drain_timeout_s``.
 
 Secure by default (``security``): it listens on 127.0.0.1; another host needs TLS and bearer tokens or
 ``insecure=True`` (logged as an ``insecure`` warning, reported in ``Status``); uploads need tokens.
@@ -47,10 +50,11 @@ from grpc_health.v1 import health, health_pb2
 from splitrt import __version__
 from splitrt.cloud import request_path, security
 from splitrt.cloud.admission import Admission, CpuMeter, admitted
-from splitrt.cloud.auth import TokenInterceptor
 from splitrt.cloud.cancel import CallToken, Canceller
 from splitrt.cloud.common import RpcFailure, log, log_event
 from splitrt.cloud.edge import NextTier, Relay
+from splitrt.cloud.frontdoor import FrontDoor
+from splitrt.cloud.limits import Limits, connection_budget, grpc_options, raise_fd_limit
 from splitrt.cloud.memory import DEFAULT_MAX_REQUEST_BYTES, LOAD_PEAK_FACTOR, MemoryBudget, rss_bytes
 from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.peak import PeakEstimator
@@ -112,6 +116,8 @@ class ServerConfig:
     # Prometheus text metrics over HTTP (``GET /metrics``): None = off, 0 = any free port.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # Time and count limits on what clients hold: lanes, read timeouts, connections (``limits``).
+    limits: Limits = field(default_factory=Limits)
 
 
 def tokens_from_file(path: Path) -> tuple[str, ...]:
@@ -160,17 +166,24 @@ class CloudServer:
         self.servicer = Servicer(self)
         # Three tiers: the middle segment and the forward to ``config.next_tier`` (``splitrt.cloud.edge``).
         self.relay = Relay(self, config.next_tier, config.max_message_bytes)
+        # The front door (``frontdoor``): auth, throttle, lanes and leases, decided on a call's metadata.
+        self.door = FrontDoor.build(tokens=config.tokens, limits=config.limits,
+                                    infer_calls=config.workers + config.max_queue + 8,
+                                    retry_after_ms=self._retry_after_ms)
+        self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
+        self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
         cfg = self.config
-        concurrency = cfg.workers + cfg.max_queue + 8
-        interceptors = [TokenInterceptor(cfg.tokens)] if cfg.tokens else []
+        self.max_connections = connection_budget(cfg.limits, raise_fd_limit())
+        threads = self.door.threads
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="splitrt-cloud"),
-            interceptors=interceptors,
-            options=wire.server_options(cfg.max_message_bytes),
-            maximum_concurrent_rpcs=concurrency,
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="splitrt-cloud"),
+            interceptors=[self.door],
+            options=wire.server_options(cfg.max_message_bytes) + grpc_options(cfg.limits, self.max_connections),
+            # The lanes admit calls (``frontdoor``); this backstop only bounds refusals waiting for a thread.
+            maximum_concurrent_rpcs=4 * threads,
         )
         add_servicer(self.servicer, server)
         add_health(self.health, server)  # garbage bytes: INVALID_ARGUMENT, not INTERNAL
@@ -193,6 +206,7 @@ class CloudServer:
                 server.stop(0)
                 raise
         server.start()
+        self.watchdog.start()
         self._server = server
         self.port = port
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -200,7 +214,8 @@ class CloudServer:
         exp = self.exposure
         log_event("listening", host=cfg.host, port=port, tls=exp.tls, auth=exp.auth, insecure=exp.insecure,
                   models=len(self.store.models()), workers=cfg.workers, allow_upload=cfg.allow_upload,
-                  version=__version__, metrics_url=self.metrics_url)
+                  version=__version__, metrics_url=self.metrics_url, max_connections=self.max_connections,
+                  lanes=self.door.caps)
         if exp.insecure:
             log_event("insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth,
                       warning=exp.warning)
@@ -236,6 +251,8 @@ class CloudServer:
         else:
             self.canceller.cancel_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         self._server = None
+        self.watchdog.stop()
+        self.ratelog.flush(force=True)
         self.relay.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
@@ -259,6 +276,10 @@ class CloudServer:
         self.stop(grace_s=1.0)
 
     # -- requests ----------------------------------------------------------------------------------
+    def _retry_after_ms(self) -> float:
+        a = self.admission
+        return self.stats.retry_after_ms(queue_depth=a.admitted, workers=a.workers)
+
     def load(self) -> pb.Load:
         a = self.admission
         return pb.Load(queue_depth=a.admitted, running=a.running, workers=a.workers,

@@ -27,6 +27,22 @@ if TYPE_CHECKING:
     from splitrt.cloud.server import ServerConfig
 
 
+# gRPC reports ~9.2e18 s remaining for a call without a deadline; anything beyond a day is "none".
+_NO_DEADLINE_S = 86_400.0
+
+
+def remaining_s(context: Any, default_s: float) -> float:
+    """The call's time left, always a bounded number: a call without a deadline (or an absurd one) gets
+    the server's ``default_deadline_s`` (waits on a larger number raise in ``threading``)."""
+    try:
+        left = context.time_remaining()
+    except Exception:  # an in-process context without deadlines
+        left = None
+    if left is None or not left < _NO_DEADLINE_S:  # NaN too
+        return default_s
+    return max(0.0, float(left))
+
+
 class Backend(Protocol):
     """What the servicer needs of the server (``CloudServer`` is one)."""
 
@@ -60,11 +76,14 @@ class Servicer:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
+    def _remaining(self, context: grpc.ServicerContext) -> float:
+        return remaining_s(context, self.backend.config.default_deadline_s)
+
     def Infer(self, request: wire.Framed | wire.Malformed, context: grpc.ServicerContext) -> wire.Framed:
         try:
             if isinstance(request, wire.Malformed):
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Infer: {request.message}")
-            return self.backend.infer(request, context.time_remaining(), call_token(context))
+            return self.backend.infer(request, self._remaining(context), call_token(context))
         except RpcFailure as exc:
             if exc.retry_after_ms is not None:  # queue full: when to come back
                 context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{exc.retry_after_ms:g}"),))
@@ -81,7 +100,7 @@ class Servicer:
                     code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"))
                 continue
             try:
-                yield self.backend.infer(request, context.time_remaining(), token)
+                yield self.backend.infer(request, self._remaining(context), token)
             except RpcFailure as exc:
                 yield pb.InferReply(request_id=request.header.request_id, load=self.backend.load(),
                                     error=pb.Error(code=exc.code.name, message=exc.message,
@@ -99,7 +118,7 @@ class Servicer:
         try:
             with self.backend.admitted("probe", n + len(request.payload)):
                 reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
-                self.backend.relay.probe(request, reply, context.time_remaining())  # an edge's next hop, if asked
+                self.backend.relay.probe(request, reply, self._remaining(context))  # an edge's next hop, if asked
                 return reply
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
@@ -113,7 +132,7 @@ class Servicer:
     def PutModel(self, request_iterator: Iterator[pb.ModelChunk | wire.Malformed],
                  context: grpc.ServicerContext) -> pb.PutModelReply:
         try:
-            return self.backend.put_model(_well_formed(request_iterator, "PutModel"), context.time_remaining())
+            return self.backend.put_model(_well_formed(request_iterator, "PutModel"), self._remaining(context))
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc

@@ -202,9 +202,10 @@ def test_server_checks_tokens_with_compare_digest(models_dir: Path, compare: _Co
 def test_tokens_are_never_logged_nor_in_a_repr(models_dir: Path, tmp_path: Path,
                                               caplog: pytest.LogCaptureFixture) -> None:
     cfg = ServerConfig(models_dir=tmp_path, tokens=(SECRET,), allow_upload=True, host="0.0.0.0", insecure=True)
-    assert SECRET not in repr(cfg) and SECRET not in repr(auth.TokenInterceptor(cfg.tokens))
+    assert SECRET not in repr(cfg) and SECRET not in repr(auth.Tokens(cfg.tokens))
     shutil.copyfile(models_dir / "tiny_chain.onnx", tmp_path / "tiny_chain.onnx")
     with caplog.at_level(logging.DEBUG), CloudServer(cfg) as s:
+        assert SECRET not in repr(s.door)
         for token in (SECRET, SECRET + "x", "x" + SECRET, None):
             with Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=token, timeout_s=10)) as dev:
                 try:

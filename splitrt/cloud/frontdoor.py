@@ -1,0 +1,292 @@
+"""The server's front door: every call is authenticated, throttled and admitted to its lane on its
+metadata, before a byte of its body is read, and holds a lease while it waits on the client.
+
+gRPC's synchronous server reads a unary request's whole message before any handler runs, and an
+interceptor's refusal of a unary method would too. So ``FrontDoor`` (a ``grpc.ServerInterceptor``)
+re-registers every method as a request-streaming handler: it runs at once when the call's headers
+arrive, decides, and only then reads the message (under a ``watchdog.Lease``) and calls the real
+handler with it. A refused call costs a pooled thread for microseconds, no slot and no buffer.
+
+Per call, in order:
+1. Auth (``auth``): health needs no token; everything else needs one of ``tokens`` (when any). A peer
+   address that failed too often waits (``AuthThrottle``): RESOURCE_EXHAUSTED with ``retry-after-ms``,
+   its token not even compared. Refusals are logged through ``RateLog`` (a flood: one summary line
+   per interval).
+2. Lanes: inference calls (Infer, InferStream, Probe, PutModel), Status, health Check and health Watch
+   each have their own cap; a full lane answers RESOURCE_EXHAUSTED at once, and never blocks another
+   (Status and health answer while the inference queue is full).
+3. Leases: the request message (``read_timeout_s``; health ``health_read_timeout_s``), each further
+   upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
+   take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not
+   come. A Watch stream ends after ``watch_max_age_s`` (UNAVAILABLE: watch again).
+4. Every call's outcome is counted by method and status code (``Status``-independent: metrics), and
+   every failure the handler does not log itself is logged (rate-limited).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, peer_address
+from splitrt.cloud.limits import Limits
+from splitrt.cloud.ratelog import RateLog
+from splitrt.cloud.watchdog import Lease, Watchdog
+from splitrt.transport import wire
+
+__all__ = ["FrontDoor", "lane_of"]
+
+HEALTH = "/grpc.health.v1.Health/"
+# Threads beyond the lanes' caps: refusals run on them (microseconds each).
+SPARE_THREADS = 16
+# Methods whose failures the server logs itself (one ``infer`` line per request).
+_SELF_LOGGED = {f"/{wire.SERVICE_NAME}/Infer"}
+
+
+def lane_of(method: str) -> str:
+    """The lane a method's calls are admitted to: ``watch``, ``health``, ``status`` or ``infer``."""
+    if method.startswith(HEALTH):
+        return "watch" if method.endswith("/Watch") else "health"
+    return "status" if method == f"/{wire.SERVICE_NAME}/Status" else "infer"
+
+
+class FrontDoor(grpc.ServerInterceptor):
+    def __init__(self, *, tokens: Tokens, limits: Limits, infer_calls: int, throttle: AuthThrottle,
+                 watchdog: Watchdog, ratelog: RateLog, retry_after_ms: Callable[[], float] = lambda: 100.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.tokens = tokens
+        self.limits = limits
+        self.throttle = throttle
+        self.watchdog = watchdog
+        self.ratelog = ratelog
+        self.retry_after_ms = retry_after_ms
+        self.clock = clock
+        self.caps = {"infer": infer_calls, "status": limits.status_calls, "health": limits.health_calls,
+                     "watch": limits.watch_streams}
+        self.inside = dict.fromkeys(self.caps, 0)
+        self.lock = threading.Lock()
+        self.calls: Counter[tuple[str, str]] = Counter()  # (method, code)
+        self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
+
+    @classmethod
+    def build(cls, *, tokens: tuple[str, ...], limits: Limits, infer_calls: int,
+              retry_after_ms: Callable[[], float]) -> FrontDoor:
+        """A door with its own rate-limited log, throttle and watchdog (which flushes the log's summary)."""
+        limits.check()
+        ratelog = RateLog(interval_s=limits.log_interval_s)
+        watchdog = Watchdog()
+        watchdog.on_tick.append(ratelog.flush)
+        throttle = AuthThrottle(ThrottleConfig(free_failures=limits.auth_free_failures, base_s=limits.auth_backoff_s,
+                                               max_s=limits.auth_backoff_max_s))
+        return cls(tokens=Tokens(tokens), limits=limits, infer_calls=infer_calls, throttle=throttle,
+                   watchdog=watchdog, ratelog=ratelog, retry_after_ms=retry_after_ms)
+
+    def __repr__(self) -> str:
+        return f"FrontDoor({self.tokens!r}, caps={self.caps})"
+
+    @property
+    def threads(self) -> int:
+        """Worker threads the server needs: every lane full, and spares for refusals."""
+        return sum(self.caps.values()) + SPARE_THREADS
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None  # UNIMPLEMENTED, answered by gRPC without reading anything
+        method = handler_call_details.method or ""
+        lane = lane_of(method)
+        verdict = None if lane in ("health", "watch") or not self.tokens else \
+            self.tokens.check(handler_call_details.invocation_metadata)
+        return _wrap(self, handler, method, lane, verdict)
+
+    def count(self, method: str, code: grpc.StatusCode, refused: str = "") -> None:
+        with self.lock:
+            self.calls[(method.rpartition("/")[2] or method, code.name)] += 1
+            if refused:
+                self.refused[refused] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters for metrics: lanes (inside, caps), calls by (method, code), refusals by reason."""
+        with self.lock:
+            return {"inside": dict(self.inside), "caps": dict(self.caps), "calls": dict(self.calls),
+                    "refused": dict(self.refused), "waiting_peers": self.throttle.waiting(self.clock())}
+
+
+class _Call:
+    """One call through the door: ``enter`` (auth, lane; aborts on refusal), reads under the lease,
+    ``finish`` (counts, logs)."""
+
+    def __init__(self, door: FrontDoor, method: str, lane: str, verdict: Verdict | None, context: Any) -> None:
+        self.door, self.method, self.lane, self.verdict, self.context = door, method, lane, verdict, context
+        self.short = method.rpartition("/")[2] or method
+        self.lease: Lease | None = None
+        self.peer = ""
+        self._released = False
+
+    def enter(self) -> None:
+        door, ctx = self.door, self.context
+        peer = self.peer = ctx.peer() or ""
+        if self.verdict is not None:
+            with door.lock:
+                now = door.clock()
+                wait_s = door.throttle.wait_s(peer, now)
+                if wait_s <= 0 and self.verdict is Verdict.OK:
+                    door.throttle.succeeded(peer)
+                elif wait_s <= 0:
+                    door.throttle.failed(peer, now)
+            if wait_s > 0:
+                hint = round(wait_s * 1e3, 1)
+                door.ratelog.event("auth_throttled", peer=peer_address(peer), method=self.method, retry_after_ms=hint)
+                self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, "throttled",
+                             f"too many failed authentications from {peer_address(peer)}: expected a wait, "
+                             f"got a call; retry after {hint:g} ms", hint)
+            if self.verdict is not Verdict.OK:
+                had = self.verdict is Verdict.WRONG
+                door.ratelog.event("unauthenticated", peer=peer_address(peer), method=self.method, had_token=had)
+                self._refuse(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated",
+                             f"expected {'a valid' if had else 'a'} bearer token in the 'authorization' metadata")
+        with door.lock:
+            cap, inside = door.caps[self.lane], door.inside[self.lane]
+            admitted = inside < cap
+            if admitted:
+                door.inside[self.lane] = inside + 1
+        if not admitted:
+            hint = door.retry_after_ms() if self.lane == "infer" else 100.0
+            door.ratelog.event("lane_full", peer=peer_address(peer), method=self.method, lane=self.lane, cap=cap)
+            self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, f"lane:{self.lane}",
+                         f"server busy: {inside} {self.lane} calls at once, expected at most {cap}; "
+                         f"retry after {hint:g} ms", hint)
+        self.lease = door.watchdog.lease(ctx)
+        if self.lane == "watch":
+            age = door.limits.watch_max_age_s
+            self.lease.arm_life(age, f"Watch: streams last at most {age:g} s on this server; watch again",
+                                grpc.StatusCode.UNAVAILABLE)
+        ctx.add_callback(self.release)  # the lane is left however the call ends
+
+    def _refuse(self, code: grpc.StatusCode, reason: str, message: str, retry_after_ms: float | None = None) -> None:
+        self.door.count(self.method, code, reason)
+        if retry_after_ms is not None:
+            self.context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{retry_after_ms:g}"),))
+        self.context.abort(code, message)
+        raise AssertionError("unreachable")  # abort raises
+
+    def release(self) -> None:
+        with self.door.lock:
+            if self._released:
+                return
+            self._released = True
+            self.door.inside[self.lane] -= 1
+        if self.lease is not None:
+            self.door.watchdog.release(self.lease)
+
+    def _read(self, it: Iterator[Any], timeout_s: float, what: str) -> Any:
+        assert self.lease is not None
+        self.lease.arm(timeout_s, f"{self.short}: expected {what} within {timeout_s:g} s, got none")
+        try:
+            return next(it)
+        finally:
+            self.lease.disarm()
+
+    def first(self, it: Iterator[Any]) -> Any:
+        lim = self.door.limits
+        timeout = lim.health_read_timeout_s if self.lane in ("health", "watch") else lim.read_timeout_s
+        try:
+            return self._read(it, timeout, "the request message")
+        except StopIteration:
+            self.context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"{self.short}: expected one request message, got none")
+            raise AssertionError("unreachable") from None
+
+    def frames(self, it: Iterator[Any]) -> Iterator[Any]:
+        lim = self.door.limits
+        first = True
+        while True:
+            # Upload chunks come back to back; stream frames come when the device has one.
+            timeout = lim.read_timeout_s if first or self.short == "PutModel" else lim.stream_idle_s
+            try:
+                msg = self._read(it, timeout, "the first message" if first else "the next message")
+            except StopIteration:
+                return
+            first = False
+            yield msg
+
+    def sending(self) -> None:
+        assert self.lease is not None
+        t = self.door.limits.read_timeout_s
+        self.lease.arm(t, f"{self.short}: expected the client to take the reply within {t:g} s, got no room")
+
+    def sent(self) -> None:
+        assert self.lease is not None
+        self.lease.disarm()
+
+    def finish(self, ok: bool) -> None:
+        """Count the outcome; log a failure the handler did not log itself."""
+        ctx, lease = self.context, self.lease
+        exc = sys.exc_info()[1]
+        code = ctx.code() if hasattr(ctx, "code") else None
+        if lease is not None and lease.fired:
+            code, reason = lease.code, "timeout"
+        elif code is None and (ok or isinstance(exc, GeneratorExit)):
+            code, reason = grpc.StatusCode.OK if ok else grpc.StatusCode.CANCELLED, ""
+        elif code is None:
+            code = grpc.StatusCode.CANCELLED if not ctx.is_active() else grpc.StatusCode.UNKNOWN
+            reason = ""
+        else:
+            reason = ""
+        self.door.count(self.method, code, reason)
+        self.release()
+        logged_by_handler = self.method in _SELF_LOGGED and not reason and code is not grpc.StatusCode.UNKNOWN
+        if code is grpc.StatusCode.OK or logged_by_handler:
+            return
+        level = logging.ERROR if code is grpc.StatusCode.UNKNOWN else logging.WARNING
+        detail = lease.reason if reason and lease is not None else (repr(exc)[:300] if exc is not None else "")
+        self.door.ratelog.event("call_failed", level, peer=peer_address(self.peer), method=self.method,
+                                code=code.name, error=detail)
+
+
+def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str,
+          verdict: Verdict | None) -> grpc.RpcMethodHandler:
+    """``h`` as a request-streaming handler that goes through the door first."""
+    kw = {"request_deserializer": h.request_deserializer, "response_serializer": h.response_serializer}
+    if h.response_streaming:
+        def streaming(request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
+            call = _Call(door, method, lane, verdict, context)
+            call.enter()
+            ok = False
+            try:
+                if h.request_streaming:
+                    replies = h.stream_stream(call.frames(request_iterator), context)
+                else:
+                    replies = h.unary_stream(call.first(request_iterator), context)
+                for reply in replies:
+                    call.sending()
+                    yield reply
+                    call.sent()
+                ok = True
+            finally:
+                call.finish(ok)
+
+        return grpc.stream_stream_rpc_method_handler(streaming, **kw)
+
+    def unary(request_iterator: Iterator[Any], context: Any) -> Any:
+        call = _Call(door, method, lane, verdict, context)
+        call.enter()
+        ok = False
+        try:
+            if h.request_streaming:
+                reply = h.stream_unary(call.frames(request_iterator), context)
+            else:
+                reply = h.unary_unary(call.first(request_iterator), context)
+            ok = True
+            return reply
+        finally:
+            call.finish(ok)
+
+    return grpc.stream_unary_rpc_method_handler(unary, **kw)

@@ -1,0 +1,123 @@
+"""Time and count limits on everything a client can hold on the server (``ServerConfig.limits``), and
+the gRPC core options and file-descriptor budget that carry the connection-level ones.
+
+Per call (the front door, ``frontdoor``): lanes of their own for inference calls, ``Status``, health
+``Check`` and health ``Watch``, so a full inference queue or a flood of health streams never locks
+out the others; a read timeout on request bodies, upload chunks and replies the client does not take;
+an idle limit between stream frames; Watch streams capped and aged out.
+
+Per connection (gRPC core): streams per connection, idle connections closed, an optional maximum age
+(with grace), TLS/HTTP2 handshake timeout, keepalive pings (dead peers dropped) and enforcement of the
+clients' ping rate, and a cap on connections below the process's file-descriptor limit (raised to its
+hard limit at start), so the server refuses new connections instead of failing on ``EMFILE``.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+from splitrt.errors import ConfigError
+
+__all__ = ["Limits", "connection_budget", "grpc_options", "raise_fd_limit"]
+
+# File descriptors kept for everything but connections: model files, sessions' threads, logs, metrics.
+FD_RESERVE = 256
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    # A request message, an upload chunk, or a reply the client must take: within this once waited for.
+    read_timeout_s: float = 30.0
+    # A health Check's request (tiny; needs no token): a shorter wait.
+    health_read_timeout_s: float = 5.0
+    # InferStream: the next frame within this, or the stream ends (DEADLINE_EXCEEDED).
+    stream_idle_s: float = 120.0
+    # Calls in each lane at once, beyond inference (whose lane is workers + max_queue + 8).
+    status_calls: int = 8
+    health_calls: int = 16
+    watch_streams: int = 8
+    # A health Watch stream ends (UNAVAILABLE: watch again) after this.
+    watch_max_age_s: float = 300.0
+    # gRPC core: concurrent streams per HTTP/2 connection (more wait on the client).
+    streams_per_connection: int = 100
+    # Connections at once; None: the file-descriptor limit (raised to its hard limit) minus a reserve.
+    max_connections: int | None = None
+    # A connection with no call for this long is closed (GOAWAY); clients reconnect on their next call.
+    connection_idle_s: float = 300.0
+    # A connection is told to go away after this (None: never), and closed ``grace`` later.
+    connection_age_s: float | None = None
+    connection_age_grace_s: float = 60.0
+    # TCP accepted to HTTP/2 (and TLS) ready within this.
+    handshake_timeout_s: float = 10.0
+    # The server pings a quiet connection this often and drops it if the ping is not answered in time.
+    keepalive_s: float = 60.0
+    keepalive_timeout_s: float = 20.0
+    # Failed authentications a peer address may make before it waits ``auth_backoff_s``, doubling per
+    # further failure up to ``auth_backoff_max_s`` (``auth.AuthThrottle``).
+    auth_free_failures: int = 10
+    auth_backoff_s: float = 1.0
+    auth_backoff_max_s: float = 60.0
+    # Refusals and failures: at most a few lines per kind per interval, then one summary line.
+    log_interval_s: float = 10.0
+
+    def check(self) -> None:
+        for name in ("read_timeout_s", "health_read_timeout_s", "stream_idle_s", "watch_max_age_s",
+                     "connection_idle_s", "handshake_timeout_s", "keepalive_s", "keepalive_timeout_s",
+                     "auth_backoff_s", "auth_backoff_max_s", "log_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"limits.{name}: expected > 0 seconds, got {getattr(self, name)}")
+        for name in ("status_calls", "health_calls", "watch_streams", "streams_per_connection"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"limits.{name}: expected >= 1, got {getattr(self, name)}")
+        if self.auth_free_failures < 0:
+            raise ConfigError(f"limits.auth_free_failures: expected >= 0, got {self.auth_free_failures}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ConfigError(f"limits.max_connections: expected >= 1, got {self.max_connections}")
+        if self.connection_age_s is not None and not self.connection_age_s > 0:
+            raise ConfigError(f"limits.connection_age_s: expected > 0 seconds or None, got {self.connection_age_s}")
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft file-descriptor limit to its hard limit; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= hard:
+        return int(min(soft, hard) if soft != resource.RLIM_INFINITY else hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return int(hard)
+    except (ValueError, OSError):
+        return int(soft)
+
+
+def connection_budget(limits: Limits, fd_limit: int) -> int:
+    """Connections the server accepts at once: the configured cap, never more than the descriptors
+    left after ``FD_RESERVE`` (each connection is one descriptor)."""
+    room = max(16, fd_limit - FD_RESERVE)
+    return room if limits.max_connections is None else min(limits.max_connections, room)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, min(2**31 - 1, int(seconds * 1000)))
+
+
+def grpc_options(limits: Limits, max_connections: int) -> list[tuple[str, Any]]:
+    """gRPC core channel arguments for the connection-level limits (names as in grpc's
+    ``channel_arg_names.h``; each checked against grpcio 1.85 in ``tests/cloud/test_frontdoor.py``)."""
+    opts: list[tuple[str, Any]] = [
+        ("grpc.max_concurrent_streams", limits.streams_per_connection),
+        ("grpc.max_connection_idle_ms", _ms(limits.connection_idle_s)),
+        ("grpc.max_allowed_incoming_connections", max_connections),
+        ("grpc.server_handshake_timeout_ms", _ms(limits.handshake_timeout_s)),
+        ("grpc.keepalive_time_ms", _ms(limits.keepalive_s)),
+        ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout_s)),
+        # Clients pinging more often than every 5 s without data get GOAWAY after 2 strikes.
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+    if limits.connection_age_s is not None:
+        opts += [("grpc.max_connection_age_ms", _ms(limits.connection_age_s)),
+                 ("grpc.max_connection_age_grace_ms", _ms(limits.connection_age_grace_s))]
+    return opts

@@ -1,0 +1,58 @@
+"""A log that a flood cannot fill: the first ``burst`` events of a kind per interval are logged as they
+come, the rest only counted and reported as one ``suppressed`` summary line per interval (with the
+busiest peers). A token guesser at thousands of calls per second costs a few lines every ten seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from splitrt.cloud.common import log_event
+
+__all__ = ["RateLog"]
+
+
+class RateLog:
+    def __init__(self, *, interval_s: float = 10.0, burst: int = 5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.burst = burst
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._start = clock()
+        self._logged: Counter[str] = Counter()
+        self._suppressed: Counter[str] = Counter()
+        self._peers: Counter[str] = Counter()
+
+    def event(self, event: str, level: int = logging.WARNING, *, peer: str = "", **fields: Any) -> None:
+        """Log ``event`` now, or count it in the interval's summary when its kind has had its burst."""
+        self.flush()
+        with self._lock:
+            if self._logged[event] >= self.burst:
+                self._suppressed[event] += 1
+                if peer and (peer in self._peers or len(self._peers) < 1024):  # bounded: peers are clients'
+                    self._peers[peer] += 1
+                return
+            self._logged[event] += 1
+        log_event(event, level, peer=peer, **fields)
+
+    def flush(self, force: bool = False) -> None:
+        """At the end of an interval: one ``suppressed`` line if anything was (the watchdog calls this
+        every tick, so the summary comes even when the flood stopped)."""
+        now = self._clock()
+        with self._lock:
+            if not force and now - self._start < self.interval_s:
+                return
+            counts, peers, elapsed = dict(self._suppressed), self._peers.most_common(5), now - self._start
+            self._start = now
+            self._logged.clear()
+            self._suppressed.clear()
+            self._peers.clear()
+        if counts:
+            log_event("suppressed", logging.WARNING, interval_s=round(elapsed, 3), counts=counts,
+                      top_peers=dict(peers))

@@ -1,0 +1,315 @@
+"""The front door against hostile and careless clients: a real server on 127.0.0.1, attacked with raw HTTP/2
+streams (headers and half a message, then nothing) and real gRPC channels, while a legitimate client
+must still get its answers. No timed asserts: what is checked is who got which status."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import shutil
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, peer_address
+from splitrt.cloud.limits import Limits, connection_budget, grpc_options
+from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.cloud.servicer import remaining_s
+from splitrt.device.client import Device, DeviceConfig
+from splitrt.graph import zoo
+from splitrt.rig.rawh2 import RawConnection
+from splitrt.transport import codec, wire
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+
+TOKEN = "fr0nt-d00r-t0ken"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+INFER = f"/{wire.SERVICE_NAME}/Infer"
+WATCH = "/grpc.health.v1.Health/Watch"
+# A channel of its own connection (grpc shares one between channels to the same address otherwise).
+OWN = [("grpc.use_local_subchannel_pool", 1)]
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    shutil.copyfile(zoo.get("tiny_chain"), d / "tiny_chain.onnx")
+    return d
+
+
+def _server(models_dir: Path, **limits: object) -> CloudServer:
+    cfg = ServerConfig(models_dir=models_dir, workers=1, max_queue=2, tokens=(TOKEN,),
+                       limits=Limits(**limits))  # type: ignore[arg-type]
+    return CloudServer(cfg)
+
+
+def _status(ch: grpc.Channel) -> pb.StatusReply:
+    return pb_grpc.SplitInferenceStub(ch).Status(pb.StatusRequest(), timeout=10, metadata=AUTH)
+
+
+def _check(ch: grpc.Channel) -> int:
+    return int(health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10).status)
+
+
+def _infer_ok(address: str) -> None:
+    with Device(zoo.get("tiny_chain"), address, config=DeviceConfig(token=TOKEN, timeout_s=20)) as dev:
+        assert dev.run_detailed(dev.random_inputs(), cut="c2").outputs
+
+
+def _wait_ended(conns: list[tuple[RawConnection, int]]) -> None:
+    for conn, sid in conns:  # bounded: the server's read timeout ends each (the loop's cap is a safety net)
+        for _ in range(200):
+            if conn.ended(sid, wait_s=0.1):
+                break
+        assert conn.ended(sid), "the server never ended a half-sent call"
+
+
+def _counted(s: CloudServer, key: tuple[str, str], n: int) -> None:
+    """Wait until the server has counted ``n`` calls of ``key`` (it counts once the call's thread is
+    through, which may be just after the client saw the status)."""
+    for _ in range(500):
+        if s.door.snapshot()["calls"].get(key, 0) >= n:
+            break
+        threading.Event().wait(0.01)
+    assert s.door.snapshot()["calls"].get(key, 0) == n
+
+
+# -- authentication before the body ---------------------------------------------------------------------
+
+
+def test_unauthenticated_half_sent_calls_are_refused_before_their_body(models_dir: Path) -> None:
+    """60 calls (more than the old 42 slots) send headers and 10 bytes of a 1 MB message, no token: each
+    is answered at once, none waits for its body; a client with the token is served throughout."""
+    with _server(models_dir, read_timeout_s=600.0) as s, RawConnection("127.0.0.1", s.port) as raw:
+        sids = [raw.start_call(INFER, body_prefix_bytes=10, declared_bytes=1 << 20) for _ in range(60)]
+        for _ in range(200):
+            if all(raw.ended(sid, wait_s=0.05) for sid in sids):
+                break
+        assert all(raw.ended(sid) for sid in sids) and not raw.closed
+        calls = s.door.snapshot()["calls"]
+        # 10 free failures, the 11th starts the wait: the rest are refused unchecked (throttled).
+        assert calls[("Infer", "UNAUTHENTICATED")] == 11 and calls[("Infer", "RESOURCE_EXHAUSTED")] == 49
+        assert s.door.snapshot()["inside"]["infer"] == 0
+        _infer_ok(s.address)
+
+
+def test_a_guesser_waits_but_an_authenticated_channel_does_not(models_dir: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    lim = {"auth_free_failures": 3, "auth_backoff_s": 600.0, "log_interval_s": 600.0}
+    with caplog.at_level(logging.INFO, "splitrt.cloud"), _server(models_dir, **lim) as s, \
+            grpc.insecure_channel(s.address) as legit, grpc.insecure_channel(s.address, options=OWN) as bad:
+        assert _status(legit).version  # this connection authenticated
+        stub = pb_grpc.SplitInferenceStub(bad)
+        codes = []
+        for i in range(40):
+            try:
+                stub.Status(pb.StatusRequest(), timeout=10, metadata=(("authorization", f"Bearer guess{i}"),))
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+        # 3 free failures, the 4th starts the wait: every later guess is refused unchecked.
+        assert codes[:4] == [grpc.StatusCode.UNAUTHENTICATED] * 4
+        assert set(codes[4:]) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        with pytest.raises(grpc.RpcError) as info:  # even the right token, from a new connection of that address
+            _status(bad)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "too many failed authentications from 127.0.0.1" in str(info.value.details())
+        assert dict(info.value.trailing_metadata() or ()).get(wire.RETRY_AFTER_KEY)
+        assert _status(legit).version  # the authenticated channel goes on
+        s.ratelog.flush(force=True)
+    lines = [r.getMessage() for r in caplog.records]
+    per_call = [m for m in lines if '"event": "unauthenticated"' in m or '"event": "auth_throttled"' in m]
+    assert len(per_call) <= 2 * s.ratelog.burst  # 41 refusals, a few lines
+    summary = [m for m in lines if '"event": "suppressed"' in m]
+    assert summary and '"127.0.0.1"' in summary[-1]
+    assert TOKEN not in "\n".join(lines)
+
+
+def test_throttle_backoff_doubles_and_forgets() -> None:
+    t = AuthThrottle(ThrottleConfig(free_failures=2, base_s=1.0, max_s=8.0, forget_s=100.0))
+    peer = "ipv4:10.0.0.5:4000"
+    assert [t.failed(peer, 0.0) for _ in range(7)] == [0.0, 0.0, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert t.wait_s("ipv4:10.0.0.5:5000", 1.0) == 7.0  # another connection, same address
+    assert t.wait_s("ipv4:10.0.0.6:4000", 1.0) == 0.0
+    assert t.wait_s(peer, 200.0) == 0.0  # forgotten after forget_s
+    t.failed(peer, 300.0)
+    t.failed(peer, 300.0)
+    assert t.failed(peer, 300.0) == 1.0
+    t.succeeded("ipv4:10.0.0.5:6000")
+    assert t.wait_s("ipv4:10.0.0.5:6000", 300.0) == 0.0 and t.wait_s(peer, 300.0) == 0.0
+    assert peer_address("ipv6:[::1]:443") == "::1" and peer_address("unix:/s") == "unix:/s"
+
+
+# -- lanes and read timeouts -------------------------------------------------------------------------------
+
+
+def test_half_sent_calls_with_a_token_are_cut_at_the_read_timeout(models_dir: Path) -> None:
+    """Authenticated calls that never finish their message fill the inference lane (workers + queue + 8 =
+    11): the 12th is refused at once, Status and health still answer, and at the read timeout every held
+    call ends, after which inference is served again."""
+    with _server(models_dir, read_timeout_s=1.0) as s, RawConnection("127.0.0.1", s.port) as raw, \
+            grpc.insecure_channel(s.address) as ch:
+        held = [raw.start_call(INFER, AUTH, body_prefix_bytes=10, declared_bytes=1 << 20) for _ in range(11)]
+        for _ in range(200):  # until the lane is full
+            if s.door.snapshot()["inside"]["infer"] == 11:
+                break
+            raw.pump(0.02)
+        assert s.door.snapshot()["inside"]["infer"] == 11
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.SplitInferenceStub(ch).Probe(pb.ProbeRequest(), timeout=10, metadata=AUTH)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "11 infer calls at once, expected at most 11" in str(info.value.details())
+        assert _status(ch).version and _check(ch) == health_pb2.HealthCheckResponse.SERVING
+        _wait_ended([(raw, sid) for sid in held])
+        _counted(s, ("Infer", "DEADLINE_EXCEEDED"), 11)
+        snap = s.door.snapshot()
+        assert snap["refused"]["timeout"] == 11
+        assert snap["inside"]["infer"] == 0
+        _infer_ok(s.address)
+
+
+def test_watch_streams_are_capped_and_aged_out(models_dir: Path) -> None:
+    """50 Watch streams (no token needed) get 3 slots; the rest are refused at once; health Check, Status
+    and inference answer meanwhile; at their maximum age the held streams end with UNAVAILABLE."""
+    with _server(models_dir, watch_streams=3, watch_max_age_s=1.0) as s, grpc.insecure_channel(s.address) as ch:
+        watch = health_pb2_grpc.HealthStub(ch).Watch
+        streams = [watch(health_pb2.HealthCheckRequest()) for _ in range(50)]  # no deadline
+        ended: list[grpc.StatusCode] = []
+        first: list[int] = []
+
+        def drain(stream: Iterator[health_pb2.HealthCheckResponse]) -> None:
+            try:
+                for reply in stream:
+                    first.append(reply.status)
+            except grpc.RpcError as exc:
+                ended.append(exc.code())
+
+        with ThreadPoolExecutor(50) as pool:
+            for st in streams:
+                pool.submit(drain, st)
+            assert _check(ch) == health_pb2.HealthCheckResponse.SERVING
+            assert _status(ch).version
+            _infer_ok(s.address)
+        assert sorted(ended, key=str).count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 47
+        assert ended.count(grpc.StatusCode.UNAVAILABLE) == 3 and first.count(1) == 3
+        assert s.door.snapshot()["inside"]["watch"] == 0
+
+
+def test_an_idle_stream_ends_at_the_idle_limit(models_dir: Path) -> None:
+    with _server(models_dir, stream_idle_s=0.5) as s, Device(zoo.get("tiny_chain"), s.address,
+                                                            config=DeviceConfig(token=TOKEN)) as dev:
+        gate = threading.Event()
+        inputs = dev.random_inputs()
+
+        def frames() -> Iterator[dict[str, object]]:
+            yield inputs
+            gate.wait(30)  # the device goes quiet with the stream open
+            yield inputs
+
+        results = []
+        with pytest.raises(Exception) as info:
+            for r in dev.stream(frames(), cut="c2"):
+                results.append(r)
+        gate.set()
+        assert len(results) == 1 and results[0].error is None
+        assert "DEADLINE_EXCEEDED" in str(info.value) or "next message within 0.5 s" in str(info.value)
+        _counted(s, ("InferStream", "DEADLINE_EXCEEDED"), 1)
+
+
+# -- deadlines ---------------------------------------------------------------------------------------------
+
+
+def test_calls_without_a_deadline_under_load_are_served(models_dir: Path) -> None:
+    """gRPC says ~9.2e18 s remain on a call without a deadline; waiting that long for a worker used to raise
+    (UNKNOWN, the request lost). 12 plain unary calls and a 20-frame stream, none with a deadline, one
+    worker held a little per request so the others queue."""
+    cfg = ServerConfig(models_dir=models_dir, workers=1, max_queue=64)
+    with CloudServer(cfg) as s, Device(zoo.get("tiny_chain"), s.address) as dev, \
+            grpc.insecure_channel(s.address) as ch:
+        pause = threading.Event()
+        s.before_tail = lambda header: pause.wait(0.01)
+        head = dev.run_head(dev.random_inputs(), "c2")
+        request = dev._request(head, codec.Codec.parse("fp32"))[0].to_message()
+        stub = pb_grpc.SplitInferenceStub(ch)
+        with ThreadPoolExecutor(12) as pool:
+            replies = list(pool.map(lambda _: stub.Infer(request), range(12)))  # no timeout
+        frames = list(stub.InferStream(iter([request] * 20)))  # no timeout
+        assert len(replies) == 12 and all(r.outputs and not r.HasField("error") for r in replies)
+        assert len(frames) == 20 and all(not f.HasField("error") for f in frames)
+        assert s.stats.errors() == {}
+        assert s.door.snapshot()["calls"].get(("Infer", "UNKNOWN"), 0) == 0
+
+
+def test_remaining_time_is_always_bounded() -> None:
+    class Ctx:
+        def __init__(self, left: float | None) -> None:
+            self.left = left
+
+        def time_remaining(self) -> float | None:
+            return self.left
+
+    assert remaining_s(Ctx(None), 60.0) == 60.0
+    assert remaining_s(Ctx(9.2e18), 60.0) == 60.0
+    assert remaining_s(Ctx(float("nan")), 60.0) == 60.0
+    assert remaining_s(Ctx(2.5), 60.0) == 2.5 and remaining_s(Ctx(-1.0), 60.0) == 0.0
+
+
+# -- connections -------------------------------------------------------------------------------------------
+
+
+def test_connection_cap_refuses_new_connections_and_idle_ones_are_closed(models_dir: Path) -> None:
+    with _server(models_dir, max_connections=4, connection_idle_s=1.0) as s, \
+            grpc.insecure_channel(s.address) as legit:
+        assert _status(legit).version  # 1 connection
+        raws = [RawConnection("127.0.0.1", s.port) for _ in range(3)]  # 4: the cap
+        try:
+            for r in raws:
+                r.pump(0.05)
+            with grpc.insecure_channel(s.address, options=OWN) as late:
+                with pytest.raises(grpc.RpcError) as info:
+                    _status(late)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            for r in raws:  # idle: closed by the server (GOAWAY, then the socket)
+                for _ in range(100):
+                    r.pump(0.1)
+                    if r.closed:
+                        break
+                assert r.closed
+            with grpc.insecure_channel(s.address, options=OWN) as later:
+                assert _status(later).version
+        finally:
+            for r in raws:
+                r.close()
+
+
+def test_grpc_options_and_fd_budget() -> None:
+    opts = dict(grpc_options(Limits(connection_age_s=30.0), 1000))
+    assert opts["grpc.max_connection_age_ms"] == 30_000 and opts["grpc.max_connection_idle_ms"] == 300_000
+    assert opts["grpc.max_allowed_incoming_connections"] == 1000 and opts["grpc.max_concurrent_streams"] == 100
+    assert "grpc.max_connection_age_ms" not in dict(grpc_options(Limits(), 10))
+    assert connection_budget(Limits(), 1024) == 768 and connection_budget(Limits(max_connections=50), 1024) == 50
+
+
+def test_start_raises_the_soft_fd_limit(models_dir: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with _server(models_dir) as s:
+        now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert now >= soft and (hard == resource.RLIM_INFINITY or now == hard)
+        assert s.max_connections == connection_budget(s.config.limits, now)
+
+
+def test_failures_are_counted_by_method_and_code_in_metrics(models_dir: Path) -> None:
+    from splitrt.cloud.metrics import render
+
+    with _server(models_dir) as s, grpc.insecure_channel(s.address) as ch:
+        with pytest.raises(grpc.RpcError):
+            pb_grpc.SplitInferenceStub(ch).Status(pb.StatusRequest(), timeout=10)
+        _status(ch)
+        text = render(s)
+    assert 'splitrt_cloud_calls_total{method="Status",code="UNAUTHENTICATED"} 1.0' in text
+    assert 'splitrt_cloud_calls_total{method="Status",code="OK"} 1.0' in text
+    assert 'splitrt_cloud_lane_capacity{lane="status"} 8.0' in text

@@ -98,3 +98,21 @@ def test_readme_names_the_services_the_manifests_create() -> None:
     (isvc,) = by_kind("InferenceService")
     assert f"{isvc['metadata']['name']}-predictor.{isvc['metadata']['namespace']}" in readme
     assert "deploy/kubernetes/" in readme
+
+
+def test_the_serve_arguments_are_real_flags_and_their_limits_hold() -> None:
+    """The manifest's and the systemd unit's `splitrt serve` arguments parse with the real parser (a typo
+    fails here, not in the pod), and the limits they set pass the server's own checks."""
+    from splitrt.cli.app import build_parser
+    from splitrt.cli.serve import limits_from
+
+    (dep,) = by_kind("Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    unit = (ROOT / "devices" / "systemd" / "splitrt-cloud.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    unit_args = exec_start.split()[1:]  # after @PREFIX@/venv/bin/splitrt
+    for args in (container["args"][1:], unit_args):
+        parsed = build_parser().parse_args(args)
+        limits_from(parsed).check()
+    assert build_parser().parse_args(container["args"][1:]).max_connections == 8192
+    assert "LimitNOFILE=65536" in unit

@@ -30,6 +30,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         lg.propagate = False
     if args.check:
         cfg = daemon.load_config(args.config)
+        if cfg.token_path is not None:  # what the daemon would refuse at start, refused here too
+            from splitrt.transport import credentials
+
+            credentials.check_private(cfg.token_path, "token_path")
         print(f"{args.config}: ok ({len(cfg.models)} model(s), "
               f"{'discovery' if cfg.discovery else 'static clouds'} {list(cfg.clouds)})")
         return 0

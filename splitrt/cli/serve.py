@@ -18,6 +18,7 @@ from types import FrameType
 from typing import Any
 
 from splitrt.cloud import security
+from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_REQUEST_BYTES
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
 from splitrt.errors import ConfigError
@@ -70,7 +71,14 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=int, default=None, metavar="N",
                    help="serve Prometheus text metrics on http://HOST:N/metrics (0: any free port; default off)")
     p.add_argument("--metrics-host", default="127.0.0.1", metavar="IP",
-                   help="address of the metrics endpoint (default 127.0.0.1: this machine only)")
+                   help="address of the metrics endpoint (default 127.0.0.1: this machine only; any other "
+                        "address needs --metrics-public)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="allow --metrics-host beyond loopback: the metrics (no auth, no TLS) tell anyone who can "
+                        "reach them the load, models and error counts (logged as a warning)")
+    p.add_argument("--default-deadline-s", type=float, default=ServerConfig.default_deadline_s,
+                   help="deadline of a call that carries none (default 60)")
+    _limit_arguments(p)
     e = p.add_argument_group("edge (three tiers: device -> this server -> next tier)")
     e.add_argument("--next", metavar="HOST:PORT", default=None,
                    help="the next tier: requests naming a second cut run up to it here and go on there "
@@ -86,6 +94,50 @@ def register(sub: Any) -> None:
                    help="bind mDNS to this IP (repeatable; default: all interfaces)")
     d.add_argument("--advertise-ttl-s", type=int, default=120, help="record TTL: how long a crashed server lingers")
     p.set_defaults(func=cmd_serve)
+
+
+def _limit_arguments(p: Any) -> None:
+    lim = Limits()
+    g = p.add_argument_group("limits on what a client may hold (see README, 'Hostile clients')")
+    g.add_argument("--read-timeout-s", type=float, default=lim.read_timeout_s,
+                   help="a request message, upload chunk or reply the client must take: within this (default 30)")
+    g.add_argument("--stream-idle-s", type=float, default=lim.stream_idle_s,
+                   help="InferStream: the next frame within this or the stream ends (default 120)")
+    g.add_argument("--status-lane", type=int, default=lim.status_calls,
+                   help="Status calls at once, apart from inference (default 8)")
+    g.add_argument("--health-lane", type=int, default=lim.health_calls,
+                   help="health Check calls at once, apart from the rest (default 16)")
+    g.add_argument("--max-watch-streams", type=int, default=lim.watch_streams,
+                   help="health Watch streams at once (default 8)")
+    g.add_argument("--watch-max-age-s", type=float, default=lim.watch_max_age_s,
+                   help="a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)")
+    g.add_argument("--max-connections", type=int, default=None,
+                   help="connections at once (default: the file-descriptor limit, raised to its hard limit, "
+                        "minus 256)")
+    g.add_argument("--streams-per-connection", type=int, default=lim.streams_per_connection,
+                   help="concurrent calls per HTTP/2 connection (default 100)")
+    g.add_argument("--connection-idle-s", type=float, default=lim.connection_idle_s,
+                   help="close a connection with no call for this long (default 300)")
+    g.add_argument("--max-connection-age-s", type=float, default=None,
+                   help="tell a connection to go away after this (default: never; streams longer than it and "
+                        "its grace are cut)")
+    g.add_argument("--max-connection-age-grace-s", type=float, default=lim.connection_age_grace_s,
+                   help="calls in flight on an aged connection get this long (default 60)")
+    g.add_argument("--auth-free-failures", type=int, default=lim.auth_free_failures,
+                   help="failed authentications a peer address may make before it must wait (default 10)")
+    g.add_argument("--auth-backoff-max-s", type=float, default=lim.auth_backoff_max_s,
+                   help="longest wait of a peer address after failed authentications (doubling from 1 s; "
+                        "default 60)")
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(read_timeout_s=args.read_timeout_s, stream_idle_s=args.stream_idle_s,
+                  status_calls=args.status_lane, health_calls=args.health_lane,
+                  watch_streams=args.max_watch_streams, watch_max_age_s=args.watch_max_age_s,
+                  max_connections=args.max_connections, streams_per_connection=args.streams_per_connection,
+                  connection_idle_s=args.connection_idle_s, connection_age_s=args.max_connection_age_s,
+                  connection_age_grace_s=args.max_connection_age_grace_s,
+                  auth_free_failures=args.auth_free_failures, auth_backoff_max_s=args.auth_backoff_max_s)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -111,7 +163,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
         max_memory_bytes=int(args.max_memory_mb * 2**20) or None, max_request_bytes=int(args.max_request_mb * 2**20),
         max_store_bytes=int(args.max_store_mb * 2**20), max_models=args.max_models, max_nodes=args.max_nodes,
-        **kwargs)
+        metrics_public=getattr(args, "metrics_public", False),
+        default_deadline_s=getattr(args, "default_deadline_s", ServerConfig.default_deadline_s),
+        limits=limits_from(args) if hasattr(args, "read_timeout_s") else Limits(), **kwargs)
+    config.limits.check()
     security.exposure(config)
     if getattr(args, "advertise", False) and not args.advertise_address and security.is_loopback(args.host):
         raise ConfigError(f"--advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "

@@ -79,6 +79,13 @@ def exposure(config: Any) -> Exposure:
     if config.allow_upload and not exp.auth:
         raise ConfigError("--allow-upload: expected a bearer token (--token-file) with uploads, got none: "
                           "without one anyone who can connect could store models on this server")
+    metrics_host = getattr(config, "metrics_host", "127.0.0.1")
+    if getattr(config, "metrics_port", None) is not None and not is_loopback(metrics_host) \
+            and not getattr(config, "metrics_public", False):
+        raise ConfigError(f"--metrics-host {metrics_host}: serving metrics beyond loopback expected "
+                          "--metrics-public, got none: the endpoint has no TLS and no token, and tells anyone who "
+                          "can reach it this server's load, models and errors; scrape it on 127.0.0.1 (the "
+                          "default) or pass --metrics-public")
     if exp.insecure and not config.insecure:
         raise ConfigError(f"--host {config.host}: listening beyond loopback expected TLS (--tls-cert/--tls-key) "
                           f"and a bearer token (--token-file), got {exp.missing}; add them, listen on 127.0.0.1 "

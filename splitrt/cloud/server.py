@@ -116,6 +116,8 @@ class ServerConfig:
     # Prometheus text metrics over HTTP (``GET /metrics``): None = off, 0 = any free port.
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    # The explicit choice to serve metrics beyond loopback (``splitrt serve --metrics-public``).
+    metrics_public: bool = False
     # Time and count limits on what clients hold: lanes, read timeouts, connections (``limits``).
     limits: Limits = field(default_factory=Limits)
 
@@ -133,6 +135,8 @@ class CloudServer:
         self.config = config
         if (config.tls_cert_path is None) != (config.tls_key_path is None):
             raise ConfigError("TLS needs both a certificate and a key, got only one")
+        if config.tls_key_path is not None:  # as token files: a key others can read is no secret
+            credentials.check_private(Path(config.tls_key_path), "TLS private key")
         if config.max_model_bytes < 1:
             raise ConfigError(f"max_model_bytes: expected >= 1, got {config.max_model_bytes}")
         # Refuses an open server nobody asked for, and uploads without a token.
@@ -169,7 +173,8 @@ class CloudServer:
         # The front door (``frontdoor``): auth, throttle, lanes and leases, decided on a call's metadata.
         self.door = FrontDoor.build(tokens=config.tokens, limits=config.limits,
                                     infer_calls=config.workers + config.max_queue + 8,
-                                    retry_after_ms=self._retry_after_ms)
+                                    retry_after_ms=lambda: self.stats.retry_after_ms(
+                                        queue_depth=self.admission.admitted, workers=self.admission.workers))
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
         self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
 
@@ -216,6 +221,8 @@ class CloudServer:
                   models=len(self.store.models()), workers=cfg.workers, allow_upload=cfg.allow_upload,
                   version=__version__, metrics_url=self.metrics_url, max_connections=self.max_connections,
                   lanes=self.door.caps)
+        if self.metrics_url is not None and not security.is_loopback(cfg.metrics_host):
+            log_event("metrics_public", logging.WARNING, url=self.metrics_url, warning="no TLS, no token")
         if exp.insecure:
             log_event("insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth,
                       warning=exp.warning)
@@ -276,10 +283,6 @@ class CloudServer:
         self.stop(grace_s=1.0)
 
     # -- requests ----------------------------------------------------------------------------------
-    def _retry_after_ms(self) -> float:
-        a = self.admission
-        return self.stats.retry_after_ms(queue_depth=a.admitted, workers=a.workers)
-
     def load(self) -> pb.Load:
         a = self.admission
         return pb.Load(queue_depth=a.admitted, running=a.running, workers=a.workers,

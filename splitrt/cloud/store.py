@@ -220,7 +220,7 @@ class ModelStore:
                 graph = graph_mod.load(entry.path)
             except Exception as exc:  # ModelError, or whatever onnx raises on a strange file
                 raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"model {entry.path.name} cannot be loaded: {exc}") from exc
+                                 f"model {entry.path.name} cannot be loaded: {self.scrub(str(exc))}") from exc
             graph.cuts()  # enumerated now, inside the reservation (cached on the graph)
             cost = graph_bytes(graph.model.ByteSize(), len(graph.nodes))
             self.budget.reserve(cost, f"model {entry.path.name}'s graph")
@@ -247,6 +247,15 @@ class ModelStore:
                 log_event("graph_evicted", model=sha[:12])
         self.budget.release(freed)
         return freed
+
+    def scrub(self, text: str) -> str:
+        """``text`` for a client: the models directory (as configured and resolved) becomes ``<models>``
+        (an error from loading a file names its full path; where the server keeps models is not theirs)."""
+        for root in sorted({str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len,
+                           reverse=True):
+            if root not in ("", "."):
+                text = text.replace(root, "<models>")
+        return text
 
     def add(self, sha256: str, path: Path) -> None:
         st = path.stat()

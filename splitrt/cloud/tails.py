@@ -168,10 +168,11 @@ class TailCache:
                        else partition.split(graph, [cut_id])[-1])
         except CutError as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND,
-                             f"cut {cut_id!r} of model {sha256[:12]}: {exc}") from exc
+                             f"cut {cut_id!r} of model {sha256[:12]}: {self.store.scrub(str(exc))}") from exc
         except Exception as exc:  # a model that loads but does not split (a bad upload): not the server's fault
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"model {sha256[:12]} cannot be split at cut {cut_id!r}: {exc}") from exc
+                             f"model {sha256[:12]} cannot be split at cut {cut_id!r}: "
+                             f"{self.store.scrub(str(exc))}") from exc
         del graph
         cost = session_bytes(sum(_tensor_bytes(t) for t in segment.model.graph.initializer))
         self.budget.reserve(cost, f"tail session of model {sha256[:12]} at cut {cut_id!r}")
@@ -201,7 +202,7 @@ class TailCache:
         except Exception as exc:  # onnxruntime raises its own exception types; the model is at fault
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                              f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
-                             f"{str(exc)[:500]}") from exc
+                             f"{self.store.scrub(str(exc))[:500]}") from exc
         # From the segment, not the session: onnxruntime reports "no declared shape" as [], like a scalar.
         from splitrt.graph import partition
 

@@ -39,7 +39,7 @@ def read_tokens(path: Path, what: str = "token file") -> tuple[str, ...]:
     p = Path(path)
     check_private(p, what)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = p.read_text(encoding="utf-8-sig").splitlines()  # a BOM is not part of the first token
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
         raise ConfigError(f"{what} {p}: cannot read ({reason})") from None

@@ -274,3 +274,58 @@ def test_advertising_a_loopback_only_server_is_refused(models_dir: Path,
             pytest.raises(DiscoveryError, match=r"got --host 127\.0\.0\.1: only this machine can connect"):
         ServerAdvertiser(s, name="c")
     assert fake_advertiser == []
+
+
+# -- secrets and what errors reveal ------------------------------------------------------------------------
+
+
+def test_a_tls_key_others_can_read_is_refused(models_dir: Path, tls_pair: tuple[Path, Path]) -> None:
+    cert, key = tls_pair
+    key.chmod(0o644)
+    try:
+        with pytest.raises(ConfigError, match=r"TLS private key .*permissions 0644 are too open.*chmod 600"):
+            CloudServer(ServerConfig(models_dir=models_dir, tls_cert_path=cert, tls_key_path=key))
+    finally:
+        key.chmod(0o600)
+    CloudServer(ServerConfig(models_dir=models_dir, tls_cert_path=cert, tls_key_path=key))  # 0600: fine
+
+
+def test_metrics_beyond_loopback_need_an_explicit_flag(models_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(ConfigError, match=r"--metrics-host 0.0.0.0: serving metrics beyond loopback expected "
+                                          "--metrics-public"):
+        CloudServer(ServerConfig(models_dir=models_dir, metrics_port=0, metrics_host="0.0.0.0"))
+    CloudServer(ServerConfig(models_dir=models_dir, metrics_port=None, metrics_host="0.0.0.0"))  # no metrics: fine
+    with caplog.at_level(logging.WARNING, "splitrt.cloud"), CloudServer(ServerConfig(
+            models_dir=models_dir, metrics_port=0, metrics_host="0.0.0.0", metrics_public=True)) as s:
+        assert s.metrics_url is not None
+    assert any('"event": "metrics_public"' in r.getMessage() for r in caplog.records)
+
+
+def test_a_token_file_with_a_bom_keeps_its_first_token(tmp_path: Path) -> None:
+    f = tmp_path / "tokens"
+    f.write_bytes("\ufefffirst-token\nsecond\n".encode())
+    f.chmod(0o600)
+    assert tokens_from_file(f) == ("first-token", "second")
+
+
+def test_errors_do_not_reveal_the_models_directory(tmp_path: Path) -> None:
+    import hashlib
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    models = tmp_path / "secret-place" / "models"
+    models.mkdir(parents=True)
+    node = helper.make_node("NoSuchOp", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    data = helper.make_model(graph).SerializeToString()
+    (models / "bad.onnx").write_bytes(data)
+    onnx.load_from_string(data)  # parses: the store serves it, loading it fails
+    with CloudServer(ServerConfig(models_dir=models)) as s, grpc.insecure_channel(s.address) as ch:
+        req = pb.InferRequest(model_sha256=hashlib.sha256(data).hexdigest(), cut_id="c1")
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.SplitInferenceStub(ch).Infer(req, timeout=10)
+    assert info.value.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+    details = str(info.value.details())
+    assert "secret-place" not in details and str(tmp_path) not in details, details

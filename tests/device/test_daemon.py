@@ -306,3 +306,16 @@ def test_sigterm_finishes_the_in_flight_request(tmp_path: Path, models_dir: Path
     assert rel_err(session(zoo.get(MODEL)).run(None, x)[0], r.outputs["softmaxout_1"]) < 1e-5
     assert proc.returncode == 0, err[-3000:]
     assert json.loads(out.splitlines()[-1])["event"] == "stopped"
+
+
+def test_daemon_check_refuses_a_token_file_others_can_read(tmp_path: Path) -> None:
+    from splitrt.cli.app import main
+
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o644)
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(f'token_path = "{token}"\nmetrics_port = -1\n[[model]]\nname = "m"\npath = "zoo:tiny_chain"\n')
+    assert main(["daemon", "--config", str(cfg), "--check"]) == 2
+    token.chmod(0o600)
+    assert main(["daemon", "--config", str(cfg), "--check"]) == 0

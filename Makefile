@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test check bench proto clean
+.PHONY: demo test check bench proto clean wheel pythons board-arm64 image image-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,5 +36,28 @@ bench: $(TEST_STAMP)
 proto: $(TEST_STAMP)
 	$(BIN)/python -m splitrt.transport.protogen
 
+# The wheel (carries devices/*.toml, profiles/*.json and the traces) and the sdist, into dist/.
+wheel: $(TEST_STAMP)
+	rm -rf dist && $(BIN)/python -c "from setuptools import build_meta as b; b.build_sdist('dist')"
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
+
+# The installed wheel's commands under every supported Python found (3.10-3.13; absent ones skip with the
+# reason). `make test` runs them under this interpreter and 3.10 only.
+pythons: $(TEST_STAMP)
+	SPLITRT_PYTHONS=all $(BIN)/python -m pytest -v -rs tests/test_wheel.py
+
+# The board install on arm64 under qemu user-mode emulation (root; Debian's debootstrap and
+# qemu-user-static): devices/install.sh --device rpi5, the daemon's answer against x86, splitrt profile.
+board-arm64: $(TEST_STAMP)
+	bash devices/board-arm64.sh
+
+# The server's container image (deploy/container/Containerfile) with buildah or podman, and a run of it.
+IMAGE ?= splitrt:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+image: $(TEST_STAMP)
+	bash deploy/container/build.sh --tag $(IMAGE)
+
+image-check: $(TEST_STAMP)
+	bash deploy/container/build.sh --tag $(IMAGE) --check
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info deploy/container/dist

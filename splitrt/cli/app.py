@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from splitrt import __version__
+from splitrt.cli.version import VersionAction
 from splitrt.errors import SplitrtError
 
 # Each module defines register(subparsers); the order is the order of `splitrt --help`.
@@ -28,7 +28,7 @@ COMMAND_MODULES: list[str] = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitrt", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"splitrt {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

@@ -51,7 +51,7 @@ def host_reference_ms() -> float:
     is divided by to get its ``cpu_speed_factor``."""
     import json
 
-    path = devices_dir().parent / "profiles" / "x86_64-2core__resnet50.json"
+    path = paths.profiles_dir() / "x86_64-2core__resnet50.json"
     try:
         doc = json.loads(path.read_text())
         return float(doc["runtime"]["whole_model_ms"])

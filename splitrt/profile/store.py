@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from splitrt import paths
 from splitrt.errors import ProfileError
 
 SCHEMA = "splitrt.profile/1"
@@ -107,15 +108,34 @@ def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
     return d[key]
 
 
-def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
-    """Read a profile; ``ProfileError`` if corrupt, of another schema, or (given ``sha256``) of another
-    model."""
+def resolve_profile(path: str | Path) -> Path:
+    """``path`` if it exists; else a shipped profile (``paths.profiles_dir()``) named by it: a bare file name
+    (``x86_64-2core__resnet50.json``, ``.json`` optional) or ``profiles/NAME`` as the README writes it, so
+    the same commands work from a checkout and from an installed wheel."""
     p = Path(path)
+    if p.exists() or p.is_absolute():
+        return p
+    parts = p.parts
+    if len(parts) == 1 or (len(parts) == 2 and parts[0] == "profiles"):
+        name = parts[-1] if parts[-1].endswith(".json") else f"{parts[-1]}.json"
+        shipped = paths.profiles_dir() / name
+        if shipped.is_file():
+            return shipped
+    return p
+
+
+def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
+    """Read a profile (a file, or a shipped one by name: ``resolve_profile``); ``ProfileError`` if missing,
+    corrupt, of another schema, or (given ``sha256``) of another model."""
+    p = resolve_profile(path)
     data: dict[str, Any]
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ProfileError(f"{p}: no such profile") from None
+        d = paths.profiles_dir()
+        shipped = sorted(f.name for f in d.glob("*.json")) if d.is_dir() else []
+        raise ProfileError(f"{p}: no such profile (expected a file, or a shipped one in {d}: "
+                           f"{', '.join(shipped) or 'none'})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProfileError(f"{p}: not a JSON profile ({exc})") from exc
     if not isinstance(data, dict):

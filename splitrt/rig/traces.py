@@ -280,7 +280,7 @@ def square(low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s
 # --------------------------------------------------------------------------------------- shipped
 
 def _shipped_root() -> Path:
-    return Path(str(resources.files(_SHIPPED_PKG).joinpath(*_SHIPPED_DIR)))
+    return Path(str(resources.files(_SHIPPED_PKG).joinpath(_SHIPPED_DIR[0]).joinpath(_SHIPPED_DIR[1])))
 
 
 def shipped() -> list[str]:

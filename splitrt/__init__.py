@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from splitrt import _moved
 from splitrt.errors import SplitrtError
 
 __version__ = "0.1.0"
 
 __all__ = ["Device", "SplitrtError", "__version__"]
-
-_moved.install()  # the flat module names of 0.1 (splitrt.costmodel, ...) still import
 
 if TYPE_CHECKING:
     from splitrt.device.client import Device

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "rig": {"graph", "plan", "profile", "transport", "cloud", "device"},
     "cli": {"graph", "plan", "profile", "transport", "cloud", "device", "rig"},
 }
-BASE = {"errors", "paths", "_lazy", "_moved", ""}
+BASE = {"errors", "paths", "_lazy", ""}
 # Libraries the pure core must not touch: sockets, sessions, processes, clocks, files.
 IMPURE = {"socket", "grpc", "onnxruntime", "onnx", "subprocess", "threading", "time", "os", "pathlib",
           "psutil", "zeroconf", "io", "random", "asyncio", "concurrent", "logging", "datetime", "shutil"}
@@ -183,7 +182,7 @@ def test_hacking_map_matches_the_rules() -> None:
                                        f"the rule is {sorted(ALLOWED[pkg])}")
 
 
-# The names users import (README, HACKING contracts, splitrt 0.1's flat modules). Removing one is an
+# The names users import (README, HACKING contracts). Removing one is an
 # API change: update this list only with a deprecation path.
 PUBLIC = {
     "splitrt": ["Device", "SplitrtError", "__version__"],
@@ -202,36 +201,11 @@ PUBLIC = {
                        "RuntimeConfig", "Outcome", "Daemon", "LocalClient", "load_config"],
     "splitrt.rig": ["Rig", "RigConfig", "BenchConfig", "run_bench"],
     "splitrt.cli": ["main"],
-    # 0.1's flat modules, through the compatibility aliases.
-    "splitrt.costmodel": ["CostTable", "Conditions", "Link"],
-    "splitrt.solver": ["solve", "evaluate", "parse_plan"],
-    "splitrt.netmon": ["LinkEstimator", "LoadEstimator"],
-    "splitrt.controller": ["Controller", "replay"],
-    "splitrt.profiler": ["measure", "cost_table"],
-    "splitrt.codec": ["encode", "decode"],
-    "splitrt.daemon": ["LocalClient", "Daemon"],
-    "splitrt.runtime": ["AdaptiveDevice"],
-    "splitrt.traces": ["load", "shipped"],
-    "splitrt.partition": ["split", "head_tail"],
-    "splitrt.zoo": ["get", "names"],
 }
 
 
 @pytest.mark.parametrize("module", sorted(PUBLIC))
 def test_public_names_are_importable(module: str) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        mod = importlib.import_module(module)
+    mod = importlib.import_module(module)
     missing = [n for n in PUBLIC[module] if not hasattr(mod, n)]
     assert not missing, f"{module} lost public names {missing}"
-
-
-def test_flat_names_alias_the_package_modules_with_a_warning() -> None:
-    import sys
-
-    from splitrt.plan import costmodel
-
-    sys.modules.pop("splitrt.costmodel", None)  # an earlier test may have imported the alias
-    with pytest.warns(DeprecationWarning, match="splitrt.plan.costmodel"):
-        old = importlib.import_module("splitrt.costmodel")
-    assert old is costmodel

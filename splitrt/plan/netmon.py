@@ -42,7 +42,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from splitrt.errors import ConfigError
+from splitrt.errors import ConfigError, PlanError
 
 __all__ = [
     "LinkConfig",
@@ -123,7 +123,7 @@ class _Rate:
 def _finite(name: str, value: float) -> float:
     v = float(value)
     if not math.isfinite(v):
-        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+        raise PlanError(f"{name}: expected a finite number, got {value!r}")
     return v
 
 
@@ -162,7 +162,7 @@ class LinkEstimator:
         """An RTT sample in ms (a Probe with no payload, or a transfer too small to carry bytes)."""
         rtt = _finite("rtt_ms", rtt_ms)
         if rtt < 0:
-            raise ValueError(f"rtt_ms: expected >= 0, got {rtt_ms!r}")
+            raise PlanError(f"rtt_ms: expected >= 0, got {rtt_ms!r}")
         first = not self._rtts
         self._rtts.append((_finite("now_s", now_s), rtt))
         if first and any(r.raw for r in self._rates):
@@ -189,7 +189,7 @@ class LinkEstimator:
         now = _finite("now_s", now_s)
         secs = _finite("seconds", seconds)
         if bytes < 0 or secs < 0:
-            raise ValueError(f"transfer: expected bytes >= 0 and seconds >= 0, got {bytes!r}, {seconds!r}")
+            raise PlanError(f"transfer: expected bytes >= 0 and seconds >= 0, got {bytes!r}, {seconds!r}")
         rtt_s = self._rtt_floor_ms() / 1000.0
         transfer_s = secs - rtt_s
         if bytes < self.config.min_bytes or bytes == 0:
@@ -218,7 +218,7 @@ class LinkEstimator:
         """A bandwidth sample already net of RTT (e.g. from a probe that timed its payload alone)."""
         rate = _finite("mbps", mbps)
         if rate <= 0:
-            raise ValueError(f"mbps: expected > 0, got {mbps!r}")
+            raise PlanError(f"mbps: expected > 0, got {mbps!r}")
         self._add_rate(_finite("now_s", now_s), rate)
 
     def _add_rate(self, now_s: float, mbps: float, raw: tuple[int, float] | None = None) -> None:
@@ -447,7 +447,7 @@ class LoadEstimator:
         """Feed one device sample; returns the instantaneous factor it implies."""
         util = _finite("other_util", other_util)
         if not 0.0 <= util <= 1.0:
-            raise ValueError(f"other_util: expected a fraction in [0, 1], got {other_util!r}")
+            raise PlanError(f"other_util: expected a fraction in [0, 1], got {other_util!r}")
         factor = 1.0 / (1.0 - min(util, self.config.max_util))
         if freq_mhz and profiled_freq_mhz and freq_mhz > 0 and profiled_freq_mhz > 0:
             factor *= max(1.0, profiled_freq_mhz / freq_mhz)
@@ -475,7 +475,7 @@ class LoadEstimator:
         wait = _finite("queue_wait_s", queue_wait_s)
         prof = _finite("profiled_tail_s", profiled_tail_s)
         if wait < 0 or prof <= 0:
-            raise ValueError(f"cloud sample: expected queue_wait_s >= 0 and profiled_tail_s > 0, got {wait}, {prof}")
+            raise PlanError(f"cloud sample: expected queue_wait_s >= 0 and profiled_tail_s > 0, got {wait}, {prof}")
         tail = prof if tail_s is None else _finite("tail_s", tail_s)
         factor = (wait + max(0.0, tail)) / prof
         self._cloud.add(_finite("now_s", now_s), factor)

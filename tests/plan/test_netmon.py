@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitrt.errors import ConfigError
+from splitrt.errors import ConfigError, PlanError
 from splitrt.plan.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadConfig, LoadEstimator
 
 RTT_MS = 20.0
@@ -198,9 +198,9 @@ def test_estimate_is_a_frozen_dataclass_and_bad_inputs_raise() -> None:
     with pytest.raises(AttributeError):
         e.rtt_ms = 3.0  # type: ignore[misc]
     est = LinkEstimator()
-    with pytest.raises(ValueError, match="rtt_ms"):
+    with pytest.raises(PlanError, match="rtt_ms"):
         est.add_rtt(0.0, float("nan"))
-    with pytest.raises(ValueError, match="seconds"):
+    with pytest.raises(PlanError, match="seconds"):
         est.add_transfer(0.0, 10, -1.0)
     with pytest.raises(ConfigError, match="window"):
         LinkConfig(window=0)
@@ -220,7 +220,7 @@ def test_device_factor_from_utilisation_and_frequency() -> None:
     assert f == pytest.approx(3.0)
     assert load.add_device(2.0, other_util=1.0) == pytest.approx(10.0)  # capped at max_util 0.9
     assert load.add_device(3.0, other_util=0.0, freq_mhz=2000, profiled_freq_mhz=1000) == 1.0
-    with pytest.raises(ValueError, match="other_util"):
+    with pytest.raises(PlanError, match="other_util"):
         load.add_device(4.0, other_util=1.5)
 
 

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
+from splitrt.device.deadline import MIN_RPC_MS, rpc_timeout_ms
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.plan.chain import ChainController, ChainControllerConfig, ChainDecision
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
@@ -47,8 +48,6 @@ class ChainConfig:
     backoff_max_s: float = 2.0
     prober_interval_s: float = 0.25
     probe_timeout_s: float = 2.0
-    # Time kept in reserve for finishing locally when an RPC's deadline is computed.
-    min_rpc_timeout_ms: float = 50.0
 
     def __post_init__(self) -> None:
         if self.deadline_ms <= 0:
@@ -238,8 +237,9 @@ class ChainDevice:
         t = self.tables[0]
         local_ms = float(t.head_ms[t.index(DEVICE_CUT)] - t.head_ms[t.index(first)])
         local_ms *= max(1.0, self.load.estimate(self.clock()).device_factor)
-        left = deadline_ms - (time.perf_counter() - t0) * 1e3 - local_ms
-        return max(self.config.min_rpc_timeout_ms, left) / 1e3
+        left = rpc_timeout_ms(deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3,
+                              local_finish_ms=local_ms)
+        return (left or MIN_RPC_MS) / 1e3  # no room: an RPC that fails at once, then the local finish
 
     def _via_edge(self, head: HeadResult, second: str, codec: str, t0: float,
                   deadline_ms: float) -> tuple[SplitResult, str, bool]:

@@ -37,6 +37,7 @@ import numpy as np
 from splitrt.device.balancer import Balancer
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.clouds import Cloud, Clouds
+from splitrt.device.deadline import rpc_timeout_ms
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.graph import rebind
@@ -67,8 +68,6 @@ class RuntimeConfig:
     # measures that. None: pairs only where this host's kernel restarts (net.ipv4.tcp_slow_start_after_idle
     # is 1, Linux's default, or cannot be read); False halves the probe traffic.
     bandwidth_probe_pairs: bool | None = None
-    # Time kept in reserve for finishing locally when the RPC deadline is computed.
-    min_rpc_timeout_ms: float = 50.0
     warm_sessions: bool = True
     # Request shapes other than the profiled one whose scaled table and controller are kept (LRU).
     max_shapes: int = 16
@@ -310,8 +309,10 @@ class AdaptiveDevice:
         local_tail_ms = float(table.head_ms[table.index(DEVICE_CUT)] - table.head_ms[
             table.index(cut)]) * max(1.0, self.load.estimate(now).device_factor)
         for cloud in live:
-            left_ms = deadline_ms - (time.perf_counter() - t0) * 1e3 - local_tail_ms
-            timeout_ms = max(self.config.min_rpc_timeout_ms, left_ms)
+            timeout_ms = rpc_timeout_ms(deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3,
+                                        local_finish_ms=local_tail_ms)
+            if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
+                break
             with self._clouds.on_wire(cloud):
                 try:
                     res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)

@@ -103,6 +103,11 @@ def _limit_arguments(p: Any) -> None:
                    help="a request message, upload chunk or reply the client must take: within this (default 30)")
     g.add_argument("--stream-idle-s", type=float, default=lim.stream_idle_s,
                    help="InferStream: the next frame within this or the stream ends (default 120)")
+    g.add_argument("--max-calls", type=int, default=lim.max_calls,
+                   help="inference calls at once, working or waiting on their client (default 256; at least "
+                        "workers + max-queue + 8)")
+    g.add_argument("--calls-per-peer", type=int, default=lim.calls_per_peer,
+                   help="inference calls one peer address may hold at once (default 64; other lanes: half)")
     g.add_argument("--status-lane", type=int, default=lim.status_calls,
                    help="Status calls at once, apart from inference (default 8)")
     g.add_argument("--health-lane", type=int, default=lim.health_calls,
@@ -132,6 +137,7 @@ def _limit_arguments(p: Any) -> None:
 
 def limits_from(args: argparse.Namespace) -> Limits:
     return Limits(read_timeout_s=args.read_timeout_s, stream_idle_s=args.stream_idle_s,
+                  max_calls=args.max_calls, calls_per_peer=args.calls_per_peer,
                   status_calls=args.status_lane, health_calls=args.health_lane,
                   watch_streams=args.max_watch_streams, watch_max_age_s=args.watch_max_age_s,
                   max_connections=args.max_connections, streams_per_connection=args.streams_per_connection,

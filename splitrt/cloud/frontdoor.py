@@ -13,8 +13,9 @@ Per call, in order:
    its token not even compared. Refusals are logged through ``RateLog`` (a flood: one summary line
    per interval).
 2. Lanes: inference calls (Infer, InferStream, Probe, PutModel), Status, health Check and health Watch
-   each have their own cap; a full lane answers RESOURCE_EXHAUSTED at once, and never blocks another
-   (Status and health answer while the inference queue is full).
+   each have their own cap, and one peer address holds at most part of each (``calls_per_peer`` of
+   inference, half of the others); a full lane answers RESOURCE_EXHAUSTED at once, and never blocks
+   another (Status and health answer while the inference queue is full).
 3. Leases: the request message (``read_timeout_s``; health ``health_read_timeout_s``), each further
    upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
    take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not
@@ -71,6 +72,10 @@ class FrontDoor(grpc.ServerInterceptor):
         self.caps = {"infer": infer_calls, "status": limits.status_calls, "health": limits.health_calls,
                      "watch": limits.watch_streams}
         self.inside = dict.fromkeys(self.caps, 0)
+        # One peer address holds at most this many calls of a lane (so another always finds room).
+        self.peer_caps = {lane: limits.calls_per_peer if lane == "infer" else max(1, cap // 2)
+                          for lane, cap in self.caps.items()}
+        self.by_peer: Counter[tuple[str, str]] = Counter()  # (lane, address) -> calls inside
         self.lock = threading.Lock()
         self.calls: Counter[tuple[str, str]] = Counter()  # (method, code)
         self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
@@ -128,6 +133,7 @@ class _Call:
         self.short = method.rpartition("/")[2] or method
         self.lease: Lease | None = None
         self.peer = ""
+        self.key = (lane, "")
         self._released = False
 
     def enter(self) -> None:
@@ -152,17 +158,21 @@ class _Call:
                 door.ratelog.event("unauthenticated", peer=peer_address(peer), method=self.method, had_token=had)
                 self._refuse(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated",
                              f"expected {'a valid' if had else 'a'} bearer token in the 'authorization' metadata")
+        self.key = (self.lane, peer_address(peer))
         with door.lock:
             cap, inside = door.caps[self.lane], door.inside[self.lane]
-            admitted = inside < cap
+            peer_cap, mine = door.peer_caps[self.lane], door.by_peer[self.key]
+            admitted = inside < cap and mine < peer_cap
             if admitted:
                 door.inside[self.lane] = inside + 1
+                door.by_peer[self.key] = mine + 1
         if not admitted:
             hint = door.retry_after_ms() if self.lane == "infer" else 100.0
-            door.ratelog.event("lane_full", peer=peer_address(peer), method=self.method, lane=self.lane, cap=cap)
+            door.ratelog.event("lane_full", peer=self.key[1], method=self.method, lane=self.lane, cap=cap)
+            what = (f"{inside} {self.lane} calls at once, expected at most {cap}" if inside >= cap else
+                    f"{mine} {self.lane} calls at once from {self.key[1]}, expected at most {peer_cap} per address")
             self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, f"lane:{self.lane}",
-                         f"server busy: {inside} {self.lane} calls at once, expected at most {cap}; "
-                         f"retry after {hint:g} ms", hint)
+                         f"server busy: {what}; retry after {hint:g} ms", hint)
         self.lease = door.watchdog.lease(ctx)
         if self.lane == "watch":
             age = door.limits.watch_max_age_s
@@ -183,6 +193,9 @@ class _Call:
                 return
             self._released = True
             self.door.inside[self.lane] -= 1
+            self.door.by_peer[self.key] -= 1
+            if self.door.by_peer[self.key] <= 0:
+                del self.door.by_peer[self.key]
         if self.lease is not None:
             self.door.watchdog.release(self.lease)
 

@@ -34,7 +34,11 @@ class Limits:
     health_read_timeout_s: float = 5.0
     # InferStream: the next frame within this, or the stream ends (DEADLINE_EXCEEDED).
     stream_idle_s: float = 120.0
-    # Calls in each lane at once, beyond inference (whose lane is workers + max_queue + 8).
+    # Inference calls (Infer, InferStream, Probe, PutModel) at once, working or waiting on their client
+    # (at least workers + max_queue + 8); one peer address holds at most ``calls_per_peer`` of them.
+    max_calls: int = 256
+    calls_per_peer: int = 64
+    # Calls in each other lane at once; one peer address holds at most half of a lane.
     status_calls: int = 8
     health_calls: int = 16
     watch_streams: int = 8
@@ -68,7 +72,8 @@ class Limits:
                      "auth_backoff_s", "auth_backoff_max_s", "log_interval_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"limits.{name}: expected > 0 seconds, got {getattr(self, name)}")
-        for name in ("status_calls", "health_calls", "watch_streams", "streams_per_connection"):
+        for name in ("max_calls", "calls_per_peer", "status_calls", "health_calls", "watch_streams",
+                     "streams_per_connection"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name}: expected >= 1, got {getattr(self, name)}")
         if self.auth_free_failures < 0:

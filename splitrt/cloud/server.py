@@ -172,7 +172,7 @@ class CloudServer:
         self.relay = Relay(self, config.next_tier, config.max_message_bytes)
         # The front door (``frontdoor``): auth, throttle, lanes and leases, decided on a call's metadata.
         self.door = FrontDoor.build(tokens=config.tokens, limits=config.limits,
-                                    infer_calls=config.workers + config.max_queue + 8,
+                                    infer_calls=max(config.limits.max_calls, config.workers + config.max_queue + 8),
                                     retry_after_ms=lambda: self.stats.retry_after_ms(
                                         queue_depth=self.admission.admitted, workers=self.admission.workers))
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog

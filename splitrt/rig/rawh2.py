@@ -35,8 +35,10 @@ def _literal(name: str, value: str) -> bytes:
 
 
 class RawConnection:
-    def __init__(self, host: str, port: int, *, timeout_s: float = 10.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+    def __init__(self, host: str, port: int, *, timeout_s: float = 10.0, source: str | None = None) -> None:
+        # ``source``: the local address to connect from (e.g. 127.0.0.2: another peer on loopback).
+        self.sock = socket.create_connection((host, port), timeout=timeout_s,
+                                             source_address=(source, 0) if source else None)
         self.authority = f"{host}:{port}"
         self.sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, b"") + _frame(SETTINGS, ACK, 0, b""))
         self._next_id = 1

@@ -151,7 +151,7 @@ def test_half_sent_calls_with_a_token_are_cut_at_the_read_timeout(models_dir: Pa
     """Authenticated calls that never finish their message fill the inference lane (workers + queue + 8 =
     11): the 12th is refused at once, Status and health still answer, and at the read timeout every held
     call ends, after which inference is served again."""
-    with _server(models_dir, read_timeout_s=1.0) as s, RawConnection("127.0.0.1", s.port) as raw, \
+    with _server(models_dir, read_timeout_s=1.0, max_calls=11) as s, RawConnection("127.0.0.1", s.port) as raw, \
             grpc.insecure_channel(s.address) as ch:
         held = [raw.start_call(INFER, AUTH, body_prefix_bytes=10, declared_bytes=1 << 20) for _ in range(11)]
         for _ in range(200):  # until the lane is full
@@ -172,10 +172,31 @@ def test_half_sent_calls_with_a_token_are_cut_at_the_read_timeout(models_dir: Pa
         _infer_ok(s.address)
 
 
+def test_one_peer_address_holds_only_its_share(models_dir: Path) -> None:
+    """A client with the token holds 10 half-sent calls from 127.0.0.2: 4 get in (its share), 6 are refused
+    at once naming the per-address cap; a device on 127.0.0.1 is served meanwhile."""
+    with _server(models_dir, read_timeout_s=600.0, calls_per_peer=4) as s, \
+            RawConnection("127.0.0.1", s.port, source="127.0.0.2") as raw:
+        sids = [raw.start_call(INFER, AUTH, body_prefix_bytes=10, declared_bytes=1 << 20) for _ in range(10)]
+        for _ in range(200):
+            if sum(raw.ended(sid, wait_s=0.02) for sid in sids) == 6:
+                break
+        assert sum(raw.ended(sid) for sid in sids) == 6 and s.door.snapshot()["inside"]["infer"] == 4
+        _counted(s, ("Infer", "RESOURCE_EXHAUSTED"), 6)
+        _infer_ok(s.address)
+        raw.close()  # the held calls end with their connection
+        for _ in range(500):
+            if s.door.snapshot()["inside"]["infer"] == 0:
+                break
+            threading.Event().wait(0.01)
+        assert s.door.snapshot()["inside"]["infer"] == 0
+
+
 def test_watch_streams_are_capped_and_aged_out(models_dir: Path) -> None:
-    """50 Watch streams (no token needed) get 3 slots; the rest are refused at once; health Check, Status
-    and inference answer meanwhile; at their maximum age the held streams end with UNAVAILABLE."""
-    with _server(models_dir, watch_streams=3, watch_max_age_s=1.0) as s, grpc.insecure_channel(s.address) as ch:
+    """50 Watch streams (no token needed) from one address get 3 slots (half the lane of 6); the rest are
+    refused at once; health Check, Status and inference answer meanwhile; at their maximum age the held
+    streams end with UNAVAILABLE."""
+    with _server(models_dir, watch_streams=6, watch_max_age_s=1.0) as s, grpc.insecure_channel(s.address) as ch:
         watch = health_pb2_grpc.HealthStub(ch).Watch
         streams = [watch(health_pb2.HealthCheckRequest()) for _ in range(50)]  # no deadline
         ended: list[grpc.StatusCode] = []

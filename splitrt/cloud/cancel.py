@@ -114,8 +114,7 @@ class Canceller:
             heapq.heappush(self._heap, (deadline, seq, run))
             self._running[seq] = run
             self._lock.notify()
-        unlisten = token.listen(lambda: run.terminate(grpc.StatusCode.CANCELLED, "the client cancelled the call")) \
-            if token is not None else (lambda: None)
+        unlisten = token.listen(lambda: self._call_ended(run)) if token is not None else (lambda: None)
         try:
             if now >= deadline:
                 run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before it started")
@@ -134,6 +133,15 @@ class Canceller:
                 with self._lock:
                     self.terminated += 1
                 log_event("run_terminated", what=what, code=run.reason[0].name, reason=run.reason[1])
+
+    @staticmethod
+    def _call_ended(run: Run) -> None:
+        # gRPC ends a call at its deadline too (often just before the watchdog): say which it was.
+        if time.monotonic() >= run.deadline - 0.05:
+            run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED,
+                          f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated")
+        else:
+            run.terminate(grpc.StatusCode.CANCELLED, "the client cancelled the call: terminated")
 
     def running(self) -> int:
         with self._lock:

@@ -43,6 +43,8 @@ SESSION_BYTES_FIXED = 8 * MB
 # ~3 KiB per node for a 10 000-node chain (0.2 MB file, 29 MB loaded); 4 KiB per node keeps cuts in.
 GRAPH_BYTES_FACTOR = 1.3
 GRAPH_BYTES_PER_NODE = 4 * 1024
+# Added to the RSS measured at start: gRPC's server and the first session's one-time set-up.
+STARTUP_BYTES = 32 * MB
 # Loading a model transiently holds several copies of its proto (parse, normalise, checker, shape
 # inference): the upload check peaked at 7 x the file's size.
 LOAD_PEAK_FACTOR = 7
@@ -58,6 +60,25 @@ def graph_bytes(proto_bytes: int, nodes: int) -> int:
 
 def rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
+
+
+def trim() -> None:
+    """Give freed heap memory back to the OS (glibc's ``malloc_trim``; nothing elsewhere). A graph load or
+    a session build frees far more than it keeps; without this the process's RSS keeps its peak."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 class MemoryBudget:

@@ -14,6 +14,7 @@ import numpy as np
 from splitrt.cloud.cancel import CallToken
 from splitrt.cloud.common import RpcFailure
 from splitrt.cloud.inputs import check_inputs, decode_inputs
+from splitrt.cloud.memory import trim
 from splitrt.cloud.tails import Tail
 from splitrt.errors import CodecError
 from splitrt.transport import codec, wire
@@ -21,6 +22,8 @@ from splitrt.transport import splitrt_pb2 as pb
 
 if TYPE_CHECKING:
     from splitrt.cloud.server import CloudServer
+
+TRIM_AFTER_BYTES = 16 << 20
 
 
 def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | None, t0: float,
@@ -54,6 +57,8 @@ def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | N
                 return run(server, request, tail, out_codec, deadline, t0, token, bytes_in)
             finally:
                 server.budget.release(held)
+                if held > TRIM_AFTER_BYTES:  # its freed activations back to the OS, not kept as heap
+                    trim()
     finally:
         server.admission.leave()
 

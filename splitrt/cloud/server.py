@@ -55,7 +55,7 @@ from splitrt.cloud.common import RpcFailure, log, log_event
 from splitrt.cloud.edge import NextTier, Relay
 from splitrt.cloud.frontdoor import FrontDoor
 from splitrt.cloud.limits import Limits, connection_budget, grpc_options, raise_fd_limit
-from splitrt.cloud.memory import DEFAULT_MAX_REQUEST_BYTES, LOAD_PEAK_FACTOR, MemoryBudget, rss_bytes
+from splitrt.cloud.memory import DEFAULT_MAX_REQUEST_BYTES, LOAD_PEAK_FACTOR, STARTUP_BYTES, MemoryBudget, rss_bytes
 from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.peak import PeakEstimator
 from splitrt.cloud.servicer import Servicer, add_health, add_servicer
@@ -367,4 +367,6 @@ def _budget(config: ServerConfig) -> MemoryBudget:
         return MemoryBudget(None)
     import onnxruntime  # noqa: F401  (part of the baseline, not of the budget)
 
-    return MemoryBudget(config.max_memory_bytes, rss_bytes())
+    # What starting adds (gRPC's server and threads: ~4 MB) and the first session's one-time set-up
+    # (onnxruntime's thread pools and kernel registry: ~15-25 MB measured) belong to no cache entry.
+    return MemoryBudget(config.max_memory_bytes, rss_bytes() + STARTUP_BYTES)

@@ -12,7 +12,7 @@ message)``, which must raise (Infer, Probe, PutModel).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -41,6 +41,10 @@ def remaining_s(context: Any, default_s: float) -> float:
     if left is None or not left < _NO_DEADLINE_S:  # NaN too
         return default_s
     return max(0.0, float(left))
+
+
+#: Probes carrying less than this (payload + reply) are not admitted (RTT pings).
+PROBE_FREE_BYTES = 64 * 1024
 
 
 class Backend(Protocol):
@@ -115,8 +119,11 @@ class Servicer:
         if n > limit:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"probe reply_bytes: expected at most {limit}, got {n}")
+        nbytes = n + len(request.payload)
         try:
-            with self.backend.admitted("probe", n + len(request.payload)):
+            # A bandwidth probe holds its payload and reply (a 64 MiB one ~140 MB in flight): admitted like a
+            # request. An RTT ping (a few bytes) is not, so liveness still answers under load.
+            with self.backend.admitted("probe", nbytes) if nbytes > PROBE_FREE_BYTES else nullcontext():
                 reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
                 self.backend.relay.probe(request, reply, self._remaining(context))  # an edge's next hop, if asked
                 return reply

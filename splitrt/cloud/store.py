@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes
+from splitrt.cloud.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes, trim
 from splitrt.errors import ConfigError
 
 #: Temporary files of uploads in progress (never served, never listed).
@@ -226,6 +226,7 @@ class ModelStore:
             self.budget.reserve(cost, f"model {entry.path.name}'s graph")
         finally:
             self.budget.release(peak)
+            trim()
         entry.graph, entry.graph_bytes = graph, cost
 
     def evict(self, nbytes: int) -> int:

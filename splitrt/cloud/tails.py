@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.memory import MemoryBudget, session_bytes
+from splitrt.cloud.memory import MemoryBudget, session_bytes, trim
 from splitrt.cloud.store import ModelStore
 from splitrt.errors import ConfigError, CutError
 
@@ -185,6 +185,8 @@ class TailCache:
         from splitrt.cloud.peak import skeleton
 
         tail.skeleton = skeleton(segment.model)
+        del segment
+        trim()
         log_event("tail_built", model=sha256[:12], cut=cut_id, inputs=len(tail.inputs), mb=round(cost / 2**20, 1))
         return tail
 

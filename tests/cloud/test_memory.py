@@ -1,0 +1,135 @@
+"""The server's memory budget: the ledger refuses what does not fit after evicting unused cache
+entries; the tail cache is bounded in bytes, not entries; a build waits for a worker slot like a request.
+Real gRPC server on 127.0.0.1, real onnxruntime sessions (squeezenet, random weights)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.memory import MB, MemoryBudget, rss_bytes
+from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.device.client import Device
+from splitrt.errors import ConfigError
+from splitrt.graph import zoo
+from splitrt.transport import codec, wire
+from splitrt.transport import splitrt_pb2 as pb
+
+
+def test_budget_evicts_then_refuses_naming_need_and_free() -> None:
+    b = MemoryBudget(1000 * MB, 200 * MB)  # 800 MB available
+    held = {"a": 300 * MB, "b": 300 * MB}
+
+    def evict(n: int) -> int:  # a cache of two entries, least recent first
+        freed = 0
+        for k in list(held):
+            if freed >= n:
+                break
+            freed += held.pop(k)
+        b.release(freed)
+        return freed
+
+    b.add_evictor(evict)
+    b.reserve(600 * MB, "caches")  # what the two entries hold
+    assert b.reserve(400 * MB, "request") == 400 * MB  # needs 200 MB more: evicts "a" only
+    assert held == {"b": 300 * MB} and b.used_bytes == 700 * MB
+    with pytest.raises(RpcFailure) as info:
+        b.reserve(900 * MB, "a big request")  # more than the whole budget: nothing can make room
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "a big request: needs ~900 MB" in info.value.message and "--max-memory-mb 1000" in info.value.message
+    assert b.refused == 1 and held == {}  # it tried: everything evictable went first
+    with pytest.raises(ConfigError, match="expected more than the 200 MB the process holds at start, got 100 MB"):
+        MemoryBudget(100 * MB, 200 * MB)
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    shutil.copyfile(zoo.get("squeezenet"), d / "squeezenet.onnx")
+    return d
+
+
+@pytest.fixture()
+def device(models_dir: Path) -> Iterator[Device]:
+    with Device(models_dir / "squeezenet.onnx", "127.0.0.1:1") as d:
+        yield d
+
+
+def _request(device: Device, cut: str) -> wire.Framed:
+    head = device.run_head(device.random_inputs(), cut)
+    return device._request(head, codec.Codec.parse("fp32"))[0]
+
+
+def _send(server: CloudServer, device: Device, cut: str | wire.Framed) -> pb.InferReply:
+    from splitrt.transport.grpc_transport import GrpcTransport
+
+    t = GrpcTransport(server.address)
+    try:
+        reply = t.infer(_request(device, cut) if isinstance(cut, str) else cut, timeout_s=60).header
+    finally:
+        t.close()
+    assert isinstance(reply, pb.InferReply)
+    return reply
+
+
+def test_tail_cache_is_bounded_in_bytes(models_dir: Path, device: Device) -> None:
+    cuts = [c.id for c in device.graph.cuts()[1:-1]][::6][:8]
+    requests = [_request(device, cut) for cut in cuts]  # the device's sessions before the baseline
+    # 100 MB over what this process holds now (32 of them for start-up): a few squeezenet tails (~17 MB
+    # each, estimated), not the 16 the entry cap allows.
+    config = ServerConfig(models_dir=models_dir, workers=1, max_memory_bytes=rss_bytes() + 100 * MB,
+                          segment_cache_size=16, intra_op_threads=1)
+    with CloudServer(config) as server:
+        available = server.budget.available_bytes
+        for req in requests:
+            reply = _send(server, device, req)
+            assert not reply.HasField("error") and reply.request_id
+            assert server.tails.held_bytes() <= available
+        assert server.budget.peak_bytes <= available
+        assert server.tails.evicted > 0 and len(server.tails.snapshot()) < len(cuts)
+        assert server.budget.refused == 0  # evicting made room every time
+
+
+def test_a_tail_build_waits_for_a_worker_slot(models_dir: Path, device: Device) -> None:
+    config = ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1)
+    cuts = [c.id for c in device.graph.cuts()[1:-1]]
+    first, second = cuts[3], cuts[20]
+    with CloudServer(config) as server:
+        _send(server, device, first)  # built and cached
+        in_tail, release = threading.Event(), threading.Event()
+
+        def hold(header: pb.InferRequest) -> None:  # the request of `first` holds the only worker
+            if header.cut_id == first:
+                in_tail.set()
+                release.wait(60)
+
+        server.before_tail = hold
+        waiting = threading.Event()
+        take_slot = server.tails._slot
+        assert take_slot is not None
+
+        def slot(timeout_s: float) -> bool:  # the build asks for a worker slot first
+            waiting.set()
+            return take_slot(timeout_s)
+
+        server.tails._slot = slot
+        results: list[object] = []
+        t1 = threading.Thread(target=lambda: results.append(_send(server, device, first)))
+        t1.start()
+        assert in_tail.wait(60)
+        t2 = threading.Thread(target=lambda: results.append(_send(server, device, second)))
+        t2.start()
+        assert waiting.wait(60)  # the build of `second` waits for the held worker: nothing built yet
+        assert server.admission.running == 1 and second not in {c for _, c, _ in server.tails.snapshot()}
+        release.set()
+        t1.join(60)
+        t2.join(60)
+        assert len(results) == 2 and second in {c for _, c, _ in server.tails.snapshot()}
+        assert np.isfinite(server.stats.service_ms())

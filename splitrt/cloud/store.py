@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,9 @@ class ModelStore:
         # path -> (mtime, size, sha256 or "" when refused)
         self._seen: dict[Path, tuple[float, int, str]] = {}
         self._graph_locks: dict[str, threading.Lock] = {}
+        # "<sha256>~<steps>" -> (the base graph it was derived from, weakly: an evicted base is not kept
+        # alive by it; the specialised graph). One entry per model and steps that apply: bounded.
+        self._specialised: dict[str, tuple[weakref.ref[Any], Any]] = {}
         for part in self.root.glob(PART_GLOB):  # uploads a killed server left half-written
             part.unlink(missing_ok=True)
         self.scan()
@@ -184,6 +188,12 @@ class ModelStore:
         return entry
 
     def graph(self, sha256: str) -> Any:
+        """The model's graph, loaded once. ``<sha256>~<steps>`` names the model specialised by those
+        steps (``graph.specialise``: a device bound with a sample that fixes a top-level If), derived
+        here from the stored file and kept like a model of its own."""
+        base, sep, key = sha256.partition("~")
+        if sep:
+            return self._derived(base, key)
         entry = self.entry(sha256)
         with self._lock:
             graph = entry.graph
@@ -257,6 +267,32 @@ class ModelStore:
             if root not in ("", "."):
                 text = text.replace(root, "<models>")
         return text
+
+    def _derived(self, base: str, key: str) -> Any:
+        graph = self.graph(base)
+        name = f"{base}~{key}"
+        with self._lock:
+            hit = self._specialised.get(name)
+            glock = self._graph_locks.setdefault(name, threading.Lock())
+        if hit is not None and hit[0]() is graph:
+            return hit[1]
+        with glock:
+            with self._lock:
+                hit = self._specialised.get(name)
+            if hit is None or hit[0]() is not graph:  # new, or its base was evicted and loaded again
+                from splitrt.graph import model as graph_mod
+
+                try:
+                    derived = graph_mod.derived(graph, key)
+                except Exception as exc:  # ModelError (steps that do not apply), or onnx on a strange model
+                    with self._lock:
+                        self._graph_locks.pop(name, None)  # made-up steps must not grow this dict
+                    raise RpcFailure(grpc.StatusCode.NOT_FOUND,
+                                     f"model sha256 {base[:12]} has no specialisation {key!r}: {exc}") from exc
+                hit = (weakref.ref(graph), derived)
+                with self._lock:
+                    self._specialised[name] = hit
+        return hit[1]
 
     def add(self, sha256: str, path: Path) -> None:
         st = path.stat()

@@ -207,20 +207,25 @@ class ChainDevice:
                 cloud_load=self.cloud_load.estimate(now).cloud_factor, edge_available=self.edge.up(),
                 next_available=self.next.up(), cloud_available=cloud_up, request=rid)
         first, second, codec = decision.cuts
-        head = self.local.run_head(feeds, first)
-        if first == DEVICE_CUT:
-            result, by, fallback = self.local.finish_locally(head), "device", False
+        diverges = self.local.diverges(feeds)
+        if diverges is not None:  # not the branch the graph was specialised for: the whole original model here
+            result, by, fallback, first = self.local.run_original(feeds, request_id=rid), "device", True, DEVICE_CUT
+        elif first == DEVICE_CUT:
+            result, by, fallback = self.local.finish_locally(self.local.run_head(feeds, first)), "device", False
         elif decision.route == "edge":
+            head = self.local.run_head(feeds, first)
             result, by, fallback = self._via_edge(head, second, codec, t0, deadline)
         else:
+            head = self.local.run_head(feeds, first)
             result, by, fallback = self._direct(head, codec, t0, deadline)
         d_tbl = self.tables[0]
         with self._lock:
-            measured = result.total_ms if first == DEVICE_CUT else head.head_ms
+            measured = result.total_ms if first == DEVICE_CUT else result.head_ms
             self.load.add_head(self.clock(), measured_ms=measured, profiled_ms=float(d_tbl.head_ms[d_tbl.index(first)]))
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(decision, actual_ms=latency, finished_by=by,
-                           extra={"model": self.graph.sha256[:16], "fallback": fallback})
+                           extra={"model": self.graph.sha256[:16], "fallback": fallback,
+                                  **({"diverged": diverges} if diverges is not None else {})})
         with self._lock:
             self.stats["completed"] += 1
             self.stats["fallbacks"] += int(fallback)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from splitrt.device.upload import ModelUploader
-from splitrt.errors import CloudError, CodecError, ConfigError, InputError
+from splitrt.errors import CloudError, CodecError, ConfigError, CutError, InputError
 from splitrt.transport import codec, credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
@@ -297,7 +297,10 @@ class _SessionCache:
 
     def full(self) -> Any:
         if self._full is None:
-            self._full = _session(self.graph.model, self.threads)
+            # A specialised graph (``graph.specialise``) is right only for requests that take its branches;
+            # the whole model here is the original, right for every request.
+            spec = getattr(self.graph, "specialisation", None)
+            self._full = _session(spec.original if spec is not None else self.graph.model, self.threads)
         return self._full
 
     def head(self, cs: _CutSessions) -> Any:
@@ -374,7 +377,9 @@ class Device:
         self.sha256: str = self.graph.sha256
         self._local = _SessionCache(self.graph, self.config)
         self._cloud = _CloudLink(cloud, self.config, transport, sha256=self.sha256)
-        self._uploads = ModelUploader(path=Path(self.graph.path), sha256=self.sha256, config=self.config,
+        # The file's id: a specialised graph's own id (``<sha256>~<steps>``) is derived by the server from it.
+        file_sha = getattr(self.graph, "file_sha256", self.sha256)
+        self._uploads = ModelUploader(path=Path(self.graph.path), sha256=file_sha, config=self.config,
                                       link=self._cloud.get, cloud=self._cloud.name)
         self.codec = codec.Codec.parse(self.config.codec)
         self.output_names = tuple(t.name for t in self.graph.outputs)
@@ -394,9 +399,32 @@ class Device:
         values = self._local.full().run(list(self.output_names), feeds)
         return dict(zip(self.output_names, values, strict=True))
 
+    def diverges(self, feeds: Mapping[str, np.ndarray]) -> str | None:
+        """Why ``feeds`` may not be split with this (specialised) graph: they take another branch of an
+        If the binding's sample fixed. None when they may (always, for a graph not specialised)."""
+        spec = getattr(self.graph, "specialisation", None)
+        if spec is None:
+            return None
+        try:
+            return spec.holds(feeds)
+        except Exception as exc:  # onnxruntime's own types: a request the guard cannot even evaluate
+            return f"the specialisation guard does not evaluate on this request ({str(exc)[:200]})"
+
+    def run_original(self, inputs: Mapping[str, Any], *, request_id: str = "") -> SplitResult:
+        """The whole (original) model here, as a result: what a request that diverges runs."""
+        t0 = time.perf_counter()
+        outputs = self.run_local(inputs)
+        ms = (time.perf_counter() - t0) * 1e3
+        return SplitResult(outputs=outputs, cut_id=DEVICE_CUT, codec="fp32", where="local", request_id=request_id,
+                           head_ms=ms, total_ms=ms)
+
     def run_head(self, inputs: Mapping[str, Any], cut: str) -> HeadResult:
-        """Run the head of ``cut``; the result holds the tensors the tail needs."""
+        """Run the head of ``cut``; the result holds the tensors the tail needs. ``CutError`` when the
+        graph is specialised and these inputs take another branch (``diverges``): no cut of it is right."""
         feeds = self.check_inputs(inputs)
+        why = self.diverges(feeds)
+        if why is not None:
+            raise CutError(f"cut {cut!r} of {self.graph.path.name}: {why}; run the whole model (run_local)")
         if cut == DEVICE_CUT:  # the whole model: no segments, and no tail afterwards
             t0 = time.perf_counter()
             values = self._local.full().run(list(self.output_names), feeds)
@@ -568,6 +596,8 @@ class Device:
 
     def run_detailed(self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None,
                      timeout_s: float | None = None) -> SplitResult:
+        if self.diverges(self.check_inputs(inputs)) is not None:
+            return self.run_original(inputs)  # another branch than the graph was specialised for
         head = self.run_head(inputs, cut)
         if cut == DEVICE_CUT:
             return self.finish_locally(head)

@@ -227,8 +227,9 @@ class AdaptiveDevice:
         self.set_clouds(clouds)
         self._warm_due = False
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0,
-                      "shape_tables": 0, "refused": 0}
+                      "shape_tables": 0, "refused": 0, "diverged": 0}
         self.last_local_error = ""
+        self.last_diverged = ""  # why the last request could not be split (a specialised graph's guard)
         self.prober = Prober(self, self._clouds, lock=self._lock, after_round=self._warm_if_due)
         if start_prober:
             self.prober.start()
@@ -268,6 +269,9 @@ class AdaptiveDevice:
         now = self.clock()
         deadline = deadline_ms or self.config.deadline_ms
         feeds = self.local.check_inputs(inputs)
+        diverges = self.local.diverges(feeds)
+        if diverges is not None:  # not the branch the graph was specialised for: no cut of it is right
+            return self._original(feeds, rid, t0, diverges)
         sp = self._shapes.get(reshape.signature({n: a.shape for n, a in feeds.items()}), feeds)
         table = sp.table
         live = self._clouds.admitting(now)  # a cloud that refused us waits out its retry hint
@@ -300,6 +304,25 @@ class AdaptiveDevice:
         self._warm_due = True
         return Outcome(request=rid, outputs=result.outputs, plan=decision.plan, latency_ms=latency,
                        fallback=fallback, server=server, decision=decision, result=result)
+
+    def _original(self, feeds: Mapping[str, Any], rid: str, t0: float, why: str) -> Outcome:
+        """The whole original model here, for a request the specialised graph is wrong for; said in
+        ``stats["diverged"]``, ``last_diverged`` and the outcome (a fallback to ``device``)."""
+        result = self.local.run_original(feeds, request_id=rid)
+        latency = (time.perf_counter() - t0) * 1e3
+        # Not the controller's decision (it was not asked, nor is it logged: replays stay exact).
+        decision = Decision(t_s=self.clock(), request=rid, bandwidth_mbps=0.0, rtt_ms=0.0, confidence=0.0,
+                            device_load=1.0, cloud_load=1.0, cloud_available=False, previous=None, plan=DEVICE_CUT,
+                            best=DEVICE_CUT, predicted_ms=0.0, objective_value=0.0, switched=False,
+                            reason=f"diverged: {why}", actual_ms=latency, fallback=True,
+                            extra={"model": self.graph.sha256[:16], "diverged": why})
+        with self._lock:
+            self.stats["completed"] += 1
+            self.stats["fallbacks"] += 1
+            self.stats["diverged"] += 1
+            self.last_diverged = why
+        return Outcome(request=rid, outputs=result.outputs, plan=DEVICE_CUT, latency_ms=latency, fallback=True,
+                       server=None, decision=decision, result=result)
 
     def _finish(self, table: CostTable, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
                 deadline_ms: float, now: float) -> tuple[SplitResult, str | None, bool]:

@@ -17,6 +17,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -115,6 +116,15 @@ class ModelGraph:
     input_shapes: dict[str, tuple[int, ...]] | None = field(default=None, repr=False)
     binding: ShapeBinding | None = field(default=None, repr=False)
     generic: dict[str, tuple[int | str | None, ...] | None] = field(default_factory=dict, repr=False)
+    # Set when the binding's sample fixed top-level Ifs and their taken branches were inlined
+    # (``graph.specialise``): ``sha256`` is then ``<file sha256>~<steps>``, and the guard says which
+    # requests may be split.
+    specialisation: Any = field(default=None, repr=False)
+
+    @property
+    def file_sha256(self) -> str:
+        """The model file's id (what a server stores and an upload declares)."""
+        return str(self.specialisation.base_sha256) if self.specialisation is not None else self.sha256
 
     @property
     def flops(self) -> float:
@@ -246,18 +256,41 @@ def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str, binding: Shap
     if opset < MIN_OPSET:
         raise ModelError(f"{path}: opset {opset} is not supported (expected opset >= {MIN_OPSET})")
     model = normalise(model)
+    model = _infer(model, path)
+    spec = None
+    if binding is not None and binding.sample is not None and any(n.op_type == "If" for n in model.graph.node):
+        from splitrt.graph import specialise
+
+        at = shapes.resolve(path.name, list(model.graph.input), binding)
+        specialised, spec = specialise.specialise(model, base_sha256=sha256, sample=binding.sample, shapes=at,
+                                                  normalise=normalise)
+        if spec is not None:
+            model, sha256 = _infer(normalise(specialised), path), spec.sha256
+    mg = _build(model, path=path, sha256=sha256)
+    mg.specialisation = spec
+    if binding is not None:
+        _bind(mg, binding, notice)
+    return mg
+
+
+def derived(base: ModelGraph, key: str) -> ModelGraph:
+    """``base`` specialised by steps ``key`` (``graph.specialise.derive``): what a server builds for a
+    request naming ``<sha256>~<key>``; ``ModelError`` when the steps do not apply to this model."""
+    from splitrt.graph import specialise
+
+    model = specialise.derive(base.model, key, normalise)
+    return _build(_infer(normalise(model), base.path), path=base.path, sha256=f"{base.sha256}~{key}")
+
+
+def _infer(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise ModelError(f"{path}: fails the ONNX checker: {_short(exc)}") from exc
     try:
-        model = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        return shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{path}: shape inference failed: {_short(exc)}") from exc
-    mg = _build(model, path=path, sha256=sha256)
-    if binding is not None:
-        _bind(mg, binding, notice)
-    return mg
 
 
 def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] | None) -> None:
@@ -265,7 +298,8 @@ def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] |
     g = mg.model.graph
     name = mg.path.name
     mg.input_shapes, defaults = shapes.resolve_with_defaults(name, list(g.input), binding, notice=notice)
-    mg.binding = dataclasses.replace(binding, defaults=defaults) if defaults else binding
+    spec = mg.specialisation.as_dict() if mg.specialisation is not None else None
+    mg.binding = dataclasses.replace(binding, defaults=defaults, specialised=spec) if defaults or spec else binding
     fully_static = all(t.bytes >= 0 and t.shape is not None and all(isinstance(d, int) for d in t.shape)
                        for t in mg._tensors.values())
     if fully_static and binding.sample is None:

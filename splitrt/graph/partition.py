@@ -141,7 +141,9 @@ class SegmentCache:
         self.root = Path(root)
 
     def dir_for(self, graph: ModelGraph, cut_ids: Sequence[str]) -> Path:
-        return self.root / graph.sha256[:16] / "_".join(cut_ids)
+        # a specialised graph (``<sha256>~<steps>``) has cut ids of its own: keep its steps in the key
+        base, sep, steps = graph.sha256.partition("~")
+        return self.root / (base[:16] + sep + steps) / "_".join(cut_ids)
 
     def paths(self, graph: ModelGraph, cut_ids: Sequence[str]) -> list[Path]:
         target = self.dir_for(graph, cut_ids)
@@ -173,7 +175,7 @@ def write_segments(graph: ModelGraph, cut_ids: Sequence[str], out_dir: str | Pat
         "sha256": graph.sha256,
         "cuts": list(cut_ids),
         # What the sizes were computed at; the segments themselves keep the model's free dims.
-        "binding": graph.binding.as_dict() if graph.binding is not None else None,
+        "binding": graph.binding.as_dict() if graph.binding is not None else None,  # with its specialisation
         "input_shapes": {k: list(v) for k, v in (graph.input_shapes or {}).items()},
         "segments": [
             {"file": f"segment{s.index}.onnx", "inputs": list(s.inputs), "outputs": list(s.outputs),

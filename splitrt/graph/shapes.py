@@ -43,6 +43,8 @@ class ShapeBinding:
     # What ``resolve`` filled in unasked ({"images[0]": 1}: a leading free dim), recorded with the rest so a
     # binding of only defaults does not read as ``{}``.
     defaults: Mapping[str, int] = field(default_factory=dict)
+    # The top-level Ifs the sample fixed and the branches inlined (``graph.specialise``), when any.
+    specialised: Mapping[str, object] | None = None
 
     @property
     def empty(self) -> bool:
@@ -50,7 +52,8 @@ class ShapeBinding:
 
     def as_dict(self) -> dict[str, object]:
         return {"shapes": {k: list(v) for k, v in sorted(self.shapes.items())}, "dims": dict(sorted(self.dims.items())),
-                "sample": self.sample_path, "defaults": dict(sorted(self.defaults.items()))}
+                "sample": self.sample_path, "defaults": dict(sorted(self.defaults.items())),
+                **({"specialised": dict(self.specialised)} if self.specialised is not None else {})}
 
 
 def parse_shape(text: str) -> tuple[str, Shape]:

@@ -72,8 +72,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
          ", ".join(t.name for t in c.tensors[:3]) + (" ..." if len(c.tensors) > 3 else ""))
         for c in shown
     ]
-    print(f"{mg.path}  sha256 {mg.sha256[:16]}  nodes {len(mg.nodes)}  "
+    print(f"{mg.path}  sha256 {mg.sha256[:16]}{mg.sha256[64:]}  nodes {len(mg.nodes)}  "
           f"GFLOPs {mg.flops / 1e9:.2f}  cuts {len(cuts)} ({len(shown)} shown; --all for every cut)")
+    if mg.specialisation is not None:
+        steps = "; ".join(f"If {st.node!r} -> {st.branch}"
+                          + (f" ({', '.join(f'{k}={v}' for k, v in st.values.items())})" if st.values else
+                             f" (shapes of {', '.join(st.inputs)})") for st in mg.specialisation.steps)
+        print(f"specialised on the sample: {steps}; requests taking another branch run the whole model")
     for why in mg.excluded[:5]:
         print(f"left out: {why}", file=sys.stderr)
     print(render(["cut", "head nodes", "head FLOPs", "bytes", "crossing tensors"], rows))

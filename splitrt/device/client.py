@@ -360,31 +360,14 @@ class _CloudLink:
             link.close()
 
 
-class Device:
-    """A model on this device, optionally paired with a cloud at ``cloud`` ("host:port").
+class _Inputs:
+    """A Device's checks of a request's inputs: names, dtypes and shapes, and whether a graph specialised
+    on its binding's sample (``graph.specialise``) may be split for them; a request that takes another
+    branch than the graph was specialised for runs the whole original model."""
 
-    The cloud is reached through a ``Transport``: a ``GrpcTransport`` to ``cloud`` built on first use from
-    the config (TLS, token, message limits), or the one given as ``transport=`` (e.g. an
-    ``InProcessTransport`` in tests; ``cloud`` then defaults to its address).
-    """
+    graph: Any
+    run_local: Callable[[Mapping[str, Any]], dict[str, np.ndarray]]
 
-    def __init__(self, model: str | Path | Any, cloud: str | None = None, *,
-                 config: DeviceConfig | None = None, transport: Transport | None = None) -> None:
-        from splitrt.graph import model as graph_mod
-
-        self.config = config or DeviceConfig()
-        self.graph = graph_mod.load(model) if isinstance(model, (str, Path)) else model
-        self.sha256: str = self.graph.sha256
-        self._local = _SessionCache(self.graph, self.config)
-        self._cloud = _CloudLink(cloud, self.config, transport, sha256=self.sha256)
-        # The file's id: a specialised graph's own id (``<sha256>~<steps>``) is derived by the server from it.
-        file_sha = getattr(self.graph, "file_sha256", self.sha256)
-        self._uploads = ModelUploader(path=Path(self.graph.path), sha256=file_sha, config=self.config,
-                                      link=self._cloud.get, cloud=self._cloud.name)
-        self.codec = codec.Codec.parse(self.config.codec)
-        self.output_names = tuple(t.name for t in self.graph.outputs)
-
-    # -- local ------------------------------------------------------------------------------------
     def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The inputs as arrays, or ``InputError`` naming the expected and actual name/dtype/shape."""
         return check_inputs(self.graph, inputs)
@@ -392,12 +375,6 @@ class Device:
     def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
         """Inputs of the right dtype and shape (symbolic dimensions as 1)."""
         return random_inputs(self.graph, seed)
-
-    def run_local(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The whole model on this device (reference, and the last resort)."""
-        feeds = self.check_inputs(inputs)
-        values = self._local.full().run(list(self.output_names), feeds)
-        return dict(zip(self.output_names, values, strict=True))
 
     def diverges(self, feeds: Mapping[str, np.ndarray]) -> str | None:
         """Why ``feeds`` may not be split with this (specialised) graph: they take another branch of an
@@ -418,18 +395,50 @@ class Device:
         return SplitResult(outputs=outputs, cut_id=DEVICE_CUT, codec="fp32", where="local", request_id=request_id,
                            head_ms=ms, total_ms=ms)
 
-    def run_head(self, inputs: Mapping[str, Any], cut: str) -> HeadResult:
-        """Run the head of ``cut``; the result holds the tensors the tail needs. ``CutError`` when the
-        graph is specialised and these inputs take another branch (``diverges``): no cut of it is right."""
-        feeds = self.check_inputs(inputs)
+    def _refuse_diverging(self, feeds: Mapping[str, np.ndarray], cut: str) -> None:
         why = self.diverges(feeds)
         if why is not None:
-            raise CutError(f"cut {cut!r} of {self.graph.path.name}: {why}; run the whole model (run_local)")
-        if cut == DEVICE_CUT:  # the whole model: no segments, and no tail afterwards
+            raise CutError(f"cut {cut!r} of {self.graph.path.name}: {why}; run the whole model (cut device)")
+
+
+class Device(_Inputs):
+    """A model on this device, optionally paired with a cloud at ``cloud`` ("host:port").
+
+    The cloud is reached through a ``Transport``: a ``GrpcTransport`` to ``cloud`` built on first use from
+    the config (TLS, token, message limits), or the one given as ``transport=`` (e.g. an
+    ``InProcessTransport`` in tests; ``cloud`` then defaults to its address).
+    """
+
+    def __init__(self, model: str | Path | Any, cloud: str | None = None, *,
+                 config: DeviceConfig | None = None, transport: Transport | None = None) -> None:
+        from splitrt.graph import model as graph_mod
+
+        self.config = config or DeviceConfig()
+        self.graph = graph_mod.load(model) if isinstance(model, (str, Path)) else model
+        self.sha256: str = self.graph.sha256
+        self._local = _SessionCache(self.graph, self.config)
+        self._cloud = _CloudLink(cloud, self.config, transport, sha256=self.sha256)
+        self._uploads = ModelUploader(path=Path(self.graph.path), sha256=self.graph.file_sha256, config=self.config,
+                                      link=self._cloud.get, cloud=self._cloud.name)
+        self.codec = codec.Codec.parse(self.config.codec)
+        self.output_names = tuple(t.name for t in self.graph.outputs)
+
+    # -- local ------------------------------------------------------------------------------------
+    def run_local(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The whole model on this device (reference, and the last resort)."""
+        feeds = self.check_inputs(inputs)
+        values = self._local.full().run(list(self.output_names), feeds)
+        return dict(zip(self.output_names, values, strict=True))
+
+    def run_head(self, inputs: Mapping[str, Any], cut: str) -> HeadResult:
+        """Run the head of ``cut``; the result holds the tensors the tail needs."""
+        feeds = self.check_inputs(inputs)
+        if cut == DEVICE_CUT:  # the whole (original) model: no segments, and no tail afterwards
             t0 = time.perf_counter()
             values = self._local.full().run(list(self.output_names), feeds)
             return HeadResult(cut_id=cut, crossing=dict(zip(self.output_names, values, strict=True)),
                               head_ms=(time.perf_counter() - t0) * 1e3)
+        self._refuse_diverging(feeds, cut)  # a specialised graph, a request of another branch
         cs = self._local.cut(cut)
         t0 = time.perf_counter()
         env: dict[str, np.ndarray] = dict(feeds)

@@ -142,7 +142,9 @@ def measure(
             "sha256": g.sha256,
             "nodes": len(g.nodes),
             "flops": g.flops,
-            **({"binding": binding.as_dict(), "input_shapes": {k: list(v) for k, v in g.input_shapes.items()}}
+            # the binding as applied: with the defaults it took and the Ifs its sample specialised
+            **({"binding": (g.binding or binding).as_dict(),
+                "input_shapes": {k: list(v) for k, v in g.input_shapes.items()}}
                if binding is not None and g.input_shapes is not None else {}),
         },
         host=host_facts(),

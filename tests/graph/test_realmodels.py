@@ -58,7 +58,11 @@ def test_every_cut_kept_and_sized_with_the_bytes_the_head_emits(name: str) -> No
     path = fetch(m)
     unbound = graph.load(path)
     mg = bound(name)
-    assert [c.id for c in mg.cuts()] == [c.id for c in unbound.cuts()], "ids must not depend on the binding"
+    if mg.specialisation is None:
+        assert [c.id for c in mg.cuts()] == [c.id for c in unbound.cuts()], "ids must not depend on the binding"
+    else:  # the sample fixed a top-level If (silero-vad's sr): its branch is inlined, ids are that model's
+        assert [c.id for c in mg.cuts()] == [c.id for c in bound(name, "b").cuts()], "same branch, same ids"
+        assert len(mg.cuts()) > len(unbound.cuts())
     assert mg.sized and len(mg.cuts()) >= 5
     assert any(t.source in ("bound", "measured") for c in mg.cuts() for t in c.tensors)
     feeds = _feeds(mg, m, "a")

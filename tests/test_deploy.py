@@ -90,6 +90,31 @@ def test_headless_service_selects_the_serve_pods_on_a_named_port() -> None:
     assert set(mounts) <= volumes
 
 
+def _mib(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024**2}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor
+    return float(quantity) / 2**20  # plain bytes
+
+
+def test_serve_budgets_fit_the_pod_and_its_volume() -> None:
+    """--max-memory-mb below the container's memory limit (else the kernel kills the pod before the server
+    refuses anything) and the upload quota below the models volume, and both parse as `splitrt serve` flags."""
+    from splitrt.cli import app as cli
+
+    (dep,) = by_kind("Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
+    limit = _mib(container["resources"]["limits"]["memory"])
+    assert 0 < float(args["--max-memory-mb"]) <= limit * 0.9, (args["--max-memory-mb"], limit)
+    assert float(args["--max-request-mb"]) < float(args["--max-memory-mb"])
+    (pvc,) = [d for d in by_kind("PersistentVolumeClaim") if d["metadata"]["name"] == "splitrt-models"]
+    assert float(args["--max-store-mb"]) < _mib(pvc["spec"]["resources"]["requests"]["storage"])
+    parsed = cli.build_parser().parse_args(["serve", *container["args"][2:]])
+    assert parsed.max_memory_mb == float(args["--max-memory-mb"]) and parsed.max_models == int(args["--max-models"])
+
+
 def test_readme_names_the_services_the_manifests_create() -> None:
     readme = (ROOT / "README.md").read_text()
     (svc,) = by_kind("Service")

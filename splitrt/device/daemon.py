@@ -28,6 +28,8 @@ loaded into frozen dataclasses; relative paths are relative to the config file. 
     path = "/var/lib/splitrt/models/resnet50.onnx"   # or zoo:NAME
     # profile_device_path / profile_cloud_path: measured profiles; else profiles/ shipped for the
     # model, else a FLOPs prior scaled by the board's cpu_speed_factor.
+    # dims = ["sequence=128"] / shapes = ["x=1x3x48x320"] / sample_path = "s.npz" (as --dim/--shape/
+    # --sample): the shape a model with free dims is priced at (other request shapes are scaled from it).
 
 The cost table choice is shared with ``splitrt run``: :func:`select_cost_table`.
 """
@@ -56,6 +58,7 @@ import numpy as np
 
 from splitrt import paths
 from splitrt.errors import CloudError, CodecError, ConfigError, InputError, ProfileError, SplitrtError
+from splitrt.graph import shapes
 from splitrt.transport import codec, credentials, promtext, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
@@ -123,6 +126,9 @@ class ModelConfig:
     path: str  # file path (absolute after loading) or zoo:NAME
     profile_device_path: Path | None = None
     profile_cloud_path: Path | None = None
+    shapes: tuple[str, ...] = ()  # NAME=1x3xHxW, as --shape
+    dims: tuple[str, ...] = ()  # SYMBOL=N, as --dim
+    sample_path: Path | None = None  # .npz of inputs, as --sample
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +184,9 @@ MODEL_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "path": ((str,), "an .onnx file path or zoo:NAME", False),
     "profile_device_path": ((str,), "a profile JSON path (splitrt profile)", True),
     "profile_cloud_path": ((str,), "a profile JSON path (splitrt profile)", True),
+    "shapes": ((list,), "a list of NAME=1x3xHxW strings (as --shape)", False),
+    "dims": ((list,), "a list of SYMBOL=N strings (as --dim)", False),
+    "sample_path": ((str,), "an .npz of input arrays (as --sample)", True),
 }
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 
@@ -287,6 +296,13 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
             mk["path"] = str(_path(base_dir, mk["path"]))
         if (mk.get("profile_device_path") is None) != (mk.get("profile_cloud_path") is None):
             raise ConfigError(f"{mw}: expected both profile_device_path and profile_cloud_path, got only one")
+        for key in ("shapes", "dims"):
+            if key in mk:
+                mk[key] = _str_list(mw, key, mk[key], MODEL_KEYS[key][1])
+        try:
+            shapes.binding_from(mk.get("shapes", ()), mk.get("dims", ()))
+        except ConfigError as exc:
+            raise ConfigError(f"{mw}: {exc}") from exc
         models.append(ModelConfig(**mk))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
@@ -342,6 +358,24 @@ _num = promtext.num
 # -- the daemon -------------------------------------------------------------------------------------
 
 
+def _load_model(mc: ModelConfig) -> Any:
+    """The model's graph, bound at its configured shapes: a FLOPs prior (or a scaled profile) is priced
+    there. Unbound, free dims count as 1 until a request's shape is seen: said once in the log."""
+    from splitrt.graph import model as graph
+    from splitrt.graph import zoo
+
+    binding = shapes.binding_from(mc.shapes, mc.dims, mc.sample_path)
+    if not binding.empty:
+        return graph.load(zoo.resolve(mc.path), binding,
+                          notice=lambda msg: log.info("model %s: %s", mc.name, msg))
+    mg = graph.load(zoo.resolve(mc.path))
+    free = [t.name for t in mg.inputs if any(not isinstance(d, int) for d in (t.shape or ()))]
+    if free:
+        log.warning("model %s: inputs %s have free dims and no shapes/dims/sample_path: it is priced with "
+                    "them counted as 1 (set them to the shapes requests will have)", mc.name, free)
+    return mg
+
+
 @dataclass
 class _Model:
     config: ModelConfig
@@ -356,8 +390,6 @@ class Daemon:
     def __init__(self, config: DaemonConfig, *, log_file: TextIO | None = None) -> None:
         from splitrt.device.client import DeviceConfig, read_token
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-        from splitrt.graph import model as graph
-        from splitrt.graph import zoo
         from splitrt.plan.controller import ControllerConfig
         from splitrt.plan.costmodel import DEFAULT_POWER
         from splitrt.profile import boards
@@ -387,7 +419,7 @@ class Daemon:
         self.models: dict[str, _Model] = {}
         try:
             for mc in config.models:
-                mg = graph.load(zoo.resolve(mc.path))
+                mg = _load_model(mc)
                 table, source = select_cost_table(mg, profile_device=mc.profile_device_path,
                                                   profile_cloud=mc.profile_cloud_path, board=board)
                 log.info("model %s (%s): cost table from %s", mc.name, mg.sha256[:12], source)

@@ -16,8 +16,6 @@ from splitrt.cli import tables
 from splitrt.cli.inputs import add_shape_arguments, load_graph, load_inputs
 from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
 from splitrt.errors import ConfigError, CutError, InputError
-from splitrt.graph import model as graph
-from splitrt.graph import zoo
 
 
 def register(sub: Any) -> None:
@@ -103,11 +101,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_stream(args, config)
     if not args.random and not args.input:
         raise InputError("expected --input FILE or --random, got neither")
-    # Bound (--shape/--dim/--sample; a leading free dim defaults to 1): --random inputs and the shape
-    # check follow the binding. Input files alone carry their shapes: nothing is priced in a single
-    # run, so the model stays unbound and accepts any shape it declares, as before.
-    unbound = bool(args.input) and not (args.shape or args.dim or args.sample)
-    mg = graph.load(zoo.resolve(args.model)) if unbound else load_graph(args)
+    # Bound (--shape/--dim/--sample, else the --input files' shapes and values; a leading free dim
+    # defaults to 1): --random inputs follow the binding, and a sample that fixes a top-level If
+    # specialises the model as `inspect` shows it (its cut ids). Any shape the model declares is accepted.
+    mg = load_graph(args)
     if len(args.cloud) > 1:
         raise ConfigError(f"--cloud: one request goes to one cloud: expected one address without --count, "
                           f"got {len(args.cloud)}")

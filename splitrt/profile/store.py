@@ -124,6 +124,12 @@ def resolve_profile(path: str | Path) -> Path:
     return p
 
 
+def _short(sha: str) -> str:
+    """``1a153a22f450...`` (``1a153a22f450...~0t1t`` for a specialised model's id)."""
+    base, sep, key = sha.partition("~")
+    return f"{base[:12]}...{sep}{key}"
+
+
 def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
     """Read a profile (a file, or a shipped one by name: ``resolve_profile``); ``ProfileError`` if missing,
     corrupt, of another schema, or (given ``sha256``) of another model."""
@@ -149,8 +155,10 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
         got_sha = str(_req(model, "sha256", where))
         if sha256 is not None and got_sha != sha256:
             raise ProfileError(
-                f"{p}: profile is for model {model.get('name')!r} with sha256 {got_sha[:12]}..., "
-                f"expected sha256 {sha256[:12]}... (profile the model you plan for)"
+                f"{p}: profile is for model {model.get('name')!r} with sha256 {_short(got_sha)}, "
+                f"expected sha256 {_short(sha256)} (profile the model you plan for"
+                + ("; a '~' id is the model specialised on its sample's If branches: profile and plan with "
+                   "samples that take the same branches)" if "~" in got_sha + sha256 else ")")
             )
         cuts = tuple(
             CutProfile(

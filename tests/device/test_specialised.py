@@ -96,3 +96,21 @@ def test_an_upload_sends_the_original_file(tmp_path: Path) -> None:
             res = dev.run_detailed(VAD.sample_a, cut=[c.id for c in mg.cuts()][25])
         assert res.where == "cloud" and _close(_original(VAD.sample_a), res.outputs) < 1e-4
         assert [m.sha256 for m in s.store.models()] == [mg.file_sha256]
+
+
+def test_run_with_input_files_splits_at_the_specialised_cuts(server: CloudServer, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`run --input vad16k.npz` binds (and specialises) on the file, like `inspect --sample` shows it."""
+    import json
+
+    from splitrt.cli import app as cli
+
+    f = tmp_path / "vad16k.npz"
+    np.savez(f, **VAD.sample_a)
+    cut = [c.id for c in bound("silero_vad").cuts()][40]
+    assert cli.main(["run", str(fetch(VAD)), "--cloud", server.address, "--cut", cut, "--input", str(f),
+                     "--output", str(tmp_path / "out.npz"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["cut_id"] == cut and doc["where"] == "cloud"
+    with np.load(tmp_path / "out.npz") as out:
+        assert _close(_original(VAD.sample_a), {k: out[k] for k in out.files}) < 1e-4

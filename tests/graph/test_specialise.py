@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from splitrt.errors import ModelError
+from splitrt.errors import ModelError, ProfileError
 from splitrt.graph import model as graph
 from splitrt.graph import partition, shapes
 from tests.conftest import rel_err
@@ -133,3 +133,8 @@ def test_a_profile_records_the_specialisation(tmp_path: Path) -> None:
     mg = bound("silero_vad")
     assert prof.sha256 == mg.sha256 and prof.cut_ids == tuple(c.id for c in mg.cuts())
     assert prof.model["binding"]["specialised"]["steps"][0]["values"] == {"sr": 16000}
+    # planning the model unspecialised (or specialised on other branches) with it is refused, saying why
+    profiler.save_profile(prof, tmp_path / "vad.json")
+    short = mg.file_sha256[:12]
+    with pytest.raises(ProfileError, match=rf"{short}\.\.\.~0t1t, expected sha256 {short}\.\.\. .*same branches"):
+        profiler.load_profile(tmp_path / "vad.json", sha256=graph.load(fetch(VAD)).sha256)

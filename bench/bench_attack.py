@@ -7,7 +7,7 @@ Every row starts its own ``splitrt serve --workers 2 --token-file F --allow-uplo
 are passed when this server has them) with a soft file-descriptor limit of 1024 (systemd's default), then:
 
 1. baseline: a legit client (a valid token, one connection) sends squeezenet at a fixed middle cut every
-   100 ms with a 5 s deadline; a second one sends the same request without a deadline every 250 ms; once
+   50 ms with a 5 s deadline; a second one sends the same request without a deadline every 250 ms; once
    a second a new connection asks health Check and Status (a device that connects now);
 2. the attack runs (the same legit clients go on) for ``--attack-s`` seconds, then stops;
 3. recovery: seconds until three legit requests in a row succeed within max(3 x baseline p99, +50 ms);
@@ -261,8 +261,8 @@ def _infer(ch: grpc.Channel) -> Any:
     return ch.unary_unary(f"{SERVICE}/Infer")
 
 
-def upload(address: str, data: bytes, name: str, timeout_s: float = 60.0) -> str:
-    """PutModel ``data`` with the token; the status code name."""
+def upload(address: str, data: bytes, name: str, timeout_s: float = 60.0, detail: bool = False) -> str:
+    """PutModel ``data`` with the token; the status code name (``detail``: and the message)."""
     sha = hashlib.sha256(data).hexdigest()
     step = 1 << 20
     chunks = [pb.ModelChunk(sha256=sha, name=name, total_bytes=len(data), data=data[i:i + step]).SerializeToString()
@@ -272,7 +272,8 @@ def upload(address: str, data: bytes, name: str, timeout_s: float = 60.0) -> str
             ch.stream_unary(f"{SERVICE}/PutModel")(iter(chunks), timeout=timeout_s, metadata=AUTH)
             return "OK"
         except Exception as exc:
-            return _code(exc)
+            details = exc.details() if detail and isinstance(exc, grpc.RpcError) else None
+            return _code(exc) + (f" ({str(details)[:160]})" if details else "")
 
 
 @dataclass
@@ -327,7 +328,7 @@ class Outstanding:
 
 
 class Legit:
-    """The legit clients: deadline calls every 100 ms, no-deadline calls every 250 ms, a new connection
+    """The legit clients: deadline calls every 50 ms, no-deadline calls every 250 ms, a new connection
     (health Check and Status) every second."""
 
     def __init__(self, address: str, request: bytes) -> None:
@@ -366,7 +367,7 @@ class Legit:
                 call.code = _code(exc)
             call.ms = (time.monotonic() - call.t) * 1e3
             self.calls.append(call)
-            self.stop_ev.wait(max(0.0, 0.1 - call.ms / 1e3))
+            self.stop_ev.wait(max(0.0, 0.05 - call.ms / 1e3))
 
     def _nodl(self) -> None:
         fn = _infer(self.ch_nodl)
@@ -594,6 +595,7 @@ class Ctx:
     legit_cut: str
     store: Path
     shas: dict[str, str] = field(default_factory=dict)
+    baseline_log_bps: float = 0.0  # the server's log growth (bytes/s) under the legit clients alone
 
 
 class Attack:
@@ -930,8 +932,9 @@ class TokenGuess(Flood):
             return
         secs = max(1e-3, time.monotonic() - self.t0)
         self.notes["guesses_per_s"] = round(self.codes["UNAUTHENTICATED"] / secs, 1)
-        grown = self.ctx.server.log_bytes() - self.log0
-        self.notes["log_mb_per_day"] = round(grown / secs * 86400 / 2**20, 1)
+        # What the legit clients' requests log at the same time is not the guesser's doing.
+        grown = self.ctx.server.log_bytes() - self.log0 - self.ctx.baseline_log_bps * secs
+        self.notes["log_mb_per_day"] = round(max(0.0, grown) / secs * 86400 / 2**20, 1)
 
     def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
         return [(f"guesses/s <= {GUESS_RATE_MAX:g}", self.notes.get("guesses_per_s", 1e9) <= GUESS_RATE_MAX),
@@ -1009,7 +1012,7 @@ class HostileModel(Attack):
         def run() -> None:
             assert self.data is not None
             t0 = time.monotonic()
-            code = upload(ctx.address, self.data, f"{self.name}.onnx", timeout_s=30.0)
+            code = upload(ctx.address, self.data, f"{self.name}.onnx", timeout_s=30.0, detail=True)
             self.notes.setdefault("upload", f"{code} in {time.monotonic() - t0:.1f} s")
             if code != "OK":
                 return
@@ -1161,7 +1164,7 @@ def _recovery(legit: Legit, t_from: float, base_p99: float, cap_s: float) -> flo
 
 
 def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legit_cut: str,
-            root: Path) -> dict[str, Any]:
+            root: Path, keep_logs: Path | None = None) -> dict[str, Any]:
     store, token_file, shas = _stage(attack, root)
     server = Server(store, token_file, root / attack.name / "server.log", s, flags)
     _progress(f"{attack.name}: starting the server")
@@ -1172,10 +1175,11 @@ def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legi
         legit.warm()
         rss_before = server.peak_rss_mb
         legit.start()
-        t0 = time.monotonic()
+        t0, log0 = time.monotonic(), server.log_bytes()
         time.sleep(s.baseline_s)
         ctx = Ctx(address=proxy.address, server_address=server.address, settings=s, server=server,
-                  legit_request=legit_req, legit_cut=legit_cut, store=store, shas=shas)
+                  legit_request=legit_req, legit_cut=legit_cut, store=store, shas=shas,
+                  baseline_log_bps=(server.log_bytes() - log0) / max(1e-3, time.monotonic() - t0))
         _progress(f"{attack.name}: attack: {attack.what}")
         t1 = time.monotonic()
         attack.start(ctx)
@@ -1192,6 +1196,10 @@ def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legi
         recover_s = _recovery(legit, t2, base_p99, s.recover_cap_s) if server.alive() else None
         legit.nodl.settle(2.0)
         legit.stop()
+        own_lost = sum(1 for c in attack.own.calls if _lost(c.code))
+        extra_lost = attack.lost_extra()
+        own_codes = Counter(f"attack:{c.code}" for c in attack.own.calls if _lost(c.code))
+        own_n = len(attack.own.calls)
         _progress(f"{attack.name}: attack armed again, then SIGTERM")
         attack.start(ctx)
         time.sleep(1.0)
@@ -1201,21 +1209,23 @@ def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legi
         proxy.close()
         legit.stop()
         server.kill()
+        if keep_logs is not None:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(server.log_path, keep_logs / f"{attack.name}.log")
     during = [c for c in legit.all_calls() if t1 <= c.t < t_stop]
     window = [c for c in legit.all_calls() if c.t >= t1]
     ok_ms = [c.ms for c in during if c.kind == "dl" and c.code == "OK"]
     failed = Counter(c.code for c in during if c.code != "OK")
     lost_dl = sum(1 for c in window if c.kind == "dl" and _lost(c.code))
-    own_lost = sum(1 for c in attack.own.calls if _lost(c.code))
-    lost_nodl = sum(1 for c in window if c.kind == "nodl" and _lost(c.code)) + own_lost + attack.lost_extra()
-    lost_codes = Counter(f"{c.kind}:{c.code}" for c in [*window, *attack.own.calls] if _lost(c.code))
+    lost_nodl = sum(1 for c in window if c.kind == "nodl" and _lost(c.code)) + own_lost + extra_lost
+    lost_codes = Counter(f"{c.kind}:{c.code}" for c in window if _lost(c.code)) + own_codes
     row: dict[str, Any] = {
         "row": attack.name, "attack": attack.what,
         "base_p50_ms": _pct(base, 50), "base_p99_ms": _pct(base, 99), "base_n": len(base),
         "attack_p50_ms": _pct(ok_ms, 50), "attack_p99_ms": _pct(ok_ms, 99), "attack_ok": len(ok_ms),
         "legit_calls": len(during), "legit_failed": sum(failed.values()), "legit_failed_by_code": dict(failed),
         "lost_deadline": lost_dl, "lost_no_deadline": lost_nodl, "lost_by_code": dict(lost_codes),
-        "nodl_calls": sum(1 for c in window if c.kind == "nodl") + len(attack.own.calls),
+        "nodl_calls": sum(1 for c in window if c.kind == "nodl") + own_n,
         "rss_before_mb": round(rss_before, 1), "peak_rss_mb": round(server.peak_rss_mb, 1),
         "budget_mb": s.budget_mb, "budget_enforced": server.budget_flag, "killed_at_hard_cap": server.killed_at_cap,
         "alive_at_attack_end": alive_at_stop, "recover_s": recover_s, "sigterm_exit_s": exit_s,
@@ -1280,6 +1290,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the server's memory budget (passed as --max-memory-mb when it has the flag)")
     ap.add_argument("--hard-cap-mb", type=float, default=3072.0, help="kill a server above this RSS (shared host)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--logs", type=Path, metavar="DIR", help="keep each row's server log here (<row>.log)")
     ap.add_argument("--render", type=Path, metavar="FILE", help="print the table of a saved --json run")
     args = ap.parse_args(argv)
     if args.render is not None:
@@ -1292,7 +1303,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [a for a in attacks() if a.name in names]
     if not chosen:
         ap.error(f"--rows: expected some of {[a.name for a in attacks()]}, got {args.rows!r}")
-    result = run(chosen, s)
+    result = run(chosen, s, args.logs)
     if args.json:
         print(json.dumps(result, indent=1, default=str))
     else:
@@ -1300,7 +1311,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["pass"] for r in result["rows"]) else 1
 
 
-def run(chosen: list[Attack], s: Settings) -> dict[str, Any]:
+def run(chosen: list[Attack], s: Settings, keep_logs: Path | None = None) -> dict[str, Any]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
     if soft < want:  # 1100 sockets of our own, plus the legit clients'
@@ -1313,7 +1324,7 @@ def run(chosen: list[Attack], s: Settings) -> dict[str, Any]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="splitrt-attack-") as tmp:
         for attack in chosen:
-            rows.append(run_row(attack, s, flags, legit_req, legit_cut, Path(tmp)))
+            rows.append(run_row(attack, s, flags, legit_req, legit_cut, Path(tmp), keep_logs))
     return {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "settings": s.__dict__,
             "server_flags": sorted(f for f in flags if f.startswith("--max")), "legit": f"{LEGIT_MODEL} at {legit_cut}",
             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -1323,7 +1334,7 @@ def run(chosen: list[Attack], s: Settings) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     s = result["settings"]
     lines = [f"bench_attack {result['date_utc']}: splitrt serve --workers 2 --token-file --allow-upload "
-             f"--drain-s {s['drain_s']:g} (RLIMIT_NOFILE {SERVER_NOFILE}); legit {result['legit']} every 100 ms "
+             f"--drain-s {s['drain_s']:g} (RLIMIT_NOFILE {SERVER_NOFILE}); legit {result['legit']} every 50 ms "
              f"(5 s deadline) + every 250 ms (no deadline) + a new connection every 1 s",
              f"load average {result['load_before']} before, {result['load_after']} after; "
              f"{result['seconds']} s in all; server limits: {', '.join(result['server_flags']) or 'none'}",

@@ -51,11 +51,15 @@ def test_busy_loop_is_throttled_then_released_and_cgroup_removed() -> None:
                 assert (cg.path / "cpu.cfs_period_us").read_text().strip() == "100000"
             else:
                 assert (cg.path / "cpu.max").read_text().split() == ["25000", "100000"]
+            # Upper bounds only: the quota caps a busy loop, but on a loaded host the loop may get less
+            # than its quota (seen: 0.31 of a 0.5 quota at load 15), which says nothing about the cgroup.
             share = _cpu_share(proc, 1.5)
-            assert 0.15 < share < 0.35, share
+            assert 0.0 < share < 0.35, share
             cg.set_fraction(0.5)
+            assert (cg.path / ("cpu.cfs_quota_us" if cg.hierarchy.version == 1 else "cpu.max")).read_text().split()[
+                0] == "50000"
             share = _cpu_share(proc, 1.5)
-            assert 0.38 < share < 0.62, share
+            assert 0.0 < share < 0.62, share
             path = cg.path
         # The child was moved back to the root cgroup; the directory and owner record are gone.
         assert not path.exists()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -100,6 +101,11 @@ def test_lan_reachability_multicast_and_destroy() -> None:
         assert got == {h1.ns: b"hello-mdns", h2.ns: b"hello-mdns"}
         # popen'd processes are stopped by destroy.
         sleeper = h1.popen(["sleep", "60"])
+        # `ip netns exec` enters the namespace after fork: on a loaded host the pid shows up a little later.
+        for _ in range(100):
+            if sleeper.pid in netns.netns_pids(h1.ns):
+                break
+            time.sleep(0.05)
         assert sleeper.pid in netns.netns_pids(h1.ns)
     assert netns.list_netns(prefix) == []
     assert sleeper.poll() is not None
@@ -136,7 +142,7 @@ def test_live_owner_is_not_cleaned_but_killed_owner_is(tmp_path: Path) -> None:
     prefix = f"spl-tk{PID}"
     script = textwrap.dedent(f"""
         import sys, time
-        from splitrt import netns, cgroup
+        from splitrt.rig import cgroup, netns
         lan = netns.make_lan({prefix!r}, 2)
         lan.hosts[0].tc("qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "1mbit",
                         "burst", "10kb", "latency", "50ms")

@@ -39,6 +39,7 @@ import grpc
 from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, peer_address
 from splitrt.cloud.limits import Limits
 from splitrt.cloud.ratelog import RateLog
+from splitrt.cloud.shedder import Shedder, peer_key
 from splitrt.cloud.watchdog import Lease, Watchdog
 from splitrt.transport import wire
 
@@ -76,6 +77,11 @@ class FrontDoor(grpc.ServerInterceptor):
         self.peer_caps = {lane: limits.calls_per_peer if lane == "infer" else max(1, cap // 2)
                           for lane, cap in self.caps.items()}
         self.by_peer: Counter[tuple[str, str]] = Counter()  # (lane, address) -> calls inside
+        # Per connection (address, port): calls in flight and when one last started or ended (the shedder's
+        # view of which connections are idle, and since when).
+        self.conn_calls: Counter[tuple[str, int]] = Counter()
+        self.conn_seen: dict[tuple[str, int], float] = {}
+        self.shedder: Shedder | None = None
         self.lock = threading.Lock()
         self.calls: Counter[tuple[str, str]] = Counter()  # (method, code)
         self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
@@ -111,6 +117,33 @@ class FrontDoor(grpc.ServerInterceptor):
             self.tokens.check(handler_call_details.invocation_metadata)
         return _wrap(self, handler, method, lane, verdict)
 
+    def shed_at(self, port: int, max_connections: int) -> Shedder:
+        """Shed the oldest idle connections of ``port`` near ``max_connections`` (on the watchdog's tick)."""
+        self.shedder = Shedder(port=port, max_connections=max_connections, busy=self.busy_connections,
+                               last_seen=self.connections_seen)
+        self.watchdog.on_tick.append(self.shedder.tick)
+        return self.shedder
+
+    def busy_connections(self) -> set[tuple[str, int]]:
+        with self.lock:
+            return {k for k, n in self.conn_calls.items() if n > 0}
+
+    def connections_seen(self) -> dict[tuple[str, int], float]:
+        with self.lock:
+            return dict(self.conn_seen)
+
+    def _touch(self, conn: tuple[str, int] | None, delta: int) -> None:
+        """Under ``lock``: a call started (+1) or ended (-1) on ``conn``."""
+        if conn is None:
+            return
+        self.conn_calls[conn] += delta
+        if self.conn_calls[conn] <= 0:
+            del self.conn_calls[conn]
+        self.conn_seen[conn] = self.clock()
+        if len(self.conn_seen) > 65_536:  # bounded: keep the newer half
+            keep = sorted(self.conn_seen.items(), key=lambda kv: kv[1])[32_768:]
+            self.conn_seen = dict(keep)
+
     def count(self, method: str, code: grpc.StatusCode, refused: str = "") -> None:
         with self.lock:
             self.calls[(method.rpartition("/")[2] or method, code.name)] += 1
@@ -121,7 +154,8 @@ class FrontDoor(grpc.ServerInterceptor):
         """Counters for metrics: lanes (inside, caps), calls by (method, code), refusals by reason."""
         with self.lock:
             return {"inside": dict(self.inside), "caps": dict(self.caps), "calls": dict(self.calls),
-                    "refused": dict(self.refused), "waiting_peers": self.throttle.waiting(self.clock())}
+                    "refused": dict(self.refused), "waiting_peers": self.throttle.waiting(self.clock()),
+                    "shed": self.shedder.shed if self.shedder is not None else 0}
 
 
 class _Call:
@@ -134,6 +168,7 @@ class _Call:
         self.lease: Lease | None = None
         self.peer = ""
         self.key = (lane, "")
+        self.conn: tuple[str, int] | None = None
         self._released = False
 
     def enter(self) -> None:
@@ -158,7 +193,7 @@ class _Call:
                 door.ratelog.event("unauthenticated", peer=peer_address(peer), method=self.method, had_token=had)
                 self._refuse(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated",
                              f"expected {'a valid' if had else 'a'} bearer token in the 'authorization' metadata")
-        self.key = (self.lane, peer_address(peer))
+        self.key, self.conn = (self.lane, peer_address(peer)), peer_key(peer)
         with door.lock:
             cap, inside = door.caps[self.lane], door.inside[self.lane]
             peer_cap, mine = door.peer_caps[self.lane], door.by_peer[self.key]
@@ -166,6 +201,7 @@ class _Call:
             if admitted:
                 door.inside[self.lane] = inside + 1
                 door.by_peer[self.key] = mine + 1
+                door._touch(self.conn, +1)
         if not admitted:
             hint = door.retry_after_ms() if self.lane == "infer" else 100.0
             door.ratelog.event("lane_full", peer=self.key[1], method=self.method, lane=self.lane, cap=cap)
@@ -196,6 +232,7 @@ class _Call:
             self.door.by_peer[self.key] -= 1
             if self.door.by_peer[self.key] <= 0:
                 del self.door.by_peer[self.key]
+            self.door._touch(self.conn, -1)
         if self.lease is not None:
             self.door.watchdog.release(self.lease)
 

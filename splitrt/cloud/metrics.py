@@ -150,6 +150,8 @@ def _door(lines: list[str], server: CloudServer) -> None:
     fam(lines, "splitrt_cloud_door_refused_total", "counter", "Calls refused or ended by the front door, by "
         "reason (unauthenticated, throttled, lane:<lane> full, timeout).",
         [("", {"reason": k}, float(v)) for k, v in sorted(snap["refused"].items())])
+    fam(lines, "splitrt_cloud_connections_shed_total", "counter", "Idle connections shut down near the "
+        "connection cap (oldest first).", [("", {}, float(snap["shed"]))])
     fam(lines, "splitrt_cloud_throttled_peers", "gauge", "Peer addresses waiting after failed authentications.",
         [("", {}, float(snap["waiting_peers"]))])
 

@@ -211,6 +211,7 @@ class CloudServer:
                 server.stop(0)
                 raise
         server.start()
+        self.door.shed_at(port, self.max_connections)  # the oldest idle connections go first near the cap
         self.watchdog.start()
         self._server = server
         self.port = port

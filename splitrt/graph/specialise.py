@@ -168,6 +168,8 @@ def _candidate(m: onnx.ModelProto, sample: Mapping[str, np.ndarray], shapes: Map
         if cone is None:
             continue
         by_value, by_shape = _reads(cone, inputs)
+        if node.input[0] in inputs:  # the condition is a graph input itself
+            by_value.add(node.input[0])
         if any(i not in sample or np.asarray(sample[i]).size > MAX_VALUE_ELEMENTS for i in by_value):
             continue
         if any(i not in shapes and i not in sample for i in by_shape):
@@ -186,7 +188,7 @@ def _dtype(g: onnx.GraphProto, name: str) -> Any:
 
 def _guard_model(m: onnx.ModelProto, cone: Sequence[onnx.NodeProto], condition: str, ir: int) -> onnx.ModelProto:
     g = m.graph
-    used = {i for n in cone for i in n.input if i}
+    used = {i for n in cone for i in n.input if i} | {condition}
     inputs = [vi for vi in g.input if vi.name in used]
     inits = [t for t in g.initializer if t.name in used]
     out = helper.make_tensor_value_info(condition, onnx.TensorProto.BOOL, None)
@@ -221,12 +223,15 @@ def _merge_guards(guards: Sequence[onnx.ModelProto]) -> onnx.ModelProto:
 # -- inlining ---------------------------------------------------------------------------------------
 
 
-def _all_names(g: onnx.GraphProto, into: set[str]) -> set[str]:
+def _all_names(g: onnx.GraphProto, into: set[str], skip: int = -1) -> set[str]:
+    """Every tensor name ``g`` holds, its subgraphs' too (but those of node ``skip``)."""
     into.update(i.name for i in g.input)
     into.update(o.name for o in g.output)
     into.update(t.name for t in g.initializer)
-    for n in g.node:
+    for k, n in enumerate(g.node):
         into.update(o for o in n.output if o)
+        if k == skip:
+            continue
         for a in n.attribute:
             for sg in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
                 _all_names(sg, into)
@@ -261,7 +266,7 @@ def inline(m: onnx.ModelProto, index: int, branch: str, normalise: Callable[[onn
     node = g.node[pos]
     body = onnx.GraphProto()
     body.CopyFrom(next(a.g for a in node.attribute if a.name == f"{branch}_branch"))
-    outer = _all_names(g, set()) - _all_names(body, set())
+    outer = _all_names(g, set(), skip=pos)
     local = {t.name for t in body.initializer} | {o for n in body.node for o in n.output if o}
     clash = sorted(local & (outer | set(node.output)))
     _rename(body, {name: f"{name}__{node.output[0]}__{branch}" for name in clash})

@@ -138,3 +138,25 @@ def test_a_profile_records_the_specialisation(tmp_path: Path) -> None:
     short = mg.file_sha256[:12]
     with pytest.raises(ProfileError, match=rf"{short}\.\.\.~0t1t, expected sha256 {short}\.\.\. .*same branches"):
         profiler.load_profile(tmp_path / "vad.json", sha256=graph.load(fetch(VAD)).sha256)
+
+
+def test_an_if_on_a_boolean_input_itself(tmp_path: Path) -> None:
+    mk = helper.make_node
+    then = helper.make_graph([mk("Relu", ["x"], ["a"]), mk("Neg", ["a"], ["t_out"])], "then", [],
+                             [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)])
+    other = helper.make_graph([mk("Sigmoid", ["x"], ["e_out"])], "else", [],
+                              [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)])
+    g = helper.make_graph([mk("If", ["flag"], ["y"], then_branch=then, else_branch=other)], "flagged",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                           helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    p = tmp_path / "flag.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    feeds = {"x": np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32), "flag": np.array(True)}
+    mg = graph.load(p, shapes.ShapeBinding(sample=feeds))
+    assert mg.specialisation is not None and mg.specialisation.key == "0t"
+    assert len(mg.cuts()) == 4  # cloud, after Relu, after Neg (the Identity to y), device
+    ref = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert rel_err(ref, _split_run(mg, "c1", feeds)["y"]) < 1e-6
+    assert mg.specialisation.holds(feeds) is None
+    assert "flag=False" in str(mg.specialisation.holds(dict(feeds, flag=np.array(False))))

@@ -39,6 +39,7 @@ HEAVY = {"Conv", "ConvTranspose", "ConvInteger", "MatMul", "MatMulInteger", "Gem
 MAX_CONE_NODES = 64
 MAX_VALUE_ELEMENTS = 64
 MAX_STEPS = 16
+MEMO_SIZE = 64
 _SHAPE_OPS = {"Shape", "Size"}
 _KEY = re.compile(r"^(?:\d+[te])+$")
 
@@ -70,6 +71,9 @@ class Specialisation:
     guard: onnx.ModelProto  # graph inputs -> one bool per step's condition
     _session: list[Any] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # verdicts by what decides them (the small inputs' values, the others' shapes): a session run costs
+    # ~50-100 us, as much as a small model's head
+    _memo: dict[tuple[Any, ...], str | None] = field(default_factory=dict, repr=False)
 
     @property
     def key(self) -> str:
@@ -89,18 +93,42 @@ class Specialisation:
     def holds(self, feeds: Mapping[str, np.ndarray]) -> str | None:
         """None when ``feeds`` take every specialised branch; else why not (naming the If, the branch
         specialised and the inputs that decided it)."""
+        key = self._key(feeds)
         with self._lock:
+            if key is not None and key in self._memo:
+                return self._memo[key]
             if not self._session:
                 self._session.append(_session(self.guard))
             sess = self._session[0]
         values = sess.run(None, {n: np.asarray(feeds[n]) for n in self.guard_inputs})
+        verdict = None
         for step, v in zip(self.steps, values, strict=True):
             taken = "then" if bool(np.asarray(v).reshape(-1)[0]) else "else"
             if taken != step.branch:
                 shown = ", ".join(f"{n}={_show(feeds[n])}" for n in step.inputs)
-                return (f"this request takes the {taken} branch of If {step.node!r} ({shown}); the model was "
-                        f"specialised for its {step.branch} branch ({_values(step)})")
-        return None
+                verdict = (f"this request takes the {taken} branch of If {step.node!r} ({shown}); the model was "
+                           f"specialised for its {step.branch} branch ({_values(step)})")
+                break
+        if key is not None:
+            with self._lock:
+                if len(self._memo) >= MEMO_SIZE:
+                    self._memo.pop(next(iter(self._memo)))
+                self._memo[key] = verdict
+        return verdict
+
+    def _key(self, feeds: Mapping[str, np.ndarray]) -> tuple[Any, ...] | None:
+        """What the guard's verdict depends on, or None when an input read by value is not small."""
+        by_value = {k for s in self.steps for k in s.values}
+        key: list[Any] = []
+        for name in self.guard_inputs:
+            arr = np.asarray(feeds[name])
+            if name in by_value:
+                if arr.size > MAX_VALUE_ELEMENTS:
+                    return None
+                key.append((name, arr.dtype.str, arr.shape, arr.tobytes()))
+            else:
+                key.append((name, arr.shape))
+        return tuple(key)
 
 
 def _show(a: Any) -> str:

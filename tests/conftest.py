@@ -64,6 +64,8 @@ def run_segments(segments: Sequence[object], feeds: dict[str, np.ndarray]) -> di
     """Run segments one after another, passing every produced tensor along by name."""
     env = dict(feeds)
     for seg in segments:
+        if not seg.outputs:  # type: ignore[attr-defined]
+            continue  # e.g. the tail of ``device``: nothing left to compute, nothing to load
         s = session(seg.model)  # type: ignore[attr-defined]
         outs = s.run(list(seg.outputs), {k: env[k] for k in seg.inputs})  # type: ignore[attr-defined]
         env.update(zip(seg.outputs, outs, strict=True))  # type: ignore[attr-defined]

@@ -175,6 +175,7 @@ def _plan(args: argparse.Namespace) -> int:
                 "cut": cut,
                 "device_ms": round(e.device_ms, 4),
                 "transfer_ms": round(e.transfer_ms, 4),
+                "download_ms": round(e.download_ms, 4),
                 "rtt_ms": round(e.rtt_ms, 4),
                 "cloud_ms": round(e.cloud_ms, 4),
                 "total_ms": round(e.latency_ms, 4),
@@ -183,6 +184,7 @@ def _plan(args: argparse.Namespace) -> int:
                 "period_ms": round(e.period_ms, 4),
                 "bytes": e.bytes,
                 "sent_bytes": e.sent_bytes,
+                "reply_bytes": e.reply_bytes,
             }
         )
     out: dict[str, Any] = {
@@ -198,10 +200,12 @@ def _plan(args: argparse.Namespace) -> int:
             "throughput_fps": round(1000.0 / best.period_ms, 3) if best.period_ms > 0 else None,
             "device_ms": round(best.device_ms, 4),
             "transfer_ms": round(best.transfer_ms, 4),
+            "download_ms": round(best.download_ms, 4),
             "rtt_ms": round(best.rtt_ms, 4),
             "cloud_ms": round(best.cloud_ms, 4),
             "bytes": best.bytes,
             "sent_bytes": best.sent_bytes,
+            "reply_bytes": best.reply_bytes,
         },
         "conditions": {
             "bandwidth_mbps": args.bandwidth_mbps,
@@ -302,20 +306,22 @@ def _plot(
 
 def _print_plan(out: dict[str, Any], objective: str) -> None:
     rows, best = out["cuts"], out["best"]
+    # transfer ms prices the sent bytes (after the codec), download ms the reply bytes.
     print(
-        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
-        f"{'bytes':>12}"
+        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'sent bytes':>12}{'download ms':>13}{'reply bytes':>13}"
+        f"{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
     )
     for r in rows:
         mark = "  <- best" if r["cut"] == best["cut"] else ""
         print(
-            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
-            f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{r['bytes']:>12}{mark}"
+            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['sent_bytes']:>12}"
+            f"{r['download_ms']:>13.2f}{r['reply_bytes']:>13}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
+            f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{mark}"
         )
     b = out["best"]
     print(
         f"best ({objective}): {b['plan']}  latency {b['predicted_ms']:.2f} ms, energy {b['energy_mj']:.1f} mJ, "
-        f"{b['throughput_fps']} frames/s pipelined, sends {b['sent_bytes']} bytes"
+        f"{b['throughput_fps']} frames/s pipelined, sends {b['sent_bytes']} bytes, receives {b['reply_bytes']}"
     )
     pw = out["power"]
     print(

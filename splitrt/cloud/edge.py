@@ -153,7 +153,8 @@ class Relay:
         """Run ``cut_id`` -> ``next_cut_id`` here and forward the rest (admitted by the caller)."""
         h = request.header
         b = self.backend
-        check_cuts(b.store.graph(h.model_sha256), h.cut_id, h.next_cut_id)
+        graph = b.store.graph(h.model_sha256)
+        check_cuts(graph, h.cut_id, h.next_cut_id)
         deadline = t0 + deadline_s
         middle = b.tails.get(h.model_sha256, f"{h.cut_id}>{h.next_cut_id}")
         check_inputs(request, middle, b.max_decoded_bytes)
@@ -178,18 +179,24 @@ class Relay:
         compute_ms = (time.perf_counter() - t_run) * 1e3
         env = dict(zip(middle.outputs, values, strict=True))
         reply = pb.InferReply(request_id=h.request_id, queue_ms=(t_run - t0) * 1e3)
-        if h.next_cut_id == DEVICE_CUT:
-            outputs = env
-        else:
-            forwarded = self._forward(request, env, next_codec, deadline, reply)
+        # The middle's outputs: what the next tier needs, and graph outputs made here (back to the device).
+        sent = graph.cut(h.next_cut_id).tensor_names
+        made = set(graph.cut(h.next_cut_id).kept) - set(graph.cut(h.cut_id).kept)
+        outputs = {n: v for n, v in env.items() if n in made}
+        if h.next_cut_id != DEVICE_CUT:
+            forwarded = self._forward(request, {n: env[n] for n in sent}, next_codec, deadline, reply)
             if forwarded is not None:
-                return self._reply(reply, forwarded, compute_ms, t0)
+                try:
+                    own = [codec.encode(n, np.asarray(v), out_codec, copy=False) for n, v in outputs.items()]
+                except CodecError as exc:
+                    raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
+                return self._reply(reply, own + forwarded, compute_ms, t0)
             tail = b.tails.get(h.model_sha256, h.next_cut_id)
             t1 = time.perf_counter()
             values = self._run(tail, {n: np.asarray(env[n]) for n, _, _ in tail.inputs}, deadline,
                                f"tail of cut {h.next_cut_id!r} (next tier failed)")
             compute_ms += (time.perf_counter() - t1) * 1e3
-            outputs = dict(zip(tail.outputs, values, strict=True))
+            outputs.update(zip(tail.outputs, values, strict=True))
         try:
             encoded = [codec.encode(n, np.asarray(v), out_codec, copy=False) for n, v in outputs.items()]
         except CodecError as exc:

@@ -21,6 +21,7 @@ it locally and a later request finds the model there (``splitrt.device.upload``)
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -76,11 +77,13 @@ class DeviceConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class HeadResult:
-    """The head's work for one request: what crosses the cut (plus the graph inputs, for local tails)."""
+    """The head's work for one request: what the tail needs (``crossing``, sent) and the graph outputs
+    already on the device (``kept``: never sent, never replied; the outputs are assembled from both)."""
 
     cut_id: str
     crossing: dict[str, np.ndarray]
     head_ms: float
+    kept: dict[str, np.ndarray] = field(default_factory=dict)
     request_id: str = field(default_factory=lambda: os.urandom(8).hex())  # 16 hex digits, as uuid4().hex[:16]
 
 
@@ -169,6 +172,7 @@ class _CutSessions:
     head_outputs: tuple[str, ...]
     tail_inputs: tuple[str, ...]
     tail_outputs: tuple[str, ...]
+    kept: tuple[str, ...]  # graph outputs on the device after the head
     head_model: Any
     tail_model: Any
     head: Any = None
@@ -234,7 +238,8 @@ def encode_request(head: HeadResult, spec: codec.Codec, *, sha256: str, output_c
 def decode_reply(reply: wire.Framed, output_names: tuple[str, ...], *, max_bytes: int,
                  cloud: str | None) -> tuple[dict[str, np.ndarray], int]:
     """The outputs in ``reply`` (copied out of the message) and their payload bytes; ``DATA_LOSS`` when
-    they do not decode within ``max_bytes`` each or are not the model's outputs."""
+    they do not decode within ``max_bytes`` each or are not ``output_names`` (the graph outputs the
+    tail makes)."""
     try:
         encoded = reply.tensors
         outs = {e.name: codec.decode(e, max_bytes=max_bytes) for e in encoded}
@@ -265,6 +270,12 @@ def _frame_result(framed: wire.Framed, head: HeadResult, *, cut: str, spec: code
     return SplitResult(outputs=outputs, total_ms=total, bytes_down=bytes_down, **common)
 
 
+def assemble(names: tuple[str, ...], kept: Mapping[str, np.ndarray],
+             made: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph outputs in model order, from what the device kept and what the tail made."""
+    return {n: kept[n] if n in kept else made[n] for n in names}
+
+
 class _SessionCache:
     """The model's onnxruntime sessions on this device: the whole model, and head/tail per cut (LRU of
     ``session_cache_size`` cuts). Sessions are built on first use."""
@@ -288,7 +299,7 @@ class _SessionCache:
         head, tail = partition.split(self.graph, [cut_id])
         cs = _CutSessions(head_inputs=tuple(head.inputs), head_outputs=tuple(head.outputs),
                           tail_inputs=tuple(tail.inputs), tail_outputs=tuple(tail.outputs),
-                          head_model=head.model, tail_model=tail.model)
+                          kept=self.graph.cut(cut_id).kept, head_model=head.model, tail_model=tail.model)
         with self._lock:
             cs = self._cuts.setdefault(cut_id, cs)
             while len(self._cuts) > self.size:
@@ -436,7 +447,7 @@ class Device(_Inputs):
         if cut == DEVICE_CUT:  # the whole (original) model: no segments, and no tail afterwards
             t0 = time.perf_counter()
             values = self._local.full().run(list(self.output_names), feeds)
-            return HeadResult(cut_id=cut, crossing=dict(zip(self.output_names, values, strict=True)),
+            return HeadResult(cut_id=cut, crossing={}, kept=dict(zip(self.output_names, values, strict=True)),
                               head_ms=(time.perf_counter() - t0) * 1e3)
         self._refuse_diverging(feeds, cut)  # a specialised graph, a request of another branch
         cs = self._local.cut(cut)
@@ -446,22 +457,23 @@ class Device(_Inputs):
             values = self._local.head(cs).run(list(cs.head_outputs), {n: feeds[n] for n in cs.head_inputs})
             env.update(zip(cs.head_outputs, values, strict=True))
         head_ms = (time.perf_counter() - t0) * 1e3
-        return HeadResult(cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms)
+        return HeadResult(cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms,
+                          kept={n: env[n] for n in cs.kept})
 
     def finish_locally(self, head: HeadResult) -> SplitResult:
         """Run the tail of ``head.cut_id`` here: the fallback when the cloud cannot. Cut ``device`` has no
         tail: its head already holds the outputs (a 0-node tail would re-check them against the model's
         declarations, which some models get wrong)."""
         if head.cut_id == DEVICE_CUT:
-            return SplitResult(outputs={n: head.crossing[n] for n in self.output_names}, cut_id=DEVICE_CUT,
+            return SplitResult(outputs={n: head.kept[n] for n in self.output_names}, cut_id=DEVICE_CUT,
                                codec="fp32", where="local", request_id=head.request_id, head_ms=head.head_ms,
                                total_ms=head.head_ms)
         cs = self._local.cut(head.cut_id)
         t0 = time.perf_counter()
         values = self._local.tail(cs).run(list(cs.tail_outputs), head.crossing)
         tail_ms = (time.perf_counter() - t0) * 1e3
-        outputs = dict(zip(cs.tail_outputs, values, strict=True))
-        return SplitResult(outputs={n: outputs[n] for n in self.output_names}, cut_id=head.cut_id,
+        outputs = assemble(self.output_names, head.kept, dict(zip(cs.tail_outputs, values, strict=True)))
+        return SplitResult(outputs=outputs, cut_id=head.cut_id,
                            codec="fp32", where="local", request_id=head.request_id, head_ms=head.head_ms,
                            tail_ms=tail_ms, total_ms=head.head_ms + tail_ms)
 
@@ -548,10 +560,12 @@ class Device(_Inputs):
         return encode_request(head, spec, sha256=self.sha256, output_codec=self.config.output_codec,
                               next_cut_id=next_cut, next_codec=next_codec)
 
-    def _decode_reply(self, reply: wire.Framed) -> tuple[dict[str, np.ndarray], int]:
+    def _decode_reply(self, reply: wire.Framed, head: HeadResult) -> tuple[dict[str, np.ndarray], int]:
+        """The graph outputs: the reply's (only those the tail made) with the ones the head kept."""
+        made = tuple(n for n in self.output_names if n not in head.kept)
         # The same decoded-size cap a server applies (a reply may claim any size under zlib).
-        return decode_reply(reply, self.output_names, max_bytes=4 * self.config.max_message_bytes,
-                            cloud=self.cloud)
+        outs, nbytes = decode_reply(reply, made, max_bytes=4 * self.config.max_message_bytes, cloud=self.cloud)
+        return assemble(self.output_names, head.kept, outs), nbytes
 
     def send(self, head: HeadResult, *, codec_spec: str | codec.Codec | None = None,
              timeout_s: float | None = None, next_cut: str | None = None) -> SplitResult:
@@ -592,7 +606,7 @@ class Device(_Inputs):
             check(force=True)
             reply = link.infer(request, timeout_s=left())
         t3 = time.perf_counter()
-        outputs, bytes_down = self._decode_reply(reply)
+        outputs, bytes_down = self._decode_reply(reply, head)
         t4 = time.perf_counter()
         return SplitResult(
             outputs=outputs, cut_id=head.cut_id, codec=str(spec), where="cloud", request_id=head.request_id,
@@ -634,7 +648,7 @@ class Device(_Inputs):
         for framed in self._link().infer_stream(requests()):
             head, bytes_up, t_sent = pending.popleft()
             yield _frame_result(framed, head, cut=cut, spec=spec, bytes_up=bytes_up, t_sent=t_sent,
-                                decode=self._decode_reply)
+                                decode=functools.partial(self._decode_reply, head=head))
 
     def close(self) -> None:
         self._cloud.close()

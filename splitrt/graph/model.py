@@ -62,11 +62,16 @@ class Cut:
     held for every cut of an n-node chain, masks would take O(n^2) bits (1.4 GB at 60 000 nodes)."""
 
     id: str
+    # What the tail needs from the device (sent); ``bytes`` is their size.
     tensors: tuple[TensorInfo, ...]
     bytes: int
     head_nodes: int
     head_flops_fraction: float
     mask_of: Callable[[], int] = field(compare=False, repr=False)
+    # Graph outputs already on the device after the head (it produced them, or they are graph inputs):
+    # never sent, never replied. The reply carries the other graph outputs, ``reply_bytes`` of them.
+    kept: tuple[str, ...] = ()
+    reply_bytes: int = 0
 
     @property
     def head_mask(self) -> int:
@@ -85,6 +90,8 @@ class Cut:
             "id": self.id,
             "tensors": [t.as_dict() for t in self.tensors],
             "bytes": self.bytes,
+            "kept": list(self.kept),
+            "reply_bytes": self.reply_bytes,
             "head_nodes": self.head_nodes,
             "head_flops_fraction": round(self.head_flops_fraction, 6),
         }
@@ -671,6 +678,7 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
 
     flops = np.asarray(mg.node_flops, dtype=np.float64)
     total_flops = float(flops.sum()) or 1.0
+    outputs = {o.name: o for o in mg.outputs}
     # Heads sorted by (size, lowest node not in the head), prefixes before single-tensor heads on a tie.
     order: list[tuple[int, int, int, int]] = [(k, k + 1, 0, k) for k in range(n + 1)]
     order += [(count, low, 1, p) for p, (count, low, _) in singles.items()]
@@ -684,10 +692,16 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
         if kind == 0:
             names, mask_of = prefix_heads[idx], _prefix_mask(idx)
             head_flops = float(flops[:idx].sum()) if idx else 0.0
+            in_head: Callable[[int], bool] = idx.__gt__
         else:
             names, mask_of = [singles[idx][2]], _ancestors_mask(pred_nodes, idx)
-            head_flops = float(flops[_mask_to_bool(mask_of(), n)].sum())
-        infos = tuple(mg.tensor(t) for t in names)
+            in_mask = _mask_to_bool(mask_of(), n)
+            head_flops = float(flops[in_mask].sum())
+            in_head = in_mask.__getitem__
+        # A graph output the head made (or a graph input) stays on the device unless a tail node reads it.
+        kept = tuple(o for o in outputs if o not in mg.producer or in_head(mg.producer[o]))
+        infos = tuple(mg.tensor(t) for t in names
+                      if t not in outputs or any(not in_head(c) for c in mg.consumers.get(t, ())))
         if count == 0:
             cid = "cloud"
         elif count == n and kind == 0:
@@ -696,7 +710,8 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
             counter += 1
             cid = f"c{counter}"
         cuts.append(Cut(id=cid, tensors=infos, bytes=sum(max(t.bytes, 0) for t in infos), head_nodes=count,
-                        head_flops_fraction=head_flops / total_flops, mask_of=mask_of))
+                        head_flops_fraction=head_flops / total_flops, mask_of=mask_of, kept=kept,
+                        reply_bytes=sum(max(t.bytes, 0) for name, t in outputs.items() if name not in kept)))
     return cuts
 
 

@@ -1,9 +1,11 @@
 """Materialise the segments of a model split at one cut (head/tail) or a chain of nested cuts.
 
 Segment i runs the nodes between cut i-1 and cut i. Its inputs are the tensors crossing cut i-1
-(segment 0: the graph inputs) and its outputs the tensors crossing cut i (the last segment: the graph
-outputs). A tensor crossing both cuts passes straight through (ONNX allows a graph input to be a graph
-output), which is how a skip connection or a late graph input travels device -> edge -> cloud.
+(segment 0: the graph inputs) and its outputs the tensors crossing cut i plus the graph outputs its own
+nodes make (the last segment: only those). A graph output the device already holds never crosses and
+never comes back: whoever runs the head assembles the outputs (``Cut.kept`` + the reply). A tensor
+crossing both cuts passes straight through (ONNX allows a graph input to be a graph output), which is
+how a skip connection or a late graph input travels device -> edge -> cloud.
 Each segment carries only the initializers its nodes (and their subgraphs) read.
 """
 
@@ -74,11 +76,15 @@ def split(graph: ModelGraph, cut_ids: Sequence[str]) -> list[Segment]:
     boundaries: list[tuple[int, tuple[str, ...]]] = [(0, _graph_input_crossing(graph))]
     boundaries += [(c.head_mask, c.tensor_names) for c in cuts]
     full = (1 << len(graph.nodes)) - 1
-    boundaries.append((full, tuple(o.name for o in graph.outputs)))
+    boundaries.append((full, ()))
     segments = []
     for i in range(len(boundaries) - 1):
-        (lo_mask, ins), (hi_mask, outs) = boundaries[i], boundaries[i + 1]
+        (lo_mask, ins), (hi_mask, sent) = boundaries[i], boundaries[i + 1]
         nodes = [graph.nodes[k] for k in _bits(hi_mask & ~lo_mask)]
+        # What the next segment needs, and the graph outputs made here (they go back to the device, never
+        # further down the chain).
+        made = {o for n in nodes for o in n.output}
+        outs = tuple(dict.fromkeys([*sent, *(o.name for o in graph.outputs if o.name in made)]))
         segments.append(
             Segment(i, _segment_model(graph, nodes, ins, outs, f"segment{i}"), ins, outs, len(nodes))
         )

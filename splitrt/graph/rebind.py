@@ -39,7 +39,7 @@ class CutCosts:
     tail_flops: tuple[float, ...]
     bytes: tuple[int, ...]
     float_bytes: tuple[int, ...]
-    reply_bytes: int  # the graph outputs, sent back for every cut but ``device``
+    reply_bytes: tuple[int, ...]  # per cut: the graph outputs its tail makes (sent back; 0 for ``device``)
     flops: float  # the whole model
     head_nodes: tuple[int, ...] = ()  # nodes run on each side: each costs a fixed dispatch time too
     tail_nodes: tuple[int, ...] = ()
@@ -66,7 +66,7 @@ def cut_costs(graph: graph_mod.ModelGraph) -> CutCosts:
         bytes=tuple(c.bytes if s else 0 for c, s in zip(cuts, sent, strict=True)),
         float_bytes=tuple(sum(max(t.bytes, 0) for t in c.tensors if t.dtype == "float32") if s else 0
                           for c, s in zip(cuts, sent, strict=True)),
-        reply_bytes=sum(max(o.bytes, 0) for o in graph.outputs),
+        reply_bytes=tuple(c.reply_bytes for c in cuts),
         head_nodes=tuple(c.head_nodes for c in cuts),
         tail_nodes=tuple(len(graph.nodes) - c.head_nodes for c in cuts),
         flops=total,

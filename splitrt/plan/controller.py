@@ -73,13 +73,16 @@ class Decision:
     server: str | None = None
     seq: int = 0  # decision order (log lines are written in completion order)
     extra: dict[str, object] = field(default_factory=dict)
-    # The predicted terms of predicted_ms (they add up to it): device, transfer both ways, the round
-    # trip the plan waits (0 for `device`), the cloud's queue (0 for `device`), cloud.
+    # The predicted terms of predicted_ms (they add up to it): device, transfer (the upload), download
+    # (the reply, ``reply_bytes`` of it), the round trip the plan waits (0 for `device`), the cloud's
+    # queue (0 for `device`), cloud. Logs made before the reply was its own term have it in transfer_ms.
     device_ms: float = 0.0
     transfer_ms: float = 0.0
     round_trip_ms: float = 0.0
     cloud_ms: float = 0.0
     queue_ms: float = 0.0
+    download_ms: float = 0.0
+    reply_bytes: int = 0
     # Input: the expected wait for a worker at the cloud (``LoadEstimate.queue_ms``); logs without it
     # were made before the queue was priced, and replay with 0.
     cloud_queue_ms: float = 0.0
@@ -102,6 +105,8 @@ class Decision:
                  f"pred={self.predicted_ms!r}", f"obj={self.objective_value!r}",
                  f"terms={self.device_ms!r}/{self.transfer_ms!r}/{self.round_trip_ms!r}/{self.cloud_ms!r}"
                  + (f"/{self.queue_ms!r}" if self.queue_ms else "")]
+        if self.download_ms or self.reply_bytes:
+            words += [f"down={self.download_ms!r}", f"reply={self.reply_bytes}"]
         if self.cloud_queue_ms:
             words.append(f"cq={self.cloud_queue_ms!r}")
         if self.actual_ms is not None:
@@ -137,6 +142,7 @@ class Decision:
                 extra=json.loads(kv["extra"]) if "extra" in kv else {},
                 device_ms=terms[0], transfer_ms=terms[1], round_trip_ms=terms[2], cloud_ms=terms[3],
                 queue_ms=terms[4], cloud_queue_ms=float(kv.get("cq", 0.0)),
+                download_ms=float(kv.get("down", 0.0)), reply_bytes=int(kv.get("reply", 0)),
             )
         except (IndexError, KeyError, ValueError) as exc:
             raise ConfigError(f"decision: expected the form of str(Decision) ('#SEQ t=... PLAN prev=... "
@@ -212,7 +218,7 @@ class Controller:
             predicted_ms=chosen.predicted_ms, objective_value=_objective_value(chosen, cfg.objective),
             switched=switched, reason=reason, device_ms=chosen.device_ms, transfer_ms=chosen.transfer_ms,
             round_trip_ms=chosen.rtt_ms, cloud_ms=chosen.cloud_ms, queue_ms=chosen.queue_ms,
-            cloud_queue_ms=load.queue_ms,
+            cloud_queue_ms=load.queue_ms, download_ms=chosen.download_ms, reply_bytes=chosen.reply_bytes,
         )
 
     def warm_plans(self, link: LinkEstimate, load: LoadEstimate) -> list[str]:
@@ -303,7 +309,7 @@ class Policy:
                         best=key, predicted_ms=p.predicted_ms, objective_value=p.predicted_ms, switched=switched,
                         reason=f"policy {self.spec}", device_ms=p.device_ms, transfer_ms=p.transfer_ms,
                         round_trip_ms=p.rtt_ms, cloud_ms=p.cloud_ms, queue_ms=p.queue_ms,
-                        cloud_queue_ms=load.queue_ms)
+                        cloud_queue_ms=load.queue_ms, download_ms=p.download_ms, reply_bytes=p.reply_bytes)
 
 
 def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | None = None, *,

@@ -3,9 +3,10 @@
 The model, per candidate cut ``c`` and codec ``k`` (two tiers, device → cloud)::
 
     device_ms   = head_ms[c] × device_load                        (0 for the cut ``cloud``)
-    transfer_ms = (sent_bytes[c, k] + reply_bytes) × 8 / bandwidth  (0 for the cut ``device``)
+    transfer_ms = sent_bytes[c, k] × 8 / bandwidth                (upload; 0 for the cut ``device``)
+    download_ms = reply_bytes[c] × 8 / bandwidth                  (the graph outputs the tail makes)
     queue_ms    = the expected wait for a worker at the cloud (``plan.queueing``; 0 for ``device``)
-    latency_ms  = device_ms + transfer_ms + rtt_ms + queue_ms + tail_ms[c] × cloud_load
+    latency_ms  = device_ms + transfer_ms + download_ms + rtt_ms + queue_ms + tail_ms[c] × cloud_load
                   (no RTT, no transfer, no queue and no cloud for the cut ``device``)
     energy_mJ   = active_w × device_ms + (idle_w + radio_w) × send_ms
                   + idle_w × (rtt_ms + queue_ms + cloud_ms + reply_ms)   (radio_w: what transmitting adds)
@@ -127,6 +128,8 @@ class Estimate:
     bytes: int  # raw crossing bytes
     sent_bytes: int  # after the codec
     queue_ms: float = 0.0  # expected wait for a cloud worker (0 for ``device``)
+    download_ms: float = 0.0  # the reply (``transfer_ms`` is the upload)
+    reply_bytes: int = 0
 
 
 class CostTable:
@@ -134,8 +137,9 @@ class CostTable:
 
     ``ids`` in topological order (first ``cloud``, last ``device`` when present); ``head_ms`` is the
     unloaded head time on the device, ``tail_ms`` the unloaded tail time on the cloud, ``bytes`` the
-    raw crossing bytes, ``float_bytes`` the float32 part of them. ``reply_bytes`` (the graph outputs)
-    travel back for every cut but ``device``.
+    raw crossing bytes, ``float_bytes`` the float32 part of them. ``reply_bytes[c]`` (the graph outputs
+    the tail of ``c`` makes; those the head made stay on the device) travel back for every cut but
+    ``device``; a single number (tables and profiles made before it was per cut) applies to every cut.
     """
 
     def __init__(
@@ -146,7 +150,7 @@ class CostTable:
         tail_ms: Sequence[float] | FloatArray,
         bytes: Sequence[int] | npt.NDArray[np.int64],
         float_bytes: Sequence[int] | npt.NDArray[np.int64] | None = None,
-        reply_bytes: int = 0,
+        reply_bytes: int | Sequence[int] | npt.NDArray[np.int64] | FloatArray = 0,
         codecs: Mapping[str, float] | None = None,
     ) -> None:
         n = len(ids)
@@ -163,9 +167,8 @@ class CostTable:
         if np.any(fb > self.bytes):
             raise PlanError("float_bytes must not exceed bytes for any cut")
         self.float_bytes = fb
-        if reply_bytes < 0:
-            raise PlanError(f"reply_bytes must be >= 0, got {reply_bytes}")
-        self.reply_bytes = int(reply_bytes)
+        reply = np.full(n, reply_bytes, dtype=np.float64) if np.ndim(reply_bytes) == 0 else reply_bytes
+        self.reply_bytes = self._vector("reply_bytes", reply, n)
         codec_map = dict(CODEC_RATIOS if codecs is None else codecs)
         if not codec_map:
             raise PlanError("at least one codec is needed, got none")
@@ -177,6 +180,7 @@ class CostTable:
 
         # Structural masks: the device cut sends nothing; the cloud cut runs nothing on the device.
         self.sends = np.array([cut != DEVICE_CUT for cut in self.ids], dtype=bool)
+        self.reply_bytes = np.where(self.sends, self.reply_bytes, 0.0)
         self.head_ms = np.where(np.array([cut == CLOUD_CUT for cut in self.ids]), 0.0, self.head_ms)
         self.tail_ms = np.where(self.sends, self.tail_ms, 0.0)
         # sent bytes per (cut, codec), and the same in ms at 1 Mbit/s (reply included).
@@ -186,14 +190,14 @@ class CostTable:
         self._send_ms_1mbps = self.sent_bytes * MS_PER_BYTE_AT_1MBPS
         self._reply_ms_1mbps = np.where(self.sends, self.reply_bytes * MS_PER_BYTE_AT_1MBPS, 0.0)
         self._rtt_mask = self.sends.astype(np.float64)
-        for arr in (self.head_ms, self.tail_ms, self.bytes, self.float_bytes, self.sent_bytes):
+        for arr in (self.head_ms, self.tail_ms, self.bytes, self.float_bytes, self.sent_bytes, self.reply_bytes):
             arr.setflags(write=False)
 
     def to_dict(self) -> dict[str, object]:
         """The table's inputs as plain JSON values (a recorded decision log replays against them)."""
         return {"ids": list(self.ids), "head_ms": self.head_ms.tolist(), "tail_ms": self.tail_ms.tolist(),
                 "bytes": [int(b) for b in self.bytes], "float_bytes": [int(b) for b in self.float_bytes],
-                "reply_bytes": self.reply_bytes,
+                "reply_bytes": [int(b) for b in self.reply_bytes],
                 "codecs": {c: float(r) for c, r in zip(self.codecs, self.codec_ratios, strict=True)}}
 
     @classmethod
@@ -216,7 +220,8 @@ class CostTable:
 
     @classmethod
     def from_cuts(
-        cls, cuts: Sequence[CutCost], *, reply_bytes: int = 0, codecs: Mapping[str, float] | None = None
+        cls, cuts: Sequence[CutCost], *, reply_bytes: int | Sequence[int] = 0,
+        codecs: Mapping[str, float] | None = None
     ) -> CostTable:
         return cls(
             ids=[c.cut for c in cuts],
@@ -255,6 +260,7 @@ class CostTable:
         return self._send_ms_1mbps / cond.link.bandwidth_mbps
 
     def reply_ms(self, cond: Conditions) -> FloatArray:
+        """Download time of the reply, (cuts,)."""
         return self._reply_ms_1mbps / cond.link.bandwidth_mbps
 
     def rtt_ms(self, cond: Conditions) -> FloatArray:
@@ -296,7 +302,8 @@ class CostTable:
             cut=cut,
             codec=codec,
             device_ms=device,
-            transfer_ms=send + reply,
+            transfer_ms=send,
+            download_ms=reply,
             rtt_ms=rtt,
             queue_ms=queue,
             cloud_ms=cloud,
@@ -305,4 +312,5 @@ class CostTable:
             period_ms=max(device, cloud, send + reply),
             bytes=int(self.bytes[i]),
             sent_bytes=int(self.sent_bytes[i, k]),
+            reply_bytes=int(self.reply_bytes[i]),
         )

@@ -56,7 +56,7 @@ class ShapeCosts(Protocol):
     @property
     def float_bytes(self) -> Sequence[int]: ...
     @property
-    def reply_bytes(self) -> int: ...
+    def reply_bytes(self) -> int | Sequence[int]: ...
 
 
 def signature(shapes: Mapping[str, Sequence[int]]) -> Signature:
@@ -162,7 +162,7 @@ def scale_table(table: CostTable, at_a: ShapeCosts, at_b: ShapeCosts, *, fixed_m
     float_b = _vector("float_bytes at B", at_b.float_bytes, table.ids)
     return CostTable(ids=table.ids, head_ms=scaled(table.head_ms, head_r), tail_ms=scaled(table.tail_ms, tail_r),
                      bytes=bytes_b.astype(np.int64), float_bytes=float_b.astype(np.int64),
-                     reply_bytes=int(at_b.reply_bytes),
+                     reply_bytes=np.asarray(at_b.reply_bytes, dtype=np.float64),
                      codecs=dict(zip(table.codecs, table.codec_ratios.tolist(), strict=True)))
 
 

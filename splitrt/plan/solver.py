@@ -47,8 +47,8 @@ class Plan:
     predicted_ms: float  # end-to-end latency of one request
     energy_mj: float  # device energy per request
     period_ms: float  # pipelined frame period (1000 / throughput)
-    # The terms of predicted_ms, which they add up to: device + transfer (both ways) + round trip +
-    # queue (the expected wait for a cloud worker) + cloud.
+    # The terms of predicted_ms, which they add up to: device + transfer (the upload) + download (the
+    # reply) + round trip + queue (the expected wait for a cloud worker) + cloud.
     device_ms: float
     transfer_ms: float
     rtt_ms: float
@@ -56,6 +56,8 @@ class Plan:
     bytes: int  # raw crossing bytes
     sent_bytes: int  # after the codec
     queue_ms: float = 0.0
+    download_ms: float = 0.0
+    reply_bytes: int = 0  # the graph outputs the tail makes (those the head made stay on the device)
 
     @property
     def key(self) -> str:
@@ -69,7 +71,8 @@ def _plan(est: Estimate, objective: str) -> Plan:
     return Plan(cut=est.cut, codec=est.codec, objective=objective, predicted_ms=est.latency_ms,
                 energy_mj=est.energy_mj, period_ms=est.period_ms, device_ms=est.device_ms,
                 transfer_ms=est.transfer_ms, rtt_ms=est.rtt_ms, cloud_ms=est.cloud_ms, bytes=est.bytes,
-                sent_bytes=est.sent_bytes, queue_ms=est.queue_ms)
+                sent_bytes=est.sent_bytes, queue_ms=est.queue_ms, download_ms=est.download_ms,
+                reply_bytes=est.reply_bytes)
 
 
 def _pick(primary: FloatArray, secondary: FloatArray, tertiary: FloatArray) -> int:

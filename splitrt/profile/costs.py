@@ -43,7 +43,7 @@ def cost_table(
         tail_ms=np.array([c.tail_ms for c in cloud.cuts]) * cloud_speed_factor,
         bytes=[c.bytes for c in device.cuts],
         float_bytes=[c.float_bytes for c in device.cuts],
-        reply_bytes=device.reply_bytes,
+        reply_bytes=[device.reply_bytes if c.reply_bytes is None else c.reply_bytes for c in device.cuts],
         codecs=codecs,
     )
 

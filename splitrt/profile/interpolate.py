@@ -133,6 +133,7 @@ def cut_profiles(
                 float_bytes=_float_bytes(c) if c.id != "device" else 0,
                 head_mask=format(c.head_mask, "x"),
                 split_ms=round(split_ms.get(c.id, (0.0, 0.0))[0], 5),
+                reply_bytes=c.reply_bytes,
             )
         )
     return out

@@ -23,5 +23,5 @@ def flops_table(mg: ModelGraph, *, device_gflops: float, cloud_gflops: float,
                  for c in cuts],
         bytes=[c.bytes for c in cuts],
         float_bytes=[sum(t.bytes for t in c.tensors if t.dtype == "float32") for c in cuts],
-        reply_bytes=sum(max(o.bytes, 0) for o in mg.outputs),
+        reply_bytes=[c.reply_bytes for c in cuts],
     )

@@ -30,6 +30,9 @@ class CutProfile:
     # split_ms): writing out and reading back the crossing tensors, and, at a cut that separates a producer
     # from the consumer onnxruntime fuses into it (e.g. Conv | Relu), the consumer run unfused in the tail
     split_ms: float = 0.0
+    # the graph outputs the tail makes (the reply); None in profiles made before it was per cut: then
+    # ``Profile.reply_bytes`` (every output) applies
+    reply_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +62,7 @@ class Profile:
     total_ms: float
     total_p90_ms: float
     peak_rss_mb: float
-    reply_bytes: int
+    reply_bytes: int  # every graph output; the reply of each cut is ``CutProfile.reply_bytes``
     cuts: tuple[CutProfile, ...]
     nodes: tuple[NodeProfile, ...]
     segments: tuple[SegmentProfile, ...]
@@ -171,6 +174,7 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
                 float_bytes=int(c.get("float_bytes", c["bytes"])),
                 head_mask=str(c.get("head_mask", "")),
                 split_ms=float(c.get("split_ms", 0.0)),
+                reply_bytes=int(c["reply_bytes"]) if c.get("reply_bytes") is not None else None,
             )
             for c in _req(data, "cuts", where)
         )

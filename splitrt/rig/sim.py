@@ -154,7 +154,7 @@ class _Run:
         if cut == DEVICE_CUT:
             return SimRequest(t_s=t, plan=d.plan, latency_ms=head_ms, head_ms=head_ms, send_ms=0.0,
                               bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
-        sent = float(tbl.sent_bytes[i, tbl.codec_index(codec)]) + float(tbl.reply_bytes)
+        sent = float(tbl.sent_bytes[i, tbl.codec_index(codec)]) + float(tbl.reply_bytes[i])
         send_at = t + head_ms / 1e3
         self.rounds_until(send_at)
         send_s = self._wire(send_at, sent)

@@ -157,7 +157,7 @@ def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: t
     oracle's tail below anything a real run can reach).
     """
     allowed = [k for k in table.codecs if codecs is None or k in codecs]
-    reply = float(table.reply_bytes)
+    reply = table.reply_bytes  # per cut
     out = []
     for n, t in enumerate(times_s):
         ratio = costs.device_ratio_burst if in_intervals(t, bursts) else costs.device_ratio_idle
@@ -178,7 +178,7 @@ def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: t
                 tail = float(table.tail_ms[i]) * costs.cloud_ratio
                 cands = []
                 for k in allowed:
-                    nbytes = float(table.sent_bytes[i, table.codec_index(k)]) + reply
+                    nbytes = float(table.sent_bytes[i, table.codec_index(k)]) + float(reply[i])
                     key = (h, nbytes)
                     if key not in seen:
                         seen[key] = transfer_ms(played, t + h / 1e3, nbytes)

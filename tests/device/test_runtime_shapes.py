@@ -91,7 +91,8 @@ def test_each_shape_gets_its_own_table_and_controller(server: CloudServer, mg: g
     t_b = plans[sig_b].table
     np.testing.assert_array_equal(t_b.bytes, expect)
     assert t_b.bytes[0] == profiled_table.bytes[0] * (256 * 416) // (320 * 320)  # the cloud cut: the image
-    assert t_b.reply_bytes == sum(o.bytes for o in at_b.outputs) != profiled_table.reply_bytes
+    assert t_b.reply_bytes[0] == sum(o.bytes for o in at_b.outputs) != profiled_table.reply_bytes[0]
+    np.testing.assert_array_equal(t_b.reply_bytes, [c.reply_bytes for c in at_b.cuts()])
     full = t_b.index("device")
     # Scaled between "every node a fixed cost" (x1) and "all of it arithmetic" (the FLOPs ratio).
     r, fr = t_b.head_ms[full] / profiled_table.head_ms[full], at_b.flops / mg.flops

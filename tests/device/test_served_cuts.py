@@ -103,6 +103,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     for case in CASES.values():
         shutil.copyfile(case.path(), models / f"{case.name}.onnx")
     _wrong_output(fetch(REAL["ocr_rec"]), models / "ocr_rec_wrong_output.onnx")
+    shutil.copyfile(zoo.get("multi_io"), models / "multi_io.onnx")
     server = Serve("--models", str(models), "--port", "0", "--workers", "2")
     try:
         yield f"127.0.0.1:{server.event('listening')['port']}", models
@@ -201,3 +202,26 @@ def test_the_server_checks_a_scalar_as_a_scalar(served: tuple[str, Path]) -> Non
             dev.send(bad)
     assert info.value.code == "INVALID_ARGUMENT"
     assert "tensor 'sr': expected shape [], got [1]" in str(info.value)
+
+
+def test_a_multi_output_model_sends_only_what_the_tail_needs(served: tuple[str, Path]) -> None:
+    """multi_io's output ``early`` is made early and read by one later node: once that node is in the head
+    too, ``early`` is neither sent nor replied; the device assembles it with the reply's ``late``."""
+    address, models = served
+    mg = graph.load(models / "multi_io.onnx", shapes.ShapeBinding())
+    feeds = shapes.valid_inputs(list(mg.model.graph.input), mg.input_shapes or {}, None, seed=2)
+    kept = [c.id for c in mg.cuts() if "early" in c.kept and "early" not in c.tensor_names and c.id != "device"]
+    assert kept
+    with _device(mg, address) as dev:
+        ref = dev.run_local(feeds)
+        for cut in ["cloud", *kept]:
+            c = mg.cut(cut)
+            head = dev.run_head(feeds, cut)
+            r = dev.send(head)
+            assert r.where == "cloud" and all(rel_err(ref[k], r.outputs[k]) < 1e-4 for k in ref)
+            # on the wire: the tensors the tail reads, and the outputs the tail made; nothing else
+            assert r.bytes_up == c.bytes == sum(v.nbytes for v in head.crossing.values())
+            assert r.bytes_down == c.reply_bytes == sum(v.nbytes for k, v in ref.items() if k not in c.kept)
+            if cut != "cloud":
+                assert set(head.crossing).isdisjoint(ref) and set(head.kept) == {"early"}
+                assert r.bytes_down == ref["late"].nbytes < ref["late"].nbytes + ref["early"].nbytes

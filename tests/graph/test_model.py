@@ -146,8 +146,8 @@ def test_initializer_output_and_dead_nodes(tmp_path: Path) -> None:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     mg = graph.load(_save(m, tmp_path / "io.onnx"))
     assert not any(n.op_type == "Neg" for n in mg.nodes)
-    heads = [c.tensor_names for c in mg.cuts()]
-    assert len(heads) == len(set(heads))  # no two cuts with the same crossing set
+    heads = [(c.tensor_names, c.kept) for c in mg.cuts()]
+    assert len(heads) == len(set(heads))  # no two cuts with the same crossing and kept sets
     from splitrt.graph import partition
     from tests.conftest import run_segments, session
 
@@ -235,12 +235,10 @@ def _closed_under_predecessors(mg: graph.ModelGraph, head: frozenset[int]) -> bo
 
 
 def _crossing_bruteforce(mg: graph.ModelGraph, head: frozenset[int]) -> set[str]:
-    outs = {o.name for o in mg.outputs}
     crossing = set()
     available = {t.name for t in mg.inputs} | {o for k in head for o in mg.nodes[k].output}
     for t in available:
-        tail_needs = any(c not in head for c in mg.consumers.get(t, []))
-        if tail_needs or t in outs:
+        if any(c not in head for c in mg.consumers.get(t, [])):  # the tail needs it
             crossing.add(t)
     return crossing
 
@@ -257,7 +255,9 @@ def test_every_cut_is_valid_and_its_crossing_set_exact(name: str) -> None:
         head = c.head
         assert _closed_under_predecessors(mg, head), c.id
         assert set(c.tensor_names) == _crossing_bruteforce(mg, head), c.id
-        assert c.bytes == sum(t.bytes for t in c.tensors) > 0
+        available = {t.name for t in mg.inputs} | {o for k in head for o in mg.nodes[k].output}
+        assert set(c.kept) == {o.name for o in mg.outputs} & available, c.id
+        assert c.bytes == sum(t.bytes for t in c.tensors) and (c.bytes > 0) == (c.id != "device")
         assert 0.0 <= c.head_flops_fraction <= 1.0
     assert cuts[-1].head_flops_fraction == pytest.approx(1.0)
 
@@ -278,10 +278,15 @@ def test_residual_block_interior_cut_crosses_skip_tensor() -> None:
 
 def test_graph_input_needed_late_crosses(tmp_path: Path) -> None:
     mg = graph.load(zoo.get("multi_io"))
-    late_cut = [c for c in mg.cuts() if "early" in c.tensor_names and c.id != "device"]
-    assert late_cut and all("b" in c.tensor_names or c.head_nodes > 3 for c in late_cut)
-    # An output produced on the device crosses too (the cloud returns the complete output set).
-    assert "early" in mg.cut("device").tensor_names
+    late_cut = [c for c in mg.cuts() if "b" in c.tensor_names and c.head_nodes > 0]
+    assert late_cut, "graph input b is needed only late: it crosses with the head's tensors"
+    # An output the head made stays on the device: never sent, never replied (the device assembles).
+    kept = [c for c in mg.cuts() if "early" in c.kept]
+    assert kept and all("early" not in c.tensor_names for c in kept if c.id != "c2")
+    assert "early" in mg.cut("c2").tensor_names  # ... unless the tail reads it: then it is sent, not replied
+    assert all(c.reply_bytes == sum(o.bytes for o in mg.outputs if o.name not in c.kept) for c in mg.cuts())
+    assert mg.cut("device").tensors == () and mg.cut("device").reply_bytes == 0
+    assert set(mg.cut("device").kept) == {o.name for o in mg.outputs}
 
 
 def test_if_node_is_never_split_and_its_captures_cross() -> None:

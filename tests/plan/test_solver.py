@@ -158,11 +158,11 @@ def _brute_chain(dev: CostTable, edge: CostTable, cloud: CostTable, c: ChainCond
             for j in range(i, n):
                 lat = dev.head_ms[i] * c.device_load
                 if dev.sends[i]:
-                    lat += (dev.sent_bytes[i, k] + dev.reply_bytes) * 8e-3 / c.device_edge.bandwidth_mbps
+                    lat += (dev.sent_bytes[i, k] + dev.reply_bytes[i]) * 8e-3 / c.device_edge.bandwidth_mbps
                     lat += c.device_edge.rtt_ms
                 lat += max(edge.head_ms[j] - edge.head_ms[i], 0) * c.edge_load
                 if dev.sends[j]:
-                    lat += (dev.sent_bytes[j, k] + dev.reply_bytes) * 8e-3 / c.edge_cloud.bandwidth_mbps
+                    lat += (dev.sent_bytes[j, k] + dev.reply_bytes[j]) * 8e-3 / c.edge_cloud.bandwidth_mbps
                     lat += c.edge_cloud.rtt_ms
                     lat += cloud.tail_ms[j] * c.cloud_load
                 best = min(best, lat)

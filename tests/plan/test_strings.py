@@ -49,6 +49,7 @@ def test_policy_round_trip(spec: str) -> None:
     predicted_ms=finite, objective_value=finite, switched=st.booleans(), reason=text,
     actual_ms=st.one_of(st.none(), finite), fallback=st.booleans(), server=st.one_of(st.none(), text),
     seq=st.integers(0, 10**9), device_ms=finite, transfer_ms=finite, round_trip_ms=finite, cloud_ms=finite,
+    download_ms=finite, reply_bytes=st.integers(0, 10**12), queue_ms=finite,
     extra=st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5)), max_size=3)))
 def test_decision_round_trip(d: Decision) -> None:
     line = str(d)

@@ -31,8 +31,12 @@ def test_plan_terms_add_up_for_every_cut_and_codec(bw: float, rtt: float, dl: fl
     for cut in table.ids:
         for codec in table.codecs:
             p = evaluate(table, (cut, codec), cond)
-            assert math.isclose(p.device_ms + p.transfer_ms + p.rtt_ms + p.queue_ms + p.cloud_ms, p.predicted_ms,
-                                rel_tol=1e-12, abs_tol=1e-9), (cut, codec)
+            assert math.isclose(p.device_ms + p.transfer_ms + p.download_ms + p.rtt_ms + p.queue_ms + p.cloud_ms,
+                                p.predicted_ms, rel_tol=1e-12, abs_tol=1e-9), (cut, codec)
+            # each transfer term prices its own bytes: the upload after the codec, the reply of this cut
+            assert math.isclose(p.transfer_ms, p.sent_bytes * 8e-3 / bw, rel_tol=1e-12, abs_tol=1e-12)
+            assert math.isclose(p.download_ms, p.reply_bytes * 8e-3 / bw, rel_tol=1e-12, abs_tol=1e-12)
+            assert (p.reply_bytes == 0) == (cut == "device")
             assert (p.rtt_ms == 0.0) == (cut == "device")
             assert p.queue_ms == (0.0 if cut == "device" else q)
 
@@ -42,8 +46,9 @@ def test_decision_terms_add_up() -> None:
     for t, (bw, q) in enumerate([(50.0, 0.0), (2.0, 0.0), (400.0, 0.0), (400.0, 20.0), (50.0, 500.0)]):
         d = ctl.decide(float(t), LinkEstimate(bandwidth_mbps=bw, rtt_ms=30.0, confidence=1.0),
                        LoadEstimate(device_factor=1.0, cloud_factor=1.0, queue_ms=q))
-        assert math.isclose(d.device_ms + d.transfer_ms + d.round_trip_ms + d.queue_ms + d.cloud_ms,
+        assert math.isclose(d.device_ms + d.transfer_ms + d.download_ms + d.round_trip_ms + d.queue_ms + d.cloud_ms,
                             d.predicted_ms, rel_tol=1e-12, abs_tol=1e-9)
+        assert (d.reply_bytes > 0) == (d.plan != "device")
         assert d.cloud_queue_ms == q and d.queue_ms == (0.0 if d.plan == "device" else q)
 
 
@@ -54,5 +59,6 @@ def test_plan_json_terms_add_up(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     for row in [*out["cuts"], out["best"]]:
         total = row.get("total_ms", row.get("predicted_ms"))
-        terms = row["device_ms"] + row["transfer_ms"] + row["rtt_ms"] + row.get("queue_ms", 0.0) + row["cloud_ms"]
+        terms = (row["device_ms"] + row["transfer_ms"] + row["download_ms"] + row["rtt_ms"] + row.get("queue_ms", 0.0)
+                 + row["cloud_ms"])
         assert abs(terms - total) < 1e-3, row

@@ -1,11 +1,13 @@
 """`splitrt run ... --count N` / `--discover`: a stream of requests through ``AdaptiveDevice``.
 
 With ``--json`` one JSON object per request, ``{"id", "ok", "cut", "plan", "latency_ms", "fallback",
-"server"}`` (+ ``rel_err`` and ``verify`` with ``--verify``: NaN/inf at the same places in both runs
-compare equal and the rest gives ``rel_err``; anywhere else ``rel_err`` is null and ``verify`` says
-``different`` and where; ``equal`` up to rel_err 1e-4), then ``{"summary": {"completed", "failed",
-"fallbacks", "switches", "servers"}}`` (+ ``different`` with ``--verify``); otherwise a table with the
-same columns. The cost table: ``--profile-device/--profile-cloud``, else the shipped profile of the
+"server"}`` (+ ``fallback_reason`` when the cloud's part ran here, ``error`` when the request failed:
+an onnxruntime error on this device is a failed request, not a traceback; + ``rel_err`` and ``verify``
+with ``--verify``: NaN/inf at the same places in both runs compare equal and the rest gives ``rel_err``;
+anywhere else ``rel_err`` is null and ``verify`` says ``different`` and where; ``equal`` up to rel_err
+1e-4), then ``{"summary": {"completed", "failed", "fallbacks", "switches", "servers"}}`` (+ ``different``
+with ``--verify``); otherwise a table with the same columns (``reason``: the error or the fallback's
+reason). The cost table: ``--profile-device/--profile-cloud``, else the shipped profile of the
 model, else the FLOPs prior with ``--board``'s speed (said on stderr).
 """
 
@@ -89,10 +91,12 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
 def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> int:
     if not args.json:
         extra = ["rel_err", "verify"] if args.verify else []
-        print(tables.render(["id", "ok", "plan", "latency_ms", "fallback", "server", *extra],
+        # reason: why a request failed, or why its cloud part ran here (the fallback's reason)
+        print(tables.render(["id", "ok", "plan", "latency_ms", "fallback", "server", *extra, "reason"],
                             [[r["id"], r["ok"], r.get("plan", ""), r.get("latency_ms", ""), r.get("fallback", ""),
                               r.get("server") or "-",
-                              *[_cell(r.get(k)) for k in extra]] for r in rows]))
+                              *[_cell(r.get(k)) for k in extra],
+                              r.get("error") or r.get("fallback_reason") or "-"] for r in rows]))
         print(tables.render(["summary", "value"], [[k, v] for k, v in summary.items()]))
     return 0 if summary["failed"] == 0 else 1
 
@@ -145,6 +149,8 @@ def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.
             servers[key] = servers.get(key, 0) + 1
             row.update(ok=True, cut=out.plan.split("@")[0], plan=out.plan, latency_ms=round(out.latency_ms, 3),
                        fallback=out.fallback, server=out.server)
+            if out.fallback:
+                row["fallback_reason"] = getattr(out, "fallback_reason", "") or "the edge or its next tier failed"
             if reference is not None:
                 row["rel_err"], row["verify"] = verify(reference, out.outputs)
                 different += int(row["verify"].startswith("different"))

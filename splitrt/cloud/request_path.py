@@ -44,7 +44,10 @@ def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | N
     try:
         if header.next_cut_id:  # three tiers: run up to the next cut, forward the rest
             return server.relay.infer(request, deadline_s, t0)
+        t_lease = time.perf_counter()
         with server.tails.lease(header.model_sha256, header.cut_id, timeout_s=deadline - time.monotonic()) as tail:
+            # The first request on a cut builds its session: that is build_ms, not a wait for a worker.
+            build_ms = (time.perf_counter() - t_lease) * 1e3
             # Cheap: nothing inflated or allocated yet.
             bytes_in = check_inputs(request, tail, server.max_decoded_bytes)
             try:
@@ -54,7 +57,7 @@ def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | N
             held = server.budget.reserve(request_bytes(server, request, tail, bytes_in),
                                        f"request at cut {header.cut_id!r}")
             try:
-                return run(server, request, tail, out_codec, deadline, t0, token, bytes_in)
+                return run(server, request, tail, out_codec, deadline, t0, token, bytes_in, build_ms)
             finally:
                 server.budget.release(held)
                 if held > TRIM_AFTER_BYTES:  # its freed activations back to the OS, not kept as heap
@@ -80,7 +83,7 @@ def request_bytes(server: CloudServer, request: wire.Framed, tail: Tail, bytes_i
     return need + bytes_in
 
 def run(server: CloudServer, request: wire.Framed, tail: Tail, out_codec: codec.Codec, deadline: float, t0: float,
-        token: CallToken | None, bytes_in: int) -> wire.Framed:
+        token: CallToken | None, bytes_in: int, build_ms: float = 0.0) -> wire.Framed:
     header = request.header
     if not server.admission.acquire(min(deadline - time.monotonic(), 86400.0)):
         raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -99,7 +102,7 @@ def run(server: CloudServer, request: wire.Framed, tail: Tail, out_codec: codec.
     finally:
         server.admission.release_slot()
     reply = pb.InferReply(request_id=header.request_id, tail_ms=(t_done - t_run) * 1e3,
-                          queue_ms=(t_run - t0) * 1e3, load=server.load())
+                          queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0), build_ms=build_ms, load=server.load())
     try:
         outputs = [codec.encode(n, np.asarray(v), out_codec, copy=False)
                    for n, v in zip(tail.outputs, values, strict=True)]

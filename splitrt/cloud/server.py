@@ -321,7 +321,8 @@ class CloudServer:
         with self._served_lock:
             self.served += 1
         log_event("infer", **fields, code="OK", tail_ms=round(reply.header.tail_ms, 3),
-                  queue_ms=round(reply.header.queue_ms, 3), total_ms=round((time.perf_counter() - t0) * 1e3, 3),
+                  queue_ms=round(reply.header.queue_ms, 3),
+                  build_ms=round(reply.header.build_ms, 3), total_ms=round((time.perf_counter() - t0) * 1e3, 3),
                   bytes_in=getattr(self._bytes_in, "value", 0))
         return reply
 

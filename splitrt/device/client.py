@@ -127,6 +127,7 @@ class SplitResult:
     decode_ms: float = 0.0
     tail_ms: float = 0.0
     queue_ms: float = 0.0
+    build_ms: float = 0.0  # the cloud built the tail session for this request (its first on the cut)
     total_ms: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -138,8 +139,8 @@ class SplitResult:
 
     @property
     def network_ms(self) -> float:
-        """Round trip minus the cloud's queue and tail time: wire + gRPC + (de)serialisation."""
-        return self.rpc_ms - self.tail_ms - self.queue_ms
+        """Round trip minus the cloud's queue, session build and tail time: wire + gRPC + (de)serialisation."""
+        return self.rpc_ms - self.tail_ms - self.queue_ms - self.build_ms
 
     @property
     def overhead_ms(self) -> float:
@@ -149,7 +150,7 @@ class SplitResult:
     def timings(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in (
             "cut_id", "codec", "where", "request_id", "head_ms", "encode_ms", "rpc_ms", "decode_ms",
-            "tail_ms", "queue_ms", "total_ms", "bytes_up", "bytes_down")} | {
+            "tail_ms", "queue_ms", "build_ms", "total_ms", "bytes_up", "bytes_down")} | {
             "network_ms": self.network_ms, "overhead_ms": self.overhead_ms}
 
 
@@ -186,6 +187,17 @@ def _session(model: Any, threads: int) -> Any:
     opts.log_severity_level = 3
     opts.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run_session(session: Any, outputs: list[str], feeds: Mapping[str, Any], what: str) -> list[Any]:
+    """``session.run``; onnxruntime's own errors (inputs the declarations let through that a node
+    refuses, e.g. an image too small for its pooling) become ``InputError`` naming ``what`` failed."""
+    try:
+        return list(session.run(outputs, dict(feeds)))
+    except Exception as exc:  # onnxruntime raises its own exception types
+        shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
+        raise InputError(f"{what} failed in onnxruntime on this device at {shapes}: "
+                         f"{' '.join(str(exc).split())[:400]}") from exc
 
 
 def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -259,7 +271,8 @@ def _frame_result(framed: wire.Framed, head: HeadResult, *, cut: str, spec: code
     common: dict[str, Any] = {
         "cut_id": cut, "codec": str(spec), "where": "cloud", "request_id": head.request_id,
         "head_ms": head.head_ms, "rpc_ms": (time.perf_counter() - t_sent) * 1e3, "tail_ms": reply.tail_ms,
-        "queue_ms": reply.queue_ms, "bytes_up": bytes_up, "load": wire.LoadInfo.from_proto(reply.load)}
+        "queue_ms": reply.queue_ms, "build_ms": reply.build_ms, "bytes_up": bytes_up,
+        "load": wire.LoadInfo.from_proto(reply.load)}
     if reply.error.code:
         err = CloudError(f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
                          code=reply.error.code, retryable=reply.error.code in wire.RETRYABLE_CODES,
@@ -438,7 +451,7 @@ class Device(_Inputs):
     def run_local(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The whole model on this device (reference, and the last resort)."""
         feeds = self.check_inputs(inputs)
-        values = self._local.full().run(list(self.output_names), feeds)
+        values = run_session(self._local.full(), list(self.output_names), feeds, "the whole model")
         return dict(zip(self.output_names, values, strict=True))
 
     def run_head(self, inputs: Mapping[str, Any], cut: str) -> HeadResult:
@@ -446,7 +459,7 @@ class Device(_Inputs):
         feeds = self.check_inputs(inputs)
         if cut == DEVICE_CUT:  # the whole (original) model: no segments, and no tail afterwards
             t0 = time.perf_counter()
-            values = self._local.full().run(list(self.output_names), feeds)
+            values = run_session(self._local.full(), list(self.output_names), feeds, "the whole model")
             return HeadResult(cut_id=cut, crossing={}, kept=dict(zip(self.output_names, values, strict=True)),
                               head_ms=(time.perf_counter() - t0) * 1e3)
         self._refuse_diverging(feeds, cut)  # a specialised graph, a request of another branch
@@ -454,7 +467,8 @@ class Device(_Inputs):
         t0 = time.perf_counter()
         env: dict[str, np.ndarray] = dict(feeds)
         if cs.head_outputs:
-            values = self._local.head(cs).run(list(cs.head_outputs), {n: feeds[n] for n in cs.head_inputs})
+            values = run_session(self._local.head(cs), list(cs.head_outputs), {n: feeds[n] for n in cs.head_inputs},
+                                 f"the head of cut {cut!r}")
             env.update(zip(cs.head_outputs, values, strict=True))
         head_ms = (time.perf_counter() - t0) * 1e3
         return HeadResult(cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms,
@@ -470,7 +484,8 @@ class Device(_Inputs):
                                total_ms=head.head_ms)
         cs = self._local.cut(head.cut_id)
         t0 = time.perf_counter()
-        values = self._local.tail(cs).run(list(cs.tail_outputs), head.crossing)
+        values = run_session(self._local.tail(cs), list(cs.tail_outputs), head.crossing,
+                             f"the tail of cut {head.cut_id!r}")
         tail_ms = (time.perf_counter() - t0) * 1e3
         outputs = assemble(self.output_names, head.kept, dict(zip(cs.tail_outputs, values, strict=True)))
         return SplitResult(outputs=outputs, cut_id=head.cut_id,
@@ -612,6 +627,7 @@ class Device(_Inputs):
             outputs=outputs, cut_id=head.cut_id, codec=str(spec), where="cloud", request_id=head.request_id,
             head_ms=head.head_ms, encode_ms=(t1 - t0) * 1e3, rpc_ms=(t3 - t2) * 1e3,
             decode_ms=(t4 - t3) * 1e3, tail_ms=reply.header.tail_ms, queue_ms=reply.header.queue_ms,
+            build_ms=reply.header.build_ms,
             total_ms=head.head_ms + (t4 - t0) * 1e3 - (t2 - t1) * 1e3,
             bytes_up=bytes_up, bytes_down=bytes_down,
             load=wire.LoadInfo.from_proto(reply.header.load),

@@ -92,6 +92,7 @@ class Outcome:
     server: str | None
     decision: Decision
     result: SplitResult
+    fallback_reason: str = ""  # why the cloud's part ran locally (each cloud's error, or the deadline)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,7 +281,8 @@ class AdaptiveDevice:
         decision = self._decide(sp, now, rid, live[0] if live else None)
         cut, codec = parse_plan(decision.plan, table.codecs[0])
         head = self.local.run_head(feeds, cut)
-        result, server, fallback = self._finish(table, head, cut, codec, live, t0, deadline, now)
+        result, server, why = self._finish(table, head, cut, codec, live, t0, deadline, now)
+        fallback = why is not None
         # The device's real speed: the head (the whole model on the device plan) against the table of
         # this shape (another shape's times would read as a speed change).
         measured = result.total_ms if cut == DEVICE_CUT else head.head_ms
@@ -291,7 +293,8 @@ class AdaptiveDevice:
         decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
                            extra={"model": self.graph.sha256[:16], "policy": self.config.policy,
                                   "shape": reshape.signature_json(sp.signature), "table": sp.source,
-                                  **({"balance": choice.to_json()} if len(live) > 1 else {})})
+                                  **({"balance": choice.to_json()} if len(live) > 1 else {}),
+                                  **({"fallback_reason": why} if why else {})})
         with self._lock:
             self.stats["shape_tables"] = self._shapes.built
             self.stats["completed"] += 1
@@ -303,7 +306,7 @@ class AdaptiveDevice:
                 self.log.flush()
         self._warm_due = True
         return Outcome(request=rid, outputs=result.outputs, plan=decision.plan, latency_ms=latency,
-                       fallback=fallback, server=server, decision=decision, result=result)
+                       fallback=fallback, server=server, decision=decision, result=result, fallback_reason=why or "")
 
     def _original(self, feeds: Mapping[str, Any], rid: str, t0: float, why: str) -> Outcome:
         """The whole original model here, for a request the specialised graph is wrong for; said in
@@ -325,9 +328,11 @@ class AdaptiveDevice:
                        server=None, decision=decision, result=result)
 
     def _finish(self, table: CostTable, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
-                deadline_ms: float, now: float) -> tuple[SplitResult, str | None, bool]:
+                deadline_ms: float, now: float) -> tuple[SplitResult, str | None, str | None]:
+        """The result, the server that answered, and why the tail ran here instead (None: it did not)."""
         if cut == DEVICE_CUT:
-            return self.local.finish_locally(head), None, False
+            return self.local.finish_locally(head), None, None
+        why: list[str] = [] if live else ["no cloud available"]
         # Keep enough of the deadline to run the tail here if the cloud does not answer in time.
         local_tail_ms = float(table.head_ms[table.index(DEVICE_CUT)] - table.head_ms[
             table.index(cut)]) * max(1.0, self.load.estimate(now).device_factor)
@@ -335,11 +340,13 @@ class AdaptiveDevice:
             timeout_ms = rpc_timeout_ms(deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3,
                                         local_finish_ms=local_tail_ms)
             if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
+                why.append(f"no time left for {cloud.address} within the deadline of {deadline_ms:g} ms")
                 break
             with self._clouds.on_wire(cloud):
                 try:
                     res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
                 except CloudError as exc:
+                    why.append(f"{cloud.address}: {exc}")
                     if exc.retry_after_ms is not None:  # queue full: next cloud, or the tail here
                         self._clouds.refused(cloud, self.clock(), exc)
                         with self._lock:
@@ -353,12 +360,13 @@ class AdaptiveDevice:
                     with self._lock:
                         self.stats["local_errors"] += 1
                         self.last_local_error = f"{type(exc).__name__}: {exc}"
+                    why.append(f"{cloud.address}: {self.last_local_error}")
                     break
             self._clouds.answered(cloud)
             self._observe(table, res, cut, cloud)
-            return res, cloud.address, False
+            return res, cloud.address, None
         local = self.local.finish_locally(head)
-        return local, None, True
+        return local, None, "; ".join(why) or "no cloud answered"
 
     def _observe(self, table: CostTable, res: SplitResult, cut: str, cloud: Cloud) -> None:
         now = self.clock()

@@ -211,6 +211,7 @@ class InferReply(_message.Message):
     QUEUE_MS_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    BUILD_MS_FIELD_NUMBER: _builtins.int
     EDGE_MS_FIELD_NUMBER: _builtins.int
     NEXT_MS_FIELD_NUMBER: _builtins.int
     NEXT_TAIL_MS_FIELD_NUMBER: _builtins.int
@@ -224,7 +225,11 @@ class InferReply(_message.Message):
     tail_ms: _builtins.float
     """Time spent running the tail session, milliseconds."""
     queue_ms: _builtins.float
-    """Time the request waited for a worker, milliseconds."""
+    """Time the request waited for a worker, milliseconds (not counting build_ms)."""
+    build_ms: _builtins.float
+    """Time spent finding or building the tail session, milliseconds: the first request on a cut builds
+    it (hundreds of ms), later ones find it (~0). Not a queue: a device must not plan with it.
+    """
     edge_ms: _builtins.float
     """Three tiers (the request named `next_cut_id`), from the edge: milliseconds from the request's
     arrival to its reply (the device's hop = its round trip minus this), ...
@@ -239,7 +244,7 @@ class InferReply(_message.Message):
     next_address: _builtins.str
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Tensor]:
-        """Every graph output of the model, by name."""
+        """The graph outputs the tail made, by name (those the device's head made stay there)."""
 
     @_builtins.property
     def load(self) -> Global___Load: ...
@@ -262,6 +267,7 @@ class InferReply(_message.Message):
         queue_ms: _builtins.float = ...,
         load: Global___Load | None = ...,
         error: Global___Error | None = ...,
+        build_ms: _builtins.float = ...,
         edge_ms: _builtins.float = ...,
         next_ms: _builtins.float = ...,
         next_tail_ms: _builtins.float = ...,
@@ -274,7 +280,7 @@ class InferReply(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "load", b"load", "next_error", b"next_error", "next_load", b"next_load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["edge_ms", b"edge_ms", "error", b"error", "load", b"load", "next_address", b"next_address", "next_bytes_down", b"next_bytes_down", "next_bytes_up", b"next_bytes_up", "next_error", b"next_error", "next_load", b"next_load", "next_ms", b"next_ms", "next_queue_ms", b"next_queue_ms", "next_tail_ms", b"next_tail_ms", "outputs", b"outputs", "queue_ms", b"queue_ms", "request_id", b"request_id", "tail_ms", b"tail_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_ms", b"build_ms", "edge_ms", b"edge_ms", "error", b"error", "load", b"load", "next_address", b"next_address", "next_bytes_down", b"next_bytes_down", "next_bytes_up", b"next_bytes_up", "next_error", b"next_error", "next_load", b"next_load", "next_ms", b"next_ms", "next_queue_ms", b"next_queue_ms", "next_tail_ms", b"next_tail_ms", "outputs", b"outputs", "queue_ms", b"queue_ms", "request_id", b"request_id", "tail_ms", b"tail_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,7 +79,7 @@ def test_dead_cloud_every_request_completes_locally(capsys: pytest.CaptureFixtur
 def test_table_output_and_flag_errors(server: CloudServer, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", f"zoo:{MODEL}", "--cloud", server.address, "--cut", "c30", "--count", "2"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["id", "ok", "plan", "latency_ms", "fallback", "server"]
+    assert out.splitlines()[0].split() == ["id", "ok", "plan", "latency_ms", "fallback", "server", "reason"]
     assert "completed" in out
     assert cli.main(["run", f"zoo:{MODEL}", "--cloud", server.address, "--cut", "c999", "--count", "2"]) == 2
     assert "c999" in capsys.readouterr().err
@@ -116,8 +116,9 @@ def test_count_takes_the_shapes_of_input_files_and_verify_shows_rel_err(
         assert rows[-1]["summary"]["different"] == 0
         assert cli.main(argv) == 0
         table = capsys.readouterr().out.splitlines()
-        assert table[0].split() == ["id", "ok", "plan", "latency_ms", "fallback", "server", "rel_err", "verify"]
-        assert table[2].split()[-1] == "equal"  # under the header rule
+        assert table[0].split() == ["id", "ok", "plan", "latency_ms", "fallback", "server", "rel_err", "verify",
+                                    "reason"]
+        assert table[2].split()[-2:] == ["equal", "-"]  # under the header rule; no reason: not a fallback
 
 
 def test_verify_nan_in_both_at_the_same_places_is_equal(server: CloudServer, tmp_path: Path,

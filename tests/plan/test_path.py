@@ -32,7 +32,7 @@ def table_sets(draw: st.DrawFn, tiers: int, max_cuts: int = 10) -> list[CostTabl
     raw = draw(st.lists(st.integers(0, 2_000_000), min_size=n, max_size=n))
     raw[-1] = 0
     floats = [draw(st.integers(0, b)) for b in raw]
-    reply = draw(st.integers(0, 5000))
+    reply = draw(st.lists(st.integers(0, 5000), min_size=n, max_size=n))  # per cut: outputs the tail makes
     out = []
     for t in range(tiers):
         steps = np.array(draw(st.lists(ms, min_size=n, max_size=n)))
@@ -83,8 +83,8 @@ def _reference_chain(tables: list[CostTable], hop1: Link, hop2: Link, tier_loads
                 continue
             sends_i, sends_j = device.ids[i] != "device", device.ids[j] != "device"
             up1 = device.sent_bytes[i, k] * 8e-3 / hop1.bandwidth_mbps
-            x1 = up1 + (device.reply_bytes * 8e-3 / hop1.bandwidth_mbps if sends_i else 0.0)
-            x2 = (device.sent_bytes[j, k] + device.reply_bytes) * 8e-3 / hop2.bandwidth_mbps if sends_j else 0.0
+            x1 = up1 + (device.reply_bytes[i] * 8e-3 / hop1.bandwidth_mbps if sends_i else 0.0)
+            x2 = (device.sent_bytes[j, k] + device.reply_bytes[j]) * 8e-3 / hop2.bandwidth_mbps if sends_j else 0.0
             dev = device.head_ms[i] * dl
             seg = max(edge.head_ms[j] * el - edge.head_ms[i] * el, 0.0)
             tail = cloud.tail_ms[j] * cl

@@ -328,8 +328,7 @@ class AdaptiveDevice:
                        server=None, decision=decision, result=result)
 
     def _finish(self, table: CostTable, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
-                deadline_ms: float, now: float) -> tuple[SplitResult, str | None, str | None]:
-        """The result, the server that answered, and why the tail ran here instead (None: it did not)."""
+                deadline_ms: float, now: float) -> tuple[SplitResult, str | None, str | None]:  # why: a fallback
         if cut == DEVICE_CUT:
             return self.local.finish_locally(head), None, None
         why: list[str] = [] if live else ["no cloud available"]

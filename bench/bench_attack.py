@@ -14,7 +14,7 @@ are passed when this server has them) with a soft file-descriptor limit of 1024 
 4. the attack is armed again and the server gets SIGTERM: seconds until it exits (a server still alive at
    drain + 6 s is reported ``hung`` and killed).
 
-Phases: baseline 2 s, attack 4 s (the slow uploads 8-15 s), recovery at most 6 s, ``--drain-s 2``; about
+Phases: baseline 3 s, attack 5 s (the slow uploads 8-15 s), recovery at most 6 s, ``--drain-s 2``; about
 5 minutes in all. ``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``).
 
 A sampler reads the server's RSS (psutil) every 50 ms; a server above ``--hard-cap-mb`` is killed (this
@@ -969,12 +969,13 @@ def loop_model() -> bytes:
 
 
 def const_shape_model(shape: tuple[int, ...] = (1, 512, 1024, 1024)) -> bytes:
-    """ConstantOfShape of ``shape`` float32 (2 GiB) plus the input: 200 bytes of ONNX."""
+    """ConstantOfShape of ``shape`` float32 (2 GiB) plus the input: 200 bytes of valid ONNX (it passes the
+    checker: the output declares its shape)."""
     nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"],
                               value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
              helper.make_node("Add", ["big", "x"], ["y"])]
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
                   [numpy_helper.from_array(np.array(shape, np.int64), "shape")])
 
 
@@ -1297,7 +1298,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report(json.loads(args.render.read_text())))
         return 0
     s = (Settings(baseline_s=1.5, attack_s=2.0, recover_cap_s=3.0, drain_s=1.0, quick=True) if args.quick
-         else Settings(baseline_s=2.0, attack_s=4.0, recover_cap_s=6.0, drain_s=2.0))
+         else Settings(baseline_s=3.0, attack_s=5.0, recover_cap_s=6.0, drain_s=2.0))
     s = Settings(**{**s.__dict__, "budget_mb": args.budget_mb, "hard_cap_mb": args.hard_cap_mb})
     names = args.rows.split(",") if args.rows else (QUICK_ROWS if s.quick else [a.name for a in attacks()])
     chosen = [a for a in attacks() if a.name in names]

@@ -38,6 +38,7 @@ DEFAULT_MAX_REQUEST_BYTES = 256 * MB
 # set-up of the first session); 2.0 covers them all.
 SESSION_BYTES_FACTOR = 2.0
 SESSION_BYTES_FIXED = 8 * MB
+BUILD_PEAK_FACTOR = 4.5
 # A loaded ``ModelGraph`` (normalised proto + per-node Python objects): measured RSS delta of
 # ``graph.model.load`` + ``.cuts()`` is ~1.3 x the normalised proto's bytes for resnet50 (98 MB) and
 # ~3 KiB per node for a 10 000-node chain (0.2 MB file, 29 MB loaded); 4 KiB per node keeps cuts in.
@@ -48,6 +49,14 @@ STARTUP_BYTES = 32 * MB
 # Loading a model transiently holds several copies of its proto (parse, normalise, checker, shape
 # inference): the upload check peaked at 7 x the file's size.
 LOAD_PEAK_FACTOR = 7
+
+
+def build_peak_bytes(model_initializer_bytes: int) -> int:
+    """Reserved while a tail session builds, from the whole model's weights (before the segment exists):
+    the RSS peak of a resnet50 tail build over what came before was 4.4-5.0x its weights (segment proto,
+    its serialised bytes, onnxruntime's copies while loading), 3.6-4.2x once the proto is dropped before
+    onnxruntime loads (as now)."""
+    return int(model_initializer_bytes * BUILD_PEAK_FACTOR) + SESSION_BYTES_FIXED
 
 
 def session_bytes(initializer_bytes: int) -> int:

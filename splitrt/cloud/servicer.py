@@ -123,7 +123,8 @@ class Servicer:
         try:
             # A bandwidth probe holds its payload and reply (a 64 MiB one ~140 MB in flight): admitted like a
             # request. An RTT ping (a few bytes) is not, so liveness still answers under load.
-            with self.backend.admitted("probe", nbytes) if nbytes > PROBE_FREE_BYTES else nullcontext():
+            # Each side twice: the received bytes and their parsed copy, the reply and its serialised copy.
+            with self.backend.admitted("probe", 2 * nbytes) if nbytes > PROBE_FREE_BYTES else nullcontext():
                 reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
                 self.backend.relay.probe(request, reply, self._remaining(context))  # an edge's next hop, if asked
                 return reply

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.memory import MemoryBudget, session_bytes, trim
+from splitrt.cloud.memory import MemoryBudget, build_peak_bytes, session_bytes, trim
 from splitrt.cloud.store import ModelStore
 from splitrt.errors import ConfigError, CutError
 
@@ -158,14 +158,44 @@ class TailCache:
             self._release_slot()
 
     def _build(self, sha256: str, cut_id: str) -> Tail:
+        graph = self.store.graph(sha256)
+        # The build's transient peak (segment proto, its bytes, onnxruntime's copies while it loads) is
+        # reserved before splitting, from the whole model's weights; the session keeps its share of it.
+        weights = sum(_tensor_bytes(t) for t in graph.model.graph.initializer)
+        held = self.budget.reserve(build_peak_bytes(weights), f"tail session of model {sha256[:12]} at cut {cut_id!r}")
+        try:
+            from splitrt.cloud.peak import skeleton
+            from splitrt.graph import partition
+
+            segment = self._segment(graph, sha256, cut_id)
+            del graph
+            cost = session_bytes(sum(_tensor_bytes(t) for t in segment.model.graph.initializer))
+            skel = skeleton(segment.model)
+            # From the segment, not the session: onnxruntime reports "no declared shape" as [], like a scalar.
+            inputs = partition.declared_inputs(segment.model)
+            data = segment.model.SerializeToString()
+            del segment  # one copy of the weights less while onnxruntime loads its own
+            tail = self._session(data, inputs, sha256, cut_id)
+            del data
+        except BaseException:
+            self.budget.release(held)
+            raise
+        finally:
+            trim()
+        self.budget.release(max(0, held - cost))  # keep what the session holds
+        tail.bytes = min(cost, held)
+        tail.skeleton = skel
+        log_event("tail_built", model=sha256[:12], cut=cut_id, inputs=len(tail.inputs), mb=round(cost / 2**20, 1))
+        return tail
+
+    def _segment(self, graph: Any, sha256: str, cut_id: str) -> Any:
         from splitrt.graph import partition
 
-        graph = self.store.graph(sha256)
         try:
             # "A>B": an edge's middle segment (three tiers: ``splitrt.cloud.edge``), else the tail of the cut.
             first, _, second = cut_id.partition(">")
-            segment = (partition.split(graph, [first, second])[1] if second
-                       else partition.split(graph, [cut_id])[-1])
+            return (partition.split(graph, [first, second])[1] if second
+                    else partition.split(graph, [cut_id])[-1])
         except CutError as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND,
                              f"cut {cut_id!r} of model {sha256[:12]}: {self.store.scrub(str(exc))}") from exc
@@ -173,24 +203,8 @@ class TailCache:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                              f"model {sha256[:12]} cannot be split at cut {cut_id!r}: "
                              f"{self.store.scrub(str(exc))}") from exc
-        del graph
-        cost = session_bytes(sum(_tensor_bytes(t) for t in segment.model.graph.initializer))
-        self.budget.reserve(cost, f"tail session of model {sha256[:12]} at cut {cut_id!r}")
-        try:
-            tail = self._session(segment.model, sha256, cut_id)
-        except BaseException:
-            self.budget.release(cost)
-            raise
-        tail.bytes = cost
-        from splitrt.cloud.peak import skeleton
 
-        tail.skeleton = skeleton(segment.model)
-        del segment
-        trim()
-        log_event("tail_built", model=sha256[:12], cut=cut_id, inputs=len(tail.inputs), mb=round(cost / 2**20, 1))
-        return tail
-
-    def _session(self, model: Any, sha256: str, cut_id: str) -> Tail:
+    def _session(self, data: bytes, inputs: list[Any], sha256: str, cut_id: str) -> Tail:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -200,15 +214,11 @@ class TailCache:
         # request's memory for good; one big request would hold it for every later one).
         opts.enable_cpu_mem_arena = False
         try:
-            session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types; the model is at fault
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                              f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
                              f"{self.store.scrub(str(exc))[:500]}") from exc
-        # From the segment, not the session: onnxruntime reports "no declared shape" as [], like a scalar.
-        from splitrt.graph import partition
-
-        inputs = partition.declared_inputs(model)
         outputs = [o.name for o in session.get_outputs()]
         return Tail(session=session, inputs=inputs, outputs=outputs)
 

@@ -318,14 +318,14 @@ class AdaptiveDevice:
                             device_load=1.0, cloud_load=1.0, cloud_available=False, previous=None, plan=DEVICE_CUT,
                             best=DEVICE_CUT, predicted_ms=0.0, objective_value=0.0, switched=False,
                             reason=f"diverged: {why}", actual_ms=latency, fallback=True,
-                            extra={"model": self.graph.sha256[:16], "diverged": why})
+                            extra={"model": self.graph.sha256[:16], "diverged": why, "fallback_reason": why})
         with self._lock:
             self.stats["completed"] += 1
             self.stats["fallbacks"] += 1
             self.stats["diverged"] += 1
             self.last_diverged = why
         return Outcome(request=rid, outputs=result.outputs, plan=DEVICE_CUT, latency_ms=latency, fallback=True,
-                       server=None, decision=decision, result=result)
+                       server=None, decision=decision, result=result, fallback_reason=f"diverged: {why}")
 
     def _finish(self, table: CostTable, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
                 deadline_ms: float, now: float) -> tuple[SplitResult, str | None, str | None]:  # why: a fallback

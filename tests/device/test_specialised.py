@@ -83,7 +83,7 @@ def test_the_runtime_splits_16k_and_runs_8k_whole(server: CloudServer) -> None:
         assert whole.server is None and whole.fallback and whole.plan == "device"
         assert _close(_original(at8k), whole.outputs) < 1e-6
         assert dev.stats["diverged"] == 1 and "sr=8000" in dev.last_diverged
-        assert "sr=8000" in str(whole.decision.extra["diverged"])
+        assert "sr=8000" in str(whole.decision.extra["diverged"]) and whole.fallback_reason.startswith("diverged: ")
         again = dev.infer(VAD.sample_b)  # batch 2 at 16 kHz: the same branches, split again
         assert again.server == server.address and _close(_original(VAD.sample_b), again.outputs) < 1e-4
 

@@ -91,6 +91,9 @@ def run(server: CloudServer, request: wire.Framed, tail: Tail, out_codec: codec.
                          "one within the request's deadline")
     t_run = time.perf_counter()
     try:
+        if token is not None and token.cancelled:  # its client left while it waited: nothing to compute
+            raise RpcFailure(grpc.StatusCode.CANCELLED, f"tail of cut {header.cut_id!r}: the client cancelled the "
+                             "call while it waited for a worker")
         # Decoded only in a worker slot: at most ``workers`` requests inflate at once.
         feeds = decode_inputs(request, server.max_decoded_bytes)
         if server.before_tail is not None:

@@ -15,7 +15,8 @@ are passed when this server has them) with a soft file-descriptor limit of 1024 
    drain + 6 s is reported ``hung`` and killed).
 
 Phases: baseline 3 s, attack 5 s (the slow uploads 8-15 s), recovery at most 6 s, ``--drain-s 2``; about
-5 minutes in all. ``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``).
+5 minutes in all. ``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``): about
+2 minutes on a loaded 2-vCPU host (a server start alone takes seconds there).
 
 A sampler reads the server's RSS (psutil) every 50 ms; a server above ``--hard-cap-mb`` is killed (this
 host is shared) and the row reports it. Lost: a call that ended UNKNOWN, INTERNAL, CANCELLED or never
@@ -1285,7 +1286,7 @@ def _note(v: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short phases, one row per class (about 1.5 min)")
+    ap.add_argument("--quick", action="store_true", help="short phases, one row per class (about 2 min)")
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--budget-mb", type=float, default=1024.0,
                     help="the server's memory budget (passed as --max-memory-mb when it has the flag)")

@@ -317,15 +317,16 @@ class Outstanding:
 
     def settle(self, wait_s: float) -> None:
         end = time.monotonic() + wait_s
-        with self.lock:
-            open_ = list(self.open)
-        for call, fut in open_:
-            with contextlib.suppress(Exception):
-                fut.result(timeout=max(0.0, end - time.monotonic()))
-            if not fut.done():
-                call.code = "SETTLING"
-                fut.cancel()
-                call.code = "HUNG"
+        for _ in range(3):  # a call submitted while settling is settled too
+            with self.lock:
+                open_, self.open = self.open, []
+            for call, fut in open_:
+                with contextlib.suppress(Exception):
+                    fut.result(timeout=max(0.0, end - time.monotonic()))
+                if not fut.done():
+                    call.code = "SETTLING"
+                    fut.cancel()
+                    call.code = "HUNG"
 
 
 class Legit:
@@ -854,6 +855,8 @@ class NoDeadline(Flood):
         super().__init__(name, f"{threads} plain gRPC clients, no deadline", threads)
 
     def one(self, ch: grpc.Channel, i: int) -> str:
+        if self.stop_ev.is_set():
+            return "STOPPED"
         call, fut = self.own.submit("attack", _infer(ch), self.ctx.legit_request)
         with contextlib.suppress(Exception):
             fut.result(timeout=60)

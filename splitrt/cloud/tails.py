@@ -194,8 +194,8 @@ class TailCache:
         try:
             # "A>B": an edge's middle segment (three tiers: ``splitrt.cloud.edge``), else the tail of the cut.
             first, _, second = cut_id.partition(">")
-            return (partition.split(graph, [first, second])[1] if second
-                    else partition.split(graph, [cut_id])[-1])
+            segment = (partition.split(graph, [first, second])[1] if second
+                       else partition.split(graph, [cut_id])[-1])
         except CutError as exc:
             raise RpcFailure(grpc.StatusCode.NOT_FOUND,
                              f"cut {cut_id!r} of model {sha256[:12]}: {self.store.scrub(str(exc))}") from exc
@@ -203,6 +203,11 @@ class TailCache:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
                              f"model {sha256[:12]} cannot be split at cut {cut_id!r}: "
                              f"{self.store.scrub(str(exc))}") from exc
+        if not segment.outputs:  # cut ``device``: its head made every output, nothing is left to run
+            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"cut {cut_id!r} of model {sha256[:12]} leaves nothing to run on a server: expected a "
+                             "cut before 'device'")
+        return segment
 
     def _session(self, data: bytes, inputs: list[Any], sha256: str, cut_id: str) -> Tail:
         import onnxruntime as ort

@@ -24,6 +24,8 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.errors import CloudError
 from splitrt.graph import model as graph
 from splitrt.graph import partition, shapes, zoo
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport import wire
 from tests.cli.test_serve import Serve
 from tests.conftest import rel_err
 from tests.realmodels import MODELS, fetch
@@ -202,6 +204,17 @@ def test_the_server_checks_a_scalar_as_a_scalar(served: tuple[str, Path]) -> Non
             dev.send(bad)
     assert info.value.code == "INVALID_ARGUMENT"
     assert "tensor 'sr': expected shape [], got [1]" in str(info.value)
+
+
+def test_the_server_runs_no_tail_for_cut_device(served: tuple[str, Path]) -> None:
+    address, models = served
+    mg = graph.load(models / "vit_tiny.onnx", CASES["vit_tiny"].a)
+    with _device(mg, address) as dev:
+        request = wire.Framed(header=pb.InferRequest(model_sha256=mg.sha256, cut_id="device", codec="fp32",
+                                                     request_id="r1"), tensors=[])
+        with pytest.raises(CloudError) as info:
+            dev._link().infer(request, timeout_s=30)
+    assert info.value.code == "INVALID_ARGUMENT" and "leaves nothing to run on a server" in str(info.value)
 
 
 def test_a_multi_output_model_sends_only_what_the_tail_needs(served: tuple[str, Path]) -> None:

@@ -86,7 +86,7 @@ class Canceller:
     and over the memory budget (``rss_limit_bytes``: newest run first)."""
 
     def __init__(self, *, rss_limit_bytes: int | None = None, rss: Callable[[], int] | None = None,
-                 period_s: float = 0.05) -> None:
+                 period_s: float = 0.01) -> None:
         self.rss_limit_bytes = rss_limit_bytes
         self._rss = rss
         self.period_s = period_s

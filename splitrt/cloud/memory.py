@@ -67,6 +67,12 @@ def graph_bytes(proto_bytes: int, nodes: int) -> int:
     return int(proto_bytes * GRAPH_BYTES_FACTOR) + nodes * GRAPH_BYTES_PER_NODE
 
 
+def watch_limit(limit_bytes: int | None) -> int | None:
+    """The RSS at which running requests are terminated: below the budget by what memory can grow in a
+    sample of the watch (10 ms at a few GB/s: a Loop piling up scan outputs), so the process stays under it."""
+    return None if limit_bytes is None else limit_bytes - min(64 * MB, limit_bytes // 16)
+
+
 def rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 

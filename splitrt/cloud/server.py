@@ -55,7 +55,14 @@ from splitrt.cloud.common import RpcFailure, log, log_event
 from splitrt.cloud.edge import NextTier, Relay
 from splitrt.cloud.frontdoor import FrontDoor
 from splitrt.cloud.limits import Limits, connection_budget, grpc_options, raise_fd_limit
-from splitrt.cloud.memory import DEFAULT_MAX_REQUEST_BYTES, LOAD_PEAK_FACTOR, STARTUP_BYTES, MemoryBudget, rss_bytes
+from splitrt.cloud.memory import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    LOAD_PEAK_FACTOR,
+    STARTUP_BYTES,
+    MemoryBudget,
+    rss_bytes,
+    watch_limit,
+)
 from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.peak import PeakEstimator
 from splitrt.cloud.servicer import Servicer, add_health, add_servicer
@@ -148,7 +155,7 @@ class CloudServer:
                                slot=self.admission.acquire, release_slot=self.admission.release_slot)
         self.peaks = PeakEstimator()
         # Terminates runs at their deadline, on the client's cancel, at shutdown, over the budget.
-        self.canceller = Canceller(rss_limit_bytes=config.max_memory_bytes, rss=rss_bytes)
+        self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
         self.max_decoded_bytes = (4 * config.max_message_bytes if config.max_decoded_bytes is None
                                   else config.max_decoded_bytes)
         if self.max_decoded_bytes < 1:

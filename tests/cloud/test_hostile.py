@@ -49,6 +49,30 @@ def loop_model(trips: int = 2**62) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def growing_loop_model(rows: int = 256) -> onnx.ModelProto:
+    """A Loop that piles up a 256 KiB scan output per iteration, for ever: memory no shape tells."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"]),
+         helper.make_node("Expand", ["v_out", "shape"], ["slab"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("slab", TensorProto.FLOAT, [rows, 256])],
+        [numpy_helper.from_array(np.ones(1, np.float32), "one"),
+         numpy_helper.from_array(np.array([rows, 256], np.int64), "shape")])
+    g = helper.make_graph([helper.make_node("Loop", ["trips", "cond", "x"], ["y", "slabs"], body=body),
+                           helper.make_node("ReduceSum", ["slabs"], ["total"], keepdims=0)], "grow",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]),
+                           helper.make_tensor_value_info("total", TensorProto.FLOAT, [])],
+                          [numpy_helper.from_array(np.array(2**62, np.int64), "trips"),
+                           numpy_helper.from_array(np.array(True), "cond")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
 def outer_model() -> onnx.ModelProto:
     """x [1, n] -> the [n, n] outer product -> its sum: n is the client's, the memory n^2."""
     g = helper.make_graph(
@@ -111,6 +135,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shutil.copyfile(zoo.get("tiny_chain"), d / "tiny_chain.onnx")
     onnx.save(loop_model(), d / "loop.onnx")
     onnx.save(outer_model(), d / "outer.onnx")
+    onnx.save(growing_loop_model(), d / "grow.onnx")
     tokens = tmp_path_factory.mktemp("etc") / "tokens"
     tokens.write_text(TOKEN + "\n")
     tokens.chmod(0o600)
@@ -121,7 +146,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def server(models: dict[str, Path]) -> Iterator[tuple[Serve, grpc.Channel, Rss]]:
     s = Serve("--models", str(models["dir"]), "--port", "0", "--workers", "2", "--max-queue", "4",
               "--token-file", str(models["tokens"]), "--allow-upload", "--max-memory-mb", str(BUDGET_MB),
-              "--max-request-mb", "64", "--max-models", "5", "--max-nodes", "5000", "--intra-op-threads", "1")
+              "--max-request-mb", "64", "--max-models", "7", "--max-nodes", "5000", "--intra-op-threads", "1")
     port = s.event("listening")["port"]
     rss = Rss(s.proc.pid)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -213,6 +238,18 @@ def test_request_whose_activations_do_not_fit_is_refused(server: tuple[Serve, gr
     legit(ch, models)
 
 
+def test_run_growing_past_the_budget_is_terminated(server: tuple[Serve, grpc.Channel, Rss],
+                                                    models: dict[str, Path]) -> None:
+    _, ch, rss = server
+    with pytest.raises(grpc.RpcError) as info:  # no shape says what it will hold: the memory watch stops it
+        pb_grpc.SplitInferenceStub(ch).Infer(request(model_sha256(models["grow"]), "cloud",
+                                                     x=np.zeros(1, np.float32)), timeout=120, metadata=AUTH)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"expected at most {BUDGET_MB - BUDGET_MB // 16} MB (--max-memory-mb)" in (info.value.details() or "")
+    assert rss.peak <= BUDGET_MB * 2**20
+    legit(ch, models)
+
+
 def upload(ch: grpc.Channel, model: onnx.ModelProto, name: str) -> pb.PutModelReply:
     import hashlib
 
@@ -251,14 +288,14 @@ def test_upload_over_the_model_quota_is_refused(server: tuple[Serve, grpc.Channe
     _, ch, _ = server
     stored = len(pb_grpc.SplitInferenceStub(ch).Status(pb.StatusRequest(), timeout=30, metadata=AUTH).models)
     refused = None
-    for k in range(6 - stored):  # --max-models 5
+    for k in range(8 - stored):  # --max-models 7
         try:
             upload(ch, chain_model(3 + k), f"c{k}.onnx")
         except grpc.RpcError as exc:
             refused = exc
             break
     assert refused is not None and refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "expected fewer than 5 (--max-models)" in (refused.details() or "")
+    assert "expected fewer than 7 (--max-models)" in (refused.details() or "")
     legit(ch, models)
 
 

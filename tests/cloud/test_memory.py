@@ -133,3 +133,27 @@ def test_a_tail_build_waits_for_a_worker_slot(models_dir: Path, device: Device) 
         t2.join(60)
         assert len(results) == 2 and second in {c for _, c, _ in server.tails.snapshot()}
         assert np.isfinite(server.stats.service_ms())
+
+
+def test_graph_cache_evicts_the_least_recent_graph(tmp_path: Path) -> None:
+    from splitrt.cloud.memory import LOAD_PEAK_FACTOR
+    from splitrt.cloud.store import ModelStore
+
+    for name in ("tiny_chain", "multi_io", "branchy"):
+        shutil.copyfile(zoo.get(name), tmp_path / f"{name}.onnx")
+    free = ModelStore(tmp_path)  # what each costs, learnt without a budget
+    costs = []
+    for m in free.models():
+        free.graph(m.sha256)
+        costs.append((m.bytes * LOAD_PEAK_FACTOR, m.graph_bytes))
+    # Room for any load's transient peak beside one graph kept, not two.
+    budget = MemoryBudget(int(max(p for p, _ in costs) + max(g for _, g in costs)) + 1)
+    store = ModelStore(tmp_path, budget=budget)
+    shas = [m.sha256 for m in store.models()]
+    for sha in shas:
+        g = store.graph(sha)
+        assert g.sha256 == sha and budget.used_bytes <= budget.available_bytes
+    loaded = [m.sha256 for m in store.models() if m.graph is not None]
+    assert shas[-1] in loaded and shas[0] not in loaded  # the least recent went first
+    assert budget.used_bytes == sum(m.graph_bytes for m in store.models())
+    assert store.graph(shas[0]).sha256 == shas[0]  # loaded again on demand

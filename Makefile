@@ -38,8 +38,7 @@ proto: $(TEST_STAMP)
 
 # The wheel (carries devices/*.toml, profiles/*.json and the traces) and the sdist, into dist/.
 wheel: $(TEST_STAMP)
-	rm -rf dist && $(BIN)/python -c "from setuptools import build_meta as b; b.build_sdist('dist')"
-	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	rm -rf dist && $(BIN)/python -m build --outdir dist .
 
 # The installed wheel's commands under every supported Python found (3.10-3.13; absent ones skip with the
 # reason). `make test` runs them under this interpreter and 3.10 only.
@@ -53,11 +52,13 @@ board-arm64: $(TEST_STAMP)
 
 # The server's container image (deploy/container/Containerfile) with buildah or podman, and a run of it.
 IMAGE ?= splitrt:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# IMAGE_ARGS=--debian-base where no image registry is reachable (the base made from Debian packages).
+IMAGE_ARGS ?=
 image: $(TEST_STAMP)
-	bash deploy/container/build.sh --tag $(IMAGE)
+	bash deploy/container/build.sh --tag $(IMAGE) $(IMAGE_ARGS)
 
 image-check: $(TEST_STAMP)
-	bash deploy/container/build.sh --tag $(IMAGE) --check
+	bash deploy/container/build.sh --tag $(IMAGE) $(IMAGE_ARGS) --check
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info deploy/container/dist

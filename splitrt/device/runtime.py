@@ -36,12 +36,12 @@ import numpy as np
 
 from splitrt.device.balancer import Balancer
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
-from splitrt.device.clouds import Cloud, Clouds
+from splitrt.device.clouds import Cloud, Clouds, Connect
 from splitrt.device.deadline import rpc_timeout_ms
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.graph import rebind
-from splitrt.plan import reshape
+from splitrt.plan import observe, reshape
 from splitrt.plan.balance import BalanceConfig
 from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
@@ -181,7 +181,9 @@ class AdaptiveDevice:
     """Thread-safe: the daemon's API threads call ``infer`` concurrently.
 
     ``table`` was profiled at ``table_shapes`` (input name -> shape; default: the bound graph's
-    ``input_shapes``, else the shape of the first request)."""
+    ``input_shapes``, else the shape of the first request). ``connect(address) -> Transport`` makes a
+    cloud's transport, called again for a fresh one after a failure (default None: the gRPC, or v2,
+    transport built from ``device_config``); tests pass an ``InProcessTransport`` over a servicer."""
 
     def __init__(
         self,
@@ -196,6 +198,7 @@ class AdaptiveDevice:
         clock: Callable[[], float] = time.monotonic,
         start_prober: bool = True,
         table_shapes: Mapping[str, Sequence[int]] | None = None,
+        connect: Connect | None = None,
     ) -> None:
         self.config = config or RuntimeConfig()
         self.device_config = device_config or DeviceConfig()
@@ -223,7 +226,7 @@ class AdaptiveDevice:
         self.log = log
         self._lock = threading.RLock()
         self._clouds = Clouds(self.graph, self.device_config, backoff_initial_s=self.config.backoff_initial_s,
-                              backoff_max_s=self.config.backoff_max_s, lock=self._lock)
+                              backoff_max_s=self.config.backoff_max_s, lock=self._lock, connect=connect)
         self._balancer = Balancer(self.config.balance)
         self.set_clouds(clouds)
         self._warm_due = False
@@ -287,8 +290,8 @@ class AdaptiveDevice:
         # this shape (another shape's times would read as a speed change).
         measured = result.total_ms if cut == DEVICE_CUT else head.head_ms
         with self._lock:
-            self.load.add_head(self.clock(), measured_ms=measured,
-                               profiled_ms=float(table.head_ms[table.index(cut)]))
+            observe.observe_local(self.load, observe.LocalRun(
+                measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])), self.clock())
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
                            extra={"model": self.graph.sha256[:16], "policy": self.config.policy,
@@ -370,17 +373,12 @@ class AdaptiveDevice:
     def _observe(self, table: CostTable, res: SplitResult, cut: str, cloud: Cloud) -> None:
         now = self.clock()
         with self._lock:
-            net_s = max(res.network_ms, 0.0) / 1e3
-            self.link.add_transfer(now, res.bytes_up + res.bytes_down, net_s)
-            i = table.index(cut)
-            prof_tail_s = float(table.tail_ms[i]) / 1e3
-            # The wait for a worker is the plan's queue term (``cloud.queue``), not the tail's factor:
-            # it does not scale with the cut's tail (as the simulator feeds it: queue_wait_s=0).
-            if prof_tail_s > 0:
-                self.load.add_cloud(now, queue_wait_s=0.0, profiled_tail_s=prof_tail_s,
-                                    tail_s=res.tail_ms / 1e3)
-            # The state the reply reports predicts the next wait; the wait this request met does not
-            # (it includes a tail session's first build: hundreds of ms, once).
+            # The wait for a worker is the plan's queue term (``cloud.queue``, fed by the reply's load
+            # report), not the tail's factor: it does not scale with the cut's tail (queue_wait_s=0).
+            observe.observe_reply(observe.ReplyObservation(
+                bytes_up=res.bytes_up, bytes_down=res.bytes_down, net_s=res.network_ms / 1e3,
+                tail_s=res.tail_ms / 1e3, profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3),
+                now, link=self.link, load=self.load)
             if res.load is not None:
                 cloud.add_load(now, res.load, own=True)
 

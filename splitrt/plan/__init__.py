@@ -24,7 +24,8 @@ _NAMES = {
     "LoadEstimate": "netmon", "LoadEstimator": "netmon",
     "QueueConfig": "queueing", "QueueEstimator": "queueing", "expected_wait_ms": "queueing",
     "Plan": "solver", "evaluate": "solver", "parse_plan": "solver", "solve": "solver", "solve_chain": "solver",
-    "balance": "", "controller": "", "costmodel": "", "mincut": "", "netmon": "", "queueing": "", "solver": "",
+    "balance": "", "controller": "", "costmodel": "", "mincut": "", "netmon": "", "observe": "", "queueing": "",
+    "solver": "",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES)

@@ -4,9 +4,10 @@ The rig (``splitrt.rig.bench``) measures real processes on a shaped kernel link,
 jitter: the resnet50 head under the rig's cgroup quota varies +-10 % run to run, so two strategies that
 run the very same plan on every request come out a few percent apart. This module replays a trace
 against a cost table with the jitter switched off (or on, seeded): every strategy decides through the
-same ``Policy``/``Controller``/estimators the device runtime uses, fed the way the runtime feeds them
-(transfers after each cloud request, RTT and bandwidth probes from a prober every 0.25 s on an idle
-link, device-load samples every round), and pays what the trace and the table say:
+same ``Policy``/``Controller``/estimators the device runtime uses, fed through the runtime's own
+``plan.observe`` functions (transfers after each cloud request, RTT and bandwidth probes on the
+runtime's probe schedule every 0.25 s, device-load samples every round), and pays what the trace and
+the table say:
 
 - a request starts every ``1 / rate_hz`` seconds or when the previous one ends (the rig's paced closed
   loop); its head costs ``head_ms x device load``; a cloud plan then sends its bytes through the trace
@@ -32,15 +33,13 @@ from typing import Any
 import numpy as np
 
 from splitrt.errors import ConfigError
+from splitrt.plan import observe
 from splitrt.plan.controller import Controller, ControllerConfig, Policy
 from splitrt.plan.costmodel import DEVICE_CUT
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
 from splitrt.plan.solver import parse_plan
 from splitrt.rig import traces
 from splitrt.rig.stats import in_intervals, transfer_ms
-
-IDLE_WAIT_ROUNDS = 8  # as the runtime: a due probe waits this many prober rounds for an idle link
-PROBE_REPLY_BYTES = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +92,7 @@ class _Run:
         self.wire_free_s = -math.inf  # the link carries one thing at a time (FIFO)
         self.busy: tuple[float, float] = (-math.inf, -math.inf)  # a request's send, for the prober
         self.next_round_s = -cfg.warmup_s
-        self.waits = 0
+        self.probes = observe.ProbeState()  # the prober's schedule
         self.rtt_s = cfg.rtt_ms / 1e3
 
     def device_factor(self, t: float) -> float:
@@ -119,26 +118,27 @@ class _Run:
         while self.next_round_s < t_s:
             now = self.next_round_s
             self.next_round_s += cfg.prober_interval_s
-            self.load.add_device(now, other_util=cfg.burst_util if in_intervals(now, cfg.bursts) else 0.0)
-            if not self.with_cloud or not self.link.needs_probe(now):
+            observe.observe_device(self.load, observe.DeviceSample(
+                other_util=cfg.burst_util if in_intervals(now, cfg.bursts) else 0.0), now)
+            if not self.with_cloud:
                 continue
             in_flight = self.busy[0] <= now < self.busy[1]
-            if in_flight and self.waits < IDLE_WAIT_ROUNDS:
-                self.waits += 1
+            due, self.probes = observe.probe_due(self.link, self.probes, now, link_busy=in_flight)
+            if not due:
                 continue
-            self.waits = 0
-            self.link.probe_started(now)
-            self.link.add_rtt(now, (self._wire(now, 2 * PROBE_REPLY_BYTES) + self.rtt_s) * 1e3)
-            if not self.link.needs_bandwidth_probe(now):
+            rtt_probe_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s
+            observe.observe_probe(self.link, observe.ProbeObservation(
+                bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_probe_s), now)
+            bw = observe.bandwidth_probe(self.link, now)
+            if bw is None:
                 continue
-            rtt_s = self.link.estimate(now).rtt_ms / 1e3
-            nbytes = self.link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=16 * 1024, hi=1024 * 1024)
-            at = now + self._wire(now, 2 * PROBE_REPLY_BYTES) + self.rtt_s
-            secs = self._wire(at, nbytes + PROBE_REPLY_BYTES) + self.rtt_s
-            if cfg.bandwidth_probe_pairs and not in_flight:
+            at = now + self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s
+            secs = self._wire(at, bw.bytes_up + bw.bytes_down) + self.rtt_s
+            if observe.probe_twice(pairs=cfg.bandwidth_probe_pairs, link_busy=in_flight):
                 at += secs
-                secs = self._wire(at, nbytes + PROBE_REPLY_BYTES) + self.rtt_s
-            self.link.add_transfer(at + secs, nbytes + PROBE_REPLY_BYTES, secs)
+                secs = self._wire(at, bw.bytes_up + bw.bytes_down) + self.rtt_s
+            observe.observe_probe(self.link, observe.ProbeObservation(
+                bytes_up=bw.bytes_up, bytes_down=bw.bytes_down, seconds=secs), at + secs)
 
     def request(self, t: float, jitter: float) -> SimRequest:
         tbl = self.table
@@ -150,7 +150,8 @@ class _Run:
         i = tbl.index(cut)
         head_ms = float(tbl.head_ms[i]) * self.device_factor(t) * self.cfg.device_speed * jitter
         self.rounds_until(t + head_ms / 1e3)
-        self.load.add_head(t + head_ms / 1e3, measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i]))
+        observe.observe_local(self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])),
+                              t + head_ms / 1e3)
         if cut == DEVICE_CUT:
             return SimRequest(t_s=t, plan=d.plan, latency_ms=head_ms, head_ms=head_ms, send_ms=0.0,
                               bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
@@ -162,10 +163,10 @@ class _Run:
         tail_ms = float(tbl.tail_ms[i]) * self.cfg.cloud_speed * jitter
         net_s = send_s + self.rtt_s
         end = send_at + net_s + tail_ms / 1e3
-        self.link.add_transfer(end, int(sent), net_s)
-        if tail_ms > 0:
-            self.load.add_cloud(end, queue_wait_s=0.0, profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
-                                tail_s=tail_ms / 1e3)
+        # The trace carries both ways as one transfer: all of ``sent`` counts as up.
+        observe.observe_reply(observe.ReplyObservation(
+            bytes_up=int(sent), bytes_down=0, net_s=net_s, tail_s=tail_ms / 1e3,
+            profiled_tail_s=float(tbl.tail_ms[i]) / 1e3), end, link=self.link, load=self.load)
         return SimRequest(t_s=t, plan=d.plan, latency_ms=(end - t) * 1e3, head_ms=head_ms, send_ms=send_s * 1e3,
                           bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
 

@@ -1,5 +1,7 @@
 """runtime: never lose a request. A real cloud on 127.0.0.1 is killed mid-stream, brought back, and
-a second cloud takes over when the first stops."""
+a second cloud takes over when the first stops (real servers: the socket behaviour is the test). The
+tests that need only a working cloud run on its servicer through the in-process transport
+(``AdaptiveDevice(connect=...)``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LoadConfig, LoadEstimator
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
+from tests.fakecloud import FakeCloud
 
 MODEL = "squeezenet"
 
@@ -70,16 +72,13 @@ def cloud_favoured(mg: graph.ModelGraph) -> RuntimeConfig:
 
 
 @pytest.fixture()
-def server(models_dir: Path) -> Iterator[CloudServer]:
-    s = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
-    s.start()
-    yield s
-    s.stop(grace_s=0.5)
+def server(models_dir: Path) -> FakeCloud:
+    return FakeCloud(models_dir)
 
 
-def test_adaptive_requests_match_the_local_model(server: CloudServer, mg: graph.ModelGraph) -> None:
+def test_adaptive_requests_match_the_local_model(server: FakeCloud, mg: graph.ModelGraph) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
-    with AdaptiveDevice(mg, table, [server.address], config=cloud_favoured(mg),
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=cloud_favoured(mg),
                         device_config=DeviceConfig(intra_op_threads=1)) as dev:
         x = dev.local.random_inputs(seed=1)
         ref = dev.local.run_local(x)
@@ -92,9 +91,9 @@ def test_adaptive_requests_match_the_local_model(server: CloudServer, mg: graph.
         assert rel_err(ref["softmaxout_1"], o.outputs["softmaxout_1"]) <= 1e-5
 
 
-def test_bad_input_is_refused_and_the_runtime_keeps_serving(server: CloudServer, mg: graph.ModelGraph) -> None:
+def test_bad_input_is_refused_and_the_runtime_keeps_serving(server: FakeCloud, mg: graph.ModelGraph) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
-    with AdaptiveDevice(mg, table, [server.address], config=cloud_favoured(mg)) as dev:
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=cloud_favoured(mg)) as dev:
         x = dev.local.random_inputs()
         with pytest.raises(InputError, match=r"expected shape \[1, 3, 224, 224\], got \[1, 3, 10, 10\]"):
             dev.infer({"data_0": np.zeros((1, 3, 10, 10), np.float32)})
@@ -172,15 +171,15 @@ def test_failover_to_the_second_cloud_with_no_failed_request(models_dir: Path, m
         b.stop(grace_s=0.2)
 
 
-def test_fixed_and_periodic_policies(server: CloudServer, mg: graph.ModelGraph) -> None:
+def test_fixed_and_periodic_policies(server: FakeCloud, mg: graph.ModelGraph) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[10].id
-    with AdaptiveDevice(mg, table, [server.address],
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect,
                         config=RuntimeConfig(policy=f"fixed:{cut}@fp16")) as dev:
         x = dev.local.random_inputs()
         assert {dev.infer(x).plan for _ in range(3)} == {f"{cut}@fp16"}
     clock = [0.0]
-    with AdaptiveDevice(mg, table, [server.address], config=RuntimeConfig(policy="periodic:5"),
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=RuntimeConfig(policy="periodic:5"),
                         clock=lambda: clock[0], start_prober=False) as dev:
         first = dev.infer(x)
         dev.link.add_rate(0.1, 0.05)  # the link collapses...
@@ -193,14 +192,15 @@ def test_fixed_and_periodic_policies(server: CloudServer, mg: graph.ModelGraph) 
         RuntimeConfig(policy="sometimes")
 
 
-def test_periodic_log_replays_and_bad_fixed_plan_fails_at_start(server: CloudServer, mg: graph.ModelGraph) -> None:
+def test_periodic_log_replays_and_bad_fixed_plan_fails_at_start(server: FakeCloud, mg: graph.ModelGraph) -> None:
     import io
 
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     log = io.StringIO()
     clock = [0.0]
-    with AdaptiveDevice(mg, table, [server.address], config=RuntimeConfig(policy="periodic:2"), log=log,
-                        clock=lambda: clock[0], start_prober=False) as dev:
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect,
+                        config=RuntimeConfig(policy="periodic:2"), log=log, clock=lambda: clock[0],
+                        start_prober=False) as dev:
         x = dev.local.random_inputs()
         for i in range(12):
             clock[0] = i * 0.5
@@ -216,11 +216,11 @@ def test_periodic_log_replays_and_bad_fixed_plan_fails_at_start(server: CloudSer
             AdaptiveDevice(mg, table, [], config=RuntimeConfig(policy=bad), start_prober=False)
 
 
-def test_a_local_encoding_error_falls_back_and_keeps_the_cloud(server: CloudServer, mg: graph.ModelGraph) -> None:
+def test_a_local_encoding_error_falls_back_and_keeps_the_cloud(server: FakeCloud, mg: graph.ModelGraph) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[5].id
-    with AdaptiveDevice(mg, table, [server.address], config=RuntimeConfig(policy=f"fixed:{cut}@int8"),
-                        start_prober=False) as dev:
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect,
+                        config=RuntimeConfig(policy=f"fixed:{cut}@int8"), start_prober=False) as dev:
         x = dev.local.random_inputs()
         x["data_0"][0, 0, 0, 0] = np.inf  # int8 cannot encode inf: the request must still complete
         out = dev.infer(x)
@@ -229,28 +229,23 @@ def test_a_local_encoding_error_falls_back_and_keeps_the_cloud(server: CloudServ
 
 
 def test_clouds_are_tried_in_the_given_order(models_dir: Path, mg: graph.ModelGraph) -> None:
-    a = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
-    b = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
-    a.start()
-    b.start()
+    a, b = FakeCloud(models_dir, "in-process-a"), FakeCloud(models_dir, "in-process-b")
+    by_address = {a.address: a, b.address: b}
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[5].id
-    try:
-        for order in ([a.address, b.address], [b.address, a.address]):
-            with AdaptiveDevice(mg, table, order, config=RuntimeConfig(policy=f"fixed:{cut}@fp32"),
-                                start_prober=False) as dev:
-                assert dev.infer(dev.local.random_inputs()).server == order[0]
-    finally:
-        a.stop(grace_s=0.2)
-        b.stop(grace_s=0.2)
+    for order in ([a.address, b.address], [b.address, a.address]):
+        with AdaptiveDevice(mg, table, order, config=RuntimeConfig(policy=f"fixed:{cut}@fp32"),
+                            start_prober=False, connect=lambda addr: by_address[addr].connect(addr)) as dev:
+            assert dev.infer(dev.local.random_inputs()).server == order[0]
+    assert a.connects == b.connects == 2  # one transport per cloud per runtime
 
 
 @pytest.mark.parametrize("pairs", [True, False])
-def test_bandwidth_probes_go_in_pairs_unless_told_not_to(server: CloudServer, mg: graph.ModelGraph,
+def test_bandwidth_probes_go_in_pairs_unless_told_not_to(server: FakeCloud, mg: graph.ModelGraph,
                                                          pairs: bool) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cfg = RuntimeConfig(bandwidth_probe_pairs=pairs)
-    with AdaptiveDevice(mg, table, [server.address], config=cfg, start_prober=False) as dev:
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=cfg, start_prober=False) as dev:
         cloud = next(iter(dev._clouds.values()))
         sizes: list[int] = []
         real_probe = cloud.device.probe

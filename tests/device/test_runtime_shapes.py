@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import io
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import DeviceConfig
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.errors import InputError
@@ -22,6 +20,7 @@ from splitrt.plan.controller import ControllerConfig, Decision
 from splitrt.plan.reshape import replay_by_shape, signature
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
+from tests.fakecloud import FakeCloud
 
 MODEL = "yolo_tiny"
 A = (1, 3, 320, 320)  # the profiled shape
@@ -41,27 +40,25 @@ def mg() -> graph.ModelGraph:
 
 
 @pytest.fixture()
-def server(models_dir: Path) -> Iterator[CloudServer]:
-    s = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
-    s.start()
-    yield s
-    s.stop(grace_s=0.5)
+def server(models_dir: Path) -> FakeCloud:
+    return FakeCloud(models_dir)  # a working cloud is all these tests need: in-process, no socket
 
 
 def image(shape: tuple[int, ...], seed: int = 0) -> dict[str, np.ndarray]:
     return {"images": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
 
 
-def runtime(mg: graph.ModelGraph, clouds: list[str], **config: object) -> AdaptiveDevice:
+def runtime(mg: graph.ModelGraph, server: FakeCloud | None, **config: object) -> AdaptiveDevice:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cfg = RuntimeConfig(deadline_ms=5000, backoff_initial_s=0.1, backoff_max_s=0.5, **config)  # type: ignore[arg-type]
-    return AdaptiveDevice(mg, table, clouds, config=cfg, device_config=DeviceConfig(intra_op_threads=1),
-                          start_prober=False)
+    return AdaptiveDevice(mg, table, [server.address] if server else [], config=cfg,
+                          device_config=DeviceConfig(intra_op_threads=1), start_prober=False,
+                          connect=server.connect if server else None)
 
 
-def test_each_shape_gets_its_own_table_and_controller(server: CloudServer, mg: graph.ModelGraph) -> None:
+def test_each_shape_gets_its_own_table_and_controller(server: FakeCloud, mg: graph.ModelGraph) -> None:
     log = io.StringIO()
-    with runtime(mg, [server.address]) as dev:
+    with runtime(mg, server) as dev:
         dev.log = log
         for _ in range(2):  # a fast link (as the prober would find on 127.0.0.1): splitting pays
             dev.link.add_rate(dev.clock(), 500.0)
@@ -103,21 +100,21 @@ def test_each_shape_gets_its_own_table_and_controller(server: CloudServer, mg: g
     assert {Decision.from_json(line).extra["table"] for line in log.getvalue().splitlines()} == {"profiled", "scaled"}
 
 
-def test_one_cloud_tail_serves_two_shapes(server: CloudServer, mg: graph.ModelGraph) -> None:
+def test_one_cloud_tail_serves_two_shapes(server: FakeCloud, mg: graph.ModelGraph) -> None:
     cut = mg.cuts()[len(mg.cuts()) // 2].id
-    with runtime(mg, [server.address], policy=f"fixed:{cut}@fp32") as dev:
+    with runtime(mg, server, policy=f"fixed:{cut}@fp32") as dev:
         for s in (A, B):
             x = image(s, seed=3)
             out = dev.infer(x)
             assert out.server == server.address and not out.fallback, dev.last_local_error
             assert rel_err(dev.local.run_local(x)["output0"], out.outputs["output0"]) < 1e-5
             assert out.result.bytes_up > 0
-    tails = [(c, hits) for sha, c, hits in server.tails.snapshot() if sha == mg.sha256]
+    tails = [(c, hits) for sha, c, hits in server.server.tails.snapshot() if sha == mg.sha256]
     assert tails == [(cut, 2)]  # built once, at A; B used the same session
 
 
 def test_the_bound_graph_still_refuses_what_the_model_refuses(mg: graph.ModelGraph) -> None:
-    with runtime(mg, [], policy="fixed:device") as dev:
+    with runtime(mg, None, policy="fixed:device") as dev:
         assert dev.local.random_inputs()["images"].shape == A  # random inputs: still at the binding
         assert dev.infer(image((1, 3, 320, 448))).outputs["output0"].shape[0] == 1  # free height/width: fine
         with pytest.raises(InputError, match="expected shape"):
@@ -126,11 +123,11 @@ def test_the_bound_graph_still_refuses_what_the_model_refuses(mg: graph.ModelGra
 
 def test_alternating_shapes_reuse_their_tables_and_the_lru_is_bounded(mg: graph.ModelGraph) -> None:
     c, d = (1, 3, 256, 256), (1, 3, 320, 416)
-    with runtime(mg, [], policy="fixed:device") as dev:
+    with runtime(mg, None, policy="fixed:device") as dev:
         for s in (A, c, A, c, A):
             dev.infer(image(s))
         assert dev.stats["shape_tables"] == 1
-    with runtime(mg, [], policy="fixed:device", max_shapes=1) as dev:
+    with runtime(mg, None, policy="fixed:device", max_shapes=1) as dev:
         for s in (c, d, c, A):
             dev.infer(image(s))
         # c, then d evicts c, then c again: 3 builds; A (the profiled shape) is never evicted or built.
@@ -189,7 +186,7 @@ def test_a_shape_the_graph_cannot_be_rebound_at_is_planned_with_the_profiled_tab
         raise ModelError("shape inference at the bound shapes failed: (test)")
 
     monkeypatch.setattr(rebind, "cut_costs_at", fail)
-    with runtime(mg, [], policy="fixed:device") as dev:
+    with runtime(mg, None, policy="fixed:device") as dev:
         out = dev.infer(image(B))  # the request is served all the same
         assert out.decision.extra["table"] == "profiled (re-binding failed)"
         assert dev.table_for(signature({"images": B})) is dev.table

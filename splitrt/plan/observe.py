@@ -1,0 +1,173 @@
+"""Sans-IO observation: how a reply, a probe or a local run becomes estimator samples, and when to probe.
+
+The runtimes (``device.runtime``, ``device.prober``, ``device.chain``) and the simulator (``rig.sim``)
+all call these functions, so what the simulator learns from a request is what a device learns from
+one. Each takes the estimator(s) to feed, a small frozen observation and ``now_s``; none reads a clock,
+a socket or a file. The estimators are the state: they are fed in place, as everywhere in ``plan``; the
+probe schedule's own state (``ProbeState``) is a value, returned anew.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitrt.plan.netmon import LinkEstimator, LoadEstimator
+from splitrt.plan.queueing import QueueEstimator
+
+RTT_PROBE_BYTES = 64  # an RTT probe's payload each way: tiny, so its transfer time does not count as RTT
+IDLE_WAIT_ROUNDS = 8  # prober rounds a due probe waits for an idle link (2 s at the default interval)
+BANDWIDTH_PROBE_MIN_BYTES = 16 * 1024
+BANDWIDTH_PROBE_MAX_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplyObservation:
+    """A server's reply to one request: the bytes both ways, the time they took on the network (the
+    round trip minus the server's own time), and the server's compute against the profile's figure."""
+
+    bytes_up: int
+    bytes_down: int
+    net_s: float
+    tail_s: float
+    profiled_tail_s: float
+    queue_wait_s: float = 0.0  # the wait the request met for a worker (0: priced by the queue estimator)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueReport:
+    """A server's load report (in a reply or a probe's answer)."""
+
+    queue_depth: int
+    workers: int
+    service_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeObservation:
+    """A probe's round trip: an RTT probe (``bytes_up <= RTT_PROBE_BYTES``) or a bandwidth probe."""
+
+    bytes_up: int
+    bytes_down: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeTimeout:
+    """A bandwidth probe of ``bytes_up`` that did not come back within ``timeout_s``."""
+
+    bytes_up: int
+    timeout_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalRun:
+    """A part of the model run on the device: what it took, and what the cost table says it takes."""
+
+    measured_ms: float
+    profiled_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSample:
+    """The share of the device's CPU the other processes took (a prober round's reading)."""
+
+    other_util: float
+
+
+def observe_reply(obs: ReplyObservation, now_s: float, *, link: LinkEstimator | None, load: LoadEstimator) -> None:
+    """A reply: a transfer sample for ``link`` (None: the path has no estimator of its own) and, when
+    the profile gives the server's part a time, a load sample for ``load``."""
+    if link is not None:
+        link.add_transfer(now_s, obs.bytes_up + obs.bytes_down, max(obs.net_s, 0.0))
+    if obs.profiled_tail_s > 0:
+        load.add_cloud(now_s, queue_wait_s=obs.queue_wait_s, profiled_tail_s=obs.profiled_tail_s,
+                       tail_s=obs.tail_s)
+
+
+def observe_queue(queue: QueueEstimator, report: QueueReport, now_s: float, *, own: bool) -> None:
+    """A load report; ``own``: it came in the reply of a request still counted in its queue depth. The
+    state reported predicts the next wait; the wait this request met does not (it may include a tail
+    session's first build: hundreds of ms, once)."""
+    queue.add_load(now_s, queue_depth=max(0, report.queue_depth - int(own)), workers=report.workers,
+                   service_ms=report.service_ms)
+
+
+def observe_probe(link: LinkEstimator, obs: ProbeObservation, now_s: float) -> None:
+    """A probe's round trip: an RTT sample, or a transfer sample when it was a bandwidth probe."""
+    if obs.bytes_up > RTT_PROBE_BYTES:
+        link.add_transfer(now_s, obs.bytes_up + obs.bytes_down, obs.seconds)
+    else:
+        link.add_rtt(now_s, obs.seconds * 1e3)
+
+
+def observe_probe_timeout(link: LinkEstimator, obs: ProbeTimeout, now_s: float) -> None:
+    """A bandwidth probe that timed out: the link is far slower than estimated, at most this fast."""
+    link.add_rate(now_s, max(1e-3, obs.bytes_up * 8 / 1e6 / obs.timeout_s))
+
+
+def observe_local(load: LoadEstimator, run: LocalRun, now_s: float) -> None:
+    """A head (the whole model on the device plan): the device's real speed over the profile."""
+    load.add_head(now_s, measured_ms=run.measured_ms, profiled_ms=run.profiled_ms)
+
+
+def observe_device(load: LoadEstimator, sample: DeviceSample, now_s: float) -> None:
+    """A device-load sample, clipped to a fraction (a reading net of our own share may dip below 0)."""
+    load.add_device(now_s, other_util=min(1.0, max(0.0, sample.other_util)))
+
+
+# -- the probe schedule ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeState:
+    waits: int = 0  # rounds a due probe has waited for an idle link
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandwidthProbe:
+    """The bandwidth probe to send after an RTT probe, sized from the estimate; ``rtt_s`` the RTT it
+    was sized with (its timeout scales with it)."""
+
+    bytes_up: int
+    bytes_down: int = RTT_PROBE_BYTES
+    rtt_s: float
+
+
+def probe_due(link: LinkEstimator, state: ProbeState, now_s: float, *, up: bool = True,
+              link_busy: bool = False, idle_wait_rounds: int = IDLE_WAIT_ROUNDS) -> tuple[bool, ProbeState]:
+    """Whether a server is probed (an RTT probe) in this round, and the schedule's next state.
+
+    A server that is up is probed only when the link estimate is stale; a down one (its backoff over:
+    the caller's rule) always. An up server is probed on an idle link only: an RTT probe queued behind a
+    request's upload measures the queue (RTT estimates crept from 88 to 137 ms on an 80 ms link), and a
+    bandwidth probe would slow the request down. A link that is never idle (requests back to back) is
+    probed all the same after ``idle_wait_rounds`` rounds: a queued RTT sample beats none. A probe
+    that is due is recorded in ``link`` (``probe_started``)."""
+    if up and not link.needs_probe(now_s):
+        return False, state
+    if up and link_busy and state.waits < idle_wait_rounds:
+        return False, ProbeState(waits=state.waits + 1)
+    link.probe_started(now_s)
+    return True, ProbeState(waits=0)
+
+
+def bandwidth_probe(link: LinkEstimator, now_s: float) -> BandwidthProbe | None:
+    """After an RTT probe: the bandwidth probe to send, None when transfers keep bandwidth fresh.
+
+    Its transfer takes about twice the RTT at the current estimate: a probe much smaller than the
+    bandwidth-delay product is RTT-dominated, and the few samples that pass the estimator's filter are
+    the slow ones (a low estimate would then never recover)."""
+    if not link.needs_bandwidth_probe(now_s):
+        return None
+    rtt_s = link.estimate(now_s).rtt_ms / 1e3
+    size = link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=BANDWIDTH_PROBE_MIN_BYTES,
+                                    hi=BANDWIDTH_PROBE_MAX_BYTES)
+    return BandwidthProbe(bytes_up=size, rtt_s=rtt_s)
+
+
+def probe_twice(*, pairs: bool, link_busy: bool) -> bool:
+    """Whether a bandwidth probe goes out a second time, back to back, and the second counts: after an
+    idle period TCP restarts from its initial window (slow start after idle), so the first probe's
+    rate is a cold connection's; the second runs on the window the first opened, as requests in a
+    steady stream do. Only with ``pairs`` (the kernel restarts) and nothing else on the wire."""
+    return pairs and not link_busy

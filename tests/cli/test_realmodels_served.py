@@ -23,35 +23,14 @@ import pytest
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.device.daemon import select_cost_table
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-from splitrt.graph import model as graph
 from splitrt.graph import shapes
 from splitrt.plan.netmon import LinkConfig
 from splitrt.profile import boards
 from tests.cli.test_serve import REPO, Serve
 from tests.conftest import rel_err
-from tests.realmodels import NEW_MODELS, RealModel, binding, bound, fetch
+from tests.realmodels import NEW_MODELS, bound, feeds, fetch, spread_cuts
 
 BY_NAME = {m.name: m for m in NEW_MODELS}
-
-
-def feeds(mg: graph.ModelGraph, m: RealModel, which: str) -> dict[str, np.ndarray]:
-    b = binding(m, which)
-    inputs = list(mg.model.graph.input)
-    return shapes.valid_inputs(inputs, shapes.resolve(mg.path.name, inputs, b), b.sample, seed=1)
-
-
-def spread_cuts(mg: graph.ModelGraph) -> list[str]:
-    """``cloud``, 4 inner cuts (at 1/8, 3/8 and 5/8 of the model and the last one, after every reshape),
-    the frontier cut (several tensors cross) nearest the middle in place of the 3/8 one if none was
-    picked, ``device``."""
-    inner = [c for c in mg.cuts() if c.id not in ("cloud", "device")]
-    n = len(inner)
-    picked = [inner[n // 8], inner[3 * n // 8], inner[5 * n // 8], inner[-1]]
-    frontier = [i for i, c in enumerate(inner) if len(c.tensors) > 1]
-    if frontier and not any(len(c.tensors) > 1 for c in picked):
-        picked[1] = inner[min(frontier, key=lambda i: abs(i - n // 2))]
-    order = {c.id: i for i, c in enumerate(inner)}
-    return ["cloud", *sorted(dict.fromkeys(c.id for c in picked), key=order.__getitem__), "device"]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +84,11 @@ def test_every_cut_kind_served_equals_the_whole_model_at_two_shapes(name: str, s
                     assert r.outputs[k].shape == want.shape, (which, cut, k)
                     assert rel_err(want, r.outputs[k]) < 1e-4, (which, cut, k)
             out = auto.infer(x, request=which, deadline_ms=60_000)
-            assert not out.fallback and out.plan != "device" and out.server == address, (which, out.plan)
+            # never a fallback; the first plan comes from the priors alone and is served, a later one may
+            # keep a tiny model on the device once the measured (loaded, loopback) link says so
+            served_here = out.plan != "device"
+            assert not out.fallback and (out.server == address) == served_here, (which, out.plan)
+            assert served_here or which == "b", out.plan
             for k, want in ref.items():
                 assert rel_err(want, out.outputs[k]) < 1e-4, (which, "auto", out.plan, k)
 

@@ -51,8 +51,10 @@ def test_the_daemon_serves_the_attention_encoder_at_two_shapes(tmp_path: Path,
                 out = r.outputs["last_hidden_state"]
                 assert out.shape == ref.shape == (*x["input_ids"].shape, 384)
                 assert rel_err(ref, out) < 1e-4, (i, r.plan)
-                # a device 17x slower than this host and 0.2 KB of token ids: the plan is served
-                assert not r.fallback and r.plan != "device" and r.server == server.address, r
+                # a device 17x slower than this host and 0.2 KB of token ids: the first plan (priors only) is
+                # served; the next follows the link the runtime measured (loopback on a loaded host)
+                assert not r.fallback and (r.server == server.address) == (r.plan != "device"), r
+                assert r.plan != "device" or i > 0, r
             assert app.plan("minilm").completed == 2
 
 

@@ -35,7 +35,7 @@ from splitrt.transport import splitrt_pb2 as pb
 
 if TYPE_CHECKING:
     from splitrt.cloud.admission import Admission
-    from splitrt.cloud.cancel import Canceller
+    from splitrt.cloud.cancel import CallToken, Canceller
     from splitrt.cloud.store import ModelStore
     from splitrt.transport.base import Transport
 
@@ -138,18 +138,19 @@ class Relay:
         return ""
 
     # -- requests ----------------------------------------------------------------------------------
-    def _run(self, tail: Tail, feeds: dict[str, np.ndarray], deadline: float, what: str) -> list[Any]:
+    def _run(self, tail: Tail, feeds: dict[str, np.ndarray], deadline: float, what: str,
+             token: CallToken | None = None) -> list[Any]:
         a = self.backend.admission
         if not a.acquire(deadline - time.perf_counter()):
             raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"{what}: expected a worker within the deadline, got none free in time")
         try:
             return self.backend.canceller.run(tail.session, tail.outputs, feeds, what=what,
-                                              deadline=_monotonic(deadline))
+                                              deadline=_monotonic(deadline), token=token)
         finally:
             a.release_slot()
 
-    def infer(self, request: wire.Framed, deadline_s: float, t0: float) -> wire.Framed:
+    def infer(self, request: wire.Framed, deadline_s: float, t0: float, token: CallToken | None = None) -> wire.Framed:
         """Run ``cut_id`` -> ``next_cut_id`` here and forward the rest (admitted by the caller)."""
         h = request.header
         b = self.backend
@@ -173,7 +174,7 @@ class Relay:
             feeds = decode_inputs(request, b.max_decoded_bytes)
             t_run = time.perf_counter()
             values = b.canceller.run(middle.session, middle.outputs, feeds, what=f"segment {h.cut_id}>{h.next_cut_id}",
-                                     deadline=_monotonic(deadline))
+                                     deadline=_monotonic(deadline), token=token)
         finally:
             a.release_slot()
         compute_ms = (time.perf_counter() - t_run) * 1e3
@@ -194,7 +195,7 @@ class Relay:
             tail = b.tails.get(h.model_sha256, h.next_cut_id)
             t1 = time.perf_counter()
             values = self._run(tail, {n: np.asarray(env[n]) for n, _, _ in tail.inputs}, deadline,
-                               f"tail of cut {h.next_cut_id!r} (next tier failed)")
+                               f"tail of cut {h.next_cut_id!r} (next tier failed)", token)
             compute_ms += (time.perf_counter() - t1) * 1e3
             outputs.update(zip(tail.outputs, values, strict=True))
         try:

@@ -43,7 +43,7 @@ def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | N
                          f"retry after {hint:g} ms", retry_after_ms=hint)
     try:
         if header.next_cut_id:  # three tiers: run up to the next cut, forward the rest
-            return server.relay.infer(request, deadline_s, t0)
+            return server.relay.infer(request, deadline_s, t0, token)
         t_lease = time.perf_counter()
         with server.tails.lease(header.model_sha256, header.cut_id, timeout_s=deadline - time.monotonic()) as tail:
             # The first request on a cut builds its session: that is build_ms, not a wait for a worker.

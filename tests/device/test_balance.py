@@ -1,7 +1,7 @@
-"""Several clouds (issue 15, item 2), with real servers on 127.0.0.1: requests spread over two idle
-servers, a loaded one gets fewer, one SIGKILLed mid-stream loses nothing, every output equals the full
-model's, the balancing choices replay from the decision log, and one channel balances over a
-``dns:///`` name or an ``ipv4:`` address list with gRPC's round_robin."""
+"""Several clouds (issue 15, item 2): requests spread over two idle servers, a loaded one gets fewer
+(in-process clouds: ``tests.fakecloud``); with real servers on 127.0.0.1, one SIGKILLed mid-stream
+loses nothing; every output equals the full model's, the balancing choices replay from the decision
+log, and one channel balances over a ``dns:///`` name or an ``ipv4:`` address list with gRPC's round_robin."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from splitrt.plan import balance
 from splitrt.plan.controller import replay
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
+from tests.fakecloud import FakeCloud, connect_any
 
 MODEL = "squeezenet"
 OUT = "softmaxout_1"
@@ -48,7 +49,7 @@ def mg() -> graph.ModelGraph:
 
 
 @pytest.fixture()
-def two(models_dir: Path) -> Iterator[tuple[CloudServer, CloudServer]]:
+def real_two(models_dir: Path) -> Iterator[tuple[CloudServer, CloudServer]]:
     a = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1, max_queue=0))
     b = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1, max_queue=0))
     a.start()
@@ -56,6 +57,13 @@ def two(models_dir: Path) -> Iterator[tuple[CloudServer, CloudServer]]:
     yield a, b
     a.stop(grace_s=0.2)
     b.stop(grace_s=0.2)
+
+
+@pytest.fixture()
+def two(models_dir: Path) -> tuple[FakeCloud, FakeCloud]:
+    """Two working clouds, in-process (the balancing is the test, not the sockets: the kill test below
+    has real servers)."""
+    return (FakeCloud(models_dir, "in-process-a", max_queue=0), FakeCloud(models_dir, "in-process-b", max_queue=0))
 
 
 def mid_cut(mg: graph.ModelGraph) -> str:
@@ -68,18 +76,18 @@ def fixed(mg: graph.ModelGraph, **kw: float) -> RuntimeConfig:
 
 
 def test_requests_spread_over_two_idle_servers_and_the_choices_replay(
-        two: tuple[CloudServer, CloudServer], mg: graph.ModelGraph) -> None:
+        two: tuple[FakeCloud, FakeCloud], mg: graph.ModelGraph) -> None:
     a, b = two
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     log = io.StringIO()
-    with AdaptiveDevice(mg, table, [a.address, b.address], config=fixed(mg), log=log,
+    with AdaptiveDevice(mg, table, [a.address, b.address], config=fixed(mg), log=log, connect=connect_any(a, b),
                         device_config=DeviceConfig(intra_op_threads=1), start_prober=False) as dev:
         x = dev.local.random_inputs(seed=3)
         ref = dev.local.run_local(x)[OUT]
         outs = [dev.infer(x) for _ in range(20)]
     served = Counter(o.server for o in outs)
     assert served[a.address] >= 5 and served[b.address] >= 5, served
-    assert a.served + b.served == 20 and not any(o.fallback for o in outs)
+    assert a.server.served + b.server.served == 20 and not any(o.fallback for o in outs)
     for o in outs:
         assert rel_err(ref, o.outputs[OUT]) <= 1e-5
     lines = log.getvalue().splitlines()
@@ -90,23 +98,24 @@ def test_requests_spread_over_two_idle_servers_and_the_choices_replay(
         assert again.plan == logged.plan
 
 
-def test_a_loaded_server_gets_fewer_requests(two: tuple[CloudServer, CloudServer], mg: graph.ModelGraph) -> None:
+def test_a_loaded_server_gets_fewer_requests(two: tuple[FakeCloud, FakeCloud], mg: graph.ModelGraph) -> None:
     a, b = two
     # `a` is loaded: its one worker is held by another client's request (max_queue 0: it refuses the
     # rest early, with a retry hint), until released.
     release = threading.Event()
-    a.before_tail = lambda header: (release.wait(30), None)[1]
-    other = Device(mg, a.address, config=DeviceConfig(intra_op_threads=1, timeout_s=60))
+    a.server.before_tail = lambda header: (release.wait(30), None)[1]
+    other = Device(mg, config=DeviceConfig(intra_op_threads=1, timeout_s=60), transport=a.connect(a.address))
     head = other.run_head(other.random_inputs(seed=9), mid_cut(mg))
     blocker = threading.Thread(target=other.send, args=(head,), daemon=True)
     blocker.start()
-    while a.admission.running < 1:
+    while a.server.admission.running < 1:
         time.sleep(0.01)
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     now = [100.0]  # the device's clock: the refusal's hint and the queue estimate's fading run on it
     try:
         with AdaptiveDevice(mg, table, [a.address, b.address], config=fixed(mg), clock=lambda: now[0],
-                            device_config=DeviceConfig(intra_op_threads=1), start_prober=False) as dev:
+                            connect=connect_any(a, b), device_config=DeviceConfig(intra_op_threads=1),
+                            start_prober=False) as dev:
             x = dev.local.random_inputs(seed=4)
             ref = dev.local.run_local(x)[OUT]
             while_loaded = []
@@ -116,7 +125,7 @@ def test_a_loaded_server_gets_fewer_requests(two: tuple[CloudServer, CloudServer
             refused = dev.stats["refused"]
             release.set()
             blocker.join(30)
-            a.before_tail = None
+            a.server.before_tail = None
             now[0] += 30.0  # no news for 30 s: the queue estimate has faded, `a` is idle again
             after = [dev.infer(x) for _ in range(20)]
     finally:
@@ -198,8 +207,8 @@ def test_a_server_killed_mid_stream_loses_no_request(models_dir: Path, mg: graph
 
 @pytest.mark.parametrize("target", ["dns:///localhost:{a}", "ipv4:127.0.0.1:{a},127.0.0.1:{b}"])
 def test_one_channel_round_robins_over_a_name_or_an_address_list(
-        two: tuple[CloudServer, CloudServer], mg: graph.ModelGraph, target: str) -> None:
-    a, b = two
+        real_two: tuple[CloudServer, CloudServer], mg: graph.ModelGraph, target: str) -> None:
+    a, b = real_two
     address = target.format(a=a.port, b=b.port)
     cut = mid_cut(mg)
     with Device(mg, address, config=DeviceConfig(intra_op_threads=1)) as dev:

@@ -28,7 +28,7 @@ from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LoadConfig, LoadEstimator
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
-from tests.fakecloud import FakeCloud
+from tests.fakecloud import FakeCloud, connect_any
 
 MODEL = "squeezenet"
 
@@ -230,12 +230,11 @@ def test_a_local_encoding_error_falls_back_and_keeps_the_cloud(server: FakeCloud
 
 def test_clouds_are_tried_in_the_given_order(models_dir: Path, mg: graph.ModelGraph) -> None:
     a, b = FakeCloud(models_dir, "in-process-a"), FakeCloud(models_dir, "in-process-b")
-    by_address = {a.address: a, b.address: b}
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[5].id
     for order in ([a.address, b.address], [b.address, a.address]):
         with AdaptiveDevice(mg, table, order, config=RuntimeConfig(policy=f"fixed:{cut}@fp32"),
-                            start_prober=False, connect=lambda addr: by_address[addr].connect(addr)) as dev:
+                            start_prober=False, connect=connect_any(a, b)) as dev:
             assert dev.infer(dev.local.random_inputs()).server == order[0]
     assert a.connects == b.connects == 2  # one transport per cloud per runtime
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import io
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.errors import CloudError
 from splitrt.graph import model as graph_model
@@ -19,6 +17,7 @@ from splitrt.graph import zoo
 from splitrt.plan.controller import replay
 from splitrt.profile.priors import flops_table
 from splitrt.transport.wire import LoadInfo
+from tests.fakecloud import FakeCloud
 
 
 class Clock:
@@ -30,19 +29,18 @@ class Clock:
 
 
 @pytest.fixture()
-def server(tmp_path: Path) -> Iterator[CloudServer]:
+def server(tmp_path: Path) -> FakeCloud:
     shutil.copyfile(zoo.get("tiny_chain"), tmp_path / "tiny_chain.onnx")
-    with CloudServer(ServerConfig(models_dir=tmp_path, workers=1)) as s:
-        yield s
+    return FakeCloud(tmp_path)  # a cloud that answers is all this needs: in-process, no socket
 
 
-def test_a_reported_queue_moves_the_plan_and_replays(server: CloudServer) -> None:
+def test_a_reported_queue_moves_the_plan_and_replays(server: FakeCloud) -> None:
     graph = graph_model.load(zoo.get("tiny_chain"))
     # The device takes 50 ms for the whole model, the cloud ~0: splitting pays unless the cloud queues.
     table = flops_table(graph, device_gflops=graph.flops / 1e9 / 0.05, cloud_gflops=100.0)
     clock, log = Clock(), io.StringIO()
     with AdaptiveDevice(graph, table, [server.address], config=RuntimeConfig(), clock=clock, log=log,
-                        start_prober=False) as dev:
+                        start_prober=False, connect=server.connect) as dev:
         dev.link.add_rate(clock(), 500.0)
         dev.link.add_rtt(clock(), 1.0)
         x = dev.local.random_inputs()

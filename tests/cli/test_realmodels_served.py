@@ -95,8 +95,8 @@ def test_every_cut_kind_served_equals_the_whole_model_at_two_shapes(name: str, s
 
 def test_the_real_cli_serves_the_audio_model(served: tuple[str, Path], tmp_path: Path) -> None:
     """`splitrt run` in child processes against the `splitrt serve` child: the FSMN VAD (five outputs, four
-    of them recurrent caches) at cloud, a frontier cut, device and auto, and at a second sequence length
-    the frontier cut and auto."""
+    of them recurrent caches) at cloud, a frontier cut, device and auto (the second shape is checked
+    in-process above: each child costs seconds of imports)."""
     address, models = served
     m = BY_NAME["fsmn_vad"]
     mg = bound(m.name)
@@ -107,23 +107,20 @@ def test_the_real_cli_serves_the_audio_model(served: tuple[str, Path], tmp_path:
     refs: dict[str, dict[str, np.ndarray]] = {}
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     with Device(mg, address, config=DeviceConfig(intra_op_threads=1, upload=False)) as dev:
-        for which in ("a", "b"):
+        for which in ("a",):
             x = feeds(mg, m, which)
             refs[which] = dev.run_local(x)
             np.savez(tmp_path / f"in_{which}.npz", **x)  # type: ignore[arg-type]
-    for which, cut in [("a", "cloud"), ("a", inner), ("a", "device"), ("a", "auto"), ("b", inner), ("b", "auto")]:
+    for which, cut in [("a", "cloud"), ("a", inner), ("a", "device"), ("a", "auto")]:
         argv = ["run", model, "--cloud", address, "--cut", cut, "--input", str(tmp_path / f"in_{which}.npz"),
                 "--no-upload", "--timeout-s", "60", "--json"]
         if cut == "auto":  # the stream path: the runtime plans from the FLOPs prior at the board's speed
             argv += ["--count", "1", "--verify", "--deadline-ms", "60000", "--board", "rpi4"]
         else:
             argv += ["--output", str(tmp_path / f"out_{which}_{cut}.npz")]
-        # three at a time: each child spends most of its life importing
+        # all at once: each child spends most of its life importing
         procs[(which, cut)] = subprocess.Popen([sys.executable, "-m", "splitrt.cli", *argv], env=env, text=True,
                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if len(procs) % 3 == 0:
-            for p in list(procs.values())[-3:]:
-                p.wait(timeout=120)
     for (which, cut), p in procs.items():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, (which, cut, err[-2000:])

@@ -6,12 +6,8 @@ log, and one channel balances over a ``dns:///`` name or an ``ipv4:`` address li
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -31,6 +27,7 @@ from splitrt.plan.controller import replay
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
 from tests.fakecloud import FakeCloud, connect_any
+from tests.loopback import free_port, serve
 
 MODEL = "squeezenet"
 OUT = "softmaxout_1"
@@ -138,26 +135,6 @@ def test_a_loaded_server_gets_fewer_requests(two: tuple[FakeCloud, FakeCloud], m
     assert idle[a.address] >= 1 and idle[b.address] >= 1, idle  # back in rotation once it admits
     for o in while_loaded + after:
         assert rel_err(ref, o.outputs[OUT]) <= 1e-5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def serve(models_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir), "--port",
-                             str(port), "--workers", "1", "--intra-op-threads", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    for _ in range(600):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("server did not listen within 30 s")
 
 
 def test_a_server_killed_mid_stream_loses_no_request(models_dir: Path, mg: graph.ModelGraph) -> None:

@@ -5,12 +5,8 @@ tests that need only a working cloud run on its servicer through the in-process 
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +16,7 @@ import pytest
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import DeviceConfig
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig, slow_start_after_idle
-from splitrt.errors import ConfigError, InputError
+from splitrt.errors import CloudError, ConfigError, InputError
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
 from splitrt.plan.controller import ControllerConfig, Decision, replay
@@ -29,6 +25,7 @@ from splitrt.plan.netmon import LoadConfig, LoadEstimator
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
 from tests.fakecloud import FakeCloud, connect_any
+from tests.loopback import free_port, serve
 
 MODEL = "squeezenet"
 
@@ -43,28 +40,6 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def mg() -> graph.ModelGraph:
     return graph.load(zoo.get(MODEL))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(models_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir), "--port", str(port),
-         "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("server did not start listening within 30 s")
 
 
 def cloud_favoured(mg: graph.ModelGraph) -> RuntimeConfig:
@@ -110,7 +85,7 @@ def test_server_killed_mid_stream_loses_nothing_and_splitting_resumes(
     models_dir: Path, mg: graph.ModelGraph, tmp_path: Path
 ) -> None:
     port = free_port()
-    proc = start_server(models_dir, port)
+    proc = serve(models_dir, port)
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     log_path = tmp_path / "decisions.jsonl"
     inputs = [zoo.random_inputs(zoo.get(MODEL), seed=s) for s in range(4)]
@@ -127,7 +102,7 @@ def test_server_killed_mid_stream_loses_nothing_and_splitting_resumes(
                     proc.send_signal(signal.SIGKILL)
                     proc.wait(10)
                 if i == 80:
-                    proc = start_server(models_dir, port)
+                    proc = serve(models_dir, port)
                     restarted_at = time.monotonic()
                 o = dev.infer(inputs[i % 4], request=str(i))
                 outcomes.append((time.monotonic(), o))
@@ -298,3 +273,22 @@ def test_the_runtime_learns_the_devices_speed_from_its_heads(mg: graph.ModelGrap
     slower = float(np.median(measured[-8:])) / float(table.head_ms[table.index("device")])
     assert slower > 1.05, f"the heads ran {slower:.2f}x the table: the setup did not make it optimistic"
     assert factor == pytest.approx(min(slower, LoadConfig().max_speed), rel=0.15)  # (speed is clamped)
+
+
+def test_a_failed_cloud_gets_a_fresh_transport_from_connect(server: FakeCloud, mg: graph.ModelGraph) -> None:
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    cut = mg.cuts()[5].id
+    now = [100.0]
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, start_prober=False,
+                        clock=lambda: now[0], config=RuntimeConfig(policy=f"fixed:{cut}@fp32")) as dev:
+        assert server.connects == 1
+        x = dev.local.random_inputs()
+        assert dev.infer(x).server == server.address
+        cloud = dev._clouds[server.address]
+        dev._clouds.mark_failed(cloud, dev.clock(), CloudError("refused", code="UNAVAILABLE"))
+        assert server.connects == 2 and not dev.clouds()[0]["up"]  # a new transport for the next try
+        now[0] += 1.0  # past the backoff
+        dev.probe_once()  # the probe on the fresh transport brings it back
+        assert dev.clouds()[0]["up"] and dev.infer(x).server == server.address
+        dev.set_clouds([server.address, "in-process-b"])  # a new address: connect(address) once more
+    assert server.connects == 3

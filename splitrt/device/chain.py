@@ -335,16 +335,10 @@ class ChainDevice:
         assert edge is not None
         if not (self.edge.up() or self.edge.due(now)):
             return
-        with self._lock:
-            stale = (self.edge.due(now) or self.hop1.needs_probe(now) or self.hop2.needs_probe(now)
-                     or self.next.due(now))
-            # An RTT first; then bandwidth probes sized from the estimate while transfers leave it stale.
-            sizes = [h.suggest_probe_bytes() if h.rtt_confidence(now) > 0 and h.needs_bandwidth_probe(now)
-                     else RTT_PROBE_BYTES for h in (self.hop1, self.hop2)]
-            if stale:
-                self.hop1.probe_started(now)
-                self.hop2.probe_started(now)
-        if not stale:
+        with self._lock:  # an RTT probe first, then bandwidth probes while transfers leave a hop stale
+            sizes = observe.relay_probe_sizes((self.hop1, self.hop2), now,
+                                              tier_due=self.edge.due(now) or self.next.due(now))
+        if sizes is None:
             return
         if self.edge.due(now):
             edge.close()  # a fresh channel: the old one may sit in gRPC's reconnect backoff

@@ -9,6 +9,7 @@ probe schedule's own state (``ProbeState``) is a value, returned anew.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from splitrt.plan.netmon import LinkEstimator, LoadEstimator
@@ -171,3 +172,17 @@ def probe_twice(*, pairs: bool, link_busy: bool) -> bool:
     rate is a cold connection's; the second runs on the window the first opened, as requests in a
     steady stream do. Only with ``pairs`` (the kernel restarts) and nothing else on the wire."""
     return pairs and not link_busy
+
+
+def relay_probe_sizes(hops: Sequence[LinkEstimator], now_s: float, *, tier_due: bool = False) -> tuple[int, ...] | None:
+    """A prober round through a relay (device -> edge -> cloud: one probe whose payload crosses every
+    hop): None when no hop's estimate is stale and no tier is due a revival probe; else the payload per
+    hop, a bandwidth probe sized from the estimate where the hop has an RTT sample and stale bandwidth,
+    an RTT probe elsewhere. Every hop is told the probe went out (``probe_started``)."""
+    if not (tier_due or any(h.needs_probe(now_s) for h in hops)):
+        return None
+    sizes = tuple(h.suggest_probe_bytes() if h.rtt_confidence(now_s) > 0 and h.needs_bandwidth_probe(now_s)
+                  else RTT_PROBE_BYTES for h in hops)
+    for h in hops:
+        h.probe_started(now_s)
+    return sizes

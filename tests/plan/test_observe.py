@@ -152,3 +152,20 @@ def test_no_bandwidth_probe_while_transfers_keep_bandwidth_fresh() -> None:
 def test_a_bandwidth_probe_goes_twice_only_after_idle_on_a_kernel_that_restarts(pairs: bool, busy: bool,
                                                                                 twice: bool) -> None:
     assert observe.probe_twice(pairs=pairs, link_busy=busy) is twice
+
+
+def test_a_relay_probe_sizes_each_hop_and_marks_every_hop_probed() -> None:
+    fresh, stale = LinkEstimator(LinkConfig()), LinkEstimator(LinkConfig(prior_bandwidth_mbps=10.0))
+    for t in (0.0, 0.1):
+        observe.observe_probe(fresh, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.02), t)
+        observe.observe_probe(fresh, observe.ProbeObservation(bytes_up=300_000, bytes_down=64, seconds=0.3), t)
+    assert observe.relay_probe_sizes((fresh,), 0.2) is None  # nothing stale, no tier due
+    # the second hop has no sample: an RTT probe first (no RTT to size a bandwidth probe against)
+    assert observe.relay_probe_sizes((fresh, stale), 0.2) == (64, 64)
+    assert observe.relay_probe_sizes((fresh, stale), 0.21) is None  # just probed: not again at once
+    observe.observe_probe(stale, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.05), 0.3)
+    later = 0.3 + LinkConfig().min_probe_interval_s
+    sizes = observe.relay_probe_sizes((fresh, stale), later)
+    assert sizes is not None and sizes[1] == stale.suggest_probe_bytes() > 64
+    # a tier due a revival is probed even when every hop is fresh
+    assert observe.relay_probe_sizes((fresh,), 0.2, tier_due=True) is not None

@@ -219,11 +219,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if advertiser is not None:
         advertiser.close()  # goodbye first: devices move on while in-flight calls drain
     server.stop()  # terminates runs still going near the drain's end
+    # The drain is over: leave now, whatever still holds a thread (a run stuck inside one kernel ignores its
+    # terminate flag; a graph load, a session build or a 64 MiB reply on a slow socket cannot be stopped),
+    # instead of the interpreter waiting for those threads at exit.
     if server.busy() or server.admission.admitted:
-        # A run stuck inside one kernel ignores its terminate flag, a graph load or a session build cannot
-        # be stopped: the interpreter would wait for their threads at exit. The drain is over: leave now.
         log.warning(json.dumps({"event": "exit_with_work", "runs": server.canceller.running(),
                                 "admitted": server.admission.admitted}))
-        handler.flush()
-        os._exit(0)
-    return 0
+    handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -120,17 +120,27 @@ class Servicer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"probe reply_bytes: expected at most {limit}, got {n}")
         nbytes = n + len(request.payload)
+        # A bandwidth probe holds its payload and reply (a 64 MiB one ~140 MB in flight): admitted like a
+        # request, each side counted three times (gRPC's received bytes, the deserialiser's, the parsed copy;
+        # the reply, its serialised copy, gRPC's send buffer), and held until the reply has gone (the call's
+        # end), not only until it is made.
+        # An RTT ping (a few bytes) is not admitted, so liveness still answers under load.
+        held = self.backend.admitted("probe", 3 * nbytes) if nbytes > PROBE_FREE_BYTES else nullcontext()
         try:
-            # A bandwidth probe holds its payload and reply (a 64 MiB one ~140 MB in flight): admitted like a
-            # request. An RTT ping (a few bytes) is not, so liveness still answers under load.
-            # Each side twice: the received bytes and their parsed copy, the reply and its serialised copy.
-            with self.backend.admitted("probe", 2 * nbytes) if nbytes > PROBE_FREE_BYTES else nullcontext():
+            held.__enter__()
+            try:
                 reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
                 self.backend.relay.probe(request, reply, self._remaining(context))  # an edge's next hop, if asked
-                return reply
+            except BaseException:
+                held.__exit__(None, None, None)
+                raise
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
+        add = getattr(context, "add_callback", None)  # an in-process fake context may not have it
+        if add is None or not add(lambda: held.__exit__(None, None, None)):
+            held.__exit__(None, None, None)
+        return reply
 
     def Status(self, request: pb.StatusRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.StatusReply:
         if isinstance(request, wire.Malformed):

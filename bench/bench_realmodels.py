@@ -38,7 +38,7 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph
 from splitrt.plan.netmon import LinkConfig
 from splitrt.profile import boards
-from tests.realmodels import MODELS, NEW_MODELS, RealModel, bound, feeds, fetch, spread_cuts
+from tests.realmodels import MODELS, NEW_MODELS, RealModel, bound, feeds, fetch, needed, spread_cuts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,21 +64,6 @@ def start_server(models: Path) -> tuple[subprocess.Popen[str], str]:
             threading.Thread(target=proc.stderr.read, daemon=True).start()
             return proc, f"127.0.0.1:{event['port']}"
     raise SystemExit(f"splitrt serve exited before listening (code {proc.wait()})")
-
-
-def needed(mg: graph.ModelGraph, cut_id: str) -> tuple[int, int]:
-    """Bytes a cut needs at the graph's binding: up, the crossing tensors a tail node reads (a graph output
-    the head made stays on the device); down, the graph outputs the tail makes."""
-    if cut_id == "device":
-        return 0, 0
-    cut = mg.cut(cut_id)
-    head = cut.head
-    outputs = {o.name for o in mg.outputs}
-    in_head = {o for o in outputs if mg.producer.get(o) in head or o not in mg.producer}
-    up = sum(max(t.bytes, 0) for t in cut.tensors
-             if t.name not in in_head or any(c not in head for c in mg.consumers.get(t.name, ())))
-    down = sum(max(o.bytes, 0) for o in mg.outputs if o.name not in in_head)
-    return up, down
 
 
 def op_kinds(mg: graph.ModelGraph, k: int = 3) -> str:

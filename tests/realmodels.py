@@ -190,3 +190,18 @@ def spread_cuts(mg: ModelGraph) -> list[str]:
         picked[1] = inner[min(frontier, key=lambda i: abs(i - n // 2))]
     order = {c.id: i for i, c in enumerate(inner)}
     return ["cloud", *sorted(dict.fromkeys(c.id for c in picked), key=order.__getitem__), "device"]
+
+
+def needed(mg: ModelGraph, cut_id: str) -> tuple[int, int]:
+    """Bytes a cut needs at the graph's binding: up, the crossing tensors a tail node reads (a graph output
+    the head made stays on the device); down, the graph outputs the tail makes."""
+    if cut_id == "device":
+        return 0, 0
+    cut = mg.cut(cut_id)
+    head = cut.head
+    outputs = {o.name for o in mg.outputs}
+    in_head = {o for o in outputs if mg.producer.get(o) in head or o not in mg.producer}
+    up = sum(max(t.bytes, 0) for t in cut.tensors
+             if t.name not in in_head or any(c not in head for c in mg.consumers.get(t.name, ())))
+    down = sum(max(o.bytes, 0) for o in mg.outputs if o.name not in in_head)
+    return up, down

@@ -4,8 +4,9 @@ outputs, a MiniLM attention encoder, an FSMN audio VAD with a sequence dim and f
 classifier, a YOLOv8 detector). One real `splitrt serve` on 127.0.0.1 serves them all; each is run the way
 `splitrt run` runs it (``Device.run_detailed`` for a fixed cut, ``AdaptiveDevice`` for ``--cut auto``) at
 cuts ``cloud``, ``device``, ``auto`` and at least 4 inner cuts spread over the model (frontier cuts among
-them), at two shapes: every output equals the whole model's (rel err < 1e-4) and no request finishes
-locally unless its cut is ``device``. One model also goes through the real CLI in subprocesses."""
+them), at two shapes: every output equals the whole model's (rel err < 1e-4), no request finishes
+locally unless its cut is ``device``, and the bytes each way are what the cut needs (graph outputs the
+head made stay on the device). One model also goes through the real CLI in subprocesses."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from splitrt.plan.netmon import LinkConfig
 from splitrt.profile import boards
 from tests.cli.test_serve import REPO, Serve
 from tests.conftest import rel_err
-from tests.realmodels import NEW_MODELS, bound, feeds, fetch, spread_cuts
+from tests.realmodels import NEW_MODELS, bound, feeds, fetch, needed, spread_cuts
 
 BY_NAME = {m.name: m for m in NEW_MODELS}
 
@@ -80,6 +81,8 @@ def test_every_cut_kind_served_equals_the_whole_model_at_two_shapes(name: str, s
             for cut in cuts:
                 r = dev.run_detailed(x, cut=cut)
                 assert r.where == ("local" if cut == "device" else "cloud"), (which, cut)
+                if which == "a":  # what crosses is what the tail reads and what comes back what it made
+                    assert (r.bytes_up, r.bytes_down) == needed(mg, cut), cut
                 for k, want in ref.items():
                     assert r.outputs[k].shape == want.shape, (which, cut, k)
                     assert rel_err(want, r.outputs[k]) < 1e-4, (which, cut, k)

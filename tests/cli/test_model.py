@@ -23,7 +23,7 @@ def test_inspect_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     cuts = doc["cuts"]
     assert cuts[0]["id"] == "cloud" and cuts[-1]["id"] == "device"
     for c in cuts:
-        assert set(c) == {"id", "tensors", "bytes", "head_nodes", "head_flops_fraction"}
+        assert set(c) == {"id", "tensors", "bytes", "head_nodes", "head_flops_fraction", "kept", "reply_bytes"}
         assert c["bytes"] == sum(t["bytes"] for t in c["tensors"])
     assert [c["head_nodes"] for c in cuts] == sorted(c["head_nodes"] for c in cuts)
 

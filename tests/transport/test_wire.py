@@ -156,6 +156,9 @@ def test_stock_client_and_framed_device_agree(models_dir: Path) -> None:
         stub = pb_grpc.SplitInferenceStub(grpc.insecure_channel(s.address, wire.channel_options(BIG, 30)))
         reply = stub.Infer(request, timeout=10)
         stock = {t.name: codec.decode(wire.from_proto(t)) for t in reply.outputs}
+    # The stock reply carries only what the tail made; the device assembles it with what its head kept.
+    assert set(stock) == set(ref) - set(head.kept)
+    stock |= head.kept
     for outputs in [framed, stock, *streamed]:
         assert set(outputs) == set(ref)
         for name in ref:
@@ -163,7 +166,8 @@ def test_stock_client_and_framed_device_agree(models_dir: Path) -> None:
 
 
 class _StockServicer(pb_grpc.SplitInferenceServicer):
-    """A server built from the generated code only: echoes the first tensor back as every output."""
+    """A server built from the generated code only: echoes the first tensor back as every output it is
+    told the tail makes."""
 
     def __init__(self, outputs: list[str]) -> None:
         self.outputs = outputs
@@ -178,7 +182,8 @@ class _StockServicer(pb_grpc.SplitInferenceServicer):
 def test_framed_device_against_a_stock_server(models_dir: Path) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(2))
     with Device(models_dir / "multi_io.onnx") as dev:
-        servicer = _StockServicer(list(dev.output_names))  # type: ignore[abstract]  # serves Infer only
+        made = [n for n in dev.output_names if n not in dev.graph.cut("c4").kept]
+        servicer = _StockServicer(made)  # type: ignore[abstract]  # serves Infer only
         pb_grpc.add_SplitInferenceServicer_to_server(servicer, server)
         dev.cloud = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         server.start()
@@ -190,5 +195,8 @@ def test_framed_device_against_a_stock_server(models_dir: Path) -> None:
             server.stop(None)
     first = next(iter(head.crossing.values()))
     assert result.tail_ms == 0.25 and result.load is not None and result.load.workers == 1
-    for name in dev.output_names:
+    assert set(result.outputs) == set(dev.output_names)
+    for name in made:
         np.testing.assert_array_equal(result.outputs[name], first)
+    for name, kept in head.kept.items():
+        np.testing.assert_array_equal(result.outputs[name], kept)

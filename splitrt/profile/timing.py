@@ -133,7 +133,11 @@ def run_overhead_ms(*, threads: int, providers: Sequence[str], runs: int, warmup
     vi = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
     vo = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
     graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "splitrt_overhead", [vi], [vo])
-    sess = session(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)]), threads, providers)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    # IR 7 is opset 13's; make_model's default is the onnx package's newest IR, which an older onnxruntime
+    # (the newest for Python 3.10 is 1.23: IR <= 11) refuses to load
+    model.ir_version = 7
+    sess = session(model, threads, providers)
     feeds = {"x": np.zeros(1, np.float32)}
     warm(sess, feeds, max(warmup, 5))
     return float(np.median(time_runs(sess, feeds, max(runs, 50))))

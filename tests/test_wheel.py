@@ -1,7 +1,7 @@
 """The wheel as a new user gets it: built from the sdist, installed into a fresh venv in a temporary directory
 (cwd outside the checkout, no PYTHONPATH), then the commands of the README's first page: ``--version``
-(data found in the package), ``inspect``, ``plan --board rpi4`` on shipped profiles, ``demo``'s offline
-part, and ``serve`` + ``run`` on loopback (the split answer equal to the whole model's).
+(data found in the package), ``inspect``, ``plan --board rpi4`` on shipped profiles, ``profile``, ``demo``'s
+offline part, and ``serve`` + ``run`` on loopback (the split answer equal to the whole model's).
 
 By default every command under this interpreter, and the ones that read TOML and shipped data under the
 oldest supported Python (3.10, which needs ``tomli``); ``make pythons`` (``SPLITRT_PYTHONS=all``) runs every
@@ -122,6 +122,10 @@ def _smoke(bin_dir: Path, work: Path, version: str, *, full: bool) -> None:
                                "--json"))
     assert plan["best"]["cut"] in ids and plan["best"]["predicted_ms"] > 0, plan["best"]
     assert plan["conditions"]["device_speed_factor"] > 2, plan["conditions"]
+    # profile builds sessions from models it makes: their IR must suit the installed onnxruntime (3.10 gets 1.23)
+    _splitrt(bin_dir, work, env, "profile", "zoo:tiny_chain", "--out", str(work / "tiny.json"), "--runs", "2",
+             "--segments", "2", "--power-reader", "none")
+    assert json.loads((work / "tiny.json").read_text())["cuts"]
     if not full:
         return
 

@@ -111,15 +111,15 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
     done = [x for x in rows if "verdict" in x]
     if not done:
         return ""
-    table_ = regret.regret([(f"{x['trace']} {x['model']} x{x['scale']:g} {x['load']}", x["strategies"])
-                            for x in done])
+    labelled = [(f"{x['trace']} {x['model']} x{x['scale']:g} {x['load']}", x["strategies"]) for x in done]
+    table_ = regret.regret(labelled)
     by = {r.strategy: r for r in table_}
     a = by.get("adaptive")
     fixed = [by[n] for n in regret.FIXED if n in by]
     calls = []
     for x in done:
         s = x["strategies"]
-        others = [n for n in s if n not in ("adaptive", "oracle")]
+        others = [n for n in s if n not in ("adaptive", "oracle", "oracle-route", "route")]
         best = min(others, key=lambda n: s[n]["mean_ms"])
         ci = regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, best))
         calls.append(regret.call(ci))
@@ -132,6 +132,13 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
                      f"{'PASS' if ok else 'miss'}")
     lines.append(f"adaptive vs the best other, per cell (95 % bootstrap over turns): better {calls.count('better')}, "
                  f"same {calls.count('same')}, worse {calls.count('worse')} of {len(calls)}")
+    pairs = [regret.split_route(labelled, n) for n in ("adaptive", "oracle")]
+    if any(p.cells for p in pairs):
+        lines.append(render(regret.SPLIT_ROUTE_HEADER, regret.split_route_rows(pairs)))
+        route_calls = [regret.call(regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, "route")))
+                       for x in done if "route" in x["strategies"]]
+        lines.append(f"adaptive vs route, per cell (95 % bootstrap over turns): better {route_calls.count('better')}, "
+                     f"same {route_calls.count('same')}, worse {route_calls.count('worse')} of {len(route_calls)}")
     return "\n".join(lines)
 
 

@@ -54,8 +54,8 @@ def overrides(items: list[str]) -> tuple[LinkConfig, ControllerConfig]:
 
 def regret_text(cells: list[dict[str, Any]]) -> str:
     """The regret table: each strategy's worst cell and geometric mean against the per-cell best."""
-    table = regret.regret([(f"{c['trace']} {c['model']} x{c['bandwidth_scale']:g} {c['load']}", c["strategies"])
-                           for c in cells])
+    labelled = [(f"{c['trace']} {c['model']} x{c['bandwidth_scale']:g} {c['load']}", c["strategies"]) for c in cells]
+    table = regret.regret(labelled)
     by = {r.strategy: r for r in table}
     a = by["adaptive"]
     fixed = [by[n] for n in regret.FIXED if n in by]
@@ -63,7 +63,9 @@ def regret_text(cells: list[dict[str, Any]]) -> str:
     return (render(regret.HEADER, regret.rows(table)) + "\n"
             f"adaptive worst cell: mean {a.worst_mean:.3f}, p95 {a.worst_p95:.3f} x the per-cell best (targets 1.05, "
             f"1.10); fixed strategies' worst cells: " + ", ".join(f"{f.strategy} {f.worst_mean:.2f}" for f in fixed)
-            + f" (target >= 1.25): {'PASS' if ok else 'miss'}")
+            + f" (target >= 1.25): {'PASS' if ok else 'miss'}\n\n"
+            + render(regret.SPLIT_ROUTE_HEADER, regret.split_route_rows(
+                [regret.split_route(labelled, "adaptive"), regret.split_route(labelled, "oracle")])))
 
 
 def main(argv: list[str] | None = None) -> int:

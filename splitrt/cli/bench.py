@@ -150,6 +150,11 @@ def verdict(result: dict[str, Any]) -> dict[str, Any]:
          "failed": sum(int(x["failed"]) for x in s.values())}
     v["pass"] = bool(v["mean_vs_oracle"] <= 1.10 and v["p95_vs_oracle"] <= 1.15
                      and (not others or v["mean_vs_best_other"] <= 1.02) and v["failed"] == 0)
+    # What splitting buys over whole-request routing (> 1: splitting is faster); not a pass criterion.
+    if "route" in s:
+        v["route_over_adaptive"] = s["route"]["mean_ms"] / a["mean_ms"]
+    if "oracle-route" in s:
+        v["route_over_oracle"] = s["oracle-route"]["mean_ms"] / o["mean_ms"]
     return v
 
 
@@ -163,6 +168,10 @@ def report(result: dict[str, Any], *, json_path: str | None, plot_path: str | No
         if v:
             print(f"adaptive: mean {v['mean_vs_oracle']:.3f} x oracle, p95 {v['p95_vs_oracle']:.3f} x oracle, "
                   f"mean {v['mean_vs_best_other']:.3f} x best other strategy")
+            if "route_over_adaptive" in v:
+                print(f"split vs route (route mean / split mean, > 1: splitting pays): adaptive "
+                      f"{v['route_over_adaptive']:.3f}" + (f", oracle {v['route_over_oracle']:.3f}"
+                                                           if "route_over_oracle" in v else ""))
         if json_path:
             Path(json_path).write_text(json.dumps(result, indent=1, default=float))
             print(f"wrote {json_path}", file=sys.stderr)
@@ -195,7 +204,8 @@ def plot(result: dict[str, Any], path: str) -> bool:
     axes[1].set_yticks([])
     axes[1].set_ylabel("load")
     colors = {"device-only": "tab:gray", "cloud-only": "tab:purple", "static": "tab:olive",
-              "periodic": "tab:orange", "adaptive": "tab:green", "oracle": "black"}
+              "periodic": "tab:orange", "route": "tab:cyan", "adaptive": "tab:green", "oracle": "black",
+              "oracle-route": "tab:brown"}
     plans = sorted({p for reqs in tl["requests"].values() for _, _, p in reqs},
                    key=lambda p: (p != "device", p))
     idx = {p: i for i, p in enumerate(plans)}

@@ -22,19 +22,21 @@ from splitrt.errors import ModelError
 
 if TYPE_CHECKING:
     from splitrt.graph.shapes import ShapeBinding
-from splitrt.graph import zoo_dynamic
+from splitrt.graph import zoo_dynamic, zoo_paper
 
 SEED = 20261202
 BUILD_VERSION = 2
 _LIGHT = ("resnet50", "inception_v1", "inception_v2", "densenet121", "squeezenet", "shufflenet",
           "vgg19", "bvlc_alexnet", "zfnet512")
+# Built in zoo_paper: the seed paper's models the onnx wheel does not ship.
+_PAPER = ("vgg16", "mobilenetv2")
 _SMALL = ("tiny_chain", "multi_io", "branchy")
 # Built in zoo_dynamic: free (symbolic) batch / sequence / image dims, as deployed exports have them.
 _DYNAMIC = ("bert_tiny", "vit_tiny", "yolo_tiny")
 
 
 def names() -> list[str]:
-    return list(_LIGHT) + list(_SMALL) + list(_DYNAMIC)
+    return list(_LIGHT) + list(_PAPER) + list(_SMALL) + list(_DYNAMIC)
 
 
 def resolve(spec: str | Path) -> Path:
@@ -82,6 +84,10 @@ def get(name: str, out_path: str | Path | None = None) -> Path:
 def build(name: str) -> onnx.ModelProto:
     if name in _LIGHT:
         return _randomised_light(name)
+    if name in _PAPER:
+        m = zoo_paper.vgg16(SEED) if name == "vgg16" else zoo_paper.mobilenet_v2(SEED)
+        _calibrate_logits(m)
+        return m
     if name in _DYNAMIC:
         dynamic: dict[str, Callable[[int], onnx.ModelProto]] = {
             "bert_tiny": zoo_dynamic.bert_tiny, "vit_tiny": zoo_dynamic.vit_tiny, "yolo_tiny": zoo_dynamic.yolo_tiny,

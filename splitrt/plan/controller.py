@@ -15,10 +15,10 @@ import json
 import math
 import shlex
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from splitrt.errors import ConfigError
-from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
+from splitrt.plan.costmodel import CLOUD_CUT, DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
 from splitrt.plan.solver import OBJECTIVES, Plan, evaluate, solve
 
@@ -34,9 +34,14 @@ class ControllerConfig:
     # Lossless by default: a lossy codec (fp16, int8) changes the answer, so it is the user's choice.
     # None allows every codec in the cost table.
     codecs: tuple[str, ...] | None = ("fp32",)
+    # The cuts plans may use (None: every cut): a deployment's constraints (``plan.constraints``) or the
+    # ``route`` policy (device and cloud only). ``device`` stays the fallback when the cloud is away.
+    cuts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_switching(self.objective, self.hysteresis_fraction, self.hysteresis_ms)
+        if self.cuts is not None and not self.cuts:
+            raise ConfigError("cuts: expected None (every cut) or at least one cut id, got ()")
 
 
 def check_switching(objective: str, hysteresis_fraction: float, hysteresis_ms: float) -> None:
@@ -192,7 +197,8 @@ class Controller:
             chosen, reason = best, "cloud unavailable: whole model on the device"
         else:
             best = solve(self.table, cond, objective=cfg.objective, power=self.power,
-                         codecs=list(cfg.codecs) if cfg.codecs else None)
+                         codecs=list(cfg.codecs) if cfg.codecs else None,
+                         cuts=list(cfg.cuts) if cfg.cuts else None)
             chosen, reason = best, "first plan" if previous is None else "best plan unchanged"
             if previous is not None and previous != best.key:
                 current = evaluate(self.table, previous, cond, objective=cfg.objective, power=self.power)
@@ -231,17 +237,23 @@ class Controller:
             est = LinkEstimate(bandwidth_mbps=link.bandwidth_mbps * f, rtt_ms=link.rtt_ms,
                                confidence=link.confidence)
             plan = solve(self.table, self._conditions(est, load), objective=self.config.objective,
-                         power=self.power, codecs=list(self.config.codecs) if self.config.codecs else None)
+                         power=self.power, codecs=list(self.config.codecs) if self.config.codecs else None,
+                         cuts=list(self.config.cuts) if self.config.cuts else None)
             keys[plan.key] = None
         return list(keys)
 
 
 
+ROUTE_CUTS = (CLOUD_CUT, DEVICE_CUT)  # whole-request routing: the whole model here or there
+
+
 def parse_policy(spec: str) -> tuple[str, str]:
-    """``adaptive`` | ``periodic:SECONDS`` | ``fixed:PLAN`` -> (kind, argument); ConfigError otherwise."""
+    """``adaptive`` | ``route`` | ``periodic:SECONDS`` | ``fixed:PLAN`` -> (kind, argument); ConfigError
+    otherwise."""
     kind, _, arg = spec.partition(":")
-    if kind not in ("adaptive", "periodic", "fixed") or (kind != "adaptive" and not arg):
-        raise ConfigError(f"policy: expected adaptive, periodic:SECONDS or fixed:PLAN, got {spec!r}")
+    if kind not in ("adaptive", "route", "periodic", "fixed") or (kind in ("adaptive", "route") and arg) or (
+            kind not in ("adaptive", "route") and not arg):
+        raise ConfigError(f"policy: expected adaptive, route, periodic:SECONDS or fixed:PLAN, got {spec!r}")
     if kind == "periodic":
         try:
             ok = float(arg) > 0
@@ -254,9 +266,12 @@ def parse_policy(spec: str) -> tuple[str, str]:
 
 class Policy:
     """What a strategy plans per request, pure like the controller it wraps: ``adaptive`` asks the
-    controller every request; ``periodic:S`` every S seconds and keeps that plan in between (REAP-style);
-    ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ``CUT@CODEC``). The device runtime and the
-    trace simulator (``splitrt.rig.sim``) both decide through this class, so they cannot drift apart."""
+    controller every request; ``route`` is adaptive over the cuts ``device`` and ``cloud`` only (whole-request
+    routing, what hybrid-inference platforms ship: the baseline splitting must beat; it narrows the
+    controller's ``config.cuts``); ``periodic:S`` asks every S seconds and keeps that plan in between
+    (REAP-style); ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ``CUT@CODEC``). The device
+    runtime and the trace simulator (``splitrt.rig.sim``) both decide through this class, so they cannot
+    drift apart."""
 
     def __init__(self, spec: str, controller: Controller) -> None:
         from splitrt.errors import PlanError
@@ -271,6 +286,8 @@ class Policy:
                 table.codec_index(codec)
             except PlanError as exc:
                 raise ConfigError(f"policy {spec!r}: {exc}") from exc
+        if kind == "route":
+            controller.config = route_config(controller.config)
         self.spec, self.kind, self.arg = spec, kind, arg
         self.controller = controller
         self._periodic_next_s = 0.0
@@ -312,18 +329,30 @@ class Policy:
                         cloud_queue_ms=load.queue_ms, download_ms=p.download_ms, reply_bytes=p.reply_bytes)
 
 
+def route_config(config: ControllerConfig) -> ControllerConfig:
+    """``config`` restricted to whole-request routing (and to its own cuts, if it has any)."""
+    cuts = tuple(c for c in ROUTE_CUTS if config.cuts is None or c in config.cuts)
+    if not cuts:
+        raise ConfigError(f"policy route: the allowed cuts {list(config.cuts or ())} include neither "
+                          f"{CLOUD_CUT} nor {DEVICE_CUT}")
+    return replace(config, cuts=cuts)
+
+
 def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | None = None, *,
            power: Power = DEFAULT_POWER, model: str | None = None) -> list[tuple[Decision, Decision]]:
     """Re-run a decision log through a fresh controller: pairs of (logged, replayed) decisions.
 
     Lines are taken in decision order (``seq``). A decision a fixed or periodic policy imposed
     (reason ``policy ...``) is not the controller's: replay adopts it as the plan in use and goes on.
-    ``model`` (a sha256 prefix) picks one model's lines from a daemon's shared log.
+    ``model`` (a sha256 prefix) picks one model's lines from a daemon's shared log. A log whose
+    decisions carry ``extra["policy"] == "route"`` replays under ``route_config(config)``.
     """
     ctl = Controller(table, config, power=power)
     logged_all = sorted((Decision.from_json(line) for line in lines if line.strip()), key=lambda d: d.seq)
     if model is not None:
         logged_all = [d for d in logged_all if str(d.extra.get("model", "")).startswith(model[:16])]
+    if any(d.extra.get("policy") == "route" for d in logged_all):
+        ctl.config = route_config(ctl.config)
     pairs = []
     for logged in logged_all:
         if logged.reason.startswith("policy "):

@@ -39,7 +39,11 @@ from splitrt.rig.stats import (
 )
 from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, family_median_mbps, load_trace, trace_family
 
-STRATEGIES = ("device-only", "cloud-only", "static", "static-fixed", "periodic", "adaptive", "oracle")
+STRATEGIES = ("device-only", "cloud-only", "static", "static-fixed", "periodic", "route", "adaptive", "oracle",
+              "oracle-route")
+# route: the adaptive runtime restricted to the cuts device and cloud (whole-request routing, the baseline
+# splitting must beat); oracle-route: the hindsight oracle over those two cuts, on the route run's times.
+ORACLE_REFS = {"oracle": "adaptive", "oracle-route": "route"}
 # static-fixed (the static cut at the trace family's median bandwidth, whatever the cell's scale) is ONE
 # choice across a grid's cells: the regret tables run it; a single bench run does not need it.
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
@@ -128,7 +132,7 @@ def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, 
 
     return {"device-only": "fixed:device", "cloud-only": f"fixed:{cloud.key}",
             "static": f"fixed:{static_at(family * cfg.bandwidth_scale)}", "static-fixed": f"fixed:{static_at(family)}",
-            "periodic": f"periodic:{cfg.periodic_s:g}", "adaptive": "adaptive"}
+            "periodic": f"periodic:{cfg.periodic_s:g}", "route": "route", "adaptive": "adaptive"}
 
 
 def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list[str]:
@@ -171,7 +175,7 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
             "codecs": list(cfg.codecs) if cfg.codecs else None, "deadline_ms": cfg.deadline_ms,
             "threads": rig.config.device_threads, "seed": cfg.seed, "board": rig.board.name,
             "warm_cuts": likely_cuts(table, rtt, cfg.codecs)}
-    names = [n for n in cfg.strategies if n != "oracle"]
+    names = [n for n in cfg.strategies if n not in ORACLE_REFS]
     worker = rig.start_worker(spec, name="device")
     try:
         # Cloud calibration: the host profile may have been measured on a busier host; the cloud's
@@ -296,25 +300,14 @@ def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_m
         strategies[name]["policy"] = run["policy"]
         requests[name] = [[round(float(r["t_s"]), 3), round(float(r["latency_ms"]), 1), r["plan"]] for r in ok]
     costs = measured_costs(table, runs, played, sched, rtt_ms)
-    if "oracle" in cfg.strategies and runs:
-        ref = "adaptive" if "adaptive" in runs else next(iter(runs))
-        times = [float(r["t_s"]) for r in runs[ref]["records"]]
-        real = [None if r.get("error") or r.get("fallback") else (str(r["plan"]), float(r["latency_ms"]))
-                for r in runs[ref]["records"]]
-        picks = oracle(table, costs, times, played, sched, cfg.codecs, real)
-        energies = []
-        for t, (plan, ms) in zip(times, picks, strict=True):
-            cut = plan_cut(plan)
-            i = table.index(cut)
-            ratio = costs.device_ratio_burst if in_intervals(t, sched) else costs.device_ratio_idle
-            h = float(table.head_ms[i]) * ratio
-            rec = {"t_s": t, "latency_ms": ms, "head_ms": h, "where": "local" if cut == "device" else "cloud",
-                   "rpc_ms": ms, "bytes_up": 0 if cut == "device" else float(
-                       table.sent_bytes[i, table.codec_index(plan.split("@")[1])])}
-            energies.append(energy_mj(rec, played, power))
-        strategies["oracle"] = summarize([ms for _, ms in picks], [p for p, _ in picks], 0, energies)
-        strategies["oracle"]["policy"] = f"hindsight over the {ref} run's request times"
-        requests["oracle"] = [[round(t, 3), round(ms, 1), p] for t, (p, ms) in zip(times, picks, strict=True)]
+    for oname, ref_name in ORACLE_REFS.items():
+        if oname not in cfg.strategies or not runs:
+            continue
+        ref = ref_name if ref_name in runs else next(iter(runs))
+        strategies[oname], requests[oname] = _oracle_of(
+            cfg, table, costs, runs[ref]["records"], played, sched, power,
+            cuts=("cloud", "device") if oname == "oracle-route" else None)
+        strategies[oname]["policy"] = f"hindsight over the {ref} run's request times"
     bw = [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)]
     return {
         "link": rig.kind, "model": cfg.model, "trace": cfg.trace, "trace_offset_s": cfg.trace_offset_s,
@@ -328,3 +321,25 @@ def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_m
         "timeline": {"bandwidth_mbps": bw, "load_intervals": sched if cfg.load == "device-burst" else (
             [[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []), "requests": requests},
     }
+
+
+def _oracle_of(cfg: BenchConfig, table: Any, costs: Any, records: list[dict[str, Any]], played: traces.Trace,
+               sched: list[tuple[float, float]], power: Any,
+               cuts: Sequence[str] | None) -> tuple[dict[str, Any], list[list[Any]]]:
+    """The hindsight oracle over ``cuts`` on a reference run's request times: its summary and requests."""
+    times = [float(r["t_s"]) for r in records]
+    real = [None if r.get("error") or r.get("fallback") else (str(r["plan"]), float(r["latency_ms"]))
+            for r in records]
+    picks = oracle(table, costs, times, played, sched, cfg.codecs, real, cuts=cuts)
+    energies = []
+    for t, (plan, ms) in zip(times, picks, strict=True):
+        cut = plan_cut(plan)
+        i = table.index(cut)
+        ratio = costs.device_ratio_burst if in_intervals(t, sched) else costs.device_ratio_idle
+        h = float(table.head_ms[i]) * ratio
+        rec = {"t_s": t, "latency_ms": ms, "head_ms": h, "where": "local" if cut == "device" else "cloud",
+               "rpc_ms": ms, "bytes_up": 0 if cut == "device" else float(
+                   table.sent_bytes[i, table.codec_index(plan.split("@")[1])])}
+        energies.append(energy_mj(rec, played, power))
+    summary = summarize([ms for _, ms in picks], [p for p, _ in picks], 0, energies)
+    return summary, [[round(t, 3), round(ms, 1), p] for t, (p, ms) in zip(times, picks, strict=True)]

@@ -10,6 +10,11 @@ training traces, whatever the cell's scale or load); ``static`` (picked per cell
 the static kind.
 
 Differences within a cell are called only when a bootstrap interval over turns excludes 1.
+
+Split against route: ``route`` is the adaptive runtime restricted to the cuts ``device`` and ``cloud``
+(whole-request routing) and ``oracle-route`` the hindsight oracle over those two; each strategy's
+``geo_vs_route`` is its geometric-mean ratio to its routing counterpart (the oracle's to
+``oracle-route``, every other's to ``route``), with a 95 % bootstrap interval over cells.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ORACLES = ("oracle",)
+ORACLES = ("oracle", "oracle-route")
+ROUTE_OF = {"oracle": "oracle-route"}  # a strategy's routing counterpart; any other's is ``route``
 # Strategies that do not choose by looking at the cell: the ones regret is about.
 FIXED = ("device-only", "cloud-only", "static-fixed")
 
@@ -35,6 +41,10 @@ class Regret:
     worst_p95_cell: str
     geo_mean: float  # geometric mean over cells of mean / best non-oracle mean
     geo_vs_oracle: float  # geometric mean over cells of mean / oracle mean (nan without an oracle)
+    # geometric mean over cells of mean / its routing counterpart's mean, and its 95 % interval (cells
+    # resampled); nan without route strategies
+    geo_vs_route: float = math.nan
+    geo_vs_route_ci: tuple[float, float] = (math.nan, math.nan)
 
 
 def _geo(xs: Sequence[float]) -> float:
@@ -50,7 +60,8 @@ def regret(cells: Sequence[tuple[str, Mapping[str, Mapping[str, float]]]]) -> li
     contenders = [n for n in names if n not in ORACLES]
     out = []
     for name in names:
-        means, p95s, vs_oracle = [], [], []
+        means, p95s, vs_oracle, vs_route = [], [], [], []
+        counterpart = ROUTE_OF.get(name, "route")
         for label, s in cells:
             best_mean = min(s[n]["mean_ms"] for n in contenders)
             best_p95 = min(s[n]["p95_ms"] for n in contenders)
@@ -58,11 +69,60 @@ def regret(cells: Sequence[tuple[str, Mapping[str, Mapping[str, float]]]]) -> li
             p95s.append((s[name]["p95_ms"] / best_p95, label))
             if "oracle" in s:
                 vs_oracle.append(s[name]["mean_ms"] / s["oracle"]["mean_ms"])
+            if counterpart in s:
+                vs_route.append(s[name]["mean_ms"] / s[counterpart]["mean_ms"])
         wm, wp = max(means), max(p95s)
         out.append(Regret(strategy=name, cells=len(cells), worst_mean=wm[0], worst_mean_cell=wm[1],
                           worst_p95=wp[0], worst_p95_cell=wp[1], geo_mean=_geo([m for m, _ in means]),
-                          geo_vs_oracle=_geo(vs_oracle)))
+                          geo_vs_oracle=_geo(vs_oracle),
+                          geo_vs_route=_geo(vs_route) if len(vs_route) == len(cells) else math.nan,
+                          geo_vs_route_ci=geo_ci(vs_route) if len(vs_route) == len(cells) else (math.nan, math.nan)))
     return out
+
+
+def geo_ci(ratios: Sequence[float], *, n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % interval of the geometric mean of ``ratios`` (one per cell), the cells resampled."""
+    if not ratios:
+        return (math.nan, math.nan)
+    logs = np.log(np.asarray(ratios, dtype=float))
+    rng = np.random.default_rng(seed)
+    means = logs[rng.integers(0, len(logs), (n, len(logs)))].mean(axis=1)
+    lo, hi = np.exp(np.percentile(means, [2.5, 97.5]))
+    return float(lo), float(hi)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitRoute:
+    """Splitting against routing over a grid: ``split`` (adaptive or oracle) over ``route`` (its counterpart
+    restricted to device and cloud) per cell; < 1 means splitting is faster."""
+
+    split: str
+    route: str
+    cells: int
+    geo: float  # geometric mean over cells of route mean / split mean (> 1: splitting pays)
+    geo_ci: tuple[float, float]
+    worst: float  # the cell where splitting gains most: max over cells of route mean / split mean
+    worst_cell: str
+    worst_p95: float  # max over cells of route p95 / split p95
+    worst_p95_cell: str
+    gain_cells: int  # cells where route mean / split mean >= 1.10
+
+
+def split_route(cells: Sequence[tuple[str, Mapping[str, Mapping[str, float]]]], split: str = "adaptive",
+                route: str | None = None) -> SplitRoute:
+    """route/split over the cells holding both (``route`` None: ``ROUTE_OF.get(split, "route")``)."""
+    route = route or ROUTE_OF.get(split, "route")
+    pairs = [(label, s[route]["mean_ms"] / s[split]["mean_ms"], s[route]["p95_ms"] / s[split]["p95_ms"])
+             for label, s in cells if split in s and route in s]
+    if not pairs:
+        return SplitRoute(split=split, route=route, cells=0, geo=math.nan, geo_ci=(math.nan, math.nan),
+                          worst=math.nan, worst_cell="-", worst_p95=math.nan, worst_p95_cell="-", gain_cells=0)
+    ratios = [r for _, r, _ in pairs]
+    wm = max(pairs, key=lambda x: x[1])
+    wp = max(pairs, key=lambda x: x[2])
+    return SplitRoute(split=split, route=route, cells=len(pairs), geo=_geo(ratios), geo_ci=geo_ci(ratios),
+                      worst=wm[1], worst_cell=wm[0], worst_p95=wp[2], worst_p95_cell=wp[0],
+                      gain_cells=sum(1 for r in ratios if r >= 1.10))
 
 
 def bootstrap_ratio(a_turns: Sequence[Sequence[float]], b_turns: Sequence[Sequence[float]], *, n: int = 2000,
@@ -96,9 +156,24 @@ def call(ci: tuple[float, float]) -> str:
 
 
 def rows(table: Sequence[Regret]) -> list[list[str]]:
-    """Table rows: strategy, worst mean cell, worst p95 cell, geo mean, geo vs oracle."""
+    """Table rows: strategy, worst mean cell, worst p95 cell, geo mean, geo vs oracle, geo vs route (CI)."""
     return [[r.strategy, f"{r.worst_mean:.3f} ({r.worst_mean_cell})", f"{r.worst_p95:.3f} ({r.worst_p95_cell})",
-             f"{r.geo_mean:.3f}", f"{r.geo_vs_oracle:.3f}"] for r in table]
+             f"{r.geo_mean:.3f}", f"{r.geo_vs_oracle:.3f}", _with_ci(r.geo_vs_route, r.geo_vs_route_ci)]
+            for r in table]
 
 
-HEADER = ["strategy", "worst cell, mean / best", "worst cell, p95 / best", "geo-mean / best", "geo-mean / oracle"]
+def _with_ci(x: float, ci: tuple[float, float]) -> str:
+    return "-" if math.isnan(x) else f"{x:.3f} ({ci[0]:.3f}-{ci[1]:.3f})"
+
+
+HEADER = ["strategy", "worst cell, mean / best", "worst cell, p95 / best", "geo-mean / best", "geo-mean / oracle",
+          "geo-mean split/route (95 % CI)"]
+
+
+def split_route_rows(table: Sequence[SplitRoute]) -> list[list[str]]:
+    return [[f"{r.split} vs {r.route}", str(r.cells), _with_ci(r.geo, r.geo_ci), f"{r.worst:.3f} ({r.worst_cell})",
+             f"{r.worst_p95:.3f} ({r.worst_p95_cell})", str(r.gain_cells)] for r in table]
+
+
+SPLIT_ROUTE_HEADER = ["split vs route", "cells", "route/split geo-mean (95 % CI)", "largest gain, mean",
+                      "largest gain, p95", "cells >= 1.10"]

@@ -144,7 +144,8 @@ def measured_costs(table: Any, runs: dict[str, dict[str, Any]], played: traces.T
 
 def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: traces.Trace,
            bursts: Sequence[tuple[float, float]], codecs: Sequence[str] | None,
-           realized: Sequence[tuple[str, float] | None] | None = None) -> list[tuple[str, float]]:
+           realized: Sequence[tuple[str, float] | None] | None = None,
+           cuts: Sequence[str] | None = None) -> list[tuple[str, float]]:
     """Per request start time: the cheapest (plan, latency ms) in hindsight.
 
     Every (cut, codec) is costed from the measured per-cut costs (``MeasuredCosts``) and the bandwidth
@@ -154,7 +155,8 @@ def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: t
     its pick and the plan that ran: the request's luck (the host's jitter at that moment) carries over.
     So the oracle is never above the reference run on any request, and not below it merely because a
     model has no jitter (taking the lesser of a measured latency and a noise-free model would put the
-    oracle's tail below anything a real run can reach).
+    oracle's tail below anything a real run can reach). ``cuts`` restricts the picks (``oracle-route``:
+    device and cloud; the reference run should then be one that used only those).
     """
     allowed = [k for k in table.codecs if codecs is None or k in codecs]
     reply = table.reply_bytes  # per cut
@@ -171,6 +173,8 @@ def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: t
         real_model: float | None = None
         seen: dict[tuple[float, float], float] = {}
         for i, cut in enumerate(table.ids):
+            if cuts is not None and cut not in cuts:
+                continue
             h = float(table.head_ms[i]) * ratio
             if cut == "device":
                 cands = [("device", h + costs.local_overhead_ms)]

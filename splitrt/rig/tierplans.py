@@ -26,7 +26,8 @@ from splitrt.plan.netmon import LinkEstimate
 from splitrt.plan.solver import ChainConditions, evaluate, evaluate_chain, solve, solve_chain
 
 STRATEGIES = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive",
-              "adaptive-2tier")
+              "adaptive-2tier", "route")
+# route: whole-request routing over the direct path (the two-tier runtime restricted to device and cloud)
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive")
 STATIC = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier")
 TWO_TIER_STATIC = ("device-only", "cloud-only", "static-2tier")
@@ -96,7 +97,8 @@ def choose(device: CostTable, edge: CostTable, cloud: CostTable, *, hop1: Link, 
             ms, mj = two(plan) if tiers == 2 else three(plan)
             out[name] = Strategy(name=name, tiers=tiers, policy=f"fixed:{plan}", predicted_ms=ms, predicted_mj=mj)
         else:
-            out[name] = Strategy(name=name, tiers=2 if name == "adaptive-2tier" else 3, policy="adaptive",
+            out[name] = Strategy(name=name, tiers=2 if name in ("adaptive-2tier", "route") else 3,
+                                 policy="route" if name == "route" else "adaptive",
                                  predicted_ms=math.nan, predicted_mj=math.nan)
     return out
 

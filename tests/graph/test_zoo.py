@@ -12,7 +12,7 @@ from splitrt.graph import zoo
 from tests.conftest import session
 
 
-@pytest.mark.parametrize("name", ["resnet50", "inception_v1", "squeezenet", "densenet121", "branchy"])
+@pytest.mark.parametrize("name", ["resnet50", "inception_v1", "squeezenet", "densenet121", "branchy", "mobilenetv2"])
 def test_weights_are_random_and_outputs_depend_on_the_input(name: str) -> None:
     p = zoo.get(name)
     m = onnx.load(str(p))
@@ -38,3 +38,14 @@ def test_unknown_name_is_a_clear_error() -> None:
 def test_resolve_accepts_path_prefix_and_bare_name(tmp_path: object) -> None:
     assert zoo.resolve("zoo:tiny_chain") == zoo.resolve("tiny_chain") == zoo.get("tiny_chain")
     assert str(zoo.resolve("/no/such/model.onnx")) == "/no/such/model.onnx"
+
+
+def test_mobilenetv2_has_the_published_structure() -> None:
+    m = zoo.build("mobilenetv2")
+    convs = [n for n in m.graph.node if n.op_type == "Conv"]
+    depthwise = [n for n in convs if any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    # stem + 17 blocks (16 expanding) x (expand, depthwise, project) + the 1x1 head conv
+    assert (len(convs), len(depthwise)) == (1 + 16 * 3 + 2 + 1, 17)
+    assert sum(n.op_type == "Add" for n in m.graph.node) == 10  # the stride-1 blocks of equal width
+    params = sum(int(np.prod(t.dims)) for t in m.graph.initializer)
+    assert 3.4e6 < params < 3.6e6

@@ -149,3 +149,38 @@ def test_zero_hysteresis_always_equals_the_solver(table: CostTable, bw: float, r
     d = ctl.decide(1.0, est(bw, rtt), LoadEstimate(device_factor=load, cloud_factor=1.0))
     best = solve(table, Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=load), codecs=["fp32"])
     assert d.plan == best.key
+
+
+def test_allowed_cuts_bound_every_plan_and_route_is_device_or_cloud(table: CostTable) -> None:
+    from splitrt.plan.controller import Policy, route_config
+
+    inner = [c for c in table.ids if c not in ("cloud", "device")]
+    allowed = (inner[len(inner) // 2], "device")
+    ctl = Controller(table, ControllerConfig(hysteresis_fraction=0.0, cuts=allowed))
+    route = Policy("route", Controller(table, ControllerConfig(hysteresis_fraction=0.0)))
+    free = Controller(table, ControllerConfig(hysteresis_fraction=0.0))
+    for i, bw in enumerate((0.2, 1.0, 5.0, 30.0, 300.0)):
+        d = ctl.decide(float(i), est(bw), IDLE)
+        assert d.plan.split("@")[0] in allowed
+        assert d.plan == solve(table, ctl._conditions(est(bw), IDLE), cuts=list(allowed), codecs=["fp32"]).key
+        r = route.decide(float(i), est(bw), IDLE)
+        assert r.plan.split("@")[0] in ("cloud", "device")
+        # routing never beats the unconstrained solver's prediction
+        assert free.decide(float(i), est(bw), IDLE).predicted_ms <= r.predicted_ms + 1e-9
+    # route within a constraint that rules the cloud out is the device alone; ruling out both is an error
+    assert route_config(ControllerConfig(cuts=allowed)).cuts == ("device",)
+    with pytest.raises(ConfigError, match="include neither cloud nor device"):
+        route_config(ControllerConfig(cuts=(inner[0],)))
+    with pytest.raises(ConfigError, match="cuts"):
+        ControllerConfig(cuts=())
+
+
+def test_a_route_log_replays_as_route(table: CostTable) -> None:
+    from splitrt.plan.controller import Policy
+
+    pol = Policy("route", Controller(table, ControllerConfig()))
+    lines = []
+    for i, bw in enumerate((50.0, 0.3, 50.0, 2.0)):
+        d = pol.decide(float(i), est(bw), IDLE)
+        lines.append(Decision(**{**d.__dict__, "extra": {"policy": "route"}}).to_json())
+    assert all(a.plan == b.plan for a, b in replay(lines, table, ControllerConfig()))

@@ -34,7 +34,7 @@ def test_cut_list_round_trip(ids: list[str]) -> None:
     assert parse_cut_ids(",".join(ids)) == ids
 
 
-@given(st.one_of(st.just("adaptive"), st.floats(0.01, 100).map(lambda s: f"periodic:{s!r}"),
+@given(st.one_of(st.just("adaptive"), st.just("route"), st.floats(0.01, 100).map(lambda s: f"periodic:{s!r}"),
                  st.builds(format_plan, cut_ids, codecs).map(lambda p: f"fixed:{p}")))
 def test_policy_round_trip(spec: str) -> None:
     kind, arg = parse_policy(spec)

@@ -105,3 +105,15 @@ def test_bad_config_is_refused() -> None:
         sim.SimConfig(device_speed=0.0)
     with pytest.raises(ConfigError, match="policy"):
         sim.simulate(TABLE, "sometimes", traces.constant(5.0), cfg())
+
+
+def test_route_uses_only_device_and_cloud_and_splitting_can_beat_it() -> None:
+    # a middle cut that sends little: on a slow link only splitting avoids both the upload and the device
+    table = CostTable(ids=["cloud", "mid", "device"], head_ms=[0.0, 100.0, 500.0], tail_ms=[50.0, 25.0, 0.0],
+                      bytes=[150_000, 5_000, 0], reply_bytes=4000, codecs={"fp32": 1.0})
+    link = traces.constant(1.0, 60.0)
+    route = sim.simulate(table, "route", link, cfg())
+    ad = sim.simulate(table, "adaptive", link, cfg())
+    assert {r.plan for r in route} <= {"device", "cloud@fp32"}
+    assert {r.plan for r in ad[8:]} == {"mid@fp32"}
+    assert statistics.fmean(r.latency_ms for r in route[8:]) > 1.5 * statistics.fmean(r.latency_ms for r in ad[8:])

@@ -442,3 +442,13 @@ def test_oracle_is_never_above_the_realized_run(data: st.DataObject, ratio: floa
             assert pick_slower[1] == pytest.approx(pick[1] + shift)
         else:
             assert 0.0 <= pick_slower[1] <= shift
+
+
+def test_oracle_restricted_to_routing_picks_only_device_or_cloud() -> None:
+    table = tiny_table()
+    c = costs(ratio=2.0, burst=5.0, cloud=1.5, net=3.0, local=1.0)
+    link = traces.constant(1.0)
+    # unrestricted the inner cut c1@int8 wins (36.8); routing's best is cloud@int8 (0+2.8+3+60)
+    assert rigstats.oracle(table, c, [0.0], link, [], None, cuts=["cloud", "device"]) == [
+        ("cloud@int8", pytest.approx(65.8))]
+    assert rigstats.oracle(table, c, [0.0], link, [], None, cuts=["device"]) == [("device", pytest.approx(81.0))]

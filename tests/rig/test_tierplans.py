@@ -45,6 +45,12 @@ def test_choices_at_the_medians() -> None:
     assert all(s[n].predicted_ms > 0 for n in tierplans.STATIC)
 
 
+def test_route_runs_on_two_tiers_with_the_route_policy() -> None:
+    s = tierplans.choose(DEVICE, EDGE, CLOUD, hop1=hop(2), hop2=hop(0.5), names=["route", "adaptive-2tier"])
+    assert (s["route"].tiers, s["route"].policy) == (2, "route")
+    assert (s["adaptive-2tier"].tiers, s["adaptive-2tier"].policy) == (2, "adaptive")
+
+
 def test_a_device_only_chain_is_device() -> None:
     slow = tierplans.choose(DEVICE, EDGE, CLOUD, hop1=hop(0.001, 500), hop2=hop(0.001, 500))
     assert slow["static-3tier"].plan == "device" and slow["static-2tier"].plan == "device"

@@ -19,6 +19,8 @@ def register(sub: Any) -> None:
     p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--all", action="store_true", help="table: show every cut (default: single-tensor cuts)")
+    p.add_argument("--board", default="rpi4",
+                   help="board for the split-vs-route line (devices/<NAME>.toml; default rpi4); 'none' to skip")
     add_shape_arguments(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -59,10 +61,31 @@ def inspect_dict(mg: graph.ModelGraph) -> dict[str, object]:
     }
 
 
+def routing_verdict(mg: graph.ModelGraph, board_name: str) -> tuple[dict[str, object] | None, str]:
+    """`plan --explain`'s verdict at its defaults (every codec), for one line: (JSON, text)."""
+    from splitrt.cli import explain as explaincli
+    from splitrt.errors import SplitrtError
+    from splitrt.profile import boards
+
+    if board_name == "none":
+        return None, ""
+    try:
+        board = boards.load_board(board_name)
+        table, source = explaincli.table_for(mg, argparse.Namespace(device=None, cloud=None), board)
+        v = explaincli.verdict(table, rtt_ms=explaincli.DEFAULT_RTT_MS, min_mbps=0.1,
+                               max_mbps=explaincli.DEFAULT_MAX_MBPS, loads=[1.0, 2.0, 4.0], power=board.power,
+                               codecs=None)
+    except (SplitrtError, ValueError) as exc:
+        return {"error": str(exc)}, f"split vs route: not computed ({exc})"
+    return ({**v.to_json(), "board": board.name, "table": source},
+            f"split vs route on {board.name} (every codec; details: splitrt plan MODEL --explain): {v.summary}")
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     mg = load_graph(args)
+    routing, line = routing_verdict(mg, args.board)
     if args.json:
-        json.dump(inspect_dict(mg), sys.stdout)
+        json.dump({**inspect_dict(mg), **({"routing": routing} if routing is not None else {})}, sys.stdout)
         sys.stdout.write("\n")
         return 0
     cuts = mg.cuts()
@@ -82,6 +105,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for why in mg.excluded[:5]:
         print(f"left out: {why}", file=sys.stderr)
     print(render(["cut", "head nodes", "head FLOPs", "bytes", "crossing tensors"], rows))
+    if line:
+        print(line)
     return 0
 
 

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from splitrt.cli import constraints as constraintcli
+from splitrt.cli import explain as explaincli
 from splitrt.cli.inputs import add_shape_arguments, binding, load_graph
 from splitrt.errors import ConfigError, PlanError
-from splitrt.plan import costmodel, solver
-from splitrt.profile import boards, energy, power_select, profiler, reprice, sanity
+from splitrt.plan import constraints, costmodel, solver
+from splitrt.profile import boards, cutfacts, energy, power_select, profiler, reprice, sanity
 from splitrt.profile.power import PowerReader
 
 
@@ -48,10 +50,10 @@ def register(subparsers: Any) -> None:
         "profile, and print the best plan (or, with --sweep, the bandwidths where the best plan changes).",
     )
     q.add_argument("model", help="ONNX file, or a zoo model name")
-    q.add_argument("--device", required=True, help="device profile (JSON)")
-    q.add_argument("--cloud", required=True, help="cloud profile (JSON)")
-    q.add_argument("--bandwidth-mbps", type=float, required=True)
-    q.add_argument("--rtt-ms", type=float, required=True)
+    q.add_argument("--device", default=None, help="device profile (JSON; required unless --explain)")
+    q.add_argument("--cloud", default=None, help="cloud profile (JSON; required unless --explain)")
+    q.add_argument("--bandwidth-mbps", type=float, default=None, help="required unless --explain")
+    q.add_argument("--rtt-ms", type=float, default=None, help="required unless --explain")
     q.add_argument("--objective", choices=solver.OBJECTIVES, default="latency")
     q.add_argument("--device-load", type=float, default=1.0, help="multiplies device compute (>= 1)")
     q.add_argument("--cloud-load", type=float, default=1.0, help="multiplies cloud compute (>= 1)")
@@ -64,9 +66,11 @@ def register(subparsers: Any) -> None:
     q.add_argument("--min-cut", action="store_true", help="also solve the DADS min-cut over the node DAG")
     q.add_argument("--sweep", action="store_true", help="print the bandwidths where the best plan changes")
     q.add_argument("--sweep-min-mbps", type=float, default=0.1)
-    q.add_argument("--sweep-max-mbps", type=float, default=1000.0)
+    q.add_argument("--sweep-max-mbps", type=float, default=None, help="default 1000 (--explain: 100)")
     q.add_argument("--plot", default=None, help="with --sweep: write a PNG (needs matplotlib)")
     q.add_argument("--json", action="store_true")
+    explaincli.add_arguments(q)
+    constraintcli.add_arguments(q)
     add_shape_arguments(q)
     q.set_defaults(func=_plan)
 
@@ -116,7 +120,40 @@ def _measure(path: Path, args: argparse.Namespace, reader: PowerReader | None) -
     )
 
 
+def _explain(args: argparse.Namespace) -> int:
+    g = load_graph(args)
+    board = boards.load_board(args.board) if args.board else None
+    table, source = explaincli.table_for(g, args, board)
+    power = board.power if board is not None else costmodel.DEFAULT_POWER
+    if args.device:
+        power = energy.plan_power(profiler.load_profile(args.device, sha256=g.sha256), board,
+                                  profile_label=str(args.device)).power
+    codecs = None if args.codec == ["all"] else (args.codec or ["fp32"])
+    allowed = cutfacts.allowed_for(g, table, constraintcli.constraints(args, board))
+    try:
+        v = explaincli.verdict(table, rtt_ms=explaincli.DEFAULT_RTT_MS if args.rtt_ms is None else args.rtt_ms,
+                               min_mbps=args.sweep_min_mbps,
+                               max_mbps=args.sweep_max_mbps or explaincli.DEFAULT_MAX_MBPS,
+                               loads=explaincli.parse_loads(args.explain_loads), power=power, codecs=codecs,
+                               cuts=allowed.cuts if allowed else None,
+                               objectives=[o for o in args.explain_objectives.split(",") if o])
+    except PlanError as exc:
+        raise ConfigError(str(exc)) from exc
+    if allowed is not None and not args.json:
+        print(allowed.note())
+    explaincli.print_verdict(v, source, as_json=args.json, extra={
+        "codecs": codecs or list(table.codecs), "constraints": allowed.as_dict() if allowed else None})
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
+    if args.explain:
+        return _explain(args)
+    missing = [f for f, v in (("--device", args.device), ("--cloud", args.cloud),
+                              ("--bandwidth-mbps", args.bandwidth_mbps), ("--rtt-ms", args.rtt_ms)) if v is None]
+    if missing:
+        raise ConfigError(f"plan: expected {', '.join(missing)} (or --explain), got none")
+    args.sweep_max_mbps = args.sweep_max_mbps or 1000.0
     g = load_graph(args)
     device = profiler.load_profile(args.device, sha256=g.sha256)
     cloud = profiler.load_profile(args.cloud, sha256=g.sha256)
@@ -140,32 +177,13 @@ def _plan(args: argparse.Namespace) -> int:
     except PlanError as exc:
         raise ConfigError(str(exc)) from exc
     codecs = args.codec = None if args.codec == ["all"] else (args.codec or ["fp32"])
+    allowed = _allowed(g, table, args, board)
+    cuts = list(allowed.cuts) if allowed is not None else None
     if args.sweep:
-        bands = solver.sweep(
-            table,
-            cond,
-            objective=args.objective,
-            power=power,
-            min_mbps=args.sweep_min_mbps,
-            max_mbps=args.sweep_max_mbps,
-            codecs=codecs,
-        )
-        if args.plot:
-            _plot(table, cond, bands, args, power)
-        if args.json:
-            print(json.dumps({"sweep": [vars_of(b) for b in bands], "shapes": pricing.as_dict(),
-                              "warnings": warnings, "power": figures.as_dict(args.bandwidth_mbps)}, indent=1))
-        else:
-            print(f"shapes: {pricing.note}")
-            print(f"{'from Mbit/s':>12} {'to Mbit/s':>12}  {'plan':<16}{'bytes':>12}{'ms at from':>12}{'ms at to':>11}")
-            for b in bands:
-                print(
-                    f"{b.from_mbps:>12.4g} {b.to_mbps:>12.4g}  {b.plan:<16}{b.bytes:>12}"
-                    f"{b.predicted_ms_from:>12.2f}{b.predicted_ms_to:>11.2f}"
-                )
+        _sweep(args, table, cond, power, codecs, cuts, pricing, warnings, figures)
         return 0
 
-    best = solver.solve(table, cond, objective=args.objective, power=power, codecs=codecs)
+    best = solver.solve(table, cond, objective=args.objective, power=power, codecs=codecs, cuts=cuts)
     codec = best.codec
     rows = []
     for cut in table.ids:
@@ -185,6 +203,7 @@ def _plan(args: argparse.Namespace) -> int:
                 "bytes": e.bytes,
                 "sent_bytes": e.sent_bytes,
                 "reply_bytes": e.reply_bytes,
+                "excluded": allowed.excluded.get(cut) if allowed is not None else None,
             }
         )
     out: dict[str, Any] = {
@@ -220,6 +239,9 @@ def _plan(args: argparse.Namespace) -> int:
         "warnings": warnings,
         "cuts": rows,
     }
+    if allowed is not None:
+        out["constraints"] = {**allowed.as_dict(), "price": constraints.price(
+            table, cond, allowed, objective=args.objective, power=power, codecs=codecs).as_dict()}
     if args.min_cut:
         from splitrt.plan import mincut
 
@@ -236,6 +258,40 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     _print_plan(out, args.objective)
     return 0
+
+
+def _sweep(args: argparse.Namespace, table: costmodel.CostTable, cond: costmodel.Conditions, power: costmodel.Power,
+           codecs: list[str] | None, cuts: list[str] | None, pricing: Any, warnings: list[str], figures: Any) -> None:
+    bands = solver.sweep(
+        table,
+        cond,
+        objective=args.objective,
+        power=power,
+        min_mbps=args.sweep_min_mbps,
+        max_mbps=args.sweep_max_mbps,
+        codecs=codecs,
+        cuts=cuts,
+    )
+    if args.plot:
+        _plot(table, cond, bands, args, power)
+    if args.json:
+        print(json.dumps({"sweep": [vars_of(b) for b in bands], "shapes": pricing.as_dict(),
+                          "warnings": warnings, "power": figures.as_dict(args.bandwidth_mbps)}, indent=1))
+    else:
+        print(f"shapes: {pricing.note}")
+        print(f"{'from Mbit/s':>12} {'to Mbit/s':>12}  {'plan':<16}{'bytes':>12}{'ms at from':>12}{'ms at to':>11}")
+        for b in bands:
+            print(
+                f"{b.from_mbps:>12.4g} {b.to_mbps:>12.4g}  {b.plan:<16}{b.bytes:>12}"
+                f"{b.predicted_ms_from:>12.2f}{b.predicted_ms_to:>11.2f}"
+            )
+
+
+def _allowed(g: Any, table: costmodel.CostTable, args: argparse.Namespace, board: Any) -> Any:
+    try:
+        return cutfacts.allowed_for(g, table, constraintcli.constraints(args, board))
+    except PlanError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _priced(args: argparse.Namespace, g: Any, device: profiler.Profile, cloud: profiler.Profile,
@@ -312,7 +368,7 @@ def _print_plan(out: dict[str, Any], objective: str) -> None:
         f"{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
     )
     for r in rows:
-        mark = "  <- best" if r["cut"] == best["cut"] else ""
+        mark = "  <- best" if r["cut"] == best["cut"] else (f"  (excluded: {r['excluded']})" if r["excluded"] else "")
         print(
             f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['sent_bytes']:>12}"
             f"{r['download_ms']:>13.2f}{r['reply_bytes']:>13}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
@@ -330,6 +386,10 @@ def _print_plan(out: dict[str, Any], objective: str) -> None:
         + f"; radio {pw['radio_w']:.2f} W = {pw['radio_uj_per_byte']:.3g} uJ/byte here, from {pw['radio_source']}"
     )
     print(f"shapes: {out['shapes']['note']}")
+    if "constraints" in out:
+        c = out["constraints"]
+        print(f"{c['note']}; unconstrained best {c['price']['unconstrained']}, the constraints cost "
+              f"{c['price']['cost']:.2f} ({objective})")
     if "min_cut" in out:
         mc = out["min_cut"]
         print(f"min-cut over the node DAG: {mc['predicted_ms']:.2f} ms ({mc['head_nodes']} nodes on the device)")

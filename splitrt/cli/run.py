@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from splitrt.cli import constraints as constraintcli
 from splitrt.cli import tables
 from splitrt.cli.inputs import add_shape_arguments, load_graph, load_inputs
 from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
@@ -29,7 +30,8 @@ def register(sub: Any) -> None:
     where.add_argument("--discover", action="store_true",
                        help="follow the clouds advertised via mDNS that serve this model (implies a stream)")
     p.add_argument("--cut", required=True, metavar="ID",
-                   help="cut id from `splitrt inspect` (cloud, c1, ..., device), or auto")
+                   help="cut id from `splitrt inspect` (cloud, c1, ..., device), auto, or route (a stream: the "
+                        "adaptive runtime restricted to device and cloud, whole-request routing)")
     p.add_argument("--codec", default="fp32", help="fp32, fp16, int8, int8c, each optionally +zlib")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--input", action="append", metavar="[NAME=]FILE",
@@ -59,12 +61,13 @@ def register(sub: Any) -> None:
                    help="bind mDNS to this IP (repeatable; default all)")
     s.add_argument("--discover-wait-s", type=float, default=5.0,
                    help="wait this long for a first cloud before starting (default 5)")
+    constraintcli.add_arguments(p)
     add_shape_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=cmd_run)
 
 
-def plan_auto(dev: Device, args: argparse.Namespace) -> tuple[str, str, dict[str, Any]]:
+def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[str, str, dict[str, Any]]:
     """Pick (cut, codec) with the solver from the two profiles and a probe of the link."""
     from splitrt.plan import costmodel, solver
     from splitrt.profile import profiler
@@ -82,7 +85,7 @@ def plan_auto(dev: Device, args: argparse.Namespace) -> tuple[str, str, dict[str
     cloud_load = max(1.0, status.load.queue_depth / max(1, status.load.workers))
     cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_s * 1e3),
                                 cloud_load=cloud_load)
-    plan = solver.solve(table, cond)
+    plan = solver.solve(table, cond, cuts=cuts)
     info = {"plan": solver.format_plan(plan.cut, plan.codec), "predicted_ms": plan.predicted_ms,
             "bandwidth_mbps": bandwidth_mbps, "rtt_ms": rtt_s * 1e3, "cloud_load": cloud_load}
     return plan.cut, plan.codec, info
@@ -95,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           upload=not args.no_upload)
     if not (args.cloud or args.discover or args.edge):
         raise ConfigError("run: expected --cloud HOST:PORT, --discover or --edge HOST:PORT, got none of them")
-    if args.count is not None or args.discover or args.edge:
+    if args.count is not None or args.discover or args.edge or args.cut == "route":
         from splitrt.cli.stream import run_stream
 
         return run_stream(args, config)
@@ -112,15 +115,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs = dev.random_inputs(args.seed) if args.random else load_inputs(dev, args.input)
         cut, codec_spec = args.cut, args.codec
         plan_info: dict[str, Any] = {}
+        allowed = _allowed(dev.graph, args)
         if cut == "auto":
-            cut, codec_spec, plan_info = plan_auto(dev, args)
+            cut, codec_spec, plan_info = plan_auto(dev, args, allowed.cuts if allowed is not None else None)
         else:
             dev.graph.cut(cut)  # CutError naming the valid ids
+            if allowed is not None and cut not in allowed.cuts:
+                raise ConfigError(f"--cut {cut}: excluded by the constraints ({allowed.excluded[cut]}): "
+                                  f"{allowed.note()}")
+        if allowed is not None:
+            plan_info["constraints"] = allowed.note()
         result = dev.run_detailed(inputs, cut=cut, codec_spec=codec_spec)
     if args.output is not None:
         np.savez(args.output, **result.outputs)  # type: ignore[arg-type]
     _report(result, plan_info, args)
     return 0
+
+
+def _allowed(mg: Any, args: argparse.Namespace) -> Any:
+    from splitrt.errors import SplitrtError
+    from splitrt.plan.constraints import allowed_cuts
+    from splitrt.profile import boards, cutfacts
+
+    cons = constraintcli.constraints(args, boards.load_board(args.board) if args.board else None)
+    if not cons.active:
+        return None
+    try:
+        return allowed_cuts(cutfacts.cut_facts(mg), cons)
+    except SplitrtError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def _report(result: SplitResult, plan_info: dict[str, Any], args: argparse.Namespace) -> None:

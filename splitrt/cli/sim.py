@@ -12,6 +12,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from splitrt.cli.tables import render
@@ -31,8 +32,10 @@ OTHERS = ("device-only", "cloud-only", "static", "periodic")
 def sim_cell(model: str, trace: str, *, board: str = "rpi4", scale: float = 1.0, load: str = "none",
              rate_hz: float = 4.0, duration_s: float | None = None, offset_s: float = 0.0,
              jitter: float = 0.0, seed: int = 0, device_speed: float = 1.0, cloud_speed: float = 1.0,
-             link: LinkConfig | None = None, controller: ControllerConfig | None = None) -> dict[str, Any]:
-    """Every strategy and the oracle on ``trace`` (``duration_s`` None: to its end) for ``model``."""
+             link: LinkConfig | None = None, controller: ControllerConfig | None = None,
+             strategies: Sequence[str] | None = None) -> dict[str, Any]:
+    """Every strategy and the oracles on ``trace`` (``duration_s`` None: to its end) for ``model``;
+    ``strategies`` (adaptive and route among them): only those, and no static-best search."""
     if load not in ("none", "device-burst"):
         raise ConfigError(f"load: the simulation has none and device-burst, got {load!r}")
     b = boards.load_board(board)
@@ -55,15 +58,18 @@ def sim_cell(model: str, trace: str, *, board: str = "rpi4", scale: float = 1.0,
                         controller=controller or ControllerConfig(codecs=None))
     policies = rigbench.strategy_policies(
         rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load), table, rtt)
-    # static-best: the best single plan for this cell in hindsight (a per-cell oracle of the static kind).
-    candidates = {f"fixed:{c}" if c == "device" else f"fixed:{c}@{k}"
-                  for c in rigbench.likely_cuts(table, rtt, None) for k in (cfg.controller.codecs or table.codecs)
-                  if c == "device" or k in table.codecs}
-    fixed_runs = sim.simulate_all(table, {p: p for p in sorted(candidates)}, played, cfg)
-    best_fixed = min(fixed_runs, key=lambda p: statistics.fmean(sim.latencies(fixed_runs[p])))
-    policies["static-best"] = best_fixed
-    runs = sim.simulate_all(table, {n: p for n, p in policies.items() if n != "static-best"}, played, cfg)
-    runs["static-best"] = fixed_runs[best_fixed]
+    if strategies is not None:
+        if not {"adaptive", "route"} <= set(strategies):
+            raise ConfigError(f"strategies: expected adaptive and route among them, got {list(strategies)}")
+        policies = {n: p for n, p in policies.items() if n in strategies}
+    runs = sim.simulate_all(table, policies, played, cfg)
+    if strategies is None:  # static-best: the best single plan for this cell in hindsight (per-cell oracle)
+        candidates = {f"fixed:{c}" if c == "device" else f"fixed:{c}@{k}"
+                      for c in rigbench.likely_cuts(table, rtt, None)
+                      for k in (cfg.controller.codecs or table.codecs) if c == "device" or k in table.codecs}
+        fixed_runs = sim.simulate_all(table, {p: p for p in sorted(candidates)}, played, cfg)
+        policies["static-best"] = min(fixed_runs, key=lambda p: statistics.fmean(sim.latencies(fixed_runs[p])))
+        runs["static-best"] = fixed_runs[policies["static-best"]]
     costs = rigstats.MeasuredCosts(device_ratio_idle=device_speed,
                                    device_ratio_burst=device_speed / (1.0 - cfg.burst_util),
                                    cloud_ratio=cloud_speed, net_overhead_ms=rtt, local_overhead_ms=0.0)
@@ -77,7 +83,7 @@ def sim_cell(model: str, trace: str, *, board: str = "rpi4", scale: float = 1.0,
     for n, s in stats.items():
         s.pop("energy_mj", None)
         s.setdefault("policy", policies.get(n, ""))
-    best = min(OTHERS, key=lambda n: stats[n]["mean_ms"])
+    best = min([n for n in OTHERS if n in stats] or ["adaptive"], key=lambda n: stats[n]["mean_ms"])
     a, o = stats["adaptive"], stats["oracle"]
     return {"link": "simulated", "model": model, "trace": trace, "board": board, "bandwidth_scale": scale,
             "load": load, "rate_hz": rate_hz, "duration_s": dur, "trace_offset_s": offset_s, "rtt_ms": rtt,

@@ -27,10 +27,14 @@ from splitrt.device.client import DeviceConfig
 from splitrt.errors import ConfigError, SplitrtError
 
 
-def _policy(args: argparse.Namespace, mg: Any, table: Any) -> str:
-    if args.cut == "auto":
-        return "adaptive"
+def _policy(args: argparse.Namespace, mg: Any, table: Any, allowed: Any = None) -> str:
+    if args.cut in ("auto", "route"):
+        return "adaptive" if args.cut == "auto" else "route"
     mg.cut(args.cut)  # CutError naming the valid ids
+    if allowed is not None and args.cut not in allowed.cuts:
+        raise ConfigError(f"--cut {args.cut}: excluded by the constraints ({allowed.excluded[args.cut]}); "
+                          f"expected one of {', '.join(allowed.cuts[:8])}{' ...' if len(allowed.cuts) > 8 else ''} "
+                          "or auto")
     if args.cut == "device":
         return "fixed:device"
     if args.codec not in table.codecs:
@@ -59,7 +63,9 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     print(f"splitrt run: cost table from {source}", file=sys.stderr)
     codecs = (args.codec,) if args.codec in table.codecs else None
     kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
-    config = RuntimeConfig(policy=_policy(args, mg, table), controller=ControllerConfig(codecs=codecs), **kw)
+    allowed = _allowed(args, mg, table, board)
+    config = RuntimeConfig(policy=_policy(args, mg, table, allowed), **kw, controller=ControllerConfig(
+        codecs=codecs, cuts=allowed.cuts if allowed is not None else None))
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(args.decision_log, "a", encoding="utf-8")) if args.decision_log else None
         if args.edge:
@@ -86,6 +92,20 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
         reference = dev.local.run_local(inputs) if args.verify else None
         rows, summary = _stream(dev, inputs, count, args, reference)
     return _finish(args, rows, summary)
+
+
+def _allowed(args: argparse.Namespace, mg: Any, table: Any, board: Any) -> Any:
+    """The cuts the constraint flags allow (None: no constraint), said on stderr."""
+    from splitrt.cli.constraints import constraints
+    from splitrt.profile.cutfacts import allowed_for
+
+    try:
+        allowed = allowed_for(mg, table, constraints(args, board))
+    except SplitrtError as exc:
+        raise ConfigError(str(exc)) from exc
+    if allowed is not None:
+        print(f"splitrt run: {allowed.note()}", file=sys.stderr)
+    return allowed
 
 
 def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[str, Any]) -> int:

@@ -15,7 +15,9 @@ loaded into frozen dataclasses; relative paths are relative to the config file. 
     board = "rpi4"                     # devices/<board>.toml: speed factor for the FLOPs prior, power
     objective = "latency"              # latency | energy | throughput
     deadline_ms = 2000
-    policy = "adaptive"                # adaptive | periodic:SECONDS | fixed:PLAN
+    policy = "adaptive"                # adaptive | route | periodic:SECONDS | fixed:PLAN
+    # constraints (optional): min_head_flops = 0.2 (privacy floor: a FLOPs share the device computes
+    # first), no_raw_input = true (the input never leaves), device_memory_mb = 512 | "board"
     clouds = ["10.0.0.5:50051"]        # static clouds, preferred first
     discovery = true                   # also follow clouds advertised via mDNS
     api_socket_path = "/run/splitrt/daemon.sock"
@@ -117,6 +119,29 @@ def select_cost_table(mg: Any, *, profile_device: Path | None = None, profile_cl
                    f"no profile of {stem} in {d}")
 
 
+def _constrained(runtime_config: Any, mg: Any, table: Any, config: DaemonConfig, board: Any, name: str) -> Any:
+    """The runtime config with the constraints' allowed cuts, and the split-vs-route verdict logged once."""
+    from dataclasses import replace
+
+    from splitrt.plan import explain
+    from splitrt.plan.constraints import Constraints
+    from splitrt.plan.costmodel import DEFAULT_POWER
+    from splitrt.profile.cutfacts import allowed_for, memory_mb
+
+    cons = Constraints(min_head_flops_fraction=config.min_head_flops, no_raw_input=config.no_raw_input,
+                       device_memory_mb=memory_mb(config.device_memory_mb, board))
+    allowed = allowed_for(mg, table, cons)
+    cuts = allowed.cuts if allowed is not None else None
+    if allowed is not None:
+        log.info("model %s: %s", name, allowed.note())
+    v = explain.explain(table, rtt_ms=40.0, power=board.power if board is not None else DEFAULT_POWER,
+                        codecs=config.codecs, cuts=cuts, objectives=(config.objective,))
+    log.info("model %s: split vs route (%s): %s", name, "details: splitrt plan MODEL --explain", v.summary)
+    if cuts is None:
+        return runtime_config
+    return replace(runtime_config, controller=replace(runtime_config.controller, cuts=cuts))
+
+
 # -- configuration ----------------------------------------------------------------------------------
 
 
@@ -154,6 +179,9 @@ class DaemonConfig:
     drain_timeout_s: float = 10.0
     intra_op_threads: int = 0
     api_workers: int = 8
+    min_head_flops: float = 0.0
+    no_raw_input: bool = False
+    device_memory_mb: float | str | None = None  # MB, or "board" (the board file's memory_mb)
 
 
 # key -> (types, expected, is_path). Order = documentation order.
@@ -178,6 +206,9 @@ TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "drain_timeout_s": ((int, float), "a number of seconds >= 0", False),
     "intra_op_threads": ((int,), "an integer >= 0 (0: onnxruntime's default)", False),
     "api_workers": ((int,), "an integer >= 1", False),
+    "min_head_flops": ((int, float), "a share of the model's FLOPs in [0, 1] (privacy floor)", False),
+    "no_raw_input": ((bool,), "true or false (privacy floor: the input never leaves the device)", False),
+    "device_memory_mb": ((int, float, str), "a number of MB > 0 or \"board\" (memory ceiling)", False),
 }
 MODEL_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "name": ((str,), "a non-empty name", False),
@@ -265,8 +296,19 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
             raise ConfigError(f"{where}: key {key!r}: expected {TOP_KEYS[key][1]}, got {kw[key]!r}")
     if "api_workers" in kw and kw["api_workers"] < 1:
         raise ConfigError(f"{where}: key 'api_workers': expected an integer >= 1, got {kw['api_workers']!r}")
+    from splitrt.plan.constraints import Constraints
     from splitrt.plan.solver import OBJECTIVES
 
+    mem = kw.get("device_memory_mb")
+    if isinstance(mem, str) and mem != "board":
+        raise ConfigError(f"{where}: key 'device_memory_mb': expected {TOP_KEYS['device_memory_mb'][1]}, got {mem!r}")
+    try:
+        Constraints(min_head_flops_fraction=float(kw.get("min_head_flops", 0.0)),
+                    device_memory_mb=None if mem in (None, "board") else mem)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if mem == "board" and "board" not in kw:
+        raise ConfigError(f"{where}: key 'device_memory_mb': \"board\" needs a board key, got none")
     if "objective" in kw and kw["objective"] not in OBJECTIVES:
         raise ConfigError(f"{where}: key 'objective': expected one of {', '.join(OBJECTIVES)}, "
                           f"got {kw['objective']!r}")
@@ -423,8 +465,9 @@ class Daemon:
                 table, source = select_cost_table(mg, profile_device=mc.profile_device_path,
                                                   profile_cloud=mc.profile_cloud_path, board=board)
                 log.info("model %s (%s): cost table from %s", mc.name, mg.sha256[:12], source)
+                model_config = _constrained(runtime_config, mg, table, config, board, mc.name)
                 dev = AdaptiveDevice(mg, table, [] if config.discovery else list(config.clouds),
-                                     config=runtime_config, device_config=device_config,
+                                     config=model_config, device_config=device_config,
                                      power=board.power if board is not None else DEFAULT_POWER, log=decision_log)
                 self.models[mc.name] = _Model(config=mc, device=dev, table_source=source)
             self.finder: Any = None

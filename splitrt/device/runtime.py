@@ -294,7 +294,7 @@ class AdaptiveDevice:
                 measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])), self.clock())
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
-                           extra={"model": self.graph.sha256[:16], "policy": self.config.policy,
+                           extra={**decision.extra, "model": self.graph.sha256[:16], "policy": self.config.policy,
                                   "shape": reshape.signature_json(sp.signature), "table": sp.source,
                                   **({"balance": choice.to_json()} if len(live) > 1 else {}),
                                   **({"fallback_reason": why} if why else {})})

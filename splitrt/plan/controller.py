@@ -214,6 +214,12 @@ class Controller:
                     chosen = current
                     reason = f"hold: gain {gain:.2f} <= margin {margin:.2f}"
         self._forced_device = not cloud_available
+        extra: dict[str, object] = {}
+        if cfg.cuts is not None and cloud_available:  # what the allowed cuts cost here (priced per decision)
+            free = solve(self.table, cond, objective=cfg.objective, power=self.power,
+                         codecs=list(cfg.codecs) if cfg.codecs else None)
+            extra = {"unconstrained": free.key, "constraint_cost": _objective_value(chosen, cfg.objective)
+                     - _objective_value(free, cfg.objective)}
         switched = previous is not None and chosen.key != previous
         self.switches += int(switched)
         self.current = chosen.key
@@ -225,6 +231,7 @@ class Controller:
             switched=switched, reason=reason, device_ms=chosen.device_ms, transfer_ms=chosen.transfer_ms,
             round_trip_ms=chosen.rtt_ms, cloud_ms=chosen.cloud_ms, queue_ms=chosen.queue_ms,
             cloud_queue_ms=load.queue_ms, download_ms=chosen.download_ms, reply_bytes=chosen.reply_bytes,
+            extra=extra,
         )
 
     def warm_plans(self, link: LinkEstimate, load: LoadEstimate) -> list[str]:

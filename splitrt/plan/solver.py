@@ -192,6 +192,7 @@ def sweep(
     max_mbps: float = 1000.0,
     points: int = 400,
     codecs: Sequence[str] | None = None,
+    cuts: Sequence[str] | None = None,
 ) -> list[SweepBand]:
     """Bandwidths at which the best plan changes, for ``cond``'s RTT and loads.
 
@@ -207,7 +208,7 @@ def sweep(
             cloud_load=cond.cloud_load,
             queue_ms=cond.queue_ms,
         )
-        return solve(table, c, objective=objective, power=power, codecs=codecs)
+        return solve(table, c, objective=objective, power=power, codecs=codecs, cuts=cuts)
 
     grid = np.geomspace(min_mbps, max_mbps, max(points, 2))
     plans = [at(float(b)) for b in grid]

@@ -59,7 +59,7 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     result = _bench(tmp_path, link="kernel", prefix=prefix, duration_s=3.0, turn_s=1.0)
     assert result["link"] == "kernel"
-    measured = [s for s in rigbench.STRATEGIES if s != "oracle"]  # the oracle is computed, not played
+    measured = [s for s in rigbench.STRATEGIES if s not in rigbench.ORACLE_REFS]  # oracles are computed, not played
     assert result["turns"] == {"turn_s": 1.0, "played": 3 * len(measured)}  # 3 slices x each strategy
     strategies = result["strategies"]
     assert isinstance(strategies, dict)
@@ -74,6 +74,7 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
     assert set(strategies["device-only"]["plans"]) == {"device"}
     assert {p.split("@")[0] for p in strategies["cloud-only"]["plans"]} == {"cloud"}
     assert strategies["device-only"]["switches"] == 0
+    assert {p.split("@")[0] for n in ("route", "oracle-route") for p in strategies[n]["plans"]} <= {"device", "cloud"}
     # taking turns, each strategy still ran the window once, in order, on the same request schedule
     requests = result["timeline"]["requests"]  # type: ignore[index]
     for name in ("device-only", "static"):

@@ -1,0 +1,115 @@
+"""Split vs whole-request routing, simulated (``splitrt.rig.sim``): what inner cuts buy over routing.
+
+``route`` is the adaptive runtime restricted to the cuts ``device`` and ``cloud`` (everything else equal,
+every codec), ``oracle-route`` the hindsight oracle over those two; ``adaptive`` and ``oracle`` may use
+every cut. Per cell (model x held-out HSDPA trace window x bandwidth scale x load) the ratio route/split of
+the mean latency (> 1: splitting is faster); per model and over the grid its geometric mean (95 %
+bootstrap interval over cells) and its largest cell, for adaptive and for the oracle.
+
+    .venv/bin/python bench/bench_route.py [--models a,b] [--traces heldout] [--scales 1,5]
+        [--loads none,device-burst] [--window 120] [--windows 1] [--board rpi4] [--json FILE]
+
+Default: 8 models x 4 held-out traces x 1 window of 120 s x 2 scales x 2 loads = 128 cells; about
+2 minutes on a quiet 2-core host. ``--models squeezenet --traces hsdpa/ferry --window 30`` is a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from splitrt.cli import sim as cmd_sim
+from splitrt.cli.tables import render
+from splitrt.rig import bench as rigbench
+from splitrt.rig import harness as rig
+from splitrt.rig import regret
+
+MODELS = ("resnet50", "inception_v1", "squeezenet", "densenet121", "vgg19", "bvlc_alexnet", "vgg16", "mobilenetv2")
+STRATEGIES = ("route", "adaptive")
+
+
+def cells(args: argparse.Namespace) -> list[tuple[str, str, float, float, str]]:
+    """(model, trace, window offset, scale, load) of every cell."""
+    out = []
+    for trace in [t for item in args.traces.split(",") for t in rigbench.TRACE_SETS.get(item, (item,))]:
+        length = rig.load_trace(trace).duration_s
+        offsets = [k * args.window for k in range(args.windows) if k * args.window + args.window <= length] or [0.0]
+        for model in args.models.split(","):
+            for off in offsets:
+                for scale in (float(x) for x in args.scales.split(",")):
+                    for load in args.loads.split(","):
+                        out.append((model, trace, off, scale, load))
+    return out
+
+
+def label(c: dict[str, Any]) -> str:
+    return f"{c['model']} {c['trace']}@{c['trace_offset_s']:g} x{c['bandwidth_scale']:g} {c['load']}"
+
+
+def summary_rows(results: Sequence[dict[str, Any]], models: Sequence[str]) -> list[list[str]]:
+    """Per model and over all: route/split geo-mean (CI) and largest cell, for adaptive and the oracle."""
+    rows = []
+    for m in [*models, "all"]:
+        sel = [(label(c), c["strategies"]) for c in results if m in ("all", c["model"])]
+        if not sel:
+            continue
+        a = regret.split_route(sel, "adaptive")
+        o = regret.split_route(sel, "oracle")
+        rows.append([m, str(len(sel)), f"{a.geo:.3f} ({a.geo_ci[0]:.3f}-{a.geo_ci[1]:.3f})", f"{a.worst:.3f}",
+                     f"{a.worst_p95:.3f}", f"{o.geo:.3f} ({o.geo_ci[0]:.3f}-{o.geo_ci[1]:.3f})", f"{o.worst:.3f}",
+                     f"{o.worst_p95:.3f}", f"{a.gain_cells}/{o.gain_cells}"])
+    return rows
+
+
+HEADER = ["model", "cells", "adaptive route/split geo (95 % CI)", "worst mean", "worst p95",
+          "oracle route/split geo (95 % CI)", "worst mean", "worst p95", ">= 1.10 (a/o)"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--traces", default="heldout", help="comma-separated traces or 'tuned'/'heldout'")
+    p.add_argument("--scales", default="1,5")
+    p.add_argument("--loads", default="none,device-burst")
+    p.add_argument("--window", type=float, default=120.0, help="seconds of trace per cell")
+    p.add_argument("--windows", type=int, default=1, help="consecutive windows per trace")
+    p.add_argument("--board", default="rpi4")
+    p.add_argument("--rate", type=float, default=4.0)
+    p.add_argument("--json", default=None, metavar="FILE", help="write every cell as JSON ('-': stdout)")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    grid = cells(args)
+    results = []
+    for n, (model, trace, off, scale, load) in enumerate(grid, 1):
+        print(f"cell {n}/{len(grid)}: {model} {trace}@{off:g} x{scale:g} {load}", file=sys.stderr, flush=True)
+        results.append(cmd_sim.sim_cell(model, trace, board=args.board, scale=scale, load=load, rate_hz=args.rate,
+                                        duration_s=args.window, offset_s=off, strategies=STRATEGIES))
+    models = args.models.split(",")
+    doc = {"cells": results, "board": args.board, "window_s": args.window, "load_average": os.getloadavg(),
+           "summary": {m: {k: regret.split_route([(label(c), c["strategies"]) for c in results
+                                                  if m in ("all", c["model"])], k).__dict__
+                           for k in ("adaptive", "oracle")} for m in [*models, "all"]}}
+    if args.json == "-":
+        json.dump(doc, sys.stdout, default=float)
+        return 0
+    print(f"split vs route, simulated: {args.board}, shipped profiles, traces {args.traces} ({args.window:g} s "
+          f"windows x{args.windows}), scales {args.scales}, loads {args.loads}, every codec; route/split > 1: "
+          f"splitting is faster")
+    print(render(HEADER, summary_rows(results, models)))
+    top = sorted(results, key=lambda c: -c["route_over_oracle"])[:5]
+    print("largest oracle gains: " + "; ".join(
+        f"{label(c)} {c['route_over_oracle']:.3f} (adaptive {c['route_over_adaptive']:.3f})" for c in top))
+    print(f"{time.monotonic() - t0:.0f} s; host load average " + "/".join(f"{x:.2f}" for x in os.getloadavg()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=float)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

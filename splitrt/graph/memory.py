@@ -1,0 +1,67 @@
+"""What each cut's head holds in memory on the device, and whether it sends the raw input.
+
+A head's memory is its weights (every initializer a head node reads, once) plus its peak activations:
+the head's nodes run in topological order; a tensor is live from when it is produced (graph inputs:
+from the start) until its last consumer in the head has run, and a crossing tensor until it is sent.
+The peak is the largest sum of live tensors while a node runs (its inputs and outputs together). It is
+the model's figure, not the runtime's (onnxruntime's arena and session add to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from splitrt.graph.model import Cut, ModelGraph
+
+
+def _bytes(mg: ModelGraph, name: str) -> int:
+    try:
+        return max(int(mg.tensor(name).bytes), 0)
+    except Exception:  # a name the graph has no facts for (an optional empty input)
+        return 0
+
+
+def head_memory_bytes(mg: ModelGraph, cuts: Sequence[Cut] | None = None) -> list[int]:
+    """Weights + peak activations of each cut's head (``cuts``: default every cut), in bytes."""
+    cuts = list(cuts) if cuts is not None else mg.cuts()
+    inits = {i.name: len(i.raw_data) or _init_bytes(i) for i in mg.model.graph.initializer}
+    inputs = {t.name for t in mg.inputs}
+    out = []
+    for cut in cuts:
+        head = sorted(cut.head)
+        if not head:
+            out.append(0)
+            continue
+        weights = sum(inits[n] for n in {i for k in head for i in mg.nodes[k].input if i in inits})
+        last_use: dict[str, int] = {}
+        for pos, k in enumerate(head):
+            for i in mg.nodes[k].input:
+                if i and i not in inits:
+                    last_use[i] = pos
+        keep = set(cut.tensor_names)
+        live = {n: _bytes(mg, n) for n in inputs}
+        peak = sum(live.values())
+        for pos, k in enumerate(head):
+            for o in mg.nodes[k].output:
+                if o:
+                    live[o] = _bytes(mg, o)
+            peak = max(peak, sum(live.values()))
+            for name in [n for n in live if last_use.get(n, -1) <= pos and n not in keep]:
+                del live[name]
+        out.append(weights + peak)
+    return out
+
+
+def _init_bytes(t: object) -> int:
+    from onnx import numpy_helper
+
+    return int(numpy_helper.to_array(t).nbytes)  # type: ignore[arg-type]
+
+
+def sends_input(mg: ModelGraph, cuts: Sequence[Cut] | None = None) -> list[bool]:
+    """Whether a graph input (the raw data) is among each cut's crossing tensors."""
+    cuts = list(cuts) if cuts is not None else mg.cuts()
+    inputs = {t.name for t in mg.inputs}
+    return [any(n in inputs for n in c.tensor_names) for c in cuts]

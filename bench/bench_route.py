@@ -66,6 +66,45 @@ def summary_rows(results: Sequence[dict[str, Any]], models: Sequence[str]) -> li
     return rows
 
 
+def pays_rows(models: Sequence[str], board_names: Sequence[str], *, rtt_ms: float,
+              constrained: Sequence[str] = ()) -> list[list[str]]:
+    """Where splitting beats routing by >= 10 % (``plan.explain``, every codec, 0.1-100 Mbit/s, device load
+    1/2/4): per model, board and objective, the bands and the largest gain. ``constrained`` models also get a
+    row under the privacy floor --no-raw-input, where routing cannot comply and the comparison is device-only."""
+    from splitrt.graph import model as graph
+    from splitrt.plan import explain
+    from splitrt.plan.constraints import Constraints
+    from splitrt.profile import boards, profiler
+    from splitrt.profile.cutfacts import allowed_for
+
+    rows = []
+    for m in models:
+        prof = profiler.load_profile(rig.shipped_profile(m))  # type: ignore[arg-type]
+        for bn in board_names:
+            b = boards.load_board(bn)
+            table = profiler.cost_table(prof, prof, device_speed_factor=b.cpu_speed_factor)
+            variants: list[tuple[str, Any]] = [("-", None)]
+            if m in constrained:
+                allowed = allowed_for(graph.load(rig.model_path_for(m)), table, Constraints(no_raw_input=True))
+                variants.append(("no raw input (vs device-only)", allowed.cuts if allowed else None))
+            for label_, cuts in variants:
+                v = explain.explain(table, rtt_ms=rtt_ms, objectives=("latency", "energy"), power=b.power,
+                                    cuts=cuts)
+                for objective in ("latency", "energy"):
+                    paying = [x for x in v.bands if x.objective == objective and x.max_gain >= 1.10]
+                    if not paying:
+                        rows.append([m, bn, objective, label_, "never >= 10 %", "-"])
+                        continue
+                    best = max(paying, key=lambda x: x.max_gain)
+                    where = "; ".join(f"load {x.device_load:g}: {x.from_mbps:.3g}-{x.to_mbps:.3g}" for x in paying)
+                    rows.append([m, bn, objective, label_, where,
+                                 f"{(best.max_gain - 1) * 100:.0f} % ({best.best_plan}, load {best.device_load:g}, "
+                                 f"{best.at_mbps:.3g} Mbit/s)"])
+    return rows
+
+
+PAYS_HEADER = ["model", "board", "objective", "constraint", "Mbit/s where split beats route by >= 10 %",
+               "largest gain"]
 HEADER = ["model", "cells", "adaptive route/split geo (95 % CI)", "worst mean", "worst p95",
           "oracle route/split geo (95 % CI)", "worst mean", "worst p95", ">= 1.10 (a/o)"]
 
@@ -81,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--board", default="rpi4")
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--json", default=None, metavar="FILE", help="write every cell as JSON ('-': stdout)")
+    p.add_argument("--pays-boards", default="rpi4,rpi5,jetson-nano",
+                   help="boards for the 'when does splitting pay' table ('' to skip it)")
+    p.add_argument("--constrained", default="resnet50,squeezenet,mobilenetv2",
+                   help="models that also get a --no-raw-input row in that table")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     grid = cells(args)
@@ -90,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append(cmd_sim.sim_cell(model, trace, board=args.board, scale=scale, load=load, rate_hz=args.rate,
                                         duration_s=args.window, offset_s=off, strategies=STRATEGIES))
     models = args.models.split(",")
+    pays = pays_rows(models, [b for b in args.pays_boards.split(",") if b], rtt_ms=80.0,
+                     constrained=[m for m in args.constrained.split(",") if m in models]) if args.pays_boards else []
     doc = {"cells": results, "board": args.board, "window_s": args.window, "load_average": os.getloadavg(),
+           "pays": [dict(zip(PAYS_HEADER, r, strict=True)) for r in pays],
            "summary": {m: {k: regret.split_route([(label(c), c["strategies"]) for c in results
                                                   if m in ("all", c["model"])], k).__dict__
                            for k in ("adaptive", "oracle")} for m in [*models, "all"]}}
@@ -104,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     top = sorted(results, key=lambda c: -c["route_over_oracle"])[:5]
     print("largest oracle gains: " + "; ".join(
         f"{label(c)} {c['route_over_oracle']:.3f} (adaptive {c['route_over_adaptive']:.3f})" for c in top))
+    if pays:
+        print("\nwhen does splitting pay (plan --explain, every codec, rtt 80 ms, 0.1-100 Mbit/s, device load 1/2/4):")
+        print(render(PAYS_HEADER, pays))
     print(f"{time.monotonic() - t0:.0f} s; host load average " + "/".join(f"{x:.2f}" for x in os.getloadavg()))
     if args.json:
         with open(args.json, "w") as f:

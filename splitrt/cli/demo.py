@@ -20,15 +20,16 @@ DEFAULT_MODEL = "resnet50"
 # back to 0.8, while a burst of other work doubles the device's time in the middle third: device-only is
 # wrong in the middle, cloud-only at both ends, and static (the median-bandwidth pick: device) with
 # device-only. Found by scanning every 12 s window of the shipped traces in `splitrt sim` for the one
-# where each fixed strategy is furthest behind adaptive. 4 measured strategies x 12 s in 3 s turns, then
-# the oracle; about 90 s on 2 vCPUs with the exactness table.
+# where each fixed strategy is furthest behind adaptive. 5 measured strategies x 12 s in 3 s turns, then
+# the oracles; about 105 s on 2 vCPUs with the exactness table.
 DEMO_TRACE = "hsdpa/car"
 DEMO_OFFSET_S = 123.0
 DEMO_DURATION_S = 12.0
 DEMO_TURN_S = 3.0
 DEMO_WARMUP_S = 1.0  # the bench's 2 s, halved: the warm-up starts with a probe, the estimate is right at once
 DEMO_LOAD = "device-burst"
-DEMO_STRATEGIES = ("device-only", "cloud-only", "static", "adaptive", "oracle")
+# route: the adaptive runtime over device and cloud only (whole-request routing), beside adaptive.
+DEMO_STRATEGIES = ("device-only", "cloud-only", "static", "route", "adaptive", "oracle", "oracle-route")
 DEMO_BOARD = "rpi4"
 
 
@@ -112,7 +113,8 @@ def rig_part(args: argparse.Namespace, *, quiet: bool) -> dict[str, Any]:
                                duration_s=args.duration, turn_s=DEMO_TURN_S, load=args.load,
                                warmup_s=DEMO_WARMUP_S, rate_hz=4.0, strategies=DEMO_STRATEGIES)
     print(f"rig: {args.model} on an emulated {DEMO_BOARD}, {cfg.trace} from {cfg.trace_offset_s:g} s, load {cfg.load}, "
-          f"{len(cfg.strategies) - 1} strategies x {cfg.duration_s:g} s, then the oracle", file=sys.stderr)
+          f"{len([n for n in cfg.strategies if n not in rigbench.ORACLE_REFS])} strategies x {cfg.duration_s:g} s, "
+          "then the oracles", file=sys.stderr)
     result = cmd_bench.run(cfg, board=DEMO_BOARD, link=args.link)
     result["closing"] = closing(result)
     if not quiet:
@@ -137,8 +139,11 @@ def closing(result: dict[str, Any]) -> dict[str, Any]:
                 "p95_vs_oracle": s[n]["p95_ms"] / o["p95_ms"] if o else None} for n in s}
     a = s.get("adaptive")
     beats = {f: bool(a and (a["mean_ms"] < s[f]["mean_ms"] or a["p95_ms"] < s[f]["p95_ms"])) for f in FIXED if f in s}
+    route = {k: s[r]["mean_ms"] / s[n]["mean_ms"] for k, n, r in (("adaptive", "adaptive", "route"),
+                                                                   ("oracle", "oracle", "oracle-route"))
+             if n in s and r in s}
     return {"strategies": rows, "adaptive_beats": beats, "adaptive_beats_every_fixed": bool(beats) and all(
-        beats.values())}
+        beats.values()), "route_over_split": route}
 
 
 def closing_text(c: dict[str, Any]) -> str:
@@ -148,4 +153,9 @@ def closing_text(c: dict[str, Any]) -> str:
     lost = [f for f, ok in c["adaptive_beats"].items() if not ok]
     verdict = ("adaptive beats every fixed strategy (" + ", ".join(c["adaptive_beats"]) + ") on mean or p95"
                if c["adaptive_beats_every_fixed"] else f"adaptive does not beat {', '.join(lost)} here")
+    r = c.get("route_over_split", {})
+    if r:
+        verdict += ("\nsplitting vs routing whole requests (route mean / split mean, > 1: splitting pays): "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in r.items())
+                    + "; where splitting pays for your model: splitrt plan MODEL --explain")
     return render(["strategy", "mean ms", "p95 ms", "mean / oracle", "p95 / oracle"], rows) + "\n" + verdict

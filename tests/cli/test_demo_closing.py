@@ -1,0 +1,21 @@
+"""`splitrt demo`'s closing table: every strategy against the oracle, and splitting against routing."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitrt.cli import demo
+
+
+def test_closing_reports_route_over_split_for_adaptive_and_the_oracle() -> None:
+    def s(mean: float) -> dict[str, float]:
+        return {"mean_ms": mean, "p95_ms": 2 * mean}
+
+    result = {"strategies": {"device-only": s(900), "cloud-only": s(700), "static": s(800), "route": s(650),
+                             "adaptive": s(520), "oracle": s(500), "oracle-route": s(600)}}
+    c = demo.closing(result)
+    assert c["route_over_split"] == {"adaptive": pytest.approx(650 / 520), "oracle": pytest.approx(600 / 500)}
+    assert c["adaptive_beats_every_fixed"]
+    text = demo.closing_text(c)
+    assert "route" in text and "adaptive 1.250, oracle 1.200" in text
+    assert "route_over_split" not in demo.closing_text({**c, "route_over_split": {}})

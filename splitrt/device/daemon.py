@@ -189,7 +189,7 @@ TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "board": ((str,), "a board name (devices/*.toml) or a .toml path", False),
     "objective": ((str,), "latency, energy or throughput", False),
     "deadline_ms": ((int, float), "a number of milliseconds > 0", False),
-    "policy": ((str,), "adaptive, periodic:SECONDS or fixed:PLAN", False),
+    "policy": ((str,), "adaptive, route, periodic:SECONDS or fixed:PLAN", False),
     "codecs": ((list,), "a list of codec names (fp32, fp16, int8, int8c[+zlib])", False),
     "clouds": ((list,), "a list of HOST:PORT strings", False),
     "discovery": ((bool,), "true or false", False),

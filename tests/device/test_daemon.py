@@ -60,7 +60,7 @@ def test_config_defaults_units_and_relative_paths(tmp_path: Path) -> None:
     ({"clouds": ["nohost"]}, r"key 'clouds': expected HOST:PORT, got 'nohost'"),
     ({"api_address": "0.0.0.0:50100"}, r"key 'api_address': expected a loopback address.*got '0.0.0.0:50100'"),
     ({"objective": "speed"}, r"key 'objective': expected one of latency, energy, throughput, got 'speed'"),
-    ({"policy": "sometimes"}, r"key 'policy'.*expected adaptive, periodic:SECONDS or fixed:PLAN, got 'sometimes'"),
+    ({"policy": "sometimes"}, r"key 'policy'.*expected adaptive, route, periodic:SECONDS or fixed:PLAN, got 'sometimes'"),
     ({"codecs": ["fp99"]}, r"key 'codecs': expected codec names, got 'fp99'"),
     ({"model": []}, r"key 'model': expected at least one \[\[model\]\] table"),
     ({"model": [{"name": "a"}]}, r"model\[0\]: missing key 'path'"),

@@ -12,6 +12,7 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,7 @@ class ModelStore:
         self.budget.add_evictor(self.evict)
         self.max_nodes = max_nodes
         self._loaded: OrderedDict[str, _ModelEntry] = OrderedDict()  # graphs in memory, least recent first
+        self._pending_bytes = self._pending_models = 0  # uploads in progress (``claim``)
         if not self.root.is_dir():
             raise ConfigError(f"models directory {self.root}: expected a directory, got "
                               f"{'a file' if self.root.exists() else 'nothing'}")
@@ -293,6 +295,21 @@ class ModelStore:
                 with self._lock:
                     self._specialised[name] = hit
         return hit[1]
+
+    def claim(self, nbytes: int, models: int, check: Callable[[int, int], None]) -> None:
+        """Count an upload in progress as held (``nbytes``, ``models``) until ``unclaim``, after ``check(held
+        bytes, models)`` (raises to refuse) under the same lock: concurrent uploads cannot all pass a quota
+        that only one of them fits."""
+        with self._lock:
+            held = sum(e.bytes for e in self._by_sha.values()) + self._pending_bytes
+            check(held, len(self._by_sha) + self._pending_models)
+            self._pending_bytes += nbytes
+            self._pending_models += models
+
+    def unclaim(self, nbytes: int, models: int) -> None:
+        with self._lock:
+            self._pending_bytes -= nbytes
+            self._pending_models -= models
 
     def add(self, sha256: str, path: Path) -> None:
         st = path.stat()

@@ -46,17 +46,20 @@ class Quota:
     max_nodes: int | None = None
 
 
-def _check_quota(store: ModelStore, quota: Quota, size: int) -> None:
-    models = store.models()
-    held = sum(m.bytes for m in models)
-    if quota.max_models is not None and len(models) >= quota.max_models:
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"upload: the store holds {len(models)} models, expected fewer than {quota.max_models} "
-                         "(--max-models); nothing stored")
-    if quota.max_store_bytes is not None and held + size > quota.max_store_bytes:
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"upload: {size} bytes more would bring the store to {held + size} bytes, expected at most "
-                         f"{quota.max_store_bytes} (--max-store-mb); nothing stored")
+def _claim(store: ModelStore, quota: Quota, size: int, models: int) -> None:
+    """Count ``size`` more bytes (and ``models`` more models) against the quotas, uploads in progress
+    included, or raise RESOURCE_EXHAUSTED."""
+    def check(held: int, count: int) -> None:
+        if models and quota.max_models is not None and count >= quota.max_models:
+            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"upload: the store holds {count} models (uploads in progress included), expected "
+                             f"fewer than {quota.max_models} (--max-models); nothing stored")
+        if quota.max_store_bytes is not None and held + size > quota.max_store_bytes:
+            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"upload: {size} bytes more would bring the store to {held + size} bytes, expected at "
+                             f"most {quota.max_store_bytes} (--max-store-mb); nothing stored")
+
+    store.claim(size, models, check)
 
 
 def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_upload: bool,
@@ -83,11 +86,14 @@ def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_u
     if first.total_bytes > limit:
         raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"upload: expected at most {limit} bytes, got total_bytes {first.total_bytes}")
-    _check_quota(store, quota, first.total_bytes)
+    _claim(store, quota, first.total_bytes, 1)
+    claimed = first.total_bytes
     tmp = store.root / f".upload-{uuid.uuid4().hex}.part"
     try:
         size = _write(tmp, first, it, sha, limit)
-        _check_quota(store, quota, size)
+        if size > claimed:  # undeclared, or more than declared
+            _claim(store, quota, size - claimed, 0)
+            claimed = size
         with (guard(size) if guard is not None else nullcontext()):
             _check_model(tmp, store.root, quota.max_nodes)
         final = store.root / f"{sha}.onnx"
@@ -100,6 +106,7 @@ def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_u
                          "nothing stored") from exc
     finally:
         tmp.unlink(missing_ok=True)
+        store.unclaim(claimed, 1)  # stored or not: the store's own count takes over
     log_event("model_uploaded", model=sha[:12], bytes=size, name=first.name[:120])
     return pb.PutModelReply(sha256=sha, already_present=False, bytes=size)
 

@@ -157,3 +157,42 @@ def test_graph_cache_evicts_the_least_recent_graph(tmp_path: Path) -> None:
     assert shas[-1] in loaded and shas[0] not in loaded  # the least recent went first
     assert budget.used_bytes == sum(m.graph_bytes for m in store.models())
     assert store.graph(shas[0]).sha256 == shas[0]  # loaded again on demand
+
+
+def test_concurrent_uploads_cannot_overshoot_the_store_quota(tmp_path: Path) -> None:
+    import hashlib
+
+    import onnx
+
+    from splitrt.cloud.store import ModelStore
+    from splitrt.cloud.upload import Quota, receive_model
+
+    store = ModelStore(tmp_path)
+    models = []
+    for name in ("tiny_chain", "multi_io"):
+        data = Path(zoo.get(name)).read_bytes()
+        onnx.load_from_string(data)  # a real model each
+        models.append((hashlib.sha256(data).hexdigest(), data))
+    quota = Quota(max_store_bytes=sum(len(d) for _, d in models) - 1)  # room for either of them, not both
+    first_in, go_on = threading.Event(), threading.Event()
+
+    def slow_chunks(sha: str, data: bytes) -> Iterator[pb.ModelChunk]:
+        half = len(data) // 2
+        yield pb.ModelChunk(sha256=sha, name="a.onnx", total_bytes=len(data), data=data[:half])
+        first_in.set()
+        go_on.wait(60)
+        yield pb.ModelChunk(sha256=sha, data=data[half:])
+
+    results: list[object] = []
+    a = threading.Thread(target=lambda: results.append(
+        receive_model(store, slow_chunks(*models[0]), allow_upload=True, max_model_bytes=1 << 30, quota=quota)))
+    a.start()
+    assert first_in.wait(60)  # the first upload is half written: its bytes already count
+    sha, data = models[1]
+    with pytest.raises(RpcFailure) as info:
+        receive_model(store, iter([pb.ModelChunk(sha256=sha, name="b.onnx", total_bytes=len(data), data=data)]),
+                      allow_upload=True, max_model_bytes=1 << 30, quota=quota)
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "(--max-store-mb)" in info.value.message
+    go_on.set()
+    a.join(60)
+    assert len(results) == 1 and [m.sha256 for m in store.models()] == [models[0][0]]

@@ -248,12 +248,13 @@ def encode_request(head: HeadResult, spec: codec.Codec, *, sha256: str, output_c
 
 
 def decode_reply(reply: wire.Framed, output_names: tuple[str, ...], *, max_bytes: int,
-                 cloud: str | None) -> tuple[dict[str, np.ndarray], int]:
+                 cloud: str | None, also: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], int]:
     """The outputs in ``reply`` (copied out of the message) and their payload bytes; ``DATA_LOSS`` when
     they do not decode within ``max_bytes`` each or are not ``output_names`` (the graph outputs the
-    tail makes)."""
+    tail makes). Names in ``also`` may come too and are dropped (outputs the device holds already, which
+    servers from before the reply carried only the tail's own return as well)."""
     try:
-        encoded = reply.tensors
+        encoded = [e for e in reply.tensors if e.name not in also or e.name in output_names]
         outs = {e.name: codec.decode(e, max_bytes=max_bytes) for e in encoded}
     except CodecError as exc:
         raise CloudError(f"reply from {cloud} does not decode: {exc}", code="DATA_LOSS") from exc
@@ -579,7 +580,8 @@ class Device(_Inputs):
         """The graph outputs: the reply's (only those the tail made) with the ones the head kept."""
         made = tuple(n for n in self.output_names if n not in head.kept)
         # The same decoded-size cap a server applies (a reply may claim any size under zlib).
-        outs, nbytes = decode_reply(reply, made, max_bytes=4 * self.config.max_message_bytes, cloud=self.cloud)
+        outs, nbytes = decode_reply(reply, made, max_bytes=4 * self.config.max_message_bytes, cloud=self.cloud,
+                                    also=tuple(head.kept))
         return assemble(self.output_names, head.kept, outs), nbytes
 
     def send(self, head: HeadResult, *, codec_spec: str | codec.Codec | None = None,

@@ -200,3 +200,23 @@ def test_framed_device_against_a_stock_server(models_dir: Path) -> None:
         np.testing.assert_array_equal(result.outputs[name], first)
     for name, kept in head.kept.items():
         np.testing.assert_array_equal(result.outputs[name], kept)
+
+
+def test_a_reply_with_every_output_from_an_older_server_is_accepted(models_dir: Path) -> None:
+    """A server from before replies carried only the tail's outputs sends every output: the device takes
+    the ones its tail made from the reply and keeps its own for the rest."""
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    with Device(models_dir / "multi_io.onnx") as dev:
+        pb_grpc.add_SplitInferenceServicer_to_server(_StockServicer(list(dev.output_names)), server)  # type: ignore[abstract]
+        dev.cloud = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        server.start()
+        try:
+            dev._model_checked = True  # the stock servicer has no Status
+            head = dev.run_head(dev.random_inputs(), "c4")
+            result = dev.send(head)
+        finally:
+            server.stop(None)
+    first = next(iter(head.crossing.values()))
+    assert head.kept and set(result.outputs) == set(dev.output_names)
+    for name in dev.output_names:
+        np.testing.assert_array_equal(result.outputs[name], head.kept.get(name, first))

@@ -157,7 +157,9 @@ class Relay:
         graph = b.store.graph(h.model_sha256)
         check_cuts(graph, h.cut_id, h.next_cut_id)
         deadline = t0 + deadline_s
+        t_build = time.perf_counter()
         middle = b.tails.get(h.model_sha256, f"{h.cut_id}>{h.next_cut_id}")
+        build_ms = (time.perf_counter() - t_build) * 1e3  # a first request's session build: not a queue
         check_inputs(request, middle, b.max_decoded_bytes)
         try:
             out_codec = codec.Codec.parse(h.output_codec or "fp32")
@@ -179,7 +181,8 @@ class Relay:
             a.release_slot()
         compute_ms = (time.perf_counter() - t_run) * 1e3
         env = dict(zip(middle.outputs, values, strict=True))
-        reply = pb.InferReply(request_id=h.request_id, queue_ms=(t_run - t0) * 1e3)
+        reply = pb.InferReply(request_id=h.request_id, queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0),
+                              build_ms=build_ms)
         # The middle's outputs: what the next tier needs, and graph outputs made here (back to the device).
         sent = graph.cut(h.next_cut_id).tensor_names
         made = set(graph.cut(h.next_cut_id).kept) - set(graph.cut(h.cut_id).kept)

@@ -67,6 +67,8 @@ def test_relay_composes_exactly_for_cut_pairs(tiers: tuple[CloudServer, CloudSer
             assert hops is not None and not hops.next_error_code
             assert hops.forwarded == (second != "device"), (first, second)
             assert hops.edge_ms >= hops.next_ms >= 0
+            # each pair is new to the edge: its middle segment's session build is build_ms, not queue_ms
+            assert res.build_ms > 0 and res.queue_ms + res.build_ms <= hops.edge_ms
             if hops.forwarded:
                 assert hops.next_address == cloud.address and hops.next_bytes_up > 0
         assert cloud.served - served_before == sum(s != "device" for _, s in _pairs(model))

@@ -4,6 +4,7 @@ same messages both ways, payloads as views, and a stock client/server on either 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.device.client import Device
+from splitrt.device.client import Device, HeadResult, SplitResult
 from splitrt.graph import zoo
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
@@ -179,12 +180,12 @@ class _StockServicer(pb_grpc.SplitInferenceServicer):
                                                 payload=t.payload) for n in self.outputs])
 
 
-def test_framed_device_against_a_stock_server(models_dir: Path) -> None:
+def _send_to_stock_server(models_dir: Path, outputs: Callable[[Device], list[str]]) -> tuple[Device, HeadResult,
+                                                                                                 SplitResult]:
+    """Cut c4 of multi_io sent by a framed Device to a stock servicer answering ``outputs(dev)``."""
     server = grpc.server(futures.ThreadPoolExecutor(2))
     with Device(models_dir / "multi_io.onnx") as dev:
-        made = [n for n in dev.output_names if n not in dev.graph.cut("c4").kept]
-        servicer = _StockServicer(made)  # type: ignore[abstract]  # serves Infer only
-        pb_grpc.add_SplitInferenceServicer_to_server(servicer, server)
+        pb_grpc.add_SplitInferenceServicer_to_server(_StockServicer(outputs(dev)), server)  # type: ignore[abstract]
         dev.cloud = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         server.start()
         try:
@@ -193,6 +194,16 @@ def test_framed_device_against_a_stock_server(models_dir: Path) -> None:
             result = dev.send(head)
         finally:
             server.stop(None)
+    return dev, head, result
+
+
+def _made_at_c4(dev: Device) -> list[str]:
+    return [n for n in dev.output_names if n not in dev.graph.cut("c4").kept]
+
+
+def test_framed_device_against_a_stock_server(models_dir: Path) -> None:
+    dev, head, result = _send_to_stock_server(models_dir, _made_at_c4)
+    made = _made_at_c4(dev)
     first = next(iter(head.crossing.values()))
     assert result.tail_ms == 0.25 and result.load is not None and result.load.workers == 1
     assert set(result.outputs) == set(dev.output_names)
@@ -205,17 +216,7 @@ def test_framed_device_against_a_stock_server(models_dir: Path) -> None:
 def test_a_reply_with_every_output_from_an_older_server_is_accepted(models_dir: Path) -> None:
     """A server from before replies carried only the tail's outputs sends every output: the device takes
     the ones its tail made from the reply and keeps its own for the rest."""
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    with Device(models_dir / "multi_io.onnx") as dev:
-        pb_grpc.add_SplitInferenceServicer_to_server(_StockServicer(list(dev.output_names)), server)  # type: ignore[abstract]
-        dev.cloud = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        server.start()
-        try:
-            dev._model_checked = True  # the stock servicer has no Status
-            head = dev.run_head(dev.random_inputs(), "c4")
-            result = dev.send(head)
-        finally:
-            server.stop(None)
+    dev, head, result = _send_to_stock_server(models_dir, lambda d: list(d.output_names))
     first = next(iter(head.crossing.values()))
     assert head.kept and set(result.outputs) == set(dev.output_names)
     for name in dev.output_names:

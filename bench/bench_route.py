@@ -103,6 +103,47 @@ def pays_rows(models: Sequence[str], board_names: Sequence[str], *, rtt_ms: floa
     return rows
 
 
+def privacy_rows(models: Sequence[str], traces: Sequence[str], scales: Sequence[float], window_s: float,
+                 board: str) -> list[list[str]]:
+    """Under the privacy floor --no-raw-input routing cannot comply; adaptive (allowed cuts only) against
+    device-only, simulated per model over ``traces`` x ``scales`` (load none): device-only mean / adaptive
+    mean, geometric mean and range over the cells."""
+    import math
+    import statistics
+
+    from splitrt.graph import model as graph
+    from splitrt.plan.constraints import Constraints
+    from splitrt.plan.controller import ControllerConfig
+    from splitrt.profile import boards
+    from splitrt.profile.cutfacts import allowed_for
+    from splitrt.rig import sim
+
+    b = boards.load_board(board)
+    rows = []
+    for m in models:
+        path = rig.model_path_for(m)
+        table = rig.cost_table_for(rig.shipped_profile(m), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
+        allowed = allowed_for(graph.load(path), table, Constraints(no_raw_input=True))
+        assert allowed is not None
+        ratios = []
+        for trace in traces:
+            full = rig.load_trace(trace)
+            window = full.window(0.0, min(window_s, full.duration_s))
+            rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
+            for scale in scales:
+                played = window.scaled(scale) if scale != 1 else window
+                cfg = sim.SimConfig(duration_s=window.duration_s, rtt_ms=rtt,
+                                    controller=ControllerConfig(codecs=None, cuts=allowed.cuts))
+                ad = statistics.fmean(sim.latencies(sim.simulate(table, "adaptive", played, cfg)))
+                dev = statistics.fmean(sim.latencies(sim.simulate(table, "fixed:device", played, cfg,
+                                                                  with_cloud=False)))
+                ratios.append(dev / ad)
+        geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
+        rows.append([m, str(len(ratios)), f"{geo:.3f}", f"{min(ratios):.3f}-{max(ratios):.3f}"])
+    return rows
+
+
+PRIVACY_HEADER = ["model (--no-raw-input)", "cells", "device-only / adaptive, geo-mean", "range"]
 PAYS_HEADER = ["model", "board", "objective", "constraint", "Mbit/s where split beats route by >= 10 %",
                "largest gain"]
 HEADER = ["model", "cells", "adaptive route/split geo (95 % CI)", "worst mean", "worst p95",
@@ -123,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pays-boards", default="rpi4,rpi5,jetson-nano",
                    help="boards for the 'when does splitting pay' table ('' to skip it)")
     p.add_argument("--constrained", default="resnet50,squeezenet,mobilenetv2",
-                   help="models that also get a --no-raw-input row in that table")
+                   help="models that also get a --no-raw-input row in that table, and the privacy table")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     grid = cells(args)
@@ -133,9 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         results.append(cmd_sim.sim_cell(model, trace, board=args.board, scale=scale, load=load, rate_hz=args.rate,
                                         duration_s=args.window, offset_s=off, strategies=STRATEGIES))
     models = args.models.split(",")
+    constrained = [m for m in args.constrained.split(",") if m in models]
     pays = pays_rows(models, [b for b in args.pays_boards.split(",") if b], rtt_ms=80.0,
-                     constrained=[m for m in args.constrained.split(",") if m in models]) if args.pays_boards else []
-    doc = {"cells": results, "board": args.board, "window_s": args.window, "load_average": os.getloadavg(),
+                     constrained=constrained) if args.pays_boards else []
+    traces = [t for item in args.traces.split(",") for t in rigbench.TRACE_SETS.get(item, (item,))]
+    privacy = privacy_rows(constrained, traces, [float(x) for x in args.scales.split(",")], args.window,
+                           args.board) if constrained else []
+    doc = {"cells": results, "privacy": [dict(zip(PRIVACY_HEADER, r, strict=True)) for r in privacy],
+           "board": args.board, "window_s": args.window, "load_average": os.getloadavg(),
            "pays": [dict(zip(PAYS_HEADER, r, strict=True)) for r in pays],
            "summary": {m: {k: regret.split_route([(label(c), c["strategies"]) for c in results
                                                   if m in ("all", c["model"])], k).__dict__
@@ -150,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     top = sorted(results, key=lambda c: -c["route_over_oracle"])[:5]
     print("largest oracle gains: " + "; ".join(
         f"{label(c)} {c['route_over_oracle']:.3f} (adaptive {c['route_over_adaptive']:.3f})" for c in top))
+    if privacy:
+        print("\nprivacy floor --no-raw-input (routing cannot comply), simulated, load none: adaptive vs device-only")
+        print(render(PRIVACY_HEADER, privacy))
     if pays:
         print("\nwhen does splitting pay (plan --explain, every codec, rtt 80 ms, 0.1-100 Mbit/s, device load 1/2/4):")
         print(render(PAYS_HEADER, pays))

@@ -51,6 +51,11 @@ from splitrt.plan.solver import parse_plan
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
 
+# How long close() waits for the background thread (a probe round, or a head-session build on a slow board):
+# a session build cannot be interrupted, and a process that exits while a thread is inside onnxruntime
+# aborts (exit 134 on an arm64 board, SIGTERM right after a request).
+CLOSE_WAIT_S = 30.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
@@ -230,6 +235,7 @@ class AdaptiveDevice:
         self._balancer = Balancer(self.config.balance)
         self.set_clouds(clouds)
         self._warm_due = False
+        self._closing = threading.Event()
         self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0,
                       "shape_tables": 0, "refused": 0, "diverged": 0}
         self.last_local_error = ""
@@ -388,9 +394,9 @@ class AdaptiveDevice:
             return
         with self._lock:  # the plans of the shape requests come at now
             plans = self._shapes.last.controller.warm_plans(self.link.estimate(now_s), self.load.estimate(now_s))
-        for p in plans[:4]:
-            cut, _ = parse_plan(p, self.table.codecs[0])
-            self.local.warm(cut)
+        for cut in [parse_plan(p, self.table.codecs[0])[0] for p in plans[:4]]:
+            if not self._closing.is_set():
+                self.local.warm(cut)
 
     # -- background: probes, device load -----------------------------------------------------------
     def probe_once(self) -> None:
@@ -417,7 +423,8 @@ class AdaptiveDevice:
             }
 
     def close(self) -> None:
-        self.prober.stop(timeout_s=2.0)
+        self._closing.set()  # no new session build; the one in progress is waited for (CLOSE_WAIT_S)
+        self.prober.stop(timeout_s=CLOSE_WAIT_S)
         self._clouds.close()
 
     def __enter__(self) -> AdaptiveDevice:

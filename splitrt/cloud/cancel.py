@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.graph import partition
 
 # Deadlines further than this are clamped (gRPC reports ~9.2e18 s left for a call without one).
 _MAX_WAIT_S = 24 * 3600.0
@@ -118,7 +119,7 @@ class Canceller:
         try:
             if now >= deadline:
                 run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before it started")
-            return list(session.run(outputs, feeds, run.options))
+            return partition.pass_through(outputs, feeds, session.run(outputs, feeds, run.options))
         except Exception as exc:  # onnxruntime's own exception types
             raise run.failure(exc) from exc
         finally:

@@ -35,6 +35,7 @@ import numpy as np
 
 from splitrt.device.upload import ModelUploader
 from splitrt.errors import CloudError, CodecError, ConfigError, CutError, InputError
+from splitrt.graph import partition
 from splitrt.transport import codec, credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
@@ -193,7 +194,7 @@ def run_session(session: Any, outputs: list[str], feeds: Mapping[str, Any], what
     """``session.run``; onnxruntime's own errors (inputs the declarations let through that a node
     refuses, e.g. an image too small for its pooling) become ``InputError`` naming ``what`` failed."""
     try:
-        return list(session.run(outputs, dict(feeds)))
+        return partition.pass_through(outputs, feeds, session.run(outputs, dict(feeds)))
     except Exception as exc:  # onnxruntime raises its own exception types
         shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
         raise InputError(f"{what} failed in onnxruntime on this device at {shapes}: "
@@ -308,7 +309,6 @@ class _SessionCache:
             if cs is not None:
                 self._cuts.move_to_end(cut_id)
                 return cs
-        from splitrt.graph import partition
 
         head, tail = partition.split(self.graph, [cut_id])
         cs = _CutSessions(head_inputs=tuple(head.inputs), head_outputs=tuple(head.outputs),

@@ -21,6 +21,21 @@ IS_ROOT = os.geteuid() == 0
 settings.register_profile("splitrt", deadline=None)
 settings.load_profile("splitrt")
 
+# Models the tests build with onnx.helper take the onnx package's newest IR version by default, which
+# Python 3.10's newest onnxruntime (1.23, IR <= 11) refuses to load. Tests build at IR 10 (opsets <= 21)
+# unless they say otherwise, so the suite runs on every supported Python.
+_make_model = onnx.helper.make_model
+
+
+def _make_model_readable(graph: onnx.GraphProto, **kwargs: object) -> onnx.ModelProto:
+    m = _make_model(graph, **kwargs)
+    if "ir_version" not in kwargs:
+        m.ir_version = min(m.ir_version, 10)
+    return m
+
+
+onnx.helper.make_model = _make_model_readable  # type: ignore[assignment]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if IS_ROOT:

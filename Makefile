@@ -27,6 +27,7 @@ test: $(TEST_STAMP)
 
 check: $(TEST_STAMP)
 	$(BIN)/ruff check splitrt tests bench
+	$(BIN)/ruff format --check splitrt tests bench
 	$(BIN)/mypy splitrt
 
 bench: $(TEST_STAMP)

@@ -111,9 +111,14 @@ def _code(exc: BaseException) -> str:
 def _channel(address: str) -> grpc.Channel:
     """A channel of its own (its own TCP connection: no subchannel shared with other channels)."""
     mb = 128 * 2**20
-    return grpc.insecure_channel(address, options=[("grpc.max_send_message_length", mb),
-                                                   ("grpc.max_receive_message_length", mb),
-                                                   ("grpc.use_local_subchannel_pool", 1)])
+    return grpc.insecure_channel(
+        address,
+        options=[
+            ("grpc.max_send_message_length", mb),
+            ("grpc.max_receive_message_length", mb),
+            ("grpc.use_local_subchannel_pool", 1),
+        ],
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,8 +137,13 @@ class Settings:
 
 def server_flags() -> set[str]:
     """The ``--flags`` this ``splitrt serve`` knows (the memory and store limits are new in issue 23)."""
-    out = subprocess.run([sys.executable, "-m", "splitrt.cli", "serve", "--help"], capture_output=True,
-                         text=True, timeout=120, env=_env()).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "splitrt.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    ).stdout
     return set(re.findall(r"--[a-z][a-z0-9-]*", out))
 
 
@@ -152,9 +162,23 @@ class Server:
         self.killed_at_cap = False
         self._stop = threading.Event()
         self.budget_flag = "--max-memory-mb" in flags
-        argv = [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(store), "--port", str(self.port),
-                "--token-file", str(token_file), "--allow-upload", "--workers", "2",
-                "--drain-s", f"{settings.drain_s:g}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(store),
+            "--port",
+            str(self.port),
+            "--token-file",
+            str(token_file),
+            "--allow-upload",
+            "--workers",
+            "2",
+            "--drain-s",
+            f"{settings.drain_s:g}",
+        ]
         if self.budget_flag:
             argv += ["--max-memory-mb", f"{settings.budget_mb:g}"]
         if "--max-store-mb" in flags:
@@ -164,8 +188,11 @@ class Server:
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         limit = SERVER_NOFILE if hard == resource.RLIM_INFINITY else min(SERVER_NOFILE, hard)
         prlimit = shutil.which("prlimit")
-        self.argv = ([prlimit, f"--nofile={limit}:{'unlimited' if hard == resource.RLIM_INFINITY else hard}", "--"]
-                     if prlimit else []) + argv
+        self.argv = (
+            [prlimit, f"--nofile={limit}:{'unlimited' if hard == resource.RLIM_INFINITY else hard}", "--"]
+            if prlimit
+            else []
+        ) + argv
 
     @property
     def address(self) -> str:
@@ -252,8 +279,7 @@ def legit_request() -> tuple[bytes, str]:
 
 
 def infer_bytes(sha256: str, cut: str, tensors: dict[str, np.ndarray], request_id: str = "bench-attack") -> bytes:
-    header = pb.InferRequest(model_sha256=sha256, cut_id=cut, codec="fp32", request_id=request_id,
-                             output_codec="fp32")
+    header = pb.InferRequest(model_sha256=sha256, cut_id=cut, codec="fp32", request_id=request_id, output_codec="fp32")
     enc = [codec.encode(n, a, "fp32") for n, a in tensors.items()]
     return bytes(wire.Framed(header=header, tensors=enc).to_message().SerializeToString())
 
@@ -266,8 +292,10 @@ def upload(address: str, data: bytes, name: str, timeout_s: float = 60.0, detail
     """PutModel ``data`` with the token; the status code name (``detail``: and the message)."""
     sha = hashlib.sha256(data).hexdigest()
     step = 1 << 20
-    chunks = [pb.ModelChunk(sha256=sha, name=name, total_bytes=len(data), data=data[i:i + step]).SerializeToString()
-              for i in range(0, max(1, len(data)), step)]
+    chunks = [
+        pb.ModelChunk(sha256=sha, name=name, total_bytes=len(data), data=data[i : i + step]).SerializeToString()
+        for i in range(0, max(1, len(data)), step)
+    ]
     with _channel(address) as ch:
         try:
             ch.stream_unary(f"{SERVICE}/PutModel")(iter(chunks), timeout=timeout_s, metadata=AUTH)
@@ -478,8 +506,14 @@ def _hpack_literal(name: str, value: str) -> bytes:
 
 
 def grpc_headers(path: str, authority: str) -> bytes:
-    fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", authority),
-              ("content-type", "application/grpc"), ("te", "trailers")]
+    fields = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
     return b"".join(_hpack_literal(k, v) for k, v in fields)
 
 
@@ -548,8 +582,8 @@ class H2Pool:
             length = int.from_bytes(buf[:3], "big")
             if len(buf) < 9 + length:
                 break
-            kind, flags, payload = buf[3], buf[4], buf[9:9 + length]
-            buf = buf[9 + length:]
+            kind, flags, payload = buf[3], buf[4], buf[9 : 9 + length]
+            buf = buf[9 + length :]
             try:
                 if kind == 4 and not flags & 1:
                     s.send(h2_frame(4, 1, 0))
@@ -657,8 +691,11 @@ class HeldCalls(Attack):
         super().__init__()
         self.name, self.method, self.n = name, method, n
         token = "no token" if method == "Watch" else "token"
-        self.what = {"Watch": f"{n} health Watch streams ({token})", "InferStream": f"{n} idle InferStream calls "
-                     f"({token})", "PutModel": f"{n} uploads stalled after 1 chunk ({token})"}[method]
+        self.what = {
+            "Watch": f"{n} health Watch streams ({token})",
+            "InferStream": f"{n} idle InferStream calls ({token})",
+            "PutModel": f"{n} uploads stalled after 1 chunk ({token})",
+        }[method]
         self.chans: list[grpc.Channel] = []
         self.calls: list[Any] = []
         self.release = threading.Event()
@@ -675,8 +712,9 @@ class HeldCalls(Attack):
             return ch.unary_stream(f"{HEALTH}/Watch")(req)
         if self.method == "InferStream":
             return ch.stream_stream(f"{SERVICE}/InferStream")(self._blocked(None), metadata=AUTH)
-        first = pb.ModelChunk(sha256="ab" * 32, name="stalled.onnx", total_bytes=8 << 20,
-                              data=bytes(1 << 16)).SerializeToString()
+        first = pb.ModelChunk(
+            sha256="ab" * 32, name="stalled.onnx", total_bytes=8 << 20, data=bytes(1 << 16)
+        ).SerializeToString()
         return ch.stream_unary(f"{SERVICE}/PutModel").future(self._blocked(first), metadata=AUTH)
 
     def arm(self, ctx: Ctx) -> None:
@@ -715,8 +753,9 @@ class RawH2(Attack):
     def __init__(self, name: str, n: int, partial_body: bool) -> None:
         super().__init__()
         self.name, self.n, self.partial = name, n, partial_body
-        self.what = (f"{n} unary calls, body never finishes (no token)" if partial_body
-                     else f"{n} idle HTTP/2 connections")
+        self.what = (
+            f"{n} unary calls, body never finishes (no token)" if partial_body else f"{n} idle HTTP/2 connections"
+        )
         self.pool: H2Pool | None = None
 
     def arm(self, ctx: Ctx) -> None:
@@ -821,8 +860,9 @@ class FreeDim(Flood):
         tensors = {}
         for t in cut.tensors:
             shape = tuple(self.seq if d == short else int(d) for d in t.shape or ())
-            tensors[t.name] = (rng.standard_normal(shape).astype(t.dtype) if t.dtype.startswith("float")
-                               else np.ones(shape, t.dtype))
+            tensors[t.name] = (
+                rng.standard_normal(shape).astype(t.dtype) if t.dtype.startswith("float") else np.ones(shape, t.dtype)
+            )
         self.req = infer_bytes(ctx.shas["bert_tiny"], cut.id, tensors)
         self.notes["request"] = f"{cut.id}, {len(self.req) / 1e6:.2f} MB"
 
@@ -941,8 +981,10 @@ class TokenGuess(Flood):
         self.notes["log_mb_per_day"] = round(max(0.0, grown) / secs * 86400 / 2**20, 1)
 
     def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
-        return [(f"guesses/s <= {GUESS_RATE_MAX:g}", self.notes.get("guesses_per_s", 1e9) <= GUESS_RATE_MAX),
-                (f"log <= {LOG_MB_DAY_MAX:g} MB/day", self.notes.get("log_mb_per_day", 1e9) <= LOG_MB_DAY_MAX)]
+        return [
+            (f"guesses/s <= {GUESS_RATE_MAX:g}", self.notes.get("guesses_per_s", 1e9) <= GUESS_RATE_MAX),
+            (f"log <= {LOG_MB_DAY_MAX:g} MB/day", self.notes.get("log_mb_per_day", 1e9) <= LOG_MB_DAY_MAX),
+        ]
 
 
 # -- hostile uploads -----------------------------------------------------------------------------------
@@ -959,49 +1001,79 @@ def loop_model() -> bytes:
     """A Loop whose trip count is 2^62: y = x + 1, forever."""
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
-        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                 helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1])],
-        [numpy_helper.from_array(np.ones(1, np.float32), "one")])
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+        ],
+        [numpy_helper.from_array(np.ones(1, np.float32), "one")],
+    )
     node = helper.make_node("Loop", ["trip", "cond", "x"], ["y"], body=body)
-    return _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-                  [numpy_helper.from_array(np.array(1 << 62, np.int64), "trip"),
-                   numpy_helper.from_array(np.array(True), "cond")])
+    return _model(
+        [node],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array(1 << 62, np.int64), "trip"), numpy_helper.from_array(np.array(True), "cond")],
+    )
 
 
 def const_shape_model(shape: tuple[int, ...] = (1, 512, 1024, 1024)) -> bytes:
     """ConstantOfShape of ``shape`` float32 (2 GiB) plus the input: 200 bytes of valid ONNX (it passes the
     checker: the output declares its shape)."""
-    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"],
-                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])),
-             helper.make_node("Add", ["big", "x"], ["y"])]
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
-                  [numpy_helper.from_array(np.array(shape, np.int64), "shape")])
+    nodes = [
+        helper.make_node(
+            "ConstantOfShape", ["shape"], ["big"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+        ),
+        helper.make_node("Add", ["big", "x"], ["y"]),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        [numpy_helper.from_array(np.array(shape, np.int64), "shape")],
+    )
 
 
 def chain_model(n: int = 60_000) -> bytes:
-    nodes = [helper.make_node("Neg", ["x" if i == 0 else f"t{i - 1}"], ["y" if i == n - 1 else f"t{i}"])
-             for i in range(n)]
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [])
+    nodes = [
+        helper.make_node("Neg", ["x" if i == 0 else f"t{i - 1}"], ["y" if i == n - 1 else f"t{i}"]) for i in range(n)
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [],
+    )
 
 
 def distinct_model(seed: int, mb: float = 4.0) -> bytes:
     w = np.random.default_rng(seed).standard_normal(int(mb * 2**20 / 4)).astype(np.float32)
     nodes = [helper.make_node("ReduceSum", ["w"], ["s"], keepdims=0), helper.make_node("Add", ["x", "s"], ["y"])]
-    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [numpy_helper.from_array(w, "w")])
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(w, "w")],
+    )
 
 
 class HostileModel(Attack):
     """Upload ``data`` (token), then waves of Infer at cut ``cloud`` (every call with a deadline)."""
 
-    def __init__(self, name: str, what: str, data: Callable[[], bytes], per_wave: int, timeout_s: float,
-                 min_attack_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        what: str,
+        data: Callable[[], bytes],
+        per_wave: int,
+        timeout_s: float,
+        min_attack_s: float = 0.0,
+    ) -> None:
         super().__init__()
         self.name, self.what, self.make, self.per_wave, self.timeout_s = name, what, data, per_wave, timeout_s
         self.min_attack_s = min_attack_s
@@ -1025,8 +1097,7 @@ class HostileModel(Attack):
             req = infer_bytes(sha, "cloud", {"x": np.ones(1, np.float32)})
             with _channel(ctx.address) as ch:
                 while not self.stop_ev.is_set():
-                    futs = [_infer(ch).future(req, timeout=self.timeout_s, metadata=AUTH)
-                            for _ in range(self.per_wave)]
+                    futs = [_infer(ch).future(req, timeout=self.timeout_s, metadata=AUTH) for _ in range(self.per_wave)]
                     for f in futs:
                         try:
                             f.result()
@@ -1161,15 +1232,22 @@ def _recovery(legit: Legit, t_from: float, base_p99: float, cap_s: float) -> flo
     while True:
         calls = sorted((c for c in legit.calls if c.kind == "dl" and c.t >= t_from), key=lambda c: c.t)
         for i in range(len(calls) - 2):
-            if all(c.code == "OK" and c.ms <= limit for c in calls[i:i + 3]):
+            if all(c.code == "OK" and c.ms <= limit for c in calls[i : i + 3]):
                 return max(0.0, calls[i].t - t_from)
         if time.monotonic() > end:
             return None
         time.sleep(0.1)
 
 
-def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legit_cut: str,
-            root: Path, keep_logs: Path | None = None) -> dict[str, Any]:
+def run_row(
+    attack: Attack,
+    s: Settings,
+    flags: set[str],
+    legit_req: bytes,
+    legit_cut: str,
+    root: Path,
+    keep_logs: Path | None = None,
+) -> dict[str, Any]:
     store, token_file, shas = _stage(attack, root)
     server = Server(store, token_file, root / attack.name / "server.log", s, flags)
     _progress(f"{attack.name}: starting the server")
@@ -1182,9 +1260,17 @@ def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legi
         legit.start()
         t0, log0 = time.monotonic(), server.log_bytes()
         time.sleep(s.baseline_s)
-        ctx = Ctx(address=proxy.address, server_address=server.address, settings=s, server=server,
-                  legit_request=legit_req, legit_cut=legit_cut, store=store, shas=shas,
-                  baseline_log_bps=(server.log_bytes() - log0) / max(1e-3, time.monotonic() - t0))
+        ctx = Ctx(
+            address=proxy.address,
+            server_address=server.address,
+            settings=s,
+            server=server,
+            legit_request=legit_req,
+            legit_cut=legit_cut,
+            store=store,
+            shas=shas,
+            baseline_log_bps=(server.log_bytes() - log0) / max(1e-3, time.monotonic() - t0),
+        )
         _progress(f"{attack.name}: attack: {attack.what}")
         t1 = time.monotonic()
         attack.start(ctx)
@@ -1225,34 +1311,52 @@ def run_row(attack: Attack, s: Settings, flags: set[str], legit_req: bytes, legi
     lost_nodl = sum(1 for c in window if c.kind == "nodl" and _lost(c.code)) + own_lost + extra_lost
     lost_codes = Counter(f"{c.kind}:{c.code}" for c in window if _lost(c.code)) + own_codes
     row: dict[str, Any] = {
-        "row": attack.name, "attack": attack.what,
-        "base_p50_ms": _pct(base, 50), "base_p99_ms": _pct(base, 99), "base_n": len(base),
-        "attack_p50_ms": _pct(ok_ms, 50), "attack_p99_ms": _pct(ok_ms, 99), "attack_ok": len(ok_ms),
-        "legit_calls": len(during), "legit_failed": sum(failed.values()), "legit_failed_by_code": dict(failed),
-        "lost_deadline": lost_dl, "lost_no_deadline": lost_nodl, "lost_by_code": dict(lost_codes),
+        "row": attack.name,
+        "attack": attack.what,
+        "base_p50_ms": _pct(base, 50),
+        "base_p99_ms": _pct(base, 99),
+        "base_n": len(base),
+        "attack_p50_ms": _pct(ok_ms, 50),
+        "attack_p99_ms": _pct(ok_ms, 99),
+        "attack_ok": len(ok_ms),
+        "legit_calls": len(during),
+        "legit_failed": sum(failed.values()),
+        "legit_failed_by_code": dict(failed),
+        "lost_deadline": lost_dl,
+        "lost_no_deadline": lost_nodl,
+        "lost_by_code": dict(lost_codes),
         "nodl_calls": sum(1 for c in window if c.kind == "nodl") + own_n,
-        "rss_before_mb": round(rss_before, 1), "peak_rss_mb": round(server.peak_rss_mb, 1),
-        "budget_mb": s.budget_mb, "budget_enforced": server.budget_flag, "killed_at_hard_cap": server.killed_at_cap,
-        "alive_at_attack_end": alive_at_stop, "recover_s": recover_s, "sigterm_exit_s": exit_s,
-        "drain_s": s.drain_s, "notes": attack.notes,
+        "rss_before_mb": round(rss_before, 1),
+        "peak_rss_mb": round(server.peak_rss_mb, 1),
+        "budget_mb": s.budget_mb,
+        "budget_enforced": server.budget_flag,
+        "killed_at_hard_cap": server.killed_at_cap,
+        "alive_at_attack_end": alive_at_stop,
+        "recover_s": recover_s,
+        "sigterm_exit_s": exit_s,
+        "drain_s": s.drain_s,
+        "notes": attack.notes,
     }
     row["targets"] = targets(row, attack)
     row["pass"] = all(ok for _, ok in row["targets"])
-    _progress(f"{attack.name}: {'PASS' if row['pass'] else 'FAIL'} "
-              f"({', '.join(n for n, ok in row['targets'] if not ok) or 'every target met'})")
+    _progress(
+        f"{attack.name}: {'PASS' if row['pass'] else 'FAIL'} "
+        f"({', '.join(n for n, ok in row['targets'] if not ok) or 'every target met'})"
+    )
     return row
 
 
 def targets(row: dict[str, Any], attack: Attack) -> list[tuple[str, bool]]:
     base, p99 = row["base_p99_ms"], row["attack_p99_ms"]
     exit_s = row["sigterm_exit_s"]
-    return [("0 legit failures", row["legit_failed"] == 0),
-            ("p99 <= 3x", base is not None and p99 is not None and p99 <= 3 * base),
-            ("RSS <= budget", row["peak_rss_mb"] <= row["budget_mb"]),
-            ("0 lost", row["lost_deadline"] == 0 and row["lost_no_deadline"] == 0),
-            ("SIGTERM <= drain+5", exit_s is not None and exit_s <= row["drain_s"] + 5
-             and not row["killed_at_hard_cap"]),
-            *attack.extra_targets(row)]
+    return [
+        ("0 legit failures", row["legit_failed"] == 0),
+        ("p99 <= 3x", base is not None and p99 is not None and p99 <= 3 * base),
+        ("RSS <= budget", row["peak_rss_mb"] <= row["budget_mb"]),
+        ("0 lost", row["lost_deadline"] == 0 and row["lost_no_deadline"] == 0),
+        ("SIGTERM <= drain+5", exit_s is not None and exit_s <= row["drain_s"] + 5 and not row["killed_at_hard_cap"]),
+        *attack.extra_targets(row),
+    ]
 
 
 # -- the table -----------------------------------------------------------------------------------------
@@ -1270,17 +1374,43 @@ def table(rows: list[dict[str, Any]]) -> str:
         if r["killed_at_hard_cap"]:
             rss = ">" + rss + " killed"
         exit_s = r["sigterm_exit_s"]
-        term = "killed" if r["killed_at_hard_cap"] else (f"hung>{r['drain_s'] + 6:g}" if exit_s is None
-                                                           else f"{exit_s:.1f}")
+        term = (
+            "killed"
+            if r["killed_at_hard_cap"]
+            else (f"hung>{r['drain_s'] + 6:g}" if exit_s is None else f"{exit_s:.1f}")
+        )
         fails = [n for n, ok in r["targets"] if not ok]
-        out.append([r["row"], r["attack"], _ms(r["base_p50_ms"], r["base_p99_ms"]),
-                    _ms(r["attack_p50_ms"], r["attack_p99_ms"]), "-" if ratio is None else f"{ratio:.1f}",
-                    f"{r['legit_failed']}/{r['legit_calls']}", f"{r['lost_deadline']}/{r['lost_no_deadline']}", rss,
-                    "never" if r["recover_s"] is None else f"{r['recover_s']:.1f}",
-                    term,
-                    "PASS" if r["pass"] else "FAIL: " + ", ".join(fails)])
-    return render(["row", "attack", "before p50/p99 ms", "during p50/p99 ms", "p99 x", "legit failed",
-                   "lost dl/no-dl", "peak RSS/budget MiB", "recover s", "SIGTERM s", "verdict"], out)
+        out.append(
+            [
+                r["row"],
+                r["attack"],
+                _ms(r["base_p50_ms"], r["base_p99_ms"]),
+                _ms(r["attack_p50_ms"], r["attack_p99_ms"]),
+                "-" if ratio is None else f"{ratio:.1f}",
+                f"{r['legit_failed']}/{r['legit_calls']}",
+                f"{r['lost_deadline']}/{r['lost_no_deadline']}",
+                rss,
+                "never" if r["recover_s"] is None else f"{r['recover_s']:.1f}",
+                term,
+                "PASS" if r["pass"] else "FAIL: " + ", ".join(fails),
+            ]
+        )
+    return render(
+        [
+            "row",
+            "attack",
+            "before p50/p99 ms",
+            "during p50/p99 ms",
+            "p99 x",
+            "legit failed",
+            "lost dl/no-dl",
+            "peak RSS/budget MiB",
+            "recover s",
+            "SIGTERM s",
+            "verdict",
+        ],
+        out,
+    )
 
 
 def _note(v: Any) -> str:
@@ -1291,8 +1421,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short phases, one row per class (about 2 min)")
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
-    ap.add_argument("--budget-mb", type=float, default=1024.0,
-                    help="the server's memory budget (passed as --max-memory-mb when it has the flag)")
+    ap.add_argument(
+        "--budget-mb",
+        type=float,
+        default=1024.0,
+        help="the server's memory budget (passed as --max-memory-mb when it has the flag)",
+    )
     ap.add_argument("--hard-cap-mb", type=float, default=3072.0, help="kill a server above this RSS (shared host)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--logs", type=Path, metavar="DIR", help="keep each row's server log here (<row>.log)")
@@ -1301,8 +1435,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.render is not None:
         print(report(json.loads(args.render.read_text())))
         return 0
-    s = (Settings(baseline_s=1.5, attack_s=2.0, recover_cap_s=3.0, drain_s=1.0, quick=True) if args.quick
-         else Settings(baseline_s=3.0, attack_s=5.0, recover_cap_s=6.0, drain_s=2.0))
+    s = (
+        Settings(baseline_s=1.5, attack_s=2.0, recover_cap_s=3.0, drain_s=1.0, quick=True)
+        if args.quick
+        else Settings(baseline_s=3.0, attack_s=5.0, recover_cap_s=6.0, drain_s=2.0)
+    )
     s = Settings(**{**s.__dict__, "budget_mb": args.budget_mb, "hard_cap_mb": args.hard_cap_mb})
     names = args.rows.split(",") if args.rows else (QUICK_ROWS if s.quick else [a.name for a in attacks()])
     chosen = [a for a in attacks() if a.name in names]
@@ -1330,27 +1467,40 @@ def run(chosen: list[Attack], s: Settings, keep_logs: Path | None = None) -> dic
     with tempfile.TemporaryDirectory(prefix="splitrt-attack-") as tmp:
         for attack in chosen:
             rows.append(run_row(attack, s, flags, legit_req, legit_cut, Path(tmp), keep_logs))
-    return {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "settings": s.__dict__,
-            "server_flags": sorted(f for f in flags if f.startswith("--max")), "legit": f"{LEGIT_MODEL} at {legit_cut}",
-            "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
-            "seconds": round(time.monotonic() - t0, 1), "rows": rows}
+    return {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "settings": s.__dict__,
+        "server_flags": sorted(f for f in flags if f.startswith("--max")),
+        "legit": f"{LEGIT_MODEL} at {legit_cut}",
+        "load_before": [round(x, 2) for x in load0],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "seconds": round(time.monotonic() - t0, 1),
+        "rows": rows,
+    }
 
 
 def report(result: dict[str, Any]) -> str:
     s = result["settings"]
-    lines = [f"bench_attack {result['date_utc']}: splitrt serve --workers 2 --token-file --allow-upload "
-             f"--drain-s {s['drain_s']:g} (RLIMIT_NOFILE {SERVER_NOFILE}); legit {result['legit']} every 50 ms "
-             f"(5 s deadline) + every 250 ms (no deadline) + a new connection every 1 s",
-             f"load average {result['load_before']} before, {result['load_after']} after; "
-             f"{result['seconds']} s in all; server limits: {', '.join(result['server_flags']) or 'none'}",
-             "targets: 0 legit failures, legit p99 <= 3x before, peak RSS <= budget (* = the server has no "
-             "--max-memory-mb: a nominal budget), 0 lost (dl/no-dl), SIGTERM exit <= drain + 5 s; "
-             f"upload_burst: uploads on disk <= {STORE_CAP_MB} MiB (--max-store-mb); "
-             f"token_guess: <= {GUESS_RATE_MAX:g} guesses/s, <= {LOG_MB_DAY_MAX:g} MB/day of log",
-             "", table(result["rows"]), ""]
-    lines += [f"{r['row']}: {_note(r['notes'])}"
-              + (f" failed {_note(r['legit_failed_by_code'])}" if r["legit_failed"] else "")
-              + (f" lost {_note(r['lost_by_code'])}" if r.get("lost_by_code") else "") for r in result["rows"]]
+    lines = [
+        f"bench_attack {result['date_utc']}: splitrt serve --workers 2 --token-file --allow-upload "
+        f"--drain-s {s['drain_s']:g} (RLIMIT_NOFILE {SERVER_NOFILE}); legit {result['legit']} every 50 ms "
+        f"(5 s deadline) + every 250 ms (no deadline) + a new connection every 1 s",
+        f"load average {result['load_before']} before, {result['load_after']} after; "
+        f"{result['seconds']} s in all; server limits: {', '.join(result['server_flags']) or 'none'}",
+        "targets: 0 legit failures, legit p99 <= 3x before, peak RSS <= budget (* = the server has no "
+        "--max-memory-mb: a nominal budget), 0 lost (dl/no-dl), SIGTERM exit <= drain + 5 s; "
+        f"upload_burst: uploads on disk <= {STORE_CAP_MB} MiB (--max-store-mb); "
+        f"token_guess: <= {GUESS_RATE_MAX:g} guesses/s, <= {LOG_MB_DAY_MAX:g} MB/day of log",
+        "",
+        table(result["rows"]),
+        "",
+    ]
+    lines += [
+        f"{r['row']}: {_note(r['notes'])}"
+        + (f" failed {_note(r['legit_failed_by_code'])}" if r["legit_failed"] else "")
+        + (f" lost {_note(r['lost_by_code'])}" if r.get("lost_by_code") else "")
+        for r in result["rows"]
+    ]
     return "\n".join(lines)
 
 

@@ -107,10 +107,33 @@ class Server:
         self.starts = 0
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(self.store), "--port", str(self.port),
-                "--allow-upload", "--token-file", str(self.token_file), "--workers", "2", "--max-queue", "16",
-                "--max-message-mb", str(MAX_MESSAGE_MB), "--max-model-mb", str(MAX_MODEL_MB),
-                "--intra-op-threads", "1", "--drain-s", "1", "--log-level", "ERROR"]
+        argv = [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(self.store),
+            "--port",
+            str(self.port),
+            "--allow-upload",
+            "--token-file",
+            str(self.token_file),
+            "--workers",
+            "2",
+            "--max-queue",
+            "16",
+            "--max-message-mb",
+            str(MAX_MESSAGE_MB),
+            "--max-model-mb",
+            str(MAX_MODEL_MB),
+            "--intra-op-threads",
+            "1",
+            "--drain-s",
+            "1",
+            "--log-level",
+            "ERROR",
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, cwd=self.cwd, stdout=log, stderr=log, env=env)
@@ -155,8 +178,9 @@ class Server:
 
 def _channel(address: str) -> grpc.Channel:
     mb = 64 * 2**20
-    return grpc.insecure_channel(address, options=[("grpc.max_send_message_length", mb),
-                                                   ("grpc.max_receive_message_length", mb)])
+    return grpc.insecure_channel(
+        address, options=[("grpc.max_send_message_length", mb), ("grpc.max_receive_message_length", mb)]
+    )
 
 
 # -- 1. gRPC messages ------------------------------------------------------------------------------------
@@ -177,13 +201,18 @@ class Seeds:
                     for spec in ("fp32", "fp16", "int8c+zlib"):
                         framed = dev._request(head, codec.Codec.parse(spec))[0]
                         self.infer.append(framed.to_message().SerializeToString())
-        self.probe = [pb.ProbeRequest(payload=bytes(n), reply_bytes=m).SerializeToString()
-                      for n, m in ((0, 0), (64, 64), (1000, 5000))]
+        self.probe = [
+            pb.ProbeRequest(payload=bytes(n), reply_bytes=m).SerializeToString()
+            for n, m in ((0, 0), (64, 64), (1000, 5000))
+        ]
         self.status = [b"", pb.StatusRequest().SerializeToString()]
         data = zoo.get("tiny_chain").read_bytes()
         self.model_bytes = data
-        self.chunks = [pb.ModelChunk(sha256=hashlib.sha256(data).hexdigest(), name="tiny.onnx",
-                                     total_bytes=len(data), data=data).SerializeToString()]
+        self.chunks = [
+            pb.ModelChunk(
+                sha256=hashlib.sha256(data).hexdigest(), name="tiny.onnx", total_bytes=len(data), data=data
+            ).SerializeToString()
+        ]
 
 
 def mutate_bytes(rng: random.Random, data: bytes, other: bytes) -> bytes:
@@ -197,22 +226,30 @@ def mutate_bytes(rng: random.Random, data: bytes, other: bytes) -> bytes:
             i = rng.randrange(len(b))
             b[i] ^= 1 << rng.randrange(8)
     elif kind == 2:
-        return bytes(b[:rng.randrange(len(b))])
+        return bytes(b[: rng.randrange(len(b))])
     elif kind == 3:
         i = rng.randrange(len(b) + 1)
         b[i:i] = rng.randbytes(rng.randint(1, 32))
     elif kind == 4:
         i = rng.randrange(len(b))
-        del b[i:i + rng.randint(1, 64)]
+        del b[i : i + rng.randint(1, 64)]
     elif kind == 5:
         i = rng.randrange(len(b))
-        b[i:i] = b[i:i + rng.randint(1, 256)]
+        b[i:i] = b[i : i + rng.randint(1, 256)]
     elif kind == 6:
-        return bytes(b[:rng.randrange(len(b) + 1)]) + other[rng.randrange(len(other) + 1):]
+        return bytes(b[: rng.randrange(len(b) + 1)]) + other[rng.randrange(len(other) + 1) :]
     elif kind == 7:  # a field with a huge or overlong varint (length, tag or value)
         i = rng.randrange(len(b) + 1)
-        b[i:i] = rng.choice([b"\xff" * 11, b"\x2a\xff\xff\xff\xff\x0f", b"\x0a\x80\x80\x80\x80\x10",
-                             b"\x2a\x05\x12\x03abc", b"\x78\x01", b"\xfa\xff\xff\xff\x0f\x00"])
+        b[i:i] = rng.choice(
+            [
+                b"\xff" * 11,
+                b"\x2a\xff\xff\xff\xff\x0f",
+                b"\x0a\x80\x80\x80\x80\x10",
+                b"\x2a\x05\x12\x03abc",
+                b"\x78\x01",
+                b"\xfa\xff\xff\xff\x0f\x00",
+            ]
+        )
     elif kind == 8:
         for _ in range(rng.randint(1, 16)):
             b[rng.randrange(len(b))] = rng.randrange(256)
@@ -224,9 +261,37 @@ def mutate_bytes(rng: random.Random, data: bytes, other: bytes) -> bytes:
 
 
 def _rand_str(rng: random.Random) -> str:
-    return rng.choice(["", "x", "float32", "float128", "object", "<U8", "V16", "O", "bool", "int64", "complex64",
-                       "../../etc/passwd", "\u00e9\u4e2d", "a" * 5000, "c1", "c-1", "c99999", "cloud", "device",
-                       "fp32", "int3", "int8c+zlib+zlib", "zlib", "raw", "fp16+zlib", "\x00", "%s%n"])
+    return rng.choice(
+        [
+            "",
+            "x",
+            "float32",
+            "float128",
+            "object",
+            "<U8",
+            "V16",
+            "O",
+            "bool",
+            "int64",
+            "complex64",
+            "../../etc/passwd",
+            "\u00e9\u4e2d",
+            "a" * 5000,
+            "c1",
+            "c-1",
+            "c99999",
+            "cloud",
+            "device",
+            "fp32",
+            "int3",
+            "int8c+zlib+zlib",
+            "zlib",
+            "raw",
+            "fp16+zlib",
+            "\x00",
+            "%s%n",
+        ]
+    )
 
 
 def mutate_infer(rng: random.Random, seed: bytes, models: list[str]) -> bytes:
@@ -237,8 +302,21 @@ def mutate_infer(rng: random.Random, seed: bytes, models: list[str]) -> bytes:
         t = req.tensors[rng.randrange(len(req.tensors))] if req.tensors else req.tensors.add()
         if kind == 0:
             del t.shape[:]
-            t.shape.extend(rng.choice([[1 << 62, 1 << 62], [-1, 3], [0], [2] * 64, [1 << 31], [1, 3, 32, 32, 1],
-                                       [], [-(1 << 63)], [1 << 20, 1 << 20, 1 << 20]]))
+            t.shape.extend(
+                rng.choice(
+                    [
+                        [1 << 62, 1 << 62],
+                        [-1, 3],
+                        [0],
+                        [2] * 64,
+                        [1 << 31],
+                        [1, 3, 32, 32, 1],
+                        [],
+                        [-(1 << 63)],
+                        [1 << 20, 1 << 20, 1 << 20],
+                    ]
+                )
+            )
         elif kind == 1:
             t.dtype = _rand_str(rng)
         elif kind == 2:
@@ -290,19 +368,26 @@ def mutate_chunks(rng: random.Random, seeds: Seeds) -> list[bytes]:
     kind = rng.randrange(6)
     if kind == 0:  # mutated model bytes with their own (correct) sha256: they reach the model loader
         bad = mutate_bytes(rng, data, data)
-        return [pb.ModelChunk(sha256=hashlib.sha256(bad).hexdigest(), name=_rand_str(rng), total_bytes=len(bad),
-                              data=bad).SerializeToString()]
+        return [
+            pb.ModelChunk(
+                sha256=hashlib.sha256(bad).hexdigest(), name=_rand_str(rng), total_bytes=len(bad), data=bad
+            ).SerializeToString()
+        ]
     if kind == 1:
-        return [pb.ModelChunk(sha256=_rand_str(rng), total_bytes=rng.choice([0, 1 << 62, (1 << 64) - 1]),
-                              data=rng.randbytes(100)).SerializeToString()]
+        return [
+            pb.ModelChunk(
+                sha256=_rand_str(rng), total_bytes=rng.choice([0, 1 << 62, (1 << 64) - 1]), data=rng.randbytes(100)
+            ).SerializeToString()
+        ]
     if kind == 2:
         return [mutate_bytes(rng, seeds.chunks[0], seeds.chunks[0]) for _ in range(rng.randint(1, 3))]
     if kind == 3:
         return [pb.ModelChunk(sha256="ab" * 32, data=rng.randbytes(1000)).SerializeToString(), rng.randbytes(50)]
     if kind == 4:
         return []
-    return [pb.ModelChunk(sha256=hashlib.sha256(b"x").hexdigest(), name="../../../x.onnx", data=b"x")
-            .SerializeToString()]
+    return [
+        pb.ModelChunk(sha256=hashlib.sha256(b"x").hexdigest(), name="../../../x.onnx", data=b"x").SerializeToString()
+    ]
 
 
 def make_calls(rng: random.Random, seeds: Seeds, n: int) -> list[tuple[str, Any, Any]]:
@@ -312,17 +397,29 @@ def make_calls(rng: random.Random, seeds: Seeds, n: int) -> list[tuple[str, Any,
         r = rng.random()
         md: Any = AUTH
         if rng.random() < 0.04:
-            md = rng.choice([None, (("authorization", "Bearer wrong"),), (("authorization", "Basic eA=="),),
-                             (("authorization", "Bearer " + TOKEN[:-1]),)])
+            md = rng.choice(
+                [
+                    None,
+                    (("authorization", "Bearer wrong"),),
+                    (("authorization", "Basic eA=="),),
+                    (("authorization", "Bearer " + TOKEN[:-1]),),
+                ]
+            )
         if r < 0.42:
             seed = rng.choice(seeds.infer)
-            data = mutate_infer(rng, seed, seeds.models) if rng.random() < 0.5 else \
-                mutate_bytes(rng, seed, rng.choice(seeds.infer))
+            data = (
+                mutate_infer(rng, seed, seeds.models)
+                if rng.random() < 0.5
+                else mutate_bytes(rng, seed, rng.choice(seeds.infer))
+            )
             calls.append(("Infer", data, md))
         elif r < 0.57:
-            frames = [mutate_bytes(rng, s, s) if rng.random() < 0.4 else
-                      (mutate_infer(rng, s, seeds.models) if rng.random() < 0.5 else s)
-                      for s in (rng.choice(seeds.infer) for _ in range(rng.randint(1, 4)))]
+            frames = [
+                mutate_bytes(rng, s, s)
+                if rng.random() < 0.4
+                else (mutate_infer(rng, s, seeds.models) if rng.random() < 0.5 else s)
+                for s in (rng.choice(seeds.infer) for _ in range(rng.randint(1, 4)))
+            ]
             calls.append(("InferStream", frames, md))
         elif r < 0.72:
             data = mutate_probe(rng) if rng.random() < 0.5 else mutate_bytes(rng, rng.choice(seeds.probe), b"")
@@ -392,10 +489,16 @@ def fuzz(server: Server, seeds: Seeds, n: int, seed: int, threads: int) -> dict[
         list(pool.map(run, range(n)))
     for c in chans:
         c.close()
-    return {"messages": n, "seconds": round(time.monotonic() - t0, 1), "codes": {m: dict(c) for m, c in codes.items()},
-            "stream_frames": dict(frames), "bad_examples": examples, "rss_mb_per_1000": rss,
-            "bad": sum(c[k] for c in codes.values() for k in c if k in BAD_CODES or k.startswith("client"))
-            + sum(frames[k] for k in frames if k in BAD_CODES)}
+    return {
+        "messages": n,
+        "seconds": round(time.monotonic() - t0, 1),
+        "codes": {m: dict(c) for m, c in codes.items()},
+        "stream_frames": dict(frames),
+        "bad_examples": examples,
+        "rss_mb_per_1000": rss,
+        "bad": sum(c[k] for c in codes.values() for k in c if k in BAD_CODES or k.startswith("client"))
+        + sum(frames[k] for k in frames if k in BAD_CODES),
+    }
 
 
 def warm_up(address: str) -> None:
@@ -412,8 +515,9 @@ def warm_up(address: str) -> None:
 
 def still_serves(address: str) -> bool:
     try:
-        with Device(zoo.get("tiny_chain"), address, config=DeviceConfig(token=TOKEN, upload=False, timeout_s=30)) \
-                as dev:
+        with Device(
+            zoo.get("tiny_chain"), address, config=DeviceConfig(token=TOKEN, upload=False, timeout_s=30)
+        ) as dev:
             x = dev.random_inputs(seed=3)
             got, ref = dev.run(x, cut="c2")["y"], dev.run_local(x)["y"]
             return bool(np.allclose(got, ref, rtol=1e-5, atol=1e-6)) and len(dev.status().models) >= 2
@@ -456,9 +560,18 @@ def fuzz_daemon(server: Server, root: Path, n: int, seed: int, threads: int) -> 
     server) over its LocalInference methods; then: does it still answer a correct request?"""
     from splitrt.device.daemon import Daemon, DaemonConfig, LocalClient, ModelConfig
 
-    cfg = DaemonConfig(models=(ModelConfig(name="tiny", path="zoo:tiny_chain"),), clouds=(server.address,),
-                       token_path=server.token_file, upload=False, api_address="127.0.0.1:0", api_socket_path=None,
-                       metrics_port=None, intra_op_threads=1, policy="fixed:c2@fp32", deadline_ms=2000.0)
+    cfg = DaemonConfig(
+        models=(ModelConfig(name="tiny", path="zoo:tiny_chain"),),
+        clouds=(server.address,),
+        token_path=server.token_file,
+        upload=False,
+        api_address="127.0.0.1:0",
+        api_socket_path=None,
+        metrics_port=None,
+        intra_op_threads=1,
+        policy="fixed:c2@fp32",
+        deadline_ms=2000.0,
+    )
     rng = random.Random(seed)
     codes: dict[str, Counter[str]] = {"LocalInfer": Counter(), "GetPlan": Counter()}
     examples: dict[str, str] = {}
@@ -478,7 +591,8 @@ def fuzz_daemon(server: Server, root: Path, n: int, seed: int, threads: int) -> 
             method, data = calls[i]
             try:
                 ch.unary_unary(f"/{pb.DESCRIPTOR.services_by_name['LocalInference'].full_name}/{method}")(
-                    data, timeout=20)
+                    data, timeout=20
+                )
                 code = "OK"
             except Exception as exc:
                 code = _code(exc)
@@ -495,16 +609,28 @@ def fuzz_daemon(server: Server, root: Path, n: int, seed: int, threads: int) -> 
             got = client.infer(x, model="tiny")
             ref = d.models["tiny"].device.local.run_local(x)
             alive = all(np.allclose(got.outputs[k], v, rtol=1e-5, atol=1e-6) for k, v in ref.items())
-    return {"messages": n, "seconds": round(time.monotonic() - t0, 1), "codes": {m: dict(c) for m, c in codes.items()},
-            "bad_examples": examples, "alive": alive,
-            "bad": sum(c[k] for c in codes.values() for k in c if k in BAD_CODES or k.startswith("client"))}
+    return {
+        "messages": n,
+        "seconds": round(time.monotonic() - t0, 1),
+        "codes": {m: dict(c) for m, c in codes.items()},
+        "bad_examples": examples,
+        "alive": alive,
+        "bad": sum(c[k] for c in codes.values() for k in c if k in BAD_CODES or k.startswith("client")),
+    }
 
 
 # -- 2. malformed ONNX -----------------------------------------------------------------------------------
 
 
-def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[Any] | None = None, *,
-           opset: int = 17, ir: int = 8) -> bytes:
+def _model(
+    nodes: list[Any],
+    inputs: list[Any],
+    outputs: list[Any],
+    inits: list[Any] | None = None,
+    *,
+    opset: int = 17,
+    ir: int = 8,
+) -> bytes:
     g = helper.make_graph(nodes, "bad", inputs, outputs, inits or [])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = ir
@@ -536,31 +662,45 @@ def malformed_models(rng: random.Random) -> dict[str, bytes]:
         "opset 1 (too old)": _model(relu, [_vi("x", [1, 4])], [_vi("y", [1, 4])], opset=1),
         "opset 999 (from the future)": _model(relu, [_vi("x", [1, 4])], [_vi("y", [1, 4])], opset=999),
         "ir_version 99": _model(relu, [_vi("x", [1, 4])], [_vi("y", [1, 4])], ir=99),
-        "unknown operator": _model([helper.make_node("NoSuchOp", ["x"], ["y"])], [_vi("x", [1, 4])],
-                                   [_vi("y", [1, 4])]),
-        "cyclic graph": _model([helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
-                                helper.make_node("Identity", ["b"], ["y"])], [_vi("x", [1, 4])], [_vi("y", [1, 4])]),
-        "self-loop node": _model([helper.make_node("Add", ["x", "y"], ["y"])], [_vi("x", [1, 4])],
-                                 [_vi("y", [1, 4])]),
+        "unknown operator": _model(
+            [helper.make_node("NoSuchOp", ["x"], ["y"])], [_vi("x", [1, 4])], [_vi("y", [1, 4])]
+        ),
+        "cyclic graph": _model(
+            [
+                helper.make_node("Add", ["x", "b"], ["a"]),
+                helper.make_node("Relu", ["a"], ["b"]),
+                helper.make_node("Identity", ["b"], ["y"]),
+            ],
+            [_vi("x", [1, 4])],
+            [_vi("y", [1, 4])],
+        ),
+        "self-loop node": _model([helper.make_node("Add", ["x", "y"], ["y"])], [_vi("x", [1, 4])], [_vi("y", [1, 4])]),
         "huge declared input dims": _model(relu, [_vi("x", [1 << 40, 1 << 40, 1 << 40])], [_vi("y", [1 << 40])]),
         "negative dims": _model(relu, [_vi("x", [-5, 4])], [_vi("y", [-5, 4])]),
-        "initializer claims 2^70 elements": _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [1, 4])],
-                                                  [_vi("y", [1, 4])], [huge_init]),
+        "initializer claims 2^70 elements": _model(
+            [helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [1, 4])], [_vi("y", [1, 4])], [huge_init]
+        ),
         "output nobody produces": _model(relu, [_vi("x", [1, 4])], [_vi("nothing", [1, 4])]),
-        "duplicate node outputs": _model([helper.make_node("Relu", ["x"], ["y"]),
-                                          helper.make_node("Neg", ["x"], ["y"])],
-                                         [_vi("x", [1, 4])], [_vi("y", [1, 4])]),
+        "duplicate node outputs": _model(
+            [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["y"])],
+            [_vi("x", [1, 4])],
+            [_vi("y", [1, 4])],
+        ),
         "If nested 30 deep": _model([nested], [deep, _vi("c", [], TensorProto.BOOL)], [_vi("y", [1, 4])]),
-        "wrong dtype edges (int into Relu)": _model(relu, [_vi("x", [1, 4], TensorProto.STRING)],
-                                                    [_vi("y", [1, 4], TensorProto.STRING)]),
+        "wrong dtype edges (int into Relu)": _model(
+            relu, [_vi("x", [1, 4], TensorProto.STRING)], [_vi("y", [1, 4], TensorProto.STRING)]
+        ),
     }
 
 
 def try_models(server: Server, cases: dict[str, bytes], store: Path) -> list[dict[str, Any]]:
     rows = []
     ch = _channel(server.address)
-    put = ch.stream_unary(f"{SERVICE}/PutModel", request_serializer=pb.ModelChunk.SerializeToString,
-                          response_deserializer=pb.PutModelReply.FromString)
+    put = ch.stream_unary(
+        f"{SERVICE}/PutModel",
+        request_serializer=pb.ModelChunk.SerializeToString,
+        response_deserializer=pb.PutModelReply.FromString,
+    )
     infer = ch.unary_unary(f"{SERVICE}/Infer")
     status = ch.unary_unary(f"{SERVICE}/Status", response_deserializer=pb.StatusReply.FromString)
     for i, (name, data) in enumerate(cases.items()):
@@ -621,8 +761,11 @@ def snapshot(root: Path, skip: Path) -> dict[str, tuple[int, int]]:
 
 def _put(address: str, chunks: Iterator[pb.ModelChunk] | list[pb.ModelChunk], timeout: float = 60) -> str:
     with _channel(address) as ch:
-        put = ch.stream_unary(f"{SERVICE}/PutModel", request_serializer=pb.ModelChunk.SerializeToString,
-                              response_deserializer=pb.PutModelReply.FromString)
+        put = ch.stream_unary(
+            f"{SERVICE}/PutModel",
+            request_serializer=pb.ModelChunk.SerializeToString,
+            response_deserializer=pb.PutModelReply.FromString,
+        )
         try:
             reply = put(iter(chunks), timeout=timeout, metadata=AUTH)
             return "OK (already had it)" if reply.already_present else "OK (stored as <sha256>.onnx)"
@@ -631,8 +774,14 @@ def _put(address: str, chunks: Iterator[pb.ModelChunk] | list[pb.ModelChunk], ti
 
 
 def _one(data: bytes, *, name: str = "m.onnx", sha: str | None = None, total: int | None = None) -> list[pb.ModelChunk]:
-    return [pb.ModelChunk(sha256=hashlib.sha256(data).hexdigest() if sha is None else sha, name=name,
-                          total_bytes=len(data) if total is None else total, data=data)]
+    return [
+        pb.ModelChunk(
+            sha256=hashlib.sha256(data).hexdigest() if sha is None else sha,
+            name=name,
+            total_bytes=len(data) if total is None else total,
+            data=data,
+        )
+    ]
 
 
 def store_attacks(server: Server, root: Path, store: Path) -> list[dict[str, Any]]:
@@ -642,12 +791,28 @@ def store_attacks(server: Server, root: Path, store: Path) -> list[dict[str, Any
         rows.append({"attack": kind, "what": what, "result": result, "alive": server.alive()})
         _progress(f"store: {kind}: {what}: {result}")
 
-    names = ["../../outside/evil.onnx", "/tmp/splitrt-evil.onnx", "..", "../cwd/x.onnx", "a/../../b.onnx",
-             "x\x00y.onnx", "C:\\Windows\\evil.onnx", "tokens"]
+    names = [
+        "../../outside/evil.onnx",
+        "/tmp/splitrt-evil.onnx",
+        "..",
+        "../cwd/x.onnx",
+        "a/../../b.onnx",
+        "x\x00y.onnx",
+        "C:\\Windows\\evil.onnx",
+        "tokens",
+    ]
     for i, name in enumerate(names):
         attack("traversal name", repr(name), _put(server.address, _one(small_model(100 + i), name=name)))
-    for i, loc in enumerate(["../outside/decoy.bin", str(root / "outside" / "decoy.bin"), "/etc/passwd",
-                             "../../../../../../etc/shadow", "decoy.bin", "sub/../../outside/decoy.bin"]):
+    for i, loc in enumerate(
+        [
+            "../outside/decoy.bin",
+            str(root / "outside" / "decoy.bin"),
+            "/etc/passwd",
+            "../../../../../../etc/shadow",
+            "decoy.bin",
+            "sub/../../outside/decoy.bin",
+        ]
+    ):
         attack("external data (upload)", repr(loc), _put(server.address, _one(small_model(200 + i, loc))))
     (store / "link.bin").symlink_to(root / "outside" / "decoy.bin")
     with _channel(server.address) as ch:
@@ -656,8 +821,11 @@ def store_attacks(server: Server, root: Path, store: Path) -> list[dict[str, Any
             data = small_model(300 + i, loc)
             (store / f"ext-{i}.onnx").write_bytes(data)
             listed = {m.name for m in status(b"", timeout=30, metadata=AUTH).models}
-            attack("external data (file in store)", repr(loc),
-                   "served (listed)" if f"ext-{i}.onnx" in listed else "refused (not listed)")
+            attack(
+                "external data (file in store)",
+                repr(loc),
+                "served (listed)" if f"ext-{i}.onnx" in listed else "refused (not listed)",
+            )
             (store / f"ext-{i}.onnx").unlink()
         (store / "link.bin").unlink()
         status(b"", timeout=30, metadata=AUTH)
@@ -670,8 +838,11 @@ def store_attacks(server: Server, root: Path, store: Path) -> list[dict[str, Any
             yield pb.ModelChunk(data=bytes(2**20))
 
     attack("oversize", f"{MAX_MODEL_MB + 2} MiB streamed, undeclared", _put(server.address, stream_big()))
-    attack("sha256 mismatch", "valid model, another model's sha256",
-           _put(server.address, _one(small_model(400), sha=hashlib.sha256(b"other").hexdigest())))
+    attack(
+        "sha256 mismatch",
+        "valid model, another model's sha256",
+        _put(server.address, _one(small_model(400), sha=hashlib.sha256(b"other").hexdigest())),
+    )
     for sha in ["../" * 21 + "x", "AB" * 32 + "00", "", "g" * 64]:
         attack("malformed sha256", repr(sha[:24]), _put(server.address, _one(small_model(401), sha=sha)))
     attack("cancelled upload", "device gone after 1 of 2 chunks", cancelled_upload(server, store))
@@ -684,9 +855,9 @@ def _held_upload(server: Server, store: Path) -> tuple[Any, threading.Event, grp
     hold = threading.Event()
 
     def chunks() -> Iterator[pb.ModelChunk]:
-        yield pb.ModelChunk(sha256=hashlib.sha256(data).hexdigest(), total_bytes=len(data), data=data[:2**20])
+        yield pb.ModelChunk(sha256=hashlib.sha256(data).hexdigest(), total_bytes=len(data), data=data[: 2**20])
         hold.wait(60)
-        yield pb.ModelChunk(data=data[2**20:])
+        yield pb.ModelChunk(data=data[2**20 :])
 
     ch = _channel(server.address)
     put = ch.stream_unary(f"{SERVICE}/PutModel", request_serializer=pb.ModelChunk.SerializeToString)
@@ -764,23 +935,39 @@ def zero_link(server: Server, store: Path, *, requests: int, deadline_ms: float)
     rows = []
     relay = UserspaceLink(("127.0.0.1", 0), ("127.0.0.1", server.port), rate_mbps=MIN_RATE_MBPS)
     hole, hole_stop = black_hole()
-    links = {f"relay at {MIN_RATE_MBPS} Mbit/s": f"127.0.0.1:{relay.port}",
-             "server that never answers": f"127.0.0.1:{hole.getsockname()[1]}"}
+    links = {
+        f"relay at {MIN_RATE_MBPS} Mbit/s": f"127.0.0.1:{relay.port}",
+        "server that never answers": f"127.0.0.1:{hole.getsockname()[1]}",
+    }
     try:
         for link, address in links.items():
             for policy in (f"fixed:{mid}@fp32", "adaptive"):
                 cfg = RuntimeConfig(deadline_ms=deadline_ms, policy=policy, backoff_initial_s=0.2, backoff_max_s=1.0)
                 lat, local, within = [], 0, 0
-                with AdaptiveDevice(mg, table, [address], config=cfg,
-                                    device_config=DeviceConfig(token=TOKEN, upload=False, intra_op_threads=1)) as dev:
+                with AdaptiveDevice(
+                    mg,
+                    table,
+                    [address],
+                    config=cfg,
+                    device_config=DeviceConfig(token=TOKEN, upload=False, intra_op_threads=1),
+                ) as dev:
                     for _ in range(requests):
                         out = dev.infer(x, deadline_ms=deadline_ms)
                         lat.append(out.latency_ms)
                         local += int(out.server is None)
                         within += int(out.latency_ms <= deadline_ms)
-                rows.append({"link": link, "policy": policy.split("@")[0], "requests": requests, "local": local,
-                             "within_deadline": within, "deadline_ms": deadline_ms,
-                             "p50_ms": round(statistics.median(lat), 1), "max_ms": round(max(lat), 1)})
+                rows.append(
+                    {
+                        "link": link,
+                        "policy": policy.split("@")[0],
+                        "requests": requests,
+                        "local": local,
+                        "within_deadline": within,
+                        "deadline_ms": deadline_ms,
+                        "p50_ms": round(statistics.median(lat), 1),
+                        "max_ms": round(max(lat), 1),
+                    }
+                )
                 _progress(f"0 Mbit/s: {link}, {policy}: {local}/{requests} local, {within} within the deadline")
     finally:
         relay.close()
@@ -815,8 +1002,12 @@ def run(args: argparse.Namespace, root: Path, logs: Path) -> dict[str, Any]:
         _progress(f"fuzzing: {args.messages} messages, {args.threads} threads")
         result["grpc"] = fuzz(server, seeds, args.messages, args.seed, args.threads)
         rss1 = server.rss()
-        result["server"] = {"alive": server.alive() and still_serves(server.address), "rss_before_mb": rss0 / 2**20,
-                            "rss_after_mb": rss1 / 2**20, "rss_growth_pct": 100.0 * (rss1 - rss0) / rss0}
+        result["server"] = {
+            "alive": server.alive() and still_serves(server.address),
+            "rss_before_mb": rss0 / 2**20,
+            "rss_after_mb": rss1 / 2**20,
+            "rss_growth_pct": 100.0 * (rss1 - rss0) / rss0,
+        }
         _progress(f"daemon API: {args.daemon_messages} messages")
         result["daemon"] = fuzz_daemon(server, root, args.daemon_messages, args.seed + 2, args.threads)
         _progress("malformed ONNX files")
@@ -830,8 +1021,11 @@ def run(args: argparse.Namespace, root: Path, logs: Path) -> dict[str, Any]:
     finally:
         server.kill()
     after = snapshot(root, store)
-    result["outside_store"] = {"added": sorted(set(after) - set(before)), "removed": sorted(set(before) - set(after)),
-                               "changed": sorted(k for k in before if k in after and before[k] != after[k])}
+    result["outside_store"] = {
+        "added": sorted(set(after) - set(before)),
+        "removed": sorted(set(before) - set(after)),
+        "changed": sorted(k for k in before if k in after and before[k] != after[k]),
+    }
     result["store_files"] = sorted(p.name for p in store.iterdir())
     result["load_avg_end"] = [round(v, 2) for v in os.getloadavg()]
     return result
@@ -842,59 +1036,117 @@ def targets(r: dict[str, Any]) -> list[tuple[str, str, bool]]:
     crashes += sum(not row["alive"] for row in r["onnx"]) + sum(not row["alive"] for row in r["store"])
     crashes += int(not r["server"]["alive"]) + int(not r["server"]["alive_after_attacks"])
     crashes += int(r["server"]["exit_code"] != 0) + int(not r["daemon"]["alive"])
-    bad = r["grpc"]["bad"] + r["daemon"]["bad"] + \
-        sum(row["upload"] in BAD_CODES or row["infer"] in BAD_CODES for row in r["onnx"]) + \
-        sum(any(c in row["result"] for c in BAD_CODES) for row in r["store"])
-    outside = len(r["outside_store"]["added"]) + len(r["outside_store"]["removed"]) + \
-        len(r["outside_store"]["changed"]) + int(r["outside_elsewhere"])
+    bad = (
+        r["grpc"]["bad"]
+        + r["daemon"]["bad"]
+        + sum(row["upload"] in BAD_CODES or row["infer"] in BAD_CODES for row in r["onnx"])
+        + sum(any(c in row["result"] for c in BAD_CODES) for row in r["store"])
+    )
+    outside = (
+        len(r["outside_store"]["added"])
+        + len(r["outside_store"]["removed"])
+        + len(r["outside_store"]["changed"])
+        + int(r["outside_elsewhere"])
+    )
     n = sum(row["requests"] for row in r["zero_link"])
     ok = sum(min(row["local"], row["within_deadline"]) for row in r["zero_link"])
     growth = r["server"]["rss_growth_pct"]
-    return [("crashes", str(crashes), crashes == 0),
-            ("UNKNOWN/INTERNAL statuses (and client-side failures)", str(bad), bad == 0),
-            ("server RSS growth over the fuzz", f"{growth:+.1f} %", growth < 10.0),
-            ("paths written outside the store", str(outside), outside == 0),
-            ("requests at 0 Mbit/s completed locally within the deadline", f"{ok}/{n} ({100 * ok / max(1, n):.0f} %)",
-             ok == n)]
+    return [
+        ("crashes", str(crashes), crashes == 0),
+        ("UNKNOWN/INTERNAL statuses (and client-side failures)", str(bad), bad == 0),
+        ("server RSS growth over the fuzz", f"{growth:+.1f} %", growth < 10.0),
+        ("paths written outside the store", str(outside), outside == 0),
+        (
+            "requests at 0 Mbit/s completed locally within the deadline",
+            f"{ok}/{n} ({100 * ok / max(1, n):.0f} %)",
+            ok == n,
+        ),
+    ]
 
 
 def print_tables(r: dict[str, Any]) -> None:
     g = r["grpc"]
-    print(f"\n1. gRPC messages: {g['messages']} random and mutated, {g['seconds']} s "
-          f"(load average {r['load_avg_start'][0]} -> {r['load_avg_end'][0]}, {os.cpu_count()} CPUs)")
-    rows = [[m, sum(c.values()), ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))]
-            for m, c in g["codes"].items()]
-    rows.append(["(InferStream frames)", sum(g["stream_frames"].values()),
-                 ", ".join(f"{k} {v}" for k, v in sorted(g["stream_frames"].items(), key=lambda kv: -kv[1]))])
+    print(
+        f"\n1. gRPC messages: {g['messages']} random and mutated, {g['seconds']} s "
+        f"(load average {r['load_avg_start'][0]} -> {r['load_avg_end'][0]}, {os.cpu_count()} CPUs)"
+    )
+    rows = [
+        [m, sum(c.values()), ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))]
+        for m, c in g["codes"].items()
+    ]
+    rows.append(
+        [
+            "(InferStream frames)",
+            sum(g["stream_frames"].values()),
+            ", ".join(f"{k} {v}" for k, v in sorted(g["stream_frames"].items(), key=lambda kv: -kv[1])),
+        ]
+    )
     print(render(["method", "calls", "status codes seen"], rows))
     s = r["server"]
-    print(f"\nserver alive and serving after the fuzz: {s['alive']}; RSS {s['rss_before_mb']:.1f} MiB before, "
-          f"{s['rss_after_mb']:.1f} MiB after ({s['rss_growth_pct']:+.1f} %)")
+    print(
+        f"\nserver alive and serving after the fuzz: {s['alive']}; RSS {s['rss_before_mb']:.1f} MiB before, "
+        f"{s['rss_after_mb']:.1f} MiB after ({s['rss_growth_pct']:+.1f} %)"
+    )
     for k, v in g["bad_examples"].items():
         print(f"  bad: {k}: {v}")
     dm = r["daemon"]
-    print(f"\n1b. the device daemon's LocalInference API: {dm['messages']} random and mutated messages, "
-          f"{dm['seconds']} s; answers a correct request afterwards: {dm['alive']}")
-    print(render(["method", "calls", "status codes seen"],
-                 [[m, sum(c.values()), ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))]
-                  for m, c in dm["codes"].items()]))
+    print(
+        f"\n1b. the device daemon's LocalInference API: {dm['messages']} random and mutated messages, "
+        f"{dm['seconds']} s; answers a correct request afterwards: {dm['alive']}"
+    )
+    print(
+        render(
+            ["method", "calls", "status codes seen"],
+            [
+                [m, sum(c.values()), ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1]))]
+                for m, c in dm["codes"].items()
+            ],
+        )
+    )
     for k, v in dm["bad_examples"].items():
         print(f"  bad: {k}: {v}")
     print("\n2. malformed ONNX files (uploaded with their correct sha256; dropped into the store directory)")
-    print(render(["file", "bytes", "upload", "upload error", "dropped in", "Infer", "alive"],
-                 [[o["case"], o["bytes"], o["upload"], o["error"][:70], o["dropped_in"], o["infer"], o["alive"]]
-                  for o in r["onnx"]]))
+    print(
+        render(
+            ["file", "bytes", "upload", "upload error", "dropped in", "Infer", "alive"],
+            [
+                [o["case"], o["bytes"], o["upload"], o["error"][:70], o["dropped_in"], o["infer"], o["alive"]]
+                for o in r["onnx"]
+            ],
+        )
+    )
     print("\n3. store attacks")
-    print(render(["attack", "what", "result", "alive"],
-                 [[a["attack"], a["what"], a["result"][:95], a["alive"]] for a in r["store"]]))
+    print(
+        render(
+            ["attack", "what", "result", "alive"],
+            [[a["attack"], a["what"], a["result"][:95], a["alive"]] for a in r["store"]],
+        )
+    )
     o = r["outside_store"]
-    print(f"\nwritten outside the store (temporary root before/after; /tmp/splitrt-evil.onnx): "
-          f"added {o['added']}, removed {o['removed']}, changed {o['changed']}, elsewhere {r['outside_elsewhere']}; "
-          f"store holds {len(r['store_files'])} files")
+    print(
+        f"\nwritten outside the store (temporary root before/after; /tmp/splitrt-evil.onnx): "
+        f"added {o['added']}, removed {o['removed']}, changed {o['changed']}, elsewhere {r['outside_elsewhere']}; "
+        f"store holds {len(r['store_files'])} files"
+    )
     print("\n4. link at 0 Mbit/s (AdaptiveDevice, squeezenet)")
-    print(render(["link", "policy", "requests", "completed locally", "within deadline", "deadline ms", "p50 ms",
-                  "max ms"], [[z["link"], z["policy"], z["requests"], z["local"], z["within_deadline"],
-                               z["deadline_ms"], z["p50_ms"], z["max_ms"]] for z in r["zero_link"]]))
+    print(
+        render(
+            ["link", "policy", "requests", "completed locally", "within deadline", "deadline ms", "p50 ms", "max ms"],
+            [
+                [
+                    z["link"],
+                    z["policy"],
+                    z["requests"],
+                    z["local"],
+                    z["within_deadline"],
+                    z["deadline_ms"],
+                    z["p50_ms"],
+                    z["max_ms"],
+                ]
+                for z in r["zero_link"]
+            ],
+        )
+    )
     print("\ntargets")
     print(render(["target", "measured", "met"], [[t, v, "yes" if ok else "NO"] for t, v, ok in r["targets"]]))
 
@@ -904,8 +1156,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=10_000, help="gRPC messages to send (default 10000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=4, help="concurrent callers")
-    ap.add_argument("--warmup-messages", type=int, default=2000,
-                    help="random messages (another seed) sent before the 'before' RSS is read")
+    ap.add_argument(
+        "--warmup-messages",
+        type=int,
+        default=2000,
+        help="random messages (another seed) sent before the 'before' RSS is read",
+    )
     ap.add_argument("--daemon-messages", type=int, default=2000, help="messages to the device daemon's local API")
     ap.add_argument("--link-requests", type=int, default=15, help="requests per 0 Mbit/s scenario (4 scenarios)")
     ap.add_argument("--deadline-ms", type=float, default=800.0, help="deadline of the 0 Mbit/s requests")
@@ -914,8 +1170,10 @@ def main(argv: list[str] | None = None) -> int:
     evil = Path("/tmp/splitrt-evil.onnx")
     existed = evil.exists()
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="splitrt-badinput-") as tmp, \
-            tempfile.TemporaryDirectory(prefix="splitrt-badinput-logs-") as logs:
+    with (
+        tempfile.TemporaryDirectory(prefix="splitrt-badinput-") as tmp,
+        tempfile.TemporaryDirectory(prefix="splitrt-badinput-logs-") as logs,
+    ):
         result = run(args, Path(tmp), Path(logs))
     result["outside_elsewhere"] = evil.exists() and not existed
     result["seconds"] = round(time.monotonic() - t0, 1)

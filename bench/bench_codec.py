@@ -54,24 +54,40 @@ def bench_model(name: str, max_cuts: int, specs: list[str]) -> list[dict[str, ob
                 codec_ms = (time.perf_counter() - t0) * 1e3
                 out = dev.finish_locally(HeadResult(cut_id=cut, crossing=decoded, head_ms=0.0)).outputs
                 sent = sum(e.nbytes for e in encoded)
-                rows.append({"model": name, "cut": cut, "codec": spec, "raw_bytes": raw, "sent_bytes": sent,
-                             "ratio": sent / raw if raw else 1.0, "codec_ms": codec_ms,
-                             "rel_err": max(rel_err(ref[k], out[k]) for k in ref)})
+                rows.append(
+                    {
+                        "model": name,
+                        "cut": cut,
+                        "codec": spec,
+                        "raw_bytes": raw,
+                        "sent_bytes": sent,
+                        "ratio": sent / raw if raw else 1.0,
+                        "codec_ms": codec_ms,
+                        "rel_err": max(rel_err(ref[k], out[k]) for k in ref),
+                    }
+                )
     return rows
 
 
 def summarise(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     out = []
-    keys = sorted({(str(r["model"]), str(r["codec"])) for r in rows},
-                  key=lambda k: (k[0], codec.names().index(k[1])))
+    keys = sorted({(str(r["model"]), str(r["codec"])) for r in rows}, key=lambda k: (k[0], codec.names().index(k[1])))
     for model, spec in keys:
         sel = [r for r in rows if r["model"] == model and r["codec"] == spec]
         ratios = [float(r["ratio"]) for r in sel]  # type: ignore[arg-type]
         errs = [float(r["rel_err"]) for r in sel]  # type: ignore[arg-type]
-        out.append({"model": model, "codec": spec, "cuts": len(sel),
-                    "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                    "rel_err_median": statistics.median(errs), "rel_err_max": max(errs),
-                    "codec_ms_median": statistics.median(float(r["codec_ms"]) for r in sel)})  # type: ignore[arg-type]
+        out.append(
+            {
+                "model": model,
+                "codec": spec,
+                "cuts": len(sel),
+                "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "rel_err_median": statistics.median(errs),
+                "rel_err_max": max(errs),
+                "codec_ms_median": statistics.median(float(r["codec_ms"]) for r in sel),
+            }
+        )  # type: ignore[arg-type]
     return out
 
 
@@ -91,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"summary": summary, "per_cut": rows}, indent=2))
         return 0
-    cols = ["model", "codec", "cuts", "ratio_median", "ratio_min", "rel_err_median", "rel_err_max",
-            "codec_ms_median"]
+    cols = ["model", "codec", "cuts", "ratio_median", "ratio_min", "rel_err_median", "rel_err_max", "codec_ms_median"]
     print("Bytes sent (ratio to fp32) and output error relative to the fp32 split run")
     print(render(cols, [[r[c] for c in cols] for r in summary]))
     if args.per_cut:

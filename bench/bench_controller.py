@@ -86,9 +86,12 @@ def follow_and_flap(table: CostTable) -> dict[str, float]:
     for bw in (1.0, 3.0, 8.0, 20.0, *boundaries):
         p, _ = run([bw] * 1000, 0.2, int(bw * 10))
         switches.append(sum(a != b for a, b in itertools.pairwise(p[10:])) / 9.9)
-    return {"step_plans": f"{before} -> {target}", "requests_to_follow_step": follow,
-            "boundaries_mbps": [round(b, 2) for b in boundaries],
-            "max_switches_per_100_noise20": max(switches)}
+    return {
+        "step_plans": f"{before} -> {target}",
+        "requests_to_follow_step": follow,
+        "boundaries_mbps": [round(b, 2) for b in boundaries],
+        "max_switches_per_100_noise20": max(switches),
+    }
 
 
 def main() -> int:
@@ -103,11 +106,32 @@ def main() -> int:
     if args.json:
         print(json.dumps(row))
         return 0
-    print(render(["model", "cuts", "decide median ms", "p99 ms", "20->1 Mbit/s step", "requests to follow",
-                  "switches/100 at +-20%", "boundaries Mbit/s"],
-                 [(row["model"], row["cuts"], row["median_ms"], row["p99_ms"], row["step_plans"],
-                   row["requests_to_follow_step"], row["max_switches_per_100_noise20"],
-                   " ".join(map(str, row["boundaries_mbps"])))]))
+    print(
+        render(
+            [
+                "model",
+                "cuts",
+                "decide median ms",
+                "p99 ms",
+                "20->1 Mbit/s step",
+                "requests to follow",
+                "switches/100 at +-20%",
+                "boundaries Mbit/s",
+            ],
+            [
+                (
+                    row["model"],
+                    row["cuts"],
+                    row["median_ms"],
+                    row["p99_ms"],
+                    row["step_plans"],
+                    row["requests_to_follow_step"],
+                    row["max_switches_per_100_noise20"],
+                    " ".join(map(str, row["boundaries_mbps"])),
+                )
+            ],
+        )
+    )
     return 0
 
 

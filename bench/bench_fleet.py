@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_fleet: skipped: the fleet rig needs root (network namespaces, tc, cgroups)")
         return 0
-    cfg = fleet.FleetConfig(devices=a.devices, servers=a.servers, segment_s=a.segment, rounds=a.rounds,
-                            bandwidth_scale=a.bandwidth_scale)
+    cfg = fleet.FleetConfig(
+        devices=a.devices, servers=a.servers, segment_s=a.segment, rounds=a.rounds, bandwidth_scale=a.bandwidth_scale
+    )
     workdir = Path(tempfile.mkdtemp(prefix="splitrt-fleet-"))
     try:
         result = fleet.run_fleet(cfg, workdir, progress=lambda s: print(s, file=sys.stderr, flush=True))

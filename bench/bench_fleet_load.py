@@ -70,15 +70,36 @@ def device_worker(address: str, model: str, cut: str, seed: int, count: int) -> 
             lat.append((time.perf_counter() - t) * 1e3)
             if i % 1000 == 0:
                 wrong += int(any(not np.allclose(res.outputs[k], v, rtol=1e-4, atol=1e-6) for k, v in ref.items()))
-        print(json.dumps({"latency_ms": lat, "errors": errors, "wrong": wrong,
-                          "seconds": time.perf_counter() - t0}), flush=True)
+        print(
+            json.dumps({"latency_ms": lat, "errors": errors, "wrong": wrong, "seconds": time.perf_counter() - t0}),
+            flush=True,
+        )
 
 
 def _serve(models: Path, workers: int) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models), "--port", "0",
-                             "--host", "127.0.0.1", "--workers", str(workers), "--intra-op-threads", "1",
-                             "--max-queue", "64"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--workers",
+            str(workers),
+            "--intra-op-threads",
+            "1",
+            "--max-queue",
+            "64",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.stderr is not None
     first = json.loads(proc.stderr.readline())
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
@@ -136,10 +157,16 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     proc, address = _serve(models, args.workers)
     load_start = os.getloadavg()
     share = [args.requests // args.devices + (i < args.requests % args.devices) for i in range(args.devices)]
-    devices = [subprocess.Popen([sys.executable, __file__, "--device-worker", address, str(model), cut.id, str(i),
-                                 str(n)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
-               for i, n in enumerate(share)]
+    devices = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--device-worker", address, str(model), cut.id, str(i), str(n)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for i, n in enumerate(share)
+    ]
     try:
         for d in devices:
             assert d.stdout is not None
@@ -173,22 +200,49 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
             errors[k] = errors.get(k, 0) + v
     series = sampler.samples
     rss = [s[1] for s in series if s[1] >= 0] or [rss_end]
-    return {"model": "squeezenet", "cut": cut.id, "crossing_bytes": cut.bytes, "devices": args.devices,
-            "server_workers": args.workers, "cpus": os.cpu_count(), "requests": len(lat) + sum(errors.values()),
-            "ok": len(lat), "errors": errors, "wrong_outputs": sum(o["wrong"] for o in outs),
-            "seconds": round(wall, 2), "requests_per_s": round(len(lat) / wall, 1), "p50_ms": round(pct(lat, 0.5), 2),
-            "p99_ms": round(pct(lat, 0.99), 2), "rss_start_mb": round(rss_start, 1), "rss_max_mb": max(rss),
-            "rss_end_mb": round(rss_end, 1), "rss_growth_pct": round(100 * (rss_end - rss_start) / rss_start, 1),
-            "load_avg_start": [round(v, 2) for v in load_start], "load_avg_end": [round(v, 2) for v in os.getloadavg()],
-            "rss_series": [{"t_s": t, "rss_mb": r, "load_1m": round(la, 2)} for t, r, la in series]}
+    return {
+        "model": "squeezenet",
+        "cut": cut.id,
+        "crossing_bytes": cut.bytes,
+        "devices": args.devices,
+        "server_workers": args.workers,
+        "cpus": os.cpu_count(),
+        "requests": len(lat) + sum(errors.values()),
+        "ok": len(lat),
+        "errors": errors,
+        "wrong_outputs": sum(o["wrong"] for o in outs),
+        "seconds": round(wall, 2),
+        "requests_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(pct(lat, 0.5), 2),
+        "p99_ms": round(pct(lat, 0.99), 2),
+        "rss_start_mb": round(rss_start, 1),
+        "rss_max_mb": max(rss),
+        "rss_end_mb": round(rss_end, 1),
+        "rss_growth_pct": round(100 * (rss_end - rss_start) / rss_start, 1),
+        "load_avg_start": [round(v, 2) for v in load_start],
+        "load_avg_end": [round(v, 2) for v in os.getloadavg()],
+        "rss_series": [{"t_s": t, "rss_mb": r, "load_1m": round(la, 2)} for t, r, la in series],
+    }
 
 
 def print_table(r: dict[str, object]) -> None:
-    print(f"Fleet load: {r['devices']} device processes -> 1 server ({r['server_workers']} workers, "
-          f"{r['cpus']} CPUs), squeezenet @ {r['cut']} ({r['crossing_bytes']} B crossing); load average "
-          f"{r['load_avg_start'][0]} -> {r['load_avg_end'][0]} (1 min)")  # type: ignore[index]
-    cols = ["requests", "ok", "wrong_outputs", "requests_per_s", "p50_ms", "p99_ms", "rss_start_mb", "rss_max_mb",
-            "rss_end_mb", "rss_growth_pct"]
+    print(
+        f"Fleet load: {r['devices']} device processes -> 1 server ({r['server_workers']} workers, "
+        f"{r['cpus']} CPUs), squeezenet @ {r['cut']} ({r['crossing_bytes']} B crossing); load average "
+        f"{r['load_avg_start'][0]} -> {r['load_avg_end'][0]} (1 min)"
+    )  # type: ignore[index]
+    cols = [
+        "requests",
+        "ok",
+        "wrong_outputs",
+        "requests_per_s",
+        "p50_ms",
+        "p99_ms",
+        "rss_start_mb",
+        "rss_max_mb",
+        "rss_end_mb",
+        "rss_growth_pct",
+    ]
     print(render([*cols, "errors"], [[r[c] for c in cols] + [json.dumps(r["errors"])]]))
     series = r["rss_series"]
     assert isinstance(series, list)
@@ -207,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=0.5, help="RSS sampling period")
     p.add_argument("--quick", action="store_true", help="a short run: 8 devices, 1000 requests")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--device-worker", nargs=5, metavar=("ADDRESS", "MODEL", "CUT", "SEED", "COUNT"),
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--device-worker", nargs=5, metavar=("ADDRESS", "MODEL", "CUT", "SEED", "COUNT"), help=argparse.SUPPRESS
+    )
     args = p.parse_args(argv)
     if args.device_worker:
         address, model, cut, seed, count = args.device_worker

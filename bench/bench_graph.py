@@ -86,13 +86,21 @@ def bench_model(name: str, quick: bool) -> dict[str, object]:
             worst = max(worst, float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) or 1.0)))
     print(file=sys.stderr)
     return {
-        "model": name, "nodes": len(mg.nodes), "cuts": len(cuts), "excluded": len(mg.excluded),
-        "sized": mg.sized, "free_dims": free_dims(mg),
+        "model": name,
+        "nodes": len(mg.nodes),
+        "cuts": len(cuts),
+        "excluded": len(mg.excluded),
+        "sized": mg.sized,
+        "free_dims": free_dims(mg),
         "input_shapes": {k: list(v) for k, v in (mg.input_shapes or {}).items()},
-        "binding": binding.as_dict(), "crossing_sized": sizing(mg),
+        "binding": binding.as_dict(),
+        "crossing_sized": sizing(mg),
         "single_tensor_cuts": sum(1 for c in cuts if len(c.tensors) == 1),
-        "load_s": load_s, "enumerate_ms": 1e3 * statistics.median(enum),
-        "split_ms": 1e3 * statistics.median(split_times), "load1": load1, "cuts_checked": len(checked),
+        "load_s": load_s,
+        "enumerate_ms": 1e3 * statistics.median(enum),
+        "split_ms": 1e3 * statistics.median(split_times),
+        "load1": load1,
+        "cuts_checked": len(checked),
         "max_rel_err": worst,
     }
 
@@ -109,16 +117,45 @@ def main() -> int:
     if args.json:
         print(json.dumps({"bench": "graph", "load1_start": load1_start, "load1_end": load1_end, "rows": rows}))
         return 0
-    headers = ["model", "nodes", "cuts", "single", "free dims", "bound at", "static/bound/measured", "load s",
-               "enumerate ms", "split ms", "load1", "checked", "max rel err"]
-    print(render(headers, [
-        (r["model"], r["nodes"], r["cuts"], r["single_tensor_cuts"], _free(r), _bound(r),
-         _sized(r),
-         r["load_s"], r["enumerate_ms"], r["split_ms"], f"{r['load1']:.2f}", r["cuts_checked"],
-         f"{r['max_rel_err']:.1e}") for r in rows
-    ]))
-    print(f"host load average (1 min): {load1_start:.2f} at start, {load1_end:.2f} at end; "
-          f"{os.cpu_count()} cores")
+    headers = [
+        "model",
+        "nodes",
+        "cuts",
+        "single",
+        "free dims",
+        "bound at",
+        "static/bound/measured",
+        "load s",
+        "enumerate ms",
+        "split ms",
+        "load1",
+        "checked",
+        "max rel err",
+    ]
+    print(
+        render(
+            headers,
+            [
+                (
+                    r["model"],
+                    r["nodes"],
+                    r["cuts"],
+                    r["single_tensor_cuts"],
+                    _free(r),
+                    _bound(r),
+                    _sized(r),
+                    r["load_s"],
+                    r["enumerate_ms"],
+                    r["split_ms"],
+                    f"{r['load1']:.2f}",
+                    r["cuts_checked"],
+                    f"{r['max_rel_err']:.1e}",
+                )
+                for r in rows
+            ],
+        )
+    )
+    print(f"host load average (1 min): {load1_start:.2f} at start, {load1_end:.2f} at end; {os.cpu_count()} cores")
     return 0
 
 

@@ -45,8 +45,9 @@ def _kernel_runs(tr: traces.Trace, skip_s: float) -> list[tuple[str, list[shaper
                 print(f"[bench_link] {name} ...", file=sys.stderr)
                 rx = shaper.BulkReceiver(dst.ip, 0, dst.ns)
                 try:
-                    out.append((name, shaper.measure_steps(ks, tr, rx, (dst.ip, rx.port), send_netns=src.ns,
-                                                           skip_s=skip_s)))
+                    out.append(
+                        (name, shaper.measure_steps(ks, tr, rx, (dst.ip, rx.port), send_netns=src.ns, skip_s=skip_s))
+                    )
                 finally:
                     rx.close()
     with netns.make_lan(f"{prefix}b", 2) as lan:
@@ -55,8 +56,12 @@ def _kernel_runs(tr: traces.Trace, skip_s: float) -> list[tuple[str, list[shaper
             print("[bench_link] kernel bridge down ...", file=sys.stderr)
             rx = shaper.BulkReceiver(a.ip, 0, a.ns)
             try:
-                out.append(("kernel bridge down",
-                            shaper.measure_steps(ks, tr, rx, (a.ip, rx.port), send_netns=b.ns, skip_s=skip_s)))
+                out.append(
+                    (
+                        "kernel bridge down",
+                        shaper.measure_steps(ks, tr, rx, (a.ip, rx.port), send_netns=b.ns, skip_s=skip_s),
+                    )
+                )
             finally:
                 rx.close()
     return out
@@ -85,8 +90,10 @@ def relay_rtt_ms(delay_ms: float, n: int = 20) -> list[float]:
     th = threading.Thread(target=echo, daemon=True)
     th.start()
     rtts = []
-    with shaper.UserspaceLink(("127.0.0.1", 0), srv.getsockname()[:2], rate_mbps=10,
-                              delay_ms=delay_ms) as ul, socket.create_connection(("127.0.0.1", ul.port)) as c:
+    with (
+        shaper.UserspaceLink(("127.0.0.1", 0), srv.getsockname()[:2], rate_mbps=10, delay_ms=delay_ms) as ul,
+        socket.create_connection(("127.0.0.1", ul.port)) as c,
+    ):
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for _ in range(n):
             t0 = time.perf_counter()
@@ -127,12 +134,26 @@ def main() -> int:
     result = {
         "trace": tr.name,
         "skip_s": args.skip,
-        "links": {name: [{"start_s": r.start_s, "end_s": r.end_s, "target_mbps": r.target_mbps,
-                          "measured_mbps": round(r.measured_mbps, 4), "error_pct": round(r.error_pct, 2)}
-                         for r in res] for name, res in runs},
+        "links": {
+            name: [
+                {
+                    "start_s": r.start_s,
+                    "end_s": r.end_s,
+                    "target_mbps": r.target_mbps,
+                    "measured_mbps": round(r.measured_mbps, 4),
+                    "error_pct": round(r.error_pct, 2),
+                }
+                for r in res
+            ]
+            for name, res in runs
+        },
         "max_abs_error_pct": {name: round(max(abs(r.error_pct) for r in res), 2) for name, res in runs},
-        "relay_rtt_ms": {"delay_ms": args.delay_ms, "expected_min_ms": 2 * args.delay_ms,
-                         "median_ms": round(statistics.median(rtts), 2), "max_ms": round(max(rtts), 2)},
+        "relay_rtt_ms": {
+            "delay_ms": args.delay_ms,
+            "expected_min_ms": 2 * args.delay_ms,
+            "median_ms": round(statistics.median(rtts), 2),
+            "max_ms": round(max(rtts), 2),
+        },
         "notes": notes,
     }
     if args.json:
@@ -142,13 +163,17 @@ def main() -> int:
     print(f"{'link':<26} {'step':>11} {'target':>8} {'measured':>9} {'error':>7}")
     for name, res in runs:
         for r in res:
-            print(f"{name:<26} {r.start_s:5.1f}-{r.end_s:<5.1f} {r.target_mbps:8.2f} {r.measured_mbps:9.2f} "
-                  f"{r.error_pct:+6.1f}%")
+            print(
+                f"{name:<26} {r.start_s:5.1f}-{r.end_s:<5.1f} {r.target_mbps:8.2f} {r.measured_mbps:9.2f} "
+                f"{r.error_pct:+6.1f}%"
+            )
     for name, err in result["max_abs_error_pct"].items():  # type: ignore[attr-defined]
         print(f"max |error| {name}: {err:.1f}%")
     rr = result["relay_rtt_ms"]
-    print(f"relay RTT with {args.delay_ms:g} ms one-way delay: median {rr['median_ms']:.1f} ms, "  # type: ignore[index]
-          f"max {rr['max_ms']:.1f} ms (>= {2 * args.delay_ms:g} expected)")  # type: ignore[index]
+    print(
+        f"relay RTT with {args.delay_ms:g} ms one-way delay: median {rr['median_ms']:.1f} ms, "  # type: ignore[index]
+        f"max {rr['max_ms']:.1f} ms (>= {2 * args.delay_ms:g} expected)"
+    )  # type: ignore[index]
     for n in notes:
         print(n)
     return 0

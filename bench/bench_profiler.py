@@ -37,8 +37,9 @@ def bench_model(name: str, *, runs: int, threads: int | None, segments: int, eve
     binding = zoo.default_binding(path)
     g = graph.load(path, binding)
     t0 = time.perf_counter()
-    prof = profiler.measure(path, runs=runs, threads=threads, segments=segments, progress=lambda m: None,
-                            binding=binding)
+    prof = profiler.measure(
+        path, runs=runs, threads=threads, segments=segments, progress=lambda m: None, binding=binding
+    )
     profiling_s = time.perf_counter() - t0
     feeds = zoo.random_inputs(path, binding=binding)
     rows = []

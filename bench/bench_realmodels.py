@@ -50,9 +50,26 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 def start_server(models: Path) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models), "--port", "0",
-                             "--workers", "2", "--intra-op-threads", "1"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            "0",
+            "--workers",
+            "2",
+            "--intra-op-threads",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     assert proc.stderr is not None
     for line in proc.stderr:
         try:
@@ -80,28 +97,36 @@ def row(m: RealModel, address: str) -> dict[str, Any]:
     mg = bound(m.name)
     cuts = spread_cuts(mg)
     table, _ = select_cost_table(mg, profile_device=None, profile_cloud=None, board=boards.load_board("rpi4"))
-    runtime = RuntimeConfig(policy="adaptive", warm_sessions=False,
-                            link=LinkConfig(prior_bandwidth_mbps=1000.0, prior_rtt_ms=0.2))
+    runtime = RuntimeConfig(
+        policy="adaptive", warm_sessions=False, link=LinkConfig(prior_bandwidth_mbps=1000.0, prior_rtt_ms=0.2)
+    )
     device = DeviceConfig(intra_op_threads=1, timeout_s=120, upload=False)
     exact = {"a": 0, "b": 0}
     worst = {"a": 0.0, "b": 0.0}
     worst_reply: dict[str, Any] = {"cut": "", "bytes_down": 0, "needed_down": 0, "extra": -1}
     auto: dict[str, Any] = {}
-    with Device(mg, address, config=device) as dev, \
-            AdaptiveDevice(mg, table, [address], config=runtime, device_config=device, start_prober=False) as ad:
+    with (
+        Device(mg, address, config=device) as dev,
+        AdaptiveDevice(mg, table, [address], config=runtime, device_config=device, start_prober=False) as ad,
+    ):
         for which in ("a", "b"):
             x = feeds(mg, m, which)
             ref = dev.run_local(x)
             for cut in cuts:
                 r = dev.run_detailed(x, cut=cut)
-                err = max(_rel(ref[k], r.outputs[k]) if r.outputs[k].shape == ref[k].shape else float("inf")
-                          for k in ref)
+                err = max(
+                    _rel(ref[k], r.outputs[k]) if r.outputs[k].shape == ref[k].shape else float("inf") for k in ref
+                )
                 worst[which] = max(worst[which], err)
                 exact[which] += int(err < 1e-4 and r.where == ("local" if cut == "device" else "cloud"))
                 extra = r.bytes_down - needed(mg, cut)[1]
                 if which == "a" and cut != "device" and extra > worst_reply["extra"]:
-                    worst_reply = {"cut": cut, "bytes_down": r.bytes_down, "needed_down": needed(mg, cut)[1],
-                                   "extra": extra}
+                    worst_reply = {
+                        "cut": cut,
+                        "bytes_down": r.bytes_down,
+                        "needed_down": needed(mg, cut)[1],
+                        "extra": extra,
+                    }
             out = ad.infer(x, request=which, deadline_ms=120_000)
             err = max(_rel(ref[k], out.outputs[k]) for k in ref)
             worst[which] = max(worst[which], err)
@@ -109,13 +134,31 @@ def row(m: RealModel, address: str) -> dict[str, Any]:
             if which == "a":
                 cut = out.plan.split("@")[0]
                 up, down = needed(mg, cut)
-                auto = {"plan": out.plan, "fallback": out.fallback, "bytes_up": out.result.bytes_up,
-                        "bytes_down": out.result.bytes_down, "needed_up": up, "needed_down": down}
+                auto = {
+                    "plan": out.plan,
+                    "fallback": out.fallback,
+                    "bytes_up": out.result.bytes_up,
+                    "bytes_down": out.result.bytes_down,
+                    "needed_up": up,
+                    "needed_down": down,
+                }
     n = len(cuts) + 1
-    return {"model": m.name, "package": m.wheel, "op_kinds": op_kinds(mg), "nodes": len(mg.nodes),
-            "cuts": len(mg.cuts()), "served_cuts": cuts, "runs_per_binding": n, "exact_a": exact["a"],
-            "exact_b": exact["b"], "max_rel_err_a": worst["a"], "max_rel_err_b": worst["b"], "auto": auto,
-            "worst_reply": worst_reply, "gflops_a": mg.flops / 1e9}
+    return {
+        "model": m.name,
+        "package": m.wheel,
+        "op_kinds": op_kinds(mg),
+        "nodes": len(mg.nodes),
+        "cuts": len(mg.cuts()),
+        "served_cuts": cuts,
+        "runs_per_binding": n,
+        "exact_a": exact["a"],
+        "exact_b": exact["b"],
+        "max_rel_err_a": worst["a"],
+        "max_rel_err_b": worst["b"],
+        "auto": auto,
+        "worst_reply": worst_reply,
+        "gflops_a": mg.flops / 1e9,
+    }
 
 
 def _size(n: int) -> str:
@@ -145,13 +188,37 @@ def main() -> int:
     if args.json:
         print(json.dumps({"rows": rows, "load_avg": load}, indent=1))
         return 0
-    print(render(["model", "op kinds (FLOPs share)", "GFLOPs A", "cuts served/all", "exact A", "exact B",
-                  "auto at A", "up (needed)", "down (needed)", "worst extra down"],
-                 [[r["model"], r["op_kinds"], f"{r['gflops_a']:.3f}", f"{len(r['served_cuts'])}/{r['cuts']}",
-                   f"{r['exact_a']}/{r['runs_per_binding']}", f"{r['exact_b']}/{r['runs_per_binding']}",
-                   r["auto"]["plan"], f"{_size(r['auto']['bytes_up'])} ({_size(r['auto']['needed_up'])})",
-                   f"{_size(r['auto']['bytes_down'])} ({_size(r['auto']['needed_down'])})",
-                   f"{_size(max(r['worst_reply']['extra'], 0))} ({r['worst_reply']['cut']})"] for r in rows]))
+    print(
+        render(
+            [
+                "model",
+                "op kinds (FLOPs share)",
+                "GFLOPs A",
+                "cuts served/all",
+                "exact A",
+                "exact B",
+                "auto at A",
+                "up (needed)",
+                "down (needed)",
+                "worst extra down",
+            ],
+            [
+                [
+                    r["model"],
+                    r["op_kinds"],
+                    f"{r['gflops_a']:.3f}",
+                    f"{len(r['served_cuts'])}/{r['cuts']}",
+                    f"{r['exact_a']}/{r['runs_per_binding']}",
+                    f"{r['exact_b']}/{r['runs_per_binding']}",
+                    r["auto"]["plan"],
+                    f"{_size(r['auto']['bytes_up'])} ({_size(r['auto']['needed_up'])})",
+                    f"{_size(r['auto']['bytes_down'])} ({_size(r['auto']['needed_down'])})",
+                    f"{_size(max(r['worst_reply']['extra'], 0))} ({r['worst_reply']['cut']})",
+                ]
+                for r in rows
+            ],
+        )
+    )
     print(f"host load average (1/5/15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
 

@@ -39,8 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--offset", type=float, default=0.0, help="start of the trace window (s)")
     p.add_argument("--link", default="auto", choices=["auto", "kernel", "userspace"])
     p.add_argument("--json", default=None, metavar="FILE")
-    p.add_argument("--strategies", default=",".join(rigbench.STRATEGIES),
-                   help="strategies per cell (default: all, with static-fixed for the regret table)")
+    p.add_argument(
+        "--strategies",
+        default=",".join(rigbench.STRATEGIES),
+        help="strategies per cell (default: all, with static-fixed for the regret table)",
+    )
     a = p.parse_args(argv)
     models = a.models.split(",")
     cells = rigbench.grid_cells(a)
@@ -49,11 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     with rig.Rig(rig.RigConfig(board=a.board, link=a.link, models=tuple(models)), progress=line.say) as r:
         for k, (trace, model, scale, load) in enumerate(cells):
-            line.say(f"cell {k + 1}/{len(cells)}: {trace} {model} x{scale:g} load {load} "
-                     f"({(time.monotonic() - t_start) / 60:.1f} min so far)")
-            cfg = rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load, rate_hz=a.rate,
-                                       duration_s=a.duration, turn_s=a.turn, trace_offset_s=a.offset,
-                                       strategies=tuple(a.strategies.split(",")))
+            line.say(
+                f"cell {k + 1}/{len(cells)}: {trace} {model} x{scale:g} load {load} "
+                f"({(time.monotonic() - t_start) / 60:.1f} min so far)"
+            )
+            cfg = rigbench.BenchConfig(
+                model=model,
+                trace=trace,
+                bandwidth_scale=scale,
+                load=load,
+                rate_hz=a.rate,
+                duration_s=a.duration,
+                turn_s=a.turn,
+                trace_offset_s=a.offset,
+                strategies=tuple(a.strategies.split(",")),
+            )
             try:
                 result = rigbench.run_bench(cfg, r, progress=line.say, live=line)
             except Exception as exc:  # one broken cell must not lose the others
@@ -62,26 +75,62 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             v = cmd_bench.verdict(result)
             s = result["strategies"]
-            rows.append({"trace": trace, "model": model, "scale": scale, "load": load, "link": result["link"],
-                         "verdict": v, "strategies": {n: {key: s[n][key] for key in (
-                             "mean_ms", "p50_ms", "p95_ms", "p99_ms", "completed", "failed", "switches",
-                             "energy_mj", "plans")} for n in s},
-                         "calibration": result["calibration"], "cloud_calibration": result["cloud_calibration"],
-                         "policies": result["policies"], "measured_costs": result["measured_costs"],
-                         "latencies_ms": {n: [q[1] for q in reqs] for n, reqs in
-                                          result["timeline"]["requests"].items()},
-                         "turn_s": a.turn, "requests": {n: [[q[0], q[1]] for q in reqs] for n, reqs in
-                                                        result["timeline"]["requests"].items()}})
+            rows.append(
+                {
+                    "trace": trace,
+                    "model": model,
+                    "scale": scale,
+                    "load": load,
+                    "link": result["link"],
+                    "verdict": v,
+                    "strategies": {
+                        n: {
+                            key: s[n][key]
+                            for key in (
+                                "mean_ms",
+                                "p50_ms",
+                                "p95_ms",
+                                "p99_ms",
+                                "completed",
+                                "failed",
+                                "switches",
+                                "energy_mj",
+                                "plans",
+                            )
+                        }
+                        for n in s
+                    },
+                    "calibration": result["calibration"],
+                    "cloud_calibration": result["cloud_calibration"],
+                    "policies": result["policies"],
+                    "measured_costs": result["measured_costs"],
+                    "latencies_ms": {n: [q[1] for q in reqs] for n, reqs in result["timeline"]["requests"].items()},
+                    "turn_s": a.turn,
+                    "requests": {n: [[q[0], q[1]] for q in reqs] for n, reqs in result["timeline"]["requests"].items()},
+                }
+            )
             print(table([rows[-1]]).splitlines()[-1], flush=True)
             if a.json:  # after every cell: a run cut short keeps what it measured
                 with open(a.json, "w") as f:
-                    json.dump({"cells": rows, "duration_s": a.duration, "turn_s": a.turn, "rate_hz": a.rate,
-                               "board": a.board}, f, indent=1, default=float)
+                    json.dump(
+                        {
+                            "cells": rows,
+                            "duration_s": a.duration,
+                            "turn_s": a.turn,
+                            "rate_hz": a.rate,
+                            "board": a.board,
+                        },
+                        f,
+                        indent=1,
+                        default=float,
+                    )
     print(table(rows))
     print(summary(rows))
     print(regret_text(rows))
-    print(f"{(time.monotonic() - t_start) / 60:.1f} min; host load average (1/5/15 min) "
-          + "/".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(
+        f"{(time.monotonic() - t_start) / 60:.1f} min; host load average (1/5/15 min) "
+        + "/".join(f"{x:.2f}" for x in os.getloadavg())
+    )
     return 0
 
 
@@ -126,19 +175,29 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
     ok = a is not None and a.worst_mean <= 1.05 and a.worst_p95 <= 1.10 and all(f.worst_mean >= 1.25 for f in fixed)
     lines = [render(regret.HEADER, regret.rows(table_))]
     if a is not None:
-        lines.append(f"adaptive worst cell: mean {a.worst_mean:.3f}, p95 {a.worst_p95:.3f} x the per-cell best "
-                     f"(targets 1.05, 1.10); fixed strategies' worst cells: "
-                     + ", ".join(f"{f.strategy} {f.worst_mean:.2f}" for f in fixed) + f" (target >= 1.25): "
-                     f"{'PASS' if ok else 'miss'}")
-    lines.append(f"adaptive vs the best other, per cell (95 % bootstrap over turns): better {calls.count('better')}, "
-                 f"same {calls.count('same')}, worse {calls.count('worse')} of {len(calls)}")
+        lines.append(
+            f"adaptive worst cell: mean {a.worst_mean:.3f}, p95 {a.worst_p95:.3f} x the per-cell best "
+            f"(targets 1.05, 1.10); fixed strategies' worst cells: "
+            + ", ".join(f"{f.strategy} {f.worst_mean:.2f}" for f in fixed)
+            + f" (target >= 1.25): "
+            f"{'PASS' if ok else 'miss'}"
+        )
+    lines.append(
+        f"adaptive vs the best other, per cell (95 % bootstrap over turns): better {calls.count('better')}, "
+        f"same {calls.count('same')}, worse {calls.count('worse')} of {len(calls)}"
+    )
     pairs = [regret.split_route(labelled, n) for n in ("adaptive", "oracle")]
     if any(p.cells for p in pairs):
         lines.append(render(regret.SPLIT_ROUTE_HEADER, regret.split_route_rows(pairs)))
-        route_calls = [regret.call(regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, "route")))
-                       for x in done if "route" in x["strategies"]]
-        lines.append(f"adaptive vs route, per cell (95 % bootstrap over turns): better {route_calls.count('better')}, "
-                     f"same {route_calls.count('same')}, worse {route_calls.count('worse')} of {len(route_calls)}")
+        route_calls = [
+            regret.call(regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, "route")))
+            for x in done
+            if "route" in x["strategies"]
+        ]
+        lines.append(
+            f"adaptive vs route, per cell (95 % bootstrap over turns): better {route_calls.count('better')}, "
+            f"same {route_calls.count('same')}, worse {route_calls.count('worse')} of {len(route_calls)}"
+        )
     return "\n".join(lines)
 
 
@@ -162,37 +221,87 @@ def summary(rows: list[dict[str, Any]]) -> str:
     resolved_ok = sum(1 for lo, hi in cis if hi <= 1.02)
     resolved_miss = sum(1 for lo, hi in cis if lo > 1.02)
     ratios = [y["mean_vs_best_other"] for y in v]
-    return "\n".join([
-        f"{sum(1 for y in v if y['pass'])}/{n} cells meet every target",
-        f"adaptive mean <= 1.10 x oracle: {sum(1 for y in v if y['mean_vs_oracle'] <= 1.10)}/{n}; "
-        f"p95 <= 1.15 x oracle: {sum(1 for y in v if y['p95_vs_oracle'] <= 1.15)}/{n}; "
-        f"zero failed: {sum(1 for y in v if y['failed'] == 0)}/{n}",
-        f"adaptive mean <= 1.02 x best other: {sum(1 for r in ratios if r <= 1.02)}/{n} "
-        f"(<= 1.05: {sum(1 for r in ratios if r <= 1.05)}/{n}; geometric mean over cells "
-        f"{math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else math.nan:.3f}); "
-        f"95 % interval entirely <= 1.02: {resolved_ok}/{n}, entirely > 1.02: {resolved_miss}/{n}, "
-        f"not resolved by the noise: {n - resolved_ok - resolved_miss}/{n}",
-    ])
+    return "\n".join(
+        [
+            f"{sum(1 for y in v if y['pass'])}/{n} cells meet every target",
+            f"adaptive mean <= 1.10 x oracle: {sum(1 for y in v if y['mean_vs_oracle'] <= 1.10)}/{n}; "
+            f"p95 <= 1.15 x oracle: {sum(1 for y in v if y['p95_vs_oracle'] <= 1.15)}/{n}; "
+            f"zero failed: {sum(1 for y in v if y['failed'] == 0)}/{n}",
+            f"adaptive mean <= 1.02 x best other: {sum(1 for r in ratios if r <= 1.02)}/{n} "
+            f"(<= 1.05: {sum(1 for r in ratios if r <= 1.05)}/{n}; geometric mean over cells "
+            f"{math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else math.nan:.3f}); "
+            f"95 % interval entirely <= 1.02: {resolved_ok}/{n}, entirely > 1.02: {resolved_miss}/{n}, "
+            f"not resolved by the noise: {n - resolved_ok - resolved_miss}/{n}",
+        ]
+    )
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     out = []
     for x in rows:
         if "error" in x:
-            out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], "", "ERROR", "", "", "", "", "", "", "",
-                        "", x["error"][:40]))
+            out.append(
+                (
+                    x["trace"],
+                    x["model"],
+                    f"x{x['scale']:g}",
+                    x["load"],
+                    "",
+                    "ERROR",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    x["error"][:40],
+                )
+            )
             continue
         s, v = x["strategies"], x["verdict"]
         others = {n: s[n]["mean_ms"] for n in ("device-only", "cloud-only", "static", "periodic") if n in s}
         best = min(others, key=lambda n: others[n]) if others else "-"
-        out.append((x["trace"], x["model"], f"x{x['scale']:g}", x["load"], twin_gap(s), s["adaptive"]["mean_ms"],
-                    s["oracle"]["mean_ms"], s["adaptive"]["p95_ms"], s["oracle"]["p95_ms"],
-                    f"{best} {others.get(best, math.nan):.0f}", f"{v['mean_vs_oracle']:.3f}",
-                    f"{v['p95_vs_oracle']:.3f}", f"{v['mean_vs_best_other']:.3f}",
-                    "{:.2f}-{:.2f}".format(*best_ci(x)),
-                    f"{v['failed']} {'PASS' if v['pass'] else 'miss'}"))
-    return render(["trace", "model", "scale", "load", "twin gap", "adapt mean", "oracle mean", "adapt p95",
-                   "oracle p95", "best other (mean)", "mean/orc", "p95/orc", "mean/best", "95% CI", "failed"], out)
+        out.append(
+            (
+                x["trace"],
+                x["model"],
+                f"x{x['scale']:g}",
+                x["load"],
+                twin_gap(s),
+                s["adaptive"]["mean_ms"],
+                s["oracle"]["mean_ms"],
+                s["adaptive"]["p95_ms"],
+                s["oracle"]["p95_ms"],
+                f"{best} {others.get(best, math.nan):.0f}",
+                f"{v['mean_vs_oracle']:.3f}",
+                f"{v['p95_vs_oracle']:.3f}",
+                f"{v['mean_vs_best_other']:.3f}",
+                "{:.2f}-{:.2f}".format(*best_ci(x)),
+                f"{v['failed']} {'PASS' if v['pass'] else 'miss'}",
+            )
+        )
+    return render(
+        [
+            "trace",
+            "model",
+            "scale",
+            "load",
+            "twin gap",
+            "adapt mean",
+            "oracle mean",
+            "adapt p95",
+            "oracle p95",
+            "best other (mean)",
+            "mean/orc",
+            "p95/orc",
+            "mean/best",
+            "95% CI",
+            "failed",
+        ],
+        out,
+    )
 
 
 def twin_gap(s: dict[str, Any]) -> str:
@@ -200,8 +309,12 @@ def twin_gap(s: dict[str, Any]) -> str:
     (static's pick is often device-only's or cloud-only's), how far apart their means came out."""
     plans = {n: s[n].get("plans", {}) for n in ("device-only", "cloud-only", "static") if n in s}
     for other in ("device-only", "cloud-only"):
-        if other in plans and "static" in plans and plans[other].keys() == plans["static"].keys() \
-                and len(plans[other]) == 1:
+        if (
+            other in plans
+            and "static" in plans
+            and plans[other].keys() == plans["static"].keys()
+            and len(plans[other]) == 1
+        ):
             a, b = s[other]["mean_ms"], s["static"]["mean_ms"]
             return f"{abs(a / b - 1) * 100:.1f}%"
     return "-"

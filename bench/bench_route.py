@@ -60,14 +60,25 @@ def summary_rows(results: Sequence[dict[str, Any]], models: Sequence[str]) -> li
             continue
         a = regret.split_route(sel, "adaptive")
         o = regret.split_route(sel, "oracle")
-        rows.append([m, str(len(sel)), f"{a.geo:.3f} ({a.geo_ci[0]:.3f}-{a.geo_ci[1]:.3f})", f"{a.worst:.3f}",
-                     f"{a.worst_p95:.3f}", f"{o.geo:.3f} ({o.geo_ci[0]:.3f}-{o.geo_ci[1]:.3f})", f"{o.worst:.3f}",
-                     f"{o.worst_p95:.3f}", f"{a.gain_cells}/{o.gain_cells}"])
+        rows.append(
+            [
+                m,
+                str(len(sel)),
+                f"{a.geo:.3f} ({a.geo_ci[0]:.3f}-{a.geo_ci[1]:.3f})",
+                f"{a.worst:.3f}",
+                f"{a.worst_p95:.3f}",
+                f"{o.geo:.3f} ({o.geo_ci[0]:.3f}-{o.geo_ci[1]:.3f})",
+                f"{o.worst:.3f}",
+                f"{o.worst_p95:.3f}",
+                f"{a.gain_cells}/{o.gain_cells}",
+            ]
+        )
     return rows
 
 
-def pays_rows(models: Sequence[str], board_names: Sequence[str], *, rtt_ms: float,
-              constrained: Sequence[str] = ()) -> list[list[str]]:
+def pays_rows(
+    models: Sequence[str], board_names: Sequence[str], *, rtt_ms: float, constrained: Sequence[str] = ()
+) -> list[list[str]]:
     """Where splitting beats routing by >= 10 % (``plan.explain``, every codec, 0.1-100 Mbit/s, device load
     1/2/4): per model, board and objective, the bands and the largest gain. ``constrained`` models also get a
     row under the privacy floor --no-raw-input, where routing cannot comply and the comparison is device-only."""
@@ -88,8 +99,7 @@ def pays_rows(models: Sequence[str], board_names: Sequence[str], *, rtt_ms: floa
                 allowed = allowed_for(graph.load(rig.model_path_for(m)), table, Constraints(no_raw_input=True))
                 variants.append(("no raw input (vs device-only)", allowed.cuts if allowed else None))
             for label_, cuts in variants:
-                v = explain.explain(table, rtt_ms=rtt_ms, objectives=("latency", "energy"), power=b.power,
-                                    cuts=cuts)
+                v = explain.explain(table, rtt_ms=rtt_ms, objectives=("latency", "energy"), power=b.power, cuts=cuts)
                 for objective in ("latency", "energy"):
                     paying = [x for x in v.bands if x.objective == objective and x.max_gain >= 1.10]
                     if not paying:
@@ -97,14 +107,23 @@ def pays_rows(models: Sequence[str], board_names: Sequence[str], *, rtt_ms: floa
                         continue
                     best = max(paying, key=lambda x: x.max_gain)
                     where = "; ".join(f"load {x.device_load:g}: {x.from_mbps:.3g}-{x.to_mbps:.3g}" for x in paying)
-                    rows.append([m, bn, objective, label_, where,
-                                 f"{(best.max_gain - 1) * 100:.0f} % ({best.best_plan}, load {best.device_load:g}, "
-                                 f"{best.at_mbps:.3g} Mbit/s)"])
+                    rows.append(
+                        [
+                            m,
+                            bn,
+                            objective,
+                            label_,
+                            where,
+                            f"{(best.max_gain - 1) * 100:.0f} % ({best.best_plan}, load {best.device_load:g}, "
+                            f"{best.at_mbps:.3g} Mbit/s)",
+                        ]
+                    )
     return rows
 
 
-def privacy_rows(models: Sequence[str], traces: Sequence[str], scales: Sequence[float], window_s: float,
-                 board: str) -> list[list[str]]:
+def privacy_rows(
+    models: Sequence[str], traces: Sequence[str], scales: Sequence[float], window_s: float, board: str
+) -> list[list[str]]:
     """Under the privacy floor --no-raw-input routing cannot comply; adaptive (allowed cuts only) against
     device-only, simulated per model over ``traces`` x ``scales`` (load none): device-only mean / adaptive
     mean, geometric mean and range over the cells."""
@@ -132,11 +151,15 @@ def privacy_rows(models: Sequence[str], traces: Sequence[str], scales: Sequence[
             rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
             for scale in scales:
                 played = window.scaled(scale) if scale != 1 else window
-                cfg = sim.SimConfig(duration_s=window.duration_s, rtt_ms=rtt,
-                                    controller=ControllerConfig(codecs=None, cuts=allowed.cuts))
+                cfg = sim.SimConfig(
+                    duration_s=window.duration_s,
+                    rtt_ms=rtt,
+                    controller=ControllerConfig(codecs=None, cuts=allowed.cuts),
+                )
                 ad = statistics.fmean(sim.latencies(sim.simulate(table, "adaptive", played, cfg)))
-                dev = statistics.fmean(sim.latencies(sim.simulate(table, "fixed:device", played, cfg,
-                                                                  with_cloud=False)))
+                dev = statistics.fmean(
+                    sim.latencies(sim.simulate(table, "fixed:device", played, cfg, with_cloud=False))
+                )
                 ratios.append(dev / ad)
         geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
         rows.append([m, str(len(ratios)), f"{geo:.3f}", f"{min(ratios):.3f}-{max(ratios):.3f}"])
@@ -144,10 +167,18 @@ def privacy_rows(models: Sequence[str], traces: Sequence[str], scales: Sequence[
 
 
 PRIVACY_HEADER = ["model (--no-raw-input)", "cells", "device-only / adaptive, geo-mean", "range"]
-PAYS_HEADER = ["model", "board", "objective", "constraint", "Mbit/s where split beats route by >= 10 %",
-               "largest gain"]
-HEADER = ["model", "cells", "adaptive route/split geo (95 % CI)", "worst mean", "worst p95",
-          "oracle route/split geo (95 % CI)", "worst mean", "worst p95", ">= 1.10 (a/o)"]
+PAYS_HEADER = ["model", "board", "objective", "constraint", "Mbit/s where split beats route by >= 10 %", "largest gain"]
+HEADER = [
+    "model",
+    "cells",
+    "adaptive route/split geo (95 % CI)",
+    "worst mean",
+    "worst p95",
+    "oracle route/split geo (95 % CI)",
+    "worst mean",
+    "worst p95",
+    ">= 1.10 (a/o)",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,41 +192,79 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--board", default="rpi4")
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--json", default=None, metavar="FILE", help="write every cell as JSON ('-': stdout)")
-    p.add_argument("--pays-boards", default="rpi4,rpi5,jetson-nano",
-                   help="boards for the 'when does splitting pay' table ('' to skip it)")
-    p.add_argument("--constrained", default="resnet50,squeezenet,mobilenetv2",
-                   help="models that also get a --no-raw-input row in that table, and the privacy table")
+    p.add_argument(
+        "--pays-boards",
+        default="rpi4,rpi5,jetson-nano",
+        help="boards for the 'when does splitting pay' table ('' to skip it)",
+    )
+    p.add_argument(
+        "--constrained",
+        default="resnet50,squeezenet,mobilenetv2",
+        help="models that also get a --no-raw-input row in that table, and the privacy table",
+    )
     args = p.parse_args(argv)
     t0 = time.monotonic()
     grid = cells(args)
     results = []
     for n, (model, trace, off, scale, load) in enumerate(grid, 1):
         print(f"cell {n}/{len(grid)}: {model} {trace}@{off:g} x{scale:g} {load}", file=sys.stderr, flush=True)
-        results.append(cmd_sim.sim_cell(model, trace, board=args.board, scale=scale, load=load, rate_hz=args.rate,
-                                        duration_s=args.window, offset_s=off, strategies=STRATEGIES))
+        results.append(
+            cmd_sim.sim_cell(
+                model,
+                trace,
+                board=args.board,
+                scale=scale,
+                load=load,
+                rate_hz=args.rate,
+                duration_s=args.window,
+                offset_s=off,
+                strategies=STRATEGIES,
+            )
+        )
     models = args.models.split(",")
     constrained = [m for m in args.constrained.split(",") if m in models]
-    pays = pays_rows(models, [b for b in args.pays_boards.split(",") if b], rtt_ms=80.0,
-                     constrained=constrained) if args.pays_boards else []
+    pays = (
+        pays_rows(models, [b for b in args.pays_boards.split(",") if b], rtt_ms=80.0, constrained=constrained)
+        if args.pays_boards
+        else []
+    )
     traces = [t for item in args.traces.split(",") for t in rigbench.TRACE_SETS.get(item, (item,))]
-    privacy = privacy_rows(constrained, traces, [float(x) for x in args.scales.split(",")], args.window,
-                           args.board) if constrained else []
-    doc = {"cells": results, "privacy": [dict(zip(PRIVACY_HEADER, r, strict=True)) for r in privacy],
-           "board": args.board, "window_s": args.window, "load_average": os.getloadavg(),
-           "pays": [dict(zip(PAYS_HEADER, r, strict=True)) for r in pays],
-           "summary": {m: {k: regret.split_route([(label(c), c["strategies"]) for c in results
-                                                  if m in ("all", c["model"])], k).__dict__
-                           for k in ("adaptive", "oracle")} for m in [*models, "all"]}}
+    privacy = (
+        privacy_rows(constrained, traces, [float(x) for x in args.scales.split(",")], args.window, args.board)
+        if constrained
+        else []
+    )
+    doc = {
+        "cells": results,
+        "privacy": [dict(zip(PRIVACY_HEADER, r, strict=True)) for r in privacy],
+        "board": args.board,
+        "window_s": args.window,
+        "load_average": os.getloadavg(),
+        "pays": [dict(zip(PAYS_HEADER, r, strict=True)) for r in pays],
+        "summary": {
+            m: {
+                k: regret.split_route(
+                    [(label(c), c["strategies"]) for c in results if m in ("all", c["model"])], k
+                ).__dict__
+                for k in ("adaptive", "oracle")
+            }
+            for m in [*models, "all"]
+        },
+    }
     if args.json == "-":
         json.dump(doc, sys.stdout, default=float)
         return 0
-    print(f"split vs route, simulated: {args.board}, shipped profiles, traces {args.traces} ({args.window:g} s "
-          f"windows x{args.windows}), scales {args.scales}, loads {args.loads}, every codec; route/split > 1: "
-          f"splitting is faster")
+    print(
+        f"split vs route, simulated: {args.board}, shipped profiles, traces {args.traces} ({args.window:g} s "
+        f"windows x{args.windows}), scales {args.scales}, loads {args.loads}, every codec; route/split > 1: "
+        f"splitting is faster"
+    )
     print(render(HEADER, summary_rows(results, models)))
     top = sorted(results, key=lambda c: -c["route_over_oracle"])[:5]
-    print("largest oracle gains: " + "; ".join(
-        f"{label(c)} {c['route_over_oracle']:.3f} (adaptive {c['route_over_adaptive']:.3f})" for c in top))
+    print(
+        "largest oracle gains: "
+        + "; ".join(f"{label(c)} {c['route_over_oracle']:.3f} (adaptive {c['route_over_adaptive']:.3f})" for c in top)
+    )
     if privacy:
         print("\nprivacy floor --no-raw-input (routing cannot comply), simulated, load none: adaptive vs device-only")
         print(render(PRIVACY_HEADER, privacy))

@@ -71,8 +71,9 @@ def measure(name: str, dims: dict[str, int], args: argparse.Namespace) -> Measur
     binding = shapes.ShapeBinding(dims=dims)
     say(f"{name}: profiling at {dims_text(dims)}")
     t0 = time.perf_counter()
-    prof = profiler.measure(path, binding=binding, runs=args.runs, segments=args.segments, threads=args.threads,
-                            progress=lambda _m: None)
+    prof = profiler.measure(
+        path, binding=binding, runs=args.runs, segments=args.segments, threads=args.threads, progress=lambda _m: None
+    )
     return Measured(dims=dims, graph=graph.load(path, binding), profile=prof, seconds=time.perf_counter() - t0)
 
 
@@ -107,19 +108,31 @@ def compare(pred: CostTable, real: CostTable, args: argparse.Namespace) -> dict[
         cond = Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=args.rtt_ms))
         mine, best = solve(pred, cond, codecs=["fp32"]), solve(real, cond, codecs=["fp32"])
         really = evaluate(real, mine.key, cond).predicted_ms
-        plans.append({"bandwidth_mbps": bw, "plan": mine.key, "real_plan": best.key,
-                      "predicted_ms": mine.predicted_ms, "real_best_ms": best.predicted_ms, "plan_real_ms": really,
-                      "pred_err": abs(mine.predicted_ms - best.predicted_ms) / best.predicted_ms,
-                      "regret": really / best.predicted_ms - 1.0})
+        plans.append(
+            {
+                "bandwidth_mbps": bw,
+                "plan": mine.key,
+                "real_plan": best.key,
+                "predicted_ms": mine.predicted_ms,
+                "real_best_ms": best.predicted_ms,
+                "plan_real_ms": really,
+                "pred_err": abs(mine.predicted_ms - best.predicted_ms) / best.predicted_ms,
+                "regret": really / best.predicted_ms - 1.0,
+            }
+        )
     pred_err = np.array([p["pred_err"] for p in plans])
     return {
-        "head_med": float(np.median(head_err)), "head_p90": float(np.percentile(head_err, 90)),
-        "tail_med": float(np.median(tail_err)), "tail_p90": float(np.percentile(tail_err, 90)),
+        "head_med": float(np.median(head_err)),
+        "head_p90": float(np.percentile(head_err, 90)),
+        "tail_med": float(np.median(tail_err)),
+        "tail_p90": float(np.percentile(tail_err, 90)),
         "full_err": float(abs(pred.head_ms[full] - real.head_ms[full]) / real.head_ms[full]),
         "bytes_diff": int(np.max(np.abs(pred.bytes - real.bytes))),
-        "pred_med": float(np.median(pred_err)), "pred_p90": float(np.percentile(pred_err, 90)),
+        "pred_med": float(np.median(pred_err)),
+        "pred_p90": float(np.percentile(pred_err, 90)),
         "regret_max": float(max(p["regret"] for p in plans)),
-        "same_plan": sum(p["plan"] == p["real_plan"] for p in plans), "plans": plans,
+        "same_plan": sum(p["plan"] == p["real_plan"] for p in plans),
+        "plans": plans,
     }
 
 
@@ -134,9 +147,18 @@ def bench_model(name: str, args: argparse.Namespace, factor: float) -> list[dict
 
     t_a = table(a)
     at_a = rebind.cut_costs(a.graph)
-    rows = [{"model": name, "from": dims_text(a_dims), "to": dims_text(a_dims), "method": "A again",
-             "total_ms_a": a.profile.total_ms, "total_ms_b": again.profile.total_ms,
-             "load1": os.getloadavg()[0], **compare(t_a, table(again), args)}]
+    rows = [
+        {
+            "model": name,
+            "from": dims_text(a_dims),
+            "to": dims_text(a_dims),
+            "method": "A again",
+            "total_ms_a": a.profile.total_ms,
+            "total_ms_b": again.profile.total_ms,
+            "load1": os.getloadavg()[0],
+            **compare(t_a, table(again), args),
+        }
+    ]
     for b_dims in targets:
         b = measure(name, b_dims, args)
         t_b = table(b)
@@ -146,8 +168,15 @@ def bench_model(name: str, args: argparse.Namespace, factor: float) -> list[dict
         scaled = scale_table(t_a, at_a, at_b)
         scale_ms = (time.perf_counter() - t0) * 1e3
         load1 = os.getloadavg()[0]
-        common = {"model": name, "from": dims_text(a_dims), "to": dims_text(b_dims), "total_ms_a": a.profile.total_ms,
-                  "total_ms_b": b.profile.total_ms, "flops_ratio": at_b.flops / at_a.flops, "load1": load1}
+        common = {
+            "model": name,
+            "from": dims_text(a_dims),
+            "to": dims_text(b_dims),
+            "total_ms_a": a.profile.total_ms,
+            "total_ms_b": b.profile.total_ms,
+            "flops_ratio": at_b.flops / at_a.flops,
+            "load1": load1,
+        }
         rows.append({**common, "method": "scaled", "scale_ms": round(scale_ms, 2), **compare(scaled, t_b, args)})
         rows.append({**common, "method": "unscaled", **compare(t_a, t_b, args)})
     return rows
@@ -170,29 +199,92 @@ def main() -> int:
     t0 = time.perf_counter()
     rows = [r for m in args.models.split(",") for r in bench_model(m, args, factor)]
     say(f"done in {time.perf_counter() - t0:.0f} s")
-    meta = {"board": args.board, "device_speed_factor": factor, "runs": args.runs, "segments": args.segments,
-            "rtt_ms": args.rtt_ms, "bandwidths_mbps": args.bandwidths, "load1_end": os.getloadavg()[0],
-            "threads": args.threads or profiler.default_threads()}
+    meta = {
+        "board": args.board,
+        "device_speed_factor": factor,
+        "runs": args.runs,
+        "segments": args.segments,
+        "rtt_ms": args.rtt_ms,
+        "bandwidths_mbps": args.bandwidths,
+        "load1_end": os.getloadavg()[0],
+        "threads": args.threads or profiler.default_threads(),
+    }
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
         return 0
     pct = "{:.1%}".format
-    print(f"device = this host x {factor:.1f} ({args.board}), cloud = this host; fp32; rtt {args.rtt_ms:g} ms; "
-          f"bandwidths {', '.join(f'{b:g}' for b in args.bandwidths)} Mbit/s; runs {args.runs}, "
-          f"segments {args.segments}, {meta['threads']} threads")
-    print(render(
-        ["model", "A", "B", "table", "A ms", "B ms", "head med", "head p90", "tail med", "tail p90", "full",
-         "bytes", "pred med", "pred p90", "regret max", "same plan", "load1"],
-        [[r["model"], r["from"], r["to"], r["method"], f"{r['total_ms_a']:.2f}", f"{r['total_ms_b']:.2f}",
-          pct(r["head_med"]), pct(r["head_p90"]), pct(r["tail_med"]), pct(r["tail_p90"]), pct(r["full_err"]),
-          r["bytes_diff"], pct(r["pred_med"]), pct(r["pred_p90"]), pct(r["regret_max"]),
-          f"{r['same_plan']}/{len(r['plans'])}", f"{r['load1']:.2f}"] for r in rows]))
+    print(
+        f"device = this host x {factor:.1f} ({args.board}), cloud = this host; fp32; rtt {args.rtt_ms:g} ms; "
+        f"bandwidths {', '.join(f'{b:g}' for b in args.bandwidths)} Mbit/s; runs {args.runs}, "
+        f"segments {args.segments}, {meta['threads']} threads"
+    )
+    print(
+        render(
+            [
+                "model",
+                "A",
+                "B",
+                "table",
+                "A ms",
+                "B ms",
+                "head med",
+                "head p90",
+                "tail med",
+                "tail p90",
+                "full",
+                "bytes",
+                "pred med",
+                "pred p90",
+                "regret max",
+                "same plan",
+                "load1",
+            ],
+            [
+                [
+                    r["model"],
+                    r["from"],
+                    r["to"],
+                    r["method"],
+                    f"{r['total_ms_a']:.2f}",
+                    f"{r['total_ms_b']:.2f}",
+                    pct(r["head_med"]),
+                    pct(r["head_p90"]),
+                    pct(r["tail_med"]),
+                    pct(r["tail_p90"]),
+                    pct(r["full_err"]),
+                    r["bytes_diff"],
+                    pct(r["pred_med"]),
+                    pct(r["pred_p90"]),
+                    pct(r["regret_max"]),
+                    f"{r['same_plan']}/{len(r['plans'])}",
+                    f"{r['load1']:.2f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     print()
-    print(render(
-        ["model", "B", "Mbit/s", "scaled plan", "real plan", "predicted ms", "real best ms", "pred err", "regret"],
-        [[r["model"], r["to"], f"{p['bandwidth_mbps']:g}", p["plan"], p["real_plan"], f"{p['predicted_ms']:.1f}",
-          f"{p['real_best_ms']:.1f}", pct(p["pred_err"]), pct(p["regret"])]
-         for r in rows if r["method"] == "scaled" for p in r["plans"]]))
+    print(
+        render(
+            ["model", "B", "Mbit/s", "scaled plan", "real plan", "predicted ms", "real best ms", "pred err", "regret"],
+            [
+                [
+                    r["model"],
+                    r["to"],
+                    f"{p['bandwidth_mbps']:g}",
+                    p["plan"],
+                    p["real_plan"],
+                    f"{p['predicted_ms']:.1f}",
+                    f"{p['real_best_ms']:.1f}",
+                    pct(p["pred_err"]),
+                    pct(p["regret"]),
+                ]
+                for r in rows
+                if r["method"] == "scaled"
+                for p in r["plans"]
+            ],
+        )
+    )
     return 0
 
 

@@ -33,10 +33,22 @@ from splitrt.rig import regret
 
 
 def cell(model: str, trace_name: str, scale: float, load: str, args: argparse.Namespace) -> dict[str, Any]:
-    return cmd_sim.sim_cell(model, trace_name, board=args.board, scale=scale, load=load, rate_hz=args.rate,
-                            duration_s=args.duration or None, offset_s=args.offset, jitter=args.jitter,
-                            seed=args.seed, device_speed=args.device_speed, cloud_speed=args.cloud_speed,
-                            link=args.link_config, controller=args.controller_config)
+    return cmd_sim.sim_cell(
+        model,
+        trace_name,
+        board=args.board,
+        scale=scale,
+        load=load,
+        rate_hz=args.rate,
+        duration_s=args.duration or None,
+        offset_s=args.offset,
+        jitter=args.jitter,
+        seed=args.seed,
+        device_speed=args.device_speed,
+        cloud_speed=args.cloud_speed,
+        link=args.link_config,
+        controller=args.controller_config,
+    )
 
 
 def overrides(items: list[str]) -> tuple[LinkConfig, ControllerConfig]:
@@ -48,8 +60,7 @@ def overrides(items: list[str]) -> tuple[LinkConfig, ControllerConfig]:
             raise SystemExit(f"--set: expected link.FIELD=VALUE or controller.FIELD=VALUE, got {item!r}")
         num = None if value == "None" else float(value)
         fields[section][name] = int(num) if num is not None and "." not in value else num
-    return (LinkConfig(**fields["link"]),
-            ControllerConfig(**{"codecs": None, **fields["controller"]}))
+    return (LinkConfig(**fields["link"]), ControllerConfig(**{"codecs": None, **fields["controller"]}))
 
 
 def regret_text(cells: list[dict[str, Any]]) -> str:
@@ -60,12 +71,17 @@ def regret_text(cells: list[dict[str, Any]]) -> str:
     a = by["adaptive"]
     fixed = [by[n] for n in regret.FIXED if n in by]
     ok = a.worst_mean <= 1.05 and a.worst_p95 <= 1.10 and all(f.worst_mean >= 1.25 for f in fixed)
-    return (render(regret.HEADER, regret.rows(table)) + "\n"
-            f"adaptive worst cell: mean {a.worst_mean:.3f}, p95 {a.worst_p95:.3f} x the per-cell best (targets 1.05, "
-            f"1.10); fixed strategies' worst cells: " + ", ".join(f"{f.strategy} {f.worst_mean:.2f}" for f in fixed)
-            + f" (target >= 1.25): {'PASS' if ok else 'miss'}\n\n"
-            + render(regret.SPLIT_ROUTE_HEADER, regret.split_route_rows(
-                [regret.split_route(labelled, "adaptive"), regret.split_route(labelled, "oracle")])))
+    return (
+        render(regret.HEADER, regret.rows(table)) + "\n"
+        f"adaptive worst cell: mean {a.worst_mean:.3f}, p95 {a.worst_p95:.3f} x the per-cell best (targets 1.05, "
+        f"1.10); fixed strategies' worst cells: "
+        + ", ".join(f"{f.strategy} {f.worst_mean:.2f}" for f in fixed)
+        + f" (target >= 1.25): {'PASS' if ok else 'miss'}\n\n"
+        + render(
+            regret.SPLIT_ROUTE_HEADER,
+            regret.split_route_rows([regret.split_route(labelled, "adaptive"), regret.split_route(labelled, "oracle")]),
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,13 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute times per request")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device-speed", type=float, default=1.0,
-                   help="device compute really takes this x the profile (the profile's error)")
+    p.add_argument(
+        "--device-speed",
+        type=float,
+        default=1.0,
+        help="device compute really takes this x the profile (the profile's error)",
+    )
     p.add_argument("--cloud-speed", type=float, default=1.0, help="the same for the cloud's compute")
     p.add_argument("--json", default=None, metavar="FILE", help="write the cells as JSON ('-': stdout)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a LinkConfig (link.) or ControllerConfig (controller.) field, e.g. "
-                        "link.max_sample_age_s=2 (repeatable): what-if runs of the decision logic")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a LinkConfig (link.) or ControllerConfig (controller.) field, e.g. "
+        "link.max_sample_age_s=2 (repeatable): what-if runs of the decision logic",
+    )
     args = p.parse_args(argv)
     args.link_config, args.controller_config = overrides(args.set)
     t0 = time.monotonic()
@@ -95,34 +120,83 @@ def main(argv: list[str] | None = None) -> int:
     for c in cells:
         s = c["strategies"]
         ok = c["mean_vs_oracle"] <= 1.10 and c["p95_vs_oracle"] <= 1.15 and c["mean_vs_best"] <= 1.02
-        rows.append([c["trace"], c["model"], f"x{c['bandwidth_scale']:g}", c["load"], f"{c['duration_s']:.0f}",
-                     str(s["adaptive"]["completed"]), f"{s['adaptive']['mean_ms']:.0f}",
-                     f"{s['oracle']['mean_ms']:.0f}",
-                     f"{s['adaptive']['p95_ms']:.0f}", f"{s['oracle']['p95_ms']:.0f}",
-                     f"{c['best_other']} {s[c['best_other']]['mean_ms']:.0f}", f"{c['mean_vs_oracle']:.3f}",
-                     f"{c['p95_vs_oracle']:.3f}", f"{c['mean_vs_best']:.3f}", str(s["adaptive"]["switches"]),
-                     "PASS" if ok else "miss"])
+        rows.append(
+            [
+                c["trace"],
+                c["model"],
+                f"x{c['bandwidth_scale']:g}",
+                c["load"],
+                f"{c['duration_s']:.0f}",
+                str(s["adaptive"]["completed"]),
+                f"{s['adaptive']['mean_ms']:.0f}",
+                f"{s['oracle']['mean_ms']:.0f}",
+                f"{s['adaptive']['p95_ms']:.0f}",
+                f"{s['oracle']['p95_ms']:.0f}",
+                f"{c['best_other']} {s[c['best_other']]['mean_ms']:.0f}",
+                f"{c['mean_vs_oracle']:.3f}",
+                f"{c['p95_vs_oracle']:.3f}",
+                f"{c['mean_vs_best']:.3f}",
+                str(s["adaptive"]["switches"]),
+                "PASS" if ok else "miss",
+            ]
+        )
     if args.json == "-":
-        json.dump({"cells": cells, "jitter": args.jitter, "device_speed": args.device_speed,
-                   "cloud_speed": args.cloud_speed}, sys.stdout, indent=1)
+        json.dump(
+            {"cells": cells, "jitter": args.jitter, "device_speed": args.device_speed, "cloud_speed": args.cloud_speed},
+            sys.stdout,
+            indent=1,
+        )
         return 0
-    print(render(["trace", "model", "scale", "load", "s", "reqs", "adapt mean", "oracle mean", "adapt p95",
-                  "oracle p95", "best other (mean)", "mean/orc", "p95/orc", "mean/best", "switches", ""], rows))
+    print(
+        render(
+            [
+                "trace",
+                "model",
+                "scale",
+                "load",
+                "s",
+                "reqs",
+                "adapt mean",
+                "oracle mean",
+                "adapt p95",
+                "oracle p95",
+                "best other (mean)",
+                "mean/orc",
+                "p95/orc",
+                "mean/best",
+                "switches",
+                "",
+            ],
+            rows,
+        )
+    )
     n = len(cells)
     ratios = [c["mean_vs_best"] for c in cells]
-    print(f"adaptive mean <= 1.10 x oracle: {sum(c['mean_vs_oracle'] <= 1.10 for c in cells)}/{n}; "
-          f"p95 <= 1.15 x oracle: {sum(c['p95_vs_oracle'] <= 1.15 for c in cells)}/{n}; "
-          f"mean <= 1.02 x best other: {sum(r <= 1.02 for r in ratios)}/{n} (worst {max(ratios):.3f}, "
-          f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}); jitter {args.jitter:g}, "
-          f"true/profiled compute: device x{args.device_speed:g}, cloud x{args.cloud_speed:g}")
+    print(
+        f"adaptive mean <= 1.10 x oracle: {sum(c['mean_vs_oracle'] <= 1.10 for c in cells)}/{n}; "
+        f"p95 <= 1.15 x oracle: {sum(c['p95_vs_oracle'] <= 1.15 for c in cells)}/{n}; "
+        f"mean <= 1.02 x best other: {sum(r <= 1.02 for r in ratios)}/{n} (worst {max(ratios):.3f}, "
+        f"geometric mean {float(np.exp(np.mean(np.log(ratios)))):.3f}); jitter {args.jitter:g}, "
+        f"true/profiled compute: device x{args.device_speed:g}, cloud x{args.cloud_speed:g}"
+    )
     print()
     print(regret_text(cells))
-    print(f"{(time.monotonic() - t0):.0f} s; median adaptive requests per cell "
-          f"{statistics.median(c['strategies']['adaptive']['completed'] for c in cells):.0f}")
+    print(
+        f"{(time.monotonic() - t0):.0f} s; median adaptive requests per cell "
+        f"{statistics.median(c['strategies']['adaptive']['completed'] for c in cells):.0f}"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cells": cells, "jitter": args.jitter, "device_speed": args.device_speed,
-                       "cloud_speed": args.cloud_speed}, f, indent=1)
+            json.dump(
+                {
+                    "cells": cells,
+                    "jitter": args.jitter,
+                    "device_speed": args.device_speed,
+                    "cloud_speed": args.cloud_speed,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

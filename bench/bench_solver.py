@@ -92,10 +92,10 @@ def main() -> int:
     for objective in solver.OBJECTIVES:
         # throughput is a max of stages, not separable: O(cuts²), fewer calls
         calls = args.calls if objective != "throughput" else max(args.calls // 50, 5)
-        med, p90 = _timeit(lambda o=objective: solver.solve_chain(table, edge, edge, chain_cond, objective=o,
-                                                                   codecs=None), calls)
-        rows.append({"what": f"solve_chain {objective} (3 tiers)", "cuts": len(table), "median_ms": med,
-                     "p90_ms": p90})
+        med, p90 = _timeit(
+            lambda o=objective: solver.solve_chain(table, edge, edge, chain_cond, objective=o, codecs=None), calls
+        )
+        rows.append({"what": f"solve_chain {objective} (3 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
     ctl = ChainController(table, edge, edge, ChainControllerConfig(codecs=None))
     hop1 = LinkEstimate(bandwidth_mbps=100.0, rtt_ms=2.0, confidence=1.0)
     hop2 = LinkEstimate(bandwidth_mbps=20.0, rtt_ms=30.0, confidence=1.0)
@@ -130,8 +130,11 @@ def main() -> int:
         "model_best_prefix_ms": real_prefix.latency_ms,
     }
     if args.json:
-        print(json.dumps({"timings": rows, "agreement": agreement, "load_avg": load_avg, "cpus": os.cpu_count()},
-                         indent=1))
+        print(
+            json.dumps(
+                {"timings": rows, "agreement": agreement, "load_avg": load_avg, "cpus": os.cpu_count()}, indent=1
+            )
+        )
         return 0
     print(f"{'what':<34}{'cuts/nodes':>11}{'median ms':>12}{'p90 ms':>10}")
     for r in rows:

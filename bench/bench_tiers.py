@@ -48,9 +48,21 @@ def cell_rows(label: str, result: dict[str, Any]) -> list[tuple[Any, ...]]:
         r = s.get("adaptive_over_this")
         vs = f"{r['mean']['call']}/{r['energy']['call']}" if r else ""
         inc = s.get("energy_increment_mj", math.nan)
-        out.append((label, name, tierscli._plans(s), round(s["mean_ms"]), ci, round(s["p95_ms"]),
-                    round(s["energy_mj"]), "-" if math.isnan(inc) else round(inc),
-                    f"{s['completed']}/{s['failed']}", s["via_edge"], vs))
+        out.append(
+            (
+                label,
+                name,
+                tierscli._plans(s),
+                round(s["mean_ms"]),
+                ci,
+                round(s["p95_ms"]),
+                round(s["energy_mj"]),
+                "-" if math.isnan(inc) else round(inc),
+                f"{s['completed']}/{s['failed']}",
+                s["via_edge"],
+                vs,
+            )
+        )
     return out
 
 
@@ -62,17 +74,28 @@ def gains_row(label: str, result: dict[str, Any]) -> tuple[Any, ...]:
         return f"{x['pct']:+.1f}% ({x['against']})" if x.get("against") else "-"
 
     la = result["load_average"]
-    return (label, fmt("latency_vs_static_split"), fmt("energy_vs_static_split"), fmt("latency_vs_static_2tier"),
-            fmt("energy_vs_static_2tier"), fmt("latency_vs_any_static"), fmt("energy_vs_any_static"), result["failed"],
-            f"{la['start'][0]:.1f} -> {la['end'][0]:.1f}")
+    return (
+        label,
+        fmt("latency_vs_static_split"),
+        fmt("energy_vs_static_split"),
+        fmt("latency_vs_static_2tier"),
+        fmt("energy_vs_static_2tier"),
+        fmt("latency_vs_any_static"),
+        fmt("energy_vs_any_static"),
+        result["failed"],
+        f"{la['start'][0]:.1f} -> {la['end'][0]:.1f}",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="resnet50,inception_v1")
     p.add_argument("--board", default="rpi4")
-    p.add_argument("--pairs", default="hsdpa/bus:fcc/amazon-214390,hsdpa/car:fcc/amazon-799296",
-                   help="comma-separated HOP1:HOP2 trace pairs")
+    p.add_argument(
+        "--pairs",
+        default="hsdpa/bus:fcc/amazon-214390,hsdpa/car:fcc/amazon-799296",
+        help="comma-separated HOP1:HOP2 trace pairs",
+    )
     p.add_argument("--scale1", type=float, default=10.0, help="hop 1 bandwidth scale (x10: Wi-Fi/LTE class)")
     p.add_argument("--scale2", type=float, default=5.0, help="hop 2 bandwidth scale")
     p.add_argument("--offset", type=float, default=60.0, help="start of both windows in their traces (s)")
@@ -92,11 +115,23 @@ def main(argv: list[str] | None = None) -> int:
     rig = TierRig(rc, progress=line.say)
     with rig:
         for k, ((t1, t2), model) in enumerate((pr, m) for pr in pairs for m in models):
-            line.say(f"cell {k + 1}/{len(pairs) * len(models)}: {model}, {t1} x{a.scale1:g} -> {t2} x{a.scale2:g} "
-                     f"({(time.monotonic() - t0) / 60:.1f} min so far, load average {_la()})")
-            cfg = TierBenchConfig(model=model, trace=t1, trace2=t2, bandwidth_scale=a.scale1, bandwidth_scale2=a.scale2,
-                                  trace_offset_s=a.offset, trace2_offset_s=a.offset, objective=a.objective,
-                                  duration_s=a.duration, turn_s=a.turn, rate_hz=a.rate)
+            line.say(
+                f"cell {k + 1}/{len(pairs) * len(models)}: {model}, {t1} x{a.scale1:g} -> {t2} x{a.scale2:g} "
+                f"({(time.monotonic() - t0) / 60:.1f} min so far, load average {_la()})"
+            )
+            cfg = TierBenchConfig(
+                model=model,
+                trace=t1,
+                trace2=t2,
+                bandwidth_scale=a.scale1,
+                bandwidth_scale2=a.scale2,
+                trace_offset_s=a.offset,
+                trace2_offset_s=a.offset,
+                objective=a.objective,
+                duration_s=a.duration,
+                turn_s=a.turn,
+                rate_hz=a.rate,
+            )
             try:
                 result = run_tiers(cfg, rig, progress=line.say, live=line)
             except Exception as exc:  # one broken cell must not lose the others
@@ -108,25 +143,66 @@ def main(argv: list[str] | None = None) -> int:
             line.say(tierscli.table_text(result))
     ok = [c for c in cells if "error" not in c]
     rows = [r for c in ok for r in cell_rows(f"{c['model']} {c['pair'][0]}>{c['pair'][1]}", c)]
-    print(f"three tiers: {a.board} device -> edge ({a.edge_cpus:g} CPU) -> cloud | objective {a.objective} | "
-          f"hop 1 x{a.scale1:g}, hop 2 x{a.scale2:g}, from {a.offset:g} s | {a.duration:g} s per strategy, "
-          f"{a.turn:g} s turns, {a.rate:g} req/s | energy ESTIMATED (devices/{a.board}.toml power figures)")
-    print(render(["cell", "strategy", "plans", "mean ms", "95% CI", "p95 ms", "energy mJ (est.)",
-                  "(idle+radio upload)", "done/failed", "via edge", "adaptive vs: lat/energy"], rows))
+    print(
+        f"three tiers: {a.board} device -> edge ({a.edge_cpus:g} CPU) -> cloud | objective {a.objective} | "
+        f"hop 1 x{a.scale1:g}, hop 2 x{a.scale2:g}, from {a.offset:g} s | {a.duration:g} s per strategy, "
+        f"{a.turn:g} s turns, {a.rate:g} req/s | energy ESTIMATED (devices/{a.board}.toml power figures)"
+    )
+    print(
+        render(
+            [
+                "cell",
+                "strategy",
+                "plans",
+                "mean ms",
+                "95% CI",
+                "p95 ms",
+                "energy mJ (est.)",
+                "(idle+radio upload)",
+                "done/failed",
+                "via edge",
+                "adaptive vs: lat/energy",
+            ],
+            rows,
+        )
+    )
     print()
-    print("adaptive's gain, % lower (negative: higher): vs the static split (static-2tier, same objective), vs the "
-          "best static 2-tier strategy and vs the best static strategy of any kind, per figure")
-    print(render(["cell", "lat vs split", "energy vs split", "lat vs best 2-tier", "energy vs best 2-tier",
-                  "lat vs any static", "energy vs any static", "failed", "load avg (1 min)"],
-                 [gains_row(f"{c['model']} {c['pair'][0]}>{c['pair'][1]}", c) for c in ok]))
-    for key in ("latency_vs_static_split", "energy_vs_static_split", "latency_vs_static_2tier",
-                "energy_vs_static_2tier", "latency_vs_any_static", "energy_vs_any_static"):
+    print(
+        "adaptive's gain, % lower (negative: higher): vs the static split (static-2tier, same objective), vs the "
+        "best static 2-tier strategy and vs the best static strategy of any kind, per figure"
+    )
+    print(
+        render(
+            [
+                "cell",
+                "lat vs split",
+                "energy vs split",
+                "lat vs best 2-tier",
+                "energy vs best 2-tier",
+                "lat vs any static",
+                "energy vs any static",
+                "failed",
+                "load avg (1 min)",
+            ],
+            [gains_row(f"{c['model']} {c['pair'][0]}>{c['pair'][1]}", c) for c in ok],
+        )
+    )
+    for key in (
+        "latency_vs_static_split",
+        "energy_vs_static_split",
+        "latency_vs_static_2tier",
+        "energy_vs_static_2tier",
+        "latency_vs_any_static",
+        "energy_vs_any_static",
+    ):
         vals = [c["gains"][key]["pct"] for c in ok if key in c["gains"] and not math.isnan(c["gains"][key]["pct"])]
         if vals:
             print(f"{key}: {min(vals):+.1f}% .. {max(vals):+.1f}% (mean {statistics.fmean(vals):+.1f}%)")
     failed = sum(int(c.get("failed", 1)) for c in cells)
-    print(f"failed requests: {failed} | cells {len(ok)}/{len(cells)} | wall {(time.monotonic() - t0) / 60:.1f} min | "
-          f"host load average now {_la()}")
+    print(
+        f"failed requests: {failed} | cells {len(ok)}/{len(cells)} | wall {(time.monotonic() - t0) / 60:.1f} min | "
+        f"host load average now {_la()}"
+    )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cells": cells, "args": vars(a)}, f, indent=1, default=float)

@@ -75,10 +75,10 @@ def synthetic(path: Path, nbytes: int) -> Path:
     n = nbytes // 4
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    nodes = [helper.make_node("Relu", ["x"], ["a"]),
-             helper.make_node("ReduceSum", ["a"], ["y"], keepdims=1)]
-    model = helper.make_model(helper.make_graph(nodes, "transport", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 13)])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("ReduceSum", ["a"], ["y"], keepdims=1)]
+    model = helper.make_model(
+        helper.make_graph(nodes, "transport", [x], [y]), opset_imports=[helper.make_opsetid("", 13)]
+    )
     model.ir_version = 8
     onnx.save(model, path)
     return path
@@ -97,8 +97,9 @@ def raw_echo_server() -> None:
     from splitrt.transport import wire
 
     server = grpc.server(futures.ThreadPoolExecutor(4), options=wire.server_options(64 * 2**20))
-    handler = grpc.unary_unary_rpc_method_handler(lambda request, context: b"ok",
-                                                  request_deserializer=_identity, response_serializer=_identity)
+    handler = grpc.unary_unary_rpc_method_handler(
+        lambda request, context: b"ok", request_deserializer=_identity, response_serializer=_identity
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("raw.Echo", {"Up": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -114,13 +115,13 @@ class RawEcho:
 
         from splitrt.transport import wire
 
-        self.proc = subprocess.Popen([sys.executable, __file__, "--raw-echo-server"], stderr=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--raw-echo-server"], stderr=subprocess.PIPE, text=True)
         assert self.proc.stderr is not None
         port = json.loads(self.proc.stderr.readline())["port"]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", wire.channel_options(64 * 2**20, 30.0))
-        self.up = self.channel.unary_unary("/raw.Echo/Up", request_serializer=_identity,
-                                           response_deserializer=_identity)
+        self.up = self.channel.unary_unary(
+            "/raw.Echo/Up", request_serializer=_identity, response_deserializer=_identity
+        )
 
     def ms(self, data: bytes) -> float:
         t0 = time.perf_counter()
@@ -133,9 +134,23 @@ class RawEcho:
 
 
 def _serve(models: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models),
-                             "--port", "0", "--host", "127.0.0.1", *extra],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(models),
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            *extra,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     first = json.loads(proc.stderr.readline())
     # drain the per-request log lines so the pipe never fills
@@ -187,17 +202,26 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
             target = 1.0 + 0.5 * mb
             med = statistics.median(over)
             raw_med = statistics.median(raw_ms)
-            rows.append({"payload": label, "bytes_up": res[0].bytes_up, "overhead_median_ms": med,
-                         "overhead_p90_ms": pct(over, 0.9), "raw_grpc_ms": raw_med,
-                         "over_raw_ms": statistics.median(o - m for o, m in zip(over, raw_ms, strict=True)),
-                         "encode_ms": statistics.median(r.encode_ms for r in res),
-                         "decode_ms": statistics.median(r.decode_ms for r in res),
-                         "network_ms": statistics.median(r.network_ms for r in res),
-                         "head_ms": statistics.median(r.head_ms for r in res),
-                         "tail_ms": statistics.median(r.tail_ms for r in res),
-                         "total_ms": statistics.median(r.total_ms for r in res),
-                         "target_ms": target, "ok": med <= target, "beats_raw": med <= raw_med,
-                         "load_avg_1m": round(os.getloadavg()[0], 2)})
+            rows.append(
+                {
+                    "payload": label,
+                    "bytes_up": res[0].bytes_up,
+                    "overhead_median_ms": med,
+                    "overhead_p90_ms": pct(over, 0.9),
+                    "raw_grpc_ms": raw_med,
+                    "over_raw_ms": statistics.median(o - m for o, m in zip(over, raw_ms, strict=True)),
+                    "encode_ms": statistics.median(r.encode_ms for r in res),
+                    "decode_ms": statistics.median(r.decode_ms for r in res),
+                    "network_ms": statistics.median(r.network_ms for r in res),
+                    "head_ms": statistics.median(r.head_ms for r in res),
+                    "tail_ms": statistics.median(r.tail_ms for r in res),
+                    "total_ms": statistics.median(r.total_ms for r in res),
+                    "target_ms": target,
+                    "ok": med <= target,
+                    "beats_raw": med <= raw_med,
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
+                }
+            )
             _progress(f"overhead {label}: median {med:.3f} ms, raw grpcio {raw_med:.3f} ms (target {target:.2f})")
     finally:
         _stop(proc)
@@ -212,8 +236,7 @@ def bench_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     g = graph.load(models / "squeezenet.onnx")
     cuts = g.cuts()
     cut = cuts[len(cuts) // 2].id
-    proc, address = _serve(models, "--workers", str(args.workers), "--intra-op-threads", "1",
-                           "--max-queue", "64")
+    proc, address = _serve(models, "--workers", str(args.workers), "--intra-op-threads", "1", "--max-queue", "64")
     server = psutil.Process(proc.pid)
     lat: list[float] = []
     errors: dict[str, int] = {}
@@ -256,11 +279,22 @@ def bench_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
             d.close()
     finally:
         _stop(proc)
-    result = {"model": "squeezenet", "cut": cut, "crossing_bytes": next(c.bytes for c in cuts if c.id == cut),
-              "devices": args.devices, "server_workers": args.workers, "requests": len(lat) + sum(errors.values()),
-              "ok": len(lat), "errors": errors, "requests_per_s": len(lat) / wall, "p50_ms": pct(lat, 0.5),
-              "p99_ms": pct(lat, 0.99), "rss_before_mb": rss_before / 2**20, "rss_after_mb": rss_after / 2**20,
-              "cpus": os.cpu_count()}
+    result = {
+        "model": "squeezenet",
+        "cut": cut,
+        "crossing_bytes": next(c.bytes for c in cuts if c.id == cut),
+        "devices": args.devices,
+        "server_workers": args.workers,
+        "requests": len(lat) + sum(errors.values()),
+        "ok": len(lat),
+        "errors": errors,
+        "requests_per_s": len(lat) / wall,
+        "p50_ms": pct(lat, 0.5),
+        "p99_ms": pct(lat, 0.99),
+        "rss_before_mb": rss_before / 2**20,
+        "rss_after_mb": rss_after / 2**20,
+        "cpus": os.cpu_count(),
+    }
     _progress(f"throughput: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.1f} ms")
     return result
 
@@ -287,18 +321,36 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"overhead": overhead, "throughput": throughput}, indent=2))
         return 0
     if overhead:
-        cols = ["payload", "bytes_up", "overhead_median_ms", "overhead_p90_ms", "raw_grpc_ms", "over_raw_ms",
-                "encode_ms", "decode_ms", "network_ms", "tail_ms", "total_ms", "target_ms", "ok", "beats_raw",
-                "load_avg_1m"]
-        print(f"Loopback overhead (median of {args.requests} requests; end-to-end minus head and tail; raw grpcio "
-              f"round trips of the same bytes taken in turn with them; {os.cpu_count()} CPUs, load average "
-              f"{' '.join(f'{v:.2f}' for v in os.getloadavg())})")
+        cols = [
+            "payload",
+            "bytes_up",
+            "overhead_median_ms",
+            "overhead_p90_ms",
+            "raw_grpc_ms",
+            "over_raw_ms",
+            "encode_ms",
+            "decode_ms",
+            "network_ms",
+            "tail_ms",
+            "total_ms",
+            "target_ms",
+            "ok",
+            "beats_raw",
+            "load_avg_1m",
+        ]
+        print(
+            f"Loopback overhead (median of {args.requests} requests; end-to-end minus head and tail; raw grpcio "
+            f"round trips of the same bytes taken in turn with them; {os.cpu_count()} CPUs, load average "
+            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())})"
+        )
         print(render(cols, [[r[c] for c in cols] for r in overhead]))
     if throughput:
         print()
-        print(f"Server throughput: {throughput['devices']} devices, squeezenet @ {throughput['cut']} "
-              f"({throughput['crossing_bytes']} B crossing), {throughput['server_workers']} workers, "
-              f"{throughput['cpus']} CPUs")
+        print(
+            f"Server throughput: {throughput['devices']} devices, squeezenet @ {throughput['cut']} "
+            f"({throughput['crossing_bytes']} B crossing), {throughput['server_workers']} workers, "
+            f"{throughput['cpus']} CPUs"
+        )
         cols = ["requests", "ok", "requests_per_s", "p50_ms", "p99_ms", "rss_before_mb", "rss_after_mb"]
         print(render([*cols, "errors"], [[throughput[c] for c in cols] + [json.dumps(throughput["errors"])]]))
     return 0

@@ -50,14 +50,16 @@ def main() -> int:
     log_path = OUT / "decisions_resnet50.jsonl"
     with tempfile.TemporaryDirectory() as models:
         (Path(models) / "resnet50.onnx").write_bytes(path.read_bytes())
-        child = subprocess.Popen([sys.executable, __file__, "--cloud", models], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--cloud", models], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert child.stdin is not None and child.stdout is not None
         port = int(child.stdout.readline())
         with CpuThrottle("record", 0.5) as throttle, open(log_path, "w", encoding="utf-8") as log:
             throttle.add_pid(os.getpid())
-            with AdaptiveDevice(mg, table, [f"127.0.0.1:{port}"],
-                                config=RuntimeConfig(controller=ControllerConfig()), log=log) as dev:
+            with AdaptiveDevice(
+                mg, table, [f"127.0.0.1:{port}"], config=RuntimeConfig(controller=ControllerConfig()), log=log
+            ) as dev:
                 inputs = dev.local.random_inputs(0)
                 for rate, count in STEPS:
                     child.stdin.write(f"{rate}\n")

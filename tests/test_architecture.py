@@ -29,10 +29,31 @@ ALLOWED: dict[str, set[str]] = {
 }
 BASE = {"errors", "paths", "_lazy", ""}
 # Libraries the pure core must not touch: sockets, sessions, processes, clocks, files.
-IMPURE = {"socket", "grpc", "onnxruntime", "onnx", "subprocess", "threading", "time", "os", "pathlib",
-          "psutil", "zeroconf", "io", "random", "asyncio", "concurrent", "logging", "datetime", "shutil"}
-MAX_FUNCTION_LINES = 120
-MAX_CLASS_LINES = 250
+IMPURE = {
+    "socket",
+    "grpc",
+    "onnxruntime",
+    "onnx",
+    "subprocess",
+    "threading",
+    "time",
+    "os",
+    "pathlib",
+    "psutil",
+    "zeroconf",
+    "io",
+    "random",
+    "asyncio",
+    "concurrent",
+    "logging",
+    "datetime",
+    "shutil",
+}
+# Sizes count statements, not physical lines: `ruff format` wraps a long call over many lines without making
+# the unit any harder to read, and a blank line is free.
+MAX_FUNCTION_STATEMENTS = 100
+MAX_CLASS_STATEMENTS = 200
+MAX_MODULE_STATEMENTS = 600  # lowered to 400 once graph/model, device/daemon and device/client are split (#24)
 
 
 def modules() -> Iterator[tuple[str, Path]]:
@@ -90,8 +111,10 @@ def test_imports_point_down_the_layers() -> None:
                 continue
             tpkg = _package(target)
             if tpkg != pkg and tpkg not in BASE and tpkg not in ALLOWED[pkg]:
-                wrong.append(f"{path.relative_to(REPO)}:{line} imports {target} ({pkg} may import "
-                             f"{sorted(ALLOWED[pkg]) or 'nothing'} besides errors/paths)")
+                wrong.append(
+                    f"{path.relative_to(REPO)}:{line} imports {target} ({pkg} may import "
+                    f"{sorted(ALLOWED[pkg]) or 'nothing'} besides errors/paths)"
+                )
     assert not wrong, "\n".join(wrong)
 
 
@@ -152,8 +175,12 @@ def test_the_decision_core_is_pure() -> None:
         text = path.read_text()
         for pat in (r"\bopen\(", r"\bmonotonic\(", r"\bperf_counter\(", r"\bsleep\("):
             for m in re.finditer(pat, text):
-                wrong.append(f"{path.relative_to(REPO)}:{text[:m.start()].count(chr(10)) + 1} calls {m.group(0)}")
+                wrong.append(f"{path.relative_to(REPO)}:{text[: m.start()].count(chr(10)) + 1} calls {m.group(0)}")
     assert not wrong, "the plan package must stay pure (pass now_s and measurements in):\n" + "\n".join(wrong)
+
+
+def _statements(node: ast.AST) -> int:
+    return len({s.lineno for s in ast.walk(node) if isinstance(s, ast.stmt)})
 
 
 def test_no_unit_over_the_size_limits() -> None:
@@ -161,14 +188,17 @@ def test_no_unit_over_the_size_limits() -> None:
     for _, path in modules():
         if "pb2" in path.name:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        if _statements(tree) > MAX_MODULE_STATEMENTS:
+            long.append(f"{path.relative_to(REPO)}: {_statements(tree)} statements")
+        for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 continue
-            size = (node.end_lineno or node.lineno) - node.lineno + 1
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > MAX_FUNCTION_LINES:
-                long.append(f"{path.relative_to(REPO)}:{node.lineno} def {node.name}: {size} lines")
-            if isinstance(node, ast.ClassDef) and size > MAX_CLASS_LINES:
-                long.append(f"{path.relative_to(REPO)}:{node.lineno} class {node.name}: {size} lines")
+            size = _statements(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > MAX_FUNCTION_STATEMENTS:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} def {node.name}: {size} statements")
+            if isinstance(node, ast.ClassDef) and size > MAX_CLASS_STATEMENTS:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} class {node.name}: {size} statements")
     assert not long, "\n".join(long)
 
 
@@ -178,27 +208,86 @@ def test_hacking_map_matches_the_rules() -> None:
     assert set(rows) == set(ALLOWED), f"HACKING.md's package map lists {sorted(rows)}, code has {sorted(ALLOWED)}"
     for pkg, cell in rows.items():
         named = set(re.findall(r"`(\w+)`", cell))
-        assert named == ALLOWED[pkg], (f"HACKING.md says {pkg} may import {sorted(named)}; "
-                                       f"the rule is {sorted(ALLOWED[pkg])}")
+        assert named == ALLOWED[pkg], (
+            f"HACKING.md says {pkg} may import {sorted(named)}; the rule is {sorted(ALLOWED[pkg])}"
+        )
 
 
 # The names users import (README, HACKING contracts). Removing one is an
 # API change: update this list only with a deprecation path.
 PUBLIC = {
     "splitrt": ["Device", "SplitrtError", "__version__"],
-    "splitrt.errors": ["SplitrtError", "ModelError", "CutError", "PlanError", "ProfileError", "CodecError",
-                       "CloudError", "InputError", "ConfigError", "RigError", "DiscoveryError"],
-    "splitrt.graph": ["load", "ModelGraph", "TensorInfo", "Cut", "model_sha256", "split", "head_tail",
-                      "Segment", "SegmentCache", "zoo"],
-    "splitrt.plan": ["CostTable", "Conditions", "Link", "Power", "solve", "evaluate", "parse_plan", "Plan",
-                     "solve_chain", "Controller", "ControllerConfig", "Decision", "Policy", "parse_policy",
-                     "replay", "LinkEstimator", "LinkEstimate", "LoadEstimator", "LoadEstimate"],
-    "splitrt.profile": ["measure", "save_profile", "load_profile", "cost_table", "Profile", "flops_table",
-                        "load_board", "Board"],
+    "splitrt.errors": [
+        "SplitrtError",
+        "ModelError",
+        "CutError",
+        "PlanError",
+        "ProfileError",
+        "CodecError",
+        "CloudError",
+        "InputError",
+        "ConfigError",
+        "RigError",
+        "DiscoveryError",
+    ],
+    "splitrt.graph": [
+        "load",
+        "ModelGraph",
+        "TensorInfo",
+        "Cut",
+        "model_sha256",
+        "split",
+        "head_tail",
+        "Segment",
+        "SegmentCache",
+        "zoo",
+    ],
+    "splitrt.plan": [
+        "CostTable",
+        "Conditions",
+        "Link",
+        "Power",
+        "solve",
+        "evaluate",
+        "parse_plan",
+        "Plan",
+        "solve_chain",
+        "Controller",
+        "ControllerConfig",
+        "Decision",
+        "Policy",
+        "parse_policy",
+        "replay",
+        "LinkEstimator",
+        "LinkEstimate",
+        "LoadEstimator",
+        "LoadEstimate",
+    ],
+    "splitrt.profile": [
+        "measure",
+        "save_profile",
+        "load_profile",
+        "cost_table",
+        "Profile",
+        "flops_table",
+        "load_board",
+        "Board",
+    ],
     "splitrt.transport": ["Codec", "encode", "decode", "Encoded"],
     "splitrt.cloud": ["CloudServer", "ServerConfig", "tokens_from_file"],
-    "splitrt.device": ["Device", "DeviceConfig", "SplitResult", "HeadResult", "read_token", "AdaptiveDevice",
-                       "RuntimeConfig", "Outcome", "Daemon", "LocalClient", "load_config"],
+    "splitrt.device": [
+        "Device",
+        "DeviceConfig",
+        "SplitResult",
+        "HeadResult",
+        "read_token",
+        "AdaptiveDevice",
+        "RuntimeConfig",
+        "Outcome",
+        "Daemon",
+        "LocalClient",
+        "load_config",
+    ],
     "splitrt.rig": ["Rig", "RigConfig", "BenchConfig", "run_bench"],
     "splitrt.cli": ["main"],
 }

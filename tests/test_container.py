@@ -42,10 +42,13 @@ def test_containerfile_lints_clean(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("before, after, rule", [
-    ("USER ${UID}:${UID}", "USER root", "DL3002"),  # the server running as root
-    ("WORKDIR /models", "WORKDIR models", "DL3000"),  # a relative WORKDIR
-])
+@pytest.mark.parametrize(
+    "before, after, rule",
+    [
+        ("USER ${UID}:${UID}", "USER root", "DL3002"),  # the server running as root
+        ("WORKDIR /models", "WORKDIR models", "DL3000"),  # a relative WORKDIR
+    ],
+)
 def test_the_linter_catches_mistakes(tmp_path: Path, before: str, after: str, rule: str) -> None:
     text = CONTAINERFILE.read_text()
     assert before in text
@@ -90,8 +93,9 @@ def test_image_runs_unprivileged_with_a_health_check_and_matches_the_manifest() 
 
 def _check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SPLITRT_HEALTH_")}
-    return subprocess.run([sys.executable, str(HEALTHCHECK)], capture_output=True, text=True, timeout=60,
-                          env={**base, **env})
+    return subprocess.run(
+        [sys.executable, str(HEALTHCHECK)], capture_output=True, text=True, timeout=60, env={**base, **env}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -115,15 +119,41 @@ def test_health_check_over_tls_with_a_token_required(models_dir: Path, tmp_path:
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make a test certificate")
     key, cert = tmp_path / "tls.key", tmp_path / "tls.crt"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                   check=True, capture_output=True, timeout=60)
-    cfg = ServerConfig(models_dir=models_dir, port=0, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key,
-                       tokens=("t0ken",))
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    cfg = ServerConfig(
+        models_dir=models_dir, port=0, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t0ken",)
+    )
     with CloudServer(cfg) as s:
         address = f"127.0.0.1:{s.address.rsplit(':', 1)[1]}"
-        r = _check({"SPLITRT_HEALTH_ADDRESS": address, "SPLITRT_HEALTH_TLS_CA": str(cert),
-                    "SPLITRT_HEALTH_TLS_NAME": "localhost"})
+        r = _check(
+            {
+                "SPLITRT_HEALTH_ADDRESS": address,
+                "SPLITRT_HEALTH_TLS_CA": str(cert),
+                "SPLITRT_HEALTH_TLS_NAME": "localhost",
+            }
+        )
         assert r.returncode == 0 and "SERVING" in r.stdout, r.stderr
         # plaintext against the TLS port fails: the check does not pass by accident
         r = _check({"SPLITRT_HEALTH_ADDRESS": address})

@@ -45,8 +45,9 @@ def test_there_are_manifests() -> None:
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
 def test_yamllint_is_clean(path: Path) -> None:
-    problems = [f"{path.name}:{p.line}:{p.column} {p.rule}: {p.desc}"
-                for p in linter.run(path.read_text(), YAMLLINT, str(path))]
+    problems = [
+        f"{path.name}:{p.line}:{p.column} {p.rule}: {p.desc}" for p in linter.run(path.read_text(), YAMLLINT, str(path))
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -56,12 +57,15 @@ def test_every_resource_validates(path: Path) -> None:
         validate(doc)
 
 
-@pytest.mark.parametrize("kind, mutate", [
-    ("Deployment", lambda d: d["spec"].__setitem__("replica", 2)),  # a typo of replicas
-    ("Service", lambda d: d["spec"]["ports"][0].__setitem__("port", "50051")),
-    ("InferenceService", lambda d: d["spec"]["predictor"]["model"].__setitem__("storageURI", "pvc://x")),
-    ("InferenceService", lambda d: d["spec"]["predictor"]["model"].__setitem__("protocolVersion", "v3")),
-])
+@pytest.mark.parametrize(
+    "kind, mutate",
+    [
+        ("Deployment", lambda d: d["spec"].__setitem__("replica", 2)),  # a typo of replicas
+        ("Service", lambda d: d["spec"]["ports"][0].__setitem__("port", "50051")),
+        ("InferenceService", lambda d: d["spec"]["predictor"]["model"].__setitem__("storageURI", "pvc://x")),
+        ("InferenceService", lambda d: d["spec"]["predictor"]["model"].__setitem__("protocolVersion", "v3")),
+    ],
+)
 def test_the_validators_catch_mistakes(kind: str, mutate: Any) -> None:
     doc = json.loads(json.dumps(by_kind(kind)[0]))
     mutate(doc)
@@ -85,8 +89,9 @@ def test_headless_service_selects_the_serve_pods_on_a_named_port() -> None:
     assert {a.split("=")[0] for a in args} >= {"--host", "--tls-cert", "--tls-key", "--token-file"}
     assert "--insecure" not in args
     volumes = {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
-    mounts = [m["name"] for c in [container, *dep["spec"]["template"]["spec"]["initContainers"]]
-              for m in c["volumeMounts"]]
+    mounts = [
+        m["name"] for c in [container, *dep["spec"]["template"]["spec"]["initContainers"]] for m in c["volumeMounts"]
+    ]
     assert set(mounts) <= volumes
 
 

@@ -27,12 +27,29 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_installer_rejects_bad_arguments(tmp_path: Path) -> None:
-    r = subprocess.run(["bash", str(REPO / "devices" / "install.sh"), "--prefix", str(tmp_path), "--device", "rpi9"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(REPO / "devices" / "install.sh"), "--prefix", str(tmp_path), "--device", "rpi9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "--device: expected one of: rpi4 rpi5 jetson-nano jetson-orin-nano x86, got 'rpi9'" in r.stderr
-    r = subprocess.run(["bash", str(REPO / "devices" / "install.sh"), "--prefix", str(tmp_path), "--device", "x86",
-                        "--api-address", "0.0.0.0:1"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            "bash",
+            str(REPO / "devices" / "install.sh"),
+            "--prefix",
+            str(tmp_path),
+            "--device",
+            "x86",
+            "--api-address",
+            "0.0.0.0:1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "expected 127.0.0.1:PORT (loopback), got '0.0.0.0:1'" in r.stderr
     assert not (tmp_path / "venv").exists()
 
@@ -42,10 +59,30 @@ def test_install_then_run_the_installed_daemon(tmp_path: Path) -> None:
     prefix = tmp_path / "opt" / "splitrt"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     r = subprocess.run(
-        ["bash", str(REPO / "devices" / "install.sh"), "--prefix", str(prefix), "--device", "rpi4",
-         "--source", str(REPO), "--python", sys.executable, "--reuse-env", "--no-systemd", "--no-discovery",
-         "--api-address", "127.0.0.1:0", "--metrics-port", "0"],
-        capture_output=True, text=True, timeout=600, env=env)
+        [
+            "bash",
+            str(REPO / "devices" / "install.sh"),
+            "--prefix",
+            str(prefix),
+            "--device",
+            "rpi4",
+            "--source",
+            str(REPO),
+            "--python",
+            sys.executable,
+            "--reuse-env",
+            "--no-systemd",
+            "--no-discovery",
+            "--api-address",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "skipping systemd (--no-systemd)" in r.stderr
     config = (prefix / "etc" / "splitrt" / "daemon.toml").read_text()
@@ -54,16 +91,27 @@ def test_install_then_run_the_installed_daemon(tmp_path: Path) -> None:
         text = (prefix / "lib" / "systemd" / "system" / unit).read_text()
         assert "@PREFIX@" not in text and f"ExecStart={prefix}/" in text
     # the venv runs the installed copy, not the checkout
-    where = subprocess.run([str(prefix / "venv" / "bin" / "python"), "-c", "import splitrt; print(splitrt.__file__)"],
-                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    where = subprocess.run(
+        [str(prefix / "venv" / "bin" / "python"), "-c", "import splitrt; print(splitrt.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
     assert where.stdout.startswith(str(prefix / "venv")), where
 
-    proc = subprocess.Popen([str(prefix / "bin" / "splitrt-daemon")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [str(prefix / "bin" / "splitrt-daemon")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         box: dict[str, Any] = {}
-        t = threading.Thread(target=lambda: box.update(line=proc.stdout.readline() if proc.stdout else ""),
-                             daemon=True)
+        t = threading.Thread(target=lambda: box.update(line=proc.stdout.readline() if proc.stdout else ""), daemon=True)
         t.start()
         t.join(120)  # a guard against hanging, not a timing assertion
         if not box.get("line"):

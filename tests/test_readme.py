@@ -50,8 +50,14 @@ def test_readme_command_runs(argv: list[str], tmp_path: Path) -> None:
     args = [a.replace("/tmp/", f"{tmp_path}/") for a in argv[1:]]
     if args[0] == "profile":  # keep the suite fast: the README's profile command, fewer runs
         args += ["--runs", "2", "--warmup", "1"]
-    proc = subprocess.run([sys.executable, "-m", "splitrt.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "splitrt.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-2000:])
     if "--out" in args:  # profile, split and export-repository write files
         out = Path(args[args.index("--out") + 1])

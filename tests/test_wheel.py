@@ -59,7 +59,7 @@ def test_sdist_and_wheel_carry_the_shipped_data(built: tuple[Path, Path]) -> Non
     with zipfile.ZipFile(wheel) as z:
         text = z.read(meta).decode()
     assert "License-Expression: Apache-2.0" in text
-    assert "Requires-Dist: tomli>=1.1; python_version < \"3.11\"" in text
+    assert 'Requires-Dist: tomli>=1.1; python_version < "3.11"' in text
     assert "Classifier: Programming Language :: Python :: 3.10" in text
 
 
@@ -67,9 +67,14 @@ class Serve:
     """The installed ``splitrt serve`` on an ephemeral loopback port; JSON log events from stderr."""
 
     def __init__(self, bin_dir: Path, models: Path, cwd: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([str(bin_dir / "splitrt"), "serve", "--models", str(models), "--port", "0",
-                                      "--workers", "1"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     text=True, cwd=cwd, env=env)
+        self.proc = subprocess.Popen(
+            [str(bin_dir / "splitrt"), "serve", "--models", str(models), "--port", "0", "--workers", "1"],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            cwd=cwd,
+            env=env,
+        )
         self.lines: list[str] = []
         self.port: int | None = None
         self.ready = threading.Event()
@@ -94,8 +99,7 @@ class Serve:
 
 
 def _splitrt(bin_dir: Path, cwd: Path, env: dict[str, str], *args: str) -> str:
-    r = subprocess.run([str(bin_dir / "splitrt"), *args], capture_output=True, text=True, cwd=cwd, env=env,
-                       timeout=300)
+    r = subprocess.run([str(bin_dir / "splitrt"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
     assert r.returncode == 0, f"splitrt {' '.join(args)} exited {r.returncode}: {r.stderr[-3000:]}"
     return r.stdout
 
@@ -117,32 +121,78 @@ def _smoke(bin_dir: Path, work: Path, version: str, *, full: bool) -> None:
 
     # a shipped profile by name and as the README writes it (profiles/...): neither exists under cwd;
     # the board's speed factor comes from the shipped rpi4.toml (tomli on 3.10)
-    plan = json.loads(_splitrt(bin_dir, work, env, "plan", str(model), "--device", PROFILE, "--cloud",
-                               f"profiles/{PROFILE}", "--board", "rpi4", "--bandwidth-mbps", "5", "--rtt-ms", "60",
-                               "--json"))
+    plan = json.loads(
+        _splitrt(
+            bin_dir,
+            work,
+            env,
+            "plan",
+            str(model),
+            "--device",
+            PROFILE,
+            "--cloud",
+            f"profiles/{PROFILE}",
+            "--board",
+            "rpi4",
+            "--bandwidth-mbps",
+            "5",
+            "--rtt-ms",
+            "60",
+            "--json",
+        )
+    )
     assert plan["best"]["cut"] in ids and plan["best"]["predicted_ms"] > 0, plan["best"]
     assert plan["conditions"]["device_speed_factor"] > 2, plan["conditions"]
     # profile builds sessions from models it makes: their IR must suit the installed onnxruntime (3.10 gets 1.23)
-    _splitrt(bin_dir, work, env, "profile", "zoo:tiny_chain", "--out", str(work / "tiny.json"), "--runs", "2",
-             "--segments", "2", "--power-reader", "none")
+    _splitrt(
+        bin_dir,
+        work,
+        env,
+        "profile",
+        "zoo:tiny_chain",
+        "--out",
+        str(work / "tiny.json"),
+        "--runs",
+        "2",
+        "--segments",
+        "2",
+        "--power-reader",
+        "none",
+    )
     assert json.loads((work / "tiny.json").read_text())["cuts"]
     if not full:
         return
 
-    demo = json.loads(_splitrt(bin_dir, work, env, "demo", "--no-rig", "--model", "squeezenet", "--cuts", "2",
-                               "--json", "--plot", ""))
+    demo = json.loads(
+        _splitrt(bin_dir, work, env, "demo", "--no-rig", "--model", "squeezenet", "--cuts", "2", "--json", "--plot", "")
+    )
     assert len(demo["splits"]) == 2 and all(s["exact"] for s in demo["splits"]), demo
 
     x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
     np.save(work / "x.npy", x)
-    mid = next(c["id"] for c in cuts[len(cuts) // 2:] if len(c["tensors"]) == 1)
+    mid = next(c["id"] for c in cuts[len(cuts) // 2 :] if len(c["tensors"]) == 1)
     serve = Serve(bin_dir, models, work, env)
     try:
         serve.ready.wait(120)  # a guard against hanging, not a timing assertion
         assert serve.port, "".join(serve.lines)[-3000:]
-        split = json.loads(_splitrt(bin_dir, work, env, "run", str(model), "--cloud", f"127.0.0.1:{serve.port}",
-                                    "--cut", mid, "--input", str(work / "x.npy"), "--output", str(work / "split.npz"),
-                                    "--json"))
+        split = json.loads(
+            _splitrt(
+                bin_dir,
+                work,
+                env,
+                "run",
+                str(model),
+                "--cloud",
+                f"127.0.0.1:{serve.port}",
+                "--cut",
+                mid,
+                "--input",
+                str(work / "x.npy"),
+                "--output",
+                str(work / "split.npz"),
+                "--json",
+            )
+        )
     finally:
         code = serve.stop()
     assert code == 0, "".join(serve.lines)[-3000:]
@@ -154,22 +204,28 @@ def _smoke(bin_dir: Path, work: Path, version: str, *, full: bool) -> None:
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=[f"py{v}" for v in VERSIONS])
-def test_installed_wheel_runs_outside_the_checkout(built: tuple[Path, Path], version: str,
-                                                   tmp_path: Path) -> None:
+def test_installed_wheel_runs_outside_the_checkout(built: tuple[Path, Path], version: str, tmp_path: Path) -> None:
     python = wheelcheck.find_interpreter(version)
     if python is None:
         pytest.skip(f"no Python {version} on this machine (looked in $PYENV_ROOT/versions and PATH)")
     bin_dir = wheelcheck.install(python, built[1], tmp_path / "venv")
     assert not str(tmp_path).startswith(str(wheelcheck.REPO))
-    where = subprocess.run([str(bin_dir / "python"), "-c", "import splitrt, sys; print(splitrt.__file__, sys.version)"],
-                           capture_output=True, text=True, cwd=tmp_path, env=wheelcheck.clean_env(), timeout=120)
+    where = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import splitrt, sys; print(splitrt.__file__, sys.version)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=wheelcheck.clean_env(),
+        timeout=120,
+    )
     assert where.stdout.startswith(str(tmp_path / "venv")) and f" {version}." in where.stdout, where
     # every command under this interpreter; the extra one (the oldest) runs those that read TOML and data
     _smoke(bin_dir, tmp_path, version, full=version == CURRENT or FULL)
 
 
-def test_version_names_the_libraries_and_data_in_use(capsys: pytest.CaptureFixture[str],
-                                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_version_names_the_libraries_and_data_in_use(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from splitrt.cli import app
 
     monkeypatch.setenv("SPLITRT_PROFILES_DIR", str(tmp_path))

@@ -46,13 +46,17 @@ def _run(argv: list[str], what: str) -> None:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{what}: expected it to finish within {INSTALL_TIMEOUT_S} s, got a timeout "
-                    f"(package index unreachable?): {exc}")
+        pytest.fail(
+            f"{what}: expected it to finish within {INSTALL_TIMEOUT_S} s, got a timeout "
+            f"(package index unreachable?): {exc}"
+        )
     if proc.returncode != 0:
         # pip's own words say whether the index was unreachable (no network) or a pin failed.
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if "is ignored" not in ln]
-        pytest.fail(f"{what}: expected exit 0, got {proc.returncode} (no network or no package index?):\n"
-                    + "\n".join(lines[-25:]))
+        pytest.fail(
+            f"{what}: expected exit 0, got {proc.returncode} (no network or no package index?):\n"
+            + "\n".join(lines[-25:])
+        )
 
 
 def server_venv() -> Path:
@@ -69,8 +73,10 @@ def server_venv() -> Path:
             shutil.rmtree(venv)  # half-installed or other pins: start over
         t0 = time.monotonic()
         _run([sys.executable, "-m", "venv", str(venv)], f"python -m venv {venv}")
-        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-              *REQUIREMENTS], f"pip install {' '.join(REQUIREMENTS)} into {venv}")
+        _run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", *REQUIREMENTS],
+            f"pip install {' '.join(REQUIREMENTS)} into {venv}",
+        )
         seconds = time.monotonic() - t0
         (venv / "install-seconds").write_text(f"{seconds:.1f}\n")
         print(f"installed {' '.join(REQUIREMENTS)} into {venv} in {seconds:.1f} s", file=sys.stderr)
@@ -96,15 +102,27 @@ class MLServer:
 
     def __init__(self, repository: Path, venv: Path, workdir: Path) -> None:
         self.grpc_port, http_port, metrics_port = free_ports(3)
-        env = {**os.environ, "MLSERVER_HOST": "127.0.0.1", "MLSERVER_GRPC_PORT": str(self.grpc_port),
-               "MLSERVER_HTTP_PORT": str(http_port), "MLSERVER_METRICS_PORT": str(metrics_port),
-               "MLSERVER_PARALLEL_WORKERS": "0", "MLSERVER_DEBUG": "false", "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "MLSERVER_HOST": "127.0.0.1",
+            "MLSERVER_GRPC_PORT": str(self.grpc_port),
+            "MLSERVER_HTTP_PORT": str(http_port),
+            "MLSERVER_METRICS_PORT": str(metrics_port),
+            "MLSERVER_PARALLEL_WORKERS": "0",
+            "MLSERVER_DEBUG": "false",
+            "OMP_NUM_THREADS": "1",
+        }
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / "mlserver.log"
         self._log = self.log_path.open("wb")
         # cwd: MLServer writes .metrics/ and .envs/ there.
-        self.proc = subprocess.Popen([str(venv / "bin" / "mlserver"), "start", str(repository)], cwd=workdir,
-                                     env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [str(venv / "bin" / "mlserver"), "start", str(repository)],
+            cwd=workdir,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         self.address = f"v2://127.0.0.1:{self.grpc_port}"
 
     def log(self) -> str:

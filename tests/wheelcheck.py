@@ -20,8 +20,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 #: copied into the build tree: what `git archive` would give, plus uncommitted edits
-_SKIP = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache",
-                               ".pytest_cache", ".ruff_cache", ".hypothesis", "out", "*.png")
+_SKIP = shutil.ignore_patterns(
+    ".venv",
+    ".git",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    "out",
+    "*.png",
+)
 SUPPORTED = ("3.10", "3.11", "3.12", "3.13")
 
 
@@ -43,8 +55,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 def find_interpreter(version: str) -> Path | None:
     """A ``python{version}`` on this machine: pyenv's newest patch release first, then PATH."""
     root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    found = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"),
-                   key=lambda p: [int(x) for x in re.findall(r"\d+", Path(p).parents[1].name)])
+    found = sorted(
+        glob.glob(f"{root}/versions/{version}.*/bin/python{version}"),
+        key=lambda p: [int(x) for x in re.findall(r"\d+", Path(p).parents[1].name)],
+    )
     if found:
         return Path(found[-1])
     which = shutil.which(f"python{version}")
@@ -67,13 +81,21 @@ def build_wheel(out_dir: Path) -> tuple[Path, Path]:
     shutil.copytree(REPO, src, ignore=_SKIP)
     dist = out_dir / "dist"
     dist.mkdir()
-    name = _run([sys.executable, "-c", f"from setuptools import build_meta as b; print(b.build_sdist({str(dist)!r}))"],
-                cwd=src).strip().splitlines()[-1]
+    name = (
+        _run(
+            [sys.executable, "-c", f"from setuptools import build_meta as b; print(b.build_sdist({str(dist)!r}))"],
+            cwd=src,
+        )
+        .strip()
+        .splitlines()[-1]
+    )
     sdist = dist / name
     isolation = [] if _setuptools_ok() else ["--use-pep517"]
     no_iso = ["--no-build-isolation"] if not isolation else []
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *no_iso, *isolation, "-w", str(dist), str(sdist)],
-         cwd=out_dir)
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *no_iso, *isolation, "-w", str(dist), str(sdist)],
+        cwd=out_dir,
+    )
     wheels = sorted(dist.glob("splitrt-*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one splitrt wheel in {dist}, got {wheels}")
@@ -85,8 +107,11 @@ def requirements(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         text = z.read(meta).decode()
-    return [line.split(":", 1)[1].strip() for line in text.splitlines()
-            if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    return [
+        line.split(":", 1)[1].strip()
+        for line in text.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
 
 
 def _pip(python: Path, *args: str, timeout: float = 900) -> str:

@@ -11,8 +11,13 @@ from typing import Any
 
 def register(sub: Any) -> None:
     p = sub.add_parser("daemon", help="run the device daemon: local API for apps, discovery, metrics")
-    p.add_argument("--config", required=True, type=Path, metavar="FILE",
-                   help="TOML config (see splitrt.device.daemon; devices/install.sh writes one per board)")
+    p.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="TOML config (see splitrt.device.daemon; devices/install.sh writes one per board)",
+    )
     p.add_argument("--check", action="store_true", help="only validate the config and exit")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=cmd_daemon)
@@ -34,7 +39,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             from splitrt.transport import credentials
 
             credentials.check_private(cfg.token_path, "token_path")
-        print(f"{args.config}: ok ({len(cfg.models)} model(s), "
-              f"{'discovery' if cfg.discovery else 'static clouds'} {list(cfg.clouds)})")
+        print(
+            f"{args.config}: ok ({len(cfg.models)} model(s), "
+            f"{'discovery' if cfg.discovery else 'static clouds'} {list(cfg.clouds)})"
+        )
         return 0
     return daemon.run(args.config)

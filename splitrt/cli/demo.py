@@ -42,8 +42,12 @@ def register(sub: Any) -> None:
     p.add_argument("--trace", default=DEMO_TRACE, help=f"bandwidth trace for the rig run (default {DEMO_TRACE})")
     p.add_argument("--trace-offset", type=float, default=DEMO_OFFSET_S)
     p.add_argument("--duration", type=float, default=DEMO_DURATION_S, help="seconds per strategy in the rig")
-    p.add_argument("--load", default=DEMO_LOAD, choices=["none", "device-burst"],
-                   help=f"other work on the device (default {DEMO_LOAD}: the middle third of the window)")
+    p.add_argument(
+        "--load",
+        default=DEMO_LOAD,
+        choices=["none", "device-burst"],
+        help=f"other work on the device (default {DEMO_LOAD}: the middle third of the window)",
+    )
     p.add_argument("--plot", default="splitrt-demo.png", help="timeline PNG ('' for none)")
     p.add_argument("--link", default="auto", choices=["auto", "kernel", "userspace"])
     p.set_defaults(func=cmd_demo)
@@ -79,8 +83,16 @@ def exactness_rows(model: str, count: int) -> list[SplitCheck]:
         mid = dict(zip(head.outputs, hs.run(list(head.outputs), feeds), strict=True))
         out = ts.run([o.name for o in mg.outputs], {n: mid[n] for n in tail.inputs})
         err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) or 1.0)) for a, b in zip(full, out, strict=True))
-        rows.append(SplitCheck(cut=c.id, tensor=c.tensors[0].name, bytes=c.bytes,
-                               head_flops_fraction=c.head_flops_fraction, max_rel_err=err, exact=err <= 1e-5))
+        rows.append(
+            SplitCheck(
+                cut=c.id,
+                tensor=c.tensors[0].name,
+                bytes=c.bytes,
+                head_flops_fraction=c.head_flops_fraction,
+                max_rel_err=err,
+                exact=err <= 1e-5,
+            )
+        )
     print(file=sys.stderr)
     return rows
 
@@ -94,10 +106,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(json.dumps(out, default=float))
     else:
         print(f"{args.model}: head on the device, tail in the cloud, at {len(rows)} cuts")
-        print(render(["cut", "crossing tensor", "bytes sent", "head FLOPs", "max rel err", "exact"], [
-            (r["cut"], r["tensor"], human_bytes(r["bytes"]), f"{100 * r['head_flops_fraction']:.0f}%",
-             f"{r['max_rel_err']:.1e}", "yes" if r["exact"] else "NO") for r in rows
-        ]))
+        print(
+            render(
+                ["cut", "crossing tensor", "bytes sent", "head FLOPs", "max rel err", "exact"],
+                [
+                    (
+                        r["cut"],
+                        r["tensor"],
+                        human_bytes(r["bytes"]),
+                        f"{100 * r['head_flops_fraction']:.0f}%",
+                        f"{r['max_rel_err']:.1e}",
+                        "yes" if r["exact"] else "NO",
+                    )
+                    for r in rows
+                ],
+            )
+        )
         if not args.no_rig:
             print(flush=True)
             rig_part(args, quiet=False)
@@ -109,12 +133,23 @@ def rig_part(args: argparse.Namespace, *, quiet: bool) -> dict[str, Any]:
     from splitrt.cli import bench as cmd_bench
     from splitrt.rig import bench as rigbench
 
-    cfg = rigbench.BenchConfig(model=args.model, trace=args.trace, trace_offset_s=args.trace_offset,
-                               duration_s=args.duration, turn_s=DEMO_TURN_S, load=args.load,
-                               warmup_s=DEMO_WARMUP_S, rate_hz=4.0, strategies=DEMO_STRATEGIES)
-    print(f"rig: {args.model} on an emulated {DEMO_BOARD}, {cfg.trace} from {cfg.trace_offset_s:g} s, load {cfg.load}, "
-          f"{len([n for n in cfg.strategies if n not in rigbench.ORACLE_REFS])} strategies x {cfg.duration_s:g} s, "
-          "then the oracles", file=sys.stderr)
+    cfg = rigbench.BenchConfig(
+        model=args.model,
+        trace=args.trace,
+        trace_offset_s=args.trace_offset,
+        duration_s=args.duration,
+        turn_s=DEMO_TURN_S,
+        load=args.load,
+        warmup_s=DEMO_WARMUP_S,
+        rate_hz=4.0,
+        strategies=DEMO_STRATEGIES,
+    )
+    print(
+        f"rig: {args.model} on an emulated {DEMO_BOARD}, {cfg.trace} from {cfg.trace_offset_s:g} s, load {cfg.load}, "
+        f"{len([n for n in cfg.strategies if n not in rigbench.ORACLE_REFS])} strategies x {cfg.duration_s:g} s, "
+        "then the oracles",
+        file=sys.stderr,
+    )
     result = cmd_bench.run(cfg, board=DEMO_BOARD, link=args.link)
     result["closing"] = closing(result)
     if not quiet:
@@ -134,28 +169,52 @@ def closing(result: dict[str, Any]) -> dict[str, Any]:
     strategy on mean or p95 (strictly)."""
     s = result["strategies"]
     o = s.get("oracle")
-    rows = {n: {"mean_ms": s[n]["mean_ms"], "p95_ms": s[n]["p95_ms"],
-                "mean_vs_oracle": s[n]["mean_ms"] / o["mean_ms"] if o else None,
-                "p95_vs_oracle": s[n]["p95_ms"] / o["p95_ms"] if o else None} for n in s}
+    rows = {
+        n: {
+            "mean_ms": s[n]["mean_ms"],
+            "p95_ms": s[n]["p95_ms"],
+            "mean_vs_oracle": s[n]["mean_ms"] / o["mean_ms"] if o else None,
+            "p95_vs_oracle": s[n]["p95_ms"] / o["p95_ms"] if o else None,
+        }
+        for n in s
+    }
     a = s.get("adaptive")
     beats = {f: bool(a and (a["mean_ms"] < s[f]["mean_ms"] or a["p95_ms"] < s[f]["p95_ms"])) for f in FIXED if f in s}
-    route = {k: s[r]["mean_ms"] / s[n]["mean_ms"] for k, n, r in (("adaptive", "adaptive", "route"),
-                                                                   ("oracle", "oracle", "oracle-route"))
-             if n in s and r in s}
-    return {"strategies": rows, "adaptive_beats": beats, "adaptive_beats_every_fixed": bool(beats) and all(
-        beats.values()), "route_over_split": route}
+    route = {
+        k: s[r]["mean_ms"] / s[n]["mean_ms"]
+        for k, n, r in (("adaptive", "adaptive", "route"), ("oracle", "oracle", "oracle-route"))
+        if n in s and r in s
+    }
+    return {
+        "strategies": rows,
+        "adaptive_beats": beats,
+        "adaptive_beats_every_fixed": bool(beats) and all(beats.values()),
+        "route_over_split": route,
+    }
 
 
 def closing_text(c: dict[str, Any]) -> str:
-    rows = [(n, f"{r['mean_ms']:.0f}", f"{r['p95_ms']:.0f}",
-             f"{r['mean_vs_oracle']:.2f}" if r["mean_vs_oracle"] else "-",
-             f"{r['p95_vs_oracle']:.2f}" if r["p95_vs_oracle"] else "-") for n, r in c["strategies"].items()]
+    rows = [
+        (
+            n,
+            f"{r['mean_ms']:.0f}",
+            f"{r['p95_ms']:.0f}",
+            f"{r['mean_vs_oracle']:.2f}" if r["mean_vs_oracle"] else "-",
+            f"{r['p95_vs_oracle']:.2f}" if r["p95_vs_oracle"] else "-",
+        )
+        for n, r in c["strategies"].items()
+    ]
     lost = [f for f, ok in c["adaptive_beats"].items() if not ok]
-    verdict = ("adaptive beats every fixed strategy (" + ", ".join(c["adaptive_beats"]) + ") on mean or p95"
-               if c["adaptive_beats_every_fixed"] else f"adaptive does not beat {', '.join(lost)} here")
+    verdict = (
+        "adaptive beats every fixed strategy (" + ", ".join(c["adaptive_beats"]) + ") on mean or p95"
+        if c["adaptive_beats_every_fixed"]
+        else f"adaptive does not beat {', '.join(lost)} here"
+    )
     r = c.get("route_over_split", {})
     if r:
-        verdict += ("\nsplitting vs routing whole requests (route mean / split mean, > 1: splitting pays): "
-                    + ", ".join(f"{k} {v:.3f}" for k, v in r.items())
-                    + "; where splitting pays for your model: splitrt plan MODEL --explain")
+        verdict += (
+            "\nsplitting vs routing whole requests (route mean / split mean, > 1: splitting pays): "
+            + ", ".join(f"{k} {v:.3f}" for k, v in r.items())
+            + "; where splitting pays for your model: splitrt plan MODEL --explain"
+        )
     return render(["strategy", "mean ms", "p95 ms", "mean / oracle", "p95 / oracle"], rows) + "\n" + verdict

@@ -1,9 +1,9 @@
 """`splitrt discover`, and the processes the namespace tests run (one JSON object per stdout line)::
 
-    python -m splitrt.cli.discover advertise --name N --port P --address IP [--model SHA]... [--load L]
-        # stdin commands: "load X", "quit" (or EOF)
-    python -m splitrt.cli.discover browse [--interface IP] [--timeout-s S]
-    python -m splitrt.cli.discover discover [--json] [--timeout-s S]   # = splitrt discover
+python -m splitrt.cli.discover advertise --name N --port P --address IP [--model SHA]... [--load L]
+    # stdin commands: "load X", "quit" (or EOF)
+python -m splitrt.cli.discover browse [--interface IP] [--timeout-s S]
+python -m splitrt.cli.discover discover [--json] [--timeout-s S]   # = splitrt discover
 """
 
 from __future__ import annotations

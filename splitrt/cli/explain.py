@@ -19,14 +19,20 @@ DEFAULT_MAX_MBPS = 100.0
 
 
 def add_arguments(q: argparse.ArgumentParser) -> None:
-    q.add_argument("--explain", action="store_true",
-                   help="say where inner cuts beat routing whole requests (device or cloud) over the sweep's "
-                        "bandwidth range (--sweep-min-mbps/--sweep-max-mbps, default 0.1-100), device loads "
-                        "(--explain-loads) and every objective; --device/--cloud optional (shipped profile, "
-                        "else FLOPs priors); --rtt-ms default 40")
+    q.add_argument(
+        "--explain",
+        action="store_true",
+        help="say where inner cuts beat routing whole requests (device or cloud) over the sweep's "
+        "bandwidth range (--sweep-min-mbps/--sweep-max-mbps, default 0.1-100), device loads "
+        "(--explain-loads) and every objective; --device/--cloud optional (shipped profile, "
+        "else FLOPs priors); --rtt-ms default 40",
+    )
     q.add_argument("--explain-loads", default="1,2,4", help="device-load levels for --explain (default 1,2,4)")
-    q.add_argument("--explain-objectives", default="latency,energy,throughput",
-                   help="objectives for --explain (default all three; throughput pipelines device and cloud)")
+    q.add_argument(
+        "--explain-objectives",
+        default="latency,energy,throughput",
+        help="objectives for --explain (default all three; throughput pipelines device and cloud)",
+    )
 
 
 def table_for(g: Any, args: argparse.Namespace, board: Any) -> tuple[Any, str]:
@@ -34,15 +40,37 @@ def table_for(g: Any, args: argparse.Namespace, board: Any) -> tuple[Any, str]:
 
     from splitrt.device.daemon import select_cost_table
 
-    return select_cost_table(g, profile_device=Path(args.device) if args.device else None,
-                             profile_cloud=Path(args.cloud) if args.cloud else None, board=board)
+    return select_cost_table(
+        g,
+        profile_device=Path(args.device) if args.device else None,
+        profile_cloud=Path(args.cloud) if args.cloud else None,
+        board=board,
+    )
 
 
-def verdict(table: Any, *, rtt_ms: float, min_mbps: float, max_mbps: float, loads: Sequence[float],
-            power: Any, codecs: Sequence[str] | None, cuts: Sequence[str] | None = None,
-            objectives: Sequence[str] = ("latency", "energy", "throughput")) -> explain.Verdict:
-    return explain.explain(table, rtt_ms=rtt_ms, min_mbps=min_mbps, max_mbps=max_mbps, device_loads=loads,
-                           power=power, codecs=codecs, cuts=cuts, objectives=objectives)
+def verdict(
+    table: Any,
+    *,
+    rtt_ms: float,
+    min_mbps: float,
+    max_mbps: float,
+    loads: Sequence[float],
+    power: Any,
+    codecs: Sequence[str] | None,
+    cuts: Sequence[str] | None = None,
+    objectives: Sequence[str] = ("latency", "energy", "throughput"),
+) -> explain.Verdict:
+    return explain.explain(
+        table,
+        rtt_ms=rtt_ms,
+        min_mbps=min_mbps,
+        max_mbps=max_mbps,
+        device_loads=loads,
+        power=power,
+        codecs=codecs,
+        cuts=cuts,
+        objectives=objectives,
+    )
 
 
 def parse_loads(text: str) -> list[float]:
@@ -63,9 +91,21 @@ def print_verdict(v: explain.Verdict, source: str, *, as_json: bool, extra: dict
         return
     print(f"cost table: {source}")
     if v.bands:
-        rows = [(b.objective, f"{b.device_load:g}", f"{b.from_mbps:.3g}-{b.to_mbps:.3g}", ", ".join(b.plans[:4]),
-                 ", ".join(b.route_plans), f"{(b.max_gain - 1) * 100:.1f} % at {b.at_mbps:.3g} Mbit/s ({b.best_plan})")
-                for b in v.bands]
-        print(render(["objective", "device load", "Mbit/s", "split plans", "routing would use",
-                      "largest gain over routing"], rows))
+        rows = [
+            (
+                b.objective,
+                f"{b.device_load:g}",
+                f"{b.from_mbps:.3g}-{b.to_mbps:.3g}",
+                ", ".join(b.plans[:4]),
+                ", ".join(b.route_plans),
+                f"{(b.max_gain - 1) * 100:.1f} % at {b.at_mbps:.3g} Mbit/s ({b.best_plan})",
+            )
+            for b in v.bands
+        ]
+        print(
+            render(
+                ["objective", "device load", "Mbit/s", "split plans", "routing would use", "largest gain over routing"],
+                rows,
+            )
+        )
     print(v.summary)

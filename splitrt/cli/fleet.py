@@ -19,21 +19,29 @@ from splitrt.rig import fleet
 
 def register(rig_sub: Any) -> None:
     d = fleet.FleetConfig()
-    p = rig_sub.add_parser("fleet", help="many emulated devices sharing servers, one server killed mid-run",
-                           description=__doc__)
+    p = rig_sub.add_parser(
+        "fleet", help="many emulated devices sharing servers, one server killed mid-run", description=__doc__
+    )
     p.add_argument("--devices", type=int, default=d.devices)
     p.add_argument("--servers", type=int, default=d.servers)
     p.add_argument("--model", default=d.model, help="zoo name or .onnx file (default squeezenet)")
     p.add_argument("--traces", default=",".join(d.traces), help="shipped traces the devices play in turn")
     p.add_argument("--bandwidth-scale", type=float, default=d.bandwidth_scale, help="multiply every trace")
-    p.add_argument("--device-cpus", default=",".join(f"{c:g}" for c in d.device_cpus),
-                   help="CPU quota per device, cycled over the fleet (e.g. 0.04,0.08)")
+    p.add_argument(
+        "--device-cpus",
+        default=",".join(f"{c:g}" for c in d.device_cpus),
+        help="CPU quota per device, cycled over the fleet (e.g. 0.04,0.08)",
+    )
     p.add_argument("--server-cpus", type=float, default=d.server_cpus, help="CPU quota per server")
     p.add_argument("--server-workers", type=int, default=d.server_workers, help="tails a server runs at once")
     p.add_argument("--segment", type=float, default=d.segment_s, help="seconds each strategy runs per round")
     p.add_argument("--rounds", type=int, default=d.rounds, help="rounds of every strategy (rotating order)")
-    p.add_argument("--kill-at", type=float, default=d.kill_at_fraction,
-                   help="kill the last server at this fraction of every segment (<= 0: no kill)")
+    p.add_argument(
+        "--kill-at",
+        type=float,
+        default=d.kill_at_fraction,
+        help="kill the last server at this fraction of every segment (<= 0: no kill)",
+    )
     p.add_argument("--rate", type=float, default=d.rate_hz, help="requests/s per device (0: back to back)")
     p.add_argument("--codecs", default=",".join(d.codecs or ()), help="codecs the plans may use")
     p.add_argument("--strategies", default=",".join(d.strategies))
@@ -44,13 +52,21 @@ def register(rig_sub: Any) -> None:
 
 def config_from(args: argparse.Namespace) -> fleet.FleetConfig:
     return fleet.FleetConfig(
-        devices=args.devices, servers=args.servers, model=args.model,
-        traces=tuple(t for t in args.traces.split(",") if t), bandwidth_scale=args.bandwidth_scale,
-        device_cpus=tuple(float(x) for x in args.device_cpus.split(",") if x), server_cpus=args.server_cpus,
-        server_workers=args.server_workers, segment_s=args.segment, rounds=args.rounds,
-        kill_at_fraction=args.kill_at if args.kill_at and args.kill_at > 0 else None, rate_hz=args.rate,
+        devices=args.devices,
+        servers=args.servers,
+        model=args.model,
+        traces=tuple(t for t in args.traces.split(",") if t),
+        bandwidth_scale=args.bandwidth_scale,
+        device_cpus=tuple(float(x) for x in args.device_cpus.split(",") if x),
+        server_cpus=args.server_cpus,
+        server_workers=args.server_workers,
+        segment_s=args.segment,
+        rounds=args.rounds,
+        kill_at_fraction=args.kill_at if args.kill_at and args.kill_at > 0 else None,
+        rate_hz=args.rate,
         codecs=tuple(c for c in args.codecs.split(",") if c) or None,
-        strategies=tuple(s for s in args.strategies.split(",") if s))
+        strategies=tuple(s for s in args.strategies.split(",") if s),
+    )
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
@@ -87,25 +103,62 @@ def table_text(result: dict[str, Any]) -> str:
         c = result["vs_adaptive"].get(name)
         util = "/".join(f"{100 * u:.0f}" for u in s["server_util"].values())
         per = "/".join(str(s["by_server"][a]) for a in servers)
-        rows.append((name, s["policy"].removeprefix("fixed:"), s["throughput_rps"], _ci(c, "throughput"),
-                     s["p50_ms"], s["p95_ms"], _ci(c, "p95"), s["p99_ms"], s["local"], per, util,
-                     f"{s['failed']}/{s['requests']}", s["moved"],
-                     "/".join(f"{x[0]:.2f}" for x in s["load_avg"])))
+        rows.append(
+            (
+                name,
+                s["policy"].removeprefix("fixed:"),
+                s["throughput_rps"],
+                _ci(c, "throughput"),
+                s["p50_ms"],
+                s["p95_ms"],
+                _ci(c, "p95"),
+                s["p99_ms"],
+                s["local"],
+                per,
+                util,
+                f"{s['failed']}/{s['requests']}",
+                s["moved"],
+                "/".join(f"{x[0]:.2f}" for x in s["load_avg"]),
+            )
+        )
     cal, dm = result["calibration"], result["devices_model"]
-    head = (f"fleet: {cfg['devices']} devices x {cfg['servers']} servers | {cfg['model']} | traces "
-            f"{len(cfg['traces'])} HSDPA/FCC x{cfg['bandwidth_scale']:g} (median {cal['median_link_mbps']:.1f} "
-            f"Mbit/s), no added RTT | device CPU {','.join(f'{c:g}' for c in cfg['device_cpus'])} "
-            f"(whole model {min(cal['device_head_ms']):.0f}-{max(cal['device_head_ms']):.0f} ms) | server CPU "
-            f"{cfg['server_cpus']:g} x{cfg['server_workers']} workers ({cal['server_ms']:.0f} ms) | "
-            f"{cfg['rounds']} x {cfg['segment_s']:g} s per strategy, "
-            + (f"server {servers[-1]} killed at {100 * cfg['kill_at_fraction']:.0f} % of each"
-               if cfg["kill_at_fraction"] else "no kill")
-            + f"\ndevices: {dm['kind']}, {dm['rss_mb_each']:.0f} MB RSS each ({dm['rss_mb_total']:.0f} MB), "
-            f"loaded in {dm['startup_s']:.0f} s | host load average before "
-            + "/".join(f"{x:.2f}" for x in result["load_before"]) + ", after "
-            + "/".join(f"{x:.2f}" for x in result["load_after"]))
-    table = render(["strategy", "plan", "req/s", "req/s a/x 95%", "p50 ms", "p95 ms", "p95 a/x 95%", "p99 ms",
-                    "local", "per server", "server util %", "failed/req", "moved", "load 1m"], rows)
+    head = (
+        f"fleet: {cfg['devices']} devices x {cfg['servers']} servers | {cfg['model']} | traces "
+        f"{len(cfg['traces'])} HSDPA/FCC x{cfg['bandwidth_scale']:g} (median {cal['median_link_mbps']:.1f} "
+        f"Mbit/s), no added RTT | device CPU {','.join(f'{c:g}' for c in cfg['device_cpus'])} "
+        f"(whole model {min(cal['device_head_ms']):.0f}-{max(cal['device_head_ms']):.0f} ms) | server CPU "
+        f"{cfg['server_cpus']:g} x{cfg['server_workers']} workers ({cal['server_ms']:.0f} ms) | "
+        f"{cfg['rounds']} x {cfg['segment_s']:g} s per strategy, "
+        + (
+            f"server {servers[-1]} killed at {100 * cfg['kill_at_fraction']:.0f} % of each"
+            if cfg["kill_at_fraction"]
+            else "no kill"
+        )
+        + f"\ndevices: {dm['kind']}, {dm['rss_mb_each']:.0f} MB RSS each ({dm['rss_mb_total']:.0f} MB), "
+        f"loaded in {dm['startup_s']:.0f} s | host load average before "
+        + "/".join(f"{x:.2f}" for x in result["load_before"])
+        + ", after "
+        + "/".join(f"{x:.2f}" for x in result["load_after"])
+    )
+    table = render(
+        [
+            "strategy",
+            "plan",
+            "req/s",
+            "req/s a/x 95%",
+            "p50 ms",
+            "p95 ms",
+            "p95 a/x 95%",
+            "p99 ms",
+            "local",
+            "per server",
+            "server util %",
+            "failed/req",
+            "moved",
+            "load 1m",
+        ],
+        rows,
+    )
     v = result["verdict"]
     tail = "acceptance: " + ("PASS" if v["pass"] else "FAIL: " + "; ".join(v["reasons"]))
     return head + "\n" + table + "\n" + tail

@@ -45,17 +45,32 @@ def read_inputs(names: list[str], specs: list[str]) -> dict[str, np.ndarray]:
 def add_shape_arguments(p: argparse.ArgumentParser) -> None:
     """``--shape/--dim/--sample``: the input shapes every size and cost is computed at."""
     g = p.add_argument_group("input shapes (models with free dims)")
-    g.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x640x640",
-                   help="bind an input's whole shape (repeatable)")
-    g.add_argument("--dim", action="append", default=[], metavar="SYMBOL=N",
-                   help="bind a named free dim everywhere it appears (repeatable)")
-    g.add_argument("--sample", default=None, metavar="FILE.npz",
-                   help="arrays keyed by input name: shapes AND values (for inputs that steer the graph)")
+    g.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=1x3x640x640",
+        help="bind an input's whole shape (repeatable)",
+    )
+    g.add_argument(
+        "--dim",
+        action="append",
+        default=[],
+        metavar="SYMBOL=N",
+        help="bind a named free dim everywhere it appears (repeatable)",
+    )
+    g.add_argument(
+        "--sample",
+        default=None,
+        metavar="FILE.npz",
+        help="arrays keyed by input name: shapes AND values (for inputs that steer the graph)",
+    )
 
 
 def binding(args: argparse.Namespace) -> shapes.ShapeBinding:
-    return shapes.binding_from(getattr(args, "shape", ()) or (), getattr(args, "dim", ()) or (),
-                               getattr(args, "sample", None))
+    return shapes.binding_from(
+        getattr(args, "shape", ()) or (), getattr(args, "dim", ()) or (), getattr(args, "sample", None)
+    )
 
 
 def load_graph(args: argparse.Namespace, model: Any = None) -> graph.ModelGraph:

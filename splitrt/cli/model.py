@@ -19,15 +19,23 @@ def register(sub: Any) -> None:
     p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--all", action="store_true", help="table: show every cut (default: single-tensor cuts)")
-    p.add_argument("--board", default="rpi4",
-                   help="board for the split-vs-route line (devices/<NAME>.toml; default rpi4); 'none' to skip")
+    p.add_argument(
+        "--board",
+        default="rpi4",
+        help="board for the split-vs-route line (devices/<NAME>.toml; default rpi4); 'none' to skip",
+    )
     add_shape_arguments(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("split", help="write head/tail (or N-way chain) segments of a model")
     p.add_argument("model")
-    p.add_argument("--cut", action="append", required=True, metavar="ID",
-                   help="cut id from `splitrt inspect`; repeat for a chain device -> edge -> cloud")
+    p.add_argument(
+        "--cut",
+        action="append",
+        required=True,
+        metavar="ID",
+        help="cut id from `splitrt inspect`; repeat for a chain device -> edge -> cloud",
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--json", action="store_true")
     add_shape_arguments(p)
@@ -72,13 +80,21 @@ def routing_verdict(mg: graph.ModelGraph, board_name: str) -> tuple[dict[str, ob
     try:
         board = boards.load_board(board_name)
         table, source = explaincli.table_for(mg, argparse.Namespace(device=None, cloud=None), board)
-        v = explaincli.verdict(table, rtt_ms=explaincli.DEFAULT_RTT_MS, min_mbps=0.1,
-                               max_mbps=explaincli.DEFAULT_MAX_MBPS, loads=[1.0, 2.0, 4.0], power=board.power,
-                               codecs=None)
+        v = explaincli.verdict(
+            table,
+            rtt_ms=explaincli.DEFAULT_RTT_MS,
+            min_mbps=0.1,
+            max_mbps=explaincli.DEFAULT_MAX_MBPS,
+            loads=[1.0, 2.0, 4.0],
+            power=board.power,
+            codecs=None,
+        )
     except (SplitrtError, ValueError) as exc:
         return {"error": str(exc)}, f"split vs route: not computed ({exc})"
-    return ({**v.to_json(), "board": board.name, "table": source},
-            f"split vs route on {board.name} (every codec; details: splitrt plan MODEL --explain): {v.summary}")
+    return (
+        {**v.to_json(), "board": board.name, "table": source},
+        f"split vs route on {board.name} (every codec; details: splitrt plan MODEL --explain): {v.summary}",
+    )
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -91,16 +107,29 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     cuts = mg.cuts()
     shown = cuts if args.all else [c for c in cuts if len(c.tensors) <= 1 or c.id in ("cloud", "device")]
     rows = [
-        (c.id, c.head_nodes, f"{100 * c.head_flops_fraction:.1f}%", human_bytes(c.bytes),
-         ", ".join(t.name for t in c.tensors[:3]) + (" ..." if len(c.tensors) > 3 else ""))
+        (
+            c.id,
+            c.head_nodes,
+            f"{100 * c.head_flops_fraction:.1f}%",
+            human_bytes(c.bytes),
+            ", ".join(t.name for t in c.tensors[:3]) + (" ..." if len(c.tensors) > 3 else ""),
+        )
         for c in shown
     ]
-    print(f"{mg.path}  sha256 {mg.sha256[:16]}{mg.sha256[64:]}  nodes {len(mg.nodes)}  "
-          f"GFLOPs {mg.flops / 1e9:.2f}  cuts {len(cuts)} ({len(shown)} shown; --all for every cut)")
+    print(
+        f"{mg.path}  sha256 {mg.sha256[:16]}{mg.sha256[64:]}  nodes {len(mg.nodes)}  "
+        f"GFLOPs {mg.flops / 1e9:.2f}  cuts {len(cuts)} ({len(shown)} shown; --all for every cut)"
+    )
     if mg.specialisation is not None:
-        steps = "; ".join(f"If {st.node!r} -> {st.branch}"
-                          + (f" ({', '.join(f'{k}={v}' for k, v in st.values.items())})" if st.values else
-                             f" (shapes of {', '.join(st.inputs)})") for st in mg.specialisation.steps)
+        steps = "; ".join(
+            f"If {st.node!r} -> {st.branch}"
+            + (
+                f" ({', '.join(f'{k}={v}' for k, v in st.values.items())})"
+                if st.values
+                else f" (shapes of {', '.join(st.inputs)})"
+            )
+            for st in mg.specialisation.steps
+        )
         print(f"specialised on the sample: {steps}; requests taking another branch run the whole model")
     for why in mg.excluded[:5]:
         print(f"left out: {why}", file=sys.stderr)

@@ -31,15 +31,26 @@ def register(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: physical cores)")
     p.add_argument("--segments", type=int, default=16, help="spans between anchor cuts timed directly (default 16)")
     p.add_argument("--provider", action="append", default=None, help="execution provider preference")
-    p.add_argument("--power-reader", default=None, metavar="NAME",
-                   help="record idle/busy power and energy per span with: rapl, rpi5-pmic, jetson-ina3221, "
-                        "csv:PATH (external meter), fake[:W], none, auto (default: the --board file's "
-                        "[power] reader, else detected)")
-    p.add_argument("--board", default=None,
-                   help="the board this runs on (devices/<NAME>.toml): its [power] reader; recorded in the "
-                        "profile, so `plan --board NAME` does not scale it by the board's speed factor")
-    p.add_argument("--energy-window-s", type=float, default=1.0,
-                   help="minimum seconds each power/energy figure is measured over (default 1)")
+    p.add_argument(
+        "--power-reader",
+        default=None,
+        metavar="NAME",
+        help="record idle/busy power and energy per span with: rapl, rpi5-pmic, jetson-ina3221, "
+        "csv:PATH (external meter), fake[:W], none, auto (default: the --board file's "
+        "[power] reader, else detected)",
+    )
+    p.add_argument(
+        "--board",
+        default=None,
+        help="the board this runs on (devices/<NAME>.toml): its [power] reader; recorded in the "
+        "profile, so `plan --board NAME` does not scale it by the board's speed factor",
+    )
+    p.add_argument(
+        "--energy-window-s",
+        type=float,
+        default=1.0,
+        help="minimum seconds each power/energy figure is measured over (default 1)",
+    )
     add_shape_arguments(p)
     p.set_defaults(func=_profile)
 
@@ -60,9 +71,13 @@ def register(subparsers: Any) -> None:
     q.add_argument(
         "--board", default=None, help="devices/<NAME>.toml: power figures, and emulate it from a host profile"
     )
-    q.add_argument("--codec", action="append", default=None,
-                   help="allowed codec(s), repeatable: fp32 fp16 int8 int8c, or 'all' (default: fp32, lossless "
-                        "like the runtime; lossy codecs change the answer, so they are opt-in)")
+    q.add_argument(
+        "--codec",
+        action="append",
+        default=None,
+        help="allowed codec(s), repeatable: fp32 fp16 int8 int8c, or 'all' (default: fp32, lossless "
+        "like the runtime; lossy codecs change the answer, so they are opt-in)",
+    )
     q.add_argument("--min-cut", action="store_true", help="also solve the DADS min-cut over the node DAG")
     q.add_argument("--sweep", action="store_true", help="print the bandwidths where the best plan changes")
     q.add_argument("--sweep-min-mbps", type=float, default=0.1)
@@ -126,31 +141,49 @@ def _explain(args: argparse.Namespace) -> int:
     table, source = explaincli.table_for(g, args, board)
     power = board.power if board is not None else costmodel.DEFAULT_POWER
     if args.device:
-        power = energy.plan_power(profiler.load_profile(args.device, sha256=g.sha256), board,
-                                  profile_label=str(args.device)).power
+        power = energy.plan_power(
+            profiler.load_profile(args.device, sha256=g.sha256), board, profile_label=str(args.device)
+        ).power
     codecs = None if args.codec == ["all"] else (args.codec or ["fp32"])
     allowed = cutfacts.allowed_for(g, table, constraintcli.constraints(args, board))
     try:
-        v = explaincli.verdict(table, rtt_ms=explaincli.DEFAULT_RTT_MS if args.rtt_ms is None else args.rtt_ms,
-                               min_mbps=args.sweep_min_mbps,
-                               max_mbps=args.sweep_max_mbps or explaincli.DEFAULT_MAX_MBPS,
-                               loads=explaincli.parse_loads(args.explain_loads), power=power, codecs=codecs,
-                               cuts=allowed.cuts if allowed else None,
-                               objectives=[o for o in args.explain_objectives.split(",") if o])
+        v = explaincli.verdict(
+            table,
+            rtt_ms=explaincli.DEFAULT_RTT_MS if args.rtt_ms is None else args.rtt_ms,
+            min_mbps=args.sweep_min_mbps,
+            max_mbps=args.sweep_max_mbps or explaincli.DEFAULT_MAX_MBPS,
+            loads=explaincli.parse_loads(args.explain_loads),
+            power=power,
+            codecs=codecs,
+            cuts=allowed.cuts if allowed else None,
+            objectives=[o for o in args.explain_objectives.split(",") if o],
+        )
     except PlanError as exc:
         raise ConfigError(str(exc)) from exc
     if allowed is not None and not args.json:
         print(allowed.note())
-    explaincli.print_verdict(v, source, as_json=args.json, extra={
-        "codecs": codecs or list(table.codecs), "constraints": allowed.as_dict() if allowed else None})
+    explaincli.print_verdict(
+        v,
+        source,
+        as_json=args.json,
+        extra={"codecs": codecs or list(table.codecs), "constraints": allowed.as_dict() if allowed else None},
+    )
     return 0
 
 
 def _plan(args: argparse.Namespace) -> int:
     if args.explain:
         return _explain(args)
-    missing = [f for f, v in (("--device", args.device), ("--cloud", args.cloud),
-                              ("--bandwidth-mbps", args.bandwidth_mbps), ("--rtt-ms", args.rtt_ms)) if v is None]
+    missing = [
+        f
+        for f, v in (
+            ("--device", args.device),
+            ("--cloud", args.cloud),
+            ("--bandwidth-mbps", args.bandwidth_mbps),
+            ("--rtt-ms", args.rtt_ms),
+        )
+        if v is None
+    ]
     if missing:
         raise ConfigError(f"plan: expected {', '.join(missing)} (or --explain), got none")
     args.sweep_max_mbps = args.sweep_max_mbps or 1000.0
@@ -240,8 +273,12 @@ def _plan(args: argparse.Namespace) -> int:
         "cuts": rows,
     }
     if allowed is not None:
-        out["constraints"] = {**allowed.as_dict(), "price": constraints.price(
-            table, cond, allowed, objective=args.objective, power=power, codecs=codecs).as_dict()}
+        out["constraints"] = {
+            **allowed.as_dict(),
+            "price": constraints.price(
+                table, cond, allowed, objective=args.objective, power=power, codecs=codecs
+            ).as_dict(),
+        }
     if args.min_cut:
         from splitrt.plan import mincut
 
@@ -251,7 +288,7 @@ def _plan(args: argparse.Namespace) -> int:
             "predicted_ms": round(choice.latency_ms, 4),
             "bytes": choice.crossing_bytes,
             "note": "additive per-node model, fp32, over every down-closed node set"
-                    + (" (per-node times at the profiles' shapes: not re-priced)" if pricing.repriced else ""),
+            + (" (per-node times at the profiles' shapes: not re-priced)" if pricing.repriced else ""),
         }
     if args.json:
         print(json.dumps(out, indent=1))
@@ -260,8 +297,17 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep(args: argparse.Namespace, table: costmodel.CostTable, cond: costmodel.Conditions, power: costmodel.Power,
-           codecs: list[str] | None, cuts: list[str] | None, pricing: Any, warnings: list[str], figures: Any) -> None:
+def _sweep(
+    args: argparse.Namespace,
+    table: costmodel.CostTable,
+    cond: costmodel.Conditions,
+    power: costmodel.Power,
+    codecs: list[str] | None,
+    cuts: list[str] | None,
+    pricing: Any,
+    warnings: list[str],
+    figures: Any,
+) -> None:
     bands = solver.sweep(
         table,
         cond,
@@ -275,8 +321,17 @@ def _sweep(args: argparse.Namespace, table: costmodel.CostTable, cond: costmodel
     if args.plot:
         _plot(table, cond, bands, args, power)
     if args.json:
-        print(json.dumps({"sweep": [vars_of(b) for b in bands], "shapes": pricing.as_dict(),
-                          "warnings": warnings, "power": figures.as_dict(args.bandwidth_mbps)}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "sweep": [vars_of(b) for b in bands],
+                    "shapes": pricing.as_dict(),
+                    "warnings": warnings,
+                    "power": figures.as_dict(args.bandwidth_mbps),
+                },
+                indent=1,
+            )
+        )
     else:
         print(f"shapes: {pricing.note}")
         print(f"{'from Mbit/s':>12} {'to Mbit/s':>12}  {'plan':<16}{'bytes':>12}{'ms at from':>12}{'ms at to':>11}")
@@ -294,13 +349,20 @@ def _allowed(g: Any, table: costmodel.CostTable, args: argparse.Namespace, board
         raise ConfigError(str(exc)) from exc
 
 
-def _priced(args: argparse.Namespace, g: Any, device: profiler.Profile, cloud: profiler.Profile,
-            factor: float) -> tuple[costmodel.CostTable, reprice.Pricing, list[str]]:
+def _priced(
+    args: argparse.Namespace, g: Any, device: profiler.Profile, cloud: profiler.Profile, factor: float
+) -> tuple[costmodel.CostTable, reprice.Pricing, list[str]]:
     """The cost table at the plan's binding (profiles measured elsewhere re-priced, said), and the
     warnings about profiles that contradict themselves (on stderr too)."""
     table, pricing = reprice.table_at(g, device, cloud, profiler.cost_table(device, cloud, device_speed_factor=factor))
-    warnings = [w for w in (sanity.warning(device, str(args.device)),
-                            sanity.warning(cloud, str(args.cloud)) if args.cloud != args.device else None) if w]
+    warnings = [
+        w
+        for w in (
+            sanity.warning(device, str(args.device)),
+            sanity.warning(cloud, str(args.cloud)) if args.cloud != args.device else None,
+        )
+        if w
+    ]
     for w in warnings:
         print(w, file=sys.stderr)
     if pricing.repriced and args.json:
@@ -359,7 +421,6 @@ def _plot(
     print(f"wrote {args.plot}", file=sys.stderr)
 
 
-
 def _print_plan(out: dict[str, Any], objective: str) -> None:
     rows, best = out["cuts"], out["best"]
     # transfer ms prices the sent bytes (after the codec), download ms the reply bytes.
@@ -388,8 +449,10 @@ def _print_plan(out: dict[str, Any], objective: str) -> None:
     print(f"shapes: {out['shapes']['note']}")
     if "constraints" in out:
         c = out["constraints"]
-        print(f"{c['note']}; unconstrained best {c['price']['unconstrained']}, the constraints cost "
-              f"{c['price']['cost']:.2f} ({objective})")
+        print(
+            f"{c['note']}; unconstrained best {c['price']['unconstrained']}, the constraints cost "
+            f"{c['price']['cost']:.2f} ({objective})"
+        )
     if "min_cut" in out:
         mc = out["min_cut"]
         print(f"min-cut over the node DAG: {mc['predicted_ms']:.2f} ms ({mc['head_nodes']} nodes on the device)")

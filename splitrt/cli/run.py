@@ -23,19 +23,34 @@ def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run a model split: head here, tail on a cloud server")
     p.add_argument("model", help="path to an .onnx file (or zoo:NAME)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--cloud", metavar="HOST:PORT", action="append",
-                       help="address of `splitrt serve` (repeatable with --count: requests go to the least "
-                            "loaded, near-ties in turn, and fail over; or one gRPC target such as "
-                            "dns:///NAME:PORT or ipv4:A:P,B:P, balanced by gRPC's round_robin)")
-    where.add_argument("--discover", action="store_true",
-                       help="follow the clouds advertised via mDNS that serve this model (implies a stream)")
-    p.add_argument("--cut", required=True, metavar="ID",
-                   help="cut id from `splitrt inspect` (cloud, c1, ..., device), auto, or route (a stream: the "
-                        "adaptive runtime restricted to device and cloud, whole-request routing)")
+    where.add_argument(
+        "--cloud",
+        metavar="HOST:PORT",
+        action="append",
+        help="address of `splitrt serve` (repeatable with --count: requests go to the least "
+        "loaded, near-ties in turn, and fail over; or one gRPC target such as "
+        "dns:///NAME:PORT or ipv4:A:P,B:P, balanced by gRPC's round_robin)",
+    )
+    where.add_argument(
+        "--discover",
+        action="store_true",
+        help="follow the clouds advertised via mDNS that serve this model (implies a stream)",
+    )
+    p.add_argument(
+        "--cut",
+        required=True,
+        metavar="ID",
+        help="cut id from `splitrt inspect` (cloud, c1, ..., device), auto, or route (a stream: the "
+        "adaptive runtime restricted to device and cloud, whole-request routing)",
+    )
     p.add_argument("--codec", default="fp32", help="fp32, fp16, int8, int8c, each optionally +zlib")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--input", action="append", metavar="[NAME=]FILE",
-                     help=".npy for a one-input model (or NAME=FILE.npy, repeatable), or one .npz by name")
+    src.add_argument(
+        "--input",
+        action="append",
+        metavar="[NAME=]FILE",
+        help=".npy for a one-input model (or NAME=FILE.npy, repeatable), or one .npz by name",
+    )
     src.add_argument("--random", action="store_true", help="random inputs of the right dtype and shape")
     p.add_argument("--seed", type=int, default=0, help="seed for --random")
     p.add_argument("--output", type=Path, metavar="FILE.npz", help="save every output under its graph name")
@@ -43,24 +58,46 @@ def register(sub: Any) -> None:
     p.add_argument("--token-file", type=Path, help="bearer token (first line)")
     p.add_argument("--tls-ca", type=Path, help="PEM CA certificate: connect with TLS")
     p.add_argument("--no-upload", action="store_true", help="never upload the model to the cloud")
-    p.add_argument("--device-profile", "--profile-device", type=Path, dest="device_profile",
-                   help="--cut auto: profile of this machine (JSON)")
-    p.add_argument("--cloud-profile", "--profile-cloud", type=Path, dest="cloud_profile",
-                   help="--cut auto: profile of the cloud (JSON)")
+    p.add_argument(
+        "--device-profile",
+        "--profile-device",
+        type=Path,
+        dest="device_profile",
+        help="--cut auto: profile of this machine (JSON)",
+    )
+    p.add_argument(
+        "--cloud-profile",
+        "--profile-cloud",
+        type=Path,
+        dest="cloud_profile",
+        help="--cut auto: profile of the cloud (JSON)",
+    )
     s = p.add_argument_group("stream (adaptive runtime)")
     s.add_argument("--count", type=int, metavar="N", help="send N requests (default with --discover: 1)")
     s.add_argument("--rate", type=float, metavar="HZ", help="start requests at this rate (default: back to back)")
     s.add_argument("--deadline-ms", type=float, metavar="D", help="per-request deadline (default 5000)")
     s.add_argument("--board", metavar="NAME", help="board descriptor (devices/NAME.toml): speed and power")
-    s.add_argument("--edge", metavar="HOST:PORT",
-                   help="three tiers: send through this edge (`splitrt serve --next`), both cuts chosen per "
-                        "request (implies a stream and --cut auto); the cloud is --cloud, else the edge's next tier")
+    s.add_argument(
+        "--edge",
+        metavar="HOST:PORT",
+        help="three tiers: send through this edge (`splitrt serve --next`), both cuts chosen per "
+        "request (implies a stream and --cut auto); the cloud is --cloud, else the edge's next tier",
+    )
     s.add_argument("--decision-log", type=Path, metavar="FILE", help="append every decision as a JSON line")
     s.add_argument("--verify", action="store_true", help="compare each output with a local run (rel_err)")
-    s.add_argument("--discover-interface", action="append", default=[], metavar="IP",
-                   help="bind mDNS to this IP (repeatable; default all)")
-    s.add_argument("--discover-wait-s", type=float, default=5.0,
-                   help="wait this long for a first cloud before starting (default 5)")
+    s.add_argument(
+        "--discover-interface",
+        action="append",
+        default=[],
+        metavar="IP",
+        help="bind mDNS to this IP (repeatable; default all)",
+    )
+    s.add_argument(
+        "--discover-wait-s",
+        type=float,
+        default=5.0,
+        help="wait this long for a first cloud before starting (default 5)",
+    )
     constraintcli.add_arguments(p)
     add_shape_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -74,8 +111,10 @@ def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[
 
     if args.device_profile is None or args.cloud_profile is None:
         raise CutError("--cut auto needs --device-profile and --cloud-profile (from `splitrt profile`)")
-    table = profiler.cost_table(profiler.load_profile(args.device_profile, sha256=dev.sha256),
-                                profiler.load_profile(args.cloud_profile, sha256=dev.sha256))
+    table = profiler.cost_table(
+        profiler.load_profile(args.device_profile, sha256=dev.sha256),
+        profiler.load_profile(args.cloud_profile, sha256=dev.sha256),
+    )
     rtts = sorted(dev.probe(0, 0).seconds for _ in range(5))
     rtt_s = rtts[len(rtts) // 2]
     up = 1 << 20
@@ -83,19 +122,26 @@ def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[
     bandwidth_mbps = up * 8 / 1e6 / max(bulk - rtt_s, 1e-6)
     status = dev.status()
     cloud_load = max(1.0, status.load.queue_depth / max(1, status.load.workers))
-    cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_s * 1e3),
-                                cloud_load=cloud_load)
+    cond = costmodel.Conditions(
+        link=costmodel.Link(bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_s * 1e3), cloud_load=cloud_load
+    )
     plan = solver.solve(table, cond, cuts=cuts)
-    info = {"plan": solver.format_plan(plan.cut, plan.codec), "predicted_ms": plan.predicted_ms,
-            "bandwidth_mbps": bandwidth_mbps, "rtt_ms": rtt_s * 1e3, "cloud_load": cloud_load}
+    info = {
+        "plan": solver.format_plan(plan.cut, plan.codec),
+        "predicted_ms": plan.predicted_ms,
+        "bandwidth_mbps": bandwidth_mbps,
+        "rtt_ms": rtt_s * 1e3,
+        "cloud_load": cloud_load,
+    }
     return plan.cut, plan.codec, info
 
 
 def cmd_run(args: argparse.Namespace) -> int:
 
     token = read_token(args.token_file) if args.token_file is not None else None
-    config = DeviceConfig(timeout_s=args.timeout_s, codec=args.codec, token=token, tls_ca_path=args.tls_ca,
-                          upload=not args.no_upload)
+    config = DeviceConfig(
+        timeout_s=args.timeout_s, codec=args.codec, token=token, tls_ca_path=args.tls_ca, upload=not args.no_upload
+    )
     if not (args.cloud or args.discover or args.edge):
         raise ConfigError("run: expected --cloud HOST:PORT, --discover or --edge HOST:PORT, got none of them")
     if args.count is not None or args.discover or args.edge or args.cut == "route":
@@ -109,8 +155,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # specialises the model as `inspect` shows it (its cut ids). Any shape the model declares is accepted.
     mg = load_graph(args)
     if len(args.cloud) > 1:
-        raise ConfigError(f"--cloud: one request goes to one cloud: expected one address without --count, "
-                          f"got {len(args.cloud)}")
+        raise ConfigError(
+            f"--cloud: one request goes to one cloud: expected one address without --count, got {len(args.cloud)}"
+        )
     with Device(mg, args.cloud[0], config=config) as dev:
         inputs = dev.random_inputs(args.seed) if args.random else load_inputs(dev, args.input)
         cut, codec_spec = args.cut, args.codec
@@ -121,8 +168,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             dev.graph.cut(cut)  # CutError naming the valid ids
             if allowed is not None and cut not in allowed.cuts:
-                raise ConfigError(f"--cut {cut}: excluded by the constraints ({allowed.excluded[cut]}): "
-                                  f"{allowed.note()}")
+                raise ConfigError(
+                    f"--cut {cut}: excluded by the constraints ({allowed.excluded[cut]}): {allowed.note()}"
+                )
         if allowed is not None:
             plan_info["constraints"] = allowed.note()
         result = dev.run_detailed(inputs, cut=cut, codec_spec=codec_spec)

@@ -27,71 +27,147 @@ from splitrt.transport import wire
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the cloud inference server (tails of split models over gRPC)")
-    p.add_argument("--models", required=True, type=Path, metavar="DIR",
-                   help="directory of .onnx models, served by the sha256 of their bytes")
+    p.add_argument(
+        "--models",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="directory of .onnx models, served by the sha256 of their bytes",
+    )
     p.add_argument("--port", type=int, default=50051, help="TCP port (0: pick a free one; default 50051)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; any other address needs "
-                        "--tls-cert/--tls-key and --token-file, or --insecure)")
-    p.add_argument("--allow-upload", action="store_true",
-                   help="accept models uploaded by devices (needs --token-file)")
-    p.add_argument("--max-model-mb", type=float, default=ServerConfig.max_model_bytes / 2**20,
-                   help="largest model a device may upload, MiB (default 2048)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; any other address needs "
+        "--tls-cert/--tls-key and --token-file, or --insecure)",
+    )
+    p.add_argument("--allow-upload", action="store_true", help="accept models uploaded by devices (needs --token-file)")
+    p.add_argument(
+        "--max-model-mb",
+        type=float,
+        default=ServerConfig.max_model_bytes / 2**20,
+        help="largest model a device may upload, MiB (default 2048)",
+    )
     p.add_argument("--tls-cert", type=Path, metavar="C", help="PEM certificate (with --tls-key): serve TLS")
     p.add_argument("--tls-key", type=Path, metavar="K", help="PEM private key")
-    p.add_argument("--token-file", type=Path, metavar="F",
-                   help="bearer tokens, one per line, in a file only its owner can read (chmod 600): calls "
-                        "without one get UNAUTHENTICATED")
-    p.add_argument("--insecure", action="store_true",
-                   help="listen beyond loopback without TLS and a token: anyone who can reach the address may "
-                        "use the server, unencrypted (logged as a warning and reported in Status)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="F",
+        help="bearer tokens, one per line, in a file only its owner can read (chmod 600): calls "
+        "without one get UNAUTHENTICATED",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="listen beyond loopback without TLS and a token: anyone who can reach the address may "
+        "use the server, unencrypted (logged as a warning and reported in Status)",
+    )
     p.add_argument("--workers", type=int, default=None, help="tails run at once (default: CPU count)")
     p.add_argument("--max-queue", type=int, default=32, help="requests waiting beyond the workers")
-    p.add_argument("--segment-cache", type=int, default=16,
-                   help="tail sessions kept at most (LRU; also bounded in bytes by --max-memory-mb)")
+    p.add_argument(
+        "--segment-cache",
+        type=int,
+        default=16,
+        help="tail sessions kept at most (LRU; also bounded in bytes by --max-memory-mb)",
+    )
     m = p.add_argument_group("memory and quotas (what a client or an uploaded model can make the server hold)")
-    m.add_argument("--max-memory-mb", type=float, default=DEFAULT_MAX_MEMORY_BYTES / 2**20,
-                   help="the process's memory budget, MiB: cached sessions and graphs and requests in flight share "
-                        "what it does not hold at start; beyond it requests get RESOURCE_EXHAUSTED and runs are "
-                        "terminated (default 1792: the Kubernetes manifest's 2 GiB limit less 1/8; 0: no budget)")
-    m.add_argument("--max-request-mb", type=float, default=DEFAULT_MAX_REQUEST_BYTES / 2**20,
-                   help="largest peak activation memory of one request, estimated from the graph at its input "
-                        "shapes before it runs, MiB (default 256)")
-    m.add_argument("--max-store-mb", type=float, default=ServerConfig.max_store_bytes / 2**20,
-                   help="uploads may fill the models directory up to this, MiB (default 4096)")
-    m.add_argument("--max-models", type=int, default=ServerConfig.max_models,
-                   help="uploads may bring the models directory to this many models (default 64)")
-    m.add_argument("--max-nodes", type=int, default=ServerConfig.max_nodes,
-                   help="largest graph loaded or uploaded, in nodes, subgraphs included (default 100000)")
-    p.add_argument("--max-message-mb", type=float, default=wire.DEFAULT_MAX_MESSAGE_BYTES / 2**20,
-                   help="gRPC message limit, MiB (default 64)")
+    m.add_argument(
+        "--max-memory-mb",
+        type=float,
+        default=DEFAULT_MAX_MEMORY_BYTES / 2**20,
+        help="the process's memory budget, MiB: cached sessions and graphs and requests in flight share "
+        "what it does not hold at start; beyond it requests get RESOURCE_EXHAUSTED and runs are "
+        "terminated (default 1792: the Kubernetes manifest's 2 GiB limit less 1/8; 0: no budget)",
+    )
+    m.add_argument(
+        "--max-request-mb",
+        type=float,
+        default=DEFAULT_MAX_REQUEST_BYTES / 2**20,
+        help="largest peak activation memory of one request, estimated from the graph at its input "
+        "shapes before it runs, MiB (default 256)",
+    )
+    m.add_argument(
+        "--max-store-mb",
+        type=float,
+        default=ServerConfig.max_store_bytes / 2**20,
+        help="uploads may fill the models directory up to this, MiB (default 4096)",
+    )
+    m.add_argument(
+        "--max-models",
+        type=int,
+        default=ServerConfig.max_models,
+        help="uploads may bring the models directory to this many models (default 64)",
+    )
+    m.add_argument(
+        "--max-nodes",
+        type=int,
+        default=ServerConfig.max_nodes,
+        help="largest graph loaded or uploaded, in nodes, subgraphs included (default 100000)",
+    )
+    p.add_argument(
+        "--max-message-mb",
+        type=float,
+        default=wire.DEFAULT_MAX_MESSAGE_BYTES / 2**20,
+        help="gRPC message limit, MiB (default 64)",
+    )
     p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
     p.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads per tail (0: default)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    p.add_argument("--metrics-port", type=int, default=None, metavar="N",
-                   help="serve Prometheus text metrics on http://HOST:N/metrics (0: any free port; default off)")
-    p.add_argument("--metrics-host", default="127.0.0.1", metavar="IP",
-                   help="address of the metrics endpoint (default 127.0.0.1: this machine only; any other "
-                        "address needs --metrics-public)")
-    p.add_argument("--metrics-public", action="store_true",
-                   help="allow --metrics-host beyond loopback: the metrics (no auth, no TLS) tell anyone who can "
-                        "reach them the load, models and error counts (logged as a warning)")
-    p.add_argument("--default-deadline-s", type=float, default=ServerConfig.default_deadline_s,
-                   help="deadline of a call that carries none (default 60)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve Prometheus text metrics on http://HOST:N/metrics (0: any free port; default off)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="IP",
+        help="address of the metrics endpoint (default 127.0.0.1: this machine only; any other "
+        "address needs --metrics-public)",
+    )
+    p.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="allow --metrics-host beyond loopback: the metrics (no auth, no TLS) tell anyone who can "
+        "reach them the load, models and error counts (logged as a warning)",
+    )
+    p.add_argument(
+        "--default-deadline-s",
+        type=float,
+        default=ServerConfig.default_deadline_s,
+        help="deadline of a call that carries none (default 60)",
+    )
     _limit_arguments(p)
     e = p.add_argument_group("edge (three tiers: device -> this server -> next tier)")
-    e.add_argument("--next", metavar="HOST:PORT", default=None,
-                   help="the next tier: requests naming a second cut run up to it here and go on there "
-                        "(finished here when it fails)")
+    e.add_argument(
+        "--next",
+        metavar="HOST:PORT",
+        default=None,
+        help="the next tier: requests naming a second cut run up to it here and go on there "
+        "(finished here when it fails)",
+    )
     e.add_argument("--next-token-file", type=Path, metavar="F", help="bearer token for the next tier (chmod 600)")
     e.add_argument("--next-tls-ca", type=Path, metavar="CA", help="PEM CA of the next tier: talk TLS to it")
     d = p.add_argument_group("discovery (mDNS _splitrt._tcp; TXT: version, model hashes, load, secure)")
     d.add_argument("--advertise", action="store_true", help="advertise this server on the local network")
     d.add_argument("--advertise-name", metavar="N", help="instance name (default: the host name)")
-    d.add_argument("--advertise-address", action="append", default=[], metavar="IP",
-                   help="address devices connect to (repeatable; default: --host, or every non-loopback IPv4)")
-    d.add_argument("--advertise-interface", action="append", default=[], metavar="IP",
-                   help="bind mDNS to this IP (repeatable; default: all interfaces)")
+    d.add_argument(
+        "--advertise-address",
+        action="append",
+        default=[],
+        metavar="IP",
+        help="address devices connect to (repeatable; default: --host, or every non-loopback IPv4)",
+    )
+    d.add_argument(
+        "--advertise-interface",
+        action="append",
+        default=[],
+        metavar="IP",
+        help="bind mDNS to this IP (repeatable; default: all interfaces)",
+    )
     d.add_argument("--advertise-ttl-s", type=int, default=120, help="record TTL: how long a crashed server lingers")
     p.set_defaults(func=cmd_serve)
 
@@ -99,51 +175,114 @@ def register(sub: Any) -> None:
 def _limit_arguments(p: Any) -> None:
     lim = Limits()
     g = p.add_argument_group("limits on what a client may hold (see README, 'Hostile clients')")
-    g.add_argument("--read-timeout-s", type=float, default=lim.read_timeout_s,
-                   help="a request message, upload chunk or reply the client must take: within this (default 30)")
-    g.add_argument("--stream-idle-s", type=float, default=lim.stream_idle_s,
-                   help="InferStream: the next frame within this or the stream ends (default 120)")
-    g.add_argument("--max-calls", type=int, default=lim.max_calls,
-                   help="inference calls at once, working or waiting on their client (default 256; at least "
-                        "workers + max-queue + 8)")
-    g.add_argument("--calls-per-peer", type=int, default=lim.calls_per_peer,
-                   help="inference calls one peer address may hold at once (default 64; other lanes: half)")
-    g.add_argument("--status-lane", type=int, default=lim.status_calls,
-                   help="Status calls at once, apart from inference (default 8)")
-    g.add_argument("--health-lane", type=int, default=lim.health_calls,
-                   help="health Check calls at once, apart from the rest (default 16)")
-    g.add_argument("--max-watch-streams", type=int, default=lim.watch_streams,
-                   help="health Watch streams at once (default 8)")
-    g.add_argument("--watch-max-age-s", type=float, default=lim.watch_max_age_s,
-                   help="a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)")
-    g.add_argument("--max-connections", type=int, default=None,
-                   help="connections at once (default: the file-descriptor limit, raised to its hard limit, "
-                        "minus 256)")
-    g.add_argument("--streams-per-connection", type=int, default=lim.streams_per_connection,
-                   help="concurrent calls per HTTP/2 connection (default 100)")
-    g.add_argument("--connection-idle-s", type=float, default=lim.connection_idle_s,
-                   help="close a connection with no call for this long (default 300)")
-    g.add_argument("--max-connection-age-s", type=float, default=None,
-                   help="tell a connection to go away after this (default: never; streams longer than it and "
-                        "its grace are cut)")
-    g.add_argument("--max-connection-age-grace-s", type=float, default=lim.connection_age_grace_s,
-                   help="calls in flight on an aged connection get this long (default 60)")
-    g.add_argument("--auth-free-failures", type=int, default=lim.auth_free_failures,
-                   help="failed authentications a peer address may make before it must wait (default 10)")
-    g.add_argument("--auth-backoff-max-s", type=float, default=lim.auth_backoff_max_s,
-                   help="longest wait of a peer address after failed authentications (doubling from 1 s; "
-                        "default 60)")
+    g.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=lim.read_timeout_s,
+        help="a request message, upload chunk or reply the client must take: within this (default 30)",
+    )
+    g.add_argument(
+        "--stream-idle-s",
+        type=float,
+        default=lim.stream_idle_s,
+        help="InferStream: the next frame within this or the stream ends (default 120)",
+    )
+    g.add_argument(
+        "--max-calls",
+        type=int,
+        default=lim.max_calls,
+        help="inference calls at once, working or waiting on their client (default 256; at least "
+        "workers + max-queue + 8)",
+    )
+    g.add_argument(
+        "--calls-per-peer",
+        type=int,
+        default=lim.calls_per_peer,
+        help="inference calls one peer address may hold at once (default 64; other lanes: half)",
+    )
+    g.add_argument(
+        "--status-lane",
+        type=int,
+        default=lim.status_calls,
+        help="Status calls at once, apart from inference (default 8)",
+    )
+    g.add_argument(
+        "--health-lane",
+        type=int,
+        default=lim.health_calls,
+        help="health Check calls at once, apart from the rest (default 16)",
+    )
+    g.add_argument(
+        "--max-watch-streams", type=int, default=lim.watch_streams, help="health Watch streams at once (default 8)"
+    )
+    g.add_argument(
+        "--watch-max-age-s",
+        type=float,
+        default=lim.watch_max_age_s,
+        help="a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="connections at once (default: the file-descriptor limit, raised to its hard limit, minus 256)",
+    )
+    g.add_argument(
+        "--streams-per-connection",
+        type=int,
+        default=lim.streams_per_connection,
+        help="concurrent calls per HTTP/2 connection (default 100)",
+    )
+    g.add_argument(
+        "--connection-idle-s",
+        type=float,
+        default=lim.connection_idle_s,
+        help="close a connection with no call for this long (default 300)",
+    )
+    g.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        default=None,
+        help="tell a connection to go away after this (default: never; streams longer than it and its grace are cut)",
+    )
+    g.add_argument(
+        "--max-connection-age-grace-s",
+        type=float,
+        default=lim.connection_age_grace_s,
+        help="calls in flight on an aged connection get this long (default 60)",
+    )
+    g.add_argument(
+        "--auth-free-failures",
+        type=int,
+        default=lim.auth_free_failures,
+        help="failed authentications a peer address may make before it must wait (default 10)",
+    )
+    g.add_argument(
+        "--auth-backoff-max-s",
+        type=float,
+        default=lim.auth_backoff_max_s,
+        help="longest wait of a peer address after failed authentications (doubling from 1 s; default 60)",
+    )
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(read_timeout_s=args.read_timeout_s, stream_idle_s=args.stream_idle_s,
-                  max_calls=args.max_calls, calls_per_peer=args.calls_per_peer,
-                  status_calls=args.status_lane, health_calls=args.health_lane,
-                  watch_streams=args.max_watch_streams, watch_max_age_s=args.watch_max_age_s,
-                  max_connections=args.max_connections, streams_per_connection=args.streams_per_connection,
-                  connection_idle_s=args.connection_idle_s, connection_age_s=args.max_connection_age_s,
-                  connection_age_grace_s=args.max_connection_age_grace_s,
-                  auth_free_failures=args.auth_free_failures, auth_backoff_max_s=args.auth_backoff_max_s)
+    return Limits(
+        read_timeout_s=args.read_timeout_s,
+        stream_idle_s=args.stream_idle_s,
+        max_calls=args.max_calls,
+        calls_per_peer=args.calls_per_peer,
+        status_calls=args.status_lane,
+        health_calls=args.health_lane,
+        watch_streams=args.max_watch_streams,
+        watch_max_age_s=args.watch_max_age_s,
+        max_connections=args.max_connections,
+        streams_per_connection=args.streams_per_connection,
+        connection_idle_s=args.connection_idle_s,
+        connection_age_s=args.max_connection_age_s,
+        connection_age_grace_s=args.max_connection_age_grace_s,
+        auth_free_failures=args.auth_free_failures,
+        auth_backoff_max_s=args.auth_backoff_max_s,
+    )
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -159,25 +298,40 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         token = read_tokens(args.next_token_file, "--next-token-file")[0] if args.next_token_file else None
         kwargs["next_tier"] = NextTier(address=args.next, token=token, tls_ca_path=args.next_tls_ca)
     config = ServerConfig(
-        models_dir=args.models, host=args.host, port=args.port, allow_upload=args.allow_upload,
-        tls_cert_path=args.tls_cert, tls_key_path=args.tls_key,
-        tokens=tokens_from_file(args.token_file) if args.token_file else (), insecure=args.insecure,
+        models_dir=args.models,
+        host=args.host,
+        port=args.port,
+        allow_upload=args.allow_upload,
+        tls_cert_path=args.tls_cert,
+        tls_key_path=args.tls_key,
+        tokens=tokens_from_file(args.token_file) if args.token_file else (),
+        insecure=args.insecure,
         max_model_bytes=int(args.max_model_mb * 2**20),
-        max_queue=args.max_queue, segment_cache_size=args.segment_cache,
-        max_message_bytes=int(args.max_message_mb * 2**20), drain_timeout_s=args.drain_s,
-        intra_op_threads=args.intra_op_threads, metrics_port=getattr(args, "metrics_port", None),
+        max_queue=args.max_queue,
+        segment_cache_size=args.segment_cache,
+        max_message_bytes=int(args.max_message_mb * 2**20),
+        drain_timeout_s=args.drain_s,
+        intra_op_threads=args.intra_op_threads,
+        metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
-        max_memory_bytes=int(args.max_memory_mb * 2**20) or None, max_request_bytes=int(args.max_request_mb * 2**20),
-        max_store_bytes=int(args.max_store_mb * 2**20), max_models=args.max_models, max_nodes=args.max_nodes,
+        max_memory_bytes=int(args.max_memory_mb * 2**20) or None,
+        max_request_bytes=int(args.max_request_mb * 2**20),
+        max_store_bytes=int(args.max_store_mb * 2**20),
+        max_models=args.max_models,
+        max_nodes=args.max_nodes,
         metrics_public=getattr(args, "metrics_public", False),
         default_deadline_s=getattr(args, "default_deadline_s", ServerConfig.default_deadline_s),
-        limits=limits_from(args) if hasattr(args, "read_timeout_s") else Limits(), **kwargs)
+        limits=limits_from(args) if hasattr(args, "read_timeout_s") else Limits(),
+        **kwargs,
+    )
     config.limits.check()
     security.exposure(config)
     if getattr(args, "advertise", False) and not args.advertise_address and security.is_loopback(args.host):
-        raise ConfigError(f"--advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "
-                          f"--advertise-address for a relay in front of it), got --host {args.host}: only this "
-                          "machine can connect")
+        raise ConfigError(
+            f"--advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "
+            f"--advertise-address for a relay in front of it), got --host {args.host}: only this "
+            "machine can connect"
+        )
     return config
 
 
@@ -206,14 +360,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from splitrt.cloud.advertise import ServerAdvertiser
 
         try:
-            advertiser = ServerAdvertiser(server, name=args.advertise_name or socket.gethostname(),
-                                          addresses=args.advertise_address or None,
-                                          interfaces=args.advertise_interface or None, ttl_s=args.advertise_ttl_s)
+            advertiser = ServerAdvertiser(
+                server,
+                name=args.advertise_name or socket.gethostname(),
+                addresses=args.advertise_address or None,
+                interfaces=args.advertise_interface or None,
+                ttl_s=args.advertise_ttl_s,
+            )
         except BaseException:
             server.stop(grace_s=0)
             raise
-        log.info(json.dumps({"event": "advertised", "name": advertiser.name, "addresses": advertiser.addresses,
-                             "port": server.port, "secure": advertiser.secure}))
+        log.info(
+            json.dumps(
+                {
+                    "event": "advertised",
+                    "name": advertiser.name,
+                    "addresses": advertiser.addresses,
+                    "port": server.port,
+                    "secure": advertiser.secure,
+                }
+            )
+        )
     while not stop.wait(0.5):
         pass
     if advertiser is not None:
@@ -223,8 +390,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # terminate flag; a graph load, a session build or a 64 MiB reply on a slow socket cannot be stopped),
     # instead of the interpreter waiting for those threads at exit.
     if server.busy() or server.admission.admitted:
-        log.warning(json.dumps({"event": "exit_with_work", "runs": server.canceller.running(),
-                                "admitted": server.admission.admitted}))
+        log.warning(
+            json.dumps(
+                {"event": "exit_with_work", "runs": server.canceller.running(), "admitted": server.admission.admitted}
+            )
+        )
     handler.flush()
     sys.stdout.flush()
     sys.stderr.flush()

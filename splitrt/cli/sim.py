@@ -29,11 +29,24 @@ from splitrt.rig import stats as rigstats
 OTHERS = ("device-only", "cloud-only", "static", "periodic")
 
 
-def sim_cell(model: str, trace: str, *, board: str = "rpi4", scale: float = 1.0, load: str = "none",
-             rate_hz: float = 4.0, duration_s: float | None = None, offset_s: float = 0.0,
-             jitter: float = 0.0, seed: int = 0, device_speed: float = 1.0, cloud_speed: float = 1.0,
-             link: LinkConfig | None = None, controller: ControllerConfig | None = None,
-             strategies: Sequence[str] | None = None) -> dict[str, Any]:
+def sim_cell(
+    model: str,
+    trace: str,
+    *,
+    board: str = "rpi4",
+    scale: float = 1.0,
+    load: str = "none",
+    rate_hz: float = 4.0,
+    duration_s: float | None = None,
+    offset_s: float = 0.0,
+    jitter: float = 0.0,
+    seed: int = 0,
+    device_speed: float = 1.0,
+    cloud_speed: float = 1.0,
+    link: LinkConfig | None = None,
+    controller: ControllerConfig | None = None,
+    strategies: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Every strategy and the oracles on ``trace`` (``duration_s`` None: to its end) for ``model``;
     ``strategies`` (adaptive and route among them): only those, and no static-best search."""
     if load not in ("none", "device-burst"):
@@ -42,8 +55,10 @@ def sim_cell(model: str, trace: str, *, board: str = "rpi4", scale: float = 1.0,
     path = rig.model_path_for(model)
     prof = rig.shipped_profile(model)
     if prof is None:
-        raise ConfigError(f"no shipped profile of {model!r} in {rig.profiles_dir()}: expected a zoo model "
-                          f"with a profile there (splitrt profile writes one)")
+        raise ConfigError(
+            f"no shipped profile of {model!r} in {rig.profiles_dir()}: expected a zoo model "
+            f"with a profile there (splitrt profile writes one)"
+        )
     table = rig.cost_table_for(prof, graph.file_sha256(path), b.cpu_speed_factor)
     full = rig.load_trace(trace)
     if not 0 <= offset_s < full.duration_s:
@@ -53,31 +68,55 @@ def sim_cell(model: str, trace: str, *, board: str = "rpi4", scale: float = 1.0,
     played = window.scaled(scale) if scale != 1 else window
     rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
     bursts = tuple(rigstats.burst_intervals(load, dur))
-    cfg = sim.SimConfig(rate_hz=rate_hz, duration_s=dur, rtt_ms=rtt, bursts=bursts, jitter=jitter, seed=seed,
-                        device_speed=device_speed, cloud_speed=cloud_speed, link=link or LinkConfig(),
-                        controller=controller or ControllerConfig(codecs=None))
+    cfg = sim.SimConfig(
+        rate_hz=rate_hz,
+        duration_s=dur,
+        rtt_ms=rtt,
+        bursts=bursts,
+        jitter=jitter,
+        seed=seed,
+        device_speed=device_speed,
+        cloud_speed=cloud_speed,
+        link=link or LinkConfig(),
+        controller=controller or ControllerConfig(codecs=None),
+    )
     policies = rigbench.strategy_policies(
-        rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load), table, rtt)
+        rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load), table, rtt
+    )
     if strategies is not None:
         if not {"adaptive", "route"} <= set(strategies):
             raise ConfigError(f"strategies: expected adaptive and route among them, got {list(strategies)}")
         policies = {n: p for n, p in policies.items() if n in strategies}
     runs = sim.simulate_all(table, policies, played, cfg)
     if strategies is None:  # static-best: the best single plan for this cell in hindsight (per-cell oracle)
-        candidates = {f"fixed:{c}" if c == "device" else f"fixed:{c}@{k}"
-                      for c in rigbench.likely_cuts(table, rtt, None)
-                      for k in (cfg.controller.codecs or table.codecs) if c == "device" or k in table.codecs}
+        candidates = {
+            f"fixed:{c}" if c == "device" else f"fixed:{c}@{k}"
+            for c in rigbench.likely_cuts(table, rtt, None)
+            for k in (cfg.controller.codecs or table.codecs)
+            if c == "device" or k in table.codecs
+        }
         fixed_runs = sim.simulate_all(table, {p: p for p in sorted(candidates)}, played, cfg)
         policies["static-best"] = min(fixed_runs, key=lambda p: statistics.fmean(sim.latencies(fixed_runs[p])))
         runs["static-best"] = fixed_runs[policies["static-best"]]
-    costs = rigstats.MeasuredCosts(device_ratio_idle=device_speed,
-                                   device_ratio_burst=device_speed / (1.0 - cfg.burst_util),
-                                   cloud_ratio=cloud_speed, net_overhead_ms=rtt, local_overhead_ms=0.0)
+    costs = rigstats.MeasuredCosts(
+        device_ratio_idle=device_speed,
+        device_ratio_burst=device_speed / (1.0 - cfg.burst_util),
+        cloud_ratio=cloud_speed,
+        net_overhead_ms=rtt,
+        local_overhead_ms=0.0,
+    )
     stats = {n: rigstats.summarize(sim.latencies(rs), [r.plan for r in rs], 0, []) for n, rs in runs.items()}
     for oname, ref in rigbench.ORACLE_REFS.items():
-        picks = rigstats.oracle(table, costs, [r.t_s for r in runs[ref]], played, list(bursts), None,
-                                [(r.plan, r.latency_ms) for r in runs[ref]],
-                                cuts=ROUTE_CUTS if oname == "oracle-route" else None)
+        picks = rigstats.oracle(
+            table,
+            costs,
+            [r.t_s for r in runs[ref]],
+            played,
+            list(bursts),
+            None,
+            [(r.plan, r.latency_ms) for r in runs[ref]],
+            cuts=ROUTE_CUTS if oname == "oracle-route" else None,
+        )
         stats[oname] = rigstats.summarize([ms for _, ms in picks], [p for p, _ in picks], 0, [])
         stats[oname]["policy"] = f"hindsight over the {ref} run's request times"
     for n, s in stats.items():
@@ -85,23 +124,45 @@ def sim_cell(model: str, trace: str, *, board: str = "rpi4", scale: float = 1.0,
         s.setdefault("policy", policies.get(n, ""))
     best = min([n for n in OTHERS if n in stats] or ["adaptive"], key=lambda n: stats[n]["mean_ms"])
     a, o = stats["adaptive"], stats["oracle"]
-    return {"link": "simulated", "model": model, "trace": trace, "board": board, "bandwidth_scale": scale,
-            "load": load, "rate_hz": rate_hz, "duration_s": dur, "trace_offset_s": offset_s, "rtt_ms": rtt,
-            "jitter": jitter, "device_speed": device_speed, "cloud_speed": cloud_speed, "best_other": best,
-            "mean_vs_oracle": a["mean_ms"] / o["mean_ms"], "p95_vs_oracle": a["p95_ms"] / o["p95_ms"],
-            "mean_vs_best": a["mean_ms"] / stats[best]["mean_ms"],
-            "route_over_adaptive": stats["route"]["mean_ms"] / a["mean_ms"],
-            "route_over_oracle": stats["oracle-route"]["mean_ms"] / o["mean_ms"],
-            "route_over_adaptive_p95": stats["route"]["p95_ms"] / a["p95_ms"],
-            "route_over_oracle_p95": stats["oracle-route"]["p95_ms"] / o["p95_ms"], "strategies": stats}
+    return {
+        "link": "simulated",
+        "model": model,
+        "trace": trace,
+        "board": board,
+        "bandwidth_scale": scale,
+        "load": load,
+        "rate_hz": rate_hz,
+        "duration_s": dur,
+        "trace_offset_s": offset_s,
+        "rtt_ms": rtt,
+        "jitter": jitter,
+        "device_speed": device_speed,
+        "cloud_speed": cloud_speed,
+        "best_other": best,
+        "mean_vs_oracle": a["mean_ms"] / o["mean_ms"],
+        "p95_vs_oracle": a["p95_ms"] / o["p95_ms"],
+        "mean_vs_best": a["mean_ms"] / stats[best]["mean_ms"],
+        "route_over_adaptive": stats["route"]["mean_ms"] / a["mean_ms"],
+        "route_over_oracle": stats["oracle-route"]["mean_ms"] / o["mean_ms"],
+        "route_over_adaptive_p95": stats["route"]["p95_ms"] / a["p95_ms"],
+        "route_over_oracle_p95": stats["oracle-route"]["p95_ms"] / o["p95_ms"],
+        "strategies": stats,
+    }
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("sim", help="replay a bandwidth trace in simulation and compare every strategy",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "sim",
+        help="replay a bandwidth trace in simulation and compare every strategy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="resnet50", help="zoo model with a shipped profile (default resnet50)")
-    p.add_argument("--trace", default="hsdpa/car",
-                   help="shipped trace (hsdpa/bus ...), a file, or step:1,8/5 | square:1,8,20 | constant:4")
+    p.add_argument(
+        "--trace",
+        default="hsdpa/car",
+        help="shipped trace (hsdpa/bus ...), a file, or step:1,8/5 | square:1,8,20 | constant:4",
+    )
     p.add_argument("--device", default="rpi4", help="board (devices/<NAME>.toml)")
     p.add_argument("--bandwidth-scale", type=float, default=1.0)
     p.add_argument("--load", default="none", choices=["none", "device-burst"])
@@ -116,9 +177,19 @@ def register(sub: Any) -> None:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    r = sim_cell(args.model, args.trace, board=args.device, scale=args.bandwidth_scale, load=args.load,
-                 rate_hz=args.rate, duration_s=args.duration or None, offset_s=args.trace_offset,
-                 jitter=args.jitter, device_speed=args.device_speed, cloud_speed=args.cloud_speed)
+    r = sim_cell(
+        args.model,
+        args.trace,
+        board=args.device,
+        scale=args.bandwidth_scale,
+        load=args.load,
+        rate_hz=args.rate,
+        duration_s=args.duration or None,
+        offset_s=args.trace_offset,
+        jitter=args.jitter,
+        device_speed=args.device_speed,
+        cloud_speed=args.cloud_speed,
+    )
     if args.json == "-":
         print(json.dumps(r, default=float))
         return 0
@@ -126,17 +197,22 @@ def cmd_sim(args: argparse.Namespace) -> int:
     for name in [*rigbench.STRATEGIES, "static-best"]:
         s = r["strategies"][name]
         plans = ", ".join(f"{p} x{n}" for p, n in sorted(s["plans"].items(), key=lambda kv: -kv[1])[:3])
-        rows.append((name, s["mean_ms"], s["p50_ms"], s["p95_ms"], s["p99_ms"], s["completed"], s["switches"],
-                     plans))
-    print(f"{r['model']} on {r['board']} (simulated) | trace {r['trace']} x{r['bandwidth_scale']:g} from "
-          f"{r['trace_offset_s']:g} s, {r['duration_s']:g} s, rtt +{r['rtt_ms']:g} ms | load {r['load']} | "
-          f"{r['rate_hz']:g} req/s | jitter {r['jitter']:g}, true/profiled compute: device "
-          f"x{r['device_speed']:g}, cloud x{r['cloud_speed']:g}")
+        rows.append((name, s["mean_ms"], s["p50_ms"], s["p95_ms"], s["p99_ms"], s["completed"], s["switches"], plans))
+    print(
+        f"{r['model']} on {r['board']} (simulated) | trace {r['trace']} x{r['bandwidth_scale']:g} from "
+        f"{r['trace_offset_s']:g} s, {r['duration_s']:g} s, rtt +{r['rtt_ms']:g} ms | load {r['load']} | "
+        f"{r['rate_hz']:g} req/s | jitter {r['jitter']:g}, true/profiled compute: device "
+        f"x{r['device_speed']:g}, cloud x{r['cloud_speed']:g}"
+    )
     print(render(["strategy", "mean ms", "p50 ms", "p95 ms", "p99 ms", "done", "switches", "plans"], rows))
-    print(f"adaptive: mean {r['mean_vs_oracle']:.3f} x oracle, p95 {r['p95_vs_oracle']:.3f} x oracle, "
-          f"mean {r['mean_vs_best']:.3f} x best other strategy ({r['best_other']})")
-    print(f"split vs route (route mean / split mean, > 1: splitting pays): adaptive {r['route_over_adaptive']:.3f}, "
-          f"oracle {r['route_over_oracle']:.3f}")
+    print(
+        f"adaptive: mean {r['mean_vs_oracle']:.3f} x oracle, p95 {r['p95_vs_oracle']:.3f} x oracle, "
+        f"mean {r['mean_vs_best']:.3f} x best other strategy ({r['best_other']})"
+    )
+    print(
+        f"split vs route (route mean / split mean, > 1: splitting pays): adaptive {r['route_over_adaptive']:.3f}, "
+        f"oracle {r['route_over_oracle']:.3f}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=1, default=float)

@@ -18,13 +18,20 @@ from splitrt.transport.grpc_transport import GrpcTransport
 
 
 def register(sub: Any) -> None:
-    for name, watch, text in (("status", None, "load, served and errors of cloud servers (--watch: keep refreshing)"),
-                              ("top", 2.0, "status --watch 2: a live view of a fleet of cloud servers")):
+    for name, watch, text in (
+        ("status", None, "load, served and errors of cloud servers (--watch: keep refreshing)"),
+        ("top", 2.0, "status --watch 2: a live view of a fleet of cloud servers"),
+    ):
         p = sub.add_parser(name, help=text)
         p.add_argument("servers", nargs="+", metavar="HOST:PORT", help="cloud servers (splitrt serve)")
         p.add_argument("--watch", type=float, default=watch, metavar="S", help="refresh every S seconds")
-        p.add_argument("--count", type=int, default=None, metavar="N",
-                       help="stop after N refreshes (default: 1, or forever with --watch)")
+        p.add_argument(
+            "--count",
+            type=int,
+            default=None,
+            metavar="N",
+            help="stop after N refreshes (default: 1, or forever with --watch)",
+        )
         p.add_argument("--json", action="store_true", help="one JSON object per refresh")
         p.add_argument("--timeout-s", type=float, default=2.0, help="per server and refresh")
         p.add_argument("--token-file", type=Path, help="bearer token (first line)")
@@ -39,12 +46,23 @@ def server_row(transport: GrpcTransport, timeout_s: float) -> dict[str, Any]:
     except CloudError as exc:
         return {"address": transport.address, "up": False, "error": f"{exc.code}: {exc}"}
     load = st.load
-    return {"address": transport.address, "up": True, "version": st.version, "models": len(st.models),
-            "queue_depth": load.queue_depth, "running": load.running, "workers": load.workers,
-            "max_queue": st.max_queue, "service_ms": round(load.service_ms, 3),
-            "cpu_percent": round(load.cpu_percent, 1), "served": st.served, "errors": st.errors,
-            "errors_by_code": dict(sorted(st.errors_by_code.items())), "segments": len(st.segments),
-            "insecure": st.insecure}
+    return {
+        "address": transport.address,
+        "up": True,
+        "version": st.version,
+        "models": len(st.models),
+        "queue_depth": load.queue_depth,
+        "running": load.running,
+        "workers": load.workers,
+        "max_queue": st.max_queue,
+        "service_ms": round(load.service_ms, 3),
+        "cpu_percent": round(load.cpu_percent, 1),
+        "served": st.served,
+        "errors": st.errors,
+        "errors_by_code": dict(sorted(st.errors_by_code.items())),
+        "segments": len(st.segments),
+        "insecure": st.insecure,
+    }
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -56,9 +74,19 @@ def _table(rows: list[dict[str, Any]]) -> str:
             continue
         errs = ", ".join(f"{c} {n}" for c, n in r["errors_by_code"].items()) or "0"
         rate = r.get("served_per_s")
-        body.append([r["address"], "up", f"{r['queue_depth']}/{r['workers'] + r['max_queue']}",
-                     f"{r['running']}/{r['workers']}", float(r["service_ms"]), float(r["cpu_percent"]),
-                     r["served"], "-" if rate is None else float(rate), errs])
+        body.append(
+            [
+                r["address"],
+                "up",
+                f"{r['queue_depth']}/{r['workers'] + r['max_queue']}",
+                f"{r['running']}/{r['workers']}",
+                float(r["service_ms"]),
+                float(r["cpu_percent"]),
+                r["served"],
+                "-" if rate is None else float(rate),
+                errs,
+            ]
+        )
     return tables.render(headers, body)
 
 
@@ -84,8 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     previous[r["address"]] = (t, r["served"])
             up = sum(r["up"] for r in rows)
             if args.json:
-                print(json.dumps({"t_s": round(time.time(), 3), "up": up, "servers": rows}, sort_keys=True),
-                      flush=True)
+                print(json.dumps({"t_s": round(time.time(), 3), "up": up, "servers": rows}, sort_keys=True), flush=True)
             else:
                 if args.watch and sys.stdout.isatty():
                     print("\x1b[H\x1b[2J", end="")  # clear the screen, as top does

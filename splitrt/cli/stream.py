@@ -32,9 +32,11 @@ def _policy(args: argparse.Namespace, mg: Any, table: Any, allowed: Any = None) 
         return "adaptive" if args.cut == "auto" else "route"
     mg.cut(args.cut)  # CutError naming the valid ids
     if allowed is not None and args.cut not in allowed.cuts:
-        raise ConfigError(f"--cut {args.cut}: excluded by the constraints ({allowed.excluded[args.cut]}); "
-                          f"expected one of {', '.join(allowed.cuts[:8])}{' ...' if len(allowed.cuts) > 8 else ''} "
-                          "or auto")
+        raise ConfigError(
+            f"--cut {args.cut}: excluded by the constraints ({allowed.excluded[args.cut]}); "
+            f"expected one of {', '.join(allowed.cuts[:8])}{' ...' if len(allowed.cuts) > 8 else ''} "
+            "or auto"
+        )
     if args.cut == "device":
         return "fixed:device"
     if args.codec not in table.codecs:
@@ -58,37 +60,59 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     # Bound: the cost table (a FLOPs prior needs every tensor sized) and --random inputs are at the binding.
     mg = load_graph(args)
     board = boards.load_board(args.board) if args.board else None
-    table, source = select_cost_table(mg, profile_device=args.device_profile, profile_cloud=args.cloud_profile,
-                                      board=board)
+    table, source = select_cost_table(
+        mg, profile_device=args.device_profile, profile_cloud=args.cloud_profile, board=board
+    )
     print(f"splitrt run: cost table from {source}", file=sys.stderr)
     codecs = (args.codec,) if args.codec in table.codecs else None
     kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
     allowed = _allowed(args, mg, table, board)
-    config = RuntimeConfig(policy=_policy(args, mg, table, allowed), **kw, controller=ControllerConfig(
-        codecs=codecs, cuts=allowed.cuts if allowed is not None else None))
+    config = RuntimeConfig(
+        policy=_policy(args, mg, table, allowed),
+        **kw,
+        controller=ControllerConfig(codecs=codecs, cuts=allowed.cuts if allowed is not None else None),
+    )
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(args.decision_log, "a", encoding="utf-8")) if args.decision_log else None
         if args.edge:
             dev = stack.enter_context(_chain_device(args, mg, table, device_config, board, log))
-            inputs = dev.local.random_inputs(args.seed) if (args.random or not args.input) else load_inputs(
-                dev.local, args.input)
+            inputs = (
+                dev.local.random_inputs(args.seed)
+                if (args.random or not args.input)
+                else load_inputs(dev.local, args.input)
+            )
             reference = dev.local.run_local(inputs) if args.verify else None
             rows, summary = _stream(dev, inputs, count, args, reference)
             return _finish(args, rows, summary)
-        dev = stack.enter_context(AdaptiveDevice(
-            mg, table, list(args.cloud or []), config=config, device_config=device_config,
-            power=board.power if board is not None else DEFAULT_POWER, log=log))
+        dev = stack.enter_context(
+            AdaptiveDevice(
+                mg,
+                table,
+                list(args.cloud or []),
+                config=config,
+                device_config=device_config,
+                power=board.power if board is not None else DEFAULT_POWER,
+                log=log,
+            )
+        )
         if args.discover:
             from splitrt.device.finder import CloudFinder
 
             finder = stack.enter_context(CloudFinder(dev, interfaces=args.discover_interface or None))
             found = finder.wait_for_cloud(args.discover_wait_s)
             clouds = [c["address"] for c in dev.clouds()]
-            print(f"splitrt run: discovery: clouds {clouds}" if found else
-                  f"splitrt run: discovery: no cloud within {args.discover_wait_s:g} s; starting (device-only "
-                  "until one appears)", file=sys.stderr)
-        inputs = dev.local.random_inputs(args.seed) if (args.random or not args.input) else load_inputs(
-            dev.local, args.input)
+            print(
+                f"splitrt run: discovery: clouds {clouds}"
+                if found
+                else f"splitrt run: discovery: no cloud within {args.discover_wait_s:g} s; starting (device-only "
+                "until one appears)",
+                file=sys.stderr,
+            )
+        inputs = (
+            dev.local.random_inputs(args.seed)
+            if (args.random or not args.input)
+            else load_inputs(dev.local, args.input)
+        )
         reference = dev.local.run_local(inputs) if args.verify else None
         rows, summary = _stream(dev, inputs, count, args, reference)
     return _finish(args, rows, summary)
@@ -112,17 +136,31 @@ def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[
     if not args.json:
         extra = ["rel_err", "verify"] if args.verify else []
         # reason: why a request failed, or why its cloud part ran here (the fallback's reason)
-        print(tables.render(["id", "ok", "plan", "latency_ms", "fallback", "server", *extra, "reason"],
-                            [[r["id"], r["ok"], r.get("plan", ""), r.get("latency_ms", ""), r.get("fallback", ""),
-                              r.get("server") or "-",
-                              *[_cell(r.get(k)) for k in extra],
-                              r.get("error") or r.get("fallback_reason") or "-"] for r in rows]))
+        print(
+            tables.render(
+                ["id", "ok", "plan", "latency_ms", "fallback", "server", *extra, "reason"],
+                [
+                    [
+                        r["id"],
+                        r["ok"],
+                        r.get("plan", ""),
+                        r.get("latency_ms", ""),
+                        r.get("fallback", ""),
+                        r.get("server") or "-",
+                        *[_cell(r.get(k)) for k in extra],
+                        r.get("error") or r.get("fallback_reason") or "-",
+                    ]
+                    for r in rows
+                ],
+            )
+        )
         print(tables.render(["summary", "value"], [[k, v] for k, v in summary.items()]))
     return 0 if summary["failed"] == 0 else 1
 
 
-def _chain_device(args: argparse.Namespace, mg: Any, table: Any, device_config: DeviceConfig, board: Any,
-                  log: Any) -> Any:
+def _chain_device(
+    args: argparse.Namespace, mg: Any, table: Any, device_config: DeviceConfig, board: Any, log: Any
+) -> Any:
     """``ChainDevice`` through ``--edge``: the device table as for two tiers; the edge and the cloud priced
     from the cloud profile (else the shipped profile or FLOPs prior, unscaled: server-class tiers)."""
     from splitrt.device.chain import ChainConfig, ChainDevice
@@ -140,13 +178,27 @@ def _chain_device(args: argparse.Namespace, mg: Any, table: Any, device_config: 
     kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
     config = ChainConfig(controller=controller, **kw)
     cloud = args.cloud[0] if args.cloud else None
-    return ChainDevice(mg, table, server, server, edge=args.edge, cloud=cloud, config=config,
-                       device_config=device_config, power=board.power if board is not None else DEFAULT_POWER,
-                       log=log)
+    return ChainDevice(
+        mg,
+        table,
+        server,
+        server,
+        edge=args.edge,
+        cloud=cloud,
+        config=config,
+        device_config=device_config,
+        power=board.power if board is not None else DEFAULT_POWER,
+        log=log,
+    )
 
 
-def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.Namespace,
-            reference: dict[str, np.ndarray] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _stream(
+    dev: Any,
+    inputs: dict[str, np.ndarray],
+    count: int,
+    args: argparse.Namespace,
+    reference: dict[str, np.ndarray] | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     completed = failed = fallbacks = different = 0
     servers: dict[str, int] = {}
@@ -167,8 +219,14 @@ def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.
             fallbacks += int(out.fallback)
             key = out.server or "local"
             servers[key] = servers.get(key, 0) + 1
-            row.update(ok=True, cut=out.plan.split("@")[0], plan=out.plan, latency_ms=round(out.latency_ms, 3),
-                       fallback=out.fallback, server=out.server)
+            row.update(
+                ok=True,
+                cut=out.plan.split("@")[0],
+                plan=out.plan,
+                latency_ms=round(out.latency_ms, 3),
+                fallback=out.fallback,
+                server=out.server,
+            )
             if out.fallback:
                 row["fallback_reason"] = getattr(out, "fallback_reason", "") or "the edge or its next tier failed"
             if reference is not None:
@@ -179,8 +237,13 @@ def _stream(dev: Any, inputs: dict[str, np.ndarray], count: int, args: argparse.
             print(json.dumps(row), flush=True)
         elif (i + 1) % 50 == 0:
             print(f"splitrt run: {i + 1}/{count} requests", file=sys.stderr)
-    summary = {"completed": completed, "failed": failed, "fallbacks": fallbacks,
-               "switches": int(dev.stats["switches"]), "servers": servers}
+    summary = {
+        "completed": completed,
+        "failed": failed,
+        "fallbacks": fallbacks,
+        "switches": int(dev.stats["switches"]),
+        "servers": servers,
+    }
     if reference is not None:
         summary["different"] = different
     if args.json:
@@ -208,12 +271,16 @@ def verify(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> 
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         fa, fb = np.isfinite(a64), np.isfinite(b64)
         nan_a, nan_b = np.isnan(a64), np.isnan(b64)
-        if not (np.array_equal(nan_a, nan_b) and np.array_equal(fa, fb)
-                and np.array_equal(a64[~fa & ~nan_a], b64[~fb & ~nan_b])):
-            places = int(np.count_nonzero((nan_a != nan_b) | (fa != fb)
-                                          | (~fa & ~nan_a & ~nan_b & (a64 != b64))))
-            return None, (f"different: {name!r} is NaN/inf at {places} place(s) where the other run is not "
-                          f"(the local run has {int(np.count_nonzero(~fa))}, this one {int(np.count_nonzero(~fb))})")
+        if not (
+            np.array_equal(nan_a, nan_b)
+            and np.array_equal(fa, fb)
+            and np.array_equal(a64[~fa & ~nan_a], b64[~fb & ~nan_b])
+        ):
+            places = int(np.count_nonzero((nan_a != nan_b) | (fa != fb) | (~fa & ~nan_a & ~nan_b & (a64 != b64))))
+            return None, (
+                f"different: {name!r} is NaN/inf at {places} place(s) where the other run is not "
+                f"(the local run has {int(np.count_nonzero(~fa))}, this one {int(np.count_nonzero(~fb))})"
+            )
         same += int(np.count_nonzero(~fa))
         if np.any(fa):
             scale = float(np.max(np.abs(a64[fa]))) or 1.0

@@ -26,8 +26,7 @@ def register(rig_sub: Any, *, two_tier: Callable[[argparse.Namespace], int], liv
     from splitrt.rig.tierbench import TierBenchConfig
 
     d = TierBenchConfig()
-    p = rig_sub.add_parser("bench", help="the rig benchmark; --tiers 3: device -> edge -> cloud",
-                           description=__doc__)
+    p = rig_sub.add_parser("bench", help="the rig benchmark; --tiers 3: device -> edge -> cloud", description=__doc__)
     p.add_argument("--tiers", type=int, choices=[2, 3], default=3, help="3: device, edge, cloud; 2: splitrt bench")
     p.add_argument("--model", default=d.model, help="zoo name or .onnx file (default resnet50)")
     p.add_argument("--device", default="rpi4", help="board to emulate (devices/<NAME>.toml)")
@@ -40,14 +39,19 @@ def register(rig_sub: Any, *, two_tier: Callable[[argparse.Namespace], int], liv
     p.add_argument("--rtt-ms", type=float, default=None, help="hop 1 round trip (default: typical of the trace)")
     p.add_argument("--rtt2-ms", type=float, default=None, help="hop 2 round trip (default: typical of the trace)")
     p.add_argument("--edge-cpus", type=float, default=1.0, help="the edge server's CPU quota (CPUs)")
-    p.add_argument("--objective", choices=["latency", "energy"], default="latency",
-                   help="what the adaptive runtime and the static choices minimise")
+    p.add_argument(
+        "--objective",
+        choices=["latency", "energy"],
+        default="latency",
+        help="what the adaptive runtime and the static choices minimise",
+    )
     p.add_argument("--rate", type=float, default=d.rate_hz, help="requests per second (paced, one in flight)")
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds of trace every strategy plays")
     p.add_argument("--turn", type=float, default=d.turn_s, help="strategies take turns on slices this long (s)")
     p.add_argument("--codecs", default=",".join(d.codecs), help="codecs the plans may use (default fp32: lossless)")
-    p.add_argument("--strategies", default=",".join(d.strategies),
-                   help=f"comma-separated, of {', '.join(tierplans.STRATEGIES)}")
+    p.add_argument(
+        "--strategies", default=",".join(d.strategies), help=f"comma-separated, of {', '.join(tierplans.STRATEGIES)}"
+    )
     p.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON ('-': stdout)")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and per-request records")
     p.set_defaults(func=cmd_rig_bench, two_tier=two_tier, live_line=live_line)
@@ -57,11 +61,22 @@ def config_from(args: argparse.Namespace) -> Any:
     from splitrt.rig.tierbench import TierBenchConfig
 
     return TierBenchConfig(
-        model=args.model, trace=args.trace, trace2=args.trace2, bandwidth_scale=args.bandwidth_scale,
-        bandwidth_scale2=args.bandwidth_scale2, trace_offset_s=args.trace_offset, trace2_offset_s=args.trace2_offset,
-        rtt_ms=args.rtt_ms, rtt2_ms=args.rtt2_ms, objective=args.objective, rate_hz=args.rate,
-        duration_s=args.duration, turn_s=args.turn, codecs=tuple(c for c in args.codecs.split(",") if c),
-        strategies=tuple(s for s in args.strategies.split(",") if s))
+        model=args.model,
+        trace=args.trace,
+        trace2=args.trace2,
+        bandwidth_scale=args.bandwidth_scale,
+        bandwidth_scale2=args.bandwidth_scale2,
+        trace_offset_s=args.trace_offset,
+        trace2_offset_s=args.trace2_offset,
+        rtt_ms=args.rtt_ms,
+        rtt2_ms=args.rtt2_ms,
+        objective=args.objective,
+        rate_hz=args.rate,
+        duration_s=args.duration,
+        turn_s=args.turn,
+        codecs=tuple(c for c in args.codecs.split(",") if c),
+        strategies=tuple(s for s in args.strategies.split(",") if s),
+    )
 
 
 def run(cfg: Any, *, board: str, edge_cpus: float, line: Any, keep_workdir: bool = False) -> dict[str, Any]:
@@ -69,8 +84,7 @@ def run(cfg: Any, *, board: str, edge_cpus: float, line: Any, keep_workdir: bool
     from splitrt.rig.tierbench import run_tiers
     from splitrt.rig.tiers import TierRig, TierRigConfig
 
-    rc = TierRigConfig(board=board, link="kernel", keep_workdir=keep_workdir, models=(cfg.model,),
-                       edge_cpus=edge_cpus)
+    rc = TierRigConfig(board=board, link="kernel", keep_workdir=keep_workdir, models=(cfg.model,), edge_cpus=edge_cpus)
     r = TierRig(rc, progress=line.say)
     with r:
         if keep_workdir:
@@ -86,8 +100,13 @@ def cmd_rig_bench(args: argparse.Namespace) -> int:
         args.load, args.link, args.plot = "none", "auto", None
         args.strategies = ",".join(rigbench.DEFAULT_STRATEGIES)
         return int(args.two_tier(args))
-    result = run(config_from(args), board=args.device, edge_cpus=args.edge_cpus, line=args.live_line(),
-                 keep_workdir=args.keep_workdir)
+    result = run(
+        config_from(args),
+        board=args.device,
+        edge_cpus=args.edge_cpus,
+        line=args.live_line(),
+        keep_workdir=args.keep_workdir,
+    )
     if args.json == "-":
         print(json.dumps(result, default=float))
     else:
@@ -113,43 +132,73 @@ def rows(result: dict[str, Any]) -> list[tuple[Any, ...]]:
         if s is None:
             continue
         r = s.get("adaptive_over_this", {})
-        vs = (f"{r['mean']['call']}/{r['energy']['call']}" if r else "")
-        out.append((name, s["tiers"], s["mean_ms"], _ci(s["mean_ci_ms"]), s["p95_ms"], s["energy_mj"],
-                    f"{s['completed']}/{s['failed']}", s["via_edge"], s["mismatched"], vs, _plans(s)))
+        vs = f"{r['mean']['call']}/{r['energy']['call']}" if r else ""
+        out.append(
+            (
+                name,
+                s["tiers"],
+                s["mean_ms"],
+                _ci(s["mean_ci_ms"]),
+                s["p95_ms"],
+                s["energy_mj"],
+                f"{s['completed']}/{s['failed']}",
+                s["via_edge"],
+                s["mismatched"],
+                vs,
+                _plans(s),
+            )
+        )
     return out
 
 
-HEADERS = ["strategy", "tiers", "mean ms", "95% CI", "p95 ms", "energy mJ (est.)", "done/failed", "via edge",
-           "wrong outputs", "adaptive vs: latency/energy", "plans"]
+HEADERS = [
+    "strategy",
+    "tiers",
+    "mean ms",
+    "95% CI",
+    "p95 ms",
+    "energy mJ (est.)",
+    "done/failed",
+    "via edge",
+    "wrong outputs",
+    "adaptive vs: latency/energy",
+    "plans",
+]
 
 
 def header(result: dict[str, Any]) -> str:
     h1, h2, cal, e = result["hop1"], result["hop2"], result["calibration"], result["energy"]
     la = result["load_average"]
-    return (f"{result['model']} on emulated {result['board']} -> edge ({result['edge']['cpus']:g} CPU, whole model "
-            f"{result['edge']['measured_ms']:.0f} ms) -> cloud (whole model {result['factors']['cloud_ms']:.0f} ms) | "
-            f"objective {result['objective']} | {result['rate_hz']:g} req/s, {result['duration_s']:g} s per strategy\n"
-            f"hop 1 {h1['trace']} x{h1['scale']:g} from {h1['offset_s']:g} s (median {h1['median_mbps']:.2f} Mbit/s, "
-            f"window mean {h1['window_mean_mbps']:.2f}), rtt +{h1['rtt_ms']:g} ms | "
-            f"hop 2 {h2['trace']} x{h2['scale']:g} from {h2['offset_s']:g} s (median {h2['median_mbps']:.2f}, "
-            f"window mean {h2['window_mean_mbps']:.2f}), "
-            f"rtt +{h2['rtt_ms']:g} ms\n"
-            f"device: resnet50 {cal['measured_ms']:.0f} ms (target {cal['target_ms']:.0f} ms); this model "
-            f"{result['factors']['device_ms']:.0f} ms | energy {e['source'].upper()} from {e['origin']} (idle "
-            f"{e['idle_w']:g} W, active {e['active_w']:g} W, radio {e['radio_w']:g} W) | host load average "
-            + "/".join(f"{x:.2f}" for x in la["start"]) + " at start, " + "/".join(f"{x:.2f}" for x in la["end"])
-            + " at end")
+    return (
+        f"{result['model']} on emulated {result['board']} -> edge ({result['edge']['cpus']:g} CPU, whole model "
+        f"{result['edge']['measured_ms']:.0f} ms) -> cloud (whole model {result['factors']['cloud_ms']:.0f} ms) | "
+        f"objective {result['objective']} | {result['rate_hz']:g} req/s, {result['duration_s']:g} s per strategy\n"
+        f"hop 1 {h1['trace']} x{h1['scale']:g} from {h1['offset_s']:g} s (median {h1['median_mbps']:.2f} Mbit/s, "
+        f"window mean {h1['window_mean_mbps']:.2f}), rtt +{h1['rtt_ms']:g} ms | "
+        f"hop 2 {h2['trace']} x{h2['scale']:g} from {h2['offset_s']:g} s (median {h2['median_mbps']:.2f}, "
+        f"window mean {h2['window_mean_mbps']:.2f}), "
+        f"rtt +{h2['rtt_ms']:g} ms\n"
+        f"device: resnet50 {cal['measured_ms']:.0f} ms (target {cal['target_ms']:.0f} ms); this model "
+        f"{result['factors']['device_ms']:.0f} ms | energy {e['source'].upper()} from {e['origin']} (idle "
+        f"{e['idle_w']:g} W, active {e['active_w']:g} W, radio {e['radio_w']:g} W) | host load average "
+        + "/".join(f"{x:.2f}" for x in la["start"])
+        + " at start, "
+        + "/".join(f"{x:.2f}" for x in la["end"])
+        + " at end"
+    )
 
 
 def gains_text(result: dict[str, Any]) -> str:
     g = result["gains"]
     parts = []
-    for key, label in (("latency_vs_static_split", "latency vs the static split"),
-                       ("energy_vs_static_split", "energy vs the static split"),
-                       ("latency_vs_static_2tier", "latency vs best static 2-tier"),
-                       ("energy_vs_static_2tier", "energy vs best static 2-tier"),
-                       ("latency_vs_any_static", "latency vs best static (any)"),
-                       ("energy_vs_any_static", "energy vs best static (any)")):
+    for key, label in (
+        ("latency_vs_static_split", "latency vs the static split"),
+        ("energy_vs_static_split", "energy vs the static split"),
+        ("latency_vs_static_2tier", "latency vs best static 2-tier"),
+        ("energy_vs_static_2tier", "energy vs best static 2-tier"),
+        ("latency_vs_any_static", "latency vs best static (any)"),
+        ("energy_vs_any_static", "energy vs best static (any)"),
+    ):
         if key in g and g[key]["against"]:
             parts.append(f"{label} ({g[key]['against']}): {g[key]['pct']:+.1f}%")
     return "adaptive: " + "; ".join(parts) + " (positive: adaptive lower)" if parts else ""
@@ -157,4 +206,5 @@ def gains_text(result: dict[str, Any]) -> str:
 
 def table_text(result: dict[str, Any]) -> str:
     return "\n".join([header(result), render(HEADERS, rows(result)), gains_text(result)]) + (
-        f"\nhost load average now {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+        f"\nhost load average now {'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )

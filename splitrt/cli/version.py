@@ -22,8 +22,10 @@ def _dist_version(name: str) -> str:
 
 
 def version_text() -> str:
-    lines = [f"splitrt {__version__} (Python {platform.python_version()}, {platform.machine()})",
-             ", ".join(f"{name} {_dist_version(name)}" for name in LIBRARIES)]
+    lines = [
+        f"splitrt {__version__} (Python {platform.python_version()}, {platform.machine()})",
+        ", ".join(f"{name} {_dist_version(name)}" for name in LIBRARIES),
+    ]
     for name in ("devices", "profiles"):
         where, source = paths.locate(name)
         lines.append(f"{name}: {where} ({source})")
@@ -35,10 +37,21 @@ class VersionAction(argparse.Action):
     """Like argparse's ``version`` action, with lines kept (argparse re-wraps a version string)."""
 
     def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
-                         help="show the version, library versions and data locations, then exit", **kwargs)
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help="show the version, library versions and data locations, then exit",
+            **kwargs,
+        )
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> NoReturn:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> NoReturn:
         print(version_text(), file=sys.stdout)
         parser.exit()

@@ -53,15 +53,19 @@ class Admission:
 
 
 @contextmanager
-def admitted(admission: Admission, budget: MemoryBudget, what: str, nbytes: int, *,
-             slot_timeout_s: float | None = None) -> Iterator[None]:
+def admitted(
+    admission: Admission, budget: MemoryBudget, what: str, nbytes: int, *, slot_timeout_s: float | None = None
+) -> Iterator[None]:
     """Probe and uploads are admitted like inference: a place among the admitted (RESOURCE_EXHAUSTED
     when full), their bytes reserved in the budget, and with ``slot_timeout_s`` a worker slot (an
     upload's check computes like a request)."""
     if not admission.admit():
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"{what}: server busy, queue depth {admission.admitted}, expected at most "
-                         f"{admission.workers + admission.max_queue} (workers + queue)", retry_after_ms=1000.0)
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{what}: server busy, queue depth {admission.admitted}, expected at most "
+            f"{admission.workers + admission.max_queue} (workers + queue)",
+            retry_after_ms=1000.0,
+        )
     try:
         held = budget.reserve(nbytes, what)
         try:
@@ -69,8 +73,10 @@ def admitted(admission: Admission, budget: MemoryBudget, what: str, nbytes: int,
                 yield
                 return
             if not admission.acquire(min(slot_timeout_s, 86400.0)):
-                raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                 f"{what}: expected a worker slot within the deadline, got none free in time")
+                raise RpcFailure(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"{what}: expected a worker slot within the deadline, got none free in time",
+                )
             try:
                 yield
             finally:

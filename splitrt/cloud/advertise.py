@@ -35,30 +35,49 @@ class ServerAdvertiser:
     re-announced when the model list changed, the load moved by more than 10 %, or ``refresh_s`` passed.
     ``close()`` says goodbye (browsers drop the server at once): call it before draining the server."""
 
-    def __init__(self, server: Any, *, name: str, addresses: Sequence[str] | None = None,
-                 interfaces: Sequence[str] | None = None, ttl_s: int = 120, every_s: float = 2.0,
-                 refresh_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        server: Any,
+        *,
+        name: str,
+        addresses: Sequence[str] | None = None,
+        interfaces: Sequence[str] | None = None,
+        ttl_s: int = 120,
+        every_s: float = 2.0,
+        refresh_s: float = 30.0,
+    ) -> None:
         from splitrt.cloud.security import is_loopback
         from splitrt.transport.discovery import Advertiser
 
         self.server = server
         host = server.config.host
         if not addresses and is_loopback(host):
-            raise DiscoveryError(f"advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "
-                                 f"--advertise-address for a relay in front of it), got --host {host}: "
-                                 "only this machine can connect")
+            raise DiscoveryError(
+                f"advertise: expected a server devices can reach (--host IP or 0.0.0.0, or "
+                f"--advertise-address for a relay in front of it), got --host {host}: "
+                "only this machine can connect"
+            )
         addrs = list(addresses or ([] if host in ("", "0.0.0.0", "::", "[::]") else [host]) or local_addresses())
         if not addrs:
-            raise DiscoveryError("advertise: expected a non-loopback address to advertise, got none "
-                                 "(pass --advertise-address)")
+            raise DiscoveryError(
+                "advertise: expected a non-loopback address to advertise, got none (pass --advertise-address)"
+            )
         # secure=1 only with TLS and a token: a loopback server behind a relay is as open as the relay.
         self.secure = bool(server.secure)
         self._models = server.model_hashes()
         self._load = server.load_factor()
         self._sent_s = time.monotonic()
         self.refresh_s = refresh_s
-        self.advertiser = Advertiser(name, server.port, addrs, models=self._models, load=self._load,
-                                     interfaces=interfaces, ttl_s=ttl_s, secure=self.secure)
+        self.advertiser = Advertiser(
+            name,
+            server.port,
+            addrs,
+            models=self._models,
+            load=self._load,
+            interfaces=interfaces,
+            ttl_s=ttl_s,
+            secure=self.secure,
+        )
         self.addresses = addrs
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(every_s,), name="splitrt-advertise", daemon=True)

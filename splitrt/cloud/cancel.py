@@ -86,8 +86,9 @@ class Canceller:
     """Terminates runs at their deadline (one watchdog thread), on their call's cancel, at shutdown,
     and over the memory budget (``rss_limit_bytes``: newest run first)."""
 
-    def __init__(self, *, rss_limit_bytes: int | None = None, rss: Callable[[], int] | None = None,
-                 period_s: float = 0.01) -> None:
+    def __init__(
+        self, *, rss_limit_bytes: int | None = None, rss: Callable[[], int] | None = None, period_s: float = 0.01
+    ) -> None:
         self.rss_limit_bytes = rss_limit_bytes
         self._rss = rss
         self.period_s = period_s
@@ -100,8 +101,16 @@ class Canceller:
         self._thread = threading.Thread(target=self._watch, name="splitrt-canceller", daemon=True)
         self._thread.start()
 
-    def run(self, session: Any, outputs: list[str], feeds: dict[str, Any], *, what: str, deadline: float,
-            token: CallToken | None = None) -> list[Any]:
+    def run(
+        self,
+        session: Any,
+        outputs: list[str],
+        feeds: dict[str, Any],
+        *,
+        what: str,
+        deadline: float,
+        token: CallToken | None = None,
+    ) -> list[Any]:
         """``session.run`` that ends by ``deadline`` (``time.monotonic()``), on ``token``'s cancel and at
         shutdown; RpcFailure DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then,
         INVALID_ARGUMENT when the run itself fails."""
@@ -139,8 +148,10 @@ class Canceller:
     def _call_ended(run: Run) -> None:
         # gRPC ends a call at its deadline too (often just before the watchdog): say which it was.
         if time.monotonic() >= run.deadline - 0.05:
-            run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED,
-                          f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated")
+            run.terminate(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated",
+            )
         else:
             run.terminate(grpc.StatusCode.CANCELLED, "the client cancelled the call: terminated")
 
@@ -165,8 +176,10 @@ class Canceller:
                 while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
                     _, _, run = heapq.heappop(self._heap)
                     if not run.done:
-                        run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                      f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated")
+                        run.terminate(
+                            grpc.StatusCode.DEADLINE_EXCEEDED,
+                            f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated",
+                        )
                 wait = self._heap[0][0] - now if self._heap else _MAX_WAIT_S
                 if self._running and self.rss_limit_bytes is not None:
                     wait = min(wait, self.period_s)
@@ -175,6 +188,8 @@ class Canceller:
             if newest is not None and self.rss_limit_bytes is not None and self._rss is not None:
                 rss = self._rss()
                 if rss > self.rss_limit_bytes:
-                    newest.terminate(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                     f"the server's memory reached {rss / 2**20:.0f} MB while it ran, expected at "
-                                     f"most {self.rss_limit_bytes / 2**20:.0f} MB (--max-memory-mb): terminated")
+                    newest.terminate(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"the server's memory reached {rss / 2**20:.0f} MB while it ran, expected at "
+                        f"most {self.rss_limit_bytes / 2**20:.0f} MB (--max-memory-mb): terminated",
+                    )

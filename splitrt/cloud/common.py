@@ -37,5 +37,6 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
         record = {"ts": round(time.time(), 6), "event": event, **fields}
         # What ``log.log`` does, minus ``findCaller``'s walk up the stack (per request): the caller it
         # would find is this line.
-        log.handle(log.makeRecord(log.name, level, __file__, sys._getframe().f_lineno, _encode(record), (), None,
-                                  "log_event"))
+        log.handle(
+            log.makeRecord(log.name, level, __file__, sys._getframe().f_lineno, _encode(record), (), None, "log_event")
+        )

@@ -77,9 +77,11 @@ def check_cuts(graph: Any, cut_id: str, next_cut_id: str) -> None:
     except CutError as exc:
         raise RpcFailure(grpc.StatusCode.NOT_FOUND, f"cut of model {graph.sha256[:12]}: {exc}") from exc
     if a.head_mask & ~b.head_mask:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"next_cut_id {next_cut_id!r} is before cut_id {cut_id!r}: expected a cut whose head "
-                         f"contains the head of {cut_id!r} (at or after it, device -> cloud), got {next_cut_id!r}")
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"next_cut_id {next_cut_id!r} is before cut_id {cut_id!r}: expected a cut whose head "
+            f"contains the head of {cut_id!r} (at or after it, device -> cloud), got {next_cut_id!r}",
+        )
 
 
 def _monotonic(deadline: float) -> float:
@@ -113,8 +115,13 @@ class Relay:
                 from splitrt.transport.grpc_transport import GrpcTransport
 
                 n = self.next
-                self._transport = GrpcTransport(n.address, token=n.token, max_message_bytes=self.max_message_bytes,
-                                                tls=n.tls, tls_ca_path=n.tls_ca_path)
+                self._transport = GrpcTransport(
+                    n.address,
+                    token=n.token,
+                    max_message_bytes=self.max_message_bytes,
+                    tls=n.tls,
+                    tls_ca_path=n.tls_ca_path,
+                )
             return self._transport
 
     def _failed(self, now: float) -> None:
@@ -138,15 +145,19 @@ class Relay:
         return ""
 
     # -- requests ----------------------------------------------------------------------------------
-    def _run(self, tail: Tail, feeds: dict[str, np.ndarray], deadline: float, what: str,
-             token: CallToken | None = None) -> list[Any]:
+    def _run(
+        self, tail: Tail, feeds: dict[str, np.ndarray], deadline: float, what: str, token: CallToken | None = None
+    ) -> list[Any]:
         a = self.backend.admission
         if not a.acquire(deadline - time.perf_counter()):
-            raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"{what}: expected a worker within the deadline, got none free in time")
+            raise RpcFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{what}: expected a worker within the deadline, got none free in time",
+            )
         try:
-            return self.backend.canceller.run(tail.session, tail.outputs, feeds, what=what,
-                                              deadline=_monotonic(deadline), token=token)
+            return self.backend.canceller.run(
+                tail.session, tail.outputs, feeds, what=what, deadline=_monotonic(deadline), token=token
+            )
         finally:
             a.release_slot()
 
@@ -168,21 +179,30 @@ class Relay:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         a = b.admission
         if not a.acquire(deadline - time.perf_counter()):
-            raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker: expected one within "
-                             f"the deadline of {deadline_s * 1e3:.1f} ms")
+            raise RpcFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker: expected one within "
+                f"the deadline of {deadline_s * 1e3:.1f} ms",
+            )
         t_run = time.perf_counter()
         try:
             feeds = decode_inputs(request, b.max_decoded_bytes)
             t_run = time.perf_counter()
-            values = b.canceller.run(middle.session, middle.outputs, feeds, what=f"segment {h.cut_id}>{h.next_cut_id}",
-                                     deadline=_monotonic(deadline), token=token)
+            values = b.canceller.run(
+                middle.session,
+                middle.outputs,
+                feeds,
+                what=f"segment {h.cut_id}>{h.next_cut_id}",
+                deadline=_monotonic(deadline),
+                token=token,
+            )
         finally:
             a.release_slot()
         compute_ms = (time.perf_counter() - t_run) * 1e3
         env = dict(zip(middle.outputs, values, strict=True))
-        reply = pb.InferReply(request_id=h.request_id, queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0),
-                              build_ms=build_ms)
+        reply = pb.InferReply(
+            request_id=h.request_id, queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0), build_ms=build_ms
+        )
         # The middle's outputs: what the next tier needs, and graph outputs made here (back to the device).
         sent = graph.cut(h.next_cut_id).tensor_names
         made = set(graph.cut(h.next_cut_id).kept) - set(graph.cut(h.cut_id).kept)
@@ -197,8 +217,13 @@ class Relay:
                 return self._reply(reply, own + forwarded, compute_ms, t0)
             tail = b.tails.get(h.model_sha256, h.next_cut_id)
             t1 = time.perf_counter()
-            values = self._run(tail, {n: np.asarray(env[n]) for n, _, _ in tail.inputs}, deadline,
-                               f"tail of cut {h.next_cut_id!r} (next tier failed)", token)
+            values = self._run(
+                tail,
+                {n: np.asarray(env[n]) for n, _, _ in tail.inputs},
+                deadline,
+                f"tail of cut {h.next_cut_id!r} (next tier failed)",
+                token,
+            )
             compute_ms += (time.perf_counter() - t1) * 1e3
             outputs.update(zip(tail.outputs, values, strict=True))
         try:
@@ -209,15 +234,15 @@ class Relay:
             self.finished_here += 1
         return self._reply(reply, encoded, compute_ms, t0)
 
-    def _reply(self, reply: pb.InferReply, tensors: list[codec.Encoded], compute_ms: float,
-               t0: float) -> wire.Framed:
+    def _reply(self, reply: pb.InferReply, tensors: list[codec.Encoded], compute_ms: float, t0: float) -> wire.Framed:
         reply.tail_ms = compute_ms
         reply.load.CopyFrom(self.backend.load())
         reply.edge_ms = (time.perf_counter() - t0) * 1e3
         return wire.Framed(header=reply, tensors=tensors)
 
-    def _forward(self, request: wire.Framed, env: dict[str, Any], spec: codec.Codec, deadline: float,
-                 reply: pb.InferReply) -> list[codec.Encoded] | None:
+    def _forward(
+        self, request: wire.Framed, env: dict[str, Any], spec: codec.Codec, deadline: float, reply: pb.InferReply
+    ) -> list[codec.Encoded] | None:
         """The next tier's encoded outputs, or None (``reply.next_error`` says why) to finish here."""
         h = request.header
         now = time.perf_counter()
@@ -232,8 +257,13 @@ class Relay:
         except CodecError as exc:  # e.g. a lossy codec refusing inf/NaN: finish here
             reply.next_error.CopyFrom(pb.Error(code=grpc.StatusCode.INVALID_ARGUMENT.name, message=str(exc)))
             return None
-        header = pb.InferRequest(model_sha256=h.model_sha256, cut_id=h.next_cut_id, codec=str(spec),
-                                 request_id=h.request_id, output_codec=h.output_codec)
+        header = pb.InferRequest(
+            model_sha256=h.model_sha256,
+            cut_id=h.next_cut_id,
+            codec=str(spec),
+            request_id=h.request_id,
+            output_codec=h.output_codec,
+        )
         timeout_s = min(self.next.timeout_s, max(0.001, deadline - now - self.next.reserve_s))
         t1 = time.perf_counter()
         try:
@@ -246,8 +276,9 @@ class Relay:
                 self._failed(time.monotonic())
             reply.next_ms = (time.perf_counter() - t1) * 1e3
             reply.next_error.CopyFrom(pb.Error(code=exc.code or "UNKNOWN", message=str(exc)))
-            log_event("next_failed", request_id=h.request_id, next=self.next.address, code=exc.code,
-                      error=str(exc)[:300])
+            log_event(
+                "next_failed", request_id=h.request_id, next=self.next.address, code=exc.code, error=str(exc)[:300]
+            )
             return None
         self._answered()
         nh = answer.header
@@ -266,8 +297,12 @@ class Relay:
         if not request.next_probe:
             return
         if self.next is None:
-            reply.next_error.CopyFrom(pb.Error(code=grpc.StatusCode.FAILED_PRECONDITION.name,
-                                               message="this server has no next tier (start it with --next)"))
+            reply.next_error.CopyFrom(
+                pb.Error(
+                    code=grpc.StatusCode.FAILED_PRECONDITION.name,
+                    message="this server has no next tier (start it with --next)",
+                )
+            )
             return
         reply.next_address = self.next.address
         limit = self.max_message_bytes - 1024  # as the servicer's own limit on reply_bytes
@@ -276,8 +311,7 @@ class Relay:
             msg = f"next probe sizes: expected at most {limit} bytes each, got {sizes}"
             reply.next_error.CopyFrom(pb.Error(code=grpc.StatusCode.INVALID_ARGUMENT.name, message=msg))
             return
-        req = pb.ProbeRequest(payload=bytes(int(request.next_payload_bytes)),
-                              reply_bytes=int(request.next_reply_bytes))
+        req = pb.ProbeRequest(payload=bytes(int(request.next_payload_bytes)), reply_bytes=int(request.next_reply_bytes))
         timeout = min(self.next.timeout_s, max(0.001, (timeout_s or self.next.timeout_s) - self.next.reserve_s))
         t0 = time.perf_counter()
         try:

@@ -60,9 +60,18 @@ def lane_of(method: str) -> str:
 
 
 class FrontDoor(grpc.ServerInterceptor):
-    def __init__(self, *, tokens: Tokens, limits: Limits, infer_calls: int, throttle: AuthThrottle,
-                 watchdog: Watchdog, ratelog: RateLog, retry_after_ms: Callable[[], float] = lambda: 100.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        tokens: Tokens,
+        limits: Limits,
+        infer_calls: int,
+        throttle: AuthThrottle,
+        watchdog: Watchdog,
+        ratelog: RateLog,
+        retry_after_ms: Callable[[], float] = lambda: 100.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.tokens = tokens
         self.limits = limits
         self.throttle = throttle
@@ -70,12 +79,17 @@ class FrontDoor(grpc.ServerInterceptor):
         self.ratelog = ratelog
         self.retry_after_ms = retry_after_ms
         self.clock = clock
-        self.caps = {"infer": infer_calls, "status": limits.status_calls, "health": limits.health_calls,
-                     "watch": limits.watch_streams}
+        self.caps = {
+            "infer": infer_calls,
+            "status": limits.status_calls,
+            "health": limits.health_calls,
+            "watch": limits.watch_streams,
+        }
         self.inside = dict.fromkeys(self.caps, 0)
         # One peer address holds at most this many calls of a lane (so another always finds room).
-        self.peer_caps = {lane: limits.calls_per_peer if lane == "infer" else max(1, cap // 2)
-                          for lane, cap in self.caps.items()}
+        self.peer_caps = {
+            lane: limits.calls_per_peer if lane == "infer" else max(1, cap // 2) for lane, cap in self.caps.items()
+        }
         self.by_peer: Counter[tuple[str, str]] = Counter()  # (lane, address) -> calls inside
         # Per connection (address, port): calls in flight and when one last started or ended (the shedder's
         # view of which connections are idle, and since when).
@@ -87,17 +101,28 @@ class FrontDoor(grpc.ServerInterceptor):
         self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
 
     @classmethod
-    def build(cls, *, tokens: tuple[str, ...], limits: Limits, infer_calls: int,
-              retry_after_ms: Callable[[], float]) -> FrontDoor:
+    def build(
+        cls, *, tokens: tuple[str, ...], limits: Limits, infer_calls: int, retry_after_ms: Callable[[], float]
+    ) -> FrontDoor:
         """A door with its own rate-limited log, throttle and watchdog (which flushes the log's summary)."""
         limits.check()
         ratelog = RateLog(interval_s=limits.log_interval_s)
         watchdog = Watchdog()
         watchdog.on_tick.append(ratelog.flush)
-        throttle = AuthThrottle(ThrottleConfig(free_failures=limits.auth_free_failures, base_s=limits.auth_backoff_s,
-                                               max_s=limits.auth_backoff_max_s))
-        return cls(tokens=Tokens(tokens), limits=limits, infer_calls=infer_calls, throttle=throttle,
-                   watchdog=watchdog, ratelog=ratelog, retry_after_ms=retry_after_ms)
+        throttle = AuthThrottle(
+            ThrottleConfig(
+                free_failures=limits.auth_free_failures, base_s=limits.auth_backoff_s, max_s=limits.auth_backoff_max_s
+            )
+        )
+        return cls(
+            tokens=Tokens(tokens),
+            limits=limits,
+            infer_calls=infer_calls,
+            throttle=throttle,
+            watchdog=watchdog,
+            ratelog=ratelog,
+            retry_after_ms=retry_after_ms,
+        )
 
     def __repr__(self) -> str:
         return f"FrontDoor({self.tokens!r}, caps={self.caps})"
@@ -113,14 +138,18 @@ class FrontDoor(grpc.ServerInterceptor):
             return None  # UNIMPLEMENTED, answered by gRPC without reading anything
         method = handler_call_details.method or ""
         lane = lane_of(method)
-        verdict = None if lane in ("health", "watch") or not self.tokens else \
-            self.tokens.check(handler_call_details.invocation_metadata)
+        verdict = (
+            None
+            if lane in ("health", "watch") or not self.tokens
+            else self.tokens.check(handler_call_details.invocation_metadata)
+        )
         return _wrap(self, handler, method, lane, verdict)
 
     def shed_at(self, port: int, max_connections: int) -> Shedder:
         """Shed the oldest idle connections of ``port`` near ``max_connections`` (on the watchdog's tick)."""
-        self.shedder = Shedder(port=port, max_connections=max_connections, busy=self.busy_connections,
-                               last_seen=self.connections_seen)
+        self.shedder = Shedder(
+            port=port, max_connections=max_connections, busy=self.busy_connections, last_seen=self.connections_seen
+        )
         self.watchdog.on_tick.append(self.shedder.tick)
         return self.shedder
 
@@ -153,9 +182,14 @@ class FrontDoor(grpc.ServerInterceptor):
     def snapshot(self) -> dict[str, Any]:
         """Counters for metrics: lanes (inside, caps), calls by (method, code), refusals by reason."""
         with self.lock:
-            return {"inside": dict(self.inside), "caps": dict(self.caps), "calls": dict(self.calls),
-                    "refused": dict(self.refused), "waiting_peers": self.throttle.waiting(self.clock()),
-                    "shed": self.shedder.shed if self.shedder is not None else 0}
+            return {
+                "inside": dict(self.inside),
+                "caps": dict(self.caps),
+                "calls": dict(self.calls),
+                "refused": dict(self.refused),
+                "waiting_peers": self.throttle.waiting(self.clock()),
+                "shed": self.shedder.shed if self.shedder is not None else 0,
+            }
 
 
 class _Call:
@@ -185,14 +219,21 @@ class _Call:
             if wait_s > 0:
                 hint = round(wait_s * 1e3, 1)
                 door.ratelog.event("auth_throttled", peer=peer_address(peer), method=self.method, retry_after_ms=hint)
-                self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, "throttled",
-                             f"too many failed authentications from {peer_address(peer)}: expected a wait, "
-                             f"got a call; retry after {hint:g} ms", hint)
+                self._refuse(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "throttled",
+                    f"too many failed authentications from {peer_address(peer)}: expected a wait, "
+                    f"got a call; retry after {hint:g} ms",
+                    hint,
+                )
             if self.verdict is not Verdict.OK:
                 had = self.verdict is Verdict.WRONG
                 door.ratelog.event("unauthenticated", peer=peer_address(peer), method=self.method, had_token=had)
-                self._refuse(grpc.StatusCode.UNAUTHENTICATED, "unauthenticated",
-                             f"expected {'a valid' if had else 'a'} bearer token in the 'authorization' metadata")
+                self._refuse(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "unauthenticated",
+                    f"expected {'a valid' if had else 'a'} bearer token in the 'authorization' metadata",
+                )
         self.key, self.conn = (self.lane, peer_address(peer)), peer_key(peer)
         with door.lock:
             cap, inside = door.caps[self.lane], door.inside[self.lane]
@@ -205,15 +246,23 @@ class _Call:
         if not admitted:
             hint = door.retry_after_ms() if self.lane == "infer" else 100.0
             door.ratelog.event("lane_full", peer=self.key[1], method=self.method, lane=self.lane, cap=cap)
-            what = (f"{inside} {self.lane} calls at once, expected at most {cap}" if inside >= cap else
-                    f"{mine} {self.lane} calls at once from {self.key[1]}, expected at most {peer_cap} per address")
-            self._refuse(grpc.StatusCode.RESOURCE_EXHAUSTED, f"lane:{self.lane}",
-                         f"server busy: {what}; retry after {hint:g} ms", hint)
+            what = (
+                f"{inside} {self.lane} calls at once, expected at most {cap}"
+                if inside >= cap
+                else f"{mine} {self.lane} calls at once from {self.key[1]}, expected at most {peer_cap} per address"
+            )
+            self._refuse(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"lane:{self.lane}",
+                f"server busy: {what}; retry after {hint:g} ms",
+                hint,
+            )
         self.lease = door.watchdog.lease(ctx)
         if self.lane == "watch":
             age = door.limits.watch_max_age_s
-            self.lease.arm_life(age, f"Watch: streams last at most {age:g} s on this server; watch again",
-                                grpc.StatusCode.UNAVAILABLE)
+            self.lease.arm_life(
+                age, f"Watch: streams last at most {age:g} s on this server; watch again", grpc.StatusCode.UNAVAILABLE
+            )
         ctx.add_callback(self.release)  # the lane is left however the call ends
 
     def _refuse(self, code: grpc.StatusCode, reason: str, message: str, retry_after_ms: float | None = None) -> None:
@@ -250,8 +299,9 @@ class _Call:
         try:
             return self._read(it, timeout, "the request message")
         except StopIteration:
-            self.context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"{self.short}: expected one request message, got none")
+            self.context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{self.short}: expected one request message, got none"
+            )
             raise AssertionError("unreachable") from None
 
     def frames(self, it: Iterator[Any]) -> Iterator[Any]:
@@ -297,15 +347,18 @@ class _Call:
             return
         level = logging.ERROR if code is grpc.StatusCode.UNKNOWN else logging.WARNING
         detail = lease.reason if reason and lease is not None else (repr(exc)[:300] if exc is not None else "")
-        self.door.ratelog.event("call_failed", level, peer=peer_address(self.peer), method=self.method,
-                                code=code.name, error=detail)
+        self.door.ratelog.event(
+            "call_failed", level, peer=peer_address(self.peer), method=self.method, code=code.name, error=detail
+        )
 
 
-def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str,
-          verdict: Verdict | None) -> grpc.RpcMethodHandler:
+def _wrap(
+    door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str, verdict: Verdict | None
+) -> grpc.RpcMethodHandler:
     """``h`` as a request-streaming handler that goes through the door first."""
     kw = {"request_deserializer": h.request_deserializer, "response_serializer": h.response_serializer}
     if h.response_streaming:
+
         def streaming(request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
             call = _Call(door, method, lane, verdict, context)
             call.enter()

@@ -23,23 +23,27 @@ def check_inputs(request: wire.Framed, tail: Tail, max_decoded_bytes: int) -> in
     expected = {name: (dtype, shape) for name, dtype, shape in tail.inputs}
     given = {t.name: t for t in request.tensors}
     if len(given) != len(request.tensors) or set(given) != set(expected):
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"cut {request.header.cut_id!r}: expected tensors {sorted(expected)}, "
-                         f"got {[t.name for t in request.tensors]}")
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"cut {request.header.cut_id!r}: expected tensors {sorted(expected)}, "
+            f"got {[t.name for t in request.tensors]}",
+        )
     nbytes = total = 0
     cap = max_decoded_bytes
     for name, (dtype, shape) in expected.items():
         t = given[name]
         got_shape = t.shape
         if t.dtype != dtype:
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"tensor {name!r}: expected dtype {dtype}, got {t.dtype or '(empty)'}")
+            raise RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT, f"tensor {name!r}: expected dtype {dtype}, got {t.dtype or '(empty)'}"
+            )
         # No declared shape (a tensor the model leaves unshaped and the segment was split unbound): any
         # rank; onnxruntime checks what the tail's nodes need.
         if shape is not None and not wire.shape_matches(shape, got_shape):
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"tensor {name!r}: expected shape {wire.describe_shape(shape)}, "
-                             f"got {list(got_shape)}")
+            raise RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"tensor {name!r}: expected shape {wire.describe_shape(shape)}, got {list(got_shape)}",
+            )
         nbytes += t.nbytes
         try:
             need = codec.decoded_bytes(t)
@@ -47,13 +51,17 @@ def check_inputs(request: wire.Framed, tail: Tail, max_decoded_bytes: int) -> in
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         total += need
         if need > cap:
-            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"tensor {name!r}: shape {list(got_shape)} {t.dtype} ({t.codec}) decodes to "
-                             f"{need} bytes, expected at most {cap} (max_decoded_bytes)")
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"tensor {name!r}: shape {list(got_shape)} {t.dtype} ({t.codec}) decodes to "
+                f"{need} bytes, expected at most {cap} (max_decoded_bytes)",
+            )
     if total > cap:
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"cut {request.header.cut_id!r}: tensors decode to {total} bytes in total, "
-                         f"expected at most {cap} (max_decoded_bytes)")
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"cut {request.header.cut_id!r}: tensors decode to {total} bytes in total, "
+            f"expected at most {cap} (max_decoded_bytes)",
+        )
     return nbytes
 
 

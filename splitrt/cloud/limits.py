@@ -67,13 +67,29 @@ class Limits:
     log_interval_s: float = 10.0
 
     def check(self) -> None:
-        for name in ("read_timeout_s", "health_read_timeout_s", "stream_idle_s", "watch_max_age_s",
-                     "connection_idle_s", "handshake_timeout_s", "keepalive_s", "keepalive_timeout_s",
-                     "auth_backoff_s", "auth_backoff_max_s", "log_interval_s"):
+        for name in (
+            "read_timeout_s",
+            "health_read_timeout_s",
+            "stream_idle_s",
+            "watch_max_age_s",
+            "connection_idle_s",
+            "handshake_timeout_s",
+            "keepalive_s",
+            "keepalive_timeout_s",
+            "auth_backoff_s",
+            "auth_backoff_max_s",
+            "log_interval_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"limits.{name}: expected > 0 seconds, got {getattr(self, name)}")
-        for name in ("max_calls", "calls_per_peer", "status_calls", "health_calls", "watch_streams",
-                     "streams_per_connection"):
+        for name in (
+            "max_calls",
+            "calls_per_peer",
+            "status_calls",
+            "health_calls",
+            "watch_streams",
+            "streams_per_connection",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name}: expected >= 1, got {getattr(self, name)}")
         if self.auth_free_failures < 0:
@@ -123,6 +139,8 @@ def grpc_options(limits: Limits, max_connections: int) -> list[tuple[str, Any]]:
         ("grpc.http2.max_ping_strikes", 2),
     ]
     if limits.connection_age_s is not None:
-        opts += [("grpc.max_connection_age_ms", _ms(limits.connection_age_s)),
-                 ("grpc.max_connection_age_grace_ms", _ms(limits.connection_age_grace_s))]
+        opts += [
+            ("grpc.max_connection_age_ms", _ms(limits.connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", _ms(limits.connection_age_grace_s)),
+        ]
     return opts

@@ -103,8 +103,10 @@ class MemoryBudget:
 
     def __init__(self, limit_bytes: int | None, baseline_bytes: int = 0) -> None:
         if limit_bytes is not None and limit_bytes <= baseline_bytes:
-            raise ConfigError(f"max_memory_bytes: expected more than the {baseline_bytes / MB:.0f} MB the process "
-                              f"holds at start, got {limit_bytes / MB:.0f} MB")
+            raise ConfigError(
+                f"max_memory_bytes: expected more than the {baseline_bytes / MB:.0f} MB the process "
+                f"holds at start, got {limit_bytes / MB:.0f} MB"
+            )
         self.limit_bytes = limit_bytes
         self.baseline_bytes = baseline_bytes
         self._lock = threading.Lock()
@@ -149,14 +151,21 @@ class MemoryBudget:
         with self._lock:
             self.refused += 1
             used = self.used_bytes
-        log_event("memory_refused", what=what, need_mb=round(nbytes / MB, 1), used_mb=round(used / MB, 1),
-                  budget_mb=round(self.available_bytes / MB, 1))
+        log_event(
+            "memory_refused",
+            what=what,
+            need_mb=round(nbytes / MB, 1),
+            used_mb=round(used / MB, 1),
+            budget_mb=round(self.available_bytes / MB, 1),
+        )
         limit_mb = (self.limit_bytes or 0) / MB
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"{what}: needs ~{nbytes / MB:.0f} MB, expected at most the {self._free_mb(used):.0f} MB "
-                         f"free of the server's memory budget (--max-memory-mb {limit_mb:.0f}, "
-                         f"{self.baseline_bytes / MB:.0f} MB held at start, {used / MB:.0f} MB by requests in "
-                         "flight and sessions in use)")
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{what}: needs ~{nbytes / MB:.0f} MB, expected at most the {self._free_mb(used):.0f} MB "
+            f"free of the server's memory budget (--max-memory-mb {limit_mb:.0f}, "
+            f"{self.baseline_bytes / MB:.0f} MB held at start, {used / MB:.0f} MB by requests in "
+            "flight and sessions in use)",
+        )
 
     def _free_mb(self, used: int) -> float:
         return max(0.0, (self.available_bytes - used) / MB)
@@ -167,5 +176,10 @@ class MemoryBudget:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {"limit_bytes": self.limit_bytes, "baseline_bytes": self.baseline_bytes,
-                    "used_bytes": self.used_bytes, "peak_bytes": self.peak_bytes, "refused": self.refused}
+            return {
+                "limit_bytes": self.limit_bytes,
+                "baseline_bytes": self.baseline_bytes,
+                "used_bytes": self.used_bytes,
+                "peak_bytes": self.peak_bytes,
+                "refused": self.refused,
+            }

@@ -56,8 +56,16 @@ class ServerStats:
         self._service = _Ewma()
         self._by_segment: dict[tuple[str, str], _Ewma] = {}
 
-    def observe(self, *, code: str, model_sha256: str, cut_id: str, total_ms: float,
-                tail_ms: float | None = None, queue_full: bool = False) -> None:
+    def observe(
+        self,
+        *,
+        code: str,
+        model_sha256: str,
+        cut_id: str,
+        total_ms: float,
+        tail_ms: float | None = None,
+        queue_full: bool = False,
+    ) -> None:
         with self._lock:
             self.by_code[code] += 1
             self.refused += int(queue_full)
@@ -103,35 +111,88 @@ def render(server: CloudServer) -> str:
     lines: list[str] = []
     fam = promtext.family
     fam(lines, "splitrt_cloud_up", "gauge", "1 while the server serves.", [("", {}, 1.0)])
-    fam(lines, "splitrt_cloud_requests_total", "counter", "Infer requests and stream frames answered, by gRPC "
-        "status code.", [("", {"code": c}, float(n)) for c, n in sorted(by_code.items())])
-    fam(lines, "splitrt_cloud_errors_total", "counter", "Infer requests and stream frames answered with an "
-        "error, by gRPC status code.", [("", {"code": c}, float(n)) for c, n in sorted(by_code.items()) if c != "OK"])
-    fam(lines, "splitrt_cloud_refused_total", "counter", "Requests refused because the queue was full "
-        "(RESOURCE_EXHAUSTED with a retry hint).", [("", {}, float(refused))])
-    fam(lines, "splitrt_cloud_queue_depth", "gauge", "Requests admitted and not finished (waiting + running).",
-        [("", {}, float(load.queue_depth))])
+    fam(
+        lines,
+        "splitrt_cloud_requests_total",
+        "counter",
+        "Infer requests and stream frames answered, by gRPC status code.",
+        [("", {"code": c}, float(n)) for c, n in sorted(by_code.items())],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_errors_total",
+        "counter",
+        "Infer requests and stream frames answered with an error, by gRPC status code.",
+        [("", {"code": c}, float(n)) for c, n in sorted(by_code.items()) if c != "OK"],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_refused_total",
+        "counter",
+        "Requests refused because the queue was full (RESOURCE_EXHAUSTED with a retry hint).",
+        [("", {}, float(refused))],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_queue_depth",
+        "gauge",
+        "Requests admitted and not finished (waiting + running).",
+        [("", {}, float(load.queue_depth))],
+    )
     fam(lines, "splitrt_cloud_running", "gauge", "Requests running a tail now.", [("", {}, float(load.running))])
     fam(lines, "splitrt_cloud_workers", "gauge", "Tail worker slots.", [("", {}, float(load.workers))])
-    fam(lines, "splitrt_cloud_max_queue", "gauge", "Requests that may wait beyond the workers.",
-        [("", {}, float(load.max_queue))])
-    fam(lines, "splitrt_cloud_service_ms", "gauge", "Smoothed tail time per request, milliseconds.",
-        [("", {}, load.service_ms)])
-    fam(lines, "splitrt_cloud_cpu_percent", "gauge", "Host CPU utilisation, percent.",
-        [("", {}, load.cpu_percent)])
-    fam(lines, "splitrt_cloud_tail_seconds", "histogram", "Time a tail session ran, per successful request.",
-        hists[0])
-    fam(lines, "splitrt_cloud_request_seconds", "histogram", "Server-side time of a request (queue included), "
-        "every outcome.", hists[1])
+    fam(
+        lines,
+        "splitrt_cloud_max_queue",
+        "gauge",
+        "Requests that may wait beyond the workers.",
+        [("", {}, float(load.max_queue))],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_service_ms",
+        "gauge",
+        "Smoothed tail time per request, milliseconds.",
+        [("", {}, load.service_ms)],
+    )
+    fam(lines, "splitrt_cloud_cpu_percent", "gauge", "Host CPU utilisation, percent.", [("", {}, load.cpu_percent)])
+    fam(lines, "splitrt_cloud_tail_seconds", "histogram", "Time a tail session ran, per successful request.", hists[0])
+    fam(
+        lines,
+        "splitrt_cloud_request_seconds",
+        "histogram",
+        "Server-side time of a request (queue included), every outcome.",
+        hists[1],
+    )
     tails = server.tails
-    fam(lines, "splitrt_cloud_segment_cache_hits_total", "counter", "Tail lookups answered by a cached session.",
-        [("", {}, float(tails.cache_hits))])
-    fam(lines, "splitrt_cloud_segment_cache_misses_total", "counter", "Tail lookups that built a session.",
-        [("", {}, float(tails.cache_misses))])
-    fam(lines, "splitrt_cloud_segment_hits_total", "counter", "Requests served by each cached tail session.",
-        [("", {"model": sha[:16], "cut": cut}, float(h)) for sha, cut, h in tails.snapshot()])
-    fam(lines, "splitrt_cloud_served_total", "counter", "Requests served successfully.",
-        [("", {}, float(server.served))])
+    fam(
+        lines,
+        "splitrt_cloud_segment_cache_hits_total",
+        "counter",
+        "Tail lookups answered by a cached session.",
+        [("", {}, float(tails.cache_hits))],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_segment_cache_misses_total",
+        "counter",
+        "Tail lookups that built a session.",
+        [("", {}, float(tails.cache_misses))],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_segment_hits_total",
+        "counter",
+        "Requests served by each cached tail session.",
+        [("", {"model": sha[:16], "cut": cut}, float(h)) for sha, cut, h in tails.snapshot()],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_served_total",
+        "counter",
+        "Requests served successfully.",
+        [("", {}, float(server.served))],
+    )
     _door(lines, server)
     return "\n".join(lines) + "\n"
 
@@ -140,20 +201,48 @@ def _door(lines: list[str], server: CloudServer) -> None:
     """The front door's counters: every call by method and code, lanes, refusals, throttled peers."""
     snap = server.door.snapshot()
     fam = promtext.family
-    fam(lines, "splitrt_cloud_calls_total", "counter", "gRPC calls finished, every method, by status code "
-        "(refusals at the front door included).",
-        [("", {"method": m, "code": c}, float(n)) for (m, c), n in sorted(snap["calls"].items())])
-    fam(lines, "splitrt_cloud_lane_calls", "gauge", "Calls inside each lane now.",
-        [("", {"lane": k}, float(v)) for k, v in sorted(snap["inside"].items())])
-    fam(lines, "splitrt_cloud_lane_capacity", "gauge", "Calls each lane admits at once.",
-        [("", {"lane": k}, float(v)) for k, v in sorted(snap["caps"].items())])
-    fam(lines, "splitrt_cloud_door_refused_total", "counter", "Calls refused or ended by the front door, by "
-        "reason (unauthenticated, throttled, lane:<lane> full, timeout).",
-        [("", {"reason": k}, float(v)) for k, v in sorted(snap["refused"].items())])
-    fam(lines, "splitrt_cloud_connections_shed_total", "counter", "Idle connections shut down near the "
-        "connection cap (oldest first).", [("", {}, float(snap["shed"]))])
-    fam(lines, "splitrt_cloud_throttled_peers", "gauge", "Peer addresses waiting after failed authentications.",
-        [("", {}, float(snap["waiting_peers"]))])
+    fam(
+        lines,
+        "splitrt_cloud_calls_total",
+        "counter",
+        "gRPC calls finished, every method, by status code (refusals at the front door included).",
+        [("", {"method": m, "code": c}, float(n)) for (m, c), n in sorted(snap["calls"].items())],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_lane_calls",
+        "gauge",
+        "Calls inside each lane now.",
+        [("", {"lane": k}, float(v)) for k, v in sorted(snap["inside"].items())],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_lane_capacity",
+        "gauge",
+        "Calls each lane admits at once.",
+        [("", {"lane": k}, float(v)) for k, v in sorted(snap["caps"].items())],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_door_refused_total",
+        "counter",
+        "Calls refused or ended by the front door, by reason (unauthenticated, throttled, lane:<lane> full, timeout).",
+        [("", {"reason": k}, float(v)) for k, v in sorted(snap["refused"].items())],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_connections_shed_total",
+        "counter",
+        "Idle connections shut down near the connection cap (oldest first).",
+        [("", {}, float(snap["shed"]))],
+    )
+    fam(
+        lines,
+        "splitrt_cloud_throttled_peers",
+        "gauge",
+        "Peer addresses waiting after failed authentications.",
+        [("", {}, float(snap["waiting_peers"]))],
+    )
 
 
 def metrics_http(server: CloudServer, host: str, port: int) -> tuple[ThreadingHTTPServer, str]:

@@ -18,8 +18,9 @@ __all__ = ["RateLog"]
 
 
 class RateLog:
-    def __init__(self, *, interval_s: float = 10.0, burst: int = 5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, *, interval_s: float = 10.0, burst: int = 5, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval_s = interval_s
         self.burst = burst
         self._clock = clock
@@ -54,5 +55,4 @@ class RateLog:
             self._suppressed.clear()
             self._peers.clear()
         if counts:
-            log_event("suppressed", logging.WARNING, interval_s=round(elapsed, 3), counts=counts,
-                      top_peers=dict(peers))
+            log_event("suppressed", logging.WARNING, interval_s=round(elapsed, 3), counts=counts, top_peers=dict(peers))

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 TRIM_AFTER_BYTES = 16 << 20
 
 
-def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | None, t0: float,
-          token: CallToken | None = None) -> wire.Framed:
+def infer(
+    server: CloudServer, request: wire.Framed, time_remaining_s: float | None, t0: float, token: CallToken | None = None
+) -> wire.Framed:
     """Admit, build or find the tail, check, estimate and reserve memory, run in a slot, encode."""
     header = request.header
     deadline_s = server.config.default_deadline_s if time_remaining_s is None else time_remaining_s
@@ -37,10 +38,13 @@ def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | N
         # Early, before any decoding, with a hint devices use to plan around this server.
         a = server.admission
         hint = server.stats.retry_after_ms(queue_depth=a.admitted, workers=a.workers)
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"server busy: queue depth {a.admitted}, expected at most "
-                         f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue}); "
-                         f"retry after {hint:g} ms", retry_after_ms=hint)
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"server busy: queue depth {a.admitted}, expected at most "
+            f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue}); "
+            f"retry after {hint:g} ms",
+            retry_after_ms=hint,
+        )
     try:
         if header.next_cut_id:  # three tiers: run up to the next cut, forward the rest
             return server.relay.infer(request, deadline_s, t0, token)
@@ -54,8 +58,9 @@ def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | N
                 out_codec = codec.Codec.parse(header.output_codec or "fp32")
             except CodecError as exc:
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-            held = server.budget.reserve(request_bytes(server, request, tail, bytes_in),
-                                       f"request at cut {header.cut_id!r}")
+            held = server.budget.reserve(
+                request_bytes(server, request, tail, bytes_in), f"request at cut {header.cut_id!r}"
+            )
             try:
                 return run(server, request, tail, out_codec, deadline, t0, token, bytes_in, build_ms)
             finally:
@@ -64,6 +69,7 @@ def infer(server: CloudServer, request: wire.Framed, time_remaining_s: float | N
                     trim()
     finally:
         server.admission.leave()
+
 
 def request_bytes(server: CloudServer, request: wire.Framed, tail: Tail, bytes_in: int) -> int:
     """What a request holds while it runs: its message, and its activations at its shapes (estimated
@@ -76,39 +82,62 @@ def request_bytes(server: CloudServer, request: wire.Framed, tail: Tail, bytes_i
     need = int(est.peak_bytes * 1.2)
     limit = server.config.max_request_bytes
     if need > limit:
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"cut {cut!r} at input shapes {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}: "
-                         f"needs ~{need / 2**20:.0f} MB of activations, expected at most {limit / 2**20:.0f} MB "
-                         "(--max-request-mb); send smaller inputs")
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"cut {cut!r} at input shapes {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}: "
+            f"needs ~{need / 2**20:.0f} MB of activations, expected at most {limit / 2**20:.0f} MB "
+            "(--max-request-mb); send smaller inputs",
+        )
     return need + bytes_in
 
-def run(server: CloudServer, request: wire.Framed, tail: Tail, out_codec: codec.Codec, deadline: float, t0: float,
-        token: CallToken | None, bytes_in: int, build_ms: float = 0.0) -> wire.Framed:
+
+def run(
+    server: CloudServer,
+    request: wire.Framed,
+    tail: Tail,
+    out_codec: codec.Codec,
+    deadline: float,
+    t0: float,
+    token: CallToken | None,
+    bytes_in: int,
+    build_ms: float = 0.0,
+) -> wire.Framed:
     header = request.header
     if not server.admission.acquire(min(deadline - time.monotonic(), 86400.0)):
-        raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker: expected "
-                         "one within the request's deadline")
+        raise RpcFailure(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker: expected "
+            "one within the request's deadline",
+        )
     t_run = time.perf_counter()
     try:
         if token is not None and token.cancelled:  # its client left while it waited: nothing to compute
-            raise RpcFailure(grpc.StatusCode.CANCELLED, f"tail of cut {header.cut_id!r}: the client cancelled the "
-                             "call while it waited for a worker")
+            raise RpcFailure(
+                grpc.StatusCode.CANCELLED,
+                f"tail of cut {header.cut_id!r}: the client cancelled the call while it waited for a worker",
+            )
         # Decoded only in a worker slot: at most ``workers`` requests inflate at once.
         feeds = decode_inputs(request, server.max_decoded_bytes)
         if server.before_tail is not None:
             server.before_tail(header)
         t_run = time.perf_counter()
-        values = server.canceller.run(tail.session, tail.outputs, feeds, what=f"tail of cut {header.cut_id!r}",
-                                    deadline=deadline, token=token)
+        values = server.canceller.run(
+            tail.session, tail.outputs, feeds, what=f"tail of cut {header.cut_id!r}", deadline=deadline, token=token
+        )
         t_done = time.perf_counter()
     finally:
         server.admission.release_slot()
-    reply = pb.InferReply(request_id=header.request_id, tail_ms=(t_done - t_run) * 1e3,
-                          queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0), build_ms=build_ms, load=server.load())
+    reply = pb.InferReply(
+        request_id=header.request_id,
+        tail_ms=(t_done - t_run) * 1e3,
+        queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0),
+        build_ms=build_ms,
+        load=server.load(),
+    )
     try:
-        outputs = [codec.encode(n, np.asarray(v), out_codec, copy=False)
-                   for n, v in zip(tail.outputs, values, strict=True)]
+        outputs = [
+            codec.encode(n, np.asarray(v), out_codec, copy=False) for n, v in zip(tail.outputs, values, strict=True)
+        ]
     except CodecError as exc:
         raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
     server._bytes_in.value = bytes_in

@@ -65,29 +65,49 @@ class Exposure:
         """What is insecure, in words; empty when nothing is."""
         if not self.insecure:
             return ""
-        risks = [r for r, on in (("requests travel unencrypted", not self.tls),
-                                 ("anyone who can reach it may use it", not self.auth)) if on]
-        return (f"listening on {self.host} (beyond loopback) with {self.missing}: {' and '.join(risks)} "
-                "(started with --insecure)")
+        risks = [
+            r
+            for r, on in (
+                ("requests travel unencrypted", not self.tls),
+                ("anyone who can reach it may use it", not self.auth),
+            )
+            if on
+        ]
+        return (
+            f"listening on {self.host} (beyond loopback) with {self.missing}: {' and '.join(risks)} "
+            "(started with --insecure)"
+        )
 
 
 def exposure(config: Any) -> Exposure:
     """Check a ``ServerConfig``'s security choices; ``ConfigError`` for a refused one."""
-    exp = Exposure(host=config.host, loopback=is_loopback(config.host),
-                   tls=config.tls_cert_path is not None and config.tls_key_path is not None,
-                   auth=bool(config.tokens))
+    exp = Exposure(
+        host=config.host,
+        loopback=is_loopback(config.host),
+        tls=config.tls_cert_path is not None and config.tls_key_path is not None,
+        auth=bool(config.tokens),
+    )
     if config.allow_upload and not exp.auth:
-        raise ConfigError("--allow-upload: expected a bearer token (--token-file) with uploads, got none: "
-                          "without one anyone who can connect could store models on this server")
+        raise ConfigError(
+            "--allow-upload: expected a bearer token (--token-file) with uploads, got none: "
+            "without one anyone who can connect could store models on this server"
+        )
     metrics_host = getattr(config, "metrics_host", "127.0.0.1")
-    if getattr(config, "metrics_port", None) is not None and not is_loopback(metrics_host) \
-            and not getattr(config, "metrics_public", False):
-        raise ConfigError(f"--metrics-host {metrics_host}: serving metrics beyond loopback expected "
-                          "--metrics-public, got none: the endpoint has no TLS and no token, and tells anyone who "
-                          "can reach it this server's load, models and errors; scrape it on 127.0.0.1 (the "
-                          "default) or pass --metrics-public")
+    if (
+        getattr(config, "metrics_port", None) is not None
+        and not is_loopback(metrics_host)
+        and not getattr(config, "metrics_public", False)
+    ):
+        raise ConfigError(
+            f"--metrics-host {metrics_host}: serving metrics beyond loopback expected "
+            "--metrics-public, got none: the endpoint has no TLS and no token, and tells anyone who "
+            "can reach it this server's load, models and errors; scrape it on 127.0.0.1 (the "
+            "default) or pass --metrics-public"
+        )
     if exp.insecure and not config.insecure:
-        raise ConfigError(f"--host {config.host}: listening beyond loopback expected TLS (--tls-cert/--tls-key) "
-                          f"and a bearer token (--token-file), got {exp.missing}; add them, listen on 127.0.0.1 "
-                          "(the default), or pass --insecure to serve anyone who can reach this address")
+        raise ConfigError(
+            f"--host {config.host}: listening beyond loopback expected TLS (--tls-cert/--tls-key) "
+            f"and a bearer token (--token-file), got {exp.missing}; add them, listen on 127.0.0.1 "
+            "(the default), or pass --insecure to serve anyone who can reach this address"
+        )
     return exp

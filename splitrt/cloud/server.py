@@ -74,8 +74,18 @@ from splitrt.transport import credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 
 # The server's parts live in their own modules; their public names stay importable from here.
-__all__ = ["Admission", "CloudServer", "ModelStore", "RpcFailure", "ServerConfig", "Tail", "TailCache",
-           "log", "log_event", "tokens_from_file"]
+__all__ = [
+    "Admission",
+    "CloudServer",
+    "ModelStore",
+    "RpcFailure",
+    "ServerConfig",
+    "Tail",
+    "TailCache",
+    "log",
+    "log_event",
+    "tokens_from_file",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,13 +161,20 @@ class CloudServer:
         self.admission = Admission(config.workers, config.max_queue)
         self.budget = _budget(config)
         self.store = ModelStore(config.models_dir, budget=self.budget, max_nodes=config.max_nodes)
-        self.tails = TailCache(self.store, config.segment_cache_size, config.intra_op_threads, budget=self.budget,
-                               slot=self.admission.acquire, release_slot=self.admission.release_slot)
+        self.tails = TailCache(
+            self.store,
+            config.segment_cache_size,
+            config.intra_op_threads,
+            budget=self.budget,
+            slot=self.admission.acquire,
+            release_slot=self.admission.release_slot,
+        )
         self.peaks = PeakEstimator()
         # Terminates runs at their deadline, on the client's cancel, at shutdown, over the budget.
         self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
-        self.max_decoded_bytes = (4 * config.max_message_bytes if config.max_decoded_bytes is None
-                                  else config.max_decoded_bytes)
+        self.max_decoded_bytes = (
+            4 * config.max_message_bytes if config.max_decoded_bytes is None else config.max_decoded_bytes
+        )
         if self.max_decoded_bytes < 1:
             raise ConfigError(f"max_decoded_bytes: expected >= 1, got {config.max_decoded_bytes}")
         self.cpu = CpuMeter()
@@ -178,10 +195,14 @@ class CloudServer:
         # Three tiers: the middle segment and the forward to ``config.next_tier`` (``splitrt.cloud.edge``).
         self.relay = Relay(self, config.next_tier, config.max_message_bytes)
         # The front door (``frontdoor``): auth, throttle, lanes and leases, decided on a call's metadata.
-        self.door = FrontDoor.build(tokens=config.tokens, limits=config.limits,
-                                    infer_calls=max(config.limits.max_calls, config.workers + config.max_queue + 8),
-                                    retry_after_ms=lambda: self.stats.retry_after_ms(
-                                        queue_depth=self.admission.admitted, workers=self.admission.workers))
+        self.door = FrontDoor.build(
+            tokens=config.tokens,
+            limits=config.limits,
+            infer_calls=max(config.limits.max_calls, config.workers + config.max_queue + 8),
+            retry_after_ms=lambda: self.stats.retry_after_ms(
+                queue_depth=self.admission.admitted, workers=self.admission.workers
+            ),
+        )
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
         self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
 
@@ -203,7 +224,8 @@ class CloudServer:
         try:
             if cfg.tls_cert_path is not None and cfg.tls_key_path is not None:
                 creds = grpc.ssl_server_credentials(
-                    [(Path(cfg.tls_key_path).read_bytes(), Path(cfg.tls_cert_path).read_bytes())])
+                    [(Path(cfg.tls_key_path).read_bytes(), Path(cfg.tls_cert_path).read_bytes())]
+                )
                 port = server.add_secure_port(address, creds)
             else:
                 port = server.add_insecure_port(address)
@@ -225,15 +247,27 @@ class CloudServer:
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set(wire.SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         exp = self.exposure
-        log_event("listening", host=cfg.host, port=port, tls=exp.tls, auth=exp.auth, insecure=exp.insecure,
-                  models=len(self.store.models()), workers=cfg.workers, allow_upload=cfg.allow_upload,
-                  version=__version__, metrics_url=self.metrics_url, max_connections=self.max_connections,
-                  lanes=self.door.caps)
+        log_event(
+            "listening",
+            host=cfg.host,
+            port=port,
+            tls=exp.tls,
+            auth=exp.auth,
+            insecure=exp.insecure,
+            models=len(self.store.models()),
+            workers=cfg.workers,
+            allow_upload=cfg.allow_upload,
+            version=__version__,
+            metrics_url=self.metrics_url,
+            max_connections=self.max_connections,
+            lanes=self.door.caps,
+        )
         if self.metrics_url is not None and not security.is_loopback(cfg.metrics_host):
             log_event("metrics_public", logging.WARNING, url=self.metrics_url, warning="no TLS, no token")
         if exp.insecure:
-            log_event("insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth,
-                      warning=exp.warning)
+            log_event(
+                "insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth, warning=exp.warning
+            )
         return port
 
     @property
@@ -293,8 +327,14 @@ class CloudServer:
     # -- requests ----------------------------------------------------------------------------------
     def load(self) -> pb.Load:
         a = self.admission
-        return pb.Load(queue_depth=a.admitted, running=a.running, workers=a.workers,
-                       cpu_percent=self.cpu.percent(), service_ms=self.stats.service_ms(), max_queue=a.max_queue)
+        return pb.Load(
+            queue_depth=a.admitted,
+            running=a.running,
+            workers=a.workers,
+            cpu_percent=self.cpu.percent(),
+            service_ms=self.stats.service_ms(),
+            max_queue=a.max_queue,
+        )
 
     def load_factor(self) -> float:
         """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``): requests
@@ -306,50 +346,85 @@ class CloudServer:
     def model_hashes(self) -> list[str]:
         return [m.sha256 for m in self.store.models()]
 
-    def infer(self, request: wire.Framed, time_remaining_s: float | None,
-              token: CallToken | None = None) -> wire.Framed:
+    def infer(
+        self, request: wire.Framed, time_remaining_s: float | None, token: CallToken | None = None
+    ) -> wire.Framed:
         """Run the tail for an ``InferRequest`` (``wire.Framed``); the reply is an ``InferReply``."""
         t0 = time.perf_counter()
         header = request.header
-        fields: dict[str, Any] = {"request_id": header.request_id, "model": header.model_sha256[:12],
-                                  "cut": header.cut_id, "codec": header.codec}
+        fields: dict[str, Any] = {
+            "request_id": header.request_id,
+            "model": header.model_sha256[:12],
+            "cut": header.cut_id,
+            "codec": header.codec,
+        }
         self._bytes_in.value = 0  # set by the two-tier path; a relayed request must not log the previous one's
         try:
             reply = self._infer(request, time_remaining_s, t0, token)
         except RpcFailure as exc:
             total_ms = (time.perf_counter() - t0) * 1e3
-            self.stats.observe(code=exc.code.name, model_sha256=header.model_sha256, cut_id=header.cut_id,
-                               total_ms=total_ms, queue_full=exc.retry_after_ms is not None)
-            log_event("infer", logging.WARNING, **fields, code=exc.code.name, error=exc.message,
-                      total_ms=round(total_ms, 3))
+            self.stats.observe(
+                code=exc.code.name,
+                model_sha256=header.model_sha256,
+                cut_id=header.cut_id,
+                total_ms=total_ms,
+                queue_full=exc.retry_after_ms is not None,
+            )
+            log_event(
+                "infer", logging.WARNING, **fields, code=exc.code.name, error=exc.message, total_ms=round(total_ms, 3)
+            )
             raise
-        self.stats.observe(code="OK", model_sha256=header.model_sha256, cut_id=header.cut_id,
-                           total_ms=(time.perf_counter() - t0) * 1e3, tail_ms=reply.header.tail_ms)
+        self.stats.observe(
+            code="OK",
+            model_sha256=header.model_sha256,
+            cut_id=header.cut_id,
+            total_ms=(time.perf_counter() - t0) * 1e3,
+            tail_ms=reply.header.tail_ms,
+        )
         with self._served_lock:
             self.served += 1
-        log_event("infer", **fields, code="OK", tail_ms=round(reply.header.tail_ms, 3),
-                  queue_ms=round(reply.header.queue_ms, 3),
-                  build_ms=round(reply.header.build_ms, 3), total_ms=round((time.perf_counter() - t0) * 1e3, 3),
-                  bytes_in=getattr(self._bytes_in, "value", 0))
+        log_event(
+            "infer",
+            **fields,
+            code="OK",
+            tail_ms=round(reply.header.tail_ms, 3),
+            queue_ms=round(reply.header.queue_ms, 3),
+            build_ms=round(reply.header.build_ms, 3),
+            total_ms=round((time.perf_counter() - t0) * 1e3, 3),
+            bytes_in=getattr(self._bytes_in, "value", 0),
+        )
         return reply
 
-    def _infer(self, request: wire.Framed, time_remaining_s: float | None, t0: float,
-               token: CallToken | None = None) -> wire.Framed:
+    def _infer(
+        self, request: wire.Framed, time_remaining_s: float | None, t0: float, token: CallToken | None = None
+    ) -> wire.Framed:
         return request_path.infer(self, request, time_remaining_s, t0, token)
 
     def status(self) -> pb.StatusReply:
         self.store.scan()  # models copied into the directory since the last look (stat only: cheap)
         models = [pb.ModelInfo(sha256=m.sha256, name=m.path.name, bytes=m.bytes) for m in self.store.models()]
-        segments = [pb.SegmentInfo(model_sha256=s, cut_id=c, hits=h, service_ms=self.stats.segment_service_ms(s, c))
-                    for s, c, h in self.tails.snapshot()]
+        segments = [
+            pb.SegmentInfo(model_sha256=s, cut_id=c, hits=h, service_ms=self.stats.segment_service_ms(s, c))
+            for s, c, h in self.tails.snapshot()
+        ]
         cfg = self.config
         errors = self.stats.errors()
-        return pb.StatusReply(version=__version__, models=models, segments=segments, load=self.load(),
-                              allow_upload=cfg.allow_upload, max_message_bytes=cfg.max_message_bytes,
-                              segment_cache_size=cfg.segment_cache_size, max_queue=cfg.max_queue,
-                              served=self.served, insecure=self.exposure.insecure,
-                              security_warning=self.exposure.warning, errors=sum(errors.values()),
-                              errors_by_code=errors, next_address=self.relay.address)
+        return pb.StatusReply(
+            version=__version__,
+            models=models,
+            segments=segments,
+            load=self.load(),
+            allow_upload=cfg.allow_upload,
+            max_message_bytes=cfg.max_message_bytes,
+            segment_cache_size=cfg.segment_cache_size,
+            max_queue=cfg.max_queue,
+            served=self.served,
+            insecure=self.exposure.insecure,
+            security_warning=self.exposure.warning,
+            errors=sum(errors.values()),
+            errors_by_code=errors,
+            next_address=self.relay.address,
+        )
 
     def put_model(self, chunks: Iterator[pb.ModelChunk], time_remaining_s: float | None = None) -> pb.PutModelReply:
         # The servicer calls this (not ``receive_model``) so that a test may wrap it on the instance.
@@ -358,12 +433,18 @@ class CloudServer:
 
         def guard(size: int) -> AbstractContextManager[None]:
             # The check holds a worker slot and the load's transient peak, like a request.
-            return admitted(self.admission, self.budget, "upload check", size * LOAD_PEAK_FACTOR,
-                            slot_timeout_s=timeout_s)
+            return admitted(
+                self.admission, self.budget, "upload check", size * LOAD_PEAK_FACTOR, slot_timeout_s=timeout_s
+            )
 
-        return receive_model(self.store, chunks, allow_upload=cfg.allow_upload, max_model_bytes=cfg.max_model_bytes,
-                             quota=Quota(max_store_bytes=cfg.max_store_bytes, max_models=cfg.max_models,
-                                         max_nodes=cfg.max_nodes), guard=guard)
+        return receive_model(
+            self.store,
+            chunks,
+            allow_upload=cfg.allow_upload,
+            max_model_bytes=cfg.max_model_bytes,
+            quota=Quota(max_store_bytes=cfg.max_store_bytes, max_models=cfg.max_models, max_nodes=cfg.max_nodes),
+            guard=guard,
+        )
 
     def admitted(self, what: str, nbytes: int) -> AbstractContextManager[None]:
         """A place among the admitted and ``nbytes`` of the budget (Probe)."""

@@ -55,8 +55,9 @@ class Backend(Protocol):
 
     def load(self) -> pb.Load: ...
 
-    def infer(self, request: wire.Framed, time_remaining_s: float | None,
-              token: CallToken | None = None) -> wire.Framed: ...
+    def infer(
+        self, request: wire.Framed, time_remaining_s: float | None, token: CallToken | None = None
+    ) -> wire.Framed: ...
 
     def status(self) -> pb.StatusReply: ...
 
@@ -94,21 +95,28 @@ class Servicer:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
 
-    def InferStream(self, request_iterator: Iterator[wire.Framed | wire.Malformed],
-                    context: grpc.ServicerContext) -> Iterator[wire.Framed | pb.InferReply]:
+    def InferStream(
+        self, request_iterator: Iterator[wire.Framed | wire.Malformed], context: grpc.ServicerContext
+    ) -> Iterator[wire.Framed | pb.InferReply]:
         # A failed frame is answered in its reply frame: the stream and the requests after it go on.
         token = call_token(context)
         for request in request_iterator:
             if isinstance(request, wire.Malformed):  # the frame has no readable request_id
-                yield pb.InferReply(load=self.backend.load(), error=pb.Error(
-                    code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"))
+                yield pb.InferReply(
+                    load=self.backend.load(),
+                    error=pb.Error(
+                        code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"
+                    ),
+                )
                 continue
             try:
                 yield self.backend.infer(request, self._remaining(context), token)
             except RpcFailure as exc:
-                yield pb.InferReply(request_id=request.header.request_id, load=self.backend.load(),
-                                    error=pb.Error(code=exc.code.name, message=exc.message,
-                                                   retry_after_ms=exc.retry_after_ms or 0.0))
+                yield pb.InferReply(
+                    request_id=request.header.request_id,
+                    load=self.backend.load(),
+                    error=pb.Error(code=exc.code.name, message=exc.message, retry_after_ms=exc.retry_after_ms or 0.0),
+                )
 
     def Probe(self, request: pb.ProbeRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.ProbeReply:
         if isinstance(request, wire.Malformed):
@@ -117,8 +125,7 @@ class Servicer:
         n = int(request.reply_bytes)
         limit = self.backend.config.max_message_bytes - 1024  # room for the reply's other fields
         if n > limit:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"probe reply_bytes: expected at most {limit}, got {n}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"probe reply_bytes: expected at most {limit}, got {n}")
         nbytes = n + len(request.payload)
         # A bandwidth probe holds its payload and reply (a 64 MiB one ~140 MB in flight): admitted like a
         # request, each side counted three times (gRPC's received bytes, the deserialiser's, the parsed copy;
@@ -147,8 +154,9 @@ class Servicer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Status: {request.message}")
         return self.backend.status()
 
-    def PutModel(self, request_iterator: Iterator[pb.ModelChunk | wire.Malformed],
-                 context: grpc.ServicerContext) -> pb.PutModelReply:
+    def PutModel(
+        self, request_iterator: Iterator[pb.ModelChunk | wire.Malformed], context: grpc.ServicerContext
+    ) -> pb.PutModelReply:
         try:
             return self.backend.put_model(_well_formed(request_iterator, "PutModel"), self._remaining(context))
         except RpcFailure as exc:
@@ -172,8 +180,10 @@ def lenient(message_type: Any) -> Callable[[bytes], Any]:
         try:
             return message_type.FromString(data)
         except Exception as exc:  # protobuf's DecodeError, bad UTF-8 in a string field, ...
-            return wire.Malformed(f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
-                                  f"not parse ({type(exc).__name__}: {str(exc)[:200]})")
+            return wire.Malformed(
+                f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
+                f"not parse ({type(exc).__name__}: {str(exc)[:200]})"
+            )
 
     return deserialize
 
@@ -181,8 +191,10 @@ def lenient(message_type: Any) -> Callable[[bytes], Any]:
 def add_servicer(servicer: Servicer, server: grpc.Server) -> None:
     """The generated ``add_SplitInferenceServicer_to_server``, but Infer and InferStream use the hand
     framing of ``splitrt.transport.wire`` (same bytes on the wire, payloads never copied by protobuf)."""
-    framed: dict[str, Any] = {"request_deserializer": wire.lenient_deserializer(pb.InferRequest),
-                              "response_serializer": wire.serialize}
+    framed: dict[str, Any] = {
+        "request_deserializer": wire.lenient_deserializer(pb.InferRequest),
+        "response_serializer": wire.serialize,
+    }
 
     def stock(request: Any, reply: Any) -> dict[str, Any]:
         return {"request_deserializer": lenient(request), "response_serializer": reply.SerializeToString}
@@ -192,8 +204,7 @@ def add_servicer(servicer: Servicer, server: grpc.Server) -> None:
         "InferStream": grpc.stream_stream_rpc_method_handler(servicer.InferStream, **framed),
         "Probe": grpc.unary_unary_rpc_method_handler(servicer.Probe, **stock(pb.ProbeRequest, pb.ProbeReply)),
         "Status": grpc.unary_unary_rpc_method_handler(servicer.Status, **stock(pb.StatusRequest, pb.StatusReply)),
-        "PutModel": grpc.stream_unary_rpc_method_handler(servicer.PutModel,
-                                                         **stock(pb.ModelChunk, pb.PutModelReply)),
+        "PutModel": grpc.stream_unary_rpc_method_handler(servicer.PutModel, **stock(pb.ModelChunk, pb.PutModelReply)),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(wire.SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(wire.SERVICE_NAME, handlers)
@@ -214,9 +225,13 @@ def add_health(health: Any, server: grpc.Server) -> None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Watch: {request.message}")
         yield from health.Watch(request, context)
 
-    stock: dict[str, Any] = {"request_deserializer": lenient(health_pb2.HealthCheckRequest),
-                             "response_serializer": health_pb2.HealthCheckResponse.SerializeToString}
-    handlers = {"Check": grpc.unary_unary_rpc_method_handler(check, **stock),
-                "Watch": grpc.unary_stream_rpc_method_handler(watch, **stock)}
+    stock: dict[str, Any] = {
+        "request_deserializer": lenient(health_pb2.HealthCheckRequest),
+        "response_serializer": health_pb2.HealthCheckResponse.SerializeToString,
+    }
+    handlers = {
+        "Check": grpc.unary_unary_rpc_method_handler(check, **stock),
+        "Watch": grpc.unary_stream_rpc_method_handler(watch, **stock),
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("grpc.health.v1.Health", handlers),))
     server.add_registered_method_handlers("grpc.health.v1.Health", handlers)

@@ -33,7 +33,7 @@ def _hex_ip(text: str) -> str:
     if len(raw) == 4:
         return str(ipaddress.IPv4Address(raw[::-1]))
     # /proc prints IPv6 as four little-endian 32-bit words.
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
     addr = ipaddress.IPv6Address(words)
     return str(addr.ipv4_mapped) if addr.ipv4_mapped is not None else str(addr)
 
@@ -108,10 +108,18 @@ class Shedder:
     """Called periodically (the watchdog's tick); ``busy()`` gives the peers with a call in flight and
     ``last_seen()`` when each peer last started or finished one (monotonic seconds)."""
 
-    def __init__(self, *, port: int, max_connections: int, busy: Callable[[], set[tuple[str, int]]],
-                 last_seen: Callable[[], dict[tuple[str, int], float]], every_s: float = 1.0,
-                 high_fraction: float = 0.9, low_fraction: float = 0.8,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        max_connections: int,
+        busy: Callable[[], set[tuple[str, int]]],
+        last_seen: Callable[[], dict[tuple[str, int], float]],
+        every_s: float = 1.0,
+        high_fraction: float = 0.9,
+        low_fraction: float = 0.8,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.port, self.max_connections = port, max_connections
         self.busy, self.last_seen = busy, last_seen
         self.every_s, self.high, self.low = every_s, high_fraction, low_fraction
@@ -147,6 +155,5 @@ class Shedder:
                 done += 1
                 self.victims.append(peer)
         self.shed += done
-        log_event("shed_idle_connections", connections=len(conns), cap=self.max_connections, idle=len(idle),
-                  shed=done)
+        log_event("shed_idle_connections", connections=len(conns), cap=self.max_connections, idle=len(idle), shed=done)
         return done

@@ -117,8 +117,10 @@ class ModelStore:
         self._loaded: OrderedDict[str, _ModelEntry] = OrderedDict()  # graphs in memory, least recent first
         self._pending_bytes = self._pending_models = 0  # uploads in progress (``claim``)
         if not self.root.is_dir():
-            raise ConfigError(f"models directory {self.root}: expected a directory, got "
-                              f"{'a file' if self.root.exists() else 'nothing'}")
+            raise ConfigError(
+                f"models directory {self.root}: expected a directory, got "
+                f"{'a file' if self.root.exists() else 'nothing'}"
+            )
         self._lock = threading.Lock()
         self._by_sha: dict[str, _ModelEntry] = {}
         # path -> (mtime, size, sha256 or "" when refused)
@@ -184,9 +186,10 @@ class ModelStore:
             with self._lock:
                 entry = self._by_sha.get(sha256)
         if entry is None:
-            raise RpcFailure(grpc.StatusCode.NOT_FOUND,
-                             f"model sha256 {sha256!r} not found: expected one of {len(self._by_sha)} "
-                             f"models in {self.root}")
+            raise RpcFailure(
+                grpc.StatusCode.NOT_FOUND,
+                f"model sha256 {sha256!r} not found: expected one of {len(self._by_sha)} models in {self.root}",
+            )
         return entry
 
     def graph(self, sha256: str) -> Any:
@@ -225,14 +228,17 @@ class ModelStore:
                 except Exception:  # protobuf's errors: the load below reports them
                     nodes = 0
                 if nodes > self.max_nodes:
-                    raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"model {entry.path.name}: expected at most {self.max_nodes} nodes "
-                                     f"(max_nodes), got {nodes}")
+                    raise RpcFailure(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"model {entry.path.name}: expected at most {self.max_nodes} nodes (max_nodes), got {nodes}",
+                    )
             try:
                 graph = graph_mod.load(entry.path)
             except Exception as exc:  # ModelError, or whatever onnx raises on a strange file
-                raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"model {entry.path.name} cannot be loaded: {self.scrub(str(exc))}") from exc
+                raise RpcFailure(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"model {entry.path.name} cannot be loaded: {self.scrub(str(exc))}",
+                ) from exc
             graph.cuts()  # enumerated now, inside the reservation (cached on the graph)
             cost = graph_bytes(graph.model.ByteSize(), len(graph.nodes))
             self.budget.reserve(cost, f"model {entry.path.name}'s graph")
@@ -264,8 +270,9 @@ class ModelStore:
     def scrub(self, text: str) -> str:
         """``text`` for a client: the models directory (as configured and resolved) becomes ``<models>``
         (an error from loading a file names its full path; where the server keeps models is not theirs)."""
-        for root in sorted({str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len,
-                           reverse=True):
+        for root in sorted(
+            {str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len, reverse=True
+        ):
             if root not in ("", "."):
                 text = text.replace(root, "<models>")
         return text
@@ -289,8 +296,9 @@ class ModelStore:
                 except Exception as exc:  # ModelError (steps that do not apply), or onnx on a strange model
                     with self._lock:
                         self._graph_locks.pop(name, None)  # made-up steps must not grow this dict
-                    raise RpcFailure(grpc.StatusCode.NOT_FOUND,
-                                     f"model sha256 {base[:12]} has no specialisation {key!r}: {exc}") from exc
+                    raise RpcFailure(
+                        grpc.StatusCode.NOT_FOUND, f"model sha256 {base[:12]} has no specialisation {key!r}: {exc}"
+                    ) from exc
                 hit = (weakref.ref(graph), derived)
                 with self._lock:
                     self._specialised[name] = hit

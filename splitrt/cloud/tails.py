@@ -48,9 +48,16 @@ class SlotTimeout(Exception):
 class TailCache:
     """LRU cache of tail sessions keyed by (model sha256, cut id); builds each key once."""
 
-    def __init__(self, store: ModelStore, capacity: int, intra_op_threads: int, *,
-                 budget: MemoryBudget | None = None,
-                 slot: Callable[[float], bool] | None = None, release_slot: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: ModelStore,
+        capacity: int,
+        intra_op_threads: int,
+        *,
+        budget: MemoryBudget | None = None,
+        slot: Callable[[float], bool] | None = None,
+        release_slot: Callable[[], None] | None = None,
+    ) -> None:
         if capacity < 1:
             raise ConfigError(f"segment_cache_size: expected >= 1, got {capacity}")
         self.store = store
@@ -149,9 +156,11 @@ class TailCache:
         if self._slot is None or self._release_slot is None:
             return self._build(sha256, cut_id)
         if not self._slot(3600.0 if timeout_s is None else timeout_s):
-            raise RpcFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"building the tail of cut {cut_id!r}: expected a worker slot within the deadline, "
-                             "got none free in time")
+            raise RpcFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"building the tail of cut {cut_id!r}: expected a worker slot within the deadline, "
+                "got none free in time",
+            )
         try:
             return self._build(sha256, cut_id)
         finally:
@@ -194,19 +203,22 @@ class TailCache:
         try:
             # "A>B": an edge's middle segment (three tiers: ``splitrt.cloud.edge``), else the tail of the cut.
             first, _, second = cut_id.partition(">")
-            segment = (partition.split(graph, [first, second])[1] if second
-                       else partition.split(graph, [cut_id])[-1])
+            segment = partition.split(graph, [first, second])[1] if second else partition.split(graph, [cut_id])[-1]
         except CutError as exc:
-            raise RpcFailure(grpc.StatusCode.NOT_FOUND,
-                             f"cut {cut_id!r} of model {sha256[:12]}: {self.store.scrub(str(exc))}") from exc
+            raise RpcFailure(
+                grpc.StatusCode.NOT_FOUND, f"cut {cut_id!r} of model {sha256[:12]}: {self.store.scrub(str(exc))}"
+            ) from exc
         except Exception as exc:  # a model that loads but does not split (a bad upload): not the server's fault
-            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"model {sha256[:12]} cannot be split at cut {cut_id!r}: "
-                             f"{self.store.scrub(str(exc))}") from exc
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model {sha256[:12]} cannot be split at cut {cut_id!r}: {self.store.scrub(str(exc))}",
+            ) from exc
         if not segment.outputs:  # cut ``device``: its head made every output, nothing is left to run
-            raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"cut {cut_id!r} of model {sha256[:12]} leaves nothing to run on a server: expected a "
-                             "cut before 'device'")
+            raise RpcFailure(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"cut {cut_id!r} of model {sha256[:12]} leaves nothing to run on a server: expected a "
+                "cut before 'device'",
+            )
         return segment
 
     def _session(self, data: bytes, inputs: list[Any], sha256: str, cut_id: str) -> Tail:
@@ -221,9 +233,11 @@ class TailCache:
         try:
             session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises its own exception types; the model is at fault
-            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
-                             f"{self.store.scrub(str(exc))[:500]}") from exc
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
+                f"{self.store.scrub(str(exc))[:500]}",
+            ) from exc
         outputs = [o.name for o in session.get_outputs()]
         return Tail(session=session, inputs=inputs, outputs=outputs)
 

@@ -49,43 +49,58 @@ class Quota:
 def _claim(store: ModelStore, quota: Quota, size: int, models: int) -> None:
     """Count ``size`` more bytes (and ``models`` more models) against the quotas, uploads in progress
     included, or raise RESOURCE_EXHAUSTED."""
+
     def check(held: int, count: int) -> None:
         if models and quota.max_models is not None and count >= quota.max_models:
-            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"upload: the store holds {count} models (uploads in progress included), expected "
-                             f"fewer than {quota.max_models} (--max-models); nothing stored")
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"upload: the store holds {count} models (uploads in progress included), expected "
+                f"fewer than {quota.max_models} (--max-models); nothing stored",
+            )
         if quota.max_store_bytes is not None and held + size > quota.max_store_bytes:
-            raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"upload: {size} bytes more would bring the store to {held + size} bytes, expected at "
-                             f"most {quota.max_store_bytes} (--max-store-mb); nothing stored")
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"upload: {size} bytes more would bring the store to {held + size} bytes, expected at "
+                f"most {quota.max_store_bytes} (--max-store-mb); nothing stored",
+            )
 
     store.claim(size, models, check)
 
 
-def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_upload: bool,
-                  max_model_bytes: int, quota: Quota | None = None,
-                  guard: Callable[[int], AbstractContextManager[object]] | None = None) -> pb.PutModelReply:
+def receive_model(
+    store: ModelStore,
+    chunks: Iterator[pb.ModelChunk],
+    *,
+    allow_upload: bool,
+    max_model_bytes: int,
+    quota: Quota | None = None,
+    guard: Callable[[int], AbstractContextManager[object]] | None = None,
+) -> pb.PutModelReply:
     """Write the chunks to a temporary file in the store's directory, check the sha256 the first chunk
     names, the size and that the model loads, then move it in place as ``<sha256>.onnx``."""
     quota = quota or Quota()
     if not allow_upload:
-        raise RpcFailure(grpc.StatusCode.PERMISSION_DENIED,
-                         "uploads are disabled: expected a server started with --allow-upload")
+        raise RpcFailure(
+            grpc.StatusCode.PERMISSION_DENIED, "uploads are disabled: expected a server started with --allow-upload"
+        )
     it = iter(chunks)
     first = next(it, None)
     if first is None:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         "upload: expected at least one chunk, got none")
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "upload: expected at least one chunk, got none")
     sha = first.sha256.lower()
     if len(sha) != 64 or not set(sha) <= _HEX:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: expected a hex sha256 of 64 characters, got {first.sha256[:80]!r}")
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"upload: expected a hex sha256 of 64 characters, got {first.sha256[:80]!r}",
+        )
     if store.has(sha):
         return pb.PutModelReply(sha256=sha, already_present=True, bytes=store.entry(sha).bytes)
     limit = max_model_bytes
     if first.total_bytes > limit:
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"upload: expected at most {limit} bytes, got total_bytes {first.total_bytes}")
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"upload: expected at most {limit} bytes, got total_bytes {first.total_bytes}",
+        )
     _claim(store, quota, first.total_bytes, 1)
     claimed = first.total_bytes
     tmp = store.root / f".upload-{uuid.uuid4().hex}.part"
@@ -94,16 +109,17 @@ def receive_model(store: ModelStore, chunks: Iterator[pb.ModelChunk], *, allow_u
         if size > claimed:  # undeclared, or more than declared
             _claim(store, quota, size - claimed, 0)
             claimed = size
-        with (guard(size) if guard is not None else nullcontext()):
+        with guard(size) if guard is not None else nullcontext():
             _check_model(tmp, store.root, quota.max_nodes)
         final = store.root / f"{sha}.onnx"
         os.replace(tmp, final)
         store.add(sha, final)
     except OSError as exc:  # the server's disk (full, read-only): not the request's fault
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
-                         f"upload: cannot store the model ({exc.strerror or type(exc).__name__}); "
-                         "nothing stored") from exc
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
+            f"upload: cannot store the model ({exc.strerror or type(exc).__name__}); nothing stored",
+        ) from exc
     finally:
         tmp.unlink(missing_ok=True)
         store.unclaim(claimed, 1)  # stored or not: the store's own count takes over
@@ -120,19 +136,24 @@ def _write(tmp: Path, first: pb.ModelChunk, rest: Iterator[pb.ModelChunk], sha: 
         for chunk in _chain(first, rest):
             size += len(chunk.data)
             if size > limit:
-                raise RpcFailure(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                 f"upload: expected at most {limit} bytes, got more; nothing stored")
+                raise RpcFailure(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"upload: expected at most {limit} bytes, got more; nothing stored",
+                )
             h.update(chunk.data)
             f.write(chunk.data)
         f.flush()
         os.fsync(f.fileno())
     got = h.hexdigest()
     if got != sha:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: sha256 mismatch, expected {sha}, got {got} ({size} bytes); nothing stored")
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"upload: sha256 mismatch, expected {sha}, got {got} ({size} bytes); nothing stored",
+        )
     if first.total_bytes and size != first.total_bytes:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: expected {first.total_bytes} bytes, got {size}; nothing stored")
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT, f"upload: expected {first.total_bytes} bytes, got {size}; nothing stored"
+        )
     return size
 
 
@@ -145,25 +166,31 @@ def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: expected an ONNX model, got bytes that do not parse "
-                         f"({type(exc).__name__}); nothing stored") from exc
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"upload: expected an ONNX model, got bytes that do not parse ({type(exc).__name__}); nothing stored",
+        ) from exc
     locations = external_locations(proto)
     nodes = count_nodes(proto.graph)
     del proto
     if max_nodes is not None and nodes > max_nodes:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: expected at most {max_nodes} nodes (--max-nodes), got {nodes}; nothing stored")
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"upload: expected at most {max_nodes} nodes (--max-nodes), got {nodes}; nothing stored",
+        )
     if locations:
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: expected a self-contained model (no external data), got external-data "
-                         f"location {locations[0][:200]!r}; nothing stored")
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"upload: expected a self-contained model (no external data), got external-data "
+            f"location {locations[0][:200]!r}; nothing stored",
+        )
     try:
         graph_mod.load(path)
     except Exception as exc:  # ModelError, or whatever onnx raises on a strange model
         msg = str(exc).replace(str(path), "the upload")
-        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"upload: not a usable ONNX model ({msg[:500]}); nothing stored") from exc
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT, f"upload: not a usable ONNX model ({msg[:500]}); nothing stored"
+        ) from exc
 
 
 def _chain(first: pb.ModelChunk, rest: Iterator[pb.ModelChunk]) -> Iterator[pb.ModelChunk]:

@@ -59,15 +59,23 @@ class ExportedTail:
     nodes: int
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "cut": self.cut_id, "directory": str(self.directory), "nodes": self.nodes,
-                "inputs": [t.as_dict() for t in self.inputs], "outputs": [t.as_dict() for t in self.outputs]}
+        return {
+            "name": self.name,
+            "cut": self.cut_id,
+            "directory": str(self.directory),
+            "nodes": self.nodes,
+            "inputs": [t.as_dict() for t in self.inputs],
+            "outputs": [t.as_dict() for t in self.outputs],
+        }
 
 
 def _declared_dims(info: onnx.ValueInfoProto) -> tuple[int, ...]:
     tt = info.type.tensor_type
     if not tt.HasField("shape"):
-        raise ConfigError(f"tensor {info.name!r}: expected a declared rank for the v2 config, got none "
-                          "(bind the model's free dims with --shape/--dim and --fixed-shapes)")
+        raise ConfigError(
+            f"tensor {info.name!r}: expected a declared rank for the v2 config, got none "
+            "(bind the model's free dims with --shape/--dim and --fixed-shapes)"
+        )
     return tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
 
 
@@ -86,17 +94,18 @@ def _pbtxt_tensor(t: V2Tensor) -> str:
     # Triton wants a non-empty dims; a scalar is dims [1] reshaped to [].
     dims = ", ".join(str(d) for d in t.dims) if t.dims else "1"
     reshape = "\n    reshape: { shape: [ ] }" if not t.dims else ""
-    return (f"  {{\n    name: {_quoted(t.name)}\n    data_type: TYPE_{t.datatype}\n"
-            f"    dims: [ {dims} ]{reshape}\n  }}")
+    return f"  {{\n    name: {_quoted(t.name)}\n    data_type: TYPE_{t.datatype}\n    dims: [ {dims} ]{reshape}\n  }}"
 
 
 def config_pbtxt(tail: ExportedTail) -> str:
     """Triton's ``config.pbtxt`` for ``tail`` (text protobuf of ``inference.ModelConfig``)."""
     ins = ",\n".join(_pbtxt_tensor(t) for t in tail.inputs)
     outs = ",\n".join(_pbtxt_tensor(t) for t in tail.outputs)
-    return (f"# Written by splitrt {__version__} export-repository: the tail of cut {tail.cut_id}.\n"
-            f"name: {_quoted(tail.name)}\nplatform: {_quoted(PLATFORM)}\nmax_batch_size: 0\n"
-            f"input [\n{ins}\n]\noutput [\n{outs}\n]\n")
+    return (
+        f"# Written by splitrt {__version__} export-repository: the tail of cut {tail.cut_id}.\n"
+        f"name: {_quoted(tail.name)}\nplatform: {_quoted(PLATFORM)}\nmax_batch_size: 0\n"
+        f"input [\n{ins}\n]\noutput [\n{outs}\n]\n"
+    )
 
 
 def model_settings(tail: ExportedTail, *, intra_op_threads: int = 0) -> dict[str, Any]:
@@ -108,13 +117,17 @@ def model_settings(tail: ExportedTail, *, intra_op_threads: int = 0) -> dict[str
         "versions": [VERSION],
         "inputs": [t.as_dict() for t in tail.inputs],
         "outputs": [t.as_dict() for t in tail.outputs],
-        "parameters": {"uri": f"./{VERSION}/model.onnx", "version": VERSION,
-                       "extra": {"intra_op_threads": intra_op_threads}},
+        "parameters": {
+            "uri": f"./{VERSION}/model.onnx",
+            "version": VERSION,
+            "extra": {"intra_op_threads": intra_op_threads},
+        },
     }
 
 
-def export_repository(graph: Any, cut_ids: Sequence[str], out_dir: str | Path, *, fixed_shapes: bool = False,
-                      intra_op_threads: int = 0) -> list[ExportedTail]:
+def export_repository(
+    graph: Any, cut_ids: Sequence[str], out_dir: str | Path, *, fixed_shapes: bool = False, intra_op_threads: int = 0
+) -> list[ExportedTail]:
     """Write the tails of ``cut_ids`` of ``graph`` (a ``graph.ModelGraph``) as a model repository in
     ``out_dir`` (created; other models already there are left alone, these ones are replaced)."""
     from splitrt.graph import partition
@@ -122,8 +135,10 @@ def export_repository(graph: Any, cut_ids: Sequence[str], out_dir: str | Path, *
     if not cut_ids:
         raise ConfigError("export-repository: expected at least one cut id, got none")
     if "device" in cut_ids:
-        raise ConfigError("export-repository: expected cuts with a tail on the server, got 'device' "
-                          "(it runs everything on the device)")
+        raise ConfigError(
+            "export-repository: expected cuts with a tail on the server, got 'device' "
+            "(it runs everything on the device)"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tails = []
@@ -131,9 +146,13 @@ def export_repository(graph: Any, cut_ids: Sequence[str], out_dir: str | Path, *
         _, seg = partition.head_tail(graph, cut_id)
         name = v2.model_name(graph.sha256, cut_id)
         tail = ExportedTail(
-            name=name, cut_id=cut_id, directory=out / name, nodes=seg.node_count,
+            name=name,
+            cut_id=cut_id,
+            directory=out / name,
+            nodes=seg.node_count,
             inputs=tuple(_tensor(graph, i, fixed_shapes) for i in seg.model.graph.input),
-            outputs=tuple(_tensor(graph, o, fixed_shapes) for o in seg.model.graph.output))
+            outputs=tuple(_tensor(graph, o, fixed_shapes) for o in seg.model.graph.output),
+        )
         if tail.directory.exists():
             shutil.rmtree(tail.directory)
         (tail.directory / VERSION).mkdir(parents=True)
@@ -143,7 +162,12 @@ def export_repository(graph: Any, cut_ids: Sequence[str], out_dir: str | Path, *
         (tail.directory / "model-settings.json").write_text(json.dumps(settings, indent=2) + "\n")
         tails.append(tail)
     shutil.copyfile(RUNTIME_SOURCE, out / RUNTIME_SOURCE.name)
-    manifest = {"splitrt": __version__, "model": str(graph.path), "sha256": graph.sha256,
-                "fixed_shapes": fixed_shapes, "models": [t.as_dict() | {"directory": t.name} for t in tails]}
+    manifest = {
+        "splitrt": __version__,
+        "model": str(graph.path),
+        "sha256": graph.sha256,
+        "fixed_shapes": fixed_shapes,
+        "models": [t.as_dict() | {"directory": t.name} for t in tails],
+    }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return tails

@@ -74,8 +74,13 @@ class Watchdog:
     """A daemon thread that ends calls whose lease ran out, every ``tick_s``; ``on_tick`` callables run
     on the same thread (the rate-limited log's summary)."""
 
-    def __init__(self, *, tick_s: float = 0.1, clock: Callable[[], float] = time.monotonic,
-                 on_fire: Callable[[Lease], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        tick_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        on_fire: Callable[[Lease], None] | None = None,
+    ) -> None:
         self.tick_s = tick_s
         self._clock = clock
         self._leases: set[Lease] = set()

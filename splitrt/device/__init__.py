@@ -13,11 +13,24 @@ if TYPE_CHECKING:
     from splitrt.device.runtime import AdaptiveDevice, Outcome, RuntimeConfig
 
 _NAMES = {
-    "Device": "client", "DeviceConfig": "client", "HeadResult": "client", "ProbeResult": "client",
-    "SplitResult": "client", "read_token": "client",
-    "Daemon": "daemon", "DaemonConfig": "daemon", "LocalClient": "daemon", "load_config": "daemon",
-    "AdaptiveDevice": "runtime", "Outcome": "runtime", "RuntimeConfig": "runtime",
-    "client": "", "daemon": "", "finder": "", "runtime": "", "stream": "",
+    "Device": "client",
+    "DeviceConfig": "client",
+    "HeadResult": "client",
+    "ProbeResult": "client",
+    "SplitResult": "client",
+    "read_token": "client",
+    "Daemon": "daemon",
+    "DaemonConfig": "daemon",
+    "LocalClient": "daemon",
+    "load_config": "daemon",
+    "AdaptiveDevice": "runtime",
+    "Outcome": "runtime",
+    "RuntimeConfig": "runtime",
+    "client": "",
+    "daemon": "",
+    "finder": "",
+    "runtime": "",
+    "stream": "",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES, legacy="client")

@@ -24,9 +24,17 @@ class Balancer:
         with self._lock:
             turn = self._turn
             self._turn += 1
-        cands = [Candidate(address=c.address, queue_ms=c.queue.estimate(now_s), rtt_ms=c.rtt_ms,
-                           inflight=c.inflight, service_ms=c.queue.service_ms, workers=max(1, c.workers))
-                 for c in clouds]
+        cands = [
+            Candidate(
+                address=c.address,
+                queue_ms=c.queue.estimate(now_s),
+                rtt_ms=c.rtt_ms,
+                inflight=c.inflight,
+                service_ms=c.queue.service_ms,
+                workers=max(1, c.workers),
+            )
+            for c in clouds
+        ]
         choice = choose(cands, turn=turn, config=self.config)
         by_address = {c.address: c for c in clouds}
         return [by_address[a] for a in choice.order], choice

@@ -75,20 +75,33 @@ class ChainOutcome:
 
 def _feed(hop: LinkEstimator, now_s: float, up_bytes: int, seconds: float) -> None:
     """One probe's round trip into a hop's estimator: an RTT, or a transfer when it was a bandwidth probe."""
-    observe.observe_probe(hop, observe.ProbeObservation(bytes_up=up_bytes, bytes_down=RTT_PROBE_BYTES,
-                                                        seconds=seconds), now_s)
+    observe.observe_probe(
+        hop, observe.ProbeObservation(bytes_up=up_bytes, bytes_down=RTT_PROBE_BYTES, seconds=seconds), now_s
+    )
 
 
-def _cloud_reply(table: CostTable, cut: str, *, tail_ms: float, queue_ms: float, bytes: int = 0,
-                 net_ms: float = 0.0) -> observe.ReplyObservation:
+def _cloud_reply(
+    table: CostTable, cut: str, *, tail_ms: float, queue_ms: float, bytes: int = 0, net_ms: float = 0.0
+) -> observe.ReplyObservation:
     """The cloud's part of a reply (relayed by the edge: with hop 2's bytes and network time)."""
-    return observe.ReplyObservation(bytes_up=bytes, bytes_down=0, net_s=net_ms / 1e3, tail_s=tail_ms / 1e3,
-                                    profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
-                                    queue_wait_s=queue_ms / 1e3)
+    return observe.ReplyObservation(
+        bytes_up=bytes,
+        bytes_down=0,
+        net_s=net_ms / 1e3,
+        tail_s=tail_ms / 1e3,
+        profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
+        queue_wait_s=queue_ms / 1e3,
+    )
 
 
-def _rtt_probe(edge: Device, hop1: LinkEstimator, hop2: LinkEstimator, timeout_s: float,
-               clock: Callable[[], float], lock: threading.RLock) -> None:
+def _rtt_probe(
+    edge: Device,
+    hop1: LinkEstimator,
+    hop2: LinkEstimator,
+    timeout_s: float,
+    clock: Callable[[], float],
+    lock: threading.RLock,
+) -> None:
     """An RTT probe of both hops through the edge, before a bandwidth probe (as the two-tier prober does):
     a bandwidth probe is judged against its hop's RTT, and a first RTT sample inflated by the channel's
     set-up would otherwise stay the floor for good (every bandwidth probe then looks RTT-dominated and is
@@ -153,10 +166,22 @@ class _Tier:
 class ChainDevice:
     """Thread-safe ``infer``; ``probe_once`` is one prober round (tests drive it with ``start_prober=False``)."""
 
-    def __init__(self, model: Any, device_table: CostTable, edge_table: CostTable, cloud_table: CostTable, *,
-                 edge: str, cloud: str | None = None, config: ChainConfig | None = None,
-                 device_config: DeviceConfig | None = None, power: Power = DEFAULT_POWER, log: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic, start_prober: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        device_table: CostTable,
+        edge_table: CostTable,
+        cloud_table: CostTable,
+        *,
+        edge: str,
+        cloud: str | None = None,
+        config: ChainConfig | None = None,
+        device_config: DeviceConfig | None = None,
+        power: Power = DEFAULT_POWER,
+        log: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        start_prober: bool = True,
+    ) -> None:
         self.config = config or ChainConfig()
         self.device_config = device_config or DeviceConfig()
         self.local = Device(model, config=self.device_config)
@@ -164,8 +189,10 @@ class ChainDevice:
         ids = [c.id for c in self.graph.cuts()]
         for what, t in (("device", device_table), ("edge", edge_table), ("cloud", cloud_table)):
             if list(t.ids) != ids:
-                raise ConfigError(f"{what} cost table lists {len(t.ids)} cuts, model {self.graph.path.name} has "
-                                  f"{len(ids)}: expected a profile of this model")
+                raise ConfigError(
+                    f"{what} cost table lists {len(t.ids)} cuts, model {self.graph.path.name} has "
+                    f"{len(ids)}: expected a profile of this model"
+                )
         self.tables = (device_table, edge_table, cloud_table)
         self.controller = ChainController(device_table, edge_table, cloud_table, self.config.controller, power=power)
         self.hop1, self.hop2 = LinkEstimator(self.config.link), LinkEstimator(self.config.link)
@@ -190,15 +217,22 @@ class ChainDevice:
         with self._lock:
             if self.cloud is not None and self.cloud.name == address:
                 return
-            old, self.cloud = self.cloud, _Tier(address, Device(self.graph, address, config=self.device_config),
-                                                backoff_initial_s=self.config.backoff_initial_s,
-                                                backoff_max_s=self.config.backoff_max_s)
+            old, self.cloud = (
+                self.cloud,
+                _Tier(
+                    address,
+                    Device(self.graph, address, config=self.device_config),
+                    backoff_initial_s=self.config.backoff_initial_s,
+                    backoff_max_s=self.config.backoff_max_s,
+                ),
+            )
         if old is not None and old.device is not None:
             old.device.close()
 
     # -- one request -------------------------------------------------------------------------------
-    def infer(self, inputs: Mapping[str, Any], *, request: str | None = None,
-              deadline_ms: float | None = None) -> ChainOutcome:
+    def infer(
+        self, inputs: Mapping[str, Any], *, request: str | None = None, deadline_ms: float | None = None
+    ) -> ChainOutcome:
         """Outputs for ``inputs``; raises only for bad inputs (``InputError``), never for a tier."""
         rid = request or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
@@ -208,11 +242,17 @@ class ChainDevice:
         with self._lock:
             cloud_up = self.cloud is not None and self.cloud.up()
             decision = self.controller.decide(
-                now, self.hop1.estimate(now), self.hop2.estimate(now),
+                now,
+                self.hop1.estimate(now),
+                self.hop2.estimate(now),
                 device_load=self.load.estimate(now).device_factor,
                 edge_load=self.edge_load.estimate(now).cloud_factor,
-                cloud_load=self.cloud_load.estimate(now).cloud_factor, edge_available=self.edge.up(),
-                next_available=self.next.up(), cloud_available=cloud_up, request=rid)
+                cloud_load=self.cloud_load.estimate(now).cloud_factor,
+                edge_available=self.edge.up(),
+                next_available=self.next.up(),
+                cloud_available=cloud_up,
+                request=rid,
+            )
         first, second, codec = decision.cuts
         diverges = self.local.diverges(feeds)
         if diverges is not None:  # not the branch the graph was specialised for: the whole original model here
@@ -228,12 +268,22 @@ class ChainDevice:
         d_tbl = self.tables[0]
         with self._lock:
             measured = result.total_ms if first == DEVICE_CUT else result.head_ms
-            observe.observe_local(self.load, observe.LocalRun(
-                measured_ms=measured, profiled_ms=float(d_tbl.head_ms[d_tbl.index(first)])), self.clock())
+            observe.observe_local(
+                self.load,
+                observe.LocalRun(measured_ms=measured, profiled_ms=float(d_tbl.head_ms[d_tbl.index(first)])),
+                self.clock(),
+            )
         latency = (time.perf_counter() - t0) * 1e3
-        decision = replace(decision, actual_ms=latency, finished_by=by,
-                           extra={"model": self.graph.sha256[:16], "fallback": fallback,
-                                  **({"diverged": diverges} if diverges is not None else {})})
+        decision = replace(
+            decision,
+            actual_ms=latency,
+            finished_by=by,
+            extra={
+                "model": self.graph.sha256[:16],
+                "fallback": fallback,
+                **({"diverged": diverges} if diverges is not None else {}),
+            },
+        )
         with self._lock:
             self.stats["completed"] += 1
             self.stats["fallbacks"] += int(fallback)
@@ -242,24 +292,36 @@ class ChainDevice:
             if self.log is not None:
                 self.log.write(decision.to_json() + "\n")
                 self.log.flush()
-        return ChainOutcome(request=rid, outputs=result.outputs, plan=decision.plan, route=decision.route,
-                            finished_by=by, fallback=fallback, latency_ms=latency, decision=decision, result=result)
+        return ChainOutcome(
+            request=rid,
+            outputs=result.outputs,
+            plan=decision.plan,
+            route=decision.route,
+            finished_by=by,
+            fallback=fallback,
+            latency_ms=latency,
+            decision=decision,
+            result=result,
+        )
 
     def _timeout_s(self, first: str, t0: float, deadline_ms: float) -> float:
         """What is left of the deadline once a local finish from ``first`` is kept in reserve."""
         t = self.tables[0]
         local_ms = float(t.head_ms[t.index(DEVICE_CUT)] - t.head_ms[t.index(first)])
         local_ms *= max(1.0, self.load.estimate(self.clock()).device_factor)
-        left = rpc_timeout_ms(deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3,
-                              local_finish_ms=local_ms)
+        left = rpc_timeout_ms(
+            deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_ms
+        )
         return (left or MIN_RPC_MS) / 1e3  # no room: an RPC that fails at once, then the local finish
 
-    def _via_edge(self, head: HeadResult, second: str, codec: str, t0: float,
-                  deadline_ms: float) -> tuple[SplitResult, str, bool]:
+    def _via_edge(
+        self, head: HeadResult, second: str, codec: str, t0: float, deadline_ms: float
+    ) -> tuple[SplitResult, str, bool]:
         assert self.edge.device is not None
         try:
-            res = self.edge.device.send(head, codec_spec=codec, next_cut=second,
-                                        timeout_s=self._timeout_s(head.cut_id, t0, deadline_ms))
+            res = self.edge.device.send(
+                head, codec_spec=codec, next_cut=second, timeout_s=self._timeout_s(head.cut_id, t0, deadline_ms)
+            )
         except (CloudError, SplitrtError, ValueError) as exc:
             # Edge down (or refusing): the cloud directly, else here. Not the edge's fault (a lossy codec
             # refusing NaN, ...) still leaves the edge up.
@@ -308,14 +370,28 @@ class ChainDevice:
         e = self.tables[1]
         upto = second if hops.forwarded else DEVICE_CUT  # not forwarded: the edge ran the whole rest
         prof_ms = float(e.head_ms[e.index(upto)] - e.head_ms[e.index(first)])
-        observe.observe_reply(observe.ReplyObservation(
-            bytes_up=res.bytes_up, bytes_down=res.bytes_down, net_s=(res.rpc_ms - hops.edge_ms) / 1e3,
-            tail_s=res.tail_ms / 1e3, profiled_tail_s=prof_ms / 1e3, queue_wait_s=res.queue_ms / 1e3),
-            now, link=self.hop1, load=self.edge_load)
+        observe.observe_reply(
+            observe.ReplyObservation(
+                bytes_up=res.bytes_up,
+                bytes_down=res.bytes_down,
+                net_s=(res.rpc_ms - hops.edge_ms) / 1e3,
+                tail_s=res.tail_ms / 1e3,
+                profiled_tail_s=prof_ms / 1e3,
+                queue_wait_s=res.queue_ms / 1e3,
+            ),
+            now,
+            link=self.hop1,
+            load=self.edge_load,
+        )
         if hops.forwarded:
-            obs = _cloud_reply(self.tables[2], second, tail_ms=hops.next_tail_ms, queue_ms=hops.next_queue_ms,
-                               bytes=hops.next_bytes_up + hops.next_bytes_down,
-                               net_ms=hops.next_ms - hops.next_tail_ms - hops.next_queue_ms)
+            obs = _cloud_reply(
+                self.tables[2],
+                second,
+                tail_ms=hops.next_tail_ms,
+                queue_ms=hops.next_queue_ms,
+                bytes=hops.next_bytes_up + hops.next_bytes_down,
+                net_ms=hops.next_ms - hops.next_tail_ms - hops.next_queue_ms,
+            )
             observe.observe_reply(obs, now, link=self.hop2, load=self.cloud_load)
 
     def _observe_cloud(self, queue_ms: float, tail_ms: float, cut: str) -> None:
@@ -336,8 +412,9 @@ class ChainDevice:
         if not (self.edge.up() or self.edge.due(now)):
             return
         with self._lock:  # an RTT probe first, then bandwidth probes while transfers leave a hop stale
-            sizes = observe.relay_probe_sizes((self.hop1, self.hop2), now,
-                                              tier_due=self.edge.due(now) or self.next.due(now))
+            sizes = observe.relay_probe_sizes(
+                (self.hop1, self.hop2), now, tier_due=self.edge.due(now) or self.next.due(now)
+            )
         if sizes is None:
             return
         if self.edge.due(now):
@@ -375,10 +452,17 @@ class ChainDevice:
         now = self.clock()
         with self._lock:
             h1, h2 = self.hop1.estimate(now), self.hop2.estimate(now)
-            return {"plan": self.controller.current, "hop1_mbps": h1.bandwidth_mbps, "hop1_rtt_ms": h1.rtt_ms,
-                    "hop2_mbps": h2.bandwidth_mbps, "hop2_rtt_ms": h2.rtt_ms, "edge": self.edge.snapshot(),
-                    "next": self.next.snapshot(), "cloud": self.cloud.snapshot() if self.cloud else None,
-                    **self.stats}
+            return {
+                "plan": self.controller.current,
+                "hop1_mbps": h1.bandwidth_mbps,
+                "hop1_rtt_ms": h1.rtt_ms,
+                "hop2_mbps": h2.bandwidth_mbps,
+                "hop2_rtt_ms": h2.rtt_ms,
+                "edge": self.edge.snapshot(),
+                "next": self.next.snapshot(),
+                "cloud": self.cloud.snapshot() if self.cloud else None,
+                **self.stats,
+            }
 
     def close(self) -> None:
         self._stop.set()

@@ -107,10 +107,19 @@ class Hops:
     @classmethod
     def from_reply(cls, r: pb.InferReply) -> Hops:
         forwarded = r.HasField("next_load") and not r.next_error.code
-        return cls(edge_ms=r.edge_ms, next_ms=r.next_ms, next_tail_ms=r.next_tail_ms, next_queue_ms=r.next_queue_ms,
-                   next_bytes_up=r.next_bytes_up, next_bytes_down=r.next_bytes_down, next_address=r.next_address,
-                   forwarded=forwarded, next_error_code=r.next_error.code, next_error=r.next_error.message,
-                   next_load=wire.LoadInfo.from_proto(r.next_load) if forwarded else None)
+        return cls(
+            edge_ms=r.edge_ms,
+            next_ms=r.next_ms,
+            next_tail_ms=r.next_tail_ms,
+            next_queue_ms=r.next_queue_ms,
+            next_bytes_up=r.next_bytes_up,
+            next_bytes_down=r.next_bytes_down,
+            next_address=r.next_address,
+            forwarded=forwarded,
+            next_error_code=r.next_error.code,
+            next_error=r.next_error.message,
+            next_load=wire.LoadInfo.from_proto(r.next_load) if forwarded else None,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,10 +158,25 @@ class SplitResult:
         return self.total_ms - self.head_ms - self.tail_ms
 
     def timings(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in (
-            "cut_id", "codec", "where", "request_id", "head_ms", "encode_ms", "rpc_ms", "decode_ms",
-            "tail_ms", "queue_ms", "build_ms", "total_ms", "bytes_up", "bytes_down")} | {
-            "network_ms": self.network_ms, "overhead_ms": self.overhead_ms}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "cut_id",
+                "codec",
+                "where",
+                "request_id",
+                "head_ms",
+                "encode_ms",
+                "rpc_ms",
+                "decode_ms",
+                "tail_ms",
+                "queue_ms",
+                "build_ms",
+                "total_ms",
+                "bytes_up",
+                "bytes_down",
+            )
+        } | {"network_ms": self.network_ms, "overhead_ms": self.overhead_ms}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,8 +221,9 @@ def run_session(session: Any, outputs: list[str], feeds: Mapping[str, Any], what
         return partition.pass_through(outputs, feeds, session.run(outputs, dict(feeds)))
     except Exception as exc:  # onnxruntime raises its own exception types
         shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
-        raise InputError(f"{what} failed in onnxruntime on this device at {shapes}: "
-                         f"{' '.join(str(exc).split())[:400]}") from exc
+        raise InputError(
+            f"{what} failed in onnxruntime on this device at {shapes}: {' '.join(str(exc).split())[:400]}"
+        ) from exc
 
 
 def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -215,8 +240,9 @@ def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]
         # at: the binding is where costs were computed, not the only shape served.
         shape = graph.generic_shape(name) if hasattr(graph, "generic_shape") else info.shape
         if shape is not None and not wire.shape_matches(tuple(shape), tuple(arr.shape)):
-            raise InputError(f"input {name!r}: expected shape {wire.describe_shape(tuple(shape))}, "
-                             f"got {list(arr.shape)}")
+            raise InputError(
+                f"input {name!r}: expected shape {wire.describe_shape(tuple(shape))}, got {list(arr.shape)}"
+            )
         out[name] = arr
     return out
 
@@ -237,19 +263,27 @@ def random_inputs(graph: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return result
 
 
-def encode_request(head: HeadResult, spec: codec.Codec, *, sha256: str, output_codec: str,
-                   next_cut_id: str = "", next_codec: str = "") -> tuple[wire.Framed, int]:
+def encode_request(
+    head: HeadResult, spec: codec.Codec, *, sha256: str, output_codec: str, next_cut_id: str = "", next_codec: str = ""
+) -> tuple[wire.Framed, int]:
     """The ``InferRequest`` for ``head`` and its payload bytes (raw/fp32 payloads are views of the
     head's arrays: the serializer copies them once). ``next_cut_id``: an edge runs up to it and forwards."""
-    header = pb.InferRequest(model_sha256=sha256, cut_id=head.cut_id, codec=str(spec),
-                             request_id=head.request_id, output_codec=output_codec, next_cut_id=next_cut_id,
-                             next_codec=next_codec)
+    header = pb.InferRequest(
+        model_sha256=sha256,
+        cut_id=head.cut_id,
+        codec=str(spec),
+        request_id=head.request_id,
+        output_codec=output_codec,
+        next_cut_id=next_cut_id,
+        next_codec=next_codec,
+    )
     tensors = [codec.encode(n, a, spec, copy=False) for n, a in head.crossing.items()]
     return wire.Framed(header=header, tensors=tensors), sum(e.nbytes for e in tensors)
 
 
-def decode_reply(reply: wire.Framed, output_names: tuple[str, ...], *, max_bytes: int,
-                 cloud: str | None, also: tuple[str, ...] = ()) -> tuple[dict[str, np.ndarray], int]:
+def decode_reply(
+    reply: wire.Framed, output_names: tuple[str, ...], *, max_bytes: int, cloud: str | None, also: tuple[str, ...] = ()
+) -> tuple[dict[str, np.ndarray], int]:
     """The outputs in ``reply`` (copied out of the message) and their payload bytes; ``DATA_LOSS`` when
     they do not decode within ``max_bytes`` each or are not ``output_names`` (the graph outputs the
     tail makes). Names in ``also`` may come too and are dropped (outputs the device holds already, which
@@ -260,33 +294,53 @@ def decode_reply(reply: wire.Framed, output_names: tuple[str, ...], *, max_bytes
     except CodecError as exc:
         raise CloudError(f"reply from {cloud} does not decode: {exc}", code="DATA_LOSS") from exc
     if set(outs) != set(output_names):
-        raise CloudError(f"reply from {cloud}: expected outputs {sorted(output_names)}, "
-                         f"got {sorted(outs)}", code="DATA_LOSS")
+        raise CloudError(
+            f"reply from {cloud}: expected outputs {sorted(output_names)}, got {sorted(outs)}", code="DATA_LOSS"
+        )
     return {n: np.array(outs[n]) for n in output_names}, sum(e.nbytes for e in encoded)
 
 
-def _frame_result(framed: wire.Framed, head: HeadResult, *, cut: str, spec: codec.Codec, bytes_up: int,
-                  t_sent: float,
-                  decode: Callable[[wire.Framed], tuple[dict[str, np.ndarray], int]]) -> SplitResult:
+def _frame_result(
+    framed: wire.Framed,
+    head: HeadResult,
+    *,
+    cut: str,
+    spec: codec.Codec,
+    bytes_up: int,
+    t_sent: float,
+    decode: Callable[[wire.Framed], tuple[dict[str, np.ndarray], int]],
+) -> SplitResult:
     """One stream frame's result; a frame the cloud failed carries ``error`` (and no outputs)."""
     reply = framed.header
     common: dict[str, Any] = {
-        "cut_id": cut, "codec": str(spec), "where": "cloud", "request_id": head.request_id,
-        "head_ms": head.head_ms, "rpc_ms": (time.perf_counter() - t_sent) * 1e3, "tail_ms": reply.tail_ms,
-        "queue_ms": reply.queue_ms, "build_ms": reply.build_ms, "bytes_up": bytes_up,
-        "load": wire.LoadInfo.from_proto(reply.load)}
+        "cut_id": cut,
+        "codec": str(spec),
+        "where": "cloud",
+        "request_id": head.request_id,
+        "head_ms": head.head_ms,
+        "rpc_ms": (time.perf_counter() - t_sent) * 1e3,
+        "tail_ms": reply.tail_ms,
+        "queue_ms": reply.queue_ms,
+        "build_ms": reply.build_ms,
+        "bytes_up": bytes_up,
+        "load": wire.LoadInfo.from_proto(reply.load),
+    }
     if reply.error.code:
-        err = CloudError(f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
-                         code=reply.error.code, retryable=reply.error.code in wire.RETRYABLE_CODES,
-                         retry_after_ms=reply.error.retry_after_ms or None)
+        err = CloudError(
+            f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
+            code=reply.error.code,
+            retryable=reply.error.code in wire.RETRYABLE_CODES,
+            retry_after_ms=reply.error.retry_after_ms or None,
+        )
         return SplitResult(outputs={}, error=err, **common)
     outputs, bytes_down = decode(framed)
     total = head.head_ms + (time.perf_counter() - t_sent) * 1e3
     return SplitResult(outputs=outputs, total_ms=total, bytes_down=bytes_down, **common)
 
 
-def assemble(names: tuple[str, ...], kept: Mapping[str, np.ndarray],
-             made: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def assemble(
+    names: tuple[str, ...], kept: Mapping[str, np.ndarray], made: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """The graph outputs in model order, from what the device kept and what the tail made."""
     return {n: kept[n] if n in kept else made[n] for n in names}
 
@@ -311,9 +365,15 @@ class _SessionCache:
                 return cs
 
         head, tail = partition.split(self.graph, [cut_id])
-        cs = _CutSessions(head_inputs=tuple(head.inputs), head_outputs=tuple(head.outputs),
-                          tail_inputs=tuple(tail.inputs), tail_outputs=tuple(tail.outputs),
-                          kept=self.graph.cut(cut_id).kept, head_model=head.model, tail_model=tail.model)
+        cs = _CutSessions(
+            head_inputs=tuple(head.inputs),
+            head_outputs=tuple(head.outputs),
+            tail_inputs=tuple(tail.inputs),
+            tail_outputs=tuple(tail.outputs),
+            kept=self.graph.cut(cut_id).kept,
+            head_model=head.model,
+            tail_model=tail.model,
+        )
         with self._lock:
             cs = self._cuts.setdefault(cut_id, cs)
             while len(self._cuts) > self.size:
@@ -345,8 +405,7 @@ class _CloudLink:
     without a reference back to the ``Device``: a dropped ``Device`` (the runtime drops a failed cloud's)
     is freed at once, and its channel with it."""
 
-    def __init__(self, cloud: str | None, config: DeviceConfig, transport: Transport | None,
-                 sha256: str = "") -> None:
+    def __init__(self, cloud: str | None, config: DeviceConfig, transport: Transport | None, sha256: str = "") -> None:
         self.cloud = transport.address if cloud is None and transport is not None else cloud
         self.sha256 = sha256  # the model's: a v2 transport reports it in status
         self.config = config
@@ -366,13 +425,25 @@ class _CloudLink:
         cfg = self.config
         built: Transport
         if is_v2(self.cloud):  # v2://host:port: a standard serving engine (Open Inference Protocol v2)
-            built = V2Transport(self.cloud, model_sha256=self.sha256, token=cfg.token,
-                                max_message_bytes=cfg.max_message_bytes, tls=cfg.tls,
-                                tls_ca_path=cfg.tls_ca_path, tls_server_name=cfg.tls_server_name)
+            built = V2Transport(
+                self.cloud,
+                model_sha256=self.sha256,
+                token=cfg.token,
+                max_message_bytes=cfg.max_message_bytes,
+                tls=cfg.tls,
+                tls_ca_path=cfg.tls_ca_path,
+                tls_server_name=cfg.tls_server_name,
+            )
         else:
-            built = GrpcTransport(self.cloud, token=cfg.token, max_message_bytes=cfg.max_message_bytes,
-                                  keepalive_s=cfg.keepalive_s, tls=cfg.tls, tls_ca_path=cfg.tls_ca_path,
-                                  tls_server_name=cfg.tls_server_name)
+            built = GrpcTransport(
+                self.cloud,
+                token=cfg.token,
+                max_message_bytes=cfg.max_message_bytes,
+                keepalive_s=cfg.keepalive_s,
+                tls=cfg.tls,
+                tls_ca_path=cfg.tls_ca_path,
+                tls_server_name=cfg.tls_server_name,
+            )
         with self._lock:
             if self._transport is None:
                 self._transport = built
@@ -417,8 +488,15 @@ class _Inputs:
         t0 = time.perf_counter()
         outputs = self.run_local(inputs)
         ms = (time.perf_counter() - t0) * 1e3
-        return SplitResult(outputs=outputs, cut_id=DEVICE_CUT, codec="fp32", where="local", request_id=request_id,
-                           head_ms=ms, total_ms=ms)
+        return SplitResult(
+            outputs=outputs,
+            cut_id=DEVICE_CUT,
+            codec="fp32",
+            where="local",
+            request_id=request_id,
+            head_ms=ms,
+            total_ms=ms,
+        )
 
     def _refuse_diverging(self, feeds: Mapping[str, np.ndarray], cut: str) -> None:
         why = self.diverges(feeds)
@@ -434,8 +512,14 @@ class Device(_Inputs):
     ``InProcessTransport`` in tests; ``cloud`` then defaults to its address).
     """
 
-    def __init__(self, model: str | Path | Any, cloud: str | None = None, *,
-                 config: DeviceConfig | None = None, transport: Transport | None = None) -> None:
+    def __init__(
+        self,
+        model: str | Path | Any,
+        cloud: str | None = None,
+        *,
+        config: DeviceConfig | None = None,
+        transport: Transport | None = None,
+    ) -> None:
         from splitrt.graph import model as graph_mod
 
         self.config = config or DeviceConfig()
@@ -443,8 +527,13 @@ class Device(_Inputs):
         self.sha256: str = self.graph.sha256
         self._local = _SessionCache(self.graph, self.config)
         self._cloud = _CloudLink(cloud, self.config, transport, sha256=self.sha256)
-        self._uploads = ModelUploader(path=Path(self.graph.path), sha256=self.graph.file_sha256, config=self.config,
-                                      link=self._cloud.get, cloud=self._cloud.name)
+        self._uploads = ModelUploader(
+            path=Path(self.graph.path),
+            sha256=self.graph.file_sha256,
+            config=self.config,
+            link=self._cloud.get,
+            cloud=self._cloud.name,
+        )
         self.codec = codec.Codec.parse(self.config.codec)
         self.output_names = tuple(t.name for t in self.graph.outputs)
 
@@ -461,37 +550,60 @@ class Device(_Inputs):
         if cut == DEVICE_CUT:  # the whole (original) model: no segments, and no tail afterwards
             t0 = time.perf_counter()
             values = run_session(self._local.full(), list(self.output_names), feeds, "the whole model")
-            return HeadResult(cut_id=cut, crossing={}, kept=dict(zip(self.output_names, values, strict=True)),
-                              head_ms=(time.perf_counter() - t0) * 1e3)
+            return HeadResult(
+                cut_id=cut,
+                crossing={},
+                kept=dict(zip(self.output_names, values, strict=True)),
+                head_ms=(time.perf_counter() - t0) * 1e3,
+            )
         self._refuse_diverging(feeds, cut)  # a specialised graph, a request of another branch
         cs = self._local.cut(cut)
         t0 = time.perf_counter()
         env: dict[str, np.ndarray] = dict(feeds)
         if cs.head_outputs:
-            values = run_session(self._local.head(cs), list(cs.head_outputs), {n: feeds[n] for n in cs.head_inputs},
-                                 f"the head of cut {cut!r}")
+            values = run_session(
+                self._local.head(cs),
+                list(cs.head_outputs),
+                {n: feeds[n] for n in cs.head_inputs},
+                f"the head of cut {cut!r}",
+            )
             env.update(zip(cs.head_outputs, values, strict=True))
         head_ms = (time.perf_counter() - t0) * 1e3
-        return HeadResult(cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms,
-                          kept={n: env[n] for n in cs.kept})
+        return HeadResult(
+            cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms, kept={n: env[n] for n in cs.kept}
+        )
 
     def finish_locally(self, head: HeadResult) -> SplitResult:
         """Run the tail of ``head.cut_id`` here: the fallback when the cloud cannot. Cut ``device`` has no
         tail: its head already holds the outputs (a 0-node tail would re-check them against the model's
         declarations, which some models get wrong)."""
         if head.cut_id == DEVICE_CUT:
-            return SplitResult(outputs={n: head.kept[n] for n in self.output_names}, cut_id=DEVICE_CUT,
-                               codec="fp32", where="local", request_id=head.request_id, head_ms=head.head_ms,
-                               total_ms=head.head_ms)
+            return SplitResult(
+                outputs={n: head.kept[n] for n in self.output_names},
+                cut_id=DEVICE_CUT,
+                codec="fp32",
+                where="local",
+                request_id=head.request_id,
+                head_ms=head.head_ms,
+                total_ms=head.head_ms,
+            )
         cs = self._local.cut(head.cut_id)
         t0 = time.perf_counter()
-        values = run_session(self._local.tail(cs), list(cs.tail_outputs), head.crossing,
-                             f"the tail of cut {head.cut_id!r}")
+        values = run_session(
+            self._local.tail(cs), list(cs.tail_outputs), head.crossing, f"the tail of cut {head.cut_id!r}"
+        )
         tail_ms = (time.perf_counter() - t0) * 1e3
         outputs = assemble(self.output_names, head.kept, dict(zip(cs.tail_outputs, values, strict=True)))
-        return SplitResult(outputs=outputs, cut_id=head.cut_id,
-                           codec="fp32", where="local", request_id=head.request_id, head_ms=head.head_ms,
-                           tail_ms=tail_ms, total_ms=head.head_ms + tail_ms)
+        return SplitResult(
+            outputs=outputs,
+            cut_id=head.cut_id,
+            codec="fp32",
+            where="local",
+            request_id=head.request_id,
+            head_ms=head.head_ms,
+            tail_ms=tail_ms,
+            total_ms=head.head_ms + tail_ms,
+        )
 
     def warm(self, cut: str) -> None:
         """Build ``cut``'s head and tail sessions now, so switching to it later costs no session build."""
@@ -526,8 +638,14 @@ class Device(_Inputs):
     def status(self, timeout_s: float | None = None) -> pb.StatusReply:
         return self._link().status(timeout_s=timeout_s or self.config.timeout_s)
 
-    def probe(self, up_bytes: int, down_bytes: int, timeout_s: float | None = None, *,
-              next_bytes: tuple[int, int] | None = None) -> ProbeResult:
+    def probe(
+        self,
+        up_bytes: int,
+        down_bytes: int,
+        timeout_s: float | None = None,
+        *,
+        next_bytes: tuple[int, int] | None = None,
+    ) -> ProbeResult:
         """One echo of ``up_bytes`` up and ``down_bytes`` down (feed netmon with the result);
         ``next_bytes=(up, down)``: an edge also probes its next tier with these sizes."""
         req = pb.ProbeRequest(payload=bytes(up_bytes), reply_bytes=down_bytes)
@@ -537,17 +655,21 @@ class Device(_Inputs):
         reply = self._link().probe(req, timeout_s=timeout_s or self.config.timeout_s)
         seconds = time.perf_counter() - t0
         ok = next_bytes is not None and not reply.next_error.code
-        return ProbeResult(up_bytes=up_bytes, down_bytes=len(reply.payload), seconds=seconds,
-                           load=wire.LoadInfo.from_proto(reply.load), next_ms=reply.next_ms if ok else None,
-                           next_error=f"{reply.next_error.code}: {reply.next_error.message}" if reply.next_error.code
-                           else "", next_load=wire.LoadInfo.from_proto(reply.next_load) if ok else None)
+        return ProbeResult(
+            up_bytes=up_bytes,
+            down_bytes=len(reply.payload),
+            seconds=seconds,
+            load=wire.LoadInfo.from_proto(reply.load),
+            next_ms=reply.next_ms if ok else None,
+            next_error=f"{reply.next_error.code}: {reply.next_error.message}" if reply.next_error.code else "",
+            next_load=wire.LoadInfo.from_proto(reply.next_load) if ok else None,
+        )
 
     def upload_model(self, timeout_s: float | None = None) -> pb.PutModelReply:
         """Stream the model file to the cloud (verified there by sha256)."""
         return self._uploads.upload(timeout_s)
 
-    def ensure_model(self, force: bool = False, *, timeout_s: float | None = None,
-                     wait_upload: bool = True) -> None:
+    def ensure_model(self, force: bool = False, *, timeout_s: float | None = None, wait_upload: bool = True) -> None:
         """Make sure the cloud has the model (``CloudError`` if it cannot be made sure of).
 
         The check is one ``Status`` call with ``timeout_s`` (default ``DeviceConfig.timeout_s``), done once;
@@ -571,21 +693,35 @@ class Device(_Inputs):
     def _model_checked(self, value: bool) -> None:
         self._uploads.checked = value
 
-    def _request(self, head: HeadResult, spec: codec.Codec, next_cut: str = "",
-                 next_codec: str = "") -> tuple[wire.Framed, int]:
-        return encode_request(head, spec, sha256=self.sha256, output_codec=self.config.output_codec,
-                              next_cut_id=next_cut, next_codec=next_codec)
+    def _request(
+        self, head: HeadResult, spec: codec.Codec, next_cut: str = "", next_codec: str = ""
+    ) -> tuple[wire.Framed, int]:
+        return encode_request(
+            head,
+            spec,
+            sha256=self.sha256,
+            output_codec=self.config.output_codec,
+            next_cut_id=next_cut,
+            next_codec=next_codec,
+        )
 
     def _decode_reply(self, reply: wire.Framed, head: HeadResult) -> tuple[dict[str, np.ndarray], int]:
         """The graph outputs: the reply's (only those the tail made) with the ones the head kept."""
         made = tuple(n for n in self.output_names if n not in head.kept)
         # The same decoded-size cap a server applies (a reply may claim any size under zlib).
-        outs, nbytes = decode_reply(reply, made, max_bytes=4 * self.config.max_message_bytes, cloud=self.cloud,
-                                    also=tuple(head.kept))
+        outs, nbytes = decode_reply(
+            reply, made, max_bytes=4 * self.config.max_message_bytes, cloud=self.cloud, also=tuple(head.kept)
+        )
         return assemble(self.output_names, head.kept, outs), nbytes
 
-    def send(self, head: HeadResult, *, codec_spec: str | codec.Codec | None = None,
-             timeout_s: float | None = None, next_cut: str | None = None) -> SplitResult:
+    def send(
+        self,
+        head: HeadResult,
+        *,
+        codec_spec: str | codec.Codec | None = None,
+        timeout_s: float | None = None,
+        next_cut: str | None = None,
+    ) -> SplitResult:
         """Ship ``head``'s crossing tensors to the cloud, return the outputs (``CloudError`` on failure).
         ``next_cut``: the server is an edge that runs up to this cut and forwards the rest (``.hops``)."""
         if head.cut_id == DEVICE_CUT:
@@ -626,17 +762,28 @@ class Device(_Inputs):
         outputs, bytes_down = self._decode_reply(reply, head)
         t4 = time.perf_counter()
         return SplitResult(
-            outputs=outputs, cut_id=head.cut_id, codec=str(spec), where="cloud", request_id=head.request_id,
-            head_ms=head.head_ms, encode_ms=(t1 - t0) * 1e3, rpc_ms=(t3 - t2) * 1e3,
-            decode_ms=(t4 - t3) * 1e3, tail_ms=reply.header.tail_ms, queue_ms=reply.header.queue_ms,
+            outputs=outputs,
+            cut_id=head.cut_id,
+            codec=str(spec),
+            where="cloud",
+            request_id=head.request_id,
+            head_ms=head.head_ms,
+            encode_ms=(t1 - t0) * 1e3,
+            rpc_ms=(t3 - t2) * 1e3,
+            decode_ms=(t4 - t3) * 1e3,
+            tail_ms=reply.header.tail_ms,
+            queue_ms=reply.header.queue_ms,
             build_ms=reply.header.build_ms,
             total_ms=head.head_ms + (t4 - t0) * 1e3 - (t2 - t1) * 1e3,
-            bytes_up=bytes_up, bytes_down=bytes_down,
+            bytes_up=bytes_up,
+            bytes_down=bytes_down,
             load=wire.LoadInfo.from_proto(reply.header.load),
-            hops=Hops.from_reply(reply.header) if next_cut else None)
+            hops=Hops.from_reply(reply.header) if next_cut else None,
+        )
 
-    def run_detailed(self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None,
-                     timeout_s: float | None = None) -> SplitResult:
+    def run_detailed(
+        self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None, timeout_s: float | None = None
+    ) -> SplitResult:
         if self.diverges(self.check_inputs(inputs)) is not None:
             return self.run_original(inputs)  # another branch than the graph was specialised for
         head = self.run_head(inputs, cut)
@@ -644,13 +791,15 @@ class Device(_Inputs):
             return self.finish_locally(head)
         return self.send(head, codec_spec=codec_spec, timeout_s=timeout_s)
 
-    def run(self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None,
-            timeout_s: float | None = None) -> dict[str, np.ndarray]:
+    def run(
+        self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None, timeout_s: float | None = None
+    ) -> dict[str, np.ndarray]:
         """Outputs of the model for ``inputs``, split at ``cut`` (``device``: all local)."""
         return self.run_detailed(inputs, cut=cut, codec_spec=codec_spec, timeout_s=timeout_s).outputs
 
-    def stream(self, frames: Iterable[Mapping[str, Any]], *, cut: str,
-               codec_spec: str | None = None) -> Iterator[SplitResult]:
+    def stream(
+        self, frames: Iterable[Mapping[str, Any]], *, cut: str, codec_spec: str | None = None
+    ) -> Iterator[SplitResult]:
         """One result per frame over one bidirectional stream; a failed frame carries ``error``."""
         spec = self.codec if codec_spec is None else codec.Codec.parse(codec_spec)
         self.ensure_model()
@@ -665,8 +814,15 @@ class Device(_Inputs):
 
         for framed in self._link().infer_stream(requests()):
             head, bytes_up, t_sent = pending.popleft()
-            yield _frame_result(framed, head, cut=cut, spec=spec, bytes_up=bytes_up, t_sent=t_sent,
-                                decode=functools.partial(self._decode_reply, head=head))
+            yield _frame_result(
+                framed,
+                head,
+                cut=cut,
+                spec=spec,
+                bytes_up=bytes_up,
+                t_sent=t_sent,
+                decode=functools.partial(self._decode_reply, head=head),
+            )
 
     def close(self) -> None:
         self._cloud.close()

@@ -39,8 +39,12 @@ class Cloud:
         """A load report; ``own``: it came in the reply of a request still counted in queue_depth."""
         if load.workers >= 1:
             self.workers = load.workers
-        observe.observe_queue(self.queue, observe.QueueReport(
-            queue_depth=load.queue_depth, workers=load.workers, service_ms=load.service_ms), now_s, own=own)
+        observe.observe_queue(
+            self.queue,
+            observe.QueueReport(queue_depth=load.queue_depth, workers=load.workers, service_ms=load.service_ms),
+            now_s,
+            own=own,
+        )
 
 
 class Clouds(Mapping[str, Cloud]):
@@ -51,8 +55,16 @@ class Clouds(Mapping[str, Cloud]):
     runtime's lock (shared: the runtime reads clouds and estimators together under it).
     """
 
-    def __init__(self, graph: Any, device_config: DeviceConfig, *, backoff_initial_s: float,
-                 backoff_max_s: float, lock: threading.RLock, connect: Connect | None = None) -> None:
+    def __init__(
+        self,
+        graph: Any,
+        device_config: DeviceConfig,
+        *,
+        backoff_initial_s: float,
+        backoff_max_s: float,
+        lock: threading.RLock,
+        connect: Connect | None = None,
+    ) -> None:
         self.graph = graph
         self.device_config = device_config
         self.connect = connect
@@ -91,8 +103,17 @@ class Clouds(Mapping[str, Cloud]):
 
     def snapshot(self) -> list[dict[str, object]]:
         with self._lock:
-            return [{"address": c.address, "up": c.up, "failures": c.failures, "rtt_ms": c.rtt_ms,
-                     "last_error": c.last_error, "served": c.served} for c in self._by_address.values()]
+            return [
+                {
+                    "address": c.address,
+                    "up": c.up,
+                    "failures": c.failures,
+                    "rtt_ms": c.rtt_ms,
+                    "last_error": c.last_error,
+                    "served": c.served,
+                }
+                for c in self._by_address.values()
+            ]
 
     def all(self) -> list[Cloud]:
         with self._lock:

@@ -87,8 +87,14 @@ def profiles_dir() -> Path:
     return paths.profiles_dir()
 
 
-def select_cost_table(mg: Any, *, profile_device: Path | None = None, profile_cloud: Path | None = None,
-                      board: Any = None, directory: Path | None = None) -> tuple[Any, str]:
+def select_cost_table(
+    mg: Any,
+    *,
+    profile_device: Path | None = None,
+    profile_cloud: Path | None = None,
+    board: Any = None,
+    directory: Path | None = None,
+) -> tuple[Any, str]:
     """``(CostTable, where it came from)``: both profiles when given; else a shipped profile of this
     model (``<hostclass>__<stem>.json`` matching its sha256; this host class first) as device and cloud,
     head times scaled by the board's ``cpu_speed_factor``; else the FLOPs prior (``priors.flops_table``)."""
@@ -96,8 +102,10 @@ def select_cost_table(mg: Any, *, profile_device: Path | None = None, profile_cl
 
     factor = float(board.cpu_speed_factor) if board is not None else 1.0
     if (profile_device is None) != (profile_cloud is None):
-        raise ConfigError("profiles: expected both a device and a cloud profile, got only "
-                          f"{'the device' if profile_cloud is None else 'the cloud'} one")
+        raise ConfigError(
+            "profiles: expected both a device and a cloud profile, got only "
+            f"{'the device' if profile_cloud is None else 'the cloud'} one"
+        )
     if profile_device is not None and profile_cloud is not None:
         dev = profiler.load_profile(profile_device, sha256=mg.sha256)
         cloud = profiler.load_profile(profile_cloud, sha256=mg.sha256)
@@ -115,8 +123,10 @@ def select_cost_table(mg: Any, *, profile_device: Path | None = None, profile_cl
         scaled = f", device head times x{factor:g} (board {board.name})" if board is not None else ""
         return profiler.cost_table(prof, prof, device_speed_factor=factor), f"shipped profile {path}{scaled}"
     table = priors.flops_table(mg, device_gflops=HOST_GFLOPS / factor, cloud_gflops=HOST_GFLOPS)
-    return table, (f"FLOPs prior (device {HOST_GFLOPS / factor:g} GFLOP/s, cloud {HOST_GFLOPS:g} GFLOP/s): "
-                   f"no profile of {stem} in {d}")
+    return table, (
+        f"FLOPs prior (device {HOST_GFLOPS / factor:g} GFLOP/s, cloud {HOST_GFLOPS:g} GFLOP/s): "
+        f"no profile of {stem} in {d}"
+    )
 
 
 def _constrained(runtime_config: Any, mg: Any, table: Any, config: DaemonConfig, board: Any, name: str) -> Any:
@@ -128,14 +138,23 @@ def _constrained(runtime_config: Any, mg: Any, table: Any, config: DaemonConfig,
     from splitrt.plan.costmodel import DEFAULT_POWER
     from splitrt.profile.cutfacts import allowed_for, memory_mb
 
-    cons = Constraints(min_head_flops_fraction=config.min_head_flops, no_raw_input=config.no_raw_input,
-                       device_memory_mb=memory_mb(config.device_memory_mb, board))
+    cons = Constraints(
+        min_head_flops_fraction=config.min_head_flops,
+        no_raw_input=config.no_raw_input,
+        device_memory_mb=memory_mb(config.device_memory_mb, board),
+    )
     allowed = allowed_for(mg, table, cons)
     cuts = allowed.cuts if allowed is not None else None
     if allowed is not None:
         log.info("model %s: %s", name, allowed.note())
-    v = explain.explain(table, rtt_ms=40.0, power=board.power if board is not None else DEFAULT_POWER,
-                        codecs=config.codecs, cuts=cuts, objectives=(config.objective,))
+    v = explain.explain(
+        table,
+        rtt_ms=40.0,
+        power=board.power if board is not None else DEFAULT_POWER,
+        codecs=config.codecs,
+        cuts=cuts,
+        objectives=(config.objective,),
+    )
     log.info("model %s: split vs route (%s): %s", name, "details: splitrt plan MODEL --explain", v.summary)
     if cuts is None:
         return runtime_config
@@ -198,8 +217,8 @@ TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "tls_ca_path": ((str,), "a PEM file path", True),
     "token_path": ((str,), "a file path (bearer token on the first line)", True),
     "upload": ((bool,), "true or false", False),
-    "api_socket_path": ((str,), "a unix socket path, or \"\" for none", True),
-    "api_address": ((str,), "127.0.0.1:PORT (loopback only), or \"\" for none", False),
+    "api_socket_path": ((str,), 'a unix socket path, or "" for none', True),
+    "api_address": ((str,), '127.0.0.1:PORT (loopback only), or "" for none', False),
     "metrics_address": ((str,), "a loopback IP address", False),
     "metrics_port": ((int,), "a TCP port 0-65535 (0: any free port), or -1 for none", False),
     "decision_log_path": ((str,), "a file path (JSON lines)", True),
@@ -208,7 +227,7 @@ TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "api_workers": ((int,), "an integer >= 1", False),
     "min_head_flops": ((int, float), "a share of the model's FLOPs in [0, 1] (privacy floor)", False),
     "no_raw_input": ((bool,), "true or false (privacy floor: the input never leaves the device)", False),
-    "device_memory_mb": ((int, float, str), "a number of MB > 0 or \"board\" (memory ceiling)", False),
+    "device_memory_mb": ((int, float, str), 'a number of MB > 0 or "board" (memory ceiling)', False),
 }
 MODEL_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "name": ((str,), "a non-empty name", False),
@@ -248,8 +267,10 @@ def _check_hostport(where: str, key: str, value: str, *, loopback: bool) -> None
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"{where}: key {key!r}: expected HOST:PORT, got {value!r}")
     if loopback and host not in _LOOPBACK:
-        raise ConfigError(f"{where}: key {key!r}: expected a loopback address (127.0.0.1:PORT; the local API "
-                          f"has no authentication), got {value!r}")
+        raise ConfigError(
+            f"{where}: key {key!r}: expected a loopback address (127.0.0.1:PORT; the local API "
+            f"has no authentication), got {value!r}"
+        )
 
 
 def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "config") -> DaemonConfig:
@@ -265,8 +286,11 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
         if spec[2]:
             value = _path(base_dir, value)
         kw[key] = value
-    for key, expected in (("codecs", TOP_KEYS["codecs"][1]), ("clouds", TOP_KEYS["clouds"][1]),
-                          ("discovery_interfaces", TOP_KEYS["discovery_interfaces"][1])):
+    for key, expected in (
+        ("codecs", TOP_KEYS["codecs"][1]),
+        ("clouds", TOP_KEYS["clouds"][1]),
+        ("discovery_interfaces", TOP_KEYS["discovery_interfaces"][1]),
+    ):
         if key in kw:
             kw[key] = _str_list(where, key, kw[key], expected)
     for c in kw.get("clouds", ()):
@@ -286,8 +310,7 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
             raise ConfigError(f"{where}: key 'metrics_port': expected {TOP_KEYS['metrics_port'][1]}, got {port!r}")
         kw["metrics_port"] = None if port == -1 else port
     if "metrics_address" in kw and kw["metrics_address"] not in _LOOPBACK:
-        raise ConfigError(f"{where}: key 'metrics_address': expected a loopback address, "
-                          f"got {kw['metrics_address']!r}")
+        raise ConfigError(f"{where}: key 'metrics_address': expected a loopback address, got {kw['metrics_address']!r}")
     for key in ("deadline_ms",):
         if key in kw and not (math.isfinite(kw[key]) and kw[key] > 0):
             raise ConfigError(f"{where}: key {key!r}: expected {TOP_KEYS[key][1]}, got {kw[key]!r}")
@@ -303,19 +326,21 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
     if isinstance(mem, str) and mem != "board":
         raise ConfigError(f"{where}: key 'device_memory_mb': expected {TOP_KEYS['device_memory_mb'][1]}, got {mem!r}")
     try:
-        Constraints(min_head_flops_fraction=float(kw.get("min_head_flops", 0.0)),
-                    device_memory_mb=None if mem in (None, "board") else mem)
+        Constraints(
+            min_head_flops_fraction=float(kw.get("min_head_flops", 0.0)),
+            device_memory_mb=None if mem in (None, "board") else mem,
+        )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     if mem == "board" and "board" not in kw:
         raise ConfigError(f"{where}: key 'device_memory_mb': \"board\" needs a board key, got none")
     if "objective" in kw and kw["objective"] not in OBJECTIVES:
-        raise ConfigError(f"{where}: key 'objective': expected one of {', '.join(OBJECTIVES)}, "
-                          f"got {kw['objective']!r}")
+        raise ConfigError(f"{where}: key 'objective': expected one of {', '.join(OBJECTIVES)}, got {kw['objective']!r}")
     raw_models = data.get("model")
     if not isinstance(raw_models, list) or not raw_models:
-        raise ConfigError(f"{where}: key 'model': expected at least one [[model]] table with name and path, "
-                          f"got {raw_models!r}")
+        raise ConfigError(
+            f"{where}: key 'model': expected at least one [[model]] table with name and path, got {raw_models!r}"
+        )
     models = []
     for i, m in enumerate(raw_models):
         mw = f"{where}: model[{i}]"
@@ -408,13 +433,16 @@ def _load_model(mc: ModelConfig) -> Any:
 
     binding = shapes.binding_from(mc.shapes, mc.dims, mc.sample_path)
     if not binding.empty:
-        return graph.load(zoo.resolve(mc.path), binding,
-                          notice=lambda msg: log.info("model %s: %s", mc.name, msg))
+        return graph.load(zoo.resolve(mc.path), binding, notice=lambda msg: log.info("model %s: %s", mc.name, msg))
     mg = graph.load(zoo.resolve(mc.path))
     free = [t.name for t in mg.inputs if any(not isinstance(d, int) for d in (t.shape or ()))]
     if free:
-        log.warning("model %s: inputs %s have free dims and no shapes/dims/sample_path: it is priced with "
-                    "them counted as 1 (set them to the shapes requests will have)", mc.name, free)
+        log.warning(
+            "model %s: inputs %s have free dims and no shapes/dims/sample_path: it is priced with "
+            "them counted as 1 (set them to the shapes requests will have)",
+            mc.name,
+            free,
+        )
     return mg
 
 
@@ -447,12 +475,22 @@ class Daemon:
             credentials.check_private(config.token_path, "token_path")
             token = read_token(config.token_path, "token_path")
             if not (config.tls or config.tls_ca_path is not None):
-                log.warning("token_path is set but tls is off: the bearer token travels unencrypted to every "
-                            "cloud (set tls = true, and tls_ca_path for a private CA)")
-        device_config = DeviceConfig(token=token, tls=config.tls, tls_ca_path=config.tls_ca_path,
-                                     upload=config.upload, intra_op_threads=config.intra_op_threads)
-        runtime_config = RuntimeConfig(deadline_ms=config.deadline_ms, policy=config.policy,
-                                       controller=ControllerConfig(objective=config.objective, codecs=config.codecs))
+                log.warning(
+                    "token_path is set but tls is off: the bearer token travels unencrypted to every "
+                    "cloud (set tls = true, and tls_ca_path for a private CA)"
+                )
+        device_config = DeviceConfig(
+            token=token,
+            tls=config.tls,
+            tls_ca_path=config.tls_ca_path,
+            upload=config.upload,
+            intra_op_threads=config.intra_op_threads,
+        )
+        runtime_config = RuntimeConfig(
+            deadline_ms=config.deadline_ms,
+            policy=config.policy,
+            controller=ControllerConfig(objective=config.objective, codecs=config.codecs),
+        )
         self._log_file: TextIO | None = None
         if config.decision_log_path is not None:
             config.decision_log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -462,20 +500,30 @@ class Daemon:
         try:
             for mc in config.models:
                 mg = _load_model(mc)
-                table, source = select_cost_table(mg, profile_device=mc.profile_device_path,
-                                                  profile_cloud=mc.profile_cloud_path, board=board)
+                table, source = select_cost_table(
+                    mg, profile_device=mc.profile_device_path, profile_cloud=mc.profile_cloud_path, board=board
+                )
                 log.info("model %s (%s): cost table from %s", mc.name, mg.sha256[:12], source)
                 model_config = _constrained(runtime_config, mg, table, config, board, mc.name)
-                dev = AdaptiveDevice(mg, table, [] if config.discovery else list(config.clouds),
-                                     config=model_config, device_config=device_config,
-                                     power=board.power if board is not None else DEFAULT_POWER, log=decision_log)
+                dev = AdaptiveDevice(
+                    mg,
+                    table,
+                    [] if config.discovery else list(config.clouds),
+                    config=model_config,
+                    device_config=device_config,
+                    power=board.power if board is not None else DEFAULT_POWER,
+                    log=decision_log,
+                )
                 self.models[mc.name] = _Model(config=mc, device=dev, table_source=source)
             self.finder: Any = None
             if config.discovery:
                 from splitrt.device.finder import CloudFinder
 
-                self.finder = CloudFinder([m.device for m in self.models.values()], static=config.clouds,
-                                          interfaces=list(config.discovery_interfaces) or None)
+                self.finder = CloudFinder(
+                    [m.device for m in self.models.values()],
+                    static=config.clouds,
+                    interfaces=list(config.discovery_interfaces) or None,
+                )
         except BaseException:
             self._close_models()
             raise
@@ -487,9 +535,11 @@ class Daemon:
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> dict[str, Any]:
         cfg = self.config
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.api_workers, thread_name_prefix="splitrt-api"),
-                             options=wire.server_options(wire.DEFAULT_MAX_MESSAGE_BYTES),
-                             maximum_concurrent_rpcs=cfg.api_workers * 4)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.api_workers, thread_name_prefix="splitrt-api"),
+            options=wire.server_options(wire.DEFAULT_MAX_MESSAGE_BYTES),
+            maximum_concurrent_rpcs=cfg.api_workers * 4,
+        )
         _add_local_servicer(_LocalServicer(self), server)  # garbage bytes: INVALID_ARGUMENT
         if cfg.api_address is not None:
             host, _, _port = cfg.api_address.rpartition(":")
@@ -516,11 +566,14 @@ class Daemon:
         return self.endpoints()
 
     def endpoints(self) -> dict[str, Any]:
-        return {"api_address": self.api_address,
-                "api_socket": str(self.config.api_socket_path) if self.config.api_socket_path else None,
-                "metrics_url": self.metrics_url,
-                "models": {n: {"sha256": m.device.graph.sha256, "cost_table": m.table_source}
-                           for n, m in self.models.items()}}
+        return {
+            "api_address": self.api_address,
+            "api_socket": str(self.config.api_socket_path) if self.config.api_socket_path else None,
+            "metrics_url": self.metrics_url,
+            "models": {
+                n: {"sha256": m.device.graph.sha256, "cost_table": m.table_source} for n, m in self.models.items()
+            },
+        }
 
     def stop(self, grace_s: float | None = None) -> None:
         """Refuse new calls, let in-flight ones finish (``drain_timeout_s``), then close everything."""
@@ -564,14 +617,22 @@ class Daemon:
             raise InputError(f"model: expected one of {sorted(self.models)} (the daemon serves several), got ''")
         m = self.models.get(name)
         if m is None:
-            m = next((x for x in self.models.values() if x.device.graph.sha256.startswith(name.lower())
-                      and len(name) >= 8), None)
+            m = next(
+                (x for x in self.models.values() if x.device.graph.sha256.startswith(name.lower()) and len(name) >= 8),
+                None,
+            )
         if m is None:
             raise KeyError(f"model {name!r}: expected one of {sorted(self.models)} (or a sha256), got {name!r}")
         return m
 
-    def infer(self, model: _Model, inputs: Mapping[str, np.ndarray], *, deadline_ms: float | None = None,
-              request: str | None = None) -> Any:
+    def infer(
+        self,
+        model: _Model,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        deadline_ms: float | None = None,
+        request: str | None = None,
+    ) -> Any:
         with self._lock:
             self.in_flight += 1
         t0 = time.perf_counter()
@@ -597,8 +658,14 @@ class Daemon:
         status = model.device.status()
         with self._lock:
             failed = model.stats.failed
-        return {**status, "model": model.config.name, "sha256": model.device.graph.sha256,
-                "objective": self.config.objective, "cost_table": model.table_source, "failed": failed}
+        return {
+            **status,
+            "model": model.config.name,
+            "sha256": model.device.graph.sha256,
+            "objective": self.config.objective,
+            "cost_table": model.table_source,
+            "failed": failed,
+        }
 
     def metrics_text(self) -> str:
         """Prometheus text exposition format (0.0.4)."""
@@ -608,21 +675,48 @@ class Daemon:
             promtext.family(lines, name, kind, help_text, samples)
 
         with self._lock:
-            stats = {n: (m, _ModelStats(m.stats.requests, m.stats.failed, m.stats.fallbacks, list(m.stats.buckets),
-                                        m.stats.latency_sum_s, m.stats.latency_count))
-                     for n, m in self.models.items()}
+            stats = {
+                n: (
+                    m,
+                    _ModelStats(
+                        m.stats.requests,
+                        m.stats.failed,
+                        m.stats.fallbacks,
+                        list(m.stats.buckets),
+                        m.stats.latency_sum_s,
+                        m.stats.latency_count,
+                    ),
+                )
+                for n, m in self.models.items()
+            }
             in_flight = self.in_flight
         statuses = {n: m.device.status() for n, (m, _) in stats.items()}
         family("splitrt_up", "gauge", "1 while the daemon serves.", [("", {}, 1.0)])
         family("splitrt_in_flight_requests", "gauge", "Requests being served now.", [("", {}, float(in_flight))])
-        family("splitrt_requests_total", "counter", "Requests received through the local API (incl. failed).",
-               [("", {"model": n}, float(s.requests)) for n, (_, s) in stats.items()])
-        family("splitrt_requests_failed_total", "counter", "Requests that returned an error (bad input).",
-               [("", {"model": n}, float(s.failed)) for n, (_, s) in stats.items()])
-        family("splitrt_fallbacks_total", "counter", "Requests whose cloud part ran on the device.",
-               [("", {"model": n}, float(s.fallbacks)) for n, (_, s) in stats.items()])
-        family("splitrt_plan_switches_total", "counter", "Changes of plan (cut or codec).",
-               [("", {"model": n}, float(st.get("switches", 0) or 0)) for n, st in statuses.items()])
+        family(
+            "splitrt_requests_total",
+            "counter",
+            "Requests received through the local API (incl. failed).",
+            [("", {"model": n}, float(s.requests)) for n, (_, s) in stats.items()],
+        )
+        family(
+            "splitrt_requests_failed_total",
+            "counter",
+            "Requests that returned an error (bad input).",
+            [("", {"model": n}, float(s.failed)) for n, (_, s) in stats.items()],
+        )
+        family(
+            "splitrt_fallbacks_total",
+            "counter",
+            "Requests whose cloud part ran on the device.",
+            [("", {"model": n}, float(s.fallbacks)) for n, (_, s) in stats.items()],
+        )
+        family(
+            "splitrt_plan_switches_total",
+            "counter",
+            "Changes of plan (cut or codec).",
+            [("", {"model": n}, float(st.get("switches", 0) or 0)) for n, st in statuses.items()],
+        )
         hist: list[tuple[str, dict[str, str], float]] = []
         for n, (_, s) in stats.items():
             for b, c in zip(LATENCY_BUCKETS_S, s.buckets, strict=True):
@@ -641,17 +735,37 @@ class Daemon:
                 ids = list(m.device.table.ids)
                 index_samples.append(("", {"model": n}, float(ids.index(cut)) if cut in ids else -1.0))
         family("splitrt_current_cut", "gauge", "1 for the plan in use (labels: plan, cut).", cut_samples)
-        family("splitrt_current_cut_index", "gauge", "Index of the cut in use (0 = cloud, last = device).",
-               index_samples)
-        family("splitrt_bandwidth_estimate_mbps", "gauge", "Link bandwidth estimate, Mbit/s.",
-               [("", {"model": n}, float(st["bandwidth_mbps"])) for n, st in statuses.items()])
-        family("splitrt_rtt_estimate_ms", "gauge", "Link RTT estimate, milliseconds.",
-               [("", {"model": n}, float(st["rtt_ms"])) for n, st in statuses.items()])
-        family("splitrt_link_confidence", "gauge", "Confidence of the link estimate, 0-1.",
-               [("", {"model": n}, float(st["confidence"])) for n, st in statuses.items()])
-        family("splitrt_cloud_up", "gauge", "1 when a known cloud is usable.",
-               [("", {"model": n, "cloud": str(c["address"])}, 1.0 if c["up"] else 0.0)
-                for n, st in statuses.items() for c in st["clouds"]])
+        family(
+            "splitrt_current_cut_index", "gauge", "Index of the cut in use (0 = cloud, last = device).", index_samples
+        )
+        family(
+            "splitrt_bandwidth_estimate_mbps",
+            "gauge",
+            "Link bandwidth estimate, Mbit/s.",
+            [("", {"model": n}, float(st["bandwidth_mbps"])) for n, st in statuses.items()],
+        )
+        family(
+            "splitrt_rtt_estimate_ms",
+            "gauge",
+            "Link RTT estimate, milliseconds.",
+            [("", {"model": n}, float(st["rtt_ms"])) for n, st in statuses.items()],
+        )
+        family(
+            "splitrt_link_confidence",
+            "gauge",
+            "Confidence of the link estimate, 0-1.",
+            [("", {"model": n}, float(st["confidence"])) for n, st in statuses.items()],
+        )
+        family(
+            "splitrt_cloud_up",
+            "gauge",
+            "1 when a known cloud is usable.",
+            [
+                ("", {"model": n, "cloud": str(c["address"])}, 1.0 if c["up"] else 0.0)
+                for n, st in statuses.items()
+                for c in st["clouds"]
+            ],
+        )
         return "\n".join(lines) + "\n"
 
 
@@ -691,8 +805,9 @@ class _LocalServicer(pb_grpc.LocalInferenceServicer):
         except SplitrtError as exc:
             log.warning("request %s failed: %s", rid, exc)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-        reply = pb.LocalInferReply(request_id=rid, plan=out.plan, latency_ms=out.latency_ms, fallback=out.fallback,
-                                   server=out.server or "")
+        reply = pb.LocalInferReply(
+            request_id=rid, plan=out.plan, latency_ms=out.latency_ms, fallback=out.fallback, server=out.server or ""
+        )
         raw = codec.Codec.parse("fp32")
         for name, value in out.outputs.items():
             wire.add_tensor(reply.outputs, codec.encode(name, np.asarray(value), raw))
@@ -706,15 +821,33 @@ class _LocalServicer(pb_grpc.LocalInferenceServicer):
     def GetPlan(self, request: pb.GetPlanRequest, context: grpc.ServicerContext) -> pb.GetPlanReply:
         m = self._model(request.model, context)
         p = self.d.plan(m)
-        clouds = [pb.CloudState(address=str(c["address"]), up=bool(c["up"]),
-                                rtt_ms=float(c["rtt_ms"]) if c["rtt_ms"] is not None else -1.0,
-                                last_error=str(c["last_error"])) for c in p["clouds"]]
+        clouds = [
+            pb.CloudState(
+                address=str(c["address"]),
+                up=bool(c["up"]),
+                rtt_ms=float(c["rtt_ms"]) if c["rtt_ms"] is not None else -1.0,
+                last_error=str(c["last_error"]),
+            )
+            for c in p["clouds"]
+        ]
         return pb.GetPlanReply(
-            model=m.config.name, sha256=p["sha256"], plan=p["plan"] or "", policy=p["policy"],
-            objective=p["objective"], bandwidth_mbps=p["bandwidth_mbps"], rtt_ms=p["rtt_ms"],
-            confidence=p["confidence"], device_load=p["device_load"], cloud_load=p["cloud_load"], clouds=clouds,
-            completed=p["completed"], failed=p["failed"], fallbacks=p["fallbacks"], switches=p["switches"],
-            cost_table=p["cost_table"])
+            model=m.config.name,
+            sha256=p["sha256"],
+            plan=p["plan"] or "",
+            policy=p["policy"],
+            objective=p["objective"],
+            bandwidth_mbps=p["bandwidth_mbps"],
+            rtt_ms=p["rtt_ms"],
+            confidence=p["confidence"],
+            device_load=p["device_load"],
+            cloud_load=p["cloud_load"],
+            clouds=clouds,
+            completed=p["completed"],
+            failed=p["failed"],
+            fallbacks=p["fallbacks"],
+            switches=p["switches"],
+            cost_table=p["cost_table"],
+        )
 
 
 def _add_local_servicer(servicer: _LocalServicer, server: grpc.Server) -> None:
@@ -728,20 +861,25 @@ def _add_local_servicer(servicer: _LocalServicer, server: grpc.Server) -> None:
             try:
                 return request_type.FromString(data)
             except Exception as exc:  # protobuf's DecodeError, bad UTF-8 in a string field, ...
-                return wire.Malformed(f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that "
-                                      f"do not parse ({type(exc).__name__}: {str(exc)[:200]})")
+                return wire.Malformed(
+                    f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that "
+                    f"do not parse ({type(exc).__name__}: {str(exc)[:200]})"
+                )
 
         def guarded(request: Any, context: grpc.ServicerContext) -> Any:
             if isinstance(request, wire.Malformed):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
             return call(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(guarded, request_deserializer=deserialize,
-                                                   response_serializer=reply_type.SerializeToString)
+        return grpc.unary_unary_rpc_method_handler(
+            guarded, request_deserializer=deserialize, response_serializer=reply_type.SerializeToString
+        )
 
     name = pb.DESCRIPTOR.services_by_name["LocalInference"].full_name
-    handlers = {"Infer": method(servicer.Infer, pb.LocalInferRequest, pb.LocalInferReply),
-                "GetPlan": method(servicer.GetPlan, pb.GetPlanRequest, pb.GetPlanReply)}
+    handlers = {
+        "Infer": method(servicer.Infer, pb.LocalInferRequest, pb.LocalInferReply),
+        "GetPlan": method(servicer.GetPlan, pb.GetPlanRequest, pb.GetPlanReply),
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     server.add_registered_method_handlers(name, handlers)
 
@@ -770,8 +908,9 @@ class LocalClient:
         self.address = address
         self.timeout_s = timeout_s
         mb = wire.DEFAULT_MAX_MESSAGE_BYTES
-        self._channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", mb),
-                                                                ("grpc.max_receive_message_length", mb)])
+        self._channel = grpc.insecure_channel(
+            address, options=[("grpc.max_send_message_length", mb), ("grpc.max_receive_message_length", mb)]
+        )
         self._stub = pb_grpc.LocalInferenceStub(self._channel)
 
     def _error(self, exc: grpc.RpcError, what: str) -> SplitrtError:
@@ -779,11 +918,13 @@ class LocalClient:
         details = exc.details() if hasattr(exc, "details") else str(exc)
         if code == "INVALID_ARGUMENT":
             return InputError(details)
-        return CloudError(f"daemon {self.address}: {what}: {code}: {details}", code=code,
-                          retryable=code in wire.RETRYABLE_CODES)
+        return CloudError(
+            f"daemon {self.address}: {what}: {code}: {details}", code=code, retryable=code in wire.RETRYABLE_CODES
+        )
 
-    def infer(self, inputs: Mapping[str, Any], *, model: str = "", deadline_ms: float = 0.0,
-              request_id: str = "") -> LocalResult:
+    def infer(
+        self, inputs: Mapping[str, Any], *, model: str = "", deadline_ms: float = 0.0, request_id: str = ""
+    ) -> LocalResult:
         req = pb.LocalInferRequest(model=model, deadline_ms=deadline_ms, request_id=request_id)
         raw = codec.Codec.parse("fp32")
         for name, value in inputs.items():
@@ -793,8 +934,14 @@ class LocalClient:
         except grpc.RpcError as exc:
             raise self._error(exc, "Infer") from exc
         outputs = {t.name: codec.decode(wire.from_proto(t)) for t in reply.outputs}
-        return LocalResult(request_id=reply.request_id, outputs=outputs, plan=reply.plan,
-                           latency_ms=reply.latency_ms, fallback=reply.fallback, server=reply.server or None)
+        return LocalResult(
+            request_id=reply.request_id,
+            outputs=outputs,
+            plan=reply.plan,
+            latency_ms=reply.latency_ms,
+            fallback=reply.fallback,
+            server=reply.server or None,
+        )
 
     def plan(self, model: str = "") -> pb.GetPlanReply:
         try:

@@ -88,8 +88,9 @@ class CloudFinder:
         self._lock = threading.Lock()
         self._servers: dict[str, ServerInfo] = {}
         # The finder owns the lists from now on; start from what the devices have (no spurious update).
-        self._lists: dict[int, list[str]] = {i: [str(c["address"]) for c in d.clouds()]
-                                             for i, d in enumerate(self.devices)}
+        self._lists: dict[int, list[str]] = {
+            i: [str(c["address"]) for c in d.clouds()] for i, d in enumerate(self.devices)
+        }
         self._stop = threading.Event()
         # address -> the warning logged for an insecure discovered server (once each)
         self.warnings: dict[str, str] = {}
@@ -98,12 +99,14 @@ class CloudFinder:
         if browse:
             from splitrt.transport.discovery import Browser
 
-            self.browser = Browser(self.update, interfaces=interfaces, recheck_s=recheck_s,
-                                   resolve_timeout_s=resolve_timeout_s)
+            self.browser = Browser(
+                self.update, interfaces=interfaces, recheck_s=recheck_s, resolve_timeout_s=resolve_timeout_s
+            )
         self._thread: threading.Thread | None = None
         if rerank_s > 0:
-            self._thread = threading.Thread(target=self._rerank_loop, args=(rerank_s,), name="splitrt-finder",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._rerank_loop, args=(rerank_s,), name="splitrt-finder", daemon=True
+            )
             self._thread.start()
 
     def servers(self) -> dict[str, ServerInfo]:
@@ -121,8 +124,11 @@ class CloudFinder:
             servers = dict(self._servers)
             changed: dict[str, list[str]] = {}
             for i, dev in enumerate(self.devices):
-                rtts = {str(c["address"]): float(c["rtt_ms"])  # type: ignore[arg-type]
-                        for c in dev.clouds() if c.get("rtt_ms") is not None and c.get("up")}
+                rtts = {
+                    str(c["address"]): float(c["rtt_ms"])  # type: ignore[arg-type]
+                    for c in dev.clouds()
+                    if c.get("rtt_ms") is not None and c.get("up")
+                }
                 wanted = plan_clouds(servers, dev.graph.sha256, rtts, self.static, tail_ms=self.tail_ms)
                 if wanted != self._lists.get(i):
                     self._warn_insecure(servers, wanted)  # before the device may send anything there
@@ -143,10 +149,15 @@ class CloudFinder:
             s = by_address.get(address)
             if s is None or s.secure is True or address in self.static or address in self.warnings:
                 continue
-            said = ("advertises secure=0 (no TLS and bearer token)" if s.secure is False
-                    else "does not advertise whether it is secure (a server from before the 'secure' key)")
-            msg = (f"finder: cloud {s.name!r} at {address} {said}: requests sent to it may travel unencrypted "
-                   "and anyone on the network may use or impersonate it")
+            said = (
+                "advertises secure=0 (no TLS and bearer token)"
+                if s.secure is False
+                else "does not advertise whether it is secure (a server from before the 'secure' key)"
+            )
+            msg = (
+                f"finder: cloud {s.name!r} at {address} {said}: requests sent to it may travel unencrypted "
+                "and anyone on the network may use or impersonate it"
+            )
             self.warnings[address] = msg
             log.warning("%s", msg)
 

@@ -35,8 +35,9 @@ class Prober:
     config and estimators are read through ``dev`` on every round, not kept: the rig swaps ``dev.load``
     after construction. ``after_round`` runs after each round of the background thread."""
 
-    def __init__(self, dev: AdaptiveDevice, clouds: Clouds, *, lock: threading.RLock,
-                 after_round: Callable[[], None]) -> None:
+    def __init__(
+        self, dev: AdaptiveDevice, clouds: Clouds, *, lock: threading.RLock, after_round: Callable[[], None]
+    ) -> None:
         self.dev = dev
         self.clouds = clouds
         self._lock = lock
@@ -85,14 +86,14 @@ class Prober:
         if not c.up and now < c.retry_at_s:
             return
         with self._lock:
-            due, self._state = observe.probe_due(dev.link, self._state, now, up=c.up,
-                                                 link_busy=self.clouds.inflight > 0)
+            due, self._state = observe.probe_due(
+                dev.link, self._state, now, up=c.up, link_busy=self.clouds.inflight > 0
+            )
         if not due:
             return
         # An RTT probe (tiny: the transfer time must not count as RTT) ...
         try:
-            pr = c.device.probe(observe.RTT_PROBE_BYTES, observe.RTT_PROBE_BYTES,
-                                timeout_s=dev.config.probe_timeout_s)
+            pr = c.device.probe(observe.RTT_PROBE_BYTES, observe.RTT_PROBE_BYTES, timeout_s=dev.config.probe_timeout_s)
         except CloudError as exc:
             self.clouds.mark_failed(c, now, exc)
             return
@@ -101,14 +102,20 @@ class Prober:
         with self._lock:
             c.add_load(now, pr.load, own=False)  # the queue ages out between requests; probes refresh it
             c.rtt_ms = pr.seconds * 1e3 if c.rtt_ms is None else 0.7 * c.rtt_ms + 0.3 * pr.seconds * 1e3
-            observe.observe_probe(dev.link, observe.ProbeObservation(
-                bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=pr.seconds), now)
+            observe.observe_probe(
+                dev.link,
+                observe.ProbeObservation(
+                    bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=pr.seconds
+                ),
+                now,
+            )
             # ... then a bandwidth probe, when no transfer refreshed bandwidth
             bw = None if was_down else observe.bandwidth_probe(dev.link, now)
         if bw is None:
             return
-        timeout_s = max(dev.config.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(
-            dev.link.bandwidth_mbps(), 0.01) + bw.rtt_s))
+        timeout_s = max(
+            dev.config.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(dev.link.bandwidth_mbps(), 0.01) + bw.rtt_s)
+        )
         try:
             pb = c.device.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
             if observe.probe_twice(pairs=self.pairs, link_busy=self.clouds.inflight > 0):
@@ -116,11 +123,15 @@ class Prober:
         except CloudError as exc:
             if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
                 with self._lock:
-                    observe.observe_probe_timeout(dev.link, observe.ProbeTimeout(
-                        bytes_up=bw.bytes_up, timeout_s=timeout_s), dev.clock())
+                    observe.observe_probe_timeout(
+                        dev.link, observe.ProbeTimeout(bytes_up=bw.bytes_up, timeout_s=timeout_s), dev.clock()
+                    )
             else:
                 self.clouds.mark_failed(c, now, exc)
             return
         with self._lock:
-            observe.observe_probe(dev.link, observe.ProbeObservation(
-                bytes_up=pb.up_bytes, bytes_down=pb.down_bytes, seconds=pb.seconds), dev.clock())
+            observe.observe_probe(
+                dev.link,
+                observe.ProbeObservation(bytes_up=pb.up_bytes, bytes_down=pb.down_bytes, seconds=pb.seconds),
+                dev.clock(),
+            )

@@ -117,12 +117,20 @@ class _ShapePlans:
     one is built once, under its own lock (re-binding the graph takes 10-100 ms: requests at known
     shapes must not wait for it)."""
 
-    def __init__(self, graph: Any, table: CostTable, make: Callable[[CostTable], tuple[Controller, Policy]], *,
-                 profiled: Signature | None, size: int) -> None:
+    def __init__(
+        self,
+        graph: Any,
+        table: CostTable,
+        make: Callable[[CostTable], tuple[Controller, Policy]],
+        *,
+        profiled: Signature | None,
+        size: int,
+    ) -> None:
         self.graph, self.table, self.make, self.size = graph, table, make, size
         controller, policy = make(table)
-        self.profiled = ShapePlan(signature=profiled or (), table=table, controller=controller, policy=policy,
-                                  source="profiled")
+        self.profiled = ShapePlan(
+            signature=profiled or (), table=table, controller=controller, policy=policy, source="profiled"
+        )
         self.known = profiled is not None  # else the first request's signature is taken as the profiled one
         self.last = self.profiled
         self.built = 0
@@ -221,8 +229,13 @@ class AdaptiveDevice:
             return controller, Policy(self.config.policy, controller)
 
         profiled = table_shapes if table_shapes is not None else self.graph.input_shapes
-        self._shapes = _ShapePlans(self.graph, table, make, size=self.config.max_shapes,
-                                   profiled=reshape.signature(profiled) if profiled is not None else None)
+        self._shapes = _ShapePlans(
+            self.graph,
+            table,
+            make,
+            size=self.config.max_shapes,
+            profiled=reshape.signature(profiled) if profiled is not None else None,
+        )
         # The profiled shape's planning state (other shapes get their own: ``shape_plans``).
         self.controller, self.policy = self._shapes.profiled.controller, self._shapes.profiled.policy
         self.link = LinkEstimator(self.config.link)
@@ -230,14 +243,28 @@ class AdaptiveDevice:
         self.clock = clock
         self.log = log
         self._lock = threading.RLock()
-        self._clouds = Clouds(self.graph, self.device_config, backoff_initial_s=self.config.backoff_initial_s,
-                              backoff_max_s=self.config.backoff_max_s, lock=self._lock, connect=connect)
+        self._clouds = Clouds(
+            self.graph,
+            self.device_config,
+            backoff_initial_s=self.config.backoff_initial_s,
+            backoff_max_s=self.config.backoff_max_s,
+            lock=self._lock,
+            connect=connect,
+        )
         self._balancer = Balancer(self.config.balance)
         self.set_clouds(clouds)
         self._warm_due = False
         self._closing = threading.Event()
-        self.stats = {"completed": 0, "failed": 0, "fallbacks": 0, "switches": 0, "local_errors": 0,
-                      "shape_tables": 0, "refused": 0, "diverged": 0}
+        self.stats = {
+            "completed": 0,
+            "failed": 0,
+            "fallbacks": 0,
+            "switches": 0,
+            "local_errors": 0,
+            "shape_tables": 0,
+            "refused": 0,
+            "diverged": 0,
+        }
         self.last_local_error = ""
         self.last_diverged = ""  # why the last request could not be split (a specialised graph's guard)
         self.prober = Prober(self, self._clouds, lock=self._lock, after_round=self._warm_if_due)
@@ -271,8 +298,9 @@ class AdaptiveDevice:
         return held.table if held is not None else self._shapes.table_at(sig or ())[0]
 
     # -- one request -------------------------------------------------------------------------------
-    def infer(self, inputs: Mapping[str, Any], *, request: str | None = None,
-              deadline_ms: float | None = None) -> Outcome:
+    def infer(
+        self, inputs: Mapping[str, Any], *, request: str | None = None, deadline_ms: float | None = None
+    ) -> Outcome:
         """Outputs for ``inputs``; raises only for bad inputs (``InputError``), never for the cloud."""
         rid = request or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
@@ -296,14 +324,27 @@ class AdaptiveDevice:
         # this shape (another shape's times would read as a speed change).
         measured = result.total_ms if cut == DEVICE_CUT else head.head_ms
         with self._lock:
-            observe.observe_local(self.load, observe.LocalRun(
-                measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])), self.clock())
+            observe.observe_local(
+                self.load,
+                observe.LocalRun(measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])),
+                self.clock(),
+            )
         latency = (time.perf_counter() - t0) * 1e3
-        decision = replace(decision, actual_ms=latency, fallback=fallback, server=server,
-                           extra={**decision.extra, "model": self.graph.sha256[:16], "policy": self.config.policy,
-                                  "shape": reshape.signature_json(sp.signature), "table": sp.source,
-                                  **({"balance": choice.to_json()} if len(live) > 1 else {}),
-                                  **({"fallback_reason": why} if why else {})})
+        decision = replace(
+            decision,
+            actual_ms=latency,
+            fallback=fallback,
+            server=server,
+            extra={
+                **decision.extra,
+                "model": self.graph.sha256[:16],
+                "policy": self.config.policy,
+                "shape": reshape.signature_json(sp.signature),
+                "table": sp.source,
+                **({"balance": choice.to_json()} if len(live) > 1 else {}),
+                **({"fallback_reason": why} if why else {}),
+            },
+        )
         with self._lock:
             self.stats["shape_tables"] = self._shapes.built
             self.stats["completed"] += 1
@@ -314,8 +355,17 @@ class AdaptiveDevice:
                 self.log.write(decision.to_json() + "\n")
                 self.log.flush()
         self._warm_due = True
-        return Outcome(request=rid, outputs=result.outputs, plan=decision.plan, latency_ms=latency,
-                       fallback=fallback, server=server, decision=decision, result=result, fallback_reason=why or "")
+        return Outcome(
+            request=rid,
+            outputs=result.outputs,
+            plan=decision.plan,
+            latency_ms=latency,
+            fallback=fallback,
+            server=server,
+            decision=decision,
+            result=result,
+            fallback_reason=why or "",
+        )
 
     def _original(self, feeds: Mapping[str, Any], rid: str, t0: float, why: str) -> Outcome:
         """The whole original model here, for a request the specialised graph is wrong for; said in
@@ -323,30 +373,65 @@ class AdaptiveDevice:
         result = self.local.run_original(feeds, request_id=rid)
         latency = (time.perf_counter() - t0) * 1e3
         # Not the controller's decision (it was not asked, nor is it logged: replays stay exact).
-        decision = Decision(t_s=self.clock(), request=rid, bandwidth_mbps=0.0, rtt_ms=0.0, confidence=0.0,
-                            device_load=1.0, cloud_load=1.0, cloud_available=False, previous=None, plan=DEVICE_CUT,
-                            best=DEVICE_CUT, predicted_ms=0.0, objective_value=0.0, switched=False,
-                            reason=f"diverged: {why}", actual_ms=latency, fallback=True,
-                            extra={"model": self.graph.sha256[:16], "diverged": why, "fallback_reason": why})
+        decision = Decision(
+            t_s=self.clock(),
+            request=rid,
+            bandwidth_mbps=0.0,
+            rtt_ms=0.0,
+            confidence=0.0,
+            device_load=1.0,
+            cloud_load=1.0,
+            cloud_available=False,
+            previous=None,
+            plan=DEVICE_CUT,
+            best=DEVICE_CUT,
+            predicted_ms=0.0,
+            objective_value=0.0,
+            switched=False,
+            reason=f"diverged: {why}",
+            actual_ms=latency,
+            fallback=True,
+            extra={"model": self.graph.sha256[:16], "diverged": why, "fallback_reason": why},
+        )
         with self._lock:
             self.stats["completed"] += 1
             self.stats["fallbacks"] += 1
             self.stats["diverged"] += 1
             self.last_diverged = why
-        return Outcome(request=rid, outputs=result.outputs, plan=DEVICE_CUT, latency_ms=latency, fallback=True,
-                       server=None, decision=decision, result=result, fallback_reason=f"diverged: {why}")
+        return Outcome(
+            request=rid,
+            outputs=result.outputs,
+            plan=DEVICE_CUT,
+            latency_ms=latency,
+            fallback=True,
+            server=None,
+            decision=decision,
+            result=result,
+            fallback_reason=f"diverged: {why}",
+        )
 
-    def _finish(self, table: CostTable, head: HeadResult, cut: str, codec: str, live: list[Cloud], t0: float,
-                deadline_ms: float, now: float) -> tuple[SplitResult, str | None, str | None]:  # why: a fallback
+    def _finish(
+        self,
+        table: CostTable,
+        head: HeadResult,
+        cut: str,
+        codec: str,
+        live: list[Cloud],
+        t0: float,
+        deadline_ms: float,
+        now: float,
+    ) -> tuple[SplitResult, str | None, str | None]:  # why: a fallback
         if cut == DEVICE_CUT:
             return self.local.finish_locally(head), None, None
         why: list[str] = [] if live else ["no cloud available"]
         # Keep enough of the deadline to run the tail here if the cloud does not answer in time.
-        local_tail_ms = float(table.head_ms[table.index(DEVICE_CUT)] - table.head_ms[
-            table.index(cut)]) * max(1.0, self.load.estimate(now).device_factor)
+        local_tail_ms = float(table.head_ms[table.index(DEVICE_CUT)] - table.head_ms[table.index(cut)]) * max(
+            1.0, self.load.estimate(now).device_factor
+        )
         for cloud in live:
-            timeout_ms = rpc_timeout_ms(deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3,
-                                        local_finish_ms=local_tail_ms)
+            timeout_ms = rpc_timeout_ms(
+                deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_tail_ms
+            )
             if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
                 why.append(f"no time left for {cloud.address} within the deadline of {deadline_ms:g} ms")
                 break
@@ -381,10 +466,18 @@ class AdaptiveDevice:
         with self._lock:
             # The wait for a worker is the plan's queue term (``cloud.queue``, fed by the reply's load
             # report), not the tail's factor: it does not scale with the cut's tail (queue_wait_s=0).
-            observe.observe_reply(observe.ReplyObservation(
-                bytes_up=res.bytes_up, bytes_down=res.bytes_down, net_s=res.network_ms / 1e3,
-                tail_s=res.tail_ms / 1e3, profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3),
-                now, link=self.link, load=self.load)
+            observe.observe_reply(
+                observe.ReplyObservation(
+                    bytes_up=res.bytes_up,
+                    bytes_down=res.bytes_down,
+                    net_s=res.network_ms / 1e3,
+                    tail_s=res.tail_ms / 1e3,
+                    profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
+                ),
+                now,
+                link=self.link,
+                load=self.load,
+            )
             if res.load is not None:
                 cloud.add_load(now, res.load, own=True)
 
@@ -415,11 +508,17 @@ class AdaptiveDevice:
             load = self.load.estimate(now)
             last = self._shapes.last
             return {
-                "plan": last.controller.current, "policy": self.config.policy,
-                "shape": reshape.signature_json(last.signature), "shape_plans": len(self.shape_plans()),
-                "bandwidth_mbps": est.bandwidth_mbps, "rtt_ms": est.rtt_ms, "confidence": est.confidence,
-                "device_load": load.device_factor, "cloud_load": load.cloud_factor,
-                "clouds": self.clouds(), **self.stats,
+                "plan": last.controller.current,
+                "policy": self.config.policy,
+                "shape": reshape.signature_json(last.signature),
+                "shape_plans": len(self.shape_plans()),
+                "bandwidth_mbps": est.bandwidth_mbps,
+                "rtt_ms": est.rtt_ms,
+                "confidence": est.confidence,
+                "device_load": load.device_factor,
+                "cloud_load": load.cloud_factor,
+                "clouds": self.clouds(),
+                **self.stats,
             }
 
     def close(self) -> None:

@@ -30,8 +30,9 @@ class ModelUploader:
     """The model check and upload of one ``Device``: ``path``/``sha256`` its model, ``link()`` its transport
     (opened on first use), ``cloud()`` the cloud's name in messages and in the upload key."""
 
-    def __init__(self, *, path: Path, sha256: str, config: DeviceConfig, link: Callable[[], Transport],
-                 cloud: Callable[[], str]) -> None:
+    def __init__(
+        self, *, path: Path, sha256: str, config: DeviceConfig, link: Callable[[], Transport], cloud: Callable[[], str]
+    ) -> None:
         self.path = path
         self.sha256 = sha256
         self.config = config
@@ -48,14 +49,15 @@ class ModelUploader:
         data = self.path.read_bytes()
         sha = hashlib.sha256(data).hexdigest()
         if sha != self.sha256:
-            raise CloudError(f"model file {self.path} changed: expected sha256 {self.sha256}, got {sha}",
-                             code="FAILED_PRECONDITION")
+            raise CloudError(
+                f"model file {self.path} changed: expected sha256 {self.sha256}, got {sha}", code="FAILED_PRECONDITION"
+            )
         step = self.config.upload_chunk_bytes
 
         def chunks() -> Iterator[pb.ModelChunk]:
             yield pb.ModelChunk(sha256=sha, name=self.path.name, total_bytes=len(data), data=data[:step])
             for i in range(step, len(data), step):
-                yield pb.ModelChunk(data=data[i:i + step])
+                yield pb.ModelChunk(data=data[i : i + step])
 
         return self._link().put_model(chunks(), timeout_s=timeout_s or self.config.upload_timeout_s)
 
@@ -66,8 +68,11 @@ class ModelUploader:
         now = time.monotonic()
         failed = self._failed
         if failed is not None and now < failed[0] and not force:
-            raise CloudError(f"{failed[1]} (remembered for {failed[0] - now:.2f} s more)",
-                             code=failed[1].code, retryable=failed[1].retryable)
+            raise CloudError(
+                f"{failed[1]} (remembered for {failed[0] - now:.2f} s more)",
+                code=failed[1].code,
+                retryable=failed[1].retryable,
+            )
         try:
             self._ensure(timeout_s, wait_upload)
         except CloudError as exc:
@@ -85,8 +90,11 @@ class ModelUploader:
         cloud = self._cloud()
         if not (self.config.upload and st.allow_upload):
             why = "uploads disabled on this device" if not self.config.upload else "server refuses uploads"
-            raise CloudError(f"cloud {cloud} lacks model {self.sha256[:12]} ({self.path}) and {why}",
-                             code="NOT_FOUND", retryable=False)
+            raise CloudError(
+                f"cloud {cloud} lacks model {self.sha256[:12]} ({self.path}) and {why}",
+                code="NOT_FOUND",
+                retryable=False,
+            )
         if wait_upload:
             self.upload()
             return
@@ -94,21 +102,28 @@ class ModelUploader:
         with _UPLOADS_LOCK:
             running = _UPLOADS.get(key)
             if running is None or not running.is_alive():
-                running = threading.Thread(target=self._background, args=(key,), daemon=True,
-                                           name=f"splitrt-upload-{self.sha256[:8]}")
+                running = threading.Thread(
+                    target=self._background, args=(key,), daemon=True, name=f"splitrt-upload-{self.sha256[:8]}"
+                )
                 _UPLOADS[key] = running
                 running.start()
-        raise CloudError(f"cloud {cloud} lacks model {self.sha256[:12]} ({self.path}): expected it "
-                         "there, got an upload in progress (in the background; retry later)",
-                         code="UNAVAILABLE", retryable=True)
+        raise CloudError(
+            f"cloud {cloud} lacks model {self.sha256[:12]} ({self.path}): expected it "
+            "there, got an upload in progress (in the background; retry later)",
+            code="UNAVAILABLE",
+            retryable=True,
+        )
 
     def _background(self, key: tuple[str, str]) -> None:
         try:
             self.upload()
         except Exception as exc:  # CloudError, or the channel closed under us: the next check retries
             with self._lock:
-                err = exc if isinstance(exc, CloudError) else CloudError(
-                    f"upload of {self.path} to {self._cloud()} failed: {exc}", code="UNAVAILABLE")
+                err = (
+                    exc
+                    if isinstance(exc, CloudError)
+                    else CloudError(f"upload of {self.path} to {self._cloud()} failed: {exc}", code="UNAVAILABLE")
+                )
                 self._failed = (time.monotonic() + self.config.check_backoff_s, err)
         else:
             with self._lock:

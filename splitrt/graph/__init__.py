@@ -12,9 +12,19 @@ if TYPE_CHECKING:
     from splitrt.graph.partition import Segment, SegmentCache, head_tail, split
 
 _NAMES = {
-    "Cut": "model", "ModelGraph": "model", "TensorInfo": "model", "load": "model", "model_sha256": "model",
-    "parse_cut_ids": "model", "Segment": "partition", "SegmentCache": "partition", "head_tail": "partition",
-    "split": "partition", "model": "", "partition": "", "zoo": "",
+    "Cut": "model",
+    "ModelGraph": "model",
+    "TensorInfo": "model",
+    "load": "model",
+    "model_sha256": "model",
+    "parse_cut_ids": "model",
+    "Segment": "partition",
+    "SegmentCache": "partition",
+    "head_tail": "partition",
+    "split": "partition",
+    "model": "",
+    "partition": "",
+    "zoo": "",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES, legacy="model")

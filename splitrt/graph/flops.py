@@ -21,24 +21,96 @@ Shape = Sequence[int | str] | None
 ShapeOf = Callable[[str], Shape]
 
 # Layout, indexing and metadata: no arithmetic on the elements.
-ZERO_COST = frozenset({
-    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Shape", "Size", "Constant",
-    "ConstantOfShape", "Gather", "GatherElements", "GatherND", "Slice", "Concat", "Split", "SplitToSequence",
-    "Expand", "Tile", "Pad", "Range", "Dropout", "DepthToSpace", "SpaceToDepth", "ScatterND", "ScatterElements",
-    "Scatter", "EyeLike", "Optional", "OptionalGetElement", "OptionalHasElement", "SequenceAt",
-    "SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceLength", "ConcatFromSequence",
-    "Compress", "NonZero", "OneHot", "Trilu",
-})
+ZERO_COST = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Transpose",
+        "Shape",
+        "Size",
+        "Constant",
+        "ConstantOfShape",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Slice",
+        "Concat",
+        "Split",
+        "SplitToSequence",
+        "Expand",
+        "Tile",
+        "Pad",
+        "Range",
+        "Dropout",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "ScatterND",
+        "ScatterElements",
+        "Scatter",
+        "EyeLike",
+        "Optional",
+        "OptionalGetElement",
+        "OptionalHasElement",
+        "SequenceAt",
+        "SequenceConstruct",
+        "SequenceEmpty",
+        "SequenceInsert",
+        "SequenceLength",
+        "ConcatFromSequence",
+        "Compress",
+        "NonZero",
+        "OneHot",
+        "Trilu",
+    }
+)
 # FLOPs per output element, for ops dearer than one arithmetic operation an element.
 _PER_ELEMENT = {
-    "Sigmoid": 4, "Tanh": 6, "Erf": 6, "Exp": 4, "Log": 4, "Sqrt": 2, "Pow": 4, "Gelu": 8, "FastGelu": 8,
-    "BiasGelu": 9, "QuickGelu": 5, "HardSwish": 4, "HardSigmoid": 3, "Swish": 5, "Mish": 10, "Softplus": 5,
-    "Elu": 4, "Selu": 4, "Celu": 4, "Softmax": 5, "LogSoftmax": 6, "Hardmax": 2, "Clip": 2,
-    "BatchNormalization": 2, "InstanceNormalization": 5, "LayerNormalization": 8, "SimplifiedLayerNormalization": 6,
-    "SkipLayerNormalization": 9, "SkipSimplifiedLayerNormalization": 7, "GroupNormalization": 5,
-    "LpNormalization": 3, "MeanVarianceNormalization": 5, "RMSNormalization": 6,
-    "QuantizeLinear": 3, "DequantizeLinear": 2, "DynamicQuantizeLinear": 4, "Resize": 4, "Upsample": 4,
-    "GridSample": 8, "Sin": 6, "Cos": 6, "Reciprocal": 2, "Div": 2,
+    "Sigmoid": 4,
+    "Tanh": 6,
+    "Erf": 6,
+    "Exp": 4,
+    "Log": 4,
+    "Sqrt": 2,
+    "Pow": 4,
+    "Gelu": 8,
+    "FastGelu": 8,
+    "BiasGelu": 9,
+    "QuickGelu": 5,
+    "HardSwish": 4,
+    "HardSigmoid": 3,
+    "Swish": 5,
+    "Mish": 10,
+    "Softplus": 5,
+    "Elu": 4,
+    "Selu": 4,
+    "Celu": 4,
+    "Softmax": 5,
+    "LogSoftmax": 6,
+    "Hardmax": 2,
+    "Clip": 2,
+    "BatchNormalization": 2,
+    "InstanceNormalization": 5,
+    "LayerNormalization": 8,
+    "SimplifiedLayerNormalization": 6,
+    "SkipLayerNormalization": 9,
+    "SkipSimplifiedLayerNormalization": 7,
+    "GroupNormalization": 5,
+    "LpNormalization": 3,
+    "MeanVarianceNormalization": 5,
+    "RMSNormalization": 6,
+    "QuantizeLinear": 3,
+    "DequantizeLinear": 2,
+    "DynamicQuantizeLinear": 4,
+    "Resize": 4,
+    "Upsample": 4,
+    "GridSample": 8,
+    "Sin": 6,
+    "Cos": 6,
+    "Reciprocal": 2,
+    "Div": 2,
 }
 _GATES = {"LSTM": 4, "DynamicQuantizeLSTM": 4, "GRU": 3, "RNN": 1}
 # Elementwise work per gate and hidden unit and step (activations, the cell update).
@@ -85,8 +157,23 @@ def node_flops(node: onnx.NodeProto, shape_of: ShapeOf) -> float:
             if op == "ConvTranspose":
                 return 2.0 * _numel(shape_of(node.input[0])) * _numel(w[1:])
             return 2.0 * _numel(out) * _numel(w[1:])
-    if op in ("Gemm", "MatMul", "MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
-              "FusedMatMul", "QGemm", "MatMulNBits", "MatMulFpQ4", "QAttention") and node.input:
+    if (
+        op
+        in (
+            "Gemm",
+            "MatMul",
+            "MatMulInteger",
+            "QLinearMatMul",
+            "MatMulIntegerToFloat",
+            "DynamicQuantizeMatMul",
+            "FusedMatMul",
+            "QGemm",
+            "MatMulNBits",
+            "MatMulFpQ4",
+            "QAttention",
+        )
+        and node.input
+    ):
         a = shape_of(node.input[0])
         if a is not None and len(a) > 0:
             k = _dim(a, 0) if op == "Gemm" and _attr(node, "transA", 0) else _dim(a, -1)
@@ -138,8 +225,7 @@ def _einsum(node: onnx.NodeProto, shape_of: ShapeOf) -> float:
         n_ell = len(shape) - len(labels) if "..." in term else 0
         before = term.split("...")[0] if "..." in term else term
         # Ellipsis dims get labels of their own, aligned from the right like broadcasting.
-        full = list(before) + [f"...{i}" for i in range(n_ell)] + (list(term.split("...")[1]) if "..." in term
-                                                                   else [])
+        full = list(before) + [f"...{i}" for i in range(n_ell)] + (list(term.split("...")[1]) if "..." in term else [])
         for lab, i in zip(full, range(len(shape)), strict=False):
             if lab.startswith("..."):
                 lab = f"...{n_ell - 1 - int(lab[3:])}"
@@ -185,8 +271,9 @@ def graph_flops(g: onnx.GraphProto, outer: ShapeOf) -> float:
     own: dict[str, Shape] = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            own[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                                 for d in vi.type.tensor_type.shape.dim)
+            own[vi.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in vi.type.tensor_type.shape.dim
+            )
     for init in g.initializer:
         own[init.name] = tuple(init.dims)
 

@@ -52,8 +52,13 @@ class TensorInfo:
     source: str = "static"
 
     def as_dict(self) -> dict[str, object]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape or ()), "bytes": self.bytes,
-                "sized_by": self.source if self.bytes >= 0 else "unknown"}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape or ()),
+            "bytes": self.bytes,
+            "sized_by": self.source if self.bytes >= 0 else "unknown",
+        }
 
 
 @dataclass(frozen=True)
@@ -228,8 +233,9 @@ def model_sha256(path: Path, model: onnx.ModelProto | None = None) -> str:
     return h.hexdigest()
 
 
-def load(path: str | Path, binding: ShapeBinding | None = None, *,
-         notice: Callable[[str], None] | None = None) -> ModelGraph:
+def load(
+    path: str | Path, binding: ShapeBinding | None = None, *, notice: Callable[[str], None] | None = None
+) -> ModelGraph:
     """Load ``path``, normalise it and build its DAG. Raises ``ModelError`` naming file and cause.
 
     With a ``binding`` (``--shape/--dim/--sample``; an empty one binds only a leading free dim, to 1,
@@ -257,8 +263,15 @@ def load(path: str | Path, binding: ShapeBinding | None = None, *,
     return from_proto(model, path=p, sha256=sha, binding=binding, notice=notice, own=True)
 
 
-def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str, binding: ShapeBinding | None = None,
-               notice: Callable[[str], None] | None = None, own: bool = False) -> ModelGraph:
+def from_proto(
+    model: onnx.ModelProto,
+    *,
+    path: Path,
+    sha256: str,
+    binding: ShapeBinding | None = None,
+    notice: Callable[[str], None] | None = None,
+    own: bool = False,
+) -> ModelGraph:
     """``own``: the caller gives ``model`` away (normalised in place: one copy of the weights less)."""
     if not model.graph.node and not model.graph.output:
         raise ModelError(f"{path}: not an ONNX model (no graph nodes or outputs; truncated or other file?)")
@@ -272,8 +285,9 @@ def from_proto(model: onnx.ModelProto, *, path: Path, sha256: str, binding: Shap
         from splitrt.graph import specialise
 
         at = shapes.resolve(path.name, list(model.graph.input), binding)
-        specialised, spec = specialise.specialise(model, base_sha256=sha256, sample=binding.sample, shapes=at,
-                                                  normalise=normalise)
+        specialised, spec = specialise.specialise(
+            model, base_sha256=sha256, sample=binding.sample, shapes=at, normalise=normalise
+        )
         if spec is not None:
             model, sha256 = _infer(normalise(specialised), path), spec.sha256
     mg = _build(model, path=path, sha256=sha256)
@@ -325,20 +339,26 @@ def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] |
     mg.input_shapes, defaults = shapes.resolve_with_defaults(name, list(g.input), binding, notice=notice)
     spec = mg.specialisation.as_dict() if mg.specialisation is not None else None
     mg.binding = dataclasses.replace(binding, defaults=defaults, specialised=spec) if defaults or spec else binding
-    fully_static = all(t.bytes >= 0 and t.shape is not None and all(isinstance(d, int) for d in t.shape)
-                       for t in mg._tensors.values())
+    fully_static = all(
+        t.bytes >= 0 and t.shape is not None and all(isinstance(d, int) for d in t.shape) for t in mg._tensors.values()
+    )
     if fully_static and binding.sample is None:
         return
-    generic = {k: (v if v is not None and all(isinstance(d, int) for d in v) else None)
-               for k, v in mg.generic.items()}
-    sized = shapes.size_tensors(mg.model, generic, mg.input_shapes, binding.sample,  # type: ignore[arg-type]
-                                model_name=name)
+    generic = {k: (v if v is not None and all(isinstance(d, int) for d in v) else None) for k, v in mg.generic.items()}
+    sized = shapes.size_tensors(
+        mg.model,
+        generic,  # type: ignore[arg-type]
+        mg.input_shapes,
+        binding.sample,
+        model_name=name,
+    )
     for t, info in sized.items():
         if t in mg._tensors and t not in mg.initializer_names:
             itemsize = np.dtype(info.dtype).itemsize if info.dtype not in ("unknown", "object") else -1
             count = int(np.prod(info.shape, dtype=np.int64))
-            mg._tensors[t] = TensorInfo(t, info.dtype, info.shape, count * itemsize if itemsize > 0 else -1,
-                                        info.source)
+            mg._tensors[t] = TensorInfo(
+                t, info.dtype, info.shape, count * itemsize if itemsize > 0 else -1, info.source
+            )
             # Segments declare what crosses with its rank (no declaration reads as rank 0 in onnxruntime),
             # and a graph output's declaration the measurement contradicts is corrected.
             mg.generic[t] = shapes.declaration(t, mg.generic.get(t), info.shape)
@@ -438,8 +458,7 @@ def _fold_constants(m: onnx.ModelProto) -> None:
                 node.input
                 and all(i == "" or i in consts for i in node.input)
                 and node.op_type not in _NONDETERMINISTIC
-                and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                            for a in node.attribute)
+                and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
             ):
                 folded = _evaluate(node, consts, m)
         if folded is None:
@@ -487,8 +506,7 @@ def _evaluate(
             return None
         feeds = {i: numpy_helper.to_array(consts[i]) for i in node.input if i}
         inputs = [helper.make_tensor_value_info(k, consts[k].data_type, None) for k in feeds]
-        outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
-                   for o in node.output if o]
+        outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o]
         g = helper.make_graph([node], "fold", inputs, outputs)
         single = helper.make_model(g, opset_imports=list(m.opset_import))
         results = ReferenceEvaluator(single).run(None, feeds)
@@ -505,8 +523,13 @@ def _output_elements(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto], 
     or None when it cannot (then the node is not folded: nothing computes an unbounded size)."""
     names = [i for i in node.input if i]
     outs = [o for o in node.output if o]
-    g = helper.make_graph([node], "bound", [], [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
-                                                for o in outs], [consts[i] for i in dict.fromkeys(names)])
+    g = helper.make_graph(
+        [node],
+        "bound",
+        [],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
+        [consts[i] for i in dict.fromkeys(names)],
+    )
     single = helper.make_model(g, opset_imports=list(m.opset_import))
     single.ir_version = max(m.ir_version, 4)
     inferred = shape_inference.infer_shapes(single, strict_mode=False, data_prop=True)
@@ -609,8 +632,10 @@ def _declared(vi: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return None
-    return tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
-                 else (d.dim_param or None) for d in tt.shape.dim)
+    return tuple(
+        int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+        for d in tt.shape.dim
+    )
 
 
 def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
@@ -627,8 +652,9 @@ def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
     inits = {i.name for i in g.initializer}
     for init in g.initializer:  # weights: shapes for FLOPs; never cross, so bytes stay informative only
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
-        tensors[init.name] = TensorInfo(init.name, dt.name, tuple(int(d) for d in init.dims),
-                                        int(np.prod(init.dims, dtype=np.int64)) * dt.itemsize)
+        tensors[init.name] = TensorInfo(
+            init.name, dt.name, tuple(int(d) for d in init.dims), int(np.prod(init.dims, dtype=np.int64)) * dt.itemsize
+        )
     nodes = list(g.node)
     producer: dict[str, int] = {}
     for idx, n in enumerate(nodes):
@@ -721,8 +747,9 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
             in_head = in_mask.__getitem__
         # A graph output the head made (or a graph input) stays on the device unless a tail node reads it.
         kept = tuple(o for o in outputs if o not in mg.producer or in_head(mg.producer[o]))
-        infos = tuple(mg.tensor(t) for t in names
-                      if t not in outputs or any(not in_head(c) for c in mg.consumers.get(t, ())))
+        infos = tuple(
+            mg.tensor(t) for t in names if t not in outputs or any(not in_head(c) for c in mg.consumers.get(t, ()))
+        )
         if count == 0:
             cid = "cloud"
         elif count == n and kind == 0:
@@ -730,14 +757,24 @@ def _enumerate_cuts(mg: ModelGraph) -> list[Cut]:
         else:
             counter += 1
             cid = f"c{counter}"
-        cuts.append(Cut(id=cid, tensors=infos, bytes=sum(max(t.bytes, 0) for t in infos), head_nodes=count,
-                        head_flops_fraction=head_flops / total_flops, mask_of=mask_of, kept=kept,
-                        reply_bytes=sum(max(t.bytes, 0) for name, t in outputs.items() if name not in kept)))
+        cuts.append(
+            Cut(
+                id=cid,
+                tensors=infos,
+                bytes=sum(max(t.bytes, 0) for t in infos),
+                head_nodes=count,
+                head_flops_fraction=head_flops / total_flops,
+                mask_of=mask_of,
+                kept=kept,
+                reply_bytes=sum(max(t.bytes, 0) for name, t in outputs.items() if name not in kept),
+            )
+        )
     return cuts
 
 
-def _prefix_heads(mg: ModelGraph, consumers: dict[str, list[int]], input_names: list[str],
-                  out_names: list[str]) -> list[list[str]]:
+def _prefix_heads(
+    mg: ModelGraph, consumers: dict[str, list[int]], input_names: list[str], out_names: list[str]
+) -> list[list[str]]:
     """The crossing tensors of every prefix of the topological order (index = prefix length): ``live``
     holds the tensors available in the head that still have a consumer in the tail (or are outputs)."""
     remaining: dict[str, int] = {t: len(cs) for t, cs in consumers.items()}
@@ -760,8 +797,9 @@ def _prefix_heads(mg: ModelGraph, consumers: dict[str, list[int]], input_names: 
     return heads
 
 
-def _single_tensor_heads(mg: ModelGraph, consumers: dict[str, list[int]], input_names: list[str],
-                         pred_nodes: list[list[int]]) -> dict[int, tuple[int, int, str]]:
+def _single_tensor_heads(
+    mg: ModelGraph, consumers: dict[str, list[int]], input_names: list[str], pred_nodes: list[list[int]]
+) -> dict[int, tuple[int, int, str]]:
     """Nodes p whose ancestors form a single-tensor cut that is not a prefix: p -> (head size, lowest
     node not in the head, the crossing tensor). Bitsets anc(p) (inclusive), S(p) (successors of strict
     ancestors) and succ(p) live from p until p's last successor."""
@@ -785,8 +823,12 @@ def _single_tensor_heads(mg: ModelGraph, consumers: dict[str, list[int]], input_
         succ[p] = sum(1 << c for c in {c for o in outs[p] for c in consumers[o]})
         # Not a prefix (those are cuts already), nothing leaves the head but p's one live output, and no
         # graph input used outside the head (it would cross too).
-        if (a & (a + 1)) != 0 and not (s & ~a) and len(outs[p]) == 1 and not any(
-                not (a >> c) & 1 for i in input_names for c in consumers[i]):
+        if (
+            (a & (a + 1)) != 0
+            and not (s & ~a)
+            and len(outs[p]) == 1
+            and not any(not (a >> c) & 1 for i in input_names for c in consumers[i])
+        ):
             found[p] = (a.bit_count(), _lowest_missing(a), outs[p][0])
         for r in [*pred_nodes[p], p]:
             if last_use[r] == p:
@@ -810,6 +852,7 @@ def _ancestors_mask(pred_nodes: list[list[int]], p: int) -> Callable[[], int]:
         bits = np.zeros(len(pred_nodes) + 1, dtype=np.uint8)
         bits[list(seen)] = 1
         return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
+
     return mask
 
 

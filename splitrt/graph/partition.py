@@ -48,8 +48,14 @@ def declared_inputs(model: onnx.ModelProto) -> list[tuple[str, str, Declared]]:
     for vi in model.graph.input:
         tt = vi.type.tensor_type
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
-        shape = (tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
-                       for d in tt.shape.dim) if tt.HasField("shape") else None)
+        shape = (
+            tuple(
+                int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+                for d in tt.shape.dim
+            )
+            if tt.HasField("shape")
+            else None
+        )
         out.append((vi.name, dtype, shape))
     return out
 
@@ -63,9 +69,7 @@ def chain(graph: ModelGraph, cut_ids: Sequence[str]) -> list[Cut]:
     cuts = [graph.cut(c) for c in cut_ids]
     for a, b in itertools.pairwise(cuts):
         if a.head_mask & ~b.head_mask:
-            raise CutError(
-                f"cuts must be nested in device -> cloud order: head of {a.id} is not inside head of {b.id}"
-            )
+            raise CutError(f"cuts must be nested in device -> cloud order: head of {a.id} is not inside head of {b.id}")
     return cuts
 
 
@@ -86,9 +90,7 @@ def split(graph: ModelGraph, cut_ids: Sequence[str]) -> list[Segment]:
         # further down the chain).
         made = {o for n in nodes for o in n.output}
         outs = tuple(dict.fromkeys([*sent, *(o.name for o in graph.outputs if o.name in made)]))
-        segments.append(
-            Segment(i, _segment_model(graph, nodes, ins, outs, f"segment{i}"), ins, outs, len(nodes))
-        )
+        segments.append(Segment(i, _segment_model(graph, nodes, ins, outs, f"segment{i}"), ins, outs, len(nodes)))
     return segments
 
 
@@ -185,8 +187,12 @@ def write_segments(graph: ModelGraph, cut_ids: Sequence[str], out_dir: str | Pat
         "binding": graph.binding.as_dict() if graph.binding is not None else None,  # with its specialisation
         "input_shapes": {k: list(v) for k, v in (graph.input_shapes or {}).items()},
         "segments": [
-            {"file": f"segment{s.index}.onnx", "inputs": list(s.inputs), "outputs": list(s.outputs),
-             "nodes": s.node_count}
+            {
+                "file": f"segment{s.index}.onnx",
+                "inputs": list(s.inputs),
+                "outputs": list(s.outputs),
+                "nodes": s.node_count,
+            }
             for s in segments
         ],
     }

@@ -52,8 +52,10 @@ class CutCosts:
 def cut_costs(graph: graph_mod.ModelGraph) -> CutCosts:
     """The costs of a bound graph at the shapes it is bound at (``ModelError`` if it is unbound)."""
     if graph.input_shapes is None:
-        raise ModelError(f"{graph.path.name}: expected a graph bound at input shapes (load(path, binding)), "
-                         "got an unbound one: its free dims count as 1")
+        raise ModelError(
+            f"{graph.path.name}: expected a graph bound at input shapes (load(path, binding)), "
+            "got an unbound one: its free dims count as 1"
+        )
     cuts = graph.cuts()
     total = graph.flops
     head = np.array([c.head_flops_fraction for c in cuts], dtype=np.float64) * total
@@ -64,8 +66,10 @@ def cut_costs(graph: graph_mod.ModelGraph) -> CutCosts:
         head_flops=tuple(float(h) for h in head),
         tail_flops=tuple(float(max(total - h, 0.0)) for h in head),
         bytes=tuple(c.bytes if s else 0 for c, s in zip(cuts, sent, strict=True)),
-        float_bytes=tuple(sum(max(t.bytes, 0) for t in c.tensors if t.dtype == "float32") if s else 0
-                          for c, s in zip(cuts, sent, strict=True)),
+        float_bytes=tuple(
+            sum(max(t.bytes, 0) for t in c.tensors if t.dtype == "float32") if s else 0
+            for c, s in zip(cuts, sent, strict=True)
+        ),
         reply_bytes=tuple(c.reply_bytes for c in cuts),
         head_nodes=tuple(c.head_nodes for c in cuts),
         tail_nodes=tuple(len(graph.nodes) - c.head_nodes for c in cuts),
@@ -73,8 +77,12 @@ def cut_costs(graph: graph_mod.ModelGraph) -> CutCosts:
     )
 
 
-def cut_costs_at(graph: graph_mod.ModelGraph, input_shapes: Mapping[str, Sequence[int]], *,
-                 sample: Mapping[str, np.ndarray] | None = None) -> CutCosts:
+def cut_costs_at(
+    graph: graph_mod.ModelGraph,
+    input_shapes: Mapping[str, Sequence[int]],
+    *,
+    sample: Mapping[str, np.ndarray] | None = None,
+) -> CutCosts:
     """``graph``'s per-cut costs at ``input_shapes`` (one shape per graph input), cached per model and
     signature. ``sample``: arrays of those shapes whose values size data-dependent tensors (a Reshape
     to a computed shape, NonZero); without one, valid random inputs do. The first call for a signature
@@ -89,14 +97,19 @@ def cut_costs_at(graph: graph_mod.ModelGraph, input_shapes: Mapping[str, Sequenc
     if graph.input_shapes is not None and signature(graph.input_shapes) == sig:
         costs = cut_costs(graph)  # already bound there: nothing to re-bind
     else:
-        binding = ShapeBinding(shapes=dict(sig), sample=dict(sample) if sample is not None else None,
-                               sample_path="(request)" if sample is not None else None)
+        binding = ShapeBinding(
+            shapes=dict(sig),
+            sample=dict(sample) if sample is not None else None,
+            sample_path="(request)" if sample is not None else None,
+        )
         bound = graph_mod.from_proto(graph.model, path=graph.path, sha256=graph.sha256, binding=binding)
         costs = cut_costs(bound)
         want = [c.id for c in graph.cuts()]
         if list(costs.ids) != want:  # ids are binding-independent by design: a mismatch is a bug
-            raise ModelError(f"{graph.path.name}: re-bound at {dict(sig)} it lists {len(costs.ids)} cuts, "
-                             f"expected the same {len(want)} cut ids as at any other binding")
+            raise ModelError(
+                f"{graph.path.name}: re-bound at {dict(sig)} it lists {len(costs.ids)} cuts, "
+                f"expected the same {len(want)} cut ids as at any other binding"
+            )
     with _cache_lock:
         _cache[key] = costs
         while len(_cache) > CACHE_SIZE:

@@ -51,9 +51,13 @@ class ShapeBinding:
         return not self.shapes and not self.dims and self.sample is None
 
     def as_dict(self) -> dict[str, object]:
-        return {"shapes": {k: list(v) for k, v in sorted(self.shapes.items())}, "dims": dict(sorted(self.dims.items())),
-                "sample": self.sample_path, "defaults": dict(sorted(self.defaults.items())),
-                **({"specialised": dict(self.specialised)} if self.specialised is not None else {})}
+        return {
+            "shapes": {k: list(v) for k, v in sorted(self.shapes.items())},
+            "dims": dict(sorted(self.dims.items())),
+            "sample": self.sample_path,
+            "defaults": dict(sorted(self.defaults.items())),
+            **({"specialised": dict(self.specialised)} if self.specialised is not None else {}),
+        }
 
 
 def parse_shape(text: str) -> tuple[str, Shape]:
@@ -96,12 +100,16 @@ def load_sample(path: str | Path) -> dict[str, np.ndarray]:
         raise ConfigError(f"--sample {p}: expected an .npz file of arrays keyed by input name ({exc})") from exc
 
 
-def binding_from(shapes: Sequence[str] = (), dims: Sequence[str] = (),
-                 sample: str | Path | None = None) -> ShapeBinding:
+def binding_from(
+    shapes: Sequence[str] = (), dims: Sequence[str] = (), sample: str | Path | None = None
+) -> ShapeBinding:
     """The binding the CLI flags say (``--shape`` / ``--dim`` repeatable, ``--sample``)."""
-    return ShapeBinding(shapes=dict(parse_shape(s) for s in shapes), dims=dict(parse_dim(d) for d in dims),
-                        sample=load_sample(sample) if sample is not None else None,
-                        sample_path=str(sample) if sample is not None else None)
+    return ShapeBinding(
+        shapes=dict(parse_shape(s) for s in shapes),
+        dims=dict(parse_dim(d) for d in dims),
+        sample=load_sample(sample) if sample is not None else None,
+        sample_path=str(sample) if sample is not None else None,
+    )
 
 
 # -- binding ----------------------------------------------------------------------------------------
@@ -131,19 +139,31 @@ def _check(name: str, dims: list[Dim] | None, shape: Shape, where: str) -> None:
     if dims is None:
         return
     if len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape, strict=False)):
-        raise InputError(f"input {name!r}: the model expects shape {_fmt(dims)}, {where} gives "
-                         f"{'x'.join(map(str, shape)) or 'a scalar'}")
+        raise InputError(
+            f"input {name!r}: the model expects shape {_fmt(dims)}, {where} gives "
+            f"{'x'.join(map(str, shape)) or 'a scalar'}"
+        )
 
 
-def resolve(model_name: str, inputs: Sequence[onnx.ValueInfoProto], binding: ShapeBinding, *,
-            notice: Callable[[str], None] | None = None) -> dict[str, Shape]:
+def resolve(
+    model_name: str,
+    inputs: Sequence[onnx.ValueInfoProto],
+    binding: ShapeBinding,
+    *,
+    notice: Callable[[str], None] | None = None,
+) -> dict[str, Shape]:
     """Concrete shapes for every graph input. A leading free dim with no value defaults to 1 (said
     through ``notice``); any other unbound dim is one ``ModelError`` listing them all with the flags."""
     return resolve_with_defaults(model_name, inputs, binding, notice=notice)[0]
 
 
-def resolve_with_defaults(model_name: str, inputs: Sequence[onnx.ValueInfoProto], binding: ShapeBinding, *,
-                          notice: Callable[[str], None] | None = None) -> tuple[dict[str, Shape], dict[str, int]]:
+def resolve_with_defaults(
+    model_name: str,
+    inputs: Sequence[onnx.ValueInfoProto],
+    binding: ShapeBinding,
+    *,
+    notice: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Shape], dict[str, int]]:
     """``resolve``, and the dims it defaulted (``{"images[0]": 1}``)."""
     names = [vi.name for vi in inputs]
     for name in binding.shapes:
@@ -152,8 +172,9 @@ def resolve_with_defaults(model_name: str, inputs: Sequence[onnx.ValueInfoProto]
     symbols = {d for vi in inputs for d in (declared_dims(vi) or []) if isinstance(d, str)}
     for sym in binding.dims:
         if sym not in symbols:
-            raise ConfigError(f"--dim {sym}: no input dim is named {sym!r}; the named free dims are "
-                              f"{sorted(symbols) or 'none'}")
+            raise ConfigError(
+                f"--dim {sym}: no input dim is named {sym!r}; the named free dims are {sorted(symbols) or 'none'}"
+            )
     out: dict[str, Shape] = {}
     unbound: list[tuple[str, int, Dim]] = []
     defaulted: list[str] = []
@@ -192,25 +213,34 @@ def resolve_with_defaults(model_name: str, inputs: Sequence[onnx.ValueInfoProto]
     return out, defaults
 
 
-def _unbound_message(model_name: str, inputs: Sequence[onnx.ValueInfoProto], unbound: list[tuple[str, int, Dim]],
-                     binding: ShapeBinding) -> str:
-    listed = ", ".join(f"{name}[{k}]" + (f" {d!r}" if d else "") if k >= 0 else f"{name} (unknown rank)"
-                       for name, k, d in unbound)
+def _unbound_message(
+    model_name: str, inputs: Sequence[onnx.ValueInfoProto], unbound: list[tuple[str, int, Dim]], binding: ShapeBinding
+) -> str:
+    listed = ", ".join(
+        f"{name}[{k}]" + (f" {d!r}" if d else "") if k >= 0 else f"{name} (unknown rank)" for name, k, d in unbound
+    )
     named = sorted({d for _, _, d in unbound if isinstance(d, str)})
     dim_flags = " ".join(f"--dim {d}=N" for d in named)
     shape_flags = []
     for vi in inputs:
         if any(name == vi.name for name, _, _ in unbound):
             dims = declared_dims(vi) or []
-            shape_flags.append(f"--shape {vi.name}=" + ("x".join(
-                str(d) if isinstance(d, int) else ("1" if k == 0 else "N") for k, d in enumerate(dims)) or "D1xD2"))
+            shape_flags.append(
+                f"--shape {vi.name}="
+                + (
+                    "x".join(str(d) if isinstance(d, int) else ("1" if k == 0 else "N") for k, d in enumerate(dims))
+                    or "D1xD2"
+                )
+            )
     ways = [w for w in (dim_flags, " ".join(shape_flags)) if w]
     missing = ""
     if binding.sample is not None:
         absent = sorted({name for name, _, _ in unbound if name not in binding.sample})
         missing = f"; the sample has no array for {', '.join(absent)}" if absent else ""
-    return (f"{model_name}: free dims without a value: {listed}{missing}. Bind them: {', or '.join(ways)}, "
-            "or --sample FILE.npz (one array per input)")
+    return (
+        f"{model_name}: free dims without a value: {listed}{missing}. Bind them: {', or '.join(ways)}, "
+        "or --sample FILE.npz (one array per input)"
+    )
 
 
 # -- sizing -----------------------------------------------------------------------------------------
@@ -255,8 +285,14 @@ def with_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Shape]) -> on
     return m
 
 
-def size_tensors(model: onnx.ModelProto, generic: Mapping[str, Shape | None], shapes: Mapping[str, Shape],
-                 sample: Mapping[str, np.ndarray] | None, *, model_name: str) -> dict[str, Sized]:
+def size_tensors(
+    model: onnx.ModelProto,
+    generic: Mapping[str, Shape | None],
+    shapes: Mapping[str, Shape],
+    sample: Mapping[str, np.ndarray] | None,
+    *,
+    model_name: str,
+) -> dict[str, Sized]:
     """Concrete dtype and shape of every graph input, node output and graph output at ``shapes``.
     ``generic``: what inference gave on the model as it is (a concrete shape there is ``static``)."""
     bound = with_input_shapes(model, shapes)
@@ -277,8 +313,9 @@ def size_tensors(model: onnx.ModelProto, generic: Mapping[str, Shape | None], sh
         dtypes[vi.name] = vi.type.tensor_type.elem_type
         shape = _concrete(vi)
         if shape is not None and dtypes[vi.name]:
-            out[vi.name] = Sized(_np_dtype(dtypes[vi.name]), shape,
-                                 "static" if generic.get(vi.name) == shape else "bound")
+            out[vi.name] = Sized(
+                _np_dtype(dtypes[vi.name]), shape, "static" if generic.get(vi.name) == shape else "bound"
+            )
     wanted = [o for n in g.node for o in n.output if o] + [o.name for o in g.output]
     unknown = [t for t in dict.fromkeys(wanted) if t not in out]
     if unknown:
@@ -292,13 +329,19 @@ def declaration(name: str, declared: Sequence[Dim] | None, measured: Shape) -> t
     give or contradicts. A measured size stands for one binding only, so it never becomes a fixed dim:
     the segment keeps serving every shape the model does."""
     if declared is not None and len(declared) == len(measured):
-        return tuple(f"{name}:{i}" if isinstance(d, int) and d != m else d
-                     for i, (d, m) in enumerate(zip(declared, measured, strict=True)))
+        return tuple(
+            f"{name}:{i}" if isinstance(d, int) and d != m else d
+            for i, (d, m) in enumerate(zip(declared, measured, strict=True))
+        )
     return tuple(f"{name}:{i}" for i in range(len(measured)))
 
 
-def valid_inputs(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Shape],
-                 sample: Mapping[str, np.ndarray] | None, seed: int = 0) -> dict[str, np.ndarray]:
+def valid_inputs(
+    inputs: Sequence[onnx.ValueInfoProto],
+    shapes: Mapping[str, Shape],
+    sample: Mapping[str, np.ndarray] | None,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """The sample's arrays where it has them, else valid random arrays of the bound shapes (floats
     normal, integers and booleans ones: a valid token id, mask value or count in any model)."""
     rng = np.random.default_rng(seed)
@@ -309,12 +352,18 @@ def valid_inputs(inputs: Sequence[onnx.ValueInfoProto], shapes: Mapping[str, Sha
             continue
         dt = np.dtype(helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type))
         shape = shapes[vi.name]
-        feeds[vi.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.ones(shape, dtype=dt))
+        feeds[vi.name] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.ones(shape, dtype=dt)
     return feeds
 
 
-def _measure(bound: onnx.ModelProto, names: list[str], shapes: Mapping[str, Shape],
-             sample: Mapping[str, np.ndarray] | None, *, model_name: str) -> dict[str, Sized]:
+def _measure(
+    bound: onnx.ModelProto,
+    names: list[str],
+    shapes: Mapping[str, Shape],
+    sample: Mapping[str, np.ndarray] | None,
+    *,
+    model_name: str,
+) -> dict[str, Sized]:
     import onnxruntime as ort
 
     m = onnx.ModelProto()
@@ -333,10 +382,14 @@ def _measure(bound: onnx.ModelProto, names: list[str], shapes: Mapping[str, Shap
     except Exception as exc:
         on = "the sample" if sample else "random inputs of the bound shapes"
         first = re.sub(r"\s+", " ", str(exc))[:300]
-        raise ModelError(f"{model_name}: measuring tensor sizes failed running the model on {on}: {first}; "
-                         "pass --sample FILE.npz with real inputs (values can steer the graph)") from exc
-    return {n: Sized(np.asarray(v).dtype.name, tuple(int(s) for s in np.asarray(v).shape), "measured")
-            for n, v in zip(names, outs, strict=True)}
+        raise ModelError(
+            f"{model_name}: measuring tensor sizes failed running the model on {on}: {first}; "
+            "pass --sample FILE.npz with real inputs (values can steer the graph)"
+        ) from exc
+    return {
+        n: Sized(np.asarray(v).dtype.name, tuple(int(s) for s in np.asarray(v).shape), "measured")
+        for n, v in zip(names, outs, strict=True)
+    }
 
 
 # -- signatures -------------------------------------------------------------------------------------

@@ -34,8 +34,22 @@ from onnx import helper
 from splitrt.errors import ModelError
 
 #: Ops a guard cone may not hold: they compute (the condition would cost what the model costs).
-HEAVY = {"Conv", "ConvTranspose", "ConvInteger", "MatMul", "MatMulInteger", "Gemm", "Einsum", "LSTM", "GRU", "RNN",
-         "QLinearConv", "QLinearMatMul", "Attention", "MultiHeadAttention"}
+HEAVY = {
+    "Conv",
+    "ConvTranspose",
+    "ConvInteger",
+    "MatMul",
+    "MatMulInteger",
+    "Gemm",
+    "Einsum",
+    "LSTM",
+    "GRU",
+    "RNN",
+    "QLinearConv",
+    "QLinearMatMul",
+    "Attention",
+    "MultiHeadAttention",
+}
 MAX_CONE_NODES = 64
 MAX_VALUE_ELEMENTS = 64
 MAX_STEPS = 16
@@ -57,8 +71,13 @@ class Step:
     values: Mapping[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"if": self.node, "branch": self.branch, "condition": self.condition, "inputs": list(self.inputs),
-                "values": dict(self.values)}
+        return {
+            "if": self.node,
+            "branch": self.branch,
+            "condition": self.condition,
+            "inputs": list(self.inputs),
+            "values": dict(self.values),
+        }
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -106,8 +125,10 @@ class Specialisation:
             taken = "then" if bool(np.asarray(v).reshape(-1)[0]) else "else"
             if taken != step.branch:
                 shown = ", ".join(f"{n}={_show(feeds[n])}" for n in step.inputs)
-                verdict = (f"this request takes the {taken} branch of If {step.node!r} ({shown}); the model was "
-                           f"specialised for its {step.branch} branch ({_values(step)})")
+                verdict = (
+                    f"this request takes the {taken} branch of If {step.node!r} ({shown}); the model was "
+                    f"specialised for its {step.branch} branch ({_values(step)})"
+                )
                 break
         if key is not None:
             with self._lock:
@@ -185,8 +206,9 @@ def _reads(cone: Sequence[onnx.NodeProto], inputs: set[str]) -> tuple[set[str], 
     return by_value, by_shape - by_value
 
 
-def _candidate(m: onnx.ModelProto, sample: Mapping[str, np.ndarray], shapes: Mapping[str, Sequence[int]]
-               ) -> tuple[int, onnx.NodeProto, list[onnx.NodeProto], dict[str, np.ndarray], set[str]] | None:
+def _candidate(
+    m: onnx.ModelProto, sample: Mapping[str, np.ndarray], shapes: Mapping[str, Sequence[int]]
+) -> tuple[int, onnx.NodeProto, list[onnx.NodeProto], dict[str, np.ndarray], set[str]] | None:
     """The first top-level If the sample decides: (its index among the Ifs, node, cone, feeds, value inputs)."""
     g = m.graph
     inputs = {i.name for i in g.input}
@@ -241,8 +263,9 @@ def _merge_guards(guards: Sequence[onnx.ModelProto]) -> onnx.ModelProto:
                 names.update(n.output)
         inputs.update({i.name: i for i in gm.graph.input})
         inits.update({t.name: t for t in gm.graph.initializer})
-    graph = helper.make_graph(nodes, "splitrt_guard", list(inputs.values()), [gm.graph.output[0] for gm in guards],
-                              list(inits.values()))
+    graph = helper.make_graph(
+        nodes, "splitrt_guard", list(inputs.values()), [gm.graph.output[0] for gm in guards], list(inits.values())
+    )
     model = helper.make_model(graph, opset_imports=list(first.opset_import))
     model.ir_version = first.ir_version
     return model
@@ -261,7 +284,7 @@ def _all_names(g: onnx.GraphProto, into: set[str], skip: int = -1) -> set[str]:
         if k == skip:
             continue
         for a in n.attribute:
-            for sg in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sg in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 _all_names(sg, into)
     return into
 
@@ -276,20 +299,22 @@ def _rename(g: onnx.GraphProto, mapping: Mapping[str, str]) -> None:
         n.input[:] = [mapping.get(i, i) for i in n.input]
         n.output[:] = [mapping.get(o, o) for o in n.output]
         for a in n.attribute:
-            for sg in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for sg in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 _rename(sg, mapping)
 
 
-def inline(m: onnx.ModelProto, index: int, branch: str, normalise: Callable[[onnx.ModelProto], onnx.ModelProto]
-           ) -> onnx.ModelProto:
+def inline(
+    m: onnx.ModelProto, index: int, branch: str, normalise: Callable[[onnx.ModelProto], onnx.ModelProto]
+) -> onnx.ModelProto:
     """``m`` with its ``index``-th top-level If replaced by its ``branch`` (``then``/``else``), normalised."""
     out = onnx.ModelProto()
     out.CopyFrom(m)
     g = out.graph
     ifs = [k for k, n in enumerate(g.node) if n.op_type == "If"]
     if not 0 <= index < len(ifs) or branch not in ("then", "else"):
-        raise ModelError(f"specialisation step {index}{branch[:1]}: expected an If index < {len(ifs)} and a "
-                         f"branch then|else")
+        raise ModelError(
+            f"specialisation step {index}{branch[:1]}: expected an If index < {len(ifs)} and a branch then|else"
+        )
     pos = ifs[index]
     node = g.node[pos]
     body = onnx.GraphProto()
@@ -298,9 +323,10 @@ def inline(m: onnx.ModelProto, index: int, branch: str, normalise: Callable[[onn
     local = {t.name for t in body.initializer} | {o for n in body.node for o in n.output if o}
     clash = sorted(local & (outer | set(node.output)))
     _rename(body, {name: f"{name}__{node.output[0]}__{branch}" for name in clash})
-    new_nodes = list(body.node) + [helper.make_node("Identity", [src.name], [dst])
-                                   for src, dst in zip(body.output, node.output, strict=True)]
-    nodes = list(g.node[:pos]) + new_nodes + list(g.node[pos + 1:])
+    new_nodes = list(body.node) + [
+        helper.make_node("Identity", [src.name], [dst]) for src, dst in zip(body.output, node.output, strict=True)
+    ]
+    nodes = list(g.node[:pos]) + new_nodes + list(g.node[pos + 1 :])
     del g.node[:]
     g.node.extend(nodes)
     g.initializer.extend(body.initializer)
@@ -311,9 +337,14 @@ def inline(m: onnx.ModelProto, index: int, branch: str, normalise: Callable[[onn
 # -- the two entry points ---------------------------------------------------------------------------
 
 
-def specialise(m: onnx.ModelProto, *, base_sha256: str, sample: Mapping[str, np.ndarray],
-               shapes: Mapping[str, Sequence[int]], normalise: Callable[[onnx.ModelProto], onnx.ModelProto]
-               ) -> tuple[onnx.ModelProto, Specialisation | None]:
+def specialise(
+    m: onnx.ModelProto,
+    *,
+    base_sha256: str,
+    sample: Mapping[str, np.ndarray],
+    shapes: Mapping[str, Sequence[int]],
+    normalise: Callable[[onnx.ModelProto], onnx.ModelProto],
+) -> tuple[onnx.ModelProto, Specialisation | None]:
     """Inline every top-level If the sample decides (repeatedly: inlining exposes nested ones)."""
     current = m
     steps: list[Step] = []
@@ -327,18 +358,25 @@ def specialise(m: onnx.ModelProto, *, base_sha256: str, sample: Mapping[str, np.
         try:
             value = _session(guard).run(None, {i.name: feeds[i.name] for i in guard.graph.input})[0]
         except Exception as exc:  # onnxruntime's own exception types
-            raise ModelError(f"evaluating the condition of If {node.output[0]!r} on the sample failed: "
-                             f"{str(exc)[:300]}") from exc
+            raise ModelError(
+                f"evaluating the condition of If {node.output[0]!r} on the sample failed: {str(exc)[:300]}"
+            ) from exc
         branch = "then" if bool(np.asarray(value).reshape(-1)[0]) else "else"
-        steps.append(Step(index=index, branch=branch, node=node.output[0], condition=node.input[0],
-                          inputs=tuple(i.name for i in guard.graph.input),
-                          values={i: np.asarray(sample[i]).tolist() for i in sorted(by_value)}))
+        steps.append(
+            Step(
+                index=index,
+                branch=branch,
+                node=node.output[0],
+                condition=node.input[0],
+                inputs=tuple(i.name for i in guard.graph.input),
+                values={i: np.asarray(sample[i]).tolist() for i in sorted(by_value)},
+            )
+        )
         guards.append(guard)
         current = inline(current, index, branch, normalise)
     if not steps:
         return m, None
-    return current, Specialisation(base_sha256=base_sha256, steps=tuple(steps), original=m,
-                                   guard=_merge_guards(guards))
+    return current, Specialisation(base_sha256=base_sha256, steps=tuple(steps), original=m, guard=_merge_guards(guards))
 
 
 def derive(m: onnx.ModelProto, key: str, normalise: Callable[[onnx.ModelProto], onnx.ModelProto]) -> onnx.ModelProto:

@@ -26,8 +26,17 @@ from splitrt.graph import zoo_dynamic, zoo_paper
 
 SEED = 20261202
 BUILD_VERSION = 2
-_LIGHT = ("resnet50", "inception_v1", "inception_v2", "densenet121", "squeezenet", "shufflenet",
-          "vgg19", "bvlc_alexnet", "zfnet512")
+_LIGHT = (
+    "resnet50",
+    "inception_v1",
+    "inception_v2",
+    "densenet121",
+    "squeezenet",
+    "shufflenet",
+    "vgg19",
+    "bvlc_alexnet",
+    "zfnet512",
+)
 # Built in zoo_paper: the seed paper's models the onnx wheel does not ship.
 _PAPER = ("vgg16", "mobilenetv2")
 _SMALL = ("tiny_chain", "multi_io", "branchy")
@@ -90,11 +99,15 @@ def build(name: str) -> onnx.ModelProto:
         return m
     if name in _DYNAMIC:
         dynamic: dict[str, Callable[[int], onnx.ModelProto]] = {
-            "bert_tiny": zoo_dynamic.bert_tiny, "vit_tiny": zoo_dynamic.vit_tiny, "yolo_tiny": zoo_dynamic.yolo_tiny,
+            "bert_tiny": zoo_dynamic.bert_tiny,
+            "vit_tiny": zoo_dynamic.vit_tiny,
+            "yolo_tiny": zoo_dynamic.yolo_tiny,
         }
         return dynamic[name](SEED)
     builders: dict[str, Callable[[], onnx.ModelProto]] = {
-        "tiny_chain": _tiny_chain, "multi_io": _multi_io, "branchy": _branchy,
+        "tiny_chain": _tiny_chain,
+        "multi_io": _multi_io,
+        "branchy": _branchy,
     }
     return builders[name]()
 
@@ -222,7 +235,8 @@ def _tiny_chain() -> onnx.ModelProto:
         helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1),
     ]
     g = helper.make_graph(
-        nodes, "tiny_chain",
+        nodes,
+        "tiny_chain",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(fc, "fc")],
@@ -244,11 +258,16 @@ def _multi_io() -> onnx.ModelProto:
         helper.make_node("MatMul", ["h4", "v"], ["late"]),
     ]
     g = helper.make_graph(
-        nodes, "multi_io",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 16]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, [4, 16])],
-        [helper.make_tensor_value_info("early", TensorProto.FLOAT, [4, 16]),
-         helper.make_tensor_value_info("late", TensorProto.FLOAT, [4, 8])],
+        nodes,
+        "multi_io",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 16]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [4, 16]),
+        ],
+        [
+            helper.make_tensor_value_info("early", TensorProto.FLOAT, [4, 16]),
+            helper.make_tensor_value_info("late", TensorProto.FLOAT, [4, 8]),
+        ],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(v, "v")],
     )
     return _finish(g, 13)
@@ -262,11 +281,15 @@ def _branchy() -> onnx.ModelProto:
     wb = rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32)
     wc = rng.normal(0, 0.2, (8, 8, 3, 3)).astype(np.float32)
     then_g = helper.make_graph(
-        [helper.make_node("Mul", ["s2", "k"], ["t_out"])], "then_b", [],
+        [helper.make_node("Mul", ["s2", "k"], ["t_out"])],
+        "then_b",
+        [],
         [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)],
     )
     else_g = helper.make_graph(
-        [helper.make_node("Sub", ["s2", "k"], ["e_out"])], "else_b", [],
+        [helper.make_node("Sub", ["s2", "k"], ["e_out"])],
+        "else_b",
+        [],
         [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)],
     )
     nodes = [
@@ -285,12 +308,14 @@ def _branchy() -> onnx.ModelProto:
         helper.make_node("GlobalAveragePool", ["res"], ["head_large"]),
     ]
     g = helper.make_graph(
-        nodes, "branchy",
+        nodes,
+        "branchy",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("head_large", TensorProto.FLOAT, [1, 8, 1, 1]),
-         helper.make_tensor_value_info("head_small", TensorProto.FLOAT, [1, 8, 8, 8])],
-        [numpy_helper.from_array(wa, "wa"), numpy_helper.from_array(wb, "wb"),
-         numpy_helper.from_array(wc, "wc")],
+        [
+            helper.make_tensor_value_info("head_large", TensorProto.FLOAT, [1, 8, 1, 1]),
+            helper.make_tensor_value_info("head_small", TensorProto.FLOAT, [1, 8, 8, 8]),
+        ],
+        [numpy_helper.from_array(wa, "wa"), numpy_helper.from_array(wb, "wb"), numpy_helper.from_array(wc, "wc")],
     )
     return _finish(g, 13)
 

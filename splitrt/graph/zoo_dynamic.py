@@ -64,8 +64,12 @@ class _Builder:
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, **attrs))
         return outs
 
-    def model(self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-              ) -> onnx.ModelProto:
+    def model(
+        self,
+        name: str,
+        inputs: list[onnx.ValueInfoProto],
+        outputs: list[onnx.ValueInfoProto],
+    ) -> onnx.ModelProto:
         g = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="splitrt.zoo")
         m.ir_version = IR_VERSION
@@ -101,8 +105,9 @@ def _gelu(b: _Builder, x: str, name: str) -> str:
 _HeadShapes = tuple[Callable[[str], str], Callable[[str], str]]
 
 
-def _attention(b: _Builder, x: str, d: int, heads: int, name: str, shapes: _HeadShapes,
-               mask_bias: str | None = None) -> str:
+def _attention(
+    b: _Builder, x: str, d: int, heads: int, name: str, shapes: _HeadShapes, mask_bias: str | None = None
+) -> str:
     to_heads, merge = shapes
     q, k, v = (to_heads(_linear(b, x, d, d, f"{name}.{p}")) for p in "qkv")
     q = b.op("Transpose", [q], f"{name}.q_t", perm=[0, 2, 1, 3])  # [b, H, s, dh]
@@ -125,8 +130,15 @@ def _mlp(b: _Builder, x: str, d: int, ffn: int, name: str) -> str:
 # bert_tiny
 
 
-def bert_tiny(seed: int, vocab: int = 1000, max_positions: int = 512, hidden: int = 64, heads: int = 4,
-              ffn: int = 128, layers: int = 2) -> onnx.ModelProto:
+def bert_tiny(
+    seed: int,
+    vocab: int = 1000,
+    max_positions: int = 512,
+    hidden: int = 64,
+    heads: int = 4,
+    ffn: int = 128,
+    layers: int = 2,
+) -> onnx.ModelProto:
     """BERT-style encoder, post-LN: ``input_ids``, ``attention_mask`` [batch, seq] (int64) ->
     ``last_hidden_state`` [batch, seq, hidden], ``pooled`` [batch, hidden]."""
     b = _Builder(seed + 10)
@@ -135,13 +147,17 @@ def bert_tiny(seed: int, vocab: int = 1000, max_positions: int = 512, hidden: in
     # Positions 0..seq-1 from the ids' runtime shape, as torch exports them: seq is never baked in.
     seq_len = b.op("Gather", [b.op("Shape", [ids], "embeddings.ids_shape"), b.const(1)], "embeddings.seq_len")
     positions = b.op("Range", [b.const(0), seq_len, b.const(1)], "embeddings.positions")
-    pos = b.op("Gather", [b.normal("embeddings.position", (max_positions, hidden), 0.5), positions],
-               "embeddings.position_lookup")
+    pos = b.op(
+        "Gather",
+        [b.normal("embeddings.position", (max_positions, hidden), 0.5), positions],
+        "embeddings.position_lookup",
+    )
     x = _layer_norm(b, b.op("Add", [tok, pos], "embeddings.sum"), hidden, "embeddings.norm")
     # Padding -> -1e4 before the softmax, broadcast over heads and query positions: [batch, 1, 1, seq].
     keep = b.op("Cast", [mask], "mask.float", to=TensorProto.FLOAT)
-    bias = b.op("Mul", [b.op("Sub", [b.const(1.0, np.float32), keep], "mask.invert"), b.const(-1e4, np.float32)],
-                "mask.scale")
+    bias = b.op(
+        "Mul", [b.op("Sub", [b.const(1.0, np.float32), keep], "mask.invert"), b.const(-1e4, np.float32)], "mask.scale"
+    )
     bias = b.op("Unsqueeze", [bias, b.const([1, 2])], "mask.bias")
     for i in range(layers):
         x = _bert_layer(b, x, bias, hidden, heads, ffn, f"encoder.{i}")
@@ -150,10 +166,14 @@ def bert_tiny(seed: int, vocab: int = 1000, max_positions: int = 512, hidden: in
     b.op("Identity", [x], "last_hidden_state")
     return b.model(
         "bert_tiny",
-        [helper.make_tensor_value_info(ids, TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hidden]),
-         helper.make_tensor_value_info(pooled, TensorProto.FLOAT, ["batch", hidden])],
+        [
+            helper.make_tensor_value_info(ids, TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info(mask, TensorProto.INT64, ["batch", "seq"]),
+        ],
+        [
+            helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "seq", hidden]),
+            helper.make_tensor_value_info(pooled, TensorProto.FLOAT, ["batch", hidden]),
+        ],
     )
 
 
@@ -180,15 +200,28 @@ def _bert_layer(b: _Builder, x: str, mask_bias: str, d: int, heads: int, ffn: in
 # vit_tiny
 
 
-def vit_tiny(seed: int, image: int = 32, patch: int = 8, hidden: int = 64, heads: int = 4, ffn: int = 128,
-             layers: int = 2, classes: int = 10) -> onnx.ModelProto:
+def vit_tiny(
+    seed: int,
+    image: int = 32,
+    patch: int = 8,
+    hidden: int = 64,
+    heads: int = 4,
+    ffn: int = 128,
+    layers: int = 2,
+    classes: int = 10,
+) -> onnx.ModelProto:
     """ViT-style encoder, pre-LN: ``pixel_values`` [batch, 3, 32, 32] -> ``logits`` [batch, classes]."""
     b = _Builder(seed + 11)
     px = "pixel_values"
     tokens = (image // patch) ** 2
     w = b.normal("patch.weight", (hidden, 3, patch, patch), 1.0 / np.sqrt(3 * patch * patch))
-    x = b.op("Conv", [px, w, b.normal("patch.bias", (hidden,), 0.02)], "patch.conv",
-             kernel_shape=[patch, patch], strides=[patch, patch])
+    x = b.op(
+        "Conv",
+        [px, w, b.normal("patch.bias", (hidden,), 0.02)],
+        "patch.conv",
+        kernel_shape=[patch, patch],
+        strides=[patch, patch],
+    )
     x = b.op("Reshape", [x, b.const([0, 0, -1])], "patch.flatten")  # [b, D, tokens]
     x = b.op("Transpose", [x], "patch.tokens", perm=[0, 2, 1])  # [b, tokens, D]
     # The learned CLS token is broadcast to the runtime batch: Expand to Concat(Shape(px)[:1], [1, D]).
@@ -201,8 +234,14 @@ def vit_tiny(seed: int, image: int = 32, patch: int = 8, hidden: int = 64, heads
     x = b.op("Add", [x, b.normal("position", (1, tokens + 1, hidden), 0.1)], "position.add")
     for i in range(layers):
         name = f"block.{i}"
-        attn = _attention(b, _layer_norm(b, x, hidden, f"{name}.norm1"), hidden, heads, f"{name}.attn",
-                          _constant_head_shapes(b, heads, hidden // heads, f"{name}.attn"))
+        attn = _attention(
+            b,
+            _layer_norm(b, x, hidden, f"{name}.norm1"),
+            hidden,
+            heads,
+            f"{name}.attn",
+            _constant_head_shapes(b, heads, hidden // heads, f"{name}.attn"),
+        )
         x = b.op("Add", [x, attn], f"{name}.attn_residual")
         ff = _mlp(b, _layer_norm(b, x, hidden, f"{name}.norm2"), hidden, ffn, f"{name}.mlp")
         x = b.op("Add", [x, ff], f"{name}.mlp_residual")
@@ -210,8 +249,7 @@ def vit_tiny(seed: int, image: int = 32, patch: int = 8, hidden: int = 64, heads
     first = b.op("Gather", [x, b.const(0)], "cls.select", axis=1)
     # Head std 1/sqrt(D) on unit-scale features: logits std ~1, a softmax neither one-hot nor flat.
     head_w = b.normal("head.weight", (hidden, classes), 1.0 / np.sqrt(hidden))
-    b.op("Add", [b.op("MatMul", [first, head_w], "head.matmul"), b.normal("head.bias", (classes,), 0.02)],
-         "logits")
+    b.op("Add", [b.op("MatMul", [first, head_w], "head.matmul"), b.normal("head.bias", (classes,), 0.02)], "logits")
     return b.model(
         "vit_tiny",
         [helper.make_tensor_value_info(px, TensorProto.FLOAT, ["batch", 3, image, image])],
@@ -259,8 +297,9 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-v))
 
 
-def _conv(b: _Builder, x: _Act, c_out: int, name: str, k: int = 1, s: int = 1, act: bool = True,
-          out_mean: float = 0.0) -> _Act:
+def _conv(
+    b: _Builder, x: _Act, c_out: int, name: str, k: int = 1, s: int = 1, act: bool = True, out_mean: float = 0.0
+) -> _Act:
     """Conv with its BatchNorm folded into weight and bias (as exports do), then SiLU as x * Sigmoid(x).
 
     On the calibration image the folded BN centres each channel at beta and scales the layer to std ~gamma;
@@ -313,8 +352,14 @@ def _sppf(b: _Builder, x: _Act, name: str) -> _Act:
 
 def _upsample(b: _Builder, x: _Act, name: str) -> _Act:
     # Scales, not sizes: the output size follows the runtime input. Asymmetric/floor as torch exports it.
-    out = b.op("Resize", [x[0], "", b.const([1.0, 1.0, 2.0, 2.0], np.float32)], name, mode="nearest",
-               coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    out = b.op(
+        "Resize",
+        [x[0], "", b.const([1.0, 1.0, 2.0, 2.0], np.float32)],
+        name,
+        mode="nearest",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="floor",
+    )
     return out, x[1].repeat(2, axis=2).repeat(2, axis=3)
 
 

@@ -25,8 +25,7 @@ _VGG16: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
 _MBV2 = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
 
 
-def _conv(b: _Builder, x: str, c_in: int, c_out: int, name: str, *, k: int = 3, s: int = 1,
-          groups: int = 1) -> str:
+def _conv(b: _Builder, x: str, c_in: int, c_out: int, name: str, *, k: int = 3, s: int = 1, groups: int = 1) -> str:
     fan_in = (c_in // groups) * k * k
     w = b.normal(f"{name}_w", (c_out, c_in // groups, k, k), float(np.sqrt(2.0 / fan_in)))
     bias = b.normal(f"{name}_b", (c_out,), 0.01)
@@ -41,9 +40,13 @@ def _gemm(b: _Builder, x: str, d_in: int, d_out: int, name: str) -> str:
 
 def _model(b: _Builder, name: str, logits: str) -> onnx.ModelProto:
     b.op("Softmax", [logits], "prob", axis=1)
-    g = helper.make_graph(b.nodes, name, [helper.make_tensor_value_info("data", TensorProto.FLOAT,
-                                                                        [1, 3, IMAGE, IMAGE])],
-                          [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, CLASSES])], b.inits)
+    g = helper.make_graph(
+        b.nodes,
+        name,
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, IMAGE, IMAGE])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, CLASSES])],
+        b.inits,
+    )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="splitrt.zoo")
     m.ir_version = 8
     onnx.checker.check_model(m)

@@ -59,14 +59,22 @@ class Candidate:
     workers: int = 1
 
     def __post_init__(self) -> None:
-        bad = [n for n, ok in (("queue_ms", self.queue_ms >= 0 and math.isfinite(self.queue_ms)),
-                               ("rtt_ms", self.rtt_ms is None or (self.rtt_ms >= 0 and math.isfinite(self.rtt_ms))),
-                               ("inflight", self.inflight >= 0), ("workers", self.workers >= 1),
-                               ("service_ms", self.service_ms >= 0 and math.isfinite(self.service_ms)))
-               if not ok]
+        bad = [
+            n
+            for n, ok in (
+                ("queue_ms", self.queue_ms >= 0 and math.isfinite(self.queue_ms)),
+                ("rtt_ms", self.rtt_ms is None or (self.rtt_ms >= 0 and math.isfinite(self.rtt_ms))),
+                ("inflight", self.inflight >= 0),
+                ("workers", self.workers >= 1),
+                ("service_ms", self.service_ms >= 0 and math.isfinite(self.service_ms)),
+            )
+            if not ok
+        ]
         if bad:
-            raise PlanError(f"candidate {self.address!r}: expected finite queue_ms/rtt_ms/service_ms >= 0, "
-                            f"inflight >= 0 and workers >= 1, got {asdict(self)}")
+            raise PlanError(
+                f"candidate {self.address!r}: expected finite queue_ms/rtt_ms/service_ms >= 0, "
+                f"inflight >= 0 and workers >= 1, got {asdict(self)}"
+            )
 
 
 def score_ms(c: Candidate, *, unknown_rtt_ms: float = 0.0) -> float:
@@ -130,8 +138,11 @@ class Choice:
             got = d["order"]
             if not isinstance(cands, list) or not isinstance(got, list):
                 raise TypeError("candidates and order must be lists")
-            return Choice(turn=int(str(d["turn"])), order=tuple(str(a) for a in got),
-                          candidates=tuple(Candidate(**c) for c in cands))
+            return Choice(
+                turn=int(str(d["turn"])),
+                order=tuple(str(a) for a in got),
+                candidates=tuple(Candidate(**c) for c in cands),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"balance record: expected keys turn, order, candidates, got {d!r} ({exc})") from exc
 
@@ -156,5 +167,4 @@ def replay(lines: Iterable[str], config: BalanceConfig | None = None) -> list[tu
     return out
 
 
-__all__ = ["BalanceConfig", "Candidate", "Choice", "choose", "order", "replay", "score_ms", "scores",
-           "tolerance_ms"]
+__all__ = ["BalanceConfig", "Candidate", "Choice", "choose", "order", "replay", "score_ms", "scores", "tolerance_ms"]

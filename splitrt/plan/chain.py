@@ -107,16 +107,28 @@ def _key(first: str, second: str, codec: str) -> str:
 class ChainController:
     """Both cuts per request from per-hop estimates (see the module's docstring)."""
 
-    def __init__(self, device: CostTable, edge: CostTable, cloud: CostTable,
-                 config: ChainControllerConfig | None = None, *, power: Power = DEFAULT_POWER) -> None:
+    def __init__(
+        self,
+        device: CostTable,
+        edge: CostTable,
+        cloud: CostTable,
+        config: ChainControllerConfig | None = None,
+        *,
+        power: Power = DEFAULT_POWER,
+    ) -> None:
         self.device, self.edge, self.cloud = device, edge, cloud
         self.config = config or ChainControllerConfig()
         self.power = power
         # Edge down: the device's head and the cloud's tail over one (composed) link.
-        self.direct = CostTable(ids=device.ids, head_ms=device.head_ms, tail_ms=cloud.tail_ms,
-                                bytes=device.bytes.astype(np.int64),
-                                float_bytes=device.float_bytes.astype(np.int64), reply_bytes=device.reply_bytes,
-                                codecs=dict(zip(device.codecs, device.codec_ratios.tolist(), strict=True)))
+        self.direct = CostTable(
+            ids=device.ids,
+            head_ms=device.head_ms,
+            tail_ms=cloud.tail_ms,
+            bytes=device.bytes.astype(np.int64),
+            float_bytes=device.float_bytes.astype(np.int64),
+            reply_bytes=device.reply_bytes,
+            codecs=dict(zip(device.codecs, device.codec_ratios.tolist(), strict=True)),
+        )
         self.current: str | None = None
         self.switches = 0
         self._seq = 0
@@ -135,8 +147,16 @@ class ChainController:
     def _best(self, route: str, chain: ChainConditions, direct: Conditions, next_available: bool) -> str:
         codecs = self.config.codecs
         if route == "edge":
-            cp = solve_chain(self.device, self.edge, self.cloud, chain, objective=self.config.objective,
-                             power=self.power, codecs=codecs, edge_cuts=None if next_available else [DEVICE_CUT])
+            cp = solve_chain(
+                self.device,
+                self.edge,
+                self.cloud,
+                chain,
+                objective=self.config.objective,
+                power=self.power,
+                codecs=codecs,
+                edge_cuts=None if next_available else [DEVICE_CUT],
+            )
             return _key(cp.device_cut, cp.edge_cut, cp.codec)
         if route == "cloud":
             return str(solve(self.direct, direct, objective=self.config.objective, power=self.power, codecs=codecs))
@@ -151,17 +171,34 @@ class ChainController:
             return False
         return route != "edge" or next_available or parse_chain_plan(plan)[1] == DEVICE_CUT
 
-    def decide(self, now_s: float, hop1: LinkEstimate, hop2: LinkEstimate, *, device_load: float = 1.0,
-               edge_load: float = 1.0, cloud_load: float = 1.0, edge_available: bool = True,
-               next_available: bool = True, cloud_available: bool = True, request: str = "") -> ChainDecision:
+    def decide(
+        self,
+        now_s: float,
+        hop1: LinkEstimate,
+        hop2: LinkEstimate,
+        *,
+        device_load: float = 1.0,
+        edge_load: float = 1.0,
+        cloud_load: float = 1.0,
+        edge_available: bool = True,
+        next_available: bool = True,
+        cloud_available: bool = True,
+        request: str = "",
+    ) -> ChainDecision:
         route = "edge" if edge_available else "cloud" if cloud_available else "local"
-        chain = ChainConditions(device_edge=Link(bandwidth_mbps=hop1.bandwidth_mbps, rtt_ms=hop1.rtt_ms),
-                                edge_cloud=Link(bandwidth_mbps=hop2.bandwidth_mbps, rtt_ms=hop2.rtt_ms),
-                                device_load=device_load, edge_load=edge_load, cloud_load=cloud_load)
+        chain = ChainConditions(
+            device_edge=Link(bandwidth_mbps=hop1.bandwidth_mbps, rtt_ms=hop1.rtt_ms),
+            edge_cloud=Link(bandwidth_mbps=hop2.bandwidth_mbps, rtt_ms=hop2.rtt_ms),
+            device_load=device_load,
+            edge_load=edge_load,
+            cloud_load=cloud_load,
+        )
         # No sample of the direct path: the two hops in series.
-        direct = Conditions(link=Link(bandwidth_mbps=min(hop1.bandwidth_mbps, hop2.bandwidth_mbps),
-                                      rtt_ms=hop1.rtt_ms + hop2.rtt_ms),
-                            device_load=device_load, cloud_load=cloud_load)
+        direct = Conditions(
+            link=Link(bandwidth_mbps=min(hop1.bandwidth_mbps, hop2.bandwidth_mbps), rtt_ms=hop1.rtt_ms + hop2.rtt_ms),
+            device_load=device_load,
+            cloud_load=cloud_load,
+        )
         best = self._best(route, chain, direct, next_available)
         value, predicted = self._cost(route, best, chain, direct)
         plan, previous = best, self.current
@@ -175,17 +212,39 @@ class ChainController:
         self.switches += int(switched)
         self.current = plan
         self._seq += 1
-        return ChainDecision(t_s=now_s, request=request, hop1_mbps=hop1.bandwidth_mbps, hop1_rtt_ms=hop1.rtt_ms,
-                             hop2_mbps=hop2.bandwidth_mbps, hop2_rtt_ms=hop2.rtt_ms, device_load=device_load,
-                             edge_load=edge_load, cloud_load=cloud_load, edge_available=edge_available,
-                             next_available=next_available, cloud_available=cloud_available, previous=previous,
-                             plan=plan, best=best, route=route if plan != DEVICE_CUT else "local",
-                             predicted_ms=predicted, objective_value=value, switched=switched, seq=self._seq)
+        return ChainDecision(
+            t_s=now_s,
+            request=request,
+            hop1_mbps=hop1.bandwidth_mbps,
+            hop1_rtt_ms=hop1.rtt_ms,
+            hop2_mbps=hop2.bandwidth_mbps,
+            hop2_rtt_ms=hop2.rtt_ms,
+            device_load=device_load,
+            edge_load=edge_load,
+            cloud_load=cloud_load,
+            edge_available=edge_available,
+            next_available=next_available,
+            cloud_available=cloud_available,
+            previous=previous,
+            plan=plan,
+            best=best,
+            route=route if plan != DEVICE_CUT else "local",
+            predicted_ms=predicted,
+            objective_value=value,
+            switched=switched,
+            seq=self._seq,
+        )
 
 
-def replay(lines: Iterable[str], device: CostTable, edge: CostTable, cloud: CostTable,
-           config: ChainControllerConfig | None = None, *,
-           power: Power = DEFAULT_POWER) -> list[tuple[ChainDecision, ChainDecision]]:
+def replay(
+    lines: Iterable[str],
+    device: CostTable,
+    edge: CostTable,
+    cloud: CostTable,
+    config: ChainControllerConfig | None = None,
+    *,
+    power: Power = DEFAULT_POWER,
+) -> list[tuple[ChainDecision, ChainDecision]]:
     """Each logged decision (in ``seq`` order) beside the one a fresh controller makes from its inputs."""
     logged = sorted((ChainDecision.from_json(line) for line in lines if line.strip()), key=lambda d: d.seq)
     ctl = ChainController(device, edge, cloud, config, power=power)
@@ -193,10 +252,23 @@ def replay(lines: Iterable[str], device: CostTable, edge: CostTable, cloud: Cost
     for d in logged:
         hop1 = LinkEstimate(bandwidth_mbps=d.hop1_mbps, rtt_ms=d.hop1_rtt_ms, confidence=1.0)
         hop2 = LinkEstimate(bandwidth_mbps=d.hop2_mbps, rtt_ms=d.hop2_rtt_ms, confidence=1.0)
-        out.append((d, ctl.decide(d.t_s, hop1, hop2, device_load=d.device_load, edge_load=d.edge_load,
-                                  cloud_load=d.cloud_load, edge_available=d.edge_available,
-                                  next_available=d.next_available, cloud_available=d.cloud_available,
-                                  request=d.request)))
+        out.append(
+            (
+                d,
+                ctl.decide(
+                    d.t_s,
+                    hop1,
+                    hop2,
+                    device_load=d.device_load,
+                    edge_load=d.edge_load,
+                    cloud_load=d.cloud_load,
+                    edge_available=d.edge_available,
+                    next_available=d.next_available,
+                    cloud_available=d.cloud_available,
+                    request=d.request,
+                ),
+            )
+        )
     return out
 
 

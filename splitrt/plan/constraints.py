@@ -29,8 +29,9 @@ class Constraints:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_head_flops_fraction <= 1.0:
-            raise ConfigError(f"min_head_flops: expected a share of the model's FLOPs in [0, 1], got "
-                              f"{self.min_head_flops_fraction!r}")
+            raise ConfigError(
+                f"min_head_flops: expected a share of the model's FLOPs in [0, 1], got {self.min_head_flops_fraction!r}"
+            )
         if self.device_memory_mb is not None and not self.device_memory_mb > 0:
             raise ConfigError(f"device_memory_mb: expected a number of MB > 0, got {self.device_memory_mb!r}")
 
@@ -39,8 +40,11 @@ class Constraints:
         return self.min_head_flops_fraction > 0 or self.no_raw_input or self.device_memory_mb is not None
 
     def as_dict(self) -> dict[str, object]:
-        return {"min_head_flops_fraction": self.min_head_flops_fraction, "no_raw_input": self.no_raw_input,
-                "device_memory_mb": self.device_memory_mb}
+        return {
+            "min_head_flops_fraction": self.min_head_flops_fraction,
+            "no_raw_input": self.no_raw_input,
+            "device_memory_mb": self.device_memory_mb,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,8 +59,10 @@ class CutFacts:
     def __post_init__(self) -> None:
         n = len(self.ids)
         if not (len(self.head_flops_fraction) == len(self.sends_input) == len(self.head_memory_bytes) == n):
-            raise PlanError(f"CutFacts: expected {n} entries per field (one per cut), got "
-                            f"{len(self.head_flops_fraction)}, {len(self.sends_input)}, {len(self.head_memory_bytes)}")
+            raise PlanError(
+                f"CutFacts: expected {n} entries per field (one per cut), got "
+                f"{len(self.head_flops_fraction)}, {len(self.sends_input)}, {len(self.head_memory_bytes)}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,13 +79,20 @@ class Allowed:
         what += [f"device memory <= {c.device_memory_mb:g} MB"] if c.device_memory_mb is not None else []
         reasons = sorted(set(self.excluded.values()))
         counts = ", ".join(f"{sum(1 for r in self.excluded.values() if r == x)} {x}" for x in reasons)
-        return (f"constraints ({'; '.join(what) or 'none'}): {len(self.cuts)} of {self.total} cuts allowed"
-                + (f" ({counts} excluded)" if counts else "")
-                + ("; routing cannot comply (cloud excluded)" if CLOUD_CUT in self.excluded else ""))
+        return (
+            f"constraints ({'; '.join(what) or 'none'}): {len(self.cuts)} of {self.total} cuts allowed"
+            + (f" ({counts} excluded)" if counts else "")
+            + ("; routing cannot comply (cloud excluded)" if CLOUD_CUT in self.excluded else "")
+        )
 
     def as_dict(self) -> dict[str, object]:
-        return {**self.constraints.as_dict(), "allowed": len(self.cuts), "total": self.total,
-                "excluded": dict(self.excluded), "note": self.note()}
+        return {
+            **self.constraints.as_dict(),
+            "allowed": len(self.cuts),
+            "total": self.total,
+            "excluded": dict(self.excluded),
+            "note": self.note(),
+        }
 
 
 def allowed_cuts(facts: CutFacts, constraints: Constraints) -> Allowed:
@@ -96,8 +109,10 @@ def allowed_cuts(facts: CutFacts, constraints: Constraints) -> Allowed:
     cuts = tuple(c for c in facts.ids if c not in excluded)
     if not cuts:
         smallest = min(m for m in facts.head_memory_bytes if m > 0) if any(facts.head_memory_bytes) else 0
-        raise PlanError(f"constraints {constraints.as_dict()}: expected at least one cut meeting them, got none "
-                        f"(the smallest non-empty head needs {smallest / 2**20:.1f} MB)")
+        raise PlanError(
+            f"constraints {constraints.as_dict()}: expected at least one cut meeting them, got none "
+            f"(the smallest non-empty head needs {smallest / 2**20:.1f} MB)"
+        )
     return Allowed(cuts=cuts, excluded=excluded, constraints=constraints, total=len(facts.ids))
 
 
@@ -108,16 +123,27 @@ class Price:
     cost: float  # objective units (ms, mJ, ms per frame) the constraints add at these conditions
 
     def as_dict(self) -> dict[str, object]:
-        return {"constrained": self.constrained.key, "unconstrained": self.free.key, "cost": self.cost,
-                "objective": self.constrained.objective}
+        return {
+            "constrained": self.constrained.key,
+            "unconstrained": self.free.key,
+            "cost": self.cost,
+            "objective": self.constrained.objective,
+        }
 
 
 def objective_value(plan: Plan) -> float:
     return {"energy": plan.energy_mj, "throughput": plan.period_ms}.get(plan.objective, plan.predicted_ms)
 
 
-def price(table: CostTable, cond: Conditions, allowed: Allowed | Sequence[str], *, objective: str = "latency",
-          power: Power = DEFAULT_POWER, codecs: Sequence[str] | None = None) -> Price:
+def price(
+    table: CostTable,
+    cond: Conditions,
+    allowed: Allowed | Sequence[str],
+    *,
+    objective: str = "latency",
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] | None = None,
+) -> Price:
     cuts = list(allowed.cuts if isinstance(allowed, Allowed) else allowed)
     constrained = solve(table, cond, objective=objective, power=power, codecs=codecs, cuts=cuts)
     free = solve(table, cond, objective=objective, power=power, codecs=codecs)

@@ -103,13 +103,24 @@ class Decision:
         """One compact line for logs and tables; ``Decision.parse`` reads it back exactly, e.g.
         ``#3 t=1.5 c12@fp32 prev=c9@fp32 best=c12@fp32 switched bw=8.0 rtt=20.0 conf=0.9 dl=1.0 cl=1.0
         up pred=23.1 obj=23.1 req=r3 reason='bandwidth 8.0 Mbit/s'``."""
-        words = [f"#{self.seq}", f"t={self.t_s!r}", self.plan, f"prev={self.previous or '-'}",
-                 f"best={self.best}", "switched" if self.switched else "held",
-                 f"bw={self.bandwidth_mbps!r}", f"rtt={self.rtt_ms!r}", f"conf={self.confidence!r}",
-                 f"dl={self.device_load!r}", f"cl={self.cloud_load!r}", "up" if self.cloud_available else "down",
-                 f"pred={self.predicted_ms!r}", f"obj={self.objective_value!r}",
-                 f"terms={self.device_ms!r}/{self.transfer_ms!r}/{self.round_trip_ms!r}/{self.cloud_ms!r}"
-                 + (f"/{self.queue_ms!r}" if self.queue_ms else "")]
+        words = [
+            f"#{self.seq}",
+            f"t={self.t_s!r}",
+            self.plan,
+            f"prev={self.previous or '-'}",
+            f"best={self.best}",
+            "switched" if self.switched else "held",
+            f"bw={self.bandwidth_mbps!r}",
+            f"rtt={self.rtt_ms!r}",
+            f"conf={self.confidence!r}",
+            f"dl={self.device_load!r}",
+            f"cl={self.cloud_load!r}",
+            "up" if self.cloud_available else "down",
+            f"pred={self.predicted_ms!r}",
+            f"obj={self.objective_value!r}",
+            f"terms={self.device_ms!r}/{self.transfer_ms!r}/{self.round_trip_ms!r}/{self.cloud_ms!r}"
+            + (f"/{self.queue_ms!r}" if self.queue_ms else ""),
+        ]
         if self.download_ms or self.reply_bytes:
             words += [f"down={self.download_ms!r}", f"reply={self.reply_bytes}"]
         if self.cloud_queue_ms:
@@ -137,21 +148,40 @@ class Decision:
             terms = [float(x) for x in kv["terms"].split("/")] if "terms" in kv else [0.0] * 4
             terms += [0.0] * (5 - len(terms))  # the queue term is written only when not 0
             return Decision(
-                seq=seq, t_s=float(kv["t"]), plan=plan, previous=None if previous == "-" else previous,
-                best=kv["best"], switched="switched" in flags, bandwidth_mbps=float(kv["bw"]),
-                rtt_ms=float(kv["rtt"]), confidence=float(kv["conf"]), device_load=float(kv["dl"]),
-                cloud_load=float(kv["cl"]), cloud_available="up" in flags, predicted_ms=float(kv["pred"]),
+                seq=seq,
+                t_s=float(kv["t"]),
+                plan=plan,
+                previous=None if previous == "-" else previous,
+                best=kv["best"],
+                switched="switched" in flags,
+                bandwidth_mbps=float(kv["bw"]),
+                rtt_ms=float(kv["rtt"]),
+                confidence=float(kv["conf"]),
+                device_load=float(kv["dl"]),
+                cloud_load=float(kv["cl"]),
+                cloud_available="up" in flags,
+                predicted_ms=float(kv["pred"]),
                 objective_value=float(kv["obj"]),
-                actual_ms=float(kv["actual"]) if "actual" in kv else None, fallback="fallback" in flags,
-                server=kv.get("server"), request=kv["req"], reason=kv["reason"],
+                actual_ms=float(kv["actual"]) if "actual" in kv else None,
+                fallback="fallback" in flags,
+                server=kv.get("server"),
+                request=kv["req"],
+                reason=kv["reason"],
                 extra=json.loads(kv["extra"]) if "extra" in kv else {},
-                device_ms=terms[0], transfer_ms=terms[1], round_trip_ms=terms[2], cloud_ms=terms[3],
-                queue_ms=terms[4], cloud_queue_ms=float(kv.get("cq", 0.0)),
-                download_ms=float(kv.get("down", 0.0)), reply_bytes=int(kv.get("reply", 0)),
+                device_ms=terms[0],
+                transfer_ms=terms[1],
+                round_trip_ms=terms[2],
+                cloud_ms=terms[3],
+                queue_ms=terms[4],
+                cloud_queue_ms=float(kv.get("cq", 0.0)),
+                download_ms=float(kv.get("down", 0.0)),
+                reply_bytes=int(kv.get("reply", 0)),
             )
         except (IndexError, KeyError, ValueError) as exc:
-            raise ConfigError(f"decision: expected the form of str(Decision) ('#SEQ t=... PLAN prev=... "
-                              f"best=...'), got {text!r} ({exc!r})") from exc
+            raise ConfigError(
+                f"decision: expected the form of str(Decision) ('#SEQ t=... PLAN prev=... "
+                f"best=...'), got {text!r} ({exc!r})"
+            ) from exc
 
 
 def _objective_value(plan: Plan, objective: str) -> float:
@@ -165,8 +195,9 @@ def _objective_value(plan: Plan, objective: str) -> float:
 class Controller:
     """Holds the current plan; ``decide`` is a pure function of (state, inputs)."""
 
-    def __init__(self, table: CostTable, config: ControllerConfig | None = None, *,
-                 power: Power = DEFAULT_POWER) -> None:
+    def __init__(
+        self, table: CostTable, config: ControllerConfig | None = None, *, power: Power = DEFAULT_POWER
+    ) -> None:
         self.table = table
         self.config = config or ControllerConfig()
         self.power = power
@@ -187,8 +218,9 @@ class Controller:
             queue_ms=max(load.queue_ms, 0.0),
         )
 
-    def decide(self, now_s: float, link: LinkEstimate, load: LoadEstimate, *,
-               cloud_available: bool = True, request: str = "") -> Decision:
+    def decide(
+        self, now_s: float, link: LinkEstimate, load: LoadEstimate, *, cloud_available: bool = True, request: str = ""
+    ) -> Decision:
         cfg = self.config
         cond = self._conditions(link, load)
         previous = self.current
@@ -196,9 +228,14 @@ class Controller:
             best = evaluate(self.table, DEVICE_CUT, cond, objective=cfg.objective, power=self.power)
             chosen, reason = best, "cloud unavailable: whole model on the device"
         else:
-            best = solve(self.table, cond, objective=cfg.objective, power=self.power,
-                         codecs=list(cfg.codecs) if cfg.codecs else None,
-                         cuts=list(cfg.cuts) if cfg.cuts else None)
+            best = solve(
+                self.table,
+                cond,
+                objective=cfg.objective,
+                power=self.power,
+                codecs=list(cfg.codecs) if cfg.codecs else None,
+                cuts=list(cfg.cuts) if cfg.cuts else None,
+            )
             chosen, reason = best, "first plan" if previous is None else "best plan unchanged"
             if previous is not None and previous != best.key:
                 current = evaluate(self.table, previous, cond, objective=cfg.objective, power=self.power)
@@ -216,21 +253,45 @@ class Controller:
         self._forced_device = not cloud_available
         extra: dict[str, object] = {}
         if cfg.cuts is not None and cloud_available:  # what the allowed cuts cost here (priced per decision)
-            free = solve(self.table, cond, objective=cfg.objective, power=self.power,
-                         codecs=list(cfg.codecs) if cfg.codecs else None)
-            extra = {"unconstrained": free.key, "constraint_cost": _objective_value(chosen, cfg.objective)
-                     - _objective_value(free, cfg.objective)}
+            free = solve(
+                self.table,
+                cond,
+                objective=cfg.objective,
+                power=self.power,
+                codecs=list(cfg.codecs) if cfg.codecs else None,
+            )
+            extra = {
+                "unconstrained": free.key,
+                "constraint_cost": _objective_value(chosen, cfg.objective) - _objective_value(free, cfg.objective),
+            }
         switched = previous is not None and chosen.key != previous
         self.switches += int(switched)
         self.current = chosen.key
         return Decision(
-            seq=self.next_seq(), t_s=now_s, request=request, bandwidth_mbps=link.bandwidth_mbps, rtt_ms=link.rtt_ms,
-            confidence=link.confidence, device_load=load.device_factor, cloud_load=load.cloud_factor,
-            cloud_available=cloud_available, previous=previous, plan=chosen.key, best=best.key,
-            predicted_ms=chosen.predicted_ms, objective_value=_objective_value(chosen, cfg.objective),
-            switched=switched, reason=reason, device_ms=chosen.device_ms, transfer_ms=chosen.transfer_ms,
-            round_trip_ms=chosen.rtt_ms, cloud_ms=chosen.cloud_ms, queue_ms=chosen.queue_ms,
-            cloud_queue_ms=load.queue_ms, download_ms=chosen.download_ms, reply_bytes=chosen.reply_bytes,
+            seq=self.next_seq(),
+            t_s=now_s,
+            request=request,
+            bandwidth_mbps=link.bandwidth_mbps,
+            rtt_ms=link.rtt_ms,
+            confidence=link.confidence,
+            device_load=load.device_factor,
+            cloud_load=load.cloud_factor,
+            cloud_available=cloud_available,
+            previous=previous,
+            plan=chosen.key,
+            best=best.key,
+            predicted_ms=chosen.predicted_ms,
+            objective_value=_objective_value(chosen, cfg.objective),
+            switched=switched,
+            reason=reason,
+            device_ms=chosen.device_ms,
+            transfer_ms=chosen.transfer_ms,
+            round_trip_ms=chosen.rtt_ms,
+            cloud_ms=chosen.cloud_ms,
+            queue_ms=chosen.queue_ms,
+            cloud_queue_ms=load.queue_ms,
+            download_ms=chosen.download_ms,
+            reply_bytes=chosen.reply_bytes,
             extra=extra,
         )
 
@@ -241,14 +302,17 @@ class Controller:
         if self.current:
             keys[self.current] = None
         for f in (1.0, *self.config.warm_bandwidth_factors):
-            est = LinkEstimate(bandwidth_mbps=link.bandwidth_mbps * f, rtt_ms=link.rtt_ms,
-                               confidence=link.confidence)
-            plan = solve(self.table, self._conditions(est, load), objective=self.config.objective,
-                         power=self.power, codecs=list(self.config.codecs) if self.config.codecs else None,
-                         cuts=list(self.config.cuts) if self.config.cuts else None)
+            est = LinkEstimate(bandwidth_mbps=link.bandwidth_mbps * f, rtt_ms=link.rtt_ms, confidence=link.confidence)
+            plan = solve(
+                self.table,
+                self._conditions(est, load),
+                objective=self.config.objective,
+                power=self.power,
+                codecs=list(self.config.codecs) if self.config.codecs else None,
+                cuts=list(self.config.cuts) if self.config.cuts else None,
+            )
             keys[plan.key] = None
         return list(keys)
-
 
 
 ROUTE_CUTS = (CLOUD_CUT, DEVICE_CUT)  # whole-request routing: the whole model here or there
@@ -258,8 +322,11 @@ def parse_policy(spec: str) -> tuple[str, str]:
     """``adaptive`` | ``route`` | ``periodic:SECONDS`` | ``fixed:PLAN`` -> (kind, argument); ConfigError
     otherwise."""
     kind, _, arg = spec.partition(":")
-    if kind not in ("adaptive", "route", "periodic", "fixed") or (kind in ("adaptive", "route") and arg) or (
-            kind not in ("adaptive", "route") and not arg):
+    if (
+        kind not in ("adaptive", "route", "periodic", "fixed")
+        or (kind in ("adaptive", "route") and arg)
+        or (kind not in ("adaptive", "route") and not arg)
+    ):
         raise ConfigError(f"policy: expected adaptive, route, periodic:SECONDS or fixed:PLAN, got {spec!r}")
     if kind == "periodic":
         try:
@@ -300,8 +367,9 @@ class Policy:
         self._periodic_next_s = 0.0
         self._periodic_plan: str | None = None
 
-    def decide(self, now_s: float, link: LinkEstimate, load: LoadEstimate, *,
-               cloud_available: bool = True, request: str = "") -> Decision:
+    def decide(
+        self, now_s: float, link: LinkEstimate, load: LoadEstimate, *, cloud_available: bool = True, request: str = ""
+    ) -> Decision:
         ctl = self.controller
         if self.kind == "fixed":
             return self._imposed(now_s, link, load, self.arg, cloud_available, request)
@@ -313,8 +381,9 @@ class Policy:
             self._periodic_plan = d.plan
         return d
 
-    def _imposed(self, now_s: float, link: LinkEstimate, load: LoadEstimate, plan: str,
-                 cloud_available: bool, request: str) -> Decision:
+    def _imposed(
+        self, now_s: float, link: LinkEstimate, load: LoadEstimate, plan: str, cloud_available: bool, request: str
+    ) -> Decision:
         from splitrt.plan.solver import parse_plan
 
         ctl = self.controller
@@ -322,31 +391,58 @@ class Policy:
         if not cloud_available:
             cut = DEVICE_CUT
         key = cut if cut == DEVICE_CUT else f"{cut}@{codec}"
-        p = evaluate(ctl.table, (cut, codec), ctl._conditions(link, load), objective=ctl.config.objective,
-                     power=ctl.power)
+        p = evaluate(
+            ctl.table, (cut, codec), ctl._conditions(link, load), objective=ctl.config.objective, power=ctl.power
+        )
         prev = ctl.current
         switched = prev is not None and prev != key
         ctl.current = key
-        return Decision(seq=ctl.next_seq(), t_s=now_s, request=request, bandwidth_mbps=link.bandwidth_mbps,
-                        rtt_ms=link.rtt_ms, confidence=link.confidence, device_load=load.device_factor,
-                        cloud_load=load.cloud_factor, cloud_available=cloud_available, previous=prev, plan=key,
-                        best=key, predicted_ms=p.predicted_ms, objective_value=p.predicted_ms, switched=switched,
-                        reason=f"policy {self.spec}", device_ms=p.device_ms, transfer_ms=p.transfer_ms,
-                        round_trip_ms=p.rtt_ms, cloud_ms=p.cloud_ms, queue_ms=p.queue_ms,
-                        cloud_queue_ms=load.queue_ms, download_ms=p.download_ms, reply_bytes=p.reply_bytes)
+        return Decision(
+            seq=ctl.next_seq(),
+            t_s=now_s,
+            request=request,
+            bandwidth_mbps=link.bandwidth_mbps,
+            rtt_ms=link.rtt_ms,
+            confidence=link.confidence,
+            device_load=load.device_factor,
+            cloud_load=load.cloud_factor,
+            cloud_available=cloud_available,
+            previous=prev,
+            plan=key,
+            best=key,
+            predicted_ms=p.predicted_ms,
+            objective_value=p.predicted_ms,
+            switched=switched,
+            reason=f"policy {self.spec}",
+            device_ms=p.device_ms,
+            transfer_ms=p.transfer_ms,
+            round_trip_ms=p.rtt_ms,
+            cloud_ms=p.cloud_ms,
+            queue_ms=p.queue_ms,
+            cloud_queue_ms=load.queue_ms,
+            download_ms=p.download_ms,
+            reply_bytes=p.reply_bytes,
+        )
 
 
 def route_config(config: ControllerConfig) -> ControllerConfig:
     """``config`` restricted to whole-request routing (and to its own cuts, if it has any)."""
     cuts = tuple(c for c in ROUTE_CUTS if config.cuts is None or c in config.cuts)
     if not cuts:
-        raise ConfigError(f"policy route: the allowed cuts {list(config.cuts or ())} include neither "
-                          f"{CLOUD_CUT} nor {DEVICE_CUT}")
+        raise ConfigError(
+            f"policy route: the allowed cuts {list(config.cuts or ())} include neither {CLOUD_CUT} nor {DEVICE_CUT}"
+        )
     return replace(config, cuts=cuts)
 
 
-def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | None = None, *,
-           power: Power = DEFAULT_POWER, model: str | None = None) -> list[tuple[Decision, Decision]]:
+def replay(
+    lines: Iterable[str],
+    table: CostTable,
+    config: ControllerConfig | None = None,
+    *,
+    power: Power = DEFAULT_POWER,
+    model: str | None = None,
+) -> list[tuple[Decision, Decision]]:
     """Re-run a decision log through a fresh controller: pairs of (logged, replayed) decisions.
 
     Lines are taken in decision order (``seq``). A decision a fixed or periodic policy imposed
@@ -370,8 +466,9 @@ def replay(lines: Iterable[str], table: CostTable, config: ControllerConfig | No
         again = ctl.decide(
             logged.t_s,
             LinkEstimate(bandwidth_mbps=logged.bandwidth_mbps, rtt_ms=logged.rtt_ms, confidence=logged.confidence),
-            LoadEstimate(device_factor=logged.device_load, cloud_factor=logged.cloud_load,
-                         queue_ms=logged.cloud_queue_ms),
+            LoadEstimate(
+                device_factor=logged.device_load, cloud_factor=logged.cloud_load, queue_ms=logged.cloud_queue_ms
+            ),
             cloud_available=logged.cloud_available,
             request=logged.request,
         )

@@ -195,17 +195,29 @@ class CostTable:
 
     def to_dict(self) -> dict[str, object]:
         """The table's inputs as plain JSON values (a recorded decision log replays against them)."""
-        return {"ids": list(self.ids), "head_ms": self.head_ms.tolist(), "tail_ms": self.tail_ms.tolist(),
-                "bytes": [int(b) for b in self.bytes], "float_bytes": [int(b) for b in self.float_bytes],
-                "reply_bytes": [int(b) for b in self.reply_bytes],
-                "codecs": {c: float(r) for c, r in zip(self.codecs, self.codec_ratios, strict=True)}}
+        return {
+            "ids": list(self.ids),
+            "head_ms": self.head_ms.tolist(),
+            "tail_ms": self.tail_ms.tolist(),
+            "bytes": [int(b) for b in self.bytes],
+            "float_bytes": [int(b) for b in self.float_bytes],
+            "reply_bytes": [int(b) for b in self.reply_bytes],
+            "codecs": {c: float(r) for c, r in zip(self.codecs, self.codec_ratios, strict=True)},
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CostTable:
         """The inverse of ``to_dict``; ``PlanError`` names a missing key."""
         try:
-            return cls(ids=data["ids"], head_ms=data["head_ms"], tail_ms=data["tail_ms"], bytes=data["bytes"],
-                       float_bytes=data["float_bytes"], reply_bytes=data["reply_bytes"], codecs=data["codecs"])
+            return cls(
+                ids=data["ids"],
+                head_ms=data["head_ms"],
+                tail_ms=data["tail_ms"],
+                bytes=data["bytes"],
+                float_bytes=data["float_bytes"],
+                reply_bytes=data["reply_bytes"],
+                codecs=data["codecs"],
+            )
         except KeyError as exc:
             raise PlanError(f"cost table: expected key {exc.args[0]!r}, got keys {sorted(data)}") from exc
 
@@ -220,8 +232,7 @@ class CostTable:
 
     @classmethod
     def from_cuts(
-        cls, cuts: Sequence[CutCost], *, reply_bytes: int | Sequence[int] = 0,
-        codecs: Mapping[str, float] | None = None
+        cls, cuts: Sequence[CutCost], *, reply_bytes: int | Sequence[int] = 0, codecs: Mapping[str, float] | None = None
     ) -> CostTable:
         return cls(
             ids=[c.cut for c in cuts],
@@ -272,8 +283,9 @@ class CostTable:
 
     def latency_ms(self, cond: Conditions) -> FloatArray:
         """End-to-end latency of every (cut, codec), shape (cuts, codecs)."""
-        per_cut = (self.device_ms(cond) + self.reply_ms(cond) + self.rtt_ms(cond) + self.queue_ms(cond)
-                   + self.cloud_ms(cond))
+        per_cut = (
+            self.device_ms(cond) + self.reply_ms(cond) + self.rtt_ms(cond) + self.queue_ms(cond) + self.cloud_ms(cond)
+        )
         return per_cut[:, None] + self.send_ms(cond)
 
     def energy_mj(self, cond: Conditions, power: Power) -> FloatArray:

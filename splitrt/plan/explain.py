@@ -40,9 +40,17 @@ class Band:
     best_plan: str  # the split plan there
 
     def to_json(self) -> dict[str, object]:
-        return {"objective": self.objective, "device_load": self.device_load, "from_mbps": self.from_mbps,
-                "to_mbps": self.to_mbps, "plans": list(self.plans), "route_plans": list(self.route_plans),
-                "max_gain": self.max_gain, "at_mbps": self.at_mbps, "best_plan": self.best_plan}
+        return {
+            "objective": self.objective,
+            "device_load": self.device_load,
+            "from_mbps": self.from_mbps,
+            "to_mbps": self.to_mbps,
+            "plans": list(self.plans),
+            "route_plans": list(self.route_plans),
+            "max_gain": self.max_gain,
+            "at_mbps": self.at_mbps,
+            "best_plan": self.best_plan,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,10 +68,19 @@ class Verdict:
     device_loads: tuple[float, ...]
 
     def to_json(self) -> dict[str, object]:
-        return {"splits": self.splits, "pays": self.pays, "pay_gain": self.pay_gain, "summary": self.summary,
-                "bands": [b.to_json() for b in self.bands], "smaller_cuts": list(self.smaller_cuts),
-                "min_mbps": self.min_mbps, "max_mbps": self.max_mbps, "rtt_ms": self.rtt_ms,
-                "objectives": list(self.objectives), "device_loads": list(self.device_loads)}
+        return {
+            "splits": self.splits,
+            "pays": self.pays,
+            "pay_gain": self.pay_gain,
+            "summary": self.summary,
+            "bands": [b.to_json() for b in self.bands],
+            "smaller_cuts": list(self.smaller_cuts),
+            "min_mbps": self.min_mbps,
+            "max_mbps": self.max_mbps,
+            "rtt_ms": self.rtt_ms,
+            "objectives": list(self.objectives),
+            "device_loads": list(self.device_loads),
+        }
 
 
 def value(plan: Plan, objective: str) -> float:
@@ -74,8 +91,15 @@ def value(plan: Plan, objective: str) -> float:
     return plan.predicted_ms
 
 
-def gain_at(table: CostTable, cond: Conditions, *, objective: str, power: Power = DEFAULT_POWER,
-            codecs: Sequence[str] | None = None, cuts: Sequence[str] | None = None) -> tuple[float, Plan, Plan]:
+def gain_at(
+    table: CostTable,
+    cond: Conditions,
+    *,
+    objective: str,
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] | None = None,
+    cuts: Sequence[str] | None = None,
+) -> tuple[float, Plan, Plan]:
     """(route objective / split objective, split plan, route plan) at ``cond``; 1.0 when the best plan
     is a routing one. With ``cuts`` (a deployment's constraints) both sides keep to them; routing allowed
     neither device nor cloud has no plan: gain inf."""
@@ -98,32 +122,65 @@ def smaller_than_input(table: CostTable, codecs: Sequence[str] | None = None) ->
     return tuple(c for i, c in enumerate(table.ids) if c not in ROUTE_CUTS and float(sent[i]) < first)
 
 
-def explain(table: CostTable, *, rtt_ms: float, min_mbps: float = 0.1, max_mbps: float = 100.0,
-            objectives: Sequence[str] = OBJECTIVES, device_loads: Sequence[float] = DEVICE_LOADS,
-            cloud_load: float = 1.0, power: Power = DEFAULT_POWER, codecs: Sequence[str] | None = None,
-            cuts: Sequence[str] | None = None, points: int = 160, pay_gain: float = 1.10) -> Verdict:
+def explain(
+    table: CostTable,
+    *,
+    rtt_ms: float,
+    min_mbps: float = 0.1,
+    max_mbps: float = 100.0,
+    objectives: Sequence[str] = OBJECTIVES,
+    device_loads: Sequence[float] = DEVICE_LOADS,
+    cloud_load: float = 1.0,
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] | None = None,
+    cuts: Sequence[str] | None = None,
+    points: int = 160,
+    pay_gain: float = 1.10,
+) -> Verdict:
     """Where inner cuts beat routing over ``[min_mbps, max_mbps]``, per objective and device load."""
     if not 0 < min_mbps < max_mbps:
         raise PlanError(f"explain: expected 0 < min_mbps < max_mbps, got {min_mbps} and {max_mbps}")
     bad = [o for o in objectives if o not in OBJECTIVES]
     if bad or not objectives or not device_loads or any(x < 1 for x in device_loads):
-        raise PlanError(f"explain: expected objectives in {OBJECTIVES} and device loads >= 1, got "
-                        f"{list(objectives)} and {list(device_loads)}")
+        raise PlanError(
+            f"explain: expected objectives in {OBJECTIVES} and device loads >= 1, got "
+            f"{list(objectives)} and {list(device_loads)}"
+        )
     bands: list[Band] = []
     for objective in objectives:
         for dl in device_loads:
-            bands += _bands(table, objective, dl, cloud_load, rtt_ms, min_mbps, max_mbps, power, codecs, cuts,
-                            points)
+            bands += _bands(table, objective, dl, cloud_load, rtt_ms, min_mbps, max_mbps, power, codecs, cuts, points)
     smaller = smaller_than_input(table, codecs)
     pays = any(b.max_gain >= pay_gain for b in bands)
-    v = Verdict(splits=bool(bands), pays=pays, pay_gain=pay_gain, summary="", bands=tuple(bands),
-                smaller_cuts=smaller, min_mbps=min_mbps, max_mbps=max_mbps, rtt_ms=rtt_ms,
-                objectives=tuple(objectives), device_loads=tuple(float(x) for x in device_loads))
+    v = Verdict(
+        splits=bool(bands),
+        pays=pays,
+        pay_gain=pay_gain,
+        summary="",
+        bands=tuple(bands),
+        smaller_cuts=smaller,
+        min_mbps=min_mbps,
+        max_mbps=max_mbps,
+        rtt_ms=rtt_ms,
+        objectives=tuple(objectives),
+        device_loads=tuple(float(x) for x in device_loads),
+    )
     return Verdict(**{**v.__dict__, "summary": summary(v, cuts)})
 
 
-def _bands(table: CostTable, objective: str, dl: float, cl: float, rtt_ms: float, lo: float, hi: float,
-           power: Power, codecs: Sequence[str] | None, cuts: Sequence[str] | None, points: int) -> list[Band]:
+def _bands(
+    table: CostTable,
+    objective: str,
+    dl: float,
+    cl: float,
+    rtt_ms: float,
+    lo: float,
+    hi: float,
+    power: Power,
+    codecs: Sequence[str] | None,
+    cuts: Sequence[str] | None,
+    points: int,
+) -> list[Band]:
     def at(bw: float) -> tuple[float, Plan, Plan]:
         cond = Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt_ms), device_load=dl, cloud_load=cl)
         return gain_at(table, cond, objective=objective, power=power, codecs=codecs, cuts=cuts)
@@ -144,13 +201,22 @@ def _bands(table: CostTable, objective: str, dl: float, cl: float, rtt_ms: float
             j += 1
         start = lo if i == 0 else _edge(wins, grid[i - 1], grid[i])
         end = hi if j == len(grid) - 1 else _edge(wins, grid[j], grid[j + 1])
-        inside = grid[i:j + 1]
+        inside = grid[i : j + 1]
         results = [at(b) for b in inside]
         k = int(np.argmax([g for g, _, _ in results]))
-        out.append(Band(objective=objective, device_load=dl, from_mbps=start, to_mbps=end,
-                        plans=tuple(dict.fromkeys(s.key for _, s, _ in results)),
-                        route_plans=tuple(dict.fromkeys(r.key for _, _, r in results)),
-                        max_gain=results[k][0], at_mbps=inside[k], best_plan=results[k][1].key))
+        out.append(
+            Band(
+                objective=objective,
+                device_load=dl,
+                from_mbps=start,
+                to_mbps=end,
+                plans=tuple(dict.fromkeys(s.key for _, s, _ in results)),
+                route_plans=tuple(dict.fromkeys(r.key for _, _, r in results)),
+                max_gain=results[k][0],
+                at_mbps=inside[k],
+                best_plan=results[k][1].key,
+            )
+        )
         i = j + 1
     return out
 
@@ -171,16 +237,19 @@ def _edge(wins: Callable[[float], bool], a: float, b: float) -> float:
 
 def summary(v: Verdict, cuts: Sequence[str] | None = None) -> str:
     """The verdict in one line."""
-    where = (f"{v.min_mbps:g}-{v.max_mbps:g} Mbit/s, rtt {v.rtt_ms:g} ms, device load "
-             f"{'/'.join(f'{x:g}' for x in v.device_loads)}, {'/'.join(v.objectives)}")
+    where = (
+        f"{v.min_mbps:g}-{v.max_mbps:g} Mbit/s, rtt {v.rtt_ms:g} ms, device load "
+        f"{'/'.join(f'{x:g}' for x in v.device_loads)}, {'/'.join(v.objectives)}"
+    )
     if cuts is not None and not any(c in ROUTE_CUTS for c in cuts):
         return f"split: routing cannot meet the constraints (neither device nor cloud allowed) ({where})"
     if not v.bands:
         if not v.smaller_cuts:
-            return ("route, do not split: no inner tensor is smaller than the input under any allowed codec "
-                    f"({where})")
-        return (f"route, do not split: inner cuts never beat routing here, though {len(v.smaller_cuts)} send "
-                f"fewer bytes than the input ({where})")
+            return f"route, do not split: no inner tensor is smaller than the input under any allowed codec ({where})"
+        return (
+            f"route, do not split: inner cuts never beat routing here, though {len(v.smaller_cuts)} send "
+            f"fewer bytes than the input ({where})"
+        )
     verdict = "split" if v.pays else f"route (splitting gains < {(v.pay_gain - 1) * 100:.0f} %)"
     parts = []
     for objective in v.objectives:
@@ -189,6 +258,8 @@ def summary(v: Verdict, cuts: Sequence[str] | None = None) -> str:
             parts.append(f"{objective} never")
             continue
         b = max(mine, key=lambda x: x.max_gain)
-        parts.append(f"{objective} up to {(b.max_gain - 1) * 100:.1f} % ({b.best_plan}, device load {b.device_load:g}, "
-                     f"{b.at_mbps:.3g} Mbit/s; {b.from_mbps:.3g}-{b.to_mbps:.3g})")
+        parts.append(
+            f"{objective} up to {(b.max_gain - 1) * 100:.1f} % ({b.best_plan}, device load {b.device_load:g}, "
+            f"{b.at_mbps:.3g} Mbit/s; {b.from_mbps:.3g}-{b.to_mbps:.3g})"
+        )
     return f"{verdict}: inner cuts beat routing for " + ", ".join(parts) + f" ({where})"

@@ -133,9 +133,7 @@ def best_by_enumeration(dag: Dag, cond: Conditions) -> HeadChoice:
     for head in down_closed_sets(dag):
         lat = head_latency_ms(dag, head, cond)
         if best is None or lat < best.latency_ms:
-            best = HeadChoice(
-                head=head, latency_ms=lat, crossing_bytes=sum(t.bytes for t in crossing(dag, head))
-            )
+            best = HeadChoice(head=head, latency_ms=lat, crossing_bytes=sum(t.bytes for t in crossing(dag, head)))
     assert best is not None
     return best
 

@@ -102,8 +102,7 @@ class LinkConfig:
             ("half_life_s", self.half_life_s > 0, self.half_life_s),
             ("full_confidence_samples", self.full_confidence_samples >= 1, self.full_confidence_samples),
             ("probe_after_s", self.probe_after_s > 0, self.probe_after_s),
-            ("max_sample_age_s", self.max_sample_age_s is None or self.max_sample_age_s > 0,
-             self.max_sample_age_s),
+            ("max_sample_age_s", self.max_sample_age_s is None or self.max_sample_age_s > 0, self.max_sample_age_s),
             ("min_probe_interval_s", self.min_probe_interval_s >= 0, self.min_probe_interval_s),
             ("prior_bandwidth_mbps", self.prior_bandwidth_mbps > 0, self.prior_bandwidth_mbps),
             ("prior_rtt_ms", self.prior_rtt_ms >= 0, self.prior_rtt_ms),
@@ -482,5 +481,6 @@ class LoadEstimator:
         return factor
 
     def estimate(self, now_s: float) -> LoadEstimate:
-        return LoadEstimate(device_factor=self._device.get(now_s) * self.device_speed,
-                            cloud_factor=self._cloud.get(now_s))
+        return LoadEstimate(
+            device_factor=self._device.get(now_s) * self.device_speed, cloud_factor=self._cloud.get(now_s)
+        )

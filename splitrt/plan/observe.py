@@ -81,16 +81,16 @@ def observe_reply(obs: ReplyObservation, now_s: float, *, link: LinkEstimator | 
     if link is not None:
         link.add_transfer(now_s, obs.bytes_up + obs.bytes_down, max(obs.net_s, 0.0))
     if obs.profiled_tail_s > 0:
-        load.add_cloud(now_s, queue_wait_s=obs.queue_wait_s, profiled_tail_s=obs.profiled_tail_s,
-                       tail_s=obs.tail_s)
+        load.add_cloud(now_s, queue_wait_s=obs.queue_wait_s, profiled_tail_s=obs.profiled_tail_s, tail_s=obs.tail_s)
 
 
 def observe_queue(queue: QueueEstimator, report: QueueReport, now_s: float, *, own: bool) -> None:
     """A load report; ``own``: it came in the reply of a request still counted in its queue depth. The
     state reported predicts the next wait; the wait this request met does not (it may include a tail
     session's first build: hundreds of ms, once)."""
-    queue.add_load(now_s, queue_depth=max(0, report.queue_depth - int(own)), workers=report.workers,
-                   service_ms=report.service_ms)
+    queue.add_load(
+        now_s, queue_depth=max(0, report.queue_depth - int(own)), workers=report.workers, service_ms=report.service_ms
+    )
 
 
 def observe_probe(link: LinkEstimator, obs: ProbeObservation, now_s: float) -> None:
@@ -134,8 +134,15 @@ class BandwidthProbe:
     rtt_s: float
 
 
-def probe_due(link: LinkEstimator, state: ProbeState, now_s: float, *, up: bool = True,
-              link_busy: bool = False, idle_wait_rounds: int = IDLE_WAIT_ROUNDS) -> tuple[bool, ProbeState]:
+def probe_due(
+    link: LinkEstimator,
+    state: ProbeState,
+    now_s: float,
+    *,
+    up: bool = True,
+    link_busy: bool = False,
+    idle_wait_rounds: int = IDLE_WAIT_ROUNDS,
+) -> tuple[bool, ProbeState]:
     """Whether a server is probed (an RTT probe) in this round, and the schedule's next state.
 
     A server that is up is probed only when the link estimate is stale; a down one (its backoff over:
@@ -161,8 +168,9 @@ def bandwidth_probe(link: LinkEstimator, now_s: float) -> BandwidthProbe | None:
     if not link.needs_bandwidth_probe(now_s):
         return None
     rtt_s = link.estimate(now_s).rtt_ms / 1e3
-    size = link.suggest_probe_bytes(target_s=max(0.05, 2 * rtt_s), lo=BANDWIDTH_PROBE_MIN_BYTES,
-                                    hi=BANDWIDTH_PROBE_MAX_BYTES)
+    size = link.suggest_probe_bytes(
+        target_s=max(0.05, 2 * rtt_s), lo=BANDWIDTH_PROBE_MIN_BYTES, hi=BANDWIDTH_PROBE_MAX_BYTES
+    )
     return BandwidthProbe(bytes_up=size, rtt_s=rtt_s)
 
 
@@ -181,8 +189,10 @@ def relay_probe_sizes(hops: Sequence[LinkEstimator], now_s: float, *, tier_due: 
     an RTT probe elsewhere. Every hop is told the probe went out (``probe_started``)."""
     if not (tier_due or any(h.needs_probe(now_s) for h in hops)):
         return None
-    sizes = tuple(h.suggest_probe_bytes() if h.rtt_confidence(now_s) > 0 and h.needs_bandwidth_probe(now_s)
-                  else RTT_PROBE_BYTES for h in hops)
+    sizes = tuple(
+        h.suggest_probe_bytes() if h.rtt_confidence(now_s) > 0 and h.needs_bandwidth_probe(now_s) else RTT_PROBE_BYTES
+        for h in hops
+    )
     for h in hops:
         h.probe_started(now_s)
     return sizes

@@ -90,8 +90,9 @@ class PathPlan:
     @property
     def value(self) -> float:
         """What ``objective`` minimises (ms, mJ or ms per frame)."""
-        return objective_value(self.objective, latency_ms=self.predicted_ms, energy_mj=self.energy_mj,
-                               period_ms=self.period_ms)
+        return objective_value(
+            self.objective, latency_ms=self.predicted_ms, energy_mj=self.energy_mj, period_ms=self.period_ms
+        )
 
     def __str__(self) -> str:
         return self.key
@@ -199,12 +200,14 @@ def _stage_weights(terms: dict[str, list[FloatArray]], objective: str, power: Po
     idle = power.idle_w
     hops = [idle * (u + (b + f)[:, None]) for u, b, f in zip(up, back, fixed, strict=True)]
     hops[0] = power.send_w * up[0] + idle * (back[0] + fixed[0])[:, None]
-    return _Stages(tier=[power.active_w * compute[0], idle * compute[-1]], mid=[idle * m for m in compute[1:-1]],
-                   hop=hops)
+    return _Stages(
+        tier=[power.active_w * compute[0], idle * compute[-1]], mid=[idle * m for m in compute[1:-1]], hop=hops
+    )
 
 
-def _dp(st: _Stages, allowed_k: npt.NDArray[np.bool_], cut_masks: list[FloatArray | None],
-        additive: bool) -> tuple[float, list[int], list[int]]:
+def _dp(
+    st: _Stages, allowed_k: npt.NDArray[np.bool_], cut_masks: list[FloatArray | None], additive: bool
+) -> tuple[float, list[int], list[int]]:
     """(best value, cut index per hop, codec index per hop) by the stage-by-stage programme."""
     combine = np.add if additive else np.maximum
     back_args: list[IntArray] = []
@@ -264,9 +267,17 @@ def solve_path(
     if not found:
         raise PlanError("no feasible plan: every candidate is excluded or infinite")
     low = min(v for v, _, _ in found)
-    plans = [evaluate_path(tables, (tuple(base.ids[i] for i in idx), tuple(base.codecs[k] for k in kk)), cond,
-                           objective=objective, power=power)
-             for v, idx, kk in found if v <= low + abs(low) * 1e-12]
+    plans = [
+        evaluate_path(
+            tables,
+            (tuple(base.ids[i] for i in idx), tuple(base.codecs[k] for k in kk)),
+            cond,
+            objective=objective,
+            power=power,
+        )
+        for v, idx, kk in found
+        if v <= low + abs(low) * 1e-12
+    ]
     return min(plans, key=lambda p: (p.predicted_ms, sum(p.sent_bytes)))
 
 
@@ -303,11 +314,27 @@ def evaluate_path(
     latency = sum(tier) + sum(transfer) + sum(rtt) + sum(queue)
     waiting = latency - tier[0] - up[0]
     return PathPlan(
-        cuts=tuple(plan_cuts), codecs=tuple(plan_codecs), objective=objective, predicted_ms=latency,
+        cuts=tuple(plan_cuts),
+        codecs=tuple(plan_codecs),
+        objective=objective,
+        predicted_ms=latency,
         energy_mj=power.active_w * tier[0] + power.send_w * up[0] + power.idle_w * waiting,
-        period_ms=max([*tier, *transfer]), tier_ms=tuple(tier), transfer_ms=transfer, rtt_ms=rtt,
-        queue_ms=queue, sent_bytes=tuple(int(base.sent_bytes[i, k]) for i, k in zip(idx, ks, strict=True)))
+        period_ms=max([*tier, *transfer]),
+        tier_ms=tuple(tier),
+        transfer_ms=transfer,
+        rtt_ms=rtt,
+        queue_ms=queue,
+        sent_bytes=tuple(int(base.sent_bytes[i, k]) for i, k in zip(idx, ks, strict=True)),
+    )
 
 
-__all__ = ["PathConditions", "PathPlan", "evaluate_path", "format_path", "format_plan", "parse_path", "parse_plan",
-           "solve_path"]
+__all__ = [
+    "PathConditions",
+    "PathPlan",
+    "evaluate_path",
+    "format_path",
+    "format_plan",
+    "parse_path",
+    "parse_plan",
+    "solve_path",
+]

@@ -33,8 +33,10 @@ def expected_wait_ms(*, queue_depth: int, workers: int, service_ms: float) -> fl
     would be the deterministic-service figure when the running requests just started.
     """
     if workers < 1 or queue_depth < 0 or not (service_ms >= 0 and math.isfinite(service_ms)):
-        raise PlanError(f"queue state: expected workers >= 1, queue_depth >= 0 and a finite service_ms >= 0, "
-                        f"got {workers}, {queue_depth} and {service_ms!r}")
+        raise PlanError(
+            f"queue state: expected workers >= 1, queue_depth >= 0 and a finite service_ms >= 0, "
+            f"got {workers}, {queue_depth} and {service_ms!r}"
+        )
     ahead = queue_depth - workers + 1
     return 0.0 if ahead <= 0 else ahead * service_ms / workers
 
@@ -51,9 +53,12 @@ class QueueConfig:
     default_retry_after_ms: float = 100.0
 
     def __post_init__(self) -> None:
-        for name, ok in (("alpha", 0.0 < self.alpha <= 1.0), ("half_life_s", self.half_life_s > 0),
-                         ("max_wait_ms", self.max_wait_ms > 0),
-                         ("default_retry_after_ms", self.default_retry_after_ms >= 0)):
+        for name, ok in (
+            ("alpha", 0.0 < self.alpha <= 1.0),
+            ("half_life_s", self.half_life_s > 0),
+            ("max_wait_ms", self.max_wait_ms > 0),
+            ("default_retry_after_ms", self.default_retry_after_ms >= 0),
+        ):
             if not ok:
                 raise PlanError(f"QueueConfig.{name}: expected a value in range, got {getattr(self, name)!r}")
 
@@ -84,8 +89,7 @@ class QueueEstimator:
             return 0.0
         if service_ms > 0:
             self.service_ms = service_ms
-        return self._add(now_s, expected_wait_ms(queue_depth=queue_depth, workers=workers,
-                                                 service_ms=self.service_ms))
+        return self._add(now_s, expected_wait_ms(queue_depth=queue_depth, workers=workers, service_ms=self.service_ms))
 
     def add_wait(self, now_s: float, wait_ms: float) -> float:
         """The wait a request met (the reply's ``queue_ms``)."""

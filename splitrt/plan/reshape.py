@@ -86,9 +86,11 @@ def flops_ratios(table: CostTable, at_a: ShapeCosts, at_b: ShapeCosts) -> tuple[
     """Per cut, the (head, tail) time multipliers from A to B (see the module docstring)."""
     for which, costs in (("A", at_a), ("B", at_b)):
         if tuple(costs.ids) != table.ids:
-            raise PlanError(f"shape costs at {which}: expected the table's {len(table.ids)} cut ids "
-                            f"({table.ids[0]}..{table.ids[-1]}), got {len(costs.ids)} ids "
-                            f"({', '.join(list(costs.ids)[:3])}...)")
+            raise PlanError(
+                f"shape costs at {which}: expected the table's {len(table.ids)} cut ids "
+                f"({table.ids[0]}..{table.ids[-1]}), got {len(costs.ids)} ids "
+                f"({', '.join(list(costs.ids)[:3])}...)"
+            )
     ha, ta = (_vector(f"{side} at A", getattr(at_a, side), table.ids) for side in ("head_flops", "tail_flops"))
     hb, tb = (_vector(f"{side} at B", getattr(at_b, side), table.ids) for side in ("head_flops", "tail_flops"))
     whole = _ratio(float(np.max(hb + tb)), float(np.max(ha + ta)))
@@ -115,13 +117,17 @@ def fit_node_ms(ms: FloatArray, nodes: FloatArray, flops: FloatArray) -> tuple[f
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
     a, b = float(coef[0]), float(coef[1])
     if a < 0 or b < 0:  # clamp one term at 0 and refit the other alone
-        a, b = (0.0, float(y @ x[:, 1] / (x[:, 1] @ x[:, 1] or 1.0))) if a < 0 else \
-            (float(y @ x[:, 0] / (x[:, 0] @ x[:, 0] or 1.0)), 0.0)
+        a, b = (
+            (0.0, float(y @ x[:, 1] / (x[:, 1] @ x[:, 1] or 1.0)))
+            if a < 0
+            else (float(y @ x[:, 0] / (x[:, 0] @ x[:, 0] or 1.0)), 0.0)
+        )
     return max(a, 0.0), max(b, 0.0)
 
 
-def _node_aware(ms: FloatArray, nodes_seq: Sequence[int], f_a: FloatArray, f_b: FloatArray,
-                flops_ratio: FloatArray) -> FloatArray:
+def _node_aware(
+    ms: FloatArray, nodes_seq: Sequence[int], f_a: FloatArray, f_b: FloatArray, flops_ratio: FloatArray
+) -> FloatArray:
     """Per cut, the multiplier from A to B when each node costs a fixed time on top of its FLOPs."""
     nodes = np.asarray(nodes_seq, dtype=np.float64)
     node_ms, per_flop = fit_node_ms(ms, nodes, f_a)
@@ -160,15 +166,25 @@ def scale_table(table: CostTable, at_a: ShapeCosts, at_b: ShapeCosts, *, fixed_m
 
     bytes_b = _vector("bytes at B", at_b.bytes, table.ids)
     float_b = _vector("float_bytes at B", at_b.float_bytes, table.ids)
-    return CostTable(ids=table.ids, head_ms=scaled(table.head_ms, head_r), tail_ms=scaled(table.tail_ms, tail_r),
-                     bytes=bytes_b.astype(np.int64), float_bytes=float_b.astype(np.int64),
-                     reply_bytes=np.asarray(at_b.reply_bytes, dtype=np.float64),
-                     codecs=dict(zip(table.codecs, table.codec_ratios.tolist(), strict=True)))
+    return CostTable(
+        ids=table.ids,
+        head_ms=scaled(table.head_ms, head_r),
+        tail_ms=scaled(table.tail_ms, tail_r),
+        bytes=bytes_b.astype(np.int64),
+        float_bytes=float_b.astype(np.int64),
+        reply_bytes=np.asarray(at_b.reply_bytes, dtype=np.float64),
+        codecs=dict(zip(table.codecs, table.codec_ratios.tolist(), strict=True)),
+    )
 
 
-def replay_by_shape(lines: Iterable[str], table_for: Callable[[Signature | None], CostTable],
-                    config: ControllerConfig | None = None, *, power: Power = DEFAULT_POWER,
-                    model: str | None = None) -> list[tuple[Decision, Decision]]:
+def replay_by_shape(
+    lines: Iterable[str],
+    table_for: Callable[[Signature | None], CostTable],
+    config: ControllerConfig | None = None,
+    *,
+    power: Power = DEFAULT_POWER,
+    model: str | None = None,
+) -> list[tuple[Decision, Decision]]:
     """``controller.replay`` for a runtime that keeps one controller per request shape: the lines are
     grouped by their ``extra["shape"]`` and each group replays through a fresh controller on
     ``table_for(signature)`` (``None`` for lines without one: logs of before per-shape plans).

@@ -68,11 +68,23 @@ class Plan:
 
 
 def _plan(est: Estimate, objective: str) -> Plan:
-    return Plan(cut=est.cut, codec=est.codec, objective=objective, predicted_ms=est.latency_ms,
-                energy_mj=est.energy_mj, period_ms=est.period_ms, device_ms=est.device_ms,
-                transfer_ms=est.transfer_ms, rtt_ms=est.rtt_ms, cloud_ms=est.cloud_ms, bytes=est.bytes,
-                sent_bytes=est.sent_bytes, queue_ms=est.queue_ms, download_ms=est.download_ms,
-                reply_bytes=est.reply_bytes)
+    return Plan(
+        cut=est.cut,
+        codec=est.codec,
+        objective=objective,
+        predicted_ms=est.latency_ms,
+        energy_mj=est.energy_mj,
+        period_ms=est.period_ms,
+        device_ms=est.device_ms,
+        transfer_ms=est.transfer_ms,
+        rtt_ms=est.rtt_ms,
+        cloud_ms=est.cloud_ms,
+        bytes=est.bytes,
+        sent_bytes=est.sent_bytes,
+        queue_ms=est.queue_ms,
+        download_ms=est.download_ms,
+        reply_bytes=est.reply_bytes,
+    )
 
 
 def _pick(primary: FloatArray, secondary: FloatArray, tertiary: FloatArray) -> int:
@@ -304,15 +316,25 @@ def _check_chain(device: CostTable, edge: CostTable, cloud: CostTable) -> None:
 
 
 def _path_conditions(cond: ChainConditions) -> PathConditions:
-    return PathConditions(hops=(cond.device_edge, cond.edge_cloud),
-                          loads=(cond.device_load, cond.edge_load, cond.cloud_load))
+    return PathConditions(
+        hops=(cond.device_edge, cond.edge_cloud), loads=(cond.device_load, cond.edge_load, cond.cloud_load)
+    )
 
 
 def _chain_plan(p: PathPlan, codec: str) -> ChainPlan:
-    return ChainPlan(device_cut=p.cuts[0], edge_cut=p.cuts[1], codec=codec, objective=p.objective,
-                     predicted_ms=p.predicted_ms, energy_mj=p.energy_mj, period_ms=p.period_ms,
-                     device_ms=p.tier_ms[0], edge_ms=p.tier_ms[1], cloud_ms=p.tier_ms[2],
-                     transfer_ms=sum(p.transfer_ms))
+    return ChainPlan(
+        device_cut=p.cuts[0],
+        edge_cut=p.cuts[1],
+        codec=codec,
+        objective=p.objective,
+        predicted_ms=p.predicted_ms,
+        energy_mj=p.energy_mj,
+        period_ms=p.period_ms,
+        device_ms=p.tier_ms[0],
+        edge_ms=p.tier_ms[1],
+        cloud_ms=p.tier_ms[2],
+        transfer_ms=sum(p.transfer_ms),
+    )
 
 
 def solve_chain(
@@ -343,8 +365,15 @@ def solve_chain(
     if not names:
         raise PlanError("no codec to plan with")
     # One codec on both hops: what the chain runtime sends.
-    p = solve_path([device, edge, cloud], _path_conditions(cond), objective=objective, power=power, codecs=names,
-                   cuts=[device_cuts, edge_cuts], same_codec=True)
+    p = solve_path(
+        [device, edge, cloud],
+        _path_conditions(cond),
+        objective=objective,
+        power=power,
+        codecs=names,
+        cuts=[device_cuts, edge_cuts],
+        same_codec=True,
+    )
     return _chain_plan(p, p.codecs[0])
 
 
@@ -364,15 +393,21 @@ def evaluate_chain(
     first, second, codec = parse_chain_plan(plan) if isinstance(plan, str) else plan
     if device.index(first) > device.index(second):
         raise PlanError(f"chain plan: expected the edge cut at or after the device cut {first!r}, got {second!r}")
-    p = evaluate_path([device, edge, cloud], ((first, second), (codec, codec)), _path_conditions(cond),
-                      objective=objective, power=power)
+    p = evaluate_path(
+        [device, edge, cloud],
+        ((first, second), (codec, codec)),
+        _path_conditions(cond),
+        objective=objective,
+        power=power,
+    )
     return _chain_plan(p, codec)
 
 
 def chain_objective(plan: ChainPlan) -> float:
     """The value ``plan.objective`` minimises (ms, mJ or ms per frame)."""
-    return objective_value(plan.objective, latency_ms=plan.predicted_ms, energy_mj=plan.energy_mj,
-                           period_ms=plan.period_ms)
+    return objective_value(
+        plan.objective, latency_ms=plan.predicted_ms, energy_mj=plan.energy_mj, period_ms=plan.period_ms
+    )
 
 
 __all__ = [

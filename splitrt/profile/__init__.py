@@ -14,10 +14,20 @@ if TYPE_CHECKING:
     from splitrt.profile.profiler import Profile, cost_table, load_profile, measure, save_profile
 
 _NAMES = {
-    "Board": "boards", "load_board": "boards", "flops_table": "priors",
-    "Profile": "profiler", "cost_table": "profiler", "load_profile": "profiler", "measure": "profiler",
-    "save_profile": "profiler", "boards": "", "priors": "", "profiler": "",
-    "energy": "", "power": "", "power_select": "",
+    "Board": "boards",
+    "load_board": "boards",
+    "flops_table": "priors",
+    "Profile": "profiler",
+    "cost_table": "profiler",
+    "load_profile": "profiler",
+    "measure": "profiler",
+    "save_profile": "profiler",
+    "boards": "",
+    "priors": "",
+    "profiler": "",
+    "energy": "",
+    "power": "",
+    "power_select": "",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES)

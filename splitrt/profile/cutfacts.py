@@ -18,9 +18,12 @@ def cut_facts(mg: Any, ids: list[str] | tuple[str, ...] | None = None) -> CutFac
     if missing:
         raise ConfigError(f"{mg.path}: the cost table's cuts {missing[:3]} are not cuts of this model")
     chosen = [by_id[i] for i in order]
-    return CutFacts(ids=tuple(order), head_flops_fraction=tuple(c.head_flops_fraction for c in chosen),
-                    sends_input=tuple(memory.sends_input(mg, chosen)),
-                    head_memory_bytes=tuple(memory.head_memory_bytes(mg, chosen)))
+    return CutFacts(
+        ids=tuple(order),
+        head_flops_fraction=tuple(c.head_flops_fraction for c in chosen),
+        sends_input=tuple(memory.sends_input(mg, chosen)),
+        head_memory_bytes=tuple(memory.head_memory_bytes(mg, chosen)),
+    )
 
 
 def allowed_for(mg: Any, table: Any, constraints: Constraints) -> Allowed | None:

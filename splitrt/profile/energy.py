@@ -58,8 +58,10 @@ class EnergyProfile:
     def from_dict(cls, data: Mapping[str, Any], where: str = "profile") -> EnergyProfile:
         try:
             segs = tuple(SegmentEnergy(**s) for s in data.get("segments", ()))
-            fields = {k: data[k] for k in ("source", "reader", "idle_w", "busy_w", "whole_model_mj",
-                                           "whole_model_ms", "window_s")}
+            fields = {
+                k: data[k]
+                for k in ("source", "reader", "idle_w", "busy_w", "whole_model_mj", "whole_model_ms", "window_s")
+            }
             out = cls(**fields, segments=segs)
         except (KeyError, TypeError) as exc:
             raise ProfileError(f"{where}: corrupt energy object ({type(exc).__name__}: {exc})") from exc
@@ -109,9 +111,16 @@ def measure_energy(
         seg_feeds = {name: values[name] for name in seg.inputs}
         values.update(zip(seg.outputs, sess.run(list(seg.outputs), seg_feeds), strict=True))
         iv = _run_measured(sess, seg_feeds, reader, window_s, warmup)
-        segs.append(SegmentEnergy(start=ids[i], end=ids[i + 1], runs=iv.runs,
-                                  ms=_sig(iv.duration_s * 1e3 / max(iv.runs, 1)),
-                                  energy_mj=_sig(iv.energy_per_run_mj), power_w=_sig(iv.power_w)))
+        segs.append(
+            SegmentEnergy(
+                start=ids[i],
+                end=ids[i + 1],
+                runs=iv.runs,
+                ms=_sig(iv.duration_s * 1e3 / max(iv.runs, 1)),
+                energy_mj=_sig(iv.energy_per_run_mj),
+                power_w=_sig(iv.power_w),
+            )
+        )
     if segs:
         say(f"energy ({reader.name}): {len(segs)} spans measured")
     return EnergyProfile(
@@ -126,8 +135,9 @@ def measure_energy(
     )
 
 
-def _run_measured(sess: Any, feeds: dict[str, np.ndarray], reader: PowerReader, window_s: float,
-                  warmup: int) -> Interval:
+def _run_measured(
+    sess: Any, feeds: dict[str, np.ndarray], reader: PowerReader, window_s: float, warmup: int
+) -> Interval:
     """Warm ``sess`` up, then run it back to back for ``window_s`` under the reader."""
     warm(sess, feeds, warmup)
 
@@ -173,13 +183,31 @@ def plan_power(device: Profile, board: Board | None, *, profile_label: str = "de
         radio_source = board.radio_source or f"{board.path} [power] radio_w"
     measured = profile_energy(device)
     if measured is None or measured.source != MEASURED:
-        return PowerFigures(power=base, source=ESTIMATED, reader=None, origin=origin, radio_source=radio_source,
-                            note="the device profile has no measured energy")
+        return PowerFigures(
+            power=base,
+            source=ESTIMATED,
+            reader=None,
+            origin=origin,
+            radio_source=radio_source,
+            note="the device profile has no measured energy",
+        )
     machine = str(device.host.get("machine", ""))
     if board is not None and board.arch and machine and machine != board.arch:
         # a host profile standing in for the board: its power is the host's, not the board's
-        return PowerFigures(power=base, source=ESTIMATED, reader=None, origin=origin, radio_source=radio_source,
-                            note=f"the profile's energy was measured on {machine}, the board is {board.arch}")
+        return PowerFigures(
+            power=base,
+            source=ESTIMATED,
+            reader=None,
+            origin=origin,
+            radio_source=radio_source,
+            note=f"the profile's energy was measured on {machine}, the board is {board.arch}",
+        )
     power = Power(idle_w=measured.idle_w, active_w=measured.busy_w, radio_w=base.radio_w)
-    return PowerFigures(power=power, source=MEASURED, reader=measured.reader, origin=profile_label,
-                        radio_source=radio_source, note="idle and busy power measured while profiling")
+    return PowerFigures(
+        power=power,
+        source=MEASURED,
+        reader=measured.reader,
+        origin=profile_label,
+        radio_source=radio_source,
+        note="idle and busy power measured while profiling",
+    )

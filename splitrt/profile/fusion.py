@@ -21,8 +21,21 @@ _FUSABLE_PRODUCERS = frozenset(
     {"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "Add", "Sum", "Mul", "Sub", "Div"}
 )
 _FUSABLE_CONSUMERS = frozenset(
-    {"Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "BatchNormalization", "Add",
-     "Sum", "Mul", "Sub", "Div"}
+    {
+        "Relu",
+        "LeakyRelu",
+        "Clip",
+        "Sigmoid",
+        "Tanh",
+        "HardSigmoid",
+        "HardSwish",
+        "BatchNormalization",
+        "Add",
+        "Sum",
+        "Mul",
+        "Sub",
+        "Div",
+    }
 )
 
 

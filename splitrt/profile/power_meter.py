@@ -71,9 +71,7 @@ class CsvMeterReader:
         if self._last is not None:
             t0_s, p0_w = self._last
             if t_s < t0_s:
-                raise PowerError(
-                    f"{self.path}:{self._line_no}: expected time >= the previous line's {t0_s}, got {t_s}"
-                )
+                raise PowerError(f"{self.path}:{self._line_no}: expected time >= the previous line's {t0_s}, got {t_s}")
             self._total_uj += (t_s - t0_s) * (p0_w + power_w) / 2 * 1e6
         self._last = (t_s, power_w)
         self.samples += 1

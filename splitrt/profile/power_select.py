@@ -66,9 +66,7 @@ def open_reader(
     raise ConfigError(f"power reader: expected one of {', '.join(NAMES)}, got {spec!r}")
 
 
-def detect(
-    *, sys_root: Path = SYS_ROOT, run_pmic: Callable[[], str] | None = None, start: bool = True
-) -> Choice:
+def detect(*, sys_root: Path = SYS_ROOT, run_pmic: Callable[[], str] | None = None, start: bool = True) -> Choice:
     """The first reader of ``DETECT_ORDER`` that opens and reads; ``Choice(reader=None)`` with the
     reasons when none does. ``run_pmic`` None: the PMIC is tried only where vcgencmd is on PATH."""
     skipped = []

@@ -59,8 +59,13 @@ def rapl_zones(root: Path = RAPL_ROOT) -> list[RaplZone]:
             label = d.name
         if label == "psys":  # the whole platform: already includes the packages
             continue
-        zones.append(RaplZone(name=f"{d.name}/{label}", energy_path=d / "energy_uj",
-                              max_range_uj=read_number(d / "max_energy_range_uj")))
+        zones.append(
+            RaplZone(
+                name=f"{d.name}/{label}",
+                energy_path=d / "energy_uj",
+                max_range_uj=read_number(d / "max_energy_range_uj"),
+            )
+        )
     if not zones:
         raise PowerError(f"{root}: expected intel-rapl:N zones, got none")
     return zones
@@ -126,14 +131,14 @@ def ina3221_rails(root: Path = SYS_ROOT) -> list[Rail]:
         if _label(hw / "name", "") != "ina3221":
             continue
         for volt in sorted(hw.glob("in[0-9]*_input")):
-            n = volt.name[2:-len("_input")]
+            n = volt.name[2 : -len("_input")]
             curr = hw / f"curr{n}_input"
             label = _label(hw / f"in{n}_label", f"{hw.name}/in{n}")
             if curr.exists() and label != "NC":  # unconnected channels are labelled NC
                 rails.append(Rail(label=label, voltage_mv_path=volt, current_ma_path=curr))
     for dev in sorted(root.glob("bus/i2c/drivers/ina3221x/*/iio:device*")):
         for pw in sorted(dev.glob("in_power[0-9]*_input")):
-            n = pw.name[len("in_power"):-len("_input")]
+            n = pw.name[len("in_power") : -len("_input")]
             rails.append(Rail(label=_label(dev / f"rail_name_{n}", f"{dev.name}/power{n}"), power_mw_path=pw))
     return rails
 

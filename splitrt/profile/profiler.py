@@ -121,17 +121,36 @@ def measure(
     anchors = choose_boundaries(g, kernel, segments, avoid=fused)
     progress(f"per-node kernel times done; {len(fused)} fused-away tensors; {len(anchors)} anchor cuts")
 
-    times = time_anchors(g, anchors, inputs, threads=threads, providers=provs, runs=runs, warmup=warmup,
-                         progress=progress)
+    times = time_anchors(
+        g, anchors, inputs, threads=threads, providers=provs, runs=runs, warmup=warmup, progress=progress
+    )
     peak = max(peak, times.peak_rss_mb)
     # Cuts that separate a fused pair: the tail runs the consumer(s) unfused; time them once per shape.
-    split_ms = split_costs(g, cuts, fused, threads=threads, providers=provs, runs=runs, warmup=warmup,
-                           overhead=times.overhead_ms, progress=progress)
+    split_ms = split_costs(
+        g,
+        cuts,
+        fused,
+        threads=threads,
+        providers=provs,
+        runs=runs,
+        warmup=warmup,
+        overhead=times.overhead_ms,
+        progress=progress,
+    )
     result = interpolate(g, cuts, kernel, anchors, times, split_ms)
     energy = None
     if power is not None:
-        energy = measure_energy(g, anchors, inputs, power, threads=threads, providers=provs,
-                                window_s=energy_window_s, warmup=warmup, progress=progress).to_dict()
+        energy = measure_energy(
+            g,
+            anchors,
+            inputs,
+            power,
+            threads=threads,
+            providers=provs,
+            window_s=energy_window_s,
+            warmup=warmup,
+            progress=progress,
+        ).to_dict()
     full_ms = times.full_ms
     elapsed = time.perf_counter() - t_start
     progress(f"done in {elapsed:.1f} s: full model {full_ms:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
@@ -143,9 +162,14 @@ def measure(
             "nodes": len(g.nodes),
             "flops": g.flops,
             # the binding as applied: with the defaults it took and the Ifs its sample specialised
-            **({"binding": (g.binding or binding).as_dict(),
-                "input_shapes": {k: list(v) for k, v in g.input_shapes.items()}}
-               if binding is not None and g.input_shapes is not None else {}),
+            **(
+                {
+                    "binding": (g.binding or binding).as_dict(),
+                    "input_shapes": {k: list(v) for k, v in g.input_shapes.items()},
+                }
+                if binding is not None and g.input_shapes is not None
+                else {}
+            ),
         },
         host=host_facts(),
         runtime={

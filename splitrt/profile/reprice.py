@@ -47,19 +47,29 @@ class Pricing:
     def note(self) -> str:
         if not self.repriced:
             return f"priced at {fmt_shapes(self.planned)}, the shapes the profiles were measured at"
-        at = (fmt_shapes(self.device) if self.device == self.cloud else
-              f"device {fmt_shapes(self.device)}, cloud {fmt_shapes(self.cloud)}")
-        return (f"priced at {fmt_shapes(self.planned)}: the profiles were measured at {at}, re-priced by "
-                "FLOPs scaling per side of each cut (bytes exact at the new shapes; times an estimate: "
-                "profile at this binding for measured ones)")
+        at = (
+            fmt_shapes(self.device)
+            if self.device == self.cloud
+            else f"device {fmt_shapes(self.device)}, cloud {fmt_shapes(self.cloud)}"
+        )
+        return (
+            f"priced at {fmt_shapes(self.planned)}: the profiles were measured at {at}, re-priced by "
+            "FLOPs scaling per side of each cut (bytes exact at the new shapes; times an estimate: "
+            "profile at this binding for measured ones)"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         def js(s: Shapes) -> dict[str, list[int]]:
             return {k: list(v) for k, v in sorted(s.items())}
 
-        return {"planned": js(self.planned), "device_profile": js(self.device), "cloud_profile": js(self.cloud),
-                "repriced": self.repriced, "method": "plan.reshape.scale_table" if self.repriced else "as profiled",
-                "note": self.note}
+        return {
+            "planned": js(self.planned),
+            "device_profile": js(self.device),
+            "cloud_profile": js(self.cloud),
+            "repriced": self.repriced,
+            "method": "plan.reshape.scale_table" if self.repriced else "as profiled",
+            "note": self.note,
+        }
 
 
 def profile_shapes(profile: Profile, graph: ModelGraph) -> Shapes | None:
@@ -78,10 +88,12 @@ def profile_shapes(profile: Profile, graph: ModelGraph) -> Shapes | None:
 
 
 def _refuse(name: str, planned: Shapes, measured: Shapes | None, why: str) -> ProfileError:
-    return ProfileError(f"cannot re-price the {name} profile for this plan: the plan is at {fmt_shapes(planned)}, "
-                        f"the profile was measured at {fmt_shapes(measured)}: {why}. Profile at the plan's "
-                        "binding (splitrt profile ... with the same --shape/--dim/--sample), or plan at the "
-                        "profile's")
+    return ProfileError(
+        f"cannot re-price the {name} profile for this plan: the plan is at {fmt_shapes(planned)}, "
+        f"the profile was measured at {fmt_shapes(measured)}: {why}. Profile at the plan's "
+        "binding (splitrt profile ... with the same --shape/--dim/--sample), or plan at the "
+        "profile's"
+    )
 
 
 def table_at(graph: ModelGraph, device: Profile, cloud: Profile, table: CostTable) -> tuple[CostTable, Pricing]:
@@ -93,11 +105,19 @@ def table_at(graph: ModelGraph, device: Profile, cloud: Profile, table: CostTabl
     for name, prof in (("device", device), ("cloud", cloud)):
         shapes = profile_shapes(prof, graph)
         if shapes is None:
-            raise _refuse(name, planned, None, "the model has free dims and the profile does not say which "
-                                               "shapes it was measured at")
+            raise _refuse(
+                name,
+                planned,
+                None,
+                "the model has free dims and the profile does not say which shapes it was measured at",
+            )
         measured[name] = shapes
-    pricing = Pricing(planned=planned, device=measured["device"], cloud=measured["cloud"],
-                      repriced=any(reshape.signature(s) != reshape.signature(planned) for s in measured.values()))
+    pricing = Pricing(
+        planned=planned,
+        device=measured["device"],
+        cloud=measured["cloud"],
+        repriced=any(reshape.signature(s) != reshape.signature(planned) for s in measured.values()),
+    )
     if not pricing.repriced:
         return table, pricing
     scaled: dict[str, CostTable] = {}
@@ -105,11 +125,18 @@ def table_at(graph: ModelGraph, device: Profile, cloud: Profile, table: CostTabl
         try:
             at_a = rebind.cut_costs_at(graph, shapes)
             at_b = rebind.cut_costs_at(graph, planned, sample=graph.binding.sample if graph.binding else None)
-            scaled[name] = reshape.scale_table(table, at_a, at_b) if shapes != planned else \
-                reshape.scale_table(table, at_b, at_b)
+            scaled[name] = (
+                reshape.scale_table(table, at_a, at_b) if shapes != planned else reshape.scale_table(table, at_b, at_b)
+            )
         except (ModelError, PlanError) as exc:
             raise _refuse(name, planned, shapes, str(exc)) from exc
     head, tail = scaled["device"], scaled["cloud"]
-    return CostTable(ids=head.ids, head_ms=head.head_ms, tail_ms=tail.tail_ms, bytes=head.bytes.astype(np.int64),
-                     float_bytes=head.float_bytes.astype(np.int64), reply_bytes=head.reply_bytes,
-                     codecs=dict(zip(head.codecs, head.codec_ratios.tolist(), strict=True))), pricing
+    return CostTable(
+        ids=head.ids,
+        head_ms=head.head_ms,
+        tail_ms=tail.tail_ms,
+        bytes=head.bytes.astype(np.int64),
+        float_bytes=head.float_bytes.astype(np.int64),
+        reply_bytes=head.reply_bytes,
+        codecs=dict(zip(head.codecs, head.codec_ratios.tolist(), strict=True)),
+    ), pricing

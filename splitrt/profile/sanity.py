@@ -43,11 +43,15 @@ def implausible(profile: Profile, *, tolerance: float = TOLERANCE) -> list[str]:
             tails.append(f"{big.cut} {big.tail_ms:.2f} ms > {cuts[cheap].cut} {cuts[cheap].tail_ms:.2f} ms")
     out: list[str] = []
     if dearer:
-        out.append(f"heads dearer than the whole model ({total:.2f} ms): " + _names(
-            [f"{c.cut} {c.head_ms:.2f} ms" for c in dearer]))
+        out.append(
+            f"heads dearer than the whole model ({total:.2f} ms): "
+            + _names([f"{c.cut} {c.head_ms:.2f} ms" for c in dearer])
+        )
     if tail_dearer:
-        out.append(f"tails dearer than the whole model ({total:.2f} ms): " + _names(
-            [f"{c.cut} {c.tail_ms:.2f} ms" for c in tail_dearer]))
+        out.append(
+            f"tails dearer than the whole model ({total:.2f} ms): "
+            + _names([f"{c.cut} {c.tail_ms:.2f} ms" for c in tail_dearer])
+        )
     if heads:
         out.append("bigger heads cheaper than smaller heads they contain: " + _names(heads))
     if tails:
@@ -67,6 +71,9 @@ def warning(profile: Profile, label: str) -> str | None:
         return None
     runs = int(profile.runtime.get("runs", 0) or 0)
     more = max(30, 3 * runs)
-    return (f"warning: profile {label} looks noisy (a busy host or too few runs: {runs} per segment): "
-            + " | ".join(lines) + f". Re-profile with more repeats (--runs {more}) on a quieter host; "
-            "plans made on it may pick the wrong cut")
+    return (
+        f"warning: profile {label} looks noisy (a busy host or too few runs: {runs} per segment): "
+        + " | ".join(lines)
+        + f". Re-profile with more repeats (--runs {more}) on a quieter host; "
+        "plans made on it may pick the wrong cut"
+    )

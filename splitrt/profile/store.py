@@ -143,8 +143,9 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
     except FileNotFoundError:
         d = paths.profiles_dir()
         shipped = sorted(f.name for f in d.glob("*.json")) if d.is_dir() else []
-        raise ProfileError(f"{p}: no such profile (expected a file, or a shipped one in {d}: "
-                           f"{', '.join(shipped) or 'none'})") from None
+        raise ProfileError(
+            f"{p}: no such profile (expected a file, or a shipped one in {d}: {', '.join(shipped) or 'none'})"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProfileError(f"{p}: not a JSON profile ({exc})") from exc
     if not isinstance(data, dict):
@@ -160,8 +161,12 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
             raise ProfileError(
                 f"{p}: profile is for model {model.get('name')!r} with sha256 {_short(got_sha)}, "
                 f"expected sha256 {_short(sha256)} (profile the model you plan for"
-                + ("; a '~' id is the model specialised on its sample's If branches: profile and plan with "
-                   "samples that take the same branches)" if "~" in got_sha + sha256 else ")")
+                + (
+                    "; a '~' id is the model specialised on its sample's If branches: profile and plan with "
+                    "samples that take the same branches)"
+                    if "~" in got_sha + sha256
+                    else ")"
+                )
             )
         cuts = tuple(
             CutProfile(

@@ -13,11 +13,33 @@ if TYPE_CHECKING:
     from splitrt.rig.harness import Rig, RigConfig
 
 _NAMES = {
-    "BenchConfig": "bench", "run_bench": "bench", "Rig": "harness", "RigConfig": "harness",
-    "bench": "", "cgroup": "", "harness": "", "netns": "", "shaper": "", "sim": "", "stats": "", "traces": "",
-    "worker": "", "calibration": "", "cloudserver": "", "link": "", "loads": "", "models": "", "processes": "",
-    "quota": "", "tracespec": "",
-    "FleetConfig": "fleet", "run_fleet": "fleet", "fleet": "", "fleetnet": "", "fleetstats": "", "fleetworker": "",
+    "BenchConfig": "bench",
+    "run_bench": "bench",
+    "Rig": "harness",
+    "RigConfig": "harness",
+    "bench": "",
+    "cgroup": "",
+    "harness": "",
+    "netns": "",
+    "shaper": "",
+    "sim": "",
+    "stats": "",
+    "traces": "",
+    "worker": "",
+    "calibration": "",
+    "cloudserver": "",
+    "link": "",
+    "loads": "",
+    "models": "",
+    "processes": "",
+    "quota": "",
+    "tracespec": "",
+    "FleetConfig": "fleet",
+    "run_fleet": "fleet",
+    "fleet": "",
+    "fleetnet": "",
+    "fleetstats": "",
+    "fleetworker": "",
     "owners": "",  # listed, else `from splitrt.rig import owners` resolves through the legacy harness
 }
 __all__ = sorted(_NAMES)

@@ -39,8 +39,17 @@ from splitrt.rig.stats import (
 )
 from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, family_median_mbps, load_trace, trace_family
 
-STRATEGIES = ("device-only", "cloud-only", "static", "static-fixed", "periodic", "route", "adaptive", "oracle",
-              "oracle-route")
+STRATEGIES = (
+    "device-only",
+    "cloud-only",
+    "static",
+    "static-fixed",
+    "periodic",
+    "route",
+    "adaptive",
+    "oracle",
+    "oracle-route",
+)
 # route: the adaptive runtime restricted to the cuts device and cloud (whole-request routing, the baseline
 # splitting must beat); oracle-route: the hindsight oracle over those two cuts, on the route run's times.
 ORACLE_REFS = {"oracle": "adaptive", "oracle-route": "route"}
@@ -49,8 +58,10 @@ ORACLE_REFS = {"oracle": "adaptive", "oracle-route": "route"}
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 LOADS = ("none", "device-burst", "cloud-busy")
 # The HSDPA traces the controller and estimators were tuned on, and ones never used for tuning.
-TRACE_SETS = {"tuned": ("hsdpa/bus", "hsdpa/car", "hsdpa/metro", "hsdpa/train"),
-              "heldout": ("hsdpa/ferry", "hsdpa/tram", "hsdpa/bus-0929", "hsdpa/car-elverum")}
+TRACE_SETS = {
+    "tuned": ("hsdpa/bus", "hsdpa/car", "hsdpa/metro", "hsdpa/train"),
+    "heldout": ("hsdpa/ferry", "hsdpa/tram", "hsdpa/bus-0929", "hsdpa/car-elverum"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,17 +91,22 @@ class BenchConfig:
         if self.warmup_s < 0:
             raise ConfigError(f"warmup_s: expected >= 0, got {self.warmup_s}")
         if not self.rate_hz > 0 or not self.duration_s > 0 or not self.bandwidth_scale > 0 or not self.turn_s > 0:
-            raise ConfigError(f"rate_hz, duration_s, turn_s, bandwidth_scale must be > 0, got {self.rate_hz}, "
-                              f"{self.duration_s}, {self.turn_s}, {self.bandwidth_scale}")
+            raise ConfigError(
+                f"rate_hz, duration_s, turn_s, bandwidth_scale must be > 0, got {self.rate_hz}, "
+                f"{self.duration_s}, {self.turn_s}, {self.bandwidth_scale}"
+            )
 
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     """The acceptance grid's options, shared by ``bench/bench_rig_grid.py`` and ``bench/bench_sim.py``:
     every shipped HSDPA trace x resnet50, inception_v1 on rpi4 x bandwidth scale 1, 5 x load none,
     device-burst by default."""
-    p.add_argument("--traces", default="tuned",
-                   help="comma-separated shipped traces, or 'tuned' (the HSDPA traces the controller was tuned on) "
-                        "or 'heldout' (HSDPA traces never used for tuning)")
+    p.add_argument(
+        "--traces",
+        default="tuned",
+        help="comma-separated shipped traces, or 'tuned' (the HSDPA traces the controller was tuned on) "
+        "or 'heldout' (HSDPA traces never used for tuning)",
+    )
     p.add_argument("--models", default="resnet50,inception_v1")
     p.add_argument("--scales", default="1,5")
     p.add_argument("--loads", default="none,device-burst")
@@ -100,8 +116,11 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
 def grid_cells(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
     """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them."""
     names = [t for item in args.traces.split(",") for t in TRACE_SETS.get(item, (item,))]
-    return list(itertools.product(names, args.models.split(","),
-                                  [float(x) for x in args.scales.split(",")], args.loads.split(",")))
+    return list(
+        itertools.product(
+            names, args.models.split(","), [float(x) for x in args.scales.split(",")], args.loads.split(",")
+        )
+    )
 
 
 def turn_plan(names: Sequence[str], duration_s: float, turn_s: float) -> list[tuple[str, float]]:
@@ -122,17 +141,27 @@ def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, 
     """Policy string per measured strategy (the oracle is computed, not run)."""
     from splitrt.plan import costmodel, solver
 
-    cloud = solver.solve(table, costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=1.0, rtt_ms=rtt_ms)),
-                         cuts=["cloud"], codecs=list(cfg.codecs) if cfg.codecs else None)
+    cloud = solver.solve(
+        table,
+        costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=1.0, rtt_ms=rtt_ms)),
+        cuts=["cloud"],
+        codecs=list(cfg.codecs) if cfg.codecs else None,
+    )
     family = family_median_mbps(trace_family(load_trace(cfg.trace)))
 
     def static_at(mbps: float) -> str:
         cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=mbps, rtt_ms=rtt_ms))
         return solver.solve(table, cond, codecs=list(cfg.codecs) if cfg.codecs else None).key
 
-    return {"device-only": "fixed:device", "cloud-only": f"fixed:{cloud.key}",
-            "static": f"fixed:{static_at(family * cfg.bandwidth_scale)}", "static-fixed": f"fixed:{static_at(family)}",
-            "periodic": f"periodic:{cfg.periodic_s:g}", "route": "route", "adaptive": "adaptive"}
+    return {
+        "device-only": "fixed:device",
+        "cloud-only": f"fixed:{cloud.key}",
+        "static": f"fixed:{static_at(family * cfg.bandwidth_scale)}",
+        "static-fixed": f"fixed:{static_at(family)}",
+        "periodic": f"periodic:{cfg.periodic_s:g}",
+        "route": "route",
+        "adaptive": "adaptive",
+    }
 
 
 def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list[str]:
@@ -144,14 +173,20 @@ def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list
         bw = 0.05 * 10 ** (i / 8)
         for dl in (1.0, 2.0, 4.0, 8.0):
             for cl in (1.0, 3.0, 8.0):
-                cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=bw, rtt_ms=rtt_ms),
-                                            device_load=dl, cloud_load=cl)
+                cond = costmodel.Conditions(
+                    link=costmodel.Link(bandwidth_mbps=bw, rtt_ms=rtt_ms), device_load=dl, cloud_load=cl
+                )
                 cuts.add(solver.solve(table, cond, codecs=list(codecs) if codecs else None).cut)
     return sorted(cuts)
 
 
-def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | None = None,
-              live: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_bench(
+    cfg: BenchConfig,
+    rig: Rig,
+    *,
+    progress: Callable[[str], None] | None = None,
+    live: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run every strategy of ``cfg`` in ``rig`` on the same trace window; return the result dict."""
     from splitrt.graph import model as graph
     from splitrt.rig import shaper
@@ -170,11 +205,20 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
     rig.set_rtt(rtt)
     window = full.window(cfg.trace_offset_s, cfg.duration_s)
     played = window.scaled(cfg.bandwidth_scale) if cfg.bandwidth_scale != 1 else window
-    spec = {"mode": "device", "model_path": str(model_file), "profile_path": str(prof_path),
-            "speed_factor": speed, "pad_factor": cal.pad_factor, "cloud": rig.cloud_address,
-            "codecs": list(cfg.codecs) if cfg.codecs else None, "deadline_ms": cfg.deadline_ms,
-            "threads": rig.config.device_threads, "seed": cfg.seed, "board": rig.board.name,
-            "warm_cuts": likely_cuts(table, rtt, cfg.codecs)}
+    spec = {
+        "mode": "device",
+        "model_path": str(model_file),
+        "profile_path": str(prof_path),
+        "speed_factor": speed,
+        "pad_factor": cal.pad_factor,
+        "cloud": rig.cloud_address,
+        "codecs": list(cfg.codecs) if cfg.codecs else None,
+        "deadline_ms": cfg.deadline_ms,
+        "threads": rig.config.device_threads,
+        "seed": cfg.seed,
+        "board": rig.board.name,
+        "warm_cuts": likely_cuts(table, rtt, cfg.codecs),
+    }
     names = [n for n in cfg.strategies if n not in ORACLE_REFS]
     worker = rig.start_worker(spec, name="device")
     try:
@@ -185,8 +229,10 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
         cloud_ms = float(worker.call({"cmd": "cloud-calibrate", "runs": 5}, 300)["tail_ms"])
         cloud_factor = cloud_ms / profiled_cloud_ms if profiled_cloud_ms > 0 else 1.0
         table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
-        say(f"cloud: {cfg.model} whole model {cloud_ms:.0f} ms on the server now (profile "
-            f"{profiled_cloud_ms:.0f} ms): tail times x{cloud_factor:.2f}")
+        say(
+            f"cloud: {cfg.model} whole model {cloud_ms:.0f} ms on the server now (profile "
+            f"{profiled_cloud_ms:.0f} ms): tail times x{cloud_factor:.2f}"
+        )
         # Device calibration, per model: the board's speed factor was calibrated on resnet50 and leaves
         # other models (and resnet50 itself, by the calibration's tolerance) 4-6 % off; time this model
         # whole on the throttled device and rescale the head times, as an operator profiling the board
@@ -200,17 +246,29 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
         if profiled_device_ms > 0 and device_ms > 0:
             speed = speed * device_ms / profiled_device_ms
         table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
-        say(f"device: {cfg.model} whole model {device_ms:.0f} ms on the emulated {rig.board.name} (table "
-            f"{profiled_device_ms:.0f} ms): head times x{device_ms / max(profiled_device_ms, 1e-9):.2f}")
+        say(
+            f"device: {cfg.model} whole model {device_ms:.0f} ms on the emulated {rig.board.name} (table "
+            f"{profiled_device_ms:.0f} ms): head times x{device_ms / max(profiled_device_ms, 1e-9):.2f}"
+        )
         policies = strategy_policies(cfg, table, rtt)
         cloud_plan = policies["cloud-only"].split(":", 1)[1]
         for name in names:
             say(f"[{name}] policy {policies[name]}: preparing")
             rig.shaper.set_rate(max(played.rate_at(0.0), shaper.MIN_RATE_MBPS))
             (rig.workdir / f"requests-{name}.jsonl").unlink(missing_ok=True)
-            worker.call({"cmd": "prepare", "name": name, "policy": policies[name],
-                         "with_cloud": name != "device-only", "cloud_factor": cloud_factor,
-                         "speed_factor": speed, "rate_hz": cfg.rate_hz, "warmup_s": cfg.warmup_s}, 300)
+            worker.call(
+                {
+                    "cmd": "prepare",
+                    "name": name,
+                    "policy": policies[name],
+                    "with_cloud": name != "device-only",
+                    "cloud_factor": cloud_factor,
+                    "speed_factor": speed,
+                    "rate_hz": cfg.rate_hz,
+                    "warmup_s": cfg.warmup_s,
+                },
+                300,
+            )
         roles = worker.call({"cmd": "roles"}, 30)
         rig.throttle_threads(worker.proc.pid, roles.get("compute_tids", []), roles.get("other_tids", []))
         try:
@@ -220,22 +278,40 @@ def run_bench(cfg: BenchConfig, rig: Rig, *, progress: Callable[[str], None] | N
     finally:
         worker.close()
     result = assemble(cfg, rig, table, played, rtt, runs, cal)
-    result["cloud_calibration"] = {"model": cfg.model, "measured_ms": cloud_ms, "profile_ms": profiled_cloud_ms,
-                                   "factor": cloud_factor}
-    result["device_calibration"] = {"model": cfg.model, "measured_ms": device_ms, "table_ms": profiled_device_ms,
-                                    "speed_factor": speed}
+    result["cloud_calibration"] = {
+        "model": cfg.model,
+        "measured_ms": cloud_ms,
+        "profile_ms": profiled_cloud_ms,
+        "factor": cloud_factor,
+    }
+    result["device_calibration"] = {
+        "model": cfg.model,
+        "measured_ms": device_ms,
+        "table_ms": profiled_device_ms,
+        "speed_factor": speed,
+    }
     result["policies"] = policies
     result["turns"] = {"turn_s": cfg.turn_s, "played": len(turn_plan(names, cfg.duration_s, cfg.turn_s))}
     return result
 
 
-def _play_turns(cfg: BenchConfig, rig: Rig, worker: Any, played: traces.Trace, names: Sequence[str],
-                policies: dict[str, str], model_file: Path, cloud_plan: str, say: Callable[[str], None],
-                live: Callable[[str], None] | None) -> dict[str, dict[str, Any]]:
+def _play_turns(
+    cfg: BenchConfig,
+    rig: Rig,
+    worker: Any,
+    played: traces.Trace,
+    names: Sequence[str],
+    policies: dict[str, str],
+    model_file: Path,
+    cloud_plan: str,
+    say: Callable[[str], None],
+    live: Callable[[str], None] | None,
+) -> dict[str, dict[str, Any]]:
     from splitrt.rig import shaper
 
     runs: dict[str, dict[str, Any]] = {
-        n: {"policy": policies[n], "records": [], "load_intervals": [], "rates": [], "stats": {}} for n in names}
+        n: {"policy": policies[n], "records": [], "load_intervals": [], "rates": [], "stats": {}} for n in names
+    }
     pos = dict.fromkeys(names, 0.0)  # where each strategy is in the window
     count = dict.fromkeys(names, 0)
     for name, until in turn_plan(names, cfg.duration_s, cfg.turn_s):
@@ -248,19 +324,32 @@ def _play_turns(cfg: BenchConfig, rig: Rig, worker: Any, played: traces.Trace, n
             count[name] += 1
             if live is not None:
                 t = float(ev["t_s"])
-                live(f"[{name}] {t:5.1f}/{cfg.duration_s:g} s  req {count[name]:3d}  "
-                     f"link {played.rate_at(t):6.2f} Mbit/s  plan {ev['plan']:<14} {ev['latency_ms']:7.0f} ms")
+                live(
+                    f"[{name}] {t:5.1f}/{cfg.duration_s:g} s  req {count[name]:3d}  "
+                    f"link {played.rate_at(t):6.2f} Mbit/s  plan {ev['plan']:<14} {ev['latency_ms']:7.0f} ms"
+                )
 
         worker.on_event = on_event
         # The link plays the window from this strategy's position on, until the worker is done (its last
         # request may end past the slice: the link keeps following the trace meanwhile).
-        player = shaper.TracePlayer(rig.shaper, played.window(from_s, cfg.duration_s - from_s),
-                                    duration_s=cfg.duration_s - from_s)
+        player = shaper.TracePlayer(
+            rig.shaper, played.window(from_s, cfg.duration_s - from_s), duration_s=cfg.duration_s - from_s
+        )
         t0 = time.monotonic() + 0.05
         try:
             with rig.load_driver(cfg.load, cfg.duration_s, t0, model_file, cloud_plan, from_s=from_s) as applied:
-                worker.send({"cmd": "run", "name": name, "t0": t0, "from_s": from_s, "until_s": until,
-                             "rate_hz": cfg.rate_hz, "tasks_file": rig.board_tasks_file(), "log_path": str(log_path)})
+                worker.send(
+                    {
+                        "cmd": "run",
+                        "name": name,
+                        "t0": t0,
+                        "from_s": from_s,
+                        "until_s": until,
+                        "rate_hz": cfg.rate_hz,
+                        "tasks_file": rig.board_tasks_file(),
+                        "log_path": str(log_path),
+                    }
+                )
                 while time.monotonic() < t0:
                     time.sleep(0.005)
                 player.start()
@@ -284,8 +373,15 @@ def _play_turns(cfg: BenchConfig, rig: Rig, worker: Any, played: traces.Trace, n
     return runs
 
 
-def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_ms: float,
-             runs: dict[str, dict[str, Any]], cal: Calibration) -> dict[str, Any]:
+def assemble(
+    cfg: BenchConfig,
+    rig: Rig,
+    table: Any,
+    played: traces.Trace,
+    rtt_ms: float,
+    runs: dict[str, dict[str, Any]],
+    cal: Calibration,
+) -> dict[str, Any]:
     power = rig.board.power
     sched = burst_intervals(cfg.load, cfg.duration_s)
     strategies: dict[str, Any] = {}
@@ -293,10 +389,13 @@ def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_m
     for name, run in runs.items():
         recs = run["records"]
         ok = [r for r in recs if not r.get("error")]
-        strategies[name] = summarize([r["latency_ms"] for r in ok], [r["plan"] for r in ok],
-                                     failed=len(recs) - len(ok),
-                                     energies=[energy_mj(r, played, power) for r in ok],
-                                     fallbacks=sum(1 for r in ok if r.get("fallback")))
+        strategies[name] = summarize(
+            [r["latency_ms"] for r in ok],
+            [r["plan"] for r in ok],
+            failed=len(recs) - len(ok),
+            energies=[energy_mj(r, played, power) for r in ok],
+            fallbacks=sum(1 for r in ok if r.get("fallback")),
+        )
         strategies[name]["policy"] = run["policy"]
         requests[name] = [[round(float(r["t_s"]), 3), round(float(r["latency_ms"]), 1), r["plan"]] for r in ok]
     costs = measured_costs(table, runs, played, sched, rtt_ms)
@@ -305,31 +404,59 @@ def assemble(cfg: BenchConfig, rig: Rig, table: Any, played: traces.Trace, rtt_m
             continue
         ref = ref_name if ref_name in runs else next(iter(runs))
         strategies[oname], requests[oname] = _oracle_of(
-            cfg, table, costs, runs[ref]["records"], played, sched, power,
-            cuts=("cloud", "device") if oname == "oracle-route" else None)
+            cfg,
+            table,
+            costs,
+            runs[ref]["records"],
+            played,
+            sched,
+            power,
+            cuts=("cloud", "device") if oname == "oracle-route" else None,
+        )
         strategies[oname]["policy"] = f"hindsight over the {ref} run's request times"
     bw = [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)]
     return {
-        "link": rig.kind, "model": cfg.model, "trace": cfg.trace, "trace_offset_s": cfg.trace_offset_s,
-        "board": rig.board.name, "bandwidth_scale": cfg.bandwidth_scale, "load": cfg.load,
-        "rate_hz": cfg.rate_hz, "duration_s": cfg.duration_s, "rtt_ms": rtt_ms,
+        "link": rig.kind,
+        "model": cfg.model,
+        "trace": cfg.trace,
+        "trace_offset_s": cfg.trace_offset_s,
+        "board": rig.board.name,
+        "bandwidth_scale": cfg.bandwidth_scale,
+        "load": cfg.load,
+        "rate_hz": cfg.rate_hz,
+        "duration_s": cfg.duration_s,
+        "rtt_ms": rtt_ms,
         "codecs": list(cfg.codecs) if cfg.codecs else list(table.codecs),
-        "calibration": {**{k: v for k, v in asdict(cal).items() if k != "rounds"}, "rounds": cal.rounds,
-                        "error_pct": cal.error_pct},
+        "calibration": {
+            **{k: v for k, v in asdict(cal).items() if k != "rounds"},
+            "rounds": cal.rounds,
+            "error_pct": cal.error_pct,
+        },
         "measured_costs": costs.as_dict(),
         "strategies": strategies,
-        "timeline": {"bandwidth_mbps": bw, "load_intervals": sched if cfg.load == "device-burst" else (
-            [[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []), "requests": requests},
+        "timeline": {
+            "bandwidth_mbps": bw,
+            "load_intervals": sched
+            if cfg.load == "device-burst"
+            else ([[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []),
+            "requests": requests,
+        },
     }
 
 
-def _oracle_of(cfg: BenchConfig, table: Any, costs: Any, records: list[dict[str, Any]], played: traces.Trace,
-               sched: list[tuple[float, float]], power: Any,
-               cuts: Sequence[str] | None) -> tuple[dict[str, Any], list[list[Any]]]:
+def _oracle_of(
+    cfg: BenchConfig,
+    table: Any,
+    costs: Any,
+    records: list[dict[str, Any]],
+    played: traces.Trace,
+    sched: list[tuple[float, float]],
+    power: Any,
+    cuts: Sequence[str] | None,
+) -> tuple[dict[str, Any], list[list[Any]]]:
     """The hindsight oracle over ``cuts`` on a reference run's request times: its summary and requests."""
     times = [float(r["t_s"]) for r in records]
-    real = [None if r.get("error") or r.get("fallback") else (str(r["plan"]), float(r["latency_ms"]))
-            for r in records]
+    real = [None if r.get("error") or r.get("fallback") else (str(r["plan"]), float(r["latency_ms"])) for r in records]
     picks = oracle(table, costs, times, played, sched, cfg.codecs, real, cuts=cuts)
     energies = []
     for t, (plan, ms) in zip(times, picks, strict=True):
@@ -337,9 +464,14 @@ def _oracle_of(cfg: BenchConfig, table: Any, costs: Any, records: list[dict[str,
         i = table.index(cut)
         ratio = costs.device_ratio_burst if in_intervals(t, sched) else costs.device_ratio_idle
         h = float(table.head_ms[i]) * ratio
-        rec = {"t_s": t, "latency_ms": ms, "head_ms": h, "where": "local" if cut == "device" else "cloud",
-               "rpc_ms": ms, "bytes_up": 0 if cut == "device" else float(
-                   table.sent_bytes[i, table.codec_index(plan.split("@")[1])])}
+        rec = {
+            "t_s": t,
+            "latency_ms": ms,
+            "head_ms": h,
+            "where": "local" if cut == "device" else "cloud",
+            "rpc_ms": ms,
+            "bytes_up": 0 if cut == "device" else float(table.sent_bytes[i, table.codec_index(plan.split("@")[1])]),
+        }
         energies.append(energy_mj(rec, played, power))
     summary = summarize([ms for _, ms in picks], [p for p, _ in picks], 0, energies)
     return summary, [[round(t, 3), round(ms, 1), p] for t, (p, ms) in zip(times, picks, strict=True)]

@@ -51,21 +51,34 @@ def calibrate(rig: Rig) -> Calibration:
     if fixed is not None:
         return _fixed(rig, fixed)
     target = target_ms(rig.board.cpu_speed_factor)
-    w = rig.start_worker({"mode": "calibrate", "model_path": str(zoo.get(CALIBRATION_MODEL)),
-                          "threads": rig.config.device_threads}, name="calibrate")
+    w = rig.start_worker(
+        {"mode": "calibrate", "model_path": str(zoo.get(CALIBRATION_MODEL)), "threads": rig.config.device_threads},
+        name="calibrate",
+    )
     try:
         r0 = w.call({"cmd": "bench", "runs": rig.config.calibration_runs}, REPLY_TIMEOUT_S)
         host_ms, cpu_ms = float(r0["wall_ms"]), float(r0["cpu_ms"])
-        rig.progress(f"calibration: resnet50 unthrottled {host_ms:.0f} ms ({cpu_ms:.0f} ms CPU), "
-                     f"target {target:.0f} ms ({rig.board.name})")
-        base = Calibration(model=CALIBRATION_MODEL, target_ms=target, host_ms=host_ms, host_cpu_ms=cpu_ms,
-                           quota_cpus=None, pad_factor=1.0, measured_ms=host_ms,
-                           rounds=[{"quota_cpus": 0.0, "ms": host_ms}])
+        rig.progress(
+            f"calibration: resnet50 unthrottled {host_ms:.0f} ms ({cpu_ms:.0f} ms CPU), "
+            f"target {target:.0f} ms ({rig.board.name})"
+        )
+        base = Calibration(
+            model=CALIBRATION_MODEL,
+            target_ms=target,
+            host_ms=host_ms,
+            host_cpu_ms=cpu_ms,
+            quota_cpus=None,
+            pad_factor=1.0,
+            measured_ms=host_ms,
+            rounds=[{"quota_cpus": 0.0, "ms": host_ms}],
+        )
         cal = _by_quota(rig, w, base) if rig.kind == "kernel" and rig.config.calibrate else _by_padding(rig, w, base)
     finally:
         w.close()
-    rig.progress(f"calibration: resnet50 on the emulated {rig.board.name}: {cal.measured_ms:.0f} ms "
-                 f"(target {cal.target_ms:.0f} ms, {cal.error_pct:+.1f}%)")
+    rig.progress(
+        f"calibration: resnet50 on the emulated {rig.board.name}: {cal.measured_ms:.0f} ms "
+        f"(target {cal.target_ms:.0f} ms, {cal.error_pct:+.1f}%)"
+    )
     return cal
 
 
@@ -83,9 +96,15 @@ def _fixed(rig: Rig, value: float) -> Calibration:
     """The configured emulation as is: quota ``value`` (kernel) or padding ``value`` (userspace)."""
     if rig.kind == "kernel":
         rig.set_quota(value)
-    return Calibration(model="(not calibrated)", target_ms=math.nan, host_ms=math.nan, host_cpu_ms=math.nan,
-                       quota_cpus=value if rig.kind == "kernel" else None,
-                       pad_factor=1.0 if rig.kind == "kernel" else value, measured_ms=math.nan)
+    return Calibration(
+        model="(not calibrated)",
+        target_ms=math.nan,
+        host_ms=math.nan,
+        host_cpu_ms=math.nan,
+        quota_cpus=value if rig.kind == "kernel" else None,
+        pad_factor=1.0 if rig.kind == "kernel" else value,
+        measured_ms=math.nan,
+    )
 
 
 def _by_quota(rig: Rig, w: JsonWorker, base: Calibration) -> Calibration:
@@ -105,14 +124,29 @@ def _by_quota(rig: Rig, w: JsonWorker, base: Calibration) -> Calibration:
         quota = min(cpus, max(0.02, quota * (measured / target) ** 0.7))
         rig.set_quota(quota)
     rig.throttle_out(w.proc.pid)
-    return Calibration(model=base.model, target_ms=target, host_ms=base.host_ms, host_cpu_ms=base.host_cpu_ms,
-                       quota_cpus=rig.throttle.cpu_fraction, pad_factor=1.0, measured_ms=measured, rounds=rounds)
+    return Calibration(
+        model=base.model,
+        target_ms=target,
+        host_ms=base.host_ms,
+        host_cpu_ms=base.host_cpu_ms,
+        quota_cpus=rig.throttle.cpu_fraction,
+        pad_factor=1.0,
+        measured_ms=measured,
+        rounds=rounds,
+    )
 
 
 def _by_padding(rig: Rig, w: JsonWorker, base: Calibration) -> Calibration:
     pad = max(1.0, base.target_ms / base.host_ms)
     r1 = w.call({"cmd": "bench", "runs": rig.config.calibration_runs, "pad_factor": pad}, REPLY_TIMEOUT_S)
     measured = float(r1["wall_ms"])
-    return Calibration(model=base.model, target_ms=base.target_ms, host_ms=base.host_ms,
-                       host_cpu_ms=base.host_cpu_ms, quota_cpus=None, pad_factor=pad, measured_ms=measured,
-                       rounds=[*base.rounds, {"pad_factor": pad, "ms": measured}])
+    return Calibration(
+        model=base.model,
+        target_ms=base.target_ms,
+        host_ms=base.host_ms,
+        host_cpu_ms=base.host_cpu_ms,
+        quota_cpus=None,
+        pad_factor=pad,
+        measured_ms=measured,
+        rounds=[*base.rounds, {"pad_factor": pad, "ms": measured}],
+    )

@@ -42,8 +42,9 @@ def detect() -> Hierarchy:
         ctl = cand / "cgroup.controllers"
         if ctl.exists() and "cpu" in ctl.read_text().split():
             return Hierarchy(2, cand)
-    raise RigError(f"no cgroup cpu controller found: expected {v1}/cpu.cfs_quota_us or 'cpu' in "
-                   f"{CGROUP_ROOT}/cgroup.controllers")
+    raise RigError(
+        f"no cgroup cpu controller found: expected {v1}/cpu.cfs_quota_us or 'cpu' in {CGROUP_ROOT}/cgroup.controllers"
+    )
 
 
 def _write(path: Path, value: str) -> None:
@@ -105,8 +106,7 @@ class CpuThrottle:
         self.open()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     def open(self) -> None:

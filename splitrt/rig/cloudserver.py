@@ -28,8 +28,7 @@ class CloudProcess:
 
     log_name = "cloud.log"  # in the rig's workdir
 
-    def __init__(self, children: Children, models_dir: Path, *, workers: int,
-                 progress: Callable[[str], None]) -> None:
+    def __init__(self, children: Children, models_dir: Path, *, workers: int, progress: Callable[[str], None]) -> None:
         self.children = children
         self.models_dir = models_dir
         self.workers = workers
@@ -39,8 +38,22 @@ class CloudProcess:
         self.port = 0
 
     def argv(self, host: str, port: int) -> list[str]:
-        return [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(self.models_dir), "--host", host,
-                "--port", str(port), "--workers", str(self.workers), "--log-level", "WARNING"]
+        return [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(self.models_dir),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--workers",
+            str(self.workers),
+            "--log-level",
+            "WARNING",
+        ]
 
     def start(self, host: netns.Host | None, port: int) -> None:
         """Serve on 127.0.0.1:``port`` inside ``host``'s namespace (None: this one); returns once it listens."""
@@ -58,8 +71,10 @@ class CloudProcess:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RigError(f"server ({self.log_name}) exited with code {self.proc.returncode}: "
-                               f"{(self.children.workdir / self.log_name).read_text()[-2000:]}")
+                raise RigError(
+                    f"server ({self.log_name}) exited with code {self.proc.returncode}: "
+                    f"{(self.children.workdir / self.log_name).read_text()[-2000:]}"
+                )
             ok = host.call(probe) if host is not None else probe()
             if ok:
                 return

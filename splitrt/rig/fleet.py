@@ -42,8 +42,16 @@ from splitrt.rig.models import cost_table_for, model_path_for, profile_for
 from splitrt.rig.processes import Children, JsonWorker
 
 STRATEGIES = ("adaptive", "device-only", "cloud-only", "static")
-DEFAULT_TRACES = ("hsdpa/bus", "hsdpa/car", "hsdpa/metro", "hsdpa/train", "hsdpa/ferry", "hsdpa/tram",
-                  "hsdpa/bus-0929", "hsdpa/car-elverum")
+DEFAULT_TRACES = (
+    "hsdpa/bus",
+    "hsdpa/car",
+    "hsdpa/metro",
+    "hsdpa/train",
+    "hsdpa/ferry",
+    "hsdpa/tram",
+    "hsdpa/bus-0929",
+    "hsdpa/car-elverum",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,11 +92,14 @@ class FleetConfig:
         if bad or not self.strategies:
             raise ConfigError(f"strategies: expected names in {', '.join(STRATEGIES)}, got {list(self.strategies)}")
         if not self.segment_s > 0 or self.rounds < 1 or not self.bandwidth_scale > 0 or not self.traces:
-            raise ConfigError(f"segment_s > 0, rounds >= 1, bandwidth_scale > 0 and a trace expected, got "
-                              f"{self.segment_s}, {self.rounds}, {self.bandwidth_scale}, {list(self.traces)}")
+            raise ConfigError(
+                f"segment_s > 0, rounds >= 1, bandwidth_scale > 0 and a trace expected, got "
+                f"{self.segment_s}, {self.rounds}, {self.bandwidth_scale}, {list(self.traces)}"
+            )
         if not all(0.01 <= c <= 64 for c in (*self.device_cpus, self.server_cpus)) or not self.device_cpus:
-            raise ConfigError(f"device_cpus, server_cpus: expected in [0.01, 64], got {list(self.device_cpus)}, "
-                              f"{self.server_cpus}")
+            raise ConfigError(
+                f"device_cpus, server_cpus: expected in [0.01, 64], got {list(self.device_cpus)}, {self.server_cpus}"
+            )
 
 
 def segment_plan(names: Sequence[str], rounds: int) -> list[tuple[int, str]]:
@@ -191,8 +202,10 @@ class Fleet:
         if removed:
             self.progress(f"removed leftovers of earlier runs: {', '.join(removed)}")
         cfg = self.cfg
-        self.progress(f"fleet {self.prefix}: {cfg.devices} device + {cfg.servers} server namespaces, "
-                      f"switch, per-device htb both ways")
+        self.progress(
+            f"fleet {self.prefix}: {cfg.devices} device + {cfg.servers} server namespaces, "
+            f"switch, per-device htb both ways"
+        )
         self.net = FleetNet(self.prefix, cfg.devices, cfg.servers)
         for h in self.net.lan.hosts:  # strategies take turns: parked connections keep their window
             h.call(Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").write_text, "0")
@@ -288,8 +301,12 @@ def policies_for(cfg: FleetConfig, table: Any, median_mbps: float) -> dict[str, 
     cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=median_mbps, rtt_ms=1.0))
     cloud = solver.solve(table, cond, cuts=["cloud"], codecs=codecs)
     static = solver.solve(table, cond, codecs=codecs)
-    return {"adaptive": "adaptive", "device-only": "fixed:device", "cloud-only": f"fixed:{cloud.key}",
-            "static": f"fixed:{static.key}"}
+    return {
+        "adaptive": "adaptive",
+        "device-only": "fixed:device",
+        "cloud-only": f"fixed:{cloud.key}",
+        "static": f"fixed:{static.key}",
+    }
 
 
 def run_fleet(cfg: FleetConfig, workdir: Path, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -309,8 +326,15 @@ def run_fleet(cfg: FleetConfig, workdir: Path, *, progress: Callable[[str], None
     warm = likely_cuts(cost_table_for(prof, mg.sha256, 1 / min(cfg.device_cpus)), 1.0, cfg.codecs)
     with Fleet(cfg, workdir, progress=say) as fleet:
         fleet.start_servers(model_file)
-        base = {"model_path": str(model_file), "profile_path": str(prof), "codecs": list(cfg.codecs or []) or None,
-                "deadline_ms": cfg.deadline_ms, "board": cfg.board, "threads": 1, "warm_cuts": warm}
+        base = {
+            "model_path": str(model_file),
+            "profile_path": str(prof),
+            "codecs": list(cfg.codecs or []) or None,
+            "deadline_ms": cfg.deadline_ms,
+            "board": cfg.board,
+            "threads": 1,
+            "warm_cuts": warm,
+        }
         n, m = cfg.devices, cfg.servers
         addrs = fleet.addresses
         specs = [{**base, "seed": cfg.seed + i, "clouds": [addrs[(i + k) % m] for k in range(m)]} for i in range(n)]
@@ -326,26 +350,50 @@ def run_fleet(cfg: FleetConfig, workdir: Path, *, progress: Callable[[str], None
         cloud_factor = cloud_ms / profiled_ms if profiled_ms > 0 else 1.0
         table = cost_table_for(prof, mg.sha256, statistics.median(speeds), cloud_factor)
         policies = {k: v for k, v in policies_for(cfg, table, median_mbps).items() if k in cfg.strategies}
-        say(f"device whole model {min(heads):.0f}-{max(heads):.0f} ms, server {cloud_ms:.0f} ms; "
-            f"policies {policies}")
+        say(f"device whole model {min(heads):.0f}-{max(heads):.0f} ms, server {cloud_ms:.0f} ms; policies {policies}")
         fleet.net.set_rates([t.rate_at(0.0) for t in dev_traces])
-        fleet.call_all([{"cmd": "prepare", "policies": policies, "speed_factor": s, "cloud_factor": cloud_factor,
-                         "warmup_s": cfg.warmup_s} for s in speeds], 900)
-        segments = [run_segment(cfg, fleet, dev_traces, r, name, say) for r, name in segment_plan(
-            list(policies), cfg.rounds)]
+        fleet.call_all(
+            [
+                {
+                    "cmd": "prepare",
+                    "policies": policies,
+                    "speed_factor": s,
+                    "cloud_factor": cloud_factor,
+                    "warmup_s": cfg.warmup_s,
+                }
+                for s in speeds
+            ],
+            900,
+        )
+        segments = [
+            run_segment(cfg, fleet, dev_traces, r, name, say) for r, name in segment_plan(list(policies), cfg.rounds)
+        ]
         rss = [rss_mb(w.proc.pid) for w in fleet.workers]
         started_s = fleet.started_s
     result = assemble(cfg, segments, addrs, policies)
-    result.update(calibration={"device_head_ms": heads, "profiled_device_ms": profiled_ms, "server_ms": cloud_ms,
-                               "cloud_factor": cloud_factor, "median_link_mbps": median_mbps},
-                  devices_model={"kind": "process per device", "startup_s": started_s,
-                                 "rss_mb_each": statistics.fmean(rss) if rss else 0.0, "rss_mb_total": sum(rss)},
-                  load_before=list(load_before), load_after=list(os.getloadavg()))
+    result.update(
+        calibration={
+            "device_head_ms": heads,
+            "profiled_device_ms": profiled_ms,
+            "server_ms": cloud_ms,
+            "cloud_factor": cloud_factor,
+            "median_link_mbps": median_mbps,
+        },
+        devices_model={
+            "kind": "process per device",
+            "startup_s": started_s,
+            "rss_mb_each": statistics.fmean(rss) if rss else 0.0,
+            "rss_mb_total": sum(rss),
+        },
+        load_before=list(load_before),
+        load_after=list(os.getloadavg()),
+    )
     return result
 
 
-def run_segment(cfg: FleetConfig, fleet: Fleet, dev_traces: Sequence[Any], rnd: int, name: str,
-                say: Callable[[str], None]) -> dict[str, Any]:
+def run_segment(
+    cfg: FleetConfig, fleet: Fleet, dev_traces: Sequence[Any], rnd: int, name: str, say: Callable[[str], None]
+) -> dict[str, Any]:
     """Every device runs ``name`` for one segment (window position ``rnd * segment_s``); the last server
     is killed at ``kill_at_fraction`` and restarted afterwards."""
     assert fleet.net is not None
@@ -365,13 +413,17 @@ def run_segment(cfg: FleetConfig, fleet: Fleet, dev_traces: Sequence[Any], rnd: 
         cpu_at_kill[killed] = fleet.kill_server(killed)
 
     killer = threading.Thread(target=kill, name="fleet-killer", daemon=True) if killed is not None else None
-    say(f"[{name}] round {rnd}: {cfg.devices} devices x {cfg.segment_s:g} s"
-        + (f", server {addrs[killed]} killed at {kill_at:g} s" if killed is not None else ""))
+    say(
+        f"[{name}] round {rnd}: {cfg.devices} devices x {cfg.segment_s:g} s"
+        + (f", server {addrs[killed]} killed at {kill_at:g} s" if killed is not None else "")
+    )
     try:
         if killer is not None:
             killer.start()
-        replies = fleet.call_all([{"cmd": "run", "name": name, "t0": t0, "duration_s": cfg.segment_s,
-                                   "rate_hz": cfg.rate_hz}] * cfg.devices, cfg.segment_s + cfg.deadline_ms / 1e3 + 120)
+        replies = fleet.call_all(
+            [{"cmd": "run", "name": name, "t0": t0, "duration_s": cfg.segment_s, "rate_hz": cfg.rate_hz}] * cfg.devices,
+            cfg.segment_s + cfg.deadline_ms / 1e3 + 120,
+        )
         if killer is not None:
             killer.join()
     finally:
@@ -380,29 +432,55 @@ def run_segment(cfg: FleetConfig, fleet: Fleet, dev_traces: Sequence[Any], rnd: 
     load = os.getloadavg()
     if killed is not None:
         fleet.start_server(killed)
-    seg = {"strategy": name, "round": rnd, "duration_s": cfg.segment_s, "kill_at_s": kill_at,
-           "killed": addrs[killed] if killed is not None else None,
-           "devices": [r["records"] for r in replies],
-           "server_cpu_s": {a: max(0.0, cpu1[j] - cpu0[j]) for j, a in enumerate(addrs)},
-           "server_cpus": cfg.server_cpus, "load_avg": list(load),
-           "refused": sum(int(r.get("stats", {}).get("refused", 0)) for r in replies)}
+    seg = {
+        "strategy": name,
+        "round": rnd,
+        "duration_s": cfg.segment_s,
+        "kill_at_s": kill_at,
+        "killed": addrs[killed] if killed is not None else None,
+        "devices": [r["records"] for r in replies],
+        "server_cpu_s": {a: max(0.0, cpu1[j] - cpu0[j]) for j, a in enumerate(addrs)},
+        "server_cpus": cfg.server_cpus,
+        "load_avg": list(load),
+        "refused": sum(int(r.get("stats", {}).get("refused", 0)) for r in replies),
+    }
     s = fleetstats.summarize([seg], addrs)
-    say(f"[{name}] {s['completed']} done ({s['throughput_rps']:.1f} req/s), {s['failed']} failed, "
+    say(
+        f"[{name}] {s['completed']} done ({s['throughput_rps']:.1f} req/s), {s['failed']} failed, "
         f"p95 {s['p95_ms']:.0f} ms, local {s['local']}, per server {list(s['by_server'].values())}, "
-        f"load average {load[0]:.2f}")
+        f"load average {load[0]:.2f}"
+    )
     return seg
 
 
-def assemble(cfg: FleetConfig, segments: Sequence[dict[str, Any]], addrs: Sequence[str],
-             policies: dict[str, str]) -> dict[str, Any]:
+def assemble(
+    cfg: FleetConfig, segments: Sequence[dict[str, Any]], addrs: Sequence[str], policies: dict[str, str]
+) -> dict[str, Any]:
     by_name = {n: [s for s in segments if s["strategy"] == n] for n in policies}
-    strategies = {n: {**fleetstats.summarize(segs, addrs), "policy": policies[n],
-                      "load_avg": [s["load_avg"] for s in segs], "refused": sum(s["refused"] for s in segs)}
-                  for n, segs in by_name.items()}
-    comparisons = ({n: fleetstats.compare(by_name["adaptive"], segs, seed=cfg.seed)
-                    for n, segs in by_name.items() if n != "adaptive"} if "adaptive" in by_name else {})
+    strategies = {
+        n: {
+            **fleetstats.summarize(segs, addrs),
+            "policy": policies[n],
+            "load_avg": [s["load_avg"] for s in segs],
+            "refused": sum(s["refused"] for s in segs),
+        }
+        for n, segs in by_name.items()
+    }
+    comparisons = (
+        {
+            n: fleetstats.compare(by_name["adaptive"], segs, seed=cfg.seed)
+            for n, segs in by_name.items()
+            if n != "adaptive"
+        }
+        if "adaptive" in by_name
+        else {}
+    )
     cfg_d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()}
-    return {"config": cfg_d, "servers": list(addrs), "strategies": strategies, "vs_adaptive": comparisons,
-            "verdict": fleetstats.verdict(strategies, comparisons),
-            "segments": [{k: v for k, v in s.items() if k != "devices"} | fleetstats.kill_account(s)
-                         for s in segments]}
+    return {
+        "config": cfg_d,
+        "servers": list(addrs),
+        "strategies": strategies,
+        "vs_adaptive": comparisons,
+        "verdict": fleetstats.verdict(strategies, comparisons),
+        "segments": [{k: v for k, v in s.items() if k != "devices"} | fleetstats.kill_account(s) for s in segments],
+    }

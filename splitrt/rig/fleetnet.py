@@ -53,20 +53,24 @@ class FleetNet:
 
     @property
     def devices(self) -> list[netns.Host]:
-        return self.lan.hosts[:self.n_devices]
+        return self.lan.hosts[: self.n_devices]
 
     @property
     def servers(self) -> list[netns.Host]:
-        return self.lan.hosts[self.n_devices:]
+        return self.lan.hosts[self.n_devices :]
 
     def _redirect_ingress(self, i: int) -> None:
         sw = self.switch_ns
         netns.run_cmd(["ip", "-n", sw, "link", "add", f"ifb{i}", "type", "ifb"])
         netns.run_cmd(["ip", "-n", sw, "link", "set", f"ifb{i}", "up"])
-        netns.run_cmd(["ip", "netns", "exec", sw, "tc", "-batch", "-"], input_text=(
-            f"qdisc add dev p{i} handle ffff: ingress\n"
-            f"filter add dev p{i} parent ffff: protocol all u32 match u32 0 0 "
-            f"action mirred egress redirect dev ifb{i}\n"))
+        netns.run_cmd(
+            ["ip", "netns", "exec", sw, "tc", "-batch", "-"],
+            input_text=(
+                f"qdisc add dev p{i} handle ffff: ingress\n"
+                f"filter add dev p{i} parent ffff: protocol all u32 match u32 0 0 "
+                f"action mirred egress redirect dev ifb{i}\n"
+            ),
+        )
 
     def set_rates(self, rates_mbps: Sequence[float]) -> int:
         """Rate (goodput, both directions) of every device; returns how many changed. One tc call."""
@@ -84,8 +88,7 @@ class FleetNet:
                 lines += [s._batch(mbps, first, f"p{i}"), s._batch(mbps, first, f"ifb{i}")]
                 self._rates[i] = mbps
             if lines:
-                netns.run_cmd(["ip", "netns", "exec", self.switch_ns, "tc", "-batch", "-"],
-                              input_text="".join(lines))
+                netns.run_cmd(["ip", "netns", "exec", self.switch_ns, "tc", "-batch", "-"], input_text="".join(lines))
             self._installed = True
             return len(lines) // 2
 
@@ -101,8 +104,9 @@ class FleetPlayer:
     """A thread playing every device's trace on ``net`` from window position ``from_s`` (played at
     monotonic ``t0``), re-rating the fleet every ``step_s``; ``log`` = [(position, [rates])]."""
 
-    def __init__(self, net: FleetNet, traces_by_device: Sequence[Trace], *, from_s: float, t0: float,
-                 step_s: float = 1.0) -> None:
+    def __init__(
+        self, net: FleetNet, traces_by_device: Sequence[Trace], *, from_s: float, t0: float, step_s: float = 1.0
+    ) -> None:
         self.net = net
         self.traces = list(traces_by_device)
         self.from_s = from_s

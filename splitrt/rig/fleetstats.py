@@ -87,25 +87,32 @@ def summarize(segments: Sequence[Mapping[str, Any]], servers: Sequence[str]) -> 
     for r in ok:
         plans[r[PLAN]] = plans.get(r[PLAN], 0) + 1
     return {
-        "requests": len(recs), "completed": len(ok), "failed": len(recs) - len(ok),
+        "requests": len(recs),
+        "completed": len(ok),
+        "failed": len(recs) - len(ok),
         "throughput_rps": len(ok) / duration if duration > 0 else math.nan,
         "mean_ms": float(np.mean(lat)) if lat else math.nan,
-        "p50_ms": _pct(lat, 50), "p95_ms": _pct(lat, 95), "p99_ms": _pct(lat, 99),
-        "local": local, "fallbacks": sum(1 for r in ok if r[FALLBACK]), "by_server": by_server,
-        "server_util": {a: cpu_s[a] / (duration * limit) if duration > 0 and limit > 0 else math.nan
-                        for a in servers},
+        "p50_ms": _pct(lat, 50),
+        "p95_ms": _pct(lat, 95),
+        "p99_ms": _pct(lat, 99),
+        "local": local,
+        "fallbacks": sum(1 for r in ok if r[FALLBACK]),
+        "by_server": by_server,
+        "server_util": {a: cpu_s[a] / (duration * limit) if duration > 0 and limit > 0 else math.nan for a in servers},
         "after_kill_on_killed": sum(k["after_kill_on_killed"] for k in kills),
         "after_kill_on_others": sum(k["after_kill_on_others"] for k in kills),
         "moved": sum(k["moved"] for k in kills),
         "accounted": len(ok) == local + sum(by_server.values()),
         "plans": dict(sorted(plans.items(), key=lambda kv: -kv[1])),
         "by_plan": plan_breakdown(ok),
-        "segments": len(segments), "duration_s": duration,
+        "segments": len(segments),
+        "duration_s": duration,
     }
 
 
-def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n: int = 2000,
-            seed: int = 0) -> dict[str, Any]:
+def compare(
+    a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n: int = 2000, seed: int = 0
+) -> dict[str, Any]:
     """95 % bootstrap intervals of a / b (throughput, mean and p95 latency), resampling (segment,
     device) groups; ``call`` says better/worse only when the interval excludes 1."""
     ga, gb = groups(a), groups(b)
@@ -117,8 +124,11 @@ def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n
         return [[float(sum(1 for r in g if not r[ERROR]))] for g in gs]
 
     out: dict[str, Any] = {}
-    for key, xa, xb, stat in (("throughput", counts(ga), counts(gb), "mean"),
-                              ("mean", lats(ga), lats(gb), "mean"), ("p95", lats(ga), lats(gb), "p95")):
+    for key, xa, xb, stat in (
+        ("throughput", counts(ga), counts(gb), "mean"),
+        ("mean", lats(ga), lats(gb), "mean"),
+        ("p95", lats(ga), lats(gb), "p95"),
+    ):
         ci = bootstrap_ratio(xa, xb, n=n, seed=seed, stat=stat)
         out[key] = {"ci": list(ci), "call": call(ci) if not math.isnan(ci[0]) else "n/a"}
     # Higher throughput is better: flip the call so "better" always means better for a.
@@ -127,8 +137,9 @@ def compare(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], *, n
     return out
 
 
-def verdict(strategies: Mapping[str, Mapping[str, Any]],
-            comparisons: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def verdict(
+    strategies: Mapping[str, Mapping[str, Any]], comparisons: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
     """The issue's acceptance line: adaptive has the highest throughput, at a p95 equal to (the bootstrap
     interval of the ratio holds 1) or better than every fixed strategy's, and no strategy failed or lost
     a request (the kill included)."""

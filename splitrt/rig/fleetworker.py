@@ -31,8 +31,20 @@ from splitrt.rig.models import cost_table_for
 from splitrt.rig.worker import RigLoad, TurnClock, TurnProber
 
 # Record fields, in order (records go back as lists: 24 devices x hundreds of requests per segment).
-RECORD_FIELDS = ("t_s", "latency_ms", "plan", "server", "fallback", "error", "predicted_ms", "head_ms", "encode_ms",
-                 "rpc_ms", "queue_ms", "tail_ms")
+RECORD_FIELDS = (
+    "t_s",
+    "latency_ms",
+    "plan",
+    "server",
+    "fallback",
+    "error",
+    "predicted_ms",
+    "head_ms",
+    "encode_ms",
+    "rpc_ms",
+    "queue_ms",
+    "tail_ms",
+)
 
 
 def emit(msg: dict[str, Any]) -> None:
@@ -88,19 +100,34 @@ class FleetDevice:
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
         from splitrt.plan.controller import ControllerConfig
 
-        table = cost_table_for(Path(self.spec["profile_path"]), self.graph.sha256, float(msg["speed_factor"]),
-                               float(msg.get("cloud_factor", 1.0)))
+        table = cost_table_for(
+            Path(self.spec["profile_path"]),
+            self.graph.sha256,
+            float(msg["speed_factor"]),
+            float(msg.get("cloud_factor", 1.0)),
+        )
         codecs = self.spec.get("codecs")
         for name, policy in msg["policies"].items():
             if name in self.strategies:
                 self.strategies.pop(name).close()
-            rc = RuntimeConfig(policy=policy, deadline_ms=float(self.spec.get("deadline_ms", 5000.0)),
-                               warm_sessions=False,
-                               controller=ControllerConfig(codecs=tuple(codecs) if codecs else None))
+            rc = RuntimeConfig(
+                policy=policy,
+                deadline_ms=float(self.spec.get("deadline_ms", 5000.0)),
+                warm_sessions=False,
+                controller=ControllerConfig(codecs=tuple(codecs) if codecs else None),
+            )
             clock = TurnClock()
             clouds = [] if name == "device-only" else list(self.spec["clouds"])
-            dev = AdaptiveDevice(self.graph, table, clouds, config=rc, device_config=self.dcfg, power=self.power,
-                                 clock=clock, start_prober=False)
+            dev = AdaptiveDevice(
+                self.graph,
+                table,
+                clouds,
+                config=rc,
+                device_config=self.dcfg,
+                power=self.power,
+                clock=clock,
+                start_prober=False,
+            )
             dev.local = self.local  # sessions built once
             dev.load = RigLoad()  # psutil would see the whole host, not this device's cgroup
             st = _Strategy(dev=dev, clock=clock, prober=TurnProber(dev, rc.prober_interval_s))
@@ -139,13 +166,27 @@ class FleetDevice:
                 try:
                     out = st.dev.infer(self.inputs)
                 except Exception as exc:  # infer raises only for bad inputs: count it as failed
-                    records.append([start - t0, (time.monotonic() - start) * 1e3, "?", None, False,
-                                    f"{type(exc).__name__}: {exc}"])
+                    records.append(
+                        [start - t0, (time.monotonic() - start) * 1e3, "?", None, False, f"{type(exc).__name__}: {exc}"]
+                    )
                 else:
                     r = out.result
-                    records.append([start - t0, out.latency_ms, out.plan, out.server, out.fallback, None,
-                                    out.decision.predicted_ms, r.head_ms, r.encode_ms, r.rpc_ms, r.queue_ms,
-                                    r.tail_ms])
+                    records.append(
+                        [
+                            start - t0,
+                            out.latency_ms,
+                            out.plan,
+                            out.server,
+                            out.fallback,
+                            None,
+                            out.decision.predicted_ms,
+                            r.head_ms,
+                            r.encode_ms,
+                            r.rpc_ms,
+                            r.queue_ms,
+                            r.tail_ms,
+                        ]
+                    )
                 k += 1
         finally:
             st.clock.pause()
@@ -175,10 +216,10 @@ def serve(spec: dict[str, Any], stdin: IO[str]) -> None:
                     fd.prepare(msg)
                     emit({"event": "prepared"})
                 elif cmd == "run":
-                    recs = fd.run(str(msg["name"]), float(msg["t0"]), float(msg["duration_s"]),
-                                  float(msg.get("rate_hz", 0.0)))
-                    emit({"event": "done", "records": recs,
-                          "stats": dict(fd.strategies[str(msg["name"])].dev.stats)})
+                    recs = fd.run(
+                        str(msg["name"]), float(msg["t0"]), float(msg["duration_s"]), float(msg.get("rate_hz", 0.0))
+                    )
+                    emit({"event": "done", "records": recs, "stats": dict(fd.strategies[str(msg["name"])].dev.stats)})
                 else:
                     emit({"event": "error", "message": f"unknown command {cmd!r}"})
             except Exception as exc:  # report, keep serving (the rig decides)

@@ -110,8 +110,7 @@ class RigConfig:
 class Rig:
     """Namespaces + cloud + shaped link + device cgroup (see module doc). A context manager."""
 
-    def __init__(self, config: RigConfig | None = None, *,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, config: RigConfig | None = None, *, progress: Callable[[str], None] | None = None) -> None:
         from splitrt.profile import boards
 
         self.config = config or RigConfig()
@@ -129,8 +128,9 @@ class Rig:
         self.workdir = Path(self.config.workdir or tempfile.mkdtemp(prefix="splitrt-rig-"))
         self.models_dir = self.workdir / "models"
         self._children = Children(self.workdir)
-        self._cloud = CloudProcess(self._children, self.models_dir, workers=self.config.cloud_workers,
-                                   progress=self.progress)
+        self._cloud = CloudProcess(
+            self._children, self.models_dir, workers=self.config.cloud_workers, progress=self.progress
+        )
         self._board_tasks = BoardTasks(self.workdir)
         self._old_sigterm: Any = None
         self.removed_leftovers: list[str] = []
@@ -145,8 +145,7 @@ class Rig:
             raise
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
@@ -197,10 +196,12 @@ class Rig:
         self._closed = True
         errors: list[str] = []
         self._children.terminate_all()
-        for name, fn in (("relay", lambda: self.relay.close() if self.relay else None),
-                         ("shaper", lambda: self.shaper.close() if self.shaper else None),
-                         ("cgroup", lambda: self.throttle.close() if self.throttle else None),
-                         ("namespaces", lambda: self.lan.destroy() if self.lan else None)):
+        for name, fn in (
+            ("relay", lambda: self.relay.close() if self.relay else None),
+            ("shaper", lambda: self.shaper.close() if self.shaper else None),
+            ("cgroup", lambda: self.throttle.close() if self.throttle else None),
+            ("namespaces", lambda: self.lan.destroy() if self.lan else None),
+        ):
             try:
                 fn()
             except Exception as exc:  # keep tearing down the rest
@@ -279,10 +280,17 @@ class Rig:
         return self.calibration
 
     # -- loads -------------------------------------------------------------------------------------
-    def load_driver(self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *,
-                    from_s: float = 0.0) -> contextlib.AbstractContextManager[list[tuple[float, float]]]:
+    def load_driver(
+        self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *, from_s: float = 0.0
+    ) -> contextlib.AbstractContextManager[list[tuple[float, float]]]:
         """Apply the load scenario during (a turn of) a run whose window position ``from_s`` is played at
         monotonic time ``t0``; yields the (start, end) window positions it applied, filled in on exit."""
-        driver = LoadDriver(self._children, self._board_tasks, device_host=self.device_host,
-                            cloud_host=self.cloud_host, cloud_direct=self.cloud_direct, throttle_in=self.throttle_in)
+        driver = LoadDriver(
+            self._children,
+            self._board_tasks,
+            device_host=self.device_host,
+            cloud_host=self.cloud_host,
+            cloud_direct=self.cloud_direct,
+            throttle_in=self.throttle_in,
+        )
         return driver.during(load, duration_s, t0, model_path, cloud_plan, from_s=from_s)

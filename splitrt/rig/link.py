@@ -26,8 +26,9 @@ def link_kind(want: str) -> str:
     """``kernel`` or ``userspace`` for the configured ``auto | kernel | userspace``."""
     if want == "kernel" and not netns.is_root():
         raise RigError(f"link 'kernel' needs root (euid 0), running as euid {os.geteuid()}")
-    return "kernel" if want == "kernel" or (want == "auto" and netns.is_root()
-                                             and netns.tc_available()) else "userspace"
+    return (
+        "kernel" if want == "kernel" or (want == "auto" and netns.is_root() and netns.tc_available()) else "userspace"
+    )
 
 
 def keep_windows_warm(lan: netns.Lan) -> None:
@@ -42,8 +43,9 @@ def delay_relay(cloud_host: netns.Host, server_port: int) -> UserspaceLink:
     """The RTT of the kernel link: a relay on the cloud's ``eth0`` to the server, no rate limit."""
     from splitrt.rig import shaper
 
-    return shaper.UserspaceLink((cloud_host.ip, 0), ("127.0.0.1", server_port), rate_mbps=None,
-                                delay_ms=0.0, netns_name=cloud_host.ns)
+    return shaper.UserspaceLink(
+        (cloud_host.ip, 0), ("127.0.0.1", server_port), rate_mbps=None, delay_ms=0.0, netns_name=cloud_host.ns
+    )
 
 
 def kernel_shaper(lan: netns.Lan) -> KernelShaper:

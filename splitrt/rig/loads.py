@@ -50,8 +50,16 @@ class BoardTasks:
 class LoadDriver:
     """Starts and stops a scenario's processes; ``throttle_in`` puts a hog in the device's cgroup."""
 
-    def __init__(self, children: Children, board: BoardTasks, *, device_host: netns.Host | None,
-                 cloud_host: netns.Host | None, cloud_direct: str, throttle_in: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        children: Children,
+        board: BoardTasks,
+        *,
+        device_host: netns.Host | None,
+        cloud_host: netns.Host | None,
+        cloud_direct: str,
+        throttle_in: Callable[[int], None],
+    ) -> None:
         self.children = children
         self.board = board
         self.device_host = device_host
@@ -60,8 +68,9 @@ class LoadDriver:
         self.throttle_in = throttle_in
 
     @contextlib.contextmanager
-    def during(self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *,
-               from_s: float = 0.0) -> Iterator[list[tuple[float, float]]]:
+    def during(
+        self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *, from_s: float = 0.0
+    ) -> Iterator[list[tuple[float, float]]]:
         """Apply ``load`` during (a turn of) a run whose window position ``from_s`` is played at monotonic
         time ``t0``; yields the (start, end) window positions it applied, filled in on exit."""
         applied: list[tuple[float, float]] = []
@@ -71,8 +80,9 @@ class LoadDriver:
         if load == "cloud-busy":
             procs.append(self._busy_cloud(model_path, cloud_plan))
         elif load == "device-burst":
-            th = threading.Thread(target=self._bursts, args=(load, duration_s, t0, from_s, stop, applied),
-                                  name="rig-load", daemon=True)
+            th = threading.Thread(
+                target=self._bursts, args=(load, duration_s, t0, from_s, stop, applied), name="rig-load", daemon=True
+            )
             th.start()
         try:
             yield applied
@@ -90,13 +100,26 @@ class LoadDriver:
                 applied.append((from_s, from_s + max(0.0, time.monotonic() - t0)))
 
     def _busy_cloud(self, model_path: Path, cloud_plan: str) -> subprocess.Popen[Any]:
-        argv = [sys.executable, "-m", "splitrt.rig.worker", "busy", json.dumps(
-            {"model_path": str(model_path), "cloud": self.cloud_direct, "clients": BUSY_CLIENTS,
-             "plan": cloud_plan})]
+        argv = [
+            sys.executable,
+            "-m",
+            "splitrt.rig.worker",
+            "busy",
+            json.dumps(
+                {"model_path": str(model_path), "cloud": self.cloud_direct, "clients": BUSY_CLIENTS, "plan": cloud_plan}
+            ),
+        ]
         return self.children.popen(argv, "busy.log", host=self.cloud_host)
 
-    def _bursts(self, load: str, duration_s: float, t0: float, from_s: float, stop: threading.Event,
-                applied: list[tuple[float, float]]) -> None:
+    def _bursts(
+        self,
+        load: str,
+        duration_s: float,
+        t0: float,
+        from_s: float,
+        stop: threading.Event,
+        applied: list[tuple[float, float]],
+    ) -> None:
         """The thread that starts and kills the hogs at the scenario's bursts (those after ``from_s``)."""
         for a, b in burst_intervals(load, duration_s):
             if b <= from_s:

@@ -65,25 +65,28 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
-def run_cmd(argv: Sequence[str], *, check: bool = True, timeout_s: float = 30.0,
-            input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_cmd(
+    argv: Sequence[str], *, check: bool = True, timeout_s: float = 30.0, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run a command; with ``check`` a failure raises ``RigError`` naming the command and its stderr."""
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                              input=input_text, check=False)
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout_s, input=input_text, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RigError(f"command {' '.join(argv)!r} could not run: {exc}") from exc
     if check and proc.returncode != 0:
-        raise RigError(f"command {' '.join(argv)!r} failed with exit code {proc.returncode}: "
-                       f"{proc.stderr.strip() or proc.stdout.strip() or '(no output)'}")
+        raise RigError(
+            f"command {' '.join(argv)!r} failed with exit code {proc.returncode}: "
+            f"{proc.stderr.strip() or proc.stdout.strip() or '(no output)'}"
+        )
     return proc
 
 
 def check_prefix(prefix: str) -> str:
     """A prefix must start with ``spl-`` and be short: names must fit ``/run/netns`` and stay readable."""
     if not _NAME_RE.match(prefix) or prefix.endswith("-") or len(prefix) > 24:
-        raise RigError(f"rig prefix must match 'spl-[a-z0-9-]', at most 24 chars, not end in '-'; "
-                       f"got {prefix!r}")
+        raise RigError(f"rig prefix must match 'spl-[a-z0-9-]', at most 24 chars, not end in '-'; got {prefix!r}")
     return prefix
 
 
@@ -123,8 +126,9 @@ def enter_netns(ns: str) -> None:
         os.close(fd)
 
 
-def netns_thread(ns: str, target: Callable[..., Any], *args: Any, name: str | None = None,
-                 daemon: bool = True, **kwargs: Any) -> threading.Thread:
+def netns_thread(
+    ns: str, target: Callable[..., Any], *args: Any, name: str | None = None, daemon: bool = True, **kwargs: Any
+) -> threading.Thread:
     """Start a thread that enters ``ns`` and runs ``target(*args, **kwargs)``; returns it (started).
 
     A missing namespace raises ``RigError`` here, in the caller, before the thread starts.
@@ -147,8 +151,7 @@ def netns_thread(ns: str, target: Callable[..., Any], *args: Any, name: str | No
     return th
 
 
-def netns_call(ns: str, fn: Callable[..., T], *args: Any, timeout_s: float | None = None,
-               **kwargs: Any) -> T:
+def netns_call(ns: str, fn: Callable[..., T], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> T:
     """Run ``fn(*args, **kwargs)`` in a thread inside ``ns``; return its result or raise its error."""
     box: dict[str, Any] = {}
 
@@ -168,6 +171,7 @@ def netns_call(ns: str, fn: Callable[..., T], *args: Any, timeout_s: float | Non
 
 
 # ---------------------------------------------------------------------------------------------- model
+
 
 @dataclass
 class Host:
@@ -190,8 +194,7 @@ class Host:
         self.procs.append(proc)
         return proc
 
-    def run(self, argv: Sequence[str], check: bool = True,
-            timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: Sequence[str], check: bool = True, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
         return run_cmd(self.argv(argv), check=check, timeout_s=timeout_s)
 
     def ip_cmd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -249,8 +252,7 @@ class Lan:
     def __enter__(self) -> Lan:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.destroy()
 
 
@@ -317,13 +319,28 @@ def make_lan(prefix: str, n_hosts: int) -> Lan:
     lan = Lan(prefix=prefix, hosts=hosts, switch_ns=sw, subnet=subnet)
     try:
         add_netns(sw)
-        run_cmd(["ip", "-n", sw, "link", "add", "br0", "type", "bridge",
-                 "mcast_snooping", "0", "stp_state", "0", "forward_delay", "0"])
+        run_cmd(
+            [
+                "ip",
+                "-n",
+                sw,
+                "link",
+                "add",
+                "br0",
+                "type",
+                "bridge",
+                "mcast_snooping",
+                "0",
+                "stp_state",
+                "0",
+                "forward_delay",
+                "0",
+            ]
+        )
         run_cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
         for i, h in enumerate(hosts):
             add_netns(h.ns)
-            run_cmd(["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth",
-                     "peer", "name", h.dev, "netns", h.ns])
+            run_cmd(["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth", "peer", "name", h.dev, "netns", h.ns])
             no_gso(sw, f"p{i}")
             run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"])
             run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "up"])
@@ -345,8 +362,23 @@ def make_link(prefix: str) -> Lan:
     try:
         for h in hosts:
             add_netns(h.ns)
-        run_cmd(["ip", "-n", hosts[0].ns, "link", "add", hosts[0].dev, "type", "veth",
-                 "peer", "name", hosts[1].dev, "netns", hosts[1].ns])
+        run_cmd(
+            [
+                "ip",
+                "-n",
+                hosts[0].ns,
+                "link",
+                "add",
+                hosts[0].dev,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                hosts[1].dev,
+                "netns",
+                hosts[1].ns,
+            ]
+        )
         for h in hosts:
             _setup_host_iface(h, f"{h.ip}/24")
     except BaseException:
@@ -399,8 +431,12 @@ def cleanup_leftovers(prefix: str = PREFIX, *, include_live: bool = False) -> li
     # Owner records whose resource is gone already.
     if OWNERS_DIR.is_dir():
         for rec in OWNERS_DIR.iterdir():
-            if rec.name.startswith(prefix) and not owner_alive(rec.name) and not (
-                    NETNS_DIR / rec.name).exists() and not cgroup.cgroup_exists(rec.name):
+            if (
+                rec.name.startswith(prefix)
+                and not owner_alive(rec.name)
+                and not (NETNS_DIR / rec.name).exists()
+                and not cgroup.cgroup_exists(rec.name)
+            ):
                 forget_owner(rec.name)
     if errors:
         raise RigError("cleanup_leftovers: " + "; ".join(errors))

@@ -57,8 +57,9 @@ class Children:
         self.workdir = workdir
         self.procs: list[subprocess.Popen[Any]] = []
 
-    def popen(self, argv: list[str], log_name: str, host: netns.Host | None = None,
-              pipes: bool = False) -> subprocess.Popen[Any]:
+    def popen(
+        self, argv: list[str], log_name: str, host: netns.Host | None = None, pipes: bool = False
+    ) -> subprocess.Popen[Any]:
         """``argv`` in ``host``'s namespace (the current one if None); ``pipes``: text stdin/stdout
         for a JSON-line worker, else stdout goes to the log too."""
         log = open(self.workdir / log_name, "ab")  # noqa: SIM115 - owned by the child
@@ -69,8 +70,7 @@ class Children:
         else:
             kw.update(stdout=log, stdin=subprocess.DEVNULL)
         try:
-            proc: subprocess.Popen[Any] = (host.popen(argv, **kw) if host is not None
-                                           else subprocess.Popen(argv, **kw))
+            proc: subprocess.Popen[Any] = host.popen(argv, **kw) if host is not None else subprocess.Popen(argv, **kw)
         except OSError as exc:
             raise RigError(f"cannot start {' '.join(argv)}: {exc}") from exc
         finally:

@@ -37,8 +37,9 @@ def _literal(name: str, value: str) -> bytes:
 class RawConnection:
     def __init__(self, host: str, port: int, *, timeout_s: float = 10.0, source: str | None = None) -> None:
         # ``source``: the local address to connect from (e.g. 127.0.0.2: another peer on loopback).
-        self.sock = socket.create_connection((host, port), timeout=timeout_s,
-                                             source_address=(source, 0) if source else None)
+        self.sock = socket.create_connection(
+            (host, port), timeout=timeout_s, source_address=(source, 0) if source else None
+        )
         self.authority = f"{host}:{port}"
         self.sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, b"") + _frame(SETTINGS, ACK, 0, b""))
         self._next_id = 1
@@ -46,15 +47,30 @@ class RawConnection:
         self.finished: set[int] = set()
         self.closed = False
 
-    def start_call(self, path: str, metadata: Iterable[tuple[str, str]] = (), *, body_prefix_bytes: int = 0,
-                   declared_bytes: int = 1024) -> int:
+    def start_call(
+        self,
+        path: str,
+        metadata: Iterable[tuple[str, str]] = (),
+        *,
+        body_prefix_bytes: int = 0,
+        declared_bytes: int = 1024,
+    ) -> int:
         """Open a stream for ``path`` and send ``body_prefix_bytes`` of a ``declared_bytes`` message
         (0 prefix: headers only, no DATA). Returns the stream id."""
         sid = self._next_id
         self._next_id += 2
-        block = b"".join(_literal(k, v) for k, v in [
-            (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", self.authority),
-            ("content-type", "application/grpc"), ("te", "trailers"), *metadata])
+        block = b"".join(
+            _literal(k, v)
+            for k, v in [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", path),
+                (":authority", self.authority),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+                *metadata,
+            ]
+        )
         out = _frame(HEADERS, END_HEADERS, sid, block)
         if body_prefix_bytes > 0:
             body = b"\x00" + struct.pack(">I", declared_bytes) + bytes(body_prefix_bytes)
@@ -86,7 +102,7 @@ class RawConnection:
                 return
             kind, flags = self._buf[3], self._buf[4]
             sid = int.from_bytes(self._buf[5:9], "big") & 0x7FFFFFFF
-            self._buf = self._buf[9 + length:]
+            self._buf = self._buf[9 + length :]
             if (kind == HEADERS and flags & END_STREAM) or kind == RST_STREAM:
                 self.finished.add(sid)
             elif kind == GOAWAY:

@@ -72,11 +72,20 @@ def regret(cells: Sequence[tuple[str, Mapping[str, Mapping[str, float]]]]) -> li
             if counterpart in s:
                 vs_route.append(s[name]["mean_ms"] / s[counterpart]["mean_ms"])
         wm, wp = max(means), max(p95s)
-        out.append(Regret(strategy=name, cells=len(cells), worst_mean=wm[0], worst_mean_cell=wm[1],
-                          worst_p95=wp[0], worst_p95_cell=wp[1], geo_mean=_geo([m for m, _ in means]),
-                          geo_vs_oracle=_geo(vs_oracle),
-                          geo_vs_route=_geo(vs_route) if len(vs_route) == len(cells) else math.nan,
-                          geo_vs_route_ci=geo_ci(vs_route) if len(vs_route) == len(cells) else (math.nan, math.nan)))
+        out.append(
+            Regret(
+                strategy=name,
+                cells=len(cells),
+                worst_mean=wm[0],
+                worst_mean_cell=wm[1],
+                worst_p95=wp[0],
+                worst_p95_cell=wp[1],
+                geo_mean=_geo([m for m, _ in means]),
+                geo_vs_oracle=_geo(vs_oracle),
+                geo_vs_route=_geo(vs_route) if len(vs_route) == len(cells) else math.nan,
+                geo_vs_route_ci=geo_ci(vs_route) if len(vs_route) == len(cells) else (math.nan, math.nan),
+            )
+        )
     return out
 
 
@@ -108,25 +117,54 @@ class SplitRoute:
     gain_cells: int  # cells where route mean / split mean >= 1.10
 
 
-def split_route(cells: Sequence[tuple[str, Mapping[str, Mapping[str, float]]]], split: str = "adaptive",
-                route: str | None = None) -> SplitRoute:
+def split_route(
+    cells: Sequence[tuple[str, Mapping[str, Mapping[str, float]]]], split: str = "adaptive", route: str | None = None
+) -> SplitRoute:
     """route/split over the cells holding both (``route`` None: ``ROUTE_OF.get(split, "route")``)."""
     route = route or ROUTE_OF.get(split, "route")
-    pairs = [(label, s[route]["mean_ms"] / s[split]["mean_ms"], s[route]["p95_ms"] / s[split]["p95_ms"])
-             for label, s in cells if split in s and route in s]
+    pairs = [
+        (label, s[route]["mean_ms"] / s[split]["mean_ms"], s[route]["p95_ms"] / s[split]["p95_ms"])
+        for label, s in cells
+        if split in s and route in s
+    ]
     if not pairs:
-        return SplitRoute(split=split, route=route, cells=0, geo=math.nan, geo_ci=(math.nan, math.nan),
-                          worst=math.nan, worst_cell="-", worst_p95=math.nan, worst_p95_cell="-", gain_cells=0)
+        return SplitRoute(
+            split=split,
+            route=route,
+            cells=0,
+            geo=math.nan,
+            geo_ci=(math.nan, math.nan),
+            worst=math.nan,
+            worst_cell="-",
+            worst_p95=math.nan,
+            worst_p95_cell="-",
+            gain_cells=0,
+        )
     ratios = [r for _, r, _ in pairs]
     wm = max(pairs, key=lambda x: x[1])
     wp = max(pairs, key=lambda x: x[2])
-    return SplitRoute(split=split, route=route, cells=len(pairs), geo=_geo(ratios), geo_ci=geo_ci(ratios),
-                      worst=wm[1], worst_cell=wm[0], worst_p95=wp[2], worst_p95_cell=wp[0],
-                      gain_cells=sum(1 for r in ratios if r >= 1.10))
+    return SplitRoute(
+        split=split,
+        route=route,
+        cells=len(pairs),
+        geo=_geo(ratios),
+        geo_ci=geo_ci(ratios),
+        worst=wm[1],
+        worst_cell=wm[0],
+        worst_p95=wp[2],
+        worst_p95_cell=wp[0],
+        gain_cells=sum(1 for r in ratios if r >= 1.10),
+    )
 
 
-def bootstrap_ratio(a_turns: Sequence[Sequence[float]], b_turns: Sequence[Sequence[float]], *, n: int = 2000,
-                    seed: int = 0, stat: str = "mean") -> tuple[float, float]:
+def bootstrap_ratio(
+    a_turns: Sequence[Sequence[float]],
+    b_turns: Sequence[Sequence[float]],
+    *,
+    n: int = 2000,
+    seed: int = 0,
+    stat: str = "mean",
+) -> tuple[float, float]:
     """95 % interval of stat(a) / stat(b) where each side's requests are grouped by turn and the turns
     are resampled (requests within a turn share the host's and the link's moment, so they are not
     independent). ``stat`` is ``mean`` or ``p95``."""
@@ -157,23 +195,52 @@ def call(ci: tuple[float, float]) -> str:
 
 def rows(table: Sequence[Regret]) -> list[list[str]]:
     """Table rows: strategy, worst mean cell, worst p95 cell, geo mean, geo vs oracle, geo vs route (CI)."""
-    return [[r.strategy, f"{r.worst_mean:.3f} ({r.worst_mean_cell})", f"{r.worst_p95:.3f} ({r.worst_p95_cell})",
-             f"{r.geo_mean:.3f}", f"{r.geo_vs_oracle:.3f}", _with_ci(r.geo_vs_route, r.geo_vs_route_ci)]
-            for r in table]
+    return [
+        [
+            r.strategy,
+            f"{r.worst_mean:.3f} ({r.worst_mean_cell})",
+            f"{r.worst_p95:.3f} ({r.worst_p95_cell})",
+            f"{r.geo_mean:.3f}",
+            f"{r.geo_vs_oracle:.3f}",
+            _with_ci(r.geo_vs_route, r.geo_vs_route_ci),
+        ]
+        for r in table
+    ]
 
 
 def _with_ci(x: float, ci: tuple[float, float]) -> str:
     return "-" if math.isnan(x) else f"{x:.3f} ({ci[0]:.3f}-{ci[1]:.3f})"
 
 
-HEADER = ["strategy", "worst cell, mean / best", "worst cell, p95 / best", "geo-mean / best", "geo-mean / oracle",
-          "geo-mean split/route (95 % CI)"]
+HEADER = [
+    "strategy",
+    "worst cell, mean / best",
+    "worst cell, p95 / best",
+    "geo-mean / best",
+    "geo-mean / oracle",
+    "geo-mean split/route (95 % CI)",
+]
 
 
 def split_route_rows(table: Sequence[SplitRoute]) -> list[list[str]]:
-    return [[f"{r.split} vs {r.route}", str(r.cells), _with_ci(r.geo, r.geo_ci), f"{r.worst:.3f} ({r.worst_cell})",
-             f"{r.worst_p95:.3f} ({r.worst_p95_cell})", str(r.gain_cells)] for r in table]
+    return [
+        [
+            f"{r.split} vs {r.route}",
+            str(r.cells),
+            _with_ci(r.geo, r.geo_ci),
+            f"{r.worst:.3f} ({r.worst_cell})",
+            f"{r.worst_p95:.3f} ({r.worst_p95_cell})",
+            str(r.gain_cells),
+        ]
+        for r in table
+    ]
 
 
-SPLIT_ROUTE_HEADER = ["split vs route", "cells", "route/split geo-mean (95 % CI)", "largest gain, mean",
-                      "largest gain, p95", "cells >= 1.10"]
+SPLIT_ROUTE_HEADER = [
+    "split vs route",
+    "cells",
+    "route/split geo-mean (95 % CI)",
+    "largest gain, mean",
+    "largest gain, p95",
+    "cells >= 1.10",
+]

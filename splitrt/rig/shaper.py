@@ -65,6 +65,7 @@ def _check_rate(mbps: float | None) -> None:
 
 # ------------------------------------------------------------------------------------------ kernel
 
+
 @dataclass
 class KernelShaper:
     """tbf on the egress of each ``(namespace, device)`` in ``points`` (see module doc)."""
@@ -78,12 +79,14 @@ class KernelShaper:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
-    def for_host(cls, lan: netns.Lan, i: int, rate_mbps: float | None = None, *,
-                 queue_ms: float = 200.0, goodput: bool = True) -> KernelShaper:
+    def for_host(
+        cls, lan: netns.Lan, i: int, rate_mbps: float | None = None, *, queue_ms: float = 200.0, goodput: bool = True
+    ) -> KernelShaper:
         """Shape both directions of ``lan.hosts[i]``: its uplink and the egress facing it."""
         host = lan.hosts[i]
-        return cls(points=[(host.ns, host.dev), lan.switch_port(i)], rate_mbps=rate_mbps,
-                   queue_ms=queue_ms, goodput=goodput)
+        return cls(
+            points=[(host.ns, host.dev), lan.switch_port(i)], rate_mbps=rate_mbps, queue_ms=queue_ms, goodput=goodput
+        )
 
     def __post_init__(self) -> None:
         _check_rate(self.rate_mbps)
@@ -100,8 +103,10 @@ class KernelShaper:
 
     def _batch(self, mbps: float, first: bool, dev: str) -> str:
         bits, burst, limit = self._params(mbps)
-        cls = (f"class {'add' if first else 'change'} dev {dev} parent 1: classid 1:1 htb "
-               f"rate {bits}bit ceil {bits}bit burst {burst} cburst {burst} quantum {2 * MTU_WIRE_BYTES}\n")
+        cls = (
+            f"class {'add' if first else 'change'} dev {dev} parent 1: classid 1:1 htb "
+            f"rate {bits}bit ceil {bits}bit burst {burst} cburst {burst} quantum {2 * MTU_WIRE_BYTES}\n"
+        )
         leaf = f"qdisc {'add' if first else 'change'} dev {dev} parent 1:1 handle 10: bfifo limit {limit}\n"
         if first:
             return f"qdisc replace dev {dev} root handle 1: htb default 1\n" + cls + leaf
@@ -122,8 +127,9 @@ class KernelShaper:
                         self._installed.remove((ns, dev))
                     continue
                 first = (ns, dev) not in self._installed
-                netns.run_cmd(["ip", "netns", "exec", ns, "tc", "-batch", "-"],
-                              input_text=self._batch(mbps, first, dev))
+                netns.run_cmd(
+                    ["ip", "netns", "exec", ns, "tc", "-batch", "-"], input_text=self._batch(mbps, first, dev)
+                )
                 if first:
                     self._installed.append((ns, dev))
             self.rate_mbps = mbps
@@ -153,13 +159,13 @@ def _tc(ns: str, *args: str, check: bool = True) -> netns.subprocess.CompletedPr
 
 # ---------------------------------------------------------------------------------------- userspace
 
+
 class _Pipe:
     """One direction of a relayed connection: reader -> pacer (bottleneck) -> delay line -> writer."""
 
     CHUNK = 16384
 
-    def __init__(self, link: UserspaceLink, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter) -> None:
+    def __init__(self, link: UserspaceLink, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.link = link
         self.reader = reader
         self.writer = writer
@@ -255,8 +261,16 @@ class UserspaceLink:
 
     kind = "userspace"
 
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int], *, rate_mbps: float | None = None,
-                 delay_ms: float = 0.0, queue_ms: float = 200.0, netns_name: str | None = None) -> None:
+    def __init__(
+        self,
+        listen: tuple[str, int],
+        target: tuple[str, int],
+        *,
+        rate_mbps: float | None = None,
+        delay_ms: float = 0.0,
+        queue_ms: float = 200.0,
+        netns_name: str | None = None,
+    ) -> None:
         _check_rate(rate_mbps)
         if delay_ms < 0:
             raise RigError(f"delay_ms must be >= 0, got {delay_ms}")
@@ -271,8 +285,7 @@ class UserspaceLink:
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(listen, netns_name),
-                                        name="splitrt-relay", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(listen, netns_name), name="splitrt-relay", daemon=True)
         self._thread.start()
         self._started.wait(10)
         if self._error is not None:
@@ -299,7 +312,8 @@ class UserspaceLink:
                 netns.enter_netns(ns)
             asyncio.set_event_loop(self._loop)
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(self._handle, listen[0], listen[1], reuse_address=True))
+                asyncio.start_server(self._handle, listen[0], listen[1], reuse_address=True)
+            )
         except BaseException as exc:
             self._error = exc
             self._started.set()
@@ -330,8 +344,9 @@ class UserspaceLink:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             up = _Pipe(self, creader, uwriter)
             down = _Pipe(self, ureader, cwriter)
-            await asyncio.gather(up.read_side(), up.pace_side(), up.write_side(),
-                                 down.read_side(), down.pace_side(), down.write_side())
+            await asyncio.gather(
+                up.read_side(), up.pace_side(), up.write_side(), down.read_side(), down.pace_side(), down.write_side()
+            )
         except asyncio.CancelledError:
             pass
         finally:
@@ -352,6 +367,7 @@ class UserspaceLink:
 
     def close(self) -> None:
         if not self._loop.is_closed() and self._thread.is_alive():
+
             def stop() -> None:
                 if self._server is not None:
                     self._server.close()
@@ -369,12 +385,20 @@ class UserspaceLink:
 
 # ------------------------------------------------------------------------------------------ player
 
+
 class TracePlayer:
     """Thread applying ``trace.rate_at(t) * scale`` to ``shaper`` at every change of the trace."""
 
-    def __init__(self, shaper: LinkShaper, trace: Trace, *, scale: float = 1.0,
-                 min_mbps: float = 0.05, duration_s: float | None = None,
-                 on_change: Callable[[float, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        shaper: LinkShaper,
+        trace: Trace,
+        *,
+        scale: float = 1.0,
+        min_mbps: float = 0.05,
+        duration_s: float | None = None,
+        on_change: Callable[[float, float], None] | None = None,
+    ) -> None:
         self.shaper = shaper
         self.trace = trace.scaled(scale) if scale != 1.0 else trace
         self.min_mbps = max(min_mbps, MIN_RATE_MBPS)
@@ -434,6 +458,7 @@ class TracePlayer:
 
 # ------------------------------------------------------------------------------------- measurement
 
+
 @dataclass(frozen=True)
 class StepResult:
     """Delivered goodput over one constant-rate step of a played trace."""
@@ -462,8 +487,11 @@ class BulkReceiver:
         self._err: BaseException | None = None
         self.port = 0
         target = self._run
-        self._thread = (netns.netns_thread(netns_name, target, host, port) if netns_name
-                        else threading.Thread(target=target, args=(host, port), daemon=True))
+        self._thread = (
+            netns.netns_thread(netns_name, target, host, port)
+            if netns_name
+            else threading.Thread(target=target, args=(host, port), daemon=True)
+        )
         if not netns_name:
             self._thread.start()
         self._ready.wait(10)
@@ -511,6 +539,7 @@ class BulkReceiver:
 
     def bytes_between(self, t0: float, t1: float) -> int:
         """Bytes received in ``[t0, t1]`` (monotonic), from the recv samples."""
+
         def at(t: float) -> int:
             lo, hi = 0, len(self.samples)
             while lo < hi:
@@ -536,8 +565,11 @@ class BulkSender:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._connected = threading.Event()
-        self._thread = (netns.netns_thread(netns_name, self._run, addr) if netns_name
-                        else threading.Thread(target=self._run, args=(addr,), daemon=True))
+        self._thread = (
+            netns.netns_thread(netns_name, self._run, addr)
+            if netns_name
+            else threading.Thread(target=self._run, args=(addr,), daemon=True)
+        )
         if not netns_name:
             self._thread.start()
         self._connected.wait(10)
@@ -571,8 +603,15 @@ class BulkSender:
         self._thread.join(5)
 
 
-def measure_steps(shaper: LinkShaper, trace: Trace, receiver: BulkReceiver, connect: tuple[str, int],
-                  *, send_netns: str | None = None, skip_s: float = 0.4) -> list[StepResult]:
+def measure_steps(
+    shaper: LinkShaper,
+    trace: Trace,
+    receiver: BulkReceiver,
+    connect: tuple[str, int],
+    *,
+    send_netns: str | None = None,
+    skip_s: float = 0.4,
+) -> list[StepResult]:
     """Play ``trace`` on ``shaper`` while a bulk TCP flow runs to ``receiver`` (via ``connect``); return
     the delivered goodput of each trace step, skipping its first ``skip_s`` (the queue of the previous
     rate drains, TCP ramps up)."""

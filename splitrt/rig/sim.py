@@ -62,12 +62,21 @@ class SimConfig:
     controller: ControllerConfig = field(default_factory=lambda: ControllerConfig(codecs=None))
 
     def __post_init__(self) -> None:
-        if not (self.rate_hz > 0 and self.duration_s > 0 and self.warmup_s >= 0 and self.rtt_ms >= 0
-                and 0 <= self.burst_util < 1 and self.prober_interval_s > 0 and 0 <= self.jitter < 0.5
-                and self.device_speed > 0 and self.cloud_speed > 0):
+        if not (
+            self.rate_hz > 0
+            and self.duration_s > 0
+            and self.warmup_s >= 0
+            and self.rtt_ms >= 0
+            and 0 <= self.burst_util < 1
+            and self.prober_interval_s > 0
+            and 0 <= self.jitter < 0.5
+            and self.device_speed > 0
+            and self.cloud_speed > 0
+        ):
             raise ConfigError(
                 "SimConfig: expected rate_hz > 0, duration_s > 0, warmup_s >= 0, rtt_ms >= 0, "
-                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5, speeds > 0; got {self!r}")
+                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5, speeds > 0; got {self!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,8 +127,11 @@ class _Run:
         while self.next_round_s < t_s:
             now = self.next_round_s
             self.next_round_s += cfg.prober_interval_s
-            observe.observe_device(self.load, observe.DeviceSample(
-                other_util=cfg.burst_util if in_intervals(now, cfg.bursts) else 0.0), now)
+            observe.observe_device(
+                self.load,
+                observe.DeviceSample(other_util=cfg.burst_util if in_intervals(now, cfg.bursts) else 0.0),
+                now,
+            )
             if not self.with_cloud:
                 continue
             in_flight = self.busy[0] <= now < self.busy[1]
@@ -127,8 +139,13 @@ class _Run:
             if not due:
                 continue
             rtt_probe_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s
-            observe.observe_probe(self.link, observe.ProbeObservation(
-                bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_probe_s), now)
+            observe.observe_probe(
+                self.link,
+                observe.ProbeObservation(
+                    bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_probe_s
+                ),
+                now,
+            )
             bw = observe.bandwidth_probe(self.link, now)
             if bw is None:
                 continue
@@ -137,8 +154,11 @@ class _Run:
             if observe.probe_twice(pairs=cfg.bandwidth_probe_pairs, link_busy=in_flight):
                 at += secs
                 secs = self._wire(at, bw.bytes_up + bw.bytes_down) + self.rtt_s
-            observe.observe_probe(self.link, observe.ProbeObservation(
-                bytes_up=bw.bytes_up, bytes_down=bw.bytes_down, seconds=secs), at + secs)
+            observe.observe_probe(
+                self.link,
+                observe.ProbeObservation(bytes_up=bw.bytes_up, bytes_down=bw.bytes_down, seconds=secs),
+                at + secs,
+            )
 
     def request(self, t: float, jitter: float) -> SimRequest:
         tbl = self.table
@@ -150,11 +170,19 @@ class _Run:
         i = tbl.index(cut)
         head_ms = float(tbl.head_ms[i]) * self.device_factor(t) * self.cfg.device_speed * jitter
         self.rounds_until(t + head_ms / 1e3)
-        observe.observe_local(self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])),
-                              t + head_ms / 1e3)
+        observe.observe_local(
+            self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])), t + head_ms / 1e3
+        )
         if cut == DEVICE_CUT:
-            return SimRequest(t_s=t, plan=d.plan, latency_ms=head_ms, head_ms=head_ms, send_ms=0.0,
-                              bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
+            return SimRequest(
+                t_s=t,
+                plan=d.plan,
+                latency_ms=head_ms,
+                head_ms=head_ms,
+                send_ms=0.0,
+                bw_est_mbps=est.bandwidth_mbps,
+                device_load=load.device_factor,
+            )
         sent = float(tbl.sent_bytes[i, tbl.codec_index(codec)]) + float(tbl.reply_bytes[i])
         send_at = t + head_ms / 1e3
         self.rounds_until(send_at)
@@ -164,20 +192,36 @@ class _Run:
         net_s = send_s + self.rtt_s
         end = send_at + net_s + tail_ms / 1e3
         # The trace carries both ways as one transfer: all of ``sent`` counts as up.
-        observe.observe_reply(observe.ReplyObservation(
-            bytes_up=int(sent), bytes_down=0, net_s=net_s, tail_s=tail_ms / 1e3,
-            profiled_tail_s=float(tbl.tail_ms[i]) / 1e3), end, link=self.link, load=self.load)
-        return SimRequest(t_s=t, plan=d.plan, latency_ms=(end - t) * 1e3, head_ms=head_ms, send_ms=send_s * 1e3,
-                          bw_est_mbps=est.bandwidth_mbps, device_load=load.device_factor)
+        observe.observe_reply(
+            observe.ReplyObservation(
+                bytes_up=int(sent),
+                bytes_down=0,
+                net_s=net_s,
+                tail_s=tail_ms / 1e3,
+                profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
+            ),
+            end,
+            link=self.link,
+            load=self.load,
+        )
+        return SimRequest(
+            t_s=t,
+            plan=d.plan,
+            latency_ms=(end - t) * 1e3,
+            head_ms=head_ms,
+            send_ms=send_s * 1e3,
+            bw_est_mbps=est.bandwidth_mbps,
+            device_load=load.device_factor,
+        )
 
 
-def simulate(table: Any, policy: str, played: traces.Trace, cfg: SimConfig, *,
-             with_cloud: bool = True) -> list[SimRequest]:
+def simulate(
+    table: Any, policy: str, played: traces.Trace, cfg: SimConfig, *, with_cloud: bool = True
+) -> list[SimRequest]:
     """One strategy (``policy`` as the runtime takes it) over ``played``: the counted requests."""
     run = _Run(table, policy, played, cfg, with_cloud)
     n_max = math.ceil((cfg.duration_s + cfg.warmup_s) * cfg.rate_hz) + 2
-    jit = (np.exp(np.random.default_rng(cfg.seed).normal(0.0, cfg.jitter, n_max)) if cfg.jitter > 0
-           else np.ones(n_max))
+    jit = np.exp(np.random.default_rng(cfg.seed).normal(0.0, cfg.jitter, n_max)) if cfg.jitter > 0 else np.ones(n_max)
     out: list[SimRequest] = []
     t = -cfg.warmup_s
     n = 0
@@ -190,11 +234,11 @@ def simulate(table: Any, policy: str, played: traces.Trace, cfg: SimConfig, *,
     return out
 
 
-def simulate_all(table: Any, policies: dict[str, str], played: traces.Trace,
-                 cfg: SimConfig) -> dict[str, list[SimRequest]]:
+def simulate_all(
+    table: Any, policies: dict[str, str], played: traces.Trace, cfg: SimConfig
+) -> dict[str, list[SimRequest]]:
     """Every strategy over the same window (``device-only`` runs without a cloud, as in the rig)."""
-    return {name: simulate(table, pol, played, cfg, with_cloud=name != "device-only")
-            for name, pol in policies.items()}
+    return {name: simulate(table, pol, played, cfg, with_cloud=name != "device-only") for name, pol in policies.items()}
 
 
 def latencies(reqs: Sequence[SimRequest]) -> list[float]:

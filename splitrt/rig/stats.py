@@ -41,7 +41,6 @@ def mean_rate_during(trace: traces.Trace, start_s: float, dur_s: float) -> float
     return statistics.fmean(trace.rate_at(start_s + (i + 0.5) * dur_s / n) for i in range(n))
 
 
-
 def burst_intervals(load: str, duration_s: float) -> list[tuple[float, float]]:
     """device-burst: 20 s on of every 60 s (from 20 s); a shorter run gets its middle third."""
     if load != "device-burst":
@@ -60,7 +59,6 @@ def in_intervals(t: float, ivs: Sequence[tuple[float, float]]) -> bool:
     return any(a <= t < b for a, b in ivs)
 
 
-
 def _percentile(xs: Sequence[float], q: float) -> float:
     import numpy as np
 
@@ -76,21 +74,30 @@ def energy_mj(rec: dict[str, Any], played: traces.Trace, power: Any) -> float:
     dev_ms = float(rec.get("head_ms", 0.0)) + (float(rec.get("tail_ms", 0.0)) if rec.get("where") == "local" else 0.0)
     send = 0.0
     if rec.get("where") == "cloud":
-        send = min(float(rec.get("rpc_ms", 0.0)),
-                   transfer_ms(played, float(rec["t_s"]) + dev_ms / 1e3, float(rec.get("bytes_up", 0))))
+        send = min(
+            float(rec.get("rpc_ms", 0.0)),
+            transfer_ms(played, float(rec["t_s"]) + dev_ms / 1e3, float(rec.get("bytes_up", 0))),
+        )
     wait = max(0.0, float(rec["latency_ms"]) - dev_ms - send)
     return float(power.active_w * dev_ms + power.send_w * send + power.idle_w * wait)
 
 
-def summarize(latencies: Sequence[float], plans: Sequence[str], failed: int,
-              energies: Sequence[float], fallbacks: int = 0) -> dict[str, Any]:
+def summarize(
+    latencies: Sequence[float], plans: Sequence[str], failed: int, energies: Sequence[float], fallbacks: int = 0
+) -> dict[str, Any]:
     switches = sum(1 for a, b in itertools.pairwise(plans) if a != b)
-    return {"mean_ms": statistics.fmean(latencies) if latencies else float("nan"),
-            "p50_ms": _percentile(latencies, 50), "p95_ms": _percentile(latencies, 95),
-            "p99_ms": _percentile(latencies, 99), "completed": len(latencies), "failed": failed,
-            "switches": switches, "fallbacks": fallbacks,
-            "energy_mj": statistics.fmean(energies) if energies else float("nan"),
-            "plans": dict(sorted({p: plans.count(p) for p in set(plans)}.items()))}
+    return {
+        "mean_ms": statistics.fmean(latencies) if latencies else float("nan"),
+        "p50_ms": _percentile(latencies, 50),
+        "p95_ms": _percentile(latencies, 95),
+        "p99_ms": _percentile(latencies, 99),
+        "completed": len(latencies),
+        "failed": failed,
+        "switches": switches,
+        "fallbacks": fallbacks,
+        "energy_mj": statistics.fmean(energies) if energies else float("nan"),
+        "plans": dict(sorted({p: plans.count(p) for p in set(plans)}.items())),
+    }
 
 
 @dataclass(frozen=True)
@@ -107,8 +114,13 @@ class MeasuredCosts:
         return asdict(self)
 
 
-def measured_costs(table: Any, runs: dict[str, dict[str, Any]], played: traces.Trace,
-                   bursts: Sequence[tuple[float, float]], rtt_ms: float) -> MeasuredCosts:
+def measured_costs(
+    table: Any,
+    runs: dict[str, dict[str, Any]],
+    played: traces.Trace,
+    bursts: Sequence[tuple[float, float]],
+    rtt_ms: float,
+) -> MeasuredCosts:
     idle: list[float] = []
     burst: list[float] = []
     cloud: list[float] = []
@@ -129,8 +141,14 @@ def measured_costs(table: Any, runs: dict[str, dict[str, Any]], played: traces.T
                     cloud.append((float(r["tail_ms"]) + float(r["queue_ms"])) / tt)
                 start = float(r["t_s"]) + float(r["head_ms"]) / 1e3
                 ideal = transfer_ms(played, start, float(r["bytes_up"]) + float(r["bytes_down"]))
-                net.append(float(r["rpc_ms"]) - float(r["tail_ms"]) - float(r["queue_ms"]) - ideal
-                           + float(r.get("encode_ms", 0)) + float(r.get("decode_ms", 0)))
+                net.append(
+                    float(r["rpc_ms"])
+                    - float(r["tail_ms"])
+                    - float(r["queue_ms"])
+                    - ideal
+                    + float(r.get("encode_ms", 0))
+                    + float(r.get("decode_ms", 0))
+                )
             elif cut == "device":
                 local.append(float(r["latency_ms"]) - float(r["head_ms"]))
     med = statistics.fmean  # means: the oracle's mean must not drop the measured jitter's share
@@ -139,13 +157,20 @@ def measured_costs(table: Any, runs: dict[str, dict[str, Any]], played: traces.T
         device_ratio_burst=med(burst) if burst else (med(idle) if idle else 1.0),
         cloud_ratio=med(cloud) if cloud else 1.0,
         net_overhead_ms=med(net) if net else rtt_ms,
-        local_overhead_ms=med(local) if local else 0.0)
+        local_overhead_ms=med(local) if local else 0.0,
+    )
 
 
-def oracle(table: Any, costs: MeasuredCosts, times_s: Sequence[float], played: traces.Trace,
-           bursts: Sequence[tuple[float, float]], codecs: Sequence[str] | None,
-           realized: Sequence[tuple[str, float] | None] | None = None,
-           cuts: Sequence[str] | None = None) -> list[tuple[str, float]]:
+def oracle(
+    table: Any,
+    costs: MeasuredCosts,
+    times_s: Sequence[float],
+    played: traces.Trace,
+    bursts: Sequence[tuple[float, float]],
+    codecs: Sequence[str] | None,
+    realized: Sequence[tuple[str, float] | None] | None = None,
+    cuts: Sequence[str] | None = None,
+) -> list[tuple[str, float]]:
     """Per request start time: the cheapest (plan, latency ms) in hindsight.
 
     Every (cut, codec) is costed from the measured per-cut costs (``MeasuredCosts``) and the bandwidth
@@ -209,5 +234,3 @@ def _sent(table: Any, plan: str) -> float:
     if not codec:
         return 0.0
     return float(table.sent_bytes[table.index(cut), table.codec_index(codec)])
-
-

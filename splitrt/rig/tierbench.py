@@ -91,18 +91,31 @@ class Hop:
     played: traces.Trace
 
     def as_dict(self) -> dict[str, Any]:
-        return {"trace": self.trace, "offset_s": self.offset_s, "scale": self.scale, "rtt_ms": self.rtt_ms,
-                "median_mbps": self.median_mbps, "window_mean_mbps": self.played.mean_mbps(),
-                "bandwidth_mbps": [[round(t, 3), r] for t, r in zip(self.played.times_s, self.played.rates_mbps,
-                                                                      strict=True)]}
+        return {
+            "trace": self.trace,
+            "offset_s": self.offset_s,
+            "scale": self.scale,
+            "rtt_ms": self.rtt_ms,
+            "median_mbps": self.median_mbps,
+            "window_mean_mbps": self.played.mean_mbps(),
+            "bandwidth_mbps": [
+                [round(t, 3), r] for t, r in zip(self.played.times_s, self.played.rates_mbps, strict=True)
+            ],
+        }
 
 
 def hop(spec: str, offset_s: float, scale: float, rtt_ms: float | None, duration_s: float) -> Hop:
     full = load_trace(spec)
     full = full.scaled(scale) if scale != 1 else full
     rtt = rtt_ms if rtt_ms is not None else FAMILY_RTT_MS.get(trace_family(full) or "", DEFAULT_RTT_MS)
-    return Hop(trace=spec, offset_s=offset_s, scale=scale, rtt_ms=rtt, median_mbps=full.median_mbps(),
-               played=full.window(offset_s, duration_s))
+    return Hop(
+        trace=spec,
+        offset_s=offset_s,
+        scale=scale,
+        rtt_ms=rtt,
+        median_mbps=full.median_mbps(),
+        played=full.window(offset_s, duration_s),
+    )
 
 
 def _calibrate(rig: TierRig, worker: Any, host_ms: float, say: Callable[[str], None]) -> dict[str, float]:
@@ -114,17 +127,23 @@ def _calibrate(rig: TierRig, worker: Any, host_ms: float, say: Callable[[str], N
         dev_ms = float(worker.call({"cmd": "device-calibrate", "runs": 3}, 300)["head_ms"])
     finally:
         rig.throttle_out(worker.proc.pid)
-    f = {"host_ms": host_ms, "device_ms": dev_ms, "edge_ms": float(got["edge_ms"]),
-         "cloud_ms": float(got["cloud_ms"])}
+    f = {"host_ms": host_ms, "device_ms": dev_ms, "edge_ms": float(got["edge_ms"]), "cloud_ms": float(got["cloud_ms"])}
     for tier in ("device", "edge", "cloud"):
         f[f"{tier}_factor"] = f[f"{tier}_ms"] / host_ms
-    say(f"whole model now: device {dev_ms:.0f} ms, edge {f['edge_ms']:.0f} ms, cloud {f['cloud_ms']:.0f} ms "
-        f"(host profile {host_ms:.0f} ms)")
+    say(
+        f"whole model now: device {dev_ms:.0f} ms, edge {f['edge_ms']:.0f} ms, cloud {f['cloud_ms']:.0f} ms "
+        f"(host profile {host_ms:.0f} ms)"
+    )
     return f
 
 
-def run_tiers(cfg: TierBenchConfig, rig: TierRig, *, progress: Callable[[str], None] | None = None,
-              live: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_tiers(
+    cfg: TierBenchConfig,
+    rig: TierRig,
+    *,
+    progress: Callable[[str], None] | None = None,
+    live: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run every strategy of ``cfg`` in ``rig`` on the same two windows; return the result dict."""
     from splitrt.graph import model as graph
     from splitrt.profile import profiler
@@ -142,36 +161,65 @@ def run_tiers(cfg: TierBenchConfig, rig: TierRig, *, progress: Callable[[str], N
     h1 = hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms, cfg.duration_s)
     h2 = hop(cfg.trace2, cfg.trace2_offset_s, cfg.bandwidth_scale2, cfg.rtt2_ms, cfg.duration_s)
     rig.set_rtts(h1.rtt_ms, h2.rtt_ms)
-    base = tier_tables(prof_path, mg.sha256, device_speed=rig.board.cpu_speed_factor, edge_factor=1.0,
-                       cloud_factor=1.0)
+    base = tier_tables(prof_path, mg.sha256, device_speed=rig.board.cpu_speed_factor, edge_factor=1.0, cloud_factor=1.0)
     host_ms = float(base[1].head_ms[base[1].index("device")])
     plan_kw: dict[str, Any] = {"objective": cfg.objective, "power": figures.power, "codecs": cfg.codecs}
-    spec = {"model_path": str(model_file), "profile_path": str(prof_path), "board": rig.board.name,
-            "edge": rig.edge_address, "cloud": rig.cloud_address, "codecs": list(cfg.codecs),
-            "objective": cfg.objective, "deadline_ms": cfg.deadline_ms, "threads": rig.config.device_threads,
-            "seed": cfg.seed, "warm_cuts": likely_first_cuts(*base, rtt1_ms=h1.rtt_ms, rtt2_ms=h2.rtt_ms, **plan_kw)}
+    spec = {
+        "model_path": str(model_file),
+        "profile_path": str(prof_path),
+        "board": rig.board.name,
+        "edge": rig.edge_address,
+        "cloud": rig.cloud_address,
+        "codecs": list(cfg.codecs),
+        "objective": cfg.objective,
+        "deadline_ms": cfg.deadline_ms,
+        "threads": rig.config.device_threads,
+        "seed": cfg.seed,
+        "warm_cuts": likely_first_cuts(*base, rtt1_ms=h1.rtt_ms, rtt2_ms=h2.rtt_ms, **plan_kw),
+    }
     worker = rig.start_tier_worker(spec)
     try:
         factors = _calibrate(rig, worker, host_ms, say)
-        tables = tier_tables(prof_path, mg.sha256, device_speed=factors["device_factor"],
-                             edge_factor=factors["edge_factor"], cloud_factor=factors["cloud_factor"])
+        tables = tier_tables(
+            prof_path,
+            mg.sha256,
+            device_speed=factors["device_factor"],
+            edge_factor=factors["edge_factor"],
+            cloud_factor=factors["cloud_factor"],
+        )
         from splitrt.plan.costmodel import Link
 
-        chosen = choose(*tables, hop1=Link(bandwidth_mbps=h1.median_mbps, rtt_ms=h1.rtt_ms),
-                        hop2=Link(bandwidth_mbps=h2.median_mbps, rtt_ms=h2.rtt_ms), names=cfg.strategies, **plan_kw)
+        chosen = choose(
+            *tables,
+            hop1=Link(bandwidth_mbps=h1.median_mbps, rtt_ms=h1.rtt_ms),
+            hop2=Link(bandwidth_mbps=h2.median_mbps, rtt_ms=h2.rtt_ms),
+            names=cfg.strategies,
+            **plan_kw,
+        )
         rates = [(h1.played.rate_at(t), h2.played.rate_at(t)) for t in range(int(cfg.duration_s) + 1)]
         warm = [p for p in [s.plan for s in chosen.values() if s.tiers == 3] if p and ">" in p]
-        warm += [p for p in likely_pairs(*tables, rates, rtt1_ms=h1.rtt_ms, rtt2_ms=h2.rtt_ms, **plan_kw)
-                 if p not in warm]
+        warm += [
+            p for p in likely_pairs(*tables, rates, rtt1_ms=h1.rtt_ms, rtt2_ms=h2.rtt_ms, **plan_kw) if p not in warm
+        ]
         worker.call({"cmd": "warm-edge", "plans": warm[:12]}, 600)
         for s in chosen.values():
             say(f"[{s.name}] {s.tiers} tiers, policy {s.policy}: preparing")
             rig.set_rates(max(h1.played.rate_at(0.0), 0.05), max(h2.played.rate_at(0.0), 0.05))
             (rig.workdir / f"requests-{s.name}.jsonl").unlink(missing_ok=True)
-            worker.call({"cmd": "prepare", "name": s.name, "tiers": s.tiers, "policy": s.policy,
-                         "speed_factor": factors["device_factor"], "edge_factor": factors["edge_factor"],
-                         "cloud_factor": factors["cloud_factor"], "rate_hz": cfg.rate_hz,
-                         "warmup_s": cfg.warmup_s}, 300)
+            worker.call(
+                {
+                    "cmd": "prepare",
+                    "name": s.name,
+                    "tiers": s.tiers,
+                    "policy": s.policy,
+                    "speed_factor": factors["device_factor"],
+                    "edge_factor": factors["edge_factor"],
+                    "cloud_factor": factors["cloud_factor"],
+                    "rate_hz": cfg.rate_hz,
+                    "warmup_s": cfg.warmup_s,
+                },
+                300,
+            )
         roles = worker.call({"cmd": "roles"}, 30)
         rig.throttle_threads(worker.proc.pid, roles.get("compute_tids", []), roles.get("other_tids", []))
         try:
@@ -181,15 +229,29 @@ def run_tiers(cfg: TierBenchConfig, rig: TierRig, *, progress: Callable[[str], N
     finally:
         worker.close()
     result = assemble(cfg, chosen, records, h1, figures)
-    result.update(link=rig.kind, board=rig.board.name, hop1=h1.as_dict(), hop2=h2.as_dict(), factors=factors,
-                  edge={"cpus": rig.tier_config.edge_cpus, "measured_ms": factors["edge_ms"]},
-                  calibration={**{k: v for k, v in asdict(cal).items() if k != "rounds"}, "error_pct": cal.error_pct},
-                  load_average={"start": list(load_start), "end": list(os.getloadavg())})
+    result.update(
+        link=rig.kind,
+        board=rig.board.name,
+        hop1=h1.as_dict(),
+        hop2=h2.as_dict(),
+        factors=factors,
+        edge={"cpus": rig.tier_config.edge_cpus, "measured_ms": factors["edge_ms"]},
+        calibration={**{k: v for k, v in asdict(cal).items() if k != "rounds"}, "error_pct": cal.error_pct},
+        load_average={"start": list(load_start), "end": list(os.getloadavg())},
+    )
     return result
 
 
-def _play_turns(cfg: TierBenchConfig, rig: TierRig, worker: Any, h1: Hop, h2: Hop, names: Sequence[str],
-                say: Callable[[str], None], live: Callable[[str], None] | None) -> dict[str, list[dict[str, Any]]]:
+def _play_turns(
+    cfg: TierBenchConfig,
+    rig: TierRig,
+    worker: Any,
+    h1: Hop,
+    h2: Hop,
+    names: Sequence[str],
+    say: Callable[[str], None],
+    live: Callable[[str], None] | None,
+) -> dict[str, list[dict[str, Any]]]:
     """Every strategy's turns, both hops replaying the strategy's slice of their windows."""
     from splitrt.rig import shaper
 
@@ -204,18 +266,31 @@ def _play_turns(cfg: TierBenchConfig, rig: TierRig, worker: Any, h1: Hop, h2: Ho
             count[name] += 1
             if live is not None:
                 t = float(ev["t_s"])
-                live(f"[{name}] {t:5.1f}/{cfg.duration_s:g} s  req {count[name]:3d}  hops "
-                     f"{h1.played.rate_at(t):5.2f}/{h2.played.rate_at(t):5.2f} Mbit/s  plan {ev['plan']:<16} "
-                     f"{ev['latency_ms']:7.0f} ms")
+                live(
+                    f"[{name}] {t:5.1f}/{cfg.duration_s:g} s  req {count[name]:3d}  hops "
+                    f"{h1.played.rate_at(t):5.2f}/{h2.played.rate_at(t):5.2f} Mbit/s  plan {ev['plan']:<16} "
+                    f"{ev['latency_ms']:7.0f} ms"
+                )
 
         worker.on_event = on_event
         left = cfg.duration_s - from_s
-        players = [shaper.TracePlayer(s, h.played.window(from_s, left), duration_s=left)
-                   for s, h in ((rig.shaper, h1), (rig.shaper2, h2))]
+        players = [
+            shaper.TracePlayer(s, h.played.window(from_s, left), duration_s=left)
+            for s, h in ((rig.shaper, h1), (rig.shaper2, h2))
+        ]
         t0 = time.monotonic() + 0.05
         try:
-            worker.send({"cmd": "run", "name": name, "t0": t0, "from_s": from_s, "until_s": until,
-                         "rate_hz": cfg.rate_hz, "log_path": str(rig.workdir / f"requests-{name}.jsonl")})
+            worker.send(
+                {
+                    "cmd": "run",
+                    "name": name,
+                    "t0": t0,
+                    "from_s": from_s,
+                    "until_s": until,
+                    "rate_hz": cfg.rate_hz,
+                    "log_path": str(rig.workdir / f"requests-{name}.jsonl"),
+                }
+            )
             while time.monotonic() < t0:
                 time.sleep(0.005)
             for p in players:
@@ -237,8 +312,9 @@ def _play_turns(cfg: TierBenchConfig, rig: TierRig, worker: Any, h1: Hop, h2: Ho
     return out
 
 
-def assemble(cfg: TierBenchConfig, chosen: dict[str, Strategy], records: dict[str, list[dict[str, Any]]],
-             h1: Hop, figures: Any) -> dict[str, Any]:
+def assemble(
+    cfg: TierBenchConfig, chosen: dict[str, Strategy], records: dict[str, list[dict[str, Any]]], h1: Hop, figures: Any
+) -> dict[str, Any]:
     """Per strategy: latency and energy summaries, bootstrap intervals over turns, where requests went,
     outputs that differed from the full model's; adaptive's gains."""
     power = figures.power
@@ -253,33 +329,63 @@ def assemble(cfg: TierBenchConfig, chosen: dict[str, Strategy], records: dict[st
         for r in ok:
             r["energy_mj"] = energy_mj(r, h1.played, power)
             r["energy_increment_mj"] = energy_mj(r, h1.played, increment)
-        summary = summarize([r["latency_ms"] for r in ok], [r["plan"] for r in ok], failed=len(recs) - len(ok),
-                            energies=[r["energy_mj"] for r in ok], fallbacks=sum(1 for r in ok if r.get("fallback")))
+        summary = summarize(
+            [r["latency_ms"] for r in ok],
+            [r["plan"] for r in ok],
+            failed=len(recs) - len(ok),
+            energies=[r["energy_mj"] for r in ok],
+            fallbacks=sum(1 for r in ok if r.get("fallback")),
+        )
         lat_turns = by_turn(ok, cfg.turn_s, "latency_ms")
         summary.update(
-            tiers=s.tiers, policy=s.policy, predicted_ms=s.predicted_ms, predicted_mj=s.predicted_mj,
+            tiers=s.tiers,
+            policy=s.policy,
+            predicted_ms=s.predicted_ms,
+            predicted_mj=s.predicted_mj,
             mean_ci_ms=list(bootstrap_ci(lat_turns, seed=cfg.seed)),
             p95_ci_ms=list(bootstrap_ci(lat_turns, stat="p95", seed=cfg.seed)),
             energy_ci_mj=list(bootstrap_ci(by_turn(ok, cfg.turn_s, "energy_mj"), seed=cfg.seed)),
             energy_increment_mj=statistics.fmean(r["energy_increment_mj"] for r in ok) if ok else math.nan,
             finished_by={k: sum(1 for r in ok if r.get("finished_by") == k) for k in ("device", "edge", "cloud")},
             via_edge=sum(1 for r in ok if r.get("route") == "edge"),
-            mismatched=sum(1 for r in ok if r.get("match") is False))
+            mismatched=sum(1 for r in ok if r.get("match") is False),
+        )
         strategies[name] = summary
     _ratios(cfg, strategies, records)
     result: dict[str, Any] = {
-        "tiers": 3, "model": cfg.model, "objective": cfg.objective, "rate_hz": cfg.rate_hz,
-        "duration_s": cfg.duration_s, "turn_s": cfg.turn_s, "codecs": list(cfg.codecs),
-        "energy": {"source": figures.source, "origin": figures.origin, "note": figures.note,
-                   "idle_w": power.idle_w, "active_w": power.active_w, "radio_w": power.radio_w,
-                   "radio_source": figures.radio_source,
-                   "model": "active_w x device compute + radio_w x upload (hop 1) + idle_w x the rest",
-                   "increment_model": "energy_increment_mj: (idle_w + radio_w) during the upload"},
-        "strategies": strategies, "gains": gains(strategies),
+        "tiers": 3,
+        "model": cfg.model,
+        "objective": cfg.objective,
+        "rate_hz": cfg.rate_hz,
+        "duration_s": cfg.duration_s,
+        "turn_s": cfg.turn_s,
+        "codecs": list(cfg.codecs),
+        "energy": {
+            "source": figures.source,
+            "origin": figures.origin,
+            "note": figures.note,
+            "idle_w": power.idle_w,
+            "active_w": power.active_w,
+            "radio_w": power.radio_w,
+            "radio_source": figures.radio_source,
+            "model": "active_w x device compute + radio_w x upload (hop 1) + idle_w x the rest",
+            "increment_model": "energy_increment_mj: (idle_w + radio_w) during the upload",
+        },
+        "strategies": strategies,
+        "gains": gains(strategies),
         "failed": sum(int(s["failed"]) for s in strategies.values()),
-        "requests": {n: [[round(float(r["t_s"]), 3), round(float(r["latency_ms"]), 1), r["plan"],
-                          round(float(r.get("energy_mj", math.nan)), 1)] for r in recs]
-                     for n, recs in records.items()},
+        "requests": {
+            n: [
+                [
+                    round(float(r["t_s"]), 3),
+                    round(float(r["latency_ms"]), 1),
+                    r["plan"],
+                    round(float(r.get("energy_mj", math.nan)), 1),
+                ]
+                for r in recs
+            ]
+            for n, recs in records.items()
+        },
     }
     return result
 
@@ -299,8 +405,11 @@ def _ratios(cfg: TierBenchConfig, strategies: dict[str, Any], records: dict[str,
         if name == "adaptive":
             continue
         ratios: dict[str, Any] = {}
-        for label, key, stat in (("mean", "latency_ms", "mean"), ("p95", "latency_ms", "p95"),
-                                 ("energy", "energy_mj", "mean")):
+        for label, key, stat in (
+            ("mean", "latency_ms", "mean"),
+            ("p95", "latency_ms", "p95"),
+            ("energy", "energy_mj", "mean"),
+        ):
             ci = bootstrap_ratio(turns("adaptive", key), turns(name, key), stat=stat, seed=cfg.seed)
             ratios[label] = {"ci": list(ci), "call": call(ci)}
         strategies[name]["adaptive_over_this"] = ratios

@@ -25,8 +25,16 @@ from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, Conditions, CostTa
 from splitrt.plan.netmon import LinkEstimate
 from splitrt.plan.solver import ChainConditions, evaluate, evaluate_chain, solve, solve_chain
 
-STRATEGIES = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive",
-              "adaptive-2tier", "route")
+STRATEGIES = (
+    "device-only",
+    "cloud-only",
+    "static-2tier",
+    "edge-only",
+    "static-3tier",
+    "adaptive",
+    "adaptive-2tier",
+    "route",
+)
 # route: whole-request routing over the direct path (the two-tier runtime restricted to device and cloud)
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive")
 STATIC = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier")
@@ -59,13 +67,23 @@ def direct_table(device: CostTable, edge: CostTable, cloud: CostTable) -> CostTa
 
 def direct_conditions(hop1: Link, hop2: Link) -> Conditions:
     """The direct path is the two hops in series: the narrower bandwidth, both round trips."""
-    return Conditions(link=Link(bandwidth_mbps=min(hop1.bandwidth_mbps, hop2.bandwidth_mbps),
-                                rtt_ms=hop1.rtt_ms + hop2.rtt_ms))
+    return Conditions(
+        link=Link(bandwidth_mbps=min(hop1.bandwidth_mbps, hop2.bandwidth_mbps), rtt_ms=hop1.rtt_ms + hop2.rtt_ms)
+    )
 
 
-def choose(device: CostTable, edge: CostTable, cloud: CostTable, *, hop1: Link, hop2: Link,
-           objective: str = "latency", power: Power = DEFAULT_POWER, codecs: Sequence[str] = ("fp32",),
-           names: Sequence[str] = DEFAULT_STRATEGIES) -> dict[str, Strategy]:
+def choose(
+    device: CostTable,
+    edge: CostTable,
+    cloud: CostTable,
+    *,
+    hop1: Link,
+    hop2: Link,
+    objective: str = "latency",
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] = ("fp32",),
+    names: Sequence[str] = DEFAULT_STRATEGIES,
+) -> dict[str, Strategy]:
     """Every strategy of ``names`` with its plan chosen at ``hop1``/``hop2`` (the traces' medians)."""
     bad = [n for n in names if n not in STRATEGIES]
     if bad:
@@ -88,8 +106,13 @@ def choose(device: CostTable, edge: CostTable, cloud: CostTable, *, hop1: Link, 
     best2 = solve(table, cond, objective=objective, power=power, codecs=list(codecs)).key
     cp = solve_chain(device, edge, cloud, chain, objective=objective, power=power, codecs=list(codecs))
     best3 = DEVICE_CUT if cp.device_cut == DEVICE_CUT else cp.key  # "device>device": nothing leaves the device
-    fixed = {"device-only": (2, DEVICE_CUT), "cloud-only": (2, f"cloud@{codec}"), "static-2tier": (2, best2),
-             "edge-only": (3, f"cloud>{DEVICE_CUT}@{codec}"), "static-3tier": (3, best3)}
+    fixed = {
+        "device-only": (2, DEVICE_CUT),
+        "cloud-only": (2, f"cloud@{codec}"),
+        "static-2tier": (2, best2),
+        "edge-only": (3, f"cloud>{DEVICE_CUT}@{codec}"),
+        "static-3tier": (3, best3),
+    }
     out: dict[str, Strategy] = {}
     for name in names:
         if name in fixed:
@@ -97,15 +120,27 @@ def choose(device: CostTable, edge: CostTable, cloud: CostTable, *, hop1: Link, 
             ms, mj = two(plan) if tiers == 2 else three(plan)
             out[name] = Strategy(name=name, tiers=tiers, policy=f"fixed:{plan}", predicted_ms=ms, predicted_mj=mj)
         else:
-            out[name] = Strategy(name=name, tiers=2 if name in ("adaptive-2tier", "route") else 3,
-                                 policy="route" if name == "route" else "adaptive",
-                                 predicted_ms=math.nan, predicted_mj=math.nan)
+            out[name] = Strategy(
+                name=name,
+                tiers=2 if name in ("adaptive-2tier", "route") else 3,
+                policy="route" if name == "route" else "adaptive",
+                predicted_ms=math.nan,
+                predicted_mj=math.nan,
+            )
     return out
 
 
-def likely_first_cuts(device: CostTable, edge: CostTable, cloud: CostTable, *, rtt1_ms: float, rtt2_ms: float,
-                      objective: str = "latency", power: Power = DEFAULT_POWER,
-                      codecs: Sequence[str] = ("fp32",)) -> list[str]:
+def likely_first_cuts(
+    device: CostTable,
+    edge: CostTable,
+    cloud: CostTable,
+    *,
+    rtt1_ms: float,
+    rtt2_ms: float,
+    objective: str = "latency",
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] = ("fp32",),
+) -> list[str]:
     """Every device cut (chain and direct) the solver picks over 0.1-100 Mbit/s per hop and device loads
     1-4: the sessions worth building before the timed part."""
     table = direct_table(device, edge, cloud)
@@ -115,8 +150,15 @@ def likely_first_cuts(device: CostTable, edge: CostTable, cloud: CostTable, *, r
         for bw2 in grid:
             for load in (1.0, 4.0):
                 h1, h2 = Link(bandwidth_mbps=bw1, rtt_ms=rtt1_ms), Link(bandwidth_mbps=bw2, rtt_ms=rtt2_ms)
-                cp = solve_chain(device, edge, cloud, ChainConditions(device_edge=h1, edge_cloud=h2, device_load=load),
-                                 objective=objective, power=power, codecs=list(codecs))
+                cp = solve_chain(
+                    device,
+                    edge,
+                    cloud,
+                    ChainConditions(device_edge=h1, edge_cloud=h2, device_load=load),
+                    objective=objective,
+                    power=power,
+                    codecs=list(codecs),
+                )
                 cuts.add(cp.device_cut)
                 d = replace(direct_conditions(h1, h2), device_load=load)
                 cuts.add(solve(table, d, objective=objective, power=power, codecs=list(codecs)).cut)
@@ -152,20 +194,37 @@ class FixedChain:
             switched = d.previous is not None and d.previous != DEVICE_CUT
             inner.current = DEVICE_CUT
             self._switches += int(switched)
-            return replace(d, plan=DEVICE_CUT, best=DEVICE_CUT, route="local",
-                           predicted_ms=float(inner.device.head_ms[inner.device.index(DEVICE_CUT)]) * d.device_load,
-                           objective_value=math.nan, switched=switched)
-        cond = ChainConditions(device_edge=Link(bandwidth_mbps=hop1.bandwidth_mbps, rtt_ms=hop1.rtt_ms),
-                               edge_cloud=Link(bandwidth_mbps=hop2.bandwidth_mbps, rtt_ms=hop2.rtt_ms),
-                               device_load=d.device_load, edge_load=d.edge_load, cloud_load=d.cloud_load)
-        p = evaluate_chain(inner.device, inner.edge, inner.cloud, self.plan, cond, objective=inner.config.objective,
-                           power=inner.power)
+            return replace(
+                d,
+                plan=DEVICE_CUT,
+                best=DEVICE_CUT,
+                route="local",
+                predicted_ms=float(inner.device.head_ms[inner.device.index(DEVICE_CUT)]) * d.device_load,
+                objective_value=math.nan,
+                switched=switched,
+            )
+        cond = ChainConditions(
+            device_edge=Link(bandwidth_mbps=hop1.bandwidth_mbps, rtt_ms=hop1.rtt_ms),
+            edge_cloud=Link(bandwidth_mbps=hop2.bandwidth_mbps, rtt_ms=hop2.rtt_ms),
+            device_load=d.device_load,
+            edge_load=d.edge_load,
+            cloud_load=d.cloud_load,
+        )
+        p = evaluate_chain(
+            inner.device, inner.edge, inner.cloud, self.plan, cond, objective=inner.config.objective, power=inner.power
+        )
         switched = d.previous is not None and d.previous != self.plan
         inner.current = self.plan
         self._switches += int(switched)
-        return replace(d, plan=self.plan, best=self.plan, route="edge", predicted_ms=p.predicted_ms,
-                       objective_value=p.energy_mj if inner.config.objective == "energy" else p.predicted_ms,
-                       switched=switched)
+        return replace(
+            d,
+            plan=self.plan,
+            best=self.plan,
+            route="edge",
+            predicted_ms=p.predicted_ms,
+            objective_value=p.energy_mj if inner.config.objective == "energy" else p.predicted_ms,
+            switched=switched,
+        )
 
 
 def chain_config(objective: str, codecs: Sequence[str]) -> ChainControllerConfig:
@@ -208,13 +267,17 @@ def gains(strategies: Mapping[str, Mapping[str, Any]], adaptive: str = "adaptive
     if "static-2tier" in strategies:  # the static split chosen with the same objective: the reference's baseline
         st = strategies["static-2tier"]
         for key, figure in (("mean_ms", "latency"), ("energy_mj", "energy")):
-            out[f"{figure}_vs_static_split"] = {"against": "static-2tier",
-                                                "pct": gain_pct(float(a[key]), float(st[key]))}
+            out[f"{figure}_vs_static_split"] = {
+                "against": "static-2tier",
+                "pct": gain_pct(float(a[key]), float(st[key])),
+            }
     for label, names in (("static_2tier", TWO_TIER_STATIC), ("any_static", STATIC)):
         for key, figure in (("mean_ms", "latency"), ("energy_mj", "energy")):
             best = best_of(strategies, names, key)
             out[f"{figure}_vs_{label}"] = {
-                "against": best, "pct": gain_pct(float(a[key]), float(strategies[best][key])) if best else math.nan}
+                "against": best,
+                "pct": gain_pct(float(a[key]), float(strategies[best][key])) if best else math.nan,
+            }
     return out
 
 
@@ -222,23 +285,35 @@ def median_or_nan(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
-def likely_pairs(device: CostTable, edge: CostTable, cloud: CostTable, rates: Sequence[tuple[float, float]], *,
-                 rtt1_ms: float, rtt2_ms: float, objective: str = "latency", power: Power = DEFAULT_POWER,
-                 codecs: Sequence[str] = ("fp32",), limit: int = 10) -> list[str]:
+def likely_pairs(
+    device: CostTable,
+    edge: CostTable,
+    cloud: CostTable,
+    rates: Sequence[tuple[float, float]],
+    *,
+    rtt1_ms: float,
+    rtt2_ms: float,
+    objective: str = "latency",
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] = ("fp32",),
+    limit: int = 10,
+) -> list[str]:
     """The chain plans the solver picks at the (hop 1, hop 2) bandwidths of ``rates``, most frequent
     first, at most ``limit``: the segments the edge and the cloud should build before the timed part."""
     count: dict[str, int] = {}
     for bw1, bw2 in rates:
-        cond = ChainConditions(device_edge=Link(bandwidth_mbps=bw1, rtt_ms=rtt1_ms),
-                               edge_cloud=Link(bandwidth_mbps=bw2, rtt_ms=rtt2_ms))
+        cond = ChainConditions(
+            device_edge=Link(bandwidth_mbps=bw1, rtt_ms=rtt1_ms), edge_cloud=Link(bandwidth_mbps=bw2, rtt_ms=rtt2_ms)
+        )
         cp = solve_chain(device, edge, cloud, cond, objective=objective, power=power, codecs=list(codecs))
         if cp.device_cut != DEVICE_CUT:
             count[cp.key] = count.get(cp.key, 0) + 1
     return sorted(count, key=lambda k: -count[k])[:limit]
 
 
-def bootstrap_ci(groups: Sequence[Sequence[float]], *, stat: str = "mean", n: int = 2000,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    groups: Sequence[Sequence[float]], *, stat: str = "mean", n: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """95 % interval of ``stat`` (mean | p95) over requests grouped by turn, the turns resampled (the
     requests of one turn share the host's and the link's moment: they are not independent)."""
     gs = [np.asarray(g, dtype=float) for g in groups if len(g)]

@@ -55,8 +55,9 @@ class TierRigConfig(RigConfig):
         if not self.edge_cpus > 0:
             raise ConfigError(f"edge_cpus: expected > 0, got {self.edge_cpus!r}")
         if self.link == "userspace":
-            raise ConfigError("the three-tier rig needs the kernel link (root): expected link auto or kernel, "
-                              "got 'userspace'")
+            raise ConfigError(
+                "the three-tier rig needs the kernel link (root): expected link auto or kernel, got 'userspace'"
+            )
 
 
 class EdgeProcess(CloudProcess):
@@ -103,10 +104,12 @@ def make_chain(prefix: str) -> tuple[netns.Lan, netns.Host]:
     try:
         for h in (device, edge, cloud):
             netns.add_netns(h.ns)
-        netns.run_cmd(["ip", "-n", device.ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0",
-                       "netns", edge.ns])
-        netns.run_cmd(["ip", "-n", edge.ns, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0",
-                       "netns", cloud.ns])
+        netns.run_cmd(
+            ["ip", "-n", device.ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", edge.ns]
+        )
+        netns.run_cmd(
+            ["ip", "-n", edge.ns, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", cloud.ns]
+        )
         for h in (device, edge, edge_up, cloud):
             _iface(h, f"{h.ip}/24")
     except BaseException:
@@ -154,17 +157,21 @@ class TierRig(Rig):
         quota.set_shares(self.edge_throttle, EDGE_SHARES)
         quota.set_quota(self.edge_throttle, self.tier_config.edge_cpus, self.config.cfs_period_us)
         self._start_edge()
-        self.edge_relay = shaper.UserspaceLink((edge.ip, 0), ("127.0.0.1", EDGE_PORT), rate_mbps=None,
-                                               delay_ms=0.0, netns_name=edge.ns)
+        self.edge_relay = shaper.UserspaceLink(
+            (edge.ip, 0), ("127.0.0.1", EDGE_PORT), rate_mbps=None, delay_ms=0.0, netns_name=edge.ns
+        )
         self.edge_address = f"{edge.ip}:{self.edge_relay.port}"
-        self.direct_relay = shaper.UserspaceLink((edge.ip, 0), (cloud.ip, self.relay.port), rate_mbps=None,
-                                                 delay_ms=0.0, netns_name=edge.ns)
+        self.direct_relay = shaper.UserspaceLink(
+            (edge.ip, 0), (cloud.ip, self.relay.port), rate_mbps=None, delay_ms=0.0, netns_name=edge.ns
+        )
         self.cloud_address = f"{edge.ip}:{self.direct_relay.port}"
-        self.shaper = shaper.KernelShaper(points=[(device.ns, device.dev), (edge.ns, edge.dev)],
-                                          queue_ms=link.KERNEL_QUEUE_MS)
+        self.shaper = shaper.KernelShaper(
+            points=[(device.ns, device.dev), (edge.ns, edge.dev)], queue_ms=link.KERNEL_QUEUE_MS
+        )
         assert self.edge_up is not None
-        self.shaper2 = shaper.KernelShaper(points=[(self.edge_up.ns, self.edge_up.dev), (cloud.ns, cloud.dev)],
-                                           queue_ms=link.KERNEL_QUEUE_MS)
+        self.shaper2 = shaper.KernelShaper(
+            points=[(self.edge_up.ns, self.edge_up.dev), (cloud.ns, cloud.dev)], queue_ms=link.KERNEL_QUEUE_MS
+        )
         self.throttle = cgroup.CpuThrottle(f"{self.prefix}-dev", None)
         self.throttle.open()
         quota.set_shares(self.throttle, quota.DEVICE_SHARES)
@@ -188,9 +195,13 @@ class TierRig(Rig):
             return
         errors: list[str] = []
         self._children.terminate_all()  # the servers leave their cgroups before those go
-        for name, part in (("edge relay", self.edge_relay), ("direct relay", self.direct_relay),
-                           ("hop 2 shaper", self.shaper2), ("edge cgroup", self.edge_throttle),
-                           ("cloud cgroup", self.cloud_weight)):
+        for name, part in (
+            ("edge relay", self.edge_relay),
+            ("direct relay", self.direct_relay),
+            ("hop 2 shaper", self.shaper2),
+            ("edge cgroup", self.edge_throttle),
+            ("cloud cgroup", self.cloud_weight),
+        ):
             try:
                 if part is not None:
                     part.close()

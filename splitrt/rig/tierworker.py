@@ -25,8 +25,9 @@ from splitrt.rig import worker as rw
 from splitrt.rig.models import cost_table_for
 
 
-def tier_tables(profile_path: Path, sha: str, *, device_speed: float, edge_factor: float,
-                cloud_factor: float) -> tuple[Any, Any, Any]:
+def tier_tables(
+    profile_path: Path, sha: str, *, device_speed: float, edge_factor: float, cloud_factor: float
+) -> tuple[Any, Any, Any]:
     """(device, edge, cloud) cost tables from one host profile: each tier's times scaled by its factor
     (the chain solver reads the device's heads, the edge's heads and the cloud's tails)."""
     dev = cost_table_for(profile_path, sha, device_speed, cloud_factor)
@@ -37,7 +38,8 @@ def tier_tables(profile_path: Path, sha: str, *, device_speed: float, edge_facto
 
 def _matches(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> bool:
     return set(outputs) == set(reference) and all(
-        np.allclose(np.asarray(outputs[k]), reference[k], rtol=1e-4, atol=1e-5) for k in reference)
+        np.allclose(np.asarray(outputs[k]), reference[k], rtol=1e-4, atol=1e-5) for k in reference
+    )
 
 
 def chain_describe(reference: dict[str, np.ndarray]) -> Any:
@@ -46,23 +48,45 @@ def chain_describe(reference: dict[str, np.ndarray]) -> Any:
     def describe(out: Any) -> dict[str, Any]:
         r, d = out.result, out.decision
         hops = r.hops
-        return dict(latency_ms=out.latency_ms, plan=out.plan, fallback=out.fallback, where=r.where,
-                    route=out.route, finished_by=out.finished_by, head_ms=r.head_ms, encode_ms=r.encode_ms,
-                    rpc_ms=r.rpc_ms, decode_ms=r.decode_ms, tail_ms=r.tail_ms, queue_ms=r.queue_ms,
-                    bytes_up=r.bytes_up, bytes_down=r.bytes_down, edge_ms=hops.edge_ms if hops else 0.0,
-                    next_ms=hops.next_ms if hops else 0.0, forwarded=bool(hops and hops.forwarded),
-                    hop1_est_mbps=d.hop1_mbps, hop2_est_mbps=d.hop2_mbps, device_load=d.device_load,
-                    edge_load=d.edge_load, cloud_load=d.cloud_load, predicted_ms=d.predicted_ms, best=d.best,
-                    match=_matches(out.outputs, reference))
+        return dict(
+            latency_ms=out.latency_ms,
+            plan=out.plan,
+            fallback=out.fallback,
+            where=r.where,
+            route=out.route,
+            finished_by=out.finished_by,
+            head_ms=r.head_ms,
+            encode_ms=r.encode_ms,
+            rpc_ms=r.rpc_ms,
+            decode_ms=r.decode_ms,
+            tail_ms=r.tail_ms,
+            queue_ms=r.queue_ms,
+            bytes_up=r.bytes_up,
+            bytes_down=r.bytes_down,
+            edge_ms=hops.edge_ms if hops else 0.0,
+            next_ms=hops.next_ms if hops else 0.0,
+            forwarded=bool(hops and hops.forwarded),
+            hop1_est_mbps=d.hop1_mbps,
+            hop2_est_mbps=d.hop2_mbps,
+            device_load=d.device_load,
+            edge_load=d.edge_load,
+            cloud_load=d.cloud_load,
+            predicted_ms=d.predicted_ms,
+            best=d.best,
+            match=_matches(out.outputs, reference),
+        )
 
     return describe
 
 
 def two_describe(reference: dict[str, np.ndarray]) -> Any:
     def describe(out: Any) -> dict[str, Any]:
-        return {**rw.describe(out), "route": "local" if out.result.where == "local" else "cloud",
-                "finished_by": "device" if out.result.where == "local" else "cloud",
-                "match": _matches(out.outputs, reference)}
+        return {
+            **rw.describe(out),
+            "route": "local" if out.result.where == "local" else "cloud",
+            "finished_by": "device" if out.result.where == "local" else "cloud",
+            "match": _matches(out.outputs, reference),
+        }
 
     return describe
 
@@ -138,21 +162,46 @@ class _Worker:
         spec = self.spec
         codecs = tuple(spec.get("codecs") or ("fp32",))
         objective = str(spec.get("objective", "latency"))
-        d_tbl, e_tbl, c_tbl = tier_tables(Path(spec["profile_path"]), self.mg.sha256,
-                                          device_speed=float(msg["speed_factor"]),
-                                          edge_factor=float(msg["edge_factor"]),
-                                          cloud_factor=float(msg["cloud_factor"]))
+        d_tbl, e_tbl, c_tbl = tier_tables(
+            Path(spec["profile_path"]),
+            self.mg.sha256,
+            device_speed=float(msg["speed_factor"]),
+            edge_factor=float(msg["edge_factor"]),
+            cloud_factor=float(msg["cloud_factor"]),
+        )
         if int(msg["tiers"]) == 2:
-            rc = RuntimeConfig(policy=msg["policy"], deadline_ms=float(spec["deadline_ms"]), warm_sessions=False,
-                               controller=ControllerConfig(objective=objective, codecs=codecs))
+            rc = RuntimeConfig(
+                policy=msg["policy"],
+                deadline_ms=float(spec["deadline_ms"]),
+                warm_sessions=False,
+                controller=ControllerConfig(objective=objective, codecs=codecs),
+            )
             with_cloud = msg["policy"] != "fixed:device"
-            dev: Any = AdaptiveDevice(self.mg, d_tbl, [spec["cloud"]] if with_cloud else [], config=rc,
-                                      device_config=self.dcfg, power=self.board.power, clock=clock,
-                                      start_prober=False)
+            dev: Any = AdaptiveDevice(
+                self.mg,
+                d_tbl,
+                [spec["cloud"]] if with_cloud else [],
+                config=rc,
+                device_config=self.dcfg,
+                power=self.board.power,
+                clock=clock,
+                start_prober=False,
+            )
             return dev, two_describe(self.reference), rc.prober_interval_s
         cc = ChainConfig(deadline_ms=float(spec["deadline_ms"]), controller=chain_config(objective, codecs))
-        dev = ChainDevice(self.mg, d_tbl, e_tbl, c_tbl, edge=spec["edge"], cloud=spec["cloud"], config=cc,
-                          device_config=self.dcfg, power=self.board.power, clock=clock, start_prober=False)
+        dev = ChainDevice(
+            self.mg,
+            d_tbl,
+            e_tbl,
+            c_tbl,
+            edge=spec["edge"],
+            cloud=spec["cloud"],
+            config=cc,
+            device_config=self.dcfg,
+            power=self.board.power,
+            clock=clock,
+            start_prober=False,
+        )
         if msg["policy"].startswith("fixed:"):
             ctl = ChainController(d_tbl, e_tbl, c_tbl, cc.controller, power=self.board.power)
             dev.controller = FixedChain(ctl, msg["policy"].split(":", 1)[1])
@@ -167,9 +216,14 @@ class _Worker:
         dev, describe, interval_s = self.runtime(msg, clock)
         dev.local = self.local  # sessions built once, outside the cgroup
         dev.load = rw.RigLoad()  # psutil would see the whole (busy) host, not the emulated board
-        st = rw._Strategy(dev=dev, clock=clock, prober=rw.TurnProber(dev, interval_s),
-                          runqueue=rw.RunQueueProbe(dev.load, None, clock=clock),
-                          jitter=random.Random(int(self.spec.get("seed", 0))), describe=describe)
+        st = rw._Strategy(
+            dev=dev,
+            clock=clock,
+            prober=rw.TurnProber(dev, interval_s),
+            runqueue=rw.RunQueueProbe(dev.load, None, clock=clock),
+            jitter=random.Random(int(self.spec.get("seed", 0))),
+            describe=describe,
+        )
         self.strategies[name] = st
         with contextlib.suppress(Exception):
             dev.probe_once()  # a daemon starts with a probe: RTTs before transfers are timed
@@ -212,9 +266,16 @@ def serve(spec: dict[str, Any], stdin: IO[str]) -> None:
                     rw._emit({"event": "roles", **rw._thread_roles(w.strategies.values())})
                 elif cmd == "run":
                     st = w.strategies[str(msg["name"])]
-                    end_s = rw._run_turn(st, w.inputs, t0=float(msg["t0"]), from_s=float(msg["from_s"]),
-                                         until_s=float(msg["until_s"]), rate_hz=float(msg["rate_hz"]),
-                                         log_path=Path(msg["log_path"]), tasks_file=None)
+                    end_s = rw._run_turn(
+                        st,
+                        w.inputs,
+                        t0=float(msg["t0"]),
+                        from_s=float(msg["from_s"]),
+                        until_s=float(msg["until_s"]),
+                        rate_hz=float(msg["rate_hz"]),
+                        log_path=Path(msg["log_path"]),
+                        tasks_file=None,
+                    )
                     rw._emit({"event": "done", "stats": dict(st.dev.stats), "end_s": end_s})
                 else:
                     rw._emit({"event": "error", "message": f"unknown command {cmd!r}"})
@@ -227,8 +288,10 @@ def serve(spec: dict[str, Any], stdin: IO[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m splitrt.rig.tierworker SPEC_JSON (internal: started by splitrt.rig.tiers)",
-              file=sys.stderr)
+        print(
+            "usage: python -m splitrt.rig.tierworker SPEC_JSON (internal: started by splitrt.rig.tiers)",
+            file=sys.stderr,
+        )
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rig stops us; Ctrl-C reaches the rig
     try:

@@ -42,8 +42,10 @@ class Trace:
 
     def __post_init__(self) -> None:
         if not self.times_s or len(self.times_s) != len(self.rates_mbps):
-            raise ConfigError(f"trace {self.name!r}: need as many times as rates (>= 1), got "
-                              f"{len(self.times_s)} times and {len(self.rates_mbps)} rates")
+            raise ConfigError(
+                f"trace {self.name!r}: need as many times as rates (>= 1), got "
+                f"{len(self.times_s)} times and {len(self.rates_mbps)} rates"
+            )
         if self.times_s[0] != 0.0:
             raise ConfigError(f"trace {self.name!r}: first sample must be at 0 s, got {self.times_s[0]}")
         if any(b <= a for a, b in itertools.pairwise(self.times_s)):
@@ -51,8 +53,10 @@ class Trace:
         if any(not math.isfinite(r) or r < 0 for r in self.rates_mbps):
             raise ConfigError(f"trace {self.name!r}: rates must be finite and >= 0 Mbit/s")
         if not self.duration_s > self.times_s[-1]:
-            raise ConfigError(f"trace {self.name!r}: duration {self.duration_s} s must exceed the last "
-                              f"sample time {self.times_s[-1]} s")
+            raise ConfigError(
+                f"trace {self.name!r}: duration {self.duration_s} s must exceed the last "
+                f"sample time {self.times_s[-1]} s"
+            )
 
     # ------------------------------------------------------------------------------------ queries
     def index_at(self, t_s: float) -> int:
@@ -107,14 +111,21 @@ class Trace:
         if not (k > 0 and math.isfinite(k)):
             raise ConfigError(f"trace scale must be a finite number > 0, got {k}")
         name = self.name if k == 1 else f"{self.name}x{k:g}"
-        return Trace(name=name, times_s=self.times_s, rates_mbps=tuple(r * k for r in self.rates_mbps),
-                     duration_s=self.duration_s)
+        return Trace(
+            name=name,
+            times_s=self.times_s,
+            rates_mbps=tuple(r * k for r in self.rates_mbps),
+            duration_s=self.duration_s,
+        )
 
     def clipped(self, min_mbps: float = 0.0, max_mbps: float = math.inf) -> Trace:
         """Rates clamped into ``[min_mbps, max_mbps]`` (a shaper cannot apply 0 Mbit/s)."""
-        return Trace(name=self.name, times_s=self.times_s,
-                     rates_mbps=tuple(min(max(r, min_mbps), max_mbps) for r in self.rates_mbps),
-                     duration_s=self.duration_s)
+        return Trace(
+            name=self.name,
+            times_s=self.times_s,
+            rates_mbps=tuple(min(max(r, min_mbps), max_mbps) for r in self.rates_mbps),
+            duration_s=self.duration_s,
+        )
 
     def window(self, start_s: float, duration_s: float) -> Trace:
         """The part ``[start_s, start_s + duration_s)`` (wrapping), re-based at 0."""
@@ -126,8 +137,12 @@ class Trace:
             if t > start_s:
                 times.append(t - start_s)
                 rates.append(self.rate_at(t))
-        return Trace(name=f"{self.name}[{start_s:g}:{start_s + duration_s:g}]", times_s=tuple(times),
-                     rates_mbps=tuple(rates), duration_s=duration_s)
+        return Trace(
+            name=f"{self.name}[{start_s:g}:{start_s + duration_s:g}]",
+            times_s=tuple(times),
+            rates_mbps=tuple(rates),
+            duration_s=duration_s,
+        )
 
     def to_two_column(self) -> str:
         return "".join(f"{t:.3f}\t{r:.6f}\n" for t, r in zip(self.times_s, self.rates_mbps, strict=True))
@@ -150,8 +165,10 @@ class Trace:
 
 # ------------------------------------------------------------------------------------------- build
 
-def from_samples(name: str, times_s: Sequence[float], rates_mbps: Sequence[float],
-                 duration_s: float | None = None) -> Trace:
+
+def from_samples(
+    name: str, times_s: Sequence[float], rates_mbps: Sequence[float], duration_s: float | None = None
+) -> Trace:
     """Build a trace from samples; times are re-based at 0; the last sample holds for the median gap."""
     if not times_s:
         raise ConfigError(f"trace {name!r} has no samples")
@@ -160,8 +177,7 @@ def from_samples(name: str, times_s: Sequence[float], rates_mbps: Sequence[float
     if duration_s is None:
         gaps = [b - a for a, b in itertools.pairwise(times)]
         duration_s = times[-1] + (statistics.median(gaps) if gaps else 1.0)
-    return Trace(name=name, times_s=times, rates_mbps=tuple(float(r) for r in rates_mbps),
-                 duration_s=duration_s)
+    return Trace(name=name, times_s=times, rates_mbps=tuple(float(r) for r in rates_mbps), duration_s=duration_s)
 
 
 def parse_two_column(text: str, name: str = "trace") -> Trace:
@@ -211,8 +227,10 @@ def parse_mahimahi(text: str, name: str = "trace", bin_ms: int = 500) -> Trace:
         counts[min(max(ms - 1, 0) // bin_ms, n_bins - 1)] += 1
     times = [i * bin_ms / 1000 for i in range(n_bins)]
     last_len = period_ms - (n_bins - 1) * bin_ms
-    rates = [c * MAHIMAHI_PACKET_BYTES * 8 / 1e6 / ((bin_ms if i < n_bins - 1 else last_len) / 1000)
-             for i, c in enumerate(counts)]
+    rates = [
+        c * MAHIMAHI_PACKET_BYTES * 8 / 1e6 / ((bin_ms if i < n_bins - 1 else last_len) / 1000)
+        for i, c in enumerate(counts)
+    ]
     return Trace(name=name, times_s=tuple(times), rates_mbps=tuple(rates), duration_s=period_ms / 1000)
 
 
@@ -244,9 +262,9 @@ def load(path: str | Path, fmt: str = "auto") -> Trace:
 
 # ------------------------------------------------------------------------------------- synthetic
 
+
 def constant(mbps: float, duration_s: float = 60.0) -> Trace:
-    return Trace(name=f"constant-{mbps:g}", times_s=(0.0,), rates_mbps=(float(mbps),),
-                 duration_s=float(duration_s))
+    return Trace(name=f"constant-{mbps:g}", times_s=(0.0,), rates_mbps=(float(mbps),), duration_s=float(duration_s))
 
 
 def step(levels_mbps: Iterable[float], step_s: float = 10.0) -> Trace:
@@ -254,13 +272,17 @@ def step(levels_mbps: Iterable[float], step_s: float = 10.0) -> Trace:
     levels = [float(x) for x in levels_mbps]
     if not levels or step_s <= 0:
         raise ConfigError(f"step needs >= 1 level and step_s > 0, got {levels} and {step_s}")
-    return Trace(name="step-" + "-".join(f"{x:g}" for x in levels),
-                 times_s=tuple(i * step_s for i in range(len(levels))), rates_mbps=tuple(levels),
-                 duration_s=len(levels) * step_s)
+    return Trace(
+        name="step-" + "-".join(f"{x:g}" for x in levels),
+        times_s=tuple(i * step_s for i in range(len(levels))),
+        rates_mbps=tuple(levels),
+        duration_s=len(levels) * step_s,
+    )
 
 
-def square(low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s: float | None = None,
-           high_first: bool = True) -> Trace:
+def square(
+    low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s: float | None = None, high_first: bool = True
+) -> Trace:
     """Square wave: half a period at each level; ``duration_s`` defaults to one period."""
     if period_s <= 0:
         raise ConfigError(f"square wave period must be > 0, got {period_s}")
@@ -268,9 +290,12 @@ def square(low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s
     half = period_s / 2
     n = math.ceil(duration / half)
     a, b = (high_mbps, low_mbps) if high_first else (low_mbps, high_mbps)
-    t = Trace(name=f"square-{low_mbps:g}-{high_mbps:g}-{period_s:g}s",
-              times_s=tuple(i * half for i in range(n)),
-              rates_mbps=tuple(float(a if i % 2 == 0 else b) for i in range(n)), duration_s=n * half)
+    t = Trace(
+        name=f"square-{low_mbps:g}-{high_mbps:g}-{period_s:g}s",
+        times_s=tuple(i * half for i in range(n)),
+        rates_mbps=tuple(float(a if i % 2 == 0 else b) for i in range(n)),
+        duration_s=n * half,
+    )
     if n * half == duration:
         return t
     w = t.window(0.0, duration)
@@ -278,6 +303,7 @@ def square(low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s
 
 
 # --------------------------------------------------------------------------------------- shipped
+
 
 def _shipped_root() -> Path:
     return Path(str(resources.files(_SHIPPED_PKG).joinpath(_SHIPPED_DIR[0]).joinpath(_SHIPPED_DIR[1])))

@@ -36,8 +36,9 @@ def load_trace(spec: str) -> traces.Trace:
         return traces.load_shipped(spec)
     if Path(spec).is_file():
         return traces.load(spec)
-    raise ConfigError(f"trace {spec!r}: expected a shipped trace ({', '.join(traces.shipped())}), a file, "
-                      "or step:/square:/constant:")
+    raise ConfigError(
+        f"trace {spec!r}: expected a shipped trace ({', '.join(traces.shipped())}), a file, or step:/square:/constant:"
+    )
 
 
 def trace_family(trace: traces.Trace) -> str | None:

@@ -78,8 +78,9 @@ def _calibrate_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 time.sleep((w1 - w0) * (pad - 1))
             walls.append((time.perf_counter() - w0) * 1e3)
             cpus.append((c1 - c0) * 1e3)
-        _emit({"event": "bench", "wall_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus),
-               "all_ms": walls})
+        _emit(
+            {"event": "bench", "wall_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus), "all_ms": walls}
+        )
 
 
 class RigLoad(LoadEstimator):
@@ -91,8 +92,9 @@ class RigLoad(LoadEstimator):
     feeds every head's measured time (``LoadEstimator.add_head``).
     """
 
-    def add_device(self, now_s: float, *, other_util: float, freq_mhz: float | None = None,
-                   profiled_freq_mhz: float | None = None) -> float:
+    def add_device(
+        self, now_s: float, *, other_util: float, freq_mhz: float | None = None, profiled_freq_mhz: float | None = None
+    ) -> float:
         return 1.0
 
     def add_runqueue(self, now_s: float, factor: float) -> float:
@@ -111,8 +113,15 @@ class RunQueueProbe:
     work instead does not work under a CFS quota: a job shorter than the quota runs at full speed or
     waits a whole period."""
 
-    def __init__(self, load: RigLoad, tasks_file: str | None, *, sample_s: float = 0.05,
-                 report_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        load: RigLoad,
+        tasks_file: str | None,
+        *,
+        sample_s: float = 0.05,
+        report_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.load = load
         self.clock = clock
         self.tasks_file = tasks_file
@@ -232,11 +241,27 @@ class TurnProber:
 def describe(out: Any) -> dict[str, Any]:
     """The request record of an ``AdaptiveDevice`` outcome."""
     r, d = out.result, out.decision
-    return dict(latency_ms=out.latency_ms, plan=out.plan, fallback=out.fallback, where=r.where,
-                head_ms=r.head_ms, encode_ms=r.encode_ms, rpc_ms=r.rpc_ms, decode_ms=r.decode_ms,
-                tail_ms=r.tail_ms, queue_ms=r.queue_ms, bytes_up=r.bytes_up, bytes_down=r.bytes_down,
-                bw_est_mbps=d.bandwidth_mbps, rtt_est_ms=d.rtt_ms, device_load=d.device_load,
-                cloud_load=d.cloud_load, predicted_ms=d.predicted_ms, best=d.best, reason=d.reason)
+    return dict(
+        latency_ms=out.latency_ms,
+        plan=out.plan,
+        fallback=out.fallback,
+        where=r.where,
+        head_ms=r.head_ms,
+        encode_ms=r.encode_ms,
+        rpc_ms=r.rpc_ms,
+        decode_ms=r.decode_ms,
+        tail_ms=r.tail_ms,
+        queue_ms=r.queue_ms,
+        bytes_up=r.bytes_up,
+        bytes_down=r.bytes_down,
+        bw_est_mbps=d.bandwidth_mbps,
+        rtt_est_ms=d.rtt_ms,
+        device_load=d.device_load,
+        cloud_load=d.cloud_load,
+        predicted_ms=d.predicted_ms,
+        best=d.best,
+        reason=d.reason,
+    )
 
 
 @dataclass
@@ -287,8 +312,10 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 break
             if cmd == "cloud-calibrate":
                 probe_dev = Device(mg, spec["cloud"], config=dcfg)
-                tails = [probe_dev.run_detailed(inputs, cut="cloud", timeout_s=60).tail_ms
-                         for _ in range(int(msg.get("runs", 5)))]
+                tails = [
+                    probe_dev.run_detailed(inputs, cut="cloud", timeout_s=60).tail_ms
+                    for _ in range(int(msg.get("runs", 5)))
+                ]
                 probe_dev.close()
                 _emit({"event": "cloud", "tail_ms": statistics.median(tails[1:] or tails)})
             elif cmd == "device-calibrate":
@@ -299,24 +326,43 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 _emit({"event": "device", "head_ms": statistics.median(heads)})
             elif cmd == "prepare":
                 name = str(msg["name"])
-                table = cost_table_for(Path(spec["profile_path"]), mg.sha256,
-                                       float(msg.get("speed_factor", spec["speed_factor"])),
-                                       float(msg.get("cloud_factor", 1.0)))
+                table = cost_table_for(
+                    Path(spec["profile_path"]),
+                    mg.sha256,
+                    float(msg.get("speed_factor", spec["speed_factor"])),
+                    float(msg.get("cloud_factor", 1.0)),
+                )
                 if name in strategies:
                     strategies.pop(name).close()
                 # Sessions are built here, on the main thread, for every cut the plans may use: the
                 # prober's own warming would build them on a thread the rig does not throttle.
-                rc = RuntimeConfig(policy=msg["policy"], deadline_ms=float(spec["deadline_ms"]), warm_sessions=False,
-                                   controller=ControllerConfig(codecs=tuple(codecs) if codecs else None))
+                rc = RuntimeConfig(
+                    policy=msg["policy"],
+                    deadline_ms=float(spec["deadline_ms"]),
+                    warm_sessions=False,
+                    controller=ControllerConfig(codecs=tuple(codecs) if codecs else None),
+                )
                 clock = TurnClock()
-                dev = AdaptiveDevice(mg, table, [spec["cloud"]] if msg.get("with_cloud") else [], config=rc,
-                                     device_config=dcfg, power=board.power, clock=clock, start_prober=False)
+                dev = AdaptiveDevice(
+                    mg,
+                    table,
+                    [spec["cloud"]] if msg.get("with_cloud") else [],
+                    config=rc,
+                    device_config=dcfg,
+                    power=board.power,
+                    clock=clock,
+                    start_prober=False,
+                )
                 dev.local = local  # sessions built once, outside the cgroup
                 dev.load = RigLoad()
                 # a monitor (like psutil on a real board) on a spare core: not throttled with the compute
-                st = _Strategy(dev=dev, clock=clock, prober=TurnProber(dev, rc.prober_interval_s),
-                               runqueue=RunQueueProbe(dev.load, None, clock=clock),
-                               jitter=random.Random(int(spec.get("seed", 0))))
+                st = _Strategy(
+                    dev=dev,
+                    clock=clock,
+                    prober=TurnProber(dev, rc.prober_interval_s),
+                    runqueue=RunQueueProbe(dev.load, None, clock=clock),
+                    jitter=random.Random(int(spec.get("seed", 0))),
+                )
                 st.runqueue.start()
                 strategies[name] = st
                 # Warm-up (uncounted): the channel, the cloud's tail sessions, and the estimators, which
@@ -344,9 +390,16 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                 _emit({"event": "roles", **_thread_roles(strategies.values())})
             elif cmd == "run":
                 st = strategies[str(msg["name"])]
-                end_s = _run_turn(st, inputs, t0=float(msg["t0"]), from_s=float(msg["from_s"]),
-                                  until_s=float(msg["until_s"]), rate_hz=float(msg["rate_hz"]),
-                                  log_path=Path(msg["log_path"]), tasks_file=msg.get("tasks_file"))
+                end_s = _run_turn(
+                    st,
+                    inputs,
+                    t0=float(msg["t0"]),
+                    from_s=float(msg["from_s"]),
+                    until_s=float(msg["until_s"]),
+                    rate_hz=float(msg["rate_hz"]),
+                    log_path=Path(msg["log_path"]),
+                    tasks_file=msg.get("tasks_file"),
+                )
                 _emit({"event": "done", "stats": dict(st.dev.stats), "end_s": end_s})
             else:
                 _emit({"event": "error", "message": f"unknown command {cmd!r}"})
@@ -376,8 +429,17 @@ def _thread_roles(strategies: Iterable[_Strategy]) -> dict[str, list[int]]:
     return {"compute_tids": compute, "other_tids": other}
 
 
-def _run_turn(st: _Strategy, inputs: Any, *, t0: float, from_s: float, until_s: float,
-              rate_hz: float, log_path: Path, tasks_file: str | None) -> float:
+def _run_turn(
+    st: _Strategy,
+    inputs: Any,
+    *,
+    t0: float,
+    from_s: float,
+    until_s: float,
+    rate_hz: float,
+    log_path: Path,
+    tasks_file: str | None,
+) -> float:
     """One turn: window position ``from_s`` is played at monotonic ``t0``; the strategy's requests
     that start before ``until_s`` run (a late one still ends), then it idles, probing, until ``until_s``
     as in a continuous run. Returns the position at which it parked."""
@@ -402,8 +464,9 @@ def _run_turn(st: _Strategy, inputs: Any, *, t0: float, from_s: float, until_s: 
     return end_s
 
 
-def _loop_requests(st: _Strategy, inputs: Any, t0: float, from_s: float, until_s: float,
-                   rate_hz: float, log: IO[str]) -> None:
+def _loop_requests(
+    st: _Strategy, inputs: Any, t0: float, from_s: float, until_s: float, rate_hz: float, log: IO[str]
+) -> None:
     """Paced closed loop: request k is due at window position (k + u_k) / rate (u_k uniform in [0, 1),
     the same for every strategy) and starts then, or when request k-1 ends if later; none starts at or
     after ``until_s`` (a backlog carries over to the next turn, as it would in one continuous run)."""
@@ -425,8 +488,9 @@ def _loop_requests(st: _Strategy, inputs: Any, t0: float, from_s: float, until_s
         try:
             out = dev.infer(inputs)
         except Exception as exc:  # infer never raises for the cloud: count it as failed
-            rec.update(error=f"{type(exc).__name__}: {exc}", latency_ms=(from_s + time.monotonic() - t0 - t_s) * 1e3,
-                       plan="?")
+            rec.update(
+                error=f"{type(exc).__name__}: {exc}", latency_ms=(from_s + time.monotonic() - t0 - t_s) * 1e3, plan="?"
+            )
         else:
             rec.update(st.describe(out))
         log.write(json.dumps(rec) + "\n")
@@ -480,4 +544,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -10,7 +10,14 @@ from splitrt._lazy import exports
 if TYPE_CHECKING:
     from splitrt.transport.codec import Codec, Encoded, decode, encode
 
-_NAMES = {"Codec": "codec", "Encoded": "codec", "decode": "codec", "encode": "codec",
-          "codec": "", "discovery": "", "wire": ""}
+_NAMES = {
+    "Codec": "codec",
+    "Encoded": "codec",
+    "decode": "codec",
+    "encode": "codec",
+    "codec": "",
+    "discovery": "",
+    "wire": "",
+}
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES)

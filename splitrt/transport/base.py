@@ -28,17 +28,14 @@ class Transport(Protocol):
         """One ``InferRequest`` -> its ``InferReply`` (both framed)."""
         ...
 
-    def infer_stream(self, requests: Iterable[wire.Framed], *,
-                     timeout_s: float | None = None) -> Iterator[wire.Framed]:
+    def infer_stream(self, requests: Iterable[wire.Framed], *, timeout_s: float | None = None) -> Iterator[wire.Framed]:
         """One reply per request over one bidirectional stream; a failed frame is a reply whose
         ``header.error`` is set (only a failure of the whole stream raises)."""
         ...
 
-    def probe(self, request: pb.ProbeRequest, *, timeout_s: float) -> pb.ProbeReply:
-        ...
+    def probe(self, request: pb.ProbeRequest, *, timeout_s: float) -> pb.ProbeReply: ...
 
-    def status(self, *, timeout_s: float) -> pb.StatusReply:
-        ...
+    def status(self, *, timeout_s: float) -> pb.StatusReply: ...
 
     def put_model(self, chunks: Iterable[pb.ModelChunk], *, timeout_s: float) -> pb.PutModelReply:
         """Stream a model file (first chunk: sha256, name, total_bytes) to the cloud."""

@@ -59,8 +59,7 @@ class Codec:
         if self.quant not in QUANTS:
             raise CodecError(f"unknown quantisation {self.quant!r}: expected one of {', '.join(QUANTS)}")
         if self.compress is not None and self.compress not in COMPRESSIONS:
-            raise CodecError(f"unknown compression {self.compress!r}: "
-                             f"expected one of {', '.join(COMPRESSIONS)}")
+            raise CodecError(f"unknown compression {self.compress!r}: expected one of {', '.join(COMPRESSIONS)}")
 
     def __str__(self) -> str:
         return self.quant if self.compress is None else f"{self.quant}+{self.compress}"
@@ -277,15 +276,18 @@ def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
     want = expected_bytes(enc.dtype, shape, enc.codec, name=name)
     need = max(want, math.prod(shape) * dt.itemsize)  # decoded_bytes(enc), without parsing it all again
     if need > max_bytes:
-        raise CodecError(f"tensor {name!r}: shape {list(shape)} {dt.name} ({enc.codec}) decodes to {need} "
-                         f"bytes, expected at most {max_bytes}")
+        raise CodecError(
+            f"tensor {name!r}: shape {list(shape)} {dt.name} ({enc.codec}) decodes to {need} "
+            f"bytes, expected at most {max_bytes}"
+        )
     spec = Codec.parse(enc.codec) if enc.codec != RAW else _FP32
     body = enc.payload
     if enc.codec != RAW and spec.compress == "zlib":
         body = _inflate(name, body, want)
     if len(body) != want:
-        raise CodecError(f"tensor {name!r} ({enc.codec}, {dt.name} {list(shape)}): "
-                         f"expected {want} payload bytes, got {len(body)}")
+        raise CodecError(
+            f"tensor {name!r} ({enc.codec}, {dt.name} {list(shape)}): expected {want} payload bytes, got {len(body)}"
+        )
     if enc.codec == RAW or spec.quant == "fp32":
         return np.frombuffer(body, dtype=dt.newbyteorder("<")).reshape(shape).astype(dt, copy=False)
     if spec.quant == "fp16":
@@ -295,8 +297,10 @@ def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
     params = np.frombuffer(body, dtype=_LE_F32, count=2 * channels)
     lo, scale = params[:channels].astype(np.float64), params[channels:].astype(np.float64)
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(scale)) and np.all(scale > 0)):
-        raise CodecError(f"tensor {name!r} ({enc.codec}): expected finite offsets and positive scales, "
-                         "got garbage quantisation parameters")
+        raise CodecError(
+            f"tensor {name!r} ({enc.codec}): expected finite offsets and positive scales, "
+            "got garbage quantisation parameters"
+        )
     q = np.frombuffer(body, dtype=np.uint8, offset=8 * channels).reshape(shape)
     # In place, in the output's precision (float64 only for float64 tensors): no float64 temporaries,
     # so decoding takes the output's size and the payload, not 16 more bytes per element.
@@ -312,16 +316,20 @@ def _inflate(name: str, payload: bytes | memoryview, want: int) -> bytes:
     try:
         body = d.decompress(payload, want + 1)
     except zlib.error as exc:
-        raise CodecError(f"tensor {name!r}: expected a zlib stream of {want} bytes, got corrupt data "
-                         f"({len(payload)} bytes: {exc})") from exc
+        raise CodecError(
+            f"tensor {name!r}: expected a zlib stream of {want} bytes, got corrupt data ({len(payload)} bytes: {exc})"
+        ) from exc
     if len(body) > want:
         raise CodecError(f"tensor {name!r}: expected {want} bytes after zlib, got more")
     if not d.eof:
-        raise CodecError(f"tensor {name!r}: expected a complete zlib stream of {want} bytes, "
-                         f"got a truncated one ({len(body)} bytes decoded)")
+        raise CodecError(
+            f"tensor {name!r}: expected a complete zlib stream of {want} bytes, "
+            f"got a truncated one ({len(body)} bytes decoded)"
+        )
     if d.unused_data:
-        raise CodecError(f"tensor {name!r}: expected nothing after the zlib stream, "
-                         f"got {len(d.unused_data)} trailing bytes")
+        raise CodecError(
+            f"tensor {name!r}: expected nothing after the zlib stream, got {len(d.unused_data)} trailing bytes"
+        )
     return body
 
 

@@ -30,8 +30,10 @@ def check_private(path: Path, what: str = "token file") -> None:
         raise ConfigError(f"{what} {p}: expected a regular file, got {_kind(st.st_mode)}")
     mode = stat.S_IMODE(st.st_mode)
     if mode & OPEN_BITS:
-        raise ConfigError(f"{what} {p}: permissions {mode:04o} are too open: expected no access for group and "
-                          f"others (0600 or 0400), got {mode:04o}; run `chmod 600 {p}`")
+        raise ConfigError(
+            f"{what} {p}: permissions {mode:04o} are too open: expected no access for group and "
+            f"others (0600 or 0400), got {mode:04o}; run `chmod 600 {p}`"
+        )
 
 
 def read_tokens(path: Path, what: str = "token file") -> tuple[str, ...]:

@@ -280,8 +280,7 @@ class Advertiser:
             if models is not None:
                 self._models = tuple(models)
             new_load = float(load) if load is not None else float(self._txt["load"])
-            self._txt = encode_txt(version=self._version, models=self._models, load=new_load,
-                                   secure=self._secure)
+            self._txt = encode_txt(version=self._version, models=self._models, load=new_load, secure=self._secure)
             info = ServiceInfo(SERVICE_TYPE, self._info.name, properties=dict(self._txt), **self._info_args)
             try:
                 self._zc.update_service(info)

@@ -52,10 +52,17 @@ class GrpcTransport:
     TLS is on when ``tls`` or ``tls_ca_path`` is given (``tls_server_name`` overrides the name checked).
     """
 
-    def __init__(self, address: str, *, token: str | None = None,
-                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, keepalive_s: float = 30.0,
-                 tls: bool = False, tls_ca_path: Path | None = None,
-                 tls_server_name: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
+        keepalive_s: float = 30.0,
+        tls: bool = False,
+        tls_ca_path: Path | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
         self._address = address
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._max_message_bytes = max_message_bytes
@@ -92,13 +99,17 @@ class GrpcTransport:
         channel = self._open()
         with self._lock:
             if self._live is None:
-                framed: dict[str, Any] = {"request_serializer": wire.serialize,
-                                          "response_deserializer": wire.deserializer(pb.InferReply),
-                                          "_registered_method": True}
+                framed: dict[str, Any] = {
+                    "request_serializer": wire.serialize,
+                    "response_deserializer": wire.deserializer(pb.InferReply),
+                    "_registered_method": True,
+                }
                 self._live = _Calls(
-                    channel=channel, stub=pb_grpc.SplitInferenceStub(channel),
+                    channel=channel,
+                    stub=pb_grpc.SplitInferenceStub(channel),
                     infer=channel.unary_unary(f"/{wire.SERVICE_NAME}/Infer", **framed),
-                    infer_stream=channel.stream_stream(f"/{wire.SERVICE_NAME}/InferStream", **framed))
+                    infer_stream=channel.stream_stream(f"/{wire.SERVICE_NAME}/InferStream", **framed),
+                )
             else:
                 channel.close()
             return self._live
@@ -115,8 +126,7 @@ class GrpcTransport:
             raise wire.cloud_error(exc, describe_infer(request.header, self._address)) from exc
         return reply
 
-    def infer_stream(self, requests: Iterable[wire.Framed], *,
-                     timeout_s: float | None = None) -> Iterator[wire.Framed]:
+    def infer_stream(self, requests: Iterable[wire.Framed], *, timeout_s: float | None = None) -> Iterator[wire.Framed]:
         sent: list[Any] = [None]  # the last request's header, for the error message
 
         def tap() -> Iterator[wire.Framed]:
@@ -134,8 +144,9 @@ class GrpcTransport:
 
     def status(self, *, timeout_s: float) -> pb.StatusReply:
         with _mapped(lambda: f"status of {self._address}"):
-            reply: pb.StatusReply = self._calls().stub.Status(pb.StatusRequest(), timeout=timeout_s,
-                                                              metadata=self._metadata)
+            reply: pb.StatusReply = self._calls().stub.Status(
+                pb.StatusRequest(), timeout=timeout_s, metadata=self._metadata
+            )
         return reply
 
     def put_model(self, chunks: Iterable[pb.ModelChunk], *, timeout_s: float) -> pb.PutModelReply:
@@ -148,8 +159,7 @@ class GrpcTransport:
                 yield chunk
 
         with _mapped(lambda: describe_upload(first[0], self._address)):
-            reply: pb.PutModelReply = self._calls().stub.PutModel(tap(), timeout=timeout_s,
-                                                                  metadata=self._metadata)
+            reply: pb.PutModelReply = self._calls().stub.PutModel(tap(), timeout=timeout_s, metadata=self._metadata)
         return reply
 
     def close(self) -> None:

@@ -105,8 +105,13 @@ class FakeContext:
 class InProcessTransport:
     """``servicer``'s methods as a ``Transport`` (see the module docstring for what is faked)."""
 
-    def __init__(self, servicer: Servicer, *, address: str = "in-process",
-                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        servicer: Servicer,
+        *,
+        address: str = "in-process",
+        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         self.servicer = servicer
         self._address = address
         self._max_message_bytes = max_message_bytes
@@ -121,13 +126,16 @@ class InProcessTransport:
         """``message`` after a trip through its wire bytes, under the client's message limit."""
         data = wire.serialize(message)
         if len(data) > self._max_message_bytes:
-            raise _Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{direction} message larger than max ({len(data)} vs. {self._max_message_bytes})")
+            raise _Status(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{direction} message larger than max ({len(data)} vs. {self._max_message_bytes})",
+            )
         return parse(data)
 
     @contextmanager
-    def _boundary(self, context: FakeContext, what: Callable[[], str],
-                  requests_failed: list[bool] | None = None) -> Iterator[None]:
+    def _boundary(
+        self, context: FakeContext, what: Callable[[], str], requests_failed: list[bool] | None = None
+    ) -> Iterator[None]:
         """Whatever the servicer did, the caller gets a reply or ``CloudError``, as over gRPC."""
         try:
             yield
@@ -153,8 +161,7 @@ class InProcessTransport:
             reply: wire.Framed = self._cross(self.servicer.Infer(sent, context), self._parse_reply, "Received")
         return reply
 
-    def infer_stream(self, requests: Iterable[wire.Framed], *,
-                     timeout_s: float | None = None) -> Iterator[wire.Framed]:
+    def infer_stream(self, requests: Iterable[wire.Framed], *, timeout_s: float | None = None) -> Iterator[wire.Framed]:
         context = FakeContext(timeout_s)
         sent: list[Any] = [None]  # the last request's header, for the error message
         failed = [False]
@@ -178,15 +185,15 @@ class InProcessTransport:
         context = FakeContext(timeout_s)
         with self._boundary(context, lambda: f"probe of {self._address}"):
             sent = self._cross(request, pb.ProbeRequest.FromString, "Sent")
-            reply: pb.ProbeReply = self._cross(self.servicer.Probe(sent, context), pb.ProbeReply.FromString,
-                                               "Received")
+            reply: pb.ProbeReply = self._cross(self.servicer.Probe(sent, context), pb.ProbeReply.FromString, "Received")
         return reply
 
     def status(self, *, timeout_s: float) -> pb.StatusReply:
         context = FakeContext(timeout_s)
         with self._boundary(context, lambda: f"status of {self._address}"):
-            reply: pb.StatusReply = self._cross(self.servicer.Status(pb.StatusRequest(), context),
-                                                pb.StatusReply.FromString, "Received")
+            reply: pb.StatusReply = self._cross(
+                self.servicer.Status(pb.StatusRequest(), context), pb.StatusReply.FromString, "Received"
+            )
         return reply
 
     def put_model(self, chunks: Iterable[pb.ModelChunk], *, timeout_s: float) -> pb.PutModelReply:
@@ -205,8 +212,9 @@ class InProcessTransport:
                 raise
 
         with self._boundary(context, lambda: describe_upload(first[0], self._address), failed):
-            reply: pb.PutModelReply = self._cross(self.servicer.PutModel(crossed(), context),
-                                                  pb.PutModelReply.FromString, "Received")
+            reply: pb.PutModelReply = self._cross(
+                self.servicer.PutModel(crossed(), context), pb.PutModelReply.FromString, "Received"
+            )
         return reply
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ Sample = tuple[str, Mapping[str, str], float]
 
 def label(value: str) -> str:
     """A label value escaped for the text format."""
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def num(x: float) -> str:
@@ -69,15 +69,16 @@ class Histogram:
 
     def samples(self, labels: Mapping[str, str] | None = None) -> list[Sample]:
         base = dict(labels or {})
-        out: list[Sample] = [("_bucket", {**base, "le": num(b)}, float(c))
-                             for b, c in zip(self.bounds, self.counts, strict=True)]
+        out: list[Sample] = [
+            ("_bucket", {**base, "le": num(b)}, float(c)) for b, c in zip(self.bounds, self.counts, strict=True)
+        ]
         out.append(("_bucket", {**base, "le": "+Inf"}, float(self.count)))
         out.append(("_sum", base, self.sum))
         out.append(("_count", base, float(self.count)))
         return out
 
 
-_SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)",?')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
@@ -93,8 +94,10 @@ def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         try:
             if m is None:
                 raise ValueError(line)
-            pairs = [(k, re.sub(r"\\.", lambda e: _UNESCAPE.get(e.group(0), e.group(0)), v))
-                     for k, v in _LABEL.findall(m.group(2) or "")]
+            pairs = [
+                (k, re.sub(r"\\.", lambda e: _UNESCAPE.get(e.group(0), e.group(0)), v))
+                for k, v in _LABEL.findall(m.group(2) or "")
+            ]
             out[(m.group(1), tuple(sorted(pairs)))] = float(m.group(3))
         except ValueError as exc:
             raise ConfigError(f"metrics: expected 'name{{labels}} value', got {line!r}") from exc

@@ -31,8 +31,10 @@ def _plugin(name: str) -> str:
         return str(here)
     found = shutil.which(name)
     if found is None:
-        raise ConfigError(f"protoc plugin {name!r} not found next to {sys.executable} or on PATH "
-                          "(install the 'test' extra: mypy-protobuf)")
+        raise ConfigError(
+            f"protoc plugin {name!r} not found next to {sys.executable} or on PATH "
+            "(install the 'test' extra: mypy-protobuf)"
+        )
     return found
 
 
@@ -82,8 +84,7 @@ def _generate_one(out_dir: Path, proto: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=PACKAGE_DIR,
-                        help="output directory (default: the package)")
+    parser.add_argument("--out", type=Path, default=PACKAGE_DIR, help="output directory (default: the package)")
     args = parser.parse_args(argv)
     for path in generate(args.out):
         print(f"wrote {path}", file=sys.stderr)

@@ -38,17 +38,34 @@ SERVICE = "inference.GRPCInferenceService"
 
 # numpy dtype name -> v2 datatype string (the protocol's "Tensor Data Types").
 DATATYPES: dict[str, str] = {
-    "bool": "BOOL", "uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64",
-    "int8": "INT8", "int16": "INT16", "int32": "INT32", "int64": "INT64",
-    "float16": "FP16", "float32": "FP32", "float64": "FP64",
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "uint16": "UINT16",
+    "uint32": "UINT32",
+    "uint64": "UINT64",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
 }
 NUMPY_DTYPES: dict[str, str] = {v: k for k, v in DATATYPES.items()}
 
 # The typed-list field of InferTensorContents that holds each datatype (servers that do not answer raw).
 _CONTENTS_FIELD: dict[str, str] = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
 }
 _PROBE_FIELD_TAG = bytes([(15 << 3) | 2])  # field 15, length-delimited: unknown to ServerLiveRequest
 _LOSSLESS = {"fp32", codec.RAW}
@@ -60,7 +77,7 @@ def is_v2(address: str | None) -> bool:
 
 def target(address: str) -> str:
     """The gRPC target of ``v2://host:port`` (``host:port``; ``dns:///name:port`` passes through)."""
-    return address[len(SCHEME):] if address.startswith(SCHEME) else address
+    return address[len(SCHEME) :] if address.startswith(SCHEME) else address
 
 
 def model_name(sha256: str, cut_id: str) -> str:
@@ -82,8 +99,7 @@ def to_v2_request(request: wire.Framed) -> v2pb.ModelInferRequest:
     out = v2pb.ModelInferRequest(model_name=model_name(header.model_sha256, header.cut_id), id=header.request_id)
     for t in request.tensors:
         if t.codec not in _LOSSLESS:
-            raise CodecError(f"tensor {t.name!r} for a v2 server: expected codec fp32 (raw contents), "
-                             f"got {t.codec!r}")
+            raise CodecError(f"tensor {t.name!r} for a v2 server: expected codec fp32 (raw contents), got {t.codec!r}")
         out.inputs.add(name=t.name, datatype=datatype(t.dtype), shape=list(t.shape))
         out.raw_input_contents.append(bytes(t.payload))
     return out
@@ -92,21 +108,22 @@ def to_v2_request(request: wire.Framed) -> v2pb.ModelInferRequest:
 def _output_array(out: Any, raw: bytes | None) -> np.ndarray:
     dtype = NUMPY_DTYPES.get(out.datatype)
     if dtype is None:
-        raise CodecError(f"v2 output {out.name!r}: expected a datatype in {sorted(NUMPY_DTYPES)}, "
-                         f"got {out.datatype!r}")
+        raise CodecError(f"v2 output {out.name!r}: expected a datatype in {sorted(NUMPY_DTYPES)}, got {out.datatype!r}")
     shape = tuple(int(d) for d in out.shape)
     count = int(np.prod(shape, dtype=np.int64))
     if raw is not None:
         want = count * np.dtype(dtype).itemsize
         if len(raw) != want:
-            raise CodecError(f"v2 output {out.name!r} {out.datatype}{list(shape)}: expected {want} raw bytes, "
-                             f"got {len(raw)}")
+            raise CodecError(
+                f"v2 output {out.name!r} {out.datatype}{list(shape)}: expected {want} raw bytes, got {len(raw)}"
+            )
         return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
     field = _CONTENTS_FIELD.get(out.datatype)
     values = getattr(out.contents, field) if field else []
     if len(values) != count:
-        raise CodecError(f"v2 output {out.name!r} {out.datatype}{list(shape)}: expected {count} values, "
-                         f"got {len(values)}")
+        raise CodecError(
+            f"v2 output {out.name!r} {out.datatype}{list(shape)}: expected {count} values, got {len(values)}"
+        )
     return np.asarray(values, dtype=dtype).reshape(shape)
 
 
@@ -114,10 +131,11 @@ def from_v2_response(response: v2pb.ModelInferResponse, request_id: str) -> wire
     """A ``ModelInferResponse`` (raw or typed contents) as splitrt's framed ``InferReply``."""
     raws = list(response.raw_output_contents)
     if raws and len(raws) != len(response.outputs):
-        raise CodecError(f"v2 response: expected one raw content per output ({len(response.outputs)}), "
-                         f"got {len(raws)}")
-    tensors = [codec.encode(out.name, _output_array(out, raws[i] if raws else None), "fp32", copy=False)
-               for i, out in enumerate(response.outputs)]
+        raise CodecError(f"v2 response: expected one raw content per output ({len(response.outputs)}), got {len(raws)}")
+    tensors = [
+        codec.encode(out.name, _output_array(out, raws[i] if raws else None), "fp32", copy=False)
+        for i, out in enumerate(response.outputs)
+    ]
     return wire.Framed(header=pb.InferReply(request_id=response.id or request_id), tensors=tensors)
 
 
@@ -138,9 +156,18 @@ class V2Transport:
     TLS and a bearer token as for ``GrpcTransport`` (e.g. behind a KServe ingress).
     """
 
-    def __init__(self, address: str, *, model_sha256: str = "", token: str | None = None,
-                 max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES, keepalive_s: float = 300.0,
-                 tls: bool = False, tls_ca_path: Path | None = None, tls_server_name: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        model_sha256: str = "",
+        token: str | None = None,
+        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
+        keepalive_s: float = 300.0,
+        tls: bool = False,
+        tls_ca_path: Path | None = None,
+        tls_server_name: str | None = None,
+    ) -> None:
         self._address = address
         self._model_sha256 = model_sha256
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
@@ -186,9 +213,12 @@ class V2Transport:
             call = self._calls.get(key)
             if call is None:
                 serializer: Callable[[Any], bytes] = bytes if raw else _serialize
-                call = self._channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=serializer,
-                                                 response_deserializer=response.FromString,
-                                                 _registered_method=True)
+                call = self._channel.unary_unary(
+                    f"/{SERVICE}/{method}",
+                    request_serializer=serializer,
+                    response_deserializer=response.FromString,
+                    _registered_method=True,
+                )
                 self._calls[key] = call
             return call
 
@@ -199,23 +229,22 @@ class V2Transport:
             return f"{describe_infer(request.header, self._address)} (v2 model {v2req.model_name})"
 
         with _mapped(what):
-            reply = self._call("ModelInfer", v2pb.ModelInferResponse)(v2req, timeout=timeout_s,
-                                                                       metadata=self._metadata)
+            reply = self._call("ModelInfer", v2pb.ModelInferResponse)(v2req, timeout=timeout_s, metadata=self._metadata)
         try:
             return from_v2_response(reply, request.header.request_id)
         except CodecError as exc:
             raise CloudError(f"{what()}: reply does not convert: {exc}", code="DATA_LOSS") from exc
 
-    def infer_stream(self, requests: Iterable[wire.Framed], *,
-                     timeout_s: float | None = None) -> Iterator[wire.Framed]:
+    def infer_stream(self, requests: Iterable[wire.Framed], *, timeout_s: float | None = None) -> Iterator[wire.Framed]:
         """v2 has no splitrt-style stream: one ``ModelInfer`` per frame, a failed one reported in its
         reply's ``error`` as InferStream does."""
         for request in requests:
             try:
                 yield self.infer(request, timeout_s=timeout_s or 60.0)
             except CloudError as exc:
-                header = pb.InferReply(request_id=request.header.request_id,
-                                       error=pb.Error(code=exc.code, message=str(exc)))
+                header = pb.InferReply(
+                    request_id=request.header.request_id, error=pb.Error(code=exc.code, message=str(exc))
+                )
                 yield wire.Framed(header=header, tensors=[])
 
     def probe(self, request: pb.ProbeRequest, *, timeout_s: float) -> pb.ProbeReply:
@@ -225,10 +254,12 @@ class V2Transport:
         body = _PROBE_FIELD_TAG + _varint(len(payload)) + payload if payload else b""
         with _mapped(lambda: f"probe (ServerLive) of {self._address}"):
             reply = self._call("ServerLive", v2pb.ServerLiveResponse, raw=True)(
-                body, timeout=timeout_s, metadata=self._metadata)
+                body, timeout=timeout_s, metadata=self._metadata
+            )
         if not reply.live:
-            raise CloudError(f"probe of {self._address}: expected live, got not live", code="UNAVAILABLE",
-                             retryable=True)
+            raise CloudError(
+                f"probe of {self._address}: expected live, got not live", code="UNAVAILABLE", retryable=True
+            )
         return pb.ProbeReply(received_bytes=len(payload))
 
     def status(self, *, timeout_s: float) -> pb.StatusReply:
@@ -239,33 +270,49 @@ class V2Transport:
 
         with _mapped(lambda: f"status (ServerReady) of {self._address}"):
             ready = self._call("ServerReady", v2pb.ServerReadyResponse)(
-                v2pb.ServerReadyRequest(), timeout=left(), metadata=self._metadata)
+                v2pb.ServerReadyRequest(), timeout=left(), metadata=self._metadata
+            )
             meta = self._call("ServerMetadata", v2pb.ServerMetadataResponse)(
-                v2pb.ServerMetadataRequest(), timeout=left(), metadata=self._metadata)
+                v2pb.ServerMetadataRequest(), timeout=left(), metadata=self._metadata
+            )
         if not ready.ready:
-            raise CloudError(f"status of {self._address}: expected a ready v2 server, got not ready",
-                             code="UNAVAILABLE", retryable=True)
-        models = [pb.ModelInfo(sha256=self._model_sha256, name="v2 (cuts checked per request)")] \
-            if self._model_sha256 else []
-        return pb.StatusReply(version=f"v2 {meta.name} {meta.version}".strip(), models=models,
-                              allow_upload=False, max_message_bytes=self._max_message_bytes)
+            raise CloudError(
+                f"status of {self._address}: expected a ready v2 server, got not ready",
+                code="UNAVAILABLE",
+                retryable=True,
+            )
+        models = (
+            [pb.ModelInfo(sha256=self._model_sha256, name="v2 (cuts checked per request)")]
+            if self._model_sha256
+            else []
+        )
+        return pb.StatusReply(
+            version=f"v2 {meta.name} {meta.version}".strip(),
+            models=models,
+            allow_upload=False,
+            max_message_bytes=self._max_message_bytes,
+        )
 
     def put_model(self, chunks: Iterable[pb.ModelChunk], *, timeout_s: float) -> pb.PutModelReply:
-        raise CloudError(f"upload to {self._address}: a v2 server takes no uploads; expected the tails "
-                         "deployed with `splitrt export-repository`, got an upload request",
-                         code="UNIMPLEMENTED")
+        raise CloudError(
+            f"upload to {self._address}: a v2 server takes no uploads; expected the tails "
+            "deployed with `splitrt export-repository`, got an upload request",
+            code="UNIMPLEMENTED",
+        )
 
     def model_metadata(self, name: str, *, timeout_s: float) -> v2pb.ModelMetadataResponse:
         """One v2 model's metadata (``NOT_FOUND`` as ``CloudError`` when the server lacks it)."""
         with _mapped(lambda: f"metadata of {name} on {self._address}"):
             reply: v2pb.ModelMetadataResponse = self._call("ModelMetadata", v2pb.ModelMetadataResponse)(
-                v2pb.ModelMetadataRequest(name=name), timeout=timeout_s, metadata=self._metadata)
+                v2pb.ModelMetadataRequest(name=name), timeout=timeout_s, metadata=self._metadata
+            )
         return reply
 
     def model_ready(self, name: str, *, timeout_s: float) -> bool:
         with _mapped(lambda: f"readiness of {name} on {self._address}"):
             reply = self._call("ModelReady", v2pb.ModelReadyResponse)(
-                v2pb.ModelReadyRequest(name=name), timeout=timeout_s, metadata=self._metadata)
+                v2pb.ModelReadyRequest(name=name), timeout=timeout_s, metadata=self._metadata
+            )
         return bool(reply.ready)
 
     def close(self) -> None:

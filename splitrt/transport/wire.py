@@ -19,15 +19,24 @@ from splitrt.transport.codec import Encoded
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVICE_NAME = "splitrt.v1.SplitInference"
 # Status codes after which the same request may succeed later, elsewhere, or locally.
-RETRYABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "CANCELLED",
-                             "INTERNAL", "UNKNOWN"})
+RETRYABLE_CODES = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "CANCELLED", "INTERNAL", "UNKNOWN"}
+)
 
 # ONNX Runtime type strings -> numpy dtype names.
 ORT_DTYPES = {
-    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
-    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32", "tensor(int64)": "int64",
-    "tensor(uint8)": "uint8", "tensor(uint16)": "uint16", "tensor(uint32)": "uint32",
-    "tensor(uint64)": "uint64", "tensor(bool)": "bool",
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+    "tensor(int8)": "int8",
+    "tensor(int16)": "int16",
+    "tensor(int32)": "int32",
+    "tensor(int64)": "int64",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
 }
 
 
@@ -42,8 +51,7 @@ def add_tensor(repeated: Any, e: Encoded) -> int:
 
 
 def from_proto(t: pb.Tensor) -> Encoded:
-    return Encoded(name=t.name, dtype=t.dtype, shape=tuple(int(d) for d in t.shape), codec=t.codec,
-                   payload=t.payload)
+    return Encoded(name=t.name, dtype=t.dtype, shape=tuple(int(d) for d in t.shape), codec=t.codec, payload=t.payload)
 
 
 # -- Infer/InferStream messages framed by hand ------------------------------------------------------
@@ -129,7 +137,7 @@ def _pad_field(before: int, fixed: int) -> bytes:
         if extra == 1:
             continue  # a pad field takes at least 2 bytes (key, length 0)
         if (before + _varint_size(fixed + extra) + extra) % ALIGN_BYTES == 0:
-            return b"" if extra == 0 else bytes([_PAD_FIELD << 3 | _LEN, extra - 2]) + _ZEROS[:extra - 2]
+            return b"" if extra == 0 else bytes([_PAD_FIELD << 3 | _LEN, extra - 2]) + _ZEROS[: extra - 2]
     raise AssertionError("unreachable: some pad of at most ALIGN_BYTES + 1 bytes aligns the payload")
 
 
@@ -188,7 +196,7 @@ def _keep(spans: list[list[int]], start: int, end: int) -> None:
 
 def _joined(buf: memoryview, spans: list[list[int]]) -> bytes:
     if len(spans) == 1:  # protobuf parses a memoryview as it does bytes (its stubs say bytes only)
-        return cast(bytes, buf[spans[0][0]:spans[0][1]])
+        return cast(bytes, buf[spans[0][0] : spans[0][1]])
     return b"".join(buf[s:e] for s, e in spans)
 
 
@@ -240,8 +248,10 @@ def lenient_deserializer(message_type: Any) -> Callable[[bytes], Framed | Malfor
         try:
             return strict(data)
         except Exception as exc:  # ValueError (our framing), protobuf's DecodeError, bad UTF-8, ...
-            return Malformed(f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
-                             f"not parse ({type(exc).__name__}: {exc})")
+            return Malformed(
+                f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
+                f"not parse ({type(exc).__name__}: {exc})"
+            )
 
     return deserialize
 
@@ -289,8 +299,14 @@ class LoadInfo:
 
     @classmethod
     def from_proto(cls, load: pb.Load) -> LoadInfo:
-        return cls(queue_depth=load.queue_depth, running=load.running, workers=load.workers,
-                   cpu_percent=load.cpu_percent, service_ms=load.service_ms, max_queue=load.max_queue)
+        return cls(
+            queue_depth=load.queue_depth,
+            running=load.running,
+            workers=load.workers,
+            cpu_percent=load.cpu_percent,
+            service_ms=load.service_ms,
+            max_queue=load.max_queue,
+        )
 
 
 #: Trailing metadata key of a RESOURCE_EXHAUSTED answer (queue full): when to retry, milliseconds.
@@ -316,8 +332,12 @@ def cloud_error(exc: grpc.RpcError, what: str) -> CloudError:
     code = code_obj.name if code_obj is not None else "UNKNOWN"
     details = exc.details() if hasattr(exc, "details") else str(exc)
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-    return CloudError(f"{what}: {code}: {details}", code=code, retryable=code in RETRYABLE_CODES,
-                      retry_after_ms=retry_after_ms(trailing))
+    return CloudError(
+        f"{what}: {code}: {details}",
+        code=code,
+        retryable=code in RETRYABLE_CODES,
+        retry_after_ms=retry_after_ms(trailing),
+    )
 
 
 def ort_dtype(type_str: str) -> str:

@@ -11,8 +11,17 @@ def test_closing_reports_route_over_split_for_adaptive_and_the_oracle() -> None:
     def s(mean: float) -> dict[str, float]:
         return {"mean_ms": mean, "p95_ms": 2 * mean}
 
-    result = {"strategies": {"device-only": s(900), "cloud-only": s(700), "static": s(800), "route": s(650),
-                             "adaptive": s(520), "oracle": s(500), "oracle-route": s(600)}}
+    result = {
+        "strategies": {
+            "device-only": s(900),
+            "cloud-only": s(700),
+            "static": s(800),
+            "route": s(650),
+            "adaptive": s(520),
+            "oracle": s(500),
+            "oracle-route": s(600),
+        }
+    }
     c = demo.closing(result)
     assert c["route_over_split"] == {"adaptive": pytest.approx(650 / 520), "oracle": pytest.approx(600 / 500)}
     assert c["adaptive_beats_every_fixed"]

@@ -17,9 +17,13 @@ def test_inspect_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["inspect", "zoo:inception_v1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["model"]) >= {"path", "sha256", "nodes", "inputs", "outputs", "flops"}
-    assert doc["model"]["inputs"][0] == {"name": "data_0", "dtype": "float32", "shape": [1, 3, 224, 224],
-                                         "sized_by": "static",
-                                         "bytes": 602112}
+    assert doc["model"]["inputs"][0] == {
+        "name": "data_0",
+        "dtype": "float32",
+        "shape": [1, 3, 224, 224],
+        "sized_by": "static",
+        "bytes": 602112,
+    }
     cuts = doc["cuts"]
     assert cuts[0]["id"] == "cloud" and cuts[-1]["id"] == "device"
     for c in cuts:

@@ -34,8 +34,9 @@ def test_explain_json_is_the_verdict_of_the_shipped_profile(capsys: pytest.Captu
 
 def test_explain_says_route_plainly_when_nothing_is_smaller(capsys: pytest.CaptureFixture[str]) -> None:
     # bert_tiny's hidden states (16 x 64 floats) are never smaller than its token ids (16 int64)
-    assert cli.main(["plan", "bert_tiny", "--dim", "seq=16", "--explain", "--explain-objectives",
-                     "latency,energy"]) == 0
+    assert (
+        cli.main(["plan", "bert_tiny", "--dim", "seq=16", "--explain", "--explain-objectives", "latency,energy"]) == 0
+    )
     out = capsys.readouterr().out
     assert "cost table: FLOPs prior" in out
     assert "route, do not split: no inner tensor is smaller than the input under any allowed codec" in out
@@ -49,8 +50,21 @@ def test_plan_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_plan_honours_and_prices_the_constraints(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["plan", "squeezenet", "--device", str(PROFILE), "--cloud", str(PROFILE), "--board", "rpi4",
-            "--bandwidth-mbps", "50", "--rtt-ms", "10", "--json"]
+    args = [
+        "plan",
+        "squeezenet",
+        "--device",
+        str(PROFILE),
+        "--cloud",
+        str(PROFILE),
+        "--board",
+        "rpi4",
+        "--bandwidth-mbps",
+        "50",
+        "--rtt-ms",
+        "10",
+        "--json",
+    ]
     assert cli.main(args) == 0
     free = json.loads(capsys.readouterr().out)
     assert cli.main([*args, "--no-raw-input", "--min-head-flops", "0.3", "--device-memory-mb", "8"]) == 0
@@ -69,8 +83,9 @@ def test_plan_honours_and_prices_the_constraints(capsys: pytest.CaptureFixture[s
 
 def test_inspect_prints_the_split_vs_route_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["inspect", "squeezenet"]) == 0
-    assert "split vs route on rpi4 (every codec; details: splitrt plan MODEL --explain): split" in \
-        capsys.readouterr().out
+    assert (
+        "split vs route on rpi4 (every codec; details: splitrt plan MODEL --explain): split" in capsys.readouterr().out
+    )
     assert cli.main(["inspect", "squeezenet", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["routing"]["board"] == "rpi4"
 
@@ -85,10 +100,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
     s.stop(grace_s=0.5)
 
 
-def test_run_streams_inside_the_constraints_and_route_only_routes(server: CloudServer,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["run", "zoo:tiny_chain", "--cloud", server.address, "--cut", "auto", "--count", "4",
-                   "--no-raw-input", "--verify", "--json"])
+def test_run_streams_inside_the_constraints_and_route_only_routes(
+    server: CloudServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = cli.main(
+        [
+            "run",
+            "zoo:tiny_chain",
+            "--cloud",
+            server.address,
+            "--cut",
+            "auto",
+            "--count",
+            "4",
+            "--no-raw-input",
+            "--verify",
+            "--json",
+        ]
+    )
     cap = capsys.readouterr()
     rows = [json.loads(line) for line in cap.out.splitlines()][:-1]
     assert rc == 0 and "routing cannot comply" in cap.err
@@ -97,6 +126,8 @@ def test_run_streams_inside_the_constraints_and_route_only_routes(server: CloudS
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()][:-1]
     assert rc == 0 and all(r["plan"].split("@")[0] in ("cloud", "device") for r in rows), rows
     # a fixed cut the constraints exclude is refused before anything runs
-    assert cli.main(["run", "zoo:tiny_chain", "--cloud", server.address, "--cut", "cloud", "--random",
-                     "--no-raw-input"]) == 2
+    assert (
+        cli.main(["run", "zoo:tiny_chain", "--cloud", server.address, "--cut", "cloud", "--random", "--no-raw-input"])
+        == 2
+    )
     assert "--cut cloud: excluded by the constraints (raw input)" in capsys.readouterr().err

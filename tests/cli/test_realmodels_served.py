@@ -70,11 +70,14 @@ def test_every_cut_kind_served_equals_the_whole_model_at_two_shapes(name: str, s
     # --cut auto as `splitrt run --board rpi4` plans it: the FLOPs prior with a device 17x slower than this
     # host; the link prior is loopback's (no prober runs), so the runtime's plan is a served one.
     table, _ = select_cost_table(mg, profile_device=None, profile_cloud=None, board=boards.load_board("rpi4"))
-    runtime = RuntimeConfig(policy="adaptive", warm_sessions=False,
-                            link=LinkConfig(prior_bandwidth_mbps=1000.0, prior_rtt_ms=0.2))
+    runtime = RuntimeConfig(
+        policy="adaptive", warm_sessions=False, link=LinkConfig(prior_bandwidth_mbps=1000.0, prior_rtt_ms=0.2)
+    )
     device = DeviceConfig(intra_op_threads=1, timeout_s=60, upload=False)
-    with Device(mg, address, config=device) as dev, \
-            AdaptiveDevice(mg, table, [address], config=runtime, device_config=device, start_prober=False) as auto:
+    with (
+        Device(mg, address, config=device) as dev,
+        AdaptiveDevice(mg, table, [address], config=runtime, device_config=device, start_prober=False) as auto,
+    ):
         for which in ("a", "b"):
             x = feeds(mg, m, which)
             ref = dev.run_local(x)
@@ -115,15 +118,32 @@ def test_the_real_cli_serves_the_audio_model(served: tuple[str, Path], tmp_path:
             refs[which] = dev.run_local(x)
             np.savez(tmp_path / f"in_{which}.npz", **x)  # type: ignore[arg-type]
     for which, cut in [("a", "cloud"), ("a", inner), ("a", "device"), ("a", "auto")]:
-        argv = ["run", model, "--cloud", address, "--cut", cut, "--input", str(tmp_path / f"in_{which}.npz"),
-                "--no-upload", "--timeout-s", "60", "--json"]
+        argv = [
+            "run",
+            model,
+            "--cloud",
+            address,
+            "--cut",
+            cut,
+            "--input",
+            str(tmp_path / f"in_{which}.npz"),
+            "--no-upload",
+            "--timeout-s",
+            "60",
+            "--json",
+        ]
         if cut == "auto":  # the stream path: the runtime plans from the FLOPs prior at the board's speed
             argv += ["--count", "1", "--verify", "--deadline-ms", "60000", "--board", "rpi4"]
         else:
             argv += ["--output", str(tmp_path / f"out_{which}_{cut}.npz")]
         # all at once: each child spends most of its life importing
-        procs[(which, cut)] = subprocess.Popen([sys.executable, "-m", "splitrt.cli", *argv], env=env, text=True,
-                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        procs[(which, cut)] = subprocess.Popen(
+            [sys.executable, "-m", "splitrt.cli", *argv],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
     for (which, cut), p in procs.items():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, (which, cut, err[-2000:])

@@ -29,16 +29,28 @@ def test_whole_shape_binds_batch_too(capsys: pytest.CaptureFixture[str]) -> None
     assert json.loads(capsys.readouterr().out)["outputs"]["output0"]["shape"] == [2, 84, 8 * 12 + 4 * 6 + 2 * 3]
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--shape", "imagez=1x3x256x416"], "--shape imagez: the model has no input 'imagez'; expected one of ['images']"),
-    (["--shape", "images=1x3x256"], "input 'images': the model expects shape (batch, 3, height, width), "
-                                    "--shape gives 1x3x256"),
-    (["--dim", "height=256"], "yolo_tiny.onnx: free dims without a value: images[3] 'width'. "
-                              "Bind them: --dim width=N, or --shape images=1x3xNxN"),
-    (["--dim", "heigth=256", "--dim", "width=416"], "--dim heigth: no input dim is named 'heigth'"),
-])
-def test_binding_mistakes_are_exit_2_with_the_fix(flags: list[str], message: str,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (
+            ["--shape", "imagez=1x3x256x416"],
+            "--shape imagez: the model has no input 'imagez'; expected one of ['images']",
+        ),
+        (
+            ["--shape", "images=1x3x256"],
+            "input 'images': the model expects shape (batch, 3, height, width), --shape gives 1x3x256",
+        ),
+        (
+            ["--dim", "height=256"],
+            "yolo_tiny.onnx: free dims without a value: images[3] 'width'. "
+            "Bind them: --dim width=N, or --shape images=1x3xNxN",
+        ),
+        (["--dim", "heigth=256", "--dim", "width=416"], "--dim heigth: no input dim is named 'heigth'"),
+    ],
+)
+def test_binding_mistakes_are_exit_2_with_the_fix(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main([*YOLO, *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("splitrt: error: ") and message in err

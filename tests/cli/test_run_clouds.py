@@ -29,11 +29,26 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CloudSer
     b.stop(grace_s=0.5)
 
 
-def test_a_stream_is_balanced_over_every_cloud_given(servers: tuple[CloudServer, CloudServer],
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_stream_is_balanced_over_every_cloud_given(
+    servers: tuple[CloudServer, CloudServer], capsys: pytest.CaptureFixture[str]
+) -> None:
     a, b = servers
-    rc = cli.main(["run", f"zoo:{MODEL}", "--cloud", a.address, "--cloud", b.address, "--cut", "c2",
-                   "--count", "12", "--verify", "--json"])
+    rc = cli.main(
+        [
+            "run",
+            f"zoo:{MODEL}",
+            "--cloud",
+            a.address,
+            "--cloud",
+            b.address,
+            "--cut",
+            "c2",
+            "--count",
+            "12",
+            "--verify",
+            "--json",
+        ]
+    )
     docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     summary, rows = docs[-1]["summary"], docs[:-1]
     assert rc == 0 and summary["completed"] == 12 and summary["failed"] == 0

@@ -21,8 +21,9 @@ def tiers(tmp_path: Path) -> Iterator[tuple[CloudServer, CloudServer]]:
     shutil.copyfile(zoo.get("squeezenet"), tmp_path / "squeezenet.onnx")
     cloud = CloudServer(ServerConfig(models_dir=tmp_path, workers=2, intra_op_threads=1))
     cloud.start()
-    edge = CloudServer(ServerConfig(models_dir=tmp_path, workers=2, intra_op_threads=1,
-                                    next_tier=NextTier(address=cloud.address)))
+    edge = CloudServer(
+        ServerConfig(models_dir=tmp_path, workers=2, intra_op_threads=1, next_tier=NextTier(address=cloud.address))
+    )
     edge.start()
     yield edge, cloud
     edge.stop(grace_s=0)
@@ -35,11 +36,30 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[list[dict
     return lines[:-1], lines[-1]["summary"]
 
 
-def test_run_through_an_edge_verifies_every_output(tiers: tuple[CloudServer, CloudServer],
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_through_an_edge_verifies_every_output(
+    tiers: tuple[CloudServer, CloudServer], capsys: pytest.CaptureFixture[str]
+) -> None:
     edge, _cloud = tiers
-    rows, summary = _run(["run", "zoo:squeezenet", "--edge", edge.address, "--cut", "auto", "--count", "12",
-                          "--rate", "10", "--board", "rpi4", "--random", "--verify", "--json"], capsys)
+    rows, summary = _run(
+        [
+            "run",
+            "zoo:squeezenet",
+            "--edge",
+            edge.address,
+            "--cut",
+            "auto",
+            "--count",
+            "12",
+            "--rate",
+            "10",
+            "--board",
+            "rpi4",
+            "--random",
+            "--verify",
+            "--json",
+        ],
+        capsys,
+    )
     # (where each request ran depends on what the prober measured by then: a cut pair "cA>cB@codec", or "device")
     assert summary["completed"] == 12 and summary["failed"] == 0
     for r in rows:
@@ -51,17 +71,36 @@ def test_a_dead_edge_loses_nothing(tiers: tuple[CloudServer, CloudServer], capsy
     edge, cloud = tiers
     address = edge.address
     edge.stop(grace_s=0)
-    rows, summary = _run(["run", "zoo:squeezenet", "--edge", address, "--cloud", cloud.address, "--cut", "auto",
-                          "--count", "6", "--random", "--verify", "--json"], capsys)
+    rows, summary = _run(
+        [
+            "run",
+            "zoo:squeezenet",
+            "--edge",
+            address,
+            "--cloud",
+            cloud.address,
+            "--cut",
+            "auto",
+            "--count",
+            "6",
+            "--random",
+            "--verify",
+            "--json",
+        ],
+        capsys,
+    )
     assert summary["completed"] == 6 and summary["failed"] == 0
     assert all(r["server"] != "edge" for r in rows), rows  # the edge is gone: the cloud or the device finished
     assert all(float(r["rel_err"]) < 1e-5 for r in rows)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--edge", "127.0.0.1:1", "--cut", "c3"], "--edge: both cuts are chosen per request: expected --cut auto"),
-    ([], "run: expected --cloud HOST:PORT, --discover or --edge HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--edge", "127.0.0.1:1", "--cut", "c3"], "--edge: both cuts are chosen per request: expected --cut auto"),
+        ([], "run: expected --cloud HOST:PORT, --discover or --edge HOST:PORT"),
+    ],
+)
 def test_edge_flag_mistakes_are_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     cut = [] if "--cut" in argv else ["--cut", "auto"]
     assert cli.main(["run", "zoo:squeezenet", "--random", *cut, *argv]) == 2

@@ -54,20 +54,35 @@ def test_a_fallback_says_why_in_json_and_table(capsys: pytest.CaptureFixture[str
     assert "reason" in table.splitlines()[0] and dead in table
 
 
-def test_an_onnxruntime_error_on_the_device_is_a_failed_row(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_onnxruntime_error_on_the_device_is_a_failed_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """yolo_tiny declares free H and W, but 36 x 36 does not go through its neck (a Concat refuses 3 vs 4).
     Bound at 64 x 64 (the plan's shape), the stream's requests come at 36 x 36."""
     x = tmp_path / "x.npy"
     np.save(x, np.zeros((1, 3, 36, 36), np.float32))
-    argv = ["run", "zoo:yolo_tiny", "--input", str(x), "--count", "2", "--cut", "device", "--cloud", _dead_address(),
-            "--dim", "height=64", "--dim", "width=64"]
+    argv = [
+        "run",
+        "zoo:yolo_tiny",
+        "--input",
+        str(x),
+        "--count",
+        "2",
+        "--cut",
+        "device",
+        "--cloud",
+        _dead_address(),
+        "--dim",
+        "height=64",
+        "--dim",
+        "width=64",
+    ]
     assert cli.main([*argv, "--json"]) == 1
     cap = capsys.readouterr()
     rows, summary = _lines(cap.out)
     assert summary["failed"] == 2 and not any(r["ok"] for r in rows)
-    assert all("failed in onnxruntime on this device at images=[1, 3, 36, 36]" in r["error"] and "Concat" in r["error"]
-               for r in rows)
+    assert all(
+        "failed in onnxruntime on this device at images=[1, 3, 36, 36]" in r["error"] and "Concat" in r["error"]
+        for r in rows
+    )
     assert "Traceback" not in cap.err
     assert cli.main(argv) == 1
     assert "failed in onnxruntime on this device" in capsys.readouterr().out

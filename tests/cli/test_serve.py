@@ -41,14 +41,20 @@ def test_default_host_is_loopback() -> None:
     assert args.host == "127.0.0.1" and not args.insecure and not args.allow_upload
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--host", "0.0.0.0"], "--host 0.0.0.0: listening beyond loopback expected TLS (--tls-cert/--tls-key) and a "
-                            "bearer token (--token-file), got neither TLS nor a bearer token"),
-    (["--host", "10.1.2.3"], "or pass --insecure to serve anyone who can reach this address"),
-    (["--allow-upload"], "--allow-upload: expected a bearer token (--token-file) with uploads, got none"),
-    (["--allow-upload", "--host", "0.0.0.0", "--insecure"], "--allow-upload: expected a bearer token"),
-    (["--advertise"], "--advertise: expected a server devices can reach"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--host", "0.0.0.0"],
+            "--host 0.0.0.0: listening beyond loopback expected TLS (--tls-cert/--tls-key) and a "
+            "bearer token (--token-file), got neither TLS nor a bearer token",
+        ),
+        (["--host", "10.1.2.3"], "or pass --insecure to serve anyone who can reach this address"),
+        (["--allow-upload"], "--allow-upload: expected a bearer token (--token-file) with uploads, got none"),
+        (["--allow-upload", "--host", "0.0.0.0", "--insecure"], "--allow-upload: expected a bearer token"),
+        (["--advertise"], "--advertise: expected a server devices can reach"),
+    ],
+)
 def test_open_choices_are_refused(models_dir: Path, argv: list[str], message: str) -> None:
     args = cli.build_parser().parse_args(["serve", "--models", str(models_dir), "--port", "0", *argv])
     with pytest.raises(ConfigError) as info:
@@ -70,8 +76,13 @@ def test_readable_token_file_is_refused(models_dir: Path, tmp_path: Path) -> Non
 
 def test_serve_refuses_to_open_up_and_exits_2(models_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    r = subprocess.run([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir), "--port", "0",
-                        "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir), "--port", "0", "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 2, r.stderr
     assert "listening beyond loopback expected TLS" in r.stderr and "--insecure" in r.stderr
 
@@ -81,8 +92,13 @@ class Serve:
 
     def __init__(self, *argv: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", *argv], stderr=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "splitrt.cli", "serve", *argv],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         self.events: list[dict[str, Any]] = []
         self.cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -150,7 +166,7 @@ def _commands(text: str) -> list[list[str]]:
     for line in text.replace("\\\n", " ").splitlines():
         line = line.split(" # ")[0].strip()
         if "splitrt serve " in line and not line.startswith("#"):
-            out.append(shlex.split(line[line.index("splitrt serve ") + len("splitrt "):]))
+            out.append(shlex.split(line[line.index("splitrt serve ") + len("splitrt ") :]))
     return out
 
 
@@ -160,18 +176,42 @@ def operator_files(tmp_path: Path) -> dict[str, str]:
         pytest.skip("needs the openssl command to make a test certificate")
     d = tmp_path / "etc" / "splitrt"
     d.mkdir(parents=True)
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "key.pem"),
-                    "-out", str(d / "cert.pem"), "-days", "1", "-subj", "/CN=localhost"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(d / "key.pem"),
+            "-out",
+            str(d / "cert.pem"),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
     (d / "tokens").write_text("a-token\n")
     (d / "tokens").chmod(0o600)
     shutil.copyfile(d / "tokens", d / "cloud-token")  # the edge's token for the next tier (README's --next line)
     (d / "cloud-token").chmod(0o600)
     models = tmp_path / "models"
     models.mkdir()
-    return {"/srv/models": str(models), "@PREFIX@/var/lib/models": str(models), "@PREFIX@/etc/splitrt/": f"{d}/",
-            "cert.pem": str(d / "cert.pem"), "key.pem": str(d / "key.pem"), "tokens.txt": str(d / "tokens"),
-            "cloud-token.txt": str(d / "cloud-token"), "cloud-cert.pem": str(d / "cert.pem")}
+    return {
+        "/srv/models": str(models),
+        "@PREFIX@/var/lib/models": str(models),
+        "@PREFIX@/etc/splitrt/": f"{d}/",
+        "cert.pem": str(d / "cert.pem"),
+        "key.pem": str(d / "key.pem"),
+        "tokens.txt": str(d / "tokens"),
+        "cloud-token.txt": str(d / "cloud-token"),
+        "cloud-cert.pem": str(d / "cert.pem"),
+    }
 
 
 def test_readme_and_systemd_serve_commands_are_accepted(operator_files: dict[str, str]) -> None:

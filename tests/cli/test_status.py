@@ -40,8 +40,7 @@ def _dead_address() -> str:
 
 def test_status_json_once(fleet: list[CloudServer], capsys: pytest.CaptureFixture[str]) -> None:
     dead = _dead_address()
-    code = cli.main(["status", fleet[0].address, fleet[1].address, dead, "--json", "--count", "1",
-                     "--timeout-s", "5"])
+    code = cli.main(["status", fleet[0].address, fleet[1].address, dead, "--json", "--count", "1", "--timeout-s", "5"])
     assert code == 1  # one server is down
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
@@ -69,8 +68,10 @@ def test_top_prints_a_table(fleet: list[CloudServer], capsys: pytest.CaptureFixt
     assert "served/s" in out and fleet[0].address in out and "0/4" in out  # queue 0 of workers + queue
 
 
-@pytest.mark.parametrize("argv,message", [(["--watch", "0"], "--watch: expected seconds > 0, got 0.0"),
-                                          (["--count", "0"], "--count: expected >= 1, got 0")])
+@pytest.mark.parametrize(
+    "argv,message",
+    [(["--watch", "0"], "--watch: expected seconds > 0, got 0.0"), (["--count", "0"], "--count: expected >= 1, got 0")],
+)
 def test_status_refuses_bad_flags(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["status", "127.0.0.1:1", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -82,9 +83,12 @@ def test_readme_status_commands_parse() -> None:
     import shlex
 
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    found = [shlex.split(line.split(" # ")[0].strip())[1:] for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S)
-             for line in block.replace("\\\n", " ").splitlines()
-             if line.startswith((".venv/bin/splitrt status ", ".venv/bin/splitrt top "))]
+    found = [
+        shlex.split(line.split(" # ")[0].strip())[1:]
+        for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith((".venv/bin/splitrt status ", ".venv/bin/splitrt top "))
+    ]
     assert {argv[0] for argv in found} == {"status", "top"}
     for argv in found:
         args = cli.build_parser().parse_args(argv)

@@ -18,12 +18,33 @@ def _args(*argv: str) -> object:
 
 
 def test_options_reach_the_config() -> None:
-    cfg = tierscli.config_from(_args("--objective", "energy", "--trace", "hsdpa/car", "--trace2", "fcc/amazon-799296",
-                                     "--bandwidth-scale", "10", "--bandwidth-scale2", "5", "--rtt2-ms", "12",
-                                     "--strategies", "device-only,adaptive"))
-    assert cfg == TierBenchConfig(objective="energy", trace="hsdpa/car", trace2="fcc/amazon-799296",
-                                  bandwidth_scale=10.0, bandwidth_scale2=5.0, rtt2_ms=12.0,
-                                  strategies=("device-only", "adaptive"))
+    cfg = tierscli.config_from(
+        _args(
+            "--objective",
+            "energy",
+            "--trace",
+            "hsdpa/car",
+            "--trace2",
+            "fcc/amazon-799296",
+            "--bandwidth-scale",
+            "10",
+            "--bandwidth-scale2",
+            "5",
+            "--rtt2-ms",
+            "12",
+            "--strategies",
+            "device-only,adaptive",
+        )
+    )
+    assert cfg == TierBenchConfig(
+        objective="energy",
+        trace="hsdpa/car",
+        trace2="fcc/amazon-799296",
+        bandwidth_scale=10.0,
+        bandwidth_scale2=5.0,
+        rtt2_ms=12.0,
+        strategies=("device-only", "adaptive"),
+    )
     a = _args()
     assert a.tiers == 3 and a.edge_cpus == 1.0 and a.func is tierscli.cmd_rig_bench
 
@@ -38,32 +59,76 @@ def test_bad_options_are_refused() -> None:
 
 
 def _summary(mean: float, mj: float, plan: str, tiers: int, *, via_edge: int = 0) -> dict[str, object]:
-    return {"mean_ms": mean, "p50_ms": mean, "p95_ms": mean * 1.2, "p99_ms": mean * 1.3, "energy_mj": mj,
-            "energy_increment_mj": mj * 1.2, "completed": 10, "failed": 0, "switches": 0, "fallbacks": 0,
-            "plans": {plan: 10}, "tiers": tiers, "policy": f"fixed:{plan}", "mean_ci_ms": [mean - 5, mean + 5],
-            "p95_ci_ms": [math.nan, math.nan], "energy_ci_mj": [mj - 1, mj + 1], "via_edge": via_edge,
-            "finished_by": {"device": 0, "edge": via_edge, "cloud": 0}, "mismatched": 0}
+    return {
+        "mean_ms": mean,
+        "p50_ms": mean,
+        "p95_ms": mean * 1.2,
+        "p99_ms": mean * 1.3,
+        "energy_mj": mj,
+        "energy_increment_mj": mj * 1.2,
+        "completed": 10,
+        "failed": 0,
+        "switches": 0,
+        "fallbacks": 0,
+        "plans": {plan: 10},
+        "tiers": tiers,
+        "policy": f"fixed:{plan}",
+        "mean_ci_ms": [mean - 5, mean + 5],
+        "p95_ci_ms": [math.nan, math.nan],
+        "energy_ci_mj": [mj - 1, mj + 1],
+        "via_edge": via_edge,
+        "finished_by": {"device": 0, "edge": via_edge, "cloud": 0},
+        "mismatched": 0,
+    }
 
 
 def test_table_says_estimated_and_shows_the_load_average() -> None:
     from splitrt.rig.tierplans import gains
 
-    strategies = {"device-only": _summary(500, 3000, "device", 2), "static-2tier": _summary(800, 1900, "cloud@fp32", 2),
-                  "adaptive": _summary(450, 900, "cloud>device@fp32", 3, via_edge=10)}
+    strategies = {
+        "device-only": _summary(500, 3000, "device", 2),
+        "static-2tier": _summary(800, 1900, "cloud@fp32", 2),
+        "adaptive": _summary(450, 900, "cloud>device@fp32", 3, via_edge=10),
+    }
     strategies["device-only"]["adaptive_over_this"] = {
-        k: {"ci": [0.8, 0.95], "call": "better"} for k in ("mean", "p95", "energy")}
+        k: {"ci": [0.8, 0.95], "call": "better"} for k in ("mean", "p95", "energy")
+    }
     result = {
-        "model": "resnet50", "board": "rpi4", "objective": "energy", "rate_hz": 4.0, "duration_s": 20.0,
-        "edge": {"cpus": 1.0, "measured_ms": 115.0}, "factors": {"cloud_ms": 80.0, "device_ms": 480.0},
-        "hop1": {"trace": "hsdpa/bus", "scale": 10.0, "offset_s": 60.0, "median_mbps": 26.6, "window_mean_mbps": 23.5,
-                 "rtt_ms": 80.0},
-        "hop2": {"trace": "fcc/amazon-214390", "scale": 5.0, "offset_s": 60.0, "median_mbps": 8.4,
-                 "window_mean_mbps": 7.9, "rtt_ms": 30.0},
+        "model": "resnet50",
+        "board": "rpi4",
+        "objective": "energy",
+        "rate_hz": 4.0,
+        "duration_s": 20.0,
+        "edge": {"cpus": 1.0, "measured_ms": 115.0},
+        "factors": {"cloud_ms": 80.0, "device_ms": 480.0},
+        "hop1": {
+            "trace": "hsdpa/bus",
+            "scale": 10.0,
+            "offset_s": 60.0,
+            "median_mbps": 26.6,
+            "window_mean_mbps": 23.5,
+            "rtt_ms": 80.0,
+        },
+        "hop2": {
+            "trace": "fcc/amazon-214390",
+            "scale": 5.0,
+            "offset_s": 60.0,
+            "median_mbps": 8.4,
+            "window_mean_mbps": 7.9,
+            "rtt_ms": 30.0,
+        },
         "calibration": {"measured_ms": 460.0, "target_ms": 490.0},
-        "energy": {"source": "estimated", "origin": "devices/rpi4.toml", "idle_w": 2.7, "active_w": 6.4,
-                   "radio_w": 1.0},
+        "energy": {
+            "source": "estimated",
+            "origin": "devices/rpi4.toml",
+            "idle_w": 2.7,
+            "active_w": 6.4,
+            "radio_w": 1.0,
+        },
         "load_average": {"start": [3.5, 8.5, 7.8], "end": [6.1, 6.9, 7.3]},
-        "strategies": strategies, "gains": gains(strategies), "failed": 0,
+        "strategies": strategies,
+        "gains": gains(strategies),
+        "failed": 0,
     }
     text = tierscli.table_text(result)
     assert "energy ESTIMATED from devices/rpi4.toml" in text

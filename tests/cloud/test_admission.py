@@ -53,8 +53,11 @@ class _Gate:
 def busy(models_dir: Path) -> Iterator[tuple[CloudServer, Device, _Gate]]:
     """One worker held by a gated request, one request queued: the queue is full."""
     gate = _Gate()
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=1)) as s, \
-            Device(zoo.get("tiny_chain"), s.address) as dev, ThreadPoolExecutor(2) as pool:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=1)) as s,
+        Device(zoo.get("tiny_chain"), s.address) as dev,
+        ThreadPoolExecutor(2) as pool,
+    ):
         x = dev.random_inputs()
         for _ in range(3):  # a few served requests: a service time to hint with
             dev.run(x, cut="c2")
@@ -104,8 +107,10 @@ def test_the_in_process_transport_carries_the_hint_too(busy: tuple[CloudServer, 
 
 
 def test_replies_and_status_report_service_time(models_dir: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=3)) as s, \
-            Device(zoo.get("tiny_chain"), s.address) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=3)) as s,
+        Device(zoo.get("tiny_chain"), s.address) as dev,
+    ):
         x = dev.random_inputs()
         results = [dev.run_detailed(x, cut=cut) for cut in ("c2", "c2", "c3")]
         load = results[-1].load
@@ -123,9 +128,10 @@ def test_a_flooded_server_loses_no_request(models_dir: Path) -> None:
     graph = graph_model.load(zoo.get("tiny_chain"))
     # A device far slower than the cloud: the plan sends whenever the cloud admits.
     table = flops_table(graph, device_gflops=0.0005, cloud_gflops=100.0)
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=1)) as s, \
-            AdaptiveDevice(graph, table, [s.address], config=RuntimeConfig(deadline_ms=30_000),
-                           start_prober=False) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=1)) as s,
+        AdaptiveDevice(graph, table, [s.address], config=RuntimeConfig(deadline_ms=30_000), start_prober=False) as dev,
+    ):
         # The first request holds the worker until the server has refused one: refusals happen.
         s.before_tail = _Gate(open_when=lambda: s.stats.refused >= 1)
         outcomes, lock = [], threading.Lock()

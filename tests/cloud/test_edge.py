@@ -48,8 +48,7 @@ def _pairs(model: str) -> list[tuple[str, str]]:
     ids = [c.id for c in graph_mod.load(zoo.get(model)).cuts()]
     mid = ids[len(ids) // 2]
     # graph inputs forwarded untouched, an empty middle, a real middle, the edge finishing, the last cut
-    return [("cloud", "cloud"), ("cloud", mid), (ids[1], ids[-2]), (mid, mid), (ids[1], "device"),
-            (ids[-2], ids[-2])]
+    return [("cloud", "cloud"), ("cloud", mid), (ids[1], ids[-2]), (mid, mid), (ids[1], "device"), (ids[-2], ids[-2])]
 
 
 @pytest.mark.parametrize("model", ["tiny_chain", "multi_io"])
@@ -140,8 +139,19 @@ def test_serve_next_flags(models_dir: Path, tmp_path: Path) -> None:
     token = tmp_path / "next-token.txt"
     token.write_text("s3cret\n")
     token.chmod(0o600)
-    args = cli.build_parser().parse_args(["serve", "--models", str(models_dir), "--port", "0", "--next",
-                                          "10.0.0.9:50061", "--next-token-file", str(token)])
+    args = cli.build_parser().parse_args(
+        [
+            "serve",
+            "--models",
+            str(models_dir),
+            "--port",
+            "0",
+            "--next",
+            "10.0.0.9:50061",
+            "--next-token-file",
+            str(token),
+        ]
+    )
     cfg = server_config(args)
     assert cfg.next_tier is not None and cfg.next_tier.address == "10.0.0.9:50061"
     assert cfg.next_tier.token == "s3cret" and "s3cret" not in repr(cfg)
@@ -186,8 +196,11 @@ def test_a_slow_next_tier_backs_off_only_at_the_second_timeout(models_dir: Path)
     cloud = CloudServer(ServerConfig(models_dir=models_dir, workers=4))
     cloud.before_tail = lambda header: release.wait(10)  # type: ignore[assignment,return-value]
     cloud.start()
-    edge = CloudServer(ServerConfig(models_dir=models_dir, next_tier=NextTier(address=cloud.address, timeout_s=0.3,
-                                                                             backoff_initial_s=60.0)))
+    edge = CloudServer(
+        ServerConfig(
+            models_dir=models_dir, next_tier=NextTier(address=cloud.address, timeout_s=0.3, backoff_initial_s=60.0)
+        )
+    )
     edge.start()
     try:
         with Device(zoo.get("tiny_chain"), edge.address) as dev:

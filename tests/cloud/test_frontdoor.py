@@ -44,8 +44,7 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _server(models_dir: Path, **limits: object) -> CloudServer:
-    cfg = ServerConfig(models_dir=models_dir, workers=1, max_queue=2, tokens=(TOKEN,),
-                       limits=Limits(**limits))  # type: ignore[arg-type]
+    cfg = ServerConfig(models_dir=models_dir, workers=1, max_queue=2, tokens=(TOKEN,), limits=Limits(**limits))  # type: ignore[arg-type]
     return CloudServer(cfg)
 
 
@@ -99,11 +98,16 @@ def test_unauthenticated_half_sent_calls_are_refused_before_their_body(models_di
         _infer_ok(s.address)
 
 
-def test_a_guesser_waits_but_an_authenticated_channel_does_not(models_dir: Path,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_a_guesser_waits_but_an_authenticated_channel_does_not(
+    models_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     lim = {"auth_free_failures": 3, "auth_backoff_s": 600.0, "log_interval_s": 600.0}
-    with caplog.at_level(logging.INFO, "splitrt.cloud"), _server(models_dir, **lim) as s, \
-            grpc.insecure_channel(s.address) as legit, grpc.insecure_channel(s.address, options=OWN) as bad:
+    with (
+        caplog.at_level(logging.INFO, "splitrt.cloud"),
+        _server(models_dir, **lim) as s,
+        grpc.insecure_channel(s.address) as legit,
+        grpc.insecure_channel(s.address, options=OWN) as bad,
+    ):
         assert _status(legit).version  # this connection authenticated
         stub = pb_grpc.SplitInferenceStub(bad)
         codes = []
@@ -152,8 +156,11 @@ def test_half_sent_calls_with_a_token_are_cut_at_the_read_timeout(models_dir: Pa
     """Authenticated calls that never finish their message fill the inference lane (workers + queue + 8 =
     11): the 12th is refused at once, Status and health still answer, and at the read timeout every held
     call ends, after which inference is served again."""
-    with _server(models_dir, read_timeout_s=1.0, max_calls=11) as s, RawConnection("127.0.0.1", s.port) as raw, \
-            grpc.insecure_channel(s.address) as ch:
+    with (
+        _server(models_dir, read_timeout_s=1.0, max_calls=11) as s,
+        RawConnection("127.0.0.1", s.port) as raw,
+        grpc.insecure_channel(s.address) as ch,
+    ):
         held = [raw.start_call(INFER, AUTH, body_prefix_bytes=10, declared_bytes=1 << 20) for _ in range(11)]
         for _ in range(200):  # until the lane is full
             if s.door.snapshot()["inside"]["infer"] == 11:
@@ -176,8 +183,10 @@ def test_half_sent_calls_with_a_token_are_cut_at_the_read_timeout(models_dir: Pa
 def test_one_peer_address_holds_only_its_share(models_dir: Path) -> None:
     """A client with the token holds 10 half-sent calls from 127.0.0.2: 4 get in (its share), 6 are refused
     at once naming the per-address cap; a device on 127.0.0.1 is served meanwhile."""
-    with _server(models_dir, read_timeout_s=600.0, calls_per_peer=4) as s, \
-            RawConnection("127.0.0.1", s.port, source="127.0.0.2") as raw:
+    with (
+        _server(models_dir, read_timeout_s=600.0, calls_per_peer=4) as s,
+        RawConnection("127.0.0.1", s.port, source="127.0.0.2") as raw,
+    ):
         sids = [raw.start_call(INFER, AUTH, body_prefix_bytes=10, declared_bytes=1 << 20) for _ in range(10)]
         for _ in range(200):
             if sum(raw.ended(sid, wait_s=0.02) for sid in sids) == 6:
@@ -228,8 +237,10 @@ def test_watch_streams_are_capped_and_aged_out(models_dir: Path) -> None:
 
 
 def test_an_idle_stream_ends_at_the_idle_limit(models_dir: Path) -> None:
-    with _server(models_dir, stream_idle_s=0.5) as s, Device(zoo.get("tiny_chain"), s.address,
-                                                            config=DeviceConfig(token=TOKEN)) as dev:
+    with (
+        _server(models_dir, stream_idle_s=0.5) as s,
+        Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=TOKEN)) as dev,
+    ):
         gate = threading.Event()
         inputs = dev.random_inputs()
 
@@ -256,8 +267,7 @@ def test_calls_without_a_deadline_under_load_are_served(models_dir: Path) -> Non
     (UNKNOWN, the request lost). 12 plain unary calls and a 20-frame stream, none with a deadline, one
     worker held a little per request so the others queue."""
     cfg = ServerConfig(models_dir=models_dir, workers=1, max_queue=64)
-    with CloudServer(cfg) as s, Device(zoo.get("tiny_chain"), s.address) as dev, \
-            grpc.insecure_channel(s.address) as ch:
+    with CloudServer(cfg) as s, Device(zoo.get("tiny_chain"), s.address) as dev, grpc.insecure_channel(s.address) as ch:
         pause = threading.Event()
         s.before_tail = lambda header: pause.wait(0.01)
         head = dev.run_head(dev.random_inputs(), "c2")
@@ -290,8 +300,7 @@ def test_remaining_time_is_always_bounded() -> None:
 
 
 def test_connection_cap_refuses_new_connections_and_idle_ones_are_closed(models_dir: Path) -> None:
-    with _server(models_dir, max_connections=4, connection_idle_s=1.0) as s, \
-            grpc.insecure_channel(s.address) as legit:
+    with _server(models_dir, max_connections=4, connection_idle_s=1.0) as s, grpc.insecure_channel(s.address) as legit:
         assert _status(legit).version  # 1 connection
         raws = [RawConnection("127.0.0.1", s.port) for _ in range(3)]  # 4: the cap
         try:
@@ -345,13 +354,15 @@ def test_peer_keys_and_kernel_table_parsing(tmp_path: Path) -> None:
     assert peer_key("ipv6:[::ffff:10.0.0.5]:4000") == ("10.0.0.5", 4000)
     assert peer_key("ipv6:[::1]:7") == ("::1", 7) and peer_key("unix:/x") is None
     head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
-    (tmp_path / "tcp").write_text(head +
-        "   0: 0100007F:C351 0500000A:0FA0 01 00000000:00000000 00:00000000 00000000     0        0 111 1\n"
+    (tmp_path / "tcp").write_text(
+        head + "   0: 0100007F:C351 0500000A:0FA0 01 00000000:00000000 00:00000000 00000000     0        0 111 1\n"
         "   1: 0100007F:C351 0600000A:0FA0 0A 00000000:00000000 00:00000000 00000000     0        0 112 1\n"
-        "   2: 0100007F:1F90 0700000A:0FA0 01 00000000:00000000 00:00000000 00000000     0        0 113 1\n")
-    (tmp_path / "tcp6").write_text(head +
-        "   0: 00000000000000000000000000000000:C351 0000000000000000FFFF00000800000A:0FA1 01 "
-        "00000000:00000000 00:00000000 00000000     0        0 114 1\n")
+        "   2: 0100007F:1F90 0700000A:0FA0 01 00000000:00000000 00:00000000 00000000     0        0 113 1\n"
+    )
+    (tmp_path / "tcp6").write_text(
+        head + "   0: 00000000000000000000000000000000:C351 0000000000000000FFFF00000800000A:0FA1 01 "
+        "00000000:00000000 00:00000000 00000000     0        0 114 1\n"
+    )
     # port 0xC351 = 50001: established only (state 01), IPv4-mapped IPv6 as IPv4.
     assert server_connections(50001, tmp_path) == {("10.0.0.5", 4000): 111, ("10.0.0.8", 4001): 114}
 

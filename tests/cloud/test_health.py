@@ -29,10 +29,10 @@ def _ident(b: bytes) -> bytes:
 
 @pytest.mark.parametrize("garbage", [b"\xff\xff\xff", b"\x0a\x05ab", b"\x0a\x02\xc3\x28"])
 def test_garbage_is_invalid_argument_on_check_and_watch(channel: grpc.Channel, garbage: bytes) -> None:
-    check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=_ident,
-                                response_deserializer=_ident)
-    watch = channel.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=_ident,
-                                 response_deserializer=_ident)
+    check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=_ident, response_deserializer=_ident)
+    watch = channel.unary_stream(
+        "/grpc.health.v1.Health/Watch", request_serializer=_ident, response_deserializer=_ident
+    )
     for call in (lambda: check(garbage, timeout=10), lambda: next(iter(watch(garbage, timeout=10)))):
         with pytest.raises(grpc.RpcError) as info:
             call()
@@ -41,18 +41,24 @@ def test_garbage_is_invalid_argument_on_check_and_watch(channel: grpc.Channel, g
 
 
 def test_well_formed_checks_answer_as_the_stock_service(channel: grpc.Channel) -> None:
-    check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                response_deserializer=health_pb2.HealthCheckResponse.FromString)
+    check = channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
     for name in ("", wire.SERVICE_NAME):
-        assert check(health_pb2.HealthCheckRequest(service=name), timeout=10).status == \
-            health_pb2.HealthCheckResponse.SERVING
+        assert (
+            check(health_pb2.HealthCheckRequest(service=name), timeout=10).status
+            == health_pb2.HealthCheckResponse.SERVING
+        )
     with pytest.raises(grpc.RpcError) as info:
         check(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
-                                 request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                                 response_deserializer=health_pb2.HealthCheckResponse.FromString)
+    watch = channel.unary_stream(
+        "/grpc.health.v1.Health/Watch",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
     stream = watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
     assert next(iter(stream)).status == health_pb2.HealthCheckResponse.SERVING
     stream.cancel()

@@ -35,75 +35,117 @@ def loop_model(trips: int = 2**62) -> onnx.ModelProto:
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
         "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1])],
-        [numpy_helper.from_array(np.ones(1, np.float32), "one")])
-    g = helper.make_graph([helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)], "loop",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-                          [numpy_helper.from_array(np.array(trips, np.int64), "trips"),
-                           numpy_helper.from_array(np.array(True), "cond")])
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+        ],
+        [numpy_helper.from_array(np.ones(1, np.float32), "one")],
+    )
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)],
+        "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.array(trips, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def growing_loop_model(rows: int = 256) -> onnx.ModelProto:
     """A Loop that piles up a 256 KiB scan output per iteration, for ever: memory no shape tells."""
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"]),
-         helper.make_node("Expand", ["v_out", "shape"], ["slab"])],
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Add", ["v_in", "one"], ["v_out"]),
+            helper.make_node("Expand", ["v_out", "shape"], ["slab"]),
+        ],
         "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
-         helper.make_tensor_value_info("slab", TensorProto.FLOAT, [rows, 256])],
-        [numpy_helper.from_array(np.ones(1, np.float32), "one"),
-         numpy_helper.from_array(np.array([rows, 256], np.int64), "shape")])
-    g = helper.make_graph([helper.make_node("Loop", ["trips", "cond", "x"], ["y", "slabs"], body=body),
-                           helper.make_node("ReduceSum", ["slabs"], ["total"], keepdims=0)], "grow",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]),
-                           helper.make_tensor_value_info("total", TensorProto.FLOAT, [])],
-                          [numpy_helper.from_array(np.array(2**62, np.int64), "trips"),
-                           numpy_helper.from_array(np.array(True), "cond")])
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("slab", TensorProto.FLOAT, [rows, 256]),
+        ],
+        [
+            numpy_helper.from_array(np.ones(1, np.float32), "one"),
+            numpy_helper.from_array(np.array([rows, 256], np.int64), "shape"),
+        ],
+    )
+    g = helper.make_graph(
+        [
+            helper.make_node("Loop", ["trips", "cond", "x"], ["y", "slabs"], body=body),
+            helper.make_node("ReduceSum", ["slabs"], ["total"], keepdims=0),
+        ],
+        "grow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+        ],
+        [numpy_helper.from_array(np.array(2**62, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def outer_model() -> onnx.ModelProto:
     """x [1, n] -> the [n, n] outer product -> its sum: n is the client's, the memory n^2."""
     g = helper.make_graph(
-        [helper.make_node("Transpose", ["x"], ["xt"]), helper.make_node("MatMul", ["xt", "x"], ["outer"]),
-         helper.make_node("ReduceSum", ["outer"], ["y"], keepdims=0)], "outer",
+        [
+            helper.make_node("Transpose", ["x"], ["xt"]),
+            helper.make_node("MatMul", ["xt", "x"], ["outer"]),
+            helper.make_node("ReduceSum", ["outer"], ["y"], keepdims=0),
+        ],
+        "outer",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def constant_of_shape_model() -> onnx.ModelProto:
     """~140 bytes asking for a 2 GiB constant (16384 x 32768 float32)."""
     shape = numpy_helper.from_array(np.array([1 << 14, 1 << 15], np.int64), "shape")
-    g = helper.make_graph([helper.make_node("ConstantOfShape", ["shape"], ["big"]),
-                           helper.make_node("Add", ["x", "big"], ["y"])], "cos",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1 << 14, 1 << 15])], [shape])
+    g = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["big"]), helper.make_node("Add", ["x", "big"], ["y"])],
+        "cos",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1 << 14, 1 << 15])],
+        [shape],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def chain_model(n: int) -> onnx.ModelProto:
     nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(n)]
-    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
-                          [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])])
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def request(sha: str, cut: str, **arrays: np.ndarray) -> pb.InferRequest:
-    return pb.InferRequest(model_sha256=sha, cut_id=cut, codec="fp32", request_id="t", tensors=[
-        pb.Tensor(name=k, dtype=str(v.dtype), shape=list(v.shape), codec="fp32", payload=v.tobytes())
-        for k, v in arrays.items()])
+    return pb.InferRequest(
+        model_sha256=sha,
+        cut_id=cut,
+        codec="fp32",
+        request_id="t",
+        tensors=[
+            pb.Tensor(name=k, dtype=str(v.dtype), shape=list(v.shape), codec="fp32", payload=v.tobytes())
+            for k, v in arrays.items()
+        ],
+    )
 
 
 class Rss:
@@ -144,9 +186,29 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(models: dict[str, Path]) -> Iterator[tuple[Serve, grpc.Channel, Rss]]:
-    s = Serve("--models", str(models["dir"]), "--port", "0", "--workers", "2", "--max-queue", "4",
-              "--token-file", str(models["tokens"]), "--allow-upload", "--max-memory-mb", str(BUDGET_MB),
-              "--max-request-mb", "64", "--max-models", "7", "--max-nodes", "5000", "--intra-op-threads", "1")
+    s = Serve(
+        "--models",
+        str(models["dir"]),
+        "--port",
+        "0",
+        "--workers",
+        "2",
+        "--max-queue",
+        "4",
+        "--token-file",
+        str(models["tokens"]),
+        "--allow-upload",
+        "--max-memory-mb",
+        str(BUDGET_MB),
+        "--max-request-mb",
+        "64",
+        "--max-models",
+        "7",
+        "--max-nodes",
+        "5000",
+        "--intra-op-threads",
+        "1",
+    )
     port = s.event("listening")["port"]
     rss = Rss(s.proc.pid)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -186,8 +248,9 @@ def events(s: Serve, name: str) -> list[dict[str, object]]:
         return [e for e in s.events if e.get("event") == name]
 
 
-def test_endless_loop_is_terminated_at_its_deadline(server: tuple[Serve, grpc.Channel, Rss],
-                                                    models: dict[str, Path]) -> None:
+def test_endless_loop_is_terminated_at_its_deadline(
+    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+) -> None:
     s, ch, _ = server
     stub = pb_grpc.SplitInferenceStub(ch)
     sha = model_sha256(models["loop"])
@@ -210,8 +273,9 @@ def test_cancelled_call_stops_its_tail(server: tuple[Serve, grpc.Channel, Rss], 
     s, ch, _ = server
     stub = pb_grpc.SplitInferenceStub(ch)
     before = len(events(s, "run_terminated"))
-    call = stub.Infer.future(request(model_sha256(models["loop"]), "cloud", x=np.zeros(1, np.float32)),
-                             timeout=600, metadata=AUTH)
+    call = stub.Infer.future(
+        request(model_sha256(models["loop"]), "cloud", x=np.zeros(1, np.float32)), timeout=600, metadata=AUTH
+    )
     wait_for(lambda: running(ch) == 1, "the loop running")
     call.cancel()
     wait_for(lambda: len(events(s, "run_terminated")) > before, "the run terminated")
@@ -220,8 +284,9 @@ def test_cancelled_call_stops_its_tail(server: tuple[Serve, grpc.Channel, Rss], 
     legit(ch, models)
 
 
-def test_request_whose_activations_do_not_fit_is_refused(server: tuple[Serve, grpc.Channel, Rss],
-                                                         models: dict[str, Path]) -> None:
+def test_request_whose_activations_do_not_fit_is_refused(
+    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+) -> None:
     _, ch, _ = server
     stub = pb_grpc.SplitInferenceStub(ch)
     sha = model_sha256(models["outer"])
@@ -238,12 +303,14 @@ def test_request_whose_activations_do_not_fit_is_refused(server: tuple[Serve, gr
     legit(ch, models)
 
 
-def test_run_growing_past_the_budget_is_terminated(server: tuple[Serve, grpc.Channel, Rss],
-                                                    models: dict[str, Path]) -> None:
+def test_run_growing_past_the_budget_is_terminated(
+    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+) -> None:
     _, ch, rss = server
     with pytest.raises(grpc.RpcError) as info:  # no shape says what it will hold: the memory watch stops it
-        pb_grpc.SplitInferenceStub(ch).Infer(request(model_sha256(models["grow"]), "cloud",
-                                                     x=np.zeros(1, np.float32)), timeout=120, metadata=AUTH)
+        pb_grpc.SplitInferenceStub(ch).Infer(
+            request(model_sha256(models["grow"]), "cloud", x=np.zeros(1, np.float32)), timeout=120, metadata=AUTH
+        )
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert f"expected at most {BUDGET_MB - BUDGET_MB // 16} MB (--max-memory-mb)" in (info.value.details() or "")
     assert rss.peak <= BUDGET_MB * 2**20
@@ -260,21 +327,24 @@ def upload(ch: grpc.Channel, model: onnx.ModelProto, name: str) -> pb.PutModelRe
 
 
 def test_upload_asking_for_gigabytes_is_checked_without_computing_them(
-        server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]) -> None:
+    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+) -> None:
     _, ch, rss = server
     reply = upload(ch, constant_of_shape_model(), "cos.onnx")  # the check folds nothing it cannot bound
     assert not reply.already_present
     with pytest.raises(grpc.RpcError) as info:  # and running it is refused before anything is allocated
-        pb_grpc.SplitInferenceStub(ch).Infer(request(reply.sha256, "cloud", x=np.ones(1, np.float32)), timeout=60,
-                                             metadata=AUTH)
+        pb_grpc.SplitInferenceStub(ch).Infer(
+            request(reply.sha256, "cloud", x=np.ones(1, np.float32)), timeout=60, metadata=AUTH
+        )
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "(--max-request-mb)" in info.value.details()
     assert rss.peak <= BUDGET_MB * 2**20
     legit(ch, models)
 
 
-def test_upload_over_the_node_quota_is_refused(server: tuple[Serve, grpc.Channel, Rss],
-                                               models: dict[str, Path]) -> None:
+def test_upload_over_the_node_quota_is_refused(
+    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+) -> None:
     _, ch, _ = server
     with pytest.raises(grpc.RpcError) as info:
         upload(ch, chain_model(6000), "chain.onnx")
@@ -283,8 +353,9 @@ def test_upload_over_the_node_quota_is_refused(server: tuple[Serve, grpc.Channel
     legit(ch, models)
 
 
-def test_upload_over_the_model_quota_is_refused(server: tuple[Serve, grpc.Channel, Rss],
-                                                models: dict[str, Path]) -> None:
+def test_upload_over_the_model_quota_is_refused(
+    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+) -> None:
     _, ch, _ = server
     stored = len(pb_grpc.SplitInferenceStub(ch).Status(pb.StatusRequest(), timeout=30, metadata=AUTH).models)
     refused = None
@@ -300,13 +371,25 @@ def test_upload_over_the_model_quota_is_refused(server: tuple[Serve, grpc.Channe
 
 
 def test_sigterm_exits_while_loops_run(models: dict[str, Path]) -> None:
-    s = Serve("--models", str(models["dir"]), "--port", "0", "--workers", "2", "--drain-s", "2",
-              "--token-file", str(models["tokens"]))
+    s = Serve(
+        "--models",
+        str(models["dir"]),
+        "--port",
+        "0",
+        "--workers",
+        "2",
+        "--drain-s",
+        "2",
+        "--token-file",
+        str(models["tokens"]),
+    )
     port = s.event("listening")["port"]
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = pb_grpc.SplitInferenceStub(ch)
-        calls = [stub.Infer.future(request(model_sha256(models["loop"]), "cloud", x=np.zeros(1, np.float32)),
-                                   metadata=AUTH) for _ in range(2)]  # no deadline at all
+        calls = [
+            stub.Infer.future(request(model_sha256(models["loop"]), "cloud", x=np.zeros(1, np.float32)), metadata=AUTH)
+            for _ in range(2)
+        ]  # no deadline at all
         wait_for(lambda: running(ch) == 2, "both loops running")
         assert s.stop() == 0  # proc.wait(timeout=30) inside: the drain is 2 s
         for c in calls:

@@ -84,8 +84,13 @@ def test_tail_cache_is_bounded_in_bytes(models_dir: Path, device: Device) -> Non
     requests = [_request(device, cut) for cut in cuts]  # the device's sessions before the baseline
     # 100 MB over what this process holds now (32 of them for start-up): a few squeezenet tails (~17 MB
     # each, estimated), not the 16 the entry cap allows.
-    config = ServerConfig(models_dir=models_dir, workers=1, max_memory_bytes=rss_bytes() + 100 * MB,
-                          segment_cache_size=16, intra_op_threads=1)
+    config = ServerConfig(
+        models_dir=models_dir,
+        workers=1,
+        max_memory_bytes=rss_bytes() + 100 * MB,
+        segment_cache_size=16,
+        intra_op_threads=1,
+    )
     with CloudServer(config) as server:
         available = server.budget.available_bytes
         for req in requests:
@@ -184,14 +189,22 @@ def test_concurrent_uploads_cannot_overshoot_the_store_quota(tmp_path: Path) -> 
         yield pb.ModelChunk(sha256=sha, data=data[half:])
 
     results: list[object] = []
-    a = threading.Thread(target=lambda: results.append(
-        receive_model(store, slow_chunks(*models[0]), allow_upload=True, max_model_bytes=1 << 30, quota=quota)))
+    a = threading.Thread(
+        target=lambda: results.append(
+            receive_model(store, slow_chunks(*models[0]), allow_upload=True, max_model_bytes=1 << 30, quota=quota)
+        )
+    )
     a.start()
     assert first_in.wait(60)  # the first upload is half written: its bytes already count
     sha, data = models[1]
     with pytest.raises(RpcFailure) as info:
-        receive_model(store, iter([pb.ModelChunk(sha256=sha, name="b.onnx", total_bytes=len(data), data=data)]),
-                      allow_upload=True, max_model_bytes=1 << 30, quota=quota)
+        receive_model(
+            store,
+            iter([pb.ModelChunk(sha256=sha, name="b.onnx", total_bytes=len(data), data=data)]),
+            allow_upload=True,
+            max_model_bytes=1 << 30,
+            quota=quota,
+        )
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "(--max-store-mb)" in info.value.message
     go_on.set()
     a.join(60)

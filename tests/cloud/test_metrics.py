@@ -34,8 +34,10 @@ def _scrape(url: str) -> tuple[str, dict[tuple[str, tuple[tuple[str, str], ...]]
 
 
 def test_metrics_after_real_requests(models_dir: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=2, metrics_port=0)) as s, \
-            Device(zoo.get("tiny_chain"), s.address) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=2, metrics_port=0)) as s,
+        Device(zoo.get("tiny_chain"), s.address) as dev,
+    ):
         assert s.metrics_url is not None and s.metrics_url.startswith("http://127.0.0.1:")
         x = dev.random_inputs()
         for cut in ("c2", "c2", "c2", "c3"):
@@ -52,8 +54,9 @@ def test_metrics_after_real_requests(models_dir: Path) -> None:
         assert m[("splitrt_cloud_queue_depth", ())] == 0 and m[("splitrt_cloud_workers", ())] == 1
         assert m[("splitrt_cloud_tail_seconds_count", ())] == 4
         assert m[("splitrt_cloud_tail_seconds_bucket", (("le", "+Inf"),))] == 4
-        buckets = sorted((float(dict(k[1])["le"]), v) for k, v in m.items()
-                         if k[0] == "splitrt_cloud_tail_seconds_bucket")
+        buckets = sorted(
+            (float(dict(k[1])["le"]), v) for k, v in m.items() if k[0] == "splitrt_cloud_tail_seconds_bucket"
+        )
         assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
         assert m[("splitrt_cloud_tail_seconds_sum", ())] > 0 and m[("splitrt_cloud_service_ms", ())] > 0
         assert m[("splitrt_cloud_request_seconds_count", ())] == 5  # every outcome

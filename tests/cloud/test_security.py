@@ -37,9 +37,28 @@ def tls_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         pytest.skip("needs the openssl command to make a test certificate")
     d = tmp_path_factory.mktemp("tls")
     key, cert = d / "key.pem", d / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -71,14 +90,19 @@ def test_network_addresses(host: str) -> None:
     assert not security.is_loopback(host)
 
 
-@pytest.mark.parametrize(("extra", "missing"), [
-    ({}, "neither TLS nor a bearer token"),
-    ({"tokens": ("t",)}, "no TLS"),
-])
-def test_off_loopback_without_tls_and_token_needs_insecure(models_dir: Path, extra: dict[str, Any],
-                                                           missing: str) -> None:
-    with pytest.raises(ConfigError, match=f"--host 0.0.0.0: listening beyond loopback expected TLS .* got {missing}; "
-                                          ".*pass --insecure"):
+@pytest.mark.parametrize(
+    ("extra", "missing"),
+    [
+        ({}, "neither TLS nor a bearer token"),
+        ({"tokens": ("t",)}, "no TLS"),
+    ],
+)
+def test_off_loopback_without_tls_and_token_needs_insecure(
+    models_dir: Path, extra: dict[str, Any], missing: str
+) -> None:
+    with pytest.raises(
+        ConfigError, match=f"--host 0.0.0.0: listening beyond loopback expected TLS .* got {missing}; .*pass --insecure"
+    ):
         CloudServer(ServerConfig(models_dir=models_dir, host="0.0.0.0", **extra))
 
 
@@ -89,8 +113,10 @@ def test_off_loopback_with_tls_but_no_token_needs_insecure(models_dir: Path, tls
 
 
 def test_insecure_server_warns_at_start_and_in_status(models_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="splitrt.cloud"), \
-            CloudServer(ServerConfig(models_dir=models_dir, host="0.0.0.0", insecure=True)) as s:
+    with (
+        caplog.at_level(logging.INFO, logger="splitrt.cloud"),
+        CloudServer(ServerConfig(models_dir=models_dir, host="0.0.0.0", insecure=True)) as s,
+    ):
         st = _status(s.address)
         assert not s.secure
     assert st.insecure
@@ -100,14 +126,16 @@ def test_insecure_server_warns_at_start_and_in_status(models_dir: Path, caplog: 
     assert "requests travel unencrypted and anyone who can reach it may use it" in warned[0].getMessage()
 
 
-def test_off_loopback_with_tls_and_token_needs_no_flag(models_dir: Path, tls_pair: tuple[Path, Path],
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_off_loopback_with_tls_and_token_needs_no_flag(
+    models_dir: Path, tls_pair: tuple[Path, Path], caplog: pytest.LogCaptureFixture
+) -> None:
     cert, key = tls_pair
     cfg = ServerConfig(models_dir=models_dir, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t",))
     with caplog.at_level(logging.INFO, logger="splitrt.cloud"), CloudServer(cfg) as s:
         assert s.secure and not s.exposure.insecure
-        with Device(zoo.get("tiny_chain"), f"localhost:{s.port}", config=DeviceConfig(tls_ca_path=cert, token="t")) \
-                as dev:
+        with Device(
+            zoo.get("tiny_chain"), f"localhost:{s.port}", config=DeviceConfig(tls_ca_path=cert, token="t")
+        ) as dev:
             st = dev.status()
             assert not st.insecure and st.security_warning == ""
     assert not any('"event": "insecure"' in r.getMessage() for r in caplog.records)
@@ -118,8 +146,11 @@ def test_off_loopback_with_tls_and_token_needs_no_flag(models_dir: Path, tls_pai
 
 @pytest.mark.parametrize("insecure", [False, True])
 def test_upload_without_token_is_refused(tmp_path: Path, insecure: bool) -> None:
-    with pytest.raises(ConfigError, match=r"--allow-upload: expected a bearer token \(--token-file\) with uploads, "
-                                          "got none"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--allow-upload: expected a bearer token \(--token-file\) with uploads, "
+        "got none",
+    ):
         CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, insecure=insecure))
     CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=("t",)))  # with one: fine
 
@@ -199,8 +230,9 @@ def test_server_checks_tokens_with_compare_digest(models_dir: Path, compare: _Co
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_tokens_are_never_logged_nor_in_a_repr(models_dir: Path, tmp_path: Path,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_tokens_are_never_logged_nor_in_a_repr(
+    models_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = ServerConfig(models_dir=tmp_path, tokens=(SECRET,), allow_upload=True, host="0.0.0.0", insecure=True)
     assert SECRET not in repr(cfg) and SECRET not in repr(auth.Tokens(cfg.tokens))
     shutil.copyfile(models_dir / "tiny_chain.onnx", tmp_path / "tiny_chain.onnx")
@@ -249,16 +281,20 @@ def fake_advertiser(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, 
     yield _FakeAdvertiser.made
 
 
-def test_advertised_txt_says_whether_the_server_is_secure(models_dir: Path, tls_pair: tuple[Path, Path],
-                                                          fake_advertiser: list[dict[str, Any]]) -> None:
+def test_advertised_txt_says_whether_the_server_is_secure(
+    models_dir: Path, tls_pair: tuple[Path, Path], fake_advertiser: list[dict[str, Any]]
+) -> None:
     from splitrt.cloud.advertise import ServerAdvertiser
 
     cert, key = tls_pair
     open_cfg = ServerConfig(models_dir=models_dir, host="0.0.0.0", insecure=True)
     behind_relay = ServerConfig(models_dir=models_dir)  # loopback, announced at a relay's address
     locked = ServerConfig(models_dir=models_dir, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t",))
-    for cfg, addresses, secure in [(open_cfg, ["10.9.8.7"], "0"), (behind_relay, ["10.9.8.7"], "0"),
-                                   (locked, ["10.9.8.7"], "1")]:
+    for cfg, addresses, secure in [
+        (open_cfg, ["10.9.8.7"], "0"),
+        (behind_relay, ["10.9.8.7"], "0"),
+        (locked, ["10.9.8.7"], "1"),
+    ]:
         with CloudServer(cfg) as s:
             adv = ServerAdvertiser(s, name="c", addresses=addresses, every_s=60)
             adv.close()
@@ -266,12 +302,13 @@ def test_advertised_txt_says_whether_the_server_is_secure(models_dir: Path, tls_
         assert fake_advertiser[-1]["txt"]["secure"] == secure
 
 
-def test_advertising_a_loopback_only_server_is_refused(models_dir: Path,
-                                                       fake_advertiser: list[dict[str, Any]]) -> None:
+def test_advertising_a_loopback_only_server_is_refused(models_dir: Path, fake_advertiser: list[dict[str, Any]]) -> None:
     from splitrt.cloud.advertise import ServerAdvertiser
 
-    with CloudServer(ServerConfig(models_dir=models_dir)) as s, \
-            pytest.raises(DiscoveryError, match=r"got --host 127\.0\.0\.1: only this machine can connect"):
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir)) as s,
+        pytest.raises(DiscoveryError, match=r"got --host 127\.0\.0\.1: only this machine can connect"),
+    ):
         ServerAdvertiser(s, name="c")
     assert fake_advertiser == []
 
@@ -291,12 +328,19 @@ def test_a_tls_key_others_can_read_is_refused(models_dir: Path, tls_pair: tuple[
 
 
 def test_metrics_beyond_loopback_need_an_explicit_flag(models_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.raises(ConfigError, match=r"--metrics-host 0.0.0.0: serving metrics beyond loopback expected "
-                                          "--metrics-public"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--metrics-host 0.0.0.0: serving metrics beyond loopback expected "
+        "--metrics-public",
+    ):
         CloudServer(ServerConfig(models_dir=models_dir, metrics_port=0, metrics_host="0.0.0.0"))
     CloudServer(ServerConfig(models_dir=models_dir, metrics_port=None, metrics_host="0.0.0.0"))  # no metrics: fine
-    with caplog.at_level(logging.WARNING, "splitrt.cloud"), CloudServer(ServerConfig(
-            models_dir=models_dir, metrics_port=0, metrics_host="0.0.0.0", metrics_public=True)) as s:
+    with (
+        caplog.at_level(logging.WARNING, "splitrt.cloud"),
+        CloudServer(
+            ServerConfig(models_dir=models_dir, metrics_port=0, metrics_host="0.0.0.0", metrics_public=True)
+        ) as s,
+    ):
         assert s.metrics_url is not None
     assert any('"event": "metrics_public"' in r.getMessage() for r in caplog.records)
 
@@ -317,8 +361,12 @@ def test_errors_do_not_reveal_the_models_directory(tmp_path: Path) -> None:
     models = tmp_path / "secret-place" / "models"
     models.mkdir(parents=True)
     node = helper.make_node("NoSuchOp", ["x"], ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     data = helper.make_model(graph).SerializeToString()
     (models / "bad.onnx").write_bytes(data)
     onnx.load_from_string(data)  # parses: the store serves it, loading it fails

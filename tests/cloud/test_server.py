@@ -45,8 +45,9 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(models_dir: Path) -> Iterator[CloudServer]:
-    s = CloudServer(ServerConfig(models_dir=models_dir, workers=2, max_queue=4,
-                                 max_message_bytes=256 * 1024, segment_cache_size=4))
+    s = CloudServer(
+        ServerConfig(models_dir=models_dir, workers=2, max_queue=4, max_message_bytes=256 * 1024, segment_cache_size=4)
+    )
     s.start()
     yield s
     s.stop(grace_s=1.0)
@@ -88,7 +89,8 @@ def _serves(device: Device) -> None:
 def test_health_and_status(server: CloudServer, models_dir: Path) -> None:
     channel = grpc.insecure_channel(server.address)
     reply = health_pb2_grpc.HealthStub(channel).Check(
-        health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME), timeout=5)
+        health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME), timeout=5
+    )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     st = _stub(server.address).Status(pb.StatusRequest(), timeout=5)
     assert st.version == __version__
@@ -146,8 +148,7 @@ def test_wrong_tensor_name_dtype_shape_are_invalid_argument(server: CloudServer,
 
 
 @pytest.mark.parametrize("spec", ["fp32", "int8c", "fp16+zlib"])
-def test_truncated_or_garbage_payloads_are_invalid_argument(server: CloudServer, device: Device,
-                                                            spec: str) -> None:
+def test_truncated_or_garbage_payloads_are_invalid_argument(server: CloudServer, device: Device, spec: str) -> None:
     req = _request(device, "c2", spec)
     good = req.tensors[0].payload
     req.tensors[0].payload = good[: len(good) // 2]
@@ -230,8 +231,11 @@ def _wait_for(pred: object, what: str) -> None:
 
 def test_back_pressure_and_deadline(models_dir: Path) -> None:
     gate = _Gate()
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=2)) as s, \
-            Device(zoo.get("tiny_chain"), s.address) as dev, ThreadPoolExecutor(4) as pool:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=2)) as s,
+        Device(zoo.get("tiny_chain"), s.address) as dev,
+        ThreadPoolExecutor(4) as pool,
+    ):
         dev.ensure_model()
         dev.run(dev.random_inputs(), cut="c2")  # warm the tail
         s.before_tail = gate
@@ -313,14 +317,25 @@ def test_upload_with_wrong_hash_or_garbage_stores_nothing(tmp_path: Path) -> Non
         stub = _stub(s.address)
         wrong = "ab" * 32
         with pytest.raises(grpc.RpcError) as info:
-            stub.PutModel(iter([pb.ModelChunk(sha256=wrong, total_bytes=len(data), data=data[:1000]),
-                                pb.ModelChunk(data=data[1000:])]), timeout=10, metadata=AUTH)
+            stub.PutModel(
+                iter(
+                    [
+                        pb.ModelChunk(sha256=wrong, total_bytes=len(data), data=data[:1000]),
+                        pb.ModelChunk(data=data[1000:]),
+                    ]
+                ),
+                timeout=10,
+                metadata=AUTH,
+            )
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert f"expected {wrong}, got {sha}" in info.value.details()
         garbage = b"not an onnx model" * 100
         with pytest.raises(grpc.RpcError) as info:
-            stub.PutModel(iter([pb.ModelChunk(sha256=hashlib.sha256(garbage).hexdigest(), data=garbage)]),
-                          timeout=10, metadata=AUTH)
+            stub.PutModel(
+                iter([pb.ModelChunk(sha256=hashlib.sha256(garbage).hexdigest(), data=garbage)]),
+                timeout=10,
+                metadata=AUTH,
+            )
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "nothing stored" in info.value.details()
         assert list(tmp_path.iterdir()) == []
         assert len(stub.Status(pb.StatusRequest(), timeout=5, metadata=AUTH).models) == 0
@@ -347,16 +362,17 @@ def test_bearer_token_auth(models_dir: Path, tmp_path: Path) -> None:
     assert tokens_from_file(token_file) == ("s3cret", "other")
     with CloudServer(ServerConfig(models_dir=models_dir, tokens=tokens_from_file(token_file))) as s:
         for token in (None, "wrong"):
-            with Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=token)) as dev, \
-                    pytest.raises(CloudError) as info:
+            with (
+                Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=token)) as dev,
+                pytest.raises(CloudError) as info,
+            ):
                 dev.run(dev.random_inputs(), cut="c2")
             assert info.value.code == "UNAUTHENTICATED" and not info.value.retryable
         with pytest.raises(grpc.RpcError) as rpc_info:
             list(_stub(s.address).InferStream(iter([]), timeout=5))
         assert rpc_info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(s.address))
-        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
-            health_pb2.HealthCheckResponse.SERVING
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
         with Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token="s3cret")) as dev:
             _serves(dev)
 
@@ -364,17 +380,38 @@ def test_bearer_token_auth(models_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test cert")
 def test_tls(models_dir: Path, tmp_path: Path) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     cfg = ServerConfig(models_dir=models_dir, tls_cert_path=cert, tls_key_path=key, tokens=("t",))
     with CloudServer(cfg) as s:
-        with Device(zoo.get("tiny_chain"), f"localhost:{s.port}",
-                    config=DeviceConfig(tls_ca_path=cert, token="t")) as dev:
+        with Device(
+            zoo.get("tiny_chain"), f"localhost:{s.port}", config=DeviceConfig(tls_ca_path=cert, token="t")
+        ) as dev:
             _serves(dev)
-        with Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2)) as plain, \
-                pytest.raises(CloudError) as info:
+        with (
+            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2)) as plain,
+            pytest.raises(CloudError) as info,
+        ):
             plain.run(plain.random_inputs(), cut="c2")
         assert info.value.code == "UNAVAILABLE"
 
@@ -405,8 +442,10 @@ def test_zlib_bomb_through_a_symbolic_dimension_is_refused_unread(server: CloudS
 
 def test_decoded_total_of_a_request_is_capped(models_dir: Path) -> None:
     # multi_io at cut "cloud": two 256-byte tensors; each fits a 300-byte cap, together they do not.
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_decoded_bytes=300)) as s, \
-            Device(zoo.get("multi_io"), s.address) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_decoded_bytes=300)) as s,
+        Device(zoo.get("multi_io"), s.address) as dev,
+    ):
         head = dev.run_head(dev.random_inputs(), "cloud")
         request = dev._request(head, codec.Codec())[0].to_message()
         code, details = _code(s.address, request)
@@ -416,8 +455,11 @@ def test_decoded_total_of_a_request_is_capped(models_dir: Path) -> None:
 
 def test_a_queued_request_is_decoded_only_in_a_worker_slot(models_dir: Path) -> None:
     gate = _Gate()
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=2)) as s, \
-            Device(zoo.get("tiny_chain"), s.address) as dev, ThreadPoolExecutor(1) as pool:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1, max_queue=2)) as s,
+        Device(zoo.get("tiny_chain"), s.address) as dev,
+        ThreadPoolExecutor(1) as pool,
+    ):
         x = dev.random_inputs()
         dev.run(x, cut="c2")  # warm the tail
         s.before_tail = gate
@@ -441,8 +483,12 @@ def test_a_queued_request_is_decoded_only_in_a_worker_slot(models_dir: Path) -> 
 def test_garbage_infer_bytes_are_invalid_argument(server: CloudServer, device: Device) -> None:
     channel = grpc.insecure_channel(server.address)
     infer = channel.unary_unary(f"/{wire.SERVICE_NAME}/Infer")
-    garbage = [b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", b"\x2a\x05\x0a\x09abc",
-               b"\x2a\x03\x0b\x01\x02", b"not a protobuf message at all"]
+    garbage = [
+        b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+        b"\x2a\x05\x0a\x09abc",
+        b"\x2a\x03\x0b\x01\x02",
+        b"not a protobuf message at all",
+    ]
     for data in garbage:
         with pytest.raises(grpc.RpcError) as info:
             infer(data, timeout=10)
@@ -458,8 +504,9 @@ def test_garbage_infer_bytes_are_invalid_argument(server: CloudServer, device: D
 
 
 @pytest.mark.parametrize(("method", "streaming"), [("Probe", False), ("Status", False), ("PutModel", True)])
-def test_garbage_bytes_to_any_method_are_invalid_argument(server: CloudServer, device: Device, method: str,
-                                                          streaming: bool) -> None:
+def test_garbage_bytes_to_any_method_are_invalid_argument(
+    server: CloudServer, device: Device, method: str, streaming: bool
+) -> None:
     # gRPC alone answers INTERNAL ("Exception deserializing request") to bytes that do not parse.
     channel = grpc.insecure_channel(server.address)
     call = (channel.stream_unary if streaming else channel.unary_unary)(f"/{wire.SERVICE_NAME}/{method}")
@@ -487,9 +534,12 @@ def test_a_stored_model_onnxruntime_cannot_run_is_failed_precondition(tmp_path: 
     import onnx
     from onnx import TensorProto, helper
 
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 999)])  # loads; onnxruntime refuses
     onnx.save(model, str(tmp_path / "future.onnx"))
     sha = hashlib.sha256((tmp_path / "future.onnx").read_bytes()).hexdigest()

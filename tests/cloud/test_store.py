@@ -55,12 +55,20 @@ def _stub(address: str) -> pb_grpc.SplitInferenceStub:
     return pb_grpc.SplitInferenceStub(grpc.insecure_channel(address))
 
 
-def _put(address: str, data: bytes, *, sha: str | None = None, name: str = "m.onnx",
-         total: int | None = None, chunk: int = 1 << 16) -> pb.PutModelReply:
+def _put(
+    address: str,
+    data: bytes,
+    *,
+    sha: str | None = None,
+    name: str = "m.onnx",
+    total: int | None = None,
+    chunk: int = 1 << 16,
+) -> pb.PutModelReply:
     sha = hashlib.sha256(data).hexdigest() if sha is None else sha
-    chunks = [pb.ModelChunk(sha256=sha, name=name, total_bytes=len(data) if total is None else total,
-                            data=data[:chunk])]
-    chunks += [pb.ModelChunk(data=data[i:i + chunk]) for i in range(chunk, len(data), chunk)]
+    chunks = [
+        pb.ModelChunk(sha256=sha, name=name, total_bytes=len(data) if total is None else total, data=data[:chunk])
+    ]
+    chunks += [pb.ModelChunk(data=data[i : i + chunk]) for i in range(chunk, len(data), chunk)]
     return _stub(address).PutModel(iter(chunks), timeout=20, metadata=AUTH)
 
 
@@ -77,14 +85,19 @@ def external_model(location: str) -> onnx.ModelProto:
     w.data_location = TensorProto.EXTERNAL
     for k, v in (("location", location), ("offset", "0"), ("length", "64")):
         w.external_data.add(key=k, value=v)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "ext",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "ext",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("name", ["../../../evil.onnx", "/tmp/evil.onnx", "..", "a/../../b.onnx",
-                                  "x\x00y", "C:\\evil.onnx", "secret.bin"])
+@pytest.mark.parametrize(
+    "name", ["../../../evil.onnx", "/tmp/evil.onnx", "..", "a/../../b.onnx", "x\x00y", "C:\\evil.onnx", "secret.bin"]
+)
 def test_upload_names_are_never_paths(world: tuple[Path, Path], name: str) -> None:
     root, store = world
     data = zoo.get("tiny_chain").read_bytes()
@@ -108,8 +121,10 @@ def test_uploaded_model_with_external_data_is_refused(world: tuple[Path, Path], 
     with CloudServer(ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,))) as s:
         err = _refused(s.address, data)
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert f"expected a self-contained model (no external data), got external-data location {location!r}" \
+        assert (
+            f"expected a self-contained model (no external data), got external-data location {location!r}"
             in err.details()
+        )
         assert "nothing stored" in err.details()
     assert snapshot(root) == before
 
@@ -161,8 +176,15 @@ def test_oversize_upload_is_refused_declared_or_not(world: tuple[Path, Path]) ->
     assert snapshot(root) == before
 
 
-@pytest.mark.parametrize(("sha", "what"), [("ab" * 32, "sha256 mismatch"), ("AB" * 31, "hex sha256 of 64"),
-                                           ("zz" * 32, "hex sha256 of 64"), ("", "hex sha256 of 64")])
+@pytest.mark.parametrize(
+    ("sha", "what"),
+    [
+        ("ab" * 32, "sha256 mismatch"),
+        ("AB" * 31, "hex sha256 of 64"),
+        ("zz" * 32, "hex sha256 of 64"),
+        ("", "hex sha256 of 64"),
+    ],
+)
 def test_upload_must_match_its_declared_sha256(world: tuple[Path, Path], sha: str, what: str) -> None:
     root, store = world
     data = zoo.get("tiny_chain").read_bytes()

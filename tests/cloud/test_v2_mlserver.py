@@ -47,10 +47,26 @@ def bert() -> graph.ModelGraph:
 def repository(tmp_path_factory: pytest.TempPathFactory, chain: graph.ModelGraph) -> Path:
     out = tmp_path_factory.mktemp("v2repo")
     # Through the CLI, as an operator would.
-    assert cli_main(["export-repository", "--model", "zoo:tiny_chain", "--cuts", ",".join(CHAIN_CUTS),
-                     "--out", str(out)]) == 0
-    assert cli_main(["export-repository", "--model", "zoo:bert_tiny", "--cuts", ",".join(BERT_CUTS),
-                     "--dim", "seq=6", "--out", str(out)]) == 0  # sizes only: the tails stay generic
+    assert (
+        cli_main(["export-repository", "--model", "zoo:tiny_chain", "--cuts", ",".join(CHAIN_CUTS), "--out", str(out)])
+        == 0
+    )
+    assert (
+        cli_main(
+            [
+                "export-repository",
+                "--model",
+                "zoo:bert_tiny",
+                "--cuts",
+                ",".join(BERT_CUTS),
+                "--dim",
+                "seq=6",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )  # sizes only: the tails stay generic
     fixed = graph.load(chain.path, shapes.binding_from([], ["N=1"], None))
     v2repo.export_repository(fixed, [FIXED_CUT], out, fixed_shapes=True)
     return out
@@ -67,8 +83,7 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.mark.parametrize("cut", CHAIN_CUTS)
-def test_split_request_on_mlserver_equals_the_whole_model(server: MLServer, chain: graph.ModelGraph,
-                                                          cut: str) -> None:
+def test_split_request_on_mlserver_equals_the_whole_model(server: MLServer, chain: graph.ModelGraph, cut: str) -> None:
     with Device(chain, server.address) as dev:
         x = dev.random_inputs(seed=3)
         ref = dev.run_local(x)
@@ -83,8 +98,10 @@ def test_split_request_on_mlserver_equals_the_whole_model(server: MLServer, chai
 @pytest.mark.parametrize("cut", BERT_CUTS)
 def test_int64_and_scalar_tensors_cross_to_mlserver(server: MLServer, bert: graph.ModelGraph, cut: str) -> None:
     with Device(bert, server.address) as dev:
-        x = {"input_ids": np.arange(12, dtype=np.int64).reshape(2, 6) % 50,
-             "attention_mask": np.array([[1] * 6, [1] * 4 + [0] * 2], dtype=np.int64)}
+        x = {
+            "input_ids": np.arange(12, dtype=np.int64).reshape(2, 6) % 50,
+            "attention_mask": np.array([[1] * 6, [1] * 4 + [0] * 2], dtype=np.int64),
+        }
         ref = dev.run_local(x)
         head = dev.run_head(x, cut)
         assert any(a.dtype == np.int64 for a in head.crossing.values())
@@ -103,8 +120,9 @@ def test_mlserver_reports_the_exported_metadata(server: MLServer, chain: graph.M
         assert t.model_ready(name, timeout_s=10)
         meta = t.model_metadata(name, timeout_s=10)
         tail_in = chain.cut("c3").tensors[0]
-        assert [(i.name, i.datatype, list(i.shape)) for i in meta.inputs] == \
-            [(tail_in.name, "FP32", [-1, *tail_in.shape[1:]])]
+        assert [(i.name, i.datatype, list(i.shape)) for i in meta.inputs] == [
+            (tail_in.name, "FP32", [-1, *tail_in.shape[1:]])
+        ]
         assert meta.platform == "onnxruntime_onnx"
         # A bandwidth probe: 256 KiB up inside ServerLive, which a stock server parses and ignores.
         assert t.probe(pb.ProbeRequest(payload=bytes(256 * 1024)), timeout_s=10).received_bytes == 256 * 1024
@@ -115,7 +133,7 @@ def test_mlserver_reports_the_exported_metadata(server: MLServer, chain: graph.M
 def test_wrong_shape_is_a_clear_invalid_argument(server: MLServer, chain: graph.ModelGraph) -> None:
     with Device(chain, server.address) as dev:
         head = dev.run_head(dev.random_inputs(), "c3")
-        (name, arr), = head.crossing.items()
+        ((name, arr),) = head.crossing.items()
         head.crossing[name] = arr.reshape(arr.shape[0], arr.shape[1], -1)  # same bytes, wrong rank
         with pytest.raises(CloudError) as err:
             dev.send(head)

@@ -73,12 +73,21 @@ def fixed(mg: graph.ModelGraph, **kw: float) -> RuntimeConfig:
 
 
 def test_requests_spread_over_two_idle_servers_and_the_choices_replay(
-        two: tuple[FakeCloud, FakeCloud], mg: graph.ModelGraph) -> None:
+    two: tuple[FakeCloud, FakeCloud], mg: graph.ModelGraph
+) -> None:
     a, b = two
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     log = io.StringIO()
-    with AdaptiveDevice(mg, table, [a.address, b.address], config=fixed(mg), log=log, connect=connect_any(a, b),
-                        device_config=DeviceConfig(intra_op_threads=1), start_prober=False) as dev:
+    with AdaptiveDevice(
+        mg,
+        table,
+        [a.address, b.address],
+        config=fixed(mg),
+        log=log,
+        connect=connect_any(a, b),
+        device_config=DeviceConfig(intra_op_threads=1),
+        start_prober=False,
+    ) as dev:
         x = dev.local.random_inputs(seed=3)
         ref = dev.local.run_local(x)[OUT]
         outs = [dev.infer(x) for _ in range(20)]
@@ -110,9 +119,16 @@ def test_a_loaded_server_gets_fewer_requests(two: tuple[FakeCloud, FakeCloud], m
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     now = [100.0]  # the device's clock: the refusal's hint and the queue estimate's fading run on it
     try:
-        with AdaptiveDevice(mg, table, [a.address, b.address], config=fixed(mg), clock=lambda: now[0],
-                            connect=connect_any(a, b), device_config=DeviceConfig(intra_op_threads=1),
-                            start_prober=False) as dev:
+        with AdaptiveDevice(
+            mg,
+            table,
+            [a.address, b.address],
+            config=fixed(mg),
+            clock=lambda: now[0],
+            connect=connect_any(a, b),
+            device_config=DeviceConfig(intra_op_threads=1),
+            start_prober=False,
+        ) as dev:
             x = dev.local.random_inputs(seed=4)
             ref = dev.local.run_local(x)[OUT]
             while_loaded = []
@@ -147,8 +163,9 @@ def test_a_server_killed_mid_stream_loses_no_request(models_dir: Path, mg: graph
     errors: list[BaseException] = []
     lock = threading.Lock()
     try:
-        with AdaptiveDevice(mg, table, addresses, config=fixed(mg, deadline_ms=20_000),
-                            device_config=DeviceConfig(intra_op_threads=1)) as dev:
+        with AdaptiveDevice(
+            mg, table, addresses, config=fixed(mg, deadline_ms=20_000), device_config=DeviceConfig(intra_op_threads=1)
+        ) as dev:
             refs = [dev.local.run_local(x)[OUT] for x in inputs]
 
             def client(k: int) -> None:
@@ -184,7 +201,8 @@ def test_a_server_killed_mid_stream_loses_no_request(models_dir: Path, mg: graph
 
 @pytest.mark.parametrize("target", ["dns:///localhost:{a}", "ipv4:127.0.0.1:{a},127.0.0.1:{b}"])
 def test_one_channel_round_robins_over_a_name_or_an_address_list(
-        real_two: tuple[CloudServer, CloudServer], mg: graph.ModelGraph, target: str) -> None:
+    real_two: tuple[CloudServer, CloudServer], mg: graph.ModelGraph, target: str
+) -> None:
     a, b = real_two
     address = target.format(a=a.port, b=b.port)
     cut = mid_cut(mg)

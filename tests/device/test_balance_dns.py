@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-CHILD = '''
+CHILD = """
 import json, shutil, socket, sys, tempfile
 from pathlib import Path
 import numpy as np
@@ -44,7 +44,7 @@ with Device(graph.load(d / "t.onnx"), f"dns:///fleet.test:{port}", config=Device
 print(json.dumps({"a": a.served, "b": b.served, "rel_err": err}))
 a.stop(0)
 b.stop(0)
-'''
+"""
 
 
 @pytest.mark.root
@@ -61,8 +61,14 @@ def test_a_name_with_two_addresses_is_round_robined(tmp_path: Path, resolver: st
         child = tmp_path / "child.py"
         child.write_text(CHILD)
         env = {**os.environ, "GRPC_DNS_RESOLVER": resolver, "PYTHONPATH": str(REPO)}
-        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, str(child)], capture_output=True,
-                             text=True, timeout=180, cwd=REPO, env=env)
+        out = subprocess.run(
+            ["ip", "netns", "exec", ns, sys.executable, str(child)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=REPO,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         got = json.loads(out.stdout.strip().splitlines()[-1])
     finally:

@@ -52,8 +52,11 @@ def tables(ids: list[str]) -> tuple[CostTable, CostTable, CostTable]:
         return CostTable(ids=ids, head_ms=head, tail_ms=tail, bytes=nbytes, reply_bytes=40)
 
     total_d, total_e = dev_head[-1], edge_head[-1]
-    return (table(dev_head, [total_d - h for h in dev_head]), table(edge_head, [total_e - h for h in edge_head]),
-            table([cloud_tail[0] - t for t in cloud_tail], cloud_tail))
+    return (
+        table(dev_head, [total_d - h for h in dev_head]),
+        table(edge_head, [total_e - h for h in edge_head]),
+        table([cloud_tail[0] - t for t in cloud_tail], cloud_tail),
+    )
 
 
 class Clock:
@@ -64,16 +67,26 @@ class Clock:
         return self.t
 
 
-def chain_device(edge: CloudServer, clock: Clock, log: io.StringIO | None = None,
-                 cloud: str | None = None) -> ChainDevice:
+def chain_device(
+    edge: CloudServer, clock: Clock, log: io.StringIO | None = None, cloud: str | None = None
+) -> ChainDevice:
     graph = graph_mod.load(zoo.get("tiny_chain"))
     d, e, c = tables([cut.id for cut in graph.cuts()])
-    return ChainDevice(graph, d, e, c, edge=edge.address, cloud=cloud, clock=clock, start_prober=False, log=log,
-                       config=ChainConfig(backoff_initial_s=1.0, backoff_max_s=4.0))
+    return ChainDevice(
+        graph,
+        d,
+        e,
+        c,
+        edge=edge.address,
+        cloud=cloud,
+        clock=clock,
+        start_prober=False,
+        log=log,
+        config=ChainConfig(backoff_initial_s=1.0, backoff_max_s=4.0),
+    )
 
 
-def test_three_tiers_compose_and_the_cloud_is_learned_from_the_edge(
-        tiers: tuple[CloudServer, CloudServer]) -> None:
+def test_three_tiers_compose_and_the_cloud_is_learned_from_the_edge(tiers: tuple[CloudServer, CloudServer]) -> None:
     edge, cloud = tiers
     clock = Clock()
     log = io.StringIO()
@@ -97,7 +110,8 @@ def test_three_tiers_compose_and_the_cloud_is_learned_from_the_edge(
 
 
 def test_cloud_dies_the_edge_finishes_then_the_plan_keeps_it_at_the_edge(
-        tiers: tuple[CloudServer, CloudServer]) -> None:
+    tiers: tuple[CloudServer, CloudServer],
+) -> None:
     edge, cloud = tiers
     clock = Clock()
     with chain_device(edge, clock) as dev:
@@ -118,8 +132,7 @@ def test_cloud_dies_the_edge_finishes_then_the_plan_keeps_it_at_the_edge(
         assert dev.stats["completed"] == 3
 
 
-def test_edge_dies_the_device_goes_to_the_cloud_then_finishes_itself(
-        tiers: tuple[CloudServer, CloudServer]) -> None:
+def test_edge_dies_the_device_goes_to_the_cloud_then_finishes_itself(tiers: tuple[CloudServer, CloudServer]) -> None:
     edge, cloud = tiers
     clock = Clock()
     with chain_device(edge, clock, cloud=cloud.address) as dev:
@@ -156,8 +169,9 @@ def test_edge_comes_back_after_its_backoff(models_dir: Path) -> None:
             x = dev.local.random_inputs(seed=4)
             edge.stop(grace_s=0)
             assert dev.infer(x).finished_by == "cloud" and not dev.edge.up()
-            edge = CloudServer(ServerConfig(models_dir=models_dir, port=port,
-                                            next_tier=NextTier(address=cloud.address)))
+            edge = CloudServer(
+                ServerConfig(models_dir=models_dir, port=port, next_tier=NextTier(address=cloud.address))
+            )
             edge.start()
             dev.probe_once()  # backoff not over: not probed
             assert not dev.edge.up()

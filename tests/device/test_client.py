@@ -122,8 +122,10 @@ def test_probe_and_status(server: CloudServer) -> None:
 
 
 def test_unreachable_cloud_is_a_retryable_cloud_error() -> None:
-    with Device(zoo.get("tiny_chain"), "127.0.0.1:1", config=DeviceConfig(timeout_s=2)) as dev, \
-            pytest.raises(CloudError) as info:
+    with (
+        Device(zoo.get("tiny_chain"), "127.0.0.1:1", config=DeviceConfig(timeout_s=2)) as dev,
+        pytest.raises(CloudError) as info,
+    ):
         dev.run(dev.random_inputs(), cut="c2")
     assert info.value.code == "UNAVAILABLE" and info.value.retryable
 
@@ -131,8 +133,22 @@ def test_unreachable_cloud_is_a_retryable_cloud_error() -> None:
 def test_run_cli_saves_every_output(server: CloudServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = zoo.get("multi_io")
     out = tmp_path / "out.npz"
-    rc = cli.main(["run", str(model), "--cloud", server.address, "--cut", "c3", "--random", "--seed", "4",
-                   "--output", str(out), "--json"])
+    rc = cli.main(
+        [
+            "run",
+            str(model),
+            "--cloud",
+            server.address,
+            "--cut",
+            "c3",
+            "--random",
+            "--seed",
+            "4",
+            "--output",
+            str(out),
+            "--json",
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["cut_id"] == "c3" and doc["where"] == "cloud" and doc["bytes_up"] > 0
@@ -144,8 +160,9 @@ def test_run_cli_saves_every_output(server: CloudServer, tmp_path: Path, capsys:
     # a .npy input for a one-input model, table output
     x = tmp_path / "x.npy"
     np.save(x, np.ones((1, 3, 32, 32), np.float32))
-    rc = cli.main(["run", "zoo:tiny_chain", "--cloud", server.address, "--cut", "c2", "--input", str(x),
-                   "--codec", "fp16"])
+    rc = cli.main(
+        ["run", "zoo:tiny_chain", "--cloud", server.address, "--cut", "c2", "--input", str(x), "--codec", "fp16"]
+    )
     assert rc == 0
     table = capsys.readouterr().out
     assert "fp16" in table and "output y" in table
@@ -155,8 +172,13 @@ def test_run_cli_saves_every_output(server: CloudServer, tmp_path: Path, capsys:
 def _start(code: str, tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
     script = tmp_path / "srv.py"
     script.write_text(textwrap.dedent(code))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("PORT "), (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -164,7 +186,8 @@ def _start(code: str, tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
 
 
 def test_server_killed_mid_request_gives_a_clear_error(models_dir: Path, tmp_path: Path) -> None:
-    proc, port = _start(f"""
+    proc, port = _start(
+        f"""
         import sys, time
         from pathlib import Path
         from splitrt.cloud import CloudServer, ServerConfig
@@ -175,7 +198,9 @@ def test_server_killed_mid_request_gives_a_clear_error(models_dir: Path, tmp_pat
         s.before_tail = hold
         print("PORT", s.start(), flush=True)
         time.sleep(300)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     try:
         with Device(zoo.get("tiny_chain"), f"127.0.0.1:{port}", config=DeviceConfig(timeout_s=60)) as dev:
             x = dev.random_inputs()
@@ -207,9 +232,24 @@ def test_server_killed_mid_request_gives_a_clear_error(models_dir: Path, tmp_pat
 
 
 def test_serve_cli_subprocess_serves_and_stops_on_sigterm(models_dir: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir),
-                             "--port", "0", "--host", "127.0.0.1", "--workers", "1"],
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "splitrt.cli",
+            "serve",
+            "--models",
+            str(models_dir),
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--workers",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stderr is not None
         listening = json.loads(proc.stderr.readline())
@@ -226,14 +266,29 @@ def test_serve_cli_subprocess_serves_and_stops_on_sigterm(models_dir: Path) -> N
         proc.wait(10)
 
 
-def test_run_cli_cut_auto_plans_from_profiles_and_a_probe(server: CloudServer, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_cli_cut_auto_plans_from_profiles_and_a_probe(
+    server: CloudServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     profiler = pytest.importorskip("splitrt.profile.profiler", reason="--cut auto needs splitrt.profile.profiler")
     model = zoo.get("tiny_chain")
     prof = tmp_path / "p.json"
     profiler.save_profile(profiler.measure(model, runs=2, warmup=1, segments=2, progress=lambda m: None), prof)
-    rc = cli.main(["run", str(model), "--cloud", server.address, "--cut", "auto", "--random", "--json",
-                   "--device-profile", str(prof), "--cloud-profile", str(prof)])
+    rc = cli.main(
+        [
+            "run",
+            str(model),
+            "--cloud",
+            server.address,
+            "--cut",
+            "auto",
+            "--random",
+            "--json",
+            "--device-profile",
+            str(prof),
+            "--cloud-profile",
+            str(prof),
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     cut = doc["auto"]["plan"].split("@")[0]
@@ -261,10 +316,14 @@ class _SilentStatus:
             self.release.wait(5)
             context.abort(grpc.StatusCode.UNAVAILABLE, "released")
 
-        handler = grpc.unary_unary_rpc_method_handler(status, request_deserializer=pb.StatusRequest.FromString,
-                                                      response_serializer=pb.StatusReply.SerializeToString)
+        handler = grpc.unary_unary_rpc_method_handler(
+            status,
+            request_deserializer=pb.StatusRequest.FromString,
+            response_serializer=pb.StatusReply.SerializeToString,
+        )
         self.server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(wire.SERVICE_NAME, {"Status": handler}),))
+            (grpc.method_handlers_generic_handler(wire.SERVICE_NAME, {"Status": handler}),)
+        )
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         self.server.start()
 
@@ -293,8 +352,10 @@ def test_request_deadline_covers_the_model_check_and_a_failed_check_is_remembere
 
 
 def test_missing_model_is_uploaded_in_the_background_not_within_a_request(tmp_path: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s, \
-            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(check_backoff_s=0.05, token=TOKEN)) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s,
+        Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(check_backoff_s=0.05, token=TOKEN)) as dev,
+    ):
         x = dev.random_inputs()
         head = dev.run_head(x, "c2")
         with pytest.raises(CloudError) as info:
@@ -314,8 +375,10 @@ def test_missing_model_is_uploaded_in_the_background_not_within_a_request(tmp_pa
 
 
 def test_explicit_ensure_model_uploads_inline(tmp_path: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s, \
-            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=TOKEN)) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s,
+        Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token=TOKEN)) as dev,
+    ):
         dev.ensure_model()
         assert not dev.upload_in_progress()
         assert [p.name for p in tmp_path.iterdir()] == [f"{dev.sha256}.onnx"]
@@ -323,8 +386,10 @@ def test_explicit_ensure_model_uploads_inline(tmp_path: Path) -> None:
 
 
 def test_blocking_send_gets_its_full_timeout_after_an_inline_upload(tmp_path: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s, \
-            Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2, token=TOKEN)) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=(TOKEN,))) as s,
+        Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=2, token=TOKEN)) as dev,
+    ):
         put_model = s.put_model
 
         def slow_put_model(chunks: Any, *rest: Any) -> pb.PutModelReply:
@@ -339,15 +404,19 @@ def test_blocking_send_gets_its_full_timeout_after_an_inline_upload(tmp_path: Pa
 
 def test_a_reply_claiming_a_huge_tensor_is_refused_unread() -> None:
     claimed = (1 << 22,)  # 16 MiB of float32 in a 16 KB zlib stream; the device's cap is 4 x 1 MiB
-    bomb = pb.Tensor(name="y", dtype="float32", shape=claimed, codec="fp32+zlib",
-                     payload=zlib.compress(bytes(4 << 22)))
+    bomb = pb.Tensor(name="y", dtype="float32", shape=claimed, codec="fp32+zlib", payload=zlib.compress(bytes(4 << 22)))
 
     def infer(request: bytes, context: grpc.ServicerContext) -> bytes:
         return pb.InferReply(request_id="r", outputs=[bomb]).SerializeToString()
 
     server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        wire.SERVICE_NAME, {"Infer": grpc.unary_unary_rpc_method_handler(infer)}),))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                wire.SERVICE_NAME, {"Infer": grpc.unary_unary_rpc_method_handler(infer)}
+            ),
+        )
+    )
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     server.start()
     try:

@@ -38,9 +38,11 @@ GOOD = {"model": [{"name": "sq", "path": "zoo:squeezenet"}]}
 
 def test_config_defaults_units_and_relative_paths(tmp_path: Path) -> None:
     f = tmp_path / "d.toml"
-    f.write_text('deadline_ms = 1500\nclouds = ["10.0.0.5:50051"]\ndiscovery = true\n'
-                 'decision_log_path = "log/decisions.jsonl"\napi_socket_path = "run/d.sock"\n'
-                 'metrics_port = -1\n[[model]]\nname = "m"\npath = "models/m.onnx"\n')
+    f.write_text(
+        'deadline_ms = 1500\nclouds = ["10.0.0.5:50051"]\ndiscovery = true\n'
+        'decision_log_path = "log/decisions.jsonl"\napi_socket_path = "run/d.sock"\n'
+        'metrics_port = -1\n[[model]]\nname = "m"\npath = "models/m.onnx"\n'
+    )
     cfg = load_config(f)
     assert cfg.deadline_ms == 1500 and cfg.clouds == ("10.0.0.5:50051",) and cfg.discovery
     assert cfg.decision_log_path == tmp_path / "log" / "decisions.jsonl"
@@ -51,25 +53,32 @@ def test_config_defaults_units_and_relative_paths(tmp_path: Path) -> None:
         cfg.deadline_ms = 1  # type: ignore[misc]  # frozen
 
 
-@pytest.mark.parametrize(("extra", "pattern"), [
-    ({"deadline_ms": "fast"}, r"key 'deadline_ms': expected a number of milliseconds > 0, got 'fast' \(str\)"),
-    ({"deadline_ms": -5}, r"key 'deadline_ms': expected a number of milliseconds > 0, got -5"),
-    ({"discovery": "yes"}, r"key 'discovery': expected true or false, got 'yes'"),
-    ({"metrics_port": True}, r"key 'metrics_port': expected a TCP port .*got True"),
-    ({"deadlin_ms": 5}, r"unknown key 'deadlin_ms': expected one of"),
-    ({"clouds": ["nohost"]}, r"key 'clouds': expected HOST:PORT, got 'nohost'"),
-    ({"api_address": "0.0.0.0:50100"}, r"key 'api_address': expected a loopback address.*got '0.0.0.0:50100'"),
-    ({"objective": "speed"}, r"key 'objective': expected one of latency, energy, throughput, got 'speed'"),
-    ({"policy": "sometimes"},
-     r"key 'policy'.*expected adaptive, route, periodic:SECONDS or fixed:PLAN, got 'sometimes'"),
-    ({"codecs": ["fp99"]}, r"key 'codecs': expected codec names, got 'fp99'"),
-    ({"model": []}, r"key 'model': expected at least one \[\[model\]\] table"),
-    ({"model": [{"name": "a"}]}, r"model\[0\]: missing key 'path'"),
-    ({"model": [{"name": "a", "path": "x.onnx", "profile_device_path": "d.json"}]},
-     r"model\[0\]: expected both profile_device_path and profile_cloud_path"),
-    ({"model": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]}, r"expected unique names"),
-    ({"api_address": "", "api_socket_path": ""}, r"expected api_address or api_socket_path"),
-])
+@pytest.mark.parametrize(
+    ("extra", "pattern"),
+    [
+        ({"deadline_ms": "fast"}, r"key 'deadline_ms': expected a number of milliseconds > 0, got 'fast' \(str\)"),
+        ({"deadline_ms": -5}, r"key 'deadline_ms': expected a number of milliseconds > 0, got -5"),
+        ({"discovery": "yes"}, r"key 'discovery': expected true or false, got 'yes'"),
+        ({"metrics_port": True}, r"key 'metrics_port': expected a TCP port .*got True"),
+        ({"deadlin_ms": 5}, r"unknown key 'deadlin_ms': expected one of"),
+        ({"clouds": ["nohost"]}, r"key 'clouds': expected HOST:PORT, got 'nohost'"),
+        ({"api_address": "0.0.0.0:50100"}, r"key 'api_address': expected a loopback address.*got '0.0.0.0:50100'"),
+        ({"objective": "speed"}, r"key 'objective': expected one of latency, energy, throughput, got 'speed'"),
+        (
+            {"policy": "sometimes"},
+            r"key 'policy'.*expected adaptive, route, periodic:SECONDS or fixed:PLAN, got 'sometimes'",
+        ),
+        ({"codecs": ["fp99"]}, r"key 'codecs': expected codec names, got 'fp99'"),
+        ({"model": []}, r"key 'model': expected at least one \[\[model\]\] table"),
+        ({"model": [{"name": "a"}]}, r"model\[0\]: missing key 'path'"),
+        (
+            {"model": [{"name": "a", "path": "x.onnx", "profile_device_path": "d.json"}]},
+            r"model\[0\]: expected both profile_device_path and profile_cloud_path",
+        ),
+        ({"model": [{"name": "a", "path": "x"}, {"name": "a", "path": "y"}]}, r"expected unique names"),
+        ({"api_address": "", "api_socket_path": ""}, r"expected api_address or api_socket_path"),
+    ],
+)
 def test_config_errors_name_the_key_expected_and_got(extra: dict[str, Any], pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern):
         parse_config({**GOOD, **extra}, base_dir=Path("/tmp"))
@@ -95,8 +104,9 @@ def test_token_file_readable_by_others_is_refused(tmp_path: Path, caplog: pytest
     token = tmp_path / "token"
     token.write_text("daemon-s3cret\n")
     token.chmod(0o644)
-    cfg = parse_config({**GOOD, "token_path": str(token), "metrics_port": -1, "api_address": "127.0.0.1:0"},
-                       base_dir=tmp_path)
+    cfg = parse_config(
+        {**GOOD, "token_path": str(token), "metrics_port": -1, "api_address": "127.0.0.1:0"}, base_dir=tmp_path
+    )
     with pytest.raises(ConfigError) as info:
         Daemon(cfg)
     msg = str(info.value)
@@ -127,10 +137,16 @@ def cloud(models_dir: Path) -> Iterator[CloudServer]:
 
 
 def _config(tmp_path: Path, clouds: tuple[str, ...], **kw: Any) -> DaemonConfig:
-    base: dict[str, Any] = {"models": (ModelConfig(name="sq", path=f"zoo:{MODEL}"),), "clouds": clouds,
-                            "api_address": "127.0.0.1:0", "api_socket_path": tmp_path / "d.sock",
-                            "metrics_port": 0, "intra_op_threads": 1, "policy": "fixed:c30@fp32",
-                            "decision_log_path": tmp_path / "decisions.jsonl"}
+    base: dict[str, Any] = {
+        "models": (ModelConfig(name="sq", path=f"zoo:{MODEL}"),),
+        "clouds": clouds,
+        "api_address": "127.0.0.1:0",
+        "api_socket_path": tmp_path / "d.sock",
+        "metrics_port": 0,
+        "intra_op_threads": 1,
+        "policy": "fixed:c30@fp32",
+        "decision_log_path": tmp_path / "decisions.jsonl",
+    }
     return DaemonConfig(**{**base, **kw})
 
 
@@ -265,12 +281,19 @@ def test_sigterm_finishes_the_in_flight_request(tmp_path: Path, models_dir: Path
     s.before_tail = hold
     s.start()
     cfg = tmp_path / "daemon.toml"
-    cfg.write_text(f'clouds = ["{s.address}"]\npolicy = "fixed:c30@fp32"\ndeadline_ms = 60000\n'
-                   f'api_address = "127.0.0.1:0"\nmetrics_port = 0\ndrain_timeout_s = 30\nintra_op_threads = 1\n'
-                   f'[[model]]\nname = "sq"\npath = "{zoo.get(MODEL)}"\n')
+    cfg.write_text(
+        f'clouds = ["{s.address}"]\npolicy = "fixed:c30@fp32"\ndeadline_ms = 60000\n'
+        f'api_address = "127.0.0.1:0"\nmetrics_port = 0\ndrain_timeout_s = 30\nintra_op_threads = 1\n'
+        f'[[model]]\nname = "sq"\npath = "{zoo.get(MODEL)}"\n'
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "splitrt.cli", "daemon", "--config", str(cfg)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitrt.cli", "daemon", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         ready = _wait_ready(proc)
         x = inputs(3)

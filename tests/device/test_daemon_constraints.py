@@ -33,24 +33,41 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
 
 
 def test_constraint_keys_are_checked() -> None:
-    cfg = parse_config({**GOOD, "min_head_flops": 0.25, "no_raw_input": True, "device_memory_mb": "board",
-                        "board": "rpi4"}, base_dir=Path("/tmp"))
+    cfg = parse_config(
+        {**GOOD, "min_head_flops": 0.25, "no_raw_input": True, "device_memory_mb": "board", "board": "rpi4"},
+        base_dir=Path("/tmp"),
+    )
     assert (cfg.min_head_flops, cfg.no_raw_input, cfg.device_memory_mb) == (0.25, True, "board")
-    for extra, message in (({"min_head_flops": 2}, r"min_head_flops: expected a share .* got 2"),
-                           ({"device_memory_mb": "lots"}, r"'device_memory_mb': expected a number of MB > 0 or "
-                                                           r"\"board\" .*, got 'lots'"),
-                           ({"device_memory_mb": "board"}, "needs a board key"),
-                           ({"no_raw_input": "yes"}, r"'no_raw_input': expected true or false")):
+    for extra, message in (
+        ({"min_head_flops": 2}, r"min_head_flops: expected a share .* got 2"),
+        (
+            {"device_memory_mb": "lots"},
+            r"'device_memory_mb': expected a number of MB > 0 or "
+            r"\"board\" .*, got 'lots'",
+        ),
+        ({"device_memory_mb": "board"}, "needs a board key"),
+        ({"no_raw_input": "yes"}, r"'no_raw_input': expected true or false"),
+    ):
         with pytest.raises(ConfigError, match=message):
             parse_config({**GOOD, **extra}, base_dir=Path("/tmp"))
 
 
 def test_a_privacy_floor_keeps_the_input_home_and_every_plan_is_priced(
-        tmp_path: Path, cloud: CloudServer, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, cloud: CloudServer, caplog: pytest.LogCaptureFixture
+) -> None:
     log_path = tmp_path / "decisions.jsonl"
-    cfg = DaemonConfig(models=(ModelConfig(name="sq", path=f"zoo:{MODEL}"),), clouds=(cloud.address,),
-                       api_address="127.0.0.1:0", metrics_port=None, intra_op_threads=1, board="rpi4",
-                       codecs=("fp32",), no_raw_input=True, min_head_flops=0.2, decision_log_path=log_path)
+    cfg = DaemonConfig(
+        models=(ModelConfig(name="sq", path=f"zoo:{MODEL}"),),
+        clouds=(cloud.address,),
+        api_address="127.0.0.1:0",
+        metrics_port=None,
+        intra_op_threads=1,
+        board="rpi4",
+        codecs=("fp32",),
+        no_raw_input=True,
+        min_head_flops=0.2,
+        decision_log_path=log_path,
+    )
     x = {"data_0": np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)}
     expected = session(zoo.get(MODEL)).run(None, x)[0]
     with caplog.at_level(logging.INFO, logger="splitrt.device.daemon"):

@@ -20,8 +20,14 @@ def _ident(b: bytes) -> bytes:
 
 @pytest.mark.parametrize("garbage", [b"\xff\xff\xff", b"\x0a\x05ab", b"\x0a\x02\xc3\x28"])
 def test_garbage_is_invalid_argument_and_the_daemon_keeps_serving(tmp_path: Path, garbage: bytes) -> None:
-    cfg = DaemonConfig(models=(ModelConfig(name="tiny", path="zoo:tiny_chain"),), api_address="127.0.0.1:0",
-                       api_socket_path=None, metrics_port=None, intra_op_threads=1, policy="fixed:device")
+    cfg = DaemonConfig(
+        models=(ModelConfig(name="tiny", path="zoo:tiny_chain"),),
+        api_address="127.0.0.1:0",
+        api_socket_path=None,
+        metrics_port=None,
+        intra_op_threads=1,
+        policy="fixed:device",
+    )
     service = pb.DESCRIPTOR.services_by_name["LocalInference"].full_name
     with Daemon(cfg) as d, grpc.insecure_channel(str(d.api_address)) as ch:
         for method, message in (("Infer", "LocalInferRequest"), ("GetPlan", "GetPlanRequest")):

@@ -32,14 +32,21 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CloudServe
     s.stop(grace_s=0.5)
 
 
-def test_the_daemon_serves_the_attention_encoder_at_two_shapes(tmp_path: Path,
-                                                               cloud: tuple[CloudServer, Path]) -> None:
+def test_the_daemon_serves_the_attention_encoder_at_two_shapes(tmp_path: Path, cloud: tuple[CloudServer, Path]) -> None:
     server, path = cloud
     model = ModelConfig(name="minilm", path=str(path), dims=("sequence=8",))
-    cfg = DaemonConfig(models=(model,), clouds=(server.address,),
-                       board="rpi4", policy="adaptive", api_address="127.0.0.1:0", api_socket_path=None,
-                       metrics_port=None, intra_op_threads=1, upload=False,
-                       deadline_ms=60_000)  # the first request waits for the cloud to build its tail
+    cfg = DaemonConfig(
+        models=(model,),
+        clouds=(server.address,),
+        board="rpi4",
+        policy="adaptive",
+        api_address="127.0.0.1:0",
+        api_socket_path=None,
+        metrics_port=None,
+        intra_op_threads=1,
+        upload=False,
+        deadline_ms=60_000,
+    )  # the first request waits for the cloud to build its tail
     whole = session(path)
     with Daemon(cfg) as d:
         assert d.api_address is not None
@@ -59,8 +66,14 @@ def test_the_daemon_serves_the_attention_encoder_at_two_shapes(tmp_path: Path,
 
 
 def test_the_binding_keys_parse_and_a_wrong_one_names_the_model() -> None:
-    cfg = parse_config({"model": [{"name": "m", "path": "m.onnx", "dims": ["sequence=8"], "shapes": ["x=1x4"],
-                                   "sample_path": "s.npz"}]}, base_dir=Path("/srv"))
+    cfg = parse_config(
+        {
+            "model": [
+                {"name": "m", "path": "m.onnx", "dims": ["sequence=8"], "shapes": ["x=1x4"], "sample_path": "s.npz"}
+            ]
+        },
+        base_dir=Path("/srv"),
+    )
     assert cfg.models[0].dims == ("sequence=8",) and cfg.models[0].shapes == ("x=1x4",)
     assert cfg.models[0].sample_path == Path("/srv/s.npz")
     with pytest.raises(ConfigError, match=r"model\[0\]: .*sequence"):

@@ -24,8 +24,10 @@ from splitrt.profile.priors import flops_table
 
 
 def test_the_rpc_gets_what_the_local_reserve_leaves() -> None:
-    assert rpc_timeout_ms(deadline_ms=500, elapsed_ms=100, local_finish_ms=40) == 500 - 100 - 40 * LOCAL_SAFETY \
-        - LOCAL_SLACK_MS
+    assert (
+        rpc_timeout_ms(deadline_ms=500, elapsed_ms=100, local_finish_ms=40)
+        == 500 - 100 - 40 * LOCAL_SAFETY - LOCAL_SLACK_MS
+    )
     assert rpc_timeout_ms(deadline_ms=100, elapsed_ms=20, local_finish_ms=60) is None  # 20 + 90 + 10 > 100
     assert rpc_timeout_ms(deadline_ms=100, elapsed_ms=0, local_finish_ms=-5) == 90.0  # no negative reserve
 
@@ -53,8 +55,9 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 @pytest.mark.parametrize("deadline_ms", [400.0, 3.0])
-def test_a_stalled_cloud_leaves_time_to_finish_locally(stalled: tuple[CloudServer, threading.Event],
-                                                       monkeypatch: pytest.MonkeyPatch, deadline_ms: float) -> None:
+def test_a_stalled_cloud_leaves_time_to_finish_locally(
+    stalled: tuple[CloudServer, threading.Event], monkeypatch: pytest.MonkeyPatch, deadline_ms: float
+) -> None:
     server, _ = stalled
     mg = graph.load(zoo.get("squeezenet"))
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)

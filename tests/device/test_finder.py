@@ -35,10 +35,18 @@ SHA = "ab" * 32
 OTHER = "cd" * 32
 
 
-def info(name: str, host: str, port: int, *, models: tuple[str, ...] = (SHA[:16],), load: float = 1.0,
-         secure: bool | None = True) -> ServerInfo:
-    return ServerInfo(name=name, host=host, port=port, addresses=(host,), version="0.1.0", models=models, load=load,
-                      secure=secure)
+def info(
+    name: str,
+    host: str,
+    port: int,
+    *,
+    models: tuple[str, ...] = (SHA[:16],),
+    load: float = 1.0,
+    secure: bool | None = True,
+) -> ServerInfo:
+    return ServerInfo(
+        name=name, host=host, port=port, addresses=(host,), version="0.1.0", models=models, load=load, secure=secure
+    )
 
 
 def test_plan_clouds_static_first_then_serving_servers_ranked() -> None:
@@ -87,8 +95,10 @@ def test_finder_follows_the_advertised_set(two_clouds: tuple[CloudServer, CloudS
     s_other = info("x", "127.0.0.1", 9, models=(OTHER[:16],))
     updates: list[dict[str, list[str]]] = []
     config = RuntimeConfig(policy="fixed:c30@fp32", prober_interval_s=0.05)
-    with AdaptiveDevice(mg, table, config=config, device_config=DeviceConfig(intra_op_threads=1)) as dev, \
-            CloudFinder(dev, browse=False, rerank_s=0, on_update=updates.append) as finder:
+    with (
+        AdaptiveDevice(mg, table, config=config, device_config=DeviceConfig(intra_op_threads=1)) as dev,
+        CloudFinder(dev, browse=False, rerank_s=0, on_update=updates.append) as finder,
+    ):
         assert dev.clouds() == [] and finder.wait_for_cloud(0.1) is False
         finder.update({"a": sa, "x": s_other})
         assert [c["address"] for c in dev.clouds()] == [a.address]  # the other model's server is ignored
@@ -103,8 +113,7 @@ def test_finder_follows_the_advertised_set(two_clouds: tuple[CloudServer, CloudS
         finder.update({})
         out = dev.infer(x)
         assert out.server is None and out.plan == "device"
-    assert [sorted(u[mg.path.name]) for u in updates] == [
-        [a.address], sorted([a.address, b.address]), [b.address], []]
+    assert [sorted(u[mg.path.name]) for u in updates] == [[a.address], sorted([a.address, b.address]), [b.address], []]
 
 
 def test_finder_keeps_static_clouds(two_clouds: tuple[CloudServer, CloudServer]) -> None:
@@ -112,8 +121,10 @@ def test_finder_keeps_static_clouds(two_clouds: tuple[CloudServer, CloudServer])
     mg = graph.load(zoo.get(MODEL))
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     host_b, port_b = b.address.split(":")
-    with AdaptiveDevice(mg, table, start_prober=False) as dev, \
-            CloudFinder(dev, static=[a.address], browse=False, rerank_s=0) as finder:
+    with (
+        AdaptiveDevice(mg, table, start_prober=False) as dev,
+        CloudFinder(dev, static=[a.address], browse=False, rerank_s=0) as finder,
+    ):
         assert [c["address"] for c in dev.clouds()] == [a.address]
         finder.update({"b": info("b", host_b, int(port_b), models=(mg.sha256,))})
         assert [c["address"] for c in dev.clouds()] == [a.address, b.address]
@@ -140,11 +151,16 @@ class _Recorder:
 
 def test_finder_warns_before_a_device_can_send_to_an_insecure_cloud(caplog: pytest.LogCaptureFixture) -> None:
     dev = _Recorder(SHA, caplog)
-    servers = {"open": info("open", "10.0.0.1", 1, secure=False), "old": info("old", "10.0.0.2", 1, secure=None),
-               "locked": info("locked", "10.0.0.3", 1, secure=True),
-               "static-open": info("static-open", "10.0.0.4", 1, secure=False)}
-    with caplog.at_level(logging.WARNING, logger="splitrt.device.finder"), \
-            CloudFinder(dev, static=["10.0.0.4:1"], browse=False, rerank_s=0) as finder:
+    servers = {
+        "open": info("open", "10.0.0.1", 1, secure=False),
+        "old": info("old", "10.0.0.2", 1, secure=None),
+        "locked": info("locked", "10.0.0.3", 1, secure=True),
+        "static-open": info("static-open", "10.0.0.4", 1, secure=False),
+    }
+    with (
+        caplog.at_level(logging.WARNING, logger="splitrt.device.finder"),
+        CloudFinder(dev, static=["10.0.0.4:1"], browse=False, rerank_s=0) as finder,
+    ):
         finder.update(servers)
         finder.update(servers)  # again: each address is warned about once
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -165,8 +181,9 @@ class Proc:
 
     def __init__(self, host: Any, argv: list[str]) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        self.proc: subprocess.Popen[str] = host.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                      text=True, env=env)
+        self.proc: subprocess.Popen[str] = host.popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         self.out: list[str] = []
         self.err: list[str] = []
         self.cond = threading.Condition()
@@ -220,21 +237,67 @@ def test_device_moves_to_the_other_advertised_cloud_without_failing(lan: Any, mo
     n = 48
 
     def serve(host: Any, name: str) -> Proc:
-        return Proc(host, [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models_dir),
-                           # no TLS/token on a test LAN: the choice is explicit (--insecure)
-                           "--host", "0.0.0.0", "--insecure", "--port", "50051", "--workers", "1",
-                           "--intra-op-threads", "1",
-                           "--drain-s", "2", "--advertise", "--advertise-name", name,
-                           "--advertise-interface", host.ip, "--advertise-address", host.ip])
+        return Proc(
+            host,
+            [
+                sys.executable,
+                "-m",
+                "splitrt.cli",
+                "serve",
+                "--models",
+                str(models_dir),
+                # no TLS/token on a test LAN: the choice is explicit (--insecure)
+                "--host",
+                "0.0.0.0",
+                "--insecure",
+                "--port",
+                "50051",
+                "--workers",
+                "1",
+                "--intra-op-threads",
+                "1",
+                "--drain-s",
+                "2",
+                "--advertise",
+                "--advertise-name",
+                name,
+                "--advertise-interface",
+                host.ip,
+                "--advertise-address",
+                host.ip,
+            ],
+        )
 
     clouds = {f"{h1.ip}:50051": serve(h1, "cloud-a"), f"{h2.ip}:50051": serve(h2, "cloud-b")}
     device: Proc | None = None
     try:
         for p in clouds.values():
             p.wait_for(lambda p=p: any('"advertised"' in ln for ln in p.err))
-        device = Proc(h0, [sys.executable, "-m", "splitrt.cli", "run", model, "--discover",
-                           "--discover-interface", h0.ip, "--discover-wait-s", "30", "--cut", "c30",
-                           "--count", str(n), "--rate", "8", "--deadline-ms", "3000", "--json", "--verify"])
+        device = Proc(
+            h0,
+            [
+                sys.executable,
+                "-m",
+                "splitrt.cli",
+                "run",
+                model,
+                "--discover",
+                "--discover-interface",
+                h0.ip,
+                "--discover-wait-s",
+                "30",
+                "--cut",
+                "c30",
+                "--count",
+                str(n),
+                "--rate",
+                "8",
+                "--deadline-ms",
+                "3000",
+                "--json",
+                "--verify",
+            ],
+        )
         dev = device
 
         def requests() -> list[dict[str, Any]]:
@@ -269,8 +332,10 @@ def test_device_moves_to_the_other_advertised_cloud_without_failing(lan: Any, mo
     # ones take turns); after it, every request is split with the other one
     i_switch = next(i for i, r in enumerate(rows) if i >= n_before and r["server"] == other)
     assert all(r["server"] in clouds for r in rows[:n_before])
-    assert all(r["server"] == other for r in rows[i_switch + 3:])
+    assert all(r["server"] == other for r in rows[i_switch + 3 :])
     fallbacks = sum(r["fallback"] for r in rows)
     assert summary["fallbacks"] == fallbacks
-    print(f"\nfinder figures: failover_s={failover_s:.3f} fallbacks={fallbacks} "
-          f"local={sum(r['server'] is None for r in rows)} servers={summary['servers']}")
+    print(
+        f"\nfinder figures: failover_s={failover_s:.3f} fallbacks={fallbacks} "
+        f"local={sum(r['server'] is None for r in rows)} servers={summary['servers']}"
+    )

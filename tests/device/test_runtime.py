@@ -53,8 +53,14 @@ def server(models_dir: Path) -> FakeCloud:
 
 def test_adaptive_requests_match_the_local_model(server: FakeCloud, mg: graph.ModelGraph) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
-    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=cloud_favoured(mg),
-                        device_config=DeviceConfig(intra_op_threads=1)) as dev:
+    with AdaptiveDevice(
+        mg,
+        table,
+        [server.address],
+        connect=server.connect,
+        config=cloud_favoured(mg),
+        device_config=DeviceConfig(intra_op_threads=1),
+    ) as dev:
         x = dev.local.random_inputs(seed=1)
         ref = dev.local.run_local(x)
         outs = [dev.infer(x) for _ in range(5)]
@@ -90,10 +96,17 @@ def test_server_killed_mid_stream_loses_nothing_and_splitting_resumes(
     log_path = tmp_path / "decisions.jsonl"
     inputs = [zoo.random_inputs(zoo.get(MODEL), seed=s) for s in range(4)]
     try:
-        with log_path.open("w") as log, AdaptiveDevice(
-            mg, table, [f"127.0.0.1:{port}"], config=cloud_favoured(mg), log=log,
-            device_config=DeviceConfig(intra_op_threads=1),
-        ) as dev:
+        with (
+            log_path.open("w") as log,
+            AdaptiveDevice(
+                mg,
+                table,
+                [f"127.0.0.1:{port}"],
+                config=cloud_favoured(mg),
+                log=log,
+                device_config=DeviceConfig(intra_op_threads=1),
+            ) as dev,
+        ):
             refs = [dev.local.run_local(x)["softmaxout_1"] for x in inputs]
             outcomes = []
             restarted_at = None
@@ -149,13 +162,21 @@ def test_failover_to_the_second_cloud_with_no_failed_request(models_dir: Path, m
 def test_fixed_and_periodic_policies(server: FakeCloud, mg: graph.ModelGraph) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[10].id
-    with AdaptiveDevice(mg, table, [server.address], connect=server.connect,
-                        config=RuntimeConfig(policy=f"fixed:{cut}@fp16")) as dev:
+    with AdaptiveDevice(
+        mg, table, [server.address], connect=server.connect, config=RuntimeConfig(policy=f"fixed:{cut}@fp16")
+    ) as dev:
         x = dev.local.random_inputs()
         assert {dev.infer(x).plan for _ in range(3)} == {f"{cut}@fp16"}
     clock = [0.0]
-    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=RuntimeConfig(policy="periodic:5"),
-                        clock=lambda: clock[0], start_prober=False) as dev:
+    with AdaptiveDevice(
+        mg,
+        table,
+        [server.address],
+        connect=server.connect,
+        config=RuntimeConfig(policy="periodic:5"),
+        clock=lambda: clock[0],
+        start_prober=False,
+    ) as dev:
         first = dev.infer(x)
         dev.link.add_rate(0.1, 0.05)  # the link collapses...
         dev.link.add_rate(0.2, 0.05)
@@ -173,9 +194,16 @@ def test_periodic_log_replays_and_bad_fixed_plan_fails_at_start(server: FakeClou
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     log = io.StringIO()
     clock = [0.0]
-    with AdaptiveDevice(mg, table, [server.address], connect=server.connect,
-                        config=RuntimeConfig(policy="periodic:2"), log=log, clock=lambda: clock[0],
-                        start_prober=False) as dev:
+    with AdaptiveDevice(
+        mg,
+        table,
+        [server.address],
+        connect=server.connect,
+        config=RuntimeConfig(policy="periodic:2"),
+        log=log,
+        clock=lambda: clock[0],
+        start_prober=False,
+    ) as dev:
         x = dev.local.random_inputs()
         for i in range(12):
             clock[0] = i * 0.5
@@ -194,8 +222,14 @@ def test_periodic_log_replays_and_bad_fixed_plan_fails_at_start(server: FakeClou
 def test_a_local_encoding_error_falls_back_and_keeps_the_cloud(server: FakeCloud, mg: graph.ModelGraph) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[5].id
-    with AdaptiveDevice(mg, table, [server.address], connect=server.connect,
-                        config=RuntimeConfig(policy=f"fixed:{cut}@int8"), start_prober=False) as dev:
+    with AdaptiveDevice(
+        mg,
+        table,
+        [server.address],
+        connect=server.connect,
+        config=RuntimeConfig(policy=f"fixed:{cut}@int8"),
+        start_prober=False,
+    ) as dev:
         x = dev.local.random_inputs()
         x["data_0"][0, 0, 0, 0] = np.inf  # int8 cannot encode inf: the request must still complete
         out = dev.infer(x)
@@ -208,15 +242,20 @@ def test_clouds_are_tried_in_the_given_order(models_dir: Path, mg: graph.ModelGr
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[5].id
     for order in ([a.address, b.address], [b.address, a.address]):
-        with AdaptiveDevice(mg, table, order, config=RuntimeConfig(policy=f"fixed:{cut}@fp32"),
-                            start_prober=False, connect=connect_any(a, b)) as dev:
+        with AdaptiveDevice(
+            mg,
+            table,
+            order,
+            config=RuntimeConfig(policy=f"fixed:{cut}@fp32"),
+            start_prober=False,
+            connect=connect_any(a, b),
+        ) as dev:
             assert dev.infer(dev.local.random_inputs()).server == order[0]
     assert a.connects == b.connects == 2  # one transport per cloud per runtime
 
 
 @pytest.mark.parametrize("pairs", [True, False])
-def test_bandwidth_probes_go_in_pairs_unless_told_not_to(server: FakeCloud, mg: graph.ModelGraph,
-                                                         pairs: bool) -> None:
+def test_bandwidth_probes_go_in_pairs_unless_told_not_to(server: FakeCloud, mg: graph.ModelGraph, pairs: bool) -> None:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cfg = RuntimeConfig(bandwidth_probe_pairs=pairs)
     with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=cfg, start_prober=False) as dev:
@@ -258,9 +297,15 @@ def test_the_runtime_learns_the_devices_speed_from_its_heads(mg: graph.ModelGrap
     # Every head 1.6x faster than the real one (the FLOPs prior is not linear in its GFLOP/s: scale the
     # table itself).
     k = real / 1.6 / float(probe.head_ms[probe.index("device")])
-    table = CostTable(ids=probe.ids, head_ms=probe.head_ms * k, tail_ms=probe.tail_ms, bytes=probe.bytes,
-                      float_bytes=probe.float_bytes, reply_bytes=probe.reply_bytes,
-                      codecs=dict(zip(probe.codecs, probe.codec_ratios.tolist(), strict=True)))
+    table = CostTable(
+        ids=probe.ids,
+        head_ms=probe.head_ms * k,
+        tail_ms=probe.tail_ms,
+        bytes=probe.bytes,
+        float_bytes=probe.float_bytes,
+        reply_bytes=probe.reply_bytes,
+        codecs=dict(zip(probe.codecs, probe.codec_ratios.tolist(), strict=True)),
+    )
     with AdaptiveDevice(mg, table, [], config=RuntimeConfig(policy="fixed:device"), start_prober=False) as dev:
         for _ in range(10):
             dev.infer(inputs)
@@ -279,8 +324,15 @@ def test_a_failed_cloud_gets_a_fresh_transport_from_connect(server: FakeCloud, m
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cut = mg.cuts()[5].id
     now = [100.0]
-    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, start_prober=False,
-                        clock=lambda: now[0], config=RuntimeConfig(policy=f"fixed:{cut}@fp32")) as dev:
+    with AdaptiveDevice(
+        mg,
+        table,
+        [server.address],
+        connect=server.connect,
+        start_prober=False,
+        clock=lambda: now[0],
+        config=RuntimeConfig(policy=f"fixed:{cut}@fp32"),
+    ) as dev:
         assert server.connects == 1
         x = dev.local.random_inputs()
         assert dev.infer(x).server == server.address

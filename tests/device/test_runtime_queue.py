@@ -39,8 +39,16 @@ def test_a_reported_queue_moves_the_plan_and_replays(server: FakeCloud) -> None:
     # The device takes 50 ms for the whole model, the cloud ~0: splitting pays unless the cloud queues.
     table = flops_table(graph, device_gflops=graph.flops / 1e9 / 0.05, cloud_gflops=100.0)
     clock, log = Clock(), io.StringIO()
-    with AdaptiveDevice(graph, table, [server.address], config=RuntimeConfig(), clock=clock, log=log,
-                        start_prober=False, connect=server.connect) as dev:
+    with AdaptiveDevice(
+        graph,
+        table,
+        [server.address],
+        config=RuntimeConfig(),
+        clock=clock,
+        log=log,
+        start_prober=False,
+        connect=server.connect,
+    ) as dev:
         dev.link.add_rate(clock(), 500.0)
         dev.link.add_rtt(clock(), 1.0)
         x = dev.local.random_inputs()
@@ -48,8 +56,9 @@ def test_a_reported_queue_moves_the_plan_and_replays(server: FakeCloud) -> None:
         assert first.server == server.address and first.decision.cloud_queue_ms == 0.0
         cloud = dev._clouds[server.address]
         # 20 requests ahead of one worker at 10 ms each: ~200 ms of queue.
-        cloud.add_load(clock(), LoadInfo(queue_depth=20, running=1, workers=1, cpu_percent=0.0, service_ms=10.0),
-                       own=False)
+        cloud.add_load(
+            clock(), LoadInfo(queue_depth=20, running=1, workers=1, cpu_percent=0.0, service_ms=10.0), own=False
+        )
         busy = dev.infer(x)
         # Smoothed: half of the new report (alpha 0.5) after the idle reply of the first request.
         assert busy.plan == "device" and busy.decision.cloud_queue_ms == pytest.approx(100.0, rel=0.01)
@@ -57,8 +66,9 @@ def test_a_reported_queue_moves_the_plan_and_replays(server: FakeCloud) -> None:
         back = dev.infer(x)
         assert back.plan != "device" and back.decision.cloud_queue_ms < 1e-3
         # A refusal: out of plans until the hint expires.
-        dev._clouds.refused(cloud, clock(), CloudError("busy", code="RESOURCE_EXHAUSTED", retryable=True,
-                                                       retry_after_ms=500.0))
+        dev._clouds.refused(
+            cloud, clock(), CloudError("busy", code="RESOURCE_EXHAUSTED", retryable=True, retry_after_ms=500.0)
+        )
         assert dev.infer(x).plan == "device" and dev._clouds.admitting(clock()) == []
         clock.t += 0.5
         assert dev._clouds.admitting(clock()) == [cloud]

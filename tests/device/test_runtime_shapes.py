@@ -51,9 +51,15 @@ def image(shape: tuple[int, ...], seed: int = 0) -> dict[str, np.ndarray]:
 def runtime(mg: graph.ModelGraph, server: FakeCloud | None, **config: object) -> AdaptiveDevice:
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
     cfg = RuntimeConfig(deadline_ms=5000, backoff_initial_s=0.1, backoff_max_s=0.5, **config)  # type: ignore[arg-type]
-    return AdaptiveDevice(mg, table, [server.address] if server else [], config=cfg,
-                          device_config=DeviceConfig(intra_op_threads=1), start_prober=False,
-                          connect=server.connect if server else None)
+    return AdaptiveDevice(
+        mg,
+        table,
+        [server.address] if server else [],
+        config=cfg,
+        device_config=DeviceConfig(intra_op_threads=1),
+        start_prober=False,
+        connect=server.connect if server else None,
+    )
 
 
 def test_each_shape_gets_its_own_table_and_controller(server: FakeCloud, mg: graph.ModelGraph) -> None:
@@ -179,7 +185,8 @@ def test_two_input_model_and_concurrent_first_requests_build_once() -> None:
 
 
 def test_a_shape_the_graph_cannot_be_rebound_at_is_planned_with_the_profiled_table(
-        mg: graph.ModelGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    mg: graph.ModelGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from splitrt.errors import ModelError
 
     def fail(*_a: object, **_k: object) -> None:

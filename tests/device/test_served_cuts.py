@@ -38,7 +38,7 @@ def _text_image(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
     (max 6e-4), where onnxruntime's Conv+BatchNorm folding alone moves it by 3e-4 of that scale."""
     img = np.ones(shape, np.float32)
     for r in range(shape[2] // 8, shape[2] - 16, shape[2] // 8):
-        img[:, :, r:r + 12, 30:shape[3] - 30:3] = -1.0
+        img[:, :, r : r + 12, 30 : shape[3] - 30 : 3] = -1.0
     return {"x": img}
 
 
@@ -57,20 +57,44 @@ def _bind(flags: tuple[str, ...], sample: dict[str, np.ndarray]) -> shapes.Shape
 
 def _real(name: str) -> Case:
     m = REAL[name]
-    return Case(name, lambda: fetch(m), _bind(m.shapes_a, m.sample_a), _bind(m.shapes_b, m.sample_b),
-                (lambda mg, b: _text_image(shapes.resolve(mg.path.name, list(mg.model.graph.input), b)["x"]))
-                if name == "ocr_det" else None)
+    return Case(
+        name,
+        lambda: fetch(m),
+        _bind(m.shapes_a, m.sample_a),
+        _bind(m.shapes_b, m.sample_b),
+        (lambda mg, b: _text_image(shapes.resolve(mg.path.name, list(mg.model.graph.input), b)["x"]))
+        if name == "ocr_det"
+        else None,
+    )
 
 
-CASES = {c.name: c for c in [
-    _real("ocr_rec"), _real("ocr_cls"), _real("silero_vad"), _real("ocr_det"),
-    Case("bert_tiny", lambda: zoo.get("bert_tiny"), shapes.ShapeBinding(dims={"seq": 16}),
-         shapes.ShapeBinding(shapes={"input_ids": (2, 40), "attention_mask": (2, 40)})),
-    Case("yolo_tiny", lambda: zoo.get("yolo_tiny"), shapes.ShapeBinding(dims={"height": 96, "width": 128}),
-         shapes.ShapeBinding(shapes={"images": (1, 3, 64, 160)})),
-    Case("vit_tiny", lambda: zoo.get("vit_tiny"), shapes.ShapeBinding(),
-         shapes.ShapeBinding(shapes={"pixel_values": (3, 3, 32, 32)})),
-]}
+CASES = {
+    c.name: c
+    for c in [
+        _real("ocr_rec"),
+        _real("ocr_cls"),
+        _real("silero_vad"),
+        _real("ocr_det"),
+        Case(
+            "bert_tiny",
+            lambda: zoo.get("bert_tiny"),
+            shapes.ShapeBinding(dims={"seq": 16}),
+            shapes.ShapeBinding(shapes={"input_ids": (2, 40), "attention_mask": (2, 40)}),
+        ),
+        Case(
+            "yolo_tiny",
+            lambda: zoo.get("yolo_tiny"),
+            shapes.ShapeBinding(dims={"height": 96, "width": 128}),
+            shapes.ShapeBinding(shapes={"images": (1, 3, 64, 160)}),
+        ),
+        Case(
+            "vit_tiny",
+            lambda: zoo.get("vit_tiny"),
+            shapes.ShapeBinding(),
+            shapes.ShapeBinding(shapes={"pixel_values": (3, 3, 32, 32)}),
+        ),
+    ]
+}
 
 
 def _feeds(case: Case, mg: graph.ModelGraph, b: shapes.ShapeBinding) -> dict[str, np.ndarray]:
@@ -145,9 +169,14 @@ def test_the_adaptive_runtime_never_falls_back_on_a_served_cut(name: str, served
     feeds = _feeds(case, mg, case.a)
     last = [c.id for c in mg.cuts()][-2]
     for policy in ("adaptive", f"fixed:{last}@fp32"):
-        with AdaptiveDevice(mg, table, [address], config=RuntimeConfig(policy=policy, warm_sessions=False),
-                            device_config=DeviceConfig(intra_op_threads=1, upload=False),
-                            start_prober=False) as dev:
+        with AdaptiveDevice(
+            mg,
+            table,
+            [address],
+            config=RuntimeConfig(policy=policy, warm_sessions=False),
+            device_config=DeviceConfig(intra_op_threads=1, upload=False),
+            start_prober=False,
+        ) as dev:
             ref = dev.local.run_local(feeds)
             for i in range(2):
                 out = dev.infer(feeds, request=str(i), deadline_ms=30_000)
@@ -172,7 +201,8 @@ def test_unshaped_crossing_tensors_are_declared_with_their_rank() -> None:
 
 
 def test_a_wrong_output_declaration_is_corrected_and_device_runs_no_tail(
-        served: tuple[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    served: tuple[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     address, models = served
     path = models / "ocr_rec_wrong_output.onnx"
     mg = graph.load(path, CASES["ocr_rec"].a)
@@ -210,8 +240,9 @@ def test_the_server_runs_no_tail_for_cut_device(served: tuple[str, Path]) -> Non
     address, models = served
     mg = graph.load(models / "vit_tiny.onnx", CASES["vit_tiny"].a)
     with _device(mg, address) as dev:
-        request = wire.Framed(header=pb.InferRequest(model_sha256=mg.sha256, cut_id="device", codec="fp32",
-                                                     request_id="r1"), tensors=[])
+        request = wire.Framed(
+            header=pb.InferRequest(model_sha256=mg.sha256, cut_id="device", codec="fp32", request_id="r1"), tensors=[]
+        )
         with pytest.raises(CloudError) as info:
             dev._link().infer(request, timeout_s=30)
     assert info.value.code == "INVALID_ARGUMENT" and "leaves nothing to run on a server" in str(info.value)

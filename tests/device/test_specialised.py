@@ -73,8 +73,14 @@ def test_the_runtime_splits_16k_and_runs_8k_whole(server: CloudServer) -> None:
     mg = bound("silero_vad")
     cut = [c.id for c in mg.cuts()][30]
     cfg = RuntimeConfig(policy=f"fixed:{cut}@fp32", deadline_ms=10000)
-    with AdaptiveDevice(mg, flops_table(mg, device_gflops=5, cloud_gflops=100), [server.address], config=cfg,
-                        device_config=DeviceConfig(intra_op_threads=1, timeout_s=20), start_prober=False) as dev:
+    with AdaptiveDevice(
+        mg,
+        flops_table(mg, device_gflops=5, cloud_gflops=100),
+        [server.address],
+        config=cfg,
+        device_config=DeviceConfig(intra_op_threads=1, timeout_s=20),
+        start_prober=False,
+    ) as dev:
         split = dev.infer(VAD.sample_a)
         assert split.server == server.address and not split.fallback and split.plan == f"{cut}@fp32"
         assert _close(_original(VAD.sample_a), split.outputs) < 1e-4
@@ -98,8 +104,9 @@ def test_an_upload_sends_the_original_file(tmp_path: Path) -> None:
         assert [m.sha256 for m in s.store.models()] == [mg.file_sha256]
 
 
-def test_run_with_input_files_splits_at_the_specialised_cuts(server: CloudServer, tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_with_input_files_splits_at_the_specialised_cuts(
+    server: CloudServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`run --input vad16k.npz` binds (and specialises) on the file, like `inspect --sample` shows it."""
     import json
 
@@ -108,8 +115,24 @@ def test_run_with_input_files_splits_at_the_specialised_cuts(server: CloudServer
     f = tmp_path / "vad16k.npz"
     np.savez(f, **VAD.sample_a)
     cut = [c.id for c in bound("silero_vad").cuts()][40]
-    assert cli.main(["run", str(fetch(VAD)), "--cloud", server.address, "--cut", cut, "--input", str(f),
-                     "--output", str(tmp_path / "out.npz"), "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "run",
+                str(fetch(VAD)),
+                "--cloud",
+                server.address,
+                "--cut",
+                cut,
+                "--input",
+                str(f),
+                "--output",
+                str(tmp_path / "out.npz"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["cut_id"] == cut and doc["where"] == "cloud"
     with np.load(tmp_path / "out.npz") as out:

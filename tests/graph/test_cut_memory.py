@@ -14,8 +14,12 @@ from splitrt.graph import model as graph_mod
 
 def chain(n: int, path: Path) -> Path:
     nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(n)]
-    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
-                          [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])])
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])],
+    )
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
     return path
 

@@ -26,13 +26,13 @@ def _shapes_of(model: onnx.ModelProto) -> dict[str, tuple[int | str, ...]]:
     out: dict[str, tuple[int | str, ...]] = {i.name: tuple(i.dims) for i in g.initializer}
     for vi in list(g.value_info) + list(g.input) + list(g.output):
         if vi.type.tensor_type.HasField("shape"):
-            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param
-                                 for d in vi.type.tensor_type.shape.dim)
+            out[vi.name] = tuple(
+                d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim
+            )
     return out
 
 
-def _undercounted(nodes: list[onnx.NodeProto], node_flops: list[float],
-                  shape_of: object) -> dict[str, float]:
+def _undercounted(nodes: list[onnx.NodeProto], node_flops: list[float], shape_of: object) -> dict[str, float]:
     """Op types (not data movement) with a node counting fewer FLOPs than its output has elements."""
     bad: dict[str, float] = {}
     for n, f in zip(nodes, node_flops, strict=True):
@@ -69,8 +69,17 @@ def test_no_op_that_computes_counts_zero_in_the_zoo_or_the_real_models() -> None
             bad[m.name] = wrong
     assert not bad, f"ops that compute but count (almost) no FLOPs: {bad}"
     # The universe covers what issue 22 found counted as 0.
-    assert {"LSTM", "DynamicQuantizeLSTM", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear", "If",
-            "LayerNormalization", "Softmax", "Resize"} <= seen
+    assert {
+        "LSTM",
+        "DynamicQuantizeLSTM",
+        "ConvInteger",
+        "MatMulInteger",
+        "DynamicQuantizeLinear",
+        "If",
+        "LayerNormalization",
+        "Softmax",
+        "Resize",
+    } <= seen
 
 
 def test_the_quantized_crnn_counts_what_its_float_twin_counts() -> None:
@@ -93,8 +102,14 @@ def test_the_quantized_crnn_counts_what_its_float_twin_counts() -> None:
     assert 0.0 < q.cuts()[len(q.cuts()) // 2].head_flops_fraction < 1.0
 
 
-def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
-           inits: list[onnx.TensorProto], tmp_path: Path, name: str) -> graph.ModelGraph:
+def _model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    inits: list[onnx.TensorProto],
+    tmp_path: Path,
+    name: str,
+) -> graph.ModelGraph:
     g = helper.make_graph(nodes, name, inputs, outputs, inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
     p = tmp_path / f"{name}.onnx"
@@ -120,33 +135,88 @@ def test_quantized_and_einsum_products_count_like_matmul_and_conv(tmp_path: Path
     w = rng.standard_normal((4, 5)).astype(np.float32)
     wq = rng.integers(0, 255, (4, 5), dtype=np.uint8)
     s, z = _init("s", np.array(0.1, np.float32)), _init("z", np.array(128, np.uint8))
-    mm = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", f, [2, 3, 4])], [_vi("y", f, [2, 3, 5])],
-                [_init("w", w)], tmp_path, "mm")
-    mmi = _model([helper.make_node("MatMulInteger", ["x", "w"], ["y"])], [_vi("x", u8, [2, 3, 4])],
-                 [_vi("y", TensorProto.INT32, [2, 3, 5])], [_init("w", wq)], tmp_path, "mmi")
-    qmm = _model([helper.make_node("QLinearMatMul", ["x", "s", "z", "w", "s", "z", "s", "z"], ["y"])],
-                 [_vi("x", u8, [2, 3, 4])], [_vi("y", u8, [2, 3, 5])], [_init("w", wq), s, z], tmp_path, "qmm")
-    ein = _model([helper.make_node("Einsum", ["x", "w"], ["y"], equation="bij,jk->bik")], [_vi("x", f, [2, 3, 4])],
-                 [_vi("y", f, [2, 3, 5])], [_init("w", w)], tmp_path, "ein")
-    ell = _model([helper.make_node("Einsum", ["x", "w"], ["y"], equation="...ij,jk->...ik")],
-                 [_vi("x", f, [2, 3, 4])], [_vi("y", f, [2, 3, 5])], [_init("w", w)], tmp_path, "ell")
+    mm = _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [_vi("x", f, [2, 3, 4])],
+        [_vi("y", f, [2, 3, 5])],
+        [_init("w", w)],
+        tmp_path,
+        "mm",
+    )
+    mmi = _model(
+        [helper.make_node("MatMulInteger", ["x", "w"], ["y"])],
+        [_vi("x", u8, [2, 3, 4])],
+        [_vi("y", TensorProto.INT32, [2, 3, 5])],
+        [_init("w", wq)],
+        tmp_path,
+        "mmi",
+    )
+    qmm = _model(
+        [helper.make_node("QLinearMatMul", ["x", "s", "z", "w", "s", "z", "s", "z"], ["y"])],
+        [_vi("x", u8, [2, 3, 4])],
+        [_vi("y", u8, [2, 3, 5])],
+        [_init("w", wq), s, z],
+        tmp_path,
+        "qmm",
+    )
+    ein = _model(
+        [helper.make_node("Einsum", ["x", "w"], ["y"], equation="bij,jk->bik")],
+        [_vi("x", f, [2, 3, 4])],
+        [_vi("y", f, [2, 3, 5])],
+        [_init("w", w)],
+        tmp_path,
+        "ein",
+    )
+    ell = _model(
+        [helper.make_node("Einsum", ["x", "w"], ["y"], equation="...ij,jk->...ik")],
+        [_vi("x", f, [2, 3, 4])],
+        [_vi("y", f, [2, 3, 5])],
+        [_init("w", w)],
+        tmp_path,
+        "ell",
+    )
     expect = 2 * 2 * 3 * 5 * 4
     assert _one(mm, "MatMul") == expect
-    assert _one(mmi, "MatMulInteger") == _one(qmm, "QLinearMatMul") == _one(ein, "Einsum") == _one(ell, "Einsum") \
-        == expect
+    assert (
+        _one(mmi, "MatMulInteger") == _one(qmm, "QLinearMatMul") == _one(ein, "Einsum") == _one(ell, "Einsum") == expect
+    )
     # an Einsum that sums nothing (an outer product) costs one multiply per output element
-    outer = _model([helper.make_node("Einsum", ["x", "v"], ["y"], equation="i,j->ij")], [_vi("x", f, [3])],
-                   [_vi("y", f, [3, 4])], [_init("v", np.ones(4, np.float32))], tmp_path, "outer")
+    outer = _model(
+        [helper.make_node("Einsum", ["x", "v"], ["y"], equation="i,j->ij")],
+        [_vi("x", f, [3])],
+        [_vi("y", f, [3, 4])],
+        [_init("v", np.ones(4, np.float32))],
+        tmp_path,
+        "outer",
+    )
     assert _one(outer, "Einsum") == 12
 
     k = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
     kq = rng.integers(0, 255, (6, 2, 3, 3), dtype=np.uint8)
-    conv = _model([helper.make_node("Conv", ["x", "k"], ["y"])], [_vi("x", f, [1, 2, 8, 8])],
-                  [_vi("y", f, [1, 6, 6, 6])], [_init("k", k)], tmp_path, "conv")
-    convi = _model([helper.make_node("ConvInteger", ["x", "k"], ["y"])], [_vi("x", u8, [1, 2, 8, 8])],
-                   [_vi("y", TensorProto.INT32, [1, 6, 6, 6])], [_init("k", kq)], tmp_path, "convi")
-    qconv = _model([helper.make_node("QLinearConv", ["x", "s", "z", "k", "s", "z", "s", "z"], ["y"])],
-                   [_vi("x", u8, [1, 2, 8, 8])], [_vi("y", u8, [1, 6, 6, 6])], [_init("k", kq), s, z], tmp_path, "qc")
+    conv = _model(
+        [helper.make_node("Conv", ["x", "k"], ["y"])],
+        [_vi("x", f, [1, 2, 8, 8])],
+        [_vi("y", f, [1, 6, 6, 6])],
+        [_init("k", k)],
+        tmp_path,
+        "conv",
+    )
+    convi = _model(
+        [helper.make_node("ConvInteger", ["x", "k"], ["y"])],
+        [_vi("x", u8, [1, 2, 8, 8])],
+        [_vi("y", TensorProto.INT32, [1, 6, 6, 6])],
+        [_init("k", kq)],
+        tmp_path,
+        "convi",
+    )
+    qconv = _model(
+        [helper.make_node("QLinearConv", ["x", "s", "z", "k", "s", "z", "s", "z"], ["y"])],
+        [_vi("x", u8, [1, 2, 8, 8])],
+        [_vi("y", u8, [1, 6, 6, 6])],
+        [_init("k", kq), s, z],
+        tmp_path,
+        "qc",
+    )
     expect = 2 * 6 * 6 * 6 * (2 * 3 * 3)
     assert _one(conv, "Conv") == _one(convi, "ConvInteger") == _one(qconv, "QLinearConv") == expect
 
@@ -164,8 +234,17 @@ def test_recurrent_cells_count_their_matrix_products(op: str, gates: int, tmp_pa
         x = [batch, steps, feat] if layout else [steps, batch, feat]
         y = [batch, steps, dirs, hidden] if layout else [steps, dirs, batch, hidden]
         node = helper.make_node(op, ["x", "w", "r"], ["y"], hidden_size=hidden, direction=direction, layout=layout)
-        return _one(_model([node], [_vi("x", f, x)], [_vi("y", f, y)], [_init("w", w), _init("r", r)], tmp_path,
-                           f"{op}{direction}{layout}"), op)
+        return _one(
+            _model(
+                [node],
+                [_vi("x", f, x)],
+                [_vi("y", f, y)],
+                [_init("w", w), _init("r", r)],
+                tmp_path,
+                f"{op}{direction}{layout}",
+            ),
+            op,
+        )
 
     fwd = build("forward", 0)
     products = 2 * steps * batch * gates * hidden * (feat + hidden)  # input and recurrent matmuls
@@ -179,28 +258,52 @@ def test_attention_ops_count_like_their_unfused_graph(tmp_path: Path) -> None:
     b, s, d, heads = 2, 10, 16, 4
     rng = np.random.default_rng(2)
     w = rng.standard_normal((d, 3 * d)).astype(np.float32)
-    fused = _model([helper.make_node("Attention", ["x", "w"], ["y"], domain=MS, num_heads=heads)],
-                   [_vi("x", f, [b, s, d])], [_vi("y", f, [b, s, d])], [_init("w", w)], tmp_path, "att")
-    unfused = _model([
-        helper.make_node("MatMul", ["x", "w"], ["qkv"]),
-        helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=2),
-        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
-        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
-        helper.make_node("MatMul", ["p", "v"], ["y"]),
-    ], [_vi("x", f, [b, s, d])], [_vi("y", f, [b, s, d])], [_init("w", w)], tmp_path, "att_unfused")
+    fused = _model(
+        [helper.make_node("Attention", ["x", "w"], ["y"], domain=MS, num_heads=heads)],
+        [_vi("x", f, [b, s, d])],
+        [_vi("y", f, [b, s, d])],
+        [_init("w", w)],
+        tmp_path,
+        "att",
+    )
+    unfused = _model(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["qkv"]),
+            helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=2),
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+            helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        [_vi("x", f, [b, s, d])],
+        [_vi("y", f, [b, s, d])],
+        [_init("w", w)],
+        tmp_path,
+        "att_unfused",
+    )
     assert _one(fused, "Attention") == pytest.approx(unfused.flops, rel=0.05)
 
-    mha = _model([helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain=MS, num_heads=heads)],
-                 [_vi("q", f, [b, s, d]), _vi("k", f, [b, 3, d]), _vi("v", f, [b, 3, d])], [_vi("y", f, [b, s, d])],
-                 [], tmp_path, "mha")
-    plain = _model([
-        helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
-        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
-        helper.make_node("MatMul", ["p", "v"], ["y"]),
-    ], [_vi("q", f, [b, s, d]), _vi("k", f, [b, 3, d]), _vi("v", f, [b, 3, d])], [_vi("y", f, [b, s, d])], [],
-        tmp_path, "mha_unfused")
+    mha = _model(
+        [helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain=MS, num_heads=heads)],
+        [_vi("q", f, [b, s, d]), _vi("k", f, [b, 3, d]), _vi("v", f, [b, 3, d])],
+        [_vi("y", f, [b, s, d])],
+        [],
+        tmp_path,
+        "mha",
+    )
+    plain = _model(
+        [
+            helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+            helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+            helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+            helper.make_node("MatMul", ["p", "v"], ["y"]),
+        ],
+        [_vi("q", f, [b, s, d]), _vi("k", f, [b, 3, d]), _vi("v", f, [b, 3, d])],
+        [_vi("y", f, [b, s, d])],
+        [],
+        tmp_path,
+        "mha_unfused",
+    )
     assert _one(mha, "MultiHeadAttention") == pytest.approx(plain.flops, rel=0.05)
 
 
@@ -209,7 +312,12 @@ def test_an_if_counts_its_dearer_branch(tmp_path: Path) -> None:
     w = np.random.default_rng(3).standard_normal((8, 16)).astype(np.float32)
     then = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"])], "then", [], [_vi("t", f, [4, 16])])
     other = helper.make_graph([helper.make_node("Identity", ["z"], ["e"])], "else", [], [_vi("e", f, [4, 16])])
-    mg = _model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
-                [_vi("c", TensorProto.BOOL, []), _vi("x", f, [4, 8]), _vi("z", f, [4, 16])], [_vi("y", f, [4, 16])],
-                [_init("w", w)], tmp_path, "if")
+    mg = _model(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+        [_vi("c", TensorProto.BOOL, []), _vi("x", f, [4, 8]), _vi("z", f, [4, 16])],
+        [_vi("y", f, [4, 16])],
+        [_init("w", w)],
+        tmp_path,
+        "if",
+    )
     assert _one(mg, "If") == 2 * 4 * 16 * 8

@@ -26,8 +26,11 @@ def _chain_model(opset: int = 13, shape: list[object] | None = None) -> onnx.Mod
         helper.make_node("Relu", ["h"], ["y"]),
     ]
     g = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape or [2, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [w],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape or [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [w],
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
@@ -97,9 +100,12 @@ def test_data_dependent_size_is_measured_once_shapes_are_bound(tmp_path: Path) -
         helper.make_node("Relu", ["s"], ["y"]),
     ]
     g = helper.make_graph(
-        nodes, "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "m"])],
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
@@ -118,7 +124,8 @@ def test_data_dependent_size_is_measured_once_shapes_are_bound(tmp_path: Path) -
 
 def test_graph_input_of_unknown_rank_is_a_clear_error(tmp_path: Path) -> None:
     g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
     )
@@ -139,9 +146,14 @@ def test_initializer_output_and_dead_nodes(tmp_path: Path) -> None:
         helper.make_node("Neg", ["h"], ["dead"]),  # feeds no output
     ]
     g = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2]),
-         helper.make_tensor_value_info("W", TensorProto.FLOAT, [2, 2])], [w],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2]),
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [2, 2]),
+        ],
+        [w],
     )
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     mg = graph.load(_save(m, tmp_path / "io.onnx"))
@@ -205,8 +217,9 @@ def test_symbolic_batch_dim_counts_as_one(tmp_path: Path) -> None:
 def test_external_data_model(tmp_path: Path) -> None:
     m = onnx.load(str(zoo.get("tiny_chain")))
     p = tmp_path / "ext.onnx"
-    onnx.save_model(m, str(p), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="ext.data", size_threshold=0)
+    onnx.save_model(
+        m, str(p), save_as_external_data=True, all_tensors_to_one_file=True, location="ext.data", size_threshold=0
+    )
     mg = graph.load(p)
     assert len(mg.cuts()) == len(graph.load(zoo.get("tiny_chain")).cuts())
     (tmp_path / "ext.data").unlink()

@@ -31,8 +31,9 @@ def _binding(m: RealModel, which: str) -> shapes.ShapeBinding:
 def _feeds(mg: graph.ModelGraph, m: RealModel, which: str) -> dict[str, np.ndarray]:
     b = _binding(m, which)
     assert mg.input_shapes is not None
-    return shapes.valid_inputs(list(mg.model.graph.input), shapes.resolve(mg.path.name, list(mg.model.graph.input), b),
-                               b.sample, seed=1)
+    return shapes.valid_inputs(
+        list(mg.model.graph.input), shapes.resolve(mg.path.name, list(mg.model.graph.input), b), b.sample, seed=1
+    )
 
 
 def _plain(model: object) -> ort.InferenceSession:
@@ -85,10 +86,12 @@ def test_segments_are_shape_generic_and_compose_exactly_at_another_binding(name:
     for cut in _probe_cuts(mg, 3):
         head, tail = partition.head_tail(mg, cut.id)
         env = dict(feeds_b)
-        env.update(zip(head.outputs, _plain(head.model).run(list(head.outputs),
-                                                             {k: env[k] for k in head.inputs}), strict=True))
-        env.update(zip(tail.outputs, _plain(tail.model).run(list(tail.outputs),
-                                                             {k: env[k] for k in tail.inputs}), strict=True))
+        env.update(
+            zip(head.outputs, _plain(head.model).run(list(head.outputs), {k: env[k] for k in head.inputs}), strict=True)
+        )
+        env.update(
+            zip(tail.outputs, _plain(tail.model).run(list(tail.outputs), {k: env[k] for k in tail.inputs}), strict=True)
+        )
         for n, ref in zip(names, full, strict=True):
             assert env[n].shape == ref.shape
             assert rel_err(np.asarray(ref), np.asarray(env[n])) < 1e-5, (cut.id, n)
@@ -121,6 +124,9 @@ def test_split_over_grpc_equals_local_and_state_round_trips(name: str, tmp_path:
 
 def test_unbound_free_dims_are_one_clear_line_with_the_fix() -> None:
     path = fetch(BY_NAME["ocr_det"])
-    with pytest.raises(ModelError, match=r"ocr_det.onnx: free dims without a value: x\[2\] '(.+)', x\[3\] '(.+)'\. "
-                                         r"Bind them: --dim .+=N --dim .+=N, or --shape x=1x3xNxN, or --sample"):
+    with pytest.raises(
+        ModelError,
+        match=r"ocr_det.onnx: free dims without a value: x\[2\] '(.+)', x\[3\] '(.+)'\. "
+        r"Bind them: --dim .+=N --dim .+=N, or --shape x=1x3xNxN, or --sample",
+    ):
         graph.load(path, shapes.ShapeBinding())

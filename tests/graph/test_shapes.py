@@ -18,9 +18,11 @@ from splitrt.graph import shapes
 def _model(tmp_path: Path) -> Path:
     """x [batch, 3, height, width] -> Relu -> GlobalAveragePool -> y [batch, 3, 1, 1]."""
     g = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["y"])], "g",
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 1, 1])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 1, 1])],
+    )
     p = tmp_path / "free.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), p)
     return p
@@ -49,17 +51,24 @@ def test_dims_bind_everywhere_and_the_leading_dim_defaults_with_a_notice(tmp_pat
     big = graph.load(_model(tmp_path), shapes.binding_from(shapes=["x=4x3x64x64"]))
     assert big.binding is not None and big.binding.as_dict()["defaults"] == {}  # nothing defaulted
     assert big.tensor("r").bytes == 4 * 4 * 3 * 64 * 64
-    assert [d.dim_param for d in big.model.graph.input[0].type.tensor_type.shape.dim] == ["batch", "", "height",
-                                                                                          "width"]
+    assert [d.dim_param for d in big.model.graph.input[0].type.tensor_type.shape.dim] == [
+        "batch",
+        "",
+        "height",
+        "width",
+    ]
 
 
 def test_a_binding_of_only_the_batch_default_is_recorded(tmp_path: Path) -> None:
     """A model whose only free dim is the batch: no flag given, yet profiles and plan.json say batch 1."""
     from splitrt.graph import partition
 
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
     p = tmp_path / "batch.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), p)
     mg = graph.load(p, shapes.ShapeBinding())
@@ -69,8 +78,11 @@ def test_a_binding_of_only_the_batch_default_is_recorded(tmp_path: Path) -> None
 
 
 def test_unbound_dims_list_every_input_dim_and_the_flag_line(tmp_path: Path) -> None:
-    with pytest.raises(ModelError, match=r"free.onnx: free dims without a value: x\[2\] 'height', x\[3\] 'width'\. "
-                                         r"Bind them: --dim height=N --dim width=N, or --shape x=1x3xNxN"):
+    with pytest.raises(
+        ModelError,
+        match=r"free.onnx: free dims without a value: x\[2\] 'height', x\[3\] 'width'\. "
+        r"Bind them: --dim height=N --dim width=N, or --shape x=1x3xNxN",
+    ):
         graph.load(_model(tmp_path), shapes.ShapeBinding())
 
 
@@ -80,8 +92,11 @@ def test_wrong_bindings_are_clear_errors(tmp_path: Path) -> None:
         graph.load(p, shapes.binding_from(shapes=["images=1x3x8x8"]))
     with pytest.raises(ConfigError, match=r"--dim depth: no input dim is named 'depth'"):
         graph.load(p, shapes.binding_from(dims=["depth=3"]))
-    with pytest.raises(InputError, match=r"input 'x': the model expects shape \(batch, 3, height, width\), --shape "
-                                         r"gives 1x4x8x8"):
+    with pytest.raises(
+        InputError,
+        match=r"input 'x': the model expects shape \(batch, 3, height, width\), --shape "
+        r"gives 1x4x8x8",
+    ):
         graph.load(p, shapes.binding_from(shapes=["x=1x4x8x8"]))
     with pytest.raises(ModelError, match=r"the sample has no array for x"):
         graph.load(p, shapes.ShapeBinding(sample={"other": np.zeros(3, np.float32)}, sample_path="s.npz"))

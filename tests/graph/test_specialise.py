@@ -25,21 +25,44 @@ VAD = {m.name: m for m in MODELS}["silero_vad"]
 def _branchy(tmp_path: Path) -> Path:
     """x [N, 8], sr (int64 scalar) -> If(sr == 16000): then 3 MatMul+Relu layers, else MatMul+Tanh -> y [N, 4]."""
     rng = np.random.default_rng(7)
-    w = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), f"w{i}")
-         for i, s in enumerate([(8, 16), (16, 16), (16, 4), (8, 4)])]
+    w = [
+        numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), f"w{i}")
+        for i, s in enumerate([(8, 16), (16, 16), (16, 4), (8, 4)])
+    ]
     mk = helper.make_node
-    then = helper.make_graph([mk("MatMul", ["x", "w0"], ["t0"]), mk("Relu", ["t0"], ["t1"]),
-                              mk("MatMul", ["t1", "w1"], ["t2"]), mk("Relu", ["t2"], ["t3"]),
-                              mk("MatMul", ["t3", "w2"], ["t_out"])], "then", [],
-                             [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)])
-    other = helper.make_graph([mk("MatMul", ["x", "w3"], ["e0"]), mk("Tanh", ["e0"], ["e_out"])],
-                              "else", [], [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)])
-    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(16000, np.int64))),
-             helper.make_node("Equal", ["sr", "k"], ["is16k"]),
-             helper.make_node("If", ["is16k"], ["y"], then_branch=then, else_branch=other)]
-    g = helper.make_graph(nodes, "branchy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
-                                             helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], w)
+    then = helper.make_graph(
+        [
+            mk("MatMul", ["x", "w0"], ["t0"]),
+            mk("Relu", ["t0"], ["t1"]),
+            mk("MatMul", ["t1", "w1"], ["t2"]),
+            mk("Relu", ["t2"], ["t3"]),
+            mk("MatMul", ["t3", "w2"], ["t_out"]),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [mk("MatMul", ["x", "w3"], ["e0"]), mk("Tanh", ["e0"], ["e_out"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(16000, np.int64))),
+        helper.make_node("Equal", ["sr", "k"], ["is16k"]),
+        helper.make_node("If", ["is16k"], ["y"], then_branch=then, else_branch=other),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "branchy",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        w,
+    )
     p = tmp_path / "branchy.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
     return p
@@ -88,8 +111,9 @@ def test_no_sample_no_specialisation_and_made_up_steps_are_refused(tmp_path: Pat
     assert mg.specialisation is None and mg.binding is not None and "specialised" not in mg.binding.as_dict()
     base = graph.load(p)
     derived = graph.derived(base, "0t")
-    assert [c.id for c in derived.cuts()] == [c.id for c in graph.load(p, shapes.ShapeBinding(
-        sample=_sample(16000))).cuts()]  # a server derives the same cuts from the file alone
+    assert [c.id for c in derived.cuts()] == [
+        c.id for c in graph.load(p, shapes.ShapeBinding(sample=_sample(16000))).cuts()
+    ]  # a server derives the same cuts from the file alone
     for bad in ("1t", "0x", "", "0t0t"):
         with pytest.raises(ModelError):
             graph.derived(base, bad)
@@ -128,8 +152,15 @@ def test_the_specialisation_is_recorded_in_plan_json(tmp_path: Path) -> None:
 def test_a_profile_records_the_specialisation(tmp_path: Path) -> None:
     from splitrt.profile import profiler
 
-    prof = profiler.measure(fetch(VAD), runs=1, warmup=0, segments=2, threads=1, progress=lambda _: None,
-                            binding=shapes.ShapeBinding(sample=VAD.sample_a, sample_path="vad16k.npz"))
+    prof = profiler.measure(
+        fetch(VAD),
+        runs=1,
+        warmup=0,
+        segments=2,
+        threads=1,
+        progress=lambda _: None,
+        binding=shapes.ShapeBinding(sample=VAD.sample_a, sample_path="vad16k.npz"),
+    )
     mg = bound("silero_vad")
     assert prof.sha256 == mg.sha256 and prof.cut_ids == tuple(c.id for c in mg.cuts())
     assert prof.model["binding"]["specialised"]["steps"][0]["values"] == {"sr": 16000}
@@ -142,14 +173,24 @@ def test_a_profile_records_the_specialisation(tmp_path: Path) -> None:
 
 def test_an_if_on_a_boolean_input_itself(tmp_path: Path) -> None:
     mk = helper.make_node
-    then = helper.make_graph([mk("Relu", ["x"], ["a"]), mk("Neg", ["a"], ["t_out"])], "then", [],
-                             [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)])
-    other = helper.make_graph([mk("Sigmoid", ["x"], ["e_out"])], "else", [],
-                              [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)])
-    g = helper.make_graph([mk("If", ["flag"], ["y"], then_branch=then, else_branch=other)], "flagged",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
-                           helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+    then = helper.make_graph(
+        [mk("Relu", ["x"], ["a"]), mk("Neg", ["a"], ["t_out"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [mk("Sigmoid", ["x"], ["e_out"])], "else", [], [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, None)]
+    )
+    g = helper.make_graph(
+        [mk("If", ["flag"], ["y"], then_branch=then, else_branch=other)],
+        "flagged",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
     p = tmp_path / "flag.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
     feeds = {"x": np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32), "flag": np.array(True)}

@@ -28,7 +28,7 @@ def _feeds(name: str, shape: tuple[int, ...], seed: int) -> dict[str, np.ndarray
     rng = np.random.default_rng(seed)
     if name == "bert_tiny":
         mask = np.ones(shape, np.int64)
-        mask[-1, shape[1] // 2 + 1:] = 0  # the last sequence is padded: the mask bias must not break anything
+        mask[-1, shape[1] // 2 + 1 :] = 0  # the last sequence is padded: the mask bias must not break anything
         return {"input_ids": rng.integers(0, 1000, size=shape).astype(np.int64), "attention_mask": mask}
     key = "pixel_values" if name == "vit_tiny" else "images"
     return {key: rng.random(shape).astype(np.float32)}
@@ -58,8 +58,10 @@ def test_checks_and_keeps_free_dims(name: str, built: dict[str, Path]) -> None:
     m = onnx.load(str(built[name]))
     onnx.checker.check_model(m, full_check=True)
     dims = {
-        i.name: [d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else None)
-                 for d in i.type.tensor_type.shape.dim]
+        i.name: [
+            d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else None)
+            for d in i.type.tensor_type.shape.dim
+        ]
         for i in m.graph.input
     }
     assert dims == INPUT_DIMS[name]

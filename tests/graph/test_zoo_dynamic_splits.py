@@ -38,7 +38,7 @@ def _feeds(name: str, shape: tuple[int, ...], seed: int) -> dict[str, np.ndarray
         batch, seq = shape
         mask = np.ones(shape, np.int64)
         for row in range(1, batch):
-            mask[row, seq - row * seq // (2 * batch):] = 0
+            mask[row, seq - row * seq // (2 * batch) :] = 0
         return {"input_ids": rng.integers(0, 1000, size=shape).astype(np.int64), "attention_mask": mask}
     key = "pixel_values" if name == "vit_tiny" else "images"
     return {key: rng.random(shape).astype(np.float32)}
@@ -84,8 +84,12 @@ def test_bound_every_cut_is_kept_and_sized(name: str, bound: dict[str, graph.Mod
     assert any(t.source in ("bound", "measured") for c in mg.cuts() for t in c.tensors)
 
 
-def _compose(head: partition.Segment, tail: partition.Segment, sessions: tuple[ort.InferenceSession, ...],
-             feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _compose(
+    head: partition.Segment,
+    tail: partition.Segment,
+    sessions: tuple[ort.InferenceSession, ...],
+    feeds: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:
     env = dict(feeds)
     for seg, sess in zip((head, tail), sessions, strict=True):
         env.update(zip(seg.outputs, sess.run(list(seg.outputs), {k: env[k] for k in seg.inputs}), strict=True))
@@ -94,7 +98,8 @@ def _compose(head: partition.Segment, tail: partition.Segment, sessions: tuple[o
 
 @pytest.mark.parametrize("name", MODELS)
 def test_segments_split_at_one_binding_are_exact_at_it_and_at_another(
-        name: str, bound: dict[str, graph.ModelGraph]) -> None:
+    name: str, bound: dict[str, graph.ModelGraph]
+) -> None:
     mg = bound[name]
     assert mg.input_shapes is not None
     full = _plain(mg.path)
@@ -125,8 +130,9 @@ def test_segments_split_at_one_binding_are_exact_at_it_and_at_another(
         assert rel_err(want, env[outputs[0]]) < 1e-5, cut.id
 
 
-def test_bert_split_over_grpc_with_int64_inputs_equals_local(bound: dict[str, graph.ModelGraph],
-                                                              tmp_path: Path) -> None:
+def test_bert_split_over_grpc_with_int64_inputs_equals_local(
+    bound: dict[str, graph.ModelGraph], tmp_path: Path
+) -> None:
     mg = bound["bert_tiny"]
     models = tmp_path / "models"
     models.mkdir()
@@ -136,10 +142,14 @@ def test_bert_split_over_grpc_with_int64_inputs_equals_local(bound: dict[str, gr
     inputs = {t.name for t in mg.inputs}
     # one cut that sends the int64 ids/mask themselves, one that sends an int64 activation (a shape)
     sends_input = next(c for c in mg.cuts()[1:-1] if any(t.name in inputs for t in c.tensors))
-    sends_shape = next(c for c in mg.cuts()[1:-1] if c.id != sends_input.id and any(
-        t.dtype == "int64" and t.name not in inputs for t in c.tensors))
-    with CloudServer(ServerConfig(models_dir=models, host="127.0.0.1", port=0, workers=1,
-                                  intra_op_threads=1)) as server:
+    sends_shape = next(
+        c
+        for c in mg.cuts()[1:-1]
+        if c.id != sends_input.id and any(t.dtype == "int64" and t.name not in inputs for t in c.tensors)
+    )
+    with CloudServer(
+        ServerConfig(models_dir=models, host="127.0.0.1", port=0, workers=1, intra_op_threads=1)
+    ) as server:
         port = server.start()
         with Device(mg, f"127.0.0.1:{port}", config=DeviceConfig(intra_op_threads=1, timeout_s=20)) as dev:
             local = dev.run_local(feeds)

@@ -15,19 +15,25 @@ from splitrt.plan.balance import BalanceConfig, Candidate, Choice, choose, order
 
 ms = st.floats(min_value=0.0, max_value=5000.0, allow_nan=False)
 candidates = st.lists(
-    st.builds(lambda q, r, n, s, w: (q, r, n, s, w), ms, st.one_of(st.none(), ms), st.integers(0, 8), ms,
-              st.integers(1, 8)),
-    min_size=1, max_size=6,
-).map(lambda xs: [Candidate(address=f"10.0.0.{i}:50051", queue_ms=q, rtt_ms=r, inflight=n, service_ms=s,
-                            workers=w) for i, (q, r, n, s, w) in enumerate(xs)])
-configs = st.builds(BalanceConfig, tie_ms=st.floats(0.0, 20.0), tie_fraction=st.floats(0.0, 0.5),
-                    rotate=st.booleans())
+    st.builds(
+        lambda q, r, n, s, w: (q, r, n, s, w), ms, st.one_of(st.none(), ms), st.integers(0, 8), ms, st.integers(1, 8)
+    ),
+    min_size=1,
+    max_size=6,
+).map(
+    lambda xs: [
+        Candidate(address=f"10.0.0.{i}:50051", queue_ms=q, rtt_ms=r, inflight=n, service_ms=s, workers=w)
+        for i, (q, r, n, s, w) in enumerate(xs)
+    ]
+)
+configs = st.builds(BalanceConfig, tie_ms=st.floats(0.0, 20.0), tie_fraction=st.floats(0.0, 0.5), rotate=st.booleans())
 
 
 @settings(max_examples=300, deadline=None)
 @given(candidates, st.integers(0, 10_000), configs)
 def test_the_order_is_every_cloud_once_and_the_first_is_a_least_loaded_one(
-        cands: list[Candidate], turn: int, cfg: BalanceConfig) -> None:
+    cands: list[Candidate], turn: int, cfg: BalanceConfig
+) -> None:
     got = order(cands, turn=turn, config=cfg)
     assert sorted(got) == sorted(c.address for c in cands)  # a permutation: every cloud is a failover
     s = dict(zip((c.address for c in cands), scores(cands), strict=True))
@@ -38,7 +44,8 @@ def test_the_order_is_every_cloud_once_and_the_first_is_a_least_loaded_one(
 @settings(max_examples=300, deadline=None)
 @given(candidates, st.integers(0, 10_000), configs)
 def test_a_clearly_more_loaded_cloud_never_goes_before_a_less_loaded_one(
-        cands: list[Candidate], turn: int, cfg: BalanceConfig) -> None:
+    cands: list[Candidate], turn: int, cfg: BalanceConfig
+) -> None:
     got = order(cands, turn=turn, config=cfg)
     s = dict(zip((c.address for c in cands), scores(cands), strict=True))
     tol = tolerance_ms(min(s.values()), cfg)
@@ -82,8 +89,13 @@ def test_queue_rtt_and_own_requests_all_count() -> None:
 def test_a_logged_choice_replays() -> None:
     lines = io.StringIO()
     for t in range(6):
-        c = choose([Candidate(address="a", queue_ms=3.0 * t, rtt_ms=1.0),
-                    Candidate(address="b", queue_ms=5.0, rtt_ms=None, inflight=t % 2, service_ms=4.0)], turn=t)
+        c = choose(
+            [
+                Candidate(address="a", queue_ms=3.0 * t, rtt_ms=1.0),
+                Candidate(address="b", queue_ms=5.0, rtt_ms=None, inflight=t % 2, service_ms=4.0),
+            ],
+            turn=t,
+        )
         lines.write(f'{{"extra": {{"balance": {__import__("json").dumps(c.to_json())}}}}}\n')
     lines.write('{"extra": {}}\n')  # a single-cloud decision: nothing to replay
     pairs = replay(lines.getvalue().splitlines())
@@ -91,9 +103,16 @@ def test_a_logged_choice_replays() -> None:
     assert Choice.from_json(pairs[0][0].to_json()) == pairs[0][0]
 
 
-@pytest.mark.parametrize("bad", [
-    {"queue_ms": -1.0}, {"rtt_ms": math.inf}, {"inflight": -1}, {"workers": 0}, {"service_ms": math.nan},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"queue_ms": -1.0},
+        {"rtt_ms": math.inf},
+        {"inflight": -1},
+        {"workers": 0},
+        {"service_ms": math.nan},
+    ],
+)
 def test_nonsense_inputs_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(PlanError, match="expected finite queue_ms"):
         Candidate(address="x", **bad)  # type: ignore[arg-type]

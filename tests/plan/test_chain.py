@@ -16,8 +16,9 @@ IDS = ["cloud", "c1", "c2", "c3", "device"]
 BYTES = [400_000, 20_000, 60_000, 2_000, 0]
 DEVICE = CostTable(ids=IDS, head_ms=[0, 5, 60, 160, 200], tail_ms=[200, 195, 140, 40, 0], bytes=BYTES, reply_bytes=40)
 EDGE = CostTable(ids=IDS, head_ms=[0, 1, 3, 60, 160], tail_ms=[160, 159, 157, 100, 0], bytes=BYTES, reply_bytes=40)
-CLOUD = CostTable(ids=IDS, head_ms=[0, 0.2, 0.6, 1.0, 1.2], tail_ms=[1.2, 1.0, 0.6, 0.2, 0], bytes=BYTES,
-                  reply_bytes=40)
+CLOUD = CostTable(
+    ids=IDS, head_ms=[0, 0.2, 0.6, 1.0, 1.2], tail_ms=[1.2, 1.0, 0.6, 0.2, 0], bytes=BYTES, reply_bytes=40
+)
 
 
 def link(mbps: float, rtt_ms: float = 2.0) -> LinkEstimate:
@@ -75,10 +76,15 @@ def test_routes_follow_what_is_reachable() -> None:
 
 def test_log_replays() -> None:
     ctl = controller()
-    schedule = [(link(1000), link(1000), {}), (link(2), link(1000), {}), (link(2), link(0.5), {}),
-                (link(2), link(0.5), {"next_available": False}), (link(5), link(5), {"edge_available": False}),
-                (link(5), link(5), {"edge_available": False, "cloud_available": False}),
-                (link(1.5), link(50), {"edge_load": 3.0})]
+    schedule = [
+        (link(1000), link(1000), {}),
+        (link(2), link(1000), {}),
+        (link(2), link(0.5), {}),
+        (link(2), link(0.5), {"next_available": False}),
+        (link(5), link(5), {"edge_available": False}),
+        (link(5), link(5), {"edge_available": False, "cloud_available": False}),
+        (link(1.5), link(50), {"edge_load": 3.0}),
+    ]
     lines = []
     for t, (h1, h2, kw) in enumerate(schedule):
         d = ctl.decide(float(t), h1, h2, request=f"r{t}", **kw)  # type: ignore[arg-type]

@@ -11,10 +11,19 @@ from splitrt.plan.costmodel import Conditions, CostTable, Link
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
 
 IDS = ("cloud", "c1", "c2", "c3", "device")
-FACTS = CutFacts(ids=IDS, head_flops_fraction=(0.0, 0.05, 0.3, 0.7, 1.0), sends_input=(True, True, False, False, False),
-                 head_memory_bytes=(0, 2 << 20, 40 << 20, 300 << 20, 600 << 20))
-TABLE = CostTable(ids=list(IDS), head_ms=[0, 10, 60, 200, 300], tail_ms=[20, 19, 14, 6, 0],
-                  bytes=[600_000, 700_000, 100_000, 20_000, 0], reply_bytes=4000)
+FACTS = CutFacts(
+    ids=IDS,
+    head_flops_fraction=(0.0, 0.05, 0.3, 0.7, 1.0),
+    sends_input=(True, True, False, False, False),
+    head_memory_bytes=(0, 2 << 20, 40 << 20, 300 << 20, 600 << 20),
+)
+TABLE = CostTable(
+    ids=list(IDS),
+    head_ms=[0, 10, 60, 200, 300],
+    tail_ms=[20, 19, 14, 6, 0],
+    bytes=[600_000, 700_000, 100_000, 20_000, 0],
+    reply_bytes=4000,
+)
 IDLE = LoadEstimate(device_factor=1.0, cloud_factor=1.0)
 
 
@@ -52,9 +61,11 @@ def test_controller_decisions_stay_inside_and_record_the_price() -> None:
         assert d.extra["unconstrained"] and float(d.extra["constraint_cost"]) >= 0  # type: ignore[arg-type]
     # at 0.1 Mbit/s the unconstrained best is the device (300 ms), out of memory here
     first = Controller(TABLE, ControllerConfig(cuts=allowed.cuts)).decide(
-        0.0, LinkEstimate(bandwidth_mbps=0.1, rtt_ms=10.0, confidence=1.0), IDLE)
+        0.0, LinkEstimate(bandwidth_mbps=0.1, rtt_ms=10.0, confidence=1.0), IDLE
+    )
     assert first.extra["unconstrained"] == "device" and float(first.extra["constraint_cost"]) > 0  # type: ignore[arg-type]
     # route under a privacy floor has only the device left
-    route = Policy("route", Controller(TABLE, ControllerConfig(cuts=allowed_cuts(FACTS, Constraints(
-        no_raw_input=True)).cuts)))
+    route = Policy(
+        "route", Controller(TABLE, ControllerConfig(cuts=allowed_cuts(FACTS, Constraints(no_raw_input=True)).cuts))
+    )
     assert route.decide(0.0, LinkEstimate(bandwidth_mbps=100.0, rtt_ms=10.0, confidence=1.0), IDLE).plan == "device"

@@ -41,8 +41,9 @@ def est(bw: float, rtt: float = 20.0) -> LinkEstimate:
     return LinkEstimate(bandwidth_mbps=bw, rtt_ms=rtt, confidence=1.0)
 
 
-def simulate(table: CostTable, bandwidths: list[float], noise: float, seed: int = 0,
-             config: ControllerConfig | None = None) -> tuple[list[Decision], list[float]]:
+def simulate(
+    table: CostTable, bandwidths: list[float], noise: float, seed: int = 0, config: ControllerConfig | None = None
+) -> tuple[list[Decision], list[float]]:
     """Requests flow; each transfer of the chosen plan's bytes feeds the estimator at the true rate
     x (1 +- noise); the controller decides from the estimate, as the runtime does."""
     rng = np.random.default_rng(seed)
@@ -76,7 +77,7 @@ def test_step_20_to_1_mbps_follows_within_two_requests(table: CostTable) -> None
     assert target != before, "the step must move the best cut for this test to mean anything"
     # the first request whose estimate is within 10% of the new rate
     reflect = next(i for i in range(40, 80) if abs(estimates[i] - 1.0) <= 0.1)
-    assert any(d.plan == target for d in decisions[reflect:reflect + 2])
+    assert any(d.plan == target for d in decisions[reflect : reflect + 2])
     assert decisions[-1].plan == target
 
 

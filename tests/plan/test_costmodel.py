@@ -106,13 +106,20 @@ def test_bad_tables_are_refused() -> None:
 def test_reply_is_priced_per_cut_and_a_single_number_still_loads() -> None:
     """A late cut of a multi-output model replies less (the head made some outputs); a table from before
     the reply was per cut (one number) applies it to every cut but ``device``."""
-    per_cut = CostTable(ids=["cloud", "c1", "device"], head_ms=[0, 10, 20], tail_ms=[20, 10, 0], bytes=[100, 50, 0],
-                        reply_bytes=[4000, 1000, 0], codecs={"fp32": 1.0})
+    per_cut = CostTable(
+        ids=["cloud", "c1", "device"],
+        head_ms=[0, 10, 20],
+        tail_ms=[20, 10, 0],
+        bytes=[100, 50, 0],
+        reply_bytes=[4000, 1000, 0],
+        codecs={"fp32": 1.0},
+    )
     cond = Conditions(link=Link(bandwidth_mbps=8.0, rtt_ms=0.0))
     assert [per_cut.estimate(c, "fp32", cond).download_ms for c in per_cut.ids] == pytest.approx([4.0, 1.0, 0.0])
     old = CostTable.from_dict(per_cut.to_dict() | {"reply_bytes": 4000})
     assert old.reply_bytes.tolist() == [4000, 4000, 0]
     assert CostTable.from_dict(per_cut.to_dict()).reply_bytes.tolist() == [4000, 1000, 0]
     with pytest.raises(PlanError, match="reply_bytes: expected 3 values"):
-        CostTable(ids=["cloud", "c1", "device"], head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[1, 1, 0],
-                  reply_bytes=[1, 2])
+        CostTable(
+            ids=["cloud", "c1", "device"], head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[1, 1, 0], reply_bytes=[1, 2]
+        )

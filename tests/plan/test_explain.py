@@ -33,8 +33,9 @@ def table_for(name: str) -> CostTable:
 def test_the_verdict_agrees_with_the_solver_on_a_grid(name: str) -> None:
     table = table_for(name)
     loads = (1.0, 4.0)
-    v = explain.explain(table, rtt_ms=40.0, min_mbps=0.1, max_mbps=100.0, device_loads=loads, codecs=None,
-                        power=RPI4.power, points=80)
+    v = explain.explain(
+        table, rtt_ms=40.0, min_mbps=0.1, max_mbps=100.0, device_loads=loads, codecs=None, power=RPI4.power, points=80
+    )
     rng = np.random.default_rng(7)
     for objective in ("latency", "energy", "throughput"):
         for dl in loads:
@@ -49,8 +50,9 @@ def test_the_verdict_agrees_with_the_solver_on_a_grid(name: str) -> None:
                 assert (gain > 1 + explain.TOLERANCE) == bool(inside), (name, objective, dl, bw, gain, split.key)
                 if inside:
                     assert split.cut not in ("cloud", "device") and route.cut in ("cloud", "device")
-                    assert gain <= inside[0].max_gain * (1 + 1e-9) or gain == pytest.approx(inside[0].max_gain,
-                                                                                          rel=0.02)
+                    assert gain <= inside[0].max_gain * (1 + 1e-9) or gain == pytest.approx(
+                        inside[0].max_gain, rel=0.02
+                    )
     assert v.splits == bool(v.bands)
     assert v.summary.startswith(("split", "route"))
     if not v.bands:
@@ -58,15 +60,22 @@ def test_the_verdict_agrees_with_the_solver_on_a_grid(name: str) -> None:
 
 
 def _table(inner_bytes: int) -> CostTable:
-    return CostTable(ids=["cloud", "c1", "device"], head_ms=[0.0, 100.0, 500.0], tail_ms=[50.0, 25.0, 0.0],
-                     bytes=[150_000, inner_bytes, 0], reply_bytes=4000, codecs={"fp32": 1.0, "int8": 0.25})
+    return CostTable(
+        ids=["cloud", "c1", "device"],
+        head_ms=[0.0, 100.0, 500.0],
+        tail_ms=[50.0, 25.0, 0.0],
+        bytes=[150_000, inner_bytes, 0],
+        reply_bytes=4000,
+        codecs={"fp32": 1.0, "int8": 0.25},
+    )
 
 
 def test_no_smaller_inner_tensor_says_route_plainly() -> None:
     v = explain.explain(_table(300_000), rtt_ms=40.0)
     assert not v.splits and v.smaller_cuts == ()
-    assert v.summary.startswith("route, do not split: no inner tensor is smaller than the input under any "
-                                "allowed codec")
+    assert v.summary.startswith(
+        "route, do not split: no inner tensor is smaller than the input under any allowed codec"
+    )
 
 
 def test_a_small_inner_tensor_wins_a_band_and_says_by_how_much() -> None:

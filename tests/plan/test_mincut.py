@@ -58,9 +58,7 @@ def dags(draw: st.DrawFn) -> Dag:
 
 
 conditions = st.builds(
-    lambda bw, rtt, dl, cl: Conditions(
-        link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl
-    ),
+    lambda bw, rtt, dl, cl: Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl),
     st.floats(0.05, 1000.0),
     st.floats(0.0, 100.0),
     st.floats(1.0, 4.0),

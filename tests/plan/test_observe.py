@@ -136,7 +136,8 @@ def test_the_bandwidth_probe_takes_about_two_rtts_at_the_estimate() -> None:
     fast = LinkEstimator(LinkConfig(prior_bandwidth_mbps=1000.0))
     observe.observe_probe(fast, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.1), 0.0)
     assert observe.bandwidth_probe(fast, 0.0) == observe.BandwidthProbe(
-        bytes_up=observe.BANDWIDTH_PROBE_MAX_BYTES, rtt_s=pytest.approx(0.1))
+        bytes_up=observe.BANDWIDTH_PROBE_MAX_BYTES, rtt_s=pytest.approx(0.1)
+    )
 
 
 def test_no_bandwidth_probe_while_transfers_keep_bandwidth_fresh() -> None:
@@ -147,10 +148,12 @@ def test_no_bandwidth_probe_while_transfers_keep_bandwidth_fresh() -> None:
     assert observe.bandwidth_probe(link, 0.5 + LinkConfig().probe_after_s) is not None
 
 
-@pytest.mark.parametrize(("pairs", "busy", "twice"), [(True, False, True), (True, True, False),
-                                                      (False, False, False), (False, True, False)])
-def test_a_bandwidth_probe_goes_twice_only_after_idle_on_a_kernel_that_restarts(pairs: bool, busy: bool,
-                                                                                twice: bool) -> None:
+@pytest.mark.parametrize(
+    ("pairs", "busy", "twice"), [(True, False, True), (True, True, False), (False, False, False), (False, True, False)]
+)
+def test_a_bandwidth_probe_goes_twice_only_after_idle_on_a_kernel_that_restarts(
+    pairs: bool, busy: bool, twice: bool
+) -> None:
     assert observe.probe_twice(pairs=pairs, link_busy=busy) is twice
 
 

@@ -53,24 +53,48 @@ def _value(plan: object, objective: str) -> float:
 
 
 @settings(max_examples=60, deadline=None)
-@given(tables=table_sets(2), link=links, dl=loads, cl=loads, queue=st.floats(0.0, 50.0),
-       objective=st.sampled_from(OBJECTIVES), codec_subset=st.sets(st.sampled_from(["fp32", "fp16", "int8"]),
-                                                                     min_size=1))
-def test_two_tiers_equal_solve(tables: list[CostTable], link: Link, dl: float, cl: float, queue: float,
-                               objective: str, codec_subset: set[str]) -> None:
+@given(
+    tables=table_sets(2),
+    link=links,
+    dl=loads,
+    cl=loads,
+    queue=st.floats(0.0, 50.0),
+    objective=st.sampled_from(OBJECTIVES),
+    codec_subset=st.sets(st.sampled_from(["fp32", "fp16", "int8"]), min_size=1),
+)
+def test_two_tiers_equal_solve(
+    tables: list[CostTable], link: Link, dl: float, cl: float, queue: float, objective: str, codec_subset: set[str]
+) -> None:
     table = tables[0]
     codecs = sorted(codec_subset)
-    old = solve(table, Conditions(link=link, device_load=dl, cloud_load=cl, queue_ms=queue), objective=objective,
-                power=POWER, codecs=codecs)
-    new = solve_path([table, table], PathConditions(hops=(link,), loads=(dl, cl), queue_ms=(queue,)),
-                     objective=objective, power=POWER, codecs=codecs)
+    old = solve(
+        table,
+        Conditions(link=link, device_load=dl, cloud_load=cl, queue_ms=queue),
+        objective=objective,
+        power=POWER,
+        codecs=codecs,
+    )
+    new = solve_path(
+        [table, table],
+        PathConditions(hops=(link,), loads=(dl, cl), queue_ms=(queue,)),
+        objective=objective,
+        power=POWER,
+        codecs=codecs,
+    )
     assert new.value == pytest.approx(_value(old, objective), rel=1e-9, abs=1e-9)
     if objective == "latency":
         assert new.predicted_ms == pytest.approx(old.predicted_ms, rel=1e-9, abs=1e-9)
 
 
-def _reference_chain(tables: list[CostTable], hop1: Link, hop2: Link, tier_loads: tuple[float, float, float],
-                     objective: str, codec: str, edge_cuts: list[str] | None) -> float:
+def _reference_chain(
+    tables: list[CostTable],
+    hop1: Link,
+    hop2: Link,
+    tier_loads: tuple[float, float, float],
+    objective: str,
+    codec: str,
+    edge_cuts: list[str] | None,
+) -> float:
     """The three-tier cost written out plainly, one pair of cuts at a time (the formula of the old
     ``solve_chain``, which commit 1baf52d checked equal to the path solver before it was replaced)."""
     device, edge, cloud = tables
@@ -89,28 +113,49 @@ def _reference_chain(tables: list[CostTable], hop1: Link, hop2: Link, tier_loads
             seg = max(edge.head_ms[j] * el - edge.head_ms[i] * el, 0.0)
             tail = cloud.tail_ms[j] * cl
             latency = dev + x1 + hop1.rtt_ms * sends_i + seg + x2 + hop2.rtt_ms * sends_j + tail
-            value = {"latency": latency,
-                     "energy": POWER.active_w * dev + POWER.send_w * up1 + POWER.idle_w * (latency - dev - up1),
-                     "throughput": max(dev, x1, seg, x2, tail)}[objective]
+            value = {
+                "latency": latency,
+                "energy": POWER.active_w * dev + POWER.send_w * up1 + POWER.idle_w * (latency - dev - up1),
+                "throughput": max(dev, x1, seg, x2, tail),
+            }[objective]
             best = min(best, value)
     return best
 
 
 @settings(max_examples=40, deadline=None)
-@given(tables=table_sets(3), hop1=links, hop2=links, tier_loads=st.tuples(loads, loads, loads),
-       objective=st.sampled_from(OBJECTIVES), codec=st.sampled_from(["fp32", "fp16", "int8"]),
-       edge_finishes=st.booleans())
-def test_three_tiers_equal_the_chain_formula(tables: list[CostTable], hop1: Link, hop2: Link,
-                                            tier_loads: tuple[float, float, float], objective: str, codec: str,
-                                            edge_finishes: bool) -> None:
+@given(
+    tables=table_sets(3),
+    hop1=links,
+    hop2=links,
+    tier_loads=st.tuples(loads, loads, loads),
+    objective=st.sampled_from(OBJECTIVES),
+    codec=st.sampled_from(["fp32", "fp16", "int8"]),
+    edge_finishes=st.booleans(),
+)
+def test_three_tiers_equal_the_chain_formula(
+    tables: list[CostTable],
+    hop1: Link,
+    hop2: Link,
+    tier_loads: tuple[float, float, float],
+    objective: str,
+    codec: str,
+    edge_finishes: bool,
+) -> None:
     edge_cuts = ["device"] if edge_finishes else None
     want = _reference_chain(tables, hop1, hop2, tier_loads, objective, codec, edge_cuts)
-    new = solve_path(tables, PathConditions(hops=(hop1, hop2), loads=tier_loads), objective=objective,
-                     power=POWER, codecs=[codec], cuts=[None, edge_cuts])
+    new = solve_path(
+        tables,
+        PathConditions(hops=(hop1, hop2), loads=tier_loads),
+        objective=objective,
+        power=POWER,
+        codecs=[codec],
+        cuts=[None, edge_cuts],
+    )
     assert new.value == pytest.approx(want, rel=1e-9, abs=1e-9)
     # solve_chain (one codec on both hops) is this solver, and evaluate_chain re-costs its plan the same.
-    cond = ChainConditions(device_edge=hop1, edge_cloud=hop2, device_load=tier_loads[0], edge_load=tier_loads[1],
-                           cloud_load=tier_loads[2])
+    cond = ChainConditions(
+        device_edge=hop1, edge_cloud=hop2, device_load=tier_loads[0], edge_load=tier_loads[1], cloud_load=tier_loads[2]
+    )
     chain = solve_chain(*tables, cond, objective=objective, power=POWER, codecs=[codec], edge_cuts=edge_cuts)
     assert chain_objective(chain) == pytest.approx(want, rel=1e-9, abs=1e-9)
     assert evaluate_chain(*tables, str(chain), cond, objective=objective, power=POWER) == chain
@@ -125,8 +170,9 @@ def test_running_minimum_equals_the_pairwise_matrix(prev: list[float], data: st.
     steps = data.draw(st.lists(st.floats(0.0, 100.0), min_size=len(prev), max_size=len(prev)))
     seg_of, p = np.cumsum(steps), np.array(prev)
     fast, arg = _advance(p, seg_of, additive=True)
-    pair = np.where(np.triu(np.ones((len(p), len(p)), dtype=bool)), p[:, None] + (seg_of[None, :] - seg_of[:, None]),
-                    np.inf)
+    pair = np.where(
+        np.triu(np.ones((len(p), len(p)), dtype=bool)), p[:, None] + (seg_of[None, :] - seg_of[:, None]), np.inf
+    )
     assert np.allclose(fast, pair.min(axis=0))
     assert np.allclose(p[arg] + seg_of - seg_of[arg], fast) and np.all(arg <= np.arange(len(p)))
 
@@ -135,9 +181,11 @@ def test_running_minimum_equals_the_pairwise_matrix(prev: list[float], data: st.
 @given(data=st.data(), tiers=st.integers(3, 4), objective=st.sampled_from(OBJECTIVES))
 def test_equals_brute_force_with_a_codec_per_hop(data: st.DataObject, tiers: int, objective: str) -> None:
     tables = data.draw(table_sets(tiers, max_cuts=6))
-    cond = PathConditions(hops=tuple(data.draw(links) for _ in range(tiers - 1)),
-                          loads=tuple(data.draw(loads) for _ in range(tiers)),
-                          queue_ms=tuple(data.draw(st.floats(0.0, 20.0)) for _ in range(tiers - 1)))
+    cond = PathConditions(
+        hops=tuple(data.draw(links) for _ in range(tiers - 1)),
+        loads=tuple(data.draw(loads) for _ in range(tiers)),
+        queue_ms=tuple(data.draw(st.floats(0.0, 20.0)) for _ in range(tiers - 1)),
+    )
     ids, codecs = tables[0].ids, tables[0].codecs
     best = min(
         evaluate_path(tables, (cuts, ks), cond, objective=objective, power=POWER).value

@@ -14,18 +14,29 @@ from splitrt.plan.queueing import QueueConfig, QueueEstimator, expected_wait_ms
 from splitrt.plan.solver import evaluate, solve
 
 
-@pytest.mark.parametrize("depth,workers,service,want", [
-    (0, 1, 10.0, 0.0), (1, 2, 10.0, 0.0),  # a free slot: no wait
-    (1, 1, 10.0, 10.0), (3, 1, 10.0, 30.0),  # one worker: everyone ahead, one service each
-    (2, 2, 10.0, 5.0), (5, 2, 8.0, 16.0),  # c workers: a departure every service / c
-])
+@pytest.mark.parametrize(
+    "depth,workers,service,want",
+    [
+        (0, 1, 10.0, 0.0),
+        (1, 2, 10.0, 0.0),  # a free slot: no wait
+        (1, 1, 10.0, 10.0),
+        (3, 1, 10.0, 30.0),  # one worker: everyone ahead, one service each
+        (2, 2, 10.0, 5.0),
+        (5, 2, 8.0, 16.0),  # c workers: a departure every service / c
+    ],
+)
 def test_expected_wait_is_mmc_given_the_state(depth: int, workers: int, service: float, want: float) -> None:
     assert math.isclose(expected_wait_ms(queue_depth=depth, workers=workers, service_ms=service), want)
 
 
-@pytest.mark.parametrize("kw", [{"queue_depth": 1, "workers": 0, "service_ms": 1.0},
-                                {"queue_depth": -1, "workers": 1, "service_ms": 1.0},
-                                {"queue_depth": 1, "workers": 1, "service_ms": math.nan}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"queue_depth": 1, "workers": 0, "service_ms": 1.0},
+        {"queue_depth": -1, "workers": 1, "service_ms": 1.0},
+        {"queue_depth": 1, "workers": 1, "service_ms": math.nan},
+    ],
+)
 def test_expected_wait_refuses_nonsense(kw: dict[str, float]) -> None:
     with pytest.raises(PlanError, match="expected workers >= 1"):
         expected_wait_ms(**kw)  # type: ignore[arg-type]
@@ -55,8 +66,14 @@ def test_a_refusal_keeps_the_server_out_until_its_hint_and_prices_the_wait() -> 
 
 def _table() -> CostTable:
     # A slow device (head 40 ms for the whole model), a fast cloud.
-    return CostTable(ids=["cloud", "c1", "device"], head_ms=[0.0, 10.0, 40.0], tail_ms=[4.0, 3.0, 0.0],
-                     bytes=[4000, 2000, 0], reply_bytes=40, codecs={"fp32": 1.0})
+    return CostTable(
+        ids=["cloud", "c1", "device"],
+        head_ms=[0.0, 10.0, 40.0],
+        tail_ms=[4.0, 3.0, 0.0],
+        bytes=[4000, 2000, 0],
+        reply_bytes=40,
+        codecs={"fp32": 1.0},
+    )
 
 
 def test_the_queue_term_is_its_own_and_moves_the_plan_to_the_device() -> None:

@@ -35,13 +35,21 @@ def costs(k: float = 1.0, *, bytes_k: float = 1.0) -> Costs:
     head = tuple(float(node[:i].sum()) for i in (0, 1, 2, 3, 4))
     total = float(node.sum())
     b = tuple(int(x * bytes_k) for x in (1000, 800, 600, 400, 0))
-    return Costs(head_flops=head, tail_flops=tuple(total - h for h in head), bytes=b,
-                 float_bytes=tuple(x // 2 for x in b))
+    return Costs(
+        head_flops=head, tail_flops=tuple(total - h for h in head), bytes=b, float_bytes=tuple(x // 2 for x in b)
+    )
 
 
 def table() -> CostTable:
-    return CostTable(ids=IDS, head_ms=[0, 1, 3, 6, 10], tail_ms=[5, 4.5, 3.5, 2, 0], bytes=[1000, 800, 600, 400, 0],
-                     float_bytes=[1000, 800, 600, 400, 0], reply_bytes=400, codecs={"fp32": 1.0, "fp16": 0.5})
+    return CostTable(
+        ids=IDS,
+        head_ms=[0, 1, 3, 6, 10],
+        tail_ms=[5, 4.5, 3.5, 2, 0],
+        bytes=[1000, 800, 600, 400, 0],
+        float_bytes=[1000, 800, 600, 400, 0],
+        reply_bytes=400,
+        codecs={"fp32": 1.0, "fp16": 0.5},
+    )
 
 
 def test_identity_when_b_equals_a() -> None:
@@ -138,8 +146,11 @@ def test_a_log_of_two_shapes_replays_per_shape() -> None:
     ctl = {sig_a: Controller(t_a), sig_b: Controller(t_b)}
     lines = []
     for i, (bw, sig) in enumerate([(1.0, sig_a), (1.0, sig_b), (50.0, sig_a), (0.2, sig_b), (50.0, sig_b)]):
-        d = ctl[sig].decide(float(i), LinkEstimate(bandwidth_mbps=bw, rtt_ms=20, confidence=1),
-                            LoadEstimate(device_factor=1, cloud_factor=1))
+        d = ctl[sig].decide(
+            float(i),
+            LinkEstimate(bandwidth_mbps=bw, rtt_ms=20, confidence=1),
+            LoadEstimate(device_factor=1, cloud_factor=1),
+        )
         lines.append(replace(d, extra={"shape": signature_json(sig)}).to_json())
     pairs = replay_by_shape(lines, {sig_a: t_a, sig_b: t_b}.__getitem__)
     assert len(pairs) == 5 and all(a.plan == b.plan for a, b in pairs)

@@ -42,9 +42,7 @@ def tables(draw: st.DrawFn) -> CostTable:
 
 bandwidths = st.floats(min_value=0.01, max_value=10_000.0)
 conditions = st.builds(
-    lambda bw, rtt, dl, cl: Conditions(
-        link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl
-    ),
+    lambda bw, rtt, dl, cl: Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl),
     bandwidths,
     st.floats(min_value=0.0, max_value=300.0),
     st.floats(min_value=1.0, max_value=8.0),

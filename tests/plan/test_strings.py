@@ -34,23 +34,51 @@ def test_cut_list_round_trip(ids: list[str]) -> None:
     assert parse_cut_ids(",".join(ids)) == ids
 
 
-@given(st.one_of(st.just("adaptive"), st.just("route"), st.floats(0.01, 100).map(lambda s: f"periodic:{s!r}"),
-                 st.builds(format_plan, cut_ids, codecs).map(lambda p: f"fixed:{p}")))
+@given(
+    st.one_of(
+        st.just("adaptive"),
+        st.just("route"),
+        st.floats(0.01, 100).map(lambda s: f"periodic:{s!r}"),
+        st.builds(format_plan, cut_ids, codecs).map(lambda p: f"fixed:{p}"),
+    )
+)
 def test_policy_round_trip(spec: str) -> None:
     kind, arg = parse_policy(spec)
     assert (f"{kind}:{arg}" if arg else kind) == spec
 
 
-@given(st.builds(
-    Decision, t_s=finite, request=text, bandwidth_mbps=finite, rtt_ms=finite, confidence=finite,
-    device_load=finite, cloud_load=finite, cloud_available=st.booleans(),
-    previous=st.one_of(st.none(), st.builds(format_plan, cut_ids, codecs)),
-    plan=st.builds(format_plan, cut_ids, codecs), best=st.builds(format_plan, cut_ids, codecs),
-    predicted_ms=finite, objective_value=finite, switched=st.booleans(), reason=text,
-    actual_ms=st.one_of(st.none(), finite), fallback=st.booleans(), server=st.one_of(st.none(), text),
-    seq=st.integers(0, 10**9), device_ms=finite, transfer_ms=finite, round_trip_ms=finite, cloud_ms=finite,
-    download_ms=finite, reply_bytes=st.integers(0, 10**12), queue_ms=finite,
-    extra=st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5)), max_size=3)))
+@given(
+    st.builds(
+        Decision,
+        t_s=finite,
+        request=text,
+        bandwidth_mbps=finite,
+        rtt_ms=finite,
+        confidence=finite,
+        device_load=finite,
+        cloud_load=finite,
+        cloud_available=st.booleans(),
+        previous=st.one_of(st.none(), st.builds(format_plan, cut_ids, codecs)),
+        plan=st.builds(format_plan, cut_ids, codecs),
+        best=st.builds(format_plan, cut_ids, codecs),
+        predicted_ms=finite,
+        objective_value=finite,
+        switched=st.booleans(),
+        reason=text,
+        actual_ms=st.one_of(st.none(), finite),
+        fallback=st.booleans(),
+        server=st.one_of(st.none(), text),
+        seq=st.integers(0, 10**9),
+        device_ms=finite,
+        transfer_ms=finite,
+        round_trip_ms=finite,
+        cloud_ms=finite,
+        download_ms=finite,
+        reply_bytes=st.integers(0, 10**12),
+        queue_ms=finite,
+        extra=st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5)), max_size=3),
+    )
+)
 def test_decision_round_trip(d: Decision) -> None:
     line = str(d)
     assert "\n" not in line or "\n" in d.request + d.reason + (d.server or "")

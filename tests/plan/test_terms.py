@@ -23,16 +23,27 @@ def _table() -> CostTable:
     return CostTable.from_dict(json.loads((DATA / "decisions_resnet50.table.json").read_text()))
 
 
-@pytest.mark.parametrize("bw,rtt,dl,cl,q", [(1.0, 80.0, 1.0, 1.0, 0.0), (20.0, 20.0, 2.5, 1.0, 0.0),
-                                            (300.0, 2.0, 1.0, 3.0, 0.0), (20.0, 20.0, 1.0, 1.0, 35.0)])
+@pytest.mark.parametrize(
+    "bw,rtt,dl,cl,q",
+    [
+        (1.0, 80.0, 1.0, 1.0, 0.0),
+        (20.0, 20.0, 2.5, 1.0, 0.0),
+        (300.0, 2.0, 1.0, 3.0, 0.0),
+        (20.0, 20.0, 1.0, 1.0, 35.0),
+    ],
+)
 def test_plan_terms_add_up_for_every_cut_and_codec(bw: float, rtt: float, dl: float, cl: float, q: float) -> None:
     table = _table()
     cond = Conditions(link=Link(bandwidth_mbps=bw, rtt_ms=rtt), device_load=dl, cloud_load=cl, queue_ms=q)
     for cut in table.ids:
         for codec in table.codecs:
             p = evaluate(table, (cut, codec), cond)
-            assert math.isclose(p.device_ms + p.transfer_ms + p.download_ms + p.rtt_ms + p.queue_ms + p.cloud_ms,
-                                p.predicted_ms, rel_tol=1e-12, abs_tol=1e-9), (cut, codec)
+            assert math.isclose(
+                p.device_ms + p.transfer_ms + p.download_ms + p.rtt_ms + p.queue_ms + p.cloud_ms,
+                p.predicted_ms,
+                rel_tol=1e-12,
+                abs_tol=1e-9,
+            ), (cut, codec)
             # each transfer term prices its own bytes: the upload after the codec, the reply of this cut
             assert math.isclose(p.transfer_ms, p.sent_bytes * 8e-3 / bw, rel_tol=1e-12, abs_tol=1e-12)
             assert math.isclose(p.download_ms, p.reply_bytes * 8e-3 / bw, rel_tol=1e-12, abs_tol=1e-12)
@@ -44,21 +55,52 @@ def test_plan_terms_add_up_for_every_cut_and_codec(bw: float, rtt: float, dl: fl
 def test_decision_terms_add_up() -> None:
     ctl = Controller(_table())
     for t, (bw, q) in enumerate([(50.0, 0.0), (2.0, 0.0), (400.0, 0.0), (400.0, 20.0), (50.0, 500.0)]):
-        d = ctl.decide(float(t), LinkEstimate(bandwidth_mbps=bw, rtt_ms=30.0, confidence=1.0),
-                       LoadEstimate(device_factor=1.0, cloud_factor=1.0, queue_ms=q))
-        assert math.isclose(d.device_ms + d.transfer_ms + d.download_ms + d.round_trip_ms + d.queue_ms + d.cloud_ms,
-                            d.predicted_ms, rel_tol=1e-12, abs_tol=1e-9)
+        d = ctl.decide(
+            float(t),
+            LinkEstimate(bandwidth_mbps=bw, rtt_ms=30.0, confidence=1.0),
+            LoadEstimate(device_factor=1.0, cloud_factor=1.0, queue_ms=q),
+        )
+        assert math.isclose(
+            d.device_ms + d.transfer_ms + d.download_ms + d.round_trip_ms + d.queue_ms + d.cloud_ms,
+            d.predicted_ms,
+            rel_tol=1e-12,
+            abs_tol=1e-9,
+        )
         assert (d.reply_bytes > 0) == (d.plan != "device")
         assert d.cloud_queue_ms == q and d.queue_ms == (0.0 if d.plan == "device" else q)
 
 
 def test_plan_json_terms_add_up(capsys: pytest.CaptureFixture[str]) -> None:
     prof = str(REPO / "profiles" / "x86_64-2core__squeezenet.json")
-    assert cli.main(["plan", "zoo:squeezenet", "--device", prof, "--cloud", prof, "--bandwidth-mbps", "8",
-                     "--rtt-ms", "40", "--board", "rpi4", "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "plan",
+                "zoo:squeezenet",
+                "--device",
+                prof,
+                "--cloud",
+                prof,
+                "--bandwidth-mbps",
+                "8",
+                "--rtt-ms",
+                "40",
+                "--board",
+                "rpi4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     for row in [*out["cuts"], out["best"]]:
         total = row.get("total_ms", row.get("predicted_ms"))
-        terms = (row["device_ms"] + row["transfer_ms"] + row["download_ms"] + row["rtt_ms"] + row.get("queue_ms", 0.0)
-                 + row["cloud_ms"])
+        terms = (
+            row["device_ms"]
+            + row["transfer_ms"]
+            + row["download_ms"]
+            + row["rtt_ms"]
+            + row.get("queue_ms", 0.0)
+            + row["cloud_ms"]
+        )
         assert abs(terms - total) < 1e-3, row

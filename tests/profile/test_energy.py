@@ -20,8 +20,15 @@ SQUEEZENET = ROOT / "profiles" / "x86_64-2core__squeezenet.json"
 
 def test_profile_records_energy_with_the_fake_reader(zoo_path: Any, tmp_path: Path) -> None:
     reader = FakeReader(idle_w=2.0, cpu_w=3.0)
-    prof = profiler.measure(zoo_path("tiny_chain"), runs=2, warmup=1, segments=3, power=reader,
-                            energy_window_s=0.05, progress=lambda _m: None)
+    prof = profiler.measure(
+        zoo_path("tiny_chain"),
+        runs=2,
+        warmup=1,
+        segments=3,
+        power=reader,
+        energy_window_s=0.05,
+        progress=lambda _m: None,
+    )
     e = profile_energy(prof)
     assert e is not None and e.source == MEASURED and e.reader == "fake"
     # real clocks on a shared host: check what holds whatever the scheduler did, not the watts themselves
@@ -48,16 +55,31 @@ def test_profile_without_reader_has_no_energy_key(zoo_path: Any, tmp_path: Path)
 def test_corrupt_energy_object_is_a_profile_error() -> None:
     with pytest.raises(ProfileError, match="corrupt energy object"):
         EnergyProfile.from_dict({"source": "measured"})
-    good = EnergyProfile(source=MEASURED, reader="fake", idle_w=1, busy_w=2, whole_model_mj=1,
-                         whole_model_ms=1, window_s=1).to_dict()
+    good = EnergyProfile(
+        source=MEASURED, reader="fake", idle_w=1, busy_w=2, whole_model_mj=1, whole_model_ms=1, window_s=1
+    ).to_dict()
     with pytest.raises(ProfileError, match="energy source must be 'measured' or 'estimated', got 'guessed'"):
         EnergyProfile.from_dict({**good, "source": "guessed"})
 
 
 def test_profile_cli_records_the_reader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "tiny.json"
-    argv = ["profile", "tiny_chain", "--out", str(out), "--runs", "2", "--segments", "2", "--board", "x86",
-            "--power-reader", "fake:1.5", "--energy-window-s", "0.05"]
+    argv = [
+        "profile",
+        "tiny_chain",
+        "--out",
+        str(out),
+        "--runs",
+        "2",
+        "--segments",
+        "2",
+        "--board",
+        "x86",
+        "--power-reader",
+        "fake:1.5",
+        "--energy-window-s",
+        "0.05",
+    ]
     assert cli.main(argv) == 0
     assert json.loads(out.read_text())["host"]["board"] == "x86"  # `plan --board x86` will not rescale it
     energy = json.loads(out.read_text())["energy"]
@@ -71,8 +93,15 @@ def test_profile_cli_records_the_reader(tmp_path: Path, capsys: pytest.CaptureFi
 
 def with_energy(tmp_path: Path, *, idle_w: float, busy_w: float, machine: str | None = None) -> Path:
     doc = json.loads(SQUEEZENET.read_text())
-    doc["energy"] = EnergyProfile(source=MEASURED, reader="rapl", idle_w=idle_w, busy_w=busy_w,
-                                  whole_model_mj=1.0, whole_model_ms=1.0, window_s=1.0).to_dict()
+    doc["energy"] = EnergyProfile(
+        source=MEASURED,
+        reader="rapl",
+        idle_w=idle_w,
+        busy_w=busy_w,
+        whole_model_mj=1.0,
+        whole_model_ms=1.0,
+        window_s=1.0,
+    ).to_dict()
     if machine:
         doc["host"]["machine"] = machine
     path = tmp_path / f"device-{idle_w}-{busy_w}.json"
@@ -81,8 +110,22 @@ def with_energy(tmp_path: Path, *, idle_w: float, busy_w: float, machine: str | 
 
 
 def plan_json(capsys: pytest.CaptureFixture[str], device: Path, *extra: str) -> dict[str, Any]:
-    argv = ["plan", "squeezenet", "--device", str(device), "--cloud", str(SQUEEZENET), "--objective", "energy",
-            "--bandwidth-mbps", "20", "--rtt-ms", "20", "--json", *extra]
+    argv = [
+        "plan",
+        "squeezenet",
+        "--device",
+        str(device),
+        "--cloud",
+        str(SQUEEZENET),
+        "--objective",
+        "energy",
+        "--bandwidth-mbps",
+        "20",
+        "--rtt-ms",
+        "20",
+        "--json",
+        *extra,
+    ]
     assert cli.main(argv) == 0
     return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
 
@@ -108,8 +151,20 @@ def test_plan_energy_uses_measured_power_over_the_board(tmp_path: Path, capsys: 
 
 def test_plan_text_says_which_figures_it_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     device = with_energy(tmp_path, idle_w=3.0, busy_w=9.0)
-    argv = ["plan", "squeezenet", "--device", str(device), "--cloud", str(SQUEEZENET), "--objective", "energy",
-            "--bandwidth-mbps", "8", "--rtt-ms", "20"]
+    argv = [
+        "plan",
+        "squeezenet",
+        "--device",
+        str(device),
+        "--cloud",
+        str(SQUEEZENET),
+        "--objective",
+        "energy",
+        "--bandwidth-mbps",
+        "8",
+        "--rtt-ms",
+        "20",
+    ]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "energy measured: idle 3.00 W, active 9.00 W" in text and "(reader rapl)" in text
@@ -125,8 +180,9 @@ def test_host_measured_power_is_not_the_emulated_boards(tmp_path: Path) -> None:
     assert plan_power(prof, None).source == MEASURED  # no board: the profile's machine is the device
 
 
-def test_a_profile_measured_on_the_board_is_not_scaled_again(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_profile_measured_on_the_board_is_not_scaled_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = json.loads(with_energy(tmp_path, idle_w=3.0, busy_w=7.0, machine="aarch64").read_text())
     doc["host"]["board"] = "rpi5"  # what `splitrt profile --board rpi5` records
     device = tmp_path / "on-rpi5.json"

@@ -64,12 +64,15 @@ def rapl_tree(root: Path, zones: dict[str, tuple[str, int, int]]) -> Path:
 
 
 def test_rapl_sums_packages_not_subzones_or_psys(tmp_path: Path) -> None:
-    root = rapl_tree(tmp_path, {
-        "intel-rapl:0": ("package-0", 1_000, 10**9),
-        "intel-rapl:0:0": ("core", 500, 10**9),  # part of package-0
-        "intel-rapl:1": ("package-1", 2_000, 10**9),
-        "intel-rapl:2": ("psys", 9_000, 10**9),  # the platform: contains the packages
-    })
+    root = rapl_tree(
+        tmp_path,
+        {
+            "intel-rapl:0": ("package-0", 1_000, 10**9),
+            "intel-rapl:0:0": ("core", 500, 10**9),  # part of package-0
+            "intel-rapl:1": ("package-1", 2_000, 10**9),
+            "intel-rapl:2": ("psys", 9_000, 10**9),  # the platform: contains the packages
+        },
+    )
     r = RaplReader(root)
     assert [z.name for z in r.zones] == ["intel-rapl:0/package-0", "intel-rapl:1/package-1"]
     assert r.energy_uj() == 0
@@ -142,10 +145,20 @@ def test_pmic_sums_current_times_voltage_per_rail() -> None:
     assert rails["VDD_CORE"] == (5.03652, 0.8936988)
     expected = sum(a * v for a, v in rails.values())
     assert pmic_power_w(PMIC_OUTPUT) == pytest.approx(expected)
-    assert expected == pytest.approx(5.03652 * 0.8936988 + 0.05855580 * 3.610692 + 0.34157550 * 0.8029296
-                                     + 0.19811380 * 1.102929 + 0.13272650 * 1.816848 + 0.13955800 * 1.101098
-                                     + 0.06148359 * 3.299826 + 0.02161170 * 4.9245 + 0.00980400 * 0.6036624
-                                     + 0.00531135 * 0.7961898 + 0.00054945 * 3.304026 + 0.00006105 * 3.299447)
+    assert expected == pytest.approx(
+        5.03652 * 0.8936988
+        + 0.05855580 * 3.610692
+        + 0.34157550 * 0.8029296
+        + 0.19811380 * 1.102929
+        + 0.13272650 * 1.816848
+        + 0.13955800 * 1.101098
+        + 0.06148359 * 3.299826
+        + 0.02161170 * 4.9245
+        + 0.00980400 * 0.6036624
+        + 0.00531135 * 0.7961898
+        + 0.00054945 * 3.304026
+        + 0.00006105 * 3.299447
+    )
     assert Rpi5Pmic(lambda: PMIC_OUTPUT).power_w() == pytest.approx(expected)
 
 
@@ -183,8 +196,9 @@ def test_sampled_reader_integrates_trapezoids_and_holds_the_last_sample() -> Non
 def test_ina3221_hwmon_uses_the_input_rail(tmp_path: Path) -> None:
     hw = tmp_path / "class" / "hwmon" / "hwmon1"
     write(hw / "name", "ina3221")
-    for n, (label, mv, ma) in enumerate([("VDD_IN", 5048, 1210), ("VDD_CPU_GPU_CV", 5040, 400),
-                                         ("VDD_SOC", 5040, 330)], start=1):
+    for n, (label, mv, ma) in enumerate(
+        [("VDD_IN", 5048, 1210), ("VDD_CPU_GPU_CV", 5040, 400), ("VDD_SOC", 5040, 330)], start=1
+    ):
         write(hw / f"in{n}_label", label)
         write(hw / f"in{n}_input", mv)
         write(hw / f"curr{n}_input", ma)

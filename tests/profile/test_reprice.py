@@ -21,15 +21,35 @@ from splitrt.profile import profiler
 def bert16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real (short) profile of bert_tiny at seq 16."""
     out = tmp_path_factory.mktemp("reprice") / "bert16.json"
-    prof = profiler.measure(zoo.get("bert_tiny"), runs=1, warmup=0, segments=2, threads=1, progress=lambda _: None,
-                            binding=shapes.binding_from(dims=["seq=16"]))
+    prof = profiler.measure(
+        zoo.get("bert_tiny"),
+        runs=1,
+        warmup=0,
+        segments=2,
+        threads=1,
+        progress=lambda _: None,
+        binding=shapes.binding_from(dims=["seq=16"]),
+    )
     profiler.save_profile(prof, out)
     return out
 
 
 def _plan(capsys: pytest.CaptureFixture[str], profile: Path, *flags: str) -> tuple[int, str, str]:
-    rc = cli.main(["plan", "zoo:bert_tiny", "--device", str(profile), "--cloud", str(profile),
-                   "--bandwidth-mbps", "10", "--rtt-ms", "5", *flags])
+    rc = cli.main(
+        [
+            "plan",
+            "zoo:bert_tiny",
+            "--device",
+            str(profile),
+            "--cloud",
+            str(profile),
+            "--bandwidth-mbps",
+            "10",
+            "--rtt-ms",
+            "5",
+            *flags,
+        ]
+    )
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
 
@@ -46,12 +66,14 @@ def test_plan_at_another_seq_is_repriced_and_says_so(bert16: Path, capsys: pytes
     # bytes are the plan's binding's own, exactly; times are the runtime's scaling of the profile's
     g128 = graph.load(zoo.get("bert_tiny"), shapes.binding_from(dims=["seq=128"]))
     want_bytes = {c.id: c.bytes for c in g128.cuts()}
-    assert {r["cut"]: r["bytes"] for r in doc["cuts"] if r["cut"] != "device"} == \
-        {k: v for k, v in want_bytes.items() if k != "device"}
+    assert {r["cut"]: r["bytes"] for r in doc["cuts"] if r["cut"] != "device"} == {
+        k: v for k, v in want_bytes.items() if k != "device"
+    }
     prof = profiler.load_profile(bert16)
     table = profiler.cost_table(prof, prof)
-    scaled = reshape.scale_table(table, rebind.cut_costs_at(g128, {"input_ids": (1, 16), "attention_mask": (1, 16)}),
-                                 rebind.cut_costs(g128))
+    scaled = reshape.scale_table(
+        table, rebind.cut_costs_at(g128, {"input_ids": (1, 16), "attention_mask": (1, 16)}), rebind.cut_costs(g128)
+    )
     got = np.array([r["device_ms"] for r in doc["cuts"]])
     assert np.allclose(got, np.round(scaled.head_ms, 4), atol=1e-3)
     assert not np.allclose(got, np.round(table.head_ms, 4), atol=1e-3), "the profile's own times: not re-priced"
@@ -72,7 +94,8 @@ def test_plan_at_the_profiles_shapes_is_not_repriced(bert16: Path, capsys: pytes
 
 
 def test_refused_naming_both_shapes_when_the_profile_does_not_record_them(
-        bert16: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bert16: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = json.loads(bert16.read_text())
     del data["model"]["input_shapes"]
     old = tmp_path / "old.json"

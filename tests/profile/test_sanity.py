@@ -57,8 +57,21 @@ def test_plan_warns_naming_the_cut(tmp_path: Path, capsys: pytest.CaptureFixture
             c["head_ms"] = 3 * data["total_ms"]
     noisy = tmp_path / "noisy.json"
     noisy.write_text(json.dumps(data))
-    rc = cli.main(["plan", "squeezenet", "--device", str(noisy), "--cloud", str(PROFILE), "--bandwidth-mbps", "10",
-                   "--rtt-ms", "20", "--json"])
+    rc = cli.main(
+        [
+            "plan",
+            "squeezenet",
+            "--device",
+            str(noisy),
+            "--cloud",
+            str(PROFILE),
+            "--bandwidth-mbps",
+            "10",
+            "--rtt-ms",
+            "20",
+            "--json",
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0
     assert "noisy.json looks noisy" in cap.err and "c33" in cap.err

@@ -57,7 +57,8 @@ def test_busy_loop_is_throttled_then_released_and_cgroup_removed() -> None:
             assert 0.0 < share < 0.35, share
             cg.set_fraction(0.5)
             assert (cg.path / ("cpu.cfs_quota_us" if cg.hierarchy.version == 1 else "cpu.max")).read_text().split()[
-                0] == "50000"
+                0
+            ] == "50000"
             share = _cpu_share(proc, 1.5)
             assert 0.0 < share < 0.62, share
             path = cg.path

@@ -27,8 +27,9 @@ def test_one_tc_batch_rates_both_directions_of_every_device() -> None:
 
 
 def test_a_tiny_fleet_loses_nothing_when_a_server_dies(tmp_path: Path) -> None:
-    cfg = fleet.FleetConfig(devices=3, servers=2, segment_s=4.0, warmup_s=1.0, kill_at_fraction=0.5,
-                            strategies=("adaptive", "cloud-only"))
+    cfg = fleet.FleetConfig(
+        devices=3, servers=2, segment_s=4.0, warmup_s=1.0, kill_at_fraction=0.5, strategies=("adaptive", "cloud-only")
+    )
     result = fleet.run_fleet(cfg, tmp_path)
     servers = result["servers"]
     killed = servers[-1]

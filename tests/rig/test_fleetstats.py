@@ -13,23 +13,44 @@ from splitrt.rig import fleet, fleetstats
 A, B = "10.0.0.5:50051", "10.0.0.6:50051"
 
 
-def seg(strategy: str, devices: list[list[list[object]]], *, kill_at_s: float | None = 5.0,
-        cpu: dict[str, float] | None = None) -> dict[str, object]:
-    return {"strategy": strategy, "round": 0, "duration_s": 10.0, "kill_at_s": kill_at_s,
-            "killed": B if kill_at_s is not None else None, "devices": devices,
-            "server_cpu_s": cpu or {A: 2.0, B: 1.0}, "server_cpus": 0.5}
+def seg(
+    strategy: str,
+    devices: list[list[list[object]]],
+    *,
+    kill_at_s: float | None = 5.0,
+    cpu: dict[str, float] | None = None,
+) -> dict[str, object]:
+    return {
+        "strategy": strategy,
+        "round": 0,
+        "duration_s": 10.0,
+        "kill_at_s": kill_at_s,
+        "killed": B if kill_at_s is not None else None,
+        "devices": devices,
+        "server_cpu_s": cpu or {A: 2.0, B: 1.0},
+        "server_cpus": 0.5,
+    }
 
 
-def rec(t: float, ms: float, server: str | None, plan: str = "c5@int8", *, fallback: bool = False,
-        error: str | None = None) -> list[object]:
+def rec(
+    t: float, ms: float, server: str | None, plan: str = "c5@int8", *, fallback: bool = False, error: str | None = None
+) -> list[object]:
     return [t, ms, plan, server, fallback, error]
 
 
 def test_summary_accounts_for_every_request() -> None:
-    s = fleetstats.summarize([seg("adaptive", [
-        [rec(0.0, 100, A), rec(1.0, 100, B), rec(6.0, 50, None, "device")],
-        [rec(0.5, 200, B), rec(6.5, 100, A), rec(7.0, 80, A, error="CloudError: x")],
-    ])], [A, B])
+    s = fleetstats.summarize(
+        [
+            seg(
+                "adaptive",
+                [
+                    [rec(0.0, 100, A), rec(1.0, 100, B), rec(6.0, 50, None, "device")],
+                    [rec(0.5, 200, B), rec(6.5, 100, A), rec(7.0, 80, A, error="CloudError: x")],
+                ],
+            )
+        ],
+        [A, B],
+    )
     assert s["requests"] == 6 and s["completed"] == 5 and s["failed"] == 1
     assert s["local"] == 1 and s["by_server"] == {A: 2, B: 2}
     assert s["accounted"] and s["throughput_rps"] == pytest.approx(0.5)
@@ -39,16 +60,27 @@ def test_summary_accounts_for_every_request() -> None:
 
 
 def test_the_kill_account_counts_moved_requests_and_any_served_by_the_dead_server() -> None:
-    s = seg("cloud-only", [[rec(4.0, 500, B),  # started before the kill, answered after: not counted
-                            rec(4.0, 100, B),  # answered before the kill
-                            rec(5.5, 100, A), rec(6.0, 100, A)],
-                           [rec(7.0, 100, B)]])  # impossible in a real run: the dead server answered
+    s = seg(
+        "cloud-only",
+        [
+            [
+                rec(4.0, 500, B),  # started before the kill, answered after: not counted
+                rec(4.0, 100, B),  # answered before the kill
+                rec(5.5, 100, A),
+                rec(6.0, 100, A),
+            ],
+            [rec(7.0, 100, B)],
+        ],
+    )  # impossible in a real run: the dead server answered
     k = fleetstats.kill_account(s)
     assert k == {"after_kill_on_killed": 1, "after_kill_on_others": 2, "moved": 2}
     # a device that never used the killed server moved nothing
     assert fleetstats.kill_account(seg("x", [[rec(1.0, 100, A), rec(6.0, 100, A)]]))["moved"] == 0
     assert fleetstats.kill_account(seg("x", [[rec(7.0, 100, B)]], kill_at_s=None)) == {
-        "after_kill_on_killed": 0, "after_kill_on_others": 0, "moved": 0}
+        "after_kill_on_killed": 0,
+        "after_kill_on_others": 0,
+        "moved": 0,
+    }
 
 
 def strat(rps: float, p95: float, **kw: object) -> dict[str, object]:
@@ -89,8 +121,16 @@ def test_segments_rotate_and_every_device_gets_its_own_trace_window() -> None:
     assert ts[0].duration_s >= cfg.segment_s * cfg.rounds
 
 
-@pytest.mark.parametrize("kw", [{"servers": 1}, {"kill_at_fraction": 1.0}, {"strategies": ("oracle",)},
-                                {"device_cpus": (0.001,)}, {"segment_s": 0.0}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"servers": 1},
+        {"kill_at_fraction": 1.0},
+        {"strategies": ("oracle",)},
+        {"device_cpus": (0.001,)},
+        {"segment_s": 0.0},
+    ],
+)
 def test_fleet_config_rejects_what_cannot_run(kw: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         fleet.FleetConfig(**kw)  # type: ignore[arg-type]

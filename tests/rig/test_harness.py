@@ -42,12 +42,21 @@ def _leftovers(prefix: str) -> list[str]:
     return out
 
 
-def _bench(tmp_path: Path, *, link: str, prefix: str | None, strategies: tuple[str, ...] = rigbench.STRATEGIES,
-           duration_s: float = 2.0, turn_s: float = 3.0) -> dict[str, object]:
-    cfg = rigbench.BenchConfig(model="squeezenet", trace=STEP, duration_s=duration_s, rate_hz=5.0,
-                               strategies=strategies, turn_s=turn_s)
-    rc = rig.RigConfig(link=link, prefix=prefix, models=("squeezenet",), quota_cpus=0.5, pad_factor=3.0,
-                       workdir=tmp_path / "rig")
+def _bench(
+    tmp_path: Path,
+    *,
+    link: str,
+    prefix: str | None,
+    strategies: tuple[str, ...] = rigbench.STRATEGIES,
+    duration_s: float = 2.0,
+    turn_s: float = 3.0,
+) -> dict[str, object]:
+    cfg = rigbench.BenchConfig(
+        model="squeezenet", trace=STEP, duration_s=duration_s, rate_hz=5.0, strategies=strategies, turn_s=turn_s
+    )
+    rc = rig.RigConfig(
+        link=link, prefix=prefix, models=("squeezenet",), quota_cpus=0.5, pad_factor=3.0, workdir=tmp_path / "rig"
+    )
     with rig.Rig(rc) as r:
         result = rigbench.run_bench(cfg, r)
     return result
@@ -85,15 +94,19 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
     dcal = result["device_calibration"]
     assert isinstance(dcal, dict) and dcal["measured_ms"] > 0 and dcal["table_ms"] > 0
     assert dcal["speed_factor"] == pytest.approx(
-        boards.load_board(rig.RigConfig().board).cpu_speed_factor * dcal["measured_ms"] / dcal["table_ms"])
+        boards.load_board(rig.RigConfig().board).cpu_speed_factor * dcal["measured_ms"] / dcal["table_ms"]
+    )
     # the trace played is the step, once
     assert result["timeline"]["bandwidth_mbps"] == [[0.0, 30.0], [1.5, 2.0]]  # type: ignore[index]
     json.dumps(result)  # serialisable as is
     # nothing left behind: namespaces (and with them veths and qdiscs), cgroups, child processes
     assert _leftovers(prefix) == []
     time.sleep(0.2)
-    after = {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()
-             and p.status() != psutil.STATUS_ZOMBIE}
+    after = {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    }
     assert after <= before
 
 
@@ -130,16 +143,22 @@ def test_killed_rig_is_cleaned_up(tmp_path: Path) -> None:
     assert cli.main(["rig", "cleanup"]) == 0
     assert _leftovers(prefix) == []
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status()
-                                               != psutil.STATUS_ZOMBIE for p in children):
+    while time.monotonic() < deadline and any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in children
+    ):
         time.sleep(0.1)
     assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 def test_userspace_link_variant(tmp_path: Path) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    result = _bench(tmp_path, link="userspace", prefix=None,
-                    strategies=("device-only", "cloud-only", "adaptive", "oracle"), duration_s=2.0)
+    result = _bench(
+        tmp_path,
+        link="userspace",
+        prefix=None,
+        strategies=("device-only", "cloud-only", "adaptive", "oracle"),
+        duration_s=2.0,
+    )
     assert result["link"] == "userspace"
     strategies = result["strategies"]
     assert isinstance(strategies, dict)
@@ -150,8 +169,11 @@ def test_userspace_link_variant(tmp_path: Path) -> None:
     # board emulation by padding: every device-only request took about 3x squeezenet's compute
     assert set(strategies["device-only"]["plans"]) == {"device"}
     time.sleep(0.2)
-    after = {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()
-             and p.status() != psutil.STATUS_ZOMBIE}
+    after = {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    }
     assert after <= before
 
 

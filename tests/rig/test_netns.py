@@ -67,8 +67,13 @@ def test_lan_reachability_multicast_and_destroy() -> None:
         assert f"{h1.ip}/24" in h1.ip_cmd("-o", "addr", "show", "dev", "eth0").stdout
         # Unicast across the switch, from a subprocess and from a thread.
         assert h0.call(_probe_tcp, h2.ip) == "refused"
-        out = h2.run([sys.executable, "-c", f"import socket;s=socket.socket();s.settimeout(2)\n"
-                      f"print(s.connect_ex(({h1.ip!r}, 9)))"]).stdout.strip()
+        out = h2.run(
+            [
+                sys.executable,
+                "-c",
+                f"import socket;s=socket.socket();s.settimeout(2)\nprint(s.connect_ex(({h1.ip!r}, 9)))",
+            ]
+        ).stdout.strip()
         assert out == str(111)  # ECONNREFUSED
         # The host namespace cannot reach the LAN (isolated).
         assert _probe_tcp(h0.ip) != "refused"
@@ -80,8 +85,11 @@ def test_lan_reachability_multicast_and_destroy() -> None:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("", 5353))
-            s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
-                         socket.inet_aton("224.0.0.251") + socket.inet_aton("0.0.0.0"))
+            s.setsockopt(
+                socket.IPPROTO_IP,
+                socket.IP_ADD_MEMBERSHIP,
+                socket.inet_aton("224.0.0.251") + socket.inet_aton("0.0.0.0"),
+            )
             s.settimeout(5)
             ready.wait()
             got[name] = s.recvfrom(100)[0]
@@ -169,8 +177,9 @@ def test_live_owner_is_not_cleaned_but_killed_owner_is(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     removed = netns.cleanup_leftovers(prefix)
-    assert sorted(removed) == sorted([f"netns:{prefix}-h0", f"netns:{prefix}-h1", f"netns:{prefix}-sw",
-                                      f"cgroup:{cg_dir}"])
+    assert sorted(removed) == sorted(
+        [f"netns:{prefix}-h0", f"netns:{prefix}-h1", f"netns:{prefix}-sw", f"cgroup:{cg_dir}"]
+    )
     assert netns.list_netns(prefix) == []
     assert not cg_dir.exists()
     assert prefix not in netns.run_cmd(["ip", "netns", "list"]).stdout

@@ -13,9 +13,11 @@ def _cell(**means: float) -> dict[str, dict[str, float]]:
     return {n: {"mean_ms": m, "p95_ms": 2 * m} for n, m in means.items()}
 
 
-CELLS = [("a", _cell(route=100.0, adaptive=80.0, oracle=75.0, **{"oracle-route": 100.0, "device-only": 120.0})),
-         ("b", _cell(route=100.0, adaptive=100.0, oracle=90.0, **{"oracle-route": 90.0, "device-only": 100.0})),
-         ("c", _cell(route=50.0, adaptive=50.0, oracle=50.0, **{"oracle-route": 50.0, "device-only": 200.0}))]
+CELLS = [
+    ("a", _cell(route=100.0, adaptive=80.0, oracle=75.0, **{"oracle-route": 100.0, "device-only": 120.0})),
+    ("b", _cell(route=100.0, adaptive=100.0, oracle=90.0, **{"oracle-route": 90.0, "device-only": 100.0})),
+    ("c", _cell(route=50.0, adaptive=50.0, oracle=50.0, **{"oracle-route": 50.0, "device-only": 200.0})),
+]
 
 
 def test_each_strategy_is_compared_with_its_routing_counterpart() -> None:

@@ -46,6 +46,7 @@ class _Echo:
 
 def _roundtrip(port: int, payload: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=20) as c:
+
         def send() -> None:
             c.sendall(payload)
             c.shutdown(socket.SHUT_WR)
@@ -73,8 +74,10 @@ def test_relay_carries_bytes_intact_and_half_close() -> None:
 
 def test_relay_adds_one_way_delay_each_way() -> None:
     echo = _Echo()
-    with shaper.UserspaceLink(("127.0.0.1", 0), echo.addr, delay_ms=30) as link, \
-            socket.create_connection(("127.0.0.1", link.port)) as c:
+    with (
+        shaper.UserspaceLink(("127.0.0.1", 0), echo.addr, delay_ms=30) as link,
+        socket.create_connection(("127.0.0.1", link.port)) as c,
+    ):
         rtts = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -92,8 +95,10 @@ def test_relay_unreachable_target_closes_client() -> None:
     dead = socket.create_server(("127.0.0.1", 0))
     addr = dead.getsockname()[:2]
     dead.close()
-    with shaper.UserspaceLink(("127.0.0.1", 0), addr) as link, \
-            socket.create_connection(("127.0.0.1", link.port), timeout=10) as c:
+    with (
+        shaper.UserspaceLink(("127.0.0.1", 0), addr) as link,
+        socket.create_connection(("127.0.0.1", link.port), timeout=10) as c,
+    ):
         assert c.recv(10) == b""
 
 
@@ -143,8 +148,9 @@ def test_trace_player_applies_every_step_in_order_and_clamps() -> None:
     rec = _Recorder()
     tr = traces.step([4.0, 0.0, 2.0], 0.05)
     changes: list[tuple[float, float]] = []
-    player = shaper.TracePlayer(rec, tr, scale=2.0, min_mbps=0.5, duration_s=0.3,
-                                on_change=lambda t, r: changes.append((t, r)))
+    player = shaper.TracePlayer(
+        rec, tr, scale=2.0, min_mbps=0.5, duration_s=0.3, on_change=lambda t, r: changes.append((t, r))
+    )
     with player:
         deadline = time.monotonic() + 10
         while len(player.log) < 6 and time.monotonic() < deadline:

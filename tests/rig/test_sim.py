@@ -15,8 +15,14 @@ from splitrt.rig import sim, traces
 
 # A resnet-like model on a slow board: the whole model 500 ms on the device, 50 ms on the cloud;
 # the input (150 KB) is the cheapest thing to send, a middle cut sends more.
-TABLE = CostTable(ids=["cloud", "mid", "device"], head_ms=[0.0, 200.0, 500.0], tail_ms=[50.0, 25.0, 0.0],
-                  bytes=[150_000, 400_000, 0], reply_bytes=4000, codecs={"fp32": 1.0})
+TABLE = CostTable(
+    ids=["cloud", "mid", "device"],
+    head_ms=[0.0, 200.0, 500.0],
+    tail_ms=[50.0, 25.0, 0.0],
+    bytes=[150_000, 400_000, 0],
+    reply_bytes=4000,
+    codecs={"fp32": 1.0},
+)
 # Breakeven: the cloud plan costs 50 + 80 + 154 KB / bandwidth, the device 500 ms: ~3.3 Mbit/s.
 FAST, SLOW = 20.0, 1.0
 
@@ -33,7 +39,8 @@ def test_adaptive_matches_the_right_fixed_plan_exactly_on_a_steady_link() -> Non
         assert {r.plan for r in ad[8:]} == {right}
         # the same plan costs the same: no jitter, so the means agree to the last request
         assert statistics.fmean(r.latency_ms for r in ad[8:]) == pytest.approx(
-            statistics.fmean(r.latency_ms for r in fixed[8:]), rel=0.01)
+            statistics.fmean(r.latency_ms for r in fixed[8:]), rel=0.01
+        )
 
 
 def test_adaptive_follows_a_step_down_and_back_up() -> None:
@@ -109,8 +116,14 @@ def test_bad_config_is_refused() -> None:
 
 def test_route_uses_only_device_and_cloud_and_splitting_can_beat_it() -> None:
     # a middle cut that sends little: on a slow link only splitting avoids both the upload and the device
-    table = CostTable(ids=["cloud", "mid", "device"], head_ms=[0.0, 100.0, 500.0], tail_ms=[50.0, 25.0, 0.0],
-                      bytes=[150_000, 5_000, 0], reply_bytes=4000, codecs={"fp32": 1.0})
+    table = CostTable(
+        ids=["cloud", "mid", "device"],
+        head_ms=[0.0, 100.0, 500.0],
+        tail_ms=[50.0, 25.0, 0.0],
+        bytes=[150_000, 5_000, 0],
+        reply_bytes=4000,
+        codecs={"fp32": 1.0},
+    )
     link = traces.constant(1.0, 60.0)
     route = sim.simulate(table, "route", link, cfg())
     ad = sim.simulate(table, "adaptive", link, cfg())

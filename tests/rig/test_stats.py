@@ -26,6 +26,7 @@ FEW = settings(max_examples=40, deadline=None)
 
 # ------------------------------------------------------------------------------------------- helpers
 
+
 def exact_transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mbps: float = 0.05) -> float:
     """Independent reference for ``transfer_ms``: walk the looping trace in exact rational arithmetic."""
     d = Fraction(trace.duration_s)
@@ -66,19 +67,32 @@ def sent_bytes(table: CostTable, plan: str) -> float:
     return float(table.sent_bytes[table.index(cut), table.codec_index(codec)]) if codec else 0.0
 
 
-def costs(ratio: float = 1.0, burst: float | None = None, cloud: float = 1.0, net: float = 50.0,
-          local: float = 0.0) -> MeasuredCosts:
-    return MeasuredCosts(device_ratio_idle=ratio, device_ratio_burst=ratio if burst is None else burst,
-                         cloud_ratio=cloud, net_overhead_ms=net, local_overhead_ms=local)
+def costs(
+    ratio: float = 1.0, burst: float | None = None, cloud: float = 1.0, net: float = 50.0, local: float = 0.0
+) -> MeasuredCosts:
+    return MeasuredCosts(
+        device_ratio_idle=ratio,
+        device_ratio_burst=ratio if burst is None else burst,
+        cloud_ratio=cloud,
+        net_overhead_ms=net,
+        local_overhead_ms=local,
+    )
 
 
 def tiny_table() -> CostTable:
     """cloud / c1 / device; every byte is float32 (fp32 sends all, int8 a quarter); 100 reply bytes."""
-    return CostTable(ids=["cloud", "c1", "device"], head_ms=[0.0, 10.0, 40.0], tail_ms=[40.0, 8.0, 0.0],
-                     bytes=[1000, 500, 0], reply_bytes=100, codecs={"fp32": 1.0, "int8": 0.25})
+    return CostTable(
+        ids=["cloud", "c1", "device"],
+        head_ms=[0.0, 10.0, 40.0],
+        tail_ms=[40.0, 8.0, 0.0],
+        bytes=[1000, 500, 0],
+        reply_bytes=100,
+        codecs={"fp32": 1.0, "int8": 0.25},
+    )
 
 
 # --------------------------------------------------------------------------------------- transfer_ms
+
 
 @pytest.mark.parametrize("start_s", [0.0, 17.3, 59.9, 61.0, 1234.5])
 def test_transfer_ms_on_a_constant_trace_is_bits_over_rate(start_s: float) -> None:
@@ -131,14 +145,20 @@ def test_transfer_ms_is_monotone_in_bytes(trace: traces.Trace, start: float, a: 
 
 
 @FEW
-@given(levels=st.lists(st.floats(0.0, 50.0, allow_nan=False), min_size=1, max_size=4).filter(lambda ls: len(ls) != 3),
-       step_s=st.sampled_from([0.25, 0.5, 1.0, 2.0]), start=st.floats(0.0, 30.0), nbytes=st.floats(1.0, 1e6))
-def test_transfer_ms_matches_an_exact_walk_of_the_trace(levels: list[float], step_s: float, start: float,
-                                                        nbytes: float) -> None:
+@given(
+    levels=st.lists(st.floats(0.0, 50.0, allow_nan=False), min_size=1, max_size=4).filter(lambda ls: len(ls) != 3),
+    step_s=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+    start=st.floats(0.0, 30.0),
+    nbytes=st.floats(1.0, 1e6),
+)
+def test_transfer_ms_matches_an_exact_walk_of_the_trace(
+    levels: list[float], step_s: float, start: float, nbytes: float
+) -> None:
     # power-of-two periods: the float period arithmetic is exact (the test below covers the others)
     trace = traces.step(levels, step_s)
-    assert rigstats.transfer_ms(trace, start, nbytes) == pytest.approx(exact_transfer_ms(trace, start, nbytes),
-                                                                       rel=1e-9, abs=1e-9)
+    assert rigstats.transfer_ms(trace, start, nbytes) == pytest.approx(
+        exact_transfer_ms(trace, start, nbytes), rel=1e-9, abs=1e-9
+    )
 
 
 def test_transfer_ms_across_many_wraps_of_a_non_dyadic_period() -> None:
@@ -156,6 +176,7 @@ def test_mean_rate_during() -> None:
 
 
 # ------------------------------------------------------------------------------ bursts and intervals
+
 
 def test_burst_schedule() -> None:
     assert rigstats.burst_intervals("device-burst", 30) == [(10.0, 20.0)]  # short run: the middle third
@@ -197,9 +218,9 @@ def test_plan_cut() -> None:
 
 # ----------------------------------------------------------------------------------------- summarize
 
+
 def test_summarize_example() -> None:
-    s = rigstats.summarize([10.0, 20.0, 30.0, 40.0], ["a", "a", "b", "a"], failed=2, energies=[1.0, 3.0],
-                           fallbacks=1)
+    s = rigstats.summarize([10.0, 20.0, 30.0, 40.0], ["a", "a", "b", "a"], failed=2, energies=[1.0, 3.0], fallbacks=1)
     assert s["mean_ms"] == pytest.approx(25.0)
     assert s["p50_ms"] == pytest.approx(25.0)
     assert s["p99_ms"] == pytest.approx(39.7)
@@ -220,9 +241,12 @@ def test_summarize_empty_run() -> None:
 
 
 @FEW
-@given(runs=st.lists(st.tuples(st.floats(0.0, 1e4), st.sampled_from(["device", "c3@fp16", "cloud@int8"])),
-                     min_size=1, max_size=50),
-       failed=st.integers(0, 10))
+@given(
+    runs=st.lists(
+        st.tuples(st.floats(0.0, 1e4), st.sampled_from(["device", "c3@fp16", "cloud@int8"])), min_size=1, max_size=50
+    ),
+    failed=st.integers(0, 10),
+)
 def test_summarize_properties(runs: list[tuple[float, str]], failed: int) -> None:
     lat = [ms for ms, _ in runs]
     plans = [p for _, p in runs]
@@ -240,13 +264,21 @@ def test_summarize_properties(runs: list[tuple[float, str]], failed: int) -> Non
 
 # ------------------------------------------------------------------------------------------- energy
 
+
 def test_energy_of_a_local_and_a_cloud_request() -> None:
     power = Power(idle_w=2.0, active_w=5.0, radio_w=1.0)
     link = traces.constant(8.0)  # 1000 bytes per ms
     local = {"t_s": 3.0, "where": "local", "head_ms": 10.0, "tail_ms": 5.0, "latency_ms": 20.0}
     assert rigstats.energy_mj(local, link, power) == pytest.approx(5.0 * 15 + 2.0 * 5)
-    cloud = {"t_s": 0.0, "where": "cloud", "head_ms": 10.0, "tail_ms": 30.0, "rpc_ms": 100.0, "bytes_up": 1000,
-             "latency_ms": 150.0}
+    cloud = {
+        "t_s": 0.0,
+        "where": "cloud",
+        "head_ms": 10.0,
+        "tail_ms": 30.0,
+        "rpc_ms": 100.0,
+        "bytes_up": 1000,
+        "latency_ms": 150.0,
+    }
     # 10 ms active, 1 ms sending (idle + radio), the remaining 139 ms idle
     assert rigstats.energy_mj(cloud, link, power) == pytest.approx(5.0 * 10 + (2.0 + 1.0) * 1 + 2.0 * 139)
     # sending never counts for more than the RPC took
@@ -255,26 +287,64 @@ def test_energy_of_a_local_and_a_cloud_request() -> None:
 
 # ------------------------------------------------------------------------------------ measured_costs
 
+
 def _cost_records_table() -> CostTable:
     # c2 is too cheap to give ratios (head < 20 ms, tail < 5 ms): it only feeds the network overhead
-    return CostTable(ids=["cloud", "c1", "c2", "device"], head_ms=[0.0, 40.0, 10.0, 100.0],
-                     tail_ms=[50.0, 30.0, 2.0, 0.0], bytes=[4000, 3000, 1000, 0], reply_bytes=1000)
+    return CostTable(
+        ids=["cloud", "c1", "c2", "device"],
+        head_ms=[0.0, 40.0, 10.0, 100.0],
+        tail_ms=[50.0, 30.0, 2.0, 0.0],
+        bytes=[4000, 3000, 1000, 0],
+        reply_bytes=1000,
+    )
 
 
-def _cloud_rec(t_s: float, plan: str, head: float, tail: float, queue: float, up: float, down: float,
-               net: float, enc: float = 0.0, dec: float = 0.0) -> dict[str, object]:
+def _cloud_rec(
+    t_s: float,
+    plan: str,
+    head: float,
+    tail: float,
+    queue: float,
+    up: float,
+    down: float,
+    net: float,
+    enc: float = 0.0,
+    dec: float = 0.0,
+) -> dict[str, object]:
     """A cloud record whose network overhead (rpc - tail - queue - ideal + enc + dec) is ``net`` on 8 Mbit/s."""
     ideal = (up + down) / 1000.0
     rpc = net + tail + queue + ideal - enc - dec
-    return {"t_s": t_s, "plan": plan, "where": "cloud", "head_ms": head, "tail_ms": tail, "queue_ms": queue,
-            "rpc_ms": rpc, "bytes_up": up, "bytes_down": down, "encode_ms": enc, "decode_ms": dec,
-            "latency_ms": head + enc + rpc + dec}
+    return {
+        "t_s": t_s,
+        "plan": plan,
+        "where": "cloud",
+        "head_ms": head,
+        "tail_ms": tail,
+        "queue_ms": queue,
+        "rpc_ms": rpc,
+        "bytes_up": up,
+        "bytes_down": down,
+        "encode_ms": enc,
+        "decode_ms": dec,
+        "latency_ms": head + enc + rpc + dec,
+    }
 
 
 def _local_rec(t_s: float, head: float, latency: float) -> dict[str, object]:
-    return {"t_s": t_s, "plan": "device", "where": "local", "head_ms": head, "tail_ms": 0.0, "queue_ms": 0.0,
-            "rpc_ms": 0.0, "bytes_up": 0, "bytes_down": 0, "encode_ms": 0.0, "decode_ms": 0.0,
-            "latency_ms": latency}
+    return {
+        "t_s": t_s,
+        "plan": "device",
+        "where": "local",
+        "head_ms": head,
+        "tail_ms": 0.0,
+        "queue_ms": 0.0,
+        "rpc_ms": 0.0,
+        "bytes_up": 0,
+        "bytes_down": 0,
+        "encode_ms": 0.0,
+        "decode_ms": 0.0,
+        "latency_ms": latency,
+    }
 
 
 def test_measured_costs_are_the_means_of_the_records() -> None:
@@ -282,18 +352,22 @@ def test_measured_costs_are_the_means_of_the_records() -> None:
     no_codec_times = _cloud_rec(25.0, "c1@fp16", 160.0, 50.0, 10.0, 1500, 1000, net=17.0)
     del no_codec_times["encode_ms"], no_codec_times["decode_ms"]  # optional in a record
     runs = {
-        "adaptive": {"records": [
-            _cloud_rec(5.0, "c1@fp32", 80.0, 45.0, 15.0, 3000, 1000, net=23.0, enc=1.0, dec=2.0),
-            no_codec_times,  # in the burst: head ratio 4
-            _local_rec(6.0, 300.0, 310.0),
-            {"t_s": 10.0, "plan": "c1@fp32", "error": "DEADLINE_EXCEEDED", "head_ms": 1e6, "latency_ms": 1e6},
-        ]},
-        "static": {"records": [
-            _cloud_rec(7.0, "cloud@fp32", 0.0, 75.0, 0.0, 4000, 1000, net=20.0, enc=0.5, dec=0.5),
-            _cloud_rec(8.0, "c2@int8", 30.0, 4.0, 0.0, 250, 1000, net=24.0),
-            _local_rec(9.0, 200.0, 220.0),
-            {"t_s": 11.0, "plan": "device", "error": "boom"},
-        ]},
+        "adaptive": {
+            "records": [
+                _cloud_rec(5.0, "c1@fp32", 80.0, 45.0, 15.0, 3000, 1000, net=23.0, enc=1.0, dec=2.0),
+                no_codec_times,  # in the burst: head ratio 4
+                _local_rec(6.0, 300.0, 310.0),
+                {"t_s": 10.0, "plan": "c1@fp32", "error": "DEADLINE_EXCEEDED", "head_ms": 1e6, "latency_ms": 1e6},
+            ]
+        },
+        "static": {
+            "records": [
+                _cloud_rec(7.0, "cloud@fp32", 0.0, 75.0, 0.0, 4000, 1000, net=20.0, enc=0.5, dec=0.5),
+                _cloud_rec(8.0, "c2@int8", 30.0, 4.0, 0.0, 250, 1000, net=24.0),
+                _local_rec(9.0, 200.0, 220.0),
+                {"t_s": 11.0, "plan": "device", "error": "boom"},
+            ]
+        },
     }
     got = rigstats.measured_costs(table, runs, traces.constant(8.0), [(20.0, 40.0)], rtt_ms=50.0)
     assert got.device_ratio_idle == pytest.approx((80 / 40 + 300 / 100 + 200 / 100) / 3)
@@ -318,6 +392,7 @@ def test_measured_costs_defaults() -> None:
 
 # -------------------------------------------------------------------------------------------- oracle
 
+
 def test_oracle_costs_every_plan_with_the_measured_costs() -> None:
     table = tiny_table()
     c = costs(ratio=2.0, burst=5.0, cloud=1.5, net=3.0, local=1.0)
@@ -327,12 +402,13 @@ def test_oracle_costs_every_plan_with_the_measured_costs() -> None:
     assert rigstats.oracle(table, c, [0.0], link, [], ["fp32"]) == [("c1@fp32", pytest.approx(39.8))]
     # in a burst the head costs 5x: c1@int8 50+1.8+3+12 = 66.8 loses to cloud@int8 (65.8)
     assert rigstats.oracle(table, c, [1.0, 25.0], link, [(20.0, 40.0)], None) == [
-        ("c1@int8", pytest.approx(36.8)), ("cloud@int8", pytest.approx(65.8))]
+        ("c1@int8", pytest.approx(36.8)),
+        ("cloud@int8", pytest.approx(65.8)),
+    ]
 
 
 def test_oracle_meets_the_bandwidth_after_the_head() -> None:
-    table = CostTable(ids=["c1"], head_ms=[125.0], tail_ms=[8.0], bytes=[500], reply_bytes=100,
-                      codecs={"fp32": 1.0})
+    table = CostTable(ids=["c1"], head_ms=[125.0], tail_ms=[8.0], bytes=[500], reply_bytes=100, codecs={"fp32": 1.0})
     link = traces.step([1000.0, 1.0], 0.25)  # the fast link is gone when the 250 ms head ends
     [(plan, ms)] = rigstats.oracle(table, costs(ratio=2.0, net=3.0), [0.0], link, [], None)
     assert plan == "c1@fp32"
@@ -380,23 +456,31 @@ def test_oracle_moves_a_realized_latency_by_the_modelled_difference() -> None:
     # model (see test_oracle_costs_every_plan_with_the_measured_costs): c1@int8 36.8, c1@fp32 39.8, device 81
     assert rigstats.oracle(table, c, [0.0], link, [], None, [("c1@int8", 50.0)]) == [("c1@int8", 50.0)]
     assert rigstats.oracle(table, c, [0.0], link, [], None, [("c1@fp32", 50.0)]) == [
-        ("c1@int8", pytest.approx(50.0 - 3.0))]
+        ("c1@int8", pytest.approx(50.0 - 3.0))
+    ]
     assert rigstats.oracle(table, c, [0.0], link, [], None, [("device", 100.0)]) == [
-        ("c1@int8", pytest.approx(100.0 - 44.2))]
+        ("c1@int8", pytest.approx(100.0 - 44.2))
+    ]
     # never below zero
     assert rigstats.oracle(table, c, [0.0], link, [], None, [("device", 10.0)]) == [("c1@int8", 0.0)]
     # a plan the table cannot cost: the lesser of its measurement and the model's pick
     assert rigstats.oracle(table, c, [0.0], link, [], None, [("c9@fp32", 20.0)]) == [("c9@fp32", 20.0)]
-    assert rigstats.oracle(table, c, [0.0], link, [], None, [("c1@zstd", 50.0)]) == [
-        ("c1@int8", pytest.approx(36.8))]
+    assert rigstats.oracle(table, c, [0.0], link, [], None, [("c1@zstd", 50.0)]) == [("c1@int8", pytest.approx(36.8))]
     # requests without a measurement get the model's pick
     assert rigstats.oracle(table, c, [0.0, 0.0], link, [], None, [None, ("c1@int8", 40.0)]) == [
-        ("c1@int8", pytest.approx(36.8)), ("c1@int8", 40.0)]
+        ("c1@int8", pytest.approx(36.8)),
+        ("c1@int8", 40.0),
+    ]
 
 
 def test_oracle_treats_a_plan_sending_the_same_bytes_as_the_realized_one() -> None:
-    table = CostTable(ids=["cloud", "c1", "device"], head_ms=[0.0, 10.0, 400.0], tail_ms=[900.0, 8.0, 0.0],
-                      bytes=[1000, 500, 0], codecs={"int8": 0.25, "int8c": 0.25})
+    table = CostTable(
+        ids=["cloud", "c1", "device"],
+        head_ms=[0.0, 10.0, 400.0],
+        tail_ms=[900.0, 8.0, 0.0],
+        bytes=[1000, 500, 0],
+        codecs={"int8": 0.25, "int8c": 0.25},
+    )
     link, c = traces.constant(1.0), costs(net=3.0)
     [(plan, ms)] = rigstats.oracle(table, c, [0.0], link, [], None)
     assert (plan, ms) == ("c1@int8", pytest.approx(10.0 + 1.0 + 3.0 + 8.0))
@@ -408,8 +492,12 @@ def test_oracle_treats_a_plan_sending_the_same_bytes_as_the_realized_one() -> No
 
 def _equivalent(table: CostTable, a: str, b: str) -> bool:
     """Same plan, or the same cut sending the same bytes (the oracle cannot tell them apart)."""
-    return a == b or (rigstats.plan_cut(a) == rigstats.plan_cut(b) and "@" in a and "@" in b
-                      and sent_bytes(table, a) == sent_bytes(table, b))
+    return a == b or (
+        rigstats.plan_cut(a) == rigstats.plan_cut(b)
+        and "@" in a
+        and "@" in b
+        and sent_bytes(table, a) == sent_bytes(table, b)
+    )
 
 
 @settings(max_examples=25, deadline=None)
@@ -417,8 +505,11 @@ def _equivalent(table: CostTable, a: str, b: str) -> bool:
 def test_oracle_is_never_above_the_realized_run(data: st.DataObject, ratio: float, n: int, shift: float) -> None:
     table = squeezenet()
     times = data.draw(st.lists(st.floats(0.0, 60.0), min_size=n, max_size=n))
-    realized = data.draw(st.lists(
-        st.none() | st.tuples(st.sampled_from(all_plans(table)), st.floats(0.0, 2000.0)), min_size=n, max_size=n))
+    realized = data.draw(
+        st.lists(
+            st.none() | st.tuples(st.sampled_from(all_plans(table)), st.floats(0.0, 2000.0)), min_size=n, max_size=n
+        )
+    )
     link, bursts = rig.load_trace("step:30,2/1.5"), [(20.0, 40.0)]
     c = costs(ratio=ratio, burst=3 * ratio, cloud=1.2, net=15.0, local=2.0)
     free = rigstats.oracle(table, c, times, link, bursts, None)
@@ -450,5 +541,6 @@ def test_oracle_restricted_to_routing_picks_only_device_or_cloud() -> None:
     link = traces.constant(1.0)
     # unrestricted the inner cut c1@int8 wins (36.8); routing's best is cloud@int8 (0+2.8+3+60)
     assert rigstats.oracle(table, c, [0.0], link, [], None, cuts=["cloud", "device"]) == [
-        ("cloud@int8", pytest.approx(65.8))]
+        ("cloud@int8", pytest.approx(65.8))
+    ]
     assert rigstats.oracle(table, c, [0.0], link, [], None, cuts=["device"]) == [("device", pytest.approx(81.0))]

@@ -17,8 +17,9 @@ IDS = ["cloud", "c1", "c2", "c3", "device"]
 BYTES = [400_000, 20_000, 60_000, 2_000, 0]
 DEVICE = CostTable(ids=IDS, head_ms=[0, 5, 60, 160, 200], tail_ms=[200, 195, 140, 40, 0], bytes=BYTES, reply_bytes=40)
 EDGE = CostTable(ids=IDS, head_ms=[0, 1, 3, 60, 160], tail_ms=[160, 159, 157, 100, 0], bytes=BYTES, reply_bytes=40)
-CLOUD = CostTable(ids=IDS, head_ms=[0, 0.2, 0.6, 1.0, 1.2], tail_ms=[1.2, 1.0, 0.6, 0.2, 0], bytes=BYTES,
-                  reply_bytes=40)
+CLOUD = CostTable(
+    ids=IDS, head_ms=[0, 0.2, 0.6, 1.0, 1.2], tail_ms=[1.2, 1.0, 0.6, 0.2, 0], bytes=BYTES, reply_bytes=40
+)
 
 
 def hop(mbps: float, rtt_ms: float = 2.0) -> Link:
@@ -96,7 +97,8 @@ def test_likely_cuts_and_pairs() -> None:
     pairs = tierplans.likely_pairs(DEVICE, EDGE, CLOUD, [(1000, 1000)] * 3 + [(2, 0.5)], rtt1_ms=2.0, rtt2_ms=2.0)
     assert pairs == ["cloud>c1@fp32", "c1>c3@fp32"]  # most frequent first
     assert tierplans.likely_pairs(DEVICE, EDGE, CLOUD, [(1000, 1000), (2, 0.5)], rtt1_ms=2, rtt2_ms=2, limit=1) == [
-        "cloud>c1@fp32"]
+        "cloud>c1@fp32"
+    ]
 
 
 def test_by_turn_and_bootstrap() -> None:
@@ -112,9 +114,14 @@ def test_by_turn_and_bootstrap() -> None:
 
 
 def test_gains_against_the_best_static_alternative() -> None:
-    s = {"device-only": {"mean_ms": 400.0, "energy_mj": 2000.0}, "cloud-only": {"mean_ms": 500.0, "energy_mj": 900.0},
-         "static-2tier": {"mean_ms": 400.0, "energy_mj": 2000.0}, "edge-only": {"mean_ms": 300.0, "energy_mj": 800.0},
-         "static-3tier": {"mean_ms": 320.0, "energy_mj": 850.0}, "adaptive": {"mean_ms": 280.0, "energy_mj": 880.0}}
+    s = {
+        "device-only": {"mean_ms": 400.0, "energy_mj": 2000.0},
+        "cloud-only": {"mean_ms": 500.0, "energy_mj": 900.0},
+        "static-2tier": {"mean_ms": 400.0, "energy_mj": 2000.0},
+        "edge-only": {"mean_ms": 300.0, "energy_mj": 800.0},
+        "static-3tier": {"mean_ms": 320.0, "energy_mj": 850.0},
+        "adaptive": {"mean_ms": 280.0, "energy_mj": 880.0},
+    }
     g = tierplans.gains(s)
     assert g["latency_vs_static_2tier"] == {"against": "device-only", "pct": pytest.approx(30.0)}
     assert g["energy_vs_static_2tier"] == {"against": "cloud-only", "pct": pytest.approx(100 * (1 - 880 / 900))}

@@ -33,8 +33,13 @@ def _goodput_mbps(rig: TierRig, rates: tuple[float, float], hop: int) -> float:
     rx_host, tx_ns = (edge, device.ns) if hop == 1 else (cloud, edge.ns)
     rx = shaper.BulkReceiver(rx_host.ip, 0, netns_name=rx_host.ns)
     try:
-        steps = shaper.measure_steps(rig.shaper if hop == 1 else rig.shaper2, traces.constant(rates[hop - 1], 2.5),
-                                     rx, (rx_host.ip, rx.port), send_netns=tx_ns)
+        steps = shaper.measure_steps(
+            rig.shaper if hop == 1 else rig.shaper2,
+            traces.constant(rates[hop - 1], 2.5),
+            rx,
+            (rx_host.ip, rx.port),
+            send_netns=tx_ns,
+        )
     finally:
         rx.close()
     return steps[0].measured_mbps
@@ -64,15 +69,21 @@ d.close()
 
 
 def _through_both(ns: str, edge: str) -> dict[str, object]:
-    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", THROUGH_BOTH, edge], capture_output=True,
-                         text=True, timeout=120, check=False)
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", THROUGH_BOTH, edge],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def test_three_tier_rig_runs_every_strategy_through_the_edge() -> None:
-    cfg = TierRigConfig(board="rpi5", models=("squeezenet",), quota_cpus=0.3, edge_cpus=0.5,
-                        prefix=f"spl-tt{os.getpid() % 10000}")
+    cfg = TierRigConfig(
+        board="rpi5", models=("squeezenet",), quota_cpus=0.3, edge_cpus=0.5, prefix=f"spl-tt{os.getpid() % 10000}"
+    )
     rig = TierRig(cfg)
     with rig:
         # Both hops shaped, each on its own: 4 Mbit/s on hop 1, 1 Mbit/s on hop 2 (veth unshaped: Gbit/s).
@@ -80,8 +91,17 @@ def test_three_tier_rig_runs_every_strategy_through_the_edge() -> None:
         hop2 = _goodput_mbps(rig, (4.0, 1.0), 2)
         assert 2.0 < hop1 < 6.0, f"hop 1: expected ~4 Mbit/s, measured {hop1:.2f}"
         assert 0.5 < hop2 < 1.5, f"hop 2: expected ~1 Mbit/s, measured {hop2:.2f}"
-        bench = TierBenchConfig(model="squeezenet", trace="constant:40", trace2="constant:20", rtt_ms=4.0,
-                                rtt2_ms=4.0, duration_s=3.0, turn_s=1.5, rate_hz=4.0, warmup_s=0.5)
+        bench = TierBenchConfig(
+            model="squeezenet",
+            trace="constant:40",
+            trace2="constant:20",
+            rtt_ms=4.0,
+            rtt2_ms=4.0,
+            duration_s=3.0,
+            turn_s=1.5,
+            rate_hz=4.0,
+            warmup_s=0.5,
+        )
         result = run_tiers(bench, rig)
         # one request straight through all three tiers: the device's head, the edge's middle, the cloud's tail
         assert rig.device_host is not None

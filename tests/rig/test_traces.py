@@ -27,13 +27,16 @@ def test_two_column_parse_and_piecewise_constant() -> None:
         t.rate_at(-1)
 
 
-@pytest.mark.parametrize("text,match", [
-    ("0 1 2\n", "2 columns"),
-    ("0 a\n", "two numbers"),
-    ("0 1\n0 2\n", "does not increase"),
-    ("0 -1\n1 1\n", ">= 0"),
-    ("", "empty"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("0 1 2\n", "2 columns"),
+        ("0 a\n", "two numbers"),
+        ("0 1\n0 2\n", "does not increase"),
+        ("0 -1\n1 1\n", ">= 0"),
+        ("", "empty"),
+    ],
+)
 def test_two_column_errors_name_the_line(text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         traces.parse(text, "bad")

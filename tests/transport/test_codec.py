@@ -56,8 +56,7 @@ def test_fp16_relative_error_bound(arr: np.ndarray, z: bool) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(arr=hnp.arrays(np.float32, SHAPES, elements=FINITE32), quant=st.sampled_from(["int8", "int8c"]),
-       z=st.booleans())
+@given(arr=hnp.arrays(np.float32, SHAPES, elements=FINITE32), quant=st.sampled_from(["int8", "int8c"]), z=st.booleans())
 def test_int8_absolute_error_is_half_a_step(arr: np.ndarray, quant: str, z: bool) -> None:
     spec = f"{quant}+zlib" if z else quant
     enc = codec.encode("x", arr, spec)
@@ -78,8 +77,10 @@ def test_int8_per_channel_beats_per_tensor_on_channels_of_different_scale() -> N
 
 
 @settings(max_examples=40, deadline=None)
-@given(arr=hnp.arrays(st.sampled_from([np.int64, np.int32, np.uint8, np.bool_]), SHAPES),
-       spec=st.sampled_from(codec.names()))
+@given(
+    arr=hnp.arrays(st.sampled_from([np.int64, np.int32, np.uint8, np.bool_]), SHAPES),
+    spec=st.sampled_from(codec.names()),
+)
 def test_non_float_tensors_are_always_raw_and_exact(arr: np.ndarray, spec: str) -> None:
     enc = codec.encode("idx", arr, spec)
     assert enc.codec == "raw"

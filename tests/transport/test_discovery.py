@@ -372,8 +372,9 @@ def test_browser_sees_whether_a_server_is_secure(lan: Any) -> None:
     made: list[Any] = []
     try:
         for name, port, secure in (("open-cloud", 50071, False), ("locked-cloud", 50072, True)):
-            made.append(h1.call(lambda n=name, p=port, sec=secure: Advertiser(n, p, [h1.ip], interfaces=[h1.ip],
-                                                                            secure=sec)))
+            made.append(
+                h1.call(lambda n=name, p=port, sec=secure: Advertiser(n, p, [h1.ip], interfaces=[h1.ip], secure=sec))
+            )
         made.append(h0.call(lambda: Browser(interfaces=[h0.ip])))
         servers = made[-1].wait_for(lambda s: {"open-cloud", "locked-cloud"} <= set(s), timeout_s=20)
         assert servers["open-cloud"].secure is False and servers["locked-cloud"].secure is True

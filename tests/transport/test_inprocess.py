@@ -76,8 +76,9 @@ def _failure(dev: Device, call: str) -> CloudError:
     with pytest.raises(CloudError) as info:
         if call == "infer":
             head = dev.run_head(dev.random_inputs(), "c2")
-            wrong = HeadResult(cut_id=head.cut_id, crossing={f"{n}_wrong": a for n, a in head.crossing.items()},
-                               head_ms=head.head_ms)
+            wrong = HeadResult(
+                cut_id=head.cut_id, crossing={f"{n}_wrong": a for n, a in head.crossing.items()}, head_ms=head.head_ms
+            )
             dev.send(wrong, timeout_s=10)
         else:
             dev.probe(16, 1 << 40)  # more than the server will echo

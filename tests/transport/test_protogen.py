@@ -30,8 +30,13 @@ def test_v2_stubs_describe_the_open_inference_protocol() -> None:
 
     service = grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     assert grpc_predict_v2_pb2.DESCRIPTOR.package == "inference"
-    assert {m.name for m in service.methods} >= {"ServerLive", "ServerReady", "ModelReady", "ModelMetadata",
-                                                 "ModelInfer"}
+    assert {m.name for m in service.methods} >= {
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ModelMetadata",
+        "ModelInfer",
+    }
     # Field numbers are the wire format shared with KServe, Triton and MLServer.
     fields = grpc_predict_v2_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name
     assert (fields["model_name"].number, fields["inputs"].number, fields["raw_input_contents"].number) == (1, 5, 7)

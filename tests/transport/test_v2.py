@@ -45,14 +45,23 @@ def test_names_and_addresses() -> None:
 
 
 def test_request_carries_raw_little_endian_contents_with_v2_datatypes() -> None:
-    arrays = {"f": np.arange(6, dtype=np.float32).reshape(2, 3), "i": np.array(7, dtype=np.int64),
-              "b": np.array([True, False]), "h": np.ones((1, 2), np.float16)}
+    arrays = {
+        "f": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "i": np.array(7, dtype=np.int64),
+        "b": np.array([True, False]),
+        "h": np.ones((1, 2), np.float16),
+    }
     req = to_v2_request(framed(arrays))
     assert req.model_name == "abababababab-c3" and req.id == "r1"
     assert [(t.name, t.datatype, list(t.shape)) for t in req.inputs] == [
-        ("f", "FP32", [2, 3]), ("i", "INT64", []), ("b", "BOOL", [2]), ("h", "FP16", [1, 2])]
-    assert [bytes(r) for r in req.raw_input_contents] == [a.astype(a.dtype.newbyteorder("<")).tobytes()
-                                                         for a in arrays.values()]
+        ("f", "FP32", [2, 3]),
+        ("i", "INT64", []),
+        ("b", "BOOL", [2]),
+        ("h", "FP16", [1, 2]),
+    ]
+    assert [bytes(r) for r in req.raw_input_contents] == [
+        a.astype(a.dtype.newbyteorder("<")).tobytes() for a in arrays.values()
+    ]
 
 
 def test_lossy_codec_is_refused_before_sending() -> None:

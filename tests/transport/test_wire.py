@@ -27,23 +27,25 @@ BIG = 64 * 1024 * 1024
 def _tensors() -> list[Encoded]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 3, 5)).astype(np.float32)
-    return [codec.encode("x", x, copy=False),
-            codec.encode("idx", np.arange(7, dtype=np.int64), copy=False),
-            codec.encode("h", x, "fp16"),
-            codec.encode("q", x, "int8c+zlib"),
-            codec.encode("scalar", np.array(2.5, np.float64), copy=False),
-            codec.encode("empty", np.zeros((0, 4), np.float32), copy=False)]
+    return [
+        codec.encode("x", x, copy=False),
+        codec.encode("idx", np.arange(7, dtype=np.int64), copy=False),
+        codec.encode("h", x, "fp16"),
+        codec.encode("q", x, "int8c+zlib"),
+        codec.encode("scalar", np.array(2.5, np.float64), copy=False),
+        codec.encode("empty", np.zeros((0, 4), np.float32), copy=False),
+    ]
 
 
 def _request() -> wire.Framed:
-    header = pb.InferRequest(model_sha256="ab" * 32, cut_id="c3", codec="fp32", request_id="r1",
-                             output_codec="fp16")
+    header = pb.InferRequest(model_sha256="ab" * 32, cut_id="c3", codec="fp32", request_id="r1", output_codec="fp16")
     return wire.Framed(header=header, tensors=_tensors())
 
 
 def _same(a: list[Encoded], b: list[Encoded]) -> None:
-    assert [(e.name, e.dtype, e.shape, e.codec, bytes(e.payload)) for e in a] == \
-           [(e.name, e.dtype, e.shape, e.codec, bytes(e.payload)) for e in b]
+    assert [(e.name, e.dtype, e.shape, e.codec, bytes(e.payload)) for e in a] == [
+        (e.name, e.dtype, e.shape, e.codec, bytes(e.payload)) for e in b
+    ]
 
 
 def test_framed_bytes_parse_as_the_stock_message() -> None:
@@ -54,8 +56,9 @@ def test_framed_bytes_parse_as_the_stock_message() -> None:
         t.ClearField("pad")
     assert stock == framed.to_message()
     assert [t.name for t in stock.tensors] == ["x", "idx", "h", "q", "scalar", "empty"]
-    reply = wire.Framed(header=pb.InferReply(request_id="r1", tail_ms=1.5, load=pb.Load(workers=2)),
-                        tensors=_tensors()[:2])
+    reply = wire.Framed(
+        header=pb.InferReply(request_id="r1", tail_ms=1.5, load=pb.Load(workers=2)), tensors=_tensors()[:2]
+    )
     stock_reply = pb.InferReply.FromString(wire.serialize(reply))
     for t in stock_reply.outputs:
         t.ClearField("pad")
@@ -81,8 +84,15 @@ def test_any_field_order_repeats_and_unknown_fields() -> None:
     def field(number: int, body: bytes) -> bytes:
         return bytes([number << 3 | 2, len(body)]) + body
 
-    tensor = (field(5, b"\x00" * 8) + field(4, b"fp32") + bytes([3 << 3 | 2, 1, 2]) + field(2, b"float32")
-              + field(1, b"t") + field(5, np.array([1.0, 2.0], np.float32).tobytes()) + field(15, b"??"))
+    tensor = (
+        field(5, b"\x00" * 8)
+        + field(4, b"fp32")
+        + bytes([3 << 3 | 2, 1, 2])
+        + field(2, b"float32")
+        + field(1, b"t")
+        + field(5, np.array([1.0, 2.0], np.float32).tobytes())
+        + field(15, b"??")
+    )
     data = field(5, tensor) + field(2, b"c1") + field(1, b"s" * 10) + field(14, b"!")
     got = wire.deserializer(pb.InferRequest)(data)
     stock = pb.InferRequest.FromString(data)
@@ -98,11 +108,18 @@ def test_any_field_order_repeats_and_unknown_fields() -> None:
 def test_framed_payloads_are_aligned_views(name_len: int) -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 1000)).astype(np.float32)
-    tensors = [codec.encode("n" * name_len, x, copy=False), codec.encode("i" * (name_len + 3), x.astype(np.float64)),
-               codec.encode("z", np.arange(5, dtype=np.int64)), codec.encode("b" * name_len, x[:, :33], "fp16"),
-               codec.encode("empty", np.zeros((0,), np.float32)), *_tensors()]
-    for header in (pb.InferRequest(model_sha256="ab" * 32, cut_id="c" * name_len),
-                   pb.InferReply(request_id="r" * name_len, tail_ms=1.0)):
+    tensors = [
+        codec.encode("n" * name_len, x, copy=False),
+        codec.encode("i" * (name_len + 3), x.astype(np.float64)),
+        codec.encode("z", np.arange(5, dtype=np.int64)),
+        codec.encode("b" * name_len, x[:, :33], "fp16"),
+        codec.encode("empty", np.zeros((0,), np.float32)),
+        *_tensors(),
+    ]
+    for header in (
+        pb.InferRequest(model_sha256="ab" * 32, cut_id="c" * name_len),
+        pb.InferReply(request_id="r" * name_len, tail_ms=1.0),
+    ):
         data = wire.serialize(wire.Framed(header=header, tensors=tensors))
         got = wire.deserializer(type(header))(data)
         base = np.frombuffer(data, np.uint8).ctypes.data
@@ -146,8 +163,10 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_stock_client_and_framed_device_agree(models_dir: Path) -> None:
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=1)) as s, \
-            Device(models_dir / "multi_io.onnx", s.address) as dev:
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=1)) as s,
+        Device(models_dir / "multi_io.onnx", s.address) as dev,
+    ):
         x = dev.random_inputs()
         ref = dev.run_local(x)
         framed = dev.run(x, cut="c3")
@@ -175,13 +194,19 @@ class _StockServicer(pb_grpc.SplitInferenceServicer):
 
     def Infer(self, request: pb.InferRequest, context: grpc.ServicerContext) -> pb.InferReply:
         t = request.tensors[0]
-        return pb.InferReply(request_id=request.request_id, tail_ms=0.25, load=pb.Load(workers=1),
-                             outputs=[pb.Tensor(name=n, dtype=t.dtype, shape=t.shape, codec=t.codec,
-                                                payload=t.payload) for n in self.outputs])
+        return pb.InferReply(
+            request_id=request.request_id,
+            tail_ms=0.25,
+            load=pb.Load(workers=1),
+            outputs=[
+                pb.Tensor(name=n, dtype=t.dtype, shape=t.shape, codec=t.codec, payload=t.payload) for n in self.outputs
+            ],
+        )
 
 
-def _send_to_stock_server(models_dir: Path, outputs: Callable[[Device], list[str]]) -> tuple[Device, HeadResult,
-                                                                                                 SplitResult]:
+def _send_to_stock_server(
+    models_dir: Path, outputs: Callable[[Device], list[str]]
+) -> tuple[Device, HeadResult, SplitResult]:
     """Cut c4 of multi_io sent by a framed Device to a stock servicer answering ``outputs(dev)``."""
     server = grpc.server(futures.ThreadPoolExecutor(2))
     with Device(models_dir / "multi_io.onnx") as dev:

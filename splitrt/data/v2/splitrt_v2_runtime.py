@@ -19,9 +19,18 @@ from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
 from mlserver.utils import get_model_uri
 
 NUMPY_DTYPES = {
-    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-    "FP16": "float16", "FP32": "float32", "FP64": "float64",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
 }
 DATATYPES = {v: k for k, v in NUMPY_DTYPES.items()}
 
@@ -62,8 +71,10 @@ class OnnxTail(MLModel):
         if want != got:
             raise BadRequest(f"model {self.name} input {inp.name!r}: expected datatype {want}, got {got}")
         if not _shape_fits(list(declared.shape), list(inp.shape)):
-            raise BadRequest(f"model {self.name} input {inp.name!r}: expected shape {list(declared.shape)} "
-                             f"(-1: any size), got {list(inp.shape)}")
+            raise BadRequest(
+                f"model {self.name} input {inp.name!r}: expected shape {list(declared.shape)} "
+                f"(-1: any size), got {list(inp.shape)}"
+            )
         data = getattr(inp.data, "root", inp.data)
         return np.asarray(data, dtype=NUMPY_DTYPES[got]).reshape(list(inp.shape))
 
@@ -71,11 +82,17 @@ class OnnxTail(MLModel):
         feeds = {inp.name: self._feed(inp) for inp in payload.inputs}
         missing = sorted(set(self._declared) - set(feeds))
         if missing:
-            raise BadRequest(f"model {self.name}: expected inputs {sorted(self._declared)}, "
-                             f"got {sorted(feeds)} (missing {missing})")
+            raise BadRequest(
+                f"model {self.name}: expected inputs {sorted(self._declared)}, got {sorted(feeds)} (missing {missing})"
+            )
         values = self._session.run(self._outputs, feeds)
-        outputs = [ResponseOutput(name=name, shape=list(arr.shape), datatype=DATATYPES[arr.dtype.name],
-                                  data=np.asarray(arr).ravel().tolist())
-                   for name, arr in zip(self._outputs, values, strict=True)]
-        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
-                                 outputs=outputs)
+        outputs = [
+            ResponseOutput(
+                name=name,
+                shape=list(arr.shape),
+                datatype=DATATYPES[arr.dtype.name],
+                data=np.asarray(arr).ravel().tolist(),
+            )
+            for name, arr in zip(self._outputs, values, strict=True)
+        ]
+        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id, outputs=outputs)

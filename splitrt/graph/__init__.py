@@ -8,21 +8,24 @@ from typing import TYPE_CHECKING
 from splitrt._lazy import exports
 
 if TYPE_CHECKING:
-    from splitrt.graph.model import Cut, ModelGraph, TensorInfo, load, model_sha256, parse_cut_ids
+    from splitrt.graph.cuts import Cut, parse_cut_ids
+    from splitrt.graph.model import ModelGraph, TensorInfo, load, model_sha256
     from splitrt.graph.partition import Segment, SegmentCache, head_tail, split
 
 _NAMES = {
-    "Cut": "model",
+    "Cut": "cuts",
     "ModelGraph": "model",
     "TensorInfo": "model",
     "load": "model",
     "model_sha256": "model",
-    "parse_cut_ids": "model",
+    "parse_cut_ids": "cuts",
     "Segment": "partition",
     "SegmentCache": "partition",
     "head_tail": "partition",
     "split": "partition",
+    "cuts": "",
     "model": "",
+    "normalise": "",
     "partition": "",
     "zoo": "",
 }

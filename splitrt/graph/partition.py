@@ -25,7 +25,9 @@ import onnx
 from onnx import helper
 
 from splitrt.errors import CutError
-from splitrt.graph.model import Cut, ModelGraph, _all_inputs, _bits
+from splitrt.graph.cuts import Cut, bits
+from splitrt.graph.model import ModelGraph
+from splitrt.graph.normalise import all_inputs
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ def split(graph: ModelGraph, cut_ids: Sequence[str]) -> list[Segment]:
     segments = []
     for i in range(len(boundaries) - 1):
         (lo_mask, ins), (hi_mask, sent) = boundaries[i], boundaries[i + 1]
-        nodes = [graph.nodes[k] for k in _bits(hi_mask & ~lo_mask)]
+        nodes = [graph.nodes[k] for k in bits(hi_mask & ~lo_mask)]
         # What the next segment needs, and the graph outputs made here (they go back to the device, never
         # further down the chain).
         made = {o for n in nodes for o in n.output}
@@ -116,7 +118,7 @@ def _segment_model(
     name: str,
 ) -> onnx.ModelProto:
     src = graph.model
-    needed = {i for n in nodes for i in _all_inputs(n)}
+    needed = {i for n in nodes for i in all_inputs(n)}
     inits = [t for t in src.graph.initializer if t.name in needed]
     produced = {o for n in nodes for o in n.output} | set(inputs)
     vis = [vi for vi in src.graph.value_info if vi.name in produced and vi.name not in outputs]

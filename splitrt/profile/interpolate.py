@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitrt.graph import model as graph_mod
+from splitrt.graph.cuts import mask_to_bool
 from splitrt.profile.anchoring import AnchorTimes
 from splitrt.profile.store import CutProfile, NodeProfile, SegmentProfile
 from splitrt.profile.timing import p90
@@ -110,7 +111,7 @@ def cut_profiles(
     plus the unfused consumers it runs when it separates a fused pair (``split_ms``)."""
     out = []
     for c in cuts:
-        mask = graph_mod._mask_to_bool(c.head_mask, len(g.nodes))
+        mask = mask_to_bool(c.head_mask, len(g.nodes))
         if c.id == "cloud":
             head = head90 = 0.0
         else:

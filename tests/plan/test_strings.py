@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from splitrt.errors import ConfigError, PlanError
-from splitrt.graph.model import parse_cut_ids
+from splitrt.graph.cuts import parse_cut_ids
 from splitrt.plan.controller import Decision, parse_policy
 from splitrt.plan.solver import format_plan, parse_chain_plan, parse_plan
 

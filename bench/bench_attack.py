@@ -68,6 +68,9 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
+from _common import code as _code
+from _common import free_port as _free_port
+from _common import progress
 from grpc_health.v1 import health_pb2
 from onnx import TensorProto, helper, numpy_helper
 
@@ -90,22 +93,7 @@ LOG_MB_DAY_MAX = 100.0
 
 
 def _progress(msg: str) -> None:
-    print(f"[attack] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _code(exc: BaseException) -> str:
-    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
-        code = exc.code()
-        return code.name if code is not None else "UNKNOWN"
-    if isinstance(getattr(exc, "code", None), str):  # splitrt's CloudError carries the gRPC code's name
-        return str(exc.code)  # type: ignore[attr-defined]
-    return f"client:{type(exc).__name__}"
+    progress("attack", msg)
 
 
 def _channel(address: str) -> grpc.Channel:

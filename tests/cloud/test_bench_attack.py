@@ -12,6 +12,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_attack.py"
 
 
 def _bench() -> ModuleType:
+    if str(BENCH.parent) not in sys.path:  # the script imports bench/_common.py as a top-level module
+        sys.path.insert(0, str(BENCH.parent))
     spec = importlib.util.spec_from_file_location("bench_attack", BENCH)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

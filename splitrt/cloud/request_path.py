@@ -1,12 +1,18 @@
-"""The request path of ``CloudServer.infer``: admission, the tail (built in a slot), the input check,
-the request's memory (its activations estimated at its shapes, refused beyond ``max_request_bytes``,
-reserved in the budget), the run in a worker slot under the canceller (deadline, client cancel,
-shutdown, memory), and the reply's encoding."""
+"""The request path of ``CloudServer.infer``, one for every server on a path of tiers: admission, the
+segment (built in a slot, leased from the ``TailCache`` so it is not evicted while it runs), the input
+check, the request's memory (its activations estimated at its shapes, refused beyond
+``max_request_bytes``, reserved in the budget), the run in a worker slot under the canceller (deadline,
+client cancel, shutdown, memory), then either the reply or, for a request naming ``next_cut_id``, the
+forward to the server's next hop (``nexthop``) with B's tail run here when the next hop fails or there is
+none, and the reply's encoding.
+
+A request for cut A runs A's tail (``"A"``); one with ``next_cut_id`` B runs A -> B (``"A>B"``)."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -15,6 +21,7 @@ from splitrt.cloud.cancel import CallToken
 from splitrt.cloud.common import RpcFailure
 from splitrt.cloud.inputs import check_inputs, decode_inputs
 from splitrt.cloud.memory import trim
+from splitrt.cloud.nexthop import DEVICE_CUT, check_cuts
 from splitrt.cloud.tails import Tail
 from splitrt.errors import CodecError
 from splitrt.transport import codec, wire
@@ -24,13 +31,13 @@ if TYPE_CHECKING:
     from splitrt.cloud.server import CloudServer
 
 TRIM_AFTER_BYTES = 16 << 20
+Shapes = Mapping[str, tuple[int, ...]]
 
 
 def infer(
     server: CloudServer, request: wire.Framed, time_remaining_s: float | None, t0: float, token: CallToken | None = None
 ) -> wire.Framed:
-    """Admit, build or find the tail, check, estimate and reserve memory, run in a slot, encode."""
-    header = request.header
+    """Admit, then serve (:func:`serve`); the place in the queue is left whatever happens."""
     deadline_s = server.config.default_deadline_s if time_remaining_s is None else time_remaining_s
     deadline_s = min(deadline_s, 86400.0)  # no deadline: gRPC says ~9.2e18 s, too far for any wait
     deadline = time.monotonic() + deadline_s
@@ -46,37 +53,110 @@ def infer(
             retry_after_ms=hint,
         )
     try:
-        if header.next_cut_id:  # three tiers: run up to the next cut, forward the rest
-            return server.relay.infer(request, deadline_s, t0, token)
-        t_lease = time.perf_counter()
-        with server.tails.lease(header.model_sha256, header.cut_id, timeout_s=deadline - time.monotonic()) as tail:
-            # The first request on a cut builds its session: that is build_ms, not a wait for a worker.
-            build_ms = (time.perf_counter() - t_lease) * 1e3
-            # Cheap: nothing inflated or allocated yet.
-            bytes_in = check_inputs(request, tail, server.max_decoded_bytes)
-            try:
-                out_codec = codec.Codec.parse(header.output_codec or "fp32")
-            except CodecError as exc:
-                raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-            held = server.budget.reserve(
-                request_bytes(server, request, tail, bytes_in), f"request at cut {header.cut_id!r}"
-            )
-            try:
-                return run(server, request, tail, out_codec, deadline, t0, token, bytes_in, build_ms)
-            finally:
-                server.budget.release(held)
-                if held > TRIM_AFTER_BYTES:  # its freed activations back to the OS, not kept as heap
-                    trim()
+        return serve(server, request, deadline, t0, token)
     finally:
         server.admission.leave()
 
 
-def request_bytes(server: CloudServer, request: wire.Framed, tail: Tail, bytes_in: int) -> int:
+def serve(
+    server: CloudServer, request: wire.Framed, deadline: float, t0: float, token: CallToken | None
+) -> wire.Framed:
+    """Run this server's segment; with ``next_cut_id``, forward the rest (or finish it here); encode."""
+    h = request.header
+    onward = bool(h.next_cut_id)
+    graph = server.store.graph(h.model_sha256) if onward else None
+    if graph is not None:
+        check_cuts(graph, h.cut_id, h.next_cut_id)
+    key = f"{h.cut_id}>{h.next_cut_id}" if onward else h.cut_id
+    t_lease = time.perf_counter()
+    with server.tails.lease(h.model_sha256, key, timeout_s=deadline - time.monotonic()) as segment:
+        # The first request on a cut builds its session: that is build_ms, not a wait for a worker.
+        build_ms = (time.perf_counter() - t_lease) * 1e3
+        bytes_in = check_inputs(request, segment, server.max_decoded_bytes)  # cheap: nothing inflated yet
+        out_codec = _codec(h.output_codec)
+        next_codec = _codec(h.next_codec) if onward else out_codec
+        shapes = {t.name: tuple(int(d) for d in t.shape) for t in request.tensors}
+        values, t_run, run_ms = run(
+            server,
+            segment,
+            lambda: decode_inputs(request, server.max_decoded_bytes),  # only in a slot: <= workers inflate
+            header=h,
+            key=key,
+            shapes=shapes,
+            bytes_in=bytes_in,
+            deadline=deadline,
+            t0=t0,
+            token=token,
+        )
+    server._bytes_in.value = bytes_in
+    reply = pb.InferReply(request_id=h.request_id, queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0), build_ms=build_ms)
+    outputs: dict[str, Any] = dict(zip(segment.outputs, values, strict=True))
+    forwarded: list[codec.Encoded] = []
+    if graph is not None:  # the segment's outputs: what crosses B, and graph outputs made here
+        b = graph.cut(h.next_cut_id)
+        env, made = outputs, set(b.kept) - set(graph.cut(h.cut_id).kept)
+        outputs = {n: v for n, v in env.items() if n in made}
+        answer = None
+        if h.next_cut_id != DEVICE_CUT:
+            crossing = {n: env[n] for n in b.tensor_names}
+            answer = server.next_hop.forward(h, crossing, next_codec, deadline, reply)
+        if answer is not None:
+            forwarded = answer
+        else:
+            if h.next_cut_id != DEVICE_CUT:  # the next hop failed or there is none: B's tail here
+                tail_outputs, tail_ms = finish(server, h, env, deadline, t0, token)
+                outputs.update(tail_outputs)
+                run_ms += tail_ms
+            server.next_hop.finished()
+    try:
+        encoded = [codec.encode(n, np.asarray(v), out_codec, copy=False) for n, v in outputs.items()]
+    except CodecError as exc:
+        raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
+    reply.tail_ms = run_ms
+    reply.load.CopyFrom(server.load())
+    if onward:
+        reply.edge_ms = (time.perf_counter() - t0) * 1e3
+    return wire.Framed(header=reply, tensors=encoded + forwarded)
+
+
+def finish(
+    server: CloudServer,
+    h: pb.InferRequest,
+    env: Mapping[str, Any],
+    deadline: float,
+    t0: float,
+    token: CallToken | None,
+) -> tuple[dict[str, Any], float]:
+    """B's tail run here on the tensors crossing B (the next hop failed, or there is none)."""
+    with server.tails.lease(h.model_sha256, h.next_cut_id, timeout_s=deadline - time.monotonic()) as tail:
+        feeds = {n: np.asarray(env[n]) for n, _, _ in tail.inputs}
+        values, _, run_ms = run(
+            server,
+            tail,
+            lambda: feeds,
+            header=h,
+            key=h.next_cut_id,
+            shapes={n: tuple(int(d) for d in v.shape) for n, v in feeds.items()},
+            bytes_in=0,  # already held by the caller
+            deadline=deadline,
+            t0=t0,
+            token=token,
+            what=f"tail of cut {h.next_cut_id!r} (next tier failed)",
+        )
+    return dict(zip(tail.outputs, values, strict=True)), run_ms
+
+
+def _codec(name: str) -> codec.Codec:
+    try:
+        return codec.Codec.parse(name or "fp32")
+    except CodecError as exc:
+        raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+
+
+def request_bytes(server: CloudServer, sha256: str, key: str, tail: Tail, shapes: Shapes, bytes_in: int) -> int:
     """What a request holds while it runs: its message, and its activations at its shapes (estimated
     from the graph, ``peak``; refused beyond ``max_request_bytes``)."""
-    shapes = {t.name: tuple(int(d) for d in t.shape) for t in request.tensors}
-    cut = request.header.cut_id
-    est = server.peaks.estimate(f"{request.header.model_sha256}/{cut}", tail.skeleton, shapes)
+    est = server.peaks.estimate(f"{sha256}/{key}", tail.skeleton, dict(shapes))
     # onnxruntime's kernels add scratch space to the tensors alive at once: bert_tiny at 16 x 512
     # peaked 14 % above the estimate (132 MB estimated, 150 MB measured).
     need = int(est.peak_bytes * 1.2)
@@ -84,7 +164,7 @@ def request_bytes(server: CloudServer, request: wire.Framed, tail: Tail, bytes_i
     if need > limit:
         raise RpcFailure(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"cut {cut!r} at input shapes {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}: "
+            f"cut {key!r} at input shapes {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}: "
             f"needs ~{need / 2**20:.0f} MB of activations, expected at most {limit / 2**20:.0f} MB "
             "(--max-request-mb); send smaller inputs",
         )
@@ -93,52 +173,58 @@ def request_bytes(server: CloudServer, request: wire.Framed, tail: Tail, bytes_i
 
 def run(
     server: CloudServer,
-    request: wire.Framed,
-    tail: Tail,
-    out_codec: codec.Codec,
+    segment: Tail,
+    feeds: Callable[[], dict[str, np.ndarray]],
+    *,
+    header: pb.InferRequest,
+    key: str,
+    shapes: Shapes,
+    bytes_in: int,
     deadline: float,
     t0: float,
     token: CallToken | None,
-    bytes_in: int,
-    build_ms: float = 0.0,
-) -> wire.Framed:
-    header = request.header
+    what: str | None = None,
+) -> tuple[list[Any], float, float]:
+    """Reserve the request's memory, run ``segment`` in a worker slot: ``(values, t_run, run_ms)``."""
+    what = what or (f"segment {key}" if ">" in key else f"tail of cut {key!r}")
+    need = request_bytes(server, header.model_sha256, key, segment, shapes, bytes_in)
+    held = server.budget.reserve(need, f"request at cut {key!r}")
+    try:
+        return _in_slot(server, segment, feeds, header, what, deadline, t0, token)
+    finally:
+        server.budget.release(held)
+        if held > TRIM_AFTER_BYTES:  # its freed activations back to the OS, not kept as heap
+            trim()
+
+
+def _in_slot(
+    server: CloudServer,
+    segment: Tail,
+    feeds: Callable[[], dict[str, np.ndarray]],
+    header: pb.InferRequest,
+    what: str,
+    deadline: float,
+    t0: float,
+    token: CallToken | None,
+) -> tuple[list[Any], float, float]:
     if not server.admission.acquire(min(deadline - time.monotonic(), 86400.0)):
         raise RpcFailure(
             grpc.StatusCode.DEADLINE_EXCEEDED,
-            f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker: expected "
+            f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker ({what}): expected "
             "one within the request's deadline",
         )
-    t_run = time.perf_counter()
     try:
         if token is not None and token.cancelled:  # its client left while it waited: nothing to compute
             raise RpcFailure(
-                grpc.StatusCode.CANCELLED,
-                f"tail of cut {header.cut_id!r}: the client cancelled the call while it waited for a worker",
+                grpc.StatusCode.CANCELLED, f"{what}: the client cancelled the call while it waited for a worker"
             )
-        # Decoded only in a worker slot: at most ``workers`` requests inflate at once.
-        feeds = decode_inputs(request, server.max_decoded_bytes)
+        inputs = feeds()
         if server.before_tail is not None:
             server.before_tail(header)
         t_run = time.perf_counter()
         values = server.canceller.run(
-            tail.session, tail.outputs, feeds, what=f"tail of cut {header.cut_id!r}", deadline=deadline, token=token
+            segment.session, segment.outputs, inputs, what=what, deadline=deadline, token=token
         )
-        t_done = time.perf_counter()
+        return values, t_run, (time.perf_counter() - t_run) * 1e3
     finally:
         server.admission.release_slot()
-    reply = pb.InferReply(
-        request_id=header.request_id,
-        tail_ms=(t_done - t_run) * 1e3,
-        queue_ms=max((t_run - t0) * 1e3 - build_ms, 0.0),
-        build_ms=build_ms,
-        load=server.load(),
-    )
-    try:
-        outputs = [
-            codec.encode(n, np.asarray(v), out_codec, copy=False) for n, v in zip(tail.outputs, values, strict=True)
-        ]
-    except CodecError as exc:
-        raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
-    server._bytes_in.value = bytes_in
-    return wire.Framed(header=reply, tensors=outputs)

@@ -24,8 +24,9 @@ Secure by default (``security``): it listens on 127.0.0.1; another host needs TL
 
 Every request is logged as one JSON line on the ``splitrt.cloud`` logger (tokens never are).
 
-This module is the server's lifecycle and its request path; the parts live beside it: ``store``
-(``ModelStore``), ``tails`` (``Tail``, ``TailCache``), ``admission`` (``Admission``, the CPU meter),
+This module is the server's lifecycle; the parts live beside it: ``request_path`` (one request's path,
+the same for every server on a path of tiers), ``nexthop`` (the link to the next server, ``--next``),
+``store`` (``ModelStore``), ``tails`` (``Tail``, ``TailCache``), ``admission`` (``Admission``, the CPU meter),
 ``inputs`` (checking and decoding a request's tensors), ``upload`` (PutModel), ``servicer`` (the gRPC
 methods; ``CloudServer.servicer`` is the instance ``start`` registers), ``auth`` (bearer tokens) and
 ``common`` (``RpcFailure``, ``log_event``), ``security`` (what a configuration exposes).
@@ -52,7 +53,6 @@ from splitrt.cloud import request_path, security
 from splitrt.cloud.admission import Admission, CpuMeter, admitted
 from splitrt.cloud.cancel import CallToken, Canceller
 from splitrt.cloud.common import RpcFailure, log, log_event
-from splitrt.cloud.edge import NextTier, Relay
 from splitrt.cloud.frontdoor import FrontDoor
 from splitrt.cloud.limits import Limits, connection_budget, grpc_options, raise_fd_limit
 from splitrt.cloud.memory import (
@@ -64,6 +64,7 @@ from splitrt.cloud.memory import (
     watch_limit,
 )
 from splitrt.cloud.metrics import ServerStats, metrics_http
+from splitrt.cloud.nexthop import NextHop, NextTier
 from splitrt.cloud.peak import PeakEstimator
 from splitrt.cloud.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.store import ModelStore
@@ -128,7 +129,7 @@ class ServerConfig:
     max_nodes: int = 100_000
     # onnxruntime intra-op threads per tail session (0: onnxruntime's default).
     intra_op_threads: int = 0
-    # An edge (three tiers): requests naming ``next_cut_id`` run up to it here and go on to this tier.
+    # The next hop on a path of tiers: requests naming ``next_cut_id`` run up to it here and go on there.
     next_tier: NextTier | None = None
     # Prometheus text metrics over HTTP (``GET /metrics``): None = off, 0 = any free port.
     metrics_port: int | None = None
@@ -192,8 +193,8 @@ class CloudServer:
         # The SplitInference methods; ``start`` registers them. Callable without a gRPC server (an
         # in-process transport): constructing a CloudServer binds no port.
         self.servicer = Servicer(self)
-        # Three tiers: the middle segment and the forward to ``config.next_tier`` (``splitrt.cloud.edge``).
-        self.relay = Relay(self, config.next_tier, config.max_message_bytes)
+        # The link to ``config.next_tier``, where requests naming a next cut go on (``nexthop``).
+        self.next_hop = NextHop(config.next_tier, config.max_message_bytes)
         # The front door (``frontdoor``): auth, throttle, lanes and leases, decided on a call's metadata.
         self.door = FrontDoor.build(
             tokens=config.tokens,
@@ -302,7 +303,7 @@ class CloudServer:
         self._server = None
         self.watchdog.stop()
         self.ratelog.flush(force=True)
-        self.relay.close()
+        self.next_hop.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
@@ -358,7 +359,7 @@ class CloudServer:
             "cut": header.cut_id,
             "codec": header.codec,
         }
-        self._bytes_in.value = 0  # set by the two-tier path; a relayed request must not log the previous one's
+        self._bytes_in.value = 0  # set once the request is checked; a failed one must not log the previous one's
         try:
             reply = self._infer(request, time_remaining_s, t0, token)
         except RpcFailure as exc:
@@ -423,7 +424,7 @@ class CloudServer:
             security_warning=self.exposure.warning,
             errors=sum(errors.values()),
             errors_by_code=errors,
-            next_address=self.relay.address,
+            next_address=self.next_hop.address,
         )
 
     def put_model(self, chunks: Iterator[pb.ModelChunk], time_remaining_s: float | None = None) -> pb.PutModelReply:

@@ -23,7 +23,7 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
 if TYPE_CHECKING:
-    from splitrt.cloud.edge import Relay
+    from splitrt.cloud.nexthop import NextHop
     from splitrt.cloud.server import ServerConfig
 
 
@@ -51,7 +51,7 @@ class Backend(Protocol):
     """What the servicer needs of the server (``CloudServer`` is one)."""
 
     config: ServerConfig
-    relay: Relay
+    next_hop: NextHop
 
     def load(self) -> pb.Load: ...
 
@@ -137,7 +137,7 @@ class Servicer:
             held.__enter__()
             try:
                 reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
-                self.backend.relay.probe(request, reply, self._remaining(context))  # an edge's next hop, if asked
+                self.backend.next_hop.probe(request, reply, self._remaining(context))  # the next hop, if asked
             except BaseException:
                 held.__exit__(None, None, None)
                 raise

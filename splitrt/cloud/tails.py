@@ -201,7 +201,7 @@ class TailCache:
         from splitrt.graph import partition
 
         try:
-            # "A>B": an edge's middle segment (three tiers: ``splitrt.cloud.edge``), else the tail of the cut.
+            # "A>B": a segment between two cuts (a server with a next hop, ``request_path``), else the cut's tail.
             first, _, second = cut_id.partition(">")
             segment = partition.split(graph, [first, second])[1] if second else partition.split(graph, [cut_id])[-1]
         except CutError as exc:

@@ -16,7 +16,7 @@ import pytest
 
 from splitrt.cli import app as cli
 from splitrt.cli.serve import server_config
-from splitrt.cloud.edge import NextTier
+from splitrt.cloud.nexthop import NextTier
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import CloudError
@@ -127,12 +127,31 @@ def test_next_tier_dies_mid_test_the_edge_finishes(models_dir: Path) -> None:
                 assert rel_err(ref, res.outputs["y"]) <= 1e-5
                 assert res.hops is not None and not res.hops.forwarded
                 assert res.hops.next_error_code == "UNAVAILABLE", res.hops.next_error
-            assert edge.relay.finished_here == 3
+            assert edge.next_hop.finished_here == 3
             p = dev.probe(64, 64, next_bytes=(64, 64))
             assert p.next_ms is None and "UNAVAILABLE" in p.next_error
     finally:
         edge.stop(grace_s=0)
         cloud.stop(grace_s=0)
+
+
+def test_the_middle_segment_is_leased_while_it_runs(models_dir: Path) -> None:
+    """A request with a next cut runs its segment on the one request path: leased (not evictable) while it
+    runs, like a tail, and released after; its fallback tail too."""
+    seen: list[dict[str, int]] = []
+    with CloudServer(ServerConfig(models_dir=models_dir)) as lone, Device(zoo.get("tiny_chain"), lone.address) as dev:
+
+        def look(header: object) -> None:
+            with lone.tails._lock:
+                seen.append({k[1]: t.users for k, t in lone.tails._cache.items()})
+
+        lone.before_tail = look
+        x = dev.random_inputs(seed=4)
+        res = dev.send(dev.run_head(x, "c1"), next_cut="c3")
+        assert rel_err(dev.run_local(x)["y"], res.outputs["y"]) <= 1e-5
+        assert seen == [{"c1>c3": 1}, {"c1>c3": 0, "c3": 1}], seen  # the segment, then c3's tail here
+        assert lone.tails.evict(1 << 40) > 0  # nothing in use afterwards: everything evictable
+        assert lone.tails.snapshot() == []
 
 
 def test_serve_next_flags(models_dir: Path, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from splitrt.cloud.edge import NextTier
+from splitrt.cloud.nexthop import NextTier
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.chain import ChainConfig, ChainDevice
 from splitrt.graph import model as graph_mod
@@ -101,7 +101,7 @@ def test_three_tiers_compose_and_the_cloud_is_learned_from_the_edge(tiers: tuple
             out = dev.infer(x)
             assert out.plan == "c1>c3@fp32" and out.route == "edge" and out.finished_by == "cloud"
             assert not out.fallback and rel_err(ref, out.outputs["y"]) <= 1e-5
-        assert edge.relay.forwarded == 3 and cloud.served == 3
+        assert edge.next_hop.forwarded == 3 and cloud.served == 3
         assert dev.edge_load.estimate(clock()).cloud_factor > 0
         assert dev.stats["completed"] == 3 and dev.stats["by_cloud"] == 3
     pairs = replay(log.getvalue().splitlines(), *dev.tables)

@@ -16,7 +16,7 @@ _NAMES = {
     "Device": "client",
     "DeviceConfig": "client",
     "HeadResult": "client",
-    "ProbeResult": "client",
+    "ProbeResult": "messages",
     "SplitResult": "client",
     "read_token": "client",
     "Daemon": "daemon",

@@ -22,10 +22,9 @@ it locally and a later request finds the model there (``splitrt.device.upload``)
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,15 +32,28 @@ from typing import Any
 
 import numpy as np
 
+from splitrt.device.messages import (
+    HeadResult,
+    Hops,
+    ProbeResult,
+    SplitResult,
+    assemble,
+    decode_reply,
+    encode_request,
+    frame_result,
+)
+from splitrt.device.sessions import SessionCache, check_inputs, random_inputs, run_session
 from splitrt.device.upload import ModelUploader
-from splitrt.errors import CloudError, CodecError, ConfigError, CutError, InputError
-from splitrt.graph import partition
+from splitrt.errors import CloudError, ConfigError, CutError
 from splitrt.transport import codec, credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport.base import Transport
 from splitrt.transport.grpc_transport import GrpcTransport
 from splitrt.transport.v2 import V2Transport, is_v2
+
+# Importable from here as before the split (``splitrt.device.client`` is where apps and runtimes look).
+__all__ = ["DEVICE_CUT", "Device", "DeviceConfig", "HeadResult", "ProbeResult", "SplitResult", "read_token"]
 
 DEVICE_CUT = "device"
 
@@ -74,329 +86,6 @@ class DeviceConfig:
     intra_op_threads: int = 0
     # Head/tail sessions kept per cut (LRU).
     session_cache_size: int = 8
-
-
-@dataclass(frozen=True, kw_only=True)
-class HeadResult:
-    """The head's work for one request: what the tail needs (``crossing``, sent) and the graph outputs
-    already on the device (``kept``: never sent, never replied; the outputs are assembled from both)."""
-
-    cut_id: str
-    crossing: dict[str, np.ndarray]
-    head_ms: float
-    kept: dict[str, np.ndarray] = field(default_factory=dict)
-    request_id: str = field(default_factory=lambda: os.urandom(8).hex())  # 16 hex digits, as uuid4().hex[:16]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hops:
-    """Three tiers: an edge's account of a request (``InferReply.edge_ms``, ``next_*``)."""
-
-    edge_ms: float  # arrival to reply at the edge: the device's hop is its round trip minus this
-    next_ms: float  # the edge's round trip to its next tier (0: not forwarded)
-    next_tail_ms: float
-    next_queue_ms: float
-    next_bytes_up: int
-    next_bytes_down: int
-    next_address: str
-    forwarded: bool  # False: the edge finished the request itself
-    next_error_code: str = ""  # the next tier failed (the edge then finished)
-    next_error: str = ""
-    next_load: wire.LoadInfo | None = None
-
-    @classmethod
-    def from_reply(cls, r: pb.InferReply) -> Hops:
-        forwarded = r.HasField("next_load") and not r.next_error.code
-        return cls(
-            edge_ms=r.edge_ms,
-            next_ms=r.next_ms,
-            next_tail_ms=r.next_tail_ms,
-            next_queue_ms=r.next_queue_ms,
-            next_bytes_up=r.next_bytes_up,
-            next_bytes_down=r.next_bytes_down,
-            next_address=r.next_address,
-            forwarded=forwarded,
-            next_error_code=r.next_error.code,
-            next_error=r.next_error.message,
-            next_load=wire.LoadInfo.from_proto(r.next_load) if forwarded else None,
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class SplitResult:
-    """Outputs and where the time went (milliseconds)."""
-
-    outputs: dict[str, np.ndarray]
-    cut_id: str
-    codec: str
-    where: str  # "cloud" or "local"
-    request_id: str
-    head_ms: float = 0.0
-    encode_ms: float = 0.0
-    rpc_ms: float = 0.0
-    decode_ms: float = 0.0
-    tail_ms: float = 0.0
-    queue_ms: float = 0.0
-    build_ms: float = 0.0  # the cloud built the tail session for this request (its first on the cut)
-    total_ms: float = 0.0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    load: wire.LoadInfo | None = None
-    # Only for stream frames that failed (outputs then empty).
-    error: CloudError | None = None
-    # Three tiers (``send(..., next_cut=)``): the edge's per-hop account.
-    hops: Hops | None = None
-
-    @property
-    def network_ms(self) -> float:
-        """Round trip minus the cloud's queue, session build and tail time: wire + gRPC + (de)serialisation."""
-        return self.rpc_ms - self.tail_ms - self.queue_ms - self.build_ms
-
-    @property
-    def overhead_ms(self) -> float:
-        """End to end minus head and tail compute."""
-        return self.total_ms - self.head_ms - self.tail_ms
-
-    def timings(self) -> dict[str, Any]:
-        return {
-            k: getattr(self, k)
-            for k in (
-                "cut_id",
-                "codec",
-                "where",
-                "request_id",
-                "head_ms",
-                "encode_ms",
-                "rpc_ms",
-                "decode_ms",
-                "tail_ms",
-                "queue_ms",
-                "build_ms",
-                "total_ms",
-                "bytes_up",
-                "bytes_down",
-            )
-        } | {"network_ms": self.network_ms, "overhead_ms": self.overhead_ms}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProbeResult:
-    up_bytes: int
-    down_bytes: int
-    seconds: float
-    load: wire.LoadInfo
-    # ``probe(..., next_bytes=)`` through an edge: its round trip to its next tier (None: failed, see
-    # ``next_error``), and that tier's load.
-    next_ms: float | None = None
-    next_error: str = ""
-    next_load: wire.LoadInfo | None = None
-
-
-@dataclass
-class _CutSessions:
-    head_inputs: tuple[str, ...]
-    head_outputs: tuple[str, ...]
-    tail_inputs: tuple[str, ...]
-    tail_outputs: tuple[str, ...]
-    kept: tuple[str, ...]  # graph outputs on the device after the head
-    head_model: Any
-    tail_model: Any
-    head: Any = None
-    tail: Any = None
-
-
-def _session(model: Any, threads: int) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-
-
-def run_session(session: Any, outputs: list[str], feeds: Mapping[str, Any], what: str) -> list[Any]:
-    """``session.run``; onnxruntime's own errors (inputs the declarations let through that a node
-    refuses, e.g. an image too small for its pooling) become ``InputError`` naming ``what`` failed."""
-    try:
-        return partition.pass_through(outputs, feeds, session.run(outputs, dict(feeds)))
-    except Exception as exc:  # onnxruntime raises its own exception types
-        shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
-        raise InputError(
-            f"{what} failed in onnxruntime on this device at {shapes}: {' '.join(str(exc).split())[:400]}"
-        ) from exc
-
-
-def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """``inputs`` as arrays, or ``InputError`` naming the expected and actual name/dtype/shape."""
-    expected = {t.name: t for t in graph.inputs}
-    if set(inputs) != set(expected):
-        raise InputError(f"model {graph.path.name}: expected inputs {sorted(expected)}, got {sorted(inputs)}")
-    out: dict[str, np.ndarray] = {}
-    for name, info in expected.items():
-        arr = np.asarray(inputs[name])
-        if arr.dtype.name != info.dtype:
-            raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {arr.dtype.name}")
-        # The shape the model declares (a free dim takes any size), not the one a bound graph was sized
-        # at: the binding is where costs were computed, not the only shape served.
-        shape = graph.generic_shape(name) if hasattr(graph, "generic_shape") else info.shape
-        if shape is not None and not wire.shape_matches(tuple(shape), tuple(arr.shape)):
-            raise InputError(
-                f"input {name!r}: expected shape {wire.describe_shape(tuple(shape))}, got {list(arr.shape)}"
-            )
-        out[name] = arr
-    return out
-
-
-def random_inputs(graph: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the right dtype and shape for ``graph``: its bound shapes, or free dims as 1 if unbound."""
-    rng = np.random.default_rng(seed)
-    result: dict[str, np.ndarray] = {}
-    for t in graph.inputs:
-        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in (t.shape or ()))
-        dt = np.dtype(t.dtype)
-        if dt.kind == "f":
-            result[t.name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind == "b":
-            result[t.name] = rng.integers(0, 2, shape).astype(dt)
-        else:
-            result[t.name] = rng.integers(0, 10, shape).astype(dt)
-    return result
-
-
-def encode_request(
-    head: HeadResult, spec: codec.Codec, *, sha256: str, output_codec: str, next_cut_id: str = "", next_codec: str = ""
-) -> tuple[wire.Framed, int]:
-    """The ``InferRequest`` for ``head`` and its payload bytes (raw/fp32 payloads are views of the
-    head's arrays: the serializer copies them once). ``next_cut_id``: an edge runs up to it and forwards."""
-    header = pb.InferRequest(
-        model_sha256=sha256,
-        cut_id=head.cut_id,
-        codec=str(spec),
-        request_id=head.request_id,
-        output_codec=output_codec,
-        next_cut_id=next_cut_id,
-        next_codec=next_codec,
-    )
-    tensors = [codec.encode(n, a, spec, copy=False) for n, a in head.crossing.items()]
-    return wire.Framed(header=header, tensors=tensors), sum(e.nbytes for e in tensors)
-
-
-def decode_reply(
-    reply: wire.Framed, output_names: tuple[str, ...], *, max_bytes: int, cloud: str | None, also: tuple[str, ...] = ()
-) -> tuple[dict[str, np.ndarray], int]:
-    """The outputs in ``reply`` (copied out of the message) and their payload bytes; ``DATA_LOSS`` when
-    they do not decode within ``max_bytes`` each or are not ``output_names`` (the graph outputs the
-    tail makes). Names in ``also`` may come too and are dropped (outputs the device holds already, which
-    servers from before the reply carried only the tail's own return as well)."""
-    try:
-        encoded = [e for e in reply.tensors if e.name not in also or e.name in output_names]
-        outs = {e.name: codec.decode(e, max_bytes=max_bytes) for e in encoded}
-    except CodecError as exc:
-        raise CloudError(f"reply from {cloud} does not decode: {exc}", code="DATA_LOSS") from exc
-    if set(outs) != set(output_names):
-        raise CloudError(
-            f"reply from {cloud}: expected outputs {sorted(output_names)}, got {sorted(outs)}", code="DATA_LOSS"
-        )
-    return {n: np.array(outs[n]) for n in output_names}, sum(e.nbytes for e in encoded)
-
-
-def _frame_result(
-    framed: wire.Framed,
-    head: HeadResult,
-    *,
-    cut: str,
-    spec: codec.Codec,
-    bytes_up: int,
-    t_sent: float,
-    decode: Callable[[wire.Framed], tuple[dict[str, np.ndarray], int]],
-) -> SplitResult:
-    """One stream frame's result; a frame the cloud failed carries ``error`` (and no outputs)."""
-    reply = framed.header
-    common: dict[str, Any] = {
-        "cut_id": cut,
-        "codec": str(spec),
-        "where": "cloud",
-        "request_id": head.request_id,
-        "head_ms": head.head_ms,
-        "rpc_ms": (time.perf_counter() - t_sent) * 1e3,
-        "tail_ms": reply.tail_ms,
-        "queue_ms": reply.queue_ms,
-        "build_ms": reply.build_ms,
-        "bytes_up": bytes_up,
-        "load": wire.LoadInfo.from_proto(reply.load),
-    }
-    if reply.error.code:
-        err = CloudError(
-            f"frame {head.request_id}: {reply.error.code}: {reply.error.message}",
-            code=reply.error.code,
-            retryable=reply.error.code in wire.RETRYABLE_CODES,
-            retry_after_ms=reply.error.retry_after_ms or None,
-        )
-        return SplitResult(outputs={}, error=err, **common)
-    outputs, bytes_down = decode(framed)
-    total = head.head_ms + (time.perf_counter() - t_sent) * 1e3
-    return SplitResult(outputs=outputs, total_ms=total, bytes_down=bytes_down, **common)
-
-
-def assemble(
-    names: tuple[str, ...], kept: Mapping[str, np.ndarray], made: Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    """The graph outputs in model order, from what the device kept and what the tail made."""
-    return {n: kept[n] if n in kept else made[n] for n in names}
-
-
-class _SessionCache:
-    """The model's onnxruntime sessions on this device: the whole model, and head/tail per cut (LRU of
-    ``session_cache_size`` cuts). Sessions are built on first use."""
-
-    def __init__(self, graph: Any, config: DeviceConfig) -> None:
-        self.graph = graph
-        self.threads = config.intra_op_threads
-        self.size = config.session_cache_size
-        self._lock = threading.Lock()
-        self._cuts: OrderedDict[str, _CutSessions] = OrderedDict()
-        self._full: Any = None
-
-    def cut(self, cut_id: str) -> _CutSessions:
-        with self._lock:
-            cs = self._cuts.get(cut_id)
-            if cs is not None:
-                self._cuts.move_to_end(cut_id)
-                return cs
-
-        head, tail = partition.split(self.graph, [cut_id])
-        cs = _CutSessions(
-            head_inputs=tuple(head.inputs),
-            head_outputs=tuple(head.outputs),
-            tail_inputs=tuple(tail.inputs),
-            tail_outputs=tuple(tail.outputs),
-            kept=self.graph.cut(cut_id).kept,
-            head_model=head.model,
-            tail_model=tail.model,
-        )
-        with self._lock:
-            cs = self._cuts.setdefault(cut_id, cs)
-            while len(self._cuts) > self.size:
-                self._cuts.popitem(last=False)
-        return cs
-
-    def full(self) -> Any:
-        if self._full is None:
-            # A specialised graph (``graph.specialise``) is right only for requests that take its branches;
-            # the whole model here is the original, right for every request.
-            spec = getattr(self.graph, "specialisation", None)
-            self._full = _session(spec.original if spec is not None else self.graph.model, self.threads)
-        return self._full
-
-    def head(self, cs: _CutSessions) -> Any:
-        if cs.head is None:
-            cs.head = _session(cs.head_model, self.threads)
-        return cs.head
-
-    def tail(self, cs: _CutSessions) -> Any:
-        if cs.tail is None:
-            cs.tail = _session(cs.tail_model, self.threads)
-        return cs.tail
 
 
 class _CloudLink:
@@ -525,7 +214,9 @@ class Device(_Inputs):
         self.config = config or DeviceConfig()
         self.graph = graph_mod.load(model) if isinstance(model, (str, Path)) else model
         self.sha256: str = self.graph.sha256
-        self._local = _SessionCache(self.graph, self.config)
+        self._local = SessionCache(
+            self.graph, threads=self.config.intra_op_threads, size=self.config.session_cache_size
+        )
         self._cloud = _CloudLink(cloud, self.config, transport, sha256=self.sha256)
         self._uploads = ModelUploader(
             path=Path(self.graph.path),
@@ -814,7 +505,7 @@ class Device(_Inputs):
 
         for framed in self._link().infer_stream(requests()):
             head, bytes_up, t_sent = pending.popleft()
-            yield _frame_result(
+            yield frame_result(
                 framed,
                 head,
                 cut=cut,

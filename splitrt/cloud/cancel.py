@@ -10,6 +10,8 @@ serve`` then exits at the end of its drain anyway (``cli.serve``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import heapq
 import itertools
 import threading
@@ -24,6 +26,26 @@ from splitrt.graph import partition
 
 # Deadlines further than this are clamped (gRPC reports ~9.2e18 s left for a call without one).
 _MAX_WAIT_S = 24 * 3600.0
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+    return fn
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the OS. With the arena off, a terminated run's activations are
+    freed to glibc's heap, which keeps them: RSS stayed over the budget and the next, small request was
+    terminated for memory it did not use."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class CallToken:
@@ -142,6 +164,8 @@ class Canceller:
             if run.reason is not None:
                 with self._lock:
                     self.terminated += 1
+                if run.reason[0] == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    release_free_memory()
                 log_event("run_terminated", what=what, code=run.reason[0].name, reason=run.reason[1])
 
     @staticmethod
@@ -187,6 +211,9 @@ class Canceller:
                 newest = max(self._running.items())[1] if self._running else None
             if newest is not None and self.rss_limit_bytes is not None and self._rss is not None:
                 rss = self._rss()
+                if rss > self.rss_limit_bytes:  # freed but kept by malloc does not count against a run
+                    release_free_memory()
+                    rss = self._rss()
                 if rss > self.rss_limit_bytes:
                     newest.terminate(
                         grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -1,8 +1,9 @@
 """Solver speed and min-cut agreement.
 
 1. Re-plan time with a profile already loaded: ``solver.solve`` on every cut of a model (densenet121 by
-   default), median and p90 of 1000 calls, per objective; also the 3-tier chain (``solve_chain`` per
-   objective, and one ``ChainController.decide``) and the sweep. The load average is printed with the
+   default), median and p90 of 1000 calls, per objective; also 3 tiers (``solve_path`` per objective,
+   one codec on both hops as the controller plans them), one ``Controller.decide`` for 2 and for 3 tiers,
+   and the sweep. The load average is printed with the
    table: this host may be busy with other work.
 2. DADS min-cut vs exhaustive enumeration of every down-closed head on random small DAGs (agreement
    count), and min-cut vs the best candidate cut on the model's real DAG.
@@ -26,9 +27,10 @@ import numpy as np
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
 from splitrt.plan import mincut, solver
-from splitrt.plan.chain import ChainController, ChainControllerConfig
+from splitrt.plan.controller import Controller, ControllerConfig
 from splitrt.plan.costmodel import Conditions, Link
-from splitrt.plan.netmon import LinkEstimate
+from splitrt.plan.netmon import LinkEstimate, LoadEstimate
+from splitrt.plan.path import PathConditions, solve_path
 from splitrt.profile import profiler
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,22 +87,26 @@ def main() -> int:
     for objective in solver.OBJECTIVES:
         med, p90 = _timeit(lambda o=objective: solver.solve(table, cond, objective=o), args.calls)
         rows.append({"what": f"solve {objective}", "cuts": len(table), "median_ms": med, "p90_ms": p90})
-    chain_cond = solver.ChainConditions(
-        device_edge=Link(bandwidth_mbps=100.0, rtt_ms=2.0), edge_cloud=Link(bandwidth_mbps=20.0, rtt_ms=30.0)
+    chain_cond = PathConditions(
+        hops=(Link(bandwidth_mbps=100.0, rtt_ms=2.0), Link(bandwidth_mbps=20.0, rtt_ms=30.0)), loads=(1.0, 1.0, 1.0)
     )
     edge = profiler.cost_table(prof, prof, device_speed_factor=1.0)
     for objective in solver.OBJECTIVES:
         # throughput is a max of stages, not separable: O(cuts²), fewer calls
         calls = args.calls if objective != "throughput" else max(args.calls // 50, 5)
         med, p90 = _timeit(
-            lambda o=objective: solver.solve_chain(table, edge, edge, chain_cond, objective=o, codecs=None), calls
+            lambda o=objective: solve_path((table, edge, edge), chain_cond, objective=o, same_codec=True), calls
         )
-        rows.append({"what": f"solve_chain {objective} (3 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
-    ctl = ChainController(table, edge, edge, ChainControllerConfig(codecs=None))
+        rows.append({"what": f"solve_path {objective} (3 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
     hop1 = LinkEstimate(bandwidth_mbps=100.0, rtt_ms=2.0, confidence=1.0)
     hop2 = LinkEstimate(bandwidth_mbps=20.0, rtt_ms=30.0, confidence=1.0)
-    med, p90 = _timeit(lambda: ctl.decide(0.0, hop1, hop2), args.calls)
-    rows.append({"what": "ChainController.decide (3 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
+    load = LoadEstimate(device_factor=1.3, cloud_factor=1.1)
+    two = Controller(table, ControllerConfig(codecs=None))
+    med, p90 = _timeit(lambda: two.decide(0.0, hop2, load), args.calls)
+    rows.append({"what": "Controller.decide (2 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
+    three = Controller((table, edge, edge), ControllerConfig(codecs=None))
+    med, p90 = _timeit(lambda: three.decide(0.0, (hop1, hop2), load), args.calls)
+    rows.append({"what": "Controller.decide (3 tiers)", "cuts": len(table), "median_ms": med, "p90_ms": p90})
     med, p90 = _timeit(lambda: solver.sweep(table, cond), 3)
     rows.append({"what": "sweep 0.1-1000 Mbit/s", "cuts": len(table), "median_ms": med, "p90_ms": p90})
     d = profiler.dag(g, prof, prof, device_speed_factor=5.2)

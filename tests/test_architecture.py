@@ -251,7 +251,7 @@ PUBLIC = {
         "evaluate",
         "parse_plan",
         "Plan",
-        "solve_chain",
+        "solve_path",
         "Controller",
         "ControllerConfig",
         "Decision",

@@ -165,7 +165,7 @@ def _chain_device(
     from the cloud profile (else the shipped profile or FLOPs prior, unscaled: server-class tiers)."""
     from splitrt.device.chain import ChainConfig, ChainDevice
     from splitrt.device.daemon import select_cost_table
-    from splitrt.plan.chain import ChainControllerConfig
+    from splitrt.plan.controller import ControllerConfig
     from splitrt.plan.costmodel import DEFAULT_POWER
 
     if args.cut != "auto":
@@ -174,7 +174,7 @@ def _chain_device(
     server, _ = select_cost_table(mg, profile_device=cloud_profile, profile_cloud=cloud_profile)
     if args.discover:
         raise ConfigError("--edge and --discover: expected one of them (the edge names its own next tier)")
-    controller = ChainControllerConfig(codecs=(args.codec,)) if args.codec in table.codecs else ChainControllerConfig()
+    controller = ControllerConfig(codecs=(args.codec,)) if args.codec in table.codecs else ControllerConfig()
     kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
     config = ChainConfig(controller=controller, **kw)
     cloud = args.cloud[0] if args.cloud else None

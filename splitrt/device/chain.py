@@ -1,9 +1,10 @@
 """Three tiers on the device: device -> edge -> cloud, both cuts re-chosen per request, never lost.
 
 ``ChainDevice(model, device_table, edge_table, cloud_table, edge="host:port")`` plans every request with
-the pure ``splitrt.plan.chain.ChainController`` from one link estimate per hop and the three tiers'
-loads, runs the head up to the first cut, and sends the crossing tensors to the edge with the second
-cut (``Device.send(..., next_cut=)``); the edge runs the middle and forwards the rest to its next tier
+the pure ``splitrt.plan.controller.Controller`` over the three tables (through the policy of
+``ChainConfig.policy``) from one link estimate per hop and the three tiers' loads, runs the head up to
+the first cut, and sends the crossing tensors to the edge with the second cut (``Device.send(...,
+next_cut=)``); the edge runs the middle and forwards the rest to its next tier
 (``splitrt serve --next``). The cloud is the edge's next tier (read from its ``Status``) unless given.
 
 Each hop is measured: device -> edge by the request's round trip minus the edge's time (``edge_ms``) and
@@ -32,9 +33,10 @@ from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.deadline import MIN_RPC_MS, rpc_timeout_ms
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.plan import observe
-from splitrt.plan.chain import ChainController, ChainControllerConfig, ChainDecision
+from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
-from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
+from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimate, LoadEstimator
+from splitrt.plan.path import parse_path
 
 RTT_PROBE_BYTES = observe.RTT_PROBE_BYTES
 
@@ -42,7 +44,8 @@ RTT_PROBE_BYTES = observe.RTT_PROBE_BYTES
 @dataclass(frozen=True, kw_only=True)
 class ChainConfig:
     deadline_ms: float = 5000.0
-    controller: ChainControllerConfig = field(default_factory=ChainControllerConfig)
+    policy: str = "adaptive"  # adaptive | periodic:SECONDS | fixed:PLAN (``c3@fp32>c12@fp32``)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
     link: LinkConfig = field(default_factory=LinkConfig)  # priors of both hops
     # A tier that failed is retried after backoff_initial_s, doubling up to backoff_max_s.
     backoff_initial_s: float = 0.25
@@ -51,6 +54,7 @@ class ChainConfig:
     probe_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
+        parse_policy(self.policy)
         if self.deadline_ms <= 0:
             raise ConfigError(f"deadline_ms: expected > 0, got {self.deadline_ms!r}")
 
@@ -64,7 +68,7 @@ class ChainOutcome:
     finished_by: str  # cloud | edge | device: the tier that produced the outputs
     fallback: bool  # a tier the plan counted on failed (the one before it finished)
     latency_ms: float
-    decision: ChainDecision
+    decision: Decision
     result: SplitResult
 
     @property
@@ -194,7 +198,8 @@ class ChainDevice:
                     f"{len(ids)}: expected a profile of this model"
                 )
         self.tables = (device_table, edge_table, cloud_table)
-        self.controller = ChainController(device_table, edge_table, cloud_table, self.config.controller, power=power)
+        self.controller = Controller((device_table, edge_table, cloud_table), self.config.controller, power=power)
+        self.policy = Policy(self.config.policy, self.controller)
         self.hop1, self.hop2 = LinkEstimator(self.config.link), LinkEstimator(self.config.link)
         self.load, self.edge_load, self.cloud_load = LoadEstimator(), LoadEstimator(), LoadEstimator()
         self.clock, self.log = clock, log
@@ -240,27 +245,32 @@ class ChainDevice:
         deadline = deadline_ms or self.config.deadline_ms
         feeds = self.local.check_inputs(inputs)
         with self._lock:
-            cloud_up = self.cloud is not None and self.cloud.up()
-            decision = self.controller.decide(
+            # The cloud is reached through the edge while the edge is up (its next tier as it reports it),
+            # directly otherwise.
+            cloud_up = self.next.up() if self.edge.up() else self.cloud is not None and self.cloud.up()
+            device = self.load.estimate(now).device_factor
+            loads = [
+                LoadEstimate(device_factor=device, cloud_factor=est.estimate(now).cloud_factor)
+                for est in (self.edge_load, self.cloud_load)
+            ]
+            decision = self.policy.decide(
                 now,
-                self.hop1.estimate(now),
-                self.hop2.estimate(now),
-                device_load=self.load.estimate(now).device_factor,
-                edge_load=self.edge_load.estimate(now).cloud_factor,
-                cloud_load=self.cloud_load.estimate(now).cloud_factor,
-                edge_available=self.edge.up(),
-                next_available=self.next.up(),
-                cloud_available=cloud_up,
+                [self.hop1.estimate(now), self.hop2.estimate(now)],
+                loads,
+                cloud_available=(self.edge.up(), cloud_up),
                 request=rid,
             )
-        first, second, codec = decision.cuts
+        route = decision.route or (0, 1, 2)
+        cuts, codecs = parse_path(decision.plan, hops=len(route) - 1)
+        first, codec = cuts[0], codecs[0]
         diverges = self.local.diverges(feeds)
         if diverges is not None:  # not the branch the graph was specialised for: the whole original model here
             result, by, fallback, first = self.local.run_original(feeds, request_id=rid), "device", True, DEVICE_CUT
         elif first == DEVICE_CUT:
             result, by, fallback = self.local.finish_locally(self.local.run_head(feeds, first)), "device", False
-        elif decision.route == "edge":
+        elif 1 in route:  # through the edge; it finishes when the route ends there
             head = self.local.run_head(feeds, first)
+            second = cuts[1] if len(cuts) > 1 else DEVICE_CUT
             result, by, fallback = self._via_edge(head, second, codec, t0, deadline)
         else:
             head = self.local.run_head(feeds, first)
@@ -277,10 +287,11 @@ class ChainDevice:
         decision = replace(
             decision,
             actual_ms=latency,
-            finished_by=by,
+            fallback=fallback,
             extra={
+                **decision.extra,
                 "model": self.graph.sha256[:16],
-                "fallback": fallback,
+                "finished_by": by,
                 **({"diverged": diverges} if diverges is not None else {}),
             },
         )
@@ -296,7 +307,7 @@ class ChainDevice:
             request=rid,
             outputs=result.outputs,
             plan=decision.plan,
-            route=decision.route,
+            route="local" if first == DEVICE_CUT else "edge" if 1 in route else "cloud",
             finished_by=by,
             fallback=fallback,
             latency_ms=latency,

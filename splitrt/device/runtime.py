@@ -46,8 +46,8 @@ from splitrt.plan.balance import BalanceConfig
 from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
+from splitrt.plan.path import parse_path, parse_plan
 from splitrt.plan.reshape import Signature
-from splitrt.plan.solver import parse_plan
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
 
@@ -376,12 +376,12 @@ class AdaptiveDevice:
         decision = Decision(
             t_s=self.clock(),
             request=rid,
-            bandwidth_mbps=0.0,
-            rtt_ms=0.0,
-            confidence=0.0,
-            device_load=1.0,
-            cloud_load=1.0,
-            cloud_available=False,
+            link_mbps=(0.0,),
+            link_rtt_ms=(0.0,),
+            link_confidence=(0.0,),
+            loads=(1.0, 1.0),
+            waits_ms=(0.0,),
+            up=(False,),
             previous=None,
             plan=DEVICE_CUT,
             best=DEVICE_CUT,
@@ -487,7 +487,7 @@ class AdaptiveDevice:
             return
         with self._lock:  # the plans of the shape requests come at now
             plans = self._shapes.last.controller.warm_plans(self.link.estimate(now_s), self.load.estimate(now_s))
-        for cut in [parse_plan(p, self.table.codecs[0])[0] for p in plans[:4]]:
+        for cut in [parse_path(p, self.table.codecs[0])[0][0] for p in plans[:4]]:
             if not self._closing.is_set():
                 self.local.warm(cut)
 

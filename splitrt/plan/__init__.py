@@ -1,4 +1,4 @@
-"""The pure decision core: cost model, exact solvers (cut × codec, chains, DADS min-cut), link and
+"""The pure decision core: cost model, exact solvers (cut × codec, any number of tiers, DADS min-cut), link and
 load estimators, the controller. No sockets, sessions, files or clock reads: every time is passed in
 (``now_s``), so the daemon, the rig, the simulator and the tests drive the same code and a decision
 log replays. Imports only ``splitrt.errors`` (and numpy)."""
@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy, replay
     from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
     from splitrt.plan.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadConfig, LoadEstimate, LoadEstimator
+    from splitrt.plan.path import PathConditions, Plan, evaluate_path, parse_path, solve_path
     from splitrt.plan.queueing import QueueConfig, QueueEstimator, expected_wait_ms
-    from splitrt.plan.solver import Plan, evaluate, parse_plan, solve, solve_chain
+    from splitrt.plan.solver import evaluate, parse_plan, solve
 
 _NAMES = {
     "Controller": "controller",
@@ -36,17 +37,21 @@ _NAMES = {
     "QueueConfig": "queueing",
     "QueueEstimator": "queueing",
     "expected_wait_ms": "queueing",
-    "Plan": "solver",
+    "PathConditions": "path",
+    "Plan": "path",
+    "evaluate_path": "path",
+    "parse_path": "path",
+    "solve_path": "path",
     "evaluate": "solver",
     "parse_plan": "solver",
     "solve": "solver",
-    "solve_chain": "solver",
     "balance": "",
     "controller": "",
     "costmodel": "",
     "mincut": "",
     "netmon": "",
     "observe": "",
+    "path": "",
     "queueing": "",
     "solver": "",
 }

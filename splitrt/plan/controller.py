@@ -1,26 +1,42 @@
-"""The adaptive controller (pure): which plan to use for the next request, and why.
+"""The adaptive controller (pure): which plan the next request uses over a path of tiers, and why.
 
-Per request it re-solves from the current link and load estimates and switches only when the predicted
-gain beats a hysteresis threshold (relative and absolute), so stationary noise does not make it flap.
-When the cloud is away it plans ``device`` (the whole model locally) and returns to splitting as soon
-as the cloud is back. Every decision is a ``Decision`` whose JSON line holds all its inputs:
-``replay`` feeds a log back through a fresh controller and must reproduce every decision.
+A path is the device, then 0..k servers (two tiers: device -> cloud; three: device -> edge -> cloud),
+one cost table per tier (``Controller(table)`` is the two-tier path with one table for both). Per
+request the controller re-solves from one link estimate per hop and one load per tier, and switches
+only when the predicted gain beats a hysteresis threshold (relative and absolute), so stationary noise
+does not make it flap.
 
-No clocks, sockets or sessions here: ``now_s`` and the estimates come in as arguments.
+What is reachable decides the route, identically for any number of tiers: the plan runs over the
+device and the servers that are up, in path order; a server that is down is skipped and the hops
+around it are taken in series (the narrower bandwidth, both round trips: there is no sample of the
+direct link). No server up: ``device`` (the whole model here). When the route changes (a tier is lost
+or comes back) the best plan on the new route is taken at once, without hysteresis: a plan held over
+from another route prices tiers that are not there (two tiers did this before three did; three tiers
+used to leave ``device`` by hysteresis, now they return as two tiers do).
+
+Every decision is a ``Decision`` whose JSON line (and compact string form) holds all its inputs:
+``replay`` feeds a log back through a fresh controller and must reproduce every decision. No clocks,
+sockets or sessions here: ``now_s`` and the estimates come in as arguments.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shlex
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
 
-from splitrt.errors import ConfigError
+import numpy as np
+
+from splitrt.errors import ConfigError, PlanError
 from splitrt.plan.costmodel import CLOUD_CUT, DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
-from splitrt.plan.solver import OBJECTIVES, Plan, evaluate, solve
+from splitrt.plan.objective import OBJECTIVES
+from splitrt.plan.path import PathConditions, Plan, evaluate_path, format_path, parse_path, solve_path
+from splitrt.plan.solver import evaluate, solve
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,108 +48,149 @@ class ControllerConfig:
     # Plans to keep warm: the best at these multiples of the estimated bandwidth.
     warm_bandwidth_factors: tuple[float, ...] = (0.25, 0.5, 2.0, 4.0)
     # Lossless by default: a lossy codec (fp16, int8) changes the answer, so it is the user's choice.
-    # None allows every codec in the cost table.
+    # None allows every codec in the cost table. Over three or more tiers one codec is used on every
+    # hop (an edge forwards with the codec it was sent).
     codecs: tuple[str, ...] | None = ("fp32",)
-    # The cuts plans may use (None: every cut): a deployment's constraints (``plan.constraints``) or the
-    # ``route`` policy (device and cloud only). ``device`` stays the fallback when the cloud is away.
+    # The device's cuts plans may use (None: every cut): a deployment's constraints (``plan.constraints``)
+    # or the ``route`` policy (device and cloud only). ``device`` stays the fallback when no server is up.
     cuts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        check_switching(self.objective, self.hysteresis_fraction, self.hysteresis_ms)
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if not 0.0 <= self.hysteresis_fraction < 1.0:
+            raise ConfigError(f"hysteresis_fraction: expected [0, 1), got {self.hysteresis_fraction!r}")
+        if self.hysteresis_ms < 0:
+            raise ConfigError(f"hysteresis_ms: expected >= 0, got {self.hysteresis_ms!r}")
         if self.cuts is not None and not self.cuts:
             raise ConfigError("cuts: expected None (every cut) or at least one cut id, got ()")
 
 
-def check_switching(objective: str, hysteresis_fraction: float, hysteresis_ms: float) -> None:
-    """The fields every controller config shares (two tiers here, three in ``plan.chain``)."""
-    if objective not in OBJECTIVES:
-        raise ConfigError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if not 0.0 <= hysteresis_fraction < 1.0:
-        raise ConfigError(f"hysteresis_fraction: expected [0, 1), got {hysteresis_fraction!r}")
-    if hysteresis_ms < 0:
-        raise ConfigError(f"hysteresis_ms: expected >= 0, got {hysteresis_ms!r}")
+Floats = tuple[float, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
-    """One decision and everything it was made from (one JSON line in the decision log)."""
+    """One decision and everything it was made from (one JSON line in the decision log), for any
+    number of tiers. Inputs are per hop (``link_*``), per tier (``loads``: the device's factor first)
+    and per server (``waits_ms``, ``up``); the predicted terms per tier and per hop add up to
+    ``predicted_ms``. Two tiers read through the properties (``bandwidth_mbps``, ``device_ms``, ...)."""
 
     t_s: float
     request: str
-    bandwidth_mbps: float
-    rtt_ms: float
-    confidence: float
-    device_load: float
-    cloud_load: float
-    cloud_available: bool
+    link_mbps: Floats  # one per hop
+    link_rtt_ms: Floats
+    link_confidence: Floats
+    loads: Floats  # one per tier: the device's factor, then each server's
+    waits_ms: Floats  # one per server: the expected wait for a worker there (``LoadEstimate.queue_ms``)
+    up: tuple[bool, ...]  # one per server: reachable
     previous: str | None  # plan key in use before this request
-    plan: str  # plan key chosen
-    best: str  # the solver's unconstrained best (differs from plan while hysteresis holds)
+    plan: str  # plan key chosen (hops over ``route``)
+    best: str  # the solver's best (differs from plan while hysteresis holds)
     predicted_ms: float
     objective_value: float
     switched: bool
     reason: str
+    route: tuple[int, ...] = ()  # the tiers the plan's hops go through (empty: the whole path)
     actual_ms: float | None = None
     fallback: bool = False
     server: str | None = None
     seq: int = 0  # decision order (log lines are written in completion order)
     extra: dict[str, object] = field(default_factory=dict)
-    # The predicted terms of predicted_ms (they add up to it): device, transfer (the upload), download
-    # (the reply, ``reply_bytes`` of it), the round trip the plan waits (0 for `device`), the cloud's
-    # queue (0 for `device`), cloud. Logs made before the reply was its own term have it in transfer_ms.
-    device_ms: float = 0.0
-    transfer_ms: float = 0.0
-    round_trip_ms: float = 0.0
-    cloud_ms: float = 0.0
-    queue_ms: float = 0.0
-    download_ms: float = 0.0
+    # The predicted terms of predicted_ms: compute per tier of the route, and per hop the upload, the
+    # reply (``reply_bytes`` of it on hop 0), the round trip and the wait at the next tier (0 where a
+    # hop carries nothing).
+    tier_ms: Floats = ()
+    hop_upload_ms: Floats = ()
+    hop_download_ms: Floats = ()
+    hop_rtt_ms: Floats = ()
+    hop_queue_ms: Floats = ()
     reply_bytes: int = 0
-    # Input: the expected wait for a worker at the cloud (``LoadEstimate.queue_ms``); logs without it
-    # were made before the queue was priced, and replay with 0.
-    cloud_queue_ms: float = 0.0
 
+    # -- two tiers: hop 0, the device and the last tier, sums over hops -------------------------------
+    @property
+    def bandwidth_mbps(self) -> float:
+        return self.link_mbps[0]
+
+    @property
+    def rtt_ms(self) -> float:
+        return self.link_rtt_ms[0]
+
+    @property
+    def confidence(self) -> float:
+        return self.link_confidence[0]
+
+    @property
+    def device_load(self) -> float:
+        return self.loads[0]
+
+    @property
+    def cloud_load(self) -> float:
+        return self.loads[-1]
+
+    @property
+    def cloud_available(self) -> bool:
+        return any(self.up)
+
+    @property
+    def cloud_queue_ms(self) -> float:
+        return self.waits_ms[0] if self.waits_ms else 0.0
+
+    @property
+    def device_ms(self) -> float:
+        return self.tier_ms[0] if self.tier_ms else 0.0
+
+    @property
+    def cloud_ms(self) -> float:
+        return self.tier_ms[-1] if len(self.tier_ms) > 1 else 0.0
+
+    @property
+    def transfer_ms(self) -> float:
+        return sum(self.hop_upload_ms)
+
+    @property
+    def download_ms(self) -> float:
+        return sum(self.hop_download_ms)
+
+    @property
+    def round_trip_ms(self) -> float:
+        return sum(self.hop_rtt_ms)
+
+    @property
+    def queue_ms(self) -> float:
+        return sum(self.hop_queue_ms)
+
+    @property
+    def cuts(self) -> tuple[str, ...]:
+        """The plan's cut per hop of its route."""
+        return parse_path(self.plan)[0]
+
+    # -- JSON and the compact string form ---------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @staticmethod
     def from_json(line: str) -> Decision:
-        return Decision(**json.loads(line))
+        """A JSON line of ``to_json``, or of a two-tier decision of before this type had hops."""
+        d = _migrate(json.loads(line))
+        for f in fields(Decision):
+            if isinstance(d.get(f.name), list):
+                d[f.name] = tuple(d[f.name])
+        return Decision(**d)
 
     def __str__(self) -> str:
         """One compact line for logs and tables; ``Decision.parse`` reads it back exactly, e.g.
-        ``#3 t=1.5 c12@fp32 prev=c9@fp32 best=c12@fp32 switched bw=8.0 rtt=20.0 conf=0.9 dl=1.0 cl=1.0
-        up pred=23.1 obj=23.1 req=r3 reason='bandwidth 8.0 Mbit/s'``."""
-        words = [
-            f"#{self.seq}",
-            f"t={self.t_s!r}",
-            self.plan,
-            f"prev={self.previous or '-'}",
-            f"best={self.best}",
-            "switched" if self.switched else "held",
-            f"bw={self.bandwidth_mbps!r}",
-            f"rtt={self.rtt_ms!r}",
-            f"conf={self.confidence!r}",
-            f"dl={self.device_load!r}",
-            f"cl={self.cloud_load!r}",
-            "up" if self.cloud_available else "down",
-            f"pred={self.predicted_ms!r}",
-            f"obj={self.objective_value!r}",
-            f"terms={self.device_ms!r}/{self.transfer_ms!r}/{self.round_trip_ms!r}/{self.cloud_ms!r}"
-            + (f"/{self.queue_ms!r}" if self.queue_ms else ""),
-        ]
-        if self.download_ms or self.reply_bytes:
-            words += [f"down={self.download_ms!r}", f"reply={self.reply_bytes}"]
-        if self.cloud_queue_ms:
-            words.append(f"cq={self.cloud_queue_ms!r}")
-        if self.actual_ms is not None:
-            words.append(f"actual={self.actual_ms!r}")
+        ``#3 c12@fp32 switched t=1.5 prev=c9@fp32 best=c12@fp32 bw=8.0 rtt=20.0 conf=0.9 load=1.0,1.0
+        up=1 wait=0.0 pred=23.1 obj=23.1 tiers=5.0,3.0 upload=12.1 ... req=r3 reason='gain ...'``
+        (tuples comma-separated, one value per hop, tier or server)."""
+        words = [f"#{self.seq}", self.plan, "switched" if self.switched else "held"]
         if self.fallback:
             words.append("fallback")
-        if self.server is not None:
-            words.append(f"server={shlex.quote(self.server)}")
-        words += [f"req={shlex.quote(self.request)}", f"reason={shlex.quote(self.reason)}"]
-        if self.extra:
-            words.append(f"extra={shlex.quote(json.dumps(self.extra, sort_keys=True))}")
+        for short, name, kind in _WORDS:
+            value = getattr(self, name)
+            if value is None or (name in ("route", "extra") and not value):
+                continue
+            words.append(f"{short}={shlex.quote(_encode(kind, value))}")
         return " ".join(words)
 
     @staticmethod
@@ -141,178 +198,344 @@ class Decision:
         """The inverse of ``str(decision)``; raises ``ConfigError`` naming the word it cannot read."""
         try:
             words = shlex.split(text)
-            seq = int(words[0].removeprefix("#"))
-            plan, flags = words[2], set(words)
-            kv = dict(w.split("=", 1) for w in words if "=" in w)
-            previous = kv["prev"]
-            terms = [float(x) for x in kv["terms"].split("/")] if "terms" in kv else [0.0] * 4
-            terms += [0.0] * (5 - len(terms))  # the queue term is written only when not 0
+            kv = dict(w.split("=", 1) for w in words[3:] if "=" in w)
+            values: dict[str, Any] = {name: _decode(kind, kv[short]) for short, name, kind in _WORDS if short in kv}
             return Decision(
-                seq=seq,
-                t_s=float(kv["t"]),
-                plan=plan,
-                previous=None if previous == "-" else previous,
-                best=kv["best"],
-                switched="switched" in flags,
-                bandwidth_mbps=float(kv["bw"]),
-                rtt_ms=float(kv["rtt"]),
-                confidence=float(kv["conf"]),
-                device_load=float(kv["dl"]),
-                cloud_load=float(kv["cl"]),
-                cloud_available="up" in flags,
-                predicted_ms=float(kv["pred"]),
-                objective_value=float(kv["obj"]),
-                actual_ms=float(kv["actual"]) if "actual" in kv else None,
-                fallback="fallback" in flags,
-                server=kv.get("server"),
-                request=kv["req"],
-                reason=kv["reason"],
-                extra=json.loads(kv["extra"]) if "extra" in kv else {},
-                device_ms=terms[0],
-                transfer_ms=terms[1],
-                round_trip_ms=terms[2],
-                cloud_ms=terms[3],
-                queue_ms=terms[4],
-                cloud_queue_ms=float(kv.get("cq", 0.0)),
-                download_ms=float(kv.get("down", 0.0)),
-                reply_bytes=int(kv.get("reply", 0)),
+                seq=int(words[0].removeprefix("#")),
+                plan=words[1],
+                switched=words[2] == "switched",
+                fallback="fallback" in words[3:4],
+                previous=values.pop("previous", None),
+                **values,
             )
-        except (IndexError, KeyError, ValueError) as exc:
+        except (IndexError, KeyError, ValueError, TypeError) as exc:
             raise ConfigError(
-                f"decision: expected the form of str(Decision) ('#SEQ t=... PLAN prev=... "
+                f"decision: expected the form of str(Decision) ('#SEQ PLAN switched|held t=... "
                 f"best=...'), got {text!r} ({exc!r})"
             ) from exc
 
 
-def _objective_value(plan: Plan, objective: str) -> float:
-    if objective == "energy":
-        return plan.energy_mj
-    if objective == "throughput":
-        return plan.period_ms
-    return plan.predicted_ms
+# The string form's words after "#SEQ PLAN switched|held [fallback]": (short name, field, kind).
+_WORDS = (
+    ("t", "t_s", "f"),
+    ("prev", "previous", "s"),
+    ("best", "best", "s"),
+    ("bw", "link_mbps", "fs"),
+    ("rtt", "link_rtt_ms", "fs"),
+    ("conf", "link_confidence", "fs"),
+    ("load", "loads", "fs"),
+    ("wait", "waits_ms", "fs"),
+    ("up", "up", "bs"),
+    ("route", "route", "is"),
+    ("pred", "predicted_ms", "f"),
+    ("obj", "objective_value", "f"),
+    ("tiers", "tier_ms", "fs"),
+    ("upload", "hop_upload_ms", "fs"),
+    ("down", "hop_download_ms", "fs"),
+    ("rtts", "hop_rtt_ms", "fs"),
+    ("queue", "hop_queue_ms", "fs"),
+    ("reply", "reply_bytes", "i"),
+    ("actual", "actual_ms", "f"),
+    ("server", "server", "s"),
+    ("req", "request", "s"),
+    ("reason", "reason", "s"),
+    ("extra", "extra", "json"),
+)
+
+
+def _encode(kind: str, value: Any) -> str:
+    if kind == "fs":
+        return ",".join(repr(float(v)) for v in value)
+    if kind == "is":
+        return ",".join(str(int(v)) for v in value)
+    if kind == "bs":
+        return ",".join("1" if v else "0" for v in value)
+    if kind == "json":
+        return json.dumps(value, sort_keys=True)
+    return repr(value) if kind == "f" else str(value)
+
+
+def _decode(kind: str, text: str) -> Any:
+    parts = text.split(",") if text else []
+    if kind == "fs":
+        return tuple(float(p) for p in parts)
+    if kind == "is":
+        return tuple(int(p) for p in parts)
+    if kind == "bs":
+        return tuple(p == "1" for p in parts)
+    if kind == "json":
+        return json.loads(text)
+    return {"f": float, "i": int}.get(kind, str)(text)
+
+
+def _migrate(d: dict[str, Any]) -> dict[str, Any]:
+    """A two-tier decision of before hops (scalar fields) as this type's fields."""
+    if "link_mbps" in d:
+        return d
+    old = dict(d)
+    out = {k: v for k, v in old.items() if k in {f.name for f in fields(Decision)}}
+    out.update(
+        link_mbps=(old["bandwidth_mbps"],),
+        link_rtt_ms=(old["rtt_ms"],),
+        link_confidence=(old["confidence"],),
+        loads=(old["device_load"], old["cloud_load"]),
+        waits_ms=(old.get("cloud_queue_ms", 0.0),),
+        up=(old["cloud_available"],),
+        tier_ms=(old.get("device_ms", 0.0), old.get("cloud_ms", 0.0)),
+        hop_upload_ms=(old.get("transfer_ms", 0.0),),
+        hop_download_ms=(old.get("download_ms", 0.0),),
+        hop_rtt_ms=(old.get("round_trip_ms", 0.0),),
+        hop_queue_ms=(old.get("queue_ms", 0.0),),
+    )
+    return out
+
+
+def _per(value: Any, n: int, kind: type, what: str) -> tuple[Any, ...]:
+    """One value for each of ``n`` hops or servers: a sequence of ``n``, or one value for all."""
+    if isinstance(value, kind):
+        return (value,) * n
+    out = tuple(value)
+    if len(out) != n:
+        raise PlanError(f"{what}: expected {n} values or one for all, got {len(out)}")
+    return out
+
+
+@dataclass(frozen=True)
+class _Route:
+    """The tiers a request can use now and what the solver plans them with."""
+
+    tiers: tuple[int, ...]  # 0 (the device), then the servers that are up, in path order
+    tables: tuple[CostTable, ...]
+    path: PathConditions  # one hop per pair of consecutive tiers of ``tiers``
+
+    def two_tier(self) -> Conditions:
+        return Conditions(
+            link=self.path.hops[0],
+            device_load=self.path.loads[0],
+            cloud_load=self.path.loads[1],
+            queue_ms=self.path.queue(0),
+        )
 
 
 class Controller:
     """Holds the current plan; ``decide`` is a pure function of (state, inputs)."""
 
     def __init__(
-        self, table: CostTable, config: ControllerConfig | None = None, *, power: Power = DEFAULT_POWER
+        self,
+        table: CostTable | Sequence[CostTable],
+        config: ControllerConfig | None = None,
+        *,
+        power: Power = DEFAULT_POWER,
     ) -> None:
-        self.table = table
+        self.tables = (table, table) if isinstance(table, CostTable) else tuple(table)
+        if len(self.tables) < 2:
+            raise ConfigError(f"a path needs at least 2 tiers (the device and a server), got {len(self.tables)}")
+        self.table = self.tables[0]  # the device's: its cuts, codecs and head times
+        for t, other in enumerate(self.tables[1:], start=1):
+            if other.ids != self.table.ids or other.codecs != self.table.codecs:
+                raise ConfigError(f"tier {t}'s table: expected the cuts and codecs of tier 0's, got others")
         self.config = config or ControllerConfig()
         self.power = power
         self.current: str | None = None
+        self.live: tuple[int, ...] | None = None  # the route ``current`` was chosen on
         self.switches = 0
         self._seq = 0
-        self._forced_device = False  # the current plan is `device` only because the cloud was away
+        self._direct: dict[int, CostTable] = {}
+
+    @property
+    def hops(self) -> int:
+        return len(self.tables) - 1
 
     def next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
-    def _conditions(self, link: LinkEstimate, load: LoadEstimate) -> Conditions:
-        return Conditions(
-            link=Link(bandwidth_mbps=max(link.bandwidth_mbps, 1e-6), rtt_ms=max(link.rtt_ms, 0.0)),
-            device_load=max(load.device_factor, 1e-3),
-            cloud_load=max(load.cloud_factor, 1e-3),
-            queue_ms=max(load.queue_ms, 0.0),
+    def direct_table(self, tier: int) -> CostTable:
+        """Two tiers, the device and ``tier``: the device's heads, that tier's tails."""
+        t = self.tables[tier]
+        if t is self.table:
+            return t
+        if tier not in self._direct:
+            d = self.table
+            self._direct[tier] = CostTable(
+                ids=d.ids,
+                head_ms=d.head_ms,
+                tail_ms=t.tail_ms,
+                bytes=d.bytes.astype(np.int64),
+                float_bytes=d.float_bytes.astype(np.int64),
+                reply_bytes=d.reply_bytes,
+                codecs=dict(zip(d.codecs, d.codec_ratios.tolist(), strict=True)),
+            )
+        return self._direct[tier]
+
+    def route(
+        self,
+        links: Sequence[LinkEstimate],
+        loads: Sequence[LoadEstimate],
+        up: Sequence[bool],
+    ) -> _Route:
+        """The live route: the device and the servers up; a skipped server's hops in series."""
+        tiers = (0, *[t for t in range(1, len(self.tables)) if up[t - 1]])
+        # Nothing reachable: the plan is `device`, priced on the first hop (nothing crosses it).
+        ends = itertools.pairwise(tiers) if len(tiers) > 1 else [(0, 1)]
+        hops, tier_loads, queues = [], [max(loads[0].device_factor, 1e-3)], []
+        for a, b in ends:
+            span = links[a:b]
+            bandwidth = min(x.bandwidth_mbps for x in span)
+            hops.append(Link(bandwidth_mbps=max(bandwidth, 1e-6), rtt_ms=max(sum(x.rtt_ms for x in span), 0.0)))
+            tier_loads.append(max(loads[b - 1].cloud_factor, 1e-3))
+            queues.append(max(loads[b - 1].queue_ms, 0.0) if len(tiers) > 1 else 0.0)
+        path = PathConditions(hops=tuple(hops), loads=tuple(tier_loads), queue_ms=tuple(queues))
+        if len(tiers) <= 2:
+            return _Route(tiers, (self.direct_table(tiers[-1] if len(tiers) == 2 else 1),) * 2, path)
+        return _Route(tiers, (self.table, *[self.tables[t] for t in tiers[1:]]), path)
+
+    def solve(self, r: _Route, *, cuts: Sequence[str] | None = None) -> Plan:
+        """The best plan on route ``r`` (``cuts``: the device's allowed cuts)."""
+        cfg = self.config
+        codecs = list(cfg.codecs) if cfg.codecs else None
+        if len(r.tiers) == 1:
+            return self.evaluate(r, DEVICE_CUT)
+        if len(r.tiers) == 2:
+            return solve(r.tables[0], r.two_tier(), objective=cfg.objective, power=self.power, codecs=codecs, cuts=cuts)
+        return solve_path(
+            r.tables,
+            r.path,
+            objective=cfg.objective,
+            power=self.power,
+            codecs=codecs,
+            cuts=[cuts, *[None] * (len(r.tiers) - 2)],
+            same_codec=True,
+        )
+
+    def evaluate(self, r: _Route, plan: str) -> Plan:
+        """What ``plan`` (a key over ``r``'s hops) costs on route ``r``."""
+        cfg = self.config
+        if len(r.tables) == 2:
+            return evaluate(r.tables[0], plan, r.two_tier(), objective=cfg.objective, power=self.power)
+        return evaluate_path(r.tables, plan, r.path, objective=cfg.objective, power=self.power)
+
+    def inputs(
+        self,
+        link: LinkEstimate | Sequence[LinkEstimate],
+        load: LoadEstimate | Sequence[LoadEstimate],
+        up: bool | Sequence[bool],
+    ) -> tuple[tuple[LinkEstimate, ...], tuple[LoadEstimate, ...], tuple[bool, ...]]:
+        """Per-hop links, per-server loads and reachability (one value: the same for every hop/server)."""
+        n = self.hops
+        return (
+            _per(link, n, LinkEstimate, "links"),
+            _per(load, n, LoadEstimate, "loads"),
+            _per(up, n, bool, "cloud_available"),
         )
 
     def decide(
-        self, now_s: float, link: LinkEstimate, load: LoadEstimate, *, cloud_available: bool = True, request: str = ""
+        self,
+        now_s: float,
+        link: LinkEstimate | Sequence[LinkEstimate],
+        load: LoadEstimate | Sequence[LoadEstimate],
+        *,
+        cloud_available: bool | Sequence[bool] = True,
+        request: str = "",
     ) -> Decision:
+        """The plan for one request. ``link``: one estimate per hop; ``load``: one per server (its
+        ``cloud_factor`` and ``queue_ms``; the device's factor is the first one's ``device_factor``);
+        ``cloud_available``: one per server. A single value stands for every hop or server."""
         cfg = self.config
-        cond = self._conditions(link, load)
+        links, loads, up = self.inputs(link, load, cloud_available)
+        r = self.route(links, loads, up)
         previous = self.current
-        if not cloud_available:
-            best = evaluate(self.table, DEVICE_CUT, cond, objective=cfg.objective, power=self.power)
-            chosen, reason = best, "cloud unavailable: whole model on the device"
+        best = self.solve(r, cuts=cfg.cuts if len(r.tiers) > 1 else None)
+        chosen = best
+        if len(r.tiers) == 1:
+            reason = "cloud unavailable: whole model on the device"
+        elif previous is None:
+            reason = "first plan"
+        elif previous == best.key:
+            reason = "best plan unchanged"
+        elif self.live != r.tiers:
+            back = self.live is not None and len(self.live) == 1
+            reason = "cloud back: splitting again" if back else f"route {_tiers(self.live)} -> {_tiers(r.tiers)}"
         else:
-            best = solve(
-                self.table,
-                cond,
-                objective=cfg.objective,
-                power=self.power,
-                codecs=list(cfg.codecs) if cfg.codecs else None,
-                cuts=list(cfg.cuts) if cfg.cuts else None,
-            )
-            chosen, reason = best, "first plan" if previous is None else "best plan unchanged"
-            if previous is not None and previous != best.key:
-                current = evaluate(self.table, previous, cond, objective=cfg.objective, power=self.power)
-                cur_v = _objective_value(current, cfg.objective)
-                best_v = _objective_value(best, cfg.objective)
-                gain = cur_v - best_v
-                margin = max(cfg.hysteresis_ms, cfg.hysteresis_fraction * cur_v)
-                if previous == DEVICE_CUT and self._forced_device:
-                    reason = "cloud back: splitting again"
-                elif gain > margin and math.isfinite(cur_v):
-                    reason = f"gain {gain:.2f} > margin {margin:.2f}"
-                else:
-                    chosen = current
-                    reason = f"hold: gain {gain:.2f} <= margin {margin:.2f}"
-        self._forced_device = not cloud_available
+            current = self.evaluate(r, previous)
+            gain = current.value - best.value
+            margin = max(cfg.hysteresis_ms, cfg.hysteresis_fraction * current.value)
+            if gain > margin and math.isfinite(current.value):
+                reason = f"gain {gain:.2f} > margin {margin:.2f}"
+            else:
+                chosen = current
+                reason = f"hold: gain {gain:.2f} <= margin {margin:.2f}"
         extra: dict[str, object] = {}
-        if cfg.cuts is not None and cloud_available:  # what the allowed cuts cost here (priced per decision)
-            free = solve(
-                self.table,
-                cond,
-                objective=cfg.objective,
-                power=self.power,
-                codecs=list(cfg.codecs) if cfg.codecs else None,
-            )
-            extra = {
-                "unconstrained": free.key,
-                "constraint_cost": _objective_value(chosen, cfg.objective) - _objective_value(free, cfg.objective),
-            }
+        if cfg.cuts is not None and len(r.tiers) > 1:  # what the allowed cuts cost here (priced per decision)
+            free = self.solve(r)
+            extra = {"unconstrained": free.key, "constraint_cost": chosen.value - free.value}
+        return self.record(now_s, request, (links, loads, up), r, chosen, best=best.key, reason=reason, extra=extra)
+
+    def record(
+        self,
+        now_s: float,
+        request: str,
+        inputs: tuple[Sequence[LinkEstimate], Sequence[LoadEstimate], Sequence[bool]],
+        r: _Route,
+        chosen: Plan,
+        *,
+        best: str,
+        reason: str,
+        extra: dict[str, object] | None = None,
+        live: tuple[int, ...] | None = None,
+    ) -> Decision:
+        """Adopt ``chosen`` (priced on route ``r``) as the plan in use and say so in a ``Decision``;
+        ``live``: the tiers up now (default ``r``'s)."""
+        links, loads, up = inputs
+        previous = self.current
         switched = previous is not None and chosen.key != previous
         self.switches += int(switched)
-        self.current = chosen.key
+        self.current, self.live = chosen.key, r.tiers if live is None else live
+        full = tuple(range(len(self.tables)))
         return Decision(
             seq=self.next_seq(),
             t_s=now_s,
             request=request,
-            bandwidth_mbps=link.bandwidth_mbps,
-            rtt_ms=link.rtt_ms,
-            confidence=link.confidence,
-            device_load=load.device_factor,
-            cloud_load=load.cloud_factor,
-            cloud_available=cloud_available,
+            link_mbps=tuple(x.bandwidth_mbps for x in links),
+            link_rtt_ms=tuple(x.rtt_ms for x in links),
+            link_confidence=tuple(x.confidence for x in links),
+            loads=(loads[0].device_factor, *[x.cloud_factor for x in loads]),
+            waits_ms=tuple(x.queue_ms for x in loads),
+            up=tuple(up),
             previous=previous,
             plan=chosen.key,
-            best=best.key,
+            best=best,
+            route=() if r.tiers in (full, (0,)) else r.tiers,
             predicted_ms=chosen.predicted_ms,
-            objective_value=_objective_value(chosen, cfg.objective),
+            objective_value=chosen.value,
             switched=switched,
             reason=reason,
-            device_ms=chosen.device_ms,
-            transfer_ms=chosen.transfer_ms,
-            round_trip_ms=chosen.rtt_ms,
-            cloud_ms=chosen.cloud_ms,
-            queue_ms=chosen.queue_ms,
-            cloud_queue_ms=load.queue_ms,
-            download_ms=chosen.download_ms,
+            tier_ms=chosen.tier_ms,
+            hop_upload_ms=chosen.hop_upload_ms,
+            hop_download_ms=chosen.hop_download_ms,
+            hop_rtt_ms=chosen.hop_rtt_ms,
+            hop_queue_ms=chosen.hop_queue_ms,
             reply_bytes=chosen.reply_bytes,
-            extra=extra,
+            extra=extra or {},
         )
 
-    def warm_plans(self, link: LinkEstimate, load: LoadEstimate) -> list[str]:
-        """Plans likely to be chosen next (current, and best if bandwidth moved by the warm factors):
-        the runtime keeps their head sessions built so a switch costs no session build."""
+    def warm_plans(
+        self, link: LinkEstimate | Sequence[LinkEstimate], load: LoadEstimate | Sequence[LoadEstimate]
+    ) -> list[str]:
+        """Plans likely to be chosen next (current, and best if bandwidth moved by the warm factors), on
+        the whole path: the runtime keeps their head sessions built so a switch costs no session build."""
         keys: dict[str, None] = {}
         if self.current:
             keys[self.current] = None
+        links, loads, up = self.inputs(link, load, True)
         for f in (1.0, *self.config.warm_bandwidth_factors):
-            est = LinkEstimate(bandwidth_mbps=link.bandwidth_mbps * f, rtt_ms=link.rtt_ms, confidence=link.confidence)
-            plan = solve(
-                self.table,
-                self._conditions(est, load),
-                objective=self.config.objective,
-                power=self.power,
-                codecs=list(self.config.codecs) if self.config.codecs else None,
-                cuts=list(self.config.cuts) if self.config.cuts else None,
-            )
-            keys[plan.key] = None
+            scaled = [replace(x, bandwidth_mbps=x.bandwidth_mbps * f) for x in links]
+            keys[self.solve(self.route(scaled, loads, up), cuts=self.config.cuts).key] = None
         return list(keys)
+
+
+def _tiers(tiers: tuple[int, ...] | None) -> str:
+    return ">".join(str(t) for t in tiers or ())
 
 
 ROUTE_CUTS = (CLOUD_CUT, DEVICE_CUT)  # whole-request routing: the whole model here or there
@@ -339,25 +562,21 @@ def parse_policy(spec: str) -> tuple[str, str]:
 
 
 class Policy:
-    """What a strategy plans per request, pure like the controller it wraps: ``adaptive`` asks the
-    controller every request; ``route`` is adaptive over the cuts ``device`` and ``cloud`` only (whole-request
-    routing, what hybrid-inference platforms ship: the baseline splitting must beat; it narrows the
-    controller's ``config.cuts``); ``periodic:S`` asks every S seconds and keeps that plan in between
-    (REAP-style); ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ``CUT@CODEC``). The device
-    runtime and the trace simulator (``splitrt.rig.sim``) both decide through this class, so they cannot
-    drift apart."""
+    """What a strategy plans per request, pure like the controller it wraps, for any number of tiers:
+    ``adaptive`` asks the controller every request; ``route`` is adaptive with the device's cut
+    ``device`` or ``cloud`` only (whole-request routing, what hybrid-inference platforms ship: the
+    baseline splitting must beat; it narrows the controller's ``config.cuts``); ``periodic:S`` asks every
+    S seconds and keeps that plan in between (REAP-style); ``fixed:PLAN`` never re-plans (``device``,
+    ``cloud@fp16``, ``c3@fp32>c12@fp32``). A kept or fixed plan whose tiers are not all up gives way to
+    the controller (the same fallback as adaptive). The device runtime and the trace simulator
+    (``splitrt.rig.sim``) both decide through this class, so they cannot drift apart."""
 
     def __init__(self, spec: str, controller: Controller) -> None:
-        from splitrt.errors import PlanError
-        from splitrt.plan.solver import parse_plan
-
         kind, arg = parse_policy(spec)
-        table = controller.table
         if kind == "fixed":  # a typo in a fixed plan fails here, not on every request
+            full = controller.route(*controller.inputs(_ANY_LINK, _ANY_LOAD, True))
             try:
-                cut, codec = parse_plan(arg, table.codecs[0])
-                table.index(cut)
-                table.codec_index(codec)
+                controller.evaluate(full, arg)
             except PlanError as exc:
                 raise ConfigError(f"policy {spec!r}: {exc}") from exc
         if kind == "route":
@@ -368,61 +587,45 @@ class Policy:
         self._periodic_plan: str | None = None
 
     def decide(
-        self, now_s: float, link: LinkEstimate, load: LoadEstimate, *, cloud_available: bool = True, request: str = ""
+        self,
+        now_s: float,
+        link: LinkEstimate | Sequence[LinkEstimate],
+        load: LoadEstimate | Sequence[LoadEstimate],
+        *,
+        cloud_available: bool | Sequence[bool] = True,
+        request: str = "",
     ) -> Decision:
         ctl = self.controller
-        if self.kind == "fixed":
-            return self._imposed(now_s, link, load, self.arg, cloud_available, request)
+        held = self.arg if self.kind == "fixed" else None
         if self.kind == "periodic" and self._periodic_plan is not None and now_s < self._periodic_next_s:
-            return self._imposed(now_s, link, load, self._periodic_plan, cloud_available, request)
+            held = self._periodic_plan
+        if held is not None:
+            inputs = ctl.inputs(link, load, cloud_available)
+            live = ctl.route(*inputs)
+            on: _Route | None = None
+            if self.kind == "fixed" and _needs(held, ctl.hops) <= set(live.tiers):
+                on = ctl.route(inputs[0], inputs[1], (True,) * ctl.hops)  # the tiers it skips carry nothing
+            elif self.kind == "periodic" and ctl.live == live.tiers:
+                on = live
+            if on is not None:
+                p = ctl.evaluate(on, held)
+                reason = f"policy {self.spec}"
+                return ctl.record(now_s, request, inputs, on, p, best=p.key, reason=reason, live=live.tiers)
         d = ctl.decide(now_s, link, load, cloud_available=cloud_available, request=request)
         if self.kind == "periodic":
             self._periodic_next_s = now_s + float(self.arg)
             self._periodic_plan = d.plan
         return d
 
-    def _imposed(
-        self, now_s: float, link: LinkEstimate, load: LoadEstimate, plan: str, cloud_available: bool, request: str
-    ) -> Decision:
-        from splitrt.plan.solver import parse_plan
 
-        ctl = self.controller
-        cut, codec = parse_plan(plan, ctl.table.codecs[0])
-        if not cloud_available:
-            cut = DEVICE_CUT
-        key = cut if cut == DEVICE_CUT else f"{cut}@{codec}"
-        p = evaluate(
-            ctl.table, (cut, codec), ctl._conditions(link, load), objective=ctl.config.objective, power=ctl.power
-        )
-        prev = ctl.current
-        switched = prev is not None and prev != key
-        ctl.current = key
-        return Decision(
-            seq=ctl.next_seq(),
-            t_s=now_s,
-            request=request,
-            bandwidth_mbps=link.bandwidth_mbps,
-            rtt_ms=link.rtt_ms,
-            confidence=link.confidence,
-            device_load=load.device_factor,
-            cloud_load=load.cloud_factor,
-            cloud_available=cloud_available,
-            previous=prev,
-            plan=key,
-            best=key,
-            predicted_ms=p.predicted_ms,
-            objective_value=p.predicted_ms,
-            switched=switched,
-            reason=f"policy {self.spec}",
-            device_ms=p.device_ms,
-            transfer_ms=p.transfer_ms,
-            round_trip_ms=p.rtt_ms,
-            cloud_ms=p.cloud_ms,
-            queue_ms=p.queue_ms,
-            cloud_queue_ms=load.queue_ms,
-            download_ms=p.download_ms,
-            reply_bytes=p.reply_bytes,
-        )
+_ANY_LINK = LinkEstimate(bandwidth_mbps=1.0, rtt_ms=0.0, confidence=0.0)
+_ANY_LOAD = LoadEstimate(device_factor=1.0, cloud_factor=1.0)
+
+
+def _needs(plan: str, hops: int) -> set[int]:
+    """The tiers ``plan`` (a key over the whole path) sends to: tier h + 1 for each hop h that carries."""
+    cuts = parse_path(plan, hops=hops)[0]
+    return {0, *[h + 1 for h, c in enumerate(cuts) if c != DEVICE_CUT]}
 
 
 def route_config(config: ControllerConfig) -> ControllerConfig:
@@ -437,7 +640,7 @@ def route_config(config: ControllerConfig) -> ControllerConfig:
 
 def replay(
     lines: Iterable[str],
-    table: CostTable,
+    table: CostTable | Sequence[CostTable],
     config: ControllerConfig | None = None,
     *,
     power: Power = DEFAULT_POWER,
@@ -460,17 +663,34 @@ def replay(
     for logged in logged_all:
         if logged.reason.startswith("policy "):
             ctl.current = logged.plan
-            ctl._forced_device = not logged.cloud_available
+            ctl.live = (0, *[t + 1 for t, u in enumerate(logged.up) if u])
             pairs.append((logged, logged))
             continue
         again = ctl.decide(
             logged.t_s,
-            LinkEstimate(bandwidth_mbps=logged.bandwidth_mbps, rtt_ms=logged.rtt_ms, confidence=logged.confidence),
-            LoadEstimate(
-                device_factor=logged.device_load, cloud_factor=logged.cloud_load, queue_ms=logged.cloud_queue_ms
-            ),
-            cloud_available=logged.cloud_available,
+            [
+                LinkEstimate(bandwidth_mbps=b, rtt_ms=r, confidence=c)
+                for b, r, c in zip(logged.link_mbps, logged.link_rtt_ms, logged.link_confidence, strict=True)
+            ],
+            [
+                LoadEstimate(device_factor=logged.loads[0], cloud_factor=cf, queue_ms=w)
+                for cf, w in zip(logged.loads[1:], logged.waits_ms, strict=True)
+            ],
+            cloud_available=logged.up,
             request=logged.request,
         )
         pairs.append((logged, again))
     return pairs
+
+
+__all__ = [
+    "ROUTE_CUTS",
+    "Controller",
+    "ControllerConfig",
+    "Decision",
+    "Policy",
+    "format_path",
+    "parse_policy",
+    "replay",
+    "route_config",
+]

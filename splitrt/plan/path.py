@@ -1,6 +1,6 @@
 """Cuts over a path of tiers (pure): the device, then 0..k servers; one cut and one codec per hop.
 
-A path of N tiers has N-1 hops. A ``PathPlan`` holds ``cuts[h]`` (where hop ``h`` hands the request from
+A path of N tiers has N-1 hops. A ``Plan`` holds ``cuts[h]`` (where hop ``h`` hands the request from
 tier ``h`` to tier ``h + 1``) and ``codecs[h]`` (how hop ``h`` encodes the crossing tensors). Cuts are
 non-decreasing in the tables' topological order, so tier ``t`` runs the segment between the cut before
 it and its own:
@@ -67,21 +67,29 @@ class PathConditions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PathPlan:
-    """Chosen cuts and codecs over a path, and what they are predicted to cost. Per-tier and per-hop terms
-    add up: ``sum(tier_ms) + sum(transfer_ms) + sum(rtt_ms) + sum(queue_ms) == predicted_ms``."""
+class Plan:
+    """Chosen cuts and codecs over a path of tiers (one per hop), and what they are predicted to cost.
+
+    The terms add up: ``sum(tier_ms) + sum(hop_upload_ms) + sum(hop_download_ms) + sum(hop_rtt_ms) +
+    sum(hop_queue_ms) == predicted_ms``; a hop that carries nothing has 0 in every hop term. Two tiers
+    read through the convenience properties (``cut``, ``codec``, ``device_ms``, ``transfer_ms``, ...),
+    which are hop 0's (or the sum over hops, for the time terms) and the first and last tier's.
+    """
 
     cuts: tuple[str, ...]
     codecs: tuple[str, ...]
     objective: str
-    predicted_ms: float
-    energy_mj: float
-    period_ms: float
-    tier_ms: tuple[float, ...]  # compute on each tier
-    transfer_ms: tuple[float, ...]  # each hop, both ways
-    rtt_ms: tuple[float, ...]
-    queue_ms: tuple[float, ...]
-    sent_bytes: tuple[int, ...]  # each hop, after its codec
+    predicted_ms: float  # end-to-end latency of one request
+    energy_mj: float  # device energy per request
+    period_ms: float  # pipelined frame period (1000 / throughput)
+    tier_ms: tuple[float, ...]  # compute on each tier (the device first)
+    hop_upload_ms: tuple[float, ...]  # each hop: the crossing tensors, after its codec
+    hop_download_ms: tuple[float, ...]  # each hop: the reply
+    hop_rtt_ms: tuple[float, ...]  # each hop's round trip (0 when it carries nothing)
+    hop_queue_ms: tuple[float, ...]  # the expected wait for a worker at the tier after each hop
+    hop_bytes: tuple[int, ...]  # raw crossing bytes of each hop
+    hop_sent_bytes: tuple[int, ...]  # after its codec
+    reply_bytes: int = 0  # the graph outputs the servers make (those the head made stay on the device)
 
     @property
     def key(self) -> str:
@@ -93,6 +101,47 @@ class PathPlan:
         return objective_value(
             self.objective, latency_ms=self.predicted_ms, energy_mj=self.energy_mj, period_ms=self.period_ms
         )
+
+    # -- two-tier reading: hop 0, the first and the last tier, the sums ---------------------------------
+    @property
+    def cut(self) -> str:
+        return self.cuts[0]
+
+    @property
+    def codec(self) -> str:
+        return self.codecs[0]
+
+    @property
+    def device_ms(self) -> float:
+        return self.tier_ms[0]
+
+    @property
+    def cloud_ms(self) -> float:
+        return self.tier_ms[-1]
+
+    @property
+    def transfer_ms(self) -> float:
+        return sum(self.hop_upload_ms)
+
+    @property
+    def download_ms(self) -> float:
+        return sum(self.hop_download_ms)
+
+    @property
+    def rtt_ms(self) -> float:
+        return sum(self.hop_rtt_ms)
+
+    @property
+    def queue_ms(self) -> float:
+        return sum(self.hop_queue_ms)
+
+    @property
+    def bytes(self) -> int:
+        return self.hop_bytes[0]
+
+    @property
+    def sent_bytes(self) -> int:
+        return self.hop_sent_bytes[0]
 
     def __str__(self) -> str:
         return self.key
@@ -112,13 +161,25 @@ def parse_plan(text: str, default_codec: str = "fp32") -> tuple[str, str]:
 
 
 def format_path(cuts: Sequence[str], codecs: Sequence[str]) -> str:
-    return ">".join(format_plan(c, k) for c, k in zip(cuts, codecs, strict=True))
+    """Hops up to the first ``device`` (the hops after it carry nothing): ``c3@fp16>c12@int8``,
+    ``c5@fp32>device``, ``device``."""
+    words = []
+    for c, k in zip(cuts, codecs, strict=True):
+        words.append(format_plan(c, k))
+        if c == DEVICE_CUT:
+            break
+    return ">".join(words)
 
 
-def parse_path(text: str, default_codec: str = "fp32") -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``"c3@fp16>c12@int8"`` -> ``(("c3", "c12"), ("fp16", "int8"))``; ``"device"`` -> one hop."""
-    hops = [parse_plan(part, default_codec) for part in text.strip().split(">")]
-    return tuple(c for c, _ in hops), tuple(k for _, k in hops)
+def parse_path(
+    text: str, default_codec: str = "fp32", hops: int | None = None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``"c3@fp16>c12@int8"`` -> ``(("c3", "c12"), ("fp16", "int8"))``; ``"device"`` -> one hop, or
+    ``hops`` of them (a form that ends in ``device`` is padded with ``device``: nothing goes further)."""
+    parsed = [parse_plan(part, default_codec) for part in text.strip().split(">")]
+    if hops is not None and len(parsed) < hops and parsed[-1][0] == DEVICE_CUT:
+        parsed += [(DEVICE_CUT, default_codec)] * (hops - len(parsed))
+    return tuple(c for c, _ in parsed), tuple(k for _, k in parsed)
 
 
 @dataclass(frozen=True)
@@ -240,7 +301,7 @@ def solve_path(
     codecs: Sequence[str] | None = None,
     cuts: Sequence[Sequence[str] | None] | None = None,
     same_codec: bool = False,
-) -> PathPlan:
+) -> Plan:
     """The best cuts and codecs over the path (see the module's docstring). ``codecs`` restricts every
     hop's codec; ``cuts[h]`` (None: any) restricts hop h's cut (e.g. ``[None, ["device"]]``: the middle
     tier finishes); ``same_codec``: one codec on every hop (near-ties -> lower latency, fewer bytes)."""
@@ -278,7 +339,7 @@ def solve_path(
         for v, idx, kk in found
         if v <= low + abs(low) * 1e-12
     ]
-    return min(plans, key=lambda p: (p.predicted_ms, sum(p.sent_bytes)))
+    return min(plans, key=lambda p: (p.predicted_ms, sum(p.hop_sent_bytes)))
 
 
 def evaluate_path(
@@ -288,13 +349,14 @@ def evaluate_path(
     *,
     objective: str = "latency",
     power: Power = DEFAULT_POWER,
-) -> PathPlan:
+) -> Plan:
     """What a given plan (``"c3@fp16>c12@int8"`` or ``(cuts, codecs)``) costs under ``cond``."""
     _check(tables, cond, objective)
     base = tables[0]
-    plan_cuts, plan_codecs = parse_path(plan, base.codecs[0]) if isinstance(plan, str) else plan
-    if len(plan_cuts) != len(tables) - 1 or len(plan_codecs) != len(plan_cuts):
-        raise PlanError(f"expected {len(tables) - 1} hops, got the plan {format_path(plan_cuts, plan_codecs)!r}")
+    hops = len(tables) - 1
+    plan_cuts, plan_codecs = parse_path(plan, base.codecs[0], hops) if isinstance(plan, str) else plan
+    if len(plan_cuts) != hops or len(plan_codecs) != len(plan_cuts):
+        raise PlanError(f"expected {hops} hops, got the plan {format_path(plan_cuts, plan_codecs)!r}")
     idx = [base.index(c) for c in plan_cuts]
     if any(b < a for a, b in itertools.pairwise(idx)):
         raise PlanError(f"expected non-decreasing cuts, got {'>'.join(plan_cuts)}")
@@ -306,31 +368,35 @@ def evaluate_path(
     tier = [float(compute[0][idx[0]])]
     tier += [max(float(compute[t][idx[t]] - compute[t][idx[t - 1]]), 0.0) for t in range(1, len(idx))]
     tier.append(float(compute[-1][idx[-1]]))
-    up = [float(terms["up"][h][i, k]) for h, (i, k) in enumerate(zip(idx, ks, strict=True))]
-    transfer = tuple(u + float(terms["back"][h][i]) for h, (u, i) in enumerate(zip(up, idx, strict=True)))
+    up = tuple(float(terms["up"][h][i, k]) for h, (i, k) in enumerate(zip(idx, ks, strict=True)))
+    down = tuple(float(terms["back"][h][i]) for h, i in enumerate(idx))
     sends = [bool(base.sends[i]) for i in idx]
     rtt = tuple(cond.hops[h].rtt_ms if s else 0.0 for h, s in enumerate(sends))
     queue = tuple(cond.queue(h) if s else 0.0 for h, s in enumerate(sends))
-    latency = sum(tier) + sum(transfer) + sum(rtt) + sum(queue)
+    latency = sum(tier) + sum(up) + sum(down) + sum(rtt) + sum(queue)
     waiting = latency - tier[0] - up[0]
-    return PathPlan(
+    reply = np.broadcast_to(np.asarray(base.reply_bytes), (len(base),))
+    return Plan(
         cuts=tuple(plan_cuts),
         codecs=tuple(plan_codecs),
         objective=objective,
         predicted_ms=latency,
         energy_mj=power.active_w * tier[0] + power.send_w * up[0] + power.idle_w * waiting,
-        period_ms=max([*tier, *transfer]),
+        period_ms=max([*tier, *(u + d for u, d in zip(up, down, strict=True))]),
         tier_ms=tuple(tier),
-        transfer_ms=transfer,
-        rtt_ms=rtt,
-        queue_ms=queue,
-        sent_bytes=tuple(int(base.sent_bytes[i, k]) for i, k in zip(idx, ks, strict=True)),
+        hop_upload_ms=up,
+        hop_download_ms=down,
+        hop_rtt_ms=rtt,
+        hop_queue_ms=queue,
+        hop_bytes=tuple(int(base.bytes[i]) for i in idx),
+        hop_sent_bytes=tuple(int(base.sent_bytes[i, k]) for i, k in zip(idx, ks, strict=True)),
+        reply_bytes=int(reply[idx[0]]),
     )
 
 
 __all__ = [
     "PathConditions",
-    "PathPlan",
+    "Plan",
     "evaluate_path",
     "format_path",
     "format_plan",

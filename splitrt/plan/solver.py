@@ -1,14 +1,14 @@
-"""The optimal cut (pure): exact over every candidate cut, two tiers or a device → edge → cloud chain.
+"""The optimal cut (pure): exact over every candidate cut of two tiers, and the sweep over bandwidth.
 
 ``solve(table, cond, objective=...)`` evaluates every (cut, codec) of a ``CostTable`` with a few
-numpy operations and returns a ``Plan``. Ties (within a relative 1e-12) go to the plan sending fewer
-bytes, then to the earlier cut: the answer does not flicker between equal plans.
+numpy operations and returns the one ``Plan`` type (``plan.path``) with one hop. Ties (within a
+relative 1e-12) go to the plan sending fewer bytes, then to the earlier cut: the answer does not
+flicker between equal plans. Any number of tiers is ``plan.path.solve_path`` (re-exported here); the
+two-tier ``solve`` is its N=2 case kept as a direct (cuts x codecs) matrix because it runs per request
+(tests/plan/test_path.py checks one against the other on random tables).
 
-A plan's short form is ``<cut>@<codec>`` (``c12@fp16``; ``device`` alone when nothing is sent) and a
-chain plan's ``<device cut>><edge cut>@<codec>``; ``parse_plan`` / ``parse_chain_plan`` read them back.
-``solve_chain`` is the three-tier case of ``plan.path.solve_path`` (one codec on both hops); the two-tier
-``solve`` stays a direct (cuts x codecs) matrix because it runs per request (tests/plan/test_path.py
-checks it against the path solver).
+A plan's short form is ``<cut>@<codec>`` (``c12@fp16``; ``device`` alone when nothing is sent), hops
+joined by ``>`` over more tiers; ``parse_plan`` / ``parse_path`` read them back.
 """
 
 from __future__ import annotations
@@ -31,58 +31,37 @@ from splitrt.plan.costmodel import (
     Link,
     Power,
 )
-from splitrt.plan.objective import OBJECTIVES, check_objective, objective_value
-from splitrt.plan.path import PathConditions, PathPlan, evaluate_path, format_plan, parse_plan, solve_path
+from splitrt.plan.objective import OBJECTIVES, check_objective
+from splitrt.plan.path import (
+    PathConditions,
+    Plan,
+    evaluate_path,
+    format_path,
+    format_plan,
+    parse_path,
+    parse_plan,
+    solve_path,
+)
 
 _TIE_RTOL = 1e-12
 
 
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    """A chosen (cut, codec) and what it is predicted to cost."""
-
-    cut: str
-    codec: str
-    objective: str
-    predicted_ms: float  # end-to-end latency of one request
-    energy_mj: float  # device energy per request
-    period_ms: float  # pipelined frame period (1000 / throughput)
-    # The terms of predicted_ms, which they add up to: device + transfer (the upload) + download (the
-    # reply) + round trip + queue (the expected wait for a cloud worker) + cloud.
-    device_ms: float
-    transfer_ms: float
-    rtt_ms: float
-    cloud_ms: float
-    bytes: int  # raw crossing bytes
-    sent_bytes: int  # after the codec
-    queue_ms: float = 0.0
-    download_ms: float = 0.0
-    reply_bytes: int = 0  # the graph outputs the tail makes (those the head made stay on the device)
-
-    @property
-    def key(self) -> str:
-        return format_plan(self.cut, self.codec)
-
-    def __str__(self) -> str:
-        return self.key
-
-
 def _plan(est: Estimate, objective: str) -> Plan:
+    """A two-tier estimate as the one ``Plan`` type (one hop)."""
     return Plan(
-        cut=est.cut,
-        codec=est.codec,
+        cuts=(est.cut,),
+        codecs=(est.codec,),
         objective=objective,
         predicted_ms=est.latency_ms,
         energy_mj=est.energy_mj,
         period_ms=est.period_ms,
-        device_ms=est.device_ms,
-        transfer_ms=est.transfer_ms,
-        rtt_ms=est.rtt_ms,
-        cloud_ms=est.cloud_ms,
-        bytes=est.bytes,
-        sent_bytes=est.sent_bytes,
-        queue_ms=est.queue_ms,
-        download_ms=est.download_ms,
+        tier_ms=(est.device_ms, est.cloud_ms),
+        hop_upload_ms=(est.transfer_ms,),
+        hop_download_ms=(est.download_ms,),
+        hop_rtt_ms=(est.rtt_ms,),
+        hop_queue_ms=(est.queue_ms,),
+        hop_bytes=(est.bytes,),
+        hop_sent_bytes=(est.sent_bytes,),
         reply_bytes=est.reply_bytes,
     )
 
@@ -263,169 +242,21 @@ def sweep(
     return bands
 
 
-# ---- three tiers: device → edge → cloud -----------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChainPlan:
-    """Device runs up to ``device_cut``, the edge from there up to ``edge_cut``, the cloud the rest."""
-
-    device_cut: str
-    edge_cut: str
-    codec: str
-    objective: str
-    predicted_ms: float
-    energy_mj: float
-    period_ms: float
-    device_ms: float
-    edge_ms: float
-    cloud_ms: float
-    transfer_ms: float  # both hops
-
-    @property
-    def key(self) -> str:
-        return f"{self.device_cut}>{self.edge_cut}@{self.codec}"
-
-    def __str__(self) -> str:
-        return self.key
-
-
-def parse_chain_plan(text: str) -> tuple[str, str, str]:
-    """``"c3>c12@fp16"`` → ``("c3", "c12", "fp16")``."""
-    cuts, _, codec = text.strip().partition("@")
-    first, sep, second = cuts.partition(">")
-    if not (first and sep and second and codec):
-        raise PlanError(f"expected a chain plan like 'c3>c12@fp16', got {text!r}")
-    return first, second, codec
-
-
-@dataclass(frozen=True, kw_only=True)
-class ChainConditions:
-    device_edge: Link
-    edge_cloud: Link
-    device_load: float = 1.0
-    edge_load: float = 1.0
-    cloud_load: float = 1.0
-
-
-def _check_chain(device: CostTable, edge: CostTable, cloud: CostTable) -> None:
-    if not (device.ids == edge.ids == cloud.ids):
-        raise PlanError("device, edge and cloud tables must list the same cuts in the same order")
-    if device.codecs != edge.codecs or device.codecs != cloud.codecs:
-        raise PlanError("device, edge and cloud tables must list the same codecs")
-
-
-def _path_conditions(cond: ChainConditions) -> PathConditions:
-    return PathConditions(
-        hops=(cond.device_edge, cond.edge_cloud), loads=(cond.device_load, cond.edge_load, cond.cloud_load)
-    )
-
-
-def _chain_plan(p: PathPlan, codec: str) -> ChainPlan:
-    return ChainPlan(
-        device_cut=p.cuts[0],
-        edge_cut=p.cuts[1],
-        codec=codec,
-        objective=p.objective,
-        predicted_ms=p.predicted_ms,
-        energy_mj=p.energy_mj,
-        period_ms=p.period_ms,
-        device_ms=p.tier_ms[0],
-        edge_ms=p.tier_ms[1],
-        cloud_ms=p.tier_ms[2],
-        transfer_ms=sum(p.transfer_ms),
-    )
-
-
-def solve_chain(
-    device: CostTable,
-    edge: CostTable,
-    cloud: CostTable,
-    cond: ChainConditions,
-    *,
-    objective: str = "latency",
-    power: Power = DEFAULT_POWER,
-    codecs: Sequence[str] | None = None,
-    device_cuts: Sequence[str] | None = None,
-    edge_cuts: Sequence[str] | None = None,
-) -> ChainPlan:
-    """Best pair of nested cuts (i ≤ j in the tables' topological order) for a device → edge → cloud chain.
-
-    Uses ``device.head_ms`` (device part), ``edge.head_ms[j] - edge.head_ms[i]`` (edge part, exact when
-    the edge profile's head times are prefix sums of chain segments, as the profiler writes them) and
-    ``cloud.tail_ms`` (cloud part); crossing bytes from ``device``. Cut ids must be a chain (each head
-    contains the previous), which ``splitrt.graph`` cut lists are. Exact over all O(cuts²) pairs; with
-    prefix-sum edge times, latency and energy take O(cuts) (a running minimum), ~0.2 ms for densenet121's
-    669 cuts. ``device_cuts`` / ``edge_cuts`` restrict either cut (``edge_cuts=["device"]``: the edge
-    finishes, no cloud). Ties → lower latency, then fewer bytes sent on both hops.
-    """
-    check_objective(objective)
-    _check_chain(device, edge, cloud)
-    names = device.codecs if codecs is None else tuple(codecs)
-    if not names:
-        raise PlanError("no codec to plan with")
-    # One codec on both hops: what the chain runtime sends.
-    p = solve_path(
-        [device, edge, cloud],
-        _path_conditions(cond),
-        objective=objective,
-        power=power,
-        codecs=names,
-        cuts=[device_cuts, edge_cuts],
-        same_codec=True,
-    )
-    return _chain_plan(p, p.codecs[0])
-
-
-def evaluate_chain(
-    device: CostTable,
-    edge: CostTable,
-    cloud: CostTable,
-    plan: str | tuple[str, str, str],
-    cond: ChainConditions,
-    *,
-    objective: str = "latency",
-    power: Power = DEFAULT_POWER,
-) -> ChainPlan:
-    """Cost of a given chain plan (``"c3>c12@fp16"`` or a tuple) under ``cond``: e.g. the plan in use."""
-    check_objective(objective)
-    _check_chain(device, edge, cloud)
-    first, second, codec = parse_chain_plan(plan) if isinstance(plan, str) else plan
-    if device.index(first) > device.index(second):
-        raise PlanError(f"chain plan: expected the edge cut at or after the device cut {first!r}, got {second!r}")
-    p = evaluate_path(
-        [device, edge, cloud],
-        ((first, second), (codec, codec)),
-        _path_conditions(cond),
-        objective=objective,
-        power=power,
-    )
-    return _chain_plan(p, codec)
-
-
-def chain_objective(plan: ChainPlan) -> float:
-    """The value ``plan.objective`` minimises (ms, mJ or ms per frame)."""
-    return objective_value(
-        plan.objective, latency_ms=plan.predicted_ms, energy_mj=plan.energy_mj, period_ms=plan.period_ms
-    )
-
-
 __all__ = [
     "CLOUD_CUT",
     "DEVICE_CUT",
     "OBJECTIVES",
-    "ChainConditions",
-    "ChainPlan",
+    "PathConditions",
     "Plan",
     "SweepBand",
-    "chain_objective",
     "evaluate",
-    "evaluate_chain",
+    "evaluate_path",
+    "format_path",
     "format_plan",
     "objective_matrix",
-    "parse_chain_plan",
+    "parse_path",
     "parse_plan",
     "solve",
-    "solve_chain",
+    "solve_path",
     "sweep",
 ]

@@ -6,7 +6,7 @@ edge's network) and the best static 2-tier split run on the two-tier runtime (``
 fixed plan), as a system that does not know the edge would; edge-only (``cloud>device``: the edge runs
 the whole model), the best static 3-tier cut pair and the 3-tier adaptive runtime run on ``ChainDevice``.
 Static choices are made once, from the profile at the traces' median bandwidths, with the objective the
-adaptive runtime uses; ``FixedChain`` holds a chain plan where ``ChainController`` would re-choose it.
+adaptive runtime uses; a static 3-tier strategy is the runtime's ``fixed:PLAN`` policy.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from splitrt.errors import ConfigError
-from splitrt.plan.chain import ChainController, ChainControllerConfig, ChainDecision
+from splitrt.plan.controller import Controller, ControllerConfig
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
-from splitrt.plan.netmon import LinkEstimate
-from splitrt.plan.solver import ChainConditions, evaluate, evaluate_chain, solve, solve_chain
+from splitrt.plan.path import PathConditions, Plan, evaluate_path, solve_path
+from splitrt.plan.solver import evaluate, solve
 
 STRATEGIES = (
     "device-only",
@@ -62,7 +62,7 @@ class Strategy:
 def direct_table(device: CostTable, edge: CostTable, cloud: CostTable) -> CostTable:
     """The two-tier table of the direct path: the device's heads, the cloud's tails (as the chain
     controller plans with the edge down)."""
-    return ChainController(device, edge, cloud).direct
+    return Controller((device, edge, cloud)).direct_table(2)
 
 
 def direct_conditions(hop1: Link, hop2: Link) -> Conditions:
@@ -91,7 +91,7 @@ def choose(
     codec = codecs[0]
     table = direct_table(device, edge, cloud)
     cond = direct_conditions(hop1, hop2)
-    chain = ChainConditions(device_edge=hop1, edge_cloud=hop2)
+    chain = PathConditions(hops=(hop1, hop2), loads=(1.0, 1.0, 1.0))
 
     def two(plan: str) -> tuple[float, float]:
         p = evaluate(table, plan, cond, objective=objective, power=power)
@@ -100,17 +100,16 @@ def choose(
     def three(plan: str) -> tuple[float, float]:
         if plan == DEVICE_CUT:
             return two(plan)
-        p = evaluate_chain(device, edge, cloud, plan, chain, objective=objective, power=power)
+        p = evaluate_path((device, edge, cloud), plan, chain, objective=objective, power=power)
         return p.predicted_ms, p.energy_mj
 
     best2 = solve(table, cond, objective=objective, power=power, codecs=list(codecs)).key
-    cp = solve_chain(device, edge, cloud, chain, objective=objective, power=power, codecs=list(codecs))
-    best3 = DEVICE_CUT if cp.device_cut == DEVICE_CUT else cp.key  # "device>device": nothing leaves the device
+    best3 = _solve3(device, edge, cloud, chain, objective=objective, power=power, codecs=codecs).key
     fixed = {
         "device-only": (2, DEVICE_CUT),
         "cloud-only": (2, f"cloud@{codec}"),
         "static-2tier": (2, best2),
-        "edge-only": (3, f"cloud>{DEVICE_CUT}@{codec}"),
+        "edge-only": (3, f"cloud@{codec}>{DEVICE_CUT}"),
         "static-3tier": (3, best3),
     }
     out: dict[str, Strategy] = {}
@@ -150,85 +149,32 @@ def likely_first_cuts(
         for bw2 in grid:
             for load in (1.0, 4.0):
                 h1, h2 = Link(bandwidth_mbps=bw1, rtt_ms=rtt1_ms), Link(bandwidth_mbps=bw2, rtt_ms=rtt2_ms)
-                cp = solve_chain(
-                    device,
-                    edge,
-                    cloud,
-                    ChainConditions(device_edge=h1, edge_cloud=h2, device_load=load),
-                    objective=objective,
-                    power=power,
-                    codecs=list(codecs),
-                )
-                cuts.add(cp.device_cut)
+                cond3 = PathConditions(hops=(h1, h2), loads=(load, 1.0, 1.0))
+                cp = _solve3(device, edge, cloud, cond3, objective=objective, power=power, codecs=codecs)
+                cuts.add(cp.cuts[0])
                 d = replace(direct_conditions(h1, h2), device_load=load)
                 cuts.add(solve(table, d, objective=objective, power=power, codecs=list(codecs)).cut)
     return sorted(cuts)
 
 
-class FixedChain:
-    """A ``ChainController`` that keeps one chain plan while the edge is up (a static 3-tier strategy);
-    with the edge down it plans as the controller does (the runtime's fallback is the same for all)."""
-
-    def __init__(self, inner: ChainController, plan: str) -> None:
-        if ">" not in plan and plan != DEVICE_CUT:
-            raise ConfigError(f"fixed chain plan: expected 'A>B@codec' or 'device', got {plan!r}")
-        self.inner = inner
-        self.plan = plan
-        self._switches = 0
-
-    @property
-    def current(self) -> str | None:
-        return self.inner.current
-
-    @property
-    def switches(self) -> int:
-        return self._switches
-
-    def decide(self, now_s: float, hop1: LinkEstimate, hop2: LinkEstimate, **kw: Any) -> ChainDecision:
-        d = self.inner.decide(now_s, hop1, hop2, **kw)
-        if not kw.get("edge_available", True):
-            self._switches += int(d.switched)
-            return d
-        inner = self.inner
-        if self.plan == DEVICE_CUT:
-            switched = d.previous is not None and d.previous != DEVICE_CUT
-            inner.current = DEVICE_CUT
-            self._switches += int(switched)
-            return replace(
-                d,
-                plan=DEVICE_CUT,
-                best=DEVICE_CUT,
-                route="local",
-                predicted_ms=float(inner.device.head_ms[inner.device.index(DEVICE_CUT)]) * d.device_load,
-                objective_value=math.nan,
-                switched=switched,
-            )
-        cond = ChainConditions(
-            device_edge=Link(bandwidth_mbps=hop1.bandwidth_mbps, rtt_ms=hop1.rtt_ms),
-            edge_cloud=Link(bandwidth_mbps=hop2.bandwidth_mbps, rtt_ms=hop2.rtt_ms),
-            device_load=d.device_load,
-            edge_load=d.edge_load,
-            cloud_load=d.cloud_load,
-        )
-        p = evaluate_chain(
-            inner.device, inner.edge, inner.cloud, self.plan, cond, objective=inner.config.objective, power=inner.power
-        )
-        switched = d.previous is not None and d.previous != self.plan
-        inner.current = self.plan
-        self._switches += int(switched)
-        return replace(
-            d,
-            plan=self.plan,
-            best=self.plan,
-            route="edge",
-            predicted_ms=p.predicted_ms,
-            objective_value=p.energy_mj if inner.config.objective == "energy" else p.predicted_ms,
-            switched=switched,
-        )
+def _solve3(
+    device: CostTable,
+    edge: CostTable,
+    cloud: CostTable,
+    cond: PathConditions,
+    *,
+    objective: str,
+    power: Power,
+    codecs: Sequence[str],
+) -> Plan:
+    """The best 3-tier plan with one codec on both hops (what the runtime sends)."""
+    return solve_path(
+        (device, edge, cloud), cond, objective=objective, power=power, codecs=list(codecs), same_codec=True
+    )
 
 
-def chain_config(objective: str, codecs: Sequence[str]) -> ChainControllerConfig:
-    return ChainControllerConfig(objective=objective, codecs=tuple(codecs))
+def chain_config(objective: str, codecs: Sequence[str]) -> ControllerConfig:
+    return ControllerConfig(objective=objective, codecs=tuple(codecs))
 
 
 # ---- reading the results --------------------------------------------------------------------------
@@ -302,11 +248,12 @@ def likely_pairs(
     first, at most ``limit``: the segments the edge and the cloud should build before the timed part."""
     count: dict[str, int] = {}
     for bw1, bw2 in rates:
-        cond = ChainConditions(
-            device_edge=Link(bandwidth_mbps=bw1, rtt_ms=rtt1_ms), edge_cloud=Link(bandwidth_mbps=bw2, rtt_ms=rtt2_ms)
+        cond = PathConditions(
+            hops=(Link(bandwidth_mbps=bw1, rtt_ms=rtt1_ms), Link(bandwidth_mbps=bw2, rtt_ms=rtt2_ms)),
+            loads=(1.0, 1.0, 1.0),
         )
-        cp = solve_chain(device, edge, cloud, cond, objective=objective, power=power, codecs=list(codecs))
-        if cp.device_cut != DEVICE_CUT:
+        cp = _solve3(device, edge, cloud, cond, objective=objective, power=power, codecs=codecs)
+        if cp.cuts[0] != DEVICE_CUT:
             count[cp.key] = count.get(cp.key, 0) + 1
     return sorted(count, key=lambda k: -count[k])[:limit]
 

@@ -1,7 +1,7 @@
 """The device process of the three-tier rig bench (``python -m splitrt.rig.tierworker SPEC``), JSON lines.
 
 It holds one runtime per strategy (``prepare``): an ``AdaptiveDevice`` over the direct path for the
-two-tier strategies, a ``ChainDevice`` through the edge for the three-tier ones (``tierplans.FixedChain``
+two-tier strategies, a ``ChainDevice`` through the edge for the three-tier ones (``ChainConfig.policy``
 for a static pair), and runs one strategy's turn at a time (``run``), as ``rig.worker`` does for the
 two-tier bench (its clocks, parked probers and paced request loop are reused). Every request's outputs
 are compared with the full model's, run here once at start.
@@ -66,11 +66,11 @@ def chain_describe(reference: dict[str, np.ndarray]) -> Any:
             edge_ms=hops.edge_ms if hops else 0.0,
             next_ms=hops.next_ms if hops else 0.0,
             forwarded=bool(hops and hops.forwarded),
-            hop1_est_mbps=d.hop1_mbps,
-            hop2_est_mbps=d.hop2_mbps,
-            device_load=d.device_load,
-            edge_load=d.edge_load,
-            cloud_load=d.cloud_load,
+            hop1_est_mbps=d.link_mbps[0],
+            hop2_est_mbps=d.link_mbps[1],
+            device_load=d.loads[0],
+            edge_load=d.loads[1],
+            cloud_load=d.loads[2],
             predicted_ms=d.predicted_ms,
             best=d.best,
             match=_matches(out.outputs, reference),
@@ -137,13 +137,13 @@ class _Worker:
         """One request per chain plan (``A>B@codec``) so the edge and the cloud build their segments
         before the timed part; returns how many answered."""
         from splitrt.device.client import Device
-        from splitrt.plan.solver import parse_chain_plan
+        from splitrt.plan.path import parse_path
 
         d = Device(self.mg, self.spec["edge"], config=self.dcfg)
         ok = 0
         try:
             for plan in pairs:
-                a, b, codec = parse_chain_plan(plan)
+                (a, b), (codec, _) = parse_path(plan, hops=2)
                 with contextlib.suppress(Exception):
                     d.send(self.local.run_head(self.inputs, a), codec_spec=codec, next_cut=b, timeout_s=60)
                     ok += 1
@@ -155,9 +155,8 @@ class _Worker:
         """(runtime, describe, prober interval) of one strategy."""
         from splitrt.device.chain import ChainConfig, ChainDevice
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-        from splitrt.plan.chain import ChainController
         from splitrt.plan.controller import ControllerConfig
-        from splitrt.rig.tierplans import FixedChain, chain_config
+        from splitrt.rig.tierplans import chain_config
 
         spec = self.spec
         codecs = tuple(spec.get("codecs") or ("fp32",))
@@ -188,7 +187,9 @@ class _Worker:
                 start_prober=False,
             )
             return dev, two_describe(self.reference), rc.prober_interval_s
-        cc = ChainConfig(deadline_ms=float(spec["deadline_ms"]), controller=chain_config(objective, codecs))
+        cc = ChainConfig(
+            deadline_ms=float(spec["deadline_ms"]), policy=msg["policy"], controller=chain_config(objective, codecs)
+        )
         dev = ChainDevice(
             self.mg,
             d_tbl,
@@ -202,9 +203,6 @@ class _Worker:
             clock=clock,
             start_prober=False,
         )
-        if msg["policy"].startswith("fixed:"):
-            ctl = ChainController(d_tbl, e_tbl, c_tbl, cc.controller, power=self.board.power)
-            dev.controller = FixedChain(ctl, msg["policy"].split(":", 1)[1])
         return dev, chain_describe(self.reference), cc.prober_interval_s
 
     def prepare(self, msg: dict[str, Any]) -> None:

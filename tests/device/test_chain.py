@@ -17,7 +17,7 @@ from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.chain import ChainConfig, ChainDevice
 from splitrt.graph import model as graph_mod
 from splitrt.graph import zoo
-from splitrt.plan.chain import ChainDecision, replay
+from splitrt.plan.controller import Decision, replay
 from splitrt.plan.costmodel import CostTable
 from tests.conftest import rel_err
 
@@ -99,14 +99,14 @@ def test_three_tiers_compose_and_the_cloud_is_learned_from_the_edge(tiers: tuple
         ref = dev.local.run_local(x)["y"]
         for _ in range(3):
             out = dev.infer(x)
-            assert out.plan == "c1>c3@fp32" and out.route == "edge" and out.finished_by == "cloud"
+            assert out.plan == "c1@fp32>c3@fp32" and out.route == "edge" and out.finished_by == "cloud"
             assert not out.fallback and rel_err(ref, out.outputs["y"]) <= 1e-5
         assert edge.next_hop.forwarded == 3 and cloud.served == 3
         assert dev.edge_load.estimate(clock()).cloud_factor > 0
         assert dev.stats["completed"] == 3 and dev.stats["by_cloud"] == 3
-    pairs = replay(log.getvalue().splitlines(), *dev.tables)
-    assert [r.plan for _, r in pairs] == [d.plan for d, _ in pairs] == ["c1>c3@fp32"] * 3
-    assert ChainDecision.from_json(log.getvalue().splitlines()[0]).finished_by == "cloud"
+    pairs = replay(log.getvalue().splitlines(), dev.tables)
+    assert [r.plan for _, r in pairs] == [d.plan for d, _ in pairs] == ["c1@fp32>c3@fp32"] * 3
+    assert Decision.from_json(log.getvalue().splitlines()[0]).extra["finished_by"] == "cloud"
 
 
 def test_cloud_dies_the_edge_finishes_then_the_plan_keeps_it_at_the_edge(
@@ -120,11 +120,11 @@ def test_cloud_dies_the_edge_finishes_then_the_plan_keeps_it_at_the_edge(
         assert dev.infer(x).finished_by == "cloud"
         cloud.stop(grace_s=0)
         hit = dev.infer(x)  # planned through the cloud, which is gone: the edge finished it
-        assert hit.plan == "c1>c3@fp32" and hit.finished_by == "edge" and hit.fallback
+        assert hit.plan == "c1@fp32>c3@fp32" and hit.finished_by == "edge" and hit.fallback
         assert rel_err(ref, hit.outputs["y"]) <= 1e-5
         assert not dev.next.up()
         after = dev.infer(x)  # re-planned: the edge finishes by plan
-        assert after.decision.cuts[1] == "device" and after.finished_by == "edge" and not after.fallback
+        assert after.decision.route == (0, 1) and after.finished_by == "edge" and not after.fallback
         assert rel_err(ref, after.outputs["y"]) <= 1e-5
         clock.t += 10.0
         dev.probe_once()  # the probe through the edge still fails: the hop stays down

@@ -163,7 +163,8 @@ def test_allowed_cuts_bound_every_plan_and_route_is_device_or_cloud(table: CostT
     for i, bw in enumerate((0.2, 1.0, 5.0, 30.0, 300.0)):
         d = ctl.decide(float(i), est(bw), IDLE)
         assert d.plan.split("@")[0] in allowed
-        assert d.plan == solve(table, ctl._conditions(est(bw), IDLE), cuts=list(allowed), codecs=["fp32"]).key
+        cond = ctl.route(*ctl.inputs(est(bw), IDLE, True)).two_tier()
+        assert d.plan == solve(table, cond, cuts=list(allowed), codecs=["fp32"]).key
         r = route.decide(float(i), est(bw), IDLE)
         assert r.plan.split("@")[0] in ("cloud", "device")
         # routing never beats the unconstrained solver's prediction

@@ -1,5 +1,5 @@
 """One solver for any number of tiers: the path DP equals the two-tier ``solve``, the three-tier
-``solve_chain`` (one codec on both hops) and brute force over every plan of 3- and 4-tier paths, on
+chain formula (one codec on both hops, written out plainly) and brute force over every plan of 3- and 4-tier paths, on
 random tables; its terms add up and its plans print and parse back."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from splitrt.errors import PlanError
 from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
 from splitrt.plan.path import PathConditions, _advance, evaluate_path, format_path, parse_path, solve_path
-from splitrt.plan.solver import OBJECTIVES, ChainConditions, chain_objective, evaluate_chain, solve, solve_chain
+from splitrt.plan.solver import OBJECTIVES, solve
 
 POWER = Power(idle_w=2.0, active_w=6.0, radio_w=1.5)
 
@@ -152,15 +152,17 @@ def test_three_tiers_equal_the_chain_formula(
         cuts=[None, edge_cuts],
     )
     assert new.value == pytest.approx(want, rel=1e-9, abs=1e-9)
-    # solve_chain (one codec on both hops) is this solver, and evaluate_chain re-costs its plan the same.
-    cond = ChainConditions(
-        device_edge=hop1, edge_cloud=hop2, device_load=tier_loads[0], edge_load=tier_loads[1], cloud_load=tier_loads[2]
+    # One codec on every hop (what the controller plans three tiers with) is the same plan here, and
+    # evaluate_path re-costs it from its string form to the same figures.
+    cond = PathConditions(hops=(hop1, hop2), loads=tier_loads)
+    same = solve_path(
+        tables, cond, objective=objective, power=POWER, codecs=[codec], cuts=[None, edge_cuts], same_codec=True
     )
-    chain = solve_chain(*tables, cond, objective=objective, power=POWER, codecs=[codec], edge_cuts=edge_cuts)
-    assert chain_objective(chain) == pytest.approx(want, rel=1e-9, abs=1e-9)
-    assert evaluate_chain(*tables, str(chain), cond, objective=objective, power=POWER) == chain
+    assert same.value == pytest.approx(want, rel=1e-9, abs=1e-9)
+    again = evaluate_path(tables, str(same), cond, objective=objective, power=POWER)
+    assert again.value == pytest.approx(same.value, rel=1e-12, abs=1e-12) and again.cuts == same.cuts
     if edge_finishes:
-        assert new.cuts[1] == "device" and chain.edge_cut == "device"
+        assert new.cuts[1] == "device" and same.cuts[1] == "device"
 
 
 @settings(max_examples=60, deadline=None)
@@ -201,10 +203,13 @@ def test_equals_brute_force_with_a_codec_per_hop(data: st.DataObject, tiers: int
 def test_terms_add_up_and_the_plan_parses_back(tables: list[CostTable], hop1: Link, hop2: Link) -> None:
     cond = PathConditions(hops=(hop1, hop2), loads=(2.0, 1.0, 0.5), queue_ms=(1.0, 3.0))
     plan = solve_path(tables, cond)
-    terms = sum(plan.tier_ms) + sum(plan.transfer_ms) + sum(plan.rtt_ms) + sum(plan.queue_ms)
+    terms = sum(plan.tier_ms) + sum(plan.hop_upload_ms) + sum(plan.hop_download_ms)
+    terms += sum(plan.hop_rtt_ms) + sum(plan.hop_queue_ms)
     assert terms == pytest.approx(plan.predicted_ms)
+    assert plan.transfer_ms + plan.download_ms == pytest.approx(sum(plan.hop_upload_ms) + sum(plan.hop_download_ms))
     assert evaluate_path(tables, str(plan), cond).predicted_ms == pytest.approx(plan.predicted_ms)
-    assert parse_path(str(plan), tables[0].codecs[0]) == (plan.cuts, plan.codecs)
+    # The string form stops at the first `device` hop (nothing goes further) and pads back.
+    assert parse_path(str(plan), tables[0].codecs[0], hops=2) == (plan.cuts, plan.codecs)
 
 
 def test_string_form() -> None:
@@ -212,6 +217,8 @@ def test_string_form() -> None:
     assert format_path(["c5", "device"], ["fp32", "fp32"]) == "c5@fp32>device"
     assert parse_path("c12@fp16") == (("c12",), ("fp16",))
     assert parse_path("device") == (("device",), ("fp32",))
+    assert format_path(["device", "device"], ["fp32", "fp32"]) == "device"
+    assert parse_path("c5@fp16>device", hops=3) == (("c5", "device", "device"), ("fp16", "fp32", "fp32"))
     with pytest.raises(PlanError, match="expected a plan like"):
         parse_path("c3@>c4@fp16")
 

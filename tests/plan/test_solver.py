@@ -1,4 +1,4 @@
-"""Solver: exact over candidates, monotone in bandwidth, plan strings, sweep, three-tier chain."""
+"""Solver: exact over candidates, monotone in bandwidth, plan strings, sweep."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from splitrt.errors import PlanError
 from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
 from splitrt.plan.solver import (
     OBJECTIVES,
-    ChainConditions,
     evaluate,
     objective_matrix,
-    parse_chain_plan,
+    parse_path,
     parse_plan,
     solve,
     sweep,
@@ -99,12 +98,12 @@ def test_plan_string_roundtrip() -> None:
     assert parse_plan("device") == ("device", "fp32")
     again = evaluate(t, str(plan), cond)
     assert again == plan
-    assert parse_chain_plan("c3>c12@fp16") == ("c3", "c12", "fp16")
+    assert parse_path("c3@fp16>c12@fp16") == (("c3", "c12"), ("fp16", "fp16"))
     for bad in ("", "@fp16", "c1@", "c1>c2@fp16"):
         with pytest.raises(PlanError, match="expected a plan"):
             parse_plan(bad)
-    with pytest.raises(PlanError, match="expected a chain plan"):
-        parse_chain_plan("c1@fp16")
+    with pytest.raises(PlanError, match="expected a plan like"):
+        parse_path("c1@>c2@fp16")
 
 
 def test_extremes_pick_device_or_cloud() -> None:
@@ -146,32 +145,3 @@ def test_sweep_bands_are_consistent() -> None:
     for b in bands:
         mid = (b.from_mbps * b.to_mbps) ** 0.5
         assert solve(t, Conditions(link=Link(bandwidth_mbps=mid, rtt_ms=10))).key == b.plan
-
-
-def _brute_chain(dev: CostTable, edge: CostTable, cloud: CostTable, c: ChainConditions) -> float:
-    best = np.inf
-    n = len(dev)
-    for k, codec in enumerate(dev.codecs):
-        for i in range(n):
-            for j in range(i, n):
-                lat = dev.head_ms[i] * c.device_load
-                if dev.sends[i]:
-                    lat += (dev.sent_bytes[i, k] + dev.reply_bytes[i]) * 8e-3 / c.device_edge.bandwidth_mbps
-                    lat += c.device_edge.rtt_ms
-                lat += max(edge.head_ms[j] - edge.head_ms[i], 0) * c.edge_load
-                if dev.sends[j]:
-                    lat += (dev.sent_bytes[j, k] + dev.reply_bytes[j]) * 8e-3 / c.edge_cloud.bandwidth_mbps
-                    lat += c.edge_cloud.rtt_ms
-                    lat += cloud.tail_ms[j] * c.cloud_load
-                best = min(best, lat)
-        del codec
-    return float(best)
-
-
-def test_evaluate_chain_refuses_a_pair_out_of_order() -> None:
-    from splitrt.plan.solver import evaluate_chain
-
-    t = CostTable(ids=["cloud", "c1", "device"], head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[10, 10, 0])
-    c = ChainConditions(device_edge=Link(bandwidth_mbps=1, rtt_ms=1), edge_cloud=Link(bandwidth_mbps=1, rtt_ms=1))
-    with pytest.raises(PlanError, match="expected the edge cut at or after the device cut 'c1', got 'cloud'"):
-        evaluate_chain(t, t, t, "c1>cloud@fp32", c)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from splitrt.errors import ConfigError, PlanError
 from splitrt.graph.cuts import parse_cut_ids
 from splitrt.plan.controller import Decision, parse_policy
-from splitrt.plan.solver import format_plan, parse_chain_plan, parse_plan
+from splitrt.plan.path import format_path, parse_path
+from splitrt.plan.solver import format_plan, parse_plan
 
 cut_ids = st.one_of(st.just("cloud"), st.just("device"), st.integers(1, 5000).map(lambda i: f"c{i}"))
 codecs = st.sampled_from(["fp32", "fp16", "int8", "int8c", "fp16+zlib", "int8c+zlib"])
@@ -24,9 +25,14 @@ def test_plan_round_trip(cut: str, codec: str) -> None:
     assert got_codec == (codec if cut != "device" else "fp32")
 
 
-@given(cut_ids, cut_ids, codecs)
-def test_chain_plan_round_trip(a: str, b: str, codec: str) -> None:
-    assert parse_chain_plan(f"{a}>{b}@{codec}") == (a, b, codec)
+@given(st.lists(st.tuples(cut_ids, codecs), min_size=1, max_size=4))
+def test_path_plan_round_trip(hops: list[tuple[str, str]]) -> None:
+    cuts, ks = [c for c, _ in hops], [k for _, k in hops]
+    n = cuts.index("device") + 1 if "device" in cuts else len(cuts)  # nothing goes past `device`
+    want = (tuple(cuts[:n]) + ("device",) * (len(cuts) - n), tuple(k if c != "device" else "fp32" for c, k in hops))
+    got = parse_path(format_path(cuts, ks), hops=len(cuts))
+    assert got[0] == want[0]
+    assert got[1][:n] == want[1][:n]
 
 
 @given(st.lists(cut_ids, min_size=1, max_size=4))
@@ -47,38 +53,47 @@ def test_policy_round_trip(spec: str) -> None:
     assert (f"{kind}:{arg}" if arg else kind) == spec
 
 
-@given(
-    st.builds(
-        Decision,
-        t_s=finite,
-        request=text,
-        bandwidth_mbps=finite,
-        rtt_ms=finite,
-        confidence=finite,
-        device_load=finite,
-        cloud_load=finite,
-        cloud_available=st.booleans(),
-        previous=st.one_of(st.none(), st.builds(format_plan, cut_ids, codecs)),
-        plan=st.builds(format_plan, cut_ids, codecs),
-        best=st.builds(format_plan, cut_ids, codecs),
-        predicted_ms=finite,
-        objective_value=finite,
-        switched=st.booleans(),
-        reason=text,
-        actual_ms=st.one_of(st.none(), finite),
-        fallback=st.booleans(),
-        server=st.one_of(st.none(), text),
-        seq=st.integers(0, 10**9),
-        device_ms=finite,
-        transfer_ms=finite,
-        round_trip_ms=finite,
-        cloud_ms=finite,
-        download_ms=finite,
-        reply_bytes=st.integers(0, 10**12),
-        queue_ms=finite,
-        extra=st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5)), max_size=3),
+@st.composite
+def decisions(draw: st.DrawFn) -> Decision:
+    """Decisions over 2-4 tiers, every field drawn."""
+    hops = draw(st.integers(1, 3))
+
+    def per(n: int, of: st.SearchStrategy[object] = finite) -> tuple[object, ...]:
+        return tuple(draw(st.lists(of, min_size=n, max_size=n)))
+
+    plans = st.lists(st.builds(format_plan, cut_ids, codecs), min_size=1, max_size=hops).map(">".join)
+    return Decision(
+        t_s=draw(finite),
+        request=draw(text),
+        link_mbps=per(hops),  # type: ignore[arg-type]
+        link_rtt_ms=per(hops),  # type: ignore[arg-type]
+        link_confidence=per(hops),  # type: ignore[arg-type]
+        loads=per(hops + 1),  # type: ignore[arg-type]
+        waits_ms=per(hops),  # type: ignore[arg-type]
+        up=per(hops, st.booleans()),  # type: ignore[arg-type]
+        previous=draw(st.one_of(st.none(), plans)),
+        plan=draw(plans),
+        best=draw(plans),
+        predicted_ms=draw(finite),
+        objective_value=draw(finite),
+        switched=draw(st.booleans()),
+        reason=draw(text),
+        route=draw(st.one_of(st.just(()), st.just((0, 2)), st.just((0, 1)))),
+        actual_ms=draw(st.one_of(st.none(), finite)),
+        fallback=draw(st.booleans()),
+        server=draw(st.one_of(st.none(), text)),
+        seq=draw(st.integers(0, 10**9)),
+        tier_ms=per(draw(st.integers(0, hops + 1))),  # type: ignore[arg-type]
+        hop_upload_ms=per(hops),  # type: ignore[arg-type]
+        hop_download_ms=per(hops),  # type: ignore[arg-type]
+        hop_rtt_ms=per(hops),  # type: ignore[arg-type]
+        hop_queue_ms=per(hops),  # type: ignore[arg-type]
+        reply_bytes=draw(st.integers(0, 10**12)),
+        extra=draw(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=5)), max_size=3)),
     )
-)
+
+
+@given(decisions())
 def test_decision_round_trip(d: Decision) -> None:
     line = str(d)
     assert "\n" not in line or "\n" in d.request + d.reason + (d.server or "")
@@ -95,3 +110,5 @@ def test_bad_plan_names_what_was_expected(bad: str) -> None:
 def test_bad_decision_line_names_the_form() -> None:
     with pytest.raises(ConfigError, match="expected the form of str"):
         Decision.parse("#x t=1")
+    with pytest.raises(ConfigError, match="expected the form of str"):
+        Decision.parse("#3 c1@fp32 held t=1.0")  # no inputs

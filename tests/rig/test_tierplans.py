@@ -1,4 +1,4 @@
-"""The three-tier bench's pure parts: static choices at the median bandwidths, the fixed chain controller,
+"""The three-tier bench's pure parts: static choices at the median bandwidths,
 turn grouping, bootstrap intervals and the gains against the best static alternative."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import math
 import pytest
 
 from splitrt.errors import ConfigError
-from splitrt.plan.chain import ChainController, ChainControllerConfig
 from splitrt.plan.costmodel import DEFAULT_POWER, CostTable, Link
 from splitrt.plan.netmon import LinkEstimate
 from splitrt.rig import tierplans
@@ -35,9 +34,9 @@ def test_choices_at_the_medians() -> None:
     assert list(s) == list(tierplans.DEFAULT_STRATEGIES)
     assert s["device-only"].policy == "fixed:device" and s["device-only"].tiers == 2
     assert s["cloud-only"].policy == "fixed:cloud@fp32" and s["cloud-only"].tiers == 2
-    assert s["edge-only"].policy == "fixed:cloud>device@fp32" and s["edge-only"].tiers == 3
-    # the same pair the chain solver picks (tests/plan/test_chain.py: both hops slow -> c1>c3)
-    assert s["static-3tier"].plan == "c1>c3@fp32" and s["static-3tier"].tiers == 3
+    assert s["edge-only"].policy == "fixed:cloud@fp32>device" and s["edge-only"].tiers == 3
+    # the same pair the controller picks (tests/plan/test_controller_path.py: both hops slow -> c1, c3)
+    assert s["static-3tier"].plan == "c1@fp32>c3@fp32" and s["static-3tier"].tiers == 3
     # two tiers over the hops in series (0.5 Mbit/s, both RTTs): c3's 2 kB beat everything else
     assert s["static-2tier"].plan == "c3@fp32"
     assert s["adaptive"].policy == "adaptive" and math.isnan(s["adaptive"].predicted_ms)
@@ -68,36 +67,13 @@ def test_energy_objective_chooses_by_energy() -> None:
     assert s["static-3tier"].predicted_mj <= lat["static-3tier"].predicted_mj + 1e-9
 
 
-def test_fixed_chain_holds_its_plan_while_the_edge_is_up() -> None:
-    inner = ChainController(DEVICE, EDGE, CLOUD, ChainControllerConfig())
-    fixed = tierplans.FixedChain(inner, "c1>c3@fp32")
-    for t, (b1, b2) in enumerate([(1000, 1000), (2, 1000), (2, 0.5), (1000, 1000)]):
-        d = fixed.decide(float(t), est(b1), est(b2))
-        assert d.plan == "c1>c3@fp32" and d.best == d.plan and d.route == "edge"
-        assert d.cuts == ("c1", "c3", "fp32")
-    assert fixed.switches == 0 and fixed.current == "c1>c3@fp32"
-    # the edge down: the runtime's fallback plans as the controller would (to the cloud directly)
-    down = fixed.decide(9.0, est(2), est(2), edge_available=False)
-    assert down.route == "cloud" and ">" not in down.plan
-    back = fixed.decide(10.0, est(2), est(2))
-    assert back.plan == "c1>c3@fp32" and back.switched and fixed.switches == 2
-
-
-def test_fixed_chain_device_plan_is_local() -> None:
-    fixed = tierplans.FixedChain(ChainController(DEVICE, EDGE, CLOUD), "device")
-    d = fixed.decide(0.0, est(1000), est(1000))
-    assert d.plan == "device" and d.route == "local" and d.cuts == ("device", "device", "")
-    with pytest.raises(ConfigError, match="expected 'A>B@codec'"):
-        tierplans.FixedChain(ChainController(DEVICE, EDGE, CLOUD), "c1@fp32")
-
-
 def test_likely_cuts_and_pairs() -> None:
     cuts = tierplans.likely_first_cuts(DEVICE, EDGE, CLOUD, rtt1_ms=2.0, rtt2_ms=2.0)
     assert {"device", "cloud", "c1"} <= set(cuts) and cuts == sorted(cuts)
     pairs = tierplans.likely_pairs(DEVICE, EDGE, CLOUD, [(1000, 1000)] * 3 + [(2, 0.5)], rtt1_ms=2.0, rtt2_ms=2.0)
-    assert pairs == ["cloud>c1@fp32", "c1>c3@fp32"]  # most frequent first
+    assert pairs == ["cloud@fp32>c1@fp32", "c1@fp32>c3@fp32"]  # most frequent first
     assert tierplans.likely_pairs(DEVICE, EDGE, CLOUD, [(1000, 1000), (2, 0.5)], rtt1_ms=2, rtt2_ms=2, limit=1) == [
-        "cloud>c1@fp32"
+        "cloud@fp32>c1@fp32"
     ]
 
 

@@ -12,8 +12,8 @@ it and its own:
 
 Once a cut is ``device`` the tier before it finishes: later hops carry nothing and later tiers run
 nothing. A hop that carries the request costs its upload + the reply + its RTT + the receiving tier's
-queue. Two tiers are the N=2 case: ``solve_path([t, t], ...)`` is ``solver.solve(t, ...)``; three are
-``solver.solve_chain`` with a codec per hop (``tests/plan/test_path.py`` checks both on random tables).
+queue. Two tiers are the N=2 case: ``solve_path([t, t], ...)`` is ``solver.solve(t, ...)``
+(``tests/plan/test_path.py`` checks it, the three-tier formula and brute force on random tables).
 
 The solver is a dynamic programme over stages: the best cost of "tiers 0..t done, hop t at cut c" is a
 running minimum over the previous cut when the middle tier's head times never decrease (O(cuts x codecs)

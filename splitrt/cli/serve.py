@@ -207,6 +207,12 @@ def _limit_arguments(p: Any) -> None:
         help="Status calls at once, apart from inference (default 8)",
     )
     g.add_argument(
+        "--probe-lane",
+        type=int,
+        default=lim.probe_calls,
+        help="Probe calls at once, apart from inference (default 8; their bytes are reserved before the body is read)",
+    )
+    g.add_argument(
         "--health-lane",
         type=int,
         default=lim.health_calls,
@@ -263,6 +269,12 @@ def _limit_arguments(p: Any) -> None:
         default=lim.auth_backoff_max_s,
         help="longest wait of a peer address after failed authentications (doubling from 1 s; default 60)",
     )
+    g.add_argument(
+        "--log-every-request",
+        action="store_true",
+        help="log a line per served request (default: the first 5 per status code every 10 s, the rest "
+        "counted in one summary line)",
+    )
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
@@ -272,6 +284,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
         max_calls=args.max_calls,
         calls_per_peer=args.calls_per_peer,
         status_calls=args.status_lane,
+        probe_calls=args.probe_lane,
         health_calls=args.health_lane,
         watch_streams=args.max_watch_streams,
         watch_max_age_s=args.watch_max_age_s,
@@ -282,6 +295,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
         connection_age_grace_s=args.max_connection_age_grace_s,
         auth_free_failures=args.auth_free_failures,
         auth_backoff_max_s=args.auth_backoff_max_s,
+        log_every_request=args.log_every_request,
     )
 
 

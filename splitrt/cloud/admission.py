@@ -2,29 +2,53 @@
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import grpc
 import psutil
 
+from splitrt.cloud.auth import peer_address
 from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.fairq import HEAVY, RUN, FairConfig, FairQueue
 from splitrt.cloud.memory import MemoryBudget
 from splitrt.errors import ConfigError
 
 
 class Admission:
-    """Bounded admission: ``workers`` run, ``max_queue`` wait, the rest are refused."""
+    """Bounded admission: ``workers`` run, ``max_queue`` wait, the rest are refused; who runs next is
+    decided per client (``fairq``: fair in measured worker-seconds, builds and upload checks capped).
 
-    def __init__(self, workers: int, max_queue: int) -> None:
+    The client is the peer address the front door saw for the call in this thread (``serving``); a
+    call that did not come through it (in-process) is the anonymous client ``""``."""
+
+    def __init__(
+        self,
+        workers: int,
+        max_queue: int,
+        *,
+        heavy_workers: int | None = None,
+        active_window_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if workers < 1 or max_queue < 0:
             raise ConfigError(f"workers >= 1 and max_queue >= 0 expected, got {workers} and {max_queue}")
+        if heavy_workers is not None and heavy_workers < 1:
+            raise ConfigError(f"heavy_workers: expected >= 1, got {heavy_workers}")
         self.workers = workers
         self.max_queue = max_queue
+        self.queue = FairQueue(
+            FairConfig(workers=workers, heavy_workers=heavy_workers, active_window_s=active_window_s)
+        )
+        self._clock = clock
         self._lock = threading.Lock()
-        self._slots = threading.Semaphore(workers)
+        self._granted: dict[int, threading.Event] = {}
+        self._tickets = itertools.count(1)
+        self._held = threading.local()  # this thread's granted tickets (acquire and release pair up in it)
         self.admitted = 0
         self.running = 0
 
@@ -35,21 +59,101 @@ class Admission:
             self.admitted += 1
             return True
 
-    def acquire(self, timeout_s: float) -> bool:
-        ok = self._slots.acquire(timeout=max(0.0, timeout_s))
-        if ok:
-            with self._lock:
-                self.running += 1
-        return ok
+    def acquire(self, timeout_s: float, *, kind: str = RUN, client: str | None = None) -> bool:
+        """A worker for this thread within ``timeout_s`` (False if none came); ``release_slot`` gives it back."""
+        who = current_client() if client is None else client
+        ticket = next(self._tickets)
+        ready = threading.Event()
+        end = time.monotonic() + max(0.0, timeout_s)
+        with self._lock:
+            self._granted[ticket] = ready
+            self.queue.arrive(ticket, who, kind, self._clock())
+            self._dispatch()
+        while not ready.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            # Woken by a grant; also now and then, as the per-client cap loosens when others go quiet.
+            if not ready.wait(min(left, REDISPATCH_S)):
+                with self._lock:
+                    self._dispatch()
+        with self._lock:
+            if not ready.is_set():  # timed out (a grant racing the timeout is kept)
+                self.queue.cancel(ticket, self._clock())
+                del self._granted[ticket]
+                self._dispatch()
+                return False
+            del self._granted[ticket]
+            self.running += 1
+        self._stack().append(ticket)
+        return True
+
+    def acquire_heavy(self, timeout_s: float) -> bool:
+        """A worker for a tail build or an upload check (``fairq.HEAVY``: at most ``heavy_workers`` at once)."""
+        return self.acquire(timeout_s, kind=HEAVY)
 
     def release_slot(self) -> None:
+        stack = self._stack()
         with self._lock:
+            # This thread's latest grant; a release from another thread gives back the oldest one running.
+            ticket = stack.pop() if stack else min(self.queue.running)
+            self.queue.finish(ticket, self._clock())
             self.running -= 1
-        self._slots.release()
+            self._dispatch()
 
     def leave(self) -> None:
         with self._lock:
             self.admitted -= 1
+
+    def _stack(self) -> list[int]:
+        stack: list[int] | None = getattr(self._held, "tickets", None)
+        if stack is None:
+            stack = self._held.tickets = []
+        return stack
+
+    def _dispatch(self) -> None:
+        """Under ``_lock``: grant free workers and wake their threads."""
+        for ticket in self.queue.dispatch(self._clock()):
+            self._granted[ticket].set()
+
+
+# The client of the call a thread is serving (set by the front door for the call's duration).
+_serving = threading.local()
+# Waiters re-check this often whether a worker they may take has become free (the per-client cap).
+REDISPATCH_S = 0.1
+
+
+def client_key(peer: str) -> str:
+    """The fair-queuing client of a gRPC peer: its IPv4 address, or its IPv6 /64 (one host's share)."""
+    address = peer_address(peer)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+def serving(client: str) -> None:
+    """The calling thread now serves ``client`` (the front door, before a call's handler runs)."""
+    _serving.client = client
+
+
+def current_client() -> str:
+    return str(getattr(_serving, "client", ""))
+
+
+def prepay(nbytes: int) -> None:
+    """The front door reserved ``nbytes`` of the budget for the call this thread serves (a Probe's body,
+    before it was read): ``admitted`` reserves only what it needs beyond that."""
+    _serving.prepaid = nbytes
+
+
+def prepaid() -> int:
+    return int(getattr(_serving, "prepaid", 0))
 
 
 @contextmanager
@@ -58,7 +162,7 @@ def admitted(
 ) -> Iterator[None]:
     """Probe and uploads are admitted like inference: a place among the admitted (RESOURCE_EXHAUSTED
     when full), their bytes reserved in the budget, and with ``slot_timeout_s`` a worker slot (an
-    upload's check computes like a request)."""
+    upload's check computes like a request: in the heavy lane, beside tail builds)."""
     if not admission.admit():
         raise RpcFailure(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -67,12 +171,12 @@ def admitted(
             retry_after_ms=1000.0,
         )
     try:
-        held = budget.reserve(nbytes, what)
+        held = budget.reserve(max(0, nbytes - prepaid()), what)
         try:
             if slot_timeout_s is None:
                 yield
                 return
-            if not admission.acquire(min(slot_timeout_s, 86400.0)):
+            if not admission.acquire(min(slot_timeout_s, 86400.0), kind=HEAVY):
                 raise RpcFailure(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"{what}: expected a worker slot within the deadline, got none free in time",

@@ -36,11 +36,15 @@ from typing import Any
 
 import grpc
 
+from splitrt.cloud.admission import client_key, prepay, serving
 from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, peer_address
 from splitrt.cloud.limits import Limits
+from splitrt.cloud.memory import MemoryBudget
 from splitrt.cloud.ratelog import RateLog
+from splitrt.cloud.servicer import PROBE_FREE_BYTES
 from splitrt.cloud.shedder import Shedder, peer_key
 from splitrt.cloud.watchdog import Lease, Watchdog
+from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
 __all__ = ["FrontDoor", "lane_of"]
@@ -48,14 +52,18 @@ __all__ = ["FrontDoor", "lane_of"]
 HEALTH = "/grpc.health.v1.Health/"
 # Threads beyond the lanes' caps: refusals run on them (microseconds each).
 SPARE_THREADS = 16
+# Probes together hold at most this share of the memory budget (the rest is inference's).
+PROBE_BUDGET_SHARE = 0.5
 # Methods whose failures the server logs itself (one ``infer`` line per request).
 _SELF_LOGGED = {f"/{wire.SERVICE_NAME}/Infer"}
 
 
 def lane_of(method: str) -> str:
-    """The lane a method's calls are admitted to: ``watch``, ``health``, ``status`` or ``infer``."""
+    """The lane a method's calls are admitted to: ``watch``, ``health``, ``status``, ``probe`` or ``infer``."""
     if method.startswith(HEALTH):
         return "watch" if method.endswith("/Watch") else "health"
+    if method == f"/{wire.SERVICE_NAME}/Probe":
+        return "probe"
     return "status" if method == f"/{wire.SERVICE_NAME}/Status" else "infer"
 
 
@@ -71,8 +79,15 @@ class FrontDoor(grpc.ServerInterceptor):
         ratelog: RateLog,
         retry_after_ms: Callable[[], float] = lambda: 100.0,
         clock: Callable[[], float] = time.monotonic,
+        budget: MemoryBudget | None = None,
+        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.tokens = tokens
+        # Probe bodies are paid for in the budget before they are read (``_Call.prepay``); probes hold at
+        # most ``PROBE_BUDGET_SHARE`` of it, so inference always finds room.
+        self.budget = budget if budget is not None else MemoryBudget(None)
+        self.max_message_bytes = max_message_bytes
+        self.probe_bytes = 0
         self.limits = limits
         self.throttle = throttle
         self.watchdog = watchdog
@@ -82,6 +97,7 @@ class FrontDoor(grpc.ServerInterceptor):
         self.caps = {
             "infer": infer_calls,
             "status": limits.status_calls,
+            "probe": limits.probe_calls,
             "health": limits.health_calls,
             "watch": limits.watch_streams,
         }
@@ -102,11 +118,18 @@ class FrontDoor(grpc.ServerInterceptor):
 
     @classmethod
     def build(
-        cls, *, tokens: tuple[str, ...], limits: Limits, infer_calls: int, retry_after_ms: Callable[[], float]
+        cls,
+        *,
+        tokens: tuple[str, ...],
+        limits: Limits,
+        infer_calls: int,
+        retry_after_ms: Callable[[], float],
+        budget: MemoryBudget | None = None,
+        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> FrontDoor:
         """A door with its own rate-limited log, throttle and watchdog (which flushes the log's summary)."""
         limits.check()
-        ratelog = RateLog(interval_s=limits.log_interval_s)
+        ratelog = RateLog(interval_s=limits.log_interval_s, every_request=limits.log_every_request)
         watchdog = Watchdog()
         watchdog.on_tick.append(ratelog.flush)
         throttle = AuthThrottle(
@@ -122,6 +145,8 @@ class FrontDoor(grpc.ServerInterceptor):
             watchdog=watchdog,
             ratelog=ratelog,
             retry_after_ms=retry_after_ms,
+            budget=budget,
+            max_message_bytes=max_message_bytes,
         )
 
     def __repr__(self) -> str:
@@ -204,6 +229,9 @@ class _Call:
         self.key = (lane, "")
         self.conn: tuple[str, int] | None = None
         self._released = False
+        self.refused = False
+        self.prepaid = 0  # budget bytes this call's Probe body was paid for before it was read
+        self.declared: int | None = None
 
     def enter(self) -> None:
         door, ctx = self.door, self.context
@@ -257,6 +285,7 @@ class _Call:
                 f"server busy: {what}; retry after {hint:g} ms",
                 hint,
             )
+        serving(client_key(peer))  # whose worker-seconds this call's work is (fair queuing, ``fairq``)
         self.lease = door.watchdog.lease(ctx)
         if self.lane == "watch":
             age = door.limits.watch_max_age_s
@@ -267,6 +296,7 @@ class _Call:
 
     def _refuse(self, code: grpc.StatusCode, reason: str, message: str, retry_after_ms: float | None = None) -> None:
         self.door.count(self.method, code, reason)
+        self.refused = True  # counted and logged here: ``finish`` only releases
         if retry_after_ms is not None:
             self.context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{retry_after_ms:g}"),))
         self.context.abort(code, message)
@@ -282,8 +312,56 @@ class _Call:
             if self.door.by_peer[self.key] <= 0:
                 del self.door.by_peer[self.key]
             self.door._touch(self.conn, -1)
+            prepaid, self.prepaid = self.prepaid, 0
+            self.door.probe_bytes -= prepaid
+        if prepaid:
+            self.door.budget.release(prepaid)
         if self.lease is not None:
             self.door.watchdog.release(self.lease)
+
+    def prepay(self) -> None:
+        """A Probe's bytes reserved before its body is read: 3 x what the client declares (``PROBE_BYTES_KEY``:
+        payload + reply; each side held three times, as ``servicer.Probe`` counts), or, undeclared, 3 x
+        a full message each way. Not by evicting caches (a probe is a measurement), and probes together
+        hold at most ``PROBE_BUDGET_SHARE`` of the budget; RESOURCE_EXHAUSTED otherwise, nothing read."""
+        door = self.door
+        self.declared = _declared(self.context.invocation_metadata())
+        if self.declared is not None and self.declared <= PROBE_FREE_BYTES:
+            return  # an RTT ping: nothing to pay for (a lie is refused once read, ``check_declared``)
+        need = 3 * (self.declared if self.declared is not None else 2 * door.max_message_bytes)
+        share = PROBE_BUDGET_SHARE * door.budget.available_bytes
+        with door.lock:
+            fits = door.probe_bytes + need <= share and door.budget.try_reserve(need)
+            if fits:
+                door.probe_bytes += need
+                self.prepaid = need
+        if not fits:
+            door.ratelog.event("probe_refused", peer=self.key[1], need_mb=round(need / 2**20, 1))
+            what = f"{self.declared} declared bytes" if self.declared is not None else "an undeclared size"
+            self._refuse(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "memory",
+                f"Probe: {what} needs ~{need / 2**20:.0f} MB before its body is read, expected at most what "
+                f"probes may hold now ({max(0.0, share - door.probe_bytes) / 2**20:.0f} MB free of "
+                f"{share / 2**20:.0f} MB); declare smaller probes in '{wire.PROBE_BYTES_KEY}' metadata; "
+                "retry after 1000 ms",
+                1000.0,
+            )
+        prepay(need)
+
+    def check_declared(self, request: Any) -> None:
+        """A Probe that sent more than it declared: INVALID_ARGUMENT before the handler runs (what such a
+        lie can cost is bounded by the probe lane: ``probe_calls`` bodies of at most a message each)."""
+        if self.declared is None or not isinstance(request, pb.ProbeRequest):
+            return
+        sent = len(request.payload) + int(request.reply_bytes)
+        if sent > self.declared:
+            self._refuse(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "undeclared",
+                f"Probe: expected at most the {self.declared} bytes declared in '{wire.PROBE_BYTES_KEY}', "
+                f"got {sent} (payload + reply_bytes)",
+            )
 
     def _read(self, it: Iterator[Any], timeout_s: float, what: str) -> Any:
         assert self.lease is not None
@@ -329,6 +407,11 @@ class _Call:
     def finish(self, ok: bool) -> None:
         """Count the outcome; log a failure the handler did not log itself."""
         ctx, lease = self.context, self.lease
+        if self.refused:
+            self.release()
+            serving("")
+            prepay(0)
+            return
         exc = sys.exc_info()[1]
         code = ctx.code() if hasattr(ctx, "code") else None
         if lease is not None and lease.fired:
@@ -342,6 +425,8 @@ class _Call:
             reason = ""
         self.door.count(self.method, code, reason)
         self.release()
+        serving("")
+        prepay(0)
         logged_by_handler = self.method in _SELF_LOGGED and not reason and code is not grpc.StatusCode.UNKNOWN
         if code is grpc.StatusCode.OK or logged_by_handler:
             return
@@ -386,10 +471,24 @@ def _wrap(
             if h.request_streaming:
                 reply = h.stream_unary(call.frames(request_iterator), context)
             else:
-                reply = h.unary_unary(call.first(request_iterator), context)
+                if lane == "probe":
+                    call.prepay()
+                request = call.first(request_iterator)
+                if lane == "probe":
+                    call.check_declared(request)
+                reply = h.unary_unary(request, context)
             ok = True
             return reply
         finally:
             call.finish(ok)
 
     return grpc.stream_unary_rpc_method_handler(unary, **kw)
+
+
+def _declared(metadata: Any) -> int | None:
+    """The bytes a Probe declares (``PROBE_BYTES_KEY``), None if absent or not a non-negative integer."""
+    for key, value in metadata or ():
+        if key == wire.PROBE_BYTES_KEY:
+            text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+            return int(text) if text.isdigit() and len(text) <= 19 else None
+    return None

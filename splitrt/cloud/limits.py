@@ -40,6 +40,9 @@ class Limits:
     calls_per_peer: int = 64
     # Calls in each other lane at once; one peer address holds at most half of a lane.
     status_calls: int = 8
+    # Probe calls at once (pings and bandwidth probes; a probe's bytes are also reserved before its body is
+    # read, ``frontdoor``).
+    probe_calls: int = 8
     health_calls: int = 16
     watch_streams: int = 8
     # A health Watch stream ends (UNAVAILABLE: watch again) after this.
@@ -63,8 +66,10 @@ class Limits:
     auth_free_failures: int = 10
     auth_backoff_s: float = 1.0
     auth_backoff_max_s: float = 60.0
-    # Refusals and failures: at most a few lines per kind per interval, then one summary line.
+    # Refusals, failures and served requests: at most a few lines per kind (a request's: per status code) per
+    # interval, then one summary line; ``log_every_request`` logs a line per request (debugging).
     log_interval_s: float = 10.0
+    log_every_request: bool = False
 
     def check(self) -> None:
         for name in (
@@ -86,6 +91,7 @@ class Limits:
             "max_calls",
             "calls_per_peer",
             "status_calls",
+            "probe_calls",
             "health_calls",
             "watch_streams",
             "streams_per_connection",

@@ -1,6 +1,10 @@
 """A log that a flood cannot fill: the first ``burst`` events of a kind per interval are logged as they
 come, the rest only counted and reported as one ``suppressed`` summary line per interval (with the
 busiest peers). A token guesser at thousands of calls per second costs a few lines every ten seconds.
+
+Served requests go through it too (``request``): the first few per status code and interval are logged
+whole, the rest counted in the summary, so a server at hundreds of requests per second writes a few lines
+every interval, not one per request (``every_request`` logs each, for debugging).
 """
 
 from __future__ import annotations
@@ -19,10 +23,16 @@ __all__ = ["RateLog"]
 
 class RateLog:
     def __init__(
-        self, *, interval_s: float = 10.0, burst: int = 5, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        interval_s: float = 10.0,
+        burst: int = 5,
+        every_request: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.interval_s = interval_s
         self.burst = burst
+        self.every_request = every_request
         self._clock = clock
         self._lock = threading.Lock()
         self._start = clock()
@@ -30,17 +40,27 @@ class RateLog:
         self._suppressed: Counter[str] = Counter()
         self._peers: Counter[str] = Counter()
 
-    def event(self, event: str, level: int = logging.WARNING, *, peer: str = "", **fields: Any) -> None:
-        """Log ``event`` now, or count it in the interval's summary when its kind has had its burst."""
+    def event(self, event: str, level: int = logging.WARNING, *, peer: str = "", kind: str = "", **fields: Any) -> None:
+        """Log ``event`` now, or count it in the interval's summary when its kind (``kind``, by default the
+        event's name) has had its burst."""
         self.flush()
+        kind = kind or event
         with self._lock:
-            if self._logged[event] >= self.burst:
-                self._suppressed[event] += 1
+            if self._logged[kind] >= self.burst:
+                self._suppressed[kind] += 1
                 if peer and (peer in self._peers or len(self._peers) < 1024):  # bounded: peers are clients'
                     self._peers[peer] += 1
                 return
-            self._logged[event] += 1
+            self._logged[kind] += 1
         log_event(event, level, peer=peer, **fields)
+
+    def request(self, event: str, level: int = logging.INFO, *, code: str, **fields: Any) -> None:
+        """One served request: logged whole (``every_request``, or among the first ``burst`` of its code in
+        the interval), else counted as ``<event>:<code>`` in the interval's summary."""
+        if self.every_request:
+            log_event(event, level, code=code, **fields)
+        else:
+            self.event(event, level, kind=f"{event}:{code}", code=code, **fields)
 
     def flush(self, force: bool = False) -> None:
         """At the end of an interval: one ``suppressed`` line if anything was (the watchdog calls this

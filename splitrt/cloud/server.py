@@ -167,7 +167,7 @@ class CloudServer:
             config.segment_cache_size,
             config.intra_op_threads,
             budget=self.budget,
-            slot=self.admission.acquire,
+            slot=self.admission.acquire_heavy,  # builds: the heavy lane (fairq)
             release_slot=self.admission.release_slot,
         )
         self.peaks = PeakEstimator()
@@ -203,6 +203,8 @@ class CloudServer:
             retry_after_ms=lambda: self.stats.retry_after_ms(
                 queue_depth=self.admission.admitted, workers=self.admission.workers
             ),
+            budget=self.budget,  # Probe bodies paid for before they are read
+            max_message_bytes=config.max_message_bytes,
         )
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
         self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
@@ -371,7 +373,7 @@ class CloudServer:
                 total_ms=total_ms,
                 queue_full=exc.retry_after_ms is not None,
             )
-            log_event(
+            self.ratelog.request(  # rate-limited: a few lines per code and interval (``--log-every-request``)
                 "infer", logging.WARNING, **fields, code=exc.code.name, error=exc.message, total_ms=round(total_ms, 3)
             )
             raise
@@ -384,7 +386,7 @@ class CloudServer:
         )
         with self._served_lock:
             self.served += 1
-        log_event(
+        self.ratelog.request(
             "infer",
             **fields,
             code="OK",

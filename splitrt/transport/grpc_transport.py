@@ -139,7 +139,10 @@ class GrpcTransport:
 
     def probe(self, request: pb.ProbeRequest, *, timeout_s: float) -> pb.ProbeReply:
         with _mapped(lambda: f"probe of {self._address}"):
-            reply: pb.ProbeReply = self._calls().stub.Probe(request, timeout=timeout_s, metadata=self._metadata)
+            declared = ((wire.PROBE_BYTES_KEY, str(len(request.payload) + int(request.reply_bytes))),)
+            reply: pb.ProbeReply = self._calls().stub.Probe(
+                request, timeout=timeout_s, metadata=self._metadata + declared
+            )
         return reply
 
     def status(self, *, timeout_s: float) -> pb.StatusReply:

@@ -311,6 +311,9 @@ class LoadInfo:
 
 #: Trailing metadata key of a RESOURCE_EXHAUSTED answer (queue full): when to retry, milliseconds.
 RETRY_AFTER_KEY = "retry-after-ms"
+# A Probe's declared payload + reply bytes: the server reserves memory for them before reading the body
+# (an undeclared probe is reserved at its worst case, one that sends more than it declared is refused).
+PROBE_BYTES_KEY = "splitrt-probe-bytes"
 
 
 def retry_after_ms(metadata: Any) -> float | None:

@@ -168,7 +168,7 @@ def test_half_sent_calls_with_a_token_are_cut_at_the_read_timeout(models_dir: Pa
             raw.pump(0.02)
         assert s.door.snapshot()["inside"]["infer"] == 11
         with pytest.raises(grpc.RpcError) as info:
-            pb_grpc.SplitInferenceStub(ch).Probe(pb.ProbeRequest(), timeout=10, metadata=AUTH)
+            ch.unary_unary(INFER)(b"", timeout=10, metadata=AUTH)  # refused on its lane, body unread
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "11 infer calls at once, expected at most 11" in str(info.value.details())
         assert _status(ch).version and _check(ch) == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,132 @@
+"""Fair admission on a real server (2 workers, 127.0.0.1): a client whose requests hold workers (held in
+the tail by a test hook, as a Loop running to its deadline would) from 127.0.0.2 gets one worker while
+another client is active; the other client, on 127.0.0.1, is served at once meanwhile (first come first
+served, the held client would have both workers and the other would wait out its deadline). Served
+requests are logged a few per interval, the rest summarised (``RateLog.request``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import socket
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from splitrt.cloud.admission import client_key, current_client
+from splitrt.cloud.fairq import FairConfig, FairQueue
+from splitrt.cloud.ratelog import RateLog
+from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.device.client import Device, DeviceConfig
+from splitrt.graph import zoo
+from splitrt.transport import splitrt_pb2 as pb
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    shutil.copyfile(zoo.get("tiny_chain"), d / "tiny_chain.onnx")
+    return d
+
+
+@contextlib.contextmanager
+def from_address(target: tuple[str, int], source: str) -> Iterator[str]:
+    """A TCP forwarder on 127.0.0.1 whose connections reach ``target`` from ``source`` (another peer)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    socks: list[socket.socket] = []
+
+    def pump(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+        for x in (a, b):
+            with contextlib.suppress(OSError):
+                x.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                up = socket.create_connection(target, source_address=(source, 0))
+                socks.extend((client, up))
+                for a, b in ((client, up), (up, client)):
+                    threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        for x in socks:
+            with contextlib.suppress(OSError):
+                x.close()
+
+
+def test_a_client_holding_workers_gets_its_share_and_the_other_is_served(models_dir: Path) -> None:
+    release = threading.Event()
+
+    def hold(header: pb.InferRequest) -> None:  # the held client's tails run until released
+        if current_client() == "127.0.0.2":
+            release.wait(60)
+
+    with CloudServer(ServerConfig(models_dir=models_dir, workers=2, max_queue=8)) as s:
+        # Active for the whole test (the default counts a client active 1 s after its last request).
+        s.admission.queue = FairQueue(FairConfig(workers=2, active_window_s=3600.0))
+        s.before_tail = hold
+        model = zoo.get("tiny_chain")
+        with (
+            Device(model, s.address, config=DeviceConfig(timeout_s=20)) as legit,
+            from_address(("127.0.0.1", s.port), "127.0.0.2") as via,
+            Device(model, via, config=DeviceConfig(timeout_s=60)) as heavy,
+            ThreadPoolExecutor(4) as pool,
+        ):
+            x = legit.random_inputs()
+            legit.run(x, cut="c2")  # the legit client is active
+            held = [pool.submit(heavy.run, x, cut="c2") for _ in range(4)]
+            for _ in range(2000):  # one held request runs, three wait for the held client's next turn
+                if s.admission.running == 1 and len(s.admission.queue.waiting) == 3:
+                    break
+                release.wait(0.005)
+            assert s.admission.running == 1 and len(s.admission.queue.waiting) == 3
+            assert {j.client for j in s.admission.queue.waiting} == {"127.0.0.2"}
+            # The other worker is the legit client's: served while the held ones still hold.
+            for _ in range(3):
+                assert legit.run(x, cut="c2")["y"].shape
+            assert not release.is_set() and s.admission.running == 1
+            release.set()
+            for f in held:
+                assert f.result(timeout=60)["y"].shape
+        assert s.admission.running == 0 and not s.admission.queue.waiting
+
+
+def test_client_keys() -> None:
+    assert client_key("ipv4:10.0.0.5:51234") == "10.0.0.5"
+    assert client_key("ipv6:[2001:db8::1:2]:7") == "2001:db8::/64"  # one host's /64 is one client
+    assert client_key("ipv6:[::ffff:1.2.3.4]:9") == "1.2.3.4"
+    assert client_key("unix:/run/s.sock") == "unix:/run/s.sock"
+
+
+def test_served_requests_are_logged_a_few_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    log = RateLog(interval_s=10.0, burst=5, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, "splitrt.cloud"):
+        for i in range(100):
+            log.request("infer", code="OK", request_id=f"r{i}")
+        log.request("infer", logging.WARNING, code="DEADLINE_EXCEEDED", request_id="late")
+        now[0] = 10.5
+        log.flush()
+    lines = [json.loads(r.getMessage()) for r in caplog.records]
+    assert [e["request_id"] for e in lines if e["event"] == "infer"] == ["r0", "r1", "r2", "r3", "r4", "late"]
+    (summary,) = [e for e in lines if e["event"] == "suppressed"]
+    assert summary["counts"] == {"infer:OK": 95}
+    caplog.clear()
+    every = RateLog(interval_s=10.0, every_request=True, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, "splitrt.cloud"):
+        for i in range(20):
+            every.request("infer", code="OK", request_id=f"r{i}")
+    assert sum('"event": "infer"' in r.getMessage() for r in caplog.records) == 20

@@ -1,0 +1,120 @@
+"""Probe bodies are paid for before they are read: a real server on 127.0.0.1 with a small memory budget
+(about 40 MB free, 8 MB messages). A probe declares its bytes in metadata (the device's transport does);
+the front door reserves 3x that in the budget before reading the body, an undeclared probe its worst
+case (a full message each way), and refuses what does not fit at once, with the body never read: a raw
+HTTP/2 client that sends the headers and 10 bytes of the body is answered without the rest coming. A
+probe sending more than it declared is refused."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from splitrt.cloud.frontdoor import PROBE_BUDGET_SHARE
+from splitrt.cloud.limits import Limits
+from splitrt.cloud.memory import STARTUP_BYTES, rss_bytes
+from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.device.client import Device, DeviceConfig
+from splitrt.graph import zoo
+from splitrt.rig.rawh2 import RawConnection
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+from splitrt.transport import wire
+
+TOKEN = "pr0be-budget-t0ken"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+PROBE = f"/{wire.SERVICE_NAME}/Probe"
+MB = 2**20
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    shutil.copyfile(zoo.get("tiny_chain"), d / "tiny_chain.onnx")
+    return d
+
+
+@pytest.fixture()
+def server(models_dir: Path) -> Iterator[CloudServer]:
+    cfg = ServerConfig(
+        models_dir=models_dir,
+        workers=1,
+        tokens=(TOKEN,),
+        max_message_bytes=8 * MB,
+        # The budget's baseline is this process's RSS when the server is made: ~40 MB free above it.
+        max_memory_bytes=rss_bytes() + STARTUP_BYTES + 40 * MB,
+        limits=Limits(read_timeout_s=600.0),  # a body never read would hang 600 s
+    )
+    with CloudServer(cfg) as s:
+        yield s
+
+
+def _wait(cond: object, what: str) -> None:
+    for _ in range(500):
+        if cond():  # type: ignore[operator]
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_an_undeclared_probe_is_refused_before_its_body_is_read(server: CloudServer) -> None:
+    # Undeclared: 3 x (8 MB up + 8 MB back) = 48 MB, more than probes may hold (half of ~40 MB).
+    assert PROBE_BUDGET_SHARE * server.budget.available_bytes < 3 * 2 * 8 * MB
+    with RawConnection("127.0.0.1", server.port) as raw:
+        sid = raw.start_call(PROBE, AUTH, body_prefix_bytes=10, declared_bytes=8 * MB - 64)
+        _wait(lambda: raw.ended(sid, wait_s=0.02), "the refusal")  # the body's rest never comes
+    snap = server.door.snapshot()
+    assert snap["calls"].get(("Probe", "RESOURCE_EXHAUSTED")) == 1 and snap["refused"].get("memory") == 1
+    assert server.door.probe_bytes == 0 and server.budget.used_bytes == 0
+
+
+def test_a_declared_probe_holds_its_bytes_while_its_body_is_awaited(server: CloudServer) -> None:
+    declared = 2 * MB
+    with RawConnection("127.0.0.1", server.port) as raw:
+        meta = (*AUTH, (wire.PROBE_BYTES_KEY, str(declared)))
+        sid = raw.start_call(PROBE, meta, body_prefix_bytes=10, declared_bytes=declared)
+        _wait(lambda: server.door.probe_bytes == 3 * declared, "the reservation")
+        assert server.budget.used_bytes >= 3 * declared and not raw.ended(sid, wait_s=0.05)
+    _wait(lambda: server.door.probe_bytes == 0, "the release when the connection went")
+    assert server.budget.used_bytes == 0
+
+
+def test_the_device_declares_its_probes_and_they_are_served(server: CloudServer) -> None:
+    with Device(zoo.get("tiny_chain"), server.address, config=DeviceConfig(token=TOKEN, timeout_s=20)) as dev:
+        p = dev.probe(1 * MB, 4096)  # 3 x ~1 MB reserved: fits
+        assert p.up_bytes == MB and p.down_bytes == 4096
+        assert dev.probe(64, 64).down_bytes == 64  # an RTT ping: nothing reserved
+    assert server.door.snapshot()["calls"].get(("Probe", "OK")) == 2
+    _wait(lambda: server.door.probe_bytes == 0 and server.budget.used_bytes == 0, "the release")
+
+
+def test_a_probe_larger_than_its_share_is_refused_naming_the_header(server: CloudServer) -> None:
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Probe(
+                pb.ProbeRequest(payload=b"x", reply_bytes=7 * MB),
+                timeout=10,
+                metadata=(*AUTH, (wire.PROBE_BYTES_KEY, str(7 * MB + 1))),
+            )
+    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert wire.PROBE_BYTES_KEY in str(err.value.details()) and "before its body is read" in str(err.value.details())
+
+
+def test_a_probe_sending_more_than_it_declared_is_refused(server: CloudServer) -> None:
+    with grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        lie = (*AUTH, (wire.PROBE_BYTES_KEY, "128"))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Probe(pb.ProbeRequest(payload=bytes(100_000), reply_bytes=64), timeout=10, metadata=lie)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "128 bytes declared" in str(err.value.details()) and "got 100064" in str(err.value.details())
+        honest = (*AUTH, (wire.PROBE_BYTES_KEY, "100064"))
+        reply = stub.Probe(pb.ProbeRequest(payload=bytes(100_000), reply_bytes=64), timeout=10, metadata=honest)
+        assert reply.received_bytes == 100_000 and len(reply.payload) == 64
+    assert server.door.snapshot()["refused"].get("undeclared") == 1

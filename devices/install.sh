@@ -138,6 +138,8 @@ deadline_ms = $deadline
 policy = "adaptive"                       # adaptive | periodic:SECONDS | fixed:PLAN (e.g. fixed:device)
 codecs = ["fp32"]                         # lossless; add "fp16", "int8c" to allow lossy transfers
 clouds = [$clouds]                        # static clouds (HOST:PORT), preferred first
+# edge = "EDGE:50051"                     # three tiers: a splitrt serve --next CLOUD server in between
+# hops = ["EDGE:50051", "CLOUD:50051"]    # or the path hop by hop; edge_speed_factor = 4.0 (edge vs cloud)
 discovery = $DISCOVERY                          # follow clouds advertised via mDNS (splitrt serve --advertise)
 # tls = true / tls_ca_path = "/etc/splitrt/ca.pem" / token_path = "/etc/splitrt/token"
 api_socket_path = "$PREFIX/var/run/daemon.sock"

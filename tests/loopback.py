@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -18,8 +19,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(models_dir: Path, port: int, *, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
-    """``splitrt serve --models models_dir --port port`` (one worker, one thread), once it listens."""
+def serve(
+    models_dir: Path, port: int, *, timeout_s: float = 30.0, extra: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """``splitrt serve --models models_dir --port port`` (one worker, one thread; ``extra`` flags, e.g.
+    ``["--next", "127.0.0.1:PORT"]``), once it listens."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -34,6 +38,7 @@ def serve(models_dir: Path, port: int, *, timeout_s: float = 30.0) -> subprocess
             "1",
             "--intra-op-threads",
             "1",
+            *extra,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

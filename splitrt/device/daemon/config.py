@@ -10,6 +10,10 @@ Example::
     # first), no_raw_input = true (the input never leaves), device_memory_mb = 512 | "board"
     clouds = ["10.0.0.5:50051"]        # static clouds, preferred first
     discovery = true                   # also follow clouds advertised via mDNS
+    # a path of three tiers (device -> edge -> cloud): edge = "10.0.0.2:50051" (a `splitrt serve --next`
+    # server; clouds: where to go when the edge is down, else learned from the edge), or the path hop by
+    # hop: hops = ["10.0.0.2:50051", "10.0.0.5:50051"] (a hop may be a list of servers);
+    # edge_speed_factor = 4.0: the edge's compute times as a multiple of the cloud's (default 1)
     api_socket_path = "/run/splitrt/daemon.sock"
     api_address = "127.0.0.1:50100"
     metrics_port = 9464
@@ -63,6 +67,10 @@ class DaemonConfig:
     policy: str = "adaptive"
     codecs: tuple[str, ...] = ("fp32",)
     clouds: tuple[str, ...] = ()
+    # The path of tiers after the device (``path``): an edge between the device and the clouds, or hops.
+    edge: str | None = None
+    hops: tuple[tuple[str, ...], ...] = ()
+    edge_speed_factor: float = 1.0  # the edge's compute times / the cloud's (as a board's cpu_speed_factor)
     discovery: bool = False
     discovery_interfaces: tuple[str, ...] = ()
     tls: bool = False
@@ -81,6 +89,16 @@ class DaemonConfig:
     no_raw_input: bool = False
     device_memory_mb: float | str | None = None  # MB, or "board" (the board file's memory_mb)
 
+    @property
+    def path(self) -> tuple[tuple[str, ...], ...]:
+        """The static servers of each hop after the device (tiers = 1 + hops): ``hops``, else ``edge`` then
+        ``clouds``, else ``clouds``. An empty hop is learned (discovery; an edge's next tier)."""
+        if self.hops:
+            return self.hops
+        if self.edge is not None:
+            return ((self.edge,), self.clouds)
+        return (self.clouds,)
+
 
 # key -> (types, expected, is_path). Order = documentation order.
 TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
@@ -90,6 +108,9 @@ TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "policy": ((str,), "adaptive, route, periodic:SECONDS or fixed:PLAN", False),
     "codecs": ((list,), "a list of codec names (fp32, fp16, int8, int8c[+zlib])", False),
     "clouds": ((list,), "a list of HOST:PORT strings", False),
+    "edge": ((str,), "HOST:PORT of a server between the device and the clouds (splitrt serve --next)", False),
+    "hops": ((list,), "a list of hops after the device, each HOST:PORT or a list of HOST:PORT", False),
+    "edge_speed_factor": ((int, float), "a number > 0 (the edge's compute times / the cloud's)", False),
     "discovery": ((bool,), "true or false", False),
     "discovery_interfaces": ((list,), "a list of IP addresses to bind mDNS to", False),
     "tls": ((bool,), "true or false", False),
@@ -152,6 +173,53 @@ def _check_hostport(where: str, key: str, value: str, *, loopback: bool) -> None
         )
 
 
+#: Tiers the daemon's runtime serves today: the device and up to two servers (edge, cloud).
+MAX_HOPS = 2
+
+
+def _parse_path(where: str, kw: dict[str, Any]) -> None:
+    """``edge`` / ``hops`` checked and normalised in ``kw`` (hops: a tuple of tuples of HOST:PORT)."""
+    if "hops" in kw and ("edge" in kw or "clouds" in kw):
+        given = " and ".join(k for k in ("edge", "clouds") if k in kw)
+        raise ConfigError(f"{where}: key 'hops': expected hops alone (the whole path), or edge/clouds, got {given} too")
+    if "edge" in kw:
+        _check_hostport(where, "edge", kw["edge"], loopback=False)
+    if "hops" not in kw:
+        return
+    raw, hops = kw["hops"], []
+    if not 1 <= len(raw) <= MAX_HOPS:
+        raise ConfigError(
+            f"{where}: key 'hops': expected 1 to {MAX_HOPS} hops (device -> edge -> cloud), got {len(raw)}: {raw!r}"
+        )
+    for i, hop in enumerate(raw):
+        servers = hop if isinstance(hop, list) else [hop]
+        if not servers or not all(isinstance(a, str) for a in servers):
+            raise ConfigError(f"{where}: key 'hops': hop {i}: expected HOST:PORT or a list of them, got {hop!r}")
+        for a in servers:
+            _check_hostport(where, "hops", a, loopback=False)
+        hops.append(tuple(servers))
+    kw["hops"] = tuple(hops)
+
+
+def _check_tiers(where: str, cfg: DaemonConfig) -> None:
+    """What the three-tier runtime (``device.chain``) does not do yet, refused by name."""
+    path = cfg.path
+    if len(path) < 2:
+        return
+    said = "a path of three tiers (edge or two hops)"
+    wider = [h for h in path if len(h) > 1]
+    if wider:
+        raise ConfigError(f"{where}: {said}: expected one server per hop, got {list(wider[0])}")
+    if cfg.discovery:
+        raise ConfigError(f"{where}: {said}: expected discovery = false (the edge names its next tier), got true")
+    if cfg.policy != "adaptive":
+        raise ConfigError(f'{where}: {said}: expected policy = "adaptive", got {cfg.policy!r}')
+    if cfg.min_head_flops or cfg.no_raw_input or cfg.device_memory_mb is not None:
+        raise ConfigError(
+            f"{where}: {said}: expected no constraints (min_head_flops, no_raw_input, device_memory_mb), got some"
+        )
+
+
 def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "config") -> DaemonConfig:
     """``DaemonConfig`` from parsed TOML; ``ConfigError`` names the key, what was expected and what came."""
     unknown = sorted(set(data) - set(TOP_KEYS) - {"model"})
@@ -179,6 +247,7 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
             codec.Codec.parse(c)
         except CodecError as exc:
             raise ConfigError(f"{where}: key 'codecs': expected codec names, got {c!r} ({exc})") from exc
+    _parse_path(where, kw)
     if "api_address" in kw:
         kw["api_address"] = kw["api_address"] or None
         if kw["api_address"] is not None:
@@ -190,7 +259,7 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
         kw["metrics_port"] = None if port == -1 else port
     if "metrics_address" in kw and kw["metrics_address"] not in _LOOPBACK:
         raise ConfigError(f"{where}: key 'metrics_address': expected a loopback address, got {kw['metrics_address']!r}")
-    for key in ("deadline_ms",):
+    for key in ("deadline_ms", "edge_speed_factor"):
         if key in kw and not (math.isfinite(kw[key]) and kw[key] > 0):
             raise ConfigError(f"{where}: key {key!r}: expected {TOP_KEYS[key][1]}, got {kw[key]!r}")
     for key in ("drain_timeout_s", "intra_op_threads"):
@@ -254,6 +323,7 @@ def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "confi
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}: model names: expected unique names, got {names}")
     cfg = DaemonConfig(models=tuple(models), **kw)
+    _check_tiers(where, cfg)
     if cfg.api_address is None and cfg.api_socket_path is None:
         raise ConfigError(f"{where}: expected api_address or api_socket_path (or both), got neither")
     from splitrt.device.runtime import RuntimeConfig

@@ -1,6 +1,7 @@
 """The device daemon's process (``splitrt daemon --config FILE``): the long-running service on the board.
 
-One runtime per configured model (per-request plan, local fallback, failover, probes), a
+One runtime per configured model over its path of tiers (:func:`.runtimes.build_runtime`: per-request
+plan, local fallback, failover, probes), a
 ``CloudFinder`` when discovery is on, and three faces: the local API for apps (:mod:`.api`), the
 Prometheus endpoint (:mod:`.metrics`), and SIGTERM: stop accepting, finish in-flight requests
 (``drain_timeout_s``), close, exit 0. The configuration is :mod:`.config`; the cost table choice,
@@ -29,7 +30,8 @@ import numpy as np
 
 from splitrt.device.daemon import api, metrics
 from splitrt.device.daemon.config import DaemonConfig, ModelConfig, load_config
-from splitrt.device.daemon.costs import constrained, select_cost_table
+from splitrt.device.daemon.costs import select_cost_table
+from splitrt.device.daemon.runtimes import Runtime, build_runtime
 from splitrt.errors import ConfigError, InputError
 from splitrt.graph import shapes
 from splitrt.transport import credentials, wire
@@ -61,7 +63,7 @@ def _load_model(mc: ModelConfig) -> Any:
 @dataclass
 class ServedModel:
     config: ModelConfig
-    device: Any  # AdaptiveDevice
+    device: Runtime
     table_source: str
     stats: metrics.ModelStats = field(default_factory=metrics.ModelStats)
 
@@ -71,9 +73,6 @@ class Daemon:
 
     def __init__(self, config: DaemonConfig, *, log_file: TextIO | None = None) -> None:
         from splitrt.device.client import DeviceConfig, read_token
-        from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-        from splitrt.plan.controller import ControllerConfig
-        from splitrt.plan.costmodel import DEFAULT_POWER
         from splitrt.profile import boards
 
         self.config = config
@@ -98,11 +97,6 @@ class Daemon:
             upload=config.upload,
             intra_op_threads=config.intra_op_threads,
         )
-        runtime_config = RuntimeConfig(
-            deadline_ms=config.deadline_ms,
-            policy=config.policy,
-            controller=ControllerConfig(objective=config.objective, codecs=config.codecs),
-        )
         self._log_file: TextIO | None = None
         if config.decision_log_path is not None:
             config.decision_log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,23 +110,16 @@ class Daemon:
                     mg, profile_device=mc.profile_device_path, profile_cloud=mc.profile_cloud_path, board=board
                 )
                 log.info("model %s (%s): cost table from %s", mc.name, mg.sha256[:12], source)
-                model_config = constrained(runtime_config, mg, table, config, board, mc.name)
-                dev = AdaptiveDevice(
-                    mg,
-                    table,
-                    [] if config.discovery else list(config.clouds),
-                    config=model_config,
-                    device_config=device_config,
-                    power=board.power if board is not None else DEFAULT_POWER,
-                    log=decision_log,
-                )
+                dev = build_runtime(config, mc, mg, table, board=board, device_config=device_config, log=decision_log)
                 self.models[mc.name] = ServedModel(config=mc, device=dev, table_source=source)
             self.finder: Any = None
             if config.discovery:
                 from splitrt.device.finder import CloudFinder
 
+                # Two tiers only (config refuses discovery on a longer path): AdaptiveDevices.
+                adaptive: list[Any] = [m.device for m in self.models.values()]
                 self.finder = CloudFinder(
-                    [m.device for m in self.models.values()],
+                    adaptive,
                     static=config.clouds,
                     interfaces=list(config.discovery_interfaces) or None,
                 )

@@ -8,6 +8,7 @@ as heavy as a request: clients naming many cuts must queue for slots, not build 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +40,12 @@ class Tail:
     users: int = 0
     # The segment's graph without its weights' data, for estimating a request's activations (``peak``).
     skeleton: Any = None
+
+
+# Largest output onnxruntime (>= 1.27) may constant-fold in a tail session: graph.normalise's bound
+# (2**24 float32 elements). Its own default, 1 GiB, exceeds what a small server is given in all.
+ORT_FOLD_MAX_BYTES = 64 * 2**20
+_ORT_FOLD_LIMIT_KEY = "optimization.constant_folding_max_output_size_in_bytes"
 
 
 class SlotTimeout(Exception):
@@ -231,7 +238,7 @@ class TailCache:
         # request's memory for good; one big request would hold it for every later one).
         opts.enable_cpu_mem_arena = False
         try:
-            session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"], **bounded_folding(opts))
         except Exception as exc:  # onnxruntime raises its own exception types; the model is at fault
             raise RpcFailure(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -248,6 +255,31 @@ class TailCache:
     def held_bytes(self) -> int:
         with self._lock:
             return sum(t.bytes for t in self._cache.values())
+
+
+def bounded_folding(opts: Any) -> dict[str, Any]:
+    """Bound onnxruntime's own constant folding for a session of an uploaded model (sets ``opts``; returns
+    the session's extra keyword arguments).
+
+    While it builds a session, onnxruntime computes every node whose inputs are all constant and keeps the
+    result as a weight: a 140-byte upload asking ConstantOfShape for 2 GiB is allocated there, before any
+    request check runs, and held beyond what the budget counts for the session. onnxruntime >= 1.27 skips
+    folding a node whose output exceeds a size it is given (1 GiB by default: 512 MiB were still folded);
+    before 1.27 (1.23 is the newest for Python 3.10) nothing bounds it, so its folding is off.
+    ``graph.normalise`` has already folded what it could bound when the model was loaded.
+    """
+    import onnxruntime as ort
+
+    if _version(ort.__version__) >= (1, 27):
+        opts.add_session_config_entry(_ORT_FOLD_LIMIT_KEY, str(ORT_FOLD_MAX_BYTES))
+        return {}
+    return {"disabled_optimizers": ["ConstantFolding"]}
+
+
+def _version(text: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as 1.23.2 or 1.27.0.dev20260101; (0, 0) if unreadable."""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def _tensor_bytes(t: Any) -> int:

@@ -209,3 +209,40 @@ def test_concurrent_uploads_cannot_overshoot_the_store_quota(tmp_path: Path) -> 
     go_on.set()
     a.join(60)
     assert len(results) == 1 and [m.sha256 for m in store.models()] == [models[0][0]]
+
+
+def test_a_tail_session_computes_no_large_constant_while_it_is_built(tmp_path: Path) -> None:
+    """onnxruntime folds every all-constant node while it builds a session and keeps the result as a
+    weight (1.23, the newest for Python 3.10: unbounded; >= 1.27: up to 1 GiB by default). A model asking
+    ConstantOfShape for 160 MiB must cost its tail session no such weight, and still compute right."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from splitrt.cloud.store import ModelStore
+    from splitrt.cloud.tails import TailCache
+
+    rows = 160 * 2**20 // (4 * 1024)
+    shape = numpy_helper.from_array(np.array([rows, 1024], np.int64), "shape")
+    g = helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["shape"], ["big"]),
+            helper.make_node("Add", ["x", "big"], ["wide"]),
+            helper.make_node("ReduceMax", ["wide"], ["y"], axes=[0], keepdims=0),
+        ],
+        "cos",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])],
+        [shape],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "cos.onnx")
+    store = ModelStore(tmp_path)
+    (sha,) = [m.sha256 for m in store.models()]
+    cache = TailCache(store, capacity=2, intra_op_threads=1)
+    store.graph(sha)  # loaded (and normalised: 160 MiB is beyond what it folds) before measuring
+    before = rss_bytes()
+    tail = cache.get(sha, "cloud")
+    grown = rss_bytes() - before
+    assert grown < 64 * MB, f"building the tail grew RSS by {grown / MB:.0f} MB: the constant was computed"
+    x = np.random.default_rng(3).standard_normal(1024).astype(np.float32)
+    (y,) = tail.session.run(tail.outputs, {"x": x})
+    np.testing.assert_array_equal(y, x)  # max over identical rows x + 0

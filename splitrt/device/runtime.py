@@ -310,25 +310,18 @@ class AdaptiveDevice:
         diverges = self.local.diverges(feeds)
         if diverges is not None:  # not the branch the graph was specialised for: no cut of it is right
             return self._original(feeds, rid, t0, diverges)
+        # decide (plan) -> execute (device, transport) -> observe (plan.observe), each once.
         sp = self._shapes.get(reshape.signature({n: a.shape for n, a in feeds.items()}), feeds)
-        table = sp.table
         live = self._clouds.admitting(now)  # a cloud that refused us waits out its retry hint
         with self._lock:  # least loaded first; the rest are the failover order
             live, choice = self._balancer.order(live, now)
         decision = self._decide(sp, now, rid, live[0] if live else None)
-        cut, codec = parse_plan(decision.plan, table.codecs[0])
+        cut, codec = parse_plan(decision.plan, sp.table.codecs[0])
         head = self.local.run_head(feeds, cut)
-        result, server, why = self._finish(table, head, cut, codec, live, t0, deadline, now)
+        result, answered, why = self._finish(sp.table, head, cut, codec, live, t0, deadline, now)
+        self._observe(sp.table, cut, head, result, answered)
+        server = answered.address if answered is not None else None
         fallback = why is not None
-        # The device's real speed: the head (the whole model on the device plan) against the table of
-        # this shape (another shape's times would read as a speed change).
-        measured = result.total_ms if cut == DEVICE_CUT else head.head_ms
-        with self._lock:
-            observe.observe_local(
-                self.load,
-                observe.LocalRun(measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])),
-                self.clock(),
-            )
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(
             decision,
@@ -420,7 +413,8 @@ class AdaptiveDevice:
         t0: float,
         deadline_ms: float,
         now: float,
-    ) -> tuple[SplitResult, str | None, str | None]:  # why: a fallback
+    ) -> tuple[SplitResult, Cloud | None, str | None]:
+        """The request's outputs, the cloud that answered (None: finished here), and why not a cloud."""
         if cut == DEVICE_CUT:
             return self.local.finish_locally(head), None, None
         why: list[str] = [] if live else ["no cloud available"]
@@ -456,30 +450,39 @@ class AdaptiveDevice:
                     why.append(f"{cloud.address}: {self.last_local_error}")
                     break
             self._clouds.answered(cloud)
-            self._observe(table, res, cut, cloud)
-            return res, cloud.address, None
+            return res, cloud, None
         local = self.local.finish_locally(head)
         return local, None, "; ".join(why) or "no cloud answered"
 
-    def _observe(self, table: CostTable, res: SplitResult, cut: str, cloud: Cloud) -> None:
+    def _observe(self, table: CostTable, cut: str, head: HeadResult, res: SplitResult, cloud: Cloud | None) -> None:
+        """What one request says about the link, the cloud and the device, into the estimators."""
         now = self.clock()
         with self._lock:
-            # The wait for a worker is the plan's queue term (``cloud.queue``, fed by the reply's load
-            # report), not the tail's factor: it does not scale with the cut's tail (queue_wait_s=0).
-            observe.observe_reply(
-                observe.ReplyObservation(
-                    bytes_up=res.bytes_up,
-                    bytes_down=res.bytes_down,
-                    net_s=res.network_ms / 1e3,
-                    tail_s=res.tail_ms / 1e3,
-                    profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
-                ),
-                now,
-                link=self.link,
-                load=self.load,
+            if cloud is not None:
+                # The wait for a worker is the plan's queue term (``cloud.queue``, fed by the reply's load
+                # report), not the tail's factor: it does not scale with the cut's tail (queue_wait_s=0).
+                observe.observe_reply(
+                    observe.ReplyObservation(
+                        bytes_up=res.bytes_up,
+                        bytes_down=res.bytes_down,
+                        net_s=res.network_ms / 1e3,
+                        tail_s=res.tail_ms / 1e3,
+                        profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
+                    ),
+                    now,
+                    link=self.link,
+                    load=self.load,
+                )
+                if res.load is not None:
+                    cloud.add_load(now, res.load, own=True)
+            # The device's real speed: the head (the whole model on the device plan) against the table
+            # of this shape (another shape's times would read as a speed change).
+            measured = res.total_ms if cut == DEVICE_CUT else head.head_ms
+            observe.observe_local(
+                self.load,
+                observe.LocalRun(measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])),
+                self.clock(),
             )
-            if res.load is not None:
-                cloud.add_load(now, res.load, own=True)
 
     def _warm(self, now_s: float) -> None:
         """Build head sessions of the plans likely next, off the request path's critical section."""

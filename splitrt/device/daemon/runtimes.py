@@ -74,7 +74,7 @@ def build_runtime(
             log=log,
         )
     from splitrt.device.chain import ChainConfig, ChainDevice
-    from splitrt.plan.chain import ChainControllerConfig
+    from splitrt.plan.controller import ControllerConfig
 
     server, _ = select_cost_table(
         graph, profile_device=model.profile_cloud_path, profile_cloud=model.profile_cloud_path
@@ -88,7 +88,8 @@ def build_runtime(
         cloud=path[1][0] if path[1] else None,
         config=ChainConfig(
             deadline_ms=config.deadline_ms,
-            controller=ChainControllerConfig(objective=config.objective, codecs=config.codecs),
+            policy=config.policy,
+            controller=ControllerConfig(objective=config.objective, codecs=config.codecs),
         ),
         device_config=device_config,
         power=power,

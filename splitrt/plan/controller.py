@@ -305,8 +305,10 @@ class _Route:
     """The tiers a request can use now and what the solver plans them with."""
 
     tiers: tuple[int, ...]  # 0 (the device), then the servers that are up, in path order
+    on: tuple[int, ...]  # the tiers the plan's hops go through: ``tiers``, or the whole path
     tables: tuple[CostTable, ...]
-    path: PathConditions  # one hop per pair of consecutive tiers of ``tiers``
+    path: PathConditions  # one hop per pair of consecutive tiers of ``on``
+    free: int  # hops that may carry; the later ones (to tiers that are down) are pinned to `device`
 
     def two_tier(self) -> Conditions:
         return Conditions(
@@ -374,10 +376,16 @@ class Controller:
         loads: Sequence[LoadEstimate],
         up: Sequence[bool],
     ) -> _Route:
-        """The live route: the device and the servers up; a skipped server's hops in series."""
-        tiers = (0, *[t for t in range(1, len(self.tables)) if up[t - 1]])
+        """The live route: the device and the servers up. When the servers down are the last ones, the
+        plan is over the whole path with the hops to them pinned to `device` (``c3@fp32>device``: the
+        edge finishes); a server skipped in the middle is left out and the hops around it are taken in
+        series (the narrower bandwidth, both round trips)."""
+        n = len(self.tables)
+        tiers = (0, *[t for t in range(1, n) if up[t - 1]])
+        prefix = n > 2 and len(tiers) > 1 and tiers == tuple(range(len(tiers)))
+        on = tuple(range(n)) if prefix else tiers
         # Nothing reachable: the plan is `device`, priced on the first hop (nothing crosses it).
-        ends = itertools.pairwise(tiers) if len(tiers) > 1 else [(0, 1)]
+        ends = itertools.pairwise(on) if len(on) > 1 else [(0, 1)]
         hops, tier_loads, queues = [], [max(loads[0].device_factor, 1e-3)], []
         for a, b in ends:
             span = links[a:b]
@@ -386,9 +394,9 @@ class Controller:
             tier_loads.append(max(loads[b - 1].cloud_factor, 1e-3))
             queues.append(max(loads[b - 1].queue_ms, 0.0) if len(tiers) > 1 else 0.0)
         path = PathConditions(hops=tuple(hops), loads=tuple(tier_loads), queue_ms=tuple(queues))
-        if len(tiers) <= 2:
-            return _Route(tiers, (self.direct_table(tiers[-1] if len(tiers) == 2 else 1),) * 2, path)
-        return _Route(tiers, (self.table, *[self.tables[t] for t in tiers[1:]]), path)
+        if len(on) <= 2:
+            return _Route(tiers, on, (self.direct_table(on[-1] if len(on) == 2 else 1),) * 2, path, 1)
+        return _Route(tiers, on, (self.table, *[self.tables[t] for t in on[1:]]), path, len(tiers) - 1)
 
     def solve(self, r: _Route, *, cuts: Sequence[str] | None = None) -> Plan:
         """The best plan on route ``r`` (``cuts``: the device's allowed cuts)."""
@@ -396,15 +404,17 @@ class Controller:
         codecs = list(cfg.codecs) if cfg.codecs else None
         if len(r.tiers) == 1:
             return self.evaluate(r, DEVICE_CUT)
-        if len(r.tiers) == 2:
+        if len(r.on) == 2:
             return solve(r.tables[0], r.two_tier(), objective=cfg.objective, power=self.power, codecs=codecs, cuts=cuts)
+        hops = len(r.on) - 1
+        pinned = [None if h < r.free else [DEVICE_CUT] for h in range(1, hops)]
         return solve_path(
             r.tables,
             r.path,
             objective=cfg.objective,
             power=self.power,
             codecs=codecs,
-            cuts=[cuts, *[None] * (len(r.tiers) - 2)],
+            cuts=[cuts, *pinned],
             same_codec=True,
         )
 
@@ -505,7 +515,7 @@ class Controller:
             previous=previous,
             plan=chosen.key,
             best=best,
-            route=() if r.tiers in (full, (0,)) else r.tiers,
+            route=() if r.on in (full, (0,)) else r.on,
             predicted_ms=chosen.predicted_ms,
             objective_value=chosen.value,
             switched=switched,

@@ -124,7 +124,7 @@ def test_cloud_dies_the_edge_finishes_then_the_plan_keeps_it_at_the_edge(
         assert rel_err(ref, hit.outputs["y"]) <= 1e-5
         assert not dev.next.up()
         after = dev.infer(x)  # re-planned: the edge finishes by plan
-        assert after.decision.route == (0, 1) and after.finished_by == "edge" and not after.fallback
+        assert after.decision.cuts[1] == "device" and after.finished_by == "edge" and not after.fallback
         assert rel_err(ref, after.outputs["y"]) <= 1e-5
         clock.t += 10.0
         dev.probe_once()  # the probe through the edge still fails: the hop stays down

@@ -65,7 +65,7 @@ def test_routes_follow_what_is_reachable() -> None:
     assert ctl.decide(0.0, (link(2), link(0.5)), IDLE).route == ()
     # The cloud (the edge's next tier) down: the edge finishes, whatever the hops say.
     no_next = ctl.decide(1.0, (link(1000), link(1000)), IDLE, cloud_available=(True, False))
-    assert no_next.route == (0, 1) and no_next.plan == "cloud@fp32" and len(no_next.tier_ms) == 2
+    assert no_next.route == () and no_next.plan == "cloud@fp32>device" and no_next.cuts == ("cloud", "device")
     # The edge down, the cloud reachable: two tiers straight to the cloud (the hops in series).
     direct = ctl.decide(2.0, (link(1000), link(1000)), IDLE, cloud_available=(False, True))
     assert direct.route == (0, 2) and direct.plan == "cloud@fp32"

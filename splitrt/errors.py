@@ -17,8 +17,9 @@ and a message names what was expected and what came::
     ├── DiscoveryError   transport: mDNS advertising or browsing failed
     └── RigError         rig: namespaces, qdiscs, cgroups or rig processes could not be set up
 
-Where third-party errors are mapped: onnx/onnxruntime load and run errors in ``graph.model`` and
-``profile`` (ModelError), onnxruntime input errors in ``device.client`` (InputError); ``grpc.RpcError``
+Where third-party errors are mapped: onnx load errors in ``graph.model`` (ModelError); onnxruntime's,
+wherever a session is built or run, by one context manager, ``graph.ort_errors.onnxruntime_errors``
+(ModelError when the model is at fault, InputError when the inputs are); ``grpc.RpcError``
 in the transport the device uses (CloudError with the gRPC status name); zeroconf errors in
 ``transport.discovery`` (DiscoveryError); ``OSError``/``subprocess`` failures in ``rig`` (RigError).
 """

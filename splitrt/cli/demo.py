@@ -12,6 +12,7 @@ import numpy as np
 from splitrt.cli.tables import human_bytes, render
 from splitrt.graph import model as graph
 from splitrt.graph import partition, zoo
+from splitrt.graph.ort_errors import onnxruntime_errors
 
 DEFAULT_MODEL = "resnet50"
 # The rig part: a window where the best cut really moves, so every fixed choice is wrong part of the
@@ -71,17 +72,19 @@ def exactness_rows(model: str, count: int) -> list[SplitCheck]:
     path = zoo.get(model)
     mg = graph.load(path)
     feeds = zoo.random_inputs(path, seed=1)
-    full = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with onnxruntime_errors(model, stage="run", feeds=feeds):
+        full = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
     single = [c for c in mg.cuts() if len(c.tensors) == 1 and c.id not in ("cloud", "device")]
     picks = [single[round(i * (len(single) - 1) / max(count - 1, 1))] for i in range(min(count, len(single)))]
     rows = []
     for k, c in enumerate(dict.fromkeys(picks)):
         print(f"\rsplitting {model} at {c.id} ({k + 1}/{len(picks)})", end="", file=sys.stderr, flush=True)
         head, tail = partition.head_tail(mg, c.id)
-        hs = ort.InferenceSession(head.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        ts = ort.InferenceSession(tail.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        mid = dict(zip(head.outputs, hs.run(list(head.outputs), feeds), strict=True))
-        out = ts.run([o.name for o in mg.outputs], {n: mid[n] for n in tail.inputs})
+        with onnxruntime_errors(f"{model} split at {c.id}", stage="run", feeds=feeds):
+            hs = ort.InferenceSession(head.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            ts = ort.InferenceSession(tail.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            mid = dict(zip(head.outputs, hs.run(list(head.outputs), feeds), strict=True))
+            out = ts.run([o.name for o in mg.outputs], {n: mid[n] for n in tail.inputs})
         err = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) or 1.0)) for a, b in zip(full, out, strict=True))
         rows.append(
             SplitCheck(

@@ -22,7 +22,9 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.errors import SplitrtError
 from splitrt.graph import partition
+from splitrt.graph.ort_errors import onnxruntime_errors
 
 # Deadlines further than this are clamped (gRPC reports ~9.2e18 s left for a call without one).
 _MAX_WAIT_S = 24 * 3600.0
@@ -101,6 +103,8 @@ class Run:
         """What an exception out of ``session.run`` means for the client."""
         if self.reason is not None:
             return RpcFailure(self.reason[0], f"{self.what}: {self.reason[1]}")
+        if isinstance(exc, SplitrtError):  # onnxruntime's, mapped: the message names what and the shapes
+            return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{self.what} failed on the given tensors: {exc}")
 
 
@@ -150,8 +154,10 @@ class Canceller:
         try:
             if now >= deadline:
                 run.terminate(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed before it started")
-            return partition.pass_through(outputs, feeds, session.run(outputs, feeds, run.options))
-        except Exception as exc:  # onnxruntime's own exception types
+            with onnxruntime_errors(what, stage="run", feeds=feeds):
+                values = session.run(outputs, feeds, run.options)
+            return partition.pass_through(outputs, feeds, values)
+        except Exception as exc:  # onnxruntime's mapped to InputError/ModelError; any other is this run's too
             raise run.failure(exc) from exc
         finally:
             run.done = True

@@ -23,7 +23,8 @@ import numpy as np
 from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.cloud.memory import MemoryBudget, build_peak_bytes, session_bytes, trim
 from splitrt.cloud.store import ModelStore
-from splitrt.errors import ConfigError, CutError
+from splitrt.errors import ConfigError, CutError, ModelError
+from splitrt.graph.ort_errors import onnxruntime_errors
 
 
 @dataclass
@@ -238,13 +239,10 @@ class TailCache:
         # request's memory for good; one big request would hold it for every later one).
         opts.enable_cpu_mem_arena = False
         try:
-            session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"], **bounded_folding(opts))
-        except Exception as exc:  # onnxruntime raises its own exception types; the model is at fault
-            raise RpcFailure(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"tail of model {sha256[:12]} at cut {cut_id!r} does not load in onnxruntime: "
-                f"{self.store.scrub(str(exc))[:500]}",
-            ) from exc
+            with onnxruntime_errors(f"tail of model {sha256[:12]} at cut {cut_id!r}", stage="build"):
+                session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"], **bounded_folding(opts))
+        except ModelError as exc:  # onnxruntime's, mapped: the model is at fault, not the server
+            raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, self.store.scrub(str(exc))[:600]) from exc
         outputs = [o.name for o in session.get_outputs()]
         return Tail(session=session, inputs=inputs, outputs=outputs)
 

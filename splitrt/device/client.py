@@ -44,7 +44,7 @@ from splitrt.device.messages import (
 )
 from splitrt.device.sessions import SessionCache, check_inputs, random_inputs, run_session
 from splitrt.device.upload import ModelUploader
-from splitrt.errors import CloudError, ConfigError, CutError
+from splitrt.errors import CloudError, ConfigError, CutError, SplitrtError
 from splitrt.transport import codec, credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
@@ -169,8 +169,8 @@ class _Inputs:
             return None
         try:
             return spec.holds(feeds)
-        except Exception as exc:  # onnxruntime's own types: a request the guard cannot even evaluate
-            return f"the specialisation guard does not evaluate on this request ({str(exc)[:200]})"
+        except SplitrtError as exc:  # onnxruntime's, mapped: a request the guard cannot even evaluate
+            return f"the specialisation guard does not evaluate on this request ({str(exc)[:300]})"
 
     def run_original(self, inputs: Mapping[str, Any], *, request_id: str = "") -> SplitResult:
         """The whole (original) model here, as a result: what a request that diverges runs."""

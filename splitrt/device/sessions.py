@@ -1,8 +1,9 @@
 """The model's onnxruntime sessions on a device: the whole model, and head/tail per cut (an LRU), built on
 first use; and the checks of a request's inputs against the model's declarations.
 
-``run_session`` runs one; onnxruntime's own errors (inputs the declarations let through that a node
-refuses, e.g. an image too small for its pooling) become ``InputError`` naming what failed.
+``run_session`` runs one; onnxruntime's own errors become splitrt's (``graph.ort_errors``): a session
+that does not build is a ``ModelError``, inputs the declarations let through that a node refuses (e.g. an
+image too small for its pooling) an ``InputError`` naming what failed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from splitrt.errors import InputError
 from splitrt.graph import partition
+from splitrt.graph.ort_errors import onnxruntime_errors
 from splitrt.transport import wire
 
 
@@ -24,6 +26,7 @@ from splitrt.transport import wire
 class CutSessions:
     """One cut's segments on this device and their sessions (``None`` until first used)."""
 
+    cut_id: str
     head_inputs: tuple[str, ...]
     head_outputs: tuple[str, ...]
     tail_inputs: tuple[str, ...]
@@ -35,25 +38,24 @@ class CutSessions:
     tail: Any = None
 
 
-def build_session(model: Any, threads: int) -> Any:
+def build_session(model: Any, threads: int, what: str = "the model") -> Any:
+    """An onnxruntime session for ``model`` (``ModelError`` when onnxruntime cannot build it)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    with onnxruntime_errors(what, stage="build", where=" on this device"):
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 def run_session(session: Any, outputs: list[str], feeds: Mapping[str, Any], what: str) -> list[Any]:
     """``session.run``; onnxruntime's own errors (inputs the declarations let through that a node
-    refuses, e.g. an image too small for its pooling) become ``InputError`` naming ``what`` failed."""
-    try:
-        return partition.pass_through(outputs, feeds, session.run(outputs, dict(feeds)))
-    except Exception as exc:  # onnxruntime raises its own exception types
-        shapes = ", ".join(f"{k}={list(np.shape(v))}" for k, v in feeds.items())
-        raise InputError(
-            f"{what} failed in onnxruntime on this device at {shapes}: {' '.join(str(exc).split())[:400]}"
-        ) from exc
+    refuses, e.g. an image too small for its pooling) become ``InputError`` naming ``what`` failed
+    (``graph.ort_errors``)."""
+    with onnxruntime_errors(what, stage="run", feeds=feeds, where=" on this device"):
+        values = session.run(outputs, dict(feeds))
+    return partition.pass_through(outputs, feeds, values)
 
 
 def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -114,6 +116,7 @@ class SessionCache:
 
         head, tail = partition.split(self.graph, [cut_id])
         cs = CutSessions(
+            cut_id=cut_id,
             head_inputs=tuple(head.inputs),
             head_outputs=tuple(head.outputs),
             tail_inputs=tuple(tail.inputs),
@@ -133,15 +136,17 @@ class SessionCache:
             # A specialised graph (``graph.specialise``) is right only for requests that take its branches;
             # the whole model here is the original, right for every request.
             spec = getattr(self.graph, "specialisation", None)
-            self._full = build_session(spec.original if spec is not None else self.graph.model, self.threads)
+            self._full = build_session(
+                spec.original if spec is not None else self.graph.model, self.threads, "the whole model"
+            )
         return self._full
 
     def head(self, cs: CutSessions) -> Any:
         if cs.head is None:
-            cs.head = build_session(cs.head_model, self.threads)
+            cs.head = build_session(cs.head_model, self.threads, f"the head of cut {cs.cut_id!r}")
         return cs.head
 
     def tail(self, cs: CutSessions) -> Any:
         if cs.tail is None:
-            cs.tail = build_session(cs.tail_model, self.threads)
+            cs.tail = build_session(cs.tail_model, self.threads, f"the tail of cut {cs.cut_id!r}")
         return cs.tail

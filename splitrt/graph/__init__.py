@@ -1,5 +1,6 @@
 """The model: load and normalise ONNX, enumerate the cuts and the bytes crossing each, materialise
-segments, and the zoo of test/demo models. Imports only ``splitrt.errors`` (and onnx, onnxruntime)."""
+segments, the zoo of test/demo models, and onnxruntime's errors mapped into splitrt's tree
+(``onnxruntime_errors``). Imports only ``splitrt.errors`` (and onnx, onnxruntime)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from splitrt._lazy import exports
 if TYPE_CHECKING:
     from splitrt.graph.cuts import Cut, parse_cut_ids
     from splitrt.graph.model import ModelGraph, TensorInfo, load, model_sha256
+    from splitrt.graph.ort_errors import onnxruntime_errors
     from splitrt.graph.partition import Segment, SegmentCache, head_tail, split
 
 _NAMES = {
@@ -19,6 +21,7 @@ _NAMES = {
     "load": "model",
     "model_sha256": "model",
     "parse_cut_ids": "cuts",
+    "onnxruntime_errors": "ort_errors",
     "Segment": "partition",
     "SegmentCache": "partition",
     "head_tail": "partition",

@@ -17,7 +17,6 @@ binding is only what the costs were computed at (recorded in profiles and ``plan
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ import onnx
 from onnx import helper, shape_inference
 
 from splitrt.errors import ConfigError, InputError, ModelError
+from splitrt.graph.ort_errors import onnxruntime_errors
 
 Dim = int | str | None
 Shape = tuple[int, ...]
@@ -376,15 +376,16 @@ def _measure(
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep every node's output
     opts.log_severity_level = 3
+    on = "the sample" if sample else "random inputs of the bound shapes"
     try:
-        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        outs = sess.run(names, feeds)
-    except Exception as exc:
-        on = "the sample" if sample else "random inputs of the bound shapes"
-        first = re.sub(r"\s+", " ", str(exc))[:300]
+        with onnxruntime_errors(model_name, stage="build"):
+            sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        with onnxruntime_errors(f"{model_name} on {on}", stage="run", feeds=feeds):
+            outs = sess.run(names, feeds)
+    except (ModelError, InputError) as exc:
         raise ModelError(
-            f"{model_name}: measuring tensor sizes failed running the model on {on}: {first}; "
-            "pass --sample FILE.npz with real inputs (values can steer the graph)"
+            f"measuring tensor sizes failed: {exc}; pass --sample FILE.npz with real inputs (values can steer "
+            "the graph)"
         ) from exc
     return {
         n: Sized(np.asarray(v).dtype.name, tuple(int(s) for s in np.asarray(v).shape), "measured")

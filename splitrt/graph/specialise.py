@@ -32,6 +32,7 @@ import onnx
 from onnx import helper
 
 from splitrt.errors import ModelError
+from splitrt.graph.ort_errors import onnxruntime_errors
 
 #: Ops a guard cone may not hold: they compute (the condition would cost what the model costs).
 HEAVY = {
@@ -119,7 +120,9 @@ class Specialisation:
             if not self._session:
                 self._session.append(_session(self.guard))
             sess = self._session[0]
-        values = sess.run(None, {n: np.asarray(feeds[n]) for n in self.guard_inputs})
+        guard_feeds = {n: np.asarray(feeds[n]) for n in self.guard_inputs}
+        with onnxruntime_errors("the specialisation guard", stage="run", feeds=guard_feeds):
+            values = sess.run(None, guard_feeds)
         verdict = None
         for step, v in zip(self.steps, values, strict=True):
             taken = "then" if bool(np.asarray(v).reshape(-1)[0]) else "else"
@@ -167,7 +170,8 @@ def _session(model: onnx.ModelProto) -> Any:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    with onnxruntime_errors("the specialisation guard", stage="build"):
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
 # -- finding ----------------------------------------------------------------------------------------
@@ -355,12 +359,10 @@ def specialise(
             break
         index, node, cone, feeds, by_value = found
         guard = _guard_model(current, cone, node.input[0], current.ir_version)
-        try:
-            value = _session(guard).run(None, {i.name: feeds[i.name] for i in guard.graph.input})[0]
-        except Exception as exc:  # onnxruntime's own exception types
-            raise ModelError(
-                f"evaluating the condition of If {node.output[0]!r} on the sample failed: {str(exc)[:300]}"
-            ) from exc
+        guard_feeds = {i.name: feeds[i.name] for i in guard.graph.input}
+        what = f"the condition of If {node.output[0]!r} on the sample"
+        with onnxruntime_errors(what, stage="run", feeds=guard_feeds, error=ModelError):
+            value = _session(guard).run(None, guard_feeds)[0]
         branch = "then" if bool(np.asarray(value).reshape(-1)[0]) else "else"
         steps.append(
             Step(

@@ -23,6 +23,7 @@ from splitrt.errors import ModelError
 if TYPE_CHECKING:
     from splitrt.graph.shapes import ShapeBinding
 from splitrt.graph import zoo_dynamic, zoo_paper
+from splitrt.graph.ort_errors import onnxruntime_errors
 
 SEED = 20261202
 BUILD_VERSION = 2
@@ -174,13 +175,15 @@ def _calibrate_logits(m: onnx.ModelProto, target_std: float = 2.0) -> None:
         probe.graph.output.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, None))
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
-        sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        with onnxruntime_errors(f"zoo model {m.graph.name} (its logits probe)", stage="build"):
+            sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         feeds = {}
         rng = np.random.default_rng(SEED)
         for i in sess.get_inputs():
             shape = [d if isinstance(d, int) else 1 for d in i.shape]
             feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
-        std = float(np.std(sess.run([logits], feeds)[0]))
+        with onnxruntime_errors(f"zoo model {m.graph.name} (its logits probe)", stage="run", feeds=feeds):
+            std = float(np.std(sess.run([logits], feeds)[0]))
         if not np.isfinite(std) or std == 0.0:
             continue
         # Two significant digits: the logits' std differs in the last bits between CPUs (MLAS picks

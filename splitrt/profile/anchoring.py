@@ -11,7 +11,7 @@ import numpy as np
 from splitrt.graph import model as graph_mod
 from splitrt.graph import partition
 from splitrt.profile.host import default_threads, pick_providers
-from splitrt.profile.timing import Progress, p90, rss_mb, run_overhead_ms, session, time_runs, warm
+from splitrt.profile.timing import Progress, p90, rss_mb, run, run_overhead_ms, session, time_runs, warm
 
 
 def _prefix_cuts(g: graph_mod.ModelGraph) -> list[tuple[int, graph_mod.Cut]]:
@@ -99,7 +99,7 @@ def time_anchors(
         before = rss_mb()
         h_sess = session(head_seg.model, threads, providers)
         h_feeds = {n: inputs[n] for n in head_seg.inputs}
-        h_out = dict(zip(head_seg.outputs, h_sess.run(list(head_seg.outputs), h_feeds), strict=True))
+        h_out = dict(zip(head_seg.outputs, run(h_sess, head_seg.outputs, h_feeds, f"the head of {a}"), strict=True))
         warm(h_sess, h_feeds, warmup)
         head_t.append(time_runs(h_sess, h_feeds, runs))
         seg_rss.append(max(rss_mb() - before, 0.0))
@@ -149,7 +149,7 @@ def measure_direct(
     out: list[float] = []
     h_feeds = {k: feeds[k] for k in head.inputs}
     h_sess = session(head.model, threads, provs)
-    h_out = dict(zip(head.outputs, h_sess.run(list(head.outputs), h_feeds), strict=True))
+    h_out = dict(zip(head.outputs, run(h_sess, head.outputs, h_feeds, f"the head of {cut_id}"), strict=True))
     t_sess = session(tail.model, threads, provs)
     avail = {**feeds, **h_out}
     t_feeds = {k: avail[k] for k in tail.inputs}

@@ -20,11 +20,12 @@ import numpy as np
 from splitrt.errors import ProfileError
 from splitrt.graph import model as graph_mod
 from splitrt.graph import partition
+from splitrt.graph.ort_errors import onnxruntime_errors
 from splitrt.plan.costmodel import DEFAULT_POWER, Power
 from splitrt.profile.boards import Board
 from splitrt.profile.power import ESTIMATED, MEASURED, Interval, PowerReader, measure_interval
 from splitrt.profile.store import Profile
-from splitrt.profile.timing import Progress, session, warm
+from splitrt.profile.timing import Progress, run, session, warm
 
 #: Radio figure used without a board (DEFAULT_POWER is a Raspberry Pi 4 class device).
 DEFAULT_RADIO_SOURCE = "devices/rpi4.toml figure (DEFAULT_POWER): Wi-Fi transmit increment ~1 W"
@@ -109,7 +110,7 @@ def measure_energy(
     for i, seg in enumerate(pieces or []):
         sess = session(seg.model, threads, providers)
         seg_feeds = {name: values[name] for name in seg.inputs}
-        values.update(zip(seg.outputs, sess.run(list(seg.outputs), seg_feeds), strict=True))
+        values.update(zip(seg.outputs, run(sess, seg.outputs, seg_feeds, f"segment {i}"), strict=True))
         iv = _run_measured(sess, seg_feeds, reader, window_s, warmup)
         segs.append(
             SegmentEnergy(
@@ -141,10 +142,11 @@ def _run_measured(
     """Warm ``sess`` up, then run it back to back for ``window_s`` under the reader."""
     warm(sess, feeds, warmup)
 
-    def run() -> object:
+    def once() -> object:
         return sess.run(None, feeds)
 
-    return measure_interval(reader, run, min_s=window_s)
+    with onnxruntime_errors("the segment", stage="run", feeds=feeds):
+        return measure_interval(reader, once, min_s=window_s)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ import onnx
 
 from splitrt.errors import ModelError, SplitrtError
 from splitrt.graph import model as graph_mod
+from splitrt.graph.ort_errors import onnxruntime_errors
 from splitrt.profile.timing import Progress, p90, session, time_runs, warm
 
 # A tensor that disappears when onnxruntime optimises the model counts as fused only between these (a
@@ -56,10 +57,11 @@ def fused_tensors(g: graph_mod.ModelGraph, *, threads: int, providers: Sequence[
             so.intra_op_num_threads = threads
             so.log_severity_level = 3
             so.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
-            try:
+            with onnxruntime_errors(f"{g.path.name} (optimised to find its fused tensors)", stage="build"):
                 ort.InferenceSession(
                     g.model.SerializeToString(), so, providers=list(providers), disabled_optimizers=disabled
                 )
+            try:
                 return onnx.load(so.optimized_model_filepath, load_external_data=False)
             except Exception as exc:  # optimised-model export is best effort (e.g. some EPs cannot save)
                 raise ModelError(f"onnxruntime cannot optimise {g.path.name}: {exc}") from exc

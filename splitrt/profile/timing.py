@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 import psutil
 
-from splitrt.errors import ModelError
 from splitrt.graph import model as graph_mod
+from splitrt.graph.ort_errors import onnxruntime_errors
 
 _NODE_RE = re.compile(r"splitrt_n(\d+)")
 
@@ -33,7 +33,10 @@ def _quiet(message: str) -> None:
     del message
 
 
-def session(model: onnx.ModelProto | bytes, threads: int, providers: Sequence[str], **kw: Any) -> Any:
+def session(
+    model: onnx.ModelProto | bytes, threads: int, providers: Sequence[str], what: str = "the segment", **kw: Any
+) -> Any:
+    """A profiling session (sequential, ``threads`` intra-op); ``ModelError`` when it does not build."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -46,18 +49,25 @@ def session(model: onnx.ModelProto | bytes, threads: int, providers: Sequence[st
         so.enable_profiling = True
         so.profile_file_prefix = profiling_prefix
     data = model if isinstance(model, bytes) else model.SerializeToString()
-    try:
+    with onnxruntime_errors(what, stage="build"):
         return ort.InferenceSession(data, so, providers=list(providers), **kw)
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise ModelError(f"onnxruntime cannot load the segment: {exc}") from exc
+
+
+def run(
+    sess: Any, outputs: Sequence[str] | None, feeds: Mapping[str, np.ndarray], what: str = "the segment"
+) -> list[Any]:
+    """One ``sess.run`` with onnxruntime's errors mapped (``graph.ort_errors``)."""
+    with onnxruntime_errors(what, stage="run", feeds=feeds):
+        return list(sess.run(list(outputs) if outputs is not None else None, dict(feeds)))
 
 
 def time_runs(sess: Any, feeds: Mapping[str, np.ndarray], runs: int) -> list[float]:
     out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        sess.run(None, dict(feeds))
-        out.append((time.perf_counter() - t0) * 1e3)
+    with onnxruntime_errors("the segment", stage="run", feeds=feeds):  # outside the timed span
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            sess.run(None, dict(feeds))
+            out.append((time.perf_counter() - t0) * 1e3)
     return out
 
 
@@ -74,9 +84,10 @@ def warm(sess: Any, feeds: Mapping[str, np.ndarray], warmup: int) -> None:
         return
     t0 = time.perf_counter()
     n = 0
-    while n < warmup or (time.perf_counter() - t0 < WARMUP_MIN_S and n < WARMUP_MAX_RUNS):
-        sess.run(None, dict(feeds))
-        n += 1
+    with onnxruntime_errors("the segment", stage="run", feeds=feeds):
+        while n < warmup or (time.perf_counter() - t0 < WARMUP_MIN_S and n < WARMUP_MAX_RUNS):
+            sess.run(None, dict(feeds))
+            n += 1
 
 
 def p90(xs: Sequence[float]) -> float:
@@ -103,9 +114,10 @@ def node_kernel_ms(
         sess = session(
             m, threads, providers, profile_prefix=str(Path(tmp) / "p"), disabled_optimizers=["NchwcTransformer"]
         )
-        sess.run(None, dict(feeds))  # warm-up: its events are dropped below
-        for _ in range(runs):
-            sess.run(None, dict(feeds))
+        with onnxruntime_errors(g.path.name, stage="run", feeds=feeds):
+            sess.run(None, dict(feeds))  # warm-up: its events are dropped below
+            for _ in range(runs):
+                sess.run(None, dict(feeds))
         path = sess.end_profiling()
         events = json.loads(Path(path).read_text())
     per_node: dict[int, list[float]] = {}

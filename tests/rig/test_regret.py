@@ -52,3 +52,25 @@ def test_split_route_reports_the_gain_of_splitting() -> None:
 def test_geo_ci_of_identical_ratios_is_a_point() -> None:
     assert regret.geo_ci([1.1, 1.1, 1.1]) == pytest.approx((1.1, 1.1))
     assert all(math.isnan(x) for x in regret.geo_ci([]))
+
+
+def test_bootstrap_ratio_resamples_turns_and_call_needs_the_interval_to_exclude_one() -> None:
+    fast = [[10.0, 12.0], [11.0, 9.0], [10.0, 10.0], [12.0, 8.0]]
+    slow = [[20.0, 22.0], [19.0, 21.0], [20.0, 18.0], [22.0, 18.0]]
+    lo, hi = regret.bootstrap_ratio(fast, slow, seed=1)
+    assert 0.4 < lo <= 0.5 <= hi < 0.6
+    assert regret.call((lo, hi)) == "better"
+    assert regret.call(regret.bootstrap_ratio(slow, fast, seed=1)) == "worse"
+    # the same requests on both sides: the interval holds 1, and the call is "same"
+    same = regret.bootstrap_ratio(fast, fast, seed=1, stat="p95")
+    assert same[0] <= 1.0 <= same[1] and regret.call(same) == "same"
+    # identical turns: every resample gives the same ratio
+    assert regret.bootstrap_ratio([[5.0]] * 3, [[10.0]] * 3) == pytest.approx((0.5, 0.5))
+    assert all(math.isnan(x) for x in regret.bootstrap_ratio([], slow))
+    assert all(math.isnan(x) for x in regret.bootstrap_ratio(fast, [[]]))
+
+
+def test_split_route_rows_print_the_interval() -> None:
+    row = regret.split_route_rows([regret.split_route(CELLS, "adaptive")])[0]
+    assert row[0] == "adaptive vs route" and row[1] == "3" and row[-1] == "1"
+    assert row[2].startswith(f"{1.25 ** (1 / 3):.3f} (") and row[3] == "1.250 (a)"

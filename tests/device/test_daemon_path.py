@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from splitrt.cloud.nexthop import NextTier
+from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.daemon import Daemon, DaemonConfig, LocalClient, ModelConfig, parse_config
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo
@@ -72,8 +74,6 @@ def test_the_readme_three_tier_config_parses(tmp_path: Path) -> None:
         ({"hops": ["a:1"], "clouds": ["b:1"]}, r"key 'hops': expected hops alone .*got clouds too"),
         ({"hops": [["a:1", "b:1"], "c:1"]}, r"three tiers .*expected one server per hop, got \['a:1', 'b:1'\]"),
         ({"edge": "a:1", "discovery": True}, r"three tiers .*expected discovery = false"),
-        ({"edge": "a:1", "policy": "route"}, r"three tiers .*expected policy = \"adaptive\", got 'route'"),
-        ({"edge": "a:1", "no_raw_input": True}, r"three tiers .*expected no constraints"),
         ({"edge_speed_factor": 0}, r"key 'edge_speed_factor': expected a number > 0 .*got 0"),
     ],
 )
@@ -109,7 +109,7 @@ def tiers(models_dir: Path) -> Iterator[tuple[subprocess.Popen[bytes], subproces
                 p.wait(10)
 
 
-def _daemon(tmp_path: Path, edge: str, cloud: str) -> Daemon:
+def _daemon(tmp_path: Path, edge: str, cloud: str, **kw: Any) -> Daemon:
     board = tmp_path / "slow.toml"  # the shipped x86 board, 1000x slower
     x86 = (REPO / "devices" / "x86.toml").read_text()
     board.write_text(x86.replace("cpu_speed_factor = 1.0", "cpu_speed_factor = 1000.0").replace('"x86"', '"slow"'))
@@ -124,6 +124,7 @@ def _daemon(tmp_path: Path, edge: str, cloud: str) -> Daemon:
             metrics_port=None,
             intra_op_threads=1,
             deadline_ms=20_000,
+            **kw,
         )
     )
 
@@ -188,3 +189,37 @@ def test_three_tiers_cloud_killed_mid_stream_loses_nothing(tmp_path: Path, tiers
         ]
         status = d.plan(d.model("sq"))
         assert status["completed"] == 16 and status["failed"] == 0
+
+
+@pytest.fixture()
+def in_process(models_dir: Path) -> Iterator[tuple[str, str]]:
+    """An edge and a cloud in this process (for what needs no SIGKILL)."""
+    cloud = CloudServer(ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1))
+    cloud.start()
+    edge = CloudServer(
+        ServerConfig(models_dir=models_dir, workers=1, intra_op_threads=1, next_tier=NextTier(address=cloud.address))
+    )
+    edge.start()
+    yield edge.address, cloud.address
+    edge.stop(grace_s=0)
+    cloud.stop(grace_s=0)
+
+
+def test_three_tiers_take_a_fixed_plan_and_constraints(tmp_path: Path, in_process: tuple[str, str]) -> None:
+    edge, cloud = in_process
+    x = {"data_0": np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    want = session(zoo.get(MODEL)).run(None, x)[0]
+    with _daemon(tmp_path, edge, cloud, policy="fixed:c4@fp32>c20@fp32") as d, LocalClient(str(d.api_address)) as c:
+        for _ in range(3):
+            r = c.infer(x)
+            assert (r.plan, r.server) == ("c4@fp32>c20@fp32", "cloud")
+            assert rel_err(want, r.outputs["softmaxout_1"]) < 1e-4
+        assert c.plan().policy == "fixed:c4@fp32>c20@fp32"
+        assert {s.address for s in c.plan().clouds} == {edge, f"{edge}/next", cloud}
+        metrics = d.metrics_text()  # the same Prometheus families as two tiers
+        assert f'splitrt_cloud_up{{model="sq",cloud="{edge}"}} 1' in metrics
+        assert 'splitrt_requests_total{model="sq"} 3' in metrics
+    # unconstrained, this device sends its input (first cut "cloud", see the kill tests); never with no_raw_input
+    with _daemon(tmp_path, edge, cloud, no_raw_input=True) as d, LocalClient(str(d.api_address)) as c:
+        plans = [c.infer(x).plan for _ in range(4)]
+        assert all(">" in p and not p.startswith("cloud@") for p in plans), plans

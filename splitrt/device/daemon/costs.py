@@ -68,8 +68,9 @@ def select_cost_table(
     )
 
 
-def constrained(runtime_config: Any, mg: Any, table: Any, config: DaemonConfig, board: Any, name: str) -> Any:
-    """The runtime config with the constraints' allowed cuts, and the split-vs-route verdict logged once."""
+def constrained(controller: Any, mg: Any, table: Any, config: DaemonConfig, board: Any, name: str) -> Any:
+    """The ``ControllerConfig`` with the constraints' allowed cuts (the device's cut, on any path of tiers),
+    and the split-vs-route verdict logged once."""
     from dataclasses import replace
 
     from splitrt.plan import explain
@@ -95,6 +96,4 @@ def constrained(runtime_config: Any, mg: Any, table: Any, config: DaemonConfig, 
         objectives=(config.objective,),
     )
     log.info("model %s: split vs route (%s): %s", name, "details: splitrt plan MODEL --explain", v.summary)
-    if cuts is None:
-        return runtime_config
-    return replace(runtime_config, controller=replace(runtime_config.controller, cuts=cuts))
+    return controller if cuts is None else replace(controller, cuts=cuts)

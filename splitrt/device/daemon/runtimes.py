@@ -50,31 +50,27 @@ def build_runtime(
     log: TextIO | None,
 ) -> Runtime:
     """The runtime serving ``model`` over ``config.path``: one hop -> two tiers, two hops -> three."""
+    from splitrt.plan.controller import ControllerConfig
     from splitrt.plan.costmodel import DEFAULT_POWER
 
     power = board.power if board is not None else DEFAULT_POWER
     path = config.path
+    controller = ControllerConfig(objective=config.objective, codecs=config.codecs)
+    controller = constrained(controller, graph, table, config, board, model.name)
     if len(path) == 1:
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-        from splitrt.plan.controller import ControllerConfig
 
-        runtime_config = RuntimeConfig(
-            deadline_ms=config.deadline_ms,
-            policy=config.policy,
-            controller=ControllerConfig(objective=config.objective, codecs=config.codecs),
-        )
         clouds = [] if config.discovery else list(path[0])
         return AdaptiveDevice(
             graph,
             table,
             clouds,
-            config=constrained(runtime_config, graph, table, config, board, model.name),
+            config=RuntimeConfig(deadline_ms=config.deadline_ms, policy=config.policy, controller=controller),
             device_config=device_config,
             power=power,
             log=log,
         )
     from splitrt.device.chain import ChainConfig, ChainDevice
-    from splitrt.plan.controller import ControllerConfig
 
     server, _ = select_cost_table(
         graph, profile_device=model.profile_cloud_path, profile_cloud=model.profile_cloud_path
@@ -89,7 +85,7 @@ def build_runtime(
         config=ChainConfig(
             deadline_ms=config.deadline_ms,
             policy=config.policy,
-            controller=ControllerConfig(objective=config.objective, codecs=config.codecs),
+            controller=controller,
         ),
         device_config=device_config,
         power=power,
@@ -130,6 +126,7 @@ class ChainRuntime:
 
     def status(self) -> dict[str, Any]:
         c = self.chain
+        policy = c.config.policy
         st = c.status()
         now = c.clock()
         with c._lock:  # the estimators change under requests; ChainDevice.status reads them so too
@@ -143,7 +140,7 @@ class ChainRuntime:
             servers.append((str(cloud["name"]), cloud, None))
         return {
             **st,
-            "policy": "adaptive",
+            "policy": policy,
             "bandwidth_mbps": hop1.bandwidth_mbps,
             "rtt_ms": hop1.rtt_ms,
             "confidence": hop1.confidence,

@@ -39,9 +39,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             from splitrt.transport import credentials
 
             credentials.check_private(cfg.token_path, "token_path")
-        print(
-            f"{args.config}: ok ({len(cfg.models)} model(s), "
-            f"{'discovery' if cfg.discovery else 'static clouds'} {list(cfg.clouds)})"
-        )
+        path = cfg.path
+        if len(path) > 1:
+            hops = " -> ".join(" | ".join(h) or "the edge's next tier" for h in path)
+            where = f"{len(path) + 1} tiers: device -> {hops}"
+        else:
+            where = f"{'discovery' if cfg.discovery else 'static clouds'} {list(path[0])}"
+        print(f"{args.config}: ok ({len(cfg.models)} model(s), {where})")
         return 0
     return daemon.run(args.config)

@@ -64,6 +64,17 @@ def test_the_readme_three_tier_config_parses(tmp_path: Path) -> None:
     assert cfg.path == (("10.0.0.2:50051",), ("10.0.0.5:50051",)) and cfg.edge_speed_factor == 4.0
 
 
+def test_daemon_check_says_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from splitrt.cli.app import main
+
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(
+        'edge = "10.0.0.2:1"\napi_address = "127.0.0.1:0"\n[[model]]\nname = "sq"\npath = "zoo:squeezenet"\n'
+    )
+    assert main(["daemon", "--config", str(cfg), "--check"]) == 0
+    assert "3 tiers: device -> 10.0.0.2:1 -> the edge's next tier" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("extra", "pattern"),
     [

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "graph": set(),
     "plan": set(),
     "transport": set(),
-    "profile": {"graph", "plan"},
+    "profile": {"graph", "plan", "transport"},
     "cloud": {"graph", "plan", "profile", "transport"},
     "device": {"graph", "plan", "profile", "transport"},
     "rig": {"graph", "plan", "profile", "transport", "cloud", "device"},

@@ -51,6 +51,12 @@ def register(subparsers: Any) -> None:
         default=1.0,
         help="minimum seconds each power/energy figure is measured over (default 1)",
     )
+    p.add_argument(
+        "--codec-ratios-only",
+        action="store_true",
+        help="keep the timings of the existing --out profile; only (re-)measure what each codec does to "
+        "the bytes of every cut (profiles made before the per-cut ratios)",
+    )
     add_shape_arguments(p)
     p.set_defaults(func=_profile)
 
@@ -98,6 +104,11 @@ def _model_path(model: str) -> Path:
 
 def _profile(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
+    if args.codec_ratios_only:
+        prof = profiler.with_codec_ratios(profiler.load_profile(args.out), path, binding=binding(args))
+        profiler.save_profile(prof, args.out)
+        print(f"wrote {args.out}: codec ratios of {len(prof.cuts)} cuts ({', '.join(prof.codec_ratios or {})})")
+        return 0
     board = boards.load_board(args.board) if args.board else None
     choice = power_select.choose(args.power_reader, board.power_reader if board else None)
     if choice.reader is None:
@@ -217,13 +228,20 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
 
     best = solver.solve(table, cond, objective=args.objective, power=power, codecs=codecs, cuts=cuts)
-    codec = best.codec
     rows = []
+    several = codecs is None or len(codecs) > 1
     for cut in table.ids:
+        # each cut at its own best allowed codec (the ratios of compressed codecs differ per cut)
+        codec = (
+            solver.solve(table, cond, objective=args.objective, power=power, codecs=codecs, cuts=[cut]).codec
+            if several
+            else best.codec
+        )
         e = table.estimate(cut, codec, cond, power)
         rows.append(
             {
                 "cut": cut,
+                "codec": codec,
                 "device_ms": round(e.device_ms, 4),
                 "transfer_ms": round(e.transfer_ms, 4),
                 "download_ms": round(e.download_ms, 4),
@@ -421,18 +439,23 @@ def _plot(
     print(f"wrote {args.plot}", file=sys.stderr)
 
 
+def _ratio(row: dict[str, Any]) -> str:
+    """Sent bytes over the raw crossing bytes (what the codec buys at this cut)."""
+    return f"{row['sent_bytes'] / row['bytes']:.3f}" if row["bytes"] else "-"
+
+
 def _print_plan(out: dict[str, Any], objective: str) -> None:
     rows, best = out["cuts"], out["best"]
     # transfer ms prices the sent bytes (after the codec), download ms the reply bytes.
     print(
-        f"{'cut':<10}{'device ms':>11}{'transfer ms':>13}{'sent bytes':>12}{'download ms':>13}{'reply bytes':>13}"
-        f"{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
+        f"{'cut':<10}{'codec':<12}{'device ms':>11}{'transfer ms':>13}{'sent bytes':>12}{'x fp32':>8}"
+        f"{'download ms':>13}{'reply bytes':>13}{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
     )
     for r in rows:
         mark = "  <- best" if r["cut"] == best["cut"] else (f"  (excluded: {r['excluded']})" if r["excluded"] else "")
         print(
-            f"{r['cut']:<10}{r['device_ms']:>11.2f}{r['transfer_ms']:>13.2f}{r['sent_bytes']:>12}"
-            f"{r['download_ms']:>13.2f}{r['reply_bytes']:>13}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
+            f"{r['cut']:<10}{r['codec'] if r['cut'] != 'device' else '-':<12}{r['device_ms']:>11.2f}"
+            f"{r['transfer_ms']:>13.2f}{r['sent_bytes']:>12}{_ratio(r):>8}{r['download_ms']:>13.2f}{r['reply_bytes']:>13}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
             f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{mark}"
         )
     b = out["best"]

@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
         help="cut id from `splitrt inspect` (cloud, c1, ..., device), auto, or route (a stream: the "
         "adaptive runtime restricted to device and cloud, whole-request routing)",
     )
-    p.add_argument("--codec", default="fp32", help="fp32, fp16, int8, int8c, each optionally +zlib")
+    p.add_argument("--codec", default="fp32", help="fp32, fp16, int8, int8c, each optionally +zstd or +zlib")
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--input",

@@ -366,7 +366,7 @@ class Controller:
                 bytes=d.bytes.astype(np.int64),
                 float_bytes=d.float_bytes.astype(np.int64),
                 reply_bytes=d.reply_bytes,
-                codecs=dict(zip(d.codecs, d.codec_ratios.tolist(), strict=True)),
+                codecs=d.codec_map(),
             )
         return self._direct[tier]
 

@@ -12,8 +12,10 @@ The model, per candidate cut ``c`` and codec ``k`` (two tiers, device → cloud)
                   + idle_w × (rtt_ms + queue_ms + cloud_ms + reply_ms)   (radio_w: what transmitting adds)
     period_ms   = max(device_ms, transfer_ms, cloud_ms)          (frames pipelined: slowest stage)
 
-``sent_bytes[c, k] = float_bytes[c] × ratio[k] + (bytes[c] - float_bytes[c])``: a codec only shrinks
-the float32 part of the crossing tensors (fp16 = 0.5, int8-affine ≈ 0.25). Everything is precomputed
+``sent_bytes[c, k] = float_bytes[c] × ratio[c, k] + (bytes[c] - float_bytes[c])``: a codec only shrinks
+the float32 part of the crossing tensors. A codec's ratio is one number (fp16 = 0.5, int8-affine ≈ 0.25)
+or, for codecs whose size depends on the values (``+zstd``, ``+zlib``), one per cut, measured on the
+cut's tensors when the model was profiled (``profile.codecratio``). Everything is precomputed
 once per profile pair into numpy arrays (``CostTable``), so evaluating every cut under new link and
 load estimates is a handful of vector operations.
 """
@@ -34,6 +36,12 @@ FloatArray = npt.NDArray[np.float64]
 
 #: Size of the encoded float32 part relative to raw fp32, per codec (headers neglected).
 CODEC_RATIOS: Mapping[str, float] = {"fp32": 1.0, "fp16": 0.5, "int8": 0.25, "int8c": 0.25}
+#: Largest ratio a codec may have at a cut: headers can outweigh a tiny tensor (int8c sends 8 bytes of
+#: parameters per channel; a [1, 1000] tensor has 1000 channels of one element).
+MAX_CODEC_RATIO = 4.0
+
+#: A codec's ratio: one for every cut, or one per cut (in the table's cut order).
+CodecRatio = float | Sequence[float]
 
 DEVICE_CUT = "device"
 CLOUD_CUT = "cloud"
@@ -132,6 +140,19 @@ class Estimate:
     reply_bytes: int = 0
 
 
+def _ratios(codec: str, ratio: CodecRatio, n: int) -> FloatArray:
+    """A codec's ratio at each of ``n`` cuts; ``PlanError`` names the codec and the bad value."""
+    per_cut = np.ndim(ratio) != 0
+    arr = np.array(ratio, dtype=np.float64).reshape(-1)
+    if per_cut and arr.shape != (n,):
+        raise PlanError(f"codec {codec!r}: expected one ratio or {n} (one per cut), got {arr.shape[0]}")
+    top = MAX_CODEC_RATIO if per_cut else 1.0
+    if not np.all((arr > 0) & (arr <= top)):
+        bad = arr[~((arr > 0) & (arr <= top))][0]
+        raise PlanError(f"codec {codec!r}: ratio must be in (0, {top:g}], got {float(bad)!r}")
+    return arr if per_cut else np.full(n, arr[0])
+
+
 class CostTable:
     """Per-cut costs of one model for one (device, cloud) pair, as numpy arrays.
 
@@ -151,7 +172,7 @@ class CostTable:
         bytes: Sequence[int] | npt.NDArray[np.int64],
         float_bytes: Sequence[int] | npt.NDArray[np.int64] | None = None,
         reply_bytes: int | Sequence[int] | npt.NDArray[np.int64] | FloatArray = 0,
-        codecs: Mapping[str, float] | None = None,
+        codecs: Mapping[str, CodecRatio] | None = None,
     ) -> None:
         n = len(ids)
         if n == 0:
@@ -172,11 +193,15 @@ class CostTable:
         codec_map = dict(CODEC_RATIOS if codecs is None else codecs)
         if not codec_map:
             raise PlanError("at least one codec is needed, got none")
-        for name, ratio in codec_map.items():
-            if not (0 < ratio <= 1.0):
-                raise PlanError(f"codec {name!r}: ratio must be in (0, 1], got {ratio!r}")
         self.codecs: tuple[str, ...] = tuple(codec_map)
-        self.codec_ratios = np.array([codec_map[c] for c in self.codecs], dtype=np.float64)
+        # (cuts, codecs): every codec's ratio at every cut; which codecs were given per cut
+        self.codec_ratio_matrix = np.stack([_ratios(c, codec_map[c], n) for c in self.codecs], axis=1)
+        self._per_cut = frozenset(c for c in self.codecs if np.ndim(codec_map[c]) != 0)
+        # One figure per codec (its median over the cuts that send floats, for per-cut codecs): for
+        # summaries; the prices use the matrix.
+        sending = self.float_bytes > 0
+        rows = self.codec_ratio_matrix[sending] if np.any(sending) else self.codec_ratio_matrix
+        self.codec_ratios = np.median(rows, axis=0)
 
         # Structural masks: the device cut sends nothing; the cloud cut runs nothing on the device.
         self.sends = np.array([cut != DEVICE_CUT for cut in self.ids], dtype=bool)
@@ -185,13 +210,33 @@ class CostTable:
         self.tail_ms = np.where(self.sends, self.tail_ms, 0.0)
         # sent bytes per (cut, codec), and the same in ms at 1 Mbit/s (reply included).
         other = self.bytes - self.float_bytes
-        sent = self.float_bytes[:, None] * self.codec_ratios[None, :] + other[:, None]
+        sent = self.float_bytes[:, None] * self.codec_ratio_matrix + other[:, None]
         self.sent_bytes = np.where(self.sends[:, None], np.ceil(sent), 0.0)
         self._send_ms_1mbps = self.sent_bytes * MS_PER_BYTE_AT_1MBPS
         self._reply_ms_1mbps = np.where(self.sends, self.reply_bytes * MS_PER_BYTE_AT_1MBPS, 0.0)
         self._rtt_mask = self.sends.astype(np.float64)
-        for arr in (self.head_ms, self.tail_ms, self.bytes, self.float_bytes, self.sent_bytes, self.reply_bytes):
+        for arr in (
+            self.head_ms,
+            self.tail_ms,
+            self.bytes,
+            self.float_bytes,
+            self.sent_bytes,
+            self.reply_bytes,
+            self.codec_ratio_matrix,
+            self.codec_ratios,
+        ):
             arr.setflags(write=False)
+
+    def codec_map(self) -> dict[str, CodecRatio]:
+        """The ``codecs`` argument that rebuilds this table's ratios (per-cut lists where they were)."""
+        return {
+            c: self.codec_ratio_matrix[:, k].tolist() if c in self._per_cut else float(self.codec_ratio_matrix[0, k])
+            for k, c in enumerate(self.codecs)
+        }
+
+    def per_cut_codecs(self) -> tuple[str, ...]:
+        """The codecs priced per cut (measured on the cut tensors), in table order."""
+        return tuple(c for c in self.codecs if c in self._per_cut)
 
     def to_dict(self) -> dict[str, object]:
         """The table's inputs as plain JSON values (a recorded decision log replays against them)."""
@@ -202,7 +247,7 @@ class CostTable:
             "bytes": [int(b) for b in self.bytes],
             "float_bytes": [int(b) for b in self.float_bytes],
             "reply_bytes": [int(b) for b in self.reply_bytes],
-            "codecs": {c: float(r) for c, r in zip(self.codecs, self.codec_ratios, strict=True)},
+            "codecs": self.codec_map(),
         }
 
     @classmethod
@@ -232,7 +277,11 @@ class CostTable:
 
     @classmethod
     def from_cuts(
-        cls, cuts: Sequence[CutCost], *, reply_bytes: int | Sequence[int] = 0, codecs: Mapping[str, float] | None = None
+        cls,
+        cuts: Sequence[CutCost],
+        *,
+        reply_bytes: int | Sequence[int] = 0,
+        codecs: Mapping[str, CodecRatio] | None = None,
     ) -> CostTable:
         return cls(
             ids=[c.cut for c in cuts],

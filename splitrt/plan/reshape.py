@@ -173,7 +173,7 @@ def scale_table(table: CostTable, at_a: ShapeCosts, at_b: ShapeCosts, *, fixed_m
         bytes=bytes_b.astype(np.int64),
         float_bytes=float_b.astype(np.int64),
         reply_bytes=np.asarray(at_b.reply_bytes, dtype=np.float64),
-        codecs=dict(zip(table.codecs, table.codec_ratios.tolist(), strict=True)),
+        codecs=table.codec_map(),
     )
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from splitrt.errors import ProfileError
 from splitrt.graph import model as graph_mod
-from splitrt.plan.costmodel import CostTable
+from splitrt.plan.costmodel import CODEC_RATIOS, CodecRatio, CostTable
 from splitrt.plan.mincut import Dag, DagTensor
 from splitrt.profile.store import Profile
 
@@ -20,12 +20,14 @@ def cost_table(
     *,
     device_speed_factor: float = 1.0,
     cloud_speed_factor: float = 1.0,
-    codecs: Mapping[str, float] | None = None,
+    codecs: Mapping[str, CodecRatio] | None = None,
 ) -> CostTable:
     """Per-cut costs for planning: head times from ``device``, tail times from ``cloud``.
 
     ``*_speed_factor`` scale measured times (e.g. a board's ``cpu_speed_factor`` to emulate it from a
     host profile). Both profiles must be of the same model (sha256) and list the same cuts.
+    ``codecs`` None: the fixed ratios, plus the per-cut ratios the device profile measured (the device
+    encodes), so a profile made before them plans as it always did.
     """
     if device.sha256 != cloud.sha256:
         raise ProfileError(
@@ -44,7 +46,7 @@ def cost_table(
         bytes=[c.bytes for c in device.cuts],
         float_bytes=[c.float_bytes for c in device.cuts],
         reply_bytes=[device.reply_bytes if c.reply_bytes is None else c.reply_bytes for c in device.cuts],
-        codecs=codecs,
+        codecs=codecs if codecs is not None else {**CODEC_RATIOS, **(device.codec_ratios or {})},
     )
 
 

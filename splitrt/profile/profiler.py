@@ -32,6 +32,7 @@ names, which callers import from here.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import time
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,7 @@ from splitrt.graph.shapes import ShapeBinding
 from splitrt.plan.costmodel import CostTable as CostTable
 from splitrt.plan.mincut import Dag as Dag
 from splitrt.plan.mincut import DagTensor as DagTensor
+from splitrt.profile import codecratio
 from splitrt.profile.anchoring import AnchorTimes, measure_direct, time_anchors
 from splitrt.profile.anchoring import choose_boundaries as choose_boundaries
 from splitrt.profile.costs import cost_table, dag, nested_matrix
@@ -94,8 +96,6 @@ def measure(
     """Profile every candidate cut of ``model_path`` on this machine (anchored method, see module doc).
     With a ``power`` reader, also idle/busy power and each anchor span's energy (``energy.measure_energy``,
     each figure over at least ``energy_window_s``)."""
-    from splitrt.graph import zoo
-
     if runs < 1 or warmup < 0:
         raise ProfileError(f"expected runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     import onnxruntime as ort
@@ -105,12 +105,7 @@ def measure(
     provs = pick_providers(providers)
     g = graph_mod.load(model_path, binding, notice=progress)
     cuts = g.cuts()
-    if feeds is not None:
-        inputs = dict(feeds)
-    elif binding is not None and g.input_shapes is not None:
-        inputs = shapes.valid_inputs(list(g.model.graph.input), g.input_shapes, binding.sample)
-    else:
-        inputs = zoo.random_inputs(model_path)
+    inputs = dict(feeds) if feeds is not None else _inputs(g, model_path, binding)
     rss0 = rss_mb()
     peak = rss0
     progress(f"{Path(model_path).name}: {len(g.nodes)} nodes, {len(cuts)} cuts, provider {provs[0]}, {threads} threads")
@@ -151,6 +146,7 @@ def measure(
             warmup=warmup,
             progress=progress,
         ).to_dict()
+    ratios = codecratio.measure(g, inputs, progress=progress)
     full_ms = times.full_ms
     elapsed = time.perf_counter() - t_start
     progress(f"done in {elapsed:.1f} s: full model {full_ms:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
@@ -190,7 +186,37 @@ def measure(
         segments=result.segments,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         energy=energy,
+        codec_ratios=ratios,
     )
+
+
+def _inputs(g: graph_mod.ModelGraph, model_path: str | Path, binding: ShapeBinding | None) -> dict[str, np.ndarray]:
+    from splitrt.graph import zoo
+
+    if binding is not None and g.input_shapes is not None:
+        return shapes.valid_inputs(list(g.model.graph.input), g.input_shapes, binding.sample)
+    return zoo.random_inputs(model_path)
+
+
+def with_codec_ratios(
+    profile: Profile,
+    model_path: str | Path,
+    *,
+    binding: ShapeBinding | None = None,
+    progress: Progress = stderr_progress,
+) -> Profile:
+    """``profile`` with its per-cut codec ratios (re-)measured (``profile.codecratio``) and nothing else
+    changed: a profile made before them, or on a busy host, keeps its timings."""
+    g = graph_mod.load(model_path, binding, notice=progress)
+    if g.sha256 != profile.sha256:
+        raise ProfileError(
+            f"{Path(model_path).name} has sha256 {g.sha256[:12]}..., the profile is for "
+            f"{profile.sha256[:12]}... ({profile.model.get('name')}): expected the same model"
+        )
+    if tuple(c.id for c in g.cuts()) != profile.cut_ids:
+        raise ProfileError(f"{Path(model_path).name}: the profile lists other cuts: re-profile it")
+    ratios = codecratio.measure(g, _inputs(g, model_path, binding), progress=progress)
+    return dataclasses.replace(profile, codec_ratios=ratios)
 
 
 def _method_facts(
@@ -228,4 +254,5 @@ __all__ = [
     "measure_direct",
     "nested_matrix",
     "save_profile",
+    "with_codec_ratios",
 ]

@@ -138,5 +138,5 @@ def table_at(graph: ModelGraph, device: Profile, cloud: Profile, table: CostTabl
         bytes=head.bytes.astype(np.int64),
         float_bytes=head.float_bytes.astype(np.int64),
         reply_bytes=head.reply_bytes,
-        codecs=dict(zip(head.codecs, head.codec_ratios.tolist(), strict=True)),
+        codecs=head.codec_map(),
     ), pricing

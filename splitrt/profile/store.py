@@ -71,6 +71,9 @@ class Profile:
     # measured power and energy (``profile.energy.EnergyProfile.to_dict()``) when profiled with a power
     # reader; None (absent from the file) otherwise
     energy: dict[str, Any] | None = None
+    # per codec, its size ratio at each cut (``profile.codecratio``), for codecs whose size depends on the
+    # values; None (absent from the file) in profiles made before it: plans then price only the fixed ratios
+    codec_ratios: dict[str, list[float]] | None = None
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -92,8 +95,9 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("_index", None)
-        if d.get("energy") is None:
-            d.pop("energy", None)
+        for key in ("energy", "codec_ratios"):
+            if d.get(key) is None:
+                d.pop(key, None)
         return d
 
 
@@ -200,6 +204,7 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
             created=str(data.get("created", "")),
             notes=str(data.get("notes", "")),
             energy=dict(data["energy"]) if data.get("energy") else None,
+            codec_ratios=_codec_ratios(data.get("codec_ratios"), len(cuts), where),
         )
     except ProfileError:
         raise
@@ -212,6 +217,22 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
         if not all(math.isfinite(v) and v >= 0 for v in values):
             raise ProfileError(f"{p}: cut {c.cut!r} has a negative or non-finite cost: {values}")
     return prof
+
+
+def _codec_ratios(data: Any, n: int, where: str) -> dict[str, list[float]] | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: codec_ratios: expected an object of per-cut lists, got {type(data).__name__}")
+    out: dict[str, list[float]] = {}
+    for name, ratios in data.items():
+        values = [float(r) for r in ratios]
+        if len(values) != n or not all(math.isfinite(r) and r > 0 for r in values):
+            raise ProfileError(
+                f"{where}: codec_ratios[{name!r}]: expected {n} positive ratios (one per cut), got {len(values)}"
+            )
+        out[str(name)] = values
+    return out
 
 
 def file_sha256(path: str | Path) -> str:

@@ -147,7 +147,7 @@ def test_wrong_tensor_name_dtype_shape_are_invalid_argument(server: CloudServer,
     _serves(device)
 
 
-@pytest.mark.parametrize("spec", ["fp32", "int8c", "fp16+zlib"])
+@pytest.mark.parametrize("spec", ["fp32", "int8c", "fp16+zlib", "int8+zstd"])
 def test_truncated_or_garbage_payloads_are_invalid_argument(server: CloudServer, device: Device, spec: str) -> None:
     req = _request(device, "c2", spec)
     good = req.tensors[0].payload

@@ -314,7 +314,7 @@ def test_the_runtime_learns_the_devices_speed_from_its_heads(mg: graph.ModelGrap
         bytes=probe.bytes,
         float_bytes=probe.float_bytes,
         reply_bytes=probe.reply_bytes,
-        codecs=dict(zip(probe.codecs, probe.codec_ratios.tolist(), strict=True)),
+        codecs=probe.codec_map(),
     )
     with AdaptiveDevice(mg, table, [], config=RuntimeConfig(policy="fixed:device"), start_prober=False) as dev:
         for _ in range(10):

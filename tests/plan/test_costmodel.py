@@ -123,3 +123,29 @@ def test_reply_is_priced_per_cut_and_a_single_number_still_loads() -> None:
         CostTable(
             ids=["cloud", "c1", "device"], head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[1, 1, 0], reply_bytes=[1, 2]
         )
+
+
+def test_a_codec_priced_per_cut_sends_its_own_ratio_at_each_cut_and_old_tables_still_load() -> None:
+    """A compressed codec's size depends on the values: its ratio is one per cut (measured when the model
+    was profiled), while fixed-ratio codecs keep one number; a table saved before still loads."""
+    t = CostTable(
+        ids=["cloud", "c1", "device"],
+        head_ms=[0, 10, 20],
+        tail_ms=[20, 10, 0],
+        bytes=[1000, 1000, 0],
+        codecs={"fp32": 1.0, "int8": 0.25, "int8+zstd": [0.22, 0.12, 1.0]},
+    )
+    assert t.sent_bytes[:, t.codec_index("int8+zstd")].tolist() == [220, 120, 0]
+    assert t.sent_bytes[:, t.codec_index("int8")].tolist() == [250, 250, 0]
+    assert t.per_cut_codecs() == ("int8+zstd",)
+    cond = Conditions(link=Link(bandwidth_mbps=1.0, rtt_ms=0.0))
+    assert t.estimate("c1", "int8+zstd", cond).transfer_ms == pytest.approx(0.96)
+    again = CostTable.from_dict(t.to_dict())
+    np.testing.assert_array_equal(again.sent_bytes, t.sent_bytes)
+    assert again.codec_map() == t.codec_map()
+    old = CostTable.from_dict(t.to_dict() | {"codecs": {"fp32": 1.0, "int8": 0.25}})
+    assert old.codecs == ("fp32", "int8") and old.per_cut_codecs() == ()
+    with pytest.raises(PlanError, match=r"codec 'int8\+zstd': expected one ratio or 3 \(one per cut\), got 2"):
+        CostTable(ids=t.ids, head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[1, 1, 0], codecs={"int8+zstd": [0.2, 0.1]})
+    with pytest.raises(PlanError, match=r"ratio must be in \(0, 1\], got 1.5"):
+        CostTable(ids=t.ids, head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[1, 1, 0], codecs={"int8": 1.5})

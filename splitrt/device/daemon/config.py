@@ -106,7 +106,7 @@ TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "objective": ((str,), "latency, energy or throughput", False),
     "deadline_ms": ((int, float), "a number of milliseconds > 0", False),
     "policy": ((str,), "adaptive, route, periodic:SECONDS or fixed:PLAN", False),
-    "codecs": ((list,), "a list of codec names (fp32, fp16, int8, int8c[+zlib])", False),
+    "codecs": ((list,), "a list of codec names (fp32, fp16, int8, int8c[+zstd|+zlib])", False),
     "clouds": ((list,), "a list of HOST:PORT strings", False),
     "edge": ((str,), "HOST:PORT of a server between the device and the clouds (splitrt serve --next)", False),
     "hops": ((list,), "a list of hops after the device, each HOST:PORT or a list of HOST:PORT", False),

@@ -107,7 +107,7 @@ def _scaled(table: CostTable, factor: float) -> CostTable:
         bytes=table.bytes.astype("int64"),
         float_bytes=table.float_bytes.astype("int64"),
         reply_bytes=table.reply_bytes,
-        codecs=dict(zip(table.codecs, table.codec_ratios.tolist(), strict=True)),
+        codecs=table.codec_map(),
     )
 
 

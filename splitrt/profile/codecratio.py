@@ -1,0 +1,93 @@
+"""What each codec does to the bytes of every cut: measured on the cut tensors of one run.
+
+A compressed codec's size depends on the values (ReLU outputs are about half zeros; a network input is
+not), so one ratio per codec misprices it by 2x across the cuts of one model. ``measure`` runs the
+model once on the profile's inputs with every crossing tensor exposed, encodes each float tensor once
+per codec (cuts share tensors: each is encoded once) and gives, per codec and cut, the encoded size of
+the cut's float tensors over their raw size: the ``ratio[c, k]`` the cost table prices
+(``plan.costmodel``). Uncompressed codecs are exact from dtype and shape (``codec.expected_bytes``: the
+int8c headers, 8 bytes a channel, outweigh a [1, 1000] tensor), so they are sized, not encoded.
+
+The ratios are those of the inputs used (random normal by default; real samples with ``--sample``):
+real images compress better at the cut ``cloud`` than noise does, inner ReLU activations about alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from splitrt.errors import ProfileError
+from splitrt.graph import model as graph_mod
+from splitrt.transport import codec
+
+#: The codecs a profile prices per cut: every lossy quantisation and +zstd (fp32's ratio is 1). Not +zlib:
+#: the same bytes as +zstd at 5-15x the CPU time, which the cost model does not price.
+MEASURED: tuple[str, ...] = tuple(c for c in codec.names() if c != "fp32" and not c.endswith("+zlib"))
+#: Ratios are stored rounded: four digits are far below the run-to-run spread of the values.
+DIGITS = 4
+
+
+def _run_exposed(
+    g: graph_mod.ModelGraph, names: Sequence[str], feeds: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Every tensor in ``names`` from one onnxruntime run (graph optimisations off: nothing fused away)."""
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(g.model)
+    have = {o.name for o in m.graph.output}
+    inputs = {i.name for i in m.graph.input}
+    wanted = [n for n in names if n not in inputs]
+    for name in wanted:
+        if name not in have:
+            m.graph.output.append(onnx.ValueInfoProto(name=name))  # untyped: onnxruntime infers it
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        outs = sess.run(wanted, dict(feeds))
+    except Exception as exc:
+        raise ProfileError(f"{g.path.name}: running the model to size the codecs failed: {exc}") from exc
+    got = {n: np.asarray(v) for n, v in zip(wanted, outs, strict=True)}
+    got.update({n: np.asarray(feeds[n]) for n in names if n in inputs})
+    return got
+
+
+def measure(
+    g: graph_mod.ModelGraph,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    codecs: Sequence[str] = MEASURED,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, list[float]]:
+    """``{codec: [ratio per cut of g.cuts()]}``; 1.0 where a cut sends no float tensor (the ratio then
+    multiplies zero bytes)."""
+    cuts = g.cuts()
+    names = sorted({t.name for c in cuts for t in c.tensors})
+    values = _run_exposed(g, names, feeds)
+    specs = [str(codec.Codec.parse(k)) for k in codecs]
+    sizes: dict[tuple[str, str], int] = {}
+    for i, name in enumerate(names):
+        arr = values[name]
+        if arr.dtype.kind != "f":
+            continue
+        for spec in specs:
+            if "+" in spec:
+                with np.errstate(over="ignore"):  # fp16 of values past 65504: inf, same size
+                    sizes[name, spec] = codec.encode(name, arr, spec, copy=False).nbytes
+            else:
+                sizes[name, spec] = codec.expected_bytes(arr.dtype.name, tuple(arr.shape), spec, name=name)
+        if progress is not None and (i + 1) % 50 == 0:
+            progress(f"codec ratios: {i + 1}/{len(names)} tensors encoded")
+    out: dict[str, list[float]] = {s: [] for s in specs}
+    for c in cuts:
+        floats = [t.name for t in c.tensors if values[t.name].dtype.kind == "f"]
+        raw = sum(int(values[t].nbytes) for t in floats)
+        for spec in specs:
+            ratio = sum(sizes[t, spec] for t in floats) / raw if raw else 1.0
+            out[spec].append(max(round(ratio, DIGITS), 10.0**-DIGITS))  # an all-zero tensor: > 0 still
+    return out

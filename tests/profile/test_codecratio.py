@@ -1,0 +1,81 @@
+"""Per-cut codec ratios: measured on the real cut tensors, stored in profiles, priced by plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from splitrt.device.client import Device, DeviceConfig
+from splitrt.errors import ProfileError
+from splitrt.graph import model as graph
+from splitrt.graph import zoo
+from splitrt.plan import solver
+from splitrt.plan.costmodel import CODEC_RATIOS, Conditions, Link
+from splitrt.profile import codecratio, profiler
+from splitrt.transport import codec
+
+
+@pytest.fixture(scope="module")
+def squeeze() -> tuple[graph.ModelGraph, dict[str, list[float]]]:
+    g = graph.load(zoo.get("squeezenet"))
+    return g, codecratio.measure(g, zoo.random_inputs(g.path))
+
+
+def test_ratios_are_what_the_device_sends_at_each_cut(squeeze: tuple[graph.ModelGraph, dict[str, list[float]]]) -> None:
+    """The device's own head (optimised session) on the same inputs: its encoded crossing tensors are the
+    measured ratio of the float bytes (the unoptimised run differs in the last bits only)."""
+    g, ratios = squeeze
+    ids = [c.id for c in g.cuts()]
+    assert set(ratios) == set(codecratio.MEASURED) and all(len(v) == len(ids) for v in ratios.values())
+    with Device(g.path, config=DeviceConfig(intra_op_threads=1)) as dev:
+        x = zoo.random_inputs(g.path)
+        for cut in ("cloud", ids[len(ids) // 3], ids[2 * len(ids) // 3]):
+            head = dev.run_head(x, cut)
+            raw = sum(a.nbytes for a in head.crossing.values() if a.dtype.kind == "f")
+            for spec in ("int8+zstd", "fp32+zstd", "int8c"):
+                sent = sum(codec.encode(n, a, spec).nbytes for n, a in head.crossing.items() if a.dtype.kind == "f")
+                assert ratios[spec][ids.index(cut)] == pytest.approx(sent / raw, abs=0.01), (cut, spec)
+    k = ratios["int8+zstd"]
+    # ReLU activations compress (about half zeros); the random-normal input does not, past int8's 0.25.
+    assert min(k[1:-1]) < 0.15 < k[0] < 0.25
+    assert ratios["fp32+zstd"][0] > 0.85
+
+
+def test_profiles_keep_them_and_plans_choose_them(
+    squeeze: tuple[graph.ModelGraph, dict[str, list[float]]], tmp_path: Path
+) -> None:
+    g, ratios = squeeze
+    old = profiler.load_profile("x86_64-2core__squeezenet.json", sha256=g.sha256)
+    before = dataclasses.replace(old, codec_ratios=None)
+    assert profiler.cost_table(before, before).codecs == tuple(CODEC_RATIOS)  # a profile from before
+    prof = dataclasses.replace(old, codec_ratios=ratios)
+    profiler.save_profile(prof, tmp_path / "p.json")
+    again = profiler.load_profile(tmp_path / "p.json")
+    assert again.codec_ratios == ratios
+    table = profiler.cost_table(again, again)
+    assert set(table.per_cut_codecs()) == set(codecratio.MEASURED)
+    # a slow board on a slow link: the per-cut compressed codec beats every fixed-ratio one, and plans take it
+    cond = Conditions(link=Link(bandwidth_mbps=10.0, rtt_ms=20.0), device_load=30.0)  # a slow board
+    best = solver.solve(table, cond, codecs=None)
+    assert best.codec.endswith("+zstd") and best.cut != "device"
+    fixed = solver.solve(table, cond, codecs=list(CODEC_RATIOS))
+    assert best.predicted_ms < fixed.predicted_ms
+    bad = json.loads((tmp_path / "p.json").read_text())
+    bad["codec_ratios"]["int8+zstd"] = bad["codec_ratios"]["int8+zstd"][:-1]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ProfileError, match=r"codec_ratios\['int8\+zstd'\]: expected \d+ positive ratios"):
+        profiler.load_profile(tmp_path / "bad.json")
+
+
+def test_with_codec_ratios_keeps_the_timings_and_refuses_another_model() -> None:
+    g = graph.load(zoo.get("squeezenet"))
+    old = profiler.load_profile("x86_64-2core__squeezenet.json", sha256=g.sha256)
+    new = profiler.with_codec_ratios(dataclasses.replace(old, codec_ratios=None), g.path, progress=lambda s: None)
+    assert new.cuts == old.cuts and new.codec_ratios is not None
+    assert np.allclose(new.codec_ratios["int8+zstd"], old.codec_ratios["int8+zstd"], atol=0.01)  # type: ignore[index]
+    with pytest.raises(ProfileError, match="expected the same model"):
+        profiler.with_codec_ratios(old, zoo.get("tiny_chain"), progress=lambda s: None)

@@ -118,6 +118,8 @@ class Settings:
     budget_mb: float = 1024.0
     hard_cap_mb: float = 3072.0
     quick: bool = False
+    # More ``splitrt serve`` arguments (e.g. ``--log-every-request`` to see each request's queue and tail ms).
+    serve_args: tuple[str, ...] = ()
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -173,6 +175,7 @@ class Server:
             argv += ["--max-store-mb", str(STORE_CAP_MB)]
         if "--max-models" in flags:
             argv += ["--max-models", str(MAX_MODELS)]
+        argv += list(settings.serve_args)
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         limit = SERVER_NOFILE if hard == resource.RLIM_INFINITY else min(SERVER_NOFILE, hard)
         prlimit = shutil.which("prlimit")
@@ -1419,6 +1422,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--logs", type=Path, metavar="DIR", help="keep each row's server log here (<row>.log)")
     ap.add_argument("--render", type=Path, metavar="FILE", help="print the table of a saved --json run")
+    ap.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for every row's splitrt serve (repeatable; e.g. --serve-arg=--log-every-request)",
+    )
     args = ap.parse_args(argv)
     if args.render is not None:
         print(report(json.loads(args.render.read_text())))
@@ -1428,7 +1438,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick
         else Settings(baseline_s=3.0, attack_s=5.0, recover_cap_s=6.0, drain_s=2.0)
     )
-    s = Settings(**{**s.__dict__, "budget_mb": args.budget_mb, "hard_cap_mb": args.hard_cap_mb})
+    s = Settings(
+        **{
+            **s.__dict__,
+            "budget_mb": args.budget_mb,
+            "hard_cap_mb": args.hard_cap_mb,
+            "serve_args": tuple(args.serve_arg),
+        }
+    )
     names = args.rows.split(",") if args.rows else (QUICK_ROWS if s.quick else [a.name for a in attacks()])
     chosen = [a for a in attacks() if a.name in names]
     if not chosen:

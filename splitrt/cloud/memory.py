@@ -101,14 +101,18 @@ class MemoryBudget:
     """Bytes reserved against ``limit_bytes - baseline_bytes``; ``limit_bytes`` None: no limit (an
     in-process server, whose process is not its own). Evictors free cache entries on demand."""
 
-    def __init__(self, limit_bytes: int | None, baseline_bytes: int = 0) -> None:
-        if limit_bytes is not None and limit_bytes <= baseline_bytes:
+    def __init__(self, limit_bytes: int | None, baseline_bytes: int = 0, headroom_bytes: int = 0) -> None:
+        if limit_bytes is not None and limit_bytes <= baseline_bytes + headroom_bytes:
             raise ConfigError(
                 f"max_memory_bytes: expected more than the {baseline_bytes / MB:.0f} MB the process "
-                f"holds at start, got {limit_bytes / MB:.0f} MB"
+                f"holds at start and {headroom_bytes / MB:.0f} MB of headroom, got {limit_bytes / MB:.0f} MB"
             )
         self.limit_bytes = limit_bytes
         self.baseline_bytes = baseline_bytes
+        # Kept out of what is reserved: the estimates' error margin. A server plans below the RSS at which
+        # its watch terminates runs (``watch_limit``), not up to the budget, or the watch would terminate
+        # requests (a legit one as likely as any) whenever the ledger is full and the estimates are low.
+        self.headroom_bytes = headroom_bytes
         self._lock = threading.Lock()
         self.used_bytes = 0
         self.peak_bytes = 0
@@ -117,7 +121,9 @@ class MemoryBudget:
 
     @property
     def available_bytes(self) -> float:
-        return float("inf") if self.limit_bytes is None else float(self.limit_bytes - self.baseline_bytes)
+        if self.limit_bytes is None:
+            return float("inf")
+        return float(self.limit_bytes - self.baseline_bytes - self.headroom_bytes)
 
     def add_evictor(self, evict: Callable[[int], int]) -> None:
         """``evict(n)`` frees (``release``) at least ``n`` bytes of unused entries if it can; returns

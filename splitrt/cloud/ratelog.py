@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from splitrt.cloud.admission import current_client
 from splitrt.cloud.common import log_event
 
 __all__ = ["RateLog"]
@@ -56,11 +57,13 @@ class RateLog:
 
     def request(self, event: str, level: int = logging.INFO, *, code: str, **fields: Any) -> None:
         """One served request: logged whole (``every_request``, or among the first ``burst`` of its code in
-        the interval), else counted as ``<event>:<code>`` in the interval's summary."""
+        the interval), else counted as ``<event>:<code>`` in the interval's summary; with its client (the
+        peer address the front door admitted it for)."""
+        peer = current_client()
         if self.every_request:
-            log_event(event, level, code=code, **fields)
+            log_event(event, level, peer=peer, code=code, **fields)
         else:
-            self.event(event, level, kind=f"{event}:{code}", code=code, **fields)
+            self.event(event, level, peer=peer, kind=f"{event}:{code}", code=code, **fields)
 
     def flush(self, force: bool = False) -> None:
         """At the end of an interval: one ``suppressed`` line if anything was (the watchdog calls this

@@ -462,4 +462,5 @@ def _budget(config: ServerConfig) -> MemoryBudget:
 
     # What starting adds (gRPC's server and threads: ~4 MB) and the first session's one-time set-up
     # (onnxruntime's thread pools and kernel registry: ~15-25 MB measured) belong to no cache entry.
-    return MemoryBudget(config.max_memory_bytes, rss_bytes() + STARTUP_BYTES)
+    limit = config.max_memory_bytes
+    return MemoryBudget(limit, rss_bytes() + STARTUP_BYTES, headroom_bytes=limit - (watch_limit(limit) or limit))

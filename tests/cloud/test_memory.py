@@ -45,8 +45,13 @@ def test_budget_evicts_then_refuses_naming_need_and_free() -> None:
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "a big request: needs ~900 MB" in info.value.message and "--max-memory-mb 1000" in info.value.message
     assert b.refused == 1 and held == {}  # it tried: everything evictable went first
-    with pytest.raises(ConfigError, match="expected more than the 200 MB the process holds at start, got 100 MB"):
+    with pytest.raises(ConfigError, match="expected more than the 200 MB the process holds at start and 0 MB"):
         MemoryBudget(100 * MB, 200 * MB)
+    # The headroom (the estimates' margin, below the RSS watch's line) is never reserved.
+    h = MemoryBudget(1000 * MB, 200 * MB, headroom_bytes=64 * MB)
+    assert h.available_bytes == 736 * MB and h.try_reserve(736 * MB) and not h.try_reserve(1)
+    with pytest.raises(ConfigError, match="200 MB the process holds at start and 64 MB of headroom, got 250 MB"):
+        MemoryBudget(250 * MB, 200 * MB, headroom_bytes=64 * MB)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,12 @@
 """`splitrt status HOST:PORT...`: a fleet of cloud servers at a glance (load, served, errors), once or
 refreshed every ``--watch`` seconds (``splitrt top`` is the same with ``--watch 2``); ``--json`` prints
-one JSON object per refresh, ``--count N`` stops after N refreshes."""
+one JSON object per refresh, ``--count N`` stops after N refreshes.
+
+- ``splitrt status HOST:PORT... [--watch S] [--count N] [--json] [--token-file F] [--tls-ca F]`` and ``splitrt
+  top`` (= ``--watch 2``; ``cli.status``): each server's ``Status`` as a row (load, service_ms, served,
+  served/s, errors by code; a dead one ``up: false`` with the error); ``--json`` one object per refresh; exit 1
+  if any is down.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,14 @@
-"""How busy the server is: bounded admission of requests, and the host CPU it reports as load."""
+"""How busy the server is: bounded admission of requests, and the host CPU it reports as load.
+
+- Load in every reply, ``Probe`` and ``Status`` (``pb.Load``): ``queue_depth`` (admitted: waiting + running; an
+  InferReply's counts its own request), ``running``, ``workers``, ``cpu_percent``, ``service_ms`` (EWMA of tail
+  times, every model and cut; ``SegmentInfo.service_ms`` per model and cut), ``max_queue``; ``Status.errors`` /
+  ``errors_by_code`` (Infer requests and frames). A full queue is refused before anything is checked or decoded:
+  RESOURCE_EXHAUSTED, message ``... retry after N ms``, trailing metadata ``retry-after-ms``
+  (``wire.RETRY_AFTER_KEY``; stream frames: ``Error.retry_after_ms``) = the wait of a request arriving now
+  (``expected_wait_ms``, 5 ms - 10 s); the transport maps it to ``CloudError.retry_after_ms`` (None otherwise).
+  Proto fields 30-39 are the load/admission/metrics ones.
+"""
 
 from __future__ import annotations
 

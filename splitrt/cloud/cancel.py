@@ -6,6 +6,13 @@ so setting it from another thread makes ``run`` raise soon after. Each run gets 
 (``Run.options``); one watchdog thread sets it at the deadline (a heap of deadlines) and samples the
 process's RSS while anything runs. A model can still hold a worker inside one long kernel; ``splitrt
 serve`` then exits at the end of its drain anyway (``cli.serve``).
+
+- ``Canceller(rss_limit_bytes=, rss=)``: ``.run(session, outputs, feeds, *, what, deadline (monotonic), token)``
+  gives each run a ``RunOptions`` and sets ``terminate`` at the deadline (DEADLINE_EXCEEDED), on the call's
+  ``CallToken`` (CANCELLED; ``servicer.call_token(context)`` fires it from ``context.add_callback``), over the
+  RSS limit (RESOURCE_EXHAUSTED, newest run) and on ``.cancel_all`` (shutdown: UNAVAILABLE).
+  ``CloudServer.stop`` cancels what still runs at ``grace - min(2, grace/4)``; ``.busy()``; ``splitrt serve``
+  then ``os._exit``s if work is still stuck (a kernel, a graph load).
 """
 
 from __future__ import annotations

@@ -22,6 +22,21 @@ Per call, in order:
    come. A Watch stream ends after ``watch_max_age_s`` (UNAVAILABLE: watch again).
 4. Every call's outcome is counted by method and status code (``Status``-independent: metrics), and
    every failure the handler does not log itself is logged (rate-limited).
+
+- The front door (``cloud.frontdoor.FrontDoor``, the server's one interceptor): every method is re-registered as
+  a request-streaming handler, so auth (``cloud.auth.Tokens``, metadata only), the per-address throttle
+  (``auth.AuthThrottle``, pure, ``now_s`` passed in) and lane admission run before the body is read; the message
+  is then read under a ``cloud.watchdog.Lease`` (the ``Watchdog`` thread cancels the call with the lease's
+  status). Lanes ``infer``/``status``/``health``/``watch`` (``lane_of(method)``), caps and per-address caps from
+  ``ServerConfig.limits`` (``cloud.limits.Limits``, which also gives the gRPC core connection options and the
+  fd-derived connection cap). ``FrontDoor.snapshot()`` counts every call by (method, code) and refusals by
+  reason (metrics ``splitrt_cloud_calls_total{method,code}`` etc.); refusals and failures are logged through
+  ``cloud.ratelog.RateLog`` (a burst per kind per interval, then one ``suppressed`` line).
+  ``servicer.remaining_s(context, default)`` bounds a call's time left (no deadline: ``default_deadline_s``).
+  ``cloud.shedder.Shedder`` (on the watchdog's tick, Linux ``/proc``) shuts down (``shutdown(2)``, never
+  ``close``) the oldest idle connections above 90% of the connection cap, down to 80%.
+  ``splitrt.rig.rawh2.RawConnection`` is a hand-framed HTTP/2 client for tests and benchmarks that must send
+  half a message.
 """
 
 from __future__ import annotations

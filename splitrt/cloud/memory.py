@@ -10,6 +10,14 @@ request is the client's to retry or finish locally.
 
 The figures are estimates (what each costs is measured once, below, and scaled): the ledger bounds
 what the server *decides* to hold, ``MemoryWatch`` checks the process's real RSS beside it.
+
+- ``MemoryBudget(limit_bytes | None, baseline_bytes)``: ``.reserve(n, what) -> n`` (evicts through the evictors
+  registered with ``.add_evictor(fn(n) -> freed)``, then RESOURCE_EXHAUSTED naming need and free),
+  ``.release(n)``, ``.try_reserve``, ``.snapshot()``. ``CloudServer.budget`` is one per server
+  (``ServerConfig.max_memory_bytes``, None: unlimited; ``splitrt serve`` defaults to 1792 MiB); its baseline is
+  the RSS at construction + ``STARTUP_BYTES``. Estimates: ``session_bytes``, ``build_peak_bytes``,
+  ``graph_bytes``, ``LOAD_PEAK_FACTOR`` (each comment says how it was measured); ``trim()`` is glibc's
+  ``malloc_trim``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@ errors by gRPC status code, histograms of the tail's run time and of the server-
 smoothed service time per request (all models and cuts: what a queued request waits behind) and per
 model and cut (``Status`` segments). The text is rendered by ``splitrt.transport.promtext``, as the
 device daemon's is.
+
+- Metrics (``cloud.metrics``): ``ServerConfig(metrics_port=None | 0 | N, metrics_host="127.0.0.1")`` serves
+  Prometheus text (``render(server)``) on ``CloudServer.metrics_url`` from ``start()`` to ``stop()`` (the
+  ``listening`` event names it; a taken port is ``ConfigError`` before gRPC serves); ``splitrt serve
+  --metrics-port N``. ``CloudServer.stats`` (``ServerStats``): ``.observe(...)`` per request, ``.service_ms()``,
+  ``.segment_service_ms(sha, cut)``, ``.errors()``, ``.refused``, ``.retry_after_ms(queue_depth=, workers=)``.
 """
 
 from __future__ import annotations

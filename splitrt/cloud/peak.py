@@ -10,6 +10,10 @@ estimate. onnxruntime plans its buffers the same way (freed after the last use),
 the run needs give or take kernels' scratch space. A tensor whose size shape inference cannot tell (data
 dependent: NonZero, a Loop's outputs) counts 0 and is reported in ``Estimate.unknown``; those are bounded
 by the process's memory watch instead (``splitrt.cloud.cancel``).
+
+- ``peak.skeleton(model)`` (the segment without large weights' data), ``PeakEstimator.estimate(key, skeleton,
+  shapes) -> Estimate(peak_bytes, unknown)``: tensors alive from producer to last consumer at the request's
+  shapes; ``request_path.request_bytes`` refuses beyond ``max_request_bytes`` (x1.2 for kernels' scratch).
 """
 
 from __future__ import annotations

@@ -6,7 +6,21 @@ client cancel, shutdown, memory), then either the reply or, for a request naming
 forward to the server's next hop (``nexthop``) with B's tail run here when the next hop fails or there is
 none, and the reply's encoding.
 
-A request for cut A runs A's tail (``"A"``); one with ``next_cut_id`` B runs A -> B (``"A>B"``)."""
+A request for cut A runs A's tail (``"A"``); one with ``next_cut_id`` B runs A -> B (``"A>B"``).
+
+- Paths of tiers (``cloud.request_path``, one request path for every server; ``cloud.nexthop``):
+  ``ServerConfig.next_tier = NextTier(address, token, tls_ca_path, reserve_s, timeout_s, backoff_*)`` (``splitrt
+  serve --next HOST:PORT``) gives a server a next hop. An ``InferRequest`` with ``next_cut_id`` B runs cut_id A
+  -> B here (``TailCache`` key ``"A>B"``, leased like a tail: ``partition.split(graph, [A, B])[1]``) and
+  forwards B's crossing tensors (``next_codec``) to the next tier as an ordinary request; its outputs return
+  undecoded. B = ``device``: nothing forwarded. B before A: INVALID_ARGUMENT naming both; unknown cut:
+  NOT_FOUND. The next tier failing (or none configured) is never the device's error: the edge runs B's tail
+  itself and sets ``InferReply.next_error`` (then skips the next tier for a doubling backoff). Replies carry
+  ``edge_ms`` (arrival to reply), ``next_ms``, ``next_tail_ms``, ``next_queue_ms``, ``next_bytes_up/down``,
+  ``next_address``, ``next_load``; ``Probe`` with ``next_probe`` probes the next tier with
+  ``next_payload_bytes``/``next_reply_bytes`` (``ProbeReply.next_ms``/``next_error``); ``Status.next_address``.
+  No worker slot is held while the forward is on the wire. Proto fields 20-29 are the three-tier ones.
+"""
 
 from __future__ import annotations
 

@@ -30,6 +30,18 @@ the same for every server on a path of tiers), ``nexthop`` (the link to the next
 ``inputs`` (checking and decoding a request's tensors), ``upload`` (PutModel), ``servicer`` (the gRPC
 methods; ``CloudServer.servicer`` is the instance ``start`` registers), ``auth`` (bearer tokens) and
 ``common`` (``RpcFailure``, ``log_event``), ``security`` (what a configuration exposes).
+
+- ``CloudServer(ServerConfig(models_dir=..., port=0, ...)).start() -> port``; ``.address``, ``.stop(grace_s)``;
+  context manager. Models keyed by sha256 of the file bytes; tails built via ``partition.split`` and kept in an
+  LRU; statuses: NOT_FOUND (model/cut), INVALID_ARGUMENT (tensor name/dtype/shape, codec payload, Infer bytes
+  that do not parse: the message names the expected message type), RESOURCE_EXHAUSTED (queue full, message too
+  big, a tensor or the request's tensors decoding to more than ``max_decoded_bytes``, default 4 x
+  ``max_message_bytes``), DEADLINE_EXCEEDED, UNAUTHENTICATED, PERMISSION_DENIED (upload disabled),
+  FAILED_PRECONDITION (a stored model that does not load, split or run). Bytes that do not parse are
+  INVALID_ARGUMENT on every method, never INTERNAL (``grpc.health.v1.Health`` Check/Watch too:
+  ``servicer.add_health``). Names/dtypes/shapes/decoded sizes are checked on arrival; tensors are decoded only
+  once the request holds a worker slot (at most ``workers`` decode at once). JSON-line logs on logger
+  ``splitrt.cloud``; tokens are never logged (``ServerConfig.tokens`` has no repr).
 """
 
 from __future__ import annotations

@@ -4,6 +4,12 @@ The cache is bounded in bytes through the server's ``MemoryBudget`` (``splitrt.c
 reserves its session's estimated bytes first, evicting the least recently used sessions no request is
 running; the ``capacity`` (entries) is a second, coarser bound. A build runs in a worker slot (it is
 as heavy as a request: clients naming many cuts must queue for slots, not build side by side).
+
+- ``TailCache(store, capacity, intra_op_threads, *, budget, slot, release_slot)``: ``.lease(sha, cut,
+  timeout_s=)`` pins a tail (never evicted while leased), ``.get(...)``; a build runs in a worker slot, reserves
+  ``build_peak_bytes`` and keeps ``session_bytes`` (``Tail.bytes``); ``.evict(n)``, ``.held_bytes()``,
+  ``.evicted``. ``ModelStore(root, *, budget, max_nodes)``: graphs in an LRU charged to the budget
+  (``.evict(n)``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,16 @@ Nothing is lost when a tier dies:
   then plans with the edge finishing (second cut ``device``) until a probe through the edge succeeds;
 - the edge -> the device sends the same head output straight to the cloud (two tiers, when it knows
   the cloud), else finishes locally; the edge is probed again after a backoff.
+
+- ``ChainDevice(model, device_tbl, edge_tbl, cloud_tbl, *, edge="host:port", cloud=None, config=ChainConfig(
+  deadline_ms, controller, link, backoff_*, prober_interval_s, probe_timeout_s), clock, start_prober=True)``:
+  ``.infer(inputs) -> ChainOutcome(plan, route, finished_by in {cloud, edge, device}, fallback, outputs,
+  decision, result)``; raises only for bad inputs. One ``LinkEstimator`` per hop (hop 1: round trip minus
+  ``edge_ms``; hop 2: ``next_ms`` minus the cloud's times, and probes through the edge; a round that probes
+  bandwidth sends an RTT probe first, as the two-tier prober does), a ``LoadEstimator`` per tier. The cloud is
+  the edge's ``Status.next_address`` unless given. Edge down -> the head's output straight to the cloud, else
+  locally; ``next_error`` -> the next hop is down until a probe through the edge succeeds after its backoff; a
+  down tier is re-probed on a fresh channel. ``.probe_once()``, ``.status()``, ``.close()``.
 """
 
 from __future__ import annotations

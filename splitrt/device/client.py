@@ -17,6 +17,27 @@ with its own ``upload_timeout_s``; on the request path with a deadline (``send(.
 upload is never waited for: it starts in a background thread (one per cloud and model in this process)
 and the request fails at once with a retryable ``CloudError`` (``UNAVAILABLE``), so the caller finishes
 it locally and a later request finds the model there (``splitrt.device.upload``).
+
+- ``Device(model_or_graph, "host:port", config=DeviceConfig(...))``: ``.run(inputs, cut=, codec_spec=)``,
+  ``.run_detailed(...) -> SplitResult`` (outputs + head/encode/rpc/tail/queue ms, ``build_ms`` (the cloud built
+  the tail session for this request: ``InferReply.build_ms``, never in ``queue_ms``), bytes, cloud load),
+  ``.run_head(inputs, cut) -> HeadResult(crossing: what is sent, kept: graph outputs already here)``,
+  ``.send(head, timeout_s=None) -> SplitResult`` (raises ``CloudError(code=<grpc status name>,
+  retryable=...)``), ``.finish_locally(head) -> SplitResult`` (the fallback), ``.run_local(inputs)``,
+  ``.stream(frames, cut=)``, ``.probe(up_bytes, down_bytes) -> ProbeResult``, ``.status(timeout_s=None)``. Cut
+  ``device`` never touches the network. Three tiers: ``.send(head, ..., next_cut=B)`` asks an edge to run up to
+  B and forward (``SplitResult.hops: Hops(edge_ms, next_ms, next_tail_ms, next_queue_ms, next_bytes_up/down,
+  forwarded, next_error_code, ...)``); ``.probe(up, down, next_bytes=(up2, down2))`` probes through an edge
+  (``ProbeResult.next_ms``, None when that hop failed).
+- ``.ensure_model(force=False, *, timeout_s=None, wait_upload=True)``: one ``Status`` check per ``Device``; a
+  failed check is re-raised without an RPC for ``check_backoff_s`` (``force`` bypasses). A missing model is
+  uploaded if ``DeviceConfig.upload`` and the server allow it, with ``upload_timeout_s``: inline
+  (``wait_upload``), or in a background thread (one per cloud and model per process; ``.upload_in_progress()``)
+  while the call raises a retryable ``UNAVAILABLE``. ``send(head, timeout_s=T)`` keeps the whole request (check
+  included) within ``T`` and never waits for an upload (background); ``send`` without ``timeout_s`` (the
+  blocking API: ``run``, ``stream``, the CLI) uploads inline, then gives the call its full
+  ``DeviceConfig.timeout_s``. Replies are decoded under a cap of 4 x ``max_message_bytes`` (a larger claimed
+  tensor is ``DATA_LOSS``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,12 @@ but the finder logs a warning naming it before it enters any device's list, once
 Discovery only says where servers are; liveness comes from the runtime's probes and failover, so a
 server that vanishes from mDNS is dropped from the list but a server still listed and dead costs
 at most one failed RPC (then the next cloud, or the local tail).
+
+- ``plan_clouds(servers, model_sha256, rtt_ms_by_address, static=(), *, tail_ms=10) -> list[str]`` (pure):
+  static first, then the servers that serve the model, ``discovery.rank``ed; no duplicates.
+- ``CloudFinder(devices, *, static=(), interfaces=None, browse=True, rerank_s=2)``: owns the devices' cloud
+  lists (``AdaptiveDevice.set_clouds``) from a ``Browser``; ``.update(snapshot)`` feeds it by hand
+  (``browse=False``), ``.wait_for_cloud(timeout_s) -> bool``, ``.close()``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,49 @@ their shape signature; the first request of an unseen signature gets a table sca
 controller and policy (own hysteresis), kept in a bounded LRU. The profiled signature keeps the table
 as given. Every decision records its signature (``extra["shape"]``): ``reshape.replay_by_shape``
 replays such a log.
+
+- ``AdaptiveDevice(model, table, clouds=[...], *, config=RuntimeConfig(...), device_config, power, log,
+  clock=time.monotonic, start_prober=True, connect=None)``: ``connect(address) -> Transport`` makes each cloud's
+  transport (again after a failure: a fresh one); None: the gRPC (or v2) transport from ``device_config``.
+  Runtime tests that need a working cloud, not sockets, pass ``tests/fakecloud.FakeCloud .connect`` (a real
+  servicer through ``InProcessTransport``). ``.infer(inputs, *, request=None, deadline_ms=None) ->
+  Outcome(request, outputs, plan, latency_ms, fallback, server, decision, result, fallback_reason)`` (why the
+  tail ran here: each cloud's error, or no time left; also ``decision.extra["fallback_reason"]``); raises only
+  for bad inputs (an onnxruntime error on the device is ``InputError``). ``.set_clouds([...])`` (order =
+  preference among equals), ``.clouds()``, ``.status()``, ``.stats``, ``.close()``.
+- ``RuntimeConfig(deadline_ms, policy="adaptive" | "periodic:S" | "fixed:PLAN", controller, link,
+  backoff_initial_s, backoff_max_s, prober_interval_s, probe_timeout_s, balance=BalanceConfig(), ...)``.
+- The deadline holds with a local fallback (``device.deadline.rpc_timeout_ms``): an RPC gets what is left of the
+  deadline once the local finish (its profiled time x device load x ``LOCAL_SAFETY`` 1.5, plus
+  ``LOCAL_SLACK_MS`` 10) is kept in reserve; with nothing left the cloud is not asked (``ChainDevice`` the
+  same).
+- Several clouds (``device.balancer.Balancer``, one turn per request): every request orders the admitting clouds
+  with ``plan.balance.order`` (queue estimate, RTT, this device's requests on the wire to each:
+  ``Cloud.inflight``, ``Cloud.workers``), is planned with the first one's queue, and tries them in that order,
+  then finishes locally: a cloud that dies mid-request costs a retry, never the request. With two or more
+  candidates the decision carries ``extra["balance"]`` (``Choice.to_json()``), which ``plan.balance.replay``
+  recomputes. ``Cloud.served`` counts what each answered (``.clouds()`` lists it). Servers keep nothing per
+  device or request (tails keyed by model sha256 + cut, shape-generic): any server holding the model serves any
+  request, so one more server is more capacity.
+- A refused connection marks a cloud down at once, a timeout only the second time in a row; a down cloud is
+  probed again after exponential backoff on a fresh channel.
+- Queue (``Cloud.queue``, a ``plan.queueing.QueueEstimator`` per cloud): fed by every reply's ``Load`` (own
+  request subtracted; not its ``queue_ms``: the wait one request met; a first session build is ``build_ms``) and
+  by probes; the first cloud the request may go to gives the decision's ``LoadEstimate.queue_ms``. A
+  RESOURCE_EXHAUSTED with a retry hint is not a failure: that request finishes locally (or on the next cloud),
+  ``stats["refused"]`` counts it, and the cloud is left out of plans (``Clouds.admitting(now)``) until the hint
+  expires.
+- The prober probes a live cloud only when the link estimate is stale and no request is on the wire (for up to 8
+  rounds; then anyway): an RTT probe (64 B) always, a bandwidth probe (two back to back, the second counted,
+  where the kernel restarts slow start after idle: ``bandwidth_probe_pairs=None`` reads
+  ``net.ipv4.tcp_slow_start_after_idle``; True/False force it) only when no transfer refreshed bandwidth.
+- Every request feeds ``LoadEstimator.add_head(now, measured_ms=, profiled_ms=)`` (the whole model's time on the
+  device plan): the device's real speed over the profile, net of the utilisation factor.
+- Per-shape plans: the table given was profiled at ``table_shapes`` (default: the bound graph's
+  ``input_shapes``, else the first request's). A request of another input-shape signature gets, once, a table
+  scaled from it (``plan.reshape.scale_table`` on ``graph.rebind.cut_costs_at``) and its own controller (LRU of
+  ``RuntimeConfig.max_shapes``); decisions carry ``extra["shape"]``, and ``plan.reshape.replay_by_shape``
+  replays such logs. ``.shape_plans()``, ``.table_for(sig)``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,14 @@ describe data without arithmetic (``ZERO_COST``) count 0: ``tests/graph/test_flo
 op type in the zoo or the real-weights models that counts 0.
 
 Symbolic dims count as 1 (unbound graphs); an unknown shape falls back to the largest known operand.
+
+- ``node_flops(node, shape_of) -> float`` (what ``.node_flops`` holds): multiply-adds x2 for convolutions,
+  matrix products, recurrent cells (LSTM/GRU/RNN, DynamicQuantizeLSTM), attention (``com.microsoft``
+  Attention/MultiHeadAttention, ONNX Attention), Einsum and their integer/QLinear forms (the same count as the
+  float op); a few FLOPs per element for elementwise, normalisation, pooling, reduction, resize and
+  (de)quantization ops; an ``If`` its dearer branch. Only ``ZERO_COST`` ops (layout, indexing, shapes) count 0;
+  ``tests/graph/test_flops.py`` fails for any other op type of the zoo or the real-weights models that counts
+  less than one FLOP per output element.
 """
 
 from __future__ import annotations

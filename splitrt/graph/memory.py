@@ -5,6 +5,11 @@ the head's nodes run in topological order; a tensor is live from when it is prod
 from the start) until its last consumer in the head has run, and a crossing tensor until it is sent.
 The peak is the largest sum of live tensors while a node runs (its inputs and outputs together). It is
 the model's figure, not the runtime's (onnxruntime's arena and session add to it).
+
+``splitrt.graph.memory``: ``head_memory_bytes(mg, cuts=None) -> [bytes]`` (a head's weights + peak live
+activations, nodes in topological order, crossing tensors live until sent); ``sends_input(mg, cuts=None) ->
+[bool]`` (a graph input among the crossing tensors). ``profile.cutfacts.cut_facts(mg, ids) -> CutFacts``,
+``allowed_for(mg, table, Constraints) -> Allowed | None``.
 """
 
 from __future__ import annotations

@@ -41,10 +41,12 @@ __all__ = ["Cut", "ModelGraph", "TensorInfo", "derived", "from_proto", "load", "
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """One tensor: numpy dtype name, shape (symbolic dims count as 1 for ``bytes``), size in bytes.
+    """One tensor: numpy dtype name (``"float32"``), shape, size in bytes.
 
-    ``shape`` is ``None`` when shape inference could not tell; then ``bytes`` is -1. ``source`` says
-    how the size was obtained (``static``, ``bound``, ``measured``: see ``splitrt.graph.shapes``).
+    Bound (``load(path, binding)``), the shape is concrete and ``source`` says how it was sized
+    (``static``, ``bound``, ``measured``: see ``splitrt.graph.shapes``); unbound, a symbolic batch
+    dimension counts as 1 for ``bytes``. ``shape`` is ``None`` when shape inference could not tell; then
+    ``bytes`` is -1.
     """
 
     name: str

@@ -7,6 +7,19 @@ never comes back: whoever runs the head assembles the outputs (``Cut.kept`` + th
 crossing both cuts passes straight through (ONNX allows a graph input to be a graph output), which is
 how a skip connection or a late graph input travels device -> edge -> cloud.
 Each segment carries only the initializers its nodes (and their subgraphs) read.
+
+- ``split(graph, cut_ids) -> list[Segment]``: cut ids must be nested (each head contains the previous); returns
+  len(cut_ids)+1 segments; segment 0 takes the graph inputs; segment i yields the tensors crossing cut i plus
+  the graph outputs its own nodes make (the last one: only those). ``Segment(index, model, inputs, outputs)``:
+  ``model`` an ``onnx.ModelProto`` that passes the checker; ``inputs``/``outputs`` tuples of tensor names. The
+  tail of ``device`` is empty (no inputs, no outputs: nothing runs it). Every crossing tensor is declared with
+  its rank: a bound graph's ``generic_shape`` is the model's declaration where the measurement agrees, else the
+  measured rank with a generated symbol per dim (``shapes.declaration``); ``declared_inputs(model)`` reads a
+  segment's inputs as declared (None: no shape, ``()``: a scalar; onnxruntime reports both as ``[]``), which is
+  what the server checks.
+- ``head_tail(graph, cut_id) -> tuple[Segment, Segment]``.
+- ``SegmentCache(root_dir)``: ``.paths(graph, cut_ids) -> list[Path]`` writes segments once, keyed by model
+  sha256 + cut ids.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ binds the normalised model again at those shapes (``model.from_proto`` with a ``
 reads every cut's head/tail FLOPs and crossing bytes. Cut ids do not depend on the binding, so the
 result lines up with any cost table of the model (checked). Results are cached per model and
 signature: the runtime asks once per new request shape.
+
+- ``cut_costs_at(graph, input_shapes) -> CutCosts(ids, head_flops, tail_flops, bytes, float_bytes, reply_bytes,
+  flops, head_nodes, tail_nodes)``: the graph re-bound at other shapes (cached; same ids).
 """
 
 from __future__ import annotations

@@ -13,6 +13,16 @@ tensor is then sized in three steps, each recorded as the tensor's ``source``:
 
 The model itself keeps its free dims: segments stay shape-generic (``partition.split``), and the
 binding is only what the costs were computed at (recorded in profiles and ``plan.json``).
+
+- ``ShapeBinding(shapes={input: shape}, dims={symbol: n}, sample={input: array} | None)``; ``binding_from(
+  shapes=["x=1x3x640x640"], dims=["height=640"], sample="s.npz")`` parses the CLI flags (``ConfigError``).
+- ``resolve(model_name, graph_inputs, binding, notice=) -> {input: shape}``: sample, then ``--shape``, then
+  ``--dim``; a leading free dim defaults to 1 (via ``notice``); anything else unbound is ONE ``ModelError`` that
+  lists every free dim by input and the flags that bind them; a shape the model rejects is ``InputError``.
+- ``size_tensors(...)``: every node output sized ``static`` | ``bound`` | ``measured`` (one onnxruntime run,
+  intermediates exposed). ``load(path, binding)`` applies it: ``ModelGraph.input_shapes``, ``.binding``,
+  ``.sized``, ``.generic_shape(name)`` (the declared shape: segments use it and stay shape-generic);
+  ``TensorInfo.source``. Cuts never depend on the binding (no cut is excluded for an unknown size).
 """
 
 from __future__ import annotations

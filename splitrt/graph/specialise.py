@@ -17,6 +17,18 @@ If, then branch; then the first If of the result, else branch), which a server d
 holds (``cloud.store``), the steps being deterministic. The guard (``Specialisation.holds``) evaluates
 every specialised condition on a request's inputs: a request that would take another branch must run
 the whole original model (``Specialisation.original``), never a split of this one.
+
+- ``load(path, binding)`` with a ``sample``: every top-level ``If`` whose condition comes from graph inputs
+  through a small cone of cheap nodes (inputs read by value in the sample and <= 64 elements, others only
+  through ``Shape``/``Size``) is replaced by its taken branch, inlined, repeatedly (inlining exposes nested
+  ones). ``ModelGraph.specialisation`` (``Specialisation(base_sha256, steps, original, guard)``, ``.key`` like
+  ``0t1t``, ``.as_dict()`` in ``binding.as_dict()["specialised"]``, ``.holds(feeds) -> reason | None``);
+  ``ModelGraph.sha256`` is then ``<file sha256>~<key>`` and ``.file_sha256`` the file's. ``model.derived(base,
+  key)`` rebuilds it from the file alone: ``cloud.store.ModelStore.graph("<sha>~<key>")`` does (NOT_FOUND for
+  steps that do not apply), so servers need nothing new. ``Device.diverges(feeds)`` / ``.run_original(inputs)``:
+  ``run_head`` raises ``CutError`` for a request of another branch, ``run_detailed``, ``AdaptiveDevice.infer``
+  (``stats["diverged"]``, ``last_diverged``; not logged) and ``ChainDevice.infer`` run the whole original model
+  locally; ``run_local`` and cut ``device`` always run the original.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ The wheel ships ``light_*.onnx`` models whose weights are ``ConstantOfShape`` fi
 output is the same constant and a wrong split would still "match". We replace each fill with seeded
 random values scaled by role (He-normal for conv/linear weights, positive BatchNorm variances...), which
 keeps activations in a sane range through 100+ layers. Nothing is downloaded.
+
+- ``names() -> list[str]``, ``get(name, out_path=None) -> Path`` writes (and caches) the model with seeded
+  random weights; names like ``resnet50``, ``squeezenet``, ``inception_v1``, ``densenet121``, ... plus
+  ``multi_io`` (small 2-input/2-output model) and ``tiny_chain`` (a few layers, for fast tests); ``vgg16`` and
+  ``mobilenetv2`` (the seed paper's models, built in ``graph.zoo_paper`` with ``onnx.helper``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,17 @@ failover order (a request that fails at one cloud goes to the next, then finishe
 
 ``order`` is a function of its arguments alone; the runtime logs them in the decision
 (``Choice.to_json``), and ``replay`` recomputes the order from a decision log.
+
+- ``Candidate(address, queue_ms, rtt_ms | None, inflight, service_ms, workers)``; ``score_ms`` = queue + own
+  requests on the wire x service / workers + RTT (unprobed: the slowest probed one's). ``order(candidates, *,
+  turn, config=BalanceConfig(tie_ms=1, tie_fraction=0.1, rotate=True)) -> [address]``: the scores within
+  max(tie_ms, tie_fraction x best) of the best, fewest own in-flight first, take turns (``turn`` mod their
+  count; ``rotate=False``: given order), then the rest by score (the failover order). Queue and RTT are the same
+  for every sending cut, so the least-score cloud is also the best for any plan: the runtime picks the cloud,
+  then plans with its queue. ``choose(...) -> Choice(turn, candidates, order)`` (``.to_json()`` /
+  ``from_json``); ``replay(decision_log_lines) -> [(logged, recomputed)]``. Properties
+  (tests/plan/test_balance.py): a permutation; the first within tolerance of the best; a cloud more than the
+  tolerance worse never before a better one; n tied clouds each first once per n turns.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@
 
 The solver takes the allowed cuts (``solve(..., cuts=)``, ``ControllerConfig.cuts``); ``price`` says what
 the constraints cost at given conditions (the constrained best against the unconstrained best).
+
+``splitrt.plan.constraints`` (pure): ``Constraints(min_head_flops_fraction=0, no_raw_input=False,
+device_memory_mb=None)``; ``allowed_cuts(CutFacts, Constraints) -> Allowed(cuts, excluded={cut: reason}, ...)``
+(``.note()``, ``.as_dict()``; PlanError when none is left); ``price(table, cond, allowed, ...) ->
+Price(constrained, free, cost)``. ``device`` always meets the privacy floor; ``cloud`` never does.
 """
 
 from __future__ import annotations

@@ -17,6 +17,36 @@ used to leave ``device`` by hysteresis, now they return as two tiers do).
 Every decision is a ``Decision`` whose JSON line (and compact string form) holds all its inputs:
 ``replay`` feeds a log back through a fresh controller and must reproduce every decision. No clocks,
 sockets or sessions here: ``now_s`` and the estimates come in as arguments.
+
+- ``Controller(table | (device_tbl, edge_tbl, ..., cloud_tbl), ControllerConfig(objective, hysteresis_fraction,
+  hysteresis_ms, warm_bandwidth_factors, codecs=("fp32",), cuts=None), *, power)``: ``.decide(now_s, link |
+  [link per hop], load | [LoadEstimate per server], *, cloud_available=bool | [per server], request) ->
+  Decision``. The live route is the device and the servers up (a skipped server's hops in series: min bandwidth,
+  RTTs added); hysteresis only on an unchanged route, a changed route (a tier lost or back) takes the best at
+  once; no server up: ``device``. ``config.cuts`` restricts the device's cut; three tiers and more plan one
+  codec on every hop. ``Policy(spec, controller)``: adaptive, route, periodic:S, fixed:PLAN for any N (a fixed
+  plan needs the tiers it sends to, else the controller's fallback).
+- ``Decision`` (frozen; ``.to_json()`` / ``from_json`` (also two-tier logs of before hops), ``str()`` /
+  ``Decision.parse``) holds every input per hop (``link_mbps``, ``link_rtt_ms``, ``link_confidence``), per tier
+  (``loads``) and per server (``waits_ms``, ``up``), the ``route`` (empty: the whole path), the reason and the
+  terms; ``replay(lines, table | tables, config) -> [(logged, replayed)]`` reproduces the plans.
+- ``Controller(table: CostTable, config: ControllerConfig | None, *, power)``: ``.decide(now_s, link:
+  LinkEstimate, load: LoadEstimate, *, cloud_available=True, request="") -> Decision``; ``.current`` (plan key
+  in use), ``.switches``, ``.warm_plans(link, load) -> list[str]``.
+- ``ControllerConfig(objective="latency", hysteresis_fraction=0.08, hysteresis_ms=1.0,
+  warm_bandwidth_factors=(...), codecs=("fp32",), cuts=None)``: lossless unless the user allows lossy codecs;
+  ``cuts`` the allowed cuts (constraints, ``route``); with ``cuts`` every decision's ``extra`` holds
+  ``unconstrained`` (the solver's best over every cut) and ``constraint_cost`` (objective units).
+- ``Decision`` (frozen; ``.to_json()`` / ``Decision.from_json(line)``) holds every input of the decision
+  (``cloud_queue_ms``: the queue input, 0 in logs made before it existed) and the terms of ``predicted_ms``
+  (``device_ms``, ``transfer_ms`` (upload), ``download_ms`` (+ ``reply_bytes``; words ``down=``/``reply=`` in
+  the one-line form; 0 in older logs, whose ``transfer_ms`` holds the reply), ``round_trip_ms``, ``queue_ms``,
+  ``cloud_ms``); ``replay(lines, table, config) -> [(logged, replayed)]`` must reproduce the plans.
+- ``Policy(spec, controller)``: ``adaptive`` | ``route`` | ``periodic:S`` | ``fixed:PLAN``
+  (``parse_policy(spec)`` checks the string); ``.decide(...)`` as the controller's. The runtime and
+  ``splitrt.sim`` both decide through it. ``route`` = adaptive over ``ROUTE_CUTS`` (``cloud``, ``device``): it
+  narrows ``controller.config`` with ``route_config`` (intersecting any ``cuts``); ``replay`` applies it to logs
+  whose ``extra.policy`` is ``route``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,16 @@ or, for codecs whose size depends on the values (``+zstd``, ``+zlib``), one per 
 cut's tensors when the model was profiled (``profile.codecratio``). Everything is precomputed
 once per profile pair into numpy arrays (``CostTable``), so evaluating every cut under new link and
 load estimates is a handful of vector operations.
+
+- ``Link(bandwidth_mbps, rtt_ms)``, ``Conditions(link, device_load=1, cloud_load=1, queue_ms=0)`` (loads >= 1
+  multiply compute; ``queue_ms`` the expected wait for a cloud worker, ``plan.queueing``), ``Power(idle_w,
+  active_w, radio_w)``; ``CODEC_RATIOS`` (fp32 1, fp16 .5, int8/int8c .25 of the float32 bytes).
+  ``CostTable(ids, head_ms, tail_ms, bytes, float_bytes=None, reply_bytes=0, codecs=None)`` (``reply_bytes`` per
+  cut, or one number for every cut as older tables and profiles have it; 0 for ``device``): numpy arrays built
+  once per profile pair; ``.latency_ms/.energy_mj/.period_ms(cond[, power])`` give (cuts, codecs) matrices,
+  ``.estimate(cut, codec, cond, power) -> Estimate``. Cut ``device``: no transfer, no RTT, no queue, no cloud;
+  cut ``cloud``: head 0. Latency = head×dl + sent/bw (transfer) + reply[cut]/bw (download) + rtt + queue_ms +
+  tail×cl.
 """
 
 from __future__ import annotations

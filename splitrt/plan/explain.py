@@ -6,6 +6,13 @@ bandwidth intervals (within the range asked) where the best plan over all allowe
 routing plan, and by how much (route's objective over split's, > 1), locating each interval's edges by
 bisection as ``solver.sweep`` does. The verdict says plainly when inner cuts never win, and why when the
 reason is structural: no inner cut sends fewer bytes than the input under any allowed codec.
+
+``splitrt.plan.explain`` (pure): ``explain(table, *, rtt_ms, min_mbps, max_mbps, objectives, device_loads,
+power, codecs, cuts=None, points=160, pay_gain=1.10) -> Verdict(splits, pays, summary, bands=[Band( objective,
+device_load, from_mbps, to_mbps, plans, route_plans, max_gain, at_mbps, best_plan)], smaller_cuts, ...)``: where
+the best plan over the allowed cuts beats the best routing plan (``cloud`` / ``device``), edges by bisection;
+``gain_at(table, cond, ...) -> (route/split, split plan, route plan)`` is the pointwise truth
+``tests/plan/test_explain.py`` checks every zoo model's verdict against.
 """
 
 from __future__ import annotations

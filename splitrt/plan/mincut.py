@@ -14,6 +14,9 @@ INFOCOM 2019) of this network:
 * ``w → p`` = ∞ for every data edge p → w: a head never depends on the tail.
 
 Max-flow is Dinic's algorithm on plain Python lists (a few ms for ~1000 nodes); no networkx needed.
+
+- ``mincut.best_head(Dag, cond) -> HeadChoice(head, latency_ms, crossing_bytes)``: DADS min-cut over all
+  down-closed node sets (additive per-node model, fp32); ``profiler.dag(graph, dev, cloud)`` builds the Dag.
 """
 
 from __future__ import annotations

@@ -34,6 +34,24 @@ Confidence (in [0, 1]) = count × freshness × consistency: ``min(1, n / full_co
 coefficient of variation of the rates). The link's confidence is the smaller of bandwidth's and RTT's.
 
 Directions differ (uplink vs downlink): keep one :class:`LinkEstimator` per direction if both matter.
+
+- ``LinkEstimator(config: LinkConfig | None)``: ``.add_transfer(now_s, bytes, seconds) -> bool`` (seconds net of
+  the cloud's compute; RTT-dominated samples are ignored, returns False, unless their lower bound lies above the
+  estimate: then it is added, returns True), ``.add_rtt(now_s, rtt_ms)``, ``.add_rate(now_s, mbps)``,
+  ``.estimate(now_s) -> LinkEstimate``, ``.needs_probe(now_s)``, ``.needs_bandwidth_probe(now_s)``,
+  ``.probe_started(now_s)``, ``.suggest_probe_bytes(target_s=0.05) -> int``. One estimator per direction.
+- ``LinkEstimate(bandwidth_mbps, rtt_ms, confidence)`` frozen; with no samples it carries the config's priors
+  and confidence 0. Bandwidth: harmonic mean of the last ``window`` samples with step reset (2 samples beyond
+  2x); RTT: median of the last ``rtt_window``; confidence in [0, 1] halves per ``half_life_s`` of sample age.
+- ``LoadEstimator(config: LoadConfig | None)``: ``.add_device(now_s, *, other_util, freq_mhz=None,
+  profiled_freq_mhz=None)``, ``.add_head(now_s, *, measured_ms, profiled_ms)`` (device speed, a slow EWMA that
+  does not fade), ``.add_cloud(now_s, *, queue_wait_s, profiled_tail_s, tail_s=None)``, ``.estimate(now_s) ->
+  LoadEstimate(device_factor, cloud_factor, queue_ms=0)``: multipliers of profiled compute times (device =
+  utilisation factor x speed; below 1 when faster than profiled); load fades back to 1 as the samples age. A
+  load sample moves the estimate through the median of the last 3 samples, the older two aged like the estimate
+  (a one-off spike moves nothing; stale samples do not outvote a fresh one after a gap). The runtime feeds
+  ``add_cloud`` with ``queue_wait_s=0`` (as the simulator does): the queue is ``LoadEstimate.queue_ms``, filled
+  in from the target cloud's ``QueueEstimator``.
 """
 
 from __future__ import annotations

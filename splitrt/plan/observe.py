@@ -5,6 +5,21 @@ all call these functions, so what the simulator learns from a request is what a 
 one. Each takes the estimator(s) to feed, a small frozen observation and ``now_s``; none reads a clock,
 a socket or a file. The estimators are the state: they are fed in place, as everywhere in ``plan``; the
 probe schedule's own state (``ProbeState``) is a value, returned anew.
+
+``splitrt.plan.observe`` (pure, sans-IO: every call takes ``now_s``): how an observation becomes estimator
+samples, and when to probe. ``device.runtime``, ``device.prober``, ``device.clouds``, ``device.chain`` and
+``rig.sim`` all call these, none feeds an estimator by hand.
+
+- ``observe_reply(ReplyObservation(bytes_up, bytes_down, net_s, tail_s, profiled_tail_s, queue_wait_s=0), now_s,
+  *, link, load)``, ``observe_queue(queue, QueueReport(queue_depth, workers, service_ms), now_s, own=)``,
+  ``observe_probe(link, ProbeObservation(bytes_up, bytes_down, seconds), now_s)`` (an RTT sample up to
+  ``RTT_PROBE_BYTES``, else a transfer), ``observe_probe_timeout(link, ProbeTimeout(...), now_s)``,
+  ``observe_local(load, LocalRun(measured_ms, profiled_ms), now_s)``, ``observe_device(load,
+  DeviceSample(other_util), now_s)`` (clipped to [0, 1]).
+- The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy) -> (due, ProbeState)`` (marks
+  ``probe_started``), ``bandwidth_probe(link, now_s) -> BandwidthProbe | None``, ``probe_twice(pairs=,
+  link_busy=)``; through a relay (``device.chain``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
+  hop | None``.
 """
 
 from __future__ import annotations

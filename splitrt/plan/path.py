@@ -23,6 +23,17 @@ upload by ``send_w`` and every other millisecond by ``idle_w``. Ties go to the e
 
 String form: hops joined by ``>``, each ``<cut>@<codec>`` or ``device`` (``c3@fp16>c12@int8``,
 ``c5@fp32>device``); two tiers read exactly as ``solver.parse_plan`` does.
+
+- ``path.Plan`` is the one plan type for any number of tiers: ``cuts``/``codecs`` (one per hop, cuts
+  non-decreasing), ``objective``, ``predicted_ms``, ``energy_mj``, ``period_ms``, ``tier_ms`` (per tier),
+  ``hop_upload_ms``/``hop_download_ms``/``hop_rtt_ms``/``hop_queue_ms``/``hop_bytes``/``hop_sent_bytes`` (per
+  hop), ``reply_bytes``; the terms add up to ``predicted_ms`` (``tests/plan/test_terms.py``, ``test_path.py``);
+  two tiers read ``.cut``, ``.codec``, ``.device_ms``, ``.transfer_ms``, ``.download_ms``, ``.rtt_ms``,
+  ``.queue_ms``, ``.cloud_ms``, ``.bytes``, ``.sent_bytes`` (hop 0, the first and last tier, sums over hops);
+  ``.value`` is what the objective minimises. ``path.solve_path(tables, PathConditions(hops, loads, queue_ms),
+  *, objective, power, codecs, cuts=[per hop], same_codec=False) -> Plan``, ``evaluate_path(tables,
+  "c3@fp16>c12@fp16", cond)``; the string form stops at the first ``device`` hop (``c5@fp32>device``,
+  ``device``) and ``parse_path(text, hops=N)`` pads it back. PlanError on bad input.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ by compute and bytes.
 age (a queue drains: a minute-old report of a full queue says little), and remembers a refusal
 (RESOURCE_EXHAUSTED with a ``retry-after-ms`` hint): until the hint expires the server is not offered
 to the planner at all (``refused``), and the wait afterwards is priced at least as a full queue.
+
+- ``expected_wait_ms(queue_depth=, workers=, service_ms=)``: M/M/c given the state, ``max(0, n - c + 1) x
+  service / c`` (PlanError on nonsense). ``QueueEstimator(QueueConfig(alpha, half_life_s, max_wait_ms,
+  default_retry_after_ms))``: ``.add_load(now_s, *, queue_depth, workers, service_ms)`` (queue_depth not
+  counting the request whose reply carried it), ``.add_wait(now_s, wait_ms)``, ``.add_refusal(now_s, *,
+  retry_after_ms)``, ``.refused(now_s)`` (True until the hint expires), ``.estimate(now_s) -> ms`` (an EWMA that
+  halves per ``half_life_s`` without news). One per cloud (``device.clouds.Cloud.queue``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ term. In practice (``bench/bench_shapes.py``, 2-core x86, load ~1.4): yolo_tiny 
 error 2-9 % (77 % unscaled), the same plans as a real profile at 640²; bert_tiny seq 16 -> 128 ~30 %
 (90 % with FLOPs alone, 66 % unscaled). The result is a prior for the controller, as good as the shapes are
 close and the profile steady; re-profile at a shape that matters.
+
+- ``scale_table(table, at_a, at_b) -> CostTable``: bytes from B; each side's time split into a per-node part and
+  a FLOPs part fitted over the profile's cuts (``fit_node_ms``); only the FLOPs part scales.
 """
 
 from __future__ import annotations

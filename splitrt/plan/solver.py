@@ -9,6 +9,12 @@ two-tier ``solve`` is its N=2 case kept as a direct (cuts x codecs) matrix becau
 
 A plan's short form is ``<cut>@<codec>`` (``c12@fp16``; ``device`` alone when nothing is sent), hops
 joined by ``>`` over more tiers; ``parse_plan`` / ``parse_path`` read them back.
+
+- ``solver.solve(table, cond, *, objective="latency"|"energy"|"throughput", power, cuts=None, codecs=None) ->
+  Plan``, the two-tier case kept as a direct (cuts x codecs) matrix (it runs per request); exact over all (cut,
+  codec); ties → fewer bytes. ``str(plan)`` = ``c12@fp16`` (``device`` alone); ``parse_plan(text) -> (cut,
+  codec)``; ``evaluate(table, "c12@fp16", cond) -> Plan`` re-costs the plan in use. ``sweep(table, cond, ...) ->
+  list[SweepBand(from_mbps, to_mbps, plan, ...)]``.
 """
 
 from __future__ import annotations

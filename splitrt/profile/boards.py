@@ -3,6 +3,11 @@
 A descriptor gives a board's cores, memory, execution providers, a ``cpu_speed_factor`` (how many
 times slower than the build host that measured ``profiles/``; used to emulate the board from a host
 profile) and power figures for the energy objective. Each number's source is cited in the TOML.
+
+- ``boards.load_board(name | path) -> Board(name, cores, memory_mb, execution_providers, cpu_speed_factor,
+  power: Power, ..., power_reader, radio_source)`` from ``devices/<name>.toml`` ($SPLITRT_DEVICES_DIR
+  overrides); ``[power] reader`` names the board's power reader (None: detect), ``[power] radio_source`` cites
+  the radio figure.
 """
 
 from __future__ import annotations

@@ -7,6 +7,16 @@ real tensors (energy per run). The result is the profile's ``energy`` object, ``
 ``plan_power`` gives the planner's ``Power``: the profile's measured idle and busy power when it has
 them (and was measured on the board's kind of machine), else the board file's figures (``estimated``);
 the radio's figure always comes from the board file, with the source it cites.
+
+- ``measure_interval(reader, work | None, *, min_s, ...) -> Interval(energy_uj, duration_s, runs)``;
+  ``energy.measure_energy(graph, anchors, feeds, reader, ...) -> EnergyProfile(source="measured", reader,
+  idle_w, busy_w, whole_model_mj, whole_model_ms, window_s, segments=(SegmentEnergy(start, end, runs, ms,
+  energy_mj, power_w), ...))``. ``energy.plan_power(device_profile, board) -> PowerFigures(power, source,
+  reader, origin, radio_source, note)``: the profile's measured idle/busy power (radio from the board) unless
+  the profile's ``host.machine`` differs from the board's arch (a host standing in for it), else the board's (or
+  ``DEFAULT_POWER``), ``estimated``. Every energy figure says ``measured`` or ``estimated``: ``plan --json`` has
+  ``power.{source, reader, origin, idle_w, active_w, radio_w, radio_uj_per_byte, radio_source}`` and
+  ``energy_source`` on ``best`` and every row; the table prints one ``energy measured|estimated: ...`` line.
 """
 
 from __future__ import annotations

@@ -11,6 +11,17 @@ detects one.
 
 Every energy figure splitrt reports carries a source: ``measured`` (a reader) or ``estimated`` (the
 board file's power figures times predicted times).
+
+- ``PowerReader`` protocol: ``.name``, ``.energy_uj() -> float`` (cumulative since opened, non-decreasing; an
+  interval's energy is the difference), ``.close()``. ``PowerSource``: ``.name``, ``.power_w()``, integrated by
+  ``SampledReader(source, period_s, clock)`` (trapezoids on a daemon thread, ``.start()``; ``.sample()`` by hand
+  in tests). Readers: ``RaplReader(root=/sys/class/powercap)`` (top-level ``intel-rapl:N`` zones, ``psys`` left
+  out, each counter unwrapped at ``max_energy_range_uj``), ``JetsonIna3221(root=/sys)`` (hwmon ``inN_input`` mV
+  x ``currN_input`` mA, or iio ``in_powerN_input`` mW; only ``VDD_IN``/``POM_5V_IN`` when present, else every
+  rail), ``Rpi5Pmic(run)`` (``vcgencmd pmic_read_adc``: current x voltage per rail with both lines),
+  ``CsvMeterReader(path)`` (``<unix s>,<watts>`` lines, non-blocking file/FIFO/tty, integrated on the meter's
+  timestamps), ``FakeReader( idle_w, cpu_w, clock, cpu_clock)``. A missing, unreadable or garbled file/command
+  is ``PowerError`` (a ``ProfileError``) naming the path and what it expected.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ PMIC costs a process spawn and is only tried where ``vcgencmd`` exists).
 
 Names: ``rapl``, ``rpi5-pmic``, ``jetson-ina3221``, ``csv:PATH`` (external meter), ``fake[:IDLE_W[,CPU_W]]``
 (tests and dry runs), ``none`` (no reader: energy stays estimated), ``auto`` (detect).
+
+- ``power_select.open_reader(spec, *, sys_root, run_pmic, start)``: ``rapl | rpi5-pmic | jetson-ina3221 |
+  csv:PATH | fake[:IDLE_W[,CPU_W]] | none`` (``ConfigError`` otherwise); ``detect()`` tries RAPL, INA3221, then
+  the PMIC (only where vcgencmd exists) -> ``Choice(reader | None, how, skipped)``; ``choose(flag,
+  board_reader)``: flag, then board, then detection (``auto`` detects); a named reader that fails raises.
 """
 
 from __future__ import annotations

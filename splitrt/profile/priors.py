@@ -2,6 +2,8 @@
 
 Measured profiles (``splitrt.profile.profiler``) replace it; until then a device that knows only its rough
 GFLOP/s can still split sensibly. Pure.
+
+``splitrt.profile.priors``: ``flops_table(graph, device_gflops=, cloud_gflops=)``: a CostTable before profiling.
 """
 
 from __future__ import annotations

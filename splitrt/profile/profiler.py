@@ -28,6 +28,15 @@ The steps live in their own modules: ``timing`` (sessions, warm-up, timed runs, 
 (anchors to every cut), ``store`` (the Profile dataclasses and files), ``host`` (host and runtime facts) and
 ``costs`` (profiles to the planner's inputs). This module runs them in order and re-exports their public
 names, which callers import from here.
+
+- ``measure(model_path, *, runs=10, warmup=2, threads=None, providers=None, segments=16, progress=...) ->
+  Profile``; ``save_profile(p, path)``; ``load_profile(path, *, sha256=None)`` raises ``ProfileError`` (corrupt,
+  schema != ``splitrt.profile/1``, other model's sha256). ``cost_table(device, cloud, *, device_speed_factor=1,
+  cloud_speed_factor=1) -> CostTable``; ``measure_direct(graph, cut, feeds)``; ``host_class()``
+  (``x86_64-2core``): shipped profiles are ``profiles/<hostclass>__<model>.json``.
+- ``measure(..., power: PowerReader | None = None, energy_window_s=1.0)``: with a reader the profile gains
+  ``Profile.energy`` (a dict, absent from the file without one; ``energy.EnergyProfile``). ``splitrt profile
+  --board NAME`` records ``host.board``; ``plan --board NAME`` then does not apply the speed factor to it.
 """
 
 from __future__ import annotations

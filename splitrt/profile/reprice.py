@@ -7,6 +7,13 @@ table is re-priced at the plan's shapes with the scaling the runtime already app
 side's time scaled by its FLOPs), and the result says so. When that cannot be done (the profile does
 not record its shapes and the model has free dims, or the graph does not re-bind at the profile's
 shapes) it is a ``ProfileError`` naming both shapes.
+
+``splitrt.profile.reprice``: ``table_at(graph, device, cloud, table) -> (CostTable, Pricing)``: ``plan`` at a
+binding other than the profiles' (``model.input_shapes``) re-priced with ``scale_table`` (below), said in
+``Pricing.note`` / ``.as_dict()`` (``plan --json`` key ``shapes``); ``ProfileError`` naming both shapes when a
+profile of a model with free dims does not record its shapes. ``splitrt.profile.sanity.implausible(profile)`` /
+``.warning(profile, label)``: heads or tails dearer than the whole model, a bigger head cheaper than a smaller
+one it contains (beyond 10 % of the whole model), named by cut (``profile``, ``plan``).
 """
 
 from __future__ import annotations

@@ -8,6 +8,17 @@ instead of favouring whichever strategy ran in a fast minute. A strategy's own c
 its prober is parked while the others take their turns: each strategy sees one continuous run of the
 window, as a deployment would. The oracle is computed offline (``rigstats.oracle``) from the measured
 per-cut costs and the bandwidth each request met.
+
+- ``run_bench(BenchConfig(model, trace, bandwidth_scale, load, rate_hz, duration_s, turn_s=1.0, trace_offset_s,
+  rtt_ms, codecs, strategies), rig) -> dict``: one device worker process (``python -m splitrt.rig.worker
+  worker``) holds one ``AdaptiveDevice`` per strategy (``prepare``: 2 s warm-up) and runs one strategy's turn at
+  a time (``run``: ``t0``, ``from_s``, ``until_s``). ``turn_plan`` orders the turns (round r starts with
+  strategy r mod n). A strategy's ``TurnClock`` stands still and its ``TurnProber`` is parked between its turns;
+  a request that would start at or after ``until_s`` waits for its next turn. JSON keys ``link``,
+  ``strategies.{NAME}.{mean_ms,p50_ms,p95_ms,p99_ms,completed,failed,switches,energy_mj, plans}``,
+  ``calibration``, ``cloud_calibration``, ``device_calibration``, ``measured_costs``, ``turns``, ``timeline``.
+- In the rig, the device-load signal is the measured head time / table head time and, while no head runs, the
+  run queue of the board's other processes (``HeadLoad``, ``RunQueueProbe``): psutil sees the host.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ the unified hierarchy, with ``+cpu`` enabled in the parent's ``cgroup.subtree_co
 processes move back to the root cgroup and the directory is removed. The owner is recorded like the
 namespaces' (``splitrt.rig.owners``) so ``netns.cleanup_leftovers`` removes cgroups of crashed runs.
 A ``cpu_fraction`` of 2.0 means two full CPUs.
+
+- ``CpuThrottle(name, cpu_fraction | None)`` context manager (``spl-`` prefix added), ``.add_pid(pid)``,
+  ``.set_fraction(f)``, ``.pids()``; v1 ``cpu.cfs_quota_us``/``cfs_period_us`` if mounted, else v2 ``cpu.max``.
+  Removed on exit (tasks go back to the root cgroup) and by ``netns.cleanup_leftovers``.
 """
 
 from __future__ import annotations

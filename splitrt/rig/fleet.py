@@ -17,6 +17,24 @@ processes, one server killed in the middle of every strategy's run.
 Reported per strategy (``rig.fleetstats``): throughput, latency percentiles, local completions, requests
 per server, server utilisation (CPU seconds / (segment x quota)), failures, what the kill moved; the
 host's load average beside every segment.
+
+- ``run_fleet(FleetConfig(devices, servers, model, traces, bandwidth_scale, device_cpus, server_cpus,
+  server_workers, segment_s, rounds, kill_at_fraction, rate_hz, strategies, codecs, ...), workdir) -> dict``:
+  ``FleetNet`` = ``make_lan(prefix, N + M)``, every device's uplink (switch ingress -> ``ifb{i}``) and downlink
+  (``p{i}`` egress) shaped in the switch namespace, the whole fleet re-rated by ONE ``tc -batch`` per tick
+  (``FleetPlayer``); one ``python -m splitrt.rig.fleetworker`` process per device namespace, each in its own
+  cgroup (``device_cpus`` cycled); M ``splitrt serve --host 0.0.0.0 --insecure`` in their own namespaces and
+  cgroups; every device lists every server, device i preferring server i mod M. Strategies (``adaptive``,
+  ``device-only``, ``cloud-only``, ``static``: one plan for the fleet at the median device speed and link rate)
+  take turns in segments (round r starts with strategy r mod n), closed loop; the last server is SIGKILLed at
+  ``kill_at_fraction`` of every segment and restarted between segments.
+- Result keys: ``strategies.{NAME}.{throughput_rps, mean_ms, p50_ms, p95_ms, p99_ms, requests, completed,
+  failed, local, fallbacks, by_server, server_util, moved, after_kill_on_killed, accounted, plans, by_plan,
+  load_avg}``, ``vs_adaptive.{NAME}.{throughput, mean, p95}.{ci, call}`` (bootstrap over (segment, device)
+  groups), ``verdict.{pass, reasons, failed}``, ``calibration``, ``devices_model``, ``segments``,
+  ``load_before/after``.
+- Records (``fleetworker.RECORD_FIELDS``): ``[t_s, latency_ms, plan, server | None, fallback, error | None,
+  predicted_ms, head_ms, encode_ms, rpc_ms, queue_ms, tail_ms]``; ``fleetstats`` reads the first six.
 """
 
 from __future__ import annotations

@@ -28,6 +28,21 @@ benchmark's arithmetic (statistics, oracle) is ``rig.stats``. ``Rig`` holds the 
 delegates: child processes (``rig.processes``), the cloud server (``rig.cloudserver``), the link
 (``rig.link``), the device cgroup (``rig.quota``), calibration (``rig.calibration``), load scenarios
 (``rig.loads``); models and profiles (``rig.models``) and trace specs (``rig.tracespec``) for the runs.
+
+``splitrt.rig.harness`` (root for the kernel link; ``splitrt bench``, ``splitrt rig cleanup``, ``splitrt demo``;
+helpers in ``rig.processes``, ``rig.cloudserver``, ``rig.link``, ``rig.quota``, ``rig.calibration``,
+``rig.loads``, ``rig.models``, ``rig.tracespec``)
+
+- ``Rig(RigConfig(board, link="auto"|"kernel"|"userspace", models=..., quota_cpus=None, pad_factor=None))``
+  context manager: namespaces ``{prefix}-h0`` (device) / ``-h1`` (cloud) over one veth (``netns.make_link``),
+  ``KernelShaper.for_host(lan, 0, queue_ms=1000)`` both ways, a delay relay (``UserspaceLink``, rate None, rtt/2
+  each way) in front of ``splitrt serve`` in the cloud namespace, cgroup ``{prefix}-dev`` (20 ms CFS period,
+  shares x8). Userspace: cloud on 127.0.0.1 behind a rate + delay relay, compute padded by sleep. ``.kind`` says
+  which; ``.calibrate() -> Calibration`` (resnet50: measure, set quota, re-measure). Cleanup on exit / Ctrl-C /
+  SIGTERM; children get PR_SET_PDEATHSIG; SIGKILLed runs are removed by the next ``Rig``
+  (``netns.cleanup_leftovers``) or ``splitrt rig cleanup``.
+- The rig's namespaces run with ``net.ipv4.tcp_slow_start_after_idle = 0`` (per namespace): strategies take
+  turns, and a connection parked for the others' turns must not restart from a cold window.
 """
 
 from __future__ import annotations

@@ -29,6 +29,19 @@ its network namespace with ``setns(2)`` through ctypes (``os.setns`` exists only
 the network namespace is per thread on Linux, so sockets that thread (and threads it starts) creates
 live in the namespace, while the rest of the process stays where it was. Only sockets are affected:
 ``/sys/class/net`` and ``/etc/netns`` are not remounted as ``ip netns exec`` would.
+
+- ``make_lan(prefix, n_hosts) -> Lan``: namespaces ``{prefix}-h0..h{n-1}`` + switch ``{prefix}-sw`` (bridge
+  ``br0``, port ``p{i}`` faces host i); host i has ``eth0`` = ``10.213.<k>.{i+1}/24``, k from crc32(prefix);
+  multicast works (mDNS between hosts). ``make_link(prefix) -> Lan``: 2 hosts, ONE direct veth pair, no switch
+  (``switch_ns is None``). Prefix: ``spl-[a-z0-9-]``, ≤ 24 chars. GSO is off on every veth. Nothing is created
+  in the host namespace: deleting the namespaces removes every veth/bridge/qdisc.
+- ``Lan.hosts: list[Host]``, ``.destroy()`` (kills processes left inside), context manager, ``.switch_port(i) ->
+  (ns, dev)``. ``Host(ns, ip, dev)``: ``.popen(argv, **kw)`` / ``.run(argv, check=True)`` (``ip netns exec``;
+  ``Popen.pid`` is the command itself), ``.thread(fn, *a)`` / ``.call(fn, *a)`` run Python in a thread that
+  ``setns(2)``-ed into the namespace (ctypes; ``os.setns`` is 3.12+).
+- ``cleanup_leftovers(prefix="spl-", include_live=False) -> list[str]`` removes namespaces (and the processes in
+  them) and cgroups whose recorded owner (``/run/splitrt/owners/``) is dead; a live owner's resources (a
+  parallel test) are kept. Every failure is ``RigError`` naming the command and its stderr.
 """
 
 from __future__ import annotations

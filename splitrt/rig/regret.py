@@ -15,6 +15,17 @@ Split against route: ``route`` is the adaptive runtime restricted to the cuts ``
 (whole-request routing) and ``oracle-route`` the hindsight oracle over those two; each strategy's
 ``geo_vs_route`` is its geometric-mean ratio to its routing counterpart (the oracle's to
 ``oracle-route``, every other's to ``route``), with a 95 % bootstrap interval over cells.
+
+Strategies ``route`` / ``oracle-route`` (whole-request routing and its hindsight oracle, ``rig.stats.oracle(...,
+cuts=ROUTE_CUTS)`` over the route run's request times; ``rig.bench.ORACLE_REFS``) run in ``sim``, ``bench``, the
+grids and the three-tier bench (2-tier ``route``); ``regret.split_route(cells, "adaptive"|"oracle") ->
+SplitRoute(geo, geo_ci, worst, ...)`` (route mean / split mean, cells resampled), and every ``Regret`` has
+``geo_vs_route`` (+ CI) against its routing counterpart.
+
+``splitrt.rig.regret`` (pure): ``regret([(cell, {strategy: {mean_ms, p95_ms}})]) -> [Regret(strategy,
+worst_mean, worst_p95, geo_mean, geo_vs_oracle, ...)]`` against the per-cell best non-oracle strategy;
+``bootstrap_ratio(a_turns, b_turns)`` resamples turns; ``call(ci)`` says better/worse only when the 95 %
+interval excludes 1. Fixed strategies (ONE choice across cells): device-only, cloud-only, static-fixed.
 """
 
 from __future__ import annotations

@@ -23,6 +23,18 @@ not per packet, so an RPC sees ``RTT + 2 * delay_ms``; it is also the non-root f
 
 ``TracePlayer(shaper, trace)`` is a thread that applies ``trace.rate_at(t)`` at every change of the trace
 (looping), clamped to ``min_mbps`` (a shaper cannot apply 0), and keeps a log of what it applied.
+
+- ``LinkShaper`` protocol: ``.kind`` in {"kernel", "userspace"}, ``.set_rate(mbps | None)``, ``.close()``. Rates
+  are application goodput (kernel rates add TCP/IP/Ethernet header overhead).
+- ``KernelShaper(points=[(ns, dev), ...], rate_mbps=None, queue_ms=200)``: htb + bfifo leaf on each egress;
+  ``KernelShaper.for_host(lan, i, rate_mbps)`` shapes host i's uplink and downlink. Accurate when the shaped
+  egress is local to the sender (direct veth pair: both directions).
+- ``UserspaceLink(listen, target, rate_mbps=None, delay_ms=0, netns_name=None)``: TCP relay with a token-bucket
+  bottleneck and a one-way delay line per direction (``.port``, ``.set_delay(ms)``); the only way to add delay
+  (no netem) and the non-root link.
+- ``TracePlayer(shaper, trace, scale=1, min_mbps=0.05, duration_s=None, on_change=None)``: ``.start()`` /
+  ``.stop()`` / context manager; ``.log`` = [(t_s, mbps applied)]; ``.start_time`` (monotonic).
+- Measurement: ``BulkReceiver``, ``BulkSender``, ``measure_steps(...) -> list[StepResult]``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """The rig benchmark's arithmetic, pure (no I/O): what a trace delivers, when the device-burst load is
-on, the statistics of a run, the costs measured in it, and the oracle computed from them."""
+on, the statistics of a run, the costs measured in it, and the oracle computed from them.
+
+- ``rigstats.oracle``: per adaptive request, the plan with the lowest modelled cost (measured costs + the
+  bandwidth met, from the trace); latency = adaptive's measured latency + model(pick) - model(plan that ran).
+  Never above adaptive on any request; never below it just because a model has no jitter.
+"""
 
 from __future__ import annotations
 

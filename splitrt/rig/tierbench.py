@@ -11,6 +11,17 @@ whole traces' median bandwidths.
 Device energy per inference is ESTIMATED here: the board file's power figures (``profile.energy.
 plan_power``; this host has no power reader for the emulated board) applied to each request's measured
 compute time on the device, its upload time on hop 1 (the trace's rate) and the rest of its latency.
+
+- ``run_tiers(TierBenchConfig(model, trace, trace2, bandwidth_scale[2], trace[2]_offset_s, rtt[2]_ms, objective,
+  rate_hz, duration_s, turn_s, codecs=("fp32",), strategies), rig) -> dict`` (``splitrt rig bench --tiers 3``):
+  one ``python -m splitrt.rig.tierworker`` process, a runtime per strategy (``tierplans.STRATEGIES``: 2-tier
+  ones on ``AdaptiveDevice`` over the direct path, 3-tier ones on ``ChainDevice``, a static pair via
+  ``tierplans.FixedChain``), turns as ``rig.bench``'s (both hops replay the slice). Static plans from
+  ``tierplans.choose`` at the whole traces' medians, on tables rescaled to each tier's whole-model time measured
+  at start. JSON: ``strategies.{NAME}.{mean_ms, mean_ci_ms, p95_ms, p95_ci_ms, energy_mj, energy_ci_mj,
+  completed, failed, via_edge, finished_by, mismatched, plans, adaptive_over_this}``, ``gains``,
+  ``energy.source`` (``estimated``: the board's figures through ``stats.energy_mj``, upload time on hop 1),
+  ``hop1``/``hop2``, ``factors``, ``load_average``. Every request's outputs are compared with the full model's.
 """
 
 from __future__ import annotations

@@ -21,6 +21,15 @@ Topology::
 
 ``TierRig`` is a ``Rig`` (calibration, workers, cleanup on exit / Ctrl-C / SIGTERM, leftovers removed by
 the next run or ``splitrt rig cleanup``) whose start builds this topology; kernel link only.
+
+- ``TierRig(TierRigConfig(board, edge_cpus=1.0, edge_workers, models, quota_cpus, ...))`` is a ``Rig``
+  (calibration, workers, cleanup) over ``make_chain(prefix)``: ``{prefix}-h0`` device, ``-h1`` edge, ``-h2``
+  cloud; hop 1 = veth h0.eth0 <-> h1.eth0, hop 2 = h1.eth1 <-> h2.eth0 (two subnets), each ``KernelShaper`` both
+  ways (``.shaper``, ``.shaper2``, ``.set_rates(h1, h2)``); delay relays in front of the edge server (hop 1) and
+  the cloud server (hop 2); ``.cloud_address`` is a second hop-1 relay in the edge namespace forwarding to the
+  cloud's relay (the device's direct path crosses both hops); cgroups ``-dev`` (calibrated), ``-edge`` (quota
+  ``edge_cpus``), ``-cloud`` (weight only). Kernel link only (``ConfigError`` / ``RigError`` otherwise).
+  ``.edge_address``, ``.set_rtts(h1_ms, h2_ms)``, ``.start_tier_worker(spec)``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,13 @@ Formats
 - Mahimahi: one integer per line, the time in ms of a delivery opportunity for one 1500-byte packet;
   the trace's period is the last timestamp. It is binned (``bin_ms``, default 500) into rates.
 ``load(path)`` tells them apart (one column of integers = Mahimahi).
+
+- ``Trace(name, times_s, rates_mbps, duration_s)`` frozen, piecewise constant, LOOPS past its end:
+  ``.rate_at(t_s)``, ``.mean_mbps()``, ``.median_mbps()`` (time-weighted), ``.segments()``, ``.scaled(k)``,
+  ``.clipped(min_mbps, max_mbps)``, ``.window(start_s, duration_s)``, ``.to_two_column()``, ``.to_mahimahi()``.
+- ``load(path, fmt="auto"|"two-column"|"mahimahi")``, ``parse(...)``, ``step(levels, step_s)``, ``square(low,
+  high, period_s, duration_s)``, ``constant(mbps, duration_s)``, ``shipped() -> ["fcc/...", "hsdpa/bus", ...]``,
+  ``load_shipped(name)``. Bad files raise ``ConfigError`` naming file and line.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@
 - ``worker`` with ``mode: device``: the device. It holds one ``AdaptiveDevice`` per strategy of the
   benchmark (``prepare``) and runs one strategy's turn at a time (``run``); see ``rigbench``.
 - ``busy``: other devices queueing on the cloud (load ``cloud-busy``).
+
+- ``rig.worker._Strategy.describe(outcome) -> record`` (default ``worker.describe``) is how a runtime's outcome
+  becomes a request record; ``rig.cloudserver.CloudProcess.log_name`` names a server's log.
 """
 
 from __future__ import annotations

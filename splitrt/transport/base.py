@@ -5,6 +5,12 @@ hand-framed (``wire.Framed``) so tensor payloads are never copied by protobuf. E
 ``CloudError(code=<gRPC status name>, retryable=...)`` on failure, whatever carries the bytes, so the
 device's fallback logic does not depend on the transport. Auth, TLS and message limits are the
 transport's own configuration (given when it is built), not per-call arguments.
+
+- ``Transport`` protocol: ``.address``, ``.infer(Framed, *, timeout_s) -> Framed``, ``.infer_stream(frames, *,
+  timeout_s=None)``, ``.probe(req, *, timeout_s)``, ``.status(*, timeout_s)``, ``.put_model(chunks, *,
+  timeout_s)``, ``.close()``; every failure is ``CloudError(code=<grpc status name>, retryable=...,
+  retry_after_ms=...)``, mapped in one place (``wire.cloud_error``, which reads ``retry-after-ms`` from the
+  trailing metadata).
 """
 
 from __future__ import annotations

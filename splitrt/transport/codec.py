@@ -28,6 +28,18 @@ Zstandard frame that records its content size. A payload is
 by ``splitrt.transport.wire``): big tensors then cross without a copy. Decoding checks
 every length against the one implied by dtype and shape and raises ``CodecError`` naming both, so a
 truncated or garbage payload never turns into a wrong tensor silently.
+
+- ``Codec.parse("int8c+zlib")`` / ``str(codec)`` round-trip; quants ``fp32`` (raw, lossless), ``fp16``, ``int8``
+  (affine per tensor), ``int8c`` (per channel, axis 1), each optionally ``+zlib``; ``names()`` lists them.
+- ``encode(name, array, codec, *, copy=True) -> Encoded(name, dtype, shape, codec, payload)``; non-float tensors
+  are always ``codec="raw"``. ``payload`` is ``bytes`` or a read-only byte ``memoryview``: with ``copy=False`` a
+  raw/fp32 payload is a view of ``array`` (which must not change while the ``Encoded`` is in use); tensors
+  parsed by ``splitrt.wire`` carry views of the received message.
+- ``decode(Encoded, *, max_bytes=MAX_TENSOR_BYTES) -> np.ndarray`` (may be a read-only view) raises
+  ``CodecError`` naming expected vs actual byte counts on truncated/garbage payloads, and refuses a tensor whose
+  ``decoded_bytes(Encoded)`` (max of decoded array and inflated payload, from dtype/shape/codec alone) exceed
+  ``max_bytes`` before inflating anything; zlib is inflated at most to the implied size. ``error_bound(array,
+  codec)``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 ``check_private(path, what)`` raises ``ConfigError`` naming the file, its mode and the fix when group or
 others have any access to it; ``read_tokens(path, what)`` checks, then returns the tokens (one per line,
 blank lines and ``#`` comments ignored). Token values never appear in a message.
+
+- ``credentials.check_private(path)`` / ``read_tokens(path)``: secret files must have no group/other bits.
 """
 
 from __future__ import annotations

@@ -20,6 +20,21 @@ host's real interfaces in tests: only inside network namespaces the test made.
 
 Command-line entry points (``splitrt discover`` and the namespace tests' ``python -m
 splitrt.cli.discover advertise|browse``) are in :mod:`splitrt.cli.discover`.
+
+- ``SERVICE_TYPE = "_splitrt._tcp.local."``; TXT ``version``, ``models`` (16-hex sha256 prefixes, comma
+  separated, spilling into ``models1``, ...), ``load`` (cloud load factor, 1.0 = idle), ``secure`` (``1``: TLS +
+  bearer token, ``0``: not; absent on older servers; ``decode_secure(props) -> bool | None``).
+- ``Advertiser(name, port, addresses, *, version, models, load, interfaces=None, ttl_s=120, secure=None)``:
+  registers in the constructor (~1.7 s); ``.update_load(load)``, ``.update(load=, models=)``, ``.close()``
+  (goodbye).
+- ``Browser(on_change=None, *, interfaces=None, resolve_timeout_s=3, recheck_s=5)``: ``.servers() -> dict[name,
+  ServerInfo]``, ``.wait_for(pred, timeout_s)``, ``.close()``; ``on_change(snapshot)`` runs on zeroconf's
+  thread.
+- ``ServerInfo(name, host, port, addresses, version, models, load, secure=None)``, ``.address`` ("host:port"),
+  ``.serves(sha256)``. ``rank(servers, rtt_ms_by_server, load_by_server=None, *, tail_ms=10, model_sha256=None)
+  -> list[ServerInfo]`` (pure; unprobed servers last). Errors: ``DiscoveryError``.
+- A server killed without goodbye is dropped only after its ``ttl_s`` + a failed re-resolve (the browser's
+  recheck; zeroconf alone keeps PTRs >= 1125 s): liveness comes from probes, not discovery.
 """
 
 from __future__ import annotations

@@ -4,6 +4,15 @@ framed by hand (``wire.serialize`` / ``wire.deserializer``), the bearer token as
 The channel is opened on the first call (a TLS CA file is read then, not when the transport is built)
 and ``close()`` drops it: a later call opens a fresh one. gRPC errors become ``CloudError`` here and
 nowhere else (``_mapped``).
+
+- ``GrpcTransport(address, *, token, max_message_bytes, keepalive_s, tls, tls_ca_path, tls_server_name)``.
+- A ``dns:///NAME:PORT`` address (a Kubernetes headless Service) gets gRPC's ``round_robin`` over every address
+  the name resolves to, in ``GrpcTransport`` and ``V2Transport`` alike; in ``GrpcTransport`` an address list
+  ``ipv4:10.0.0.1:50051,10.0.0.2:50051`` (or ``ipv6:``) too (``ROUND_ROBIN_SCHEMES``). Such an address is one
+  cloud to the runtime: gRPC spreads and skips dead addresses, the runtime's balancing and failover see the list
+  as a whole. Tested with a name resolving to 127.0.0.1 and 127.0.0.2 in a namespace's own hosts file
+  (``tests/device/test_balance_dns.py``, root; c-ares and native resolvers). ``splitrt run --cloud A --cloud B
+  --count N`` balances a stream over several clouds.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ servicer or in the request iterator -> ``UNKNOWN``, a call that outlived its tim
 What it does not: server interceptors (no auth), TLS, the server's own message limit and thread pool,
 cancelling a call at its deadline (the deadline is checked when the servicer returns or yields), and
 concurrency between a stream's requests and replies (they alternate, in lockstep).
+
+- ``InProcessTransport(CloudServer(...).servicer)``: calls the servicer in the caller's thread through the same
+  serializers, with a fake context; for fast tests only (no auth, TLS or server-side limits).
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ Shared by the device daemon (``splitrt daemon``) and the cloud server (``splitrt
 No ``prometheus_client`` dependency: the two need counters, gauges and a fixed-bucket histogram,
 rendered on scrape from state the processes keep anyway; a registry of metric objects would be a
 second copy of that state. ``parse`` reads the format back (tests and ``splitrt status``).
+
+- ``promtext`` (Prometheus text 0.0.4, shared by the daemon and the cloud server): ``family(lines, name, kind,
+  help, [(suffix, labels, value)])``, ``Histogram(buckets)`` (``.observe``, ``.samples(labels)``), ``parse(text)
+  -> {(name, sorted labels): value}``, ``http_server(host, port, render)`` (``GET /metrics``; ConfigError on a
+  taken port) and ``serve_in_thread(httpd) -> url``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,22 @@ the model this transport was built for (a v2 server is provisioned by the operat
 deployed shows per request, ``NOT_FOUND``); ``probe`` times ``ServerLive`` and carries its upload bytes
 in a field the server skips (protobuf ignores unknown fields), so the bandwidth estimate still gets
 samples; ``put_model`` is ``UNIMPLEMENTED``; replies carry no tail time, queue time or load (zeros).
+
+- ``proto/grpc_predict_v2.proto``: a wire-compatible subset of KServe's ``grpc_predict_v2.proto`` (names and
+  field numbers theirs, attributed in its header); stubs ``grpc_predict_v2_pb2*`` by ``protogen`` like ours.
+- ``V2Transport("v2://host:port", *, model_sha256, token, max_message_bytes, tls, tls_ca_path,
+  tls_server_name)`` implements ``Transport``: ``infer`` = ``ModelInfer`` on ``model_name(sha256, cut)`` =
+  ``<sha256[:12]>-<cut>``, inputs the crossing tensors as ``raw_input_contents`` with v2 datatypes
+  (``DATATYPES``: ``float32`` -> ``FP32``, ``int64`` -> ``INT64``, ...; a lossy codec is ``CodecError`` before
+  sending), replies raw or typed converted to a framed ``InferReply`` (tail/queue ms and load zero; a reply that
+  does not convert is ``CloudError(DATA_LOSS)``); ``status`` = ``ServerReady`` + ``ServerMetadata``, listing
+  ``model_sha256`` as present (which cuts are deployed shows per request: NOT_FOUND); ``probe`` = ``ServerLive``
+  carrying the upload bytes in unknown field 15 (servers parse and drop it), nothing down; ``infer_stream`` =
+  one ``ModelInfer`` per frame; ``put_model`` = ``CloudError(UNIMPLEMENTED)``; also ``model_metadata(name)``,
+  ``model_ready(name)``. No keep-alive pings on idle channels (stock servers GOAWAY them). Errors map like
+  ``GrpcTransport``'s.
+- ``device.client``: an address starting ``v2://`` builds a ``V2Transport`` (``transport.v2.is_v2``), anything
+  else a ``GrpcTransport``; everything above the transport (fallback, runtime, CLI) is unchanged.
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
 """What device and cloud share about the wire: proto <-> codec conversions, channel options, errors.
 
 Kept apart from ``codec`` (pure, no protobuf) and from ``cloud``/``device`` (one side each).
+
+- Infer and InferStream are framed by hand on both ends (``wire.serialize``, ``wire.deserializer`` /
+  ``wire.lenient_deserializer``): a ``wire.Framed(header, tensors)`` is the message without its tensors plus the
+  ``Encoded`` tensors, whose payloads are joined once when sending and are read-only views of the received bytes
+  when receiving. Same bytes as protobuf's encoding (field order aside), so stock peers interoperate both ways.
+  Each payload is preceded by a ``Tensor.pad`` field (zeros) that puts it at a multiple of ``wire.ALIGN_BYTES``
+  (16) in the message, so received views are aligned and used in place.
 """
 
 from __future__ import annotations

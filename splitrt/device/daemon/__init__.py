@@ -1,7 +1,8 @@
 """The device daemon (``splitrt daemon --config FILE``), one concern a module: :mod:`.config` (the TOML
 file -> ``DaemonConfig``), :mod:`.costs` (which cost table a model is planned with), :mod:`.api` (the
 local gRPC API for apps and its client ``LocalClient``), :mod:`.metrics` (Prometheus text) and
-:mod:`.process` (``Daemon``: build the runtimes, start, drain; ``run()``: the process, its signals)."""
+:mod:`.process` (``Daemon``: build the runtimes, start, drain; ``run()``: the process, its signals).
+The public names of each are re-exported here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """The daemon's local API for apps: ``LocalInference`` in ``proto/splitrt.proto`` (``Infer``, ``GetPlan``)
 on a unix socket and/or a loopback TCP address. :class:`LocalServicer` serves it from a running
-:class:`~splitrt.device.daemon.process.Daemon`; :class:`LocalClient` is the Python client."""
+:class:`~splitrt.device.daemon.process.Daemon`; :class:`LocalClient` is the Python client.
+
+- ``LocalClient(address | socket path).infer(inputs, model=, deadline_ms=) -> LocalResult``; ``.plan()``;
+  INVALID_ARGUMENT -> ``InputError``, other statuses -> ``CloudError(code=...)``.
+"""
 
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ Example::
     # model, else a FLOPs prior scaled by the board's cpu_speed_factor.
     # dims = ["sequence=128"] / shapes = ["x=1x3x48x320"] / sample_path = "s.npz" (as --dim/--shape/
     # --sample): the shape a model with free dims is priced at (other request shapes are scaled from it).
+
+- ``load_config(path) / parse_config(dict, base_dir=) -> DaemonConfig`` (frozen; ``ModelConfig`` per
+  ``[[model]]``); unknown keys and wrong types raise ``ConfigError`` naming the key, expected and got.
 """
 
 from __future__ import annotations

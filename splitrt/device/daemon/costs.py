@@ -1,5 +1,10 @@
 """Which cost table a model is planned with (shared with ``splitrt run``, ``stream`` and ``plan
---explain``: :func:`select_cost_table`), and the daemon's constraints applied to it."""
+--explain``: :func:`select_cost_table`), and the daemon's constraints applied to it.
+
+- ``select_cost_table(graph, *, profile_device, profile_cloud, board, directory=None) -> (CostTable, source)``:
+  both profiles, else ``profiles/*__<stem>.json`` matching the sha256 ($SPLITRT_PROFILES_DIR), else
+  ``flops_table`` at ``HOST_GFLOPS / board.cpu_speed_factor``. ``splitrt run --count`` uses it too.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,10 @@ plan, local fallback, failover, probes), a
 Prometheus endpoint (:mod:`.metrics`), and SIGTERM: stop accepting, finish in-flight requests
 (``drain_timeout_s``), close, exit 0. The configuration is :mod:`.config`; the cost table choice,
 shared with ``splitrt run``, is :func:`.costs.select_cost_table`.
+
+- ``Daemon(config).start() -> endpoints`` (``api_address``, ``api_socket``, ``metrics_url``),
+  ``.stop(grace_s)``; the ``run()`` entry prints one JSON ``{"event": "ready", ...}`` line on stdout,
+  ``{"event": "stopped"}`` at exit.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from splitrt.cli import constraints as constraintcli
 from splitrt.cli import fleet as fleetcli
 from splitrt.cli import tiers as tierscli
 from splitrt.cli.tables import render
@@ -58,6 +59,8 @@ def register(sub: Any) -> None:
     p.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON ('-': stdout)")
     p.add_argument("--plot", metavar="PNG", default=None, help="timeline plot (needs matplotlib)")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and per-request records")
+    # the runtime's strategies (adaptive, route, periodic) plan within them; compare with device-only
+    constraintcli.add_arguments(p)
     p.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("rig", help="hardware-in-the-loop rig maintenance")
@@ -117,7 +120,26 @@ def bench_config(args: argparse.Namespace) -> rigbench.BenchConfig:
         rtt_ms=args.rtt_ms,
         codecs=tuple(args.codecs.split(",")) if args.codecs else None,
         strategies=tuple(s for s in args.strategies.split(",") if s),
+        cuts=_allowed_cuts(args),
     )
+
+
+def _allowed_cuts(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The cuts ``--no-raw-input`` / ``--min-head-flops`` / ``--device-memory-mb`` leave the runtime's
+    plans (None: no constraint). Fixed strategies (cloud-only, static) are not constrained."""
+    if not hasattr(args, "no_raw_input"):
+        return None
+    from splitrt.graph import model as graph
+    from splitrt.plan.constraints import allowed_cuts
+    from splitrt.profile import boards
+    from splitrt.profile.cutfacts import cut_facts
+    from splitrt.rig.models import model_path_for
+
+    cons = constraintcli.constraints(args, boards.load_board(args.device))
+    if not cons.active:
+        return None
+    mg = graph.load(model_path_for(args.model))
+    return tuple(allowed_cuts(cut_facts(mg, [c.id for c in mg.cuts()]), cons).cuts)
 
 
 def run(

@@ -88,6 +88,7 @@ class BenchConfig:
     trace_offset_s: float = 0.0
     rtt_ms: float | None = None  # None: typical of the trace's family
     codecs: tuple[str, ...] | None = None  # None: every codec of the cost table, for every strategy
+    cuts: tuple[str, ...] | None = None  # the cuts the runtime's plans may use (constraints); None: all
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     deadline_ms: float = 5000.0
     periodic_s: float = 5.0
@@ -224,6 +225,7 @@ def run_bench(
         "pad_factor": cal.pad_factor,
         "cloud": rig.cloud_address,
         "codecs": list(cfg.codecs) if cfg.codecs else None,
+        "cuts": list(cfg.cuts) if cfg.cuts else None,
         "deadline_ms": cfg.deadline_ms,
         "threads": rig.config.device_threads,
         "seed": cfg.seed,

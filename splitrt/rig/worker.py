@@ -343,7 +343,10 @@ def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
                     policy=msg["policy"],
                     deadline_ms=float(spec["deadline_ms"]),
                     warm_sessions=False,
-                    controller=ControllerConfig(codecs=tuple(codecs) if codecs else None),
+                    controller=ControllerConfig(
+                        codecs=tuple(codecs) if codecs else None,
+                        cuts=tuple(spec["cuts"]) if spec.get("cuts") else None,
+                    ),
                 )
                 clock = TurnClock()
                 dev = AdaptiveDevice(

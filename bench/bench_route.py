@@ -11,12 +11,18 @@ bootstrap interval over cells) and its largest cell, for adaptive and for the or
 
 Default: 8 models x 4 held-out traces x 1 window of 120 s x 2 scales x 2 loads = 128 cells; about
 2 minutes on a quiet 2-core host. ``--models squeezenet --traces hsdpa/ferry --window 30`` is a smoke run.
+
+``--pays-sim --scales 1,5,20 --window 60``: only "when does splitting pay", route vs adaptive on the
+``PAYS_CASES`` (model, board, a steady device load, a codec set) with the input priced three ways
+(``INPUT_VARIANTS``); about 2 minutes. ``--rig-json A.json,B.json``: device-only / adaptive and route /
+adaptive of `splitrt bench --json` runs with 95 % intervals over the turns.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -166,6 +172,129 @@ def privacy_rows(
     return rows
 
 
+#: Codec sets of the "when does splitting pay" simulation: lossless (fp32 and fp32+zstd: no output
+#: changes), and the per-channel int8 family (per-tensor int8 is left out: on some cuts, e.g. densenet121's
+#: c2, one outlier channel collapses the rest and the output changes: bench_codec.py).
+CODEC_SETS = {
+    "lossless": ("fp32", "fp32+zstd"),
+    "int8c": ("fp32", "fp32+zstd", "fp16", "fp16+zstd", "int8c", "int8c+zstd"),
+}
+#: The cases simulated (model, board, device load, codec set), picked where ``plan --explain`` shows a gain.
+PAYS_CASES = (
+    ("squeezenet", "rpi4", 4.0, "int8c"),
+    ("squeezenet", "rpi4", 4.0, "lossless"),
+    ("squeezenet", "jetson-nano", 4.0, "int8c"),
+    ("shufflenet", "jetson-nano", 4.0, "lossless"),
+    ("inception_v1", "rpi4", 4.0, "lossless"),
+    ("mobilenetv2", "rpi4", 4.0, "int8c"),
+    ("bvlc_alexnet", "rpi4", 2.0, "lossless"),
+    ("resnet50", "rpi4", 4.0, "lossless"),
+)
+#: What routing sends for the input, x fp32, measured on a real photo (matplotlib's grace_hopper.jpg at
+#: 224 x 224, ImageNet-normalised): the profiles' random-normal input does not compress (fp32+zstd 0.93),
+#: a real frame does (fp32+zstd 0.38, int8+zstd 0.22, PNG 0.133), and a router sends the camera's JPEG
+#: (quality 90: 16 KB, 0.027; slightly lossy). ``tensor``: as the profile measured it.
+INPUT_VARIANTS = {"tensor": None, "png": 0.133, "jpeg": 0.027}
+
+
+def with_input_ratio(table: Any, ratio: float) -> Any:
+    """``table`` with the cut ``cloud`` (the raw input) sent at no more than ``ratio`` x fp32, every codec."""
+    from splitrt.plan.costmodel import CostTable
+
+    i = table.index("cloud")
+    codecs: dict[str, Any] = {}
+    for k, c in enumerate(table.codecs):
+        col = table.codec_ratio_matrix[:, k].copy()
+        col[i] = min(col[i], ratio)
+        codecs[c] = col.tolist()
+    return CostTable(
+        ids=table.ids,
+        head_ms=table.head_ms,
+        tail_ms=table.tail_ms,
+        bytes=table.bytes.astype("int64"),
+        float_bytes=table.float_bytes.astype("int64"),
+        reply_bytes=table.reply_bytes,
+        codecs=codecs,
+    )
+
+
+def pays_sim(
+    case: tuple[str, str, float, str], traces: Sequence[str], scales: Sequence[float], window_s: float
+) -> dict[str, Any]:
+    """One case over ``traces`` x ``scales``: route/adaptive mean latency per cell (> 1: splitting is faster),
+    the input priced as measured and as a real frame's PNG and JPEG (``INPUT_VARIANTS``); geometric mean
+    with a 95 % bootstrap interval over the cells."""
+    import statistics
+
+    from splitrt.graph import model as graph
+    from splitrt.plan.controller import ControllerConfig
+    from splitrt.profile import boards
+    from splitrt.rig import sim
+
+    model, board, device_load, codec_set = case
+    b = boards.load_board(board)
+    path = rig.model_path_for(model)
+    base = rig.cost_table_for(rig.shipped_profile(model), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
+    out: dict[str, Any] = {"model": model, "board": board, "device_load": device_load, "codecs": codec_set}
+    for variant, floor in INPUT_VARIANTS.items():
+        table = base if floor is None else with_input_ratio(base, floor)
+        ratios, plans = [], {}
+        for trace in traces:
+            full = rig.load_trace(trace)
+            window = full.window(0.0, min(window_s, full.duration_s))
+            rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
+            for scale in scales:
+                played = window.scaled(scale) if scale != 1 else window
+                # a steady device load: other processes hold 1 - 1/load of the CPU all along (the prober
+                # reads it, as psutil does on a board)
+                cfg = sim.SimConfig(
+                    duration_s=window.duration_s,
+                    rtt_ms=rtt,
+                    bursts=((-60.0, window.duration_s + 60.0),) if device_load > 1 else (),
+                    burst_util=1.0 - 1.0 / device_load,
+                    controller=ControllerConfig(codecs=CODEC_SETS[codec_set]),
+                )
+                route = sim.simulate(table, "route", played, cfg)
+                adaptive = sim.simulate(table, "adaptive", played, cfg)
+                ratios.append(statistics.fmean(sim.latencies(route)) / statistics.fmean(sim.latencies(adaptive)))
+                for r in adaptive:
+                    plans[r.plan] = plans.get(r.plan, 0) + 1
+        lo, hi = regret.geo_ci(ratios)
+        top = max(plans, key=lambda k: plans[k])
+        out[variant] = {
+            "cells": len(ratios),
+            "geo": math.exp(statistics.fmean(math.log(r) for r in ratios)),
+            "ci": (lo, hi),
+            "min": min(ratios),
+            "max": max(ratios),
+            "pays_cells": sum(r >= 1.10 for r in ratios),
+            "top_plan": f"{top} ({plans[top] / sum(plans.values()):.0%})",
+        }
+    return out
+
+
+def pays_sim_rows(results: Sequence[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        row = [r["model"], r["board"], f"x{r['device_load']:g}", r["codecs"]]
+        for v in INPUT_VARIANTS:
+            x = r[v]
+            row.append(f"{x['geo']:.3f} ({x['ci'][0]:.3f}-{x['ci'][1]:.3f}) {x['pays_cells']}/{x['cells']}")
+        row.append(r["tensor"]["top_plan"])
+        rows.append(row)
+    return rows
+
+
+PAYS_SIM_HEADER = [
+    "model",
+    "board",
+    "device load",
+    "codecs",
+    "route/split geo (95 % CI) cells >= 1.10",
+    "same, route sends a PNG frame",
+    "same, route sends a JPEG frame",
+    "adaptive's main plan",
+]
 PRIVACY_HEADER = ["model (--no-raw-input)", "cells", "device-only / adaptive, geo-mean", "range"]
 PAYS_HEADER = ["model", "board", "objective", "constraint", "Mbit/s where split beats route by >= 10 %", "largest gain"]
 HEADER = [
@@ -179,6 +308,69 @@ HEADER = [
     "worst p95",
     ">= 1.10 (a/o)",
 ]
+
+
+def pays_main(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    traces = [t for item in args.traces.split(",") for t in rigbench.TRACE_SETS.get(item, (item,))]
+    scales = [float(x) for x in args.scales.split(",")]
+    results = []
+    for text in args.pays_cases.split(","):
+        m, board, dl, cs = text.split(":")
+        if cs not in CODEC_SETS:
+            raise SystemExit(f"--pays-cases: codecs {cs!r}: expected one of {', '.join(CODEC_SETS)}")
+        print(f"pays: {text}", file=sys.stderr, flush=True)
+        results.append(pays_sim((m, board, float(dl), cs), traces, scales, args.window))
+    load = os.getloadavg()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"pays_sim": results, "load_average": load}, f, indent=1, default=float)
+    print(
+        f"when does splitting pay, simulated: route vs adaptive (latency), traces {args.traces} ({args.window:g} s), "
+        f"scales {args.scales}, a steady device load; > 1: splitting is faster"
+    )
+    print(render(PAYS_SIM_HEADER, pays_sim_rows(results)))
+    print(f"{time.monotonic() - t0:.0f} s; host load average " + "/".join(f"{x:.2f}" for x in load))
+    return 0
+
+
+RIG_HEADER = ["run", "requests", "device-only / adaptive (95 % CI)", "route / adaptive (95 % CI)", "adaptive plans"]
+
+
+def _turns(reqs: dict[str, Any], name: str, turn_s: float) -> list[list[float]]:
+    """A strategy's request latencies grouped by the turn they ran in."""
+    groups: dict[int, list[float]] = {}
+    for t_s, ms, _plan in reqs.get(name, []):
+        groups.setdefault(int(t_s // turn_s), []).append(float(ms))
+    return list(groups.values())
+
+
+def rig_rows(paths: Sequence[str]) -> list[list[str]]:
+    """Per ``splitrt bench --json`` run: ratios of mean latency to adaptive's, 95 % intervals over turns."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        reqs = d["timeline"]["requests"]
+        turn_s = float(d["turns"]["turn_s"])
+        s = d["strategies"]
+        cols = []
+        for other in ("device-only", "route"):
+            if other in s and "adaptive" in s:
+                lo, hi = regret.bootstrap_ratio(_turns(reqs, other, turn_s), _turns(reqs, "adaptive", turn_s))
+                r = s[other]["mean_ms"] / s["adaptive"]["mean_ms"]
+                cols.append(f"{r:.3f} ({lo:.3f}-{hi:.3f}) {regret.call((lo, hi))}")
+            else:
+                cols.append("-")
+        plans: dict[str, int] = {}
+        for _t, _ms, plan in reqs.get("adaptive", []):
+            plans[plan] = plans.get(plan, 0) + 1
+        label_ = f"{d['model']} {d['trace']} x{d['bandwidth_scale']:g} {d['load']}"
+        n = sum(len(v) for v in reqs.values())
+        rows.append(
+            [label_, str(n), *cols, ", ".join(f"{k} x{v}" for k, v in sorted(plans.items(), key=lambda kv: -kv[1]))]
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +394,30 @@ def main(argv: list[str] | None = None) -> int:
         default="resnet50,squeezenet,mobilenetv2",
         help="models that also get a --no-raw-input row in that table, and the privacy table",
     )
+    p.add_argument(
+        "--pays-sim",
+        action="store_true",
+        help="only the 'when does splitting pay' simulation: route vs adaptive on --pays-cases over the "
+        "held-out traces x --scales (try --scales 1,5,20 --window 60), the input priced three ways",
+    )
+    p.add_argument(
+        "--pays-cases",
+        default=",".join(":".join(str(x) for x in c) for c in PAYS_CASES),
+        help="MODEL:BOARD:DEVICE_LOAD:CODECS,... (CODECS: " + ", ".join(CODEC_SETS) + ")",
+    )
+    p.add_argument(
+        "--rig-json",
+        default=None,
+        metavar="FILES",
+        help="only summarise `splitrt bench --json` runs (comma-separated): device-only / adaptive and "
+        "route / adaptive, 95 %% intervals over the turns",
+    )
     args = p.parse_args(argv)
+    if args.rig_json:
+        print(render(RIG_HEADER, rig_rows(args.rig_json.split(","))))
+        return 0
+    if args.pays_sim:
+        return pays_main(args)
     t0 = time.monotonic()
     grid = cells(args)
     results = []

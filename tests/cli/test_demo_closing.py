@@ -28,3 +28,18 @@ def test_closing_reports_route_over_split_for_adaptive_and_the_oracle() -> None:
     text = demo.closing_text(c)
     assert "route" in text and "adaptive 1.250, oracle 1.200" in text
     assert "route_over_split" not in demo.closing_text({**c, "route_over_split": {}})
+
+
+def test_the_closing_table_shows_a_case_where_splitting_pays_beside_route() -> None:
+    """The simulated case (real shipped profile, the runtime's decision logic): splitting beats routing
+    by >= 10 % there, with an inner cut, and the closing text says so beside route."""
+    pc = demo.pays_case()
+    assert pc["route_over_split"] >= 1.10
+    assert pc["route_over_split"] == pytest.approx(pc["route"]["mean_ms"] / pc["adaptive"]["mean_ms"])
+    assert not pc["adaptive"]["plan"].startswith(("device", "cloud"))
+    result = {
+        "strategies": {"route": {"mean_ms": 650.0, "p95_ms": 900.0}, "adaptive": {"mean_ms": 520.0, "p95_ms": 800.0}}
+    }
+    text = demo.closing_text(demo.closing(result, pays=pc))
+    assert f"route [{pc['label']}]" in text and f"adaptive [{pc['label']}]" in text
+    assert f"route/split {pc['route_over_split']:.3f}" in text

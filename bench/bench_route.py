@@ -197,27 +197,6 @@ PAYS_CASES = (
 INPUT_VARIANTS = {"tensor": None, "png": 0.133, "jpeg": 0.027}
 
 
-def with_input_ratio(table: Any, ratio: float) -> Any:
-    """``table`` with the cut ``cloud`` (the raw input) sent at no more than ``ratio`` x fp32, every codec."""
-    from splitrt.plan.costmodel import CostTable
-
-    i = table.index("cloud")
-    codecs: dict[str, Any] = {}
-    for k, c in enumerate(table.codecs):
-        col = table.codec_ratio_matrix[:, k].copy()
-        col[i] = min(col[i], ratio)
-        codecs[c] = col.tolist()
-    return CostTable(
-        ids=table.ids,
-        head_ms=table.head_ms,
-        tail_ms=table.tail_ms,
-        bytes=table.bytes.astype("int64"),
-        float_bytes=table.float_bytes.astype("int64"),
-        reply_bytes=table.reply_bytes,
-        codecs=codecs,
-    )
-
-
 def pays_sim(
     case: tuple[str, str, float, str], traces: Sequence[str], scales: Sequence[float], window_s: float
 ) -> dict[str, Any]:
@@ -237,7 +216,7 @@ def pays_sim(
     base = rig.cost_table_for(rig.shipped_profile(model), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
     out: dict[str, Any] = {"model": model, "board": board, "device_load": device_load, "codecs": codec_set}
     for variant, floor in INPUT_VARIANTS.items():
-        table = base if floor is None else with_input_ratio(base, floor)
+        table = base if floor is None else base.with_ratio_cap("cloud", floor)
         ratios, plans = [], {}
         for trace in traces:
             full = rig.load_trace(trace)

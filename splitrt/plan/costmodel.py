@@ -244,6 +244,22 @@ class CostTable:
             for k, c in enumerate(self.codecs)
         }
 
+    def with_ratio_cap(self, cut: str, ratio: float) -> CostTable:
+        """This table with every codec sending at most ``ratio`` x fp32 at ``cut``: e.g. the input (cut
+        ``cloud``) sent as the camera's compressed frame rather than as a tensor."""
+        i = self.index(cut)
+        m = self.codec_ratio_matrix.copy()
+        m[i] = np.minimum(m[i], ratio)
+        return CostTable(
+            ids=self.ids,
+            head_ms=self.head_ms,
+            tail_ms=self.tail_ms,
+            bytes=self.bytes.astype(np.int64),
+            float_bytes=self.float_bytes.astype(np.int64),
+            reply_bytes=self.reply_bytes,
+            codecs={c: m[:, k].tolist() for k, c in enumerate(self.codecs)},
+        )
+
     def per_cut_codecs(self) -> tuple[str, ...]:
         """The codecs priced per cut (measured on the cut tensors), in table order."""
         return tuple(c for c in self.codecs if c in self._per_cut)

@@ -149,3 +149,16 @@ def test_a_codec_priced_per_cut_sends_its_own_ratio_at_each_cut_and_old_tables_s
         CostTable(ids=t.ids, head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[1, 1, 0], codecs={"int8+zstd": [0.2, 0.1]})
     with pytest.raises(PlanError, match=r"ratio must be in \(0, 1\], got 1.5"):
         CostTable(ids=t.ids, head_ms=[0, 1, 2], tail_ms=[2, 1, 0], bytes=[1, 1, 0], codecs={"int8": 1.5})
+
+
+def test_a_ratio_cap_at_one_cut_prices_only_that_cut_lower() -> None:
+    t = CostTable(
+        ids=["cloud", "c1", "device"],
+        head_ms=[0, 10, 20],
+        tail_ms=[20, 10, 0],
+        bytes=[1000, 1000, 0],
+        codecs={"fp32": 1.0, "int8+zstd": [0.22, 0.12, 1.0]},
+    )
+    capped = t.with_ratio_cap("cloud", 0.03)
+    assert capped.sent_bytes[0].tolist() == [30, 30] and capped.sent_bytes[1].tolist() == t.sent_bytes[1].tolist()
+    assert capped.codecs == t.codecs

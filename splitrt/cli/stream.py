@@ -161,10 +161,11 @@ def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[
 def _chain_device(
     args: argparse.Namespace, mg: Any, table: Any, device_config: DeviceConfig, board: Any, log: Any
 ) -> Any:
-    """``ChainDevice`` through ``--edge``: the device table as for two tiers; the edge and the cloud priced
-    from the cloud profile (else the shipped profile or FLOPs prior, unscaled: server-class tiers)."""
-    from splitrt.device.chain import ChainConfig, ChainDevice
+    """The runtime over three tiers through ``--edge``: the device table as for two tiers; the edge and
+    the cloud priced from the cloud profile (else the shipped profile or FLOPs prior, unscaled:
+    server-class tiers). The cloud is ``--cloud`` when given, else the edge's next tier."""
     from splitrt.device.daemon import select_cost_table
+    from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
     from splitrt.plan.controller import ControllerConfig
     from splitrt.plan.costmodel import DEFAULT_POWER
 
@@ -176,15 +177,11 @@ def _chain_device(
         raise ConfigError("--edge and --discover: expected one of them (the edge names its own next tier)")
     controller = ControllerConfig(codecs=(args.codec,)) if args.codec in table.codecs else ControllerConfig()
     kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
-    config = ChainConfig(controller=controller, **kw)
-    cloud = args.cloud[0] if args.cloud else None
-    return ChainDevice(
+    config = RuntimeConfig(controller=controller, **kw)
+    return AdaptiveDevice(
         mg,
-        table,
-        server,
-        server,
-        edge=args.edge,
-        cloud=cloud,
+        (table, server, server),
+        path=[[args.edge], list(args.cloud[:1]) if args.cloud else []],
         config=config,
         device_config=device_config,
         power=board.power if board is not None else DEFAULT_POWER,

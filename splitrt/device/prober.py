@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
+from splitrt.device import hops
 from splitrt.device.clouds import Cloud, Clouds
 from splitrt.errors import CloudError
 from splitrt.plan import observe
@@ -80,6 +81,24 @@ class Prober:
             observe.observe_device(dev.load, observe.DeviceSample(other_util=util - own), now)
         for c in clouds:
             self._probe(c, now)
+        if dev.hops.next:  # three tiers: the hop past the first server, and later servers reached directly
+            self._beyond(now)
+
+    def _beyond(self, now: float) -> None:
+        """Revive later tiers' servers that are down and due; probe hop 1 through a live first-tier server
+        (which also learns its next tier's address when none is known)."""
+        dev = self.dev
+        for clouds in dev.hops.direct:
+            hops.revive(clouds, now, timeout_s=dev.config.probe_timeout_s)
+        relay = self.clouds.live()[:1]
+        if not relay:
+            return
+        try:
+            hops.relay_round(
+                dev.hops, relay[0].device, now, timeout_s=dev.config.probe_timeout_s, clock=dev.clock, lock=self._lock
+            )
+        except CloudError as exc:
+            self.clouds.mark_failed(relay[0], now, exc)
 
     def _probe(self, c: Cloud, now: float) -> None:
         dev = self.dev

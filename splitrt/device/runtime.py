@@ -77,10 +77,12 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from splitrt.device import hops
 from splitrt.device.balancer import Balancer
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.clouds import Cloud, Clouds, Connect
 from splitrt.device.deadline import rpc_timeout_ms
+from splitrt.device.hops import Hops
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.graph import rebind
@@ -88,8 +90,8 @@ from splitrt.plan import observe, reshape
 from splitrt.plan.balance import BalanceConfig
 from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
-from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
-from splitrt.plan.path import parse_path, parse_plan
+from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimate, LoadEstimator
+from splitrt.plan.path import parse_path
 from splitrt.plan.reshape import Signature
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
@@ -136,11 +138,31 @@ class Outcome:
     outputs: dict[str, np.ndarray]
     plan: str
     latency_ms: float
-    fallback: bool  # the cloud's part ran locally
-    server: str | None
+    fallback: bool  # a tier the plan counted on failed (the one before it, or the device, finished)
+    server: str | None  # the server that produced the outputs (None: the device)
     decision: Decision
     result: SplitResult
     fallback_reason: str = ""  # why the cloud's part ran locally (each cloud's error, or the deadline)
+    route: str = "local"  # the tier the plan sent the request to (``tier_name``), or local
+    finished_by: str = "device"  # the tier that produced the outputs
+
+
+def tier_name(tier: int, tiers: int) -> str:
+    """``device``, then ``edge`` (three tiers) or ``tier1``.., and ``cloud`` for the last."""
+    if tier == 0:
+        return "device"
+    if tier == tiers - 1:
+        return "cloud"
+    return "edge" if tiers == 3 else f"tier{tier}"
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """The server that answered a request: its tier, and the next cut it was sent (None: it finished)."""
+
+    tier: int
+    cloud: Cloud
+    next_cut: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,10 +171,15 @@ class ShapePlan:
     (so hysteresis at one shape is not disturbed by requests at another)."""
 
     signature: Signature
-    table: CostTable
+    tables: tuple[CostTable, ...]  # one per tier of the path (two tiers: the same table twice)
     controller: Controller
     policy: Policy
     source: str  # profiled | scaled | profiled (re-binding failed)
+
+    @property
+    def table(self) -> CostTable:
+        """The device's table (its cuts, codecs and head times)."""
+        return self.tables[0]
 
 
 class _ShapePlans:
@@ -163,16 +190,16 @@ class _ShapePlans:
     def __init__(
         self,
         graph: Any,
-        table: CostTable,
-        make: Callable[[CostTable], tuple[Controller, Policy]],
+        tables: tuple[CostTable, ...],
+        make: Callable[[tuple[CostTable, ...]], tuple[Controller, Policy]],
         *,
         profiled: Signature | None,
         size: int,
     ) -> None:
-        self.graph, self.table, self.make, self.size = graph, table, make, size
-        controller, policy = make(table)
+        self.graph, self.tables, self.make, self.size = graph, tables, make, size
+        controller, policy = make(tables)
         self.profiled = ShapePlan(
-            signature=profiled or (), table=table, controller=controller, policy=policy, source="profiled"
+            signature=profiled or (), tables=tables, controller=controller, policy=policy, source="profiled"
         )
         self.known = profiled is not None  # else the first request's signature is taken as the profiled one
         self.last = self.profiled
@@ -202,9 +229,9 @@ class _ShapePlans:
             with self._lock:
                 sp = self._others.get(sig)
             if sp is None:
-                table, source = self.table_at(sig, feeds)
-                controller, policy = self.make(table)
-                sp = ShapePlan(signature=sig, table=table, controller=controller, policy=policy, source=source)
+                tables, source = self.tables_at(sig, feeds)
+                controller, policy = self.make(tables)
+                sp = ShapePlan(signature=sig, tables=tables, controller=controller, policy=policy, source=source)
                 with self._lock:
                     self._others[sig] = sp
                     self.built += 1
@@ -214,19 +241,24 @@ class _ShapePlans:
                 self.last = sp
             return sp
 
-    def table_at(self, sig: Signature, feeds: Mapping[str, np.ndarray] | None = None) -> tuple[CostTable, str]:
-        """The profiled table scaled to ``sig`` (``feeds``, of those shapes, size data-dependent tensors)."""
+    def tables_at(
+        self, sig: Signature, feeds: Mapping[str, np.ndarray] | None = None
+    ) -> tuple[tuple[CostTable, ...], str]:
+        """The profiled tables scaled to ``sig`` (``feeds``, of those shapes, size data-dependent tensors)."""
         if sig == self.profiled.signature:
-            return self.table, "profiled"
+            return self.tables, "profiled"
         try:
             at_a = rebind.cut_costs_at(self.graph, dict(self.profiled.signature))
             at_b = rebind.cut_costs_at(self.graph, dict(sig), sample=feeds)
-            return reshape.scale_table(self.table, at_a, at_b), "scaled"
+            scaled: dict[int, CostTable] = {}  # a table shared by two tiers stays one object
+            for t in self.tables:
+                scaled.setdefault(id(t), reshape.scale_table(t, at_a, at_b))
+            return tuple(scaled[id(t)] for t in self.tables), "scaled"
         except SplitrtError as exc:
             # Shapes the model's own shape inference cannot follow: plan with the profiled table
             # rather than fail a request the model itself accepts.
             self.last_error = f"{type(exc).__name__}: {exc}"
-            return self.table, "profiled (re-binding failed)"
+            return self.tables, "profiled (re-binding failed)"
 
     def snapshot(self) -> dict[Signature, ShapePlan]:
         with self._lock:
@@ -236,7 +268,16 @@ class _ShapePlans:
 class AdaptiveDevice:
     """Thread-safe: the daemon's API threads call ``infer`` concurrently.
 
-    ``table`` was profiled at ``table_shapes`` (input name -> shape; default: the bound graph's
+    A path of tiers: the device, then server tiers. Two tiers: ``table`` (the device's heads and the
+    cloud's tails) and ``clouds``, the first tier's servers (balanced, in failover order). More: ``table``
+    one table per tier and ``path`` the servers of each server tier (``[[edge], [cloud]]``; an empty
+    last tier is learnt from the first tier's ``Status``). The first server of the plan's route runs its
+    segment and forwards the rest to its next tier. Fallbacks, for any number of tiers: a server tier
+    that fails -> the head output goes straight to a later tier the device reaches, else finishes here;
+    a server's next tier that fails -> that server finishes (and the plans have it finish until a probe
+    through it succeeds).
+
+    The tables were profiled at ``table_shapes`` (input name -> shape; default: the bound graph's
     ``input_shapes``, else the shape of the first request). ``connect(address) -> Transport`` makes a
     cloud's transport, called again for a fresh one after a failure (default None: the gRPC, or v2,
     transport built from ``device_config``); tests pass an ``InProcessTransport`` over a servicer."""
@@ -244,9 +285,10 @@ class AdaptiveDevice:
     def __init__(
         self,
         model: Any,
-        table: CostTable,
+        table: CostTable | Sequence[CostTable],
         clouds: Sequence[str] = (),
         *,
+        path: Sequence[Sequence[str]] | None = None,
         config: RuntimeConfig | None = None,
         device_config: DeviceConfig | None = None,
         power: Power = DEFAULT_POWER,
@@ -260,21 +302,29 @@ class AdaptiveDevice:
         self.device_config = device_config or DeviceConfig()
         self.local: Device = Device(model, config=self.device_config)
         self.graph = self.local.graph  # bound when the caller bound it: sized at the profiled shapes
-        if list(table.ids) != [c.id for c in self.graph.cuts()]:
+        tables = (table, table) if isinstance(table, CostTable) else tuple(table)
+        servers = [list(clouds)] if path is None else [list(p) for p in path]
+        if len(servers) != len(tables) - 1:
             raise ConfigError(
-                f"cost table lists {len(table.ids)} cuts, model {self.graph.path.name} has "
-                f"{len(self.graph.cuts())}: expected a profile of this model"
+                f"path: expected {len(tables) - 1} server tiers (one per table after the device's), got {len(servers)}"
             )
-        self.table = table
+        for t in tables:
+            if list(t.ids) != [c.id for c in self.graph.cuts()]:
+                raise ConfigError(
+                    f"cost table lists {len(t.ids)} cuts, model {self.graph.path.name} has "
+                    f"{len(self.graph.cuts())}: expected a profile of this model"
+                )
+        self.tables = tables
+        self.table = tables[0]
 
-        def make(t: CostTable) -> tuple[Controller, Policy]:
-            controller = Controller(t, self.config.controller, power=power)
+        def make(ts: tuple[CostTable, ...]) -> tuple[Controller, Policy]:
+            controller = Controller(ts, self.config.controller, power=power)
             return controller, Policy(self.config.policy, controller)
 
         profiled = table_shapes if table_shapes is not None else self.graph.input_shapes
         self._shapes = _ShapePlans(
             self.graph,
-            table,
+            tables,
             make,
             size=self.config.max_shapes,
             profiled=reshape.signature(profiled) if profiled is not None else None,
@@ -295,7 +345,19 @@ class AdaptiveDevice:
             connect=connect,
         )
         self._balancer = Balancer(self.config.balance)
-        self.set_clouds(clouds)
+        self.set_clouds(servers[0])
+        # Hops 1.. and server tiers 2.. (none for two tiers).
+        self.hops = Hops(
+            len(tables),
+            servers[1:],
+            graph=self.graph,
+            device_config=self.device_config,
+            link=self.config.link,
+            backoff_initial_s=self.config.backoff_initial_s,
+            backoff_max_s=self.config.backoff_max_s,
+            lock=self._lock,
+            connect=connect,
+        )
         self._warm_due = False
         self._closing = threading.Event()
         self.stats = {
@@ -307,6 +369,7 @@ class AdaptiveDevice:
             "shape_tables": 0,
             "refused": 0,
             "diverged": 0,
+            "relayed": 0,  # requests a server forwarded to its next tier
         }
         self.last_local_error = ""
         self.last_diverged = ""  # why the last request could not be split (a specialised graph's guard)
@@ -320,15 +383,39 @@ class AdaptiveDevice:
         self._clouds.set(addresses)
 
     def clouds(self) -> list[dict[str, object]]:
-        return self._clouds.snapshot()
+        """The servers this runtime knows: the first tier's; past it, what each tier reports of its
+        next (``ADDRESS/next``) and the later tiers' servers reached directly."""
+        out = self._clouds.snapshot()
+        with self._lock:
+            via = [str(c["address"]) for c in out]
+            for nxt, direct in zip(self.hops.next, self.hops.direct, strict=True):
+                out += [
+                    {"address": f"{a}/next", "up": nxt.up(), "failures": nxt.failures, "rtt_ms": None}
+                    | {"last_error": nxt.last_error, "served": 0}
+                    for a in via
+                ]
+                seen = direct.snapshot()
+                out += seen
+                via = [str(c["address"]) for c in seen]
+        return out
 
     # -- planning ----------------------------------------------------------------------------------
     def _decide(self, sp: ShapePlan, now_s: float, request: str, cloud: Cloud | None) -> Decision:
-        est = self.link.estimate(now_s)
+        """The plan from one link estimate per hop, one load per server tier and what is reachable: the
+        first tier when one of its servers admits; a later tier as the tier before it reports it while
+        that one is reachable, else directly."""
         with self._lock:
             # The queue of the cloud the request goes to first is the plan's queue term.
-            load = replace(self.load.estimate(now_s), queue_ms=cloud.queue.estimate(now_s) if cloud else 0.0)
-            return sp.policy.decide(now_s, est, load, cloud_available=cloud is not None, request=request)
+            first = replace(self.load.estimate(now_s), queue_ms=cloud.queue.estimate(now_s) if cloud else 0.0)
+            links = [self.link.estimate(now_s), *[h.estimate(now_s) for h in self.hops.links]]
+            loads = [first] + [
+                LoadEstimate(device_factor=first.device_factor, cloud_factor=x.estimate(now_s).cloud_factor)
+                for x in self.hops.loads
+            ]
+            up = [cloud is not None]
+            for nxt, direct in zip(self.hops.next, self.hops.direct, strict=True):
+                up.append(nxt.up() if up[-1] else bool(direct.admitting(now_s)))
+            return sp.policy.decide(now_s, links, loads, cloud_available=up, request=request)
 
     def shape_plans(self) -> dict[Signature, ShapePlan]:
         """The signatures planned for now, the profiled one first (the others most recent last)."""
@@ -338,7 +425,7 @@ class AdaptiveDevice:
         """The table requests of ``sig`` are planned with (None: the profiled one); for an evicted or
         unseen signature the scaled table is computed afresh. ``reshape.replay_by_shape`` takes this."""
         held = self.shape_plans().get(sig) if sig is not None else self._shapes.profiled
-        return held.table if held is not None else self._shapes.table_at(sig or ())[0]
+        return held.table if held is not None else self._shapes.tables_at(sig or ())[0][0]
 
     # -- one request -------------------------------------------------------------------------------
     def infer(
@@ -359,12 +446,20 @@ class AdaptiveDevice:
         with self._lock:  # least loaded first; the rest are the failover order
             live, choice = self._balancer.order(live, now)
         decision = self._decide(sp, now, rid, live[0] if live else None)
-        cut, codec = parse_plan(decision.plan, sp.table.codecs[0])
+        route = decision.route or tuple(range(len(self.tables)))
+        cuts, codecs = parse_path(decision.plan, sp.table.codecs[0], hops=len(route) - 1)
+        cut = cuts[0]
         head = self.local.run_head(feeds, cut)
-        result, answered, why = self._finish(sp.table, head, cut, codec, live, t0, deadline, now)
-        self._observe(sp.table, cut, head, result, answered)
-        server = answered.address if answered is not None else None
+        targets = self.hops.targets(route, cuts, live, now) if cut != DEVICE_CUT else []
+        result, answer, why = self._finish(sp.table, head, cuts, codecs[0], targets, t0, deadline, now)
+        _observe(self, sp, cut, head, result, answer)
+        # The server that produced the outputs: the one that answered, or its next tier when it forwarded.
+        relayed = result.hops is not None and result.hops.forwarded
+        server = None if answer is None else answer.cloud.address
+        if relayed and answer is not None and result.hops is not None:
+            server = result.hops.next_address or f"{answer.cloud.address}/next"
         fallback = why is not None
+        finished_by = 0 if answer is None else answer.tier + int(relayed)
         latency = (time.perf_counter() - t0) * 1e3
         decision = replace(
             decision,
@@ -379,6 +474,7 @@ class AdaptiveDevice:
                 "table": sp.source,
                 **({"balance": choice.to_json()} if len(live) > 1 else {}),
                 **({"fallback_reason": why} if why else {}),
+                **({"finished_by": tier_name(finished_by, len(self.tables))} if len(self.tables) > 2 else {}),
             },
         )
         with self._lock:
@@ -401,6 +497,8 @@ class AdaptiveDevice:
             decision=decision,
             result=result,
             fallback_reason=why or "",
+            route="local" if cut == DEVICE_CUT else tier_name(route[1], len(self.tables)),
+            finished_by=tier_name(finished_by, len(self.tables)),
         )
 
     def _original(self, feeds: Mapping[str, Any], rid: str, t0: float, why: str) -> Outcome:
@@ -446,86 +544,73 @@ class AdaptiveDevice:
             fallback_reason=f"diverged: {why}",
         )
 
+    def _servers(self, tier: int) -> Clouds:
+        return self._clouds if tier == 1 else self.hops.direct[tier - 2]
+
     def _finish(
         self,
         table: CostTable,
         head: HeadResult,
-        cut: str,
+        cuts: tuple[str, ...],
         codec: str,
-        live: list[Cloud],
+        targets: list[tuple[int, list[Cloud], str | None]],
         t0: float,
         deadline_ms: float,
         now: float,
-    ) -> tuple[SplitResult, Cloud | None, str | None]:
-        """The request's outputs, the cloud that answered (None: finished here), and why not a cloud."""
+    ) -> tuple[SplitResult, _Answer | None, str | None]:
+        """The request's outputs, the server that answered (None: finished here), and why a tier the plan
+        counted on did not (None: none failed)."""
+        cut = cuts[0]
         if cut == DEVICE_CUT:
             return self.local.finish_locally(head), None, None
-        why: list[str] = [] if live else ["no cloud available"]
+        why: list[str] = [] if targets[0][1] else ["no cloud available"]
         # Keep enough of the deadline to run the tail here if the cloud does not answer in time.
         local_tail_ms = float(table.head_ms[table.index(DEVICE_CUT)] - table.head_ms[table.index(cut)]) * max(
             1.0, self.load.estimate(now).device_factor
         )
-        for cloud in live:
-            timeout_ms = rpc_timeout_ms(
-                deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_tail_ms
-            )
-            if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
-                why.append(f"no time left for {cloud.address} within the deadline of {deadline_ms:g} ms")
-                break
-            with self._clouds.on_wire(cloud):
-                try:
-                    res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3)
-                except CloudError as exc:
-                    why.append(f"{cloud.address}: {exc}")
-                    if exc.retry_after_ms is not None:  # queue full: next cloud, or the tail here
-                        self._clouds.refused(cloud, self.clock(), exc)
+        for tier, servers, next_cut in targets:
+            clouds = self._servers(tier)
+            for cloud in servers:
+                timeout_ms = rpc_timeout_ms(
+                    deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_tail_ms
+                )
+                if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
+                    why.append(f"no time left for {cloud.address} within the deadline of {deadline_ms:g} ms")
+                    return self.local.finish_locally(head), None, "; ".join(why)
+                with clouds.on_wire(cloud):
+                    try:
+                        res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3, next_cut=next_cut)
+                    except CloudError as exc:
+                        why.append(f"{cloud.address}: {exc}")
+                        if exc.retry_after_ms is not None:  # queue full: next cloud, or the tail here
+                            clouds.refused(cloud, self.clock(), exc)
+                            with self._lock:
+                                self.stats["refused"] += 1
+                        else:
+                            clouds.mark_failed(cloud, self.clock(), exc)
+                        continue
+                    except (SplitrtError, ValueError) as exc:
+                        # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
+                        # us): this request finishes locally, the cloud stays up.
                         with self._lock:
-                            self.stats["refused"] += 1
-                    else:
-                        self._clouds.mark_failed(cloud, self.clock(), exc)
-                    continue
-                except (SplitrtError, ValueError) as exc:
-                    # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
-                    # us): this request finishes locally, the cloud stays up.
+                            self.stats["local_errors"] += 1
+                            self.last_local_error = f"{type(exc).__name__}: {exc}"
+                        why.append(f"{cloud.address}: {self.last_local_error}")
+                        return self.local.finish_locally(head), None, "; ".join(why)
+                clouds.answered(cloud)
+                answer = _Answer(tier=tier, cloud=cloud, next_cut=next_cut)
+                # Another server of the planned tier answering is no fallback; a later tier, or the
+                # planned server finishing because its next tier failed, is.
+                failed = why if tier != targets[0][0] else []
+                relay = res.hops
+                if relay is not None and tier <= len(self.hops.next):
                     with self._lock:
-                        self.stats["local_errors"] += 1
-                        self.last_local_error = f"{type(exc).__name__}: {exc}"
-                    why.append(f"{cloud.address}: {self.last_local_error}")
-                    break
-            self._clouds.answered(cloud)
-            return res, cloud, None
+                        self.hops.next[tier - 1].reported(self.clock(), relay.next_error_code, relay.next_error)
+                    if next_cut not in (None, DEVICE_CUT) and not relay.forwarded:
+                        failed.append(f"{cloud.address}'s next tier: {relay.next_error_code}: {relay.next_error}")
+                return res, answer, "; ".join(failed) or None
         local = self.local.finish_locally(head)
         return local, None, "; ".join(why) or "no cloud answered"
-
-    def _observe(self, table: CostTable, cut: str, head: HeadResult, res: SplitResult, cloud: Cloud | None) -> None:
-        """What one request says about the link, the cloud and the device, into the estimators."""
-        now = self.clock()
-        with self._lock:
-            if cloud is not None:
-                # The wait for a worker is the plan's queue term (``cloud.queue``, fed by the reply's load
-                # report), not the tail's factor: it does not scale with the cut's tail (queue_wait_s=0).
-                observe.observe_reply(
-                    observe.ReplyObservation(
-                        bytes_up=res.bytes_up,
-                        bytes_down=res.bytes_down,
-                        net_s=res.network_ms / 1e3,
-                        tail_s=res.tail_ms / 1e3,
-                        profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
-                    ),
-                    now,
-                    link=self.link,
-                    load=self.load,
-                )
-                if res.load is not None:
-                    cloud.add_load(now, res.load, own=True)
-            # The device's real speed: the head (the whole model on the device plan) against the table
-            # of this shape (another shape's times would read as a speed change).
-            measured = res.total_ms if cut == DEVICE_CUT else head.head_ms
-            observe.observe_local(
-                self.load,
-                observe.LocalRun(measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])),
-                self.clock(),
-            )
 
     def _warm(self, now_s: float) -> None:
         """Build head sessions of the plans likely next, off the request path's critical section."""
@@ -564,6 +649,9 @@ class AdaptiveDevice:
                 "device_load": load.device_factor,
                 "cloud_load": load.cloud_factor,
                 "clouds": self.clouds(),
+                # Three tiers: the hops past the first server, what each server reports of its next tier
+                # and the later tiers' servers reached directly.
+                **({"path": self.hops.status(now)} if self.hops.next else {}),
                 **self.stats,
             }
 
@@ -571,12 +659,63 @@ class AdaptiveDevice:
         self._closing.set()  # no new session build; the one in progress is waited for (CLOSE_WAIT_S)
         self.prober.stop(timeout_s=CLOSE_WAIT_S)
         self._clouds.close()
+        self.hops.close()
 
     def __enter__(self) -> AdaptiveDevice:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _observe(
+    dev: AdaptiveDevice, sp: ShapePlan, cut: str, head: HeadResult, res: SplitResult, answer: _Answer | None
+) -> None:
+    """What one request says about the links, the servers and the device, into the estimators."""
+    table = sp.table
+    now = dev.clock()
+    with dev._lock:
+        if answer is not None and res.hops is not None:  # relayed: both hops and both tiers
+            hops.observe_relayed(
+                sp.tables,
+                res,
+                cut,
+                answer.next_cut or DEVICE_CUT,
+                now,
+                links=[dev.link, *dev.hops.links],
+                loads=[dev.load, *dev.hops.loads],
+            )
+            dev.stats["relayed"] += int(res.hops.forwarded)
+            if res.load is not None:
+                answer.cloud.add_load(now, res.load, own=True)
+        elif answer is not None and answer.tier == 1:
+            # The wait for a worker is the plan's queue term (``cloud.queue``, fed by the reply's load
+            # report), not the tail's factor: it does not scale with the cut's tail (queue_wait_s=0).
+            observe.observe_reply(
+                observe.ReplyObservation(
+                    bytes_up=res.bytes_up,
+                    bytes_down=res.bytes_down,
+                    net_s=res.network_ms / 1e3,
+                    tail_s=res.tail_ms / 1e3,
+                    profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
+                ),
+                now,
+                link=dev.link,
+                load=dev.load,
+            )
+            if res.load is not None:
+                answer.cloud.add_load(now, res.load, own=True)
+        elif answer is not None:  # a later tier reached directly: its load, no one hop's sample
+            obs = hops.tier_reply(sp.tables[answer.tier], cut, tail_ms=res.tail_ms, queue_ms=res.queue_ms)
+            observe.observe_reply(obs, now, link=None, load=dev.hops.loads[answer.tier - 2])
+        # The device's real speed: the head (the whole model on the device plan) against the table
+        # of this shape (another shape's times would read as a speed change).
+        measured = res.total_ms if cut == DEVICE_CUT else head.head_ms
+        observe.observe_local(
+            dev.load,
+            observe.LocalRun(measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])),
+            dev.clock(),
+        )
 
 
 def status_json(dev: AdaptiveDevice) -> str:

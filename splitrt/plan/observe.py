@@ -1,6 +1,6 @@
 """Sans-IO observation: how a reply, a probe or a local run becomes estimator samples, and when to probe.
 
-The runtimes (``device.runtime``, ``device.prober``, ``device.chain``) and the simulator (``rig.sim``)
+The runtime (``device.runtime``, ``device.prober``, ``device.hops``) and the simulator (``rig.sim``)
 all call these functions, so what the simulator learns from a request is what a device learns from
 one. Each takes the estimator(s) to feed, a small frozen observation and ``now_s``; none reads a clock,
 a socket or a file. The estimators are the state: they are fed in place, as everywhere in ``plan``; the

@@ -3,10 +3,11 @@ and figures out; no sockets, sessions, files or clocks).
 
 The strategies (``STRATEGIES``): device-only, cloud-only (the input straight to the cloud, through the
 edge's network) and the best static 2-tier split run on the two-tier runtime (``AdaptiveDevice`` with a
-fixed plan), as a system that does not know the edge would; edge-only (``cloud>device``: the edge runs
-the whole model), the best static 3-tier cut pair and the 3-tier adaptive runtime run on ``ChainDevice``.
-Static choices are made once, from the profile at the traces' median bandwidths, with the objective the
-adaptive runtime uses; a static 3-tier strategy is the runtime's ``fixed:PLAN`` policy.
+fixed plan), as a system that does not know the edge would; edge-only (``cloud@fp32>device``: the edge
+runs the whole model), the best static 3-tier cut pair and the 3-tier adaptive runtime run on
+``AdaptiveDevice`` over the three tiers. Static choices are made once, from the profile at the traces'
+median bandwidths, with the objective the adaptive runtime uses; a static 3-tier strategy is the
+runtime's ``fixed:PLAN`` policy.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ TWO_TIER_STATIC = ("device-only", "cloud-only", "static-2tier")
 
 @dataclass(frozen=True, kw_only=True)
 class Strategy:
-    """One strategy: which runtime runs it (``tiers`` 2: ``AdaptiveDevice`` over the direct path, 3:
-    ``ChainDevice`` through the edge), its policy (``fixed:PLAN`` or ``adaptive``) and what the cost model
-    predicts for it at the median bandwidths (nan for adaptive)."""
+    """One strategy: which path the runtime runs over (``tiers`` 2: ``AdaptiveDevice`` over the direct
+    path, 3: over the three tiers, through the edge), its policy (``fixed:PLAN`` or ``adaptive``) and what
+    the cost model predicts for it at the median bandwidths (nan for adaptive)."""
 
     name: str
     tiers: int

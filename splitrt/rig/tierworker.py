@@ -1,7 +1,7 @@
 """The device process of the three-tier rig bench (``python -m splitrt.rig.tierworker SPEC``), JSON lines.
 
 It holds one runtime per strategy (``prepare``): an ``AdaptiveDevice`` over the direct path for the
-two-tier strategies, a ``ChainDevice`` through the edge for the three-tier ones (``ChainConfig.policy``
+two-tier strategies, one over the three tiers through the edge for the three-tier ones (``RuntimeConfig.policy``
 for a static pair), and runs one strategy's turn at a time (``run``), as ``rig.worker`` does for the
 two-tier bench (its clocks, parked probers and paced request loop are reused). Every request's outputs
 are compared with the full model's, run here once at start.
@@ -43,7 +43,7 @@ def _matches(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -
 
 
 def chain_describe(reference: dict[str, np.ndarray]) -> Any:
-    """A ``ChainOutcome`` as a request record (the same keys as ``rig.worker.describe`` where they apply)."""
+    """A three-tier ``Outcome`` as a request record (the same keys as ``rig.worker.describe`` where they apply)."""
 
     def describe(out: Any) -> dict[str, Any]:
         r, d = out.result, out.decision
@@ -153,7 +153,6 @@ class _Worker:
 
     def runtime(self, msg: dict[str, Any], clock: rw.TurnClock) -> tuple[Any, Any, float]:
         """(runtime, describe, prober interval) of one strategy."""
-        from splitrt.device.chain import ChainConfig, ChainDevice
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
         from splitrt.plan.controller import ControllerConfig
         from splitrt.rig.tierplans import chain_config
@@ -187,16 +186,16 @@ class _Worker:
                 start_prober=False,
             )
             return dev, two_describe(self.reference), rc.prober_interval_s
-        cc = ChainConfig(
-            deadline_ms=float(spec["deadline_ms"]), policy=msg["policy"], controller=chain_config(objective, codecs)
+        cc = RuntimeConfig(
+            deadline_ms=float(spec["deadline_ms"]),
+            policy=msg["policy"],
+            warm_sessions=False,
+            controller=chain_config(objective, codecs),
         )
-        dev = ChainDevice(
+        dev = AdaptiveDevice(
             self.mg,
-            d_tbl,
-            e_tbl,
-            c_tbl,
-            edge=spec["edge"],
-            cloud=spec["cloud"],
+            (d_tbl, e_tbl, c_tbl),
+            path=[[spec["edge"]], [spec["cloud"]]],
             config=cc,
             device_config=self.dcfg,
             power=self.board.power,

@@ -134,7 +134,9 @@ def _daemon(tmp_path: Path, edge: str, cloud: str, **kw: Any) -> Daemon:
             api_socket_path=None,
             metrics_port=None,
             intra_op_threads=1,
-            deadline_ms=20_000,
+            # Room for a local finish of the whole model on the 1000x board at a busy host's device load
+            # (sampled as for two tiers): the reserve would otherwise keep every request here.
+            deadline_ms=120_000,
             **kw,
         )
     )
@@ -158,6 +160,13 @@ def _stream(api: str, n: int, kill_after: int, kill: subprocess.Popen[bytes]) ->
     return [x, *results]
 
 
+def _after_first_fallback(results: list[Any]) -> list[Any]:
+    """The requests after the one the kill caught (the SIGKILL timer may fire a request or two late on
+    a busy host: the first fallback marks it)."""
+    first = next((i for i, r in enumerate(results) if r.fallback), len(results))
+    return results[first + 1 :]
+
+
 def _check(x_and_results: list[Any]) -> list[Any]:
     x, *results = x_and_results
     lost = [r for r in results if isinstance(r, Exception)]
@@ -173,12 +182,13 @@ def test_three_tiers_edge_killed_mid_stream_loses_nothing(tmp_path: Path, tiers:
     with _daemon(tmp_path, edge, cloud) as d:
         assert d.api_address is not None
         results = _check(_stream(d.api_address, 16, 6, edge_proc))
-        before, after = results[:6], results[8:]
+        before, after = results[:6], _after_first_fallback(results[6:])
+        assert len(after) >= 4, [(r.plan, r.server, r.fallback) for r in results]
         # through the edge on to the cloud; the request the kill caught went straight to the cloud
-        assert all(">" in r.plan and r.server == "cloud" for r in before), [(r.plan, r.server) for r in before]
+        assert all(">" in r.plan and r.server == cloud for r in before), [(r.plan, r.server) for r in before]
         assert any(r.fallback for r in results[6:]), [(r.plan, r.server, r.fallback) for r in results[6:]]
         # then two tiers: device -> cloud, the edge left out
-        assert all(">" not in r.plan and r.server == "cloud" for r in after), [(r.plan, r.server) for r in after]
+        assert all(">" not in r.plan and r.server == cloud for r in after), [(r.plan, r.server) for r in after]
         status = d.plan(d.model("sq"))
         assert status["completed"] == 16 and status["failed"] == 0
         edge_state = next(c for c in status["clouds"] if c["address"] == edge)
@@ -190,14 +200,13 @@ def test_three_tiers_cloud_killed_mid_stream_loses_nothing(tmp_path: Path, tiers
     with _daemon(tmp_path, edge, cloud) as d:
         assert d.api_address is not None
         results = _check(_stream(d.api_address, 16, 6, cloud_proc))
-        before, after = results[:6], results[8:]
-        assert all(">" in r.plan and r.server == "cloud" for r in before), [(r.plan, r.server) for r in before]
+        before, after = results[:6], _after_first_fallback(results[6:])
+        assert len(after) >= 4, [(r.plan, r.server, r.fallback) for r in results]
+        assert all(">" in r.plan and r.server == cloud for r in before), [(r.plan, r.server) for r in before]
         # the request the kill caught was finished by the edge; then the plans have the edge finish
         assert any(r.fallback for r in results[6:]), [(r.plan, r.server, r.fallback) for r in results[6:]]
         # (the edge finishing: the hop to the cloud pinned to device)
-        assert all(r.plan.endswith(">device") and r.server == "edge" for r in after), [
-            (r.plan, r.server) for r in after
-        ]
+        assert all(r.plan.endswith(">device") and r.server == edge for r in after), [(r.plan, r.server) for r in after]
         status = d.plan(d.model("sq"))
         assert status["completed"] == 16 and status["failed"] == 0
 
@@ -223,7 +232,7 @@ def test_three_tiers_take_a_fixed_plan_and_constraints(tmp_path: Path, in_proces
     with _daemon(tmp_path, edge, cloud, policy="fixed:c4@fp32>c20@fp32") as d, LocalClient(str(d.api_address)) as c:
         for _ in range(3):
             r = c.infer(x)
-            assert (r.plan, r.server) == ("c4@fp32>c20@fp32", "cloud")
+            assert (r.plan, r.server) == ("c4@fp32>c20@fp32", cloud)  # the server that made the outputs
             assert rel_err(want, r.outputs["softmaxout_1"]) < 1e-4
         assert c.plan().policy == "fixed:c4@fp32>c20@fp32"
         assert {s.address for s in c.plan().clouds} == {edge, f"{edge}/next", cloud}

@@ -205,7 +205,7 @@ def _parse_path(where: str, kw: dict[str, Any]) -> None:
 
 
 def _check_tiers(where: str, cfg: DaemonConfig) -> None:
-    """What the three-tier runtime (``device.chain``: one server per hop) does not do yet, refused by name."""
+    """What the daemon does not do over three tiers yet (one server per hop), refused by name."""
     path = cfg.path
     if len(path) < 2:
         return

@@ -53,11 +53,14 @@ class NextHealth:
         self.down_until = None
         self.backoff_s = self.initial_s
 
-    def reported(self, now_s: float, code: str, message: str) -> None:
-        """A reply's account of the next tier: ``code`` empty when it answered. A timeout may be this
-        request's short deadline: the tier counts as down at the second in a row."""
-        if not code:
+    def reported(self, now_s: float, *, forwarded: bool, code: str, message: str) -> None:
+        """A reply's account of the next tier: it forwarded (up), failed with ``code``, or was not asked
+        (the request's next cut was ``device``: nothing learnt). A timeout may be this request's short
+        deadline: the tier counts as down at the second in a row."""
+        if forwarded:
             self.answered()
+            return
+        if not code:
             return
         timed_out = code == "DEADLINE_EXCEEDED"
         self.timeouts = self.timeouts + 1 if timed_out else 0

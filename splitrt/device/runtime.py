@@ -605,7 +605,12 @@ class AdaptiveDevice:
                 relay = res.hops
                 if relay is not None and tier <= len(self.hops.next):
                     with self._lock:
-                        self.hops.next[tier - 1].reported(self.clock(), relay.next_error_code, relay.next_error)
+                        self.hops.next[tier - 1].reported(
+                            self.clock(),
+                            forwarded=relay.forwarded,
+                            code=relay.next_error_code,
+                            message=relay.next_error,
+                        )
                     if next_cut not in (None, DEVICE_CUT) and not relay.forwarded:
                         failed.append(f"{cloud.address}'s next tier: {relay.next_error_code}: {relay.next_error}")
                 return res, answer, "; ".join(failed) or None

@@ -125,11 +125,13 @@ def test_cloud_dies_the_edge_finishes_then_the_plan_keeps_it_at_the_edge(
         assert not dev.hops.next[0].up()
         after = dev.infer(x)  # re-planned: the edge finishes by plan
         assert after.decision.cuts[1] == "device" and after.finished_by == "edge" and not after.fallback
+        assert not dev.hops.next[0].up()  # a request the edge was not asked to forward says nothing of the hop
+        assert dev.infer(x).decision.cuts[1] == "device"  # ... so the next plan still has the edge finish
         assert rel_err(ref, after.outputs["y"]) <= 1e-5
         clock.t += 10.0
         dev.probe_once()  # the probe through the edge still fails: the hop stays down
         assert not dev.hops.next[0].up() and "UNAVAILABLE" in dev.hops.next[0].last_error
-        assert dev.stats["completed"] == 3
+        assert dev.stats["completed"] == 4
 
 
 def test_edge_dies_the_device_goes_to_the_cloud_then_finishes_itself(tiers: tuple[CloudServer, CloudServer]) -> None:

@@ -120,6 +120,8 @@ class Settings:
     quick: bool = False
     # More ``splitrt serve`` arguments (e.g. ``--log-every-request`` to see each request's queue and tail ms).
     serve_args: tuple[str, ...] = ()
+    # The legit clients in this process, beside the attackers' threads (as before 2026-12-04 05:00 UTC).
+    legit_in_process: bool = False
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -418,6 +420,128 @@ class Legit:
 
     def all_calls(self) -> list[Call]:
         return self.calls + self.nodl.calls
+
+
+class LegitProc:
+    """``Legit`` in a process of its own (the default): the attackers' threads in this process would
+    otherwise hold this interpreter's GIL while a legit call waits for it, and the bench would charge
+    the server for its own contention. The child reports each finished call as a JSON line; ``calls``,
+    ``nodl.calls``, ``nodl.settle`` and ``all_calls`` behave as ``Legit``'s. Clocks: ``time.monotonic``
+    is the same clock in both processes (CLOCK_MONOTONIC)."""
+
+    def __init__(self, address: str, request: bytes, workdir: Path) -> None:
+        req_path = workdir / "legit-request.bin"
+        req_path.write_bytes(request)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--legit-child", address, str(req_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=_env(),
+            text=True,
+        )
+        self.calls: list[Call] = []
+        self.nodl = _ChildNodl(self)
+        self.lines: dict[str, threading.Event] = {w: threading.Event() for w in ("ready", "settled", "stopped")}
+        self.failure = ""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            if "event" in msg:
+                self.failure = msg.get("error", "")
+                self.lines[msg["event"]].set()
+                continue
+            call = Call(msg["kind"], msg["t"], msg["ms"], msg["code"])
+            (self.nodl.calls if call.kind == "nodl" else self.calls).append(call)
+        for ev in self.lines.values():  # the child is gone: nobody waits for it any longer
+            ev.set()
+
+    def _say(self, command: str, wait_for: str, timeout_s: float) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        self.lines[wait_for].wait(timeout_s)
+
+    def warm(self, timeout_s: float = 120.0) -> None:
+        self.lines["ready"].wait(timeout_s)
+        if self.failure or not self.lines["ready"].is_set() or self.proc.poll() is not None:
+            raise SystemExit(f"the legit request never succeeded: {self.failure or 'no answer from the child'}")
+
+    def start(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("start\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self._say("stop", "stopped", 30.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def all_calls(self) -> list[Call]:
+        return self.calls + self.nodl.calls
+
+
+class _ChildNodl:
+    def __init__(self, parent: LegitProc) -> None:
+        self.parent = parent
+        self.calls: list[Call] = []
+
+    def settle(self, wait_s: float) -> None:
+        self.parent._say(f"settle {wait_s}", "settled", wait_s + 30.0)
+
+
+def legit_child(address: str, req_path: str) -> int:
+    """The child of ``LegitProc``: a ``Legit`` that reports its calls on stdout as JSON lines."""
+    out_lock = threading.Lock()
+
+    def say(msg: dict[str, Any]) -> None:
+        with out_lock:
+            sys.stdout.write(json.dumps(msg) + "\n")
+            sys.stdout.flush()
+
+    legit = Legit(address, Path(req_path).read_bytes())
+    try:
+        legit.warm()
+    except SystemExit as exc:
+        say({"event": "ready", "error": str(exc)})
+        return 1
+    say({"event": "ready"})
+    sent: set[int] = set()
+    done = threading.Event()
+
+    def report(final: bool = False) -> None:
+        for call in list(legit.calls) + list(legit.nodl.calls):
+            if id(call) in sent or (call.code in ("PENDING", "SETTLING") and not final):
+                continue
+            sent.add(id(call))
+            say({"kind": call.kind, "t": call.t, "ms": call.ms, "code": call.code})
+
+    def reporter() -> None:
+        while not done.wait(0.02):
+            report()
+
+    threading.Thread(target=reporter, daemon=True).start()
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[:1] == ["start"]:
+            legit.start()
+        elif cmd[:1] == ["settle"]:
+            legit.nodl.settle(float(cmd[1]))
+            report()
+            say({"event": "settled"})
+        elif cmd[:1] == ["stop"]:
+            break
+    legit.stop()
+    done.set()
+    report(final=True)
+    say({"event": "stopped"})
+    return 0
 
 
 # -- the attacker's own address --------------------------------------------------------------------------
@@ -1216,7 +1340,7 @@ def _stage(attack: Attack, root: Path) -> tuple[Path, Path, dict[str, str]]:
     return store, token_file, shas
 
 
-def _recovery(legit: Legit, t_from: float, base_p99: float, cap_s: float) -> float | None:
+def _recovery(legit: Legit | LegitProc, t_from: float, base_p99: float, cap_s: float) -> float | None:
     """Seconds after ``t_from`` until three legit deadline calls in a row succeed in time."""
     limit = max(3 * base_p99, base_p99 + 50.0)
     end = t_from + cap_s
@@ -1243,7 +1367,9 @@ def run_row(
     server = Server(store, token_file, root / attack.name / "server.log", s, flags)
     _progress(f"{attack.name}: starting the server")
     server.start()
-    legit = Legit(server.address, legit_req)
+    legit: Legit | LegitProc = (
+        Legit(server.address, legit_req) if s.legit_in_process else LegitProc(server.address, legit_req, root)
+    )
     proxy = Proxy(server.address)
     try:
         legit.warm()
@@ -1423,6 +1549,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", type=Path, metavar="DIR", help="keep each row's server log here (<row>.log)")
     ap.add_argument("--render", type=Path, metavar="FILE", help="print the table of a saved --json run")
     ap.add_argument(
+        "--legit-in-process",
+        action="store_true",
+        help="run the legit clients in this process, beside the attackers' threads (default: a child process)",
+    )
+    ap.add_argument("--legit-child", nargs=2, metavar=("ADDRESS", "REQUEST"), help=argparse.SUPPRESS)
+    ap.add_argument(
         "--serve-arg",
         action="append",
         default=[],
@@ -1430,6 +1562,8 @@ def main(argv: list[str] | None = None) -> int:
         help="one more argument for every row's splitrt serve (repeatable; e.g. --serve-arg=--log-every-request)",
     )
     args = ap.parse_args(argv)
+    if args.legit_child:
+        return legit_child(*args.legit_child)
     if args.render is not None:
         print(report(json.loads(args.render.read_text())))
         return 0
@@ -1444,6 +1578,7 @@ def main(argv: list[str] | None = None) -> int:
             "budget_mb": args.budget_mb,
             "hard_cap_mb": args.hard_cap_mb,
             "serve_args": tuple(args.serve_arg),
+            "legit_in_process": args.legit_in_process,
         }
     )
     names = args.rows.split(",") if args.rows else (QUICK_ROWS if s.quick else [a.name for a in attacks()])

@@ -213,6 +213,12 @@ def _limit_arguments(p: Any) -> None:
         help="Probe calls at once, apart from inference (default 8; their bytes are reserved before the body is read)",
     )
     g.add_argument(
+        "--upload-lane",
+        type=int,
+        default=lim.upload_calls,
+        help="uploads (PutModel) at once, apart from inference (default 4; one address: half)",
+    )
+    g.add_argument(
         "--health-lane",
         type=int,
         default=lim.health_calls,
@@ -285,6 +291,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
         calls_per_peer=args.calls_per_peer,
         status_calls=args.status_lane,
         probe_calls=args.probe_lane,
+        upload_calls=args.upload_lane,
         health_calls=args.health_lane,
         watch_streams=args.max_watch_streams,
         watch_max_age_s=args.watch_max_age_s,

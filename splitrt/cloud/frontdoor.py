@@ -12,10 +12,12 @@ Per call, in order:
    address that failed too often waits (``AuthThrottle``): RESOURCE_EXHAUSTED with ``retry-after-ms``,
    its token not even compared. Refusals are logged through ``RateLog`` (a flood: one summary line
    per interval).
-2. Lanes: inference calls (Infer, InferStream, Probe, PutModel), Status, health Check and health Watch
-   each have their own cap, and one peer address holds at most part of each (``calls_per_peer`` of
-   inference, half of the others); a full lane answers RESOURCE_EXHAUSTED at once, and never blocks
-   another (Status and health answer while the inference queue is full).
+2. Lanes: inference calls (Infer, InferStream), Probe, uploads (PutModel), Status, health Check and health
+   Watch each have their own cap, and one peer address holds at most part of each (``calls_per_peer`` of
+   inference, half of the others: an uploader sends at most half the lane's uploads at once); a full lane
+   answers RESOURCE_EXHAUSTED at once, and never blocks another (Status and health answer while the
+   inference queue is full). A Probe's bytes are reserved in the memory budget before its body is read
+   (``_Call.prepay``).
 3. Leases: the request message (``read_timeout_s``; health ``health_read_timeout_s``), each further
    upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
    take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not
@@ -74,11 +76,14 @@ _SELF_LOGGED = {f"/{wire.SERVICE_NAME}/Infer"}
 
 
 def lane_of(method: str) -> str:
-    """The lane a method's calls are admitted to: ``watch``, ``health``, ``status``, ``probe`` or ``infer``."""
+    """The lane a method's calls are admitted to: ``watch``, ``health``, ``status``, ``probe``, ``upload`` or
+    ``infer``."""
     if method.startswith(HEALTH):
         return "watch" if method.endswith("/Watch") else "health"
     if method == f"/{wire.SERVICE_NAME}/Probe":
         return "probe"
+    if method == f"/{wire.SERVICE_NAME}/PutModel":
+        return "upload"
     return "status" if method == f"/{wire.SERVICE_NAME}/Status" else "infer"
 
 
@@ -113,6 +118,7 @@ class FrontDoor(grpc.ServerInterceptor):
             "infer": infer_calls,
             "status": limits.status_calls,
             "probe": limits.probe_calls,
+            "upload": limits.upload_calls,
             "health": limits.health_calls,
             "watch": limits.watch_streams,
         }

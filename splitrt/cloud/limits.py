@@ -34,7 +34,7 @@ class Limits:
     health_read_timeout_s: float = 5.0
     # InferStream: the next frame within this, or the stream ends (DEADLINE_EXCEEDED).
     stream_idle_s: float = 120.0
-    # Inference calls (Infer, InferStream, Probe, PutModel) at once, working or waiting on their client
+    # Inference calls (Infer, InferStream) at once, working or waiting on their client
     # (at least workers + max_queue + 8); one peer address holds at most ``calls_per_peer`` of them.
     max_calls: int = 256
     calls_per_peer: int = 64
@@ -43,6 +43,9 @@ class Limits:
     # Probe calls at once (pings and bandwidth probes; a probe's bytes are also reserved before its body is
     # read, ``frontdoor``).
     probe_calls: int = 8
+    # Uploads (PutModel) at once; one address at most half: receiving, hashing and checking models is work
+    # the server does for one client, so a burst of uploads waits on its client, not on the server.
+    upload_calls: int = 4
     health_calls: int = 16
     watch_streams: int = 8
     # A health Watch stream ends (UNAVAILABLE: watch again) after this.
@@ -92,6 +95,7 @@ class Limits:
             "calls_per_peer",
             "status_calls",
             "probe_calls",
+            "upload_calls",
             "health_calls",
             "watch_streams",
             "streams_per_connection",

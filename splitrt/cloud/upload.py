@@ -35,6 +35,7 @@ from pathlib import Path
 
 import grpc
 
+from splitrt.cloud import checker
 from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.cloud.store import ModelStore, count_nodes, external_locations
 from splitrt.transport import splitrt_pb2 as pb
@@ -115,7 +116,8 @@ def receive_model(
             _claim(store, quota, size - claimed, 0)
             claimed = size
         with guard(size) if guard is not None else nullcontext():
-            _check_model(tmp, store.root, quota.max_nodes)
+            # In a child at a lower priority (``checker``): seconds of CPU that do not slow the requests.
+            checker.run(_check_model, tmp, store.root, quota.max_nodes)
         final = store.root / f"{sha}.onnx"
         os.replace(tmp, final)
         store.add(sha, final)

@@ -3,7 +3,7 @@
 the front door reserves 3x that in the budget before reading the body, an undeclared probe its worst
 case (a full message each way), and refuses what does not fit at once, with the body never read: a raw
 HTTP/2 client that sends the headers and 10 bytes of the body is answered without the rest coming. A
-probe sending more than it declared is refused."""
+probe sending more than it declared is refused. Uploads have a lane of their own, half of it per address."""
 
 from __future__ import annotations
 
@@ -118,3 +118,22 @@ def test_a_probe_sending_more_than_it_declared_is_refused(server: CloudServer) -
         reply = stub.Probe(pb.ProbeRequest(payload=bytes(100_000), reply_bytes=64), timeout=10, metadata=honest)
         assert reply.received_bytes == 100_000 and len(reply.payload) == 64
     assert server.door.snapshot()["refused"].get("undeclared") == 1
+
+
+def test_uploads_have_a_lane_of_their_own_and_an_address_half_of_it(models_dir: Path) -> None:
+    # upload_calls 4 (default): one address holds 2 stalled uploads; its third is refused on its headers,
+    # while inference is served.
+    put = f"/{wire.SERVICE_NAME}/PutModel"
+    cfg = ServerConfig(
+        models_dir=models_dir, workers=1, tokens=(TOKEN,), allow_upload=True, limits=Limits(read_timeout_s=600.0)
+    )
+    with CloudServer(cfg) as server, RawConnection("127.0.0.1", server.port, source="127.0.0.2") as raw:
+        held = [raw.start_call(put, AUTH, body_prefix_bytes=10, declared_bytes=1 << 20) for _ in range(3)]
+        _wait(lambda: sum(raw.ended(sid, wait_s=0.02) for sid in held) == 1, "one refusal")
+        snap = server.door.snapshot()
+        assert snap["inside"]["upload"] == 2 and snap["refused"].get("lane:upload") == 1
+        assert snap["inside"]["infer"] == 0
+        with Device(zoo.get("tiny_chain"), server.address, config=DeviceConfig(token=TOKEN, timeout_s=20)) as dev:
+            assert dev.run(dev.random_inputs(), cut="c2")["y"].shape
+        raw.close()
+        _wait(lambda: server.door.snapshot()["inside"]["upload"] == 0, "the stalled uploads' end")

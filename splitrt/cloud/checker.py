@@ -1,0 +1,104 @@
+"""An upload's check in a child process at a lower CPU priority, so a client's heavy upload delays mostly
+itself.
+
+Checking an uploaded model (parse, normalise, shape inference, cut enumeration) is seconds of CPU for a
+large one (a 60 000-node chain: ~12 s), mostly Python holding the interpreter's lock: in the server's
+process it slows every request (legit p99 4-9x in ``bench/bench_attack.py``'s ``chain`` row) even with
+the check in a worker slot of its own. In a child it holds no lock of the server's, and at ``NICE`` the
+kernel runs the server's requests first. The check still holds its worker slot and its memory in the
+server's budget (``admission.admitted``): the child's bytes are the same pod's.
+
+One child, started on first use (``spawn``: a clean interpreter, ~1-2 s), shut down after ``IDLE_S``
+without a check (it holds ~100 MB of imports), and it exits by itself if the server goes away.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+import grpc
+
+from splitrt.cloud.common import RpcFailure
+
+__all__ = ["IDLE_S", "NICE", "run"]
+
+# The child's niceness: below the server's requests, still above nothing.
+NICE = 10
+# A child without a check for this long is shut down (its memory back to the OS).
+IDLE_S = 30.0
+
+_lock = threading.Lock()
+_pool: ProcessPoolExecutor | None = None
+_last_used = 0.0
+_busy = 0
+
+
+def _init(parent: int) -> None:
+    """In the child: lower priority; exit when the server that started it is gone."""
+    os.nice(NICE)
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+
+
+def _call(fn: Callable[..., None], args: tuple[Any, ...]) -> tuple[str, str] | None:
+    """In the child: ``fn(*args)``; an ``RpcFailure`` comes back as (code name, message)."""
+    from splitrt.cloud.memory import trim
+
+    try:
+        fn(*args)
+        return None
+    except RpcFailure as exc:
+        return exc.code.name, exc.message
+    finally:
+        trim()
+
+
+def run(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` in the checker child (``fn`` a module-level function, raising ``RpcFailure`` to refuse)."""
+    global _pool, _busy, _last_used
+    with _lock:
+        if _pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            _pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init, initargs=(os.getpid(),))
+        pool = _pool
+        _busy += 1
+    try:
+        result = pool.submit(_call, fn, args).result()
+    except BrokenProcessPool as exc:  # the child died (killed: out of memory, most likely)
+        with _lock:
+            if _pool is pool:
+                _pool = None
+        raise RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "upload check: expected its process to finish, got it killed (out of memory?); nothing stored",
+        ) from exc
+    finally:
+        with _lock:
+            _busy -= 1
+            _last_used = time.monotonic()
+        timer = threading.Timer(IDLE_S, _shutdown_if_idle)
+        timer.daemon = True
+        timer.start()
+    if result is not None:
+        raise RpcFailure(grpc.StatusCode[result[0]], result[1])
+
+
+def _shutdown_if_idle() -> None:
+    global _pool
+    with _lock:
+        if _pool is None or _busy or time.monotonic() - _last_used < IDLE_S - 0.5:
+            return
+        pool, _pool = _pool, None
+    pool.shutdown(wait=False)

@@ -202,6 +202,36 @@ def test_no_unit_over_the_size_limits() -> None:
     assert not long, "\n".join(long)
 
 
+# A module name that encodes a tier count or a topology variant is a twin waiting to happen (#24): one
+# plan, controller, runtime and server request path serve any path of tiers. `rig` still has its
+# three-tier bench modules (tier*.py, to become topologies of the one rig): listed until they go.
+TOPOLOGY_NAME = re.compile(r"(two|three|[0-9])_?tiers?|chain|edge|relay|^tiers?|fleet")
+TOPOLOGY_PACKAGES = ("splitrt.plan", "splitrt.device", "splitrt.cloud", "splitrt.rig")
+TOPOLOGY_NAMES_LEFT = {
+    "splitrt.rig.tierbench",
+    "splitrt.rig.tierplans",
+    "splitrt.rig.tiers",
+    "splitrt.rig.tierworker",
+    "splitrt.rig.fleet",
+    "splitrt.rig.fleetnet",
+    "splitrt.rig.fleetstats",
+    "splitrt.rig.fleetworker",
+}
+
+
+def test_no_module_name_encodes_a_topology() -> None:
+    bad = [
+        name
+        for name, _ in modules()
+        if name.startswith(TOPOLOGY_PACKAGES)
+        and TOPOLOGY_NAME.search(name.rsplit(".", 1)[-1])
+        and name not in TOPOLOGY_NAMES_LEFT
+    ]
+    assert not bad, f"module names that encode a tier count or topology: {bad}"
+    gone = sorted(n for n in TOPOLOGY_NAMES_LEFT if not _is_module(n))
+    assert not gone, f"renamed or deleted: drop them from TOPOLOGY_NAMES_LEFT: {gone}"
+
+
 def test_hacking_map_matches_the_rules() -> None:
     text = (REPO / "HACKING.md").read_text()
     rows = dict(re.findall(r"^\| `splitrt\.(\w+)` \|[^|]*\| ([^|]*) \|$", text, flags=re.M))

@@ -769,6 +769,10 @@ class Attack:
     def arm(self, ctx: Ctx) -> None:
         raise NotImplementedError
 
+    def build(self) -> None:
+        """Make what the attack sends (models), before the server starts: generating it is the bench's
+        CPU on this shared host, not the attack's load on the server."""
+
     def stop(self) -> None:
         self.stop_ev.set()
         self.own.settle(2.0)  # a careless call still open now never ends by itself: HUNG (lost)
@@ -1196,10 +1200,13 @@ class HostileModel(Attack):
         self.codes: Counter[str] = Counter()
         self.lock = threading.Lock()
 
-    def arm(self, ctx: Ctx) -> None:
+    def build(self) -> None:
         if self.data is None:
             self.data = self.make()
             self.notes["model_bytes"] = len(self.data)
+
+    def arm(self, ctx: Ctx) -> None:
+        self.build()
 
         def run() -> None:
             assert self.data is not None
@@ -1262,8 +1269,14 @@ class UploadBurst(Attack):
     def finished(self) -> bool:
         return sum(self.codes.values()) >= self.n
 
+    def build(self) -> None:
+        if not getattr(self, "models", None):
+            self.models = {i: distinct_model(i, self.mb) for i in (*range(self.n), 1000, 1001)}
+
     def _upload(self, ctx: Ctx, i: int) -> None:
-        code = upload(ctx.address, distinct_model(i, self.mb), f"m{i}.onnx", timeout_s=30)
+        self.build()
+        data = self.models.get(i) or distinct_model(i, self.mb)
+        code = upload(ctx.address, data, f"m{i}.onnx", timeout_s=30)
         with self.lock_codes():
             self.codes[code] += 1
 
@@ -1364,6 +1377,7 @@ def run_row(
     keep_logs: Path | None = None,
 ) -> dict[str, Any]:
     store, token_file, shas = _stage(attack, root)
+    attack.build()
     server = Server(store, token_file, root / attack.name / "server.log", s, flags)
     _progress(f"{attack.name}: starting the server")
     server.start()

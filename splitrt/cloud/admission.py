@@ -31,7 +31,7 @@ from splitrt.errors import ConfigError
 
 class Admission:
     """Bounded admission: ``workers`` run, ``max_queue`` wait, the rest are refused; who runs next is
-    decided per client (``fairq``: fair in measured worker-seconds, builds and upload checks capped).
+    decided per client (``fairq``: fair in measured worker-seconds, tail builds capped).
 
     The client is the peer address the front door saw for the call in this thread (``serving``); a
     call that did not come through it (in-process) is the anonymous client ``""``."""
@@ -99,7 +99,7 @@ class Admission:
         return True
 
     def acquire_heavy(self, timeout_s: float) -> bool:
-        """A worker for a tail build or an upload check (``fairq.HEAVY``: at most ``heavy_workers`` at once)."""
+        """A worker for a tail build (``fairq.HEAVY``: at most ``heavy_workers`` at once)."""
         return self.acquire(timeout_s, kind=HEAVY)
 
     def release_slot(self) -> None:
@@ -171,8 +171,8 @@ def admitted(
     admission: Admission, budget: MemoryBudget, what: str, nbytes: int, *, slot_timeout_s: float | None = None
 ) -> Iterator[None]:
     """Probe and uploads are admitted like inference: a place among the admitted (RESOURCE_EXHAUSTED
-    when full), their bytes reserved in the budget, and with ``slot_timeout_s`` a worker slot (an
-    upload's check computes like a request: in the heavy lane, beside tail builds)."""
+    when full), their bytes reserved in the budget, and with ``slot_timeout_s`` a worker slot in the
+    heavy lane (``fairq.HEAVY``, beside tail builds; upload checks no longer take one: ``checker``)."""
     if not admission.admit():
         raise RpcFailure(
             grpc.StatusCode.RESOURCE_EXHAUSTED,

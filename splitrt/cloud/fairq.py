@@ -7,16 +7,17 @@ held, *including the seconds its running jobs hold now*; a free worker goes to t
 client with the least virtual time (first come first served within a client and on ties). A client that
 was idle starts at the system's virtual time (the least of the busy clients'), so idling banks no
 credit. The cost is measured, not declared: a tail build holding a worker 2 s, a Loop running to its
-deadline or a 12 s upload check is charged what it took, and its client waits behind everyone who
+deadline is charged what it took, and its client waits behind everyone who
 used less.
 
 Fair order alone is not enough with two workers and jobs that cannot be pre-empted: the moment no
 other client has a job waiting, a heavy client would take both workers for seconds. So two caps:
 - per client: while ``n`` clients are active (a job running or waiting, or one arrived within
   ``active_window_s``), one client holds at most ``ceil(workers / n)`` workers (a lone client all);
-- per lane: heavy work that is not inference (``HEAVY``: tail builds, upload checks) holds at most
+- per lane: heavy work that is not inference (``HEAVY``: tail builds) holds at most
   ``heavy_workers`` workers at once, whoever asks.
-Both keep a worker free for the others' next request instead of lending it out for seconds.
+Both keep a worker free for the others' next request instead of lending it out for seconds. (Upload
+checks take no worker: they run in a child process of their own at a lower priority, ``checker``.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 __all__ = ["HEAVY", "RUN", "FairConfig", "FairQueue"]
 
 RUN = "run"  # a tail (or middle segment) running a request
-HEAVY = "heavy"  # a tail build or an upload check: worker-seconds of work that is not a request's run
+HEAVY = "heavy"  # a tail build (or other work in a slot that is not a request's run)
 
 # Idle clients remembered at most (those with virtual time ahead of the system's; the rest start level).
 MAX_REMEMBERED = 4096
@@ -36,7 +37,7 @@ MAX_REMEMBERED = 4096
 @dataclass(frozen=True, kw_only=True)
 class FairConfig:
     workers: int
-    # Builds and upload checks at once (None: all but one worker, at least one).
+    # Heavy jobs (builds) at once (None: all but one worker, at least one).
     heavy_workers: int | None = None
     # A client that asked within this is still counted active for the per-client cap.
     active_window_s: float = 1.0

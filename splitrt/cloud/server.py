@@ -444,13 +444,11 @@ class CloudServer:
     def put_model(self, chunks: Iterator[pb.ModelChunk], time_remaining_s: float | None = None) -> pb.PutModelReply:
         # The servicer calls this (not ``receive_model``) so that a test may wrap it on the instance.
         cfg = self.config
-        timeout_s = cfg.default_deadline_s if time_remaining_s is None else time_remaining_s
 
         def guard(size: int) -> AbstractContextManager[None]:
-            # The check holds a worker slot and the load's transient peak, like a request.
-            return admitted(
-                self.admission, self.budget, "upload check", size * LOAD_PEAK_FACTOR, slot_timeout_s=timeout_s
-            )
+            # A place among the admitted and the load's transient peak; no worker slot: the check runs in
+            # the checker's child process (one at a time, at a lower priority: ``cloud.checker``).
+            return admitted(self.admission, self.budget, "upload check", size * LOAD_PEAK_FACTOR)
 
         return receive_model(
             self.store,

@@ -38,6 +38,7 @@ String form: hops joined by ``>``, each ``<cut>@<codec>`` or ``device`` (``c3@fp
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -102,8 +103,8 @@ class Plan:
     hop_sent_bytes: tuple[int, ...]  # after its codec
     reply_bytes: int = 0  # the graph outputs the servers make (those the head made stay on the device)
 
-    @property
-    def key(self) -> str:
+    @functools.cached_property
+    def key(self) -> str:  # read several times per decision: formatted once
         return format_path(self.cuts, self.codecs)
 
     @property

@@ -354,3 +354,29 @@ def test_a_failed_cloud_gets_a_fresh_transport_from_connect(server: FakeCloud, m
         assert dev.clouds()[0]["up"] and dev.infer(x).server == server.address
         dev.set_clouds([server.address, "in-process-b"])  # a new address: connect(address) once more
     assert server.connects == 3
+
+
+def test_a_plan_with_an_entropy_coded_codec_is_served_and_priced_per_cut(
+    server: FakeCloud, mg: graph.ModelGraph
+) -> None:
+    """The shipped profile prices int8c+zstd per cut; a slow board on a slow link chooses it, the device
+    encodes it, the (real, in-process) server decodes it, and the outputs stay those of the model."""
+    from splitrt.plan import solver
+    from splitrt.plan.costmodel import Conditions, Link
+    from splitrt.profile import profiler
+
+    prof = profiler.load_profile(f"x86_64-2core__{MODEL}.json", sha256=mg.sha256)
+    table = profiler.cost_table(prof, prof, device_speed_factor=30.0)
+    best = solver.solve(
+        table, Conditions(link=Link(bandwidth_mbps=10.0, rtt_ms=20.0)), codecs=["fp32", "int8c", "int8c+zstd"]
+    )
+    assert best.codec == "int8c+zstd" and best.cut not in ("cloud", "device")
+    with AdaptiveDevice(
+        mg, table, [server.address], connect=server.connect, config=RuntimeConfig(policy=f"fixed:{best.key}")
+    ) as dev:
+        x = dev.local.random_inputs(seed=2)
+        ref = dev.local.run_local(x)
+        out = dev.infer(x)
+        assert out.plan == best.key and not out.fallback
+        for name in ref:
+            assert rel_err(ref[name], out.outputs[name]) < 0.05

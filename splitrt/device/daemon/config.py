@@ -205,16 +205,12 @@ def _parse_path(where: str, kw: dict[str, Any]) -> None:
 
 
 def _check_tiers(where: str, cfg: DaemonConfig) -> None:
-    """What the daemon does not do over three tiers yet (one server per hop), refused by name."""
-    path = cfg.path
-    if len(path) < 2:
-        return
-    said = "a path of three tiers (edge or two hops)"
-    wider = [h for h in path if len(h) > 1]
-    if wider:
-        raise ConfigError(f"{where}: {said}: expected one server per hop, got {list(wider[0])}")
-    if cfg.discovery:
-        raise ConfigError(f"{where}: {said}: expected discovery = false (the edge names its next tier), got true")
+    """What the daemon does not do over three tiers yet (discovery), refused by name."""
+    if len(cfg.path) > 1 and cfg.discovery:
+        raise ConfigError(
+            f"{where}: a path of three tiers (edge or two hops): expected discovery = false (the edge names "
+            "its next tier), got true"
+        )
 
 
 def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "config") -> DaemonConfig:

@@ -78,7 +78,7 @@ def build_runtime(
     return AdaptiveDevice(
         graph,
         (table, _scaled(server, config.edge_speed_factor), server),
-        path=[list(path[0][:1]), list(path[1][:1])],
+        path=[list(hop) for hop in path],  # the first tier's servers balanced
         config=RuntimeConfig(
             deadline_ms=config.deadline_ms,
             policy=config.policy,

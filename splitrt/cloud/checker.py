@@ -8,8 +8,9 @@ the check in a worker slot of its own. In a child it holds no lock of the server
 kernel runs the server's requests first. The check still holds its worker slot and its memory in the
 server's budget (``admission.admitted``): the child's bytes are the same pod's.
 
-One child, started on first use (``spawn``: a clean interpreter, ~1-2 s), shut down after ``IDLE_S``
-without a check (it holds ~100 MB of imports), and it exits by itself if the server goes away.
+One child, started when a server that accepts uploads starts (``warm``) or on first use (``spawn``: a
+clean interpreter, its imports done before it lowers its priority), shut down after ``IDLE_S`` without a
+check (it holds ~100 MB of imports); it exits by itself if the server goes away.
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ import grpc
 
 from splitrt.cloud.common import RpcFailure
 
-__all__ = ["IDLE_S", "NICE", "run"]
+__all__ = ["IDLE_S", "NICE", "run", "warm"]
 
 # The child's niceness: below the server's requests, still above nothing.
 NICE = 10
-# A child without a check for this long is shut down (its memory back to the OS).
-IDLE_S = 30.0
+# A child without a check for this long is shut down (its ~100 MB back to the OS).
+IDLE_S = 300.0
 
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
@@ -41,7 +42,14 @@ _busy = 0
 
 
 def _init(parent: int) -> None:
-    """In the child: lower priority; exit when the server that started it is gone."""
+    """In the child: what a check needs imported first (at the server's priority: a check should not
+    wait seconds for its imports on a busy host), then the lower priority; exit when the server that
+    started it is gone."""
+    import onnx  # noqa: F401
+
+    import splitrt.cloud.upload
+    import splitrt.graph.model  # noqa: F401
+
     os.nice(NICE)
 
     def orphaned() -> None:
@@ -65,14 +73,37 @@ def _call(fn: Callable[..., None], args: tuple[Any, ...]) -> tuple[str, str] | N
         trim()
 
 
+def _ensure() -> ProcessPoolExecutor:
+    """Under ``_lock``: the pool, started if there is none."""
+    global _pool
+    if _pool is None:
+        ctx = multiprocessing.get_context("spawn")
+        _pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init, initargs=(os.getpid(),))
+    return _pool
+
+
+def warm() -> None:
+    """Start the child now (a server that accepts uploads, at start), so the first upload does not wait
+    for a fresh interpreter; it stops after ``IDLE_S`` without a check, like any."""
+    global _last_used
+    with _lock:
+        pool = _ensure()
+        _last_used = time.monotonic()
+    pool.submit(_noop)  # the pool starts its process on the first task
+    timer = threading.Timer(IDLE_S, _shutdown_if_idle)
+    timer.daemon = True
+    timer.start()
+
+
+def _noop() -> None:
+    pass
+
+
 def run(fn: Callable[..., None], *args: Any) -> None:
     """``fn(*args)`` in the checker child (``fn`` a module-level function, raising ``RpcFailure`` to refuse)."""
     global _pool, _busy, _last_used
     with _lock:
-        if _pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            _pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init, initargs=(os.getpid(),))
-        pool = _pool
+        pool = _ensure()
         _busy += 1
     try:
         result = pool.submit(_call, fn, args).result()

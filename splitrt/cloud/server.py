@@ -61,7 +61,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from splitrt import __version__
-from splitrt.cloud import request_path, security
+from splitrt.cloud import checker, request_path, security
 from splitrt.cloud.admission import Admission, CpuMeter, admitted
 from splitrt.cloud.cancel import CallToken, Canceller
 from splitrt.cloud.common import RpcFailure, log, log_event
@@ -256,6 +256,8 @@ class CloudServer:
                 raise
         server.start()
         self.door.shed_at(port, self.max_connections)  # the oldest idle connections go first near the cap
+        if cfg.allow_upload:  # the upload checker's child process, ready before the first upload
+            checker.warm()
         self.watchdog.start()
         self._server = server
         self.port = port

@@ -537,6 +537,13 @@ def legit_child(address: str, req_path: str) -> int:
             say({"event": "settled"})
         elif cmd[:1] == ["stop"]:
             break
+    # No new calls, then the open ones (no deadline) get their answers before the channels close: a call
+    # submitted since the last settle must not end CANCELLED by this process's own close.
+    legit.stop_ev.set()
+    for t in legit.threads:
+        if t.ident is not None:  # started
+            t.join(10)
+    legit.nodl.settle(2.0)
     legit.stop()
     done.set()
     report(final=True)

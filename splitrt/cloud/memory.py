@@ -154,10 +154,14 @@ class MemoryBudget:
                 return nbytes
             with self._lock:
                 short = int(self.used_bytes + nbytes - self.available_bytes)
+            freed = 0
             for evict in self._evictors:
                 if short <= 0:
                     break
-                short -= evict(short)
+                n = evict(short)
+                short, freed = short - n, freed + n
+            if freed:
+                trim()  # the evicted entries' pages back to the OS before the new allocation comes
             if short > 0 and self.try_reserve(nbytes):
                 return nbytes
             if short > 0:

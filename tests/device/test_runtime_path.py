@@ -42,12 +42,14 @@ def tiers(models_dir: Path) -> Iterator[tuple[CloudServer, CloudServer]]:
 
 
 def tables(ids: list[str]) -> tuple[CostTable, CostTable, CostTable]:
-    """The input is big, c1 smaller, c3 on small; the device is slow after c1, the edge cheap up to c3: the
-    plan at the link priors (10 Mbit/s) is c1 -> c3, whatever the RTTs."""
+    """The input is big, c1 smaller, c3 on small; the device is slow after c1, the edge cheap up to c3 and
+    dearer past it (yet cheaper than the device): the plan at the link priors (10 Mbit/s) is c1 -> c3
+    unless hop 2's RTT passes ~200 ms (at 10 ms per cut past c3, a 50 ms RTT through the edge on a loaded
+    host made the edge finish); with the cloud down the edge finishes."""
     n = len(ids)
     nbytes = [400_000, 20_000, 10_000] + [1_000] * (n - 4) + [0]
     dev_head = [0.0, 1.0] + [100.0 * i for i in range(2, n)]
-    edge_head = [0.0, 0.5, 1.0, 1.5] + [10.0 * i for i in range(4, n)]
+    edge_head = [0.0, 0.5, 1.0, 1.5] + [50.0 * i for i in range(4, n)]
     cloud_tail = [0.1 * (n - 1 - i) for i in range(n)]
 
     def table(head: list[float], tail: list[float]) -> CostTable:

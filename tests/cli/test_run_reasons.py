@@ -5,6 +5,7 @@ session's build as ``build_ms`` (not ``queue_ms``), and plan's table shows the b
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 from collections.abc import Iterator
@@ -107,12 +108,15 @@ def test_plan_table_shows_the_bytes_each_transfer_prices(capsys: pytest.CaptureF
     rows = {r["cut"]: r for r in json.loads(capsys.readouterr().out)["cuts"]}
     assert cli.main(base) == 0
     lines = capsys.readouterr().out.splitlines()
-    head = lines[0].split()
-    assert {"transfer", "sent", "download", "reply"} <= set(head)
+    col = {name: i for i, name in enumerate(re.split(r"\s{2,}", lines[0].strip()))}  # labels: 2+ spaces apart
+    assert {"transfer ms", "sent bytes", "download ms", "reply bytes"} <= set(col)
+    sent, transfer, reply, download = (col[k] for k in ("sent bytes", "transfer ms", "reply bytes", "download ms"))
     for line in lines[1:]:
         words = line.split()
         if words and words[0] in rows:
             r = rows[words[0]]
             # transfer ms = sent bytes at 8 Mbit/s (1000 bytes per ms), download ms = reply bytes likewise
-            assert int(words[3]) == r["sent_bytes"] and abs(float(words[2]) - r["sent_bytes"] / 1000) < 0.01
-            assert int(words[5]) == r["reply_bytes"] and abs(float(words[4]) - r["reply_bytes"] / 1000) < 0.01
+            assert int(words[sent]) == r["sent_bytes"] and abs(float(words[transfer]) - r["sent_bytes"] / 1000) < 0.01
+            assert (
+                int(words[reply]) == r["reply_bytes"] and abs(float(words[download]) - r["reply_bytes"] / 1000) < 0.01
+            )

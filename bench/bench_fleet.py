@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from splitrt.cli import fleet as fleetcli
-from splitrt.rig import fleet
+from splitrt.rig import bench as fleet
 
 
 def main(argv: list[str] | None = None) -> int:

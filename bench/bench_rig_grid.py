@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link", default="auto", choices=["auto", "kernel", "userspace"])
     p.add_argument("--json", default=None, metavar="FILE")
     p.add_argument(
+        "--cloud-weight", type=int, default=8, help="the cloud's CPU weight (x default; 1: as before the one rig)"
+    )
+    p.add_argument(
         "--strategies",
         default=",".join(rigbench.STRATEGIES),
         help="strategies per cell (default: all, with static-fixed for the regret table)",
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     line = cmd_bench.LiveLine()
     rows: list[dict[str, Any]] = []
     t_start = time.monotonic()
-    with rig.Rig(rig.RigConfig(board=a.board, link=a.link, models=tuple(models)), progress=line.say) as r:
+    tiers = (rig.Tier(name="device"), rig.Tier(name="cloud", weight=a.cloud_weight))
+    with rig.Rig(rig.RigConfig(board=a.board, link=a.link, models=tuple(models), tiers=tiers), progress=line.say) as r:
         for k, (trace, model, scale, load) in enumerate(cells):
             line.say(
                 f"cell {k + 1}/{len(cells)}: {trace} {model} x{scale:g} load {load} "

@@ -28,9 +28,8 @@ from typing import Any
 from splitrt.cli import tiers as tierscli
 from splitrt.cli.bench import LiveLine
 from splitrt.cli.tables import render
-from splitrt.rig import tierplans
-from splitrt.rig.tierbench import TierBenchConfig, run_tiers
-from splitrt.rig.tiers import TierRig, TierRigConfig
+from splitrt.rig.bench import TIER_STRATEGIES, TierBenchConfig, run_tiers
+from splitrt.rig.harness import Rig, RigConfig, three_tiers
 
 
 def _la() -> str:
@@ -39,7 +38,7 @@ def _la() -> str:
 
 def cell_rows(label: str, result: dict[str, Any]) -> list[tuple[Any, ...]]:
     out = []
-    for name in tierplans.STRATEGIES:
+    for name in TIER_STRATEGIES:
         s = result["strategies"].get(name)
         if s is None:
             continue
@@ -111,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     line = LiveLine()
     t0 = time.monotonic()
     cells: list[dict[str, Any]] = []
-    rc = TierRigConfig(board=a.board, link="kernel", models=tuple(models), edge_cpus=a.edge_cpus)
-    rig = TierRig(rc, progress=line.say)
+    rc = RigConfig(board=a.board, link="kernel", models=tuple(models), tiers=three_tiers(a.edge_cpus))
+    rig = Rig(rc, progress=line.say)
     with rig:
         for k, ((t1, t2), model) in enumerate((pr, m) for pr in pairs for m in models):
             line.say(

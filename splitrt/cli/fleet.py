@@ -1,6 +1,6 @@
 """`splitrt rig fleet`: N emulated devices (own namespace, shaped link, CPU quota) against M servers,
 one killed mid-run; throughput and latency of adaptive vs device-only, cloud-only and best static.
-See splitrt.rig.fleet. Registered under `splitrt rig` by splitrt.cli.bench."""
+See splitrt.rig.bench (run_fleet). Registered under `splitrt rig` by splitrt.cli.bench."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrt.cli.tables import render
-from splitrt.rig import fleet
+from splitrt.rig import bench as fleet
 
 
 def register(rig_sub: Any) -> None:

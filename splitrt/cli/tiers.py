@@ -2,7 +2,7 @@
 namespace over two links shaped from two traces, the device and the edge CPU-throttled; 3-tier adaptive
 against device-only, cloud-only, edge-only, the best static 2-tier split and the best static 3-tier cut
 pair: latency and device energy per inference (estimated from the board's power figures). `--tiers 2`
-is `splitrt bench`. See splitrt.rig.tiers and splitrt.rig.tierbench. Registered under `splitrt rig` by
+is `splitrt bench`. See splitrt.rig.bench (run_tiers) and splitrt.rig.harness. Registered under `splitrt rig` by
 splitrt.cli.bench."""
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from splitrt.cli.tables import render
-from splitrt.rig import tierplans
+from splitrt.rig import bench as rigbench
 
 
 def register(rig_sub: Any, *, two_tier: Callable[[argparse.Namespace], int], live_line: Callable[[], Any]) -> None:
     """``two_tier``: the `splitrt bench` handler (``--tiers 2``); ``live_line``: its progress line (both
     passed in by splitrt.cli.bench, which registers this: no import circle)."""
-    from splitrt.rig.tierbench import TierBenchConfig
-
-    d = TierBenchConfig()
+    d = rigbench.TierBenchConfig()
     p = rig_sub.add_parser("bench", help="the rig benchmark; --tiers 3: device -> edge -> cloud", description=__doc__)
     p.add_argument("--tiers", type=int, choices=[2, 3], default=3, help="3: device, edge, cloud; 2: splitrt bench")
     p.add_argument("--model", default=d.model, help="zoo name or .onnx file (default resnet50)")
@@ -50,7 +48,9 @@ def register(rig_sub: Any, *, two_tier: Callable[[argparse.Namespace], int], liv
     p.add_argument("--turn", type=float, default=d.turn_s, help="strategies take turns on slices this long (s)")
     p.add_argument("--codecs", default=",".join(d.codecs), help="codecs the plans may use (default fp32: lossless)")
     p.add_argument(
-        "--strategies", default=",".join(d.strategies), help=f"comma-separated, of {', '.join(tierplans.STRATEGIES)}"
+        "--strategies",
+        default=",".join(d.strategies),
+        help=f"comma-separated, of {', '.join(rigbench.TIER_STRATEGIES)}",
     )
     p.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON ('-': stdout)")
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and per-request records")
@@ -58,9 +58,7 @@ def register(rig_sub: Any, *, two_tier: Callable[[argparse.Namespace], int], liv
 
 
 def config_from(args: argparse.Namespace) -> Any:
-    from splitrt.rig.tierbench import TierBenchConfig
-
-    return TierBenchConfig(
+    return rigbench.TierBenchConfig(
         model=args.model,
         trace=args.trace,
         trace2=args.trace2,
@@ -81,21 +79,18 @@ def config_from(args: argparse.Namespace) -> Any:
 
 def run(cfg: Any, *, board: str, edge_cpus: float, line: Any, keep_workdir: bool = False) -> dict[str, Any]:
     """One three-tier bench in a fresh rig (root); ``line`` shows progress (``cli.bench.LiveLine``)."""
-    from splitrt.rig.tierbench import run_tiers
-    from splitrt.rig.tiers import TierRig, TierRigConfig
+    from splitrt.rig.harness import Rig, RigConfig, three_tiers
 
-    rc = TierRigConfig(board=board, link="kernel", keep_workdir=keep_workdir, models=(cfg.model,), edge_cpus=edge_cpus)
-    r = TierRig(rc, progress=line.say)
-    with r:
+    tiers = three_tiers(edge_cpus)
+    rc = RigConfig(board=board, link="kernel", keep_workdir=keep_workdir, models=(cfg.model,), tiers=tiers)
+    with Rig(rc, progress=line.say) as r:
         if keep_workdir:
             line.say(f"rig workdir: {r.workdir}")
-        return run_tiers(cfg, r, progress=line.say, live=line)
+        return rigbench.run_tiers(cfg, r, progress=line.say, live=line)
 
 
 def cmd_rig_bench(args: argparse.Namespace) -> int:
     if args.tiers == 2:
-        from splitrt.rig import bench as rigbench
-
         # the two-tier bench (`splitrt bench`) with these options; the hop 2 and edge options do not apply
         args.load, args.link, args.plot = "none", "auto", None
         args.strategies = ",".join(rigbench.DEFAULT_STRATEGIES)
@@ -127,7 +122,7 @@ def _plans(s: dict[str, Any]) -> str:
 
 def rows(result: dict[str, Any]) -> list[tuple[Any, ...]]:
     out = []
-    for name in tierplans.STRATEGIES:
+    for name in rigbench.TIER_STRATEGIES:
         s = result["strategies"].get(name)
         if s is None:
             continue

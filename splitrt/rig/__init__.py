@@ -1,5 +1,6 @@
-"""Hardware in the loop: network namespaces, kernel link shaping from real traces, CPU throttling,
-the benchmark's worker processes and statistics, and the pure trace-driven simulator."""
+"""Hardware in the loop: one rig for every topology (a path of tiers: devices, then server tiers) in
+network namespaces, kernel link shaping from real traces, CPU throttling, one typed worker protocol, one
+runner and one report; and the pure trace-driven simulator."""
 
 from __future__ import annotations
 
@@ -8,39 +9,19 @@ from typing import TYPE_CHECKING
 from splitrt._lazy import exports
 
 if TYPE_CHECKING:
-    from splitrt.rig.bench import BenchConfig, run_bench
-    from splitrt.rig.fleet import FleetConfig, run_fleet
-    from splitrt.rig.harness import Rig, RigConfig
+    from splitrt.rig.bench import BenchConfig, FleetConfig, TierBenchConfig, run_bench, run_fleet, run_tiers
+    from splitrt.rig.harness import Rig, RigConfig, Tier
 
 _NAMES = {
     "BenchConfig": "bench",
+    "TierBenchConfig": "bench",
+    "FleetConfig": "bench",
     "run_bench": "bench",
+    "run_tiers": "bench",
+    "run_fleet": "bench",
     "Rig": "harness",
     "RigConfig": "harness",
-    "bench": "",
-    "cgroup": "",
-    "harness": "",
-    "netns": "",
-    "shaper": "",
-    "sim": "",
-    "stats": "",
-    "traces": "",
-    "worker": "",
-    "calibration": "",
-    "cloudserver": "",
-    "link": "",
-    "loads": "",
-    "models": "",
-    "processes": "",
-    "quota": "",
-    "tracespec": "",
-    "FleetConfig": "fleet",
-    "run_fleet": "fleet",
-    "fleet": "",
-    "fleetnet": "",
-    "fleetstats": "",
-    "fleetworker": "",
-    "owners": "",  # listed, else `from splitrt.rig import owners` resolves through the legacy harness
+    "Tier": "harness",
 }
 __all__ = sorted(_NAMES)
 __getattr__, __dir__ = exports(__name__, _NAMES, legacy="harness")

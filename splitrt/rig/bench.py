@@ -1,78 +1,52 @@
-"""The end-to-end benchmark in the rig (``splitrt bench``): every strategy on the same trace window.
+"""The rig's benchmarks as topologies of the one runner (``rig.runner``) and report (``rig.report``):
 
-One device worker process holds one ``AdaptiveDevice`` per strategy. The window is played in turns: the
-strategies take turns on the same ``turn_s`` slice of the trace (the link replays it for each), in
-rounds whose order rotates, so every strategy's requests sit on average at the same moment and a slow
-drift of the host's speed (this VM: the same plan measured 339 and 386 ms a minute apart) cancels
-instead of favouring whichever strategy ran in a fast minute. A strategy's own clock stands still and
-its prober is parked while the others take their turns: each strategy sees one continuous run of the
-window, as a deployment would. The oracle is computed offline (``rigstats.oracle``) from the measured
-per-cut costs and the bandwidth each request met.
+- ``run_bench`` (``splitrt bench``): one device, one cloud, one trace; the two-tier strategy set and the
+  hindsight oracles; optional device-burst / cloud-busy load;
+- ``run_tiers`` (``splitrt rig bench --tiers 3``): a device, an edge (its own CPU quota) and a cloud, two
+  traces (hop 1 the access link, hop 2 the backhaul), the direct path crossing both; energy objective too;
+- ``run_fleet`` (``splitrt rig fleet``): N devices (CPU quotas cycled: a mixed fleet), M servers with
+  quotas, every device its own trace, no added RTT, closed loop, the last server killed mid-turn.
 
-- ``run_bench(BenchConfig(model, trace, bandwidth_scale, load, rate_hz, duration_s, turn_s=1.0, trace_offset_s,
-  rtt_ms, codecs, strategies), rig) -> dict``: one device worker process (``python -m splitrt.rig.worker
-  worker``) holds one ``AdaptiveDevice`` per strategy (``prepare``: 2 s warm-up) and runs one strategy's turn at
-  a time (``run``: ``t0``, ``from_s``, ``until_s``). ``turn_plan`` orders the turns (round r starts with
-  strategy r mod n). A strategy's ``TurnClock`` stands still and its ``TurnProber`` is parked between its turns;
-  a request that would start at or after ``until_s`` waits for its next turn. JSON keys ``link``,
-  ``strategies.{NAME}.{mean_ms,p50_ms,p95_ms,p99_ms,completed,failed,switches,energy_mj, plans}``,
-  ``calibration``, ``cloud_calibration``, ``device_calibration``, ``measured_costs``, ``turns``, ``timeline``.
-- In the rig, the device-load signal is the measured head time / table head time and, while no head runs, the
-  run queue of the board's other processes (``HeadLoad``, ``RunQueueProbe``): psutil sees the host.
+Each maps its config onto a topology (``harness.Tier``s), the hops' trace windows (``runner.HopPlay``)
+and a ``runner.RunSpec``, and lays the report out as its table's readers expect.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from splitrt.errors import ConfigError
-from splitrt.rig import traces
-from splitrt.rig.calibration import Calibration
-from splitrt.rig.harness import Rig
-from splitrt.rig.models import cost_table_for, model_path_for, profile_for
-from splitrt.rig.stats import (
-    burst_intervals,
-    energy_mj,
-    in_intervals,
-    measured_costs,
-    oracle,
-    plan_cut,
-    summarize,
-)
-from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, family_median_mbps, load_trace, trace_family
+from splitrt.rig import report, runner, strategies
+from splitrt.rig.harness import Rig, RigConfig, Tier
+from splitrt.rig.stats import burst_intervals, measured_costs
+from splitrt.rig.strategies import ONLY_THREE, ONLY_TWO, ORACLE_REFS
+from splitrt.rig.tracespec import family_median_mbps, load_trace, trace_family
 
-STRATEGIES = (
-    "device-only",
-    "cloud-only",
-    "static",
-    "static-fixed",
-    "periodic",
-    "route",
-    "adaptive",
-    "oracle",
-    "oracle-route",
-)
-# route: the adaptive runtime restricted to the cuts device and cloud (whole-request routing, the baseline
-# splitting must beat); oracle-route: the hindsight oracle over those two cuts, on the route run's times.
-ORACLE_REFS = {"oracle": "adaptive", "oracle-route": "route"}
-# static-fixed (the static cut at the trace family's median bandwidth, whatever the cell's scale) is ONE
-# choice across a grid's cells: the regret tables run it; a single bench run does not need it.
+STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_THREE)  # two tiers (bench, fleet)
+TIER_STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_TWO)
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
+TIER_DEFAULTS = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive")
+FLEET_DEFAULTS = ("adaptive", "device-only", "cloud-only", "static", "route", "oracle-route")
 LOADS = ("none", "device-burst", "cloud-busy")
+OBJECTIVES = ("latency", "energy")
 # The HSDPA traces the controller and estimators were tuned on, and ones never used for tuning.
 TRACE_SETS = {
     "tuned": ("hsdpa/bus", "hsdpa/car", "hsdpa/metro", "hsdpa/train"),
     "heldout": ("hsdpa/ferry", "hsdpa/tram", "hsdpa/bus-0929", "hsdpa/car-elverum"),
 }
+
+
+def _positive(**xs: float) -> None:
+    bad = {k: v for k, v in xs.items() if not v > 0}
+    if bad:
+        raise ConfigError(f"{', '.join(f'{k}={v!r}' for k, v in bad.items())}: must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +62,6 @@ class BenchConfig:
     trace_offset_s: float = 0.0
     rtt_ms: float | None = None  # None: typical of the trace's family
     codecs: tuple[str, ...] | None = None  # None: every codec of the cost table, for every strategy
-    cuts: tuple[str, ...] | None = None  # the cuts the runtime's plans may use (constraints); None: all
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     deadline_ms: float = 5000.0
     periodic_s: float = 5.0
@@ -97,16 +70,90 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.load not in LOADS:
             raise ConfigError(f"load: expected one of {', '.join(LOADS)}, got {self.load!r}")
-        bad = [s for s in self.strategies if s not in STRATEGIES]
-        if bad:
-            raise ConfigError(f"strategies: expected names in {', '.join(STRATEGIES)}, got {bad}")
+        strategies.check(self.strategies, 2)
         if self.warmup_s < 0:
             raise ConfigError(f"warmup_s: expected >= 0, got {self.warmup_s}")
-        if not self.rate_hz > 0 or not self.duration_s > 0 or not self.bandwidth_scale > 0 or not self.turn_s > 0:
+        _positive(
+            rate_hz=self.rate_hz, duration_s=self.duration_s, turn_s=self.turn_s, bandwidth_scale=self.bandwidth_scale
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierBenchConfig:
+    model: str = "resnet50"
+    trace: str = "hsdpa/bus"  # hop 1: device -> edge (the access link)
+    trace2: str = "fcc/amazon-214390"  # hop 2: edge -> cloud (the backhaul)
+    bandwidth_scale: float = 1.0
+    bandwidth_scale2: float = 1.0
+    trace_offset_s: float = 0.0
+    trace2_offset_s: float = 0.0
+    rtt_ms: float | None = None  # None: typical of the trace's family
+    rtt2_ms: float | None = None
+    objective: str = "latency"
+    rate_hz: float = 4.0
+    duration_s: float = 20.0
+    turn_s: float = 2.0
+    warmup_s: float = 2.0
+    codecs: tuple[str, ...] = ("fp32",)  # lossless: the outputs are compared with the full model's
+    strategies: tuple[str, ...] = TIER_DEFAULTS
+    deadline_ms: float = 5000.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        strategies.check(self.strategies, 3)
+        _positive(
+            rate_hz=self.rate_hz,
+            duration_s=self.duration_s,
+            turn_s=self.turn_s,
+            scale=self.bandwidth_scale,
+            scale2=self.bandwidth_scale2,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetConfig:
+    devices: int = 24
+    servers: int = 2
+    model: str = "squeezenet"
+    traces: tuple[str, ...] = (*TRACE_SETS["tuned"], *TRACE_SETS["heldout"])
+    trace_offset_step_s: float = 60.0  # device i plays traces[i % k] from (i // k) x this
+    bandwidth_scale: float = 4.0
+    # Cycled over the devices (a mixed fleet). With 2 x 0.4 for the servers the fleet is budgeted at ~1.5
+    # of this host's 2 vCPUs: 0.04/0.08 (+ 2 x 0.5) asked for ~2.4, more than the host has, and then no
+    # quota holds (load average ~20, every device slower than calibrated, by how busy the host is).
+    device_cpus: tuple[float, ...] = (0.02, 0.04)
+    cfs_period_us: int = 50_000  # 0.02 CPU in 20 ms periods would be under the kernel's 1 ms minimum
+    server_cpus: float = 0.4
+    server_workers: int = 2
+    segment_s: float = 15.0
+    rounds: int = 2  # rotating order: a drift of the (shared, busy) host cancels instead of hitting one strategy
+    kill_at_fraction: float | None = 0.5  # None: no kill
+    rate_hz: float = 0.0  # per device; 0: closed loop, back to back
+    strategies: tuple[str, ...] = FLEET_DEFAULTS
+    codecs: tuple[str, ...] | None = ("fp32", "fp16", "int8")
+    warmup_s: float = 3.0
+    deadline_ms: float = 5000.0
+    board: str = "rpi4"  # power figures only: the CPU is the cgroup quota
+    player_step_s: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or self.servers < 1 or self.rounds < 1 or not self.traces:
             raise ConfigError(
-                f"rate_hz, duration_s, turn_s, bandwidth_scale must be > 0, got {self.rate_hz}, "
-                f"{self.duration_s}, {self.turn_s}, {self.bandwidth_scale}"
+                f"devices, servers, rounds >= 1 and a trace expected, got {self.devices}, {self.servers}, "
+                f"{self.rounds}, {list(self.traces)}"
             )
+        if self.kill_at_fraction is not None and (self.servers < 2 or not 0 < self.kill_at_fraction < 1):
+            raise ConfigError(
+                f"kill_at_fraction: expected in (0, 1) with >= 2 servers (one survives), or None; got "
+                f"{self.kill_at_fraction} with {self.servers}"
+            )
+        strategies.check(self.strategies, 2)
+        _positive(segment_s=self.segment_s, bandwidth_scale=self.bandwidth_scale)
+        if not self.device_cpus:
+            raise ConfigError("device_cpus: expected at least one quota")
 
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,68 +175,32 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
 def grid_cells(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
     """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them."""
     names = [t for item in args.traces.split(",") for t in TRACE_SETS.get(item, (item,))]
-    return list(
-        itertools.product(
-            names, args.models.split(","), [float(x) for x in args.scales.split(",")], args.loads.split(",")
-        )
-    )
-
-
-def turn_plan(names: Sequence[str], duration_s: float, turn_s: float) -> list[tuple[str, float]]:
-    """(strategy, end of its slice) in play order. Round r starts with strategy r mod n: over n rounds
-    every strategy takes every place once (a linear drift of the host cancels exactly), and no strategy
-    takes two turns in a row (with 3 or more), so a few slow seconds of the host are spread over all
-    strategies instead of landing on one strategy's two adjacent turns."""
-    rounds = max(1, math.ceil(duration_s / turn_s - 1e-9))
-    out = []
-    n = len(names)
-    for r in range(rounds):
-        until = min(duration_s, (r + 1) * turn_s)
-        out += [(names[(r + i) % n], until) for i in range(n)]
-    return out
+    scales = [float(x) for x in args.scales.split(",")]
+    return list(itertools.product(names, args.models.split(","), scales, args.loads.split(",")))
 
 
 def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, str]:
-    """Policy string per measured strategy (the oracle is computed, not run)."""
-    from splitrt.plan import costmodel, solver
+    """Policy per measured two-tier strategy (the oracles are computed, not run): ``splitrt sim``'s."""
+    from splitrt.plan.costmodel import Link
 
-    cloud = solver.solve(
-        table,
-        costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=1.0, rtt_ms=rtt_ms)),
-        cuts=["cloud"],
-        codecs=list(cfg.codecs) if cfg.codecs else None,
-    )
     family = family_median_mbps(trace_family(load_trace(cfg.trace)))
-
-    def static_at(mbps: float) -> str:
-        cond = costmodel.Conditions(link=costmodel.Link(bandwidth_mbps=mbps, rtt_ms=rtt_ms))
-        return solver.solve(table, cond, codecs=list(cfg.codecs) if cfg.codecs else None).key
-
-    return {
-        "device-only": "fixed:device",
-        "cloud-only": f"fixed:{cloud.key}",
-        "static": f"fixed:{static_at(family * cfg.bandwidth_scale)}",
-        "static-fixed": f"fixed:{static_at(family)}",
-        "periodic": f"periodic:{cfg.periodic_s:g}",
-        "route": "route",
-        "adaptive": "adaptive",
-    }
+    link = Link(bandwidth_mbps=family * cfg.bandwidth_scale, rtt_ms=rtt_ms)
+    names = [n for n in STRATEGIES if n not in ORACLE_REFS]
+    got = strategies.choose(
+        names, [table, table], [link], fixed_mbps=family, codecs=cfg.codecs, periodic_s=cfg.periodic_s
+    )
+    return {n: c.policy for n, c in got.items()}
 
 
 def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list[str]:
     """Every cut the solver picks over 0.05-1000 Mbit/s and device/cloud loads 1-8 (warmed up front)."""
-    from splitrt.plan import costmodel, solver
+    return strategies.likely_plans([table, table], [rtt_ms], codecs=codecs)[0]
 
-    cuts = {"device", "cloud"}
-    for i in range(41):
-        bw = 0.05 * 10 ** (i / 8)
-        for dl in (1.0, 2.0, 4.0, 8.0):
-            for cl in (1.0, 3.0, 8.0):
-                cond = costmodel.Conditions(
-                    link=costmodel.Link(bandwidth_mbps=bw, rtt_ms=rtt_ms), device_load=dl, cloud_load=cl
-                )
-                cuts.add(solver.solve(table, cond, codecs=list(codecs) if codecs else None).cut)
-    return sorted(cuts)
+
+def _hop(
+    trace: str, offset_s: float, scale: float, rtt_ms: float | None, span_s: float, hosts: int = 1
+) -> runner.HopPlay:
+    return runner.hop_play([trace], hosts, offset_s=offset_s, step_s=0.0, scale=scale, span_s=span_s, rtt_ms=rtt_ms)
 
 
 def run_bench(
@@ -199,235 +210,33 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     live: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run every strategy of ``cfg`` in ``rig`` on the same trace window; return the result dict."""
-    from splitrt.graph import model as graph
-    from splitrt.rig import shaper
-
-    say = progress or (lambda s: None)
-    model_file = model_path_for(cfg.model)
-    mg = graph.load(model_file)
-    rig.install_model(model_file)
-    cal = rig.calibrate()
-    speed = rig.board.cpu_speed_factor
-    prof_path = profile_for(cfg.model, model_file, rig.workdir, say)
-    table = cost_table_for(prof_path, mg.sha256, speed)
-    profiled_cloud_ms = float(table.tail_ms[table.index("cloud")])
-    full = load_trace(cfg.trace)
-    rtt = cfg.rtt_ms if cfg.rtt_ms is not None else FAMILY_RTT_MS.get(trace_family(full) or "", DEFAULT_RTT_MS)
-    rig.set_rtt(rtt)
-    window = full.window(cfg.trace_offset_s, cfg.duration_s)
-    played = window.scaled(cfg.bandwidth_scale) if cfg.bandwidth_scale != 1 else window
-    spec = {
-        "mode": "device",
-        "model_path": str(model_file),
-        "profile_path": str(prof_path),
-        "speed_factor": speed,
-        "pad_factor": cal.pad_factor,
-        "cloud": rig.cloud_address,
-        "codecs": list(cfg.codecs) if cfg.codecs else None,
-        "cuts": list(cfg.cuts) if cfg.cuts else None,
-        "deadline_ms": cfg.deadline_ms,
-        "threads": rig.config.device_threads,
-        "seed": cfg.seed,
-        "board": rig.board.name,
-        "warm_cuts": likely_cuts(table, rtt, cfg.codecs),
-    }
-    names = [n for n in cfg.strategies if n not in ORACLE_REFS]
-    worker = rig.start_worker(spec, name="device")
-    try:
-        # Cloud calibration: the host profile may have been measured on a busier host; the cloud's
-        # whole-model time now (server-side compute, unshaped link) rescales the profile's tail times,
-        # as an operator would re-profile the server. Loads >= 1 cannot correct a too slow profile.
-        rig.shaper.set_rate(None)
-        cloud_ms = float(worker.call({"cmd": "cloud-calibrate", "runs": 5}, 300)["tail_ms"])
-        cloud_factor = cloud_ms / profiled_cloud_ms if profiled_cloud_ms > 0 else 1.0
-        table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
-        say(
-            f"cloud: {cfg.model} whole model {cloud_ms:.0f} ms on the server now (profile "
-            f"{profiled_cloud_ms:.0f} ms): tail times x{cloud_factor:.2f}"
-        )
-        # Device calibration, per model: the board's speed factor was calibrated on resnet50 and leaves
-        # other models (and resnet50 itself, by the calibration's tolerance) 4-6 % off; time this model
-        # whole on the throttled device and rescale the head times, as an operator profiling the board
-        # would. Every strategy plans with the same table.
-        profiled_device_ms = float(table.head_ms[table.index("device")])
-        rig.throttle_in(worker.proc.pid)
-        try:
-            device_ms = float(worker.call({"cmd": "device-calibrate", "runs": 5}, 300)["head_ms"])
-        finally:
-            rig.throttle_out(worker.proc.pid)
-        if profiled_device_ms > 0 and device_ms > 0:
-            speed = speed * device_ms / profiled_device_ms
-        table = cost_table_for(prof_path, mg.sha256, speed, cloud_factor)
-        say(
-            f"device: {cfg.model} whole model {device_ms:.0f} ms on the emulated {rig.board.name} (table "
-            f"{profiled_device_ms:.0f} ms): head times x{device_ms / max(profiled_device_ms, 1e-9):.2f}"
-        )
-        policies = strategy_policies(cfg, table, rtt)
-        cloud_plan = policies["cloud-only"].split(":", 1)[1]
-        for name in names:
-            say(f"[{name}] policy {policies[name]}: preparing")
-            rig.shaper.set_rate(max(played.rate_at(0.0), shaper.MIN_RATE_MBPS))
-            (rig.workdir / f"requests-{name}.jsonl").unlink(missing_ok=True)
-            worker.call(
-                {
-                    "cmd": "prepare",
-                    "name": name,
-                    "policy": policies[name],
-                    "with_cloud": name != "device-only",
-                    "cloud_factor": cloud_factor,
-                    "speed_factor": speed,
-                    "rate_hz": cfg.rate_hz,
-                    "warmup_s": cfg.warmup_s,
-                },
-                300,
-            )
-        roles = worker.call({"cmd": "roles"}, 30)
-        rig.throttle_threads(worker.proc.pid, roles.get("compute_tids", []), roles.get("other_tids", []))
-        try:
-            runs = _play_turns(cfg, rig, worker, played, names, policies, model_file, cloud_plan, say, live)
-        finally:
-            rig.throttle_out(worker.proc.pid)
-    finally:
-        worker.close()
-    result = assemble(cfg, rig, table, played, rtt, runs, cal)
-    result["cloud_calibration"] = {
-        "model": cfg.model,
-        "measured_ms": cloud_ms,
-        "profile_ms": profiled_cloud_ms,
-        "factor": cloud_factor,
-    }
-    result["device_calibration"] = {
-        "model": cfg.model,
-        "measured_ms": device_ms,
-        "table_ms": profiled_device_ms,
-        "speed_factor": speed,
-    }
-    result["policies"] = policies
-    result["turns"] = {"turn_s": cfg.turn_s, "played": len(turn_plan(names, cfg.duration_s, cfg.turn_s))}
-    return result
-
-
-def _play_turns(
-    cfg: BenchConfig,
-    rig: Rig,
-    worker: Any,
-    played: traces.Trace,
-    names: Sequence[str],
-    policies: dict[str, str],
-    model_file: Path,
-    cloud_plan: str,
-    say: Callable[[str], None],
-    live: Callable[[str], None] | None,
-) -> dict[str, dict[str, Any]]:
-    from splitrt.rig import shaper
-
-    runs: dict[str, dict[str, Any]] = {
-        n: {"policy": policies[n], "records": [], "load_intervals": [], "rates": [], "stats": {}} for n in names
-    }
-    pos = dict.fromkeys(names, 0.0)  # where each strategy is in the window
-    count = dict.fromkeys(names, 0)
-    for name, until in turn_plan(names, cfg.duration_s, cfg.turn_s):
-        from_s = pos[name]
-        if from_s >= until:  # its last request of the previous turn ran past this slice
-            continue
-        log_path = rig.workdir / f"requests-{name}.jsonl"
-
-        def on_event(ev: dict[str, Any], name: str = name) -> None:
-            count[name] += 1
-            if live is not None:
-                t = float(ev["t_s"])
-                live(
-                    f"[{name}] {t:5.1f}/{cfg.duration_s:g} s  req {count[name]:3d}  "
-                    f"link {played.rate_at(t):6.2f} Mbit/s  plan {ev['plan']:<14} {ev['latency_ms']:7.0f} ms"
-                )
-
-        worker.on_event = on_event
-        # The link plays the window from this strategy's position on, until the worker is done (its last
-        # request may end past the slice: the link keeps following the trace meanwhile).
-        player = shaper.TracePlayer(
-            rig.shaper, played.window(from_s, cfg.duration_s - from_s), duration_s=cfg.duration_s - from_s
-        )
-        t0 = time.monotonic() + 0.05
-        try:
-            with rig.load_driver(cfg.load, cfg.duration_s, t0, model_file, cloud_plan, from_s=from_s) as applied:
-                worker.send(
-                    {
-                        "cmd": "run",
-                        "name": name,
-                        "t0": t0,
-                        "from_s": from_s,
-                        "until_s": until,
-                        "rate_hz": cfg.rate_hz,
-                        "tasks_file": rig.board_tasks_file(),
-                        "log_path": str(log_path),
-                    }
-                )
-                while time.monotonic() < t0:
-                    time.sleep(0.005)
-                player.start()
-                done = worker.reply(until - from_s + cfg.deadline_ms / 1e3 + 120)
-                player.stop()
-        finally:
-            worker.on_event = None
-        pos[name] = max(until, float(done["end_s"]))
-        run = runs[name]
-        run["load_intervals"] += list(applied)
-        run["rates"] += [[round(from_s + t, 3), r] for t, r in player.log]
-        run["stats"] = done.get("stats", {})
-    if live is not None:
-        live("")
-    for name in names:
-        log_path = rig.workdir / f"requests-{name}.jsonl"
-        recs = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-        runs[name]["records"] = recs
-        mean = statistics.fmean(r["latency_ms"] for r in recs) if recs else math.nan
-        say(f"[{name}] {len(recs)} requests, mean {mean:.0f} ms")
-    return runs
-
-
-def assemble(
-    cfg: BenchConfig,
-    rig: Rig,
-    table: Any,
-    played: traces.Trace,
-    rtt_ms: float,
-    runs: dict[str, dict[str, Any]],
-    cal: Calibration,
-) -> dict[str, Any]:
-    power = rig.board.power
+    """Every strategy of ``cfg`` on ``rig`` (two tiers, one device) on the same trace window."""
+    hop = _hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms, cfg.duration_s)
+    family = family_median_mbps(trace_family(load_trace(cfg.trace)))
+    hop = replace(hop, median_mbps=family * cfg.bandwidth_scale)
+    spec = runner.RunSpec(
+        model=cfg.model,
+        hops=(hop,),
+        strategies=cfg.strategies,
+        fixed_mbps=family,
+        codecs=cfg.codecs,
+        periodic_s=cfg.periodic_s,
+        rate_hz=cfg.rate_hz,
+        duration_s=cfg.duration_s,
+        turn_s=cfg.turn_s,
+        warmup_s=cfg.warmup_s,
+        deadline_ms=cfg.deadline_ms,
+        load=cfg.load,
+        seed=cfg.seed,
+    )
+    out = runner.run(spec, rig, progress=progress, live=live)
     sched = burst_intervals(cfg.load, cfg.duration_s)
-    strategies: dict[str, Any] = {}
-    requests: dict[str, list[list[Any]]] = {}
-    for name, run in runs.items():
-        recs = run["records"]
-        ok = [r for r in recs if not r.get("error")]
-        strategies[name] = summarize(
-            [r["latency_ms"] for r in ok],
-            [r["plan"] for r in ok],
-            failed=len(recs) - len(ok),
-            energies=[energy_mj(r, played, power) for r in ok],
-            fallbacks=sum(1 for r in ok if r.get("fallback")),
-        )
-        strategies[name]["policy"] = run["policy"]
-        requests[name] = [[round(float(r["t_s"]), 3), round(float(r["latency_ms"]), 1), r["plan"]] for r in ok]
-    costs = measured_costs(table, runs, played, sched, rtt_ms)
-    for oname, ref_name in ORACLE_REFS.items():
-        if oname not in cfg.strategies or not runs:
-            continue
-        ref = ref_name if ref_name in runs else next(iter(runs))
-        strategies[oname], requests[oname] = _oracle_of(
-            cfg,
-            table,
-            costs,
-            runs[ref]["records"],
-            played,
-            sched,
-            power,
-            cuts=("cloud", "device") if oname == "oracle-route" else None,
-        )
-        strategies[oname]["policy"] = f"hindsight over the {ref} run's request times"
-    bw = [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)]
+    res, turns = report.strategies_report(out, rig.board.power, sched)
+    played = hop.played[0]
+    records = {"all": {"records": [asdict(r) for t in out.turns for r in t.devices[0]]}}
+    cal = rig.calibration
+    assert cal is not None
+    tm = out.times_ms
     return {
         "link": rig.kind,
         "model": cfg.model,
@@ -438,53 +247,212 @@ def assemble(
         "load": cfg.load,
         "rate_hz": cfg.rate_hz,
         "duration_s": cfg.duration_s,
-        "rtt_ms": rtt_ms,
-        "codecs": list(cfg.codecs) if cfg.codecs else list(table.codecs),
-        "calibration": {
-            **{k: v for k, v in asdict(cal).items() if k != "rounds"},
-            "rounds": cal.rounds,
-            "error_pct": cal.error_pct,
-        },
-        "measured_costs": costs.as_dict(),
-        "strategies": strategies,
+        "rtt_ms": hop.rtt_ms,
+        "codecs": list(cfg.codecs) if cfg.codecs else list(out.tables[0].codecs),
+        "calibration": {**asdict(cal), "error_pct": cal.error_pct},
+        "measured_costs": measured_costs(out.tables[0], records, played, sched, hop.rtt_ms).as_dict(),
+        "strategies": res,
         "timeline": {
-            "bandwidth_mbps": bw,
+            "bandwidth_mbps": [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)],
             "load_intervals": sched
             if cfg.load == "device-burst"
             else ([[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []),
-            "requests": requests,
+            "requests": _requests(turns),
         },
+        "cloud_calibration": {
+            "model": cfg.model,
+            "measured_ms": tm["server_ms"][0],
+            "profile_ms": tm["host_cloud_ms"],
+            "factor": tm["server_ms"][0] / tm["host_cloud_ms"],
+        },
+        "device_calibration": {
+            "model": cfg.model,
+            "measured_ms": tm["device_ms"][0],
+            "table_ms": tm["host_device_ms"] * rig.board.cpu_speed_factor,
+            "speed_factor": out.speeds[0],
+        },
+        "policies": {n: c.policy for n, c in out.choices.items()},
+        "turns": {"turn_s": cfg.turn_s, "played": len(out.turns)},
+        "load_average": {"start": list(out.load_start), "end": list(out.load_end)},
     }
 
 
-def _oracle_of(
-    cfg: BenchConfig,
-    table: Any,
-    costs: Any,
-    records: list[dict[str, Any]],
-    played: traces.Trace,
-    sched: list[tuple[float, float]],
-    power: Any,
-    cuts: Sequence[str] | None,
-) -> tuple[dict[str, Any], list[list[Any]]]:
-    """The hindsight oracle over ``cuts`` on a reference run's request times: its summary and requests."""
-    times = [float(r["t_s"]) for r in records]
-    real = [None if r.get("error") or r.get("fallback") else (str(r["plan"]), float(r["latency_ms"])) for r in records]
-    picks = oracle(table, costs, times, played, sched, cfg.codecs, real, cuts=cuts)
-    energies = []
-    for t, (plan, ms) in zip(times, picks, strict=True):
-        cut = plan_cut(plan)
-        i = table.index(cut)
-        ratio = costs.device_ratio_burst if in_intervals(t, sched) else costs.device_ratio_idle
-        h = float(table.head_ms[i]) * ratio
-        rec = {
-            "t_s": t,
-            "latency_ms": ms,
-            "head_ms": h,
-            "where": "local" if cut == "device" else "cloud",
-            "rpc_ms": ms,
-            "bytes_up": 0 if cut == "device" else float(table.sent_bytes[i, table.codec_index(plan.split("@")[1])]),
-        }
-        energies.append(energy_mj(rec, played, power))
-    summary = summarize([ms for _, ms in picks], [p for p, _ in picks], 0, energies)
-    return summary, [[round(t, 3), round(ms, 1), p] for t, (p, ms) in zip(times, picks, strict=True)]
+def _requests(turns: dict[str, list[runner.Turn]]) -> dict[str, list[list[Any]]]:
+    """Per strategy, device 0's completed requests as [t_s, latency ms, plan] (oracles: their picks)."""
+    return {
+        n: [[round(r.t_s, 3), round(r.latency_ms, 1), r.plan] for t in ts for r in t.devices[0] if not r.error]
+        for n, ts in turns.items()
+    }
+
+
+def run_tiers(
+    cfg: TierBenchConfig,
+    rig: Rig,
+    *,
+    progress: Callable[[str], None] | None = None,
+    live: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every strategy of ``cfg`` on ``rig`` (three tiers) on the same two windows."""
+    from splitrt.profile import profiler
+    from splitrt.profile.energy import plan_power
+    from splitrt.rig.models import model_path_for, profile_for
+
+    def hop(trace: str, off: float, scale: float, rtt: float | None) -> runner.HopPlay:
+        h = _hop(trace, off, scale, rtt, cfg.duration_s)
+        return replace(h, median_mbps=load_trace(trace).scaled(scale).median_mbps())
+
+    h1 = hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms)
+    h2 = hop(cfg.trace2, cfg.trace2_offset_s, cfg.bandwidth_scale2, cfg.rtt2_ms)
+    spec = runner.RunSpec(
+        model=cfg.model,
+        hops=(h1, h2),
+        strategies=cfg.strategies,
+        objective=cfg.objective,
+        codecs=cfg.codecs,
+        rate_hz=cfg.rate_hz,
+        duration_s=cfg.duration_s,
+        turn_s=cfg.turn_s,
+        warmup_s=cfg.warmup_s,
+        deadline_ms=cfg.deadline_ms,
+        seed=cfg.seed,
+    )
+    out = runner.run(spec, rig, progress=progress, live=live)
+    model_file = model_path_for(cfg.model)
+    prof = profiler.load_profile(profile_for(cfg.model, model_file, rig.workdir, lambda s: None))
+    figures = plan_power(prof, rig.board)
+    res, turns = report.strategies_report(out, figures.power)
+    cal, tm = rig.calibration, out.times_ms
+    assert cal is not None
+    power = figures.power
+    host = tm["host_cloud_ms"]
+    return {
+        "tiers": 3,
+        "model": cfg.model,
+        "objective": cfg.objective,
+        "rate_hz": cfg.rate_hz,
+        "duration_s": cfg.duration_s,
+        "turn_s": cfg.turn_s,
+        "codecs": list(cfg.codecs),
+        "energy": {
+            "source": figures.source,
+            "origin": figures.origin,
+            "note": figures.note,
+            "idle_w": power.idle_w,
+            "active_w": power.active_w,
+            "radio_w": power.radio_w,
+            "radio_source": figures.radio_source,
+            "model": "active_w x device compute + (idle_w + radio_w) x upload (hop 1) + idle_w x the rest",
+        },
+        "strategies": res,
+        "gains": report.gains(res),
+        "failed": sum(int(s["failed"]) for s in res.values()),
+        "requests": _requests(turns),
+        "link": rig.kind,
+        "board": rig.board.name,
+        "hop1": _hop_dict(cfg.trace, h1),
+        "hop2": _hop_dict(cfg.trace2, h2),
+        "factors": {
+            "device_ms": tm["device_ms"][0],
+            "edge_ms": tm["server_ms"][0],
+            "cloud_ms": tm["server_ms"][1],
+            "host_ms": host,
+        },
+        "edge": {
+            "cpus": rig.config.tiers[1].cpus[0] if rig.config.tiers[1].cpus else math.nan,
+            "measured_ms": tm["server_ms"][0],
+        },
+        "calibration": {**asdict(cal), "error_pct": cal.error_pct},
+        "load_average": {"start": list(out.load_start), "end": list(out.load_end)},
+    }
+
+
+def _hop_dict(trace: str, h: runner.HopPlay) -> dict[str, Any]:
+    w = h.played[0]
+    return {
+        "trace": trace,
+        "offset_s": h.offset_s,
+        "scale": h.scale,
+        "rtt_ms": h.rtt_ms,
+        "median_mbps": h.median_mbps,
+        "window_mean_mbps": w.mean_mbps(),
+        "bandwidth_mbps": [[round(t, 3), r] for t, r in zip(w.times_s, w.rates_mbps, strict=True)],
+    }
+
+
+def fleet_rig_config(cfg: FleetConfig, workdir: Path) -> RigConfig:
+    tiers = (
+        Tier(name="device", count=cfg.devices, cpus=cfg.device_cpus),
+        Tier(name="cloud", count=cfg.servers, cpus=(cfg.server_cpus,), workers=cfg.server_workers, threads=1),
+    )
+    return RigConfig(
+        board=cfg.board, link="kernel", tiers=tiers, delays=False, workdir=workdir, cfs_period_us=cfg.cfs_period_us
+    )
+
+
+def run_fleet(cfg: FleetConfig, workdir: Path, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Build the fleet, calibrate, run every strategy's turns; the result dict."""
+    say = progress or (lambda s: None)
+    span = cfg.segment_s * cfg.rounds + 60.0
+    hop = runner.hop_play(
+        list(cfg.traces),
+        cfg.devices,
+        offset_s=0.0,
+        step_s=cfg.trace_offset_step_s,
+        scale=cfg.bandwidth_scale,
+        span_s=span,
+        rtt_ms=1.0,
+    )
+    spec = runner.RunSpec(
+        model=cfg.model,
+        hops=(hop,),
+        strategies=cfg.strategies,
+        fixed_mbps=hop.median_mbps / cfg.bandwidth_scale,
+        codecs=cfg.codecs,
+        rate_hz=cfg.rate_hz,
+        duration_s=cfg.segment_s * cfg.rounds,
+        turn_s=cfg.segment_s,
+        warmup_s=cfg.warmup_s,
+        deadline_ms=cfg.deadline_ms,
+        kill_at=cfg.kill_at_fraction,
+        player_step_s=cfg.player_step_s,
+        seed=cfg.seed,
+    )
+    with Rig(fleet_rig_config(cfg, workdir), progress=say) as rig:
+        out = runner.run(spec, rig, progress=say)
+        power = rig.board.power
+    res, _ = report.strategies_report(out, power)
+    tm = out.times_ms
+    return {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "servers": list(out.servers),
+        "strategies": res,
+        "vs_adaptive": {n: s["adaptive_over_this"] for n, s in res.items() if "adaptive_over_this" in s},
+        "verdict": report.verdict(res),
+        "segments": [
+            {
+                "strategy": t.name,
+                "from_s": t.from_s,
+                "killed": t.killed,
+                "kill_at_s": t.kill_at_s,
+                "load_avg": list(t.load_avg),
+                **report.kill_account(t),
+            }
+            for t in out.turns
+        ],
+        "calibration": {
+            "device_head_ms": tm["device_ms"],
+            "profiled_device_ms": tm["host_device_ms"],
+            "server_ms": tm["server_ms"][0],
+            "cloud_factor": tm["server_ms"][0] / tm["host_cloud_ms"],
+            "median_link_mbps": hop.median_mbps,
+        },
+        "devices_model": {
+            "kind": "process per device",
+            "startup_s": out.startup_s,
+            "rss_mb_each": statistics.fmean(out.rss_mb) if out.rss_mb else 0.0,
+            "rss_mb_total": sum(out.rss_mb),
+        },
+        "load_before": list(out.load_start),
+        "load_after": list(out.load_end),
+        "median_speed": statistics.median(out.speeds),
+    }

@@ -19,7 +19,6 @@ from splitrt.rig.models import profiles_dir, shipped_profile
 
 if TYPE_CHECKING:
     from splitrt.rig.harness import Rig
-    from splitrt.rig.processes import JsonWorker
 
 CALIBRATION_MODEL = "resnet50"
 TOLERANCE = 0.08  # the run-to-run noise of this shared host is about that large
@@ -44,37 +43,73 @@ class Calibration:
 
 
 def calibrate(rig: Rig) -> Calibration:
-    """Calibrate ``rig``'s device (see module doc); sets the cgroup's quota on the kernel link."""
+    """Calibrate ``rig``'s devices (see module doc); sets their cgroups' quota on the kernel link. Devices
+    with a quota of their own (``Tier.cpus``) are not calibrated."""
     from splitrt.graph import zoo
+    from splitrt.rig import protocol as P
 
     fixed = rig.config.quota_cpus if rig.kind == "kernel" else rig.config.pad_factor
-    if fixed is not None:
-        return _fixed(rig, fixed)
+    if rig.config.tiers[0].cpus or fixed is not None:
+        if rig.kind == "kernel" and fixed is not None:
+            rig.set_quota(fixed)
+        nan = math.nan
+        pad = fixed if rig.kind != "kernel" and fixed is not None else 1.0
+        quota = fixed if rig.kind == "kernel" else None
+        return Calibration(
+            model="(not calibrated)",
+            target_ms=nan,
+            host_ms=nan,
+            host_cpu_ms=nan,
+            quota_cpus=quota,
+            pad_factor=pad,
+            measured_ms=nan,
+        )
     target = target_ms(rig.board.cpu_speed_factor)
-    w = rig.start_worker(
-        {"mode": "calibrate", "model_path": str(zoo.get(CALIBRATION_MODEL)), "threads": rig.config.device_threads},
-        name="calibrate",
-    )
+    spec = P.Spec(model_path=str(zoo.get(CALIBRATION_MODEL)), threads=rig.config.device_threads)
+    (w,) = rig.start_workers([spec])
+    runs = rig.config.calibration_runs
+
+    def measure(pad: float = 1.0) -> P.Ack:
+        return P.ask(w, P.Time(runs=runs, pad_factor=pad), P.Ack, REPLY_TIMEOUT_S)
+
     try:
-        r0 = w.call({"cmd": "bench", "runs": rig.config.calibration_runs}, REPLY_TIMEOUT_S)
-        host_ms, cpu_ms = float(r0["wall_ms"]), float(r0["cpu_ms"])
+        r0 = measure()
+        host_ms, cpu_ms = r0.wall_ms, r0.cpu_ms
         rig.progress(
             f"calibration: resnet50 unthrottled {host_ms:.0f} ms ({cpu_ms:.0f} ms CPU), "
             f"target {target:.0f} ms ({rig.board.name})"
         )
-        base = Calibration(
-            model=CALIBRATION_MODEL,
-            target_ms=target,
-            host_ms=host_ms,
-            host_cpu_ms=cpu_ms,
-            quota_cpus=None,
-            pad_factor=1.0,
-            measured_ms=host_ms,
-            rounds=[{"quota_cpus": 0.0, "ms": host_ms}],
-        )
-        cal = _by_quota(rig, w, base) if rig.kind == "kernel" and rig.config.calibrate else _by_padding(rig, w, base)
+        rounds = [{"quota_cpus": 0.0, "ms": host_ms}]
+        if rig.kind == "kernel" and rig.config.calibrate:
+            cpus = float(os.cpu_count() or 1)
+            quota = min(cpus, max(0.02, cpu_ms / target))
+            rig.set_quota(quota)
+            rig.throttle(0, w.proc.pid)
+            for k in range(QUOTA_ROUNDS):
+                measured = measure().wall_ms
+                rounds.append({"quota_cpus": quota, "ms": measured})
+                rig.progress(f"calibration: quota {quota:.3f} CPU -> {measured:.0f} ms")
+                if abs(measured / target - 1) <= TOLERANCE or k == QUOTA_ROUNDS - 1:
+                    break
+                quota = min(cpus, max(0.02, quota * (measured / target) ** 0.7))  # damped: the host is shared
+                rig.set_quota(quota)
+            pad, got_quota = 1.0, rig.device_groups[0].cpu_fraction
+        else:
+            pad, got_quota = max(1.0, target / host_ms), None
+            measured = measure(pad).wall_ms
+            rounds.append({"pad_factor": pad, "ms": measured})
     finally:
         w.close()
+    cal = Calibration(
+        model=CALIBRATION_MODEL,
+        target_ms=target,
+        host_ms=host_ms,
+        host_cpu_ms=cpu_ms,
+        quota_cpus=got_quota,
+        pad_factor=pad,
+        measured_ms=measured,
+        rounds=rounds,
+    )
     rig.progress(
         f"calibration: resnet50 on the emulated {rig.board.name}: {cal.measured_ms:.0f} ms "
         f"(target {cal.target_ms:.0f} ms, {cal.error_pct:+.1f}%)"
@@ -90,63 +125,3 @@ def target_ms(cpu_speed_factor: float) -> float:
     prof = json.loads(prof_path.read_text())
     host_prof_ms = float(next(c["head_ms"] for c in prof["cuts"] if c["cut"] == "device"))
     return host_prof_ms * cpu_speed_factor
-
-
-def _fixed(rig: Rig, value: float) -> Calibration:
-    """The configured emulation as is: quota ``value`` (kernel) or padding ``value`` (userspace)."""
-    if rig.kind == "kernel":
-        rig.set_quota(value)
-    return Calibration(
-        model="(not calibrated)",
-        target_ms=math.nan,
-        host_ms=math.nan,
-        host_cpu_ms=math.nan,
-        quota_cpus=value if rig.kind == "kernel" else None,
-        pad_factor=1.0 if rig.kind == "kernel" else value,
-        measured_ms=math.nan,
-    )
-
-
-def _by_quota(rig: Rig, w: JsonWorker, base: Calibration) -> Calibration:
-    target, cpus = base.target_ms, float(os.cpu_count() or 1)
-    rounds = list(base.rounds)
-    quota = min(cpus, max(0.02, base.host_cpu_ms / target))
-    rig.set_quota(quota)
-    rig.throttle_in(w.proc.pid)
-    measured = base.host_ms
-    for k in range(QUOTA_ROUNDS):
-        measured = float(w.call({"cmd": "bench", "runs": rig.config.calibration_runs}, REPLY_TIMEOUT_S)["wall_ms"])
-        rounds.append({"quota_cpus": quota, "ms": measured})
-        rig.progress(f"calibration: quota {quota:.3f} CPU -> {measured:.0f} ms")
-        if abs(measured / target - 1) <= TOLERANCE or k == QUOTA_ROUNDS - 1:
-            break
-        # damped: the host is shared, single measurements are noisy
-        quota = min(cpus, max(0.02, quota * (measured / target) ** 0.7))
-        rig.set_quota(quota)
-    rig.throttle_out(w.proc.pid)
-    return Calibration(
-        model=base.model,
-        target_ms=target,
-        host_ms=base.host_ms,
-        host_cpu_ms=base.host_cpu_ms,
-        quota_cpus=rig.throttle.cpu_fraction,
-        pad_factor=1.0,
-        measured_ms=measured,
-        rounds=rounds,
-    )
-
-
-def _by_padding(rig: Rig, w: JsonWorker, base: Calibration) -> Calibration:
-    pad = max(1.0, base.target_ms / base.host_ms)
-    r1 = w.call({"cmd": "bench", "runs": rig.config.calibration_runs, "pad_factor": pad}, REPLY_TIMEOUT_S)
-    measured = float(r1["wall_ms"])
-    return Calibration(
-        model=base.model,
-        target_ms=base.target_ms,
-        host_ms=base.host_ms,
-        host_cpu_ms=base.host_cpu_ms,
-        quota_cpus=None,
-        pad_factor=pad,
-        measured_ms=measured,
-        rounds=[*base.rounds, {"pad_factor": pad, "ms": measured}],
-    )

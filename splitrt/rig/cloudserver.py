@@ -36,6 +36,8 @@ class CloudProcess:
         self.proc: subprocess.Popen[Any] | None = None
         self.host: netns.Host | None = None
         self.port = 0
+        self.listen = "127.0.0.1"  # 0.0.0.0: reachable on the namespace's address (then plaintext)
+        self.extra: list[str] = []  # more ``serve`` options (``--next``, ``--intra-op-threads``)
 
     def argv(self, host: str, port: int) -> list[str]:
         return [
@@ -53,12 +55,14 @@ class CloudProcess:
             str(self.workers),
             "--log-level",
             "WARNING",
+            *(["--insecure"] if host == "0.0.0.0" else []),
+            *self.extra,
         ]
 
     def start(self, host: netns.Host | None, port: int) -> None:
         """Serve on 127.0.0.1:``port`` inside ``host``'s namespace (None: this one); returns once it listens."""
         self.host, self.port = host, port
-        self.proc = self.children.popen(self.argv("127.0.0.1", port), self.log_name, host=host)
+        self.proc = self.children.popen(self.argv(self.listen, port), self.log_name, host=host)
         self.wait(host, port)
 
     def wait(self, host: netns.Host | None, port: int, timeout_s: float = 60.0) -> None:
@@ -81,21 +85,10 @@ class CloudProcess:
             time.sleep(0.2)
         raise RigError(f"server ({self.log_name}) did not listen on port {port} within {timeout_s:.0f} s")
 
-    def install_model(self, path: Path) -> Path:
-        """Put the model where the server serves it from; restarts the server if it is new (the server
-        lists only the models it found at start in its Status, which devices check first)."""
-        dst = self.copy_model(path)
-        if dst is not None and self.proc is not None:
-            self.progress(f"cloud: restarting to serve {path.name}")
-            self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(10)
-            self.start(self.host, self.port)
-        return self.models_dir / path.name
-
-    def copy_model(self, path: Path) -> Path | None:
+    @staticmethod
+    def copy_into(models_dir: Path, path: Path) -> Path | None:
         """The copy made, or None if the model was there already (hard link when on the same fs)."""
-        dst = self.models_dir / path.name
+        dst = models_dir / path.name
         if dst.exists():
             return None
         try:

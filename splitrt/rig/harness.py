@@ -1,154 +1,249 @@
-"""Hardware-in-the-loop rig: a real device process and a real cloud process over a shaped link.
+"""The rig: one network builder for every topology, a path of tiers in network namespaces (root).
 
-Topology (root, ``link == "kernel"``)::
+A topology is a path of tiers (``Tier``: the devices, then one or more server tiers), each with a host
+count and CPU limits; hop k joins tier k and tier k+1 through its own switch namespace::
 
-    ns {prefix}-h0 (device)                          ns {prefix}-h1 (cloud)
-    device worker ── eth0 ══ veth, htb both ways ══ eth0 ── delay relay ── splitrt serve (127.0.0.1)
-    (cgroup {prefix}-dev: CPU quota = the board)           (userspace, +rtt/2 each way)
+    {prefix}-t0h0 .. t0h{N-1} (devices)  ── eth0 ── br0 in {prefix}-s0 ── eth0 ── {prefix}-t1h0 .. (servers)
+                                                                                   eth1 ── br0 in {prefix}-s1 ── ...
 
-- The link's rate follows a bandwidth trace in real time (``shaper.KernelShaper`` + ``TracePlayer``);
-  netem is absent from this kernel, so the one-way delay comes from a ``shaper.UserspaceLink`` relay
-  (rate ``None``) in the cloud namespace in front of the server: an RPC sees ``rtt_ms`` more.
-- The device worker (``python -m splitrt.rig.worker worker``) is throttled by a cgroup whose quota is
-  calibrated so that the zoo resnet50 takes on the device what the board takes (``calibrate``): measure
-  its CPU time unthrottled, set quota = CPU time / target, re-measure, correct, re-measure. The worker
-  prepares (loads, builds sessions) *outside* the cgroup and is moved in for the timed part only.
-- Without root (or ``link == "userspace"``): the cloud runs on 127.0.0.1, the link is a rate + delay
-  relay (``UserspaceLink``) following the trace, and the board is emulated by padding the device's
-  compute (head and local tail) with sleep up to ``pad_factor`` x its measured time, ``pad_factor``
-  calibrated on resnet50 the same way. Results say which ran (``"link": "kernel"|"userspace"``).
+- Shaping: every lower host's port of a hop, both ways, in the switch's namespace (downlink: htb + bfifo
+  on the port's egress; uplink: the port's ingress redirected to an ``ifb``), so one ``tc -batch`` a tick
+  re-rates every device of a hop, each following its own trace (``set_rates``). netem is absent from this
+  kernel: a hop's round trip is a userspace delay relay in front of each server (``delays``); without
+  it (a fleet of devices, whose relay would eat the CPU they emulate) servers listen on their address.
+- The devices reach the last tier directly through a relay in the first server tier's host (both hops'
+  delays, both shaped links), as a device behind a base station does: the two-tier strategies use it.
+- Servers run ``splitrt serve`` (a middle tier with ``--next``: it runs its segment and forwards), each
+  in its own cgroup: a quota where its tier has ``cpus``, else only weighted. Each device has a cgroup
+  whose quota is its tier's ``cpus`` (cycled: a mixed fleet) or calibrated to the board (``calibrate``).
+- Without root (or ``link == "userspace"``, two tiers, one device, one server): the server runs on
+  127.0.0.1 behind a rate + delay relay, and the board is emulated by padding the device's compute.
 
-Cleanup: every namespace, qdisc and cgroup is removed on exit, on Ctrl-C / SIGTERM and on errors;
-children get ``PR_SET_PDEATHSIG`` so they die with the rig; a run killed with SIGKILL leaves
-namespaces and cgroups whose owner is dead, removed by the next run (``netns.cleanup_leftovers`` at
-start) or by ``splitrt rig cleanup``.
-
-The benchmark that runs in the rig is ``rig.bench``; the rig's child processes are ``rig.worker``; the
-benchmark's arithmetic (statistics, oracle) is ``rig.stats``. ``Rig`` holds the pieces together and
-delegates: child processes (``rig.processes``), the cloud server (``rig.cloudserver``), the link
-(``rig.link``), the device cgroup (``rig.quota``), calibration (``rig.calibration``), load scenarios
-(``rig.loads``); models and profiles (``rig.models``) and trace specs (``rig.tracespec``) for the runs.
-
-``splitrt.rig.harness`` (root for the kernel link; ``splitrt bench``, ``splitrt rig cleanup``, ``splitrt demo``;
-helpers in ``rig.processes``, ``rig.cloudserver``, ``rig.link``, ``rig.quota``, ``rig.calibration``,
-``rig.loads``, ``rig.models``, ``rig.tracespec``)
-
-- ``Rig(RigConfig(board, link="auto"|"kernel"|"userspace", models=..., quota_cpus=None, pad_factor=None))``
-  context manager: namespaces ``{prefix}-h0`` (device) / ``-h1`` (cloud) over one veth (``netns.make_link``),
-  ``KernelShaper.for_host(lan, 0, queue_ms=1000)`` both ways, a delay relay (``UserspaceLink``, rate None, rtt/2
-  each way) in front of ``splitrt serve`` in the cloud namespace, cgroup ``{prefix}-dev`` (20 ms CFS period,
-  shares x8). Userspace: cloud on 127.0.0.1 behind a rate + delay relay, compute padded by sleep. ``.kind`` says
-  which; ``.calibrate() -> Calibration`` (resnet50: measure, set quota, re-measure). Cleanup on exit / Ctrl-C /
-  SIGTERM; children get PR_SET_PDEATHSIG; SIGKILLed runs are removed by the next ``Rig``
-  (``netns.cleanup_leftovers``) or ``splitrt rig cleanup``.
-- The rig's namespaces run with ``net.ipv4.tcp_slow_start_after_idle = 0`` (per namespace): strategies take
-  turns, and a connection parked for the others' turns must not restart from a cold window.
+Cleanup: every namespace, qdisc and cgroup goes on exit, on Ctrl-C / SIGTERM and on errors; children get
+``PR_SET_PDEATHSIG``; what a SIGKILLed run left is removed by the next run or ``splitrt rig cleanup``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from splitrt import paths
 from splitrt.errors import ConfigError, RigError
-from splitrt.rig import calibration, link, netns, quota, traces
-from splitrt.rig.calibration import CALIBRATION_MODEL, Calibration
+from splitrt.rig import netns, quota
+from splitrt.rig.calibration import Calibration
 from splitrt.rig.cloudserver import CLOUD_PORT, CloudProcess
-from splitrt.rig.loads import BUSY_CLIENTS, HOG_PROCS, BoardTasks, LoadDriver
-from splitrt.rig.models import cost_table_for, model_path_for, profile_for, profiles_dir, shipped_profile
+from splitrt.rig.loads import BoardTasks, LoadDriver
+from splitrt.rig.models import cost_table_for, model_path_for, profiles_dir, shipped_profile
 from splitrt.rig.processes import Children, JsonWorker, free_port
-from splitrt.rig.stats import burst_intervals
-from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, family_median_mbps, load_trace, trace_family
+from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, load_trace, trace_family
 
-# What moved out of this module keeps importing from it.
+# Read from here by `splitrt sim` and the benches: the models, profiles and traces the rig runs.
 __all__ = [
-    "BUSY_CLIENTS",
-    "CALIBRATION_MODEL",
-    "CLOUD_PORT",
     "DEFAULT_RTT_MS",
     "FAMILY_RTT_MS",
-    "HOG_PROCS",
-    "Calibration",
     "Rig",
     "RigConfig",
-    "burst_intervals",
+    "Tier",
     "cost_table_for",
-    "family_median_mbps",
     "load_trace",
     "model_path_for",
-    "netns",
-    "paths",
-    "profile_for",
     "profiles_dir",
     "shipped_profile",
+    "three_tiers",
     "trace_family",
-    "traces",
 ]
+
+# 1 s of queue: cellular base stations buffer seconds of traffic (bufferbloat); a 200 ms queue
+# tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
+KERNEL_QUEUE_MS = 1000.0
+RATE_CHANGE_FRACTION = 0.02  # a smaller change is not worth a tc call
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tier:
+    """One tier of the path: ``count`` hosts; ``cpus`` their CPU quotas, cycled (empty: a device is
+    calibrated to the board, a server only weighted); servers run ``workers`` tails at once with
+    ``threads`` onnxruntime threads (None: its default); every host's cgroup is weighted ``weight`` x."""
+
+    name: str
+    count: int = 1
+    cpus: tuple[float, ...] = ()
+    workers: int = 2
+    threads: int | None = None
+    weight: int = quota.DEVICE_SHARES  # x the default CPU weight: its quota (or its share) on a busy host
+
+
+TWO_TIERS = (Tier(name="device"), Tier(name="cloud"))
+
+
+def three_tiers(edge_cpus: float = 1.0, edge_workers: int = 2) -> tuple[Tier, ...]:
+    return (Tier(name="device"), Tier(name="edge", cpus=(edge_cpus,), workers=edge_workers), Tier(name="cloud"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class RigConfig:
     board: str = "rpi4"
     link: str = "auto"  # auto | kernel | userspace
+    tiers: tuple[Tier, ...] = TWO_TIERS
+    delays: bool = True  # a delay relay per server (the hops' RTTs); False: none (a fleet)
     prefix: str | None = None
     workdir: Path | None = None
-    cloud_workers: int = 2
     device_threads: int = 1  # one compute thread throttles smoothly (2 threads: +-7 % run to run)
     calibrate: bool = True
     calibration_runs: int = 3
     keep_workdir: bool = False
-    models: tuple[str, ...] = ()  # served from the start (a model added later restarts the cloud)
+    models: tuple[str, ...] = ()  # served from the start (a model added later restarts the servers)
     cfs_period_us: int = 20_000  # short periods: throttling spread evenly, not 100 ms stalls
-    # Skip the calibration with a fixed emulation (tests): the cgroup quota (kernel) or the compute
-    # padding factor (userspace).
-    quota_cpus: float | None = None
-    pad_factor: float | None = None
+    quota_cpus: float | None = None  # skip the calibration: this quota (kernel) ...
+    pad_factor: float | None = None  # ... or this compute padding (userspace)
 
     def __post_init__(self) -> None:
         if self.link not in ("auto", "kernel", "userspace"):
             raise ConfigError(f"link: expected auto, kernel or userspace, got {self.link!r}")
+        if len(self.tiers) < 2 or any(t.count < 1 for t in self.tiers):
+            raise ConfigError(f"tiers: expected a device tier and >= 1 server tier, >= 1 host each, got {self.tiers}")
+        if not self.delays and len(self.tiers) != 2:
+            raise ConfigError("delays=False (servers on their own address) needs two tiers")
+        if not all(0.01 <= c <= 64 for t in self.tiers for c in t.cpus):
+            raise ConfigError(f"cpus: expected quotas in [0.01, 64], got {[t.cpus for t in self.tiers]}")
+
+
+def link_kind(cfg: RigConfig) -> str:
+    """``kernel`` or ``userspace`` for the configured ``auto | kernel | userspace``."""
+    root = netns.is_root() and netns.tc_available()
+    simple = len(cfg.tiers) == 2 and cfg.tiers[0].count == cfg.tiers[1].count == 1 and cfg.delays
+    if cfg.link == "kernel" and not netns.is_root():
+        raise RigError(f"link 'kernel' needs root (euid 0), running as euid {os.geteuid()}")
+    kind = "kernel" if cfg.link == "kernel" or (cfg.link == "auto" and root) else "userspace"
+    if kind == "userspace" and not simple:
+        raise RigError(
+            f"this topology ({len(cfg.tiers)} tiers, {[t.count for t in cfg.tiers]} hosts) needs the kernel "
+            "link: root (euid 0) and tc/ip; the userspace link has one device and one server"
+        )
+    return kind
+
+
+@dataclass
+class Hop:
+    """One hop's switch: the lower tier's hosts (shaped ports ``p{j}``) and the upper tier's."""
+
+    switch: str
+    lower: list[netns.Host]
+    upper: list[netns.Host]
+    rates: list[float | None] = field(default_factory=list)
+    relays: list[Any] = field(default_factory=list)  # UserspaceLink per upper host (its delay)
+    directs: list[Any] = field(default_factory=list)  # relays in the upper hosts towards the next hop
+
+    def set_rates(self, rates_mbps: Sequence[float | None]) -> int:
+        """Each lower host's rate in one ``tc -batch`` (htb class changes keep the queues)."""
+        from splitrt.rig.shaper import MIN_RATE_MBPS, KernelShaper
+
+        shaper, lines, changed = KernelShaper(points=[], queue_ms=KERNEL_QUEUE_MS), [], 0
+        for j, mbps in enumerate(rates_mbps):
+            old = self.rates[j]
+            if mbps is None or old is None or abs(max(mbps, MIN_RATE_MBPS) - old) > RATE_CHANGE_FRACTION * old:
+                changed += 1
+                for port in (f"p{j}", f"ifb{j}"):
+                    if mbps is None and old is not None:
+                        lines.append(f"qdisc del dev {port} root\n")
+                    elif mbps is not None:
+                        lines.append(shaper._batch(max(mbps, MIN_RATE_MBPS), old is None, port))
+                self.rates[j] = None if mbps is None else max(mbps, MIN_RATE_MBPS)
+        if lines:
+            netns.run_cmd(["ip", "netns", "exec", self.switch, "tc", "-batch", "-"], input_text="".join(lines))
+        return changed
+
+    def direct(self, address: str) -> str:
+        """A relay in the first upper host, on this hop, forwarding to ``address`` (a later tier)."""
+        from splitrt.rig import shaper
+
+        host = self.upper[0]
+        ip, port = address.rsplit(":", 1)
+        relay: Any = shaper.UserspaceLink(
+            (host.ip, 0), (ip, int(port)), rate_mbps=None, delay_ms=0.0, netns_name=host.ns
+        )
+        self.directs.append(relay)
+        return f"{host.ip}:{relay.port}"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def make_hop(prefix: str, k: int, lower: Sequence[str], upper: Sequence[str], made: list[str]) -> Hop:
+    """Switch ``{prefix}-s{k}`` (bridge br0, its namespace appended to ``made``) with every host of both
+    tiers on it; the lower hosts' ports get an ``ifb`` for their uplink."""
+    sw = f"{prefix}-s{k}"
+    netns.add_netns(sw)
+    made.append(sw)
+    taken = {netns.subnet_for(f"{prefix}-s{j}") for j in range(k)}
+    subnet = next(s for s in (netns.subnet_for(f"{sw}-{n}") for n in range(64)) if s not in taken)
+    netns.run_cmd(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"])
+    netns.run_cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
+    hop = Hop(switch=sw, lower=[], upper=[])
+    for j, ns in enumerate([*lower, *upper]):
+        h = netns.Host(ns=ns, ip=f"{subnet}.{j + 1}", dev=f"eth{k}")
+        netns.run_cmd(["ip", "-n", sw, "link", "add", f"p{j}", "type", "veth", "peer", "name", h.dev, "netns", ns])
+        for cmd in (["master", "br0"], ["up"]):
+            netns.run_cmd(["ip", "-n", sw, "link", "set", f"p{j}", *cmd])
+        for n, dev in ((sw, f"p{j}"), (ns, h.dev)):
+            netns.no_gso(n, dev)
+        h.ip_cmd("addr", "add", f"{h.ip}/24", "dev", h.dev)
+        h.ip_cmd("link", "set", h.dev, "up")
+        # strategies take turns: a connection parked for the others' keeps its congestion window
+        h.call(Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").write_text, "0")
+        (hop.lower if j < len(lower) else hop.upper).append(h)
+    for j in range(len(lower)):
+        netns.run_cmd(["ip", "-n", sw, "link", "add", f"ifb{j}", "type", "ifb"])
+        netns.run_cmd(["ip", "-n", sw, "link", "set", f"ifb{j}", "up"])
+        redirect = f"action mirred egress redirect dev ifb{j}"
+        tc = f"qdisc add dev p{j} handle ffff: ingress\nfilter add dev p{j} parent ffff: protocol all u32 "
+        netns.run_cmd(["ip", "netns", "exec", sw, "tc", "-batch", "-"], input_text=f"{tc}match u32 0 0 {redirect}\n")
+    hop.rates = [None] * len(lower)
+    return hop
 
 
 class Rig:
-    """Namespaces + cloud + shaped link + device cgroup (see module doc). A context manager."""
+    """The topology's namespaces, switches, shapers, relays, servers, cgroups and device workers (module
+    doc). A context manager; ``addresses[k]``: tier k+1's servers as the devices reach them."""
 
     def __init__(self, config: RigConfig | None = None, *, progress: Callable[[str], None] | None = None) -> None:
         from splitrt.profile import boards
 
-        self.config = config or RigConfig()
-        self.board = boards.load_board(self.config.board)
-        self.kind = link.link_kind(self.config.link)
-        self.prefix = netns.check_prefix(self.config.prefix or f"spl-rig{os.getpid() % 100000}")
+        self.config = cfg = config or RigConfig()
+        self.board = boards.load_board(cfg.board)
+        self.kind = link_kind(cfg)
+        self.prefix = netns.check_prefix(cfg.prefix or f"spl-rig{os.getpid() % 100000}")
         self.progress = progress or (lambda s: None)
-        self.lan: netns.Lan | None = None
-        self.shaper: Any = None  # KernelShaper | UserspaceLink
-        self.relay: Any = None
-        self.throttle: Any = None  # cgroup.CpuThrottle
-        self.cloud_address = ""
-        self.calibration: Calibration | None = None
-        self._own_workdir = self.config.workdir is None
-        self.workdir = Path(self.config.workdir or tempfile.mkdtemp(prefix="splitrt-rig-"))
+        self.workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="splitrt-rig-"))
         self.models_dir = self.workdir / "models"
-        self._children = Children(self.workdir)
-        self._cloud = CloudProcess(
-            self._children, self.models_dir, workers=self.config.cloud_workers, progress=self.progress
-        )
-        self._board_tasks = BoardTasks(self.workdir)
-        self._old_sigterm: Any = None
+        self.children = Children(self.workdir)
+        self.hops: list[Hop] = []
+        self.namespaces: list[str] = []
+        self.servers: list[list[CloudProcess]] = []
+        self.server_groups: list[list[Any]] = []
+        self.device_groups: list[Any] = []
+        self.addresses: list[list[str]] = []
+        self.userspace: Any = None  # the rate + delay relay of the userspace link
+        self.calibration: Calibration | None = None
+        self.board_tasks = BoardTasks(self.workdir)
         self.removed_leftovers: list[str] = []
+        self._old_sigterm: Any = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -171,57 +266,110 @@ class Rig:
             self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self.models_dir.mkdir(parents=True, exist_ok=True)
         for m in self.config.models:
-            self._cloud.copy_model(model_path_for(m))
+            CloudProcess.copy_into(self.models_dir, model_path_for(m))
         if netns.is_root():
             self.removed_leftovers = netns.cleanup_leftovers()
             if self.removed_leftovers:
                 self.progress(f"removed leftovers of earlier runs: {', '.join(self.removed_leftovers)}")
-        if self.kind == "kernel":
-            self._start_kernel()
-        else:
-            self._start_userspace()
+        tiers = self.config.tiers
+        if self.kind == "userspace":
+            self.progress("rig: cloud on 127.0.0.1, rate + delay relay (userspace link), no CPU throttle")
+            self._servers(1, None, 0)
+            self.addresses = [[f"127.0.0.1:{self.userspace.port}"]]
+            return
+        self.progress(
+            f"rig {self.prefix}: {' -> '.join(f'{t.count} {t.name}' for t in tiers)}, "
+            f"{len(tiers) - 1} shaped hop(s), {'delay relays' if self.config.delays else 'no added RTT'}"
+        )
+        hosts = [[f"{self.prefix}-t{k}h{i}" for i in range(t.count)] for k, t in enumerate(tiers)]
+        for ns in [n for tier in hosts for n in tier]:
+            netns.add_netns(ns)
+            self.namespaces.append(ns)
+        for k in range(len(tiers) - 1):
+            self.hops.append(make_hop(self.prefix, k, hosts[k], hosts[k + 1], self.namespaces))
+        for k in range(len(tiers) - 1, 0, -1):  # the last tier first: a middle tier forwards to it
+            self._servers(k, self.hops[k - 1], len(tiers) - 1)
+        self.addresses = [
+            [f"{h.ip}:{r.port}" for h, r in zip(hop.upper, hop.relays, strict=True)]
+            if self.config.delays
+            else [f"{h.ip}:{CLOUD_PORT}" for h in hop.upper]
+            for hop in self.hops
+        ]
+        for k in range(2, len(tiers)):  # the direct path: devices -> tier k through the first server's host
+            self.addresses[k - 1] = [self.hops[0].direct(a) for a in self.addresses[k - 1]]
+        for i in range(tiers[0].count):
+            cpus = tiers[0].cpus[i % len(tiers[0].cpus)] if tiers[0].cpus else None
+            self.device_groups.append(self._cgroup(f"d{i}", cpus))
 
-    def _start_kernel(self) -> None:
+    def _servers(self, k: int, hop: Hop | None, last: int) -> None:
+        """Tier k's servers (127.0.0.1 behind a relay, or their own address), each in its cgroup."""
+        from splitrt.rig import shaper
+
+        tier = self.config.tiers[k]
+        procs, groups = [], []
+        for j in range(tier.count):
+            d = self.workdir / f"t{k}s{j}"
+            d.mkdir(exist_ok=True)
+            srv = CloudProcess(Children(d), self.models_dir, workers=tier.workers, progress=self.progress)
+            srv.extra = ["--intra-op-threads", str(tier.threads)] if tier.threads else []
+            if k < last:
+                nxt = self.hops[k]
+                srv.extra += ["--next", f"{nxt.upper[j % len(nxt.upper)].ip}:{nxt.relays[j % len(nxt.relays)].port}"]
+            if hop is None:  # userspace
+                port = free_port()
+                srv.start(None, port)
+                self.userspace = shaper.UserspaceLink(("127.0.0.1", 0), ("127.0.0.1", port), rate_mbps=None, delay_ms=0)
+            else:
+                host = hop.upper[j]
+                srv.listen = "127.0.0.1" if self.config.delays else "0.0.0.0"
+                groups.append(
+                    self._cgroup(f"t{k}s{j}", tier.cpus[j % len(tier.cpus)] if tier.cpus else None, tier.weight)
+                )
+                srv.start(host, CLOUD_PORT)
+                assert srv.proc is not None
+                groups[-1].add_pid(srv.proc.pid)
+                if self.config.delays:
+                    hop.relays.append(
+                        shaper.UserspaceLink(
+                            (host.ip, 0), ("127.0.0.1", CLOUD_PORT), rate_mbps=None, delay_ms=0.0, netns_name=host.ns
+                        )
+                    )
+            procs.append(srv)
+        self.servers.insert(0, procs)
+        self.server_groups.insert(0, groups)
+
+    def _cgroup(self, name: str, cpus: float | None, weight: int = quota.DEVICE_SHARES) -> Any:
         from splitrt.rig import cgroup
 
-        self.progress(f"rig {self.prefix}: namespaces, veth, htb shaping, cgroup (kernel link)")
-        # Each piece goes on self as soon as it exists: close() tears down whatever was made.
-        self.lan = netns.make_link(self.prefix)
-        cloud_host = self.lan.hosts[1]
-        link.keep_windows_warm(self.lan)
-        self._cloud.start(cloud_host, CLOUD_PORT)
-        self.relay = link.delay_relay(cloud_host, CLOUD_PORT)
-        self.cloud_address = f"{cloud_host.ip}:{self.relay.port}"
-        self.shaper = link.kernel_shaper(self.lan)
-        self.throttle = cgroup.CpuThrottle(f"{self.prefix}-dev", None)
-        self.throttle.open()
-        quota.set_shares(self.throttle, quota.DEVICE_SHARES)
-
-    def _start_userspace(self) -> None:
-        self.progress("rig: cloud on 127.0.0.1, rate + delay relay (userspace link), no CPU throttle")
-        port = free_port()
-        self._cloud.start(None, port)
-        self.shaper = link.userspace_link(port)
-        self.relay = self.shaper
-        self.cloud_address = f"127.0.0.1:{self.shaper.port}"
+        g = cgroup.CpuThrottle(f"{self.prefix}-{name}", None)
+        g.open()
+        quota.set_shares(g, weight)
+        if cpus is not None:
+            quota.set_quota(g, cpus, self.config.cfs_period_us)
+        return g
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         errors: list[str] = []
-        self._children.terminate_all()
-        for name, fn in (
-            ("relay", lambda: self.relay.close() if self.relay else None),
-            ("shaper", lambda: self.shaper.close() if self.shaper else None),
-            ("cgroup", lambda: self.throttle.close() if self.throttle else None),
-            ("namespaces", lambda: self.lan.destroy() if self.lan else None),
-        ):
+        self.children.terminate_all()
+        for srv in [s for tier in self.servers for s in tier]:
+            srv.children.terminate_all()
+        relays = [r for hop in self.hops for r in (*hop.relays, *hop.directs)] + [self.userspace]
+        groups = [*self.device_groups, *(g for tier in self.server_groups for g in tier)]
+        for part in [*relays, *groups]:
             try:
-                fn()
+                if part is not None:
+                    part.close()
             except Exception as exc:  # keep tearing down the rest
-                errors.append(f"{name}: {exc}")
-        if self._own_workdir and not self.config.keep_workdir:
+                errors.append(str(exc))
+        for ns in reversed(self.namespaces):
+            try:
+                netns.delete_netns(ns)
+            except RigError as exc:
+                errors.append(str(exc))
+        if self.config.workdir is None and not self.config.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if self._old_sigterm is not None:
             with contextlib.suppress(ValueError):
@@ -229,83 +377,103 @@ class Rig:
         if errors:
             raise RigError("rig teardown: " + "; ".join(errors))
 
-    # -- where things are --------------------------------------------------------------------------
-    @property
-    def cloud_proc(self) -> subprocess.Popen[Any] | None:
-        return self._cloud.proc
+    # -- links -------------------------------------------------------------------------------------
+    def set_rates(self, k: int, rates_mbps: Sequence[float | None]) -> int:
+        """Hop ``k``'s rate (goodput, both ways) per lower host, None: unshaped; one tc call. Returns how
+        many changed (a change under 2 % is skipped)."""
+        from splitrt.rig.shaper import MIN_RATE_MBPS
 
-    @cloud_proc.setter
-    def cloud_proc(self, proc: subprocess.Popen[Any] | None) -> None:
-        self._cloud.proc = proc
+        if self.userspace is not None:
+            self.userspace.set_rate(None if rates_mbps[0] is None else max(rates_mbps[0], MIN_RATE_MBPS))
+            return 1
+        return self.hops[k].set_rates(rates_mbps)
 
-    @property
-    def cloud_direct(self) -> str:
-        """The server itself, bypassing the link (for the cloud-busy clients next to it)."""
-        return f"127.0.0.1:{CLOUD_PORT}" if self.kind == "kernel" else f"127.0.0.1:{self._cloud.port}"
+    def set_rtt(self, k: int, rtt_ms: float) -> None:
+        """Hop ``k``'s added round trip (half each way), the direct path's relays on it included."""
+        for r in [self.userspace] if self.userspace is not None else [*self.hops[k].relays, *self.hops[k].directs]:
+            r.set_delay(rtt_ms / 2)
 
-    @property
-    def device_host(self) -> netns.Host | None:
-        return self.lan.hosts[0] if self.lan is not None else None
-
-    @property
-    def cloud_host(self) -> netns.Host | None:
-        return self.lan.hosts[1] if self.lan is not None else None
-
-    def set_rtt(self, rtt_ms: float) -> None:
-        self.relay.set_delay(rtt_ms / 2)
-
+    # -- servers -----------------------------------------------------------------------------------
     def install_model(self, path: Path) -> Path:
-        """Put the model where the cloud serves it from; restarts the cloud if it is new (the server
-        lists only the models it found at start in its Status, which devices check first)."""
-        return self._cloud.install_model(path)
+        """Serve the model everywhere; a new one restarts every server (a server lists only the models it
+        found at start in its Status, which devices check first)."""
+        if CloudProcess.copy_into(self.models_dir, path) is not None:
+            self.progress(f"servers: restarting to serve {path.name}")
+            for k in range(len(self.servers), 0, -1):
+                for j in range(len(self.servers[k - 1])):
+                    self.kill_server(k, j)
+                    self.restart_server(k, j)
+        return self.models_dir / path.name
 
-    # -- device ------------------------------------------------------------------------------------
-    def start_worker(self, spec: dict[str, Any], name: str = "device") -> JsonWorker:
-        argv = [sys.executable, "-m", "splitrt.rig.worker", "worker", json.dumps(spec)]
-        proc = self._children.popen(argv, f"{name}.log", host=self.device_host, pipes=True)
-        w = JsonWorker(proc, name)
-        w.reply(180)  # {"event": "loaded"}
-        return w
+    def kill_server(self, k: int, j: int) -> float:
+        """SIGKILL tier k's server j; returns its CPU seconds just before (0 when gone)."""
+        proc = self.servers[k - 1][j].proc
+        if proc is None or proc.poll() is not None:
+            return 0.0
+        cpu = self.server_cpu(k, j)
+        proc.kill()
+        proc.wait(10)
+        return cpu
+
+    def restart_server(self, k: int, j: int) -> None:
+        srv = self.servers[k - 1][j]
+        srv.start(srv.host, srv.port)
+        if self.server_groups[k - 1] and srv.proc is not None:
+            self.server_groups[k - 1][j].add_pid(srv.proc.pid)
+
+    def server_cpu(self, k: int, j: int) -> float:
+        """CPU seconds of tier k's server j so far (0 when it is gone)."""
+        proc = self.servers[k - 1][j].proc
+        return cpu_seconds(proc.pid) if proc is not None and proc.poll() is None else 0.0
+
+    # -- devices -----------------------------------------------------------------------------------
+    def start_workers(self, specs: Sequence[Any]) -> list[JsonWorker]:
+        """One worker per device (``rig.worker``, a ``protocol.Spec`` each) in its namespace."""
+        from splitrt.rig.worker import spec_json
+
+        out = []
+        for i, spec in enumerate(specs):
+            argv = [sys.executable, "-m", "splitrt.rig.worker", "worker", spec_json(spec)]
+            host = self.hops[0].lower[i] if self.hops else None
+            out.append(JsonWorker(self.children.popen(argv, f"device{i}.log", host=host, pipes=True), f"device{i}"))
+        for w in out:
+            w.reply(900)  # {"event": "loaded"}
+        return out
 
     def set_quota(self, cpus: float) -> None:
-        """The device cgroup's CPU quota with ``cfs_period_us`` periods (CpuThrottle uses 100 ms)."""
-        quota.set_quota(self.throttle, cpus, self.config.cfs_period_us)
+        """Every calibrated device's CPU quota, in ``cfs_period_us`` periods."""
+        for g in self.device_groups if not self.config.tiers[0].cpus else []:
+            quota.set_quota(g, cpus, self.config.cfs_period_us)
 
-    def throttle_in(self, pid: int) -> None:
-        if self.throttle is not None:
-            self.throttle.add_pid(pid)
+    def throttle(self, i: int, pid: int, threads: tuple[Sequence[int], Sequence[int]] | None = None) -> None:
+        """Device i's process into its cgroup (on cgroup v1 only its compute ``threads``, if given)."""
+        if self.device_groups:
+            quota.add_threads(self.device_groups[i], pid, *(threads or ((), ())))
 
-    def throttle_threads(self, pid: int, compute: Sequence[int], other: Sequence[int]) -> None:
-        """Only the device's compute threads on cgroup v1 (see ``quota.add_threads``)."""
-        if self.throttle is not None:
-            quota.add_threads(self.throttle, pid, compute, other)
-
-    def throttle_out(self, pid: int) -> None:
-        if self.throttle is not None:
-            quota.remove_pid(self.throttle, pid)
-
-    def board_tasks_file(self) -> str:
-        """Where the device's run-queue probe finds the other processes sharing its CPU (``loads.BoardTasks``)."""
-        return self._board_tasks.file()
+    def unthrottle(self, i: int, pid: int) -> None:
+        if self.device_groups:
+            quota.remove_pid(self.device_groups[i], pid)
 
     def calibrate(self) -> Calibration:
-        """Make the device take on resnet50 what the board takes (see ``rig.calibration``); once."""
+        """Make the devices take on resnet50 what the board takes (``rig.calibration``); once."""
+        from splitrt.rig import calibration
+
         if self.calibration is None:
             self.calibration = calibration.calibrate(self)
         return self.calibration
 
-    # -- loads -------------------------------------------------------------------------------------
     def load_driver(
         self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *, from_s: float = 0.0
     ) -> contextlib.AbstractContextManager[list[tuple[float, float]]]:
-        """Apply the load scenario during (a turn of) a run whose window position ``from_s`` is played at
-        monotonic time ``t0``; yields the (start, end) window positions it applied, filled in on exit."""
+        """Apply the load scenario to device 0 and the last tier's server 0 during (a turn of) a run whose
+        window position ``from_s`` is played at monotonic ``t0``; yields the (start, end) positions applied."""
+        last = self.servers[-1][0]
         driver = LoadDriver(
-            self._children,
-            self._board_tasks,
-            device_host=self.device_host,
-            cloud_host=self.cloud_host,
-            cloud_direct=self.cloud_direct,
-            throttle_in=self.throttle_in,
+            self.children,
+            self.board_tasks,
+            device_host=self.hops[0].lower[0] if self.hops else None,
+            cloud_host=last.host,
+            cloud_direct=f"127.0.0.1:{last.port}",
+            throttle_in=lambda pid: self.throttle(0, pid),
         )
         return driver.during(load, duration_s, t0, model_path, cloud_plan, from_s=from_s)

@@ -1,12 +1,12 @@
-"""The rig's child processes (``python -m splitrt.rig.worker worker|busy SPEC``), speaking JSON lines.
+"""The rig's device process (``python -m splitrt.rig.worker worker SPEC``) for every topology, speaking
+``rig.protocol`` (one JSON line per typed message), and the cloud-busy load (``... busy SPEC``).
 
-- ``worker`` with ``mode: calibrate``: times the whole model under the quota the rig sets (calibration).
-- ``worker`` with ``mode: device``: the device. It holds one ``AdaptiveDevice`` per strategy of the
-  benchmark (``prepare``) and runs one strategy's turn at a time (``run``); see ``rigbench``.
-- ``busy``: other devices queueing on the cloud (load ``cloud-busy``).
-
-- ``rig.worker._Strategy.describe(outcome) -> record`` (default ``worker.describe``) is how a runtime's outcome
-  becomes a request record; ``rig.cloudserver.CloudProcess.log_name`` names a server's log.
+It holds one runtime per strategy (``Prepare``): ``AdaptiveDevice`` over the direct path to the last
+tier's servers (every server known, each device preferring its own first), or ``ChainDevice`` through
+the first server tier's edge; sessions are built once, outside the cgroup, and shared. It runs one
+strategy's turn at a time (``Run``): requests paced at ``rate_hz`` with a seeded jitter (the same
+schedule for every strategy), or back to back (closed loop) at rate 0. A strategy's clock stands still
+and its prober is parked between its turns, so each sees one continuous run.
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from splitrt.plan.netmon import LoadEstimator
+from splitrt.rig import protocol as P
 from splitrt.rig.models import cost_table_for
+
+WARMUP_S = 2.0
 
 
 def _emit(msg: dict[str, Any]) -> None:
@@ -54,46 +57,10 @@ def _slowed(dev: Any, factor: float) -> None:
     dev.run_head, dev.finish_locally = head, fin
 
 
-def _calibrate_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
-    import onnxruntime as ort
-
-    from splitrt.graph import zoo
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = int(spec.get("threads", 2))
-    sess = ort.InferenceSession(spec["model_path"], so, providers=["CPUExecutionProvider"])
-    feeds = zoo.random_inputs(spec["model_path"], seed=0)
-    sess.run(None, feeds)
-    _emit({"event": "loaded"})
-    for line in stdin:
-        msg = json.loads(line)
-        if msg.get("cmd") == "quit":
-            return
-        pad = float(msg.get("pad_factor", 1.0))
-        walls, cpus = [], []
-        sess.run(None, feeds)  # one unmeasured run: the new quota settles
-        for _ in range(int(msg.get("runs", 3))):
-            w0, c0 = time.perf_counter(), time.process_time()
-            sess.run(None, feeds)
-            w1, c1 = time.perf_counter(), time.process_time()
-            if pad > 1:
-                time.sleep((w1 - w0) * (pad - 1))
-            walls.append((time.perf_counter() - w0) * 1e3)
-            cpus.append((c1 - c0) * 1e3)
-        _emit(
-            {"event": "bench", "wall_ms": statistics.median(walls), "cpu_ms": statistics.median(cpus), "all_ms": walls}
-        )
-
-
 class RigLoad(LoadEstimator):
-    """The rig's device-load signal: the emulated board's run queue (``RunQueueProbe``), in place of psutil.
-
-    The runtime's own signal (psutil: CPU used by other processes) cannot see an emulated board: it sees
-    the whole host (the cloud, the relay, other jobs), not the cgroup the device lives in; so the
-    prober's psutil samples are ignored here. The device's speed is learned as on a board: the runtime
-    feeds every head's measured time (``LoadEstimator.add_head``).
-    """
+    """The device-load signal of an emulated board: its run queue (``RunQueueProbe``), not psutil, which
+    sees the whole host (the cloud, the relays, other jobs) rather than the device's cgroup. The device's
+    speed is still learned from every head's measured time (``LoadEstimator.add_head``)."""
 
     def add_device(
         self, now_s: float, *, other_util: float, freq_mhz: float | None = None, profiled_freq_mhz: float | None = None
@@ -102,94 +69,60 @@ class RigLoad(LoadEstimator):
 
     def add_runqueue(self, now_s: float, factor: float) -> float:
         """``factor``: how many times longer a head takes now (1 + runnable others)."""
-        util = 1.0 - 1.0 / max(1.0, factor)
-        return LoadEstimator.add_device(self, now_s, other_util=min(util, 0.99))
+        return LoadEstimator.add_device(self, now_s, other_util=min(1.0 - 1.0 / max(1.0, factor), 0.99))
 
 
 class RunQueueProbe:
-    """Sample the emulated board's run queue during a turn: how many threads of the OTHER processes
-    sharing the device's CPU (listed by the rig in ``tasks_file``) are runnable. One compute thread
-    competing with ``n`` runnable tasks gets ``1 / (1 + n)`` of the CPU, so a head would now take
-    ``1 + n`` times as long: the figure a real board's psutil gives the runtime's prober, every 0.25 s
-    (the prober's interval), whether or not a head is running (a head timed at the end of a 0.9 s request is late
-    news: a burst was seen 2-3 s after it began and for 1.6 s after it ended). Timing a small piece of
-    work instead does not work under a CFS quota: a job shorter than the quota runs at full speed or
-    waits a whole period."""
+    """Every 50 ms, how many threads of the OTHER processes sharing the device's CPU (listed by the rig
+    in ``tasks_file``) are runnable; every 0.25 s (the prober's interval) their mean feeds ``RigLoad``:
+    one compute thread among ``n`` runnable tasks gets ``1 / (1 + n)`` of the CPU, the figure a board's
+    psutil gives its prober whether or not a head runs. (Timing a small job does not work under a CFS
+    quota: it runs at full speed or waits a whole period.)"""
 
-    def __init__(
-        self,
-        load: RigLoad,
-        tasks_file: str | None,
-        *,
-        sample_s: float = 0.05,
-        report_s: float = 0.25,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.load = load
-        self.clock = clock
-        self.tasks_file = tasks_file
-        self.sample_s = sample_s
-        self.report_s = report_s
-        self._stop = threading.Event()
+    def __init__(self, load: RigLoad, clock: Callable[[], float]) -> None:
+        self.load, self.clock = load, clock
+        self.tasks_file: str | None = None
         self.active = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="rig-runqueue", daemon=True)
+        self.thread.start()
 
     def runnable_others(self) -> int:
-        if not self.tasks_file:
-            return 0
         try:
-            ids = [int(x) for x in Path(self.tasks_file).read_text().split()]
+            ids = [int(x) for x in Path(self.tasks_file or "").read_text().split()]
         except (OSError, ValueError):
             return 0
-        own = {int(t) for t in os.listdir("/proc/self/task")}
         n = 0
         for pid in ids:
-            if pid in own:
-                continue
-            try:
+            with contextlib.suppress(OSError):
                 tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids if len(tids) > 1 else [str(pid)]:
-                try:
-                    state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                except (OSError, IndexError):
-                    continue
-                n += state == "R"
+                for tid in tids if len(tids) > 1 else [str(pid)]:
+                    with contextlib.suppress(OSError, IndexError):
+                        n += Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
         return n
 
     def _loop(self) -> None:
         samples: list[int] = []
-        next_report = self.clock() + self.report_s
-        while not self._stop.wait(self.sample_s):
+        next_report = self.clock() + 0.25
+        while not self._stop.wait(0.05):
             now = self.clock()
-            if not self.active.is_set():
+            if not self.active.is_set() or not self.tasks_file:
                 samples.clear()
-                next_report = now + self.report_s
+                next_report = now + 0.25
                 continue
             samples.append(self.runnable_others())
             if now >= next_report:
                 self.load.add_runqueue(now, 1.0 + statistics.fmean(samples))
                 samples.clear()
-                next_report = now + self.report_s
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="rig-runqueue", daemon=True)
-        self._thread.start()
+                next_report = now + 0.25
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-
-WARMUP_S = 2.0  # uncounted requests per strategy before its first turn
+        self.thread.join(5)
 
 
 class TurnClock:
-    """A strategy's own clock: it stands still while the other strategies take their turns, so its
-    estimators and timers see one continuous run."""
+    """A strategy's own clock: it stands still while the other strategies take their turns."""
 
     def __init__(self) -> None:
         self._offset_s = 0.0
@@ -210,12 +143,11 @@ class TurnClock:
 
 
 class TurnProber:
-    """The runtime's prober (``AdaptiveDevice.probe_once`` every ``interval_s``), run only during its
-    strategy's turns: a parked strategy's probes would share the link and the CPU with the one measured."""
+    """The runtime's prober (``probe_once`` every ``interval_s``), run only during its strategy's turns:
+    a parked strategy's probes would share the link and the CPU with the one measured."""
 
     def __init__(self, dev: Any, interval_s: float) -> None:
-        self.dev = dev
-        self.interval_s = interval_s
+        self.dev, self.interval_s = dev, interval_s
         self.active = threading.Event()
         self._busy = threading.Lock()
         self._stop = threading.Event()
@@ -224,10 +156,9 @@ class TurnProber:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            if not self.active.is_set():
-                continue
-            with self._busy, contextlib.suppress(Exception):  # the prober never dies: next round retries
-                self.dev.probe_once()
+            if self.active.is_set():
+                with self._busy, contextlib.suppress(Exception):  # the prober never dies: next round retries
+                    self.dev.probe_once()
 
     def park(self) -> None:
         """Stop probing; a probe under way finishes first (its transfer is part of this turn)."""
@@ -241,34 +172,8 @@ class TurnProber:
         self.thread.join(5)
 
 
-def describe(out: Any) -> dict[str, Any]:
-    """The request record of an ``AdaptiveDevice`` outcome."""
-    r, d = out.result, out.decision
-    return dict(
-        latency_ms=out.latency_ms,
-        plan=out.plan,
-        fallback=out.fallback,
-        where=r.where,
-        head_ms=r.head_ms,
-        encode_ms=r.encode_ms,
-        rpc_ms=r.rpc_ms,
-        decode_ms=r.decode_ms,
-        tail_ms=r.tail_ms,
-        queue_ms=r.queue_ms,
-        bytes_up=r.bytes_up,
-        bytes_down=r.bytes_down,
-        bw_est_mbps=d.bandwidth_mbps,
-        rtt_est_ms=d.rtt_ms,
-        device_load=d.device_load,
-        cloud_load=d.cloud_load,
-        predicted_ms=d.predicted_ms,
-        best=d.best,
-        reason=d.reason,
-    )
-
-
 @dataclass
-class _Strategy:
+class Strategy:
     """One strategy in the worker: its runtime, clock, probes, and where its request schedule is."""
 
     dev: Any
@@ -278,7 +183,6 @@ class _Strategy:
     jitter: random.Random
     next_k: int = 0
     next_u: float | None = None
-    describe: Callable[[Any], dict[str, Any]] = describe  # outcome -> request record (rig.tierworker: chains)
 
     def close(self) -> None:
         self.runqueue.stop()
@@ -286,224 +190,246 @@ class _Strategy:
         self.dev.close()
 
 
-def _device_worker(spec: dict[str, Any], stdin: IO[str]) -> None:
-    import numpy as np  # noqa: F401  (loaded before the timed part)
+class Agent:
+    """The device: its model, local sessions, inputs, reference outputs and strategies."""
 
-    from splitrt.device.client import Device, DeviceConfig
-    from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-    from splitrt.graph import model as graph
-    from splitrt.plan.controller import ControllerConfig
-    from splitrt.profile import boards
+    def __init__(self, spec: P.Spec) -> None:
+        import numpy as np
 
-    mg = graph.load(spec["model_path"])
-    table = cost_table_for(Path(spec["profile_path"]), mg.sha256, float(spec["speed_factor"]))
-    board = boards.load_board(spec["board"])
-    dcfg = DeviceConfig(intra_op_threads=int(spec.get("threads", 2)), timeout_s=30.0)
-    local = Device(mg, None, config=dcfg)
-    _slowed(local, float(spec.get("pad_factor", 1.0)))
-    for cut in spec.get("warm_cuts", []):
-        local.warm(cut)
-    inputs = local.random_inputs(seed=int(spec.get("seed", 0)))
-    codecs = spec.get("codecs")
-    _emit({"event": "loaded"})
-    strategies: dict[str, _Strategy] = {}
-    for line in stdin:
-        msg = json.loads(line)
-        cmd = msg.get("cmd")
+        from splitrt.device.client import Device, DeviceConfig
+        from splitrt.graph import model as graph
+        from splitrt.profile import boards
+
+        self.spec = spec
+        self.mg = graph.load(spec.model_path)
+        self.power = boards.load_board(spec.board).power
+        self.dcfg = DeviceConfig(intra_op_threads=spec.threads, timeout_s=30.0)
+        self.local = Device(self.mg, None, config=self.dcfg)
+        _slowed(self.local, spec.pad_factor)
+        for cut in spec.warm_cuts:
+            self.local.warm(cut)
+        self.inputs = self.local.random_inputs(seed=spec.seed)
+        self.reference = {k: np.asarray(v) for k, v in self.local.run_local(self.inputs).items()}
+        self.strategies: dict[str, Strategy] = {}
+
+    def time(self, msg: P.Time) -> P.Ack:
+        """Median whole-model time (the first run unmeasured: sessions and quotas settle)."""
+        from splitrt.device.client import Device
+
+        walls, cpus = [], []
+        remote = Device(self.mg, msg.address, config=self.dcfg) if msg.address else None
         try:
-            if cmd == "quit":
-                break
-            if cmd == "cloud-calibrate":
-                probe_dev = Device(mg, spec["cloud"], config=dcfg)
-                tails = [
-                    probe_dev.run_detailed(inputs, cut="cloud", timeout_s=60).tail_ms
-                    for _ in range(int(msg.get("runs", 5)))
-                ]
-                probe_dev.close()
-                _emit({"event": "cloud", "tail_ms": statistics.median(tails[1:] or tails)})
-            elif cmd == "device-calibrate":
-                # the whole model on this (throttled) device, as the local plan runs it
-                feeds = local.check_inputs(inputs)
-                local.run_head(feeds, "device")  # unmeasured: the quota settles
-                heads = [local.run_head(feeds, "device").head_ms for _ in range(int(msg.get("runs", 3)))]
-                _emit({"event": "device", "head_ms": statistics.median(heads)})
-            elif cmd == "prepare":
-                name = str(msg["name"])
-                table = cost_table_for(
-                    Path(spec["profile_path"]),
-                    mg.sha256,
-                    float(msg.get("speed_factor", spec["speed_factor"])),
-                    float(msg.get("cloud_factor", 1.0)),
-                )
-                if name in strategies:
-                    strategies.pop(name).close()
-                # Sessions are built here, on the main thread, for every cut the plans may use: the
-                # prober's own warming would build them on a thread the rig does not throttle.
-                rc = RuntimeConfig(
-                    policy=msg["policy"],
-                    deadline_ms=float(spec["deadline_ms"]),
-                    warm_sessions=False,
-                    controller=ControllerConfig(
-                        codecs=tuple(codecs) if codecs else None,
-                        cuts=tuple(spec["cuts"]) if spec.get("cuts") else None,
-                    ),
-                )
-                clock = TurnClock()
-                dev = AdaptiveDevice(
-                    mg,
-                    table,
-                    [spec["cloud"]] if msg.get("with_cloud") else [],
-                    config=rc,
-                    device_config=dcfg,
-                    power=board.power,
-                    clock=clock,
-                    start_prober=False,
-                )
-                dev.local = local  # sessions built once, outside the cgroup
-                dev.load = RigLoad()
-                # a monitor (like psutil on a real board) on a spare core: not throttled with the compute
-                st = _Strategy(
-                    dev=dev,
-                    clock=clock,
-                    prober=TurnProber(dev, rc.prober_interval_s),
-                    runqueue=RunQueueProbe(dev.load, None, clock=clock),
-                    jitter=random.Random(int(spec.get("seed", 0))),
-                )
-                st.runqueue.start()
-                strategies[name] = st
-                # Warm-up (uncounted): the channel, the cloud's tail sessions, and the estimators, which
-                # in a deployed daemon have seen the link long before any measured request (2 requests
-                # were not enough: a link estimate still 35 % low kept adaptive on the device for 3 s).
-                # It starts as a daemon does, with a probe (RTT first): transfers timed before any RTT
-                # sample are netted of the 20 ms prior instead of the link's 80 ms and read ~40 % low
-                # (6.6 for 11.5 Mbit/s), for the 5 s they stay in the window. Requests are paced at the
-                # bench's rate so the prober finds the idle link it waits for.
+            for _ in range(msg.runs + 1):
+                w0, c0 = time.perf_counter(), time.process_time()
+                if remote is None:
+                    ms = self.local.run_head(self.local.check_inputs(self.inputs), "device").head_ms
+                    time.sleep(ms * (msg.pad_factor - 1) / 1e3)
+                    ms *= msg.pad_factor
+                else:
+                    head = remote.run_head(self.inputs, "cloud")
+                    ms = remote.send(head, timeout_s=60, next_cut=msg.next_cut).tail_ms
+                walls.append(ms)
+                cpus.append((time.process_time() - c0) * 1e3 if remote is None else (time.perf_counter() - w0) * 1e3)
+        finally:
+            if remote is not None:
+                remote.close()
+        return P.Ack(wall_ms=statistics.median(walls[1:]), cpu_ms=statistics.median(cpus[1:]))
+
+    def warm(self, msg: P.Warm) -> P.Ack:
+        """One request per chain plan through the edge, so the edge and the cloud build their segments."""
+        from splitrt.device.client import Device
+        from splitrt.plan.solver import parse_chain_plan
+
+        d, ok = Device(self.mg, self.spec.servers[0][0], config=self.dcfg), 0
+        try:
+            for plan in msg.plans:
+                a, b, codec = parse_chain_plan(plan)
                 with contextlib.suppress(Exception):
-                    dev.probe_once()
-                st.prober.active.set()
-                rate_hz = float(msg.get("rate_hz", 4.0))
-                t_warm = time.monotonic()
-                n_warm = 0
-                while n_warm < 2 or time.monotonic() - t_warm < float(msg.get("warmup_s", WARMUP_S)):
-                    time.sleep(max(0.0, t_warm + n_warm / rate_hz - time.monotonic()))
-                    dev.infer(inputs)
-                    n_warm += 1
-                time.sleep(0.6)  # a few prober rounds
-                st.prober.park()
-                clock.pause()
-                _emit({"event": "prepared"})
-            elif cmd == "roles":
-                _emit({"event": "roles", **_thread_roles(strategies.values())})
-            elif cmd == "run":
-                st = strategies[str(msg["name"])]
-                end_s = _run_turn(
-                    st,
-                    inputs,
-                    t0=float(msg["t0"]),
-                    from_s=float(msg["from_s"]),
-                    until_s=float(msg["until_s"]),
-                    rate_hz=float(msg["rate_hz"]),
-                    log_path=Path(msg["log_path"]),
-                    tasks_file=msg.get("tasks_file"),
-                )
-                _emit({"event": "done", "stats": dict(st.dev.stats), "end_s": end_s})
-            else:
-                _emit({"event": "error", "message": f"unknown command {cmd!r}"})
-        except Exception as exc:  # report, keep serving (the rig decides)
-            _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
-    for st in strategies.values():
-        st.close()
+                    d.send(self.local.run_head(self.inputs, a), codec_spec=codec, next_cut=b, timeout_s=60)
+                    ok += 1
+        finally:
+            d.close()
+        return P.Ack(count=ok)
 
+    def runtime(self, msg: P.Prepare, clock: TurnClock) -> tuple[Any, float]:
+        """(runtime, prober interval) of one strategy: the direct path (``tiers`` 2) or the chain (3)."""
+        from splitrt.device.chain import ChainConfig, ChainDevice
+        from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
+        from splitrt.plan.chain import ChainController, ChainControllerConfig
+        from splitrt.plan.controller import ControllerConfig
+        from splitrt.rig.strategies import FixedChain
 
-def _thread_roles(strategies: Iterable[_Strategy]) -> dict[str, list[int]]:
-    """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (the probers,
-    the run-queue monitors, gRPC's named threads)."""
-    control: set[int | None] = set()
-    for st in strategies:
-        control.add(st.prober.thread.native_id)
-        control.add(st.runqueue._thread.native_id if st.runqueue._thread is not None else None)
-    compute: list[int] = []
-    other: list[int] = []
-    for tid_s in os.listdir("/proc/self/task"):
-        tid = int(tid_s)
-        try:
-            comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-        except OSError:
-            continue
-        is_python = comm == Path(sys.executable).name[:15] or comm.startswith("python")
-        (compute if is_python and tid not in control else other).append(tid)
-    return {"compute_tids": compute, "other_tids": other}
-
-
-def _run_turn(
-    st: _Strategy,
-    inputs: Any,
-    *,
-    t0: float,
-    from_s: float,
-    until_s: float,
-    rate_hz: float,
-    log_path: Path,
-    tasks_file: str | None,
-) -> float:
-    """One turn: window position ``from_s`` is played at monotonic ``t0``; the strategy's requests
-    that start before ``until_s`` run (a late one still ends), then it idles, probing, until ``until_s``
-    as in a continuous run. Returns the position at which it parked."""
-    st.runqueue.tasks_file = tasks_file
-    while time.monotonic() < t0:
-        time.sleep(0.002)
-    st.clock.resume()
-    st.prober.active.set()
-    st.runqueue.active.set()
-    try:
-        with open(log_path, "a") as log:
-            _loop_requests(st, inputs, t0, from_s, until_s, rate_hz, log)
-        time.sleep(max(0.0, t0 + until_s - from_s - time.monotonic()))
-    finally:
-        end_s = from_s + time.monotonic() - t0
-        # Clock first: a probe still under way ends while parked, and its sample is stamped at the
-        # turn's end. Its transfer would have overlapped the next requests in one continuous run; here
-        # it must not delay this strategy's timeline.
-        st.clock.pause()
-        st.runqueue.active.clear()
-        st.prober.park()
-    return end_s
-
-
-def _loop_requests(
-    st: _Strategy, inputs: Any, t0: float, from_s: float, until_s: float, rate_hz: float, log: IO[str]
-) -> None:
-    """Paced closed loop: request k is due at window position (k + u_k) / rate (u_k uniform in [0, 1),
-    the same for every strategy) and starts then, or when request k-1 ends if later; none starts at or
-    after ``until_s`` (a backlog carries over to the next turn, as it would in one continuous run)."""
-    # The jitter spreads request starts over the CFS period of the board's throttle (20 ms): strictly
-    # periodic starts at 4 Hz meet it at only two phases, fixed per run by t0, and a throttled head's
-    # latency comes in steps of one period (463, 480, 501 ms...), so two runs of the same plan differed
-    # by 2-4 % in mean.
-    dev = st.dev
-    while True:
-        if st.next_u is None:
-            st.next_u = st.jitter.random()
-        due = (st.next_k + st.next_u) / rate_hz
-        start_s = max(due, from_s + time.monotonic() - t0)  # window position it starts at
-        if start_s >= until_s:  # the next turn starts it (at once, if it is already late)
-            return
-        time.sleep(max(0.0, t0 + start_s - from_s - time.monotonic()))
-        t_s = from_s + time.monotonic() - t0
-        rec: dict[str, Any] = {"i": st.next_k, "t_s": t_s}
-        try:
-            out = dev.infer(inputs)
-        except Exception as exc:  # infer never raises for the cloud: count it as failed
-            rec.update(
-                error=f"{type(exc).__name__}: {exc}", latency_ms=(from_s + time.monotonic() - t0 - t_s) * 1e3, plan="?"
+        s, f = self.spec, msg.factors
+        tables = [cost_table_for(Path(s.profile_path), self.mg.sha256, f[0], f[-1])]
+        tables += [cost_table_for(Path(s.profile_path), self.mg.sha256, x, x) for x in f[1:]]
+        kw: dict[str, Any] = dict(device_config=self.dcfg, power=self.power, clock=clock, start_prober=False)
+        if msg.tiers == 2:
+            rc = RuntimeConfig(
+                policy=msg.policy,
+                deadline_ms=s.deadline_ms,
+                warm_sessions=False,
+                controller=ControllerConfig(objective=s.objective, codecs=s.codecs),
             )
-        else:
-            rec.update(st.describe(out))
-        log.write(json.dumps(rec) + "\n")
-        log.flush()
-        _emit({"event": "progress", "t_s": t_s, "plan": rec["plan"], "latency_ms": rec["latency_ms"]})
-        st.next_u = None
-        st.next_k += 1
+            clouds = [] if msg.policy == "fixed:device" else list(s.servers[-1])
+            return AdaptiveDevice(self.mg, tables[0], clouds, config=rc, **kw), rc.prober_interval_s
+        ccc = ChainControllerConfig(objective=s.objective, codecs=s.codecs or ("fp32",))
+        cc = ChainConfig(deadline_ms=s.deadline_ms, controller=ccc)
+        dev: Any = ChainDevice(self.mg, *tables, edge=s.servers[0][0], cloud=s.servers[-1][0], config=cc, **kw)
+        if msg.policy.startswith("fixed:"):
+            inner = ChainController(tables[0], tables[1], tables[2], ccc, power=self.power)
+            dev.controller = FixedChain(inner, msg.policy.split(":", 1)[1])
+        return dev, cc.prober_interval_s
+
+    def prepare(self, msg: P.Prepare) -> P.Ack:
+        """Build one strategy's runtime and warm it up: channels, the servers' sessions and the
+        estimators, which a deployed device has fed long before any measured request. It starts as a
+        daemon does, with a probe (RTT first), and paces its requests so the prober finds idle links."""
+        if msg.name in self.strategies:
+            self.strategies.pop(msg.name).close()
+        clock = TurnClock()
+        dev, interval_s = self.runtime(msg, clock)
+        dev.local = self.local  # sessions built once, outside the cgroup
+        dev.load = RigLoad()
+        st = Strategy(
+            dev=dev,
+            clock=clock,
+            prober=TurnProber(dev, interval_s),
+            runqueue=RunQueueProbe(dev.load, clock),
+            jitter=random.Random(self.spec.seed),
+        )
+        self.strategies[msg.name] = st
+        with contextlib.suppress(Exception):
+            dev.probe_once()
+        st.prober.active.set()
+        t_warm, n = time.monotonic(), 0
+        while n < 2 or time.monotonic() - t_warm < msg.warmup_s:
+            if msg.rate_hz > 0:
+                time.sleep(max(0.0, t_warm + n / msg.rate_hz - time.monotonic()))
+            dev.infer(self.inputs)
+            n += 1
+        time.sleep(0.6)  # a few prober rounds
+        st.prober.park()
+        clock.pause()
+        return P.Ack(count=n)
+
+    def run(self, msg: P.Run) -> P.Done:
+        """One turn; then it idles, probing, until ``until_s`` as in a continuous run. ``end_s``: the
+        window position at which it parked (a request running past the slice carries over)."""
+        st = self.strategies[msg.name]
+        st.runqueue.tasks_file = msg.tasks_file
+        records: list[P.Record] = []
+        while time.monotonic() < msg.t0:
+            time.sleep(0.002)
+        st.clock.resume()
+        st.prober.active.set()
+        st.runqueue.active.set()
+        try:
+            self._requests(st, msg, records)
+            if msg.rate_hz > 0:
+                time.sleep(max(0.0, msg.t0 + msg.until_s - msg.from_s - time.monotonic()))
+        finally:
+            end_s = msg.from_s + time.monotonic() - msg.t0
+            # Clock first: a probe still under way ends parked, its sample stamped at the turn's end.
+            st.clock.pause()
+            st.runqueue.active.clear()
+            st.prober.park()
+        return P.Done(end_s=end_s, records=tuple(records), stats=dict(st.dev.stats))
+
+    def _requests(self, st: Strategy, msg: P.Run, records: list[P.Record]) -> None:
+        """Request k is due at window position (k + u_k) / rate (u_k uniform in [0, 1), the same for
+        every strategy: spread over the throttle's CFS period, whose phases would otherwise step the
+        latencies), or at once in a closed loop; it starts then or when k-1 ends; none at ``until_s``."""
+        while True:
+            if st.next_u is None:
+                st.next_u = st.jitter.random()
+            due = (st.next_k + st.next_u) / msg.rate_hz if msg.rate_hz > 0 else 0.0
+            start_s = max(due, msg.from_s + time.monotonic() - msg.t0)
+            if start_s >= msg.until_s:
+                return
+            time.sleep(max(0.0, msg.t0 + start_s - msg.from_s - time.monotonic()))
+            t_s = msg.from_s + time.monotonic() - msg.t0
+            try:
+                rec = self.record(st.next_k, t_s, st.dev.infer(self.inputs))
+            except Exception as exc:  # infer raises only for bad inputs: count it as failed
+                ms = (msg.from_s + time.monotonic() - msg.t0 - t_s) * 1e3
+                rec = P.Record(i=st.next_k, t_s=t_s, latency_ms=ms, plan="?", error=f"{type(exc).__name__}: {exc}")
+            records.append(rec)
+            _emit({"event": "progress", "t_s": t_s, "plan": rec.plan, "latency_ms": rec.latency_ms})
+            st.next_u = None
+            st.next_k += 1
+
+    def record(self, i: int, t_s: float, out: Any) -> P.Record:
+        """The request record of a runtime's outcome (``Outcome`` or ``ChainOutcome``)."""
+        import numpy as np
+
+        r, d = out.result, out.decision
+        ref = self.reference
+        match = set(out.outputs) == set(ref) and all(
+            np.allclose(np.asarray(out.outputs[k]), ref[k], rtol=1e-4, atol=1e-5) for k in ref
+        )
+        finished = getattr(out, "finished_by", "device" if r.where == "local" else "cloud")
+        return P.Record(
+            i=i,
+            t_s=t_s,
+            latency_ms=out.latency_ms,
+            plan=out.plan,
+            fallback=out.fallback,
+            where=r.where,
+            server=out.server,
+            finished_by=finished,
+            head_ms=float(r.head_ms),
+            encode_ms=float(r.encode_ms),
+            rpc_ms=float(r.rpc_ms),
+            decode_ms=float(r.decode_ms),
+            tail_ms=float(r.tail_ms),
+            queue_ms=float(r.queue_ms),
+            bytes_up=float(r.bytes_up),
+            bytes_down=float(r.bytes_down),
+            predicted_ms=float(d.predicted_ms),
+            match=match,
+        )
+
+    def roles(self) -> P.Ack:
+        """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (probers,
+        run-queue monitors, gRPC's named threads): on cgroup v1 only the compute ones are throttled."""
+        control = {t.native_id for st in self.strategies.values() for t in (st.prober.thread, st.runqueue.thread)}
+        compute: list[int] = []
+        other: list[int] = []
+        for tid in (int(t) for t in os.listdir("/proc/self/task")):
+            with contextlib.suppress(OSError):
+                comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+                is_python = comm == Path(sys.executable).name[:15] or comm.startswith("python")
+                (compute if is_python and tid not in control else other).append(tid)
+        return P.Ack(compute_tids=tuple(compute), other_tids=tuple(other))
+
+    def close(self) -> None:
+        for st in self.strategies.values():
+            st.close()
+
+
+def serve(spec: P.Spec, lines: Iterable[str]) -> None:
+    agent = Agent(spec)
+    _emit({"event": "loaded"})
+    handlers: dict[type, Callable[[Any], Any]] = {
+        P.Time: agent.time,
+        P.Warm: agent.warm,
+        P.Prepare: agent.prepare,
+        P.Roles: lambda m: agent.roles(),
+        P.Run: agent.run,
+    }
+    try:
+        for line in lines:
+            try:
+                msg = P.decode(line)
+                if isinstance(msg, P.Quit):
+                    break
+                if type(msg) not in handlers:
+                    raise TypeError(f"expected a command, got {type(msg).__name__}")
+                print(P.encode(handlers[type(msg)](msg)), flush=True)
+            except Exception as exc:  # report, keep serving (the rig decides)
+                _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
+    finally:
+        agent.close()
 
 
 def _busy_worker(spec: dict[str, Any]) -> None:
@@ -515,8 +441,7 @@ def _busy_worker(spec: dict[str, Any]) -> None:
 
     def loop() -> None:
         d = Device(spec["model_path"], spec["cloud"])
-        inputs = d.random_inputs(1)
-        head = d.run_head(inputs, cut)
+        head = d.run_head(d.random_inputs(1), cut)
         while True:
             with contextlib.suppress(Exception):
                 d.send(head, codec_spec=codec, timeout_s=30)
@@ -533,19 +458,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("role", choices=["worker", "busy"])
     p.add_argument("spec", help="JSON")
     a = p.parse_args(argv)
-    spec = json.loads(a.spec)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the rig stops us; Ctrl-C reaches the rig
     try:
         if a.role == "busy":
-            _busy_worker(spec)
-        elif spec.get("mode") == "calibrate":
-            _calibrate_worker(spec, sys.stdin)
+            _busy_worker(json.loads(a.spec))
         else:
-            _device_worker(spec, sys.stdin)
+            serve(P.decode(a.spec), sys.stdin)
     except Exception as exc:
         _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
         raise
     return 0
+
+
+def spec_json(spec: P.Spec) -> str:
+    return json.dumps({"type": "Spec", **asdict(spec)})
 
 
 if __name__ == "__main__":

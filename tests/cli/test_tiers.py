@@ -10,7 +10,7 @@ import pytest
 from splitrt.cli import app
 from splitrt.cli import tiers as tierscli
 from splitrt.errors import ConfigError
-from splitrt.rig.tierbench import TierBenchConfig
+from splitrt.rig.bench import TierBenchConfig
 
 
 def _args(*argv: str) -> object:
@@ -83,7 +83,7 @@ def _summary(mean: float, mj: float, plan: str, tiers: int, *, via_edge: int = 0
 
 
 def test_table_says_estimated_and_shows_the_load_average() -> None:
-    from splitrt.rig.tierplans import gains
+    from splitrt.rig.report import gains
 
     strategies = {
         "device-only": _summary(500, 3000, "device", 2),

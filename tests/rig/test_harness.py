@@ -1,5 +1,6 @@
-"""The hardware-in-the-loop rig: a short bench with every strategy, nothing left behind (also after
-SIGKILL + cleanup), and the userspace link variant. Latency figures belong to bench/, not here."""
+"""The hardware-in-the-loop rig, two tiers: a short bench with every strategy, nothing left behind (also
+after SIGKILL + cleanup), and the userspace link variant. Latency figures belong to bench/, not here.
+Three tiers and a fleet: tests/rig/test_topologies.py."""
 
 from __future__ import annotations
 
@@ -112,14 +113,13 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
 
 _KILLED_RIG = """
 import sys, time
-from splitrt.rig import harness as rig
+from splitrt.rig import harness as rig, protocol as P
 r = rig.Rig(rig.RigConfig(link="kernel", prefix=sys.argv[1], models=("squeezenet",), quota_cpus=0.5))
 r.start()
 r.set_quota(0.5)
-w = r.start_worker({"mode": "calibrate", "model_path": str(rig.model_path_for("squeezenet")), "threads": 1},
-                   name="calibrate")
-r.throttle_in(w.proc.pid)
-print("ready", r.cloud_proc.pid, w.proc.pid, flush=True)
+(w,) = r.start_workers([P.Spec(model_path=str(rig.model_path_for("squeezenet")))])
+r.throttle(0, w.proc.pid)
+print("ready", r.servers[-1][0].proc.pid, w.proc.pid, flush=True)
 time.sleep(600)
 """
 
@@ -133,8 +133,8 @@ def test_killed_rig_is_cleaned_up(tmp_path: Path) -> None:
         line = proc.stdout.readline().split()
         assert line and line[0] == "ready", line
         children = [int(x) for x in line[1:]]
-        assert len(netns.list_netns(prefix)) == 2
-        assert len(_cgroup_dirs(prefix)) == 1
+        assert len(netns.list_netns(prefix)) == 3  # the device, the cloud, the switch between them
+        assert len(_cgroup_dirs(prefix)) == 2  # the device's quota, the cloud's weight
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)

@@ -1,0 +1,165 @@
+"""The typed protocol between the rig and its device workers (``python -m splitrt.rig.worker``): one
+dataclass per command and per reply, a JSON line each (``{"type": NAME, **fields}``), and the one request
+record every topology reports. Nothing here does I/O beyond ``ask`` writing to and reading from a worker."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from splitrt.errors import RigError
+
+if TYPE_CHECKING:
+    from splitrt.rig.processes import JsonWorker
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """How a worker starts: the model, where the servers are (per server tier, as this device reaches
+    them: ``[clouds]`` or ``[edges, clouds]``) and the cuts whose sessions it builds before any timing."""
+
+    model_path: str
+    profile_path: str = ""
+    board: str = "rpi4"
+    servers: tuple[tuple[str, ...], ...] = ()
+    codecs: tuple[str, ...] | None = None
+    objective: str = "latency"
+    deadline_ms: float = 5000.0
+    threads: int = 1
+    seed: int = 0
+    pad_factor: float = 1.0  # userspace emulation of a slower board: compute padded with sleep
+    warm_cuts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Time:
+    """Time the whole model: on this device (``address`` empty, under its quota) or on a server (its
+    segment time; ``next_cut`` "device" makes an edge finish the model itself)."""
+
+    runs: int = 3
+    address: str = ""
+    next_cut: str | None = None
+    pad_factor: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Warm:
+    """One request per chain plan so the servers build those segments before the timed part."""
+
+    plans: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepare:
+    """Build one strategy's runtime over ``tiers`` tiers with tables scaled by ``factors`` (device speed,
+    then each server tier's), then warm it up (uncounted requests at ``rate_hz``, closed loop when 0)."""
+
+    name: str
+    policy: str
+    tiers: int
+    factors: tuple[float, ...]
+    rate_hz: float
+    warmup_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roles:
+    """Which threads compute (throttled) and which are the control plane (probers, gRPC)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One turn: window position ``from_s`` is played at monotonic ``t0``; requests start until
+    ``until_s``; ``rate_hz`` 0 is a closed loop (back to back)."""
+
+    name: str
+    t0: float
+    from_s: float
+    until_s: float
+    rate_hz: float
+    tasks_file: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quit:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ack:
+    """A command done; ``wall_ms``/``cpu_ms`` for ``Time``, ``count`` for ``Warm``."""
+
+    wall_ms: float = math.nan
+    cpu_ms: float = math.nan
+    count: int = 0
+    compute_tids: tuple[int, ...] = ()
+    other_tids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One request as measured on the device, for every topology and strategy."""
+
+    i: int
+    t_s: float
+    latency_ms: float
+    plan: str
+    error: str | None = None
+    fallback: bool = False
+    where: str = "local"  # local | cloud (the request left the device)
+    server: str | None = None  # the first server that answered; None: completed on the device
+    finished_by: str = "device"  # device | edge | cloud
+    head_ms: float = 0.0
+    encode_ms: float = 0.0
+    rpc_ms: float = 0.0
+    decode_ms: float = 0.0
+    tail_ms: float = 0.0
+    queue_ms: float = 0.0
+    bytes_up: float = 0.0
+    bytes_down: float = 0.0
+    predicted_ms: float = math.nan
+    match: bool | None = None  # outputs equal to the full model's
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    end_s: float
+    records: tuple[Record, ...]
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+MESSAGES = {c.__name__: c for c in (Spec, Time, Warm, Prepare, Roles, Run, Quit, Ack, Done)}
+M = TypeVar("M")
+
+
+def encode(msg: Any) -> str:
+    return json.dumps({"type": type(msg).__name__, **asdict(msg)}, default=float)
+
+
+def decode(line: str | dict[str, Any]) -> Any:
+    """The dataclass of a line; lists become tuples where the field is one, records become ``Record``."""
+    d = json.loads(line) if isinstance(line, str) else dict(line)
+    cls = MESSAGES.get(str(d.pop("type", "")))
+    if cls is None:
+        raise RigError(f"worker protocol: expected one of {sorted(MESSAGES)}, got {d!r:.200}")
+    kw: dict[str, Any] = {
+        f.name: _tuple(d[f.name]) if isinstance(d[f.name], list) else d[f.name] for f in fields(cls) if f.name in d
+    }
+    if cls is Done:
+        kw["records"] = tuple(Record(**r) for r in d["records"])
+    return cls(**kw)
+
+
+def _tuple(v: list[Any]) -> tuple[Any, ...]:
+    return tuple(_tuple(x) if isinstance(x, list) else x for x in v)
+
+
+def ask(worker: JsonWorker, msg: Any, reply: type[M], timeout_s: float) -> M:
+    """Send ``msg`` to ``worker`` and read its reply as ``reply`` (a ``RigError`` names a wrong one)."""
+    worker.send(json.loads(encode(msg)))
+    got = decode(worker.reply(timeout_s))
+    if not isinstance(got, reply):
+        raise RigError(f"{worker.name} worker: expected {reply.__name__}, got {type(got).__name__}")
+    return got

@@ -1,0 +1,444 @@
+"""One runner for every topology: calibrate, choose, warm up, then play every strategy in turns.
+
+Calibration, per model: the servers' whole-model times now (hops unshaped) rescale the host profile's
+tail times per server tier, and each device's whole-model time under its quota rescales its head times,
+as an operator re-profiling would; every strategy plans with those tables (a device with its own speed).
+Static choices are made once, at the links' median bandwidths, with the devices' median speed.
+
+Turns: the strategies take turns on the same ``turn_s`` slices of the trace windows (every hop replays
+each slice for each; round r starts with strategy r mod n, so a drift of the shared host cancels instead
+of favouring whichever strategy ran in a fast minute). Every device runs the turn at once. A strategy's
+clock stands still and its prober is parked while the others take their turns. A fault (``kill_at``)
+SIGKILLs the last tier's last server at that fraction of every turn; it is restarted after the turn, so
+every strategy meets the same failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitrt.errors import ConfigError, RigError
+from splitrt.rig import protocol as P
+from splitrt.rig import strategies
+from splitrt.rig.harness import Rig
+from splitrt.rig.models import cost_table_for, model_path_for, profile_for
+from splitrt.rig.traces import Trace
+from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, load_trace, trace_family
+
+
+@dataclass(frozen=True, kw_only=True)
+class HopPlay:
+    """What one hop plays: a trace window per lower host (cycled), its RTT, the whole traces' median."""
+
+    traces: tuple[str, ...]
+    played: tuple[Trace, ...]
+    rtt_ms: float
+    median_mbps: float
+    offset_s: float = 0.0
+    scale: float = 1.0
+
+
+def hop_play(
+    specs: Sequence[str],
+    hosts: int,
+    *,
+    offset_s: float,
+    step_s: float,
+    scale: float,
+    span_s: float,
+    rtt_ms: float | None,
+) -> HopPlay:
+    """Host i plays ``specs[i % k]`` from ``offset_s + (i // k) * step_s``, x ``scale``; RTT None: typical
+    of the first trace's family."""
+    full = [load_trace(t) for t in specs]
+    full = [t.scaled(scale) if scale != 1 else t for t in full]
+    k = len(full)
+    windows = tuple(full[i % k].window(offset_s + (i // k) * step_s, span_s) for i in range(hosts))
+    rtt = rtt_ms if rtt_ms is not None else FAMILY_RTT_MS.get(trace_family(full[0]) or "", DEFAULT_RTT_MS)
+    median = statistics.median(w.median_mbps() for w in windows) if hosts > 1 else full[0].median_mbps()
+    return HopPlay(traces=tuple(specs), played=windows, rtt_ms=rtt, median_mbps=median, offset_s=offset_s, scale=scale)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    model: str
+    hops: tuple[HopPlay, ...]
+    strategies: tuple[str, ...]
+    fixed_mbps: float = math.nan  # static-fixed's bandwidth (the trace family's median)
+    objective: str = "latency"
+    codecs: tuple[str, ...] | None = None
+    periodic_s: float = 5.0
+    rate_hz: float = 4.0  # per device; 0: closed loop
+    duration_s: float = 30.0  # the window every strategy plays
+    turn_s: float = 1.0
+    warmup_s: float = 2.0
+    deadline_ms: float = 5000.0
+    load: str = "none"
+    kill_at: float | None = None  # fraction of every turn
+    player_step_s: float = 0.25
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Turn:
+    """One strategy's turn: every device's records, what the host and the fault did meanwhile."""
+
+    name: str
+    from_s: float
+    until_s: float
+    devices: tuple[tuple[P.Record, ...], ...]
+    load_intervals: tuple[tuple[float, float], ...] = ()
+    server_cpu_s: dict[str, float] = field(default_factory=dict)
+    killed: str | None = None
+    kill_at_s: float | None = None
+    load_avg: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    refused: int = 0
+    end_s: float = 0.0  # where the latest device parked (a request past the slice carries over)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    spec: RunSpec
+    choices: dict[str, strategies.Choice]
+    turns: tuple[Turn, ...]
+    tables: tuple[Any, ...]  # device (median speed), then one per server tier
+    speeds: tuple[float, ...]  # per device
+    times_ms: dict[str, Any]  # what the calibration measured
+    servers: tuple[str, ...]  # the last tier's, as the devices reach them
+    server_cpus: float
+    load_start: tuple[float, ...]
+    load_end: tuple[float, ...]
+    startup_s: float = 0.0  # the device processes' load
+    rss_mb: tuple[float, ...] = ()  # each device process's, after the turns
+
+
+def turn_plan(names: Sequence[str], duration_s: float, turn_s: float) -> list[tuple[str, float]]:
+    """(strategy, end of its slice) in play order. Round r starts with strategy r mod n: over n rounds
+    every strategy takes every place once (a linear drift of the host cancels exactly), and no strategy
+    takes two turns in a row (with 3 or more)."""
+    rounds = max(1, math.ceil(duration_s / turn_s - 1e-9))
+    n = len(names)
+    return [(names[(r + i) % n], min(duration_s, (r + 1) * turn_s)) for r in range(rounds) for i in range(n)]
+
+
+class Player:
+    """A thread re-rating every hop from window position ``from_s`` (played at monotonic ``t0``) every
+    ``step_s``; the rates are in force before ``start`` returns."""
+
+    def __init__(self, rig: Any, hops: Sequence[HopPlay], from_s: float, t0: float, step_s: float) -> None:
+        self.rig, self.hops, self.from_s, self.t0, self.step_s = rig, hops, from_s, t0, step_s
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rig-player", daemon=True)
+
+    def apply(self, pos_s: float) -> None:
+        for k, hop in enumerate(self.hops):
+            self.rig.set_rates(k, [w.rate_at(pos_s) for w in hop.played])
+
+    def start(self) -> Player:
+        self.apply(self.from_s)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        k = 1
+        try:
+            while not self._stop.wait(max(0.0, self.t0 + k * self.step_s - time.monotonic())):
+                self.apply(self.from_s + k * self.step_s)
+                k += 1
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self.error is not None:
+            raise RigError(f"trace player failed: {self.error}") from self.error
+
+
+def run(
+    spec: RunSpec, rig: Rig, *, progress: Callable[[str], None] | None = None, live: Callable[[str], None] | None = None
+) -> Outcome:
+    """Every strategy of ``spec`` on ``rig``'s topology, on the same trace windows (module doc)."""
+    from splitrt.graph import model as graph
+    from splitrt.profile.energy import plan_power
+
+    say = progress or (lambda s: None)
+    load_start = os.getloadavg()
+    n_tiers, n_dev = len(rig.config.tiers), rig.config.tiers[0].count
+    if len(spec.hops) != n_tiers - 1:
+        raise ConfigError(f"hops: expected {n_tiers - 1} for {n_tiers} tiers, got {len(spec.hops)}")
+    model_file = model_path_for(spec.model)
+    mg = graph.load(model_file)
+    rig.install_model(model_file)
+    cal = rig.calibrate()
+    prof = profile_for(spec.model, model_file, rig.workdir, say)
+    host = cost_table_for(prof, mg.sha256, 1.0)
+    host_device_ms, host_cloud_ms = (
+        float(host.head_ms[host.index("device")]),
+        float(host.tail_ms[host.index("cloud")]),
+    )
+    power = plan_power(_profile(prof, mg.sha256), rig.board).power
+    kw: dict[str, Any] = {"objective": spec.objective, "power": power, "codecs": spec.codecs}
+    slow = 1 / min(rig.config.tiers[0].cpus) if rig.config.tiers[0].cpus else rig.board.cpu_speed_factor
+    base = _tables(prof, mg.sha256, [slow] + [1.0] * (n_tiers - 1))
+    cuts, pairs = strategies.likely_plans(base, [h.rtt_ms for h in spec.hops], **kw)
+    servers = rig.addresses
+    specs = [
+        P.Spec(
+            model_path=str(model_file),
+            profile_path=str(prof),
+            board=rig.board.name,
+            servers=tuple(tuple(tier[(i + j) % len(tier)] for j in range(len(tier))) for tier in servers),
+            codecs=spec.codecs,
+            objective=spec.objective,
+            deadline_ms=spec.deadline_ms,
+            threads=rig.config.device_threads,
+            seed=spec.seed + (i if n_dev > 1 else 0),
+            pad_factor=cal.pad_factor,
+            warm_cuts=tuple(cuts),
+        )
+        for i in range(n_dev)
+    ]
+    say(f"starting {n_dev} device process(es)")
+    t_start = time.monotonic()
+    workers = rig.start_workers(specs)
+    startup_s = time.monotonic() - t_start
+    for k, h in enumerate(spec.hops if rig.config.delays else ()):
+        rig.set_rtt(k, h.rtt_ms)
+    try:
+        times = _calibrate(rig, workers, servers, host_device_ms, host_cloud_ms, say)
+        factors = [statistics.median(times["speeds"]), *times["factors"]]
+        tables = _tables(prof, mg.sha256, factors)
+        medians = [_link(h.median_mbps, h.rtt_ms) for h in spec.hops]
+        names = [n for n in spec.strategies if n not in strategies.ORACLE_REFS]
+        choices = (
+            strategies.choose(names, tables, medians, fixed_mbps=spec.fixed_mbps, periodic_s=spec.periodic_s, **kw)
+            if names
+            else {}
+        )
+        if n_tiers == 3:
+            warm = [c.plan for c in choices.values() if c.tiers == 3 and c.plan and ">" in c.plan]
+            got = P.ask(workers[0], P.Warm(plans=tuple(dict.fromkeys([*warm, *pairs]))[:12]), P.Ack, 600)
+            say(f"edge and cloud: {got.count} chain plans warmed")
+        for i, w in enumerate(workers):
+            rig.throttle(i, w.proc.pid)
+        for c in choices.values():
+            say(f"[{c.name}] {c.tiers} tiers, policy {c.policy}: preparing")
+            Player(rig, spec.hops, 0.0, time.monotonic(), spec.player_step_s).apply(0.0)
+            msgs = [
+                P.Prepare(
+                    name=c.name,
+                    policy=c.policy,
+                    tiers=c.tiers,
+                    factors=(s, *factors[1:]),
+                    rate_hz=spec.rate_hz,
+                    warmup_s=spec.warmup_s,
+                )
+                for s in times["speeds"]
+            ]
+            _all(workers, msgs, P.Ack, 900)
+        roles = _all(workers, [P.Roles()] * n_dev, P.Ack, 30)
+        for i, (w, r) in enumerate(zip(workers, roles, strict=True)):
+            # a device calibrated to a board: its compute threads (the control plane stands for its spare
+            # cores); a device with a quota of its own (a fleet's): all of it, gRPC and encoding included
+            rig.unthrottle(i, w.proc.pid)
+            rig.throttle(i, w.proc.pid, None if rig.config.tiers[0].cpus else (r.compute_tids, r.other_tids))
+        turns = _play(spec, rig, workers, list(choices), model_file, choices, say, live)
+        rss = tuple(_rss_mb(w.proc.pid) for w in workers)
+    finally:
+        for i, w in enumerate(workers):
+            rig.unthrottle(i, w.proc.pid)
+            with contextlib.suppress(Exception):
+                w.close()
+    return Outcome(
+        spec=spec,
+        choices=choices,
+        turns=tuple(turns),
+        tables=tuple(tables),
+        speeds=tuple(times["speeds"]),
+        times_ms={k: v for k, v in times.items() if k != "factors"}
+        | {"host_device_ms": host_device_ms, "host_cloud_ms": host_cloud_ms},
+        servers=tuple(servers[-1]),
+        server_cpus=rig.config.tiers[-1].cpus[0] if rig.config.tiers[-1].cpus else math.nan,
+        load_start=tuple(load_start),
+        load_end=tuple(os.getloadavg()),
+        startup_s=startup_s,
+        rss_mb=rss,
+    )
+
+
+def _rss_mb(pid: int) -> float:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _profile(path: Any, sha: str) -> Any:
+    from splitrt.profile import profiler
+
+    return profiler.load_profile(path, sha256=sha)
+
+
+def _link(mbps: float, rtt_ms: float) -> Any:
+    from splitrt.plan.costmodel import Link
+
+    return Link(bandwidth_mbps=mbps, rtt_ms=rtt_ms)
+
+
+def _tables(prof: Any, sha: str, factors: Sequence[float]) -> list[Any]:
+    """Device (heads at ``factors[0]``, tails at the last tier's), then each server tier's own."""
+    return [cost_table_for(prof, sha, factors[0], factors[-1])] + [cost_table_for(prof, sha, f, f) for f in factors[1:]]
+
+
+def _all(workers: Sequence[Any], msgs: Sequence[Any], reply: type, timeout_s: float) -> list[Any]:
+    """Send each worker its message at once, then collect every reply."""
+    import json
+
+    for w, m in zip(workers, msgs, strict=True):
+        w.send(json.loads(P.encode(m)))
+    return [P.decode(w.reply(timeout_s)) for w in workers]
+
+
+def _calibrate(
+    rig: Rig,
+    workers: Sequence[Any],
+    servers: Sequence[Sequence[str]],
+    host_device_ms: float,
+    host_cloud_ms: float,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Each server tier's whole-model time now (unshaped) and each device's under its quota."""
+    for k, _ in enumerate(rig.hops or [None]):
+        rig.set_rates(k, [None] * rig.config.tiers[k].count)
+    last = len(servers) - 1
+    ms = [
+        P.ask(workers[0], P.Time(runs=5, address=tier[0], next_cut=None if k == last else "device"), P.Ack, 300).wall_ms
+        for k, tier in enumerate(servers)
+    ]
+    for i, w in enumerate(workers):
+        rig.throttle(i, w.proc.pid)
+    try:
+        dev = [a.wall_ms for a in _all(workers, [P.Time(runs=3)] * len(workers), P.Ack, 600)]
+    finally:
+        for i, w in enumerate(workers):
+            rig.unthrottle(i, w.proc.pid)
+    say(
+        f"whole model now: device {min(dev):.0f}-{max(dev):.0f} ms, servers {', '.join(f'{x:.0f}' for x in ms)} ms "
+        f"(host profile {host_device_ms:.0f} / {host_cloud_ms:.0f} ms)"
+    )
+    return {
+        "device_ms": dev,
+        "server_ms": ms,
+        "speeds": [d / host_device_ms for d in dev],
+        "factors": [x / host_cloud_ms if host_cloud_ms > 0 else 1.0 for x in ms],
+    }
+
+
+def _play(
+    spec: RunSpec,
+    rig: Rig,
+    workers: Sequence[Any],
+    names: Sequence[str],
+    model_file: Any,
+    choices: dict[str, strategies.Choice],
+    say: Callable[[str], None],
+    live: Callable[[str], None] | None,
+) -> list[Turn]:
+    pos = dict.fromkeys(names, 0.0)  # where each strategy is in the window
+    count = dict.fromkeys(names, 0)
+    cloud_plan = choices["cloud-only"].plan if "cloud-only" in choices else "cloud@fp32"
+    turns = []
+    for name, until in turn_plan(names, spec.duration_s, spec.turn_s):
+        from_s = pos[name]
+        if from_s >= until:  # its last request of the previous turn ran past this slice
+            continue
+
+        def on_event(ev: dict[str, Any], name: str = name) -> None:
+            count[name] += 1
+            if live is not None:
+                rates = "/".join(f"{h.played[0].rate_at(float(ev['t_s'])):.2f}" for h in spec.hops)
+                live(
+                    f"[{name}] {float(ev['t_s']):5.1f}/{spec.duration_s:g} s  req {count[name]:4d}  "
+                    f"link {rates} Mbit/s  "
+                    f"plan {ev['plan']:<16} {ev['latency_ms']:7.0f} ms"
+                )
+
+        workers[0].on_event = on_event
+        turn = _turn(spec, rig, workers, name, from_s, until, model_file, cloud_plan or "cloud@fp32")
+        workers[0].on_event = None
+        turns.append(turn)
+        pos[name] = max(until, turn.end_s) if spec.rate_hz > 0 else until
+    if live is not None:
+        live("")
+    for name in names:
+        lat = [r.latency_ms for t in turns if t.name == name for d in t.devices for r in d]
+        say(f"[{name}] {len(lat)} requests, mean {statistics.fmean(lat) if lat else math.nan:.0f} ms")
+    return turns
+
+
+def _turn(
+    spec: RunSpec,
+    rig: Rig,
+    workers: Sequence[Any],
+    name: str,
+    from_s: float,
+    until: float,
+    model_file: Any,
+    cloud_plan: str,
+) -> Turn:
+    """One strategy's turn on every device, the hops replaying the slice, the load and the fault applied."""
+    t0 = time.monotonic() + 0.1
+    kill_s = spec.kill_at * (until - from_s) if spec.kill_at is not None else None
+    last = len(rig.servers)
+    n_srv = len(rig.servers[-1])
+    cpu0 = [rig.server_cpu(last, j) for j in range(n_srv)]
+    at_kill: dict[int, float] = {}
+
+    def kill() -> None:
+        assert kill_s is not None
+        time.sleep(max(0.0, t0 + kill_s - time.monotonic()))
+        at_kill[n_srv - 1] = rig.kill_server(last, n_srv - 1)
+
+    killer = threading.Thread(target=kill, name="rig-fault", daemon=True) if kill_s is not None else None
+    player = Player(rig, spec.hops, from_s, t0, spec.player_step_s).start()
+    try:
+        with rig.load_driver(spec.load, spec.duration_s, t0, model_file, cloud_plan, from_s=from_s) as applied:
+            if killer is not None:
+                killer.start()
+            msg = P.Run(
+                name=name, t0=t0, from_s=from_s, until_s=until, rate_hz=spec.rate_hz, tasks_file=rig.board_tasks.file()
+            )
+            done = _all(workers, [msg] * len(workers), P.Done, until - from_s + spec.deadline_ms / 1e3 + 120)
+            if killer is not None:
+                killer.join()
+    finally:
+        player.stop()
+    cpu1 = [at_kill.get(j, rig.server_cpu(last, j)) for j in range(n_srv)]
+    if kill_s is not None:
+        rig.restart_server(last, n_srv - 1)
+    addrs = rig.addresses[-1]
+    return Turn(
+        name=name,
+        from_s=from_s,
+        until_s=until,
+        devices=tuple(d.records for d in done),
+        load_intervals=tuple(applied),
+        server_cpu_s={a: max(0.0, cpu1[j] - cpu0[j]) for j, a in enumerate(addrs)},
+        killed=addrs[-1] if kill_s is not None else None,
+        kill_at_s=from_s + kill_s if kill_s is not None else None,
+        load_avg=os.getloadavg(),
+        refused=sum(int(d.stats.get("refused", 0)) for d in done),
+        end_s=max(d.end_s for d in done),
+    )

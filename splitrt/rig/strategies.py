@@ -1,0 +1,190 @@
+"""The rig's strategies, one set for every topology, and the runtime policy each runs (pure: tables and
+link figures in, policies out; no sockets, sessions, files or clocks).
+
+Over the direct path (the two-tier runtime, ``AdaptiveDevice``): ``device-only``, ``cloud-only``,
+``static`` (the profile's best plan at the links' median bandwidth; in three tiers it is named
+``static-2tier``), ``static-fixed`` (the same at the trace family's median, whatever the scale: ONE choice
+across a grid), ``periodic`` (re-plans every ``periodic_s``), ``route`` (adaptive restricted to the cuts
+device and cloud: whole-request routing) and ``adaptive`` (``adaptive-2tier`` in three tiers). Through the
+edge (``ChainDevice``, three tiers only): ``edge-only`` (the edge runs the whole model), ``static-3tier``
+(the best cut pair at the hops' medians) and ``adaptive``. ``oracle`` and ``oracle-route`` are computed
+afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from splitrt.errors import ConfigError
+from splitrt.plan.chain import ChainController, ChainDecision
+from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
+from splitrt.plan.netmon import LinkEstimate
+from splitrt.plan.solver import ChainConditions, evaluate_chain, solve, solve_chain
+
+STRATEGIES = (
+    "device-only",
+    "cloud-only",
+    "static",
+    "static-2tier",
+    "static-fixed",
+    "periodic",
+    "edge-only",
+    "static-3tier",
+    "route",
+    "adaptive-2tier",
+    "adaptive",
+    "oracle",
+    "oracle-route",
+)
+ORACLE_REFS = {"oracle": "adaptive", "oracle-route": "route"}
+ONLY_TWO = ("static", "oracle", "oracle-route", "static-fixed")  # two tiers: the direct path is the path
+ONLY_THREE = ("static-2tier", "edge-only", "static-3tier", "adaptive-2tier")
+FIXED = ("device-only", "cloud-only", "static", "static-2tier", "static-fixed", "edge-only", "static-3tier")
+
+
+def check(names: Sequence[str], tiers: int) -> None:
+    """Refuse names unknown or not applying to ``tiers`` tiers, naming what does."""
+    ok = [n for n in STRATEGIES if n not in (ONLY_THREE if tiers == 2 else ONLY_TWO)]
+    bad = [n for n in names if n not in ok]
+    if bad or not names:
+        raise ConfigError(f"strategies: expected names in {', '.join(ok)} ({tiers} tiers), got {list(names)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    """How a strategy runs: on ``tiers`` tiers (2: the direct path), with ``policy``."""
+
+    name: str
+    tiers: int
+    policy: str
+
+    @property
+    def plan(self) -> str | None:
+        return self.policy.split(":", 1)[1] if self.policy.startswith("fixed:") else None
+
+
+def direct(hops: Sequence[Link]) -> Link:
+    """The direct path is the hops in series: the narrowest bandwidth, every round trip."""
+    return Link(bandwidth_mbps=min(h.bandwidth_mbps for h in hops), rtt_ms=sum(h.rtt_ms for h in hops))
+
+
+def choose(
+    names: Sequence[str],
+    tables: Sequence[CostTable],
+    hops: Sequence[Link],
+    *,
+    fixed_mbps: float,
+    objective: str = "latency",
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] | None = None,
+    periodic_s: float = 5.0,
+) -> dict[str, Choice]:
+    """The measured strategies of ``names`` (oracles are computed, not run); ``tables``: device, then one
+    per server tier; ``hops``: each hop at its median; ``fixed_mbps``: the bandwidth of ``static-fixed``."""
+    check(names, len(tables))
+    cs = list(codecs) if codecs else None
+    link = direct(hops)
+
+    def best(mbps: float, cuts: Sequence[str] | None = None) -> str:
+        cond = Conditions(link=replace(link, bandwidth_mbps=mbps))
+        return solve(tables[0], cond, objective=objective, power=power, codecs=cs, cuts=cuts).key
+
+    def policy(name: str) -> str:
+        if name in ("static", "static-2tier", "static-fixed", "cloud-only"):
+            mbps = {"static-fixed": fixed_mbps, "cloud-only": 1.0}.get(name, link.bandwidth_mbps)
+            return f"fixed:{best(mbps, ['cloud'] if name == 'cloud-only' else None)}"
+        if name == "static-3tier":
+            cond = ChainConditions(device_edge=hops[0], edge_cloud=hops[1])
+            cp = solve_chain(tables[0], tables[1], tables[2], cond, objective=objective, power=power, codecs=cs)
+            return f"fixed:{DEVICE_CUT if cp.device_cut == DEVICE_CUT else cp.key}"  # device>device: the device
+        simple = {"device-only": "fixed:device", "periodic": f"periodic:{periodic_s:g}", "route": "route"}
+        return simple.get(
+            name, f"fixed:cloud>{DEVICE_CUT}@{(cs or ['fp32'])[0]}" if name == "edge-only" else "adaptive"
+        )
+
+    chain = ("edge-only", "static-3tier", "adaptive") if len(tables) == 3 else ()
+    return {n: Choice(name=n, tiers=3 if n in chain else 2, policy=policy(n)) for n in names if n not in ORACLE_REFS}
+
+
+def likely_plans(
+    tables: Sequence[CostTable],
+    rtts_ms: Sequence[float],
+    *,
+    objective: str = "latency",
+    power: Power = DEFAULT_POWER,
+    codecs: Sequence[str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """(device cuts, chain plans most frequent first) the solvers pick over bandwidths of every hop
+    (0.05-1000 Mbit/s with one hop, 0.1-100 with two) and device/server loads 1-8: the sessions worth
+    building before the timed part."""
+    cs = list(codecs) if codecs else None
+    one = len(tables) == 2
+    grid = [0.05 * 10 ** (i / 8) for i in range(41)] if one else [0.1 * 10 ** (i / 4) for i in range(13)]
+    cuts, pairs = {"device", "cloud"}, dict[str, int]()
+    for bws in [(b,) for b in grid] if one else [(a, b) for a in grid for b in grid]:
+        hops = [Link(bandwidth_mbps=b, rtt_ms=r) for b, r in zip(bws, rtts_ms, strict=True)]
+        for dl in (1.0, 2.0, 4.0, 8.0) if one else (1.0, 4.0):
+            for cl in (1.0, 3.0, 8.0) if one else (1.0,):
+                cond = Conditions(link=direct(hops), device_load=dl, cloud_load=cl)
+                cuts.add(solve(tables[0], cond, objective=objective, power=power, codecs=cs).cut)
+                if not one:
+                    cc = ChainConditions(device_edge=hops[0], edge_cloud=hops[1], device_load=dl)
+                    cp = solve_chain(tables[0], tables[1], tables[2], cc, objective=objective, power=power, codecs=cs)
+                    cuts.add(cp.device_cut)
+                    if cp.device_cut != DEVICE_CUT:
+                        pairs[cp.key] = pairs.get(cp.key, 0) + 1
+    return sorted(cuts), sorted(pairs, key=lambda k: -pairs[k])
+
+
+class FixedChain:
+    """A ``ChainController`` that keeps one chain plan while the edge is up (a static 3-tier strategy);
+    with the edge down it plans as the controller does (the runtime's fallback is the same for all)."""
+
+    def __init__(self, inner: ChainController, plan: str) -> None:
+        if ">" not in plan and plan != DEVICE_CUT:
+            raise ConfigError(f"fixed chain plan: expected 'A>B@codec' or 'device', got {plan!r}")
+        self.inner, self.plan, self._switches = inner, plan, 0
+
+    @property
+    def current(self) -> str | None:
+        return self.inner.current
+
+    @property
+    def switches(self) -> int:
+        return self._switches
+
+    def decide(self, now_s: float, hop1: LinkEstimate, hop2: LinkEstimate, **kw: Any) -> ChainDecision:
+        d = self.inner.decide(now_s, hop1, hop2, **kw)
+        if not kw.get("edge_available", True):
+            self._switches += int(d.switched)
+            return d
+        inner = self.inner
+        switched = d.previous is not None and d.previous != self.plan
+        inner.current = self.plan
+        self._switches += int(switched)
+        if self.plan == DEVICE_CUT:
+            ms = float(inner.device.head_ms[inner.device.index(DEVICE_CUT)]) * d.device_load
+            return replace(d, plan=self.plan, best=self.plan, route="local", predicted_ms=ms, switched=switched)
+        cond = ChainConditions(
+            device_edge=Link(bandwidth_mbps=hop1.bandwidth_mbps, rtt_ms=hop1.rtt_ms),
+            edge_cloud=Link(bandwidth_mbps=hop2.bandwidth_mbps, rtt_ms=hop2.rtt_ms),
+            device_load=d.device_load,
+            edge_load=d.edge_load,
+            cloud_load=d.cloud_load,
+        )
+        p = evaluate_chain(
+            inner.device, inner.edge, inner.cloud, self.plan, cond, objective=inner.config.objective, power=inner.power
+        )
+        value = p.energy_mj if inner.config.objective == "energy" else p.predicted_ms
+        return replace(
+            d,
+            plan=self.plan,
+            best=self.plan,
+            route="edge",
+            predicted_ms=p.predicted_ms,
+            objective_value=value if not math.isnan(value) else math.nan,
+            switched=switched,
+        )

@@ -62,6 +62,7 @@ class BenchConfig:
     trace_offset_s: float = 0.0
     rtt_ms: float | None = None  # None: typical of the trace's family
     codecs: tuple[str, ...] | None = None  # None: every codec of the cost table, for every strategy
+    cuts: tuple[str, ...] | None = None  # the cuts the runtime's plans may use (constraints); None: all
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     deadline_ms: float = 5000.0
     periodic_s: float = 5.0
@@ -220,6 +221,7 @@ def run_bench(
         strategies=cfg.strategies,
         fixed_mbps=family,
         codecs=cfg.codecs,
+        cuts=cfg.cuts,
         periodic_s=cfg.periodic_s,
         rate_hz=cfg.rate_hz,
         duration_s=cfg.duration_s,

@@ -25,6 +25,7 @@ class Spec:
     board: str = "rpi4"
     servers: tuple[tuple[str, ...], ...] = ()
     codecs: tuple[str, ...] | None = None
+    cuts: tuple[str, ...] | None = None  # the cuts the adaptive strategies' plans may use (constraints)
     objective: str = "latency"
     deadline_ms: float = 5000.0
     threads: int = 1

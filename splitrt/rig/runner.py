@@ -76,6 +76,7 @@ class RunSpec:
     fixed_mbps: float = math.nan  # static-fixed's bandwidth (the trace family's median)
     objective: str = "latency"
     codecs: tuple[str, ...] | None = None
+    cuts: tuple[str, ...] | None = None  # the cuts the runtime's plans may use (constraints); None: all
     periodic_s: float = 5.0
     rate_hz: float = 4.0  # per device; 0: closed loop
     duration_s: float = 30.0  # the window every strategy plays
@@ -200,6 +201,7 @@ def run(
             board=rig.board.name,
             servers=tuple(tuple(tier[(i + j) % len(tier)] for j in range(len(tier))) for tier in servers),
             codecs=spec.codecs,
+            cuts=spec.cuts,
             objective=spec.objective,
             deadline_ms=spec.deadline_ms,
             threads=rig.config.device_threads,

@@ -7,22 +7,19 @@ Over the direct path (the two-tier runtime, ``AdaptiveDevice``): ``device-only``
 across a grid), ``periodic`` (re-plans every ``periodic_s``), ``route`` (adaptive restricted to the cuts
 device and cloud: whole-request routing) and ``adaptive`` (``adaptive-2tier`` in three tiers). Through the
 edge (``ChainDevice``, three tiers only): ``edge-only`` (the edge runs the whole model), ``static-3tier``
-(the best cut pair at the hops' medians) and ``adaptive``. ``oracle`` and ``oracle-route`` are computed
-afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
+(the best cut pair at the hops' medians, the runtime's ``fixed:PLAN``) and ``adaptive``. ``oracle`` and
+``oracle-route`` are computed afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from splitrt.errors import ConfigError
-from splitrt.plan.chain import ChainController, ChainDecision
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
-from splitrt.plan.netmon import LinkEstimate
-from splitrt.plan.solver import ChainConditions, evaluate_chain, solve, solve_chain
+from splitrt.plan.path import PathConditions, solve_path
+from splitrt.plan.solver import solve
 
 STRATEGIES = (
     "device-only",
@@ -97,12 +94,11 @@ def choose(
             mbps = {"static-fixed": fixed_mbps, "cloud-only": 1.0}.get(name, link.bandwidth_mbps)
             return f"fixed:{best(mbps, ['cloud'] if name == 'cloud-only' else None)}"
         if name == "static-3tier":
-            cond = ChainConditions(device_edge=hops[0], edge_cloud=hops[1])
-            cp = solve_chain(tables[0], tables[1], tables[2], cond, objective=objective, power=power, codecs=cs)
-            return f"fixed:{DEVICE_CUT if cp.device_cut == DEVICE_CUT else cp.key}"  # device>device: the device
+            cond = PathConditions(hops=tuple(hops), loads=(1.0,) * len(tables))
+            return f"fixed:{solve_path(tables, cond, objective=objective, power=power, codecs=cs, same_codec=True).key}"
         simple = {"device-only": "fixed:device", "periodic": f"periodic:{periodic_s:g}", "route": "route"}
         return simple.get(
-            name, f"fixed:cloud>{DEVICE_CUT}@{(cs or ['fp32'])[0]}" if name == "edge-only" else "adaptive"
+            name, f"fixed:cloud@{(cs or ['fp32'])[0]}>{DEVICE_CUT}" if name == "edge-only" else "adaptive"
         )
 
     chain = ("edge-only", "static-3tier", "adaptive") if len(tables) == 3 else ()
@@ -131,60 +127,9 @@ def likely_plans(
                 cond = Conditions(link=direct(hops), device_load=dl, cloud_load=cl)
                 cuts.add(solve(tables[0], cond, objective=objective, power=power, codecs=cs).cut)
                 if not one:
-                    cc = ChainConditions(device_edge=hops[0], edge_cloud=hops[1], device_load=dl)
-                    cp = solve_chain(tables[0], tables[1], tables[2], cc, objective=objective, power=power, codecs=cs)
-                    cuts.add(cp.device_cut)
-                    if cp.device_cut != DEVICE_CUT:
+                    cc = PathConditions(hops=tuple(hops), loads=(dl, 1.0, 1.0))
+                    cp = solve_path(tables, cc, objective=objective, power=power, codecs=cs, same_codec=True)
+                    cuts.add(cp.cuts[0])
+                    if cp.cuts[0] != DEVICE_CUT:
                         pairs[cp.key] = pairs.get(cp.key, 0) + 1
     return sorted(cuts), sorted(pairs, key=lambda k: -pairs[k])
-
-
-class FixedChain:
-    """A ``ChainController`` that keeps one chain plan while the edge is up (a static 3-tier strategy);
-    with the edge down it plans as the controller does (the runtime's fallback is the same for all)."""
-
-    def __init__(self, inner: ChainController, plan: str) -> None:
-        if ">" not in plan and plan != DEVICE_CUT:
-            raise ConfigError(f"fixed chain plan: expected 'A>B@codec' or 'device', got {plan!r}")
-        self.inner, self.plan, self._switches = inner, plan, 0
-
-    @property
-    def current(self) -> str | None:
-        return self.inner.current
-
-    @property
-    def switches(self) -> int:
-        return self._switches
-
-    def decide(self, now_s: float, hop1: LinkEstimate, hop2: LinkEstimate, **kw: Any) -> ChainDecision:
-        d = self.inner.decide(now_s, hop1, hop2, **kw)
-        if not kw.get("edge_available", True):
-            self._switches += int(d.switched)
-            return d
-        inner = self.inner
-        switched = d.previous is not None and d.previous != self.plan
-        inner.current = self.plan
-        self._switches += int(switched)
-        if self.plan == DEVICE_CUT:
-            ms = float(inner.device.head_ms[inner.device.index(DEVICE_CUT)]) * d.device_load
-            return replace(d, plan=self.plan, best=self.plan, route="local", predicted_ms=ms, switched=switched)
-        cond = ChainConditions(
-            device_edge=Link(bandwidth_mbps=hop1.bandwidth_mbps, rtt_ms=hop1.rtt_ms),
-            edge_cloud=Link(bandwidth_mbps=hop2.bandwidth_mbps, rtt_ms=hop2.rtt_ms),
-            device_load=d.device_load,
-            edge_load=d.edge_load,
-            cloud_load=d.cloud_load,
-        )
-        p = evaluate_chain(
-            inner.device, inner.edge, inner.cloud, self.plan, cond, objective=inner.config.objective, power=inner.power
-        )
-        value = p.energy_mj if inner.config.objective == "energy" else p.predicted_ms
-        return replace(
-            d,
-            plan=self.plan,
-            best=self.plan,
-            route="edge",
-            predicted_ms=p.predicted_ms,
-            objective_value=value if not math.isnan(value) else math.nan,
-            switched=switched,
-        )

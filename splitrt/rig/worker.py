@@ -238,12 +238,12 @@ class Agent:
     def warm(self, msg: P.Warm) -> P.Ack:
         """One request per chain plan through the edge, so the edge and the cloud build their segments."""
         from splitrt.device.client import Device
-        from splitrt.plan.solver import parse_chain_plan
+        from splitrt.plan.path import parse_path
 
         d, ok = Device(self.mg, self.spec.servers[0][0], config=self.dcfg), 0
         try:
             for plan in msg.plans:
-                a, b, codec = parse_chain_plan(plan)
+                (a, b), (codec, _) = parse_path(plan, hops=2)
                 with contextlib.suppress(Exception):
                     d.send(self.local.run_head(self.inputs, a), codec_spec=codec, next_cut=b, timeout_s=60)
                     ok += 1
@@ -255,29 +255,20 @@ class Agent:
         """(runtime, prober interval) of one strategy: the direct path (``tiers`` 2) or the chain (3)."""
         from splitrt.device.chain import ChainConfig, ChainDevice
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-        from splitrt.plan.chain import ChainController, ChainControllerConfig
         from splitrt.plan.controller import ControllerConfig
-        from splitrt.rig.strategies import FixedChain
 
         s, f = self.spec, msg.factors
         tables = [cost_table_for(Path(s.profile_path), self.mg.sha256, f[0], f[-1])]
         tables += [cost_table_for(Path(s.profile_path), self.mg.sha256, x, x) for x in f[1:]]
         kw: dict[str, Any] = dict(device_config=self.dcfg, power=self.power, clock=clock, start_prober=False)
-        if msg.tiers == 2:
-            rc = RuntimeConfig(
-                policy=msg.policy,
-                deadline_ms=s.deadline_ms,
-                warm_sessions=False,
-                controller=ControllerConfig(objective=s.objective, codecs=s.codecs),
-            )
+        ctl = ControllerConfig(objective=s.objective, codecs=s.codecs if msg.tiers == 2 else s.codecs or ("fp32",))
+        if msg.tiers == 2:  # the deployment's constraints (``Spec.cuts``) shape the two-tier runtime's plans
+            ctl = replace(ctl, cuts=s.cuts)
+            rc = RuntimeConfig(policy=msg.policy, deadline_ms=s.deadline_ms, warm_sessions=False, controller=ctl)
             clouds = [] if msg.policy == "fixed:device" else list(s.servers[-1])
             return AdaptiveDevice(self.mg, tables[0], clouds, config=rc, **kw), rc.prober_interval_s
-        ccc = ChainControllerConfig(objective=s.objective, codecs=s.codecs or ("fp32",))
-        cc = ChainConfig(deadline_ms=s.deadline_ms, controller=ccc)
-        dev: Any = ChainDevice(self.mg, *tables, edge=s.servers[0][0], cloud=s.servers[-1][0], config=cc, **kw)
-        if msg.policy.startswith("fixed:"):
-            inner = ChainController(tables[0], tables[1], tables[2], ccc, power=self.power)
-            dev.controller = FixedChain(inner, msg.policy.split(":", 1)[1])
+        cc = ChainConfig(deadline_ms=s.deadline_ms, policy=msg.policy, controller=ctl)
+        dev = ChainDevice(self.mg, *tables, edge=s.servers[0][0], cloud=s.servers[-1][0], config=cc, **kw)
         return dev, cc.prober_interval_s
 
     def prepare(self, msg: P.Prepare) -> P.Ack:

@@ -1,5 +1,5 @@
 """The one rig's pure parts: the turn schedule, a strategy's paused clock, the typed worker protocol, the
-strategy set and its static choices, the fixed chain controller, and the report (bootstrap intervals,
+strategy set and its static choices, and the report (bootstrap intervals,
 what a server kill did, the fleet's verdict, the three-tier gains)."""
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from splitrt.errors import ConfigError, RigError
-from splitrt.plan.chain import ChainController, ChainControllerConfig
 from splitrt.plan.costmodel import CostTable, Link
-from splitrt.plan.netmon import LinkEstimate
 from splitrt.rig import bench as rigbench
 from splitrt.rig import protocol as P
 from splitrt.rig import report, strategies
@@ -110,10 +108,6 @@ def hop(mbps: float, rtt_ms: float = 2.0) -> Link:
     return Link(bandwidth_mbps=mbps, rtt_ms=rtt_ms)
 
 
-def est(mbps: float) -> LinkEstimate:
-    return LinkEstimate(bandwidth_mbps=mbps, rtt_ms=2.0, confidence=1.0)
-
-
 def test_one_strategy_set_chosen_per_topology() -> None:
     three = strategies.choose(
         (*rigbench.TIER_DEFAULTS, "route"), [DIRECT, EDGE, CLOUD], [hop(2), hop(0.5)], fixed_mbps=1, codecs=["fp32"]
@@ -121,10 +115,10 @@ def test_one_strategy_set_chosen_per_topology() -> None:
     assert [(three[n].tiers, three[n].policy) for n in ("device-only", "cloud-only", "edge-only", "route")] == [
         (2, "fixed:device"),
         (2, "fixed:cloud@fp32"),
-        (3, "fixed:cloud>device@fp32"),
+        (3, "fixed:cloud@fp32>device"),
         (2, "route"),
     ]
-    assert three["static-3tier"].plan == "c1>c3@fp32"  # the pair the chain solver picks with both hops slow
+    assert three["static-3tier"].plan == "c1@fp32>c3@fp32"  # the pair the chain solver picks with both hops slow
     assert three["static-2tier"].plan == "c3@fp32"  # the hops in series (0.5 Mbit/s): c3's 2 kB win
     assert (three["adaptive"].tiers, three["adaptive"].plan) == (3, None)
     slow = strategies.choose(
@@ -144,27 +138,9 @@ def test_one_strategy_set_chosen_per_topology() -> None:
 def test_likely_plans_cover_the_grid() -> None:
     cuts, pairs = strategies.likely_plans([DIRECT, EDGE, CLOUD], [2.0, 2.0], codecs=["fp32"])
     assert {"device", "cloud", "c1"} <= set(cuts) and cuts == sorted(cuts)
-    assert "c1>c3@fp32" in pairs and all(">" in p for p in pairs)
+    assert "c1@fp32>c3@fp32" in pairs and all(">" in p for p in pairs)
     two, none = strategies.likely_plans([DIRECT, CLOUD], [2.0])
     assert {"device", "cloud", "c3"} <= set(two) and none == []
-
-
-def test_fixed_chain_holds_its_plan_while_the_edge_is_up() -> None:
-    inner = ChainController(DEVICE, EDGE, CLOUD, ChainControllerConfig())
-    fixed = strategies.FixedChain(inner, "c1>c3@fp32")
-    for t, (b1, b2) in enumerate([(1000, 1000), (2, 1000), (2, 0.5), (1000, 1000)]):
-        d = fixed.decide(float(t), est(b1), est(b2))
-        assert d.plan == "c1>c3@fp32" and d.best == d.plan and d.route == "edge"
-    assert fixed.switches == 0 and fixed.current == "c1>c3@fp32"
-    # the edge down: the runtime's fallback plans as the controller would (to the cloud directly)
-    down = fixed.decide(9.0, est(2), est(2), edge_available=False)
-    assert down.route == "cloud" and ">" not in down.plan
-    back = fixed.decide(10.0, est(2), est(2))
-    assert back.plan == "c1>c3@fp32" and back.switched and fixed.switches == 2
-    local = strategies.FixedChain(ChainController(DEVICE, EDGE, CLOUD), "device").decide(0.0, est(9), est(9))
-    assert local.plan == "device" and local.route == "local"
-    with pytest.raises(ConfigError, match="expected 'A>B@codec'"):
-        strategies.FixedChain(ChainController(DEVICE, EDGE, CLOUD), "c1@fp32")
 
 
 def r(t: float, ms: float, server: str | None, plan: str = "c5@int8", error: str | None = None) -> P.Record:

@@ -29,6 +29,11 @@ def bootstrap_ci(
     if len(gs) < 2:
         return (math.nan, math.nan)
     rng = np.random.default_rng(seed)
+    if stat == "mean":  # sums and counts of the resampled groups: no concatenation
+        pick = rng.integers(0, len(gs), (n, len(gs)))
+        sums, counts = np.array([g.sum() for g in gs]), np.array([len(g) for g in gs])
+        means = sums[pick].sum(axis=1) / counts[pick].sum(axis=1)
+        return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
     vals = []
     for _ in range(n):
         xs = np.concatenate([gs[i] for i in rng.integers(0, len(gs), len(gs))])
@@ -119,7 +124,11 @@ def oracle_turns(
         mine = {"all": {"records": [asdict(r) for t in out.turns for r in t.devices[i]]}}
         costs = stats.measured_costs(table, mine, played, bursts, hop.rtt_ms)
         recs = [r for t in out.turns if t.name == ref for r in t.devices[i]]
-        real = [None if r.error or r.fallback else (r.plan, r.latency_ms) for r in recs]
+        # a reference plan outside ``cuts`` (another run than route's) is no candidate of the oracle's
+        real = [
+            None if r.error or r.fallback or (cuts and r.plan.split("@")[0] not in cuts) else (r.plan, r.latency_ms)
+            for r in recs
+        ]
         picks = stats.oracle(table, costs, [r.t_s for r in recs], played, bursts, out.spec.codecs, real, cuts=cuts)
         per_dev.append(
             {r.i: _synthetic(r, p, ms, table, costs, bursts) for r, (p, ms) in zip(recs, picks, strict=True)}
@@ -179,9 +188,9 @@ def strategies_report(
             continue
         ratios: dict[str, dict[str, Any]] = {}
         for k, (label, stat) in enumerate((("mean", "mean"), ("energy", "mean"), ("throughput", "mean"))):
-            ci = bootstrap_ratio(a["_groups"][k], s["_groups"][k], stat=stat, seed=seed)
+            ci = bootstrap_ratio(a["_groups"][k], s["_groups"][k], stat=stat, seed=seed, n=1000)
             ratios[label] = {"ci": list(ci), "call": call(ci) if not math.isnan(ci[0]) else "n/a"}
-        ci = bootstrap_ratio(a["_groups"][0], s["_groups"][0], stat="p95", seed=seed)
+        ci = bootstrap_ratio(a["_groups"][0], s["_groups"][0], stat="p95", seed=seed, n=1000)
         ratios["p95"] = {"ci": list(ci), "call": call(ci) if not math.isnan(ci[0]) else "n/a"}
         flip = {"better": "worse", "worse": "better"}  # more throughput is better
         ratios["throughput"]["call"] = flip.get(ratios["throughput"]["call"], ratios["throughput"]["call"])

@@ -92,8 +92,8 @@ def test_three_tiers_run_every_strategy_through_the_edge() -> None:
             trace2="constant:20",
             rtt_ms=4.0,
             rtt2_ms=4.0,
-            duration_s=3.0,
-            turn_s=1.5,
+            duration_s=2.0,
+            turn_s=2.0,
             warmup_s=0.5,
             strategies=(*rigbench.TIER_DEFAULTS, "route"),
         )
@@ -150,7 +150,12 @@ def test_one_tc_batch_rates_both_directions_of_every_device(tmp_path: Path) -> N
 
 def test_a_tiny_fleet_loses_nothing_when_a_server_dies(tmp_path: Path) -> None:
     cfg = rigbench.FleetConfig(
-        devices=3, servers=2, segment_s=4.0, warmup_s=1.0, strategies=("adaptive", "cloud-only", "oracle-route")
+        devices=3,
+        servers=2,
+        segment_s=4.0,
+        rounds=1,
+        warmup_s=0.5,
+        strategies=("adaptive", "cloud-only", "oracle-route"),
     )
     result = rigbench.run_fleet(cfg, tmp_path)
     killed = result["servers"][-1]

@@ -387,7 +387,13 @@ def fleet_rig_config(cfg: FleetConfig, workdir: Path) -> RigConfig:
         Tier(name="cloud", count=cfg.servers, cpus=(cfg.server_cpus,), workers=cfg.server_workers, threads=1),
     )
     return RigConfig(
-        board=cfg.board, link="kernel", tiers=tiers, delays=False, workdir=workdir, cfs_period_us=cfg.cfs_period_us
+        board=cfg.board,
+        link="kernel",
+        tiers=tiers,
+        delays=False,
+        workdir=workdir,
+        cfs_period_us=cfg.cfs_period_us,
+        models=(cfg.model,),
     )
 
 

@@ -59,11 +59,13 @@ class CloudProcess:
             *self.extra,
         ]
 
-    def start(self, host: netns.Host | None, port: int) -> None:
-        """Serve on 127.0.0.1:``port`` inside ``host``'s namespace (None: this one); returns once it listens."""
+    def start(self, host: netns.Host | None, port: int, *, wait: bool = True) -> None:
+        """Serve on ``listen``:``port`` inside ``host``'s namespace (None: this one); returns once it listens
+        (``wait``), or at once (then ``wait(host, port)``: several servers start side by side)."""
         self.host, self.port = host, port
         self.proc = self.children.popen(self.argv(self.listen, port), self.log_name, host=host)
-        self.wait(host, port)
+        if wait:
+            self.wait(host, port)
 
     def wait(self, host: netns.Host | None, port: int, timeout_s: float = 60.0) -> None:
         def probe() -> bool:

@@ -289,6 +289,8 @@ class Rig:
             self.hops.append(make_hop(self.prefix, k, hosts[k], hosts[k + 1], self.namespaces))
         for k in range(len(tiers) - 1, 0, -1):  # the last tier first: a middle tier forwards to it
             self._servers(k, self.hops[k - 1], len(tiers) - 1)
+        for srv in (s for tier in self.servers for s in tier):
+            srv.wait(srv.host, srv.port)
         self.addresses = [
             [f"{h.ip}:{r.port}" for h, r in zip(hop.upper, hop.relays, strict=True)]
             if self.config.delays
@@ -325,7 +327,7 @@ class Rig:
                 groups.append(
                     self._cgroup(f"t{k}s{j}", tier.cpus[j % len(tier.cpus)] if tier.cpus else None, tier.weight)
                 )
-                srv.start(host, CLOUD_PORT)
+                srv.start(host, CLOUD_PORT, wait=False)  # all of them side by side: see ``start``
                 assert srv.proc is not None
                 groups[-1].add_pid(srv.proc.pid)
                 if self.config.delays:
@@ -402,7 +404,9 @@ class Rig:
             for k in range(len(self.servers), 0, -1):
                 for j in range(len(self.servers[k - 1])):
                     self.kill_server(k, j)
-                    self.restart_server(k, j)
+                    self.restart_server(k, j, wait=False)
+            for srv in (s for tier in self.servers for s in tier):
+                srv.wait(srv.host, srv.port)
         return self.models_dir / path.name
 
     def kill_server(self, k: int, j: int) -> float:
@@ -415,9 +419,9 @@ class Rig:
         proc.wait(10)
         return cpu
 
-    def restart_server(self, k: int, j: int) -> None:
+    def restart_server(self, k: int, j: int, *, wait: bool = True) -> None:
         srv = self.servers[k - 1][j]
-        srv.start(srv.host, srv.port)
+        srv.start(srv.host, srv.port, wait=wait)
         if self.server_groups[k - 1] and srv.proc is not None:
             self.server_groups[k - 1][j].add_pid(srv.proc.pid)
 

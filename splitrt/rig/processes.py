@@ -151,7 +151,7 @@ class JsonWorker:
     def close(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(RigError):
-                self.send({"cmd": "quit"})
+                self.send({"type": "Quit"})  # rig.protocol.Quit
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:

@@ -258,8 +258,11 @@ def run(
         turns = _play(spec, rig, workers, list(choices), model_file, choices, say, live)
         rss = tuple(_rss_mb(w.proc.pid) for w in workers)
     finally:
-        for i, w in enumerate(workers):
+        for i, w in enumerate(workers):  # all told to quit first: they close their runtimes side by side
             rig.unthrottle(i, w.proc.pid)
+            with contextlib.suppress(Exception):
+                w.send({"type": "Quit"})
+        for w in workers:
             with contextlib.suppress(Exception):
                 w.close()
     return Outcome(

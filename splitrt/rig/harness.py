@@ -458,14 +458,6 @@ class Rig:
         if self.device_groups:
             quota.remove_pid(self.device_groups[i], pid)
 
-    def calibrate(self) -> Calibration:
-        """Make the devices take on resnet50 what the board takes (``rig.calibration``); once."""
-        from splitrt.rig import calibration
-
-        if self.calibration is None:
-            self.calibration = calibration.calibrate(self)
-        return self.calibration
-
     def load_driver(
         self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *, from_s: float = 0.0
     ) -> contextlib.AbstractContextManager[list[tuple[float, float]]]:

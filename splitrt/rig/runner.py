@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from splitrt.errors import ConfigError, RigError
+from splitrt.rig import calibration, strategies
 from splitrt.rig import protocol as P
-from splitrt.rig import strategies
 from splitrt.rig.harness import Rig
 from splitrt.rig.models import cost_table_for, model_path_for, profile_for
 from splitrt.rig.traces import Trace
@@ -181,7 +181,9 @@ def run(
     model_file = model_path_for(spec.model)
     mg = graph.load(model_file)
     rig.install_model(model_file)
-    cal = rig.calibrate()
+    if rig.calibration is None:  # once per rig: the devices take on resnet50 what the board takes
+        rig.calibration = calibration.calibrate(rig)
+    cal = rig.calibration
     prof = profile_for(spec.model, model_file, rig.workdir, say)
     host = cost_table_for(prof, mg.sha256, 1.0)
     host_device_ms, host_cloud_ms = (

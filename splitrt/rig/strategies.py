@@ -6,7 +6,7 @@ Over the direct path (the two-tier runtime, ``AdaptiveDevice``): ``device-only``
 ``static-2tier``), ``static-fixed`` (the same at the trace family's median, whatever the scale: ONE choice
 across a grid), ``periodic`` (re-plans every ``periodic_s``), ``route`` (adaptive restricted to the cuts
 device and cloud: whole-request routing) and ``adaptive`` (``adaptive-2tier`` in three tiers). Through the
-edge (``ChainDevice``, three tiers only): ``edge-only`` (the edge runs the whole model), ``static-3tier``
+edge (``AdaptiveDevice`` over the three tiers): ``edge-only`` (the edge runs the whole model), ``static-3tier``
 (the best cut pair at the hops' medians, the runtime's ``fixed:PLAN``) and ``adaptive``. ``oracle`` and
 ``oracle-route`` are computed afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
 """

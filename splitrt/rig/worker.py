@@ -1,9 +1,9 @@
 """The rig's device process (``python -m splitrt.rig.worker worker SPEC``) for every topology, speaking
 ``rig.protocol`` (one JSON line per typed message), and the cloud-busy load (``... busy SPEC``).
 
-It holds one runtime per strategy (``Prepare``): ``AdaptiveDevice`` over the direct path to the last
-tier's servers (every server known, each device preferring its own first), or ``ChainDevice`` through
-the first server tier's edge; sessions are built once, outside the cgroup, and shared. It runs one
+It holds one runtime per strategy (``Prepare``), the one ``AdaptiveDevice``: over the direct path to the
+last tier's servers (every server known, each device preferring its own first), or over the three tiers
+through the first server tier's edge; sessions are built once, outside the cgroup, and shared. It runs one
 strategy's turn at a time (``Run``): requests paced at ``rate_hz`` with a seeded jitter (the same
 schedule for every strategy), or back to back (closed loop) at rate 0. A strategy's clock stands still
 and its prober is parked between its turns, so each sees one continuous run.
@@ -252,8 +252,7 @@ class Agent:
         return P.Ack(count=ok)
 
     def runtime(self, msg: P.Prepare, clock: TurnClock) -> tuple[Any, float]:
-        """(runtime, prober interval) of one strategy: the direct path (``tiers`` 2) or the chain (3)."""
-        from splitrt.device.chain import ChainConfig, ChainDevice
+        """(runtime, prober interval) of one strategy: over the direct path (``tiers`` 2) or all three."""
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
         from splitrt.plan.controller import ControllerConfig
 
@@ -262,14 +261,14 @@ class Agent:
         tables += [cost_table_for(Path(s.profile_path), self.mg.sha256, x, x) for x in f[1:]]
         kw: dict[str, Any] = dict(device_config=self.dcfg, power=self.power, clock=clock, start_prober=False)
         ctl = ControllerConfig(objective=s.objective, codecs=s.codecs if msg.tiers == 2 else s.codecs or ("fp32",))
-        if msg.tiers == 2:  # the deployment's constraints (``Spec.cuts``) shape the two-tier runtime's plans
-            ctl = replace(ctl, cuts=s.cuts)
-            rc = RuntimeConfig(policy=msg.policy, deadline_ms=s.deadline_ms, warm_sessions=False, controller=ctl)
+        # the deployment's constraints (``Spec.cuts``) shape the two-tier runtime's plans
+        ctl = replace(ctl, cuts=s.cuts) if msg.tiers == 2 else ctl
+        rc = RuntimeConfig(policy=msg.policy, deadline_ms=s.deadline_ms, warm_sessions=False, controller=ctl)
+        if msg.tiers == 2:  # the direct path to the last tier (every server known, this device's first)
             clouds = [] if msg.policy == "fixed:device" else list(s.servers[-1])
             return AdaptiveDevice(self.mg, tables[0], clouds, config=rc, **kw), rc.prober_interval_s
-        cc = ChainConfig(deadline_ms=s.deadline_ms, policy=msg.policy, controller=ctl)
-        dev = ChainDevice(self.mg, *tables, edge=s.servers[0][0], cloud=s.servers[-1][0], config=cc, **kw)
-        return dev, cc.prober_interval_s
+        path = [[s.servers[0][0]], [s.servers[-1][0]]]  # through the first server tier's edge
+        return AdaptiveDevice(self.mg, tuple(tables), path=path, config=rc, **kw), rc.prober_interval_s
 
     def prepare(self, msg: P.Prepare) -> P.Ack:
         """Build one strategy's runtime and warm it up: channels, the servers' sessions and the
@@ -350,7 +349,7 @@ class Agent:
             st.next_k += 1
 
     def record(self, i: int, t_s: float, out: Any) -> P.Record:
-        """The request record of a runtime's outcome (``Outcome`` or ``ChainOutcome``)."""
+        """The request record of a runtime's ``Outcome`` (two tiers or three)."""
         import numpy as np
 
         r, d = out.result, out.decision
@@ -358,7 +357,7 @@ class Agent:
         match = set(out.outputs) == set(ref) and all(
             np.allclose(np.asarray(out.outputs[k]), ref[k], rtol=1e-4, atol=1e-5) for k in ref
         )
-        finished = getattr(out, "finished_by", "device" if r.where == "local" else "cloud")
+        finished = out.finished_by
         return P.Record(
             i=i,
             t_s=t_s,

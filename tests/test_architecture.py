@@ -207,16 +207,7 @@ def test_no_unit_over_the_size_limits() -> None:
 # three-tier bench modules (tier*.py, to become topologies of the one rig): listed until they go.
 TOPOLOGY_NAME = re.compile(r"(two|three|[0-9])_?tiers?|chain|edge|relay|^tiers?|fleet")
 TOPOLOGY_PACKAGES = ("splitrt.plan", "splitrt.device", "splitrt.cloud", "splitrt.rig")
-TOPOLOGY_NAMES_LEFT = {
-    "splitrt.rig.tierbench",
-    "splitrt.rig.tierplans",
-    "splitrt.rig.tiers",
-    "splitrt.rig.tierworker",
-    "splitrt.rig.fleet",
-    "splitrt.rig.fleetnet",
-    "splitrt.rig.fleetstats",
-    "splitrt.rig.fleetworker",
-}
+TOPOLOGY_NAMES_LEFT: set[str] = set()  # the rig's were the last (#24: one rig)
 
 
 def test_no_module_name_encodes_a_topology() -> None:

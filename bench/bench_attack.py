@@ -577,16 +577,25 @@ class Proxy:
         while not self.closed:
             try:
                 client, _ = self.listener.accept()
-                upstream = socket.socket()
-                upstream.bind((ATTACKER_IP, 0))
-                upstream.connect(self.target)
             except OSError:
                 if self.closed:
                     return
-                with contextlib.suppress(OSError, UnboundLocalError):
-                    client.close()
+                continue
+            upstream = socket.socket()
+            try:
+                upstream.bind((ATTACKER_IP, 0))
+                upstream.connect(self.target)
+            except OSError:  # the server refused (or is gone): drop both ends, never leave them to the GC
+                for x in (client, upstream):
+                    x.close()
+                if self.closed:
+                    return
                 continue
             with self.lock:
+                if self.closed:  # close() ran while this one connected
+                    for x in (client, upstream):
+                        x.close()
+                    return
                 self.socks += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()

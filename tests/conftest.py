@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -44,6 +49,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+# How long a test's threads get to finish after it (joins in teardowns that return before the thread
+# has quite ended, gRPC's executor shutting down): a thread still running after this is a leak.
+THREAD_GRACE_S = 5.0
+
+
+# Every ThreadPoolExecutor made in this process (a pool grows its workers on demand: see _pool_of).
+_POOLS: weakref.WeakSet[ThreadPoolExecutor] = weakref.WeakSet()
+_pool_init = ThreadPoolExecutor.__init__
+
+
+def _tracked_pool_init(self: ThreadPoolExecutor, *args: Any, **kwargs: Any) -> None:
+    _pool_init(self, *args, **kwargs)
+    _POOLS.add(self)
+
+
+ThreadPoolExecutor.__init__ = _tracked_pool_init  # type: ignore[method-assign]
+
+
+def _pool_of(t: threading.Thread) -> object | None:
+    """The ``ThreadPoolExecutor`` a worker thread serves (None for other threads). A pool grows on
+    demand: a new worker of a pool made before a test belongs to the pool's owner (a module or session
+    fixture's server), not to the test that happened to submit the work that grew it."""
+    args = getattr(t, "_args", ())
+    if args and isinstance(args[0], weakref.ref):  # concurrent.futures.thread._worker(executor_ref, ...)
+        return args[0]()
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves non-daemon threads running (they keep the interpreter alive at exit and
+    leak into later tests). Set up after the wider-scoped fixtures a test uses, so their threads do
+    not count; daemon threads do not either."""
+    before = set(threading.enumerate())
+    pools = {id(p) for p in _POOLS}  # ids: holding the pools would keep them (and their workers) alive
+    yield
+
+    def leaked() -> list[threading.Thread]:
+        return [
+            t
+            for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.daemon and id(_pool_of(t)) not in pools
+        ]
+
+    end = time.monotonic() + THREAD_GRACE_S
+    for t in leaked():
+        t.join(timeout=max(0.0, end - time.monotonic()))
+    left = leaked()
+    if left:
+        names = ", ".join(sorted(f"{t.name} ({getattr(t, '_target', None)})" for t in left))
+        pytest.fail(f"{request.node.nodeid} left {len(left)} non-daemon thread(s) running: {names}", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,6 +11,18 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+
+def reap(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    """Kill ``proc`` if it still runs, wait for it, and close its pipes (left to the garbage collector,
+    they are ResourceWarnings, errors under ``filterwarnings = error``)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout_s)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
 
 
 def free_port() -> int:

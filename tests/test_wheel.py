@@ -78,7 +78,8 @@ class Serve:
         self.lines: list[str] = []
         self.port: int | None = None
         self.ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -95,7 +96,15 @@ class Serve:
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            self._reader.join(timeout=5)  # it ends at EOF; then the pipe is closed here, not by the GC
+            assert self.proc.stderr is not None
+            self.proc.stderr.close()
 
 
 def _splitrt(bin_dir: Path, cwd: Path, env: dict[str, str], *args: str) -> str:

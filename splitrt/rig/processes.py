@@ -89,6 +89,15 @@ class Children:
                     p.kill()
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.wait(3)
+        # A JSON worker's pipes: closed here, not left to the garbage collector (only once it exited: a
+        # reader thread blocked on a live child's stdout would hold the pipe's lock).
+        for p in self.procs:
+            if p.poll() is None:
+                continue
+            for f in (p.stdin, p.stdout, p.stderr):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
 
 
 class JsonWorker:

@@ -328,6 +328,7 @@ class UserspaceLink:
             )
         except BaseException as exc:
             self._error = exc
+            self._loop.close()  # its self-pipe sockets too: nothing will run on it
             self._started.set()
             return
         self._started.set()
@@ -387,6 +388,8 @@ class UserspaceLink:
 
             self._loop.call_soon_threadsafe(stop)
             self._thread.join(10)
+        if not self._thread.is_alive() and not self._loop.is_closed():  # the thread ended without closing it
+            self._loop.close()
 
     def __enter__(self) -> UserspaceLink:
         return self

@@ -101,7 +101,8 @@ class Serve:
         )
         self.events: list[dict[str, Any]] = []
         self.cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -127,7 +128,15 @@ class Serve:
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            self._reader.join(timeout=5)  # it ends at EOF; then the pipe is closed here, not by the GC
+            assert self.proc.stderr is not None
+            self.proc.stderr.close()
 
 
 def _status(port: int) -> pb.StatusReply:

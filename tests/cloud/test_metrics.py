@@ -69,6 +69,7 @@ def test_metrics_after_real_requests(models_dir: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(s.metrics_url.replace("/metrics", "/other"), timeout=10)
         assert info.value.code == 404
+        info.value.close()  # the error holds the response (and its socket)
         url = s.metrics_url
     with pytest.raises(urllib.error.URLError):  # stopped with the server
         urllib.request.urlopen(url, timeout=10)

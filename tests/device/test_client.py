@@ -28,6 +28,7 @@ from splitrt.errors import CloudError, ConfigError, CutError, InputError
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
+from tests.loopback import reap
 
 SPLIT_MODELS = ("tiny_chain", "multi_io", "branchy", "squeezenet")
 TOKEN = "upl0ad-t0ken"  # uploads need a bearer token (secure by default)
@@ -232,8 +233,7 @@ def test_server_killed_mid_request_gives_a_clear_error(models_dir: Path, tmp_pat
             # the request can still be finished here
             assert rel_err(dev.run_local(x)["y"], dev.finish_locally(head).outputs["y"]) <= 1e-5
     finally:
-        proc.kill()
-        proc.wait(10)
+        reap(proc)
 
 
 def test_serve_cli_subprocess_serves_and_stops_on_sigterm(models_dir: Path) -> None:
@@ -267,8 +267,7 @@ def test_serve_cli_subprocess_serves_and_stops_on_sigterm(models_dir: Path) -> N
         events = [json.loads(line)["event"] for line in proc.stderr.read().splitlines()]
         assert "infer" in events and events[-1] == "stopped"
     finally:
-        proc.kill()
-        proc.wait(10)
+        reap(proc)
 
 
 def test_run_cli_cut_auto_plans_from_profiles_and_a_probe(

@@ -26,6 +26,7 @@ from splitrt.device.daemon import Daemon, DaemonConfig, LocalClient, ModelConfig
 from splitrt.errors import CloudError, ConfigError, InputError
 from splitrt.graph import zoo
 from tests.conftest import rel_err, session
+from tests.loopback import reap
 
 MODEL = "squeezenet"
 REPO = Path(__file__).resolve().parents[2]
@@ -320,9 +321,7 @@ def test_sigterm_finishes_the_in_flight_request(tmp_path: Path, models_dir: Path
         out, err = proc.communicate(timeout=60)
     finally:
         release.set()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
         s.stop(grace_s=0.5)
     assert "error" not in result, result
     r = result["r"]

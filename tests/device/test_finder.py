@@ -187,8 +187,12 @@ class Proc:
         self.out: list[str] = []
         self.err: list[str] = []
         self.cond = threading.Condition()
-        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            threading.Thread(target=self._read, args=(stream, sink), daemon=True).start()
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, sink), daemon=True)
+            for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
+        for t in self._readers:
+            t.start()
 
     def _read(self, stream: Any, sink: list[str]) -> None:
         for line in stream:
@@ -216,6 +220,12 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        # The readers end at EOF; then the pipes are closed here, not left to the garbage collector.
+        for t in self._readers:
+            t.join(timeout=5)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from splitrt.rig import bench as rigbench
 from splitrt.rig import cgroup, netns
 from splitrt.rig import harness as rig
 from splitrt.rig import stats as rigstats
+from tests.loopback import reap
 
 STEP = "step:30,2/1.5"  # 1.5 s at 30 Mbit/s, then 2 Mbit/s: the best plan changes mid-run
 
@@ -136,8 +136,7 @@ def test_killed_rig_is_cleaned_up(tmp_path: Path) -> None:
         assert len(netns.list_netns(prefix)) == 3  # the device, the cloud, the switch between them
         assert len(_cgroup_dirs(prefix)) == 2  # the device's quota, the cloud's weight
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        reap(proc)  # SIGKILL, then its pipe closed
     # killed without any chance to clean up: the namespaces and the cgroup are still there
     assert netns.list_netns(prefix)
     assert cli.main(["rig", "cleanup"]) == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 
 from splitrt.errors import RigError
 from splitrt.rig import cgroup, netns
+from tests.loopback import reap
 
 root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates network namespaces")
 PID = os.getpid()
@@ -174,8 +174,7 @@ def test_live_owner_is_not_cleaned_but_killed_owner_is(tmp_path: Path) -> None:
         assert netns.cleanup_leftovers(prefix) == []
         assert len(netns.list_netns(prefix)) == 3
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        reap(proc)  # SIGKILL, then its pipe closed
     removed = netns.cleanup_leftovers(prefix)
     assert sorted(removed) == sorted(
         [f"netns:{prefix}-h0", f"netns:{prefix}-h1", f"netns:{prefix}-sw", f"cgroup:{cg_dir}"]

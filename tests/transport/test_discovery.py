@@ -168,8 +168,12 @@ class Peer:
         self.lines: list[dict[str, Any]] = []
         self.stderr: list[str] = []
         self._cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._readers = [
+            threading.Thread(target=self._read, daemon=True),
+            threading.Thread(target=self._read_err, daemon=True),
+        ]
+        for t in self._readers:
+            t.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -212,10 +216,17 @@ class Peer:
                 if self.proc.stdin is not None:
                     self.proc.stdin.close()  # advertise: EOF = quit (goodbye packets)
             try:
-                return self.proc.wait(timeout=10)
+                self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                return self.proc.wait()
+                self.proc.wait()
+        # The readers end at EOF; then the pipes are closed here, not left to the garbage collector.
+        for t in self._readers:
+            t.join(timeout=5)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(OSError):
+                if f is not None:
+                    f.close()
         return self.proc.returncode
 
 

@@ -28,7 +28,7 @@ import grpc
 
 from splitrt.cloud.common import RpcFailure
 
-__all__ = ["IDLE_S", "NICE", "run", "warm"]
+__all__ = ["IDLE_S", "NICE", "run", "shutdown", "warm"]
 
 # The child's niceness: below the server's requests, still above nothing.
 NICE = 10
@@ -133,3 +133,13 @@ def _shutdown_if_idle() -> None:
             return
         pool, _pool = _pool, None
     pool.shutdown(wait=False)
+
+
+def shutdown() -> None:
+    """Stop the child now and wait for it (a check in progress finishes first); the next check starts a
+    new one. For whoever owns the process's lifetime: tests stop it after the test that started it."""
+    global _pool
+    with _lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)

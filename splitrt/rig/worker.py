@@ -124,21 +124,22 @@ class RunQueueProbe:
 class TurnClock:
     """A strategy's own clock: it stands still while the other strategies take their turns."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: Callable[[], float] = time.monotonic) -> None:
+        self._source = source  # the wall clock it follows while running (a fake one in tests)
         self._offset_s = 0.0
         self._paused_at: float | None = None
 
     def __call__(self) -> float:
-        now = self._paused_at if self._paused_at is not None else time.monotonic()
+        now = self._paused_at if self._paused_at is not None else self._source()
         return now - self._offset_s
 
     def pause(self) -> None:
         if self._paused_at is None:
-            self._paused_at = time.monotonic()
+            self._paused_at = self._source()
 
     def resume(self) -> None:
         if self._paused_at is not None:
-            self._offset_s += time.monotonic() - self._paused_at
+            self._offset_s += self._source() - self._paused_at
             self._paused_at = None
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-import time
 
 import pytest
 from hypothesis import given
@@ -76,20 +75,23 @@ def test_configs_reject_what_cannot_run(make: object, match: str) -> None:
 
 
 def test_turn_clock_stands_still_while_parked() -> None:
-    clock = TurnClock()
+    wall = [100.0]  # a fake wall clock: the test moves it, nothing sleeps
+    clock = TurnClock(lambda: wall[0])
     a = clock()
+    wall[0] += 0.01
     clock.pause()
     p = clock()
-    time.sleep(0.05)
+    assert p - a == pytest.approx(0.01)
+    wall[0] += 0.05
     assert clock() == p  # parked: not a tick
     clock.pause()  # idempotent
     clock.resume()
-    time.sleep(0.02)
+    wall[0] += 0.02
     b = clock()
-    assert 0.015 <= b - p < 0.05  # only the running time counts
-    assert b - a < 0.05  # the 50 ms parked did not count
+    assert b - p == pytest.approx(0.02)  # only the running time counts
+    assert b - a == pytest.approx(0.03)  # the 50 ms parked did not count
     clock.resume()  # idempotent
-    assert clock() >= b
+    assert clock() == b
 
 
 def test_protocol_round_trips_typed_messages_and_names_a_wrong_one() -> None:

@@ -168,7 +168,8 @@ def privacy_rows(
                 )
                 ratios.append(dev / ad)
         geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
-        rows.append([m, str(len(ratios)), f"{geo:.3f}", f"{min(ratios):.3f}-{max(ratios):.3f}"])
+        lo, hi = regret.geo_ci(ratios)
+        rows.append([m, str(len(ratios)), f"{geo:.3f} ({lo:.3f}-{hi:.3f})", f"{min(ratios):.3f}-{max(ratios):.3f}"])
     return rows
 
 
@@ -274,7 +275,7 @@ PAYS_SIM_HEADER = [
     "same, route sends a JPEG frame",
     "adaptive's main plan",
 ]
-PRIVACY_HEADER = ["model (--no-raw-input)", "cells", "device-only / adaptive, geo-mean", "range"]
+PRIVACY_HEADER = ["model (--no-raw-input)", "cells", "device-only / adaptive, geo-mean (95 % CI)", "range"]
 PAYS_HEADER = ["model", "board", "objective", "constraint", "Mbit/s where split beats route by >= 10 %", "largest gain"]
 HEADER = [
     "model",

@@ -14,7 +14,9 @@ real images compress better at the cut ``cloud`` than noise does, inner ReLU act
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -26,6 +28,12 @@ from splitrt.transport import codec
 #: The codecs a profile prices per cut: every lossy quantisation and +zstd (fp32's ratio is 1). Not +zlib:
 #: the same bytes as +zstd at 5-15x the CPU time, which the cost model does not price.
 MEASURED: tuple[str, ...] = tuple(c for c in codec.names() if c != "fp32" and not c.endswith("+zlib"))
+#: A lossy codec whose error on a cut's tensors exceeds this (relative RMS) is not priced at that cut
+#: (``profile.costs``). Per-tensor int8 at densenet121's c2 (one channel's range dwarfs the others): 0.051,
+#: and the output changes (rel err 3.0); every other zoo cut sampled is <= 0.012.
+MAX_CODEC_ERROR = 0.02
+#: The error stored where decoding overflows (fp16 of values past 65504): JSON has no infinity.
+OVERFLOW = 1e6
 #: Ratios are stored rounded: four digits are far below the run-to-run spread of the values.
 DIGITS = 4
 
@@ -57,37 +65,60 @@ def _run_exposed(
     return got
 
 
+@dataclass(frozen=True)
+class CodecFacts:
+    """Per codec, per cut of ``g.cuts()``: the size ratio, and (lossy codecs) the relative RMS error of the
+    decoded cut tensors, ``sqrt(sum (x - x')^2 / sum x^2)`` (``OVERFLOW`` where fp16 overflows)."""
+
+    ratios: dict[str, list[float]]
+    errors: dict[str, list[float]]
+
+
 def measure(
     g: graph_mod.ModelGraph,
     feeds: Mapping[str, np.ndarray],
     *,
     codecs: Sequence[str] = MEASURED,
     progress: Callable[[str], None] | None = None,
-) -> dict[str, list[float]]:
-    """``{codec: [ratio per cut of g.cuts()]}``; 1.0 where a cut sends no float tensor (the ratio then
-    multiplies zero bytes)."""
+) -> CodecFacts:
+    """Ratios and errors of every codec at every cut; a cut that sends no float tensor: ratio 1, error 0
+    (the ratio then multiplies zero bytes)."""
     cuts = g.cuts()
     names = sorted({t.name for c in cuts for t in c.tensors})
     values = _run_exposed(g, names, feeds)
     specs = [str(codec.Codec.parse(k)) for k in codecs]
     sizes: dict[tuple[str, str], int] = {}
+    sq: dict[tuple[str, str], tuple[float, float]] = {}  # (tensor, quant): (sum sq error, sum sq value)
     for i, name in enumerate(names):
         arr = values[name]
         if arr.dtype.kind != "f":
             continue
         for spec in specs:
-            if "+" in spec:
-                with np.errstate(over="ignore"):  # fp16 of values past 65504: inf, same size
+            quant = spec.split("+")[0]
+            with np.errstate(over="ignore", invalid="ignore"):  # fp16 past 65504: inf (an error, below)
+                if "+" in spec:
                     sizes[name, spec] = codec.encode(name, arr, spec, copy=False).nbytes
-            else:
-                sizes[name, spec] = codec.expected_bytes(arr.dtype.name, tuple(arr.shape), spec, name=name)
+                else:
+                    sizes[name, spec] = codec.expected_bytes(arr.dtype.name, tuple(arr.shape), spec, name=name)
+                if quant != "fp32" and (name, quant) not in sq:
+                    x = arr.astype(np.float64)
+                    back = codec.decode(codec.encode(name, arr, quant)).astype(np.float64)
+                    err = float(np.sum((back - x) ** 2)) if np.all(np.isfinite(back)) else math.inf
+                    sq[name, quant] = (err, float(np.sum(x**2)))
         if progress is not None and (i + 1) % 50 == 0:
             progress(f"codec ratios: {i + 1}/{len(names)} tensors encoded")
-    out: dict[str, list[float]] = {s: [] for s in specs}
+    ratios: dict[str, list[float]] = {s: [] for s in specs}
+    errors: dict[str, list[float]] = {s: [] for s in specs if not s.startswith("fp32")}
     for c in cuts:
         floats = [t.name for t in c.tensors if values[t.name].dtype.kind == "f"]
         raw = sum(int(values[t].nbytes) for t in floats)
         for spec in specs:
             ratio = sum(sizes[t, spec] for t in floats) / raw if raw else 1.0
-            out[spec].append(max(round(ratio, DIGITS), 10.0**-DIGITS))  # an all-zero tensor: > 0 still
-    return out
+            ratios[spec].append(max(round(ratio, DIGITS), 10.0**-DIGITS))  # an all-zero tensor: > 0 still
+            if spec in errors:
+                quant = spec.split("+")[0]
+                e = sum(sq[t, quant][0] for t in floats)
+                v = sum(sq[t, quant][1] for t in floats)
+                rel = math.sqrt(e / v) if v > 0 and math.isfinite(e) else (0.0 if e == 0 else OVERFLOW)
+                errors[spec].append(round(min(rel, OVERFLOW), 6))
+    return CodecFacts(ratios=ratios, errors=errors)

@@ -9,8 +9,9 @@ import numpy as np
 
 from splitrt.errors import ProfileError
 from splitrt.graph import model as graph_mod
-from splitrt.plan.costmodel import CODEC_RATIOS, CodecRatio, CostTable
+from splitrt.plan.costmodel import CODEC_RATIOS, MAX_CODEC_RATIO, CodecRatio, CostTable
 from splitrt.plan.mincut import Dag, DagTensor
+from splitrt.profile.codecratio import MAX_CODEC_ERROR
 from splitrt.profile.store import Profile
 
 
@@ -46,8 +47,24 @@ def cost_table(
         bytes=[c.bytes for c in device.cuts],
         float_bytes=[c.float_bytes for c in device.cuts],
         reply_bytes=[device.reply_bytes if c.reply_bytes is None else c.reply_bytes for c in device.cuts],
-        codecs=codecs if codecs is not None else {**CODEC_RATIOS, **(device.codec_ratios or {})},
+        codecs=codecs if codecs is not None else measured_codecs(device),
     )
+
+
+def measured_codecs(profile: Profile, *, max_error: float = MAX_CODEC_ERROR) -> dict[str, CodecRatio]:
+    """The fixed ratios, then the profile's per-cut ones; a lossy codec whose error on a cut's tensors
+    exceeds ``max_error`` is priced there at ``MAX_CODEC_RATIO`` (above fp32's 1: never chosen while fp32
+    is allowed), so bytes alone never pick a codec that changes the output."""
+    out: dict[str, CodecRatio] = dict(CODEC_RATIOS)
+    errors = profile.codec_errors or {}
+    for name, ratios in (profile.codec_ratios or {}).items():
+        errs = errors.get(name)
+        out[name] = (
+            list(ratios)
+            if errs is None
+            else [MAX_CODEC_RATIO if e > max_error else r for r, e in zip(ratios, errs, strict=True)]
+        )
+    return out
 
 
 def nested_matrix(profile: Profile) -> np.ndarray:

@@ -155,7 +155,7 @@ def measure(
             warmup=warmup,
             progress=progress,
         ).to_dict()
-    ratios = codecratio.measure(g, inputs, progress=progress)
+    facts = codecratio.measure(g, inputs, progress=progress)
     full_ms = times.full_ms
     elapsed = time.perf_counter() - t_start
     progress(f"done in {elapsed:.1f} s: full model {full_ms:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
@@ -195,7 +195,8 @@ def measure(
         segments=result.segments,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         energy=energy,
-        codec_ratios=ratios,
+        codec_ratios=facts.ratios,
+        codec_errors=facts.errors,
     )
 
 
@@ -224,8 +225,8 @@ def with_codec_ratios(
         )
     if tuple(c.id for c in g.cuts()) != profile.cut_ids:
         raise ProfileError(f"{Path(model_path).name}: the profile lists other cuts: re-profile it")
-    ratios = codecratio.measure(g, _inputs(g, model_path, binding), progress=progress)
-    return dataclasses.replace(profile, codec_ratios=ratios)
+    facts = codecratio.measure(g, _inputs(g, model_path, binding), progress=progress)
+    return dataclasses.replace(profile, codec_ratios=facts.ratios, codec_errors=facts.errors)
 
 
 def _method_facts(

@@ -74,6 +74,8 @@ class Profile:
     # per codec, its size ratio at each cut (``profile.codecratio``), for codecs whose size depends on the
     # values; None (absent from the file) in profiles made before it: plans then price only the fixed ratios
     codec_ratios: dict[str, list[float]] | None = None
+    # per lossy codec, the relative RMS error of the decoded cut tensors at each cut (None: not measured)
+    codec_errors: dict[str, list[float]] | None = None
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -95,7 +97,7 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("_index", None)
-        for key in ("energy", "codec_ratios"):
+        for key in ("energy", "codec_ratios", "codec_errors"):
             if d.get(key) is None:
                 d.pop(key, None)
         return d
@@ -205,6 +207,7 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
             notes=str(data.get("notes", "")),
             energy=dict(data["energy"]) if data.get("energy") else None,
             codec_ratios=_codec_ratios(data.get("codec_ratios"), len(cuts), where),
+            codec_errors=_codec_ratios(data.get("codec_errors"), len(cuts), where, what="errors", zero_ok=True),
         )
     except ProfileError:
         raise
@@ -219,18 +222,20 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
     return prof
 
 
-def _codec_ratios(data: Any, n: int, where: str) -> dict[str, list[float]] | None:
+def _codec_ratios(
+    data: Any, n: int, where: str, *, what: str = "ratios", zero_ok: bool = False
+) -> dict[str, list[float]] | None:
     if data is None:
         return None
+    key = f"codec_{what}"
     if not isinstance(data, dict):
-        raise ProfileError(f"{where}: codec_ratios: expected an object of per-cut lists, got {type(data).__name__}")
+        raise ProfileError(f"{where}: {key}: expected an object of per-cut lists, got {type(data).__name__}")
     out: dict[str, list[float]] = {}
     for name, ratios in data.items():
         values = [float(r) for r in ratios]
-        if len(values) != n or not all(math.isfinite(r) and r > 0 for r in values):
-            raise ProfileError(
-                f"{where}: codec_ratios[{name!r}]: expected {n} positive ratios (one per cut), got {len(values)}"
-            )
+        if len(values) != n or not all(math.isfinite(r) and (r >= 0 if zero_ok else r > 0) for r in values):
+            sign = "non-negative" if zero_ok else "positive"
+            raise ProfileError(f"{where}: {key}[{name!r}]: expected {n} {sign} {what} (one per cut), got {len(values)}")
         out[str(name)] = values
     return out
 

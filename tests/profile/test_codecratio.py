@@ -22,7 +22,10 @@ from splitrt.transport import codec
 @pytest.fixture(scope="module")
 def squeeze() -> tuple[graph.ModelGraph, dict[str, list[float]]]:
     g = graph.load(zoo.get("squeezenet"))
-    return g, codecratio.measure(g, zoo.random_inputs(g.path))
+    facts = codecratio.measure(g, zoo.random_inputs(g.path))
+    assert set(facts.errors) == {k for k in codecratio.MEASURED if not k.startswith("fp32")}
+    assert all(0 <= e < codecratio.MAX_CODEC_ERROR for v in facts.errors.values() for e in v)  # squeezenet: fine
+    return g, facts.ratios
 
 
 def test_ratios_are_what_the_device_sends_at_each_cut(squeeze: tuple[graph.ModelGraph, dict[str, list[float]]]) -> None:
@@ -75,7 +78,27 @@ def test_with_codec_ratios_keeps_the_timings_and_refuses_another_model() -> None
     g = graph.load(zoo.get("squeezenet"))
     old = profiler.load_profile("x86_64-2core__squeezenet.json", sha256=g.sha256)
     new = profiler.with_codec_ratios(dataclasses.replace(old, codec_ratios=None), g.path, progress=lambda s: None)
-    assert new.cuts == old.cuts and new.codec_ratios is not None
+    assert new.cuts == old.cuts and new.codec_ratios is not None and new.codec_errors is not None
     assert np.allclose(new.codec_ratios["int8+zstd"], old.codec_ratios["int8+zstd"], atol=0.01)  # type: ignore[index]
     with pytest.raises(ProfileError, match="expected the same model"):
         profiler.with_codec_ratios(old, zoo.get("tiny_chain"), progress=lambda s: None)
+
+
+def test_a_codec_that_changes_the_tensors_is_not_priced_where_it_does() -> None:
+    """densenet121's c2 (after the first BatchNorm): one channel's range dwarfs the others, per-tensor int8
+    collapses them (relative RMS error 0.05; the output changes) while int8c keeps them; plans must not
+    choose int8 there for its bytes."""
+    from splitrt.plan.costmodel import MAX_CODEC_RATIO
+    from splitrt.profile.costs import measured_codecs
+
+    prof = profiler.load_profile("x86_64-2core__densenet121.json")
+    assert prof.codec_errors is not None and prof.codec_ratios is not None
+    i = prof.cut_ids.index("c2")
+    assert prof.codec_errors["int8+zstd"][i] > codecratio.MAX_CODEC_ERROR > prof.codec_errors["int8c+zstd"][i]
+    assert prof.codec_ratios["int8+zstd"][i] < 0.05  # what made it look cheap
+    codecs = measured_codecs(prof)
+    assert codecs["int8+zstd"][i] == MAX_CODEC_RATIO  # type: ignore[index]
+    assert codecs["int8c+zstd"][i] == prof.codec_ratios["int8c+zstd"][i]  # type: ignore[index]
+    table = profiler.cost_table(prof, prof)
+    cond = Conditions(link=Link(bandwidth_mbps=1.0, rtt_ms=20.0), device_load=30.0)
+    assert solver.solve(table, cond, codecs=None, cuts=["c2"]).codec != "int8+zstd"

@@ -71,6 +71,9 @@ HEALTH = "/grpc.health.v1.Health/"
 SPARE_THREADS = 16
 # Probes together hold at most this share of the memory budget (the rest is inference's).
 PROBE_BUDGET_SHARE = 0.5
+# The largest reply a Probe may ask for: devices probe with at most 1 MiB (``netmon.suggest_probe_bytes``);
+# building, serialising and sending a reply of a full message holds the server's interpreter for long.
+PROBE_MAX_REPLY_BYTES = 16 << 20
 # Methods whose failures the server logs itself (one ``infer`` line per request).
 _SELF_LOGGED = {f"/{wire.SERVICE_NAME}/Infer"}
 
@@ -343,13 +346,15 @@ class _Call:
     def prepay(self) -> None:
         """A Probe's bytes reserved before its body is read: 3 x what the client declares (``PROBE_BYTES_KEY``:
         payload + reply; each side held three times, as ``servicer.Probe`` counts), or, undeclared, 3 x
-        a full message each way. Not by evicting caches (a probe is a measurement), and probes together
-        hold at most ``PROBE_BUDGET_SHARE`` of the budget; RESOURCE_EXHAUSTED otherwise, nothing read."""
+        a full message up and the largest reply (``PROBE_MAX_REPLY_BYTES``) back. Not by evicting caches (a
+        probe is a measurement), and probes together hold at most ``PROBE_BUDGET_SHARE`` of the budget;
+        RESOURCE_EXHAUSTED otherwise, nothing read."""
         door = self.door
         self.declared = _declared(self.context.invocation_metadata())
         if self.declared is not None and self.declared <= PROBE_FREE_BYTES:
             return  # an RTT ping: nothing to pay for (a lie is refused once read, ``check_declared``)
-        need = 3 * (self.declared if self.declared is not None else 2 * door.max_message_bytes)
+        worst = door.max_message_bytes + min(PROBE_MAX_REPLY_BYTES, door.max_message_bytes)
+        need = 3 * (self.declared if self.declared is not None else worst)
         share = PROBE_BUDGET_SHARE * door.budget.available_bytes
         with door.lock:
             fits = door.probe_bytes + need <= share and door.budget.try_reserve(need)
@@ -371,12 +376,21 @@ class _Call:
         prepay(need)
 
     def check_declared(self, request: Any) -> None:
-        """A Probe that sent more than it declared: INVALID_ARGUMENT before the handler runs (what such a
-        lie can cost is bounded by the probe lane: ``probe_calls`` bodies of at most a message each)."""
-        if self.declared is None or not isinstance(request, pb.ProbeRequest):
+        """A Probe that sent more than it declared, or asks for a reply beyond ``PROBE_MAX_REPLY_BYTES``:
+        INVALID_ARGUMENT before the handler runs (what a lie can cost is bounded by the probe lane:
+        ``probe_calls`` bodies of at most a message each)."""
+        if not isinstance(request, pb.ProbeRequest):
             return
-        sent = len(request.payload) + int(request.reply_bytes)
-        if sent > self.declared:
+        reply = int(request.reply_bytes)
+        if reply > PROBE_MAX_REPLY_BYTES:
+            self._refuse(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "probe_size",
+                f"Probe: expected reply_bytes at most {PROBE_MAX_REPLY_BYTES} (a bandwidth probe needs a few "
+                f"MB at most), got {reply}",
+            )
+        sent = len(request.payload) + reply
+        if self.declared is not None and sent > self.declared:
             self._refuse(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "undeclared",

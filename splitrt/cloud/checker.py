@@ -47,7 +47,7 @@ def _init(parent: int) -> None:
     started it is gone."""
     import onnx  # noqa: F401
 
-    import splitrt.cloud.upload
+    import splitrt.cloud.store  # what the upload module's check needs
     import splitrt.graph.model  # noqa: F401
 
     os.nice(NICE)

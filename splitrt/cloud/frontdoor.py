@@ -58,7 +58,7 @@ from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, pe
 from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import MemoryBudget
 from splitrt.cloud.ratelog import RateLog
-from splitrt.cloud.servicer import PROBE_FREE_BYTES
+from splitrt.cloud.servicer import PROBE_FREE_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.cloud.shedder import Shedder, peer_key
 from splitrt.cloud.watchdog import Lease, Watchdog
 from splitrt.transport import splitrt_pb2 as pb
@@ -71,9 +71,6 @@ HEALTH = "/grpc.health.v1.Health/"
 SPARE_THREADS = 16
 # Probes together hold at most this share of the memory budget (the rest is inference's).
 PROBE_BUDGET_SHARE = 0.5
-# The largest reply a Probe may ask for: devices probe with at most 1 MiB (``netmon.suggest_probe_bytes``);
-# building, serialising and sending a reply of a full message holds the server's interpreter for long.
-PROBE_MAX_REPLY_BYTES = 16 << 20
 # Methods whose failures the server logs itself (one ``infer`` line per request).
 _SELF_LOGGED = {f"/{wire.SERVICE_NAME}/Infer"}
 
@@ -376,21 +373,12 @@ class _Call:
         prepay(need)
 
     def check_declared(self, request: Any) -> None:
-        """A Probe that sent more than it declared, or asks for a reply beyond ``PROBE_MAX_REPLY_BYTES``:
-        INVALID_ARGUMENT before the handler runs (what a lie can cost is bounded by the probe lane:
-        ``probe_calls`` bodies of at most a message each)."""
-        if not isinstance(request, pb.ProbeRequest):
+        """A Probe that sent more than it declared: INVALID_ARGUMENT before the handler runs (what such a
+        lie can cost is bounded by the probe lane: ``probe_calls`` bodies of at most a message each)."""
+        if self.declared is None or not isinstance(request, pb.ProbeRequest):
             return
-        reply = int(request.reply_bytes)
-        if reply > PROBE_MAX_REPLY_BYTES:
-            self._refuse(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "probe_size",
-                f"Probe: expected reply_bytes at most {PROBE_MAX_REPLY_BYTES} (a bandwidth probe needs a few "
-                f"MB at most), got {reply}",
-            )
-        sent = len(request.payload) + reply
-        if self.declared is not None and sent > self.declared:
+        sent = len(request.payload) + int(request.reply_bytes)
+        if sent > self.declared:
             self._refuse(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "undeclared",

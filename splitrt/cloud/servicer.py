@@ -45,6 +45,8 @@ def remaining_s(context: Any, default_s: float) -> float:
 
 #: Probes carrying less than this (payload + reply) are not admitted (RTT pings).
 PROBE_FREE_BYTES = 64 * 1024
+#: The largest reply a Probe may ask for: devices probe with at most 1 MiB (``netmon.suggest_probe_bytes``).
+PROBE_MAX_REPLY_BYTES = 16 << 20
 
 
 class Backend(Protocol):
@@ -123,7 +125,9 @@ class Servicer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Probe: {request.message}")
             raise AssertionError("unreachable")
         n = int(request.reply_bytes)
-        limit = self.backend.config.max_message_bytes - 1024  # room for the reply's other fields
+        # Room for the reply's other fields; and a measurement needs no reply of a full message (building,
+        # serialising and sending one holds the interpreter for long: ``PROBE_MAX_REPLY_BYTES``).
+        limit = min(self.backend.config.max_message_bytes - 1024, PROBE_MAX_REPLY_BYTES)
         if n > limit:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"probe reply_bytes: expected at most {limit}, got {n}")
         nbytes = n + len(request.payload)

@@ -140,12 +140,12 @@ def test_uploads_have_a_lane_of_their_own_and_an_address_half_of_it(models_dir: 
 
 
 def test_a_probe_asking_for_a_reply_beyond_the_cap_is_refused(models_dir: Path) -> None:
-    from splitrt.cloud.frontdoor import PROBE_MAX_REPLY_BYTES
+    from splitrt.cloud.servicer import PROBE_MAX_REPLY_BYTES
 
     with CloudServer(ServerConfig(models_dir=models_dir, workers=1)) as s, grpc.insecure_channel(s.address) as ch:
         stub = pb_grpc.SplitInferenceStub(ch)
         with pytest.raises(grpc.RpcError) as err:
             stub.Probe(pb.ProbeRequest(payload=b"x", reply_bytes=PROBE_MAX_REPLY_BYTES + 1), timeout=10)
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert f"expected reply_bytes at most {PROBE_MAX_REPLY_BYTES}" in str(err.value.details())
+        assert f"reply_bytes: expected at most {PROBE_MAX_REPLY_BYTES}, got" in str(err.value.details())
         assert len(stub.Probe(pb.ProbeRequest(payload=b"x", reply_bytes=1 << 20), timeout=10).payload) == 1 << 20

@@ -443,7 +443,8 @@ class LegitProc:
         self.nodl = _ChildNodl(self)
         self.lines: dict[str, threading.Event] = {w: threading.Event() for w in ("ready", "settled", "stopped")}
         self.failure = ""
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -482,6 +483,12 @@ class LegitProc:
             self.proc.wait(10)
         if self.proc.poll() is None:
             self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(timeout=5)  # it ends at EOF; then the pipes are closed here, not by the GC
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
 
     def all_calls(self) -> list[Call]:
         return self.calls + self.nodl.calls

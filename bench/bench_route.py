@@ -339,7 +339,8 @@ def rig_rows(paths: Sequence[str]) -> list[list[str]]:
             if other in s and "adaptive" in s:
                 lo, hi = regret.bootstrap_ratio(_turns(reqs, other, turn_s), _turns(reqs, "adaptive", turn_s))
                 r = s[other]["mean_ms"] / s["adaptive"]["mean_ms"]
-                cols.append(f"{r:.3f} ({lo:.3f}-{hi:.3f}) {regret.call((lo, hi))}")
+                verdict = {"worse": "adaptive faster", "better": "adaptive slower"}.get(regret.call((lo, hi)), "same")
+                cols.append(f"{r:.3f} ({lo:.3f}-{hi:.3f}) {verdict}")
             else:
                 cols.append("-")
         plans: dict[str, int] = {}

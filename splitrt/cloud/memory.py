@@ -17,7 +17,7 @@ what the server *decides* to hold, ``MemoryWatch`` checks the process's real RSS
   (``ServerConfig.max_memory_bytes``, None: unlimited; ``splitrt serve`` defaults to 1792 MiB); its baseline is
   the RSS at construction + ``STARTUP_BYTES``. Estimates: ``session_bytes``, ``build_peak_bytes``,
   ``graph_bytes``, ``LOAD_PEAK_FACTOR`` (each comment says how it was measured); ``trim()`` is glibc's
-  ``malloc_trim``.
+  ``malloc_trim``; ``limit_for(available, baseline)`` the budget that leaves ``available`` free.
 """
 
 from __future__ import annotations
@@ -80,6 +80,15 @@ def watch_limit(limit_bytes: int | None) -> int | None:
     """The RSS at which running requests are terminated: below the budget by what memory can grow in a
     sample of the watch (10 ms at a few GB/s: a Loop piling up scan outputs), so the process stays under it."""
     return None if limit_bytes is None else limit_bytes - min(64 * MB, limit_bytes // 16)
+
+
+def limit_for(available_bytes: int, baseline_bytes: int) -> int:
+    """The smallest budget leaving ``available_bytes`` to reserve above ``baseline_bytes`` once the watch's
+    headroom (``watch_limit``: it grows with the budget up to 64 MB) is set aside: ``watch_limit``'s inverse,
+    for sizing a budget from what it must hold rather than from the process's total."""
+    total = baseline_bytes + available_bytes
+    small = -(-total * 16 // 15)  # headroom limit/16: limit - limit//16 >= total
+    return small if small // 16 < 64 * MB else total + 64 * MB
 
 
 def rss_bytes() -> int:

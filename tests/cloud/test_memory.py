@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from splitrt.cloud.common import RpcFailure
-from splitrt.cloud.memory import MB, MemoryBudget, rss_bytes
+from splitrt.cloud.memory import MB, STARTUP_BYTES, MemoryBudget, limit_for, rss_bytes, watch_limit
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import ConfigError
@@ -54,6 +54,16 @@ def test_budget_evicts_then_refuses_naming_need_and_free() -> None:
         MemoryBudget(250 * MB, 200 * MB, headroom_bytes=64 * MB)
 
 
+@pytest.mark.parametrize("baseline_mb", [0, 30, 150, 560, 900, 961, 1500, 6000])
+@pytest.mark.parametrize("available_mb", [1, 40, 80, 500])
+def test_limit_for_leaves_what_was_asked_above_the_headroom(baseline_mb: int, available_mb: int) -> None:
+    # The headroom grows with the budget: a budget sized "baseline + X" leaves less than X once the
+    # process is large (a whole test run: 560 MB left 27 of 100 MB), limit_for never does.
+    limit = limit_for(available_mb * MB, baseline_mb * MB)
+    free = MemoryBudget(limit, baseline_mb * MB, headroom_bytes=limit - (watch_limit(limit) or limit)).available_bytes
+    assert available_mb * MB <= free <= available_mb * MB + 2  # the smallest such budget, to rounding
+
+
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("models")
@@ -87,12 +97,13 @@ def _send(server: CloudServer, device: Device, cut: str | wire.Framed) -> pb.Inf
 def test_tail_cache_is_bounded_in_bytes(models_dir: Path, device: Device) -> None:
     cuts = [c.id for c in device.graph.cuts()[1:-1]][::6][:8]
     requests = [_request(device, cut) for cut in cuts]  # the device's sessions before the baseline
-    # 100 MB over what this process holds now (32 of them for start-up): a few squeezenet tails (~17 MB
-    # each, estimated), not the 16 the entry cap allows.
+    # 80 MB free above what this process holds now (the watch's headroom and start-up set aside, however
+    # large this process has grown): a few squeezenet tails (17-29 MB each, estimated), not the 16 the entry
+    # cap allows.
     config = ServerConfig(
         models_dir=models_dir,
         workers=1,
-        max_memory_bytes=rss_bytes() + 100 * MB,
+        max_memory_bytes=limit_for(80 * MB, rss_bytes() + STARTUP_BYTES),
         segment_cache_size=16,
         intra_op_threads=1,
     )

@@ -58,7 +58,7 @@ from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, pe
 from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import MemoryBudget
 from splitrt.cloud.ratelog import RateLog
-from splitrt.cloud.servicer import PROBE_FREE_BYTES, PROBE_MAX_REPLY_BYTES
+from splitrt.cloud.servicer import PROBE_FREE_BYTES, PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.cloud.shedder import Shedder, peer_key
 from splitrt.cloud.watchdog import Lease, Watchdog
 from splitrt.transport import splitrt_pb2 as pb
@@ -71,6 +71,10 @@ HEALTH = "/grpc.health.v1.Health/"
 SPARE_THREADS = 16
 # Probes together hold at most this share of the memory budget (the rest is inference's).
 PROBE_BUDGET_SHARE = 0.5
+# An address whose Probe body (over ``PROBE_FREE_BYTES``) was read and then refused has its probes refused
+# before their bodies are read for this long: receiving a body holds gRPC's polling thread while it is
+# copied (~0.1 s per 64 MiB on 2 vCPUs), and an undeclared probe can only be judged once it is in.
+PROBE_PENALTY_S = 60.0
 # Methods whose failures the server logs itself (one ``infer`` line per request).
 _SELF_LOGGED = {f"/{wire.SERVICE_NAME}/Infer"}
 
@@ -108,6 +112,7 @@ class FrontDoor(grpc.ServerInterceptor):
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.max_message_bytes = max_message_bytes
         self.probe_bytes = 0
+        self.probe_penalty: dict[str, float] = {}  # address -> until (``clock``), ``PROBE_PENALTY_S``
         self.limits = limits
         self.throttle = throttle
         self.watchdog = watchdog
@@ -219,6 +224,15 @@ class FrontDoor(grpc.ServerInterceptor):
             keep = sorted(self.conn_seen.items(), key=lambda kv: kv[1])[32_768:]
             self.conn_seen = dict(keep)
 
+    def penalize_probes(self, address: str, why: str) -> None:
+        """``address`` sent a Probe body that was read and then refused: its next ones are refused unread."""
+        with self.lock:
+            now = self.clock()
+            if len(self.probe_penalty) >= 4096:  # bounded: forget the expired
+                self.probe_penalty = {a: t for a, t in self.probe_penalty.items() if t > now}
+            self.probe_penalty[address] = now + PROBE_PENALTY_S
+        self.ratelog.event("probe_penalized", peer=address, seconds=PROBE_PENALTY_S, why=why[:200])
+
     def count(self, method: str, code: grpc.StatusCode, refused: str = "") -> None:
         with self.lock:
             self.calls[(method.rpartition("/")[2] or method, code.name)] += 1
@@ -253,6 +267,7 @@ class _Call:
         self.refused = False
         self.prepaid = 0  # budget bytes this call's Probe body was paid for before it was read
         self.declared: int | None = None
+        self.read_bytes = 0  # a Probe's payload bytes, once its body is read
 
     def enter(self) -> None:
         door, ctx = self.door, self.context
@@ -347,7 +362,26 @@ class _Call:
         probe is a measurement), and probes together hold at most ``PROBE_BUDGET_SHARE`` of the budget;
         RESOURCE_EXHAUSTED otherwise, nothing read."""
         door = self.door
+        with door.lock:
+            wait_s = door.probe_penalty.get(self.key[1], 0.0) - door.clock()
+        if wait_s > 0:
+            self._refuse(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "probe_penalty",
+                f"Probe: a probe body from {self.key[1]} was refused after it was read (more than declared, or "
+                f"over a cap); expected no probe from it for {PROBE_PENALTY_S:g} s, got one; retry after "
+                f"{wait_s * 1e3:.0f} ms, declaring sizes in '{wire.PROBE_BYTES_KEY}' metadata",
+                wait_s * 1e3,
+            )
         self.declared = _declared(self.context.invocation_metadata())
+        cap = PROBE_MAX_PAYLOAD_BYTES + min(PROBE_MAX_REPLY_BYTES, door.max_message_bytes)
+        if self.declared is not None and self.declared > cap:
+            self._refuse(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "probe_cap",
+                f"Probe: expected at most {cap} bytes (payload {PROBE_MAX_PAYLOAD_BYTES} + reply "
+                f"{PROBE_MAX_REPLY_BYTES}) declared in '{wire.PROBE_BYTES_KEY}', got {self.declared}",
+            )
         if self.declared is not None and self.declared <= PROBE_FREE_BYTES:
             return  # an RTT ping: nothing to pay for (a lie is refused once read, ``check_declared``)
         worst = door.max_message_bytes + min(PROBE_MAX_REPLY_BYTES, door.max_message_bytes)
@@ -375,10 +409,18 @@ class _Call:
     def check_declared(self, request: Any) -> None:
         """A Probe that sent more than it declared: INVALID_ARGUMENT before the handler runs (what such a
         lie can cost is bounded by the probe lane: ``probe_calls`` bodies of at most a message each)."""
-        if self.declared is None or not isinstance(request, pb.ProbeRequest):
+        if isinstance(request, wire.ProbeBody):
+            self.read_bytes, reply = request.payload_bytes, int(request.header.reply_bytes)
+        elif isinstance(request, pb.ProbeRequest):
+            self.read_bytes, reply = len(request.payload), int(request.reply_bytes)
+        else:
             return
-        sent = len(request.payload) + int(request.reply_bytes)
+        if self.declared is None:
+            return
+        sent = self.read_bytes + reply
         if sent > self.declared:
+            if self.read_bytes > PROBE_FREE_BYTES:  # its body cost a read
+                self.door.penalize_probes(self.key[1], f"sent {sent} bytes, declared {self.declared}")
             self._refuse(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "undeclared",
@@ -447,6 +489,9 @@ class _Call:
         else:
             reason = ""
         self.door.count(self.method, code, reason)
+        said = _details(ctx)  # what an abort said (its exception is a bare ``Exception()``)
+        if self.lane == "probe" and code is grpc.StatusCode.INVALID_ARGUMENT and self.read_bytes > PROBE_FREE_BYTES:
+            self.door.penalize_probes(self.key[1], f"{self.read_bytes} bytes read, then refused: {said}")
         self.release()
         serving("")
         prepay(0)
@@ -454,7 +499,9 @@ class _Call:
         if code is grpc.StatusCode.OK or logged_by_handler:
             return
         level = logging.ERROR if code is grpc.StatusCode.UNKNOWN else logging.WARNING
-        detail = lease.reason if reason and lease is not None else (repr(exc)[:300] if exc is not None else "")
+        detail = (
+            lease.reason if reason and lease is not None else (said or repr(exc) if exc is not None else said)[:300]
+        )
         self.door.ratelog.event(
             "call_failed", level, peer=peer_address(self.peer), method=self.method, code=code.name, error=detail
         )
@@ -506,6 +553,11 @@ def _wrap(
             call.finish(ok)
 
     return grpc.stream_unary_rpc_method_handler(unary, **kw)
+
+
+def _details(context: Any) -> str:
+    said = context.details() if hasattr(context, "details") else b""
+    return said.decode("utf-8", "replace") if isinstance(said, bytes) else str(said or "")
 
 
 def _declared(metadata: Any) -> int | None:

@@ -47,6 +47,9 @@ def remaining_s(context: Any, default_s: float) -> float:
 PROBE_FREE_BYTES = 64 * 1024
 #: The largest reply a Probe may ask for: devices probe with at most 1 MiB (``netmon.suggest_probe_bytes``).
 PROBE_MAX_REPLY_BYTES = 16 << 20
+#: The largest payload a Probe may send, for the same reason: receiving a message holds gRPC's polling
+#: thread (and the interpreter) while it is copied, ~0.1 s for 64 MiB on 2 vCPUs.
+PROBE_MAX_PAYLOAD_BYTES = 16 << 20
 
 
 class Backend(Protocol):
@@ -120,17 +123,30 @@ class Servicer:
                     error=pb.Error(code=exc.code.name, message=exc.message, retry_after_ms=exc.retry_after_ms or 0.0),
                 )
 
-    def Probe(self, request: pb.ProbeRequest | wire.Malformed, context: grpc.ServicerContext) -> pb.ProbeReply:
+    def Probe(
+        self, request: pb.ProbeRequest | wire.ProbeBody | wire.Malformed, context: grpc.ServicerContext
+    ) -> pb.ProbeReply:
         if isinstance(request, wire.Malformed):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Probe: {request.message}")
             raise AssertionError("unreachable")
-        n = int(request.reply_bytes)
+        # From gRPC, the payload is only measured (``wire.probe_deserializer``); in process, a message.
+        header, received = (
+            (request.header, request.payload_bytes)
+            if isinstance(request, wire.ProbeBody)
+            else (request, len(request.payload))
+        )
+        n = int(header.reply_bytes)
         # Room for the reply's other fields; and a measurement needs no reply of a full message (building,
         # serialising and sending one holds the interpreter for long: ``PROBE_MAX_REPLY_BYTES``).
         limit = min(self.backend.config.max_message_bytes - 1024, PROBE_MAX_REPLY_BYTES)
         if n > limit:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"probe reply_bytes: expected at most {limit}, got {n}")
-        nbytes = n + len(request.payload)
+        if received > PROBE_MAX_PAYLOAD_BYTES:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"probe payload: expected at most {PROBE_MAX_PAYLOAD_BYTES} bytes, got {received}",
+            )
+        nbytes = n + received
         # A bandwidth probe holds its payload and reply (a 64 MiB one ~140 MB in flight): admitted like a
         # request, each side counted three times (gRPC's received bytes, the deserialiser's, the parsed copy;
         # the reply, its serialised copy, gRPC's send buffer), and held until the reply has gone (the call's
@@ -140,8 +156,8 @@ class Servicer:
         try:
             held.__enter__()
             try:
-                reply = pb.ProbeReply(payload=bytes(n), received_bytes=len(request.payload), load=self.backend.load())
-                self.backend.next_hop.probe(request, reply, self._remaining(context))  # the next hop, if asked
+                reply = pb.ProbeReply(payload=bytes(n), received_bytes=received, load=self.backend.load())
+                self.backend.next_hop.probe(header, reply, self._remaining(context))  # the next hop, if asked
             except BaseException:
                 held.__exit__(None, None, None)
                 raise
@@ -206,7 +222,11 @@ def add_servicer(servicer: Servicer, server: grpc.Server) -> None:
     handlers = {
         "Infer": grpc.unary_unary_rpc_method_handler(servicer.Infer, **framed),
         "InferStream": grpc.stream_stream_rpc_method_handler(servicer.InferStream, **framed),
-        "Probe": grpc.unary_unary_rpc_method_handler(servicer.Probe, **stock(pb.ProbeRequest, pb.ProbeReply)),
+        "Probe": grpc.unary_unary_rpc_method_handler(
+            servicer.Probe,
+            request_deserializer=wire.probe_deserializer,
+            response_serializer=pb.ProbeReply.SerializeToString,
+        ),
         "Status": grpc.unary_unary_rpc_method_handler(servicer.Status, **stock(pb.StatusRequest, pb.StatusReply)),
         "PutModel": grpc.stream_unary_rpc_method_handler(servicer.PutModel, **stock(pb.ModelChunk, pb.PutModelReply)),
     }

@@ -8,6 +8,8 @@ Kept apart from ``codec`` (pure, no protobuf) and from ``cloud``/``device`` (one
   when receiving. Same bytes as protobuf's encoding (field order aside), so stock peers interoperate both ways.
   Each payload is preceded by a ``Tensor.pad`` field (zeros) that puts it at a multiple of ``wire.ALIGN_BYTES``
   (16) in the message, so received views are aligned and used in place.
+- The server reads a ``ProbeRequest`` with ``wire.probe_deserializer``: a ``ProbeBody(header, payload_bytes)``,
+  the payload measured but never copied (protobuf's parse of a 64 MiB probe holds gRPC's polling thread).
 """
 
 from __future__ import annotations
@@ -261,6 +263,42 @@ def lenient_deserializer(message_type: Any) -> Callable[[bytes], Framed | Malfor
             )
 
     return deserialize
+
+
+_PROBE_PAYLOAD_FIELD = 1  # ProbeRequest.payload
+
+
+@dataclass(frozen=True)
+class ProbeBody:
+    """A received ``ProbeRequest``: ``header`` is every field but the payload, ``payload_bytes`` how many
+    payload bytes came. The payload is only measured, never copied or parsed."""
+
+    header: pb.ProbeRequest
+    payload_bytes: int
+
+
+def probe_deserializer(data: bytes) -> ProbeBody | Malformed:
+    """gRPC deserializer of ``ProbeRequest`` bytes that skips the payload.
+
+    gRPC's Python server deserialises a request on its one polling thread, holding the interpreter:
+    protobuf's parse of a 64 MiB probe copies the payload into fresh memory, ~0.1 s during which no
+    other call's events (new calls, messages, replies) are handled. Here the payload costs a few
+    varints; ``Malformed`` instead of raising on bytes that do not parse (INVALID_ARGUMENT)."""
+    try:
+        buf = memoryview(data).toreadonly()
+        payload_bytes = 0
+        rest: list[list[int]] = []
+        for number, wire_type, start, value, end in _fields(buf):
+            if number == _PROBE_PAYLOAD_FIELD and wire_type == _LEN:
+                payload_bytes = end - value  # the last occurrence wins, as in protobuf
+            else:
+                _keep(rest, start, end)
+        return ProbeBody(header=pb.ProbeRequest.FromString(_joined(buf, rest)), payload_bytes=payload_bytes)
+    except Exception as exc:  # ValueError (our framing), protobuf's DecodeError
+        return Malformed(
+            f"expected a protobuf-encoded {pb.ProbeRequest.DESCRIPTOR.full_name}, got {len(data)} bytes "
+            f"that do not parse ({type(exc).__name__}: {exc})"
+        )
 
 
 def channel_options(max_message_bytes: int, keepalive_s: float) -> list[tuple[str, Any]]:

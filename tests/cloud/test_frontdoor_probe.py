@@ -15,10 +15,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from splitrt.cloud.frontdoor import PROBE_BUDGET_SHARE
+from splitrt.cloud.frontdoor import PROBE_BUDGET_SHARE, PROBE_PENALTY_S
 from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import STARTUP_BYTES, limit_for, rss_bytes
 from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.cloud.servicer import PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.graph import zoo
 from splitrt.rig.rawh2 import RawConnection
@@ -107,7 +108,7 @@ def test_a_probe_larger_than_its_share_is_refused_naming_the_header(server: Clou
     assert wire.PROBE_BYTES_KEY in str(err.value.details()) and "before its body is read" in str(err.value.details())
 
 
-def test_a_probe_sending_more_than_it_declared_is_refused(server: CloudServer) -> None:
+def test_a_probe_sending_more_than_it_declared_is_refused_and_its_address_waits(server: CloudServer) -> None:
     with grpc.insecure_channel(server.address) as ch:
         stub = pb_grpc.SplitInferenceStub(ch)
         lie = (*AUTH, (wire.PROBE_BYTES_KEY, "128"))
@@ -115,10 +116,61 @@ def test_a_probe_sending_more_than_it_declared_is_refused(server: CloudServer) -
             stub.Probe(pb.ProbeRequest(payload=bytes(100_000), reply_bytes=64), timeout=10, metadata=lie)
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "128 bytes declared" in str(err.value.details()) and "got 100064" in str(err.value.details())
+        # Its body was read for nothing: the address's next probes are refused before theirs are read.
         honest = (*AUTH, (wire.PROBE_BYTES_KEY, "100064"))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Probe(pb.ProbeRequest(payload=bytes(100_000), reply_bytes=64), timeout=10, metadata=honest)
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "refused after it was read" in str(err.value.details())
+        hint = wire.retry_after_ms(err.value.trailing_metadata())
+        assert hint is not None and 0 < hint <= PROBE_PENALTY_S * 1e3
+        real = server.door.clock
+        server.door.clock = lambda: real() + PROBE_PENALTY_S + 1  # the wait is over
         reply = stub.Probe(pb.ProbeRequest(payload=bytes(100_000), reply_bytes=64), timeout=10, metadata=honest)
         assert reply.received_bytes == 100_000 and len(reply.payload) == 64
-    assert server.door.snapshot()["refused"].get("undeclared") == 1
+    refused = server.door.snapshot()["refused"]
+    assert refused.get("undeclared") == 1 and refused.get("probe_penalty") == 1
+
+
+def test_an_oversize_undeclared_probe_is_read_once_then_its_address_waits(models_dir: Path) -> None:
+    # Undeclared, its size is known only once read: over the payload cap it is refused, and the address's
+    # next probes (even small declared ones) are refused unread for PROBE_PENALTY_S. A small refusal
+    # (a reply over its cap, asked by a few bytes) costs the server nothing and is not held against it.
+    cfg = ServerConfig(models_dir=models_dir, workers=1, tokens=(TOKEN,), max_message_bytes=8 * MB)
+    with CloudServer(cfg) as server, grpc.insecure_channel(server.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Probe(pb.ProbeRequest(reply_bytes=PROBE_MAX_REPLY_BYTES + 1), timeout=10, metadata=AUTH)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert stub.Probe(pb.ProbeRequest(payload=b"x"), timeout=10, metadata=AUTH).received_bytes == 1
+        monkey = pytest.MonkeyPatch()
+        monkey.setattr("splitrt.cloud.servicer.PROBE_MAX_PAYLOAD_BYTES", 1 * MB)  # under this server's messages
+        try:
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Probe(pb.ProbeRequest(payload=bytes(2 * MB)), timeout=10, metadata=AUTH)
+        finally:
+            monkey.undo()
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert f"payload: expected at most {1 * MB} bytes, got {2 * MB}" in str(err.value.details())
+        small = (*AUTH, (wire.PROBE_BYTES_KEY, "2"))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Probe(pb.ProbeRequest(payload=b"x", reply_bytes=1), timeout=10, metadata=small)
+        assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and wire.PROBE_BYTES_KEY in str(
+            err.value.details()
+        )
+        assert server.door.snapshot()["refused"].get("probe_penalty") == 1
+
+
+def test_a_probe_declaring_more_than_the_caps_is_refused_unread(server: CloudServer) -> None:
+    cap = PROBE_MAX_PAYLOAD_BYTES + PROBE_MAX_REPLY_BYTES
+    with RawConnection("127.0.0.1", server.port) as raw:
+        sid = raw.start_call(
+            PROBE, (*AUTH, (wire.PROBE_BYTES_KEY, str(cap + 1))), body_prefix_bytes=10, declared_bytes=8 * MB
+        )
+        _wait(lambda: raw.ended(sid, wait_s=0.02), "the refusal")  # the body's rest never comes
+    snap = server.door.snapshot()
+    assert snap["calls"].get(("Probe", "INVALID_ARGUMENT")) == 1 and snap["refused"].get("probe_cap") == 1
+    assert server.door.probe_bytes == 0 and not server.door.probe_penalty  # nothing read, nothing held against it
 
 
 def test_uploads_have_a_lane_of_their_own_and_an_address_half_of_it(models_dir: Path) -> None:
@@ -141,8 +193,6 @@ def test_uploads_have_a_lane_of_their_own_and_an_address_half_of_it(models_dir: 
 
 
 def test_a_probe_asking_for_a_reply_beyond_the_cap_is_refused(models_dir: Path) -> None:
-    from splitrt.cloud.servicer import PROBE_MAX_REPLY_BYTES
-
     with CloudServer(ServerConfig(models_dir=models_dir, workers=1)) as s, grpc.insecure_channel(s.address) as ch:
         stub = pb_grpc.SplitInferenceStub(ch)
         with pytest.raises(grpc.RpcError) as err:

@@ -144,6 +144,25 @@ def test_truncated_bytes_are_refused(cut: int) -> None:
         wire.deserializer(pb.InferRequest)(data[:-3])
 
 
+def test_a_probe_request_is_measured_not_copied() -> None:
+    # Stock bytes (payload first or last, given twice: the last wins, as in protobuf) give the same
+    # header fields and payload length; the payload is never parsed into a message.
+    stock = pb.ProbeRequest(payload=bytes(range(256)) * 4, reply_bytes=4096, next_probe=True, next_reply_bytes=7)
+    data = stock.SerializeToString()
+    got = wire.probe_deserializer(data)
+    assert isinstance(got, wire.ProbeBody) and got.payload_bytes == 1024
+    assert got.header.reply_bytes == 4096 and got.header.next_probe and got.header.next_reply_bytes == 7
+    assert got.header.payload == b""
+    twice = data + pb.ProbeRequest(payload=b"xyz").SerializeToString()
+    assert pb.ProbeRequest.FromString(twice).payload == b"xyz"
+    body = wire.probe_deserializer(twice)
+    assert isinstance(body, wire.ProbeBody) and body.payload_bytes == 3 and body.header.reply_bytes == 4096
+    empty = wire.probe_deserializer(b"")
+    assert isinstance(empty, wire.ProbeBody) and empty.payload_bytes == 0 and empty.header.reply_bytes == 0
+    bad = wire.probe_deserializer(data[:-2])  # truncated inside a field
+    assert isinstance(bad, wire.Malformed) and "splitrt.v1.ProbeRequest" in bad.message
+
+
 def test_encode_without_copy_is_a_read_only_view() -> None:
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     e = codec.encode("x", x, copy=False)

@@ -113,6 +113,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
     p.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads per tail (0: default)")
+    p.add_argument(
+        "--build-in-process",
+        action="store_true",
+        help="make tail segments in the server's process, not in a child at nice 10 (slows requests "
+        "while a segment is made)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--metrics-port",
@@ -333,6 +339,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_message_bytes=int(args.max_message_mb * 2**20),
         drain_timeout_s=args.drain_s,
         intra_op_threads=args.intra_op_threads,
+        build_in_child=not getattr(args, "build_in_process", False),
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
         max_memory_bytes=int(args.max_memory_mb * 2**20) or None,

@@ -16,7 +16,8 @@ what the server *decides* to hold, ``MemoryWatch`` checks the process's real RSS
   ``.release(n)``, ``.try_reserve``, ``.snapshot()``. ``CloudServer.budget`` is one per server
   (``ServerConfig.max_memory_bytes``, None: unlimited; ``splitrt serve`` defaults to 1792 MiB); its baseline is
   the RSS at construction + ``STARTUP_BYTES``. Estimates: ``session_bytes``, ``build_peak_bytes``,
-  ``graph_bytes``, ``LOAD_PEAK_FACTOR`` (each comment says how it was measured); ``trim()`` is glibc's
+  ``graph_bytes``, ``LOAD_PEAK_FACTOR``, ``session_peak_bytes`` and ``child_build_bytes`` (a session opened from
+  a segment file made by ``builder``'s child; each comment says how it was measured); ``trim()`` is glibc's
   ``malloc_trim``; ``limit_for(available, baseline)`` the budget that leaves ``available`` free.
 """
 
@@ -66,6 +67,27 @@ def build_peak_bytes(model_initializer_bytes: int) -> int:
     its serialised bytes, onnxruntime's copies while loading), 3.6-4.2x once the proto is dropped before
     onnxruntime loads (as now)."""
     return int(model_initializer_bytes * BUILD_PEAK_FACTOR) + SESSION_BYTES_FIXED
+
+
+# A session opened from a segment's file (``builder``): RSS peak over what came before 2.8-3.1x the
+# segment's weights (resnet50 tails at c30, c60, c150: onnxruntime's parsed proto, its initializers and
+# their pre-packed copies), 1.07-1.14x kept once the proto is freed.
+SESSION_PEAK_FACTOR = 3.5
+# The builder's child making a segment (load, normalise, cut enumeration, split, serialise): its RSS
+# peak over its idle size was 3.2-4.0x the model file (resnet50: 315-397 MB over a 98 MB file).
+CHILD_BUILD_FACTOR = 4.5
+
+
+def session_peak_bytes(segment_initializer_bytes: int) -> int:
+    """Reserved while a session opens from a segment's file (the segment's weights are known by then)."""
+    return int(segment_initializer_bytes * SESSION_PEAK_FACTOR) + SESSION_BYTES_FIXED
+
+
+def child_build_bytes(model_file_bytes: int) -> int:
+    """Reserved while the builder's child makes a segment: the child's memory is the same pod's. Only
+    the file's size is known before the child loads it; a model of many small nodes costs more per byte
+    (~4 KiB per node, ``GRAPH_BYTES_PER_NODE``), bounded by ``--max-nodes``, and is under-counted here."""
+    return int(model_file_bytes * CHILD_BUILD_FACTOR) + SESSION_BYTES_FIXED
 
 
 def session_bytes(initializer_bytes: int) -> int:

@@ -63,6 +63,7 @@ from grpc_health.v1 import health, health_pb2
 from splitrt import __version__
 from splitrt.cloud import checker, request_path, security
 from splitrt.cloud.admission import Admission, CpuMeter, admitted
+from splitrt.cloud.builder import Builder
 from splitrt.cloud.cancel import CallToken, Canceller
 from splitrt.cloud.common import RpcFailure, log, log_event
 from splitrt.cloud.frontdoor import FrontDoor
@@ -141,6 +142,9 @@ class ServerConfig:
     max_nodes: int = 100_000
     # onnxruntime intra-op threads per tail session (0: onnxruntime's default).
     intra_op_threads: int = 0
+    # Tail segments made in child processes (``builder``: no GIL held for long while one is made);
+    # False: in this process (an in-process server, tests). ``splitrt serve`` uses children.
+    build_in_child: bool = False
     # The next hop on a path of tiers: requests naming ``next_cut_id`` run up to it here and go on there.
     next_tier: NextTier | None = None
     # Prometheus text metrics over HTTP (``GET /metrics``): None = off, 0 = any free port.
@@ -181,6 +185,8 @@ class CloudServer:
             budget=self.budget,
             slot=self.admission.acquire_heavy,  # builds: the heavy lane (fairq)
             release_slot=self.admission.release_slot,
+            # As many children as builds may run at once (the heavy lane's cap).
+            builder=Builder(self.admission.queue.config.heavy_cap) if config.build_in_child else None,
         )
         self.peaks = PeakEstimator()
         # Terminates runs at their deadline, on the client's cancel, at shutdown, over the budget.
@@ -258,6 +264,8 @@ class CloudServer:
         self.door.shed_at(port, self.max_connections)  # the oldest idle connections go first near the cap
         if cfg.allow_upload:  # the upload checker's child process, ready before the first upload
             checker.warm()
+        if self.tails.builder is not None:  # and the segment builder's, before the first tail
+            self.tails.builder.warm()
         self.watchdog.start()
         self._server = server
         self.port = port
@@ -320,6 +328,8 @@ class CloudServer:
         self.watchdog.stop()
         self.ratelog.flush(force=True)
         self.next_hop.close()
+        if self.tails.builder is not None:
+            self.tails.builder.close()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

@@ -78,6 +78,43 @@ def _identify(path: Path, root: Path) -> str:
         raise ValueError(f"external data unreadable: {exc.strerror or exc}") from exc
 
 
+def scrub(root: Path, text: str) -> str:
+    """``text`` for a client: the models directory (as configured and resolved) becomes ``<models>`` (an
+    error from loading a file names its full path; where the server keeps models is not theirs)."""
+    for name in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
+        if name not in ("", "."):
+            text = text.replace(name, "<models>")
+    return text
+
+
+def load_graph(path: Path, root: Path, max_nodes: int | None) -> Any:
+    """The model's ``ModelGraph`` with its cuts enumerated; a graph over ``max_nodes`` (counted before the
+    load: enumerating cuts grows with it) or that does not load is FAILED_PRECONDITION. What the server's
+    graph cache and the segment builder's child (``builder``) both load."""
+    import onnx
+
+    from splitrt.graph import model as graph_mod
+
+    if max_nodes is not None:
+        try:
+            nodes = count_nodes(onnx.load(str(path), load_external_data=False).graph)
+        except Exception:  # protobuf's errors: the load below reports them
+            nodes = 0
+        if nodes > max_nodes:
+            raise RpcFailure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model {path.name}: expected at most {max_nodes} nodes (max_nodes), got {nodes}",
+            )
+    try:
+        graph = graph_mod.load(path)
+    except Exception as exc:  # ModelError, or whatever onnx raises on a strange file
+        raise RpcFailure(
+            grpc.StatusCode.FAILED_PRECONDITION, f"model {path.name} cannot be loaded: {scrub(root, str(exc))}"
+        ) from exc
+    graph.cuts()  # enumerated now (cached on the graph), inside whatever reservation the caller holds
+    return graph
+
+
 @dataclass
 class _ModelEntry:
     sha256: str
@@ -216,30 +253,9 @@ class ModelStore:
 
     def _load(self, entry: _ModelEntry) -> None:
         """Load the graph under a reservation of the load's peak, then keep what the graph holds."""
-        import onnx
-
-        from splitrt.graph import model as graph_mod
-
         peak = self.budget.reserve(entry.bytes * LOAD_PEAK_FACTOR, f"loading model {entry.path.name}")
         try:
-            if self.max_nodes is not None:
-                try:
-                    nodes = count_nodes(onnx.load(str(entry.path), load_external_data=False).graph)
-                except Exception:  # protobuf's errors: the load below reports them
-                    nodes = 0
-                if nodes > self.max_nodes:
-                    raise RpcFailure(
-                        grpc.StatusCode.FAILED_PRECONDITION,
-                        f"model {entry.path.name}: expected at most {self.max_nodes} nodes (max_nodes), got {nodes}",
-                    )
-            try:
-                graph = graph_mod.load(entry.path)
-            except Exception as exc:  # ModelError, or whatever onnx raises on a strange file
-                raise RpcFailure(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"model {entry.path.name} cannot be loaded: {self.scrub(str(exc))}",
-                ) from exc
-            graph.cuts()  # enumerated now, inside the reservation (cached on the graph)
+            graph = load_graph(entry.path, self.root, self.max_nodes)
             cost = graph_bytes(graph.model.ByteSize(), len(graph.nodes))
             self.budget.reserve(cost, f"model {entry.path.name}'s graph")
         finally:
@@ -268,14 +284,8 @@ class ModelStore:
         return freed
 
     def scrub(self, text: str) -> str:
-        """``text`` for a client: the models directory (as configured and resolved) becomes ``<models>``
-        (an error from loading a file names its full path; where the server keeps models is not theirs)."""
-        for root in sorted(
-            {str(self.root.resolve()), str(self.root.absolute()), str(self.root)}, key=len, reverse=True
-        ):
-            if root not in ("", "."):
-                text = text.replace(root, "<models>")
-        return text
+        """``text`` for a client: the models directory becomes ``<models>`` (``scrub``)."""
+        return scrub(self.root, text)
 
     def _derived(self, base: str, key: str) -> Any:
         graph = self.graph(base)

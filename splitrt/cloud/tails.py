@@ -24,12 +24,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
 
+from splitrt.cloud.builder import Builder, segment_of, tensor_bytes
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.memory import MemoryBudget, build_peak_bytes, session_bytes, trim
+from splitrt.cloud.memory import (
+    MemoryBudget,
+    build_peak_bytes,
+    child_build_bytes,
+    session_bytes,
+    session_peak_bytes,
+    trim,
+)
 from splitrt.cloud.store import ModelStore
-from splitrt.errors import ConfigError, CutError, ModelError
+from splitrt.errors import ConfigError, ModelError
 from splitrt.graph.ort_errors import onnxruntime_errors
 
 
@@ -71,6 +78,7 @@ class TailCache:
         budget: MemoryBudget | None = None,
         slot: Callable[[float], bool] | None = None,
         release_slot: Callable[[], None] | None = None,
+        builder: Builder | None = None,
     ) -> None:
         if capacity < 1:
             raise ConfigError(f"segment_cache_size: expected >= 1, got {capacity}")
@@ -80,6 +88,8 @@ class TailCache:
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.budget.add_evictor(self.evict)
         self._slot, self._release_slot = slot, release_slot
+        # Segments made in a child process (``builder``), or None: here, holding the GIL for long.
+        self.builder = builder
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
         self._building: dict[tuple[str, str], threading.Lock] = {}
@@ -181,18 +191,20 @@ class TailCache:
             self._release_slot()
 
     def _build(self, sha256: str, cut_id: str) -> Tail:
+        if self.builder is not None:
+            return self._build_from_child(sha256, cut_id, self.builder)
         graph = self.store.graph(sha256)
         # The build's transient peak (segment proto, its bytes, onnxruntime's copies while it loads) is
         # reserved before splitting, from the whole model's weights; the session keeps its share of it.
-        weights = sum(_tensor_bytes(t) for t in graph.model.graph.initializer)
+        weights = sum(tensor_bytes(t) for t in graph.model.graph.initializer)
         held = self.budget.reserve(build_peak_bytes(weights), f"tail session of model {sha256[:12]} at cut {cut_id!r}")
         try:
             from splitrt.cloud.peak import skeleton
             from splitrt.graph import partition
 
-            segment = self._segment(graph, sha256, cut_id)
+            segment = segment_of(graph, sha256, cut_id, self.store.root)
             del graph
-            cost = session_bytes(sum(_tensor_bytes(t) for t in segment.model.graph.initializer))
+            cost = session_bytes(sum(tensor_bytes(t) for t in segment.model.graph.initializer))
             skel = skeleton(segment.model)
             # From the segment, not the session: onnxruntime reports "no declared shape" as [], like a scalar.
             inputs = partition.declared_inputs(segment.model)
@@ -205,37 +217,43 @@ class TailCache:
             raise
         finally:
             trim()
+        return self._keep(tail, held, cost, skel, sha256, cut_id)
+
+    def _build_from_child(self, sha256: str, cut_id: str, builder: Builder) -> Tail:
+        """The segment made by the builder's child (its memory reserved here while it works: the same
+        pod's), then its session opened from the file: onnxruntime reads a file without the GIL."""
+        import onnx
+
+        entry = self.store.entry(sha256.partition("~")[0])
+        what = f"tail session of model {sha256[:12]} at cut {cut_id!r}"
+        held = self.budget.reserve(child_build_bytes(entry.bytes), f"{what} (segment)")
+        try:
+            made = builder.make(entry.path, self.store.root, sha256, cut_id, self.store.max_nodes)
+        finally:
+            self.budget.release(held)
+        try:
+            cost = session_bytes(made.weights_bytes)
+            held = self.budget.reserve(session_peak_bytes(made.weights_bytes), what)
+            try:
+                tail = self._session(str(made.path), made.inputs, sha256, cut_id)
+            except BaseException:
+                self.budget.release(held)
+                raise
+            finally:
+                trim()
+        finally:
+            made.path.unlink(missing_ok=True)
+        return self._keep(tail, held, cost, onnx.ModelProto.FromString(made.skeleton), sha256, cut_id)
+
+    def _keep(self, tail: Tail, held: int, cost: int, skel: Any, sha256: str, cut_id: str) -> Tail:
         self.budget.release(max(0, held - cost))  # keep what the session holds
         tail.bytes = min(cost, held)
         tail.skeleton = skel
         log_event("tail_built", model=sha256[:12], cut=cut_id, inputs=len(tail.inputs), mb=round(cost / 2**20, 1))
         return tail
 
-    def _segment(self, graph: Any, sha256: str, cut_id: str) -> Any:
-        from splitrt.graph import partition
-
-        try:
-            # "A>B": a segment between two cuts (a server with a next hop, ``request_path``), else the cut's tail.
-            first, _, second = cut_id.partition(">")
-            segment = partition.split(graph, [first, second])[1] if second else partition.split(graph, [cut_id])[-1]
-        except CutError as exc:
-            raise RpcFailure(
-                grpc.StatusCode.NOT_FOUND, f"cut {cut_id!r} of model {sha256[:12]}: {self.store.scrub(str(exc))}"
-            ) from exc
-        except Exception as exc:  # a model that loads but does not split (a bad upload): not the server's fault
-            raise RpcFailure(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"model {sha256[:12]} cannot be split at cut {cut_id!r}: {self.store.scrub(str(exc))}",
-            ) from exc
-        if not segment.outputs:  # cut ``device``: its head made every output, nothing is left to run
-            raise RpcFailure(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"cut {cut_id!r} of model {sha256[:12]} leaves nothing to run on a server: expected a "
-                "cut before 'device'",
-            )
-        return segment
-
-    def _session(self, data: bytes, inputs: list[Any], sha256: str, cut_id: str) -> Tail:
+    def _session(self, data: bytes | str, inputs: list[Any], sha256: str, cut_id: str) -> Tail:
+        """The session of a segment's bytes, or of its file (``str``: read without holding the GIL)."""
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -284,13 +302,3 @@ def _version(text: str) -> tuple[int, int]:
     """(major, minor) of a version string such as 1.23.2 or 1.27.0.dev20260101; (0, 0) if unreadable."""
     m = re.match(r"(\d+)\.(\d+)", text)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-def _tensor_bytes(t: Any) -> int:
-    from onnx import helper
-
-    try:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    except Exception:  # strings and odd types: count a byte per element
-        itemsize = 1
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize

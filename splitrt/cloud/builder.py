@@ -1,0 +1,214 @@
+"""Tail segments made in a child process: there the model is loaded, split at the cut and the segment
+written to a file; the server's process only opens that file with onnxruntime.
+
+Why: made in the server's process, a segment holds the interpreter's lock (GIL) for hundreds of ms at a
+time, and every request's thread waits for it, its run's return and its reply included. Measured on
+resnet50 (98 MB, 2 vCPUs, load 5): parsing the model 300-430 ms without a break (and again whenever
+memory pressure had evicted the graph: ``py-spy dump`` of the server under ``bench_attack``'s
+``resnet_cuts`` finds the build thread holding the lock in onnx's ``deserialize_proto`` and
+``check_model``), splitting 50-90 ms, serialising the segment 230-340 ms, onnxruntime parsing those
+bytes 45-160 ms. onnxruntime loading a *file* releases the lock (longest stall 5-7 ms). A model of
+many nodes (an uploaded 60 000-node chain) is seconds of Python in ``graph.model.load``. In the child,
+at ``checker.NICE``, that work holds no lock of the server's and the kernel runs requests first; the
+server also keeps no whole-model graph in memory to build tails (only its sessions).
+
+- ``Builder(max_workers)``: ``.make(path, root, sha256, cut_id, max_nodes) -> Made`` (the segment's file,
+  its inputs as declared, its skeleton for ``peak``, its weights' bytes); RpcFailure as the in-process
+  build would raise it (NOT_FOUND for an unknown cut, FAILED_PRECONDITION for a model that does not
+  load or split, INVALID_ARGUMENT for ``device``; RESOURCE_EXHAUSTED if the child was killed).
+  ``.warm()`` starts the child(ren) now; ``.close()`` stops them at once and removes the files' directory.
+  The caller deletes each ``Made.path`` once its session is open.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from splitrt.cloud.checker import NICE
+from splitrt.cloud.common import RpcFailure
+from splitrt.errors import CutError
+
+__all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
+
+
+@dataclass(frozen=True)
+class Made:
+    path: Path
+    inputs: list[tuple[str, str, tuple[int | str | None, ...] | None]]
+    skeleton: bytes  # ``peak.skeleton`` of the segment, serialised (small: no large weights)
+    weights_bytes: int
+
+
+def segment_of(graph: Any, sha256: str, cut_id: str, root: Path) -> Any:
+    """The segment a server runs for ``cut_id`` (``"A>B"``: between two cuts, a server with a next hop)."""
+    from splitrt.cloud.store import scrub
+    from splitrt.graph import partition
+
+    try:
+        first, _, second = cut_id.partition(">")
+        segment = partition.split(graph, [first, second])[1] if second else partition.split(graph, [cut_id])[-1]
+    except CutError as exc:
+        raise RpcFailure(
+            grpc.StatusCode.NOT_FOUND, f"cut {cut_id!r} of model {sha256[:12]}: {scrub(root, str(exc))}"
+        ) from exc
+    except Exception as exc:  # a model that loads but does not split (a bad upload): not the server's fault
+        raise RpcFailure(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"model {sha256[:12]} cannot be split at cut {cut_id!r}: {scrub(root, str(exc))}",
+        ) from exc
+    if not segment.outputs:  # cut ``device``: its head made every output, nothing is left to run
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"cut {cut_id!r} of model {sha256[:12]} leaves nothing to run on a server: expected a cut before 'device'",
+        )
+    return segment
+
+
+def _init(parent: int) -> None:
+    """In the child: its imports first (at the server's priority), then the lower priority; it exits
+    when the server that started it is gone."""
+    import onnx  # noqa: F401
+
+    import splitrt.cloud.peak
+    import splitrt.cloud.store
+    import splitrt.graph.model
+    import splitrt.graph.partition  # noqa: F401
+
+    os.nice(NICE)
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, daemon=True).start()
+
+
+def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None, out: str) -> tuple[Any, ...]:
+    """In the child: ("ok", inputs, skeleton bytes, weights bytes) with the segment written to ``out``,
+    or ("error", code name, message)."""
+    from splitrt.cloud.memory import trim
+    from splitrt.cloud.peak import skeleton
+    from splitrt.cloud.store import load_graph
+    from splitrt.graph import model as graph_mod
+    from splitrt.graph import partition
+
+    try:
+        graph = load_graph(Path(path), Path(root), max_nodes)
+        _, steps, key = sha256.partition("~")
+        if steps:  # "<sha256>~<steps>": the model specialised by those steps (``store.ModelStore.graph``)
+            try:
+                graph = graph_mod.derived(graph, key)
+            except Exception as exc:
+                raise RpcFailure(
+                    grpc.StatusCode.NOT_FOUND, f"model sha256 {sha256[:12]} has no specialisation {key!r}: {exc}"
+                ) from exc
+        segment = segment_of(graph, sha256, cut_id, Path(root))
+        del graph
+        model = segment.model
+        weights = sum(tensor_bytes(t) for t in model.graph.initializer)
+        skel = skeleton(model).SerializeToString()
+        inputs = partition.declared_inputs(model)
+        with open(out, "wb") as f:
+            f.write(model.SerializeToString())
+        return ("ok", inputs, skel, weights)
+    except RpcFailure as exc:
+        return ("error", exc.code.name, exc.message)
+    finally:
+        trim()
+
+
+def tensor_bytes(t: Any) -> int:
+    """An ``onnx.TensorProto``'s data bytes, from its dims and type (without touching the data)."""
+    import numpy as np
+    from onnx import helper
+
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:  # strings and odd types: count a byte per element
+        itemsize = 1
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
+class Builder:
+    """A pool of ``max_workers`` child processes making segments (started on first use or ``warm``)."""
+
+    def __init__(self, max_workers: int = 1) -> None:
+        self.max_workers = max_workers
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+        self._dir: str | None = None
+        self._closed = False
+
+    def _ensure(self) -> tuple[ProcessPoolExecutor, str]:
+        with self._lock:
+            if self._closed:  # a call still running after the server stopped: no new children
+                raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "the server is shutting down: no tail is built now")
+            if self._pool is None:
+                ctx = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(
+                    max_workers=self.max_workers, mp_context=ctx, initializer=_init, initargs=(os.getpid(),)
+                )
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="splitrt-segments-")
+            return self._pool, self._dir
+
+    def warm(self) -> None:
+        pool, _ = self._ensure()
+        for _ in range(self.max_workers):
+            pool.submit(_noop)
+
+    def make(self, path: Path, root: Path, sha256: str, cut_id: str, max_nodes: int | None) -> Made:
+        pool, directory = self._ensure()
+        out = Path(directory) / f"{uuid.uuid4().hex}.onnx"
+        try:
+            result = pool.submit(_make, str(path), str(root), sha256, cut_id, max_nodes, str(out)).result()
+        except BrokenProcessPool as exc:  # the child died (killed: out of memory, most likely)
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            out.unlink(missing_ok=True)
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"building the tail of cut {cut_id!r}: expected its process to finish, got it killed "
+                "(out of memory, or the server is stopping)",
+            ) from exc
+        except BaseException:
+            out.unlink(missing_ok=True)
+            raise
+        if result[0] != "ok":
+            out.unlink(missing_ok=True)
+            raise RpcFailure(grpc.StatusCode[result[1]], result[2])
+        return Made(path=out, inputs=result[1], skeleton=result[2], weights_bytes=int(result[3]))
+
+    def close(self) -> None:
+        """Stop the children now (a segment in progress is abandoned: its build fails, as the server is
+        stopping; a 60 000-node model takes seconds to split and must not hold up the exit) and remove
+        the segments' directory."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            directory, self._dir = self._dir, None
+            self._closed = True
+        if pool is not None:
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+            pool.shutdown(wait=True, cancel_futures=True)
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _noop() -> None:
+    pass

@@ -1,0 +1,153 @@
+"""Tail segments made in a child process (``splitrt.cloud.builder``, ``ServerConfig.build_in_child``, what
+``splitrt serve`` does): the same answers as segments made in the server's process, the server's process
+never loads the model's graph, errors as the in-process build gives them, and a server stopping while a
+segment is being made does not wait for it. Real gRPC servers on 127.0.0.1, real onnxruntime sessions
+(squeezenet, random weights)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.device.client import Device
+from splitrt.errors import CloudError
+from splitrt.graph import zoo
+from splitrt.graph.model import model_sha256
+from splitrt.transport import codec, wire
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport.grpc_transport import GrpcTransport
+
+
+def chain(n: int) -> onnx.ModelProto:
+    """A chain of ``n`` Neg nodes: seconds to load and split for large ``n`` (Python per node)."""
+    nodes = [
+        helper.make_node("Neg", ["x" if i == 0 else f"t{i - 1}"], ["y" if i == n - 1 else f"t{i}"]) for i in range(n)
+    ]
+    g = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    shutil.copyfile(zoo.get("squeezenet"), d / "squeezenet.onnx")
+    onnx.save(chain(30_000), d / "long_chain.onnx")
+    return d
+
+
+@pytest.fixture(scope="module")
+def device(models_dir: Path) -> Iterator[Device]:
+    with Device(models_dir / "squeezenet.onnx", "127.0.0.1:1") as d:
+        yield d
+
+
+def _infer(server: CloudServer, request: wire.Framed) -> wire.Framed:
+    t = GrpcTransport(server.address)
+    try:
+        return t.infer(request, timeout_s=120)
+    finally:
+        t.close()
+
+
+def _request(device: Device, cut: str, seed: int) -> wire.Framed:
+    head = device.run_head(device.random_inputs(seed), cut)
+    return device._request(head, codec.Codec.parse("fp32"))[0]
+
+
+def _outputs(reply: wire.Framed) -> dict[str, np.ndarray]:
+    assert isinstance(reply.header, pb.InferReply) and not reply.header.HasField("error")
+    return {t.name: codec.decode(t) for t in reply.tensors}
+
+
+def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, device: Device) -> None:
+    cuts = [*[c.id for c in device.graph.cuts()[1:-1]][::9][:4], "cloud"]
+    requests = [_request(device, cut, seed) for seed, cut in enumerate(cuts)]
+    answers: dict[bool, list[dict[str, np.ndarray]]] = {}
+    for in_child in (False, True):
+        config = ServerConfig(models_dir=models_dir, workers=2, intra_op_threads=1, build_in_child=in_child)
+        with CloudServer(config) as server:
+            answers[in_child] = [_outputs(_infer(server, r)) for r in requests]
+            # Made in the child, the server's process never loaded the model's graph (nor charged it).
+            assert (server.store._loaded == {}) is in_child
+            assert len(server.tails.snapshot()) == len(cuts)
+            if in_child:
+                assert server.tails.builder is not None
+                directory = server.tails.builder._dir
+                assert directory is not None and list(Path(directory).iterdir()) == []  # files removed once open
+        if in_child:
+            assert not Path(directory).exists()  # and their directory with the server
+    for here, child in zip(answers[False], answers[True], strict=True):
+        assert here.keys() == child.keys()
+        for name in here:
+            assert np.array_equal(here[name], child[name]), name  # same segment, same session: same bits
+        assert any(np.abs(v).max() > 0 for v in here.values())  # random weights: not a constant answer
+
+
+def test_a_child_reports_what_the_in_process_build_reports(models_dir: Path, device: Device) -> None:
+    config = ServerConfig(models_dir=models_dir, workers=2, intra_op_threads=1, build_in_child=True, max_nodes=20_000)
+    good = _request(device, device.graph.cuts()[5].id, 0)
+    sha = good.header.model_sha256
+    with CloudServer(config) as server:
+        cases = [
+            (f"{sha}", "c99999", grpc.StatusCode.NOT_FOUND, "cut 'c99999' of model"),
+            (f"{sha}", "device", grpc.StatusCode.INVALID_ARGUMENT, "leaves nothing to run on a server"),
+            # Over --max-nodes: refused by the child before it enumerates cuts.
+            (
+                model_sha256(models_dir / "long_chain.onnx"),
+                "cloud",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "at most 20000",
+            ),
+        ]
+        for model, cut, code, text in cases:
+            req = wire.Framed(header=pb.InferRequest(request_id="r", model_sha256=model, cut_id=cut), tensors=[])
+            with pytest.raises(CloudError) as info:
+                _infer(server, req)
+            assert info.value.code == code.name, info.value
+            assert text in str(info.value) and str(models_dir) not in str(info.value)
+        assert _outputs(_infer(server, good))  # and the server goes on serving
+
+
+def test_stopping_does_not_wait_for_a_segment_being_made(models_dir: Path) -> None:
+    config = ServerConfig(models_dir=models_dir, workers=2, intra_op_threads=1, build_in_child=True)
+    sha = model_sha256(models_dir / "long_chain.onnx")
+    req = wire.Framed(
+        header=pb.InferRequest(request_id="r", model_sha256=sha, cut_id="cloud"),
+        tensors=[codec.encode("x", np.ones(1, np.float32), codec.Codec.parse("fp32"))],
+    )
+    server = CloudServer(config)
+    server.start()
+    outcome: list[object] = []
+    caller = threading.Thread(target=lambda: outcome.append(_try(server, req)))
+    caller.start()
+    # The child is making the 30 000-node chain's segment (seconds of Python) when the server stops.
+    while not server.tails._building and caller.is_alive():
+        time.sleep(0.02)
+    assert server.tails._building, outcome
+    server.stop(0.5)
+    caller.join(120)  # a guard against hanging, not a timing: without the stop it would still finish
+    assert not caller.is_alive() and not server.busy()
+    assert server.tails.builder is not None and server.tails.builder._pool is None
+    assert outcome and not isinstance(outcome[0], wire.Framed), outcome  # it failed: nothing was built
+
+
+def _try(server: CloudServer, req: wire.Framed) -> object:
+    try:
+        return _infer(server, req)
+    except Exception as exc:
+        return exc

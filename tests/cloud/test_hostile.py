@@ -255,6 +255,12 @@ def test_endless_loop_is_terminated_at_its_deadline(
     stub = pb_grpc.SplitInferenceStub(ch)
     sha = model_sha256(models["loop"])
     x = np.zeros(1, np.float32)
+    # Its tail built first (in the builder's child, at a low priority: seconds on a busy host), so the
+    # calls below reach their run before their deadline; the build goes on if this call's deadline passes.
+    with pytest.raises(grpc.RpcError):
+        stub.Infer(request(sha, "cloud", x=x), timeout=2.0, metadata=AUTH)
+    wait_for(lambda: any(e["model"] == sha[:12] for e in events(s, "tail_built")), "the loop's tail built")
+    wait_for(lambda: running(ch) == 0, "workers free")
     before = len(events(s, "run_terminated"))
     calls = [stub.Infer.future(request(sha, "cloud", x=x), timeout=2.0, metadata=AUTH) for _ in range(2)]
     for c in calls:  # both workers held by the loop until the deadline

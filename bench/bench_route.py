@@ -32,8 +32,7 @@ from typing import Any
 from splitrt.cli import sim as cmd_sim
 from splitrt.cli.tables import render
 from splitrt.rig import bench as rigbench
-from splitrt.rig import harness as rig
-from splitrt.rig import regret
+from splitrt.rig import models, regret, tracespec
 
 MODELS = ("resnet50", "inception_v1", "squeezenet", "densenet121", "vgg19", "bvlc_alexnet", "vgg16", "mobilenetv2")
 STRATEGIES = ("route", "adaptive")
@@ -43,7 +42,7 @@ def cells(args: argparse.Namespace) -> list[tuple[str, str, float, float, str]]:
     """(model, trace, window offset, scale, load) of every cell."""
     out = []
     for trace in [t for item in args.traces.split(",") for t in rigbench.TRACE_SETS.get(item, (item,))]:
-        length = rig.load_trace(trace).duration_s
+        length = tracespec.load_trace(trace).duration_s
         offsets = [k * args.window for k in range(args.windows) if k * args.window + args.window <= length] or [0.0]
         for model in args.models.split(","):
             for off in offsets:
@@ -96,13 +95,13 @@ def pays_rows(
 
     rows = []
     for m in models:
-        prof = profiler.load_profile(rig.shipped_profile(m))  # type: ignore[arg-type]
+        prof = profiler.load_profile(models.shipped_profile(m))  # type: ignore[arg-type]
         for bn in board_names:
             b = boards.load_board(bn)
             table = profiler.cost_table(prof, prof, device_speed_factor=b.cpu_speed_factor)
             variants: list[tuple[str, Any]] = [("-", None)]
             if m in constrained:
-                allowed = allowed_for(graph.load(rig.model_path_for(m)), table, Constraints(no_raw_input=True))
+                allowed = allowed_for(graph.load(models.model_path_for(m)), table, Constraints(no_raw_input=True))
                 variants.append(("no raw input (vs device-only)", allowed.cuts if allowed else None))
             for label_, cuts in variants:
                 v = explain.explain(table, rtt_ms=rtt_ms, objectives=("latency", "energy"), power=b.power, cuts=cuts)
@@ -146,15 +145,15 @@ def privacy_rows(
     b = boards.load_board(board)
     rows = []
     for m in models:
-        path = rig.model_path_for(m)
-        table = rig.cost_table_for(rig.shipped_profile(m), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
+        path = models.model_path_for(m)
+        table = models.cost_table_for(models.shipped_profile(m), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
         allowed = allowed_for(graph.load(path), table, Constraints(no_raw_input=True))
         assert allowed is not None
         ratios = []
         for trace in traces:
-            full = rig.load_trace(trace)
+            full = tracespec.load_trace(trace)
             window = full.window(0.0, min(window_s, full.duration_s))
-            rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
+            rtt = tracespec.typical_rtt_ms(full)
             for scale in scales:
                 played = window.scaled(scale) if scale != 1 else window
                 cfg = sim.SimConfig(
@@ -213,16 +212,16 @@ def pays_sim(
 
     model, board, device_load, codec_set = case
     b = boards.load_board(board)
-    path = rig.model_path_for(model)
-    base = rig.cost_table_for(rig.shipped_profile(model), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
+    path = models.model_path_for(model)
+    base = models.cost_table_for(models.shipped_profile(model), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
     out: dict[str, Any] = {"model": model, "board": board, "device_load": device_load, "codecs": codec_set}
     for variant, floor in INPUT_VARIANTS.items():
         table = base if floor is None else base.with_ratio_cap("cloud", floor)
         ratios, plans = [], {}
         for trace in traces:
-            full = rig.load_trace(trace)
+            full = tracespec.load_trace(trace)
             window = full.window(0.0, min(window_s, full.duration_s))
-            rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
+            rtt = tracespec.typical_rtt_ms(full)
             for scale in scales:
                 played = window.scaled(scale) if scale != 1 else window
                 # a steady device load: other processes hold 1 - 1/load of the CPU all along (the prober

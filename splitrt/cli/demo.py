@@ -190,18 +190,17 @@ def pays_case(case: dict[str, Any] | None = None) -> dict[str, Any]:
 
     from splitrt.plan.controller import ControllerConfig
     from splitrt.profile import boards
-    from splitrt.rig import harness as rig
-    from splitrt.rig import sim
+    from splitrt.rig import models, sim, tracespec
 
     c = case or PAYS_CASE
     b = boards.load_board(c["board"])
-    path = rig.model_path_for(c["model"])
-    prof = rig.shipped_profile(c["model"])
+    path = models.model_path_for(c["model"])
+    prof = models.shipped_profile(c["model"])
     if prof is None:
         raise ConfigError(f"demo: expected a shipped profile of {c['model']!r}, found none")
-    table = rig.cost_table_for(prof, graph.file_sha256(path), b.cpu_speed_factor)
-    window = rig.load_trace(c["trace"]).window(c["offset_s"], c["duration_s"]).scaled(c["scale"])
-    rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(rig.load_trace(c["trace"])) or "", rig.DEFAULT_RTT_MS)
+    table = models.cost_table_for(prof, graph.file_sha256(path), b.cpu_speed_factor)
+    window = tracespec.load_trace(c["trace"]).window(c["offset_s"], c["duration_s"]).scaled(c["scale"])
+    rtt = tracespec.typical_rtt_ms(tracespec.load_trace(c["trace"]))
     cfg = sim.SimConfig(
         duration_s=c["duration_s"],
         rtt_ms=rtt,

@@ -22,8 +22,7 @@ from splitrt.plan.controller import ROUTE_CUTS, ControllerConfig
 from splitrt.plan.netmon import LinkConfig
 from splitrt.profile import boards
 from splitrt.rig import bench as rigbench
-from splitrt.rig import harness as rig
-from splitrt.rig import sim
+from splitrt.rig import models, sim, tracespec
 from splitrt.rig import stats as rigstats
 
 OTHERS = ("device-only", "cloud-only", "static", "periodic")
@@ -52,21 +51,21 @@ def sim_cell(
     if load not in ("none", "device-burst"):
         raise ConfigError(f"load: the simulation has none and device-burst, got {load!r}")
     b = boards.load_board(board)
-    path = rig.model_path_for(model)
-    prof = rig.shipped_profile(model)
+    path = models.model_path_for(model)
+    prof = models.shipped_profile(model)
     if prof is None:
         raise ConfigError(
-            f"no shipped profile of {model!r} in {rig.profiles_dir()}: expected a zoo model "
+            f"no shipped profile of {model!r} in {models.profiles_dir()}: expected a zoo model "
             f"with a profile there (splitrt profile writes one)"
         )
-    table = rig.cost_table_for(prof, graph.file_sha256(path), b.cpu_speed_factor)
-    full = rig.load_trace(trace)
+    table = models.cost_table_for(prof, graph.file_sha256(path), b.cpu_speed_factor)
+    full = tracespec.load_trace(trace)
     if not 0 <= offset_s < full.duration_s:
         raise ConfigError(f"offset: expected 0 <= offset < {full.duration_s:g} s (the trace), got {offset_s:g}")
     dur = min(duration_s or full.duration_s, full.duration_s - offset_s)
     window = full.window(offset_s, dur)
     played = window.scaled(scale) if scale != 1 else window
-    rtt = rig.FAMILY_RTT_MS.get(rig.trace_family(full) or "", rig.DEFAULT_RTT_MS)
+    rtt = tracespec.typical_rtt_ms(full)
     bursts = tuple(rigstats.burst_intervals(load, dur))
     cfg = sim.SimConfig(
         rate_hz=rate_hz,

@@ -18,7 +18,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,12 @@ def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list
     return strategies.likely_plans([table, table], [rtt_ms], codecs=codecs)[0]
 
 
+def _spec(cfg: BenchConfig | TierBenchConfig | FleetConfig, **kw: Any) -> runner.RunSpec:
+    """The run of a bench's config: the fields they share by name, then ``kw``."""
+    shared = {f.name: getattr(cfg, f.name) for f in fields(runner.RunSpec) if hasattr(cfg, f.name)}
+    return runner.RunSpec(**(shared | kw))
+
+
 def _hop(
     trace: str, offset_s: float, scale: float, rtt_ms: float | None, span_s: float, hosts: int = 1
 ) -> runner.HopPlay:
@@ -215,23 +221,7 @@ def run_bench(
     hop = _hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms, cfg.duration_s)
     family = family_median_mbps(trace_family(load_trace(cfg.trace)))
     hop = replace(hop, median_mbps=family * cfg.bandwidth_scale)
-    spec = runner.RunSpec(
-        model=cfg.model,
-        hops=(hop,),
-        strategies=cfg.strategies,
-        fixed_mbps=family,
-        codecs=cfg.codecs,
-        cuts=cfg.cuts,
-        periodic_s=cfg.periodic_s,
-        rate_hz=cfg.rate_hz,
-        duration_s=cfg.duration_s,
-        turn_s=cfg.turn_s,
-        warmup_s=cfg.warmup_s,
-        deadline_ms=cfg.deadline_ms,
-        load=cfg.load,
-        seed=cfg.seed,
-    )
-    out = runner.run(spec, rig, progress=progress, live=live)
+    out = runner.run(_spec(cfg, hops=(hop,), fixed_mbps=family), rig, progress=progress, live=live)
     sched = burst_intervals(cfg.load, cfg.duration_s)
     res, turns = report.strategies_report(out, rig.board.power, sched)
     played = hop.played[0]
@@ -305,20 +295,7 @@ def run_tiers(
 
     h1 = hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms)
     h2 = hop(cfg.trace2, cfg.trace2_offset_s, cfg.bandwidth_scale2, cfg.rtt2_ms)
-    spec = runner.RunSpec(
-        model=cfg.model,
-        hops=(h1, h2),
-        strategies=cfg.strategies,
-        objective=cfg.objective,
-        codecs=cfg.codecs,
-        rate_hz=cfg.rate_hz,
-        duration_s=cfg.duration_s,
-        turn_s=cfg.turn_s,
-        warmup_s=cfg.warmup_s,
-        deadline_ms=cfg.deadline_ms,
-        seed=cfg.seed,
-    )
-    out = runner.run(spec, rig, progress=progress, live=live)
+    out = runner.run(_spec(cfg, hops=(h1, h2)), rig, progress=progress, live=live)
     model_file = model_path_for(cfg.model)
     prof = profiler.load_profile(profile_for(cfg.model, model_file, rig.workdir, lambda s: None))
     figures = plan_power(prof, rig.board)
@@ -410,20 +387,13 @@ def run_fleet(cfg: FleetConfig, workdir: Path, *, progress: Callable[[str], None
         span_s=span,
         rtt_ms=1.0,
     )
-    spec = runner.RunSpec(
-        model=cfg.model,
+    spec = _spec(
+        cfg,
         hops=(hop,),
-        strategies=cfg.strategies,
         fixed_mbps=hop.median_mbps / cfg.bandwidth_scale,
-        codecs=cfg.codecs,
-        rate_hz=cfg.rate_hz,
         duration_s=cfg.segment_s * cfg.rounds,
         turn_s=cfg.segment_s,
-        warmup_s=cfg.warmup_s,
-        deadline_ms=cfg.deadline_ms,
         kill_at=cfg.kill_at_fraction,
-        player_step_s=cfg.player_step_s,
-        seed=cfg.seed,
     )
     with Rig(fleet_rig_config(cfg, workdir), progress=say) as rig:
         out = runner.run(spec, rig, progress=say)

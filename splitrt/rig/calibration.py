@@ -29,12 +29,12 @@ REPLY_TIMEOUT_S = 120.0
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
     model: str
-    target_ms: float  # what the board takes (profile x board factor)
-    host_ms: float  # measured unthrottled
-    host_cpu_ms: float  # CPU time per inference, all threads
     quota_cpus: float | None  # kernel: the cgroup quota; userspace: None
     pad_factor: float  # userspace: sleep-padding factor; kernel: 1
-    measured_ms: float  # re-measured on the emulated board after calibration
+    target_ms: float = math.nan  # what the board takes (profile x board factor); nan: not calibrated
+    host_ms: float = math.nan  # measured unthrottled
+    host_cpu_ms: float = math.nan  # CPU time per inference, all threads
+    measured_ms: float = math.nan  # re-measured on the emulated board after calibration
     rounds: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -52,25 +52,15 @@ def calibrate(rig: Rig) -> Calibration:
     if rig.config.tiers[0].cpus or fixed is not None:
         if rig.kind == "kernel" and fixed is not None:
             rig.set_quota(fixed)
-        nan = math.nan
         pad = fixed if rig.kind != "kernel" and fixed is not None else 1.0
-        quota = fixed if rig.kind == "kernel" else None
-        return Calibration(
-            model="(not calibrated)",
-            target_ms=nan,
-            host_ms=nan,
-            host_cpu_ms=nan,
-            quota_cpus=quota,
-            pad_factor=pad,
-            measured_ms=nan,
-        )
+        return Calibration(model="(not calibrated)", quota_cpus=fixed if rig.kind == "kernel" else None, pad_factor=pad)
     target = target_ms(rig.board.cpu_speed_factor)
     spec = P.Spec(model_path=str(zoo.get(CALIBRATION_MODEL)), threads=rig.config.device_threads)
     (w,) = rig.start_workers([spec])
     runs = rig.config.calibration_runs
 
     def measure(pad: float = 1.0) -> P.Ack:
-        return P.ask(w, P.Time(runs=runs, pad_factor=pad), P.Ack, REPLY_TIMEOUT_S)
+        return P.ask([w], [P.Time(runs=runs, pad_factor=pad)], P.Ack, REPLY_TIMEOUT_S)[0]
 
     try:
         r0 = measure()

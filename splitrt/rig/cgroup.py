@@ -8,11 +8,8 @@ the unified hierarchy, with ``+cpu`` enabled in the parent's ``cgroup.subtree_co
 ``add_pid(pid)`` moves a process into it (children it forks later follow it); on exit the remaining
 processes move back to the root cgroup and the directory is removed. The owner is recorded like the
 namespaces' (``splitrt.rig.owners``) so ``netns.cleanup_leftovers`` removes cgroups of crashed runs.
-A ``cpu_fraction`` of 2.0 means two full CPUs.
-
-- ``CpuThrottle(name, cpu_fraction | None)`` context manager (``spl-`` prefix added), ``.add_pid(pid)``,
-  ``.set_fraction(f)``, ``.pids()``; v1 ``cpu.cfs_quota_us``/``cfs_period_us`` if mounted, else v2 ``cpu.max``.
-  Removed on exit (tasks go back to the root cgroup) and by ``netns.cleanup_leftovers``.
+A ``cpu_fraction`` of 2.0 means two full CPUs. The rig's devices also use short CFS periods, a high
+weight, and single threads moved in and out (cgroup v1).
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -100,9 +98,10 @@ def cgroup_exists(name: str) -> bool:
 class CpuThrottle:
     """Context manager: a ``spl-`` cgroup limited to ``cpu_fraction`` CPUs (``None`` = unlimited)."""
 
-    def __init__(self, name: str, cpu_fraction: float | None) -> None:
+    def __init__(self, name: str, cpu_fraction: float | None, *, period_us: int = PERIOD_US) -> None:
         self.name = cgroup_name(name)
         self.cpu_fraction = cpu_fraction
+        self.period_us = period_us  # short periods spread the throttling evenly instead of 100 ms stalls
         self.hierarchy: Hierarchy | None = None
         self.path: Path | None = None
 
@@ -136,16 +135,43 @@ class CpuThrottle:
             raise RigError(f"cpu_fraction must be in [0.01, 1024] or None, got {cpu_fraction}")
         h, d = self._opened()
         self.cpu_fraction = cpu_fraction
-        quota = -1 if cpu_fraction is None else max(1000, round(cpu_fraction * PERIOD_US))
-        if h.version == 1:
-            _write(d / "cpu.cfs_period_us", str(PERIOD_US))
+        quota = -1 if cpu_fraction is None else max(1000, round(cpu_fraction * self.period_us))
+        if h.version == 1:  # the quota first too: a quota above a shortened period's old one is refused
+            _write(d / "cpu.cfs_quota_us", str(quota))
+            _write(d / "cpu.cfs_period_us", str(self.period_us))
             _write(d / "cpu.cfs_quota_us", str(quota))
         else:
-            _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {PERIOD_US}")
+            _write(d / "cpu.max", f"{'max' if quota < 0 else quota} {self.period_us}")
+
+    def set_weight(self, mult: int) -> None:
+        """``mult`` x the default CPU weight: the cgroup gets its quota even on a busy host."""
+        h, d = self._opened()
+        name, value = ("cpu.shares", str(1024 * mult)) if h.version == 1 else ("cpu.weight", str(100 * mult))
+        with contextlib.suppress(OSError):
+            (d / name).write_text(value)
 
     def add_pid(self, pid: int) -> None:
         _, d = self._opened()
         _write(d / "cgroup.procs", str(pid))
+
+    def add_threads(self, pid: int, compute: Sequence[int], other: Sequence[int]) -> None:
+        """Only ``compute`` threads in (cgroup v1 places threads one by one; ``other`` go to the root): a
+        device's control plane (prober, gRPC I/O) stands for the board's spare cores and is not stalled
+        by CFS throttling. On cgroup v2 (or with no compute threads named) the whole process goes in."""
+        h, d = self._opened()
+        if h.version != 1 or not compute:
+            self.add_pid(pid)
+            return
+        for tids, where in ((compute, d), (other, h.root)):
+            for tid in tids:
+                with contextlib.suppress(OSError):  # a thread that just ended
+                    (where / "tasks").write_text(str(tid))
+
+    def remove_pid(self, pid: int) -> None:
+        """Back to the root cgroup (unthrottled); a process that is gone is no error."""
+        if self.hierarchy is not None:
+            with contextlib.suppress(OSError):
+                (self.hierarchy.root / "cgroup.procs").write_text(str(pid))
 
     def pids(self) -> list[int]:
         _, d = self._opened()

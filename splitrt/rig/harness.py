@@ -39,33 +39,17 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from splitrt.errors import ConfigError, RigError
-from splitrt.rig import netns, quota
+from splitrt.rig import netns
 from splitrt.rig.calibration import Calibration
 from splitrt.rig.cloudserver import CLOUD_PORT, CloudProcess
 from splitrt.rig.loads import BoardTasks, LoadDriver
-from splitrt.rig.models import cost_table_for, model_path_for, profiles_dir, shipped_profile
+from splitrt.rig.models import model_path_for
 from splitrt.rig.processes import Children, JsonWorker, free_port
-from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, load_trace, trace_family
-
-# Read from here by `splitrt sim` and the benches: the models, profiles and traces the rig runs.
-__all__ = [
-    "DEFAULT_RTT_MS",
-    "FAMILY_RTT_MS",
-    "Rig",
-    "RigConfig",
-    "Tier",
-    "cost_table_for",
-    "load_trace",
-    "model_path_for",
-    "profiles_dir",
-    "shipped_profile",
-    "three_tiers",
-    "trace_family",
-]
 
 # 1 s of queue: cellular base stations buffer seconds of traffic (bufferbloat); a 200 ms queue
 # tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
 KERNEL_QUEUE_MS = 1000.0
+DEVICE_SHARES = 8  # x the default CPU weight
 RATE_CHANGE_FRACTION = 0.02  # a smaller change is not worth a tc call
 
 
@@ -80,7 +64,7 @@ class Tier:
     cpus: tuple[float, ...] = ()
     workers: int = 2
     threads: int | None = None
-    weight: int = quota.DEVICE_SHARES  # x the default CPU weight: its quota (or its share) on a busy host
+    weight: int = DEVICE_SHARES  # x the default CPU weight: its quota (or its share) on a busy host
 
 
 TWO_TIERS = (Tier(name="device"), Tier(name="cloud"))
@@ -340,14 +324,14 @@ class Rig:
         self.servers.insert(0, procs)
         self.server_groups.insert(0, groups)
 
-    def _cgroup(self, name: str, cpus: float | None, weight: int = quota.DEVICE_SHARES) -> Any:
+    def _cgroup(self, name: str, cpus: float | None, weight: int = DEVICE_SHARES) -> Any:
         from splitrt.rig import cgroup
 
-        g = cgroup.CpuThrottle(f"{self.prefix}-{name}", None)
+        g = cgroup.CpuThrottle(f"{self.prefix}-{name}", None, period_us=self.config.cfs_period_us)
         g.open()
-        quota.set_shares(g, weight)
+        g.set_weight(weight)
         if cpus is not None:
-            quota.set_quota(g, cpus, self.config.cfs_period_us)
+            g.set_fraction(cpus)
         return g
 
     def close(self) -> None:
@@ -433,11 +417,11 @@ class Rig:
     # -- devices -----------------------------------------------------------------------------------
     def start_workers(self, specs: Sequence[Any]) -> list[JsonWorker]:
         """One worker per device (``rig.worker``, a ``protocol.Spec`` each) in its namespace."""
-        from splitrt.rig.worker import spec_json
+        from splitrt.rig.protocol import encode
 
         out = []
         for i, spec in enumerate(specs):
-            argv = [sys.executable, "-m", "splitrt.rig.worker", "worker", spec_json(spec)]
+            argv = [sys.executable, "-m", "splitrt.rig.worker", "worker", encode(spec)]
             host = self.hops[0].lower[i] if self.hops else None
             out.append(JsonWorker(self.children.popen(argv, f"device{i}.log", host=host, pipes=True), f"device{i}"))
         for w in out:
@@ -447,16 +431,16 @@ class Rig:
     def set_quota(self, cpus: float) -> None:
         """Every calibrated device's CPU quota, in ``cfs_period_us`` periods."""
         for g in self.device_groups if not self.config.tiers[0].cpus else []:
-            quota.set_quota(g, cpus, self.config.cfs_period_us)
+            g.set_fraction(cpus)
 
     def throttle(self, i: int, pid: int, threads: tuple[Sequence[int], Sequence[int]] | None = None) -> None:
         """Device i's process into its cgroup (on cgroup v1 only its compute ``threads``, if given)."""
         if self.device_groups:
-            quota.add_threads(self.device_groups[i], pid, *(threads or ((), ())))
+            self.device_groups[i].add_threads(pid, *(threads or ((), ())))
 
     def unthrottle(self, i: int, pid: int) -> None:
         if self.device_groups:
-            quota.remove_pid(self.device_groups[i], pid)
+            self.device_groups[i].remove_pid(pid)
 
     def load_driver(
         self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *, from_s: float = 0.0

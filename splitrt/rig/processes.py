@@ -153,10 +153,6 @@ class JsonWorker:
             raise RigError(f"{self.name} worker failed: {msg.get('message')}")
         return msg
 
-    def call(self, msg: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self.send(msg)
-        return self.reply(timeout_s)
-
     def close(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(RigError):

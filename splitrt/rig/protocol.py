@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -157,10 +158,13 @@ def _tuple(v: list[Any]) -> tuple[Any, ...]:
     return tuple(_tuple(x) if isinstance(x, list) else x for x in v)
 
 
-def ask(worker: JsonWorker, msg: Any, reply: type[M], timeout_s: float) -> M:
-    """Send ``msg`` to ``worker`` and read its reply as ``reply`` (a ``RigError`` names a wrong one)."""
-    worker.send(json.loads(encode(msg)))
-    got = decode(worker.reply(timeout_s))
-    if not isinstance(got, reply):
-        raise RigError(f"{worker.name} worker: expected {reply.__name__}, got {type(got).__name__}")
-    return got
+def ask(workers: Sequence[JsonWorker], msgs: Sequence[Any], reply: type[M], timeout_s: float) -> list[M]:
+    """Send each worker its message (all at once), then read every reply as ``reply`` (a ``RigError``
+    names a wrong one)."""
+    for w, m in zip(workers, msgs, strict=True):
+        w.send(json.loads(encode(m)))
+    out = [(w, decode(w.reply(timeout_s))) for w in workers]
+    for w, got in out:
+        if not isinstance(got, reply):
+            raise RigError(f"{w.name} worker: expected {reply.__name__}, got {type(got).__name__}")
+    return [got for _, got in out]

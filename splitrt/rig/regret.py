@@ -15,17 +15,6 @@ Split against route: ``route`` is the adaptive runtime restricted to the cuts ``
 (whole-request routing) and ``oracle-route`` the hindsight oracle over those two; each strategy's
 ``geo_vs_route`` is its geometric-mean ratio to its routing counterpart (the oracle's to
 ``oracle-route``, every other's to ``route``), with a 95 % bootstrap interval over cells.
-
-Strategies ``route`` / ``oracle-route`` (whole-request routing and its hindsight oracle, ``rig.stats.oracle(...,
-cuts=ROUTE_CUTS)`` over the route run's request times; ``rig.bench.ORACLE_REFS``) run in ``sim``, ``bench``, the
-grids and the three-tier bench (2-tier ``route``); ``regret.split_route(cells, "adaptive"|"oracle") ->
-SplitRoute(geo, geo_ci, worst, ...)`` (route mean / split mean, cells resampled), and every ``Regret`` has
-``geo_vs_route`` (+ CI) against its routing counterpart.
-
-``splitrt.rig.regret`` (pure): ``regret([(cell, {strategy: {mean_ms, p95_ms}})]) -> [Regret(strategy,
-worst_mean, worst_p95, geo_mean, geo_vs_oracle, ...)]`` against the per-cell best non-oracle strategy;
-``bootstrap_ratio(a_turns, b_turns)`` resamples turns; ``call(ci)`` says better/worse only when the 95 %
-interval excludes 1. Fixed strategies (ONE choice across cells): device-only, cloud-only, static-fixed.
 """
 
 from __future__ import annotations
@@ -118,14 +107,14 @@ class SplitRoute:
 
     split: str
     route: str
-    cells: int
-    geo: float  # geometric mean over cells of route mean / split mean (> 1: splitting pays)
-    geo_ci: tuple[float, float]
-    worst: float  # the cell where splitting gains most: max over cells of route mean / split mean
-    worst_cell: str
-    worst_p95: float  # max over cells of route p95 / split p95
-    worst_p95_cell: str
-    gain_cells: int  # cells where route mean / split mean >= 1.10
+    cells: int = 0
+    geo: float = math.nan  # geometric mean over cells of route mean / split mean (> 1: splitting pays)
+    geo_ci: tuple[float, float] = (math.nan, math.nan)
+    worst: float = math.nan  # the cell where splitting gains most: max over cells of route mean / split mean
+    worst_cell: str = "-"
+    worst_p95: float = math.nan  # max over cells of route p95 / split p95
+    worst_p95_cell: str = "-"
+    gain_cells: int = 0  # cells where route mean / split mean >= 1.10
 
 
 def split_route(
@@ -139,18 +128,7 @@ def split_route(
         if split in s and route in s
     ]
     if not pairs:
-        return SplitRoute(
-            split=split,
-            route=route,
-            cells=0,
-            geo=math.nan,
-            geo_ci=(math.nan, math.nan),
-            worst=math.nan,
-            worst_cell="-",
-            worst_p95=math.nan,
-            worst_p95_cell="-",
-            gain_cells=0,
-        )
+        return SplitRoute(split=split, route=route)
     ratios = [r for _, r, _ in pairs]
     wm = max(pairs, key=lambda x: x[1])
     wp = max(pairs, key=lambda x: x[2])

@@ -37,7 +37,7 @@ def bootstrap_ci(
     vals = []
     for _ in range(n):
         xs = np.concatenate([gs[i] for i in rng.integers(0, len(gs), len(gs))])
-        vals.append(float(np.mean(xs)) if stat == "mean" else float(np.percentile(xs, 95)))
+        vals.append(float(np.percentile(xs, 95)))
     return float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
 
 

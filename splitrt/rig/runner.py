@@ -32,7 +32,7 @@ from splitrt.rig import protocol as P
 from splitrt.rig.harness import Rig
 from splitrt.rig.models import cost_table_for, model_path_for, profile_for
 from splitrt.rig.traces import Trace
-from splitrt.rig.tracespec import DEFAULT_RTT_MS, FAMILY_RTT_MS, load_trace, trace_family
+from splitrt.rig.tracespec import load_trace, typical_rtt_ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +63,7 @@ def hop_play(
     full = [t.scaled(scale) if scale != 1 else t for t in full]
     k = len(full)
     windows = tuple(full[i % k].window(offset_s + (i // k) * step_s, span_s) for i in range(hosts))
-    rtt = rtt_ms if rtt_ms is not None else FAMILY_RTT_MS.get(trace_family(full[0]) or "", DEFAULT_RTT_MS)
+    rtt = rtt_ms if rtt_ms is not None else typical_rtt_ms(full[0])
     median = statistics.median(w.median_mbps() for w in windows) if hosts > 1 else full[0].median_mbps()
     return HopPlay(traces=tuple(specs), played=windows, rtt_ms=rtt, median_mbps=median, offset_s=offset_s, scale=scale)
 
@@ -171,6 +171,8 @@ def run(
 ) -> Outcome:
     """Every strategy of ``spec`` on ``rig``'s topology, on the same trace windows (module doc)."""
     from splitrt.graph import model as graph
+    from splitrt.plan.costmodel import Link
+    from splitrt.profile import profiler
     from splitrt.profile.energy import plan_power
 
     say = progress or (lambda s: None)
@@ -190,7 +192,7 @@ def run(
         float(host.head_ms[host.index("device")]),
         float(host.tail_ms[host.index("cloud")]),
     )
-    power = plan_power(_profile(prof, mg.sha256), rig.board).power
+    power = plan_power(profiler.load_profile(prof, sha256=mg.sha256), rig.board).power
     kw: dict[str, Any] = {"objective": spec.objective, "power": power, "codecs": spec.codecs}
     slow = 1 / min(rig.config.tiers[0].cpus) if rig.config.tiers[0].cpus else rig.board.cpu_speed_factor
     base = _tables(prof, mg.sha256, [slow] + [1.0] * (n_tiers - 1))
@@ -223,7 +225,7 @@ def run(
         times = _calibrate(rig, workers, servers, host_device_ms, host_cloud_ms, say)
         factors = [statistics.median(times["speeds"]), *times["factors"]]
         tables = _tables(prof, mg.sha256, factors)
-        medians = [_link(h.median_mbps, h.rtt_ms) for h in spec.hops]
+        medians = [Link(bandwidth_mbps=h.median_mbps, rtt_ms=h.rtt_ms) for h in spec.hops]
         names = [n for n in spec.strategies if n not in strategies.ORACLE_REFS]
         choices = (
             strategies.choose(names, tables, medians, fixed_mbps=spec.fixed_mbps, periodic_s=spec.periodic_s, **kw)
@@ -232,7 +234,7 @@ def run(
         )
         if n_tiers == 3:
             warm = [c.plan for c in choices.values() if c.tiers == 3 and c.plan and ">" in c.plan]
-            got = P.ask(workers[0], P.Warm(plans=tuple(dict.fromkeys([*warm, *pairs]))[:12]), P.Ack, 600)
+            (got,) = P.ask(workers[:1], [P.Warm(plans=tuple(dict.fromkeys([*warm, *pairs]))[:12])], P.Ack, 600)
             say(f"edge and cloud: {got.count} chain plans warmed")
         for i, w in enumerate(workers):
             rig.throttle(i, w.proc.pid)
@@ -250,8 +252,8 @@ def run(
                 )
                 for s in times["speeds"]
             ]
-            _all(workers, msgs, P.Ack, 900)
-        roles = _all(workers, [P.Roles()] * n_dev, P.Ack, 30)
+            P.ask(workers, msgs, P.Ack, 900)
+        roles = P.ask(workers, [P.Roles()] * n_dev, P.Ack, 30)
         for i, (w, r) in enumerate(zip(workers, roles, strict=True)):
             # a device calibrated to a board: its compute threads (the control plane stands for its spare
             # cores); a device with a quota of its own (a fleet's): all of it, gRPC and encoding included
@@ -292,30 +294,9 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _profile(path: Any, sha: str) -> Any:
-    from splitrt.profile import profiler
-
-    return profiler.load_profile(path, sha256=sha)
-
-
-def _link(mbps: float, rtt_ms: float) -> Any:
-    from splitrt.plan.costmodel import Link
-
-    return Link(bandwidth_mbps=mbps, rtt_ms=rtt_ms)
-
-
 def _tables(prof: Any, sha: str, factors: Sequence[float]) -> list[Any]:
     """Device (heads at ``factors[0]``, tails at the last tier's), then each server tier's own."""
     return [cost_table_for(prof, sha, factors[0], factors[-1])] + [cost_table_for(prof, sha, f, f) for f in factors[1:]]
-
-
-def _all(workers: Sequence[Any], msgs: Sequence[Any], reply: type, timeout_s: float) -> list[Any]:
-    """Send each worker its message at once, then collect every reply."""
-    import json
-
-    for w, m in zip(workers, msgs, strict=True):
-        w.send(json.loads(P.encode(m)))
-    return [P.decode(w.reply(timeout_s)) for w in workers]
 
 
 def _calibrate(
@@ -330,14 +311,14 @@ def _calibrate(
     for k, _ in enumerate(rig.hops or [None]):
         rig.set_rates(k, [None] * rig.config.tiers[k].count)
     last = len(servers) - 1
-    ms = [
-        P.ask(workers[0], P.Time(runs=5, address=tier[0], next_cut=None if k == last else "device"), P.Ack, 300).wall_ms
-        for k, tier in enumerate(servers)
+    times = [
+        P.Time(runs=5, address=tier[0], next_cut=None if k == last else "device") for k, tier in enumerate(servers)
     ]
+    ms = [P.ask(workers[:1], [t], P.Ack, 300)[0].wall_ms for t in times]
     for i, w in enumerate(workers):
         rig.throttle(i, w.proc.pid)
     try:
-        dev = [a.wall_ms for a in _all(workers, [P.Time(runs=3)] * len(workers), P.Ack, 600)]
+        dev = [a.wall_ms for a in P.ask(workers, [P.Time(runs=3)] * len(workers), P.Ack, 600)]
     finally:
         for i, w in enumerate(workers):
             rig.unthrottle(i, w.proc.pid)
@@ -427,7 +408,7 @@ def _turn(
             msg = P.Run(
                 name=name, t0=t0, from_s=from_s, until_s=until, rate_hz=spec.rate_hz, tasks_file=rig.board_tasks.file()
             )
-            done = _all(workers, [msg] * len(workers), P.Done, until - from_s + spec.deadline_ms / 1e3 + 120)
+            done = P.ask(workers, [msg] * len(workers), P.Done, until - from_s + spec.deadline_ms / 1e3 + 120)
             if killer is not None:
                 killer.join()
     finally:

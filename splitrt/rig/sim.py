@@ -22,14 +22,8 @@ the table say:
 So a simulated run isolates the decision logic: with no jitter, adaptive and a fixed strategy on the
 same plan cost exactly the same, and any gap between them is a decision that differed.
 
-- ``simulate(table, policy, played_trace, SimConfig(...), *, with_cloud=True) -> [SimRequest]``,
-  ``simulate_all(table, {name: policy}, trace, cfg)``: requests paced at ``rate_hz`` (closed loop), estimators
-  fed as ``runtime.AdaptiveDevice`` feeds them (transfers, prober rounds every 0.25 s, RTT + bandwidth probes on
-  an idle link, device-load samples, head times); transfers timed through the trace (``rigstats.transfer_ms``,
-  FIFO behind probes). ``SimConfig.device_speed`` / ``cloud_speed``: the truth over the table; ``jitter``:
-  seeded per-request compute noise, the same draw for request n everywhere. The feeding and the probe schedule
-  are ``plan.observe``'s functions, which the runtimes call too: change how a reply or probe becomes samples
-  there, never in ``sim`` or a runtime (tests/rig/test_sim.py pins the behaviour).
+The feeding and the probe schedule are ``plan.observe``'s functions, which the runtimes call too: change
+how a reply or probe becomes samples there, never in ``sim`` or a runtime (tests/rig/test_sim.py pins it).
 """
 
 from __future__ import annotations

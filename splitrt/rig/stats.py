@@ -39,13 +39,6 @@ def transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mbps: fl
     raise RigError("transfer_ms: trace too slow to deliver the bytes")
 
 
-def mean_rate_during(trace: traces.Trace, start_s: float, dur_s: float) -> float:
-    if dur_s <= 0:
-        return trace.rate_at(max(0.0, start_s))
-    n = 20
-    return statistics.fmean(trace.rate_at(start_s + (i + 0.5) * dur_s / n) for i in range(n))
-
-
 def burst_intervals(load: str, duration_s: float) -> list[tuple[float, float]]:
     """device-burst: 20 s on of every 60 s (from 20 s); a shorter run gets its middle third."""
     if load != "device-burst":

@@ -10,14 +10,8 @@ Formats
   ``#`` comments and blank lines are ignored;
 - Mahimahi: one integer per line, the time in ms of a delivery opportunity for one 1500-byte packet;
   the trace's period is the last timestamp. It is binned (``bin_ms``, default 500) into rates.
-``load(path)`` tells them apart (one column of integers = Mahimahi).
-
-- ``Trace(name, times_s, rates_mbps, duration_s)`` frozen, piecewise constant, LOOPS past its end:
-  ``.rate_at(t_s)``, ``.mean_mbps()``, ``.median_mbps()`` (time-weighted), ``.segments()``, ``.scaled(k)``,
-  ``.clipped(min_mbps, max_mbps)``, ``.window(start_s, duration_s)``, ``.to_two_column()``, ``.to_mahimahi()``.
-- ``load(path, fmt="auto"|"two-column"|"mahimahi")``, ``parse(...)``, ``step(levels, step_s)``, ``square(low,
-  high, period_s, duration_s)``, ``constant(mbps, duration_s)``, ``shipped() -> ["fcc/...", "hsdpa/bus", ...]``,
-  ``load_shipped(name)``. Bad files raise ``ConfigError`` naming file and line.
+``load(path)`` tells them apart (one column of integers = Mahimahi); bad files raise ``ConfigError``
+naming file and line. Synthetic traces: ``step``, ``square``, ``constant``; shipped ones: ``load_shipped``.
 """
 
 from __future__ import annotations
@@ -88,13 +82,7 @@ class Trace:
 
     def median_mbps(self) -> float:
         """Time-weighted median: half of the time the rate is at or below it."""
-        segs = sorted(self.segments(), key=lambda s: s[2])
-        acc = 0.0
-        for a, b, r in segs:
-            acc += b - a
-            if acc >= self.duration_s / 2:
-                return r
-        return segs[-1][2]
+        return weighted_median([(b - a, r) for a, b, r in self.segments()])
 
     def min_mbps(self) -> float:
         return min(self.rates_mbps)
@@ -151,23 +139,18 @@ class Trace:
             duration_s=duration_s,
         )
 
-    def to_two_column(self) -> str:
-        return "".join(f"{t:.3f}\t{r:.6f}\n" for t, r in zip(self.times_s, self.rates_mbps, strict=True))
 
-    def to_mahimahi(self) -> str:
-        """Mahimahi delivery opportunities (ms), spreading each segment's packets evenly."""
-        lines: list[int] = []
-        carry = 0.0
-        for a, b, r in self.segments():
-            pkts_per_ms = r * 1e6 / 8 / MAHIMAHI_PACKET_BYTES / 1000
-            for ms in range(round(a * 1000), round(b * 1000)):
-                carry += pkts_per_ms
-                while carry >= 1:
-                    lines.append(ms + 1)  # Mahimahi timestamps start at 1 ms
-                    carry -= 1
-        if not lines or lines[-1] != round(self.duration_s * 1000):
-            lines.append(round(self.duration_s * 1000))  # keep the period
-        return "".join(f"{ms}\n" for ms in lines)
+def weighted_median(spans: Iterable[tuple[float, float]]) -> float:
+    """The rate (of ``(seconds, Mbit/s)`` spans) at or below which half of the time is spent."""
+    segs = sorted(spans, key=lambda s: s[1])
+    if not segs:
+        raise ConfigError("weighted median of no spans")
+    total, acc = sum(d for d, _ in segs), 0.0
+    for d, r in segs:
+        acc += d
+        if acc >= total / 2:
+            return r
+    return segs[-1][1]
 
 
 # ------------------------------------------------------------------------------------------- build

@@ -46,17 +46,14 @@ def trace_family(trace: traces.Trace) -> str | None:
     return fam if fam in FAMILY_RTT_MS else None
 
 
+def typical_rtt_ms(trace: traces.Trace) -> float:
+    """The round trip the trace's family stands for (the traces carry no latency)."""
+    return FAMILY_RTT_MS.get(trace_family(trace) or "", DEFAULT_RTT_MS)
+
+
 def family_median_mbps(family: str | None) -> float:
     """Time-weighted median bandwidth over the shipped traces of ``family`` (all shipped if None)."""
     names = [n for n in traces.shipped() if family is None or n.startswith(family + "/")]
-    segs: list[tuple[float, float]] = []
-    for n in names:
-        segs += [(b - a, r) for a, b, r in traces.load_shipped(n).segments()]
-    segs.sort(key=lambda s: s[1])
-    total = sum(d for d, _ in segs)
-    acc = 0.0
-    for d, r in segs:
-        acc += d
-        if acc >= total / 2:
-            return r
-    raise ConfigError(f"no shipped traces of family {family!r}")
+    if not names:
+        raise ConfigError(f"no shipped traces of family {family!r}")
+    return traces.weighted_median((b - a, r) for n in names for a, b, r in traces.load_shipped(n).segments())

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -459,10 +459,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit({"event": "error", "message": f"{type(exc).__name__}: {exc}"})
         raise
     return 0
-
-
-def spec_json(spec: P.Spec) -> str:
-    return json.dumps({"type": "Spec", **asdict(spec)})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import pytest
 from splitrt.cli import app as cli
 from splitrt.profile import boards
 from splitrt.rig import bench as rigbench
-from splitrt.rig import cgroup, netns
+from splitrt.rig import cgroup, netns, tracespec
 from splitrt.rig import harness as rig
 from splitrt.rig import stats as rigstats
 from tests.loopback import reap
@@ -117,7 +117,7 @@ from splitrt.rig import harness as rig, protocol as P
 r = rig.Rig(rig.RigConfig(link="kernel", prefix=sys.argv[1], models=("squeezenet",), quota_cpus=0.5))
 r.start()
 r.set_quota(0.5)
-(w,) = r.start_workers([P.Spec(model_path=str(rig.model_path_for("squeezenet")))])
+(w,) = r.start_workers([P.Spec(model_path=str(models.model_path_for("squeezenet")))])
 r.throttle(0, w.proc.pid)
 print("ready", r.servers[-1][0].proc.pid, w.proc.pid, flush=True)
 time.sleep(600)
@@ -177,7 +177,7 @@ def test_userspace_link_variant(tmp_path: Path) -> None:
 
 
 def test_transfer_time_follows_the_trace() -> None:
-    t = rig.load_trace("step:1,8/2")
+    t = tracespec.load_trace("step:1,8/2")
     # 1 Mbit at 1 Mbit/s from t=0: 1 s; 3 Mbit from 1 s: 1 Mbit by 2 s, then 2 Mbit at 8 Mbit/s = 0.25 s
     assert rigstats.transfer_ms(t, 0.0, 125_000) == pytest.approx(1000.0)
     assert rigstats.transfer_ms(t, 1.0, 375_000) == pytest.approx(1250.0)

@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 
 from splitrt.plan.costmodel import CostTable, Power
 from splitrt.profile import profiler
-from splitrt.rig import harness as rig
+from splitrt.rig import models, traces, tracespec
 from splitrt.rig import stats as rigstats
-from splitrt.rig import traces
 from splitrt.rig.stats import MeasuredCosts
 
 FEW = settings(max_examples=40, deadline=None)
@@ -47,10 +46,10 @@ def exact_transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mb
 @cache
 def squeezenet(speed_factor: float = 1.0) -> CostTable:
     """The real cost table of the shipped squeezenet host profile."""
-    path = rig.shipped_profile("squeezenet")
+    path = models.shipped_profile("squeezenet")
     assert path is not None, "profiles/*__squeezenet.json is shipped with the repo"
     sha = profiler.load_profile(path).sha256  # the profile's own model; building the zoo model costs ~2 s
-    table = rig.cost_table_for(path, sha, speed_factor)
+    table = models.cost_table_for(path, sha, speed_factor)
     assert isinstance(table, CostTable)
     return table
 
@@ -102,14 +101,14 @@ def test_transfer_ms_on_a_constant_trace_is_bits_over_rate(start_s: float) -> No
 
 
 def test_transfer_ms_inside_one_step() -> None:
-    trace = rig.load_trace("step:30,2/1.5")  # 30 Mbit/s on [0, 1.5), 2 Mbit/s on [1.5, 3), looping
+    trace = tracespec.load_trace("step:30,2/1.5")  # 30 Mbit/s on [0, 1.5), 2 Mbit/s on [1.5, 3), looping
     assert rigstats.transfer_ms(trace, 0.0, 30_000) == pytest.approx(240_000 / 30e6 * 1e3)  # 8 ms
     assert rigstats.transfer_ms(trace, 2.0, 25_000) == pytest.approx(200_000 / 2e6 * 1e3)  # 100 ms
     assert rigstats.transfer_ms(trace, 3.2, 30_000) == pytest.approx(8.0)  # wrapped: 30 Mbit/s again
 
 
 def test_transfer_ms_crossing_a_step_boundary() -> None:
-    trace = rig.load_trace("step:30,2/1.5")
+    trace = tracespec.load_trace("step:30,2/1.5")
     # 0.1 s at 30 Mbit/s carries 3 Mbit, the other 0.2 Mbit take 0.1 s at 2 Mbit/s
     assert rigstats.transfer_ms(trace, 1.4, 400_000) == pytest.approx(200.0)
     # across the loop: 0.1 s at 2 Mbit/s (0.2 Mbit), then 0.3 Mbit at 30 Mbit/s (10 ms)
@@ -166,13 +165,6 @@ def test_transfer_ms_across_many_wraps_of_a_non_dyadic_period() -> None:
     # 80 Mbit: 7 periods (70.7 Mbit, 1.4 s) + 0.1 Mbit at 1 Mbit/s (0.1 s) + 9.2 Mbit at 100 Mbit/s (0.092 s)
     assert exact_transfer_ms(trace, 0.0, 10_000_000) == pytest.approx(1592.0)
     assert rigstats.transfer_ms(trace, 0.0, 10_000_000) == pytest.approx(1592.0)  # was 1394.0: a period credited twice
-
-
-def test_mean_rate_during() -> None:
-    trace = traces.step([10.0, 20.0], 1.0)
-    assert rigstats.mean_rate_during(trace, 0.5, 1.0) == pytest.approx(15.0)
-    assert rigstats.mean_rate_during(trace, 0.1, 0.5) == pytest.approx(10.0)
-    assert rigstats.mean_rate_during(trace, 1.2, 0.0) == 20.0  # no duration: the rate at the start
 
 
 # ------------------------------------------------------------------------------ bursts and intervals
@@ -442,7 +434,7 @@ def test_oracle_device_bursts_move_the_choice() -> None:
 
 def test_oracle_keeps_a_realized_plan_that_is_the_cheapest_with_its_measured_latency() -> None:
     table = squeezenet(3.0)
-    link, c, t = rig.load_trace("step:30,2/1.5"), costs(ratio=1.5, net=20.0), [0.7]
+    link, c, t = tracespec.load_trace("step:30,2/1.5"), costs(ratio=1.5, net=20.0), [0.7]
     [(free_plan, free_ms)] = rigstats.oracle(table, c, t, link, [], None)
     # the model's pick ran, slower or faster than the model says (noise): the measurement stands
     for measured in (free_ms + 30.0, free_ms - 5.0, 1e6):
@@ -510,7 +502,7 @@ def test_oracle_is_never_above_the_realized_run(data: st.DataObject, ratio: floa
             st.none() | st.tuples(st.sampled_from(all_plans(table)), st.floats(0.0, 2000.0)), min_size=n, max_size=n
         )
     )
-    link, bursts = rig.load_trace("step:30,2/1.5"), [(20.0, 40.0)]
+    link, bursts = tracespec.load_trace("step:30,2/1.5"), [(20.0, 40.0)]
     c = costs(ratio=ratio, burst=3 * ratio, cloud=1.2, net=15.0, local=2.0)
     free = rigstats.oracle(table, c, times, link, bursts, None)
     got = rigstats.oracle(table, c, times, link, bursts, None, realized)

@@ -57,9 +57,10 @@ def test_mahimahi_rate_and_autodetect(tmp_path: Path) -> None:
         traces.parse_mahimahi("5\n3\n")
 
 
-def test_mahimahi_round_trip_keeps_mean() -> None:
-    t = traces.step([3.0, 6.0, 1.5], 2.0)
-    back = traces.parse_mahimahi(t.to_mahimahi(), bin_ms=2000)
+def test_mahimahi_bins_delivery_opportunities() -> None:
+    # 500, 1000 and 250 packets of 1500 B spread over three 2 s bins: 3, 6 and 1.5 Mbit/s; 6000: the period
+    stamps = [b * 2000 + 1 + k * 2000 // n for b, n in enumerate((500, 1000, 250)) for k in range(n)]
+    back = traces.parse_mahimahi("".join(f"{ms}\n" for ms in [*stamps, 6000]), bin_ms=2000)
     assert back.duration_s == pytest.approx(6.0)
     assert [round(r, 1) for r in back.rates_mbps] == [3.0, 6.0, 1.5]
 

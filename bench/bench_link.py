@@ -2,14 +2,13 @@
 
 A bulk TCP flow runs through the link while a trace plays on it; for every step of the trace the
 goodput the receiver got (after the first ``--skip`` seconds of the step) is compared with the trace.
-Links: ``kernel`` (tbf on veth, root; both directions of a direct veth pair, and the downlink through
-a bridge) and ``userspace`` (the shaping relay on 127.0.0.1, with a one-way delay). Also measures the
+Links: ``kernel`` (root: ``shaper.PortShaper`` on a bridge port, both directions, as the rig shapes a
+device) and ``userspace`` (the shaping relay on 127.0.0.1, with a one-way delay). Also measures the
 request/response RTT through the relay against ``2 * delay``.
 
-Through the bridge the bottleneck queue (switch port) is not local to the sending TCP, so TCP Small
-Queues do not hold it back: drop-tail losses there (no AQM qdisc in this kernel) release out-of-order
-data in bursts and a step right after a rate decrease can read high. On a direct veth pair (the rig's
-device<->cloud link) the shaped egress is the sender's own and the error stays within ~1%.
+The bottleneck queue (the switch port, or its ifb) is not local to the sending TCP, so TCP Small Queues
+do not hold it back: drop-tail losses there (no AQM qdisc in this kernel) release out-of-order data in
+bursts and a step right after a rate decrease can read high.
 
     .venv/bin/python bench/bench_link.py [--trace hsdpa/bus --window 30] [--links kernel,userspace] [--json]
 """
@@ -36,31 +35,17 @@ def _trace(args: argparse.Namespace) -> traces.Trace:
 
 
 def _kernel_runs(tr: traces.Trace, skip_s: float) -> list[tuple[str, list[shaper.StepResult]]]:
+    """Host 0's port of a bridge shaped both ways, as the rig shapes a device's link."""
     out = []
-    prefix = f"spl-bl{os.getpid()}"
-    with netns.make_link(prefix) as link:
-        a, b = link.hosts
-        with shaper.KernelShaper.for_host(link, 0) as ks:
-            for name, src, dst in (("kernel veth up", a, b), ("kernel veth down", b, a)):
-                print(f"[bench_link] {name} ...", file=sys.stderr)
-                rx = shaper.BulkReceiver(dst.ip, 0, dst.ns)
-                try:
-                    out.append(
-                        (name, shaper.measure_steps(ks, tr, rx, (dst.ip, rx.port), send_netns=src.ns, skip_s=skip_s))
-                    )
-                finally:
-                    rx.close()
-    with netns.make_lan(f"{prefix}b", 2) as lan:
+    with netns.make_lan(f"spl-bl{os.getpid()}", 2) as lan:
         a, b = lan.hosts
-        with shaper.KernelShaper.for_host(lan, 0) as ks:
-            print("[bench_link] kernel bridge down ...", file=sys.stderr)
-            rx = shaper.BulkReceiver(a.ip, 0, a.ns)
+        ks = shaper.PortShaper(lan.switch_ns, 1)
+        for name, src, dst in (("kernel port up", a, b), ("kernel port down", b, a)):
+            print(f"[bench_link] {name} ...", file=sys.stderr)
+            rx = shaper.BulkReceiver(dst.ip, 0, dst.ns)
             try:
                 out.append(
-                    (
-                        "kernel bridge down",
-                        shaper.measure_steps(ks, tr, rx, (a.ip, rx.port), send_netns=b.ns, skip_s=skip_s),
-                    )
+                    (name, shaper.measure_steps(ks, tr, rx, (dst.ip, rx.port), send_netns=src.ns, skip_s=skip_s))
                 )
             finally:
                 rx.close()

@@ -6,9 +6,8 @@ count and CPU limits; hop k joins tier k and tier k+1 through its own switch nam
     {prefix}-t0h0 .. t0h{N-1} (devices)  ── eth0 ── br0 in {prefix}-s0 ── eth0 ── {prefix}-t1h0 .. (servers)
                                                                                    eth1 ── br0 in {prefix}-s1 ── ...
 
-- Shaping: every lower host's port of a hop, both ways, in the switch's namespace (downlink: htb + bfifo
-  on the port's egress; uplink: the port's ingress redirected to an ``ifb``), so one ``tc -batch`` a tick
-  re-rates every device of a hop, each following its own trace (``set_rates``). netem is absent from this
+- Shaping: every lower host's port of a hop, both ways, in the switch's namespace (``shaper.PortShaper``):
+  one ``tc -batch`` a tick re-rates every device of a hop, each following its own trace. netem is absent from this
   kernel: a hop's round trip is a userspace delay relay in front of each server (``delays``); without
   it (a fleet of devices, whose relay would eat the CPU they emulate) servers listen on their address.
 - The devices reach the last tier directly through a relay in the first server tier's host (both hops'
@@ -45,12 +44,9 @@ from splitrt.rig.cloudserver import CLOUD_PORT, CloudProcess
 from splitrt.rig.loads import BoardTasks, LoadDriver
 from splitrt.rig.models import model_path_for
 from splitrt.rig.processes import Children, JsonWorker, free_port
+from splitrt.rig.shaper import MIN_RATE_MBPS, PortShaper, UserspaceLink
 
-# 1 s of queue: cellular base stations buffer seconds of traffic (bufferbloat); a 200 ms queue
-# tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
-KERNEL_QUEUE_MS = 1000.0
 DEVICE_SHARES = 8  # x the default CPU weight
-RATE_CHANGE_FRACTION = 0.02  # a smaller change is not worth a tc call
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,38 +120,15 @@ class Hop:
     switch: str
     lower: list[netns.Host]
     upper: list[netns.Host]
-    rates: list[float | None] = field(default_factory=list)
+    shaper: PortShaper
     relays: list[Any] = field(default_factory=list)  # UserspaceLink per upper host (its delay)
     directs: list[Any] = field(default_factory=list)  # relays in the upper hosts towards the next hop
 
-    def set_rates(self, rates_mbps: Sequence[float | None]) -> int:
-        """Each lower host's rate in one ``tc -batch`` (htb class changes keep the queues)."""
-        from splitrt.rig.shaper import MIN_RATE_MBPS, KernelShaper
-
-        shaper, lines, changed = KernelShaper(points=[], queue_ms=KERNEL_QUEUE_MS), [], 0
-        for j, mbps in enumerate(rates_mbps):
-            old = self.rates[j]
-            if mbps is None or old is None or abs(max(mbps, MIN_RATE_MBPS) - old) > RATE_CHANGE_FRACTION * old:
-                changed += 1
-                for port in (f"p{j}", f"ifb{j}"):
-                    if mbps is None and old is not None:
-                        lines.append(f"qdisc del dev {port} root\n")
-                    elif mbps is not None:
-                        lines.append(shaper._batch(max(mbps, MIN_RATE_MBPS), old is None, port))
-                self.rates[j] = None if mbps is None else max(mbps, MIN_RATE_MBPS)
-        if lines:
-            netns.run_cmd(["ip", "netns", "exec", self.switch, "tc", "-batch", "-"], input_text="".join(lines))
-        return changed
-
     def direct(self, address: str) -> str:
         """A relay in the first upper host, on this hop, forwarding to ``address`` (a later tier)."""
-        from splitrt.rig import shaper
-
         host = self.upper[0]
-        ip, port = address.rsplit(":", 1)
-        relay: Any = shaper.UserspaceLink(
-            (host.ip, 0), (ip, int(port)), rate_mbps=None, delay_ms=0.0, netns_name=host.ns
-        )
+        ip, to = address.rsplit(":", 1)
+        relay = UserspaceLink((host.ip, 0), (ip, int(to)), rate_mbps=None, delay_ms=0.0, netns_name=host.ns)
         self.directs.append(relay)
         return f"{host.ip}:{relay.port}"
 
@@ -170,36 +143,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 def make_hop(prefix: str, k: int, lower: Sequence[str], upper: Sequence[str], made: list[str]) -> Hop:
-    """Switch ``{prefix}-s{k}`` (bridge br0, its namespace appended to ``made``) with every host of both
-    tiers on it; the lower hosts' ports get an ``ifb`` for their uplink."""
+    """Switch ``{prefix}-s{k}`` (its namespace appended to ``made``) with every host of both tiers on its
+    bridge; the lower hosts' ports shaped both ways."""
     sw = f"{prefix}-s{k}"
     netns.add_netns(sw)
     made.append(sw)
     taken = {netns.subnet_for(f"{prefix}-s{j}") for j in range(k)}
     subnet = next(s for s in (netns.subnet_for(f"{sw}-{n}") for n in range(64)) if s not in taken)
-    netns.run_cmd(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"])
-    netns.run_cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
-    hop = Hop(switch=sw, lower=[], upper=[])
-    for j, ns in enumerate([*lower, *upper]):
-        h = netns.Host(ns=ns, ip=f"{subnet}.{j + 1}", dev=f"eth{k}")
-        netns.run_cmd(["ip", "-n", sw, "link", "add", f"p{j}", "type", "veth", "peer", "name", h.dev, "netns", ns])
-        for cmd in (["master", "br0"], ["up"]):
-            netns.run_cmd(["ip", "-n", sw, "link", "set", f"p{j}", *cmd])
-        for n, dev in ((sw, f"p{j}"), (ns, h.dev)):
-            netns.no_gso(n, dev)
-        h.ip_cmd("addr", "add", f"{h.ip}/24", "dev", h.dev)
-        h.ip_cmd("link", "set", h.dev, "up")
-        # strategies take turns: a connection parked for the others' keeps its congestion window
+    hosts = [netns.Host(ns=ns, ip=f"{subnet}.{j + 1}", dev=f"eth{k}") for j, ns in enumerate([*lower, *upper])]
+    netns.add_bridge(sw, hosts)
+    for h in hosts:  # strategies take turns: a connection parked for the others' keeps its congestion window
         h.call(Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").write_text, "0")
-        (hop.lower if j < len(lower) else hop.upper).append(h)
-    for j in range(len(lower)):
-        netns.run_cmd(["ip", "-n", sw, "link", "add", f"ifb{j}", "type", "ifb"])
-        netns.run_cmd(["ip", "-n", sw, "link", "set", f"ifb{j}", "up"])
-        redirect = f"action mirred egress redirect dev ifb{j}"
-        tc = f"qdisc add dev p{j} handle ffff: ingress\nfilter add dev p{j} parent ffff: protocol all u32 "
-        netns.run_cmd(["ip", "netns", "exec", sw, "tc", "-batch", "-"], input_text=f"{tc}match u32 0 0 {redirect}\n")
-    hop.rates = [None] * len(lower)
-    return hop
+    n = len(lower)
+    return Hop(switch=sw, lower=hosts[:n], upper=hosts[n:], shaper=PortShaper(sw, n))
 
 
 class Rig:
@@ -289,8 +245,6 @@ class Rig:
 
     def _servers(self, k: int, hop: Hop | None, last: int) -> None:
         """Tier k's servers (127.0.0.1 behind a relay, or their own address), each in its cgroup."""
-        from splitrt.rig import shaper
-
         tier = self.config.tiers[k]
         procs, groups = [], []
         for j in range(tier.count):
@@ -304,7 +258,7 @@ class Rig:
             if hop is None:  # userspace
                 port = free_port()
                 srv.start(None, port)
-                self.userspace = shaper.UserspaceLink(("127.0.0.1", 0), ("127.0.0.1", port), rate_mbps=None, delay_ms=0)
+                self.userspace = UserspaceLink(("127.0.0.1", 0), ("127.0.0.1", port), rate_mbps=None, delay_ms=0)
             else:
                 host = hop.upper[j]
                 srv.listen = "127.0.0.1" if self.config.delays else "0.0.0.0"
@@ -316,7 +270,7 @@ class Rig:
                 groups[-1].add_pid(srv.proc.pid)
                 if self.config.delays:
                     hop.relays.append(
-                        shaper.UserspaceLink(
+                        UserspaceLink(
                             (host.ip, 0), ("127.0.0.1", CLOUD_PORT), rate_mbps=None, delay_ms=0.0, netns_name=host.ns
                         )
                     )
@@ -367,12 +321,10 @@ class Rig:
     def set_rates(self, k: int, rates_mbps: Sequence[float | None]) -> int:
         """Hop ``k``'s rate (goodput, both ways) per lower host, None: unshaped; one tc call. Returns how
         many changed (a change under 2 % is skipped)."""
-        from splitrt.rig.shaper import MIN_RATE_MBPS
-
         if self.userspace is not None:
             self.userspace.set_rate(None if rates_mbps[0] is None else max(rates_mbps[0], MIN_RATE_MBPS))
             return 1
-        return self.hops[k].set_rates(rates_mbps)
+        return self.hops[k].shaper.set_rates(rates_mbps)
 
     def set_rtt(self, k: int, rtt_ms: float) -> None:
         """Hop ``k``'s added round trip (half each way), the direct path's relays on it included."""

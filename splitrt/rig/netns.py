@@ -3,11 +3,10 @@
 Topology
 --------
 ``make_lan(prefix, n)`` builds ``n`` host namespaces ``{prefix}-h0 .. {prefix}-h{n-1}`` and one switch
-namespace ``{prefix}-sw`` holding a bridge ``br0``. Host ``i`` has one interface ``eth0`` (a veth whose
-peer is port ``p{i}`` of the bridge) with address ``10.213.<k>.{i+1}/24``; ``k`` is derived from the
-prefix so two LANs never share a subnet (they are isolated anyway). ``make_link(prefix)`` is the
-2-host case WITHOUT a switch: one direct veth pair ``eth0 <-> eth0`` between ``{prefix}-h0`` and
-``{prefix}-h1`` (so shaping ``eth0`` egress in each host shapes each direction).
+namespace ``{prefix}-sw`` holding a bridge ``br0`` (``add_bridge``, the rig's builder too). Host ``i`` has
+one interface ``eth0`` (a veth whose peer is port ``p{i}`` of the bridge) with address
+``10.213.<k>.{i+1}/24``; ``k`` is derived from the prefix so two LANs never share a subnet (they are
+isolated anyway). GSO is off on every veth.
 
 Every interface is created directly inside its namespace (``ip link add ... netns ...``): nothing is
 ever added to the host's own namespace, so deleting the namespaces deletes every veth, bridge, ifb and
@@ -28,20 +27,8 @@ execs it). ``Host.thread(fn)``/``Host.call(fn)`` run a Python callable in a new 
 its network namespace with ``setns(2)`` through ctypes (``os.setns`` exists only on Python >= 3.12):
 the network namespace is per thread on Linux, so sockets that thread (and threads it starts) creates
 live in the namespace, while the rest of the process stays where it was. Only sockets are affected:
-``/sys/class/net`` and ``/etc/netns`` are not remounted as ``ip netns exec`` would.
-
-- ``make_lan(prefix, n_hosts) -> Lan``: namespaces ``{prefix}-h0..h{n-1}`` + switch ``{prefix}-sw`` (bridge
-  ``br0``, port ``p{i}`` faces host i); host i has ``eth0`` = ``10.213.<k>.{i+1}/24``, k from crc32(prefix);
-  multicast works (mDNS between hosts). ``make_link(prefix) -> Lan``: 2 hosts, ONE direct veth pair, no switch
-  (``switch_ns is None``). Prefix: ``spl-[a-z0-9-]``, ≤ 24 chars. GSO is off on every veth. Nothing is created
-  in the host namespace: deleting the namespaces removes every veth/bridge/qdisc.
-- ``Lan.hosts: list[Host]``, ``.destroy()`` (kills processes left inside), context manager, ``.switch_port(i) ->
-  (ns, dev)``. ``Host(ns, ip, dev)``: ``.popen(argv, **kw)`` / ``.run(argv, check=True)`` (``ip netns exec``;
-  ``Popen.pid`` is the command itself), ``.thread(fn, *a)`` / ``.call(fn, *a)`` run Python in a thread that
-  ``setns(2)``-ed into the namespace (ctypes; ``os.setns`` is 3.12+).
-- ``cleanup_leftovers(prefix="spl-", include_live=False) -> list[str]`` removes namespaces (and the processes in
-  them) and cgroups whose recorded owner (``/run/splitrt/owners/``) is dead; a live owner's resources (a
-  parallel test) are kept. Every failure is ``RigError`` naming the command and its stderr.
+``/sys/class/net`` and ``/etc/netns`` are not remounted as ``ip netns exec`` would. Every failure is
+``RigError`` naming the command and its stderr.
 """
 
 from __future__ import annotations
@@ -56,7 +43,7 @@ import subprocess
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -164,8 +151,11 @@ def netns_thread(
     return th
 
 
-def netns_call(ns: str, fn: Callable[..., T], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> T:
-    """Run ``fn(*args, **kwargs)`` in a thread inside ``ns``; return its result or raise its error."""
+def netns_call(ns: str | None, fn: Callable[..., T], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` in a thread inside ``ns`` (None: here, in this thread); return its
+    result or raise its error."""
+    if ns is None:
+        return fn(*args, **kwargs)
     box: dict[str, Any] = {}
 
     def body() -> None:
@@ -227,23 +217,16 @@ class Host:
 
 @dataclass
 class Lan:
-    """Host namespaces joined by a switch (``switch_ns``) or, for ``make_link``, a direct veth pair."""
+    """Host namespaces joined by a bridge in ``switch_ns`` (port ``p{i}`` faces host ``i``)."""
 
     prefix: str
     hosts: list[Host]
-    switch_ns: str | None
+    switch_ns: str
     subnet: str  # "10.213.k"
 
     @property
     def namespaces(self) -> list[str]:
-        return [h.ns for h in self.hosts] + ([self.switch_ns] if self.switch_ns else [])
-
-    def switch_port(self, i: int) -> tuple[str, str]:
-        """(namespace, device) of the switch port facing host ``i`` (shape it for the downlink)."""
-        if self.switch_ns is None:
-            other = self.hosts[1 - i]
-            return other.ns, other.dev
-        return self.switch_ns, f"p{i}"
+        return [h.ns for h in self.hosts] + [self.switch_ns]
 
     def destroy(self) -> None:
         """Stop processes started in the namespaces, delete the namespaces (and so every link/qdisc)."""
@@ -313,11 +296,20 @@ def no_gso(ns: str, dev: str) -> None:
     run_cmd(["ip", "-n", ns, "link", "set", dev, "gso_max_size", "1514", "gso_max_segs", "1"])
 
 
-def _setup_host_iface(h: Host, cidr: str) -> None:
-    no_gso(h.ns, h.dev)
-    h.ip_cmd("addr", "add", cidr, "dev", h.dev)
-    h.ip_cmd("link", "set", h.dev, "up")
-    h.ip_cmd("route", "add", "224.0.0.0/4", "dev", h.dev)
+def add_bridge(switch: str, hosts: Sequence[Host]) -> None:
+    """Bridge ``br0`` in namespace ``switch`` with port ``p{i}`` joined to host ``i``'s ``dev`` (each an
+    existing namespace), which gets its address (/24); GSO off on both ends of every veth."""
+    bridge = ["type", "bridge", "mcast_snooping", "0", "stp_state", "0", "forward_delay", "0"]
+    run_cmd(["ip", "-n", switch, "link", "add", "br0", *bridge])
+    run_cmd(["ip", "-n", switch, "link", "set", "br0", "up"])
+    for i, h in enumerate(hosts):
+        run_cmd(["ip", "-n", switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", h.dev, "netns", h.ns])
+        for cmd in (["master", "br0"], ["up"]):
+            run_cmd(["ip", "-n", switch, "link", "set", f"p{i}", *cmd])
+        no_gso(switch, f"p{i}")
+        no_gso(h.ns, h.dev)
+        h.ip_cmd("addr", "add", f"{h.ip}/24", "dev", h.dev)
+        h.ip_cmd("link", "set", h.dev, "up")
 
 
 def make_lan(prefix: str, n_hosts: int) -> Lan:
@@ -327,87 +319,19 @@ def make_lan(prefix: str, n_hosts: int) -> Lan:
     if not 1 <= n_hosts <= 200:
         raise RigError(f"n_hosts must be in 1..200, got {n_hosts}")
     subnet = subnet_for(prefix)
-    sw = f"{prefix}-sw"
     hosts = [Host(ns=f"{prefix}-h{i}", ip=f"{subnet}.{i + 1}") for i in range(n_hosts)]
-    lan = Lan(prefix=prefix, hosts=hosts, switch_ns=sw, subnet=subnet)
+    lan = Lan(prefix=prefix, hosts=hosts, switch_ns=f"{prefix}-sw", subnet=subnet)
     try:
-        add_netns(sw)
-        run_cmd(
-            [
-                "ip",
-                "-n",
-                sw,
-                "link",
-                "add",
-                "br0",
-                "type",
-                "bridge",
-                "mcast_snooping",
-                "0",
-                "stp_state",
-                "0",
-                "forward_delay",
-                "0",
-            ]
-        )
-        run_cmd(["ip", "-n", sw, "link", "set", "br0", "up"])
-        for i, h in enumerate(hosts):
-            add_netns(h.ns)
-            run_cmd(["ip", "-n", sw, "link", "add", f"p{i}", "type", "veth", "peer", "name", h.dev, "netns", h.ns])
-            no_gso(sw, f"p{i}")
-            run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "master", "br0"])
-            run_cmd(["ip", "-n", sw, "link", "set", f"p{i}", "up"])
-            _setup_host_iface(h, f"{h.ip}/24")
+        for ns in lan.namespaces:
+            add_netns(ns)
+        add_bridge(lan.switch_ns, hosts)
+        for h in hosts:
+            h.ip_cmd("route", "add", "224.0.0.0/4", "dev", h.dev)
     except BaseException:
         with contextlib.suppress(RigError):
             lan.destroy()
         raise
     return lan
-
-
-def make_link(prefix: str) -> Lan:
-    """Two namespaces ``{prefix}-h0`` / ``{prefix}-h1`` joined by ONE direct veth pair (no switch)."""
-    _require_root("make_link")
-    check_prefix(prefix)
-    subnet = subnet_for(prefix)
-    hosts = [Host(ns=f"{prefix}-h{i}", ip=f"{subnet}.{i + 1}") for i in range(2)]
-    lan = Lan(prefix=prefix, hosts=hosts, switch_ns=None, subnet=subnet)
-    try:
-        for h in hosts:
-            add_netns(h.ns)
-        run_cmd(
-            [
-                "ip",
-                "-n",
-                hosts[0].ns,
-                "link",
-                "add",
-                hosts[0].dev,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                hosts[1].dev,
-                "netns",
-                hosts[1].ns,
-            ]
-        )
-        for h in hosts:
-            _setup_host_iface(h, f"{h.ip}/24")
-    except BaseException:
-        with contextlib.suppress(RigError):
-            lan.destroy()
-        raise
-    return lan
-
-
-@contextlib.contextmanager
-def lan(prefix: str, n_hosts: int) -> Iterator[Lan]:
-    the_lan = make_lan(prefix, n_hosts)
-    try:
-        yield the_lan
-    finally:
-        the_lan.destroy()
 
 
 def cleanup_leftovers(prefix: str = PREFIX, *, include_live: bool = False) -> list[str]:
@@ -430,16 +354,6 @@ def cleanup_leftovers(prefix: str = PREFIX, *, include_live: bool = False) -> li
             removed.append(f"netns:{ns}")
         except RigError as exc:
             errors.append(str(exc))
-    # Host-namespace links with our prefix (none are created by this module; belt and braces).
-    out = run_cmd(["ip", "-o", "link", "show"], check=False).stdout
-    for line in out.splitlines():
-        parts = line.split(":")
-        if len(parts) > 1:
-            dev = parts[1].strip().split("@")[0]
-            if dev.startswith(prefix) and (include_live or not owner_alive(dev)):
-                run_cmd(["ip", "link", "delete", dev], check=False)
-                forget_owner(dev)
-                removed.append(f"link:{dev}")
     removed += cgroup.cleanup_cgroups(prefix, include_live=include_live)
     # Owner records whose resource is gone already.
     if OWNERS_DIR.is_dir():

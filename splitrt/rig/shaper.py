@@ -1,52 +1,38 @@
-"""Shape a link's bandwidth in real time, following a trace; add one-way delay.
+"""Shape a link's bandwidth in real time; add one-way delay. Rates are application GOODPUT, as the traces
+were measured: kernel rates add the header overhead of full-size TCP segments (1514 wire bytes per 1448
+payload bytes).
 
-Two implementations of the ``LinkShaper`` protocol (``set_rate(mbps)``, ``close()``, ``.kind``):
-
-``KernelShaper`` (``kind == "kernel"``, root): an ``htb`` qdisc (one class, a ``bfifo`` leaf) on the
-egress of each given ``(namespace, device)``; ``set_rate`` is a ``tc class change`` (one ``tc -batch``
-per point). ``KernelShaper.for_host(lan, i)`` shapes
-both directions of host ``i``: its ``eth0`` egress (uplink) and the egress facing it on the other side
-(the switch port, or the peer's ``eth0`` for ``netns.make_link``), so no ``ifb`` is needed. Rates are
-application GOODPUT, as the traces were measured: the tbf rate is raised by the header overhead of
-full-size TCP segments (1514 wire bytes per 1448 payload bytes). ``burst`` is at least 2 MTU (a burst
-below the MTU stalls TCP) and the leaf queue holds ``queue_ms`` of traffic at the current rate. htb, not
-tbf: changing a tbf's rate replaces its queue and drops what it held, which stalls TCP (RTO) at every
-step of a trace; an htb class change keeps the queue.
+``PortShaper`` (``kind == "kernel"``, root): both directions of ports ``p{j}`` of a bridge, in the switch's
+namespace: the downlink on the port's egress, the uplink on an ``ifb`` the port's ingress is redirected
+to; each an ``htb`` class with a ``bfifo`` leaf holding ``queue_ms`` of traffic at the current rate, and
+one ``tc -batch`` re-rates every port. ``burst`` is at least 2 MTU (a burst below the MTU stalls TCP).
+htb, not tbf: changing a tbf's rate replaces its queue and drops what it held, which stalls TCP (RTO) at
+every step of a trace; an htb class change keeps the queue.
 
 ``UserspaceLink`` (``kind == "userspace"``, no privileges): a TCP relay (asyncio, in its own thread)
 listening on ``listen`` and forwarding each connection to ``target``. Each direction has a token-bucket
 pacer (the bottleneck, ``queue_bytes`` of buffer, back-pressure to the sender through TCP flow control)
 followed by a delay line that releases each chunk ``delay_ms`` after it left the pacer. With
-``rate_mbps=None`` it only delays: combine it with a ``KernelShaper`` to get delay on the kernel path
+``rate_mbps=None`` it only delays: combine it with a ``PortShaper`` to get delay on the kernel path
 (netem is absent from this kernel). The relay terminates TCP: delay is added per direction to the data,
 not per packet, so an RPC sees ``RTT + 2 * delay_ms``; it is also the non-root fallback link.
 
-``TracePlayer(shaper, trace)`` is a thread that applies ``trace.rate_at(t)`` at every change of the trace
-(looping), clamped to ``min_mbps`` (a shaper cannot apply 0), and keeps a log of what it applied.
-
-- ``LinkShaper`` protocol: ``.kind`` in {"kernel", "userspace"}, ``.set_rate(mbps | None)``, ``.close()``. Rates
-  are application goodput (kernel rates add TCP/IP/Ethernet header overhead).
-- ``KernelShaper(points=[(ns, dev), ...], rate_mbps=None, queue_ms=200)``: htb + bfifo leaf on each egress;
-  ``KernelShaper.for_host(lan, i, rate_mbps)`` shapes host i's uplink and downlink. Accurate when the shaped
-  egress is local to the sender (direct veth pair: both directions).
-- ``UserspaceLink(listen, target, rate_mbps=None, delay_ms=0, netns_name=None)``: TCP relay with a token-bucket
-  bottleneck and a one-way delay line per direction (``.port``, ``.set_delay(ms)``); the only way to add delay
-  (no netem) and the non-root link.
-- ``TracePlayer(shaper, trace, scale=1, min_mbps=0.05, duration_s=None, on_change=None)``: ``.start()`` /
-  ``.stop()`` / context manager; ``.log`` = [(t_s, mbps applied)]; ``.start_time`` (monotonic).
-- Measurement: ``BulkReceiver``, ``BulkSender``, ``measure_steps(...) -> list[StepResult]``.
+Measurement (tests, ``bench/bench_link.py``): ``measure_steps`` plays a trace on a link while a bulk TCP
+flow (``BulkSender`` -> ``BulkReceiver``) runs through it, and returns each step's delivered goodput.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
+import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from splitrt.errors import RigError
@@ -57,11 +43,15 @@ MTU_WIRE_BYTES = 1514
 TCP_PAYLOAD_BYTES = 1448
 GOODPUT_OVERHEAD = MTU_WIRE_BYTES / TCP_PAYLOAD_BYTES
 MIN_RATE_MBPS = 0.01
+# 1 s of queue: cellular base stations buffer seconds of traffic (bufferbloat); a 200 ms queue
+# tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
+KERNEL_QUEUE_MS = 1000.0
+RATE_CHANGE_FRACTION = 0.02  # a smaller change is not worth a tc call
 
 
 @runtime_checkable
 class LinkShaper(Protocol):
-    """What the rig and the trace player need from a link."""
+    """What the rig and ``measure_steps`` need from a link."""
 
     kind: str  # "kernel" | "userspace"
 
@@ -78,95 +68,64 @@ def _check_rate(mbps: float | None) -> None:
 # ------------------------------------------------------------------------------------------ kernel
 
 
-@dataclass
-class KernelShaper:
-    """tbf on the egress of each ``(namespace, device)`` in ``points`` (see module doc)."""
+def htb_batch(dev: str, mbps: float, first: bool, queue_ms: float = KERNEL_QUEUE_MS) -> str:
+    """``tc -batch`` lines giving ``dev`` a goodput of ``mbps``: installing (``first``) or changing."""
+    bits = int(mbps * 1e6 * GOODPUT_OVERHEAD)
+    burst = max(2 * MTU_WIRE_BYTES, int(bits / 8 * 0.002))
+    limit = max(burst + 4 * MTU_WIRE_BYTES, int(bits / 8 * queue_ms / 1000))
+    verb = "add" if first else "change"
+    root = f"qdisc replace dev {dev} root handle 1: htb default 1\n" if first else ""
+    return (
+        f"{root}class {verb} dev {dev} parent 1: classid 1:1 htb rate {bits}bit ceil {bits}bit "
+        f"burst {burst} cburst {burst} quantum {2 * MTU_WIRE_BYTES}\n"
+        f"qdisc {verb} dev {dev} parent 1:1 handle 10: bfifo limit {limit}\n"
+    )
 
-    points: Sequence[tuple[str, str]]
-    rate_mbps: float | None = None
-    queue_ms: float = 200.0
-    goodput: bool = True
-    kind: str = field(default="kernel", init=False)
-    _installed: list[tuple[str, str]] = field(default_factory=list, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
-    @classmethod
-    def for_host(
-        cls, lan: netns.Lan, i: int, rate_mbps: float | None = None, *, queue_ms: float = 200.0, goodput: bool = True
-    ) -> KernelShaper:
-        """Shape both directions of ``lan.hosts[i]``: its uplink and the egress facing it."""
-        host = lan.hosts[i]
-        return cls(
-            points=[(host.ns, host.dev), lan.switch_port(i)], rate_mbps=rate_mbps, queue_ms=queue_ms, goodput=goodput
-        )
+class PortShaper:
+    """Both directions of ports ``p0 .. p{ports-1}`` of the bridge in namespace ``switch`` (module doc);
+    ``rates[j]``: port j's goodput now (None: unshaped)."""
 
-    def __post_init__(self) -> None:
-        _check_rate(self.rate_mbps)
-        if self.rate_mbps is not None:
-            self.set_rate(self.rate_mbps)
+    kind = "kernel"
 
-    def _params(self, mbps: float) -> tuple[int, int, int]:
-        """(rate bit/s, burst bytes, queue limit bytes) on the wire for a goodput of ``mbps``."""
-        bits = int(mbps * 1e6 * (GOODPUT_OVERHEAD if self.goodput else 1.0))
-        bytes_per_s = bits / 8
-        burst = max(2 * MTU_WIRE_BYTES, int(bytes_per_s * 0.002))
-        limit = max(burst + 4 * MTU_WIRE_BYTES, int(bytes_per_s * self.queue_ms / 1000))
-        return bits, burst, limit
+    def __init__(self, switch: str, ports: int, *, queue_ms: float = KERNEL_QUEUE_MS) -> None:
+        self.switch, self.queue_ms = switch, queue_ms
+        self.rates: list[float | None] = [None] * ports
+        for j in range(ports):
+            netns.run_cmd(["ip", "-n", switch, "link", "add", f"ifb{j}", "type", "ifb"])
+            netns.run_cmd(["ip", "-n", switch, "link", "set", f"ifb{j}", "up"])
+            tc = f"qdisc add dev p{j} handle ffff: ingress\nfilter add dev p{j} parent ffff: protocol all u32 "
+            self._tc(f"{tc}match u32 0 0 action mirred egress redirect dev ifb{j}\n")
 
-    def _batch(self, mbps: float, first: bool, dev: str) -> str:
-        bits, burst, limit = self._params(mbps)
-        cls = (
-            f"class {'add' if first else 'change'} dev {dev} parent 1: classid 1:1 htb "
-            f"rate {bits}bit ceil {bits}bit burst {burst} cburst {burst} quantum {2 * MTU_WIRE_BYTES}\n"
-        )
-        leaf = f"qdisc {'add' if first else 'change'} dev {dev} parent 1:1 handle 10: bfifo limit {limit}\n"
-        if first:
-            return f"qdisc replace dev {dev} root handle 1: htb default 1\n" + cls + leaf
-        return cls + leaf
+    def _tc(self, batch: str) -> None:
+        netns.run_cmd(["ip", "netns", "exec", self.switch, "tc", "-batch", "-"], input_text=batch)
+
+    def set_rates(self, rates_mbps: Sequence[float | None]) -> int:
+        """Each port's goodput (None: unshaped) in one ``tc -batch``; returns how many changed (a change
+        under ``RATE_CHANGE_FRACTION`` is skipped)."""
+        for mbps in rates_mbps:
+            _check_rate(None if mbps is None else max(mbps, MIN_RATE_MBPS))
+        lines, changed = [], 0
+        for j, mbps in enumerate(rates_mbps):
+            old, new = self.rates[j], None if mbps is None else max(mbps, MIN_RATE_MBPS)
+            if new is None or old is None or abs(new - old) > RATE_CHANGE_FRACTION * old:
+                changed += 1
+                for port in (f"p{j}", f"ifb{j}"):
+                    if new is None and old is not None:
+                        lines.append(f"qdisc del dev {port} root\n")
+                    elif new is not None:
+                        lines.append(htb_batch(port, new, old is None, self.queue_ms))
+                self.rates[j] = new
+        if lines:
+            self._tc("".join(lines))
+        return changed
 
     def set_rate(self, mbps: float | None) -> None:
-        """Apply ``mbps`` (goodput) to every point; ``None`` removes the shaping.
-
-        An htb class change keeps the packets queued in the leaf (a tbf change would flush them, and
-        the losses stall TCP at every step of the trace).
-        """
-        _check_rate(mbps)
-        with self._lock:
-            for ns, dev in self.points:
-                if mbps is None:
-                    if (ns, dev) in self._installed:
-                        _tc(ns, "qdisc", "del", "dev", dev, "root")
-                        self._installed.remove((ns, dev))
-                    continue
-                first = (ns, dev) not in self._installed
-                netns.run_cmd(
-                    ["ip", "netns", "exec", ns, "tc", "-batch", "-"], input_text=self._batch(mbps, first, dev)
-                )
-                if first:
-                    self._installed.append((ns, dev))
-            self.rate_mbps = mbps
+        self.set_rates([mbps] * len(self.rates))
 
     def close(self) -> None:
-        """Remove the qdiscs (a namespace already gone is fine: its qdiscs went with it)."""
-        with self._lock:
-            for ns, dev in self._installed:
-                if (netns.NETNS_DIR / ns).exists():
-                    _tc(ns, "qdisc", "del", "dev", dev, "root", check=False)
-            self._installed.clear()
-
-    def qdiscs(self) -> list[str]:
-        """``tc qdisc show`` of every point (for tests and diagnostics)."""
-        return [_tc(ns, "qdisc", "show", "dev", dev).stdout.strip() for ns, dev in self.points]
-
-    def __enter__(self) -> KernelShaper:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _tc(ns: str, *args: str, check: bool = True) -> netns.subprocess.CompletedProcess[str]:
-    return netns.run_cmd(["ip", "netns", "exec", ns, "tc", *args], check=check)
+        """Unshaped again (deleting the switch's namespace removes the qdiscs and ifbs too)."""
+        self.set_rate(None)
 
 
 # ---------------------------------------------------------------------------------------- userspace
@@ -306,7 +265,7 @@ class UserspaceLink:
             raise RigError(f"relay on {listen[0]}:{listen[1]} did not start within 10 s")
         sock = self._server.sockets[0]
         self.address: tuple[str, int] = sock.getsockname()[:2]
-        self.port = self.address[1]
+        self.port: int = self.address[1]
 
     @property
     def queue_bytes(self) -> int:
@@ -398,79 +357,6 @@ class UserspaceLink:
         self.close()
 
 
-# ------------------------------------------------------------------------------------------ player
-
-
-class TracePlayer:
-    """Thread applying ``trace.rate_at(t) * scale`` to ``shaper`` at every change of the trace."""
-
-    def __init__(
-        self,
-        shaper: LinkShaper,
-        trace: Trace,
-        *,
-        scale: float = 1.0,
-        min_mbps: float = 0.05,
-        duration_s: float | None = None,
-        on_change: Callable[[float, float], None] | None = None,
-    ) -> None:
-        self.shaper = shaper
-        self.trace = trace.scaled(scale) if scale != 1.0 else trace
-        self.min_mbps = max(min_mbps, MIN_RATE_MBPS)
-        self.duration_s = duration_s
-        self.on_change = on_change
-        self.log: list[tuple[float, float]] = []  # (seconds since start, Mbit/s applied)
-        self.start_time: float | None = None  # time.monotonic() of t = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="splitrt-trace-player", daemon=True)
-
-    def rate_at(self, t_s: float) -> float:
-        return max(self.trace.rate_at(t_s), self.min_mbps)
-
-    def start(self) -> TracePlayer:
-        self.start_time = time.monotonic()
-        self.shaper.set_rate(self.rate_at(0.0))  # in force before start() returns
-        self.log.append((0.0, self.rate_at(0.0)))
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        assert self.start_time is not None
-        base = 0.0
-        try:
-            while not self._stop.is_set():
-                for i, t in enumerate(self.trace.times_s):
-                    when = base + t
-                    if when == 0.0:
-                        continue
-                    if self.duration_s is not None and when >= self.duration_s:
-                        return
-                    if self._stop.wait(max(0.0, self.start_time + when - time.monotonic())):
-                        return
-                    mbps = max(self.trace.rates_mbps[i], self.min_mbps)  # not rate_at: float wrap
-                    self.shaper.set_rate(mbps)
-                    self.log.append((when, mbps))
-                    if self.on_change is not None:
-                        self.on_change(when, mbps)
-                base += self.trace.duration_s
-        except BaseException as exc:  # surfaced by stop()
-            self.error = exc
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(10)
-        if self.error is not None:
-            raise RigError(f"trace player failed: {self.error}") from self.error
-
-    def __enter__(self) -> TracePlayer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
 # ------------------------------------------------------------------------------------- measurement
 
 
@@ -489,81 +375,49 @@ class StepResult:
 
 
 class BulkReceiver:
-    """Accepts TCP connections on ``(host, port)`` (in ``netns_name`` if given) and counts bytes.
-
-    ``samples`` is a list of ``(time.monotonic(), cumulative bytes)``, one per ``recv``.
-    """
+    """Accepts TCP connections on ``(host, port)`` (in ``netns_name`` if given), one at a time, and counts
+    their bytes: ``samples`` is a list of ``(time.monotonic(), cumulative bytes)``, one per ``recv``."""
 
     def __init__(self, host: str, port: int = 0, netns_name: str | None = None) -> None:
         self.samples: list[tuple[float, int]] = []
         self.total = 0
-        self._ready = threading.Event()
         self._stop = threading.Event()
-        self._err: BaseException | None = None
-        self.port = 0
-        target = self._run
-        self._thread = (
-            netns.netns_thread(netns_name, target, host, port)
-            if netns_name
-            else threading.Thread(target=target, args=(host, port), daemon=True)
-        )
-        if not netns_name:
-            self._thread.start()
-        self._ready.wait(10)
-        if self._err is not None:
-            raise RigError(f"bulk receiver cannot listen on {host}:{port}: {self._err}") from self._err
-
-    def _run(self, host: str, port: int) -> None:
-        try:
-            srv = socket.create_server((host, port))
+        try:  # a socket stays in the namespace it was made in
+            self._srv = netns.netns_call(netns_name, socket.create_server, (host, port))
         except OSError as exc:
-            self._err = exc
-            self._ready.set()
-            return
-        self.port = srv.getsockname()[1]
-        srv.settimeout(0.2)
-        self._ready.set()
-        conns: list[socket.socket] = []
-        try:
+            raise RigError(f"bulk receiver cannot listen on {host}:{port}: {exc}") from exc
+        self.port = int(self._srv.getsockname()[1])
+        self._srv.settimeout(0.2)
+        self._thread = threading.Thread(target=self._run, name="splitrt-bulk-rx", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with self._srv:
             while not self._stop.is_set():
                 try:
-                    conn, _ = srv.accept()
+                    conn, _ = self._srv.accept()
                 except TimeoutError:
                     continue
-                conns.append(conn)
-                threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
-        finally:
-            srv.close()
-            for c in conns:
-                with contextlib.suppress(OSError):
-                    c.close()
-
-    def _drain(self, conn: socket.socket) -> None:
-        conn.settimeout(0.5)
-        while not self._stop.is_set():
-            try:
-                data = conn.recv(262144)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if not data:
-                return
-            self.total += len(data)
-            self.samples.append((time.monotonic(), self.total))
+                with conn:
+                    conn.settimeout(0.5)
+                    while not self._stop.is_set():
+                        try:
+                            data = conn.recv(262144)
+                        except TimeoutError:
+                            continue
+                        except OSError:
+                            break
+                        if not data:
+                            break
+                        self.total += len(data)
+                        self.samples.append((time.monotonic(), self.total))
 
     def bytes_between(self, t0: float, t1: float) -> int:
         """Bytes received in ``[t0, t1]`` (monotonic), from the recv samples."""
 
         def at(t: float) -> int:
-            lo, hi = 0, len(self.samples)
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self.samples[mid][0] <= t:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            return self.samples[lo - 1][1] if lo else 0
+            i = bisect.bisect_right(self.samples, (t, math.inf))
+            return self.samples[i - 1][1] if i else 0
 
         return at(t1) - at(t0)
 
@@ -573,45 +427,32 @@ class BulkReceiver:
 
 
 class BulkSender:
-    """Sends zeros to ``addr`` as fast as TCP lets it, in a thread (in ``netns_name`` if given)."""
+    """Sends zeros to ``addr`` as fast as TCP lets it, in a thread (connecting from ``netns_name``)."""
 
     def __init__(self, addr: tuple[str, int], netns_name: str | None = None) -> None:
         self.sent = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._connected = threading.Event()
-        self._thread = (
-            netns.netns_thread(netns_name, self._run, addr)
-            if netns_name
-            else threading.Thread(target=self._run, args=(addr,), daemon=True)
-        )
-        if not netns_name:
-            self._thread.start()
-        self._connected.wait(10)
-        if self.error is not None:
-            raise RigError(f"bulk sender cannot connect to {addr[0]}:{addr[1]}: {self.error}") from self.error
-
-    def _run(self, addr: tuple[str, int]) -> None:
-        buf = bytes(65536)
         try:
-            s = socket.create_connection(addr, timeout=5)
+            self._sock = netns.netns_call(netns_name, socket.create_connection, addr, 5)
         except OSError as exc:
-            self.error = exc
-            self._connected.set()
-            return
-        self._connected.set()
-        s.settimeout(0.5)
-        try:
+            raise RigError(f"bulk sender cannot connect to {addr[0]}:{addr[1]}: {exc}") from exc
+        self._sock.settimeout(0.5)
+        self._thread = threading.Thread(target=self._run, name="splitrt-bulk-tx", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        buf = bytes(65536)
+        with self._sock:
             while not self._stop.is_set():
                 try:
-                    self.sent += s.send(buf)
+                    self.sent += self._sock.send(buf)
                 except TimeoutError:
                     continue
-        except OSError as exc:
-            if not self._stop.is_set():
-                self.error = exc
-        finally:
-            s.close()
+                except OSError as exc:
+                    if not self._stop.is_set():
+                        self.error = exc
+                    return
 
     def close(self) -> None:
         self._stop.set()
@@ -619,7 +460,7 @@ class BulkSender:
 
 
 def measure_steps(
-    shaper: LinkShaper,
+    link: LinkShaper,
     trace: Trace,
     receiver: BulkReceiver,
     connect: tuple[str, int],
@@ -627,27 +468,25 @@ def measure_steps(
     send_netns: str | None = None,
     skip_s: float = 0.4,
 ) -> list[StepResult]:
-    """Play ``trace`` on ``shaper`` while a bulk TCP flow runs to ``receiver`` (via ``connect``); return
-    the delivered goodput of each trace step, skipping its first ``skip_s`` (the queue of the previous
-    rate drains, TCP ramps up)."""
-    player = TracePlayer(shaper, trace, min_mbps=MIN_RATE_MBPS, duration_s=trace.duration_s)
+    """Play ``trace`` on ``link`` (each step's rate at its time, clamped to ``MIN_RATE_MBPS``) while a bulk
+    TCP flow runs to ``receiver`` (via ``connect``); the delivered goodput of each step, skipping its first
+    ``skip_s`` (the queue of the previous rate drains, TCP ramps up)."""
     sender = BulkSender(connect, send_netns)
     try:
-        time.sleep(0.3)  # let the connection reach steady state at the first rate
-        shaper.set_rate(player.rate_at(0.0))
-        player.start()
-        time.sleep(trace.duration_s)
-        player.stop()
+        time.sleep(0.3)  # let the connection reach steady state before the first rate
+        t0 = time.monotonic()
+        for a, _, mbps in trace.segments():
+            time.sleep(max(0.0, t0 + a - time.monotonic()))
+            link.set_rate(max(mbps, MIN_RATE_MBPS))
+        time.sleep(max(0.0, t0 + trace.duration_s - time.monotonic()))
     finally:
         sender.close()
     if sender.error is not None:
         raise RigError(f"bulk sender failed: {sender.error}")
-    assert player.start_time is not None
     out = []
     for a, b, mbps in trace.segments():
-        t0, t1 = player.start_time + a + skip_s, player.start_time + b
-        if t1 - t0 < 0.2:
+        if b - a - skip_s < 0.2:
             continue
-        got = receiver.bytes_between(t0, t1) * 8 / 1e6 / (t1 - t0)
+        got = receiver.bytes_between(t0 + a + skip_s, t0 + b) * 8 / 1e6 / (b - a - skip_s)
         out.append(StepResult(start_s=a, end_s=b, target_mbps=max(mbps, MIN_RATE_MBPS), measured_mbps=got))
     return out

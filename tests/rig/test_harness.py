@@ -113,7 +113,7 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
 
 _KILLED_RIG = """
 import sys, time
-from splitrt.rig import harness as rig, protocol as P
+from splitrt.rig import harness as rig, models, protocol as P
 r = rig.Rig(rig.RigConfig(link="kernel", prefix=sys.argv[1], models=("squeezenet",), quota_cpus=0.5))
 r.start()
 r.set_quota(0.5)

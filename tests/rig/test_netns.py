@@ -121,24 +121,10 @@ def test_lan_reachability_multicast_and_destroy() -> None:
 
 @root
 @pytest.mark.root
-def test_link_is_direct_veth_pair() -> None:
-    prefix = f"spl-tl{PID}"
-    with netns.make_link(prefix) as link:
-        assert link.switch_ns is None and len(link.hosts) == 2
-        a, b = link.hosts
-        assert a.call(_probe_tcp, b.ip) == "refused"
-        assert b.call(_probe_tcp, a.ip) == "refused"
-        assert link.switch_port(0) == (b.ns, "eth0")
-        assert "veth" in a.ip_cmd("-d", "link", "show", "eth0").stdout
-    assert netns.list_netns(prefix) == []
-
-
-@root
-@pytest.mark.root
 def test_call_propagates_errors_and_bad_namespace() -> None:
     prefix = f"spl-te{PID}"
-    with netns.make_link(prefix) as link, pytest.raises(ZeroDivisionError):
-        link.hosts[0].call(lambda: 1 / 0)
+    with netns.make_lan(prefix, 1) as lan, pytest.raises(ZeroDivisionError):
+        lan.hosts[0].call(lambda: 1 / 0)
     with pytest.raises(RigError, match="does not exist"):
         netns.netns_call(f"{prefix}-h0", lambda: None)
 

@@ -27,27 +27,13 @@ def _needs_root() -> None:
         pytest.skip("needs root (network namespaces, tc qdiscs, cgroups); CI runs as root")
 
 
-class _Hop:
-    """One hop of the rig as ``shaper.measure_steps`` drives a shaper."""
-
-    def __init__(self, rig: Rig, k: int) -> None:
-        self.rig, self.k = rig, k
-
-    def set_rate(self, mbps: float | None) -> None:
-        self.rig.set_rates(self.k, [mbps])
-
-
 def _goodput_mbps(rig: Rig, k: int, mbps: float) -> float:
     """Bulk TCP goodput across hop ``k`` (0: device -> edge, 1: edge -> cloud), from its lower host."""
     tx, rx_host = rig.hops[k].lower[0], rig.hops[k].upper[0]
     rx = shaper.BulkReceiver(rx_host.ip, 0, netns_name=rx_host.ns)
     try:
         steps = shaper.measure_steps(
-            _Hop(rig, k),
-            traces.constant(mbps, 2.5),
-            rx,
-            (rx_host.ip, rx.port),
-            send_netns=tx.ns,  # type: ignore[arg-type]
+            rig.hops[k].shaper, traces.constant(mbps, 2.5), rx, (rx_host.ip, rx.port), send_netns=tx.ns
         )
     finally:
         rx.close()

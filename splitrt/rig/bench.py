@@ -225,7 +225,7 @@ def run_bench(
     sched = burst_intervals(cfg.load, cfg.duration_s)
     res, turns = report.strategies_report(out, rig.board.power, sched)
     played = hop.played[0]
-    records = {"all": {"records": [asdict(r) for t in out.turns for r in t.devices[0]]}}
+    records = [r for t in out.turns for r in t.devices[0]]
     cal = rig.calibration
     assert cal is not None
     tm = out.times_ms

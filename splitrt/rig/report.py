@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -70,8 +70,7 @@ def summary(
     recs = [r for t in turns for d in t.devices for r in d]
     ok = [r for g in groups for r in g]
     energy = [
-        [stats.energy_mj(asdict(r), played[i % len(played)], power) for r in g]
-        for g, i in zip(groups, dev_of, strict=True)
+        [stats.energy_mj(r, played[i % len(played)], power) for r in g] for g, i in zip(groups, dev_of, strict=True)
     ]
     lat = [[r.latency_ms for r in g] for g in groups]
     duration = sum(t.until_s - t.from_s for t in turns)
@@ -121,7 +120,7 @@ def oracle_turns(
     per_dev = []
     for i in range(n):
         played = hop.played[i % len(hop.played)]
-        mine = {"all": {"records": [asdict(r) for t in out.turns for r in t.devices[i]]}}
+        mine = [r for t in out.turns for r in t.devices[i]]
         costs = stats.measured_costs(table, mine, played, bursts, hop.rtt_ms)
         recs = [r for t in out.turns if t.name == ref for r in t.devices[i]]
         # a reference plan outside ``cuts`` (another run than route's) is no candidate of the oracle's

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from splitrt.errors import RigError
 from splitrt.rig import traces
+from splitrt.rig.protocol import Record
 
 
 def transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mbps: float = 0.05) -> float:
@@ -67,16 +68,11 @@ def plan_cut(plan: str) -> str:
     return plan.split("@", 1)[0]
 
 
-def energy_mj(rec: dict[str, Any], played: traces.Trace, power: Any) -> float:
+def energy_mj(rec: Record, played: traces.Trace, power: Any) -> float:
     """Device energy of one request: active while computing, idle + radio while sending, idle while waiting."""
-    dev_ms = float(rec.get("head_ms", 0.0)) + (float(rec.get("tail_ms", 0.0)) if rec.get("where") == "local" else 0.0)
-    send = 0.0
-    if rec.get("where") == "cloud":
-        send = min(
-            float(rec.get("rpc_ms", 0.0)),
-            transfer_ms(played, float(rec["t_s"]) + dev_ms / 1e3, float(rec.get("bytes_up", 0))),
-        )
-    wait = max(0.0, float(rec["latency_ms"]) - dev_ms - send)
+    dev_ms = rec.head_ms + (rec.tail_ms if rec.where == "local" else 0.0)
+    send = min(rec.rpc_ms, transfer_ms(played, rec.t_s + dev_ms / 1e3, rec.bytes_up)) if rec.where == "cloud" else 0.0
+    wait = max(0.0, rec.latency_ms - dev_ms - send)
     return float(power.active_w * dev_ms + power.send_w * send + power.idle_w * wait)
 
 
@@ -113,42 +109,29 @@ class MeasuredCosts:
 
 
 def measured_costs(
-    table: Any,
-    runs: dict[str, dict[str, Any]],
-    played: traces.Trace,
-    bursts: Sequence[tuple[float, float]],
-    rtt_ms: float,
+    table: Any, records: Iterable[Record], played: traces.Trace, bursts: Sequence[tuple[float, float]], rtt_ms: float
 ) -> MeasuredCosts:
     idle: list[float] = []
     burst: list[float] = []
     cloud: list[float] = []
     net: list[float] = []
     local: list[float] = []
-    for run in runs.values():
-        for r in run["records"]:
-            if r.get("error"):
-                continue
-            cut = plan_cut(r["plan"])
-            i = table.index(cut)
-            th = float(table.head_ms[i])
-            if th >= 20.0 and r.get("head_ms"):
-                (burst if in_intervals(float(r["t_s"]), bursts) else idle).append(float(r["head_ms"]) / th)
-            if r.get("where") == "cloud":
-                tt = float(table.tail_ms[i])
-                if tt >= 5.0:
-                    cloud.append((float(r["tail_ms"]) + float(r["queue_ms"])) / tt)
-                start = float(r["t_s"]) + float(r["head_ms"]) / 1e3
-                ideal = transfer_ms(played, start, float(r["bytes_up"]) + float(r["bytes_down"]))
-                net.append(
-                    float(r["rpc_ms"])
-                    - float(r["tail_ms"])
-                    - float(r["queue_ms"])
-                    - ideal
-                    + float(r.get("encode_ms", 0))
-                    + float(r.get("decode_ms", 0))
-                )
-            elif cut == "device":
-                local.append(float(r["latency_ms"]) - float(r["head_ms"]))
+    for r in records:
+        if r.error:
+            continue
+        cut = plan_cut(r.plan)
+        i = table.index(cut)
+        th = float(table.head_ms[i])
+        if th >= 20.0 and r.head_ms:
+            (burst if in_intervals(r.t_s, bursts) else idle).append(r.head_ms / th)
+        if r.where == "cloud":
+            tt = float(table.tail_ms[i])
+            if tt >= 5.0:
+                cloud.append((r.tail_ms + r.queue_ms) / tt)
+            ideal = transfer_ms(played, r.t_s + r.head_ms / 1e3, r.bytes_up + r.bytes_down)
+            net.append(r.rpc_ms - r.tail_ms - r.queue_ms - ideal + r.encode_ms + r.decode_ms)
+        elif cut == "device":
+            local.append(r.latency_ms - r.head_ms)
     med = statistics.fmean  # means: the oracle's mean must not drop the measured jitter's share
     return MeasuredCosts(
         device_ratio_idle=med(idle) if idle else 1.0,

@@ -7,6 +7,7 @@ the shipped squeezenet profile (a real 67-cut table, no onnxruntime needed)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from fractions import Fraction
 from functools import cache
 
@@ -18,6 +19,7 @@ from splitrt.plan.costmodel import CostTable, Power
 from splitrt.profile import profiler
 from splitrt.rig import models, traces, tracespec
 from splitrt.rig import stats as rigstats
+from splitrt.rig.protocol import Record
 from splitrt.rig.stats import MeasuredCosts
 
 FEW = settings(max_examples=40, deadline=None)
@@ -260,21 +262,23 @@ def test_summarize_properties(runs: list[tuple[float, str]], failed: int) -> Non
 def test_energy_of_a_local_and_a_cloud_request() -> None:
     power = Power(idle_w=2.0, active_w=5.0, radio_w=1.0)
     link = traces.constant(8.0)  # 1000 bytes per ms
-    local = {"t_s": 3.0, "where": "local", "head_ms": 10.0, "tail_ms": 5.0, "latency_ms": 20.0}
+    local = Record(i=0, t_s=3.0, plan="device", where="local", head_ms=10.0, tail_ms=5.0, latency_ms=20.0)
     assert rigstats.energy_mj(local, link, power) == pytest.approx(5.0 * 15 + 2.0 * 5)
-    cloud = {
-        "t_s": 0.0,
-        "where": "cloud",
-        "head_ms": 10.0,
-        "tail_ms": 30.0,
-        "rpc_ms": 100.0,
-        "bytes_up": 1000,
-        "latency_ms": 150.0,
-    }
+    cloud = Record(
+        i=1,
+        t_s=0.0,
+        plan="c1@fp32",
+        where="cloud",
+        head_ms=10.0,
+        tail_ms=30.0,
+        rpc_ms=100.0,
+        bytes_up=1000,
+        latency_ms=150.0,
+    )
     # 10 ms active, 1 ms sending (idle + radio), the remaining 139 ms idle
     assert rigstats.energy_mj(cloud, link, power) == pytest.approx(5.0 * 10 + (2.0 + 1.0) * 1 + 2.0 * 139)
     # sending never counts for more than the RPC took
-    assert rigstats.energy_mj({**cloud, "rpc_ms": 0.5}, link, power) == pytest.approx(50 + 3.0 * 0.5 + 2.0 * 139.5)
+    assert rigstats.energy_mj(replace(cloud, rpc_ms=0.5), link, power) == pytest.approx(50 + 3.0 * 0.5 + 2.0 * 139.5)
 
 
 # ------------------------------------------------------------------------------------ measured_costs
@@ -302,66 +306,44 @@ def _cloud_rec(
     net: float,
     enc: float = 0.0,
     dec: float = 0.0,
-) -> dict[str, object]:
+) -> Record:
     """A cloud record whose network overhead (rpc - tail - queue - ideal + enc + dec) is ``net`` on 8 Mbit/s."""
     ideal = (up + down) / 1000.0
     rpc = net + tail + queue + ideal - enc - dec
-    return {
-        "t_s": t_s,
-        "plan": plan,
-        "where": "cloud",
-        "head_ms": head,
-        "tail_ms": tail,
-        "queue_ms": queue,
-        "rpc_ms": rpc,
-        "bytes_up": up,
-        "bytes_down": down,
-        "encode_ms": enc,
-        "decode_ms": dec,
-        "latency_ms": head + enc + rpc + dec,
-    }
+    return Record(
+        i=0,
+        t_s=t_s,
+        plan=plan,
+        where="cloud",
+        head_ms=head,
+        tail_ms=tail,
+        queue_ms=queue,
+        rpc_ms=rpc,
+        bytes_up=up,
+        bytes_down=down,
+        encode_ms=enc,
+        decode_ms=dec,
+        latency_ms=head + enc + rpc + dec,
+    )
 
 
-def _local_rec(t_s: float, head: float, latency: float) -> dict[str, object]:
-    return {
-        "t_s": t_s,
-        "plan": "device",
-        "where": "local",
-        "head_ms": head,
-        "tail_ms": 0.0,
-        "queue_ms": 0.0,
-        "rpc_ms": 0.0,
-        "bytes_up": 0,
-        "bytes_down": 0,
-        "encode_ms": 0.0,
-        "decode_ms": 0.0,
-        "latency_ms": latency,
-    }
+def _local_rec(t_s: float, head: float, latency: float) -> Record:
+    return Record(i=0, t_s=t_s, plan="device", where="local", head_ms=head, latency_ms=latency)
 
 
 def test_measured_costs_are_the_means_of_the_records() -> None:
     table = _cost_records_table()
-    no_codec_times = _cloud_rec(25.0, "c1@fp16", 160.0, 50.0, 10.0, 1500, 1000, net=17.0)
-    del no_codec_times["encode_ms"], no_codec_times["decode_ms"]  # optional in a record
-    runs = {
-        "adaptive": {
-            "records": [
-                _cloud_rec(5.0, "c1@fp32", 80.0, 45.0, 15.0, 3000, 1000, net=23.0, enc=1.0, dec=2.0),
-                no_codec_times,  # in the burst: head ratio 4
-                _local_rec(6.0, 300.0, 310.0),
-                {"t_s": 10.0, "plan": "c1@fp32", "error": "DEADLINE_EXCEEDED", "head_ms": 1e6, "latency_ms": 1e6},
-            ]
-        },
-        "static": {
-            "records": [
-                _cloud_rec(7.0, "cloud@fp32", 0.0, 75.0, 0.0, 4000, 1000, net=20.0, enc=0.5, dec=0.5),
-                _cloud_rec(8.0, "c2@int8", 30.0, 4.0, 0.0, 250, 1000, net=24.0),
-                _local_rec(9.0, 200.0, 220.0),
-                {"t_s": 11.0, "plan": "device", "error": "boom"},
-            ]
-        },
-    }
-    got = rigstats.measured_costs(table, runs, traces.constant(8.0), [(20.0, 40.0)], rtt_ms=50.0)
+    records = [
+        _cloud_rec(5.0, "c1@fp32", 80.0, 45.0, 15.0, 3000, 1000, net=23.0, enc=1.0, dec=2.0),
+        _cloud_rec(25.0, "c1@fp16", 160.0, 50.0, 10.0, 1500, 1000, net=17.0),  # in the burst: head ratio 4
+        _local_rec(6.0, 300.0, 310.0),
+        Record(i=0, t_s=10.0, plan="c1@fp32", error="DEADLINE_EXCEEDED", head_ms=1e6, latency_ms=1e6),
+        _cloud_rec(7.0, "cloud@fp32", 0.0, 75.0, 0.0, 4000, 1000, net=20.0, enc=0.5, dec=0.5),
+        _cloud_rec(8.0, "c2@int8", 30.0, 4.0, 0.0, 250, 1000, net=24.0),
+        _local_rec(9.0, 200.0, 220.0),
+        Record(i=0, t_s=11.0, plan="device", error="boom", latency_ms=0.0),
+    ]
+    got = rigstats.measured_costs(table, records, traces.constant(8.0), [(20.0, 40.0)], rtt_ms=50.0)
     assert got.device_ratio_idle == pytest.approx((80 / 40 + 300 / 100 + 200 / 100) / 3)
     assert got.device_ratio_burst == pytest.approx(160 / 40)
     assert got.cloud_ratio == pytest.approx(((45 + 15) / 30 + (50 + 10) / 30 + 75 / 50) / 3)
@@ -373,11 +355,11 @@ def test_measured_costs_are_the_means_of_the_records() -> None:
 def test_measured_costs_defaults() -> None:
     table = _cost_records_table()
     link = traces.constant(8.0)
-    assert rigstats.measured_costs(table, {}, link, [], rtt_ms=42.0) == costs(1.0, 1.0, 1.0, 42.0, 0.0)
-    only_errors = {"r": {"records": [{"t_s": 1.0, "plan": "c1@fp32", "error": "x"}]}}
+    assert rigstats.measured_costs(table, [], link, [], rtt_ms=42.0) == costs(1.0, 1.0, 1.0, 42.0, 0.0)
+    only_errors = [Record(i=0, t_s=1.0, plan="c1@fp32", error="x", latency_ms=0.0)]
     assert rigstats.measured_costs(table, only_errors, link, [], rtt_ms=7.0) == costs(1.0, 1.0, 1.0, 7.0, 0.0)
     # no request in a burst: the burst ratio falls back to the idle one
-    idle_only = {"r": {"records": [_local_rec(1.0, 250.0, 260.0)]}}
+    idle_only = [_local_rec(1.0, 250.0, 260.0)]
     got = rigstats.measured_costs(table, idle_only, link, [(20.0, 40.0)], rtt_ms=7.0)
     assert got == costs(2.5, 2.5, 1.0, 7.0, 10.0)
 

@@ -285,9 +285,6 @@ def run_tiers(
     live: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every strategy of ``cfg`` on ``rig`` (three tiers) on the same two windows."""
-    from splitrt.profile import profiler
-    from splitrt.profile.energy import plan_power
-    from splitrt.rig.models import model_path_for, profile_for
 
     def hop(trace: str, off: float, scale: float, rtt: float | None) -> runner.HopPlay:
         h = _hop(trace, off, scale, rtt, cfg.duration_s)
@@ -296,9 +293,7 @@ def run_tiers(
     h1 = hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms)
     h2 = hop(cfg.trace2, cfg.trace2_offset_s, cfg.bandwidth_scale2, cfg.rtt2_ms)
     out = runner.run(_spec(cfg, hops=(h1, h2)), rig, progress=progress, live=live)
-    model_file = model_path_for(cfg.model)
-    prof = profiler.load_profile(profile_for(cfg.model, model_file, rig.workdir, lambda s: None))
-    figures = plan_power(prof, rig.board)
+    figures = out.power
     res, turns = report.strategies_report(out, figures.power)
     cal, tm = rig.calibration, out.times_ms
     assert cal is not None

@@ -70,7 +70,7 @@ def calibrate(rig: Rig) -> Calibration:
             f"target {target:.0f} ms ({rig.board.name})"
         )
         rounds = [{"quota_cpus": 0.0, "ms": host_ms}]
-        if rig.kind == "kernel" and rig.config.calibrate:
+        if rig.kind == "kernel":
             cpus = float(os.cpu_count() or 1)
             quota = min(cpus, max(0.02, cpu_ms / target))
             rig.set_quota(quota)

@@ -41,7 +41,7 @@ from splitrt.errors import ConfigError, RigError
 from splitrt.rig import netns
 from splitrt.rig.calibration import Calibration
 from splitrt.rig.cloudserver import CLOUD_PORT, CloudProcess
-from splitrt.rig.loads import BoardTasks, LoadDriver
+from splitrt.rig.loads import BoardTasks
 from splitrt.rig.models import model_path_for
 from splitrt.rig.processes import Children, JsonWorker, free_port
 from splitrt.rig.shaper import MIN_RATE_MBPS, PortShaper, UserspaceLink
@@ -79,7 +79,6 @@ class RigConfig:
     prefix: str | None = None
     workdir: Path | None = None
     device_threads: int = 1  # one compute thread throttles smoothly (2 threads: +-7 % run to run)
-    calibrate: bool = True
     calibration_runs: int = 3
     keep_workdir: bool = False
     models: tuple[str, ...] = ()  # served from the start (a model added later restarts the servers)
@@ -393,19 +392,3 @@ class Rig:
     def unthrottle(self, i: int, pid: int) -> None:
         if self.device_groups:
             self.device_groups[i].remove_pid(pid)
-
-    def load_driver(
-        self, load: str, duration_s: float, t0: float, model_path: Path, cloud_plan: str, *, from_s: float = 0.0
-    ) -> contextlib.AbstractContextManager[list[tuple[float, float]]]:
-        """Apply the load scenario to device 0 and the last tier's server 0 during (a turn of) a run whose
-        window position ``from_s`` is played at monotonic ``t0``; yields the (start, end) positions applied."""
-        last = self.servers[-1][0]
-        driver = LoadDriver(
-            self.children,
-            self.board_tasks,
-            device_host=self.hops[0].lower[0] if self.hops else None,
-            cloud_host=last.host,
-            cloud_direct=f"127.0.0.1:{last.port}",
-            throttle_in=lambda pid: self.throttle(0, pid),
-        )
-        return driver.during(load, duration_s, t0, model_path, cloud_plan, from_s=from_s)

@@ -125,6 +125,10 @@ class Record:
     match: bool | None = None  # outputs equal to the full model's
 
 
+# the ``Record`` fields copied from the device's ``SplitResult`` as they are
+RESULT_FIELDS = ("head_ms", "encode_ms", "rpc_ms", "decode_ms", "tail_ms", "queue_ms", "bytes_up", "bytes_down")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Done:
     end_s: float

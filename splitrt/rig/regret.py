@@ -162,14 +162,18 @@ def bootstrap_ratio(
     if not a_groups or not b_groups:
         return (math.nan, math.nan)
     rng = np.random.default_rng(seed)
+    return interval([resampled(a_groups, rng, stat) / resampled(b_groups, rng, stat) for _ in range(n)])
 
-    def one(groups: list[np.ndarray]) -> float:
-        pick = rng.integers(0, len(groups), len(groups))
-        xs = np.concatenate([groups[i] for i in pick])
-        return float(np.mean(xs)) if stat == "mean" else float(np.percentile(xs, 95))
 
-    ratios = np.array([one(a_groups) / one(b_groups) for _ in range(n)])
-    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+def resampled(groups: Sequence[np.ndarray], rng: np.random.Generator, stat: str) -> float:
+    """``stat`` (mean | p95) of one bootstrap resample of ``groups`` (whole groups drawn with replacement)."""
+    xs = np.concatenate([groups[i] for i in rng.integers(0, len(groups), len(groups))])
+    return float(np.mean(xs)) if stat == "mean" else float(np.percentile(xs, 95))
+
+
+def interval(draws: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """The 95 % percentile interval of bootstrap ``draws``."""
+    return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
 
 
 def call(ci: tuple[float, float]) -> str:

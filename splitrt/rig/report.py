@@ -17,7 +17,7 @@ import numpy as np
 
 from splitrt.rig import stats, strategies
 from splitrt.rig.protocol import Record
-from splitrt.rig.regret import bootstrap_ratio, call
+from splitrt.rig.regret import bootstrap_ratio, call, interval, resampled
 from splitrt.rig.runner import Outcome, Turn
 
 
@@ -32,13 +32,8 @@ def bootstrap_ci(
     if stat == "mean":  # sums and counts of the resampled groups: no concatenation
         pick = rng.integers(0, len(gs), (n, len(gs)))
         sums, counts = np.array([g.sum() for g in gs]), np.array([len(g) for g in gs])
-        means = sums[pick].sum(axis=1) / counts[pick].sum(axis=1)
-        return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-    vals = []
-    for _ in range(n):
-        xs = np.concatenate([gs[i] for i in rng.integers(0, len(gs), len(gs))])
-        vals.append(float(np.percentile(xs, 95)))
-    return float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))
+        return interval(sums[pick].sum(axis=1) / counts[pick].sum(axis=1))
+    return interval([resampled(gs, rng, "p95") for _ in range(n)])
 
 
 def kill_account(turn: Turn) -> dict[str, int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrt.errors import ConfigError, RigError
-from splitrt.rig import calibration, strategies
+from splitrt.rig import calibration, loads, strategies
 from splitrt.rig import protocol as P
 from splitrt.rig.harness import Rig
 from splitrt.rig.models import cost_table_for, model_path_for, profile_for
@@ -120,6 +120,7 @@ class Outcome:
     load_end: tuple[float, ...]
     startup_s: float = 0.0  # the device processes' load
     rss_mb: tuple[float, ...] = ()  # each device process's, after the turns
+    power: Any = None  # the model's ``energy.PowerFigures`` on the board (what the strategies planned with)
 
 
 def turn_plan(names: Sequence[str], duration_s: float, turn_s: float) -> list[tuple[str, float]]:
@@ -192,7 +193,8 @@ def run(
         float(host.head_ms[host.index("device")]),
         float(host.tail_ms[host.index("cloud")]),
     )
-    power = plan_power(profiler.load_profile(prof, sha256=mg.sha256), rig.board).power
+    figures = plan_power(profiler.load_profile(prof, sha256=mg.sha256), rig.board)
+    power = figures.power
     kw: dict[str, Any] = {"objective": spec.objective, "power": power, "codecs": spec.codecs}
     slow = 1 / min(rig.config.tiers[0].cpus) if rig.config.tiers[0].cpus else rig.board.cpu_speed_factor
     base = _tables(prof, mg.sha256, [slow] + [1.0] * (n_tiers - 1))
@@ -283,6 +285,7 @@ def run(
         load_end=tuple(os.getloadavg()),
         startup_s=startup_s,
         rss_mb=rss,
+        power=figures,
     )
 
 
@@ -402,7 +405,7 @@ def _turn(
     killer = threading.Thread(target=kill, name="rig-fault", daemon=True) if kill_s is not None else None
     player = Player(rig, spec.hops, from_s, t0, spec.player_step_s).start()
     try:
-        with rig.load_driver(spec.load, spec.duration_s, t0, model_file, cloud_plan, from_s=from_s) as applied:
+        with loads.during(rig, spec.load, spec.duration_s, t0, model_file, cloud_plan, from_s=from_s) as applied:
             if killer is not None:
                 killer.start()
             msg = P.Run(

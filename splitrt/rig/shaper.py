@@ -471,9 +471,10 @@ def measure_steps(
     """Play ``trace`` on ``link`` (each step's rate at its time, clamped to ``MIN_RATE_MBPS``) while a bulk
     TCP flow runs to ``receiver`` (via ``connect``); the delivered goodput of each step, skipping its first
     ``skip_s`` (the queue of the previous rate drains, TCP ramps up)."""
+    link.set_rate(max(trace.rates_mbps[0], MIN_RATE_MBPS))
     sender = BulkSender(connect, send_netns)
     try:
-        time.sleep(0.3)  # let the connection reach steady state before the first rate
+        time.sleep(0.3)  # let the connection reach steady state at the first rate
         t0 = time.monotonic()
         for a, _, mbps in trace.segments():
             time.sleep(max(0.0, t0 + a - time.monotonic()))

@@ -84,12 +84,6 @@ class Trace:
         """Time-weighted median: half of the time the rate is at or below it."""
         return weighted_median([(b - a, r) for a, b, r in self.segments()])
 
-    def min_mbps(self) -> float:
-        return min(self.rates_mbps)
-
-    def max_mbps(self) -> float:
-        return max(self.rates_mbps)
-
     def change_times(self, until_s: float | None = None) -> list[float]:
         """Times in ``[0, until_s)`` (default: one period) where the rate may change, with wrapping."""
         end = self.duration_s if until_s is None else until_s

@@ -353,12 +353,11 @@ class Agent:
         """The request record of a runtime's ``Outcome`` (two tiers or three)."""
         import numpy as np
 
-        r, d = out.result, out.decision
-        ref = self.reference
+        r, ref = out.result, self.reference
+        copied: dict[str, Any] = {k: float(getattr(r, k)) for k in P.RESULT_FIELDS}
         match = set(out.outputs) == set(ref) and all(
             np.allclose(np.asarray(out.outputs[k]), ref[k], rtol=1e-4, atol=1e-5) for k in ref
         )
-        finished = out.finished_by
         return P.Record(
             i=i,
             t_s=t_s,
@@ -367,17 +366,10 @@ class Agent:
             fallback=out.fallback,
             where=r.where,
             server=out.server,
-            finished_by=finished,
-            head_ms=float(r.head_ms),
-            encode_ms=float(r.encode_ms),
-            rpc_ms=float(r.rpc_ms),
-            decode_ms=float(r.decode_ms),
-            tail_ms=float(r.tail_ms),
-            queue_ms=float(r.queue_ms),
-            bytes_up=float(r.bytes_up),
-            bytes_down=float(r.bytes_down),
-            predicted_ms=float(d.predicted_ms),
+            finished_by=out.finished_by,
+            predicted_ms=float(out.decision.predicted_ms),
             match=match,
+            **copied,
         )
 
     def roles(self) -> P.Ack:

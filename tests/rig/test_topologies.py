@@ -128,7 +128,7 @@ def test_one_tc_batch_rates_both_directions_of_every_device(tmp_path: Path) -> N
         sw = rig.hops[0].switch
         up = netns.run_cmd(["ip", "netns", "exec", sw, "tc", "class", "show", "dev", "ifb0"]).stdout
         down = netns.run_cmd(["ip", "netns", "exec", sw, "tc", "class", "show", "dev", "p1"]).stdout
-        assert "htb" in up and "htb" in down and rig.hops[0].rates == [4.0, 8.0]
+        assert "htb" in up and "htb" in down and rig.hops[0].shaper.rates == [4.0, 8.0]
         assert rig.set_rates(0, [None, 8.0]) == 1  # unshaped
         assert "htb" not in netns.run_cmd(["ip", "netns", "exec", sw, "tc", "qdisc", "show", "dev", "p0"]).stdout
         assert rig.addresses == [[f"{rig.hops[0].upper[0].ip}:50051"]]  # no relay: the server's own address

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+import psutil
+
 from splitrt.errors import ConfigError, RigError
 from splitrt.rig import netns
 from splitrt.rig.calibration import Calibration
@@ -130,15 +132,6 @@ class Hop:
         relay = UserspaceLink((host.ip, 0), (ip, int(to)), rate_mbps=None, delay_ms=0.0, netns_name=host.ns)
         self.directs.append(relay)
         return f"{host.ip}:{relay.port}"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), from /proc; 0 when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_hop(prefix: str, k: int, lower: Sequence[str], upper: Sequence[str], made: list[str]) -> Hop:
@@ -363,7 +356,12 @@ class Rig:
     def server_cpu(self, k: int, j: int) -> float:
         """CPU seconds of tier k's server j so far (0 when it is gone)."""
         proc = self.servers[k - 1][j].proc
-        return cpu_seconds(proc.pid) if proc is not None and proc.poll() is None else 0.0
+        if proc is None or proc.poll() is not None:
+            return 0.0
+        with contextlib.suppress(psutil.Error):  # it exited meanwhile
+            t = psutil.Process(proc.pid).cpu_times()
+            return float(t.user + t.system)
+        return 0.0
 
     # -- devices -----------------------------------------------------------------------------------
     def start_workers(self, specs: Sequence[Any]) -> list[JsonWorker]:

@@ -23,8 +23,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+import psutil
 
 from splitrt.errors import ConfigError, RigError
 from splitrt.rig import calibration, loads, strategies
@@ -262,7 +263,7 @@ def run(
             rig.unthrottle(i, w.proc.pid)
             rig.throttle(i, w.proc.pid, None if rig.config.tiers[0].cpus else (r.compute_tids, r.other_tids))
         turns = _play(spec, rig, workers, list(choices), model_file, choices, say, live)
-        rss = tuple(_rss_mb(w.proc.pid) for w in workers)
+        rss = tuple(psutil.Process(w.proc.pid).memory_info().rss / 2**20 for w in workers)
     finally:
         for i, w in enumerate(workers):  # all told to quit first: they close their runtimes side by side
             rig.unthrottle(i, w.proc.pid)
@@ -287,14 +288,6 @@ def run(
         rss_mb=rss,
         power=figures,
     )
-
-
-def _rss_mb(pid: int) -> float:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _tables(prof: Any, sha: str, factors: Sequence[float]) -> list[Any]:

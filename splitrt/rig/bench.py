@@ -204,10 +204,9 @@ def _spec(cfg: BenchConfig | TierBenchConfig | FleetConfig, **kw: Any) -> runner
     return runner.RunSpec(**(shared | kw))
 
 
-def _hop(
-    trace: str, offset_s: float, scale: float, rtt_ms: float | None, span_s: float, hosts: int = 1
-) -> runner.HopPlay:
-    return runner.hop_play([trace], hosts, offset_s=offset_s, step_s=0.0, scale=scale, span_s=span_s, rtt_ms=rtt_ms)
+def _hop(trace: str, offset_s: float, scale: float, rtt_ms: float | None, span_s: float) -> runner.HopPlay:
+    """One host playing ``trace``; its median is the whole (scaled) trace's."""
+    return runner.hop_play([trace], 1, offset_s=offset_s, step_s=0.0, scale=scale, span_s=span_s, rtt_ms=rtt_ms)
 
 
 def run_bench(
@@ -285,13 +284,8 @@ def run_tiers(
     live: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every strategy of ``cfg`` on ``rig`` (three tiers) on the same two windows."""
-
-    def hop(trace: str, off: float, scale: float, rtt: float | None) -> runner.HopPlay:
-        h = _hop(trace, off, scale, rtt, cfg.duration_s)
-        return replace(h, median_mbps=load_trace(trace).scaled(scale).median_mbps())
-
-    h1 = hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms)
-    h2 = hop(cfg.trace2, cfg.trace2_offset_s, cfg.bandwidth_scale2, cfg.rtt2_ms)
+    h1 = _hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms, cfg.duration_s)
+    h2 = _hop(cfg.trace2, cfg.trace2_offset_s, cfg.bandwidth_scale2, cfg.rtt2_ms, cfg.duration_s)
     out = runner.run(_spec(cfg, hops=(h1, h2)), rig, progress=progress, live=live)
     figures = out.power
     res, turns = report.strategies_report(out, figures.power)

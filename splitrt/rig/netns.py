@@ -286,11 +286,6 @@ def delete_netns(ns: str) -> None:
     forget_owner(ns)
 
 
-def _require_root(what: str) -> None:
-    if not is_root():
-        raise RigError(f"{what} needs root (euid 0), running as euid {os.geteuid()}")
-
-
 def no_gso(ns: str, dev: str) -> None:
     """One segment per skb: qdiscs then see wire-size packets (smooth shaping, honest queue limits)."""
     run_cmd(["ip", "-n", ns, "link", "set", dev, "gso_max_size", "1514", "gso_max_segs", "1"])
@@ -314,7 +309,8 @@ def add_bridge(switch: str, hosts: Sequence[Host]) -> None:
 
 def make_lan(prefix: str, n_hosts: int) -> Lan:
     """Namespaces ``{prefix}-h0..h{n-1}`` + switch ``{prefix}-sw`` (bridge ``br0``); see module doc."""
-    _require_root("make_lan")
+    if not is_root():
+        raise RigError(f"make_lan needs root (euid 0), running as euid {os.geteuid()}")
     check_prefix(prefix)
     if not 1 <= n_hosts <= 200:
         raise RigError(f"n_hosts must be in 1..200, got {n_hosts}")

@@ -20,6 +20,9 @@ from splitrt.rig.protocol import Record
 from splitrt.rig.regret import bootstrap_ratio, call, interval, resampled
 from splitrt.rig.runner import Outcome, Turn
 
+# adaptive over each strategy: (label, which of summary's ``_groups``: latency, energy, counts; statistic)
+RATIOS = (("mean", 0, "mean"), ("energy", 1, "mean"), ("throughput", 2, "mean"), ("p95", 0, "p95"))
+
 
 def bootstrap_ci(
     groups: Sequence[Sequence[float]], *, stat: str = "mean", n: int = 2000, seed: int = 0
@@ -181,11 +184,14 @@ def strategies_report(
         if a is None or n == "adaptive":
             continue
         ratios: dict[str, dict[str, Any]] = {}
-        for k, (label, stat) in enumerate((("mean", "mean"), ("energy", "mean"), ("throughput", "mean"))):
+        for label, k, stat in (
+            ("mean", 0, "mean"),
+            ("energy", 1, "mean"),
+            ("throughput", 2, "mean"),
+            ("p95", 0, "p95"),
+        ):
             ci = bootstrap_ratio(a["_groups"][k], s["_groups"][k], stat=stat, seed=seed, n=1000)
             ratios[label] = {"ci": list(ci), "call": call(ci) if not math.isnan(ci[0]) else "n/a"}
-        ci = bootstrap_ratio(a["_groups"][0], s["_groups"][0], stat="p95", seed=seed, n=1000)
-        ratios["p95"] = {"ci": list(ci), "call": call(ci) if not math.isnan(ci[0]) else "n/a"}
         flip = {"better": "worse", "worse": "better"}  # more throughput is better
         ratios["throughput"]["call"] = flip.get(ratios["throughput"]["call"], ratios["throughput"]["call"])
         s["adaptive_over_this"] = ratios

@@ -21,7 +21,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -271,19 +271,10 @@ def square(
     if period_s <= 0:
         raise ConfigError(f"square wave period must be > 0, got {period_s}")
     duration = period_s if duration_s is None else duration_s
-    half = period_s / 2
-    n = math.ceil(duration / half)
     a, b = (high_mbps, low_mbps) if high_first else (low_mbps, high_mbps)
-    t = Trace(
-        name=f"square-{low_mbps:g}-{high_mbps:g}-{period_s:g}s",
-        times_s=tuple(i * half for i in range(n)),
-        rates_mbps=tuple(float(a if i % 2 == 0 else b) for i in range(n)),
-        duration_s=n * half,
-    )
-    if n * half == duration:
-        return t
-    w = t.window(0.0, duration)
-    return Trace(name=t.name, times_s=w.times_s, rates_mbps=w.rates_mbps, duration_s=w.duration_s)
+    levels = [a if i % 2 == 0 else b for i in range(math.ceil(duration / (period_s / 2)))]
+    w = step(levels, period_s / 2).window(0.0, float(duration))
+    return replace(w, name=f"square-{low_mbps:g}-{high_mbps:g}-{period_s:g}s")
 
 
 # --------------------------------------------------------------------------------------- shipped

@@ -37,7 +37,7 @@ Per call, in order:
   ``servicer.remaining_s(context, default)`` bounds a call's time left (no deadline: ``default_deadline_s``).
   ``cloud.shedder.Shedder`` (on the watchdog's tick, Linux ``/proc``) shuts down (``shutdown(2)``, never
   ``close``) the oldest idle connections above 90% of the connection cap, down to 80%.
-  ``splitrt.rig.rawh2.RawConnection`` is a hand-framed HTTP/2 client for tests and benchmarks that must send
+  ``tests/rawh2.py``'s ``RawConnection`` is a hand-framed HTTP/2 client for tests and benchmarks that must send
   half a message.
 """
 

@@ -23,10 +23,10 @@ from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.cloud.servicer import remaining_s
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.graph import zoo
-from splitrt.rig.rawh2 import RawConnection
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+from tests.rawh2 import RawConnection
 
 TOKEN = "fr0nt-d00r-t0ken"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)

@@ -22,10 +22,10 @@ from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.cloud.servicer import PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.graph import zoo
-from splitrt.rig.rawh2 import RawConnection
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport import wire
+from tests.rawh2 import RawConnection
 
 TOKEN = "pr0be-budget-t0ken"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)

@@ -184,12 +184,7 @@ def strategies_report(
         if a is None or n == "adaptive":
             continue
         ratios: dict[str, dict[str, Any]] = {}
-        for label, k, stat in (
-            ("mean", 0, "mean"),
-            ("energy", 1, "mean"),
-            ("throughput", 2, "mean"),
-            ("p95", 0, "p95"),
-        ):
+        for label, k, stat in RATIOS:
             ci = bootstrap_ratio(a["_groups"][k], s["_groups"][k], stat=stat, seed=seed, n=1000)
             ratios[label] = {"ci": list(ci), "call": call(ci) if not math.isnan(ci[0]) else "n/a"}
         flip = {"better": "worse", "worse": "better"}  # more throughput is better

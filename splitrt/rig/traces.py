@@ -22,14 +22,12 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 
+from splitrt import paths
 from splitrt.errors import ConfigError
 
 MAHIMAHI_PACKET_BYTES = 1500
-_SHIPPED_PKG = "splitrt"
-_SHIPPED_DIR = ("data", "traces")
 
 
 @dataclass(frozen=True)
@@ -227,21 +225,13 @@ def parse(text: str, name: str = "trace") -> Trace:
     raise ConfigError(f"{name}: trace is empty")
 
 
-def load(path: str | Path, fmt: str = "auto") -> Trace:
-    """Load a trace file; ``fmt`` in ``auto``, ``two-column``, ``mahimahi``."""
+def load(path: str | Path) -> Trace:
+    """Load a trace file (either format, ``parse``); its name is the file's stem."""
     p = Path(path)
     try:
-        text = p.read_text()
+        return parse(p.read_text(), p.stem)
     except OSError as exc:
         raise ConfigError(f"cannot read trace file {p}: {exc}") from exc
-    name = p.stem
-    if fmt == "auto":
-        return parse(text, name)
-    if fmt == "two-column":
-        return parse_two_column(text, name)
-    if fmt == "mahimahi":
-        return parse_mahimahi(text, name)
-    raise ConfigError(f"trace format must be auto, two-column or mahimahi, got {fmt!r}")
 
 
 # ------------------------------------------------------------------------------------- synthetic
@@ -280,14 +270,9 @@ def square(
 # --------------------------------------------------------------------------------------- shipped
 
 
-def _shipped_root() -> Path:
-    return Path(str(resources.files(_SHIPPED_PKG).joinpath(_SHIPPED_DIR[0]).joinpath(_SHIPPED_DIR[1])))
-
-
 def shipped() -> list[str]:
     """Names of the traces shipped in the package, e.g. ``hsdpa/bus`` (see its README for sources)."""
-    root = _shipped_root()
-    return sorted(f"{p.parent.name}/{p.stem}" for p in root.glob("*/*.log"))
+    return sorted(f"{p.parent.name}/{p.stem}" for p in paths.traces_dir().glob("*/*.log"))
 
 
 def load_shipped(name: str) -> Trace:
@@ -295,5 +280,4 @@ def load_shipped(name: str) -> Trace:
     names = shipped()
     if name not in names:
         raise ConfigError(f"unknown shipped trace {name!r}; expected one of {', '.join(names)}")
-    t = load(_shipped_root() / f"{name}.log", "two-column")
-    return Trace(name=name, times_s=t.times_s, rates_mbps=t.rates_mbps, duration_s=t.duration_s)
+    return replace(load(paths.traces_dir() / f"{name}.log"), name=name)

@@ -30,8 +30,6 @@ from splitrt.plan.netmon import LoadEstimator
 from splitrt.rig import protocol as P
 from splitrt.rig.models import cost_table_for
 
-WARMUP_S = 2.0
-
 
 def _emit(msg: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(msg, default=float) + "\n")

@@ -70,7 +70,37 @@ class RigLoad(LoadEstimator):
         return LoadEstimator.add_device(self, now_s, other_util=min(1.0 - 1.0 / max(1.0, factor), 0.99))
 
 
-class RunQueueProbe:
+class TurnThread:
+    """``tick()`` every ``interval_s`` on a daemon thread, only during its strategy's turns (``active``): a
+    parked strategy's probes would share the link and the CPU with the one measured."""
+
+    def __init__(self, name: str, interval_s: float, tick: Callable[[], Any]) -> None:
+        self.interval_s, self.tick = interval_s, tick
+        self.active = threading.Event()
+        self._busy = threading.Lock()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if self.active.is_set():
+                with self._busy, contextlib.suppress(Exception):  # it never dies: the next round retries
+                    self.tick()
+
+    def park(self) -> None:
+        """Stop ticking; a tick under way finishes first (a probe's transfer is part of this turn)."""
+        self.active.clear()
+        with self._busy:
+            pass
+
+    def stop(self) -> None:
+        self.park()
+        self._stop.set()
+        self.thread.join(5)
+
+
+class RunQueueProbe(TurnThread):
     """Every 50 ms, how many threads of the OTHER processes sharing the device's CPU (listed by the rig
     in ``tasks_file``) are runnable; every 0.25 s (the prober's interval) their mean feeds ``RigLoad``:
     one compute thread among ``n`` runnable tasks gets ``1 / (1 + n)`` of the CPU, the figure a board's
@@ -80,10 +110,9 @@ class RunQueueProbe:
     def __init__(self, load: RigLoad, clock: Callable[[], float]) -> None:
         self.load, self.clock = load, clock
         self.tasks_file: str | None = None
-        self.active = threading.Event()
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="rig-runqueue", daemon=True)
-        self.thread.start()
+        self.samples: list[int] = []
+        self.report_at: float | None = None  # None: the turn's first sample is still to come
+        super().__init__("rig-runqueue", 0.05, self.sample)
 
     def runnable_others(self) -> int:
         try:
@@ -99,24 +128,22 @@ class RunQueueProbe:
                         n += Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
         return n
 
-    def _loop(self) -> None:
-        samples: list[int] = []
-        next_report = self.clock() + 0.25
-        while not self._stop.wait(0.05):
-            now = self.clock()
-            if not self.active.is_set() or not self.tasks_file:
-                samples.clear()
-                next_report = now + 0.25
-                continue
-            samples.append(self.runnable_others())
-            if now >= next_report:
-                self.load.add_runqueue(now, 1.0 + statistics.fmean(samples))
-                samples.clear()
-                next_report = now + 0.25
+    def sample(self) -> None:
+        if not self.tasks_file:
+            return
+        now = self.clock()
+        self.report_at = now + 0.25 if self.report_at is None else self.report_at
+        self.samples.append(self.runnable_others())
+        if now >= self.report_at:
+            self.load.add_runqueue(now, 1.0 + statistics.fmean(self.samples))
+            self.samples.clear()
+            self.report_at = now + 0.25
 
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(5)
+    def park(self) -> None:
+        """Between turns the samples are dropped: the next turn starts its own."""
+        super().park()
+        self.samples.clear()
+        self.report_at = None
 
 
 class TurnClock:
@@ -141,43 +168,13 @@ class TurnClock:
             self._paused_at = None
 
 
-class TurnProber:
-    """The runtime's prober (``probe_once`` every ``interval_s``), run only during its strategy's turns:
-    a parked strategy's probes would share the link and the CPU with the one measured."""
-
-    def __init__(self, dev: Any, interval_s: float) -> None:
-        self.dev, self.interval_s = dev, interval_s
-        self.active = threading.Event()
-        self._busy = threading.Lock()
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="rig-prober", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if self.active.is_set():
-                with self._busy, contextlib.suppress(Exception):  # the prober never dies: next round retries
-                    self.dev.probe_once()
-
-    def park(self) -> None:
-        """Stop probing; a probe under way finishes first (its transfer is part of this turn)."""
-        self.active.clear()
-        with self._busy:
-            pass
-
-    def stop(self) -> None:
-        self.park()
-        self._stop.set()
-        self.thread.join(5)
-
-
 @dataclass
 class Strategy:
     """One strategy in the worker: its runtime, clock, probes, and where its request schedule is."""
 
     dev: Any
     clock: TurnClock
-    prober: TurnProber
+    prober: TurnThread
     runqueue: RunQueueProbe
     jitter: random.Random
     next_k: int = 0
@@ -282,7 +279,7 @@ class Agent:
         st = Strategy(
             dev=dev,
             clock=clock,
-            prober=TurnProber(dev, interval_s),
+            prober=TurnThread("rig-prober", interval_s, dev.probe_once),
             runqueue=RunQueueProbe(dev.load, clock),
             jitter=random.Random(self.spec.seed),
         )
@@ -320,7 +317,7 @@ class Agent:
             end_s = msg.from_s + time.monotonic() - msg.t0
             # Clock first: a probe still under way ends parked, its sample stamped at the turn's end.
             st.clock.pause()
-            st.runqueue.active.clear()
+            st.runqueue.park()
             st.prober.park()
         return P.Done(end_s=end_s, records=tuple(records), stats=dict(st.dev.stats))
 

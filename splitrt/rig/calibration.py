@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 CALIBRATION_MODEL = "resnet50"
 TOLERANCE = 0.08  # the run-to-run noise of this shared host is about that large
 QUOTA_ROUNDS = 3
+RUNS = 3  # timed runs per measurement (after one unmeasured)
 REPLY_TIMEOUT_S = 120.0
 
 
@@ -57,10 +58,9 @@ def calibrate(rig: Rig) -> Calibration:
     target = target_ms(rig.board.cpu_speed_factor)
     spec = P.Spec(model_path=str(zoo.get(CALIBRATION_MODEL)), threads=rig.config.device_threads)
     (w,) = rig.start_workers([spec])
-    runs = rig.config.calibration_runs
 
     def measure(pad: float = 1.0) -> P.Ack:
-        return P.ask([w], [P.Time(runs=runs, pad_factor=pad)], P.Ack, REPLY_TIMEOUT_S)[0]
+        return P.ask([w], [P.Time(runs=RUNS, pad_factor=pad)], P.Ack, REPLY_TIMEOUT_S)[0]
 
     try:
         r0 = measure()

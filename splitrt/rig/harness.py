@@ -81,7 +81,6 @@ class RigConfig:
     prefix: str | None = None
     workdir: Path | None = None
     device_threads: int = 1  # one compute thread throttles smoothly (2 threads: +-7 % run to run)
-    calibration_runs: int = 3
     keep_workdir: bool = False
     models: tuple[str, ...] = ()  # served from the start (a model added later restarts the servers)
     cfs_period_us: int = 20_000  # short periods: throttling spread evenly, not 100 ms stalls

@@ -130,10 +130,11 @@ class JsonWorker:
             self._replies.append({"event": "eof"})
             self._cv.notify_all()
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, line: str) -> None:
+        """One JSON line (``rig.protocol.encode``) to the worker."""
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
         except OSError as exc:
             raise RigError(f"{self.name} worker is gone (exit code {self.proc.poll()})") from exc
@@ -156,7 +157,7 @@ class JsonWorker:
     def close(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(RigError):
-                self.send({"type": "Quit"})  # rig.protocol.Quit
+                self.send('{"type": "Quit"}')  # rig.protocol.Quit
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:

@@ -166,7 +166,7 @@ def ask(workers: Sequence[JsonWorker], msgs: Sequence[Any], reply: type[M], time
     """Send each worker its message (all at once), then read every reply as ``reply`` (a ``RigError``
     names a wrong one)."""
     for w, m in zip(workers, msgs, strict=True):
-        w.send(json.loads(encode(m)))
+        w.send(encode(m))
     out = [(w, decode(w.reply(timeout_s))) for w in workers]
     for w, got in out:
         if not isinstance(got, reply):

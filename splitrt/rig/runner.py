@@ -268,7 +268,7 @@ def run(
         for i, w in enumerate(workers):  # all told to quit first: they close their runtimes side by side
             rig.unthrottle(i, w.proc.pid)
             with contextlib.suppress(Exception):
-                w.send({"type": "Quit"})
+                w.send(P.encode(P.Quit()))
         for w in workers:
             with contextlib.suppress(Exception):
                 w.close()

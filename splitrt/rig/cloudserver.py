@@ -65,11 +65,13 @@ class CloudProcess:
         self.host, self.port = host, port
         self.proc = self.children.popen(self.argv(self.listen, port), self.log_name, host=host)
         if wait:
-            self.wait(host, port)
+            self.wait()
 
-    def wait(self, host: netns.Host | None, port: int, timeout_s: float = 60.0) -> None:
+    def wait(self, timeout_s: float = 60.0) -> None:
+        """Until the server listens (``RigError`` if it exits first or takes longer)."""
+
         def probe() -> bool:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return True
             return False
 
@@ -81,11 +83,11 @@ class CloudProcess:
                     f"server ({self.log_name}) exited with code {self.proc.returncode}: "
                     f"{(self.children.workdir / self.log_name).read_text()[-2000:]}"
                 )
-            ok = host.call(probe) if host is not None else probe()
+            ok = self.host.call(probe) if self.host is not None else probe()
             if ok:
                 return
             time.sleep(0.2)
-        raise RigError(f"server ({self.log_name}) did not listen on port {port} within {timeout_s:.0f} s")
+        raise RigError(f"server ({self.log_name}) did not listen on port {self.port} within {timeout_s:.0f} s")
 
     @staticmethod
     def copy_into(models_dir: Path, path: Path) -> Path | None:

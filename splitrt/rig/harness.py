@@ -221,7 +221,7 @@ class Rig:
         for k in range(len(tiers) - 1, 0, -1):  # the last tier first: a middle tier forwards to it
             self._servers(k, self.hops[k - 1], len(tiers) - 1)
         for srv in (s for tier in self.servers for s in tier):
-            srv.wait(srv.host, srv.port)
+            srv.wait()
         self.addresses = [
             [f"{h.ip}:{r.port}" for h, r in zip(hop.upper, hop.relays, strict=True)]
             if self.config.delays
@@ -333,7 +333,7 @@ class Rig:
                     self.kill_server(k, j)
                     self.restart_server(k, j, wait=False)
             for srv in (s for tier in self.servers for s in tier):
-                srv.wait(srv.host, srv.port)
+                srv.wait()
         return self.models_dir / path.name
 
     def kill_server(self, k: int, j: int) -> float:

@@ -258,6 +258,13 @@ def _limit_arguments(p: Any) -> None:
         help="close a connection with no call for this long (default 300)",
     )
     g.add_argument(
+        "--stream-window-kb",
+        type=int,
+        default=(lim.stream_window_bytes or 0) // 1024,
+        help="bytes (KiB) of a message a client may send before the server reads it; a call refused on its "
+        "headers pushes at most this much (default 1024; 0: gRPC's BDP-sized windows, unbounded)",
+    )
+    g.add_argument(
         "--max-connection-age-s",
         type=float,
         default=None,
@@ -306,6 +313,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
         connection_idle_s=args.connection_idle_s,
         connection_age_s=args.max_connection_age_s,
         connection_age_grace_s=args.max_connection_age_grace_s,
+        stream_window_bytes=args.stream_window_kb * 1024 or None,
         auth_free_failures=args.auth_free_failures,
         auth_backoff_max_s=args.auth_backoff_max_s,
         log_every_request=args.log_every_request,

@@ -10,6 +10,12 @@ Per connection (gRPC core): streams per connection, idle connections closed, an 
 (with grace), TLS/HTTP2 handshake timeout, keepalive pings (dead peers dropped) and enforcement of the
 clients' ping rate, and a cap on connections below the process's file-descriptor limit (raised to its
 hard limit at start), so the server refuses new connections instead of failing on ``EMFILE``.
+
+Per stream (gRPC core): a fixed receive window (``stream_window_bytes``) instead of gRPC's BDP-sized one.
+A client may send that much of a message before the server asks for it; gRPC grows a stream's window to
+the whole message once the server reads it. With BDP sizing on loopback the window grew to many MiB, so
+a call refused on its headers (a full lane, a probe over budget) still pushed ~15 MiB of its body into
+the server before the refusal reached it (bench_attack ``probes``: 1.5 GB on loopback in 5 s).
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ class Limits:
     # The server pings a quiet connection this often and drops it if the ping is not answered in time.
     keepalive_s: float = 60.0
     keepalive_timeout_s: float = 20.0
+    # Bytes of a message a client may send before the server reads it (HTTP/2 initial stream window; the
+    # rest follows once it is read); None: gRPC's default, sized by BDP probing (unbounded).
+    stream_window_bytes: int | None = 1 << 20
     # Failed authentications a peer address may make before it waits ``auth_backoff_s``, doubling per
     # further failure up to ``auth_backoff_max_s`` (``auth.AuthThrottle``).
     auth_free_failures: int = 10
@@ -106,6 +115,10 @@ class Limits:
             raise ConfigError(f"limits.auth_free_failures: expected >= 0, got {self.auth_free_failures}")
         if self.max_connections is not None and self.max_connections < 1:
             raise ConfigError(f"limits.max_connections: expected >= 1, got {self.max_connections}")
+        if self.stream_window_bytes is not None and not 65_535 <= self.stream_window_bytes < 2**31:
+            raise ConfigError(
+                f"limits.stream_window_bytes: expected 65535 to 2**31 - 1 or None, got {self.stream_window_bytes}"
+            )
         if self.connection_age_s is not None and not self.connection_age_s > 0:
             raise ConfigError(f"limits.connection_age_s: expected > 0 seconds or None, got {self.connection_age_s}")
 
@@ -148,6 +161,8 @@ def grpc_options(limits: Limits, max_connections: int) -> list[tuple[str, Any]]:
         # Clients pinging more often than every 5 s without data get GOAWAY after 2 strikes.
         ("grpc.http2.max_ping_strikes", 2),
     ]
+    if limits.stream_window_bytes is not None:
+        opts += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", limits.stream_window_bytes)]
     if limits.connection_age_s is not None:
         opts += [
             ("grpc.max_connection_age_ms", _ms(limits.connection_age_s)),

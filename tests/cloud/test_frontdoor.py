@@ -22,6 +22,7 @@ from splitrt.cloud.limits import Limits, connection_budget, grpc_options
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.cloud.servicer import remaining_s
 from splitrt.device.client import Device, DeviceConfig
+from splitrt.errors import ConfigError
 from splitrt.graph import zoo
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
@@ -372,6 +373,10 @@ def test_grpc_options_and_fd_budget() -> None:
     assert opts["grpc.max_connection_age_ms"] == 30_000 and opts["grpc.max_connection_idle_ms"] == 300_000
     assert opts["grpc.max_allowed_incoming_connections"] == 1000 and opts["grpc.max_concurrent_streams"] == 100
     assert "grpc.max_connection_age_ms" not in dict(grpc_options(Limits(), 10))
+    assert opts["grpc.http2.bdp_probe"] == 0 and opts["grpc.http2.lookahead_bytes"] == 1 << 20
+    assert "grpc.http2.bdp_probe" not in dict(grpc_options(Limits(stream_window_bytes=None), 10))
+    with pytest.raises(ConfigError, match="stream_window_bytes"):
+        Limits(stream_window_bytes=1000).check()
     assert connection_budget(Limits(), 1024) == 768 and connection_budget(Limits(max_connections=50), 1024) == 50
 
 

@@ -8,6 +8,8 @@ probe sending more than it declared is refused. Uploads have a lane of their own
 from __future__ import annotations
 
 import shutil
+import socket
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,3 +202,38 @@ def test_a_probe_asking_for_a_reply_beyond_the_cap_is_refused(models_dir: Path) 
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert f"reply_bytes: expected at most {PROBE_MAX_REPLY_BYTES}, got" in str(err.value.details())
         assert len(stub.Probe(pb.ProbeRequest(payload=b"x", reply_bytes=1 << 20), timeout=10).payload) == 1 << 20
+
+
+def _initial_window(port: int) -> int | None:
+    """The INITIAL_WINDOW_SIZE in the server's first SETTINGS frame (None: not set, HTTP/2's 65535)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(9)[:3] + b"\x04\x00" + bytes(4))
+        buf = b""
+        while True:
+            while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+                chunk = sock.recv(65536)
+                assert chunk, "the server closed the connection before its SETTINGS"
+                buf += chunk
+            size, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+            payload, buf = buf[9 : 9 + size], buf[9 + size :]
+            if kind == 0x4 and not flags & 0x1:  # SETTINGS, not an ACK
+                params = dict(struct.unpack(">HI", payload[i : i + 6]) for i in range(0, len(payload), 6))
+                return params.get(0x4)
+
+
+def test_a_client_sends_at_most_the_stream_window_before_its_message_is_read(models_dir: Path) -> None:
+    # A call refused on its headers can have pushed only this much of its body (HTTP/2 flow control: the
+    # client may not send past the window); a message the server reads gets the window it needs.
+    cfg = ServerConfig(models_dir=models_dir, workers=1, limits=Limits(stream_window_bytes=256 * 1024))
+    with CloudServer(cfg) as server, grpc.insecure_channel(server.address) as ch:
+        assert _initial_window(server.port) == 256 * 1024
+        stub = pb_grpc.SplitInferenceStub(ch)
+        size = 6 * MB  # 24 windows
+        declared = ((wire.PROBE_BYTES_KEY, str(size + 64)),)
+        reply = stub.Probe(pb.ProbeRequest(payload=bytes(size), reply_bytes=64), timeout=30, metadata=declared)
+        assert reply.received_bytes == size and len(reply.payload) == 64
+    with CloudServer(ServerConfig(models_dir=models_dir, workers=1)) as server:
+        assert _initial_window(server.port) == Limits().stream_window_bytes == 1 << 20
+    with CloudServer(ServerConfig(models_dir=models_dir, workers=1, limits=Limits(stream_window_bytes=None))) as server:
+        own = _initial_window(server.port)  # gRPC's own: 4 MiB from the start in grpcio 1.85, then BDP-sized
+        assert own is None or own > 1 << 20

@@ -176,15 +176,20 @@ class Builder:
         out = Path(directory) / f"{uuid.uuid4().hex}.onnx"
         try:
             result = pool.submit(_make, str(path), str(root), sha256, cut_id, max_nodes, str(out)).result()
-        except BrokenProcessPool as exc:  # the child died (killed: out of memory, most likely)
+        except BrokenProcessPool as exc:  # stopped by ``close``, or killed (out of memory, most likely)
             with self._lock:
                 if self._pool is pool:
                     self._pool = None
+                closed = self._closed
             out.unlink(missing_ok=True)
+            if closed:
+                raise RpcFailure(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the server is shutting down: the tail of cut {cut_id!r} was not built",
+                ) from exc
             raise RpcFailure(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"building the tail of cut {cut_id!r}: expected its process to finish, got it killed "
-                "(out of memory, or the server is stopping)",
+                f"building the tail of cut {cut_id!r}: expected its process to finish, got it killed (out of memory?)",
             ) from exc
         except BaseException:
             out.unlink(missing_ok=True)

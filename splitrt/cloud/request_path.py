@@ -170,7 +170,11 @@ def _codec(name: str) -> codec.Codec:
 def request_bytes(server: CloudServer, sha256: str, key: str, tail: Tail, shapes: Shapes, bytes_in: int) -> int:
     """What a request holds while it runs: its message, and its activations at its shapes (estimated
     from the graph, ``peak``; refused beyond ``max_request_bytes``)."""
-    est = server.peaks.estimate(f"{sha256}/{key}", tail.skeleton, dict(shapes))
+    static = tail.static_peak  # estimated where the segment was made, at its fixed input shapes
+    if static is not None and static[0] == tuple(sorted(shapes.items())):
+        est = static[1]
+    else:
+        est = server.peaks.estimate(f"{sha256}/{key}", tail.skeleton, dict(shapes))
     # onnxruntime's kernels add scratch space to the tensors alive at once: bert_tiny at 16 x 512
     # peaked 14 % above the estimate (132 MB estimated, 150 MB measured).
     need = int(est.peak_bytes * 1.2)

@@ -5,9 +5,11 @@ reserves its session's estimated bytes first, evicting the least recently used s
 running; the ``capacity`` (entries) is a second, coarser bound. A build runs in a worker slot (it is
 as heavy as a request: clients naming many cuts must queue for slots, not build side by side).
 
-- ``TailCache(store, capacity, intra_op_threads, *, budget, slot, release_slot)``: ``.lease(sha, cut,
+- ``TailCache(store, capacity, intra_op_threads, *, budget, slot, release_slot, builder)``: ``.lease(sha, cut,
   timeout_s=)`` pins a tail (never evicted while leased), ``.get(...)``; a build runs in a worker slot, reserves
-  ``build_peak_bytes`` and keeps ``session_bytes`` (``Tail.bytes``); ``.evict(n)``, ``.held_bytes()``,
+  ``build_peak_bytes`` and keeps ``session_bytes`` (``Tail.bytes``); with a ``builder`` (``splitrt serve``) the
+  segment is made in its child (``child_build_bytes`` reserved meanwhile) and the session opened from its file
+  (``session_peak_bytes``), the server's process holding the GIL only briefly; ``.evict(n)``, ``.held_bytes()``,
   ``.evicted``. ``ModelStore(root, *, budget, max_nodes)``: graphs in an LRU charged to the budget
   (``.evict(n)``).
 """
@@ -54,6 +56,8 @@ class Tail:
     users: int = 0
     # The segment's graph without its weights' data, for estimating a request's activations (``peak``).
     skeleton: Any = None
+    # (shapes sorted by name, ``peak.Estimate``) made with the segment (``builder.Made.static_peak``).
+    static_peak: Any = None
 
 
 # Largest output onnxruntime (>= 1.27) may constant-fold in a tail session: graph.normalise's bound
@@ -243,6 +247,7 @@ class TailCache:
                 trim()
         finally:
             made.path.unlink(missing_ok=True)
+        tail.static_peak = made.static_peak
         return self._keep(tail, held, cost, onnx.ModelProto.FromString(made.skeleton), sha256, cut_id)
 
     def _keep(self, tail: Tail, held: int, cost: int, skel: Any, sha256: str, cut_id: str) -> Tail:

@@ -18,6 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from splitrt.cloud.peak import peak_bytes
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import CloudError
@@ -47,6 +48,7 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("models")
     shutil.copyfile(zoo.get("squeezenet"), d / "squeezenet.onnx")
     onnx.save(chain(30_000), d / "long_chain.onnx")
+    onnx.save(chain(50), d / "short_chain.onnx")
     return d
 
 
@@ -77,6 +79,14 @@ def _outputs(reply: wire.Framed) -> dict[str, np.ndarray]:
 def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, device: Device) -> None:
     cuts = [*[c.id for c in device.graph.cuts()[1:-1]][::9][:4], "cloud"]
     requests = [_request(device, cut, seed) for seed, cut in enumerate(cuts)]
+    x = np.random.default_rng(0).standard_normal(1).astype(np.float32)
+    short = wire.Framed(  # fixed input shapes: its peak estimate is made with its segment
+        header=pb.InferRequest(
+            request_id="s", model_sha256=model_sha256(models_dir / "short_chain.onnx"), cut_id="cloud"
+        ),
+        tensors=[codec.encode("x", x, codec.Codec.parse("fp32"))],
+    )
+    requests.append(short)
     answers: dict[bool, list[dict[str, np.ndarray]]] = {}
     for in_child in (False, True):
         config = ServerConfig(models_dir=models_dir, workers=2, intra_op_threads=1, build_in_child=in_child)
@@ -84,7 +94,16 @@ def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, de
             answers[in_child] = [_outputs(_infer(server, r)) for r in requests]
             # Made in the child, the server's process never loaded the model's graph (nor charged it).
             assert (server.store._loaded == {}) is in_child
-            assert len(server.tails.snapshot()) == len(cuts)
+            assert len(server.tails.snapshot()) == len(cuts) + 1
+            # Every input shape here is fixed: made in the child, each tail comes with its peak estimate,
+            # the one the request path would have made here.
+            for tail in server.tails._cache.values():
+                assert (tail.static_peak is not None) is in_child
+                if in_child:
+                    shapes = dict(tail.static_peak[0])
+                    assert shapes.keys() == {n for n, _, _ in tail.inputs}
+                    assert tail.static_peak[1] == peak_bytes(tail.skeleton, shapes)
+                    assert tail.static_peak[1].peak_bytes > 0
             if in_child:
                 assert server.tails.builder is not None
                 directory = server.tails.builder._dir
@@ -96,6 +115,7 @@ def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, de
         for name in here:
             assert np.array_equal(here[name], child[name]), name  # same segment, same session: same bits
         assert any(np.abs(v).max() > 0 for v in here.values())  # random weights: not a constant answer
+    assert np.array_equal(answers[True][-1]["y"], x)  # 50 Negs
 
 
 def test_a_child_reports_what_the_in_process_build_reports(models_dir: Path, device: Device) -> None:

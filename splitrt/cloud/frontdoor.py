@@ -17,7 +17,9 @@ Per call, in order:
    inference, half of the others: an uploader sends at most half the lane's uploads at once); a full lane
    answers RESOURCE_EXHAUSTED at once, and never blocks another (Status and health answer while the
    inference queue is full). A Probe's bytes are reserved in the memory budget before its body is read
-   (``_Call.prepay``).
+   (``_Call.prepay``); a declared size over the caps (``PROBE_MAX_PAYLOAD_BYTES`` + ``PROBE_MAX_REPLY_BYTES``)
+   is refused unread, and an address whose probe body over ``PROBE_FREE_BYTES`` was read and then refused
+   has its probes refused unread for ``PROBE_PENALTY_S`` (``FrontDoor.penalize_probes``).
 3. Leases: the request message (``read_timeout_s``; health ``health_read_timeout_s``), each further
    upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
    take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not

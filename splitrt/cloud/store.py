@@ -12,7 +12,8 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,9 @@ class ModelStore:
         # path -> (mtime, size, sha256 or "" when refused)
         self._seen: dict[Path, tuple[float, int, str]] = {}
         self._graph_locks: dict[str, threading.Lock] = {}
+        # Graphs a tail build is splitting (``pinned``): never evicted meanwhile. Evicted, the ledger
+        # would free bytes the build still holds, and the next build would parse the model again.
+        self._pins: dict[str, int] = {}
         # "<sha256>~<steps>" -> (the base graph it was derived from, weakly: an evicted base is not kept
         # alive by it; the specialised graph). One entry per model and steps that apply: bounded.
         self._specialised: dict[str, tuple[weakref.ref[Any], Any]] = {}
@@ -263,10 +267,23 @@ class ModelStore:
             trim()
         entry.graph, entry.graph_bytes = graph, cost
 
+    @contextmanager
+    def pinned(self, sha256: str) -> Iterator[None]:
+        """The model's graph (``<sha256>~<steps>``: its base's) is not evicted while this is held."""
+        base = sha256.partition("~")[0]
+        with self._lock:
+            self._pins[base] = self._pins.get(base, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pins[base] -= 1
+                if not self._pins[base]:
+                    del self._pins[base]
+
     def evict(self, nbytes: int) -> int:
-        """Drop least recently used graphs until ``nbytes`` are freed (the budget's evictor). A tail
-        build that holds one keeps it alive until it finishes (a transient overshoot the builds' worker
-        slots bound)."""
+        """Drop least recently used graphs until ``nbytes`` are freed (the budget's evictor), except the
+        ones being loaded or ``pinned`` by a tail build."""
         freed = 0
         with self._lock:
             for sha in list(self._loaded):
@@ -274,7 +291,7 @@ class ModelStore:
                     break
                 entry = self._loaded.pop(sha)
                 glock = self._graph_locks.get(sha)
-                if glock is not None and glock.locked():  # being loaded: not ours to drop
+                if (glock is not None and glock.locked()) or sha in self._pins:  # being loaded or split
                     self._loaded[sha] = entry
                     continue
                 freed += entry.graph_bytes

@@ -197,6 +197,10 @@ class TailCache:
     def _build(self, sha256: str, cut_id: str) -> Tail:
         if self.builder is not None:
             return self._build_from_child(sha256, cut_id, self.builder)
+        with self.store.pinned(sha256):  # the graph stays in the ledger while this build holds it
+            return self._build_here(sha256, cut_id)
+
+    def _build_here(self, sha256: str, cut_id: str) -> Tail:
         graph = self.store.graph(sha256)
         # The build's transient peak (segment proto, its bytes, onnxruntime's copies while it loads) is
         # reserved before splitting, from the whole model's weights; the session keeps its share of it.

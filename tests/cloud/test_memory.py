@@ -262,3 +262,31 @@ def test_a_tail_session_computes_no_large_constant_while_it_is_built(tmp_path: P
     x = np.random.default_rng(3).standard_normal(1024).astype(np.float32)
     (y,) = tail.session.run(tail.outputs, {"x": x})
     np.testing.assert_array_equal(y, x)  # max over identical rows x + 0
+
+
+def test_a_build_keeps_the_graph_it_splits_in_the_ledger(models_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Under memory pressure, a tail build's own reservation evicted the graph it was splitting (the store's
+    evictor runs first): the ledger freed bytes the build still held (room for the RSS to pass the budget)
+    and the next build parsed the model again. A graph being split is pinned; the unused tail goes instead."""
+    from splitrt.cloud.builder import tensor_bytes
+    from splitrt.cloud.memory import build_peak_bytes
+    from splitrt.cloud.store import ModelStore
+    from splitrt.cloud.tails import TailCache
+
+    budget = MemoryBudget(4096 * MB)
+    store = ModelStore(models_dir, budget=budget)
+    cache = TailCache(store, capacity=8, intra_op_threads=1, budget=budget)
+    (sha,) = [m.sha256 for m in store.models()]
+    graph = store.graph(sha)
+    build = build_peak_bytes(sum(tensor_bytes(t) for t in graph.model.graph.initializer))
+    # Room for the graph and one build's peak: the second build must evict something.
+    budget.limit_bytes = budget.used_bytes + build + MB
+    cuts = [c.id for c in graph.cuts()[1:-1]]
+    del graph
+    with caplog.at_level("INFO", logger="splitrt.cloud"):
+        for cut in (cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]):
+            cache.get(sha, cut)
+            assert budget.used_bytes <= budget.available_bytes
+    assert not [r for r in caplog.records if "graph_evicted" in r.getMessage()]
+    assert sha in store._loaded and store._pins == {}  # still loaded, no pin left behind
+    assert cache.evicted == 1 and len(cache.snapshot()) == 1  # the first tail made room for the second

@@ -1,4 +1,5 @@
-"""Helpers shared by the attack benchmarks (bench_attack.py, bench_badinput.py).
+"""Helpers shared by the benchmarks: the attack ones (bench_attack.py, bench_badinput.py) and the grids
+(bench_rig_grid.py, bench_sim.py).
 
 Imported as ``_common`` with the bench folder on ``sys.path``: running a script puts it there; a test that
 loads a script by its file path puts it there first.
@@ -6,11 +7,15 @@ loads a script by its file path puts it there first.
 
 from __future__ import annotations
 
+import argparse
+import itertools
 import socket
 import sys
 import time
 
 import grpc
+
+from splitrt.rig.bench import TRACE_SETS
 
 
 def progress(tag: str, msg: str) -> None:
@@ -32,3 +37,26 @@ def code(exc: BaseException) -> str:
     if isinstance(getattr(exc, "code", None), str):  # splitrt's CloudError carries the gRPC code's name
         return str(exc.code)  # type: ignore[attr-defined]
     return f"client:{type(exc).__name__}"
+
+
+def add_grid_arguments(p: argparse.ArgumentParser) -> None:
+    """The acceptance grid's options, shared by ``bench/bench_rig_grid.py`` and ``bench/bench_sim.py``:
+    every shipped HSDPA trace x resnet50, inception_v1 on rpi4 x bandwidth scale 1, 5 x load none,
+    device-burst by default."""
+    p.add_argument(
+        "--traces",
+        default="tuned",
+        help="comma-separated shipped traces, or 'tuned' (the HSDPA traces the controller was tuned on) "
+        "or 'heldout' (HSDPA traces never used for tuning)",
+    )
+    p.add_argument("--models", default="resnet50,inception_v1")
+    p.add_argument("--scales", default="1,5")
+    p.add_argument("--loads", default="none,device-burst")
+    p.add_argument("--board", default="rpi4")
+
+
+def grid_cells(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
+    """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them."""
+    names = [t for item in args.traces.split(",") for t in TRACE_SETS.get(item, (item,))]
+    scales = [float(x) for x in args.scales.split(",")]
+    return list(itertools.product(names, args.models.split(","), scales, args.loads.split(",")))

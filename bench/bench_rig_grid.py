@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import numpy as np
+from _common import add_grid_arguments, grid_cells
 
 from splitrt.cli import bench as cmd_bench
 from splitrt.cli.tables import render
@@ -32,7 +33,7 @@ from splitrt.rig import regret
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rigbench.add_grid_arguments(p)
+    add_grid_arguments(p)
     p.add_argument("--duration", type=float, default=12.0, help="seconds of trace per strategy per cell")
     p.add_argument("--turn", type=float, default=1.0, help="strategies take turns on slices this long (s)")
     p.add_argument("--rate", type=float, default=4.0)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     models = a.models.split(",")
-    cells = rigbench.grid_cells(a)
+    cells = grid_cells(a)
     line = cmd_bench.LiveLine()
     rows: list[dict[str, Any]] = []
     t_start = time.monotonic()

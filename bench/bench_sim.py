@@ -23,12 +23,12 @@ import time
 from typing import Any
 
 import numpy as np
+from _common import add_grid_arguments, grid_cells
 
 from splitrt.cli import sim as cmd_sim
 from splitrt.cli.tables import render
 from splitrt.plan.controller import ControllerConfig
 from splitrt.plan.netmon import LinkConfig
-from splitrt.rig import bench as rigbench
 from splitrt.rig import regret
 
 
@@ -86,7 +86,7 @@ def regret_text(cells: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rigbench.add_grid_arguments(p)
+    add_grid_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, help="seconds of each trace (0: the whole trace)")
     p.add_argument("--offset", type=float, default=0.0)
     p.add_argument("--rate", type=float, default=4.0)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args.link_config, args.controller_config = overrides(args.set)
     t0 = time.monotonic()
     cells = []
-    grid = rigbench.grid_cells(args)
+    grid = grid_cells(args)
     for n, (tr, model, scale, load) in enumerate(grid, 1):
         print(f"cell {n}/{len(grid)}: {tr} {model} x{scale:g} {load}", file=sys.stderr, flush=True)
         cells.append(cell(model, tr, scale, load, args))

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from splitrt import paths
 from splitrt.cli.tables import render
 from splitrt.errors import ConfigError
 from splitrt.graph import model as graph
@@ -55,7 +56,7 @@ def sim_cell(
     prof = models.shipped_profile(model)
     if prof is None:
         raise ConfigError(
-            f"no shipped profile of {model!r} in {models.profiles_dir()}: expected a zoo model "
+            f"no shipped profile of {model!r} in {paths.profiles_dir()}: expected a zoo model "
             f"with a profile there (splitrt profile writes one)"
         )
     table = models.cost_table_for(prof, graph.file_sha256(path), b.cpu_speed_factor)

@@ -13,8 +13,6 @@ and a ``runner.RunSpec``, and lays the report out as its table's readers expect.
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -155,29 +153,6 @@ class FleetConfig:
         _positive(segment_s=self.segment_s, bandwidth_scale=self.bandwidth_scale)
         if not self.device_cpus:
             raise ConfigError("device_cpus: expected at least one quota")
-
-
-def add_grid_arguments(p: argparse.ArgumentParser) -> None:
-    """The acceptance grid's options, shared by ``bench/bench_rig_grid.py`` and ``bench/bench_sim.py``:
-    every shipped HSDPA trace x resnet50, inception_v1 on rpi4 x bandwidth scale 1, 5 x load none,
-    device-burst by default."""
-    p.add_argument(
-        "--traces",
-        default="tuned",
-        help="comma-separated shipped traces, or 'tuned' (the HSDPA traces the controller was tuned on) "
-        "or 'heldout' (HSDPA traces never used for tuning)",
-    )
-    p.add_argument("--models", default="resnet50,inception_v1")
-    p.add_argument("--scales", default="1,5")
-    p.add_argument("--loads", default="none,device-burst")
-    p.add_argument("--board", default="rpi4")
-
-
-def grid_cells(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
-    """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them."""
-    names = [t for item in args.traces.split(",") for t in TRACE_SETS.get(item, (item,))]
-    scales = [float(x) for x in args.scales.split(",")]
-    return list(itertools.product(names, args.models.split(","), scales, args.loads.split(",")))
 
 
 def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, str]:

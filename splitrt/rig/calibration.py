@@ -14,8 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from splitrt import paths
 from splitrt.errors import RigError
-from splitrt.rig.models import profiles_dir, shipped_profile
+from splitrt.rig.models import shipped_profile
 
 if TYPE_CHECKING:
     from splitrt.rig.harness import Rig
@@ -111,7 +112,7 @@ def target_ms(cpu_speed_factor: float) -> float:
     """What the board takes on the calibration model: the shipped host profile x its speed factor."""
     prof_path = shipped_profile(CALIBRATION_MODEL)
     if prof_path is None:
-        raise RigError(f"no shipped profile of {CALIBRATION_MODEL} in {profiles_dir()} to calibrate against")
+        raise RigError(f"no shipped profile of {CALIBRATION_MODEL} in {paths.profiles_dir()} to calibrate against")
     prof = json.loads(prof_path.read_text())
     host_prof_ms = float(next(c["head_ms"] for c in prof["cuts"] if c["cut"] == "device"))
     return host_prof_ms * cpu_speed_factor

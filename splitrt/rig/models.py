@@ -12,15 +12,11 @@ from splitrt import paths
 from splitrt.errors import ConfigError
 
 
-def profiles_dir() -> Path:
-    return paths.profiles_dir()
-
-
 def shipped_profile(model_name: str) -> Path | None:
     """The shipped host profile of a zoo model (``profiles/<hostclass>__<model>.json``), if any."""
     from splitrt.profile import profiler
 
-    d = profiles_dir()
+    d = paths.profiles_dir()
     own = d / f"{profiler.host_class()}__{model_name}.json"
     if own.is_file():
         return own

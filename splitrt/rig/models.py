@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +58,10 @@ def cost_table_for(profile_path: Path, sha: str, speed_factor: float, cloud_fact
 
     prof = profiler.load_profile(profile_path, sha256=sha)
     return profiler.cost_table(prof, prof, device_speed_factor=speed_factor, cloud_speed_factor=cloud_factor)
+
+
+def cost_tables(profile_path: Path, sha: str, factors: Sequence[float]) -> list[Any]:
+    """A path's tables: the device's (heads at ``factors[0]``, tails at the last tier's), then each server
+    tier's own (``factors[k]``)."""
+    head = cost_table_for(profile_path, sha, factors[0], factors[-1])
+    return [head] + [cost_table_for(profile_path, sha, f, f) for f in factors[1:]]

@@ -31,7 +31,7 @@ from splitrt.errors import ConfigError, RigError
 from splitrt.rig import calibration, loads, strategies
 from splitrt.rig import protocol as P
 from splitrt.rig.harness import Rig
-from splitrt.rig.models import cost_table_for, model_path_for, profile_for
+from splitrt.rig.models import cost_table_for, cost_tables, model_path_for, profile_for
 from splitrt.rig.traces import Trace
 from splitrt.rig.tracespec import load_trace, typical_rtt_ms
 
@@ -198,7 +198,7 @@ def run(
     power = figures.power
     kw: dict[str, Any] = {"objective": spec.objective, "power": power, "codecs": spec.codecs}
     slow = 1 / min(rig.config.tiers[0].cpus) if rig.config.tiers[0].cpus else rig.board.cpu_speed_factor
-    base = _tables(prof, mg.sha256, [slow] + [1.0] * (n_tiers - 1))
+    base = cost_tables(prof, mg.sha256, [slow] + [1.0] * (n_tiers - 1))
     cuts, pairs = strategies.likely_plans(base, [h.rtt_ms for h in spec.hops], **kw)
     servers = rig.addresses
     specs = [
@@ -227,7 +227,7 @@ def run(
     try:
         times = _calibrate(rig, workers, servers, host_device_ms, host_cloud_ms, say)
         factors = [statistics.median(times["speeds"]), *times["factors"]]
-        tables = _tables(prof, mg.sha256, factors)
+        tables = cost_tables(prof, mg.sha256, factors)
         medians = [Link(bandwidth_mbps=h.median_mbps, rtt_ms=h.rtt_ms) for h in spec.hops]
         names = [n for n in spec.strategies if n not in strategies.ORACLE_REFS]
         choices = (
@@ -288,11 +288,6 @@ def run(
         rss_mb=rss,
         power=figures,
     )
-
-
-def _tables(prof: Any, sha: str, factors: Sequence[float]) -> list[Any]:
-    """Device (heads at ``factors[0]``, tails at the last tier's), then each server tier's own."""
-    return [cost_table_for(prof, sha, factors[0], factors[-1])] + [cost_table_for(prof, sha, f, f) for f in factors[1:]]
 
 
 def _calibrate(

@@ -28,7 +28,7 @@ from typing import Any
 
 from splitrt.plan.netmon import LoadEstimator
 from splitrt.rig import protocol as P
-from splitrt.rig.models import cost_table_for
+from splitrt.rig.models import cost_tables
 
 
 def _emit(msg: dict[str, Any]) -> None:
@@ -252,9 +252,8 @@ class Agent:
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
         from splitrt.plan.controller import ControllerConfig
 
-        s, f = self.spec, msg.factors
-        tables = [cost_table_for(Path(s.profile_path), self.mg.sha256, f[0], f[-1])]
-        tables += [cost_table_for(Path(s.profile_path), self.mg.sha256, x, x) for x in f[1:]]
+        s = self.spec
+        tables = cost_tables(Path(s.profile_path), self.mg.sha256, msg.factors)
         kw: dict[str, Any] = dict(device_config=self.dcfg, power=self.power, clock=clock, start_prober=False)
         ctl = ControllerConfig(objective=s.objective, codecs=s.codecs if msg.tiers == 2 else s.codecs or ("fp32",))
         # the deployment's constraints (``Spec.cuts``) shape the two-tier runtime's plans

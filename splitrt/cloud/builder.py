@@ -17,6 +17,7 @@ server also keeps no whole-model graph in memory to build tails (only its sessio
   shapes); RpcFailure as the in-process
   build would raise it (NOT_FOUND for an unknown cut, FAILED_PRECONDITION for a model that does not
   load or split, INVALID_ARGUMENT for ``device``; RESOURCE_EXHAUSTED if the child was killed).
+  A cut the model is known not to have (its ids come back with every segment) is NOT_FOUND at once.
   ``.warm()`` starts the child(ren) now; ``.close()`` stops them at once and removes the files' directory.
   The caller deletes each ``Made.path`` once its session is open.
 """
@@ -30,6 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -43,6 +45,9 @@ from splitrt.cloud.common import RpcFailure
 from splitrt.errors import CutError
 
 __all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
+
+# Models whose cut ids are remembered (the least recently built forgotten first).
+MAX_MODELS_INDEXED = 256
 
 
 @dataclass(frozen=True)
@@ -103,14 +108,15 @@ def _init(parent: int) -> None:
 
 
 def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None, out: str) -> tuple[Any, ...]:
-    """In the child: ("ok", inputs, skeleton bytes, weights bytes) with the segment written to ``out``,
-    or ("error", code name, message)."""
+    """In the child: ("ok", inputs, skeleton bytes, weights bytes, static peak, cut ids) with the segment
+    written to ``out``, or ("error", code name, message, cut ids or None)."""
     from splitrt.cloud.memory import trim
     from splitrt.cloud.peak import skeleton
     from splitrt.cloud.store import load_graph
     from splitrt.graph import model as graph_mod
     from splitrt.graph import partition
 
+    ids: list[str] | None = None
     try:
         graph = load_graph(Path(path), Path(root), max_nodes)
         _, steps, key = sha256.partition("~")
@@ -121,6 +127,7 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
                 raise RpcFailure(
                     grpc.StatusCode.NOT_FOUND, f"model sha256 {sha256[:12]} has no specialisation {key!r}: {exc}"
                 ) from exc
+        ids = [c.id for c in graph.cuts()]
         segment = segment_of(graph, sha256, cut_id, Path(root))
         del graph
         model = segment.model
@@ -130,9 +137,9 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
         with open(out, "wb") as f:
             f.write(model.SerializeToString())
         del model, segment
-        return ("ok", inputs, skel_model.SerializeToString(), weights, _static_peak(skel_model, inputs))
+        return ("ok", inputs, skel_model.SerializeToString(), weights, _static_peak(skel_model, inputs), ids)
     except RpcFailure as exc:
-        return ("error", exc.code.name, exc.message)
+        return ("error", exc.code.name, exc.message, ids)
     finally:
         trim()
 
@@ -168,6 +175,10 @@ class Builder:
         self._pool: ProcessPoolExecutor | None = None
         self._dir: str | None = None
         self._closed = False
+        # Cut ids per model (sha256, ``~steps`` included), as the child enumerated them: a request naming
+        # a cut the model does not have is refused here, without a load in the child (an attacker naming
+        # made-up cuts would otherwise cost a whole model load each).
+        self._cut_ids: OrderedDict[str, frozenset[str]] = OrderedDict()
 
     def _ensure(self) -> tuple[ProcessPoolExecutor, str]:
         with self._lock:
@@ -188,6 +199,7 @@ class Builder:
             pool.submit(_noop)
 
     def make(self, path: Path, root: Path, sha256: str, cut_id: str, max_nodes: int | None) -> Made:
+        self._check_known(path, sha256, cut_id)
         pool, directory = self._ensure()
         out = Path(directory) / f"{uuid.uuid4().hex}.onnx"
         try:
@@ -210,10 +222,33 @@ class Builder:
         except BaseException:
             out.unlink(missing_ok=True)
             raise
+        if result[-1] is not None:
+            self._remember(sha256, result[-1])
         if result[0] != "ok":
             out.unlink(missing_ok=True)
             raise RpcFailure(grpc.StatusCode[result[1]], result[2])
         return Made(path=out, inputs=result[1], skeleton=result[2], weights_bytes=int(result[3]), static_peak=result[4])
+
+    def _remember(self, sha256: str, ids: list[str]) -> None:
+        with self._lock:
+            self._cut_ids[sha256] = frozenset(ids)
+            self._cut_ids.move_to_end(sha256)
+            while len(self._cut_ids) > MAX_MODELS_INDEXED:
+                self._cut_ids.popitem(last=False)
+
+    def _check_known(self, path: Path, sha256: str, cut_id: str) -> None:
+        """NOT_FOUND, as the child would answer, for a cut the model is known not to have."""
+        with self._lock:
+            ids = self._cut_ids.get(sha256)
+        if ids is None:
+            return
+        for part in cut_id.split(">"):
+            if part not in ids:
+                raise RpcFailure(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"cut {cut_id!r} of model {sha256[:12]}: {path.name}: no cut {part!r}; expected one of "
+                    f"{len(ids)} cut ids",
+                )
 
     def close(self) -> None:
         """Stop the children now (a segment in progress is abandoned: its build fails, as the server is

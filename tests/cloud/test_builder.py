@@ -141,6 +141,18 @@ def test_a_child_reports_what_the_in_process_build_reports(models_dir: Path, dev
             assert info.value.code == code.name, info.value
             assert text in str(info.value) and str(models_dir) not in str(info.value)
         assert _outputs(_infer(server, good))  # and the server goes on serving
+        # The model's cut ids came back with its segments: a made-up cut is refused without a load in the child.
+        builder = server.tails.builder
+        assert builder is not None
+        children: list[int] = []
+        ensure = builder._ensure
+        builder._ensure = lambda: children.append(1) or ensure()  # type: ignore[method-assign]
+        for cut in ("c88888", f"{good.header.cut_id}>nope"):
+            req = wire.Framed(header=pb.InferRequest(request_id="r", model_sha256=sha, cut_id=cut), tensors=[])
+            with pytest.raises(CloudError) as info:
+                _infer(server, req)
+            assert info.value.code == "NOT_FOUND" and "no cut" in str(info.value), info.value
+        assert children == []
 
 
 def test_stopping_does_not_wait_for_a_segment_being_made(models_dir: Path) -> None:

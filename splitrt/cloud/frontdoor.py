@@ -19,7 +19,8 @@ Per call, in order:
    inference queue is full). A Probe's bytes are reserved in the memory budget before its body is read
    (``_Call.prepay``); a declared size over the caps (``PROBE_MAX_PAYLOAD_BYTES`` + ``PROBE_MAX_REPLY_BYTES``)
    is refused unread, and an address whose probe body over ``PROBE_FREE_BYTES`` was read and then refused
-   has its probes refused unread for ``PROBE_PENALTY_S`` (``FrontDoor.penalize_probes``).
+   (undeclared, or more than declared) has its probes refused unread for ``PROBE_PENALTY_S``
+   (``FrontDoor.penalize_probes``).
 3. Leases: the request message (``read_timeout_s``; health ``health_read_timeout_s``), each further
    upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
    take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not
@@ -492,7 +493,10 @@ class _Call:
             reason = ""
         self.door.count(self.method, code, reason)
         said = _details(ctx)  # what an abort said (its exception is a bare ``Exception()``)
-        if self.lane == "probe" and code is grpc.StatusCode.INVALID_ARGUMENT and self.read_bytes > PROBE_FREE_BYTES:
+        # An undeclared probe refused once read (a declared one is judged before: see ``prepay``; a declared
+        # one refused after, e.g. a reply over a small ``--max-message-mb``, was honest and is not held).
+        undeclared_read = self.declared is None and self.read_bytes > PROBE_FREE_BYTES
+        if self.lane == "probe" and code is grpc.StatusCode.INVALID_ARGUMENT and undeclared_read:
             self.door.penalize_probes(self.key[1], f"{self.read_bytes} bytes read, then refused: {said}")
         self.release()
         serving("")

@@ -145,6 +145,14 @@ def test_an_oversize_undeclared_probe_is_read_once_then_its_address_waits(models
             stub.Probe(pb.ProbeRequest(reply_bytes=PROBE_MAX_REPLY_BYTES + 1), timeout=10, metadata=AUTH)
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert stub.Probe(pb.ProbeRequest(payload=b"x"), timeout=10, metadata=AUTH).received_bytes == 1
+        # Declared honestly, a body read and then refused (a reply over this server's 8 MB messages) is
+        # not held against its address either.
+        honest = pb.ProbeRequest(payload=bytes(100_000), reply_bytes=8 * MB)
+        declared = (*AUTH, (wire.PROBE_BYTES_KEY, str(100_000 + 8 * MB)))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Probe(honest, timeout=10, metadata=declared)
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "reply_bytes" in str(err.value.details())
+        assert stub.Probe(pb.ProbeRequest(payload=b"x"), timeout=10, metadata=AUTH).received_bytes == 1
         monkey = pytest.MonkeyPatch()
         monkey.setattr("splitrt.cloud.servicer.PROBE_MAX_PAYLOAD_BYTES", 1 * MB)  # under this server's messages
         try:

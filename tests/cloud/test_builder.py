@@ -15,9 +15,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import onnx
+import psutil
 import pytest
 from onnx import TensorProto, helper
 
+from splitrt.cloud.memory import BUILDER_RESIDENT_BYTES
 from splitrt.cloud.peak import peak_bytes
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
@@ -108,6 +110,11 @@ def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, de
                 assert server.tails.builder is not None
                 directory = server.tails.builder._dir
                 assert directory is not None and list(Path(directory).iterdir()) == []  # files removed once open
+                # What the ledger counts for the child at rest covers it once it has made segments (it trims).
+                pool = server.tails.builder._pool
+                assert pool is not None
+                resident = sum(psutil.Process(p.pid).memory_info().rss for p in pool._processes.values())
+                assert 0 < resident <= BUILDER_RESIDENT_BYTES, resident
         if in_child:
             assert not Path(directory).exists()  # and their directory with the server
     for here, child in zip(answers[False], answers[True], strict=True):

@@ -216,7 +216,7 @@ def run_bench(
         "rtt_ms": hop.rtt_ms,
         "codecs": list(cfg.codecs) if cfg.codecs else list(out.tables[0].codecs),
         "calibration": {**asdict(cal), "error_pct": cal.error_pct},
-        "measured_costs": measured_costs(out.tables[0], records, played, sched, hop.rtt_ms).as_dict(),
+        "measured_costs": asdict(measured_costs(out.tables[0], records, played, sched, hop.rtt_ms)),
         "strategies": res,
         "timeline": {
             "bandwidth_mbps": [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)],

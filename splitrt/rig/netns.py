@@ -23,7 +23,7 @@ of a live owner (e.g. another test running in parallel) are left alone unless ``
 Running code in a namespace
 ---------------------------
 ``Host.popen``/``Host.run`` use ``ip netns exec`` (the pid of the ``Popen`` is the command itself: ``ip``
-execs it). ``Host.thread(fn)``/``Host.call(fn)`` run a Python callable in a new thread that switched
+execs it). ``Host.call(fn)`` (``netns_call``) runs a Python callable in a new thread that switched
 its network namespace with ``setns(2)`` through ctypes (``os.setns`` exists only on Python >= 3.12):
 the network namespace is per thread on Linux, so sockets that thread (and threads it starts) creates
 live in the namespace, while the rest of the process stays where it was. Only sockets are affected:
@@ -40,10 +40,10 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -98,79 +98,32 @@ def subnet_for(prefix: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- setns
 
-_libc: ctypes.CDLL | None = None
-
-
-def _setns(fd: int) -> None:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    if _libc.setns(fd, _CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise RigError(f"setns(CLONE_NEWNET) failed: {os.strerror(err)}")
-
-
-def _open_netns(ns: str) -> int:
-    try:
-        return os.open(str(NETNS_DIR / ns), os.O_RDONLY)
-    except OSError as exc:
-        raise RigError(f"network namespace {ns!r} does not exist: {exc}") from exc
-
 
 def enter_netns(ns: str) -> None:
     """Move the CALLING THREAD into network namespace ``ns`` (use in a thread of your own)."""
-    fd = _open_netns(ns)
     try:
-        _setns(fd)
+        fd = os.open(str(NETNS_DIR / ns), os.O_RDONLY)
+    except OSError as exc:
+        raise RigError(f"network namespace {ns!r} does not exist: {exc}") from exc
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            raise RigError(f"setns(CLONE_NEWNET) failed: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)
 
 
-def netns_thread(
-    ns: str, target: Callable[..., Any], *args: Any, name: str | None = None, daemon: bool = True, **kwargs: Any
-) -> threading.Thread:
-    """Start a thread that enters ``ns`` and runs ``target(*args, **kwargs)``; returns it (started).
-
-    A missing namespace raises ``RigError`` here, in the caller, before the thread starts.
-    """
-    fd = _open_netns(ns)
-
-    def body() -> None:
-        try:
-            _setns(fd)
-        finally:
-            os.close(fd)
-        target(*args, **kwargs)
-
-    th = threading.Thread(target=body, name=name or f"netns-{ns}", daemon=daemon)
-    try:
-        th.start()
-    except BaseException:
-        os.close(fd)
-        raise
-    return th
-
-
-def netns_call(ns: str | None, fn: Callable[..., T], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> T:
+def netns_call(ns: str | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run ``fn(*args, **kwargs)`` in a thread inside ``ns`` (None: here, in this thread); return its
     result or raise its error."""
     if ns is None:
         return fn(*args, **kwargs)
-    box: dict[str, Any] = {}
 
-    def body() -> None:
-        try:
-            box["result"] = fn(*args, **kwargs)
-        except BaseException as exc:
-            box["error"] = exc
+    def inside() -> T:
+        enter_netns(ns)
+        return fn(*args, **kwargs)
 
-    th = netns_thread(ns, body)
-    th.join(timeout_s)
-    if th.is_alive():
-        raise RigError(f"call in namespace {ns!r} did not finish within {timeout_s} s")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    with ThreadPoolExecutor(1, thread_name_prefix=f"netns-{ns}") as pool:
+        return pool.submit(inside).result()
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -203,13 +156,6 @@ class Host:
     def ip_cmd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``ip -n <ns> args...``"""
         return run_cmd(["ip", "-n", self.ns, *args], check=check)
-
-    def tc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return run_cmd(["ip", "netns", "exec", self.ns, "tc", *args], check=check)
-
-    def thread(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> threading.Thread:
-        """Run a Python callable in a new thread inside this namespace (see module doc)."""
-        return netns_thread(self.ns, target, *args, **kwargs)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return netns_call(self.ns, fn, *args, **kwargs)
@@ -286,11 +232,6 @@ def delete_netns(ns: str) -> None:
     forget_owner(ns)
 
 
-def no_gso(ns: str, dev: str) -> None:
-    """One segment per skb: qdiscs then see wire-size packets (smooth shaping, honest queue limits)."""
-    run_cmd(["ip", "-n", ns, "link", "set", dev, "gso_max_size", "1514", "gso_max_segs", "1"])
-
-
 def add_bridge(switch: str, hosts: Sequence[Host]) -> None:
     """Bridge ``br0`` in namespace ``switch`` with port ``p{i}`` joined to host ``i``'s ``dev`` (each an
     existing namespace), which gets its address (/24); GSO off on both ends of every veth."""
@@ -301,8 +242,8 @@ def add_bridge(switch: str, hosts: Sequence[Host]) -> None:
         run_cmd(["ip", "-n", switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", h.dev, "netns", h.ns])
         for cmd in (["master", "br0"], ["up"]):
             run_cmd(["ip", "-n", switch, "link", "set", f"p{i}", *cmd])
-        no_gso(switch, f"p{i}")
-        no_gso(h.ns, h.dev)
+        for ns, dev in ((switch, f"p{i}"), (h.ns, h.dev)):  # one segment per skb: qdiscs see wire-size packets
+            run_cmd(["ip", "-n", ns, "link", "set", dev, "gso_max_size", "1514", "gso_max_segs", "1"])
         h.ip_cmd("addr", "add", f"{h.ip}/24", "dev", h.dev)
         h.ip_cmd("link", "set", h.dev, "up")
 

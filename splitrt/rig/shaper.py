@@ -103,11 +103,11 @@ class PortShaper:
     def set_rates(self, rates_mbps: Sequence[float | None]) -> int:
         """Each port's goodput (None: unshaped) in one ``tc -batch``; returns how many changed (a change
         under ``RATE_CHANGE_FRACTION`` is skipped)."""
-        for mbps in rates_mbps:
-            _check_rate(None if mbps is None else max(mbps, MIN_RATE_MBPS))
+        news = [None if mbps is None else max(mbps, MIN_RATE_MBPS) for mbps in rates_mbps]
+        for new in news:
+            _check_rate(new)
         lines, changed = [], 0
-        for j, mbps in enumerate(rates_mbps):
-            old, new = self.rates[j], None if mbps is None else max(mbps, MIN_RATE_MBPS)
+        for j, (old, new) in enumerate(zip(self.rates, news, strict=True)):
             if new is None or old is None or abs(new - old) > RATE_CHANGE_FRACTION * old:
                 changed += 1
                 for port in (f"p{j}", f"ifb{j}"):
@@ -147,9 +147,6 @@ class _Pipe:
         self.changed = asyncio.Event()
         self.eof = False
 
-    def _poke(self) -> None:
-        self.changed.set()
-
     async def _wait(self) -> None:
         await self.changed.wait()
         self.changed.clear()
@@ -164,12 +161,12 @@ class _Pipe:
                     break
                 self.queue.append(data)
                 self.queued += len(data)
-                self._poke()
+                self.changed.set()
         except (ConnectionError, OSError):
             pass
         finally:
             self.eof = True
-            self._poke()
+            self.changed.set()
 
     async def pace_side(self) -> None:
         loop = asyncio.get_running_loop()
@@ -178,7 +175,7 @@ class _Pipe:
             while not self.queue or self.line_bytes >= self.link.line_bytes_max:
                 if self.eof and not self.queue:
                     self.line.append((loop.time() + self.link.delay_s, b""))  # EOF marker
-                    self._poke()
+                    self.changed.set()
                     return
                 await self._wait()
             rate = self.link.rate_mbps
@@ -196,7 +193,7 @@ class _Pipe:
             self.queued -= len(data)
             self.line.append((loop.time() + self.link.delay_s, data))
             self.line_bytes += len(data)
-            self._poke()
+            self.changed.set()
 
     async def write_side(self) -> None:
         loop = asyncio.get_running_loop()
@@ -215,7 +212,7 @@ class _Pipe:
                     await self.writer.drain()
                     return
                 self.line_bytes -= len(data)
-                self._poke()
+                self.changed.set()
                 self.writer.write(data)
                 await self.writer.drain()
                 self.link.delivered_bytes += len(data)
@@ -242,13 +239,9 @@ class UserspaceLink:
         queue_ms: float = 200.0,
         netns_name: str | None = None,
     ) -> None:
-        _check_rate(rate_mbps)
-        if delay_ms < 0:
-            raise RigError(f"delay_ms must be >= 0, got {delay_ms}")
-        self.target = target
-        self.rate_mbps = rate_mbps
-        self.delay_s = delay_ms / 1000
-        self.queue_ms = queue_ms
+        self.set_rate(rate_mbps)
+        self.set_delay(delay_ms)
+        self.target, self.queue_ms = target, queue_ms
         self.delivered_bytes = 0
         self.connections = 0
         self._loop = asyncio.new_event_loop()
@@ -269,13 +262,11 @@ class UserspaceLink:
 
     @property
     def queue_bytes(self) -> int:
-        rate = self.rate_mbps if self.rate_mbps is not None else 1000.0
-        return max(64 * 1024, int(rate * 1e6 / 8 * self.queue_ms / 1000))
+        return max(64 * 1024, int((self.rate_mbps or 1000.0) * 1e6 / 8 * self.queue_ms / 1000))
 
     @property
     def line_bytes_max(self) -> int:
-        rate = self.rate_mbps if self.rate_mbps is not None else 1000.0
-        return max(256 * 1024, int(rate * 1e6 / 8 * (self.delay_s + 0.05) * 2))
+        return max(256 * 1024, int((self.rate_mbps or 1000.0) * 1e6 / 8 * (self.delay_s + 0.05) * 2))
 
     def _run(self, listen: tuple[str, int], ns: str | None) -> None:
         try:
@@ -288,9 +279,9 @@ class UserspaceLink:
         except BaseException as exc:
             self._error = exc
             self._loop.close()  # its self-pipe sockets too: nothing will run on it
-            self._started.set()
             return
-        self._started.set()
+        finally:
+            self._started.set()
         self._loop.run_forever()
         # Shut down: cancel connection tasks, close the loop.
         for task in list(self._tasks):
@@ -304,13 +295,11 @@ class UserspaceLink:
         assert task is not None
         self._tasks.add(task)
         self.connections += 1
+        writers = [cwriter]
         try:
-            try:
-                ureader, uwriter = await asyncio.open_connection(*self.target)
-            except OSError:
-                cwriter.close()
-                return
-            for w in (cwriter, uwriter):
+            ureader, uwriter = await asyncio.open_connection(*self.target)
+            writers.append(uwriter)
+            for w in writers:
                 s = w.get_extra_info("socket")
                 if s is not None:
                     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -319,10 +308,10 @@ class UserspaceLink:
             await asyncio.gather(
                 up.read_side(), up.pace_side(), up.write_side(), down.read_side(), down.pace_side(), down.write_side()
             )
-        except asyncio.CancelledError:
+        except (OSError, asyncio.CancelledError):  # the target is unreachable, or the relay closes
             pass
         finally:
-            for w in (cwriter, *([uwriter] if "uwriter" in locals() else [])):
+            for w in writers:
                 with contextlib.suppress(Exception):
                     w.close()
             self._tasks.discard(task)
@@ -426,39 +415,6 @@ class BulkReceiver:
         self._thread.join(5)
 
 
-class BulkSender:
-    """Sends zeros to ``addr`` as fast as TCP lets it, in a thread (connecting from ``netns_name``)."""
-
-    def __init__(self, addr: tuple[str, int], netns_name: str | None = None) -> None:
-        self.sent = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        try:
-            self._sock = netns.netns_call(netns_name, socket.create_connection, addr, 5)
-        except OSError as exc:
-            raise RigError(f"bulk sender cannot connect to {addr[0]}:{addr[1]}: {exc}") from exc
-        self._sock.settimeout(0.5)
-        self._thread = threading.Thread(target=self._run, name="splitrt-bulk-tx", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        buf = bytes(65536)
-        with self._sock:
-            while not self._stop.is_set():
-                try:
-                    self.sent += self._sock.send(buf)
-                except TimeoutError:
-                    continue
-                except OSError as exc:
-                    if not self._stop.is_set():
-                        self.error = exc
-                    return
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 def measure_steps(
     link: LinkShaper,
     trace: Trace,
@@ -472,7 +428,27 @@ def measure_steps(
     TCP flow runs to ``receiver`` (via ``connect``); the delivered goodput of each step, skipping its first
     ``skip_s`` (the queue of the previous rate drains, TCP ramps up)."""
     link.set_rate(max(trace.rates_mbps[0], MIN_RATE_MBPS))
-    sender = BulkSender(connect, send_netns)
+    try:  # the socket is made in the namespace; the thread sending on it runs anywhere
+        sock = netns.netns_call(send_netns, socket.create_connection, connect, 5)
+    except OSError as exc:
+        raise RigError(f"bulk sender cannot connect to {connect[0]}:{connect[1]}: {exc}") from exc
+    stop, errors, zeros = threading.Event(), list[OSError](), bytes(65536)
+
+    def send() -> None:  # as fast as TCP lets it
+        with sock:
+            while not stop.is_set():
+                try:
+                    sock.send(zeros)
+                except TimeoutError:
+                    continue
+                except OSError as exc:
+                    if not stop.is_set():
+                        errors.append(exc)
+                    return
+
+    sock.settimeout(0.5)
+    sender = threading.Thread(target=send, name="splitrt-bulk-tx", daemon=True)
+    sender.start()
     try:
         time.sleep(0.3)  # let the connection reach steady state at the first rate
         t0 = time.monotonic()
@@ -481,9 +457,10 @@ def measure_steps(
             link.set_rate(max(mbps, MIN_RATE_MBPS))
         time.sleep(max(0.0, t0 + trace.duration_s - time.monotonic()))
     finally:
-        sender.close()
-    if sender.error is not None:
-        raise RigError(f"bulk sender failed: {sender.error}")
+        stop.set()
+        sender.join(5)
+    if errors:
+        raise RigError(f"bulk sender failed: {errors[0]}")
     out = []
     for a, b, mbps in trace.segments():
         if b - a - skip_s < 0.2:

@@ -9,9 +9,10 @@ on, the statistics of a run, the costs measured in it, and the oracle computed f
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from splitrt.errors import RigError
@@ -58,12 +59,6 @@ def in_intervals(t: float, ivs: Sequence[tuple[float, float]]) -> bool:
     return any(a <= t < b for a, b in ivs)
 
 
-def _percentile(xs: Sequence[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(np.asarray(xs, dtype=float), q)) if xs else float("nan")
-
-
 def plan_cut(plan: str) -> str:
     return plan.split("@", 1)[0]
 
@@ -79,17 +74,19 @@ def energy_mj(rec: Record, played: traces.Trace, power: Any) -> float:
 def summarize(
     latencies: Sequence[float], plans: Sequence[str], failed: int, energies: Sequence[float], fallbacks: int = 0
 ) -> dict[str, Any]:
-    switches = sum(1 for a, b in itertools.pairwise(plans) if a != b)
+    import numpy as np
+
+    p50, p95, p99 = np.percentile(np.asarray(latencies, dtype=float), [50, 95, 99]) if latencies else [math.nan] * 3
     return {
-        "mean_ms": statistics.fmean(latencies) if latencies else float("nan"),
-        "p50_ms": _percentile(latencies, 50),
-        "p95_ms": _percentile(latencies, 95),
-        "p99_ms": _percentile(latencies, 99),
+        "mean_ms": statistics.fmean(latencies) if latencies else math.nan,
+        "p50_ms": float(p50),
+        "p95_ms": float(p95),
+        "p99_ms": float(p99),
         "completed": len(latencies),
         "failed": failed,
-        "switches": switches,
+        "switches": sum(1 for a, b in itertools.pairwise(plans) if a != b),
         "fallbacks": fallbacks,
-        "energy_mj": statistics.fmean(energies) if energies else float("nan"),
+        "energy_mj": statistics.fmean(energies) if energies else math.nan,
         "plans": dict(sorted({p: plans.count(p) for p in set(plans)}.items())),
     }
 
@@ -103,9 +100,6 @@ class MeasuredCosts:
     cloud_ratio: float  # (cloud queue + tail) / cost-table tail
     net_overhead_ms: float  # rpc - tail - queue - ideal transfer (+ encode/decode): RTT, gRPC, TCP
     local_overhead_ms: float  # device plan: latency - head time
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 def measured_costs(

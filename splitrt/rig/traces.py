@@ -82,37 +82,17 @@ class Trace:
         """Time-weighted median: half of the time the rate is at or below it."""
         return weighted_median([(b - a, r) for a, b, r in self.segments()])
 
-    def change_times(self, until_s: float | None = None) -> list[float]:
-        """Times in ``[0, until_s)`` (default: one period) where the rate may change, with wrapping."""
-        end = self.duration_s if until_s is None else until_s
-        out: list[float] = []
-        base = 0.0
-        while base < end:
-            out += [base + t for t in self.times_s if base + t < end]
-            base += self.duration_s
-        return out
-
     # ------------------------------------------------------------------------------------ transforms
     def scaled(self, k: float) -> Trace:
         """Every rate multiplied by ``k`` (e.g. 5 turns a 3G trace into an LTE-class one)."""
         if not (k > 0 and math.isfinite(k)):
             raise ConfigError(f"trace scale must be a finite number > 0, got {k}")
         name = self.name if k == 1 else f"{self.name}x{k:g}"
-        return Trace(
-            name=name,
-            times_s=self.times_s,
-            rates_mbps=tuple(r * k for r in self.rates_mbps),
-            duration_s=self.duration_s,
-        )
+        return replace(self, name=name, rates_mbps=tuple(r * k for r in self.rates_mbps))
 
-    def clipped(self, min_mbps: float = 0.0, max_mbps: float = math.inf) -> Trace:
-        """Rates clamped into ``[min_mbps, max_mbps]`` (a shaper cannot apply 0 Mbit/s)."""
-        return Trace(
-            name=self.name,
-            times_s=self.times_s,
-            rates_mbps=tuple(min(max(r, min_mbps), max_mbps) for r in self.rates_mbps),
-            duration_s=self.duration_s,
-        )
+    def clipped(self, min_mbps: float) -> Trace:
+        """Rates raised to at least ``min_mbps`` (a shaper cannot apply 0 Mbit/s)."""
+        return replace(self, rates_mbps=tuple(max(r, min_mbps) for r in self.rates_mbps))
 
     def window(self, start_s: float, duration_s: float) -> Trace:
         """The part ``[start_s, start_s + duration_s)`` (wrapping), re-based at 0."""
@@ -120,10 +100,12 @@ class Trace:
             raise ConfigError(f"window needs start_s >= 0 and duration_s > 0, got {start_s}, {duration_s}")
         times = [0.0]
         rates = [self.rate_at(start_s)]
-        for t in self.change_times(start_s + duration_s):
-            if t > start_s:
+        end, base = start_s + duration_s, 0.0
+        while base < end:  # the periods the window spans: every sample time in it is a change
+            for t in (base + t for t in self.times_s if start_s < base + t < end):
                 times.append(t - start_s)
                 rates.append(self.rate_at(t))
+            base += self.duration_s
         return Trace(
             name=f"{self.name}[{start_s:g}:{start_s + duration_s:g}]",
             times_s=tuple(times),

@@ -95,7 +95,9 @@ def test_lan_reachability_multicast_and_destroy() -> None:
             got[name] = s.recvfrom(100)[0]
             s.close()
 
-        ths = [h.thread(listen, h.ns) for h in (h1, h2)]
+        ths = [threading.Thread(target=h.call, args=(listen, h.ns)) for h in (h1, h2)]
+        for th in ths:
+            th.start()
         ready.wait()
 
         def send() -> None:
@@ -138,8 +140,8 @@ def test_live_owner_is_not_cleaned_but_killed_owner_is(tmp_path: Path) -> None:
         import sys, time
         from splitrt.rig import cgroup, netns
         lan = netns.make_lan({prefix!r}, 2)
-        lan.hosts[0].tc("qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "1mbit",
-                        "burst", "10kb", "latency", "50ms")
+        lan.hosts[0].run(["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "1mbit",
+                         "burst", "10kb", "latency", "50ms"])
         cg = cgroup.CpuThrottle({prefix + "-cg"!r}, 0.5)
         cg.open()
         child = lan.hosts[1].popen(["sleep", "600"])

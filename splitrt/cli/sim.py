@@ -25,6 +25,7 @@ from splitrt.profile import boards
 from splitrt.rig import bench as rigbench
 from splitrt.rig import models, sim, tracespec
 from splitrt.rig import stats as rigstats
+from splitrt.rig import strategies as rigstrategies
 
 OTHERS = ("device-only", "cloud-only", "static", "periodic")
 
@@ -91,7 +92,7 @@ def sim_cell(
     if strategies is None:  # static-best: the best single plan for this cell in hindsight (per-cell oracle)
         candidates = {
             f"fixed:{c}" if c == "device" else f"fixed:{c}@{k}"
-            for c in rigbench.likely_cuts(table, rtt, None)
+            for c in rigstrategies.likely_plans([table, table], [rtt])[0]
             for k in (cfg.controller.codecs or table.codecs)
             if c == "device" or k in table.codecs
         }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -166,11 +166,6 @@ def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, 
         names, [table, table], [link], fixed_mbps=family, codecs=cfg.codecs, periodic_s=cfg.periodic_s
     )
     return {n: c.policy for n, c in got.items()}
-
-
-def likely_cuts(table: Any, rtt_ms: float, codecs: Sequence[str] | None) -> list[str]:
-    """Every cut the solver picks over 0.05-1000 Mbit/s and device/cloud loads 1-8 (warmed up front)."""
-    return strategies.likely_plans([table, table], [rtt_ms], codecs=codecs)[0]
 
 
 def _spec(cfg: BenchConfig | TierBenchConfig | FleetConfig, **kw: Any) -> runner.RunSpec:

@@ -8,7 +8,6 @@ target / unthrottled time, and re-measure. A fixed ``quota_cpus`` / ``pad_factor
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -50,12 +49,13 @@ def calibrate(rig: Rig) -> Calibration:
     from splitrt.graph import zoo
     from splitrt.rig import protocol as P
 
-    fixed = rig.config.quota_cpus if rig.kind == "kernel" else rig.config.pad_factor
+    kernel = rig.kind == "kernel"
+    fixed = rig.config.quota_cpus if kernel else rig.config.pad_factor
     if rig.config.tiers[0].cpus or fixed is not None:
-        if rig.kind == "kernel" and fixed is not None:
+        if kernel and fixed is not None:
             rig.set_quota(fixed)
-        pad = fixed if rig.kind != "kernel" and fixed is not None else 1.0
-        return Calibration(model="(not calibrated)", quota_cpus=fixed if rig.kind == "kernel" else None, pad_factor=pad)
+        pad = 1.0 if kernel or fixed is None else fixed
+        return Calibration(model="(not calibrated)", quota_cpus=fixed if kernel else None, pad_factor=pad)
     target = target_ms(rig.board.cpu_speed_factor)
     spec = P.Spec(model_path=str(zoo.get(CALIBRATION_MODEL)), threads=rig.config.device_threads)
     (w,) = rig.start_workers([spec])
@@ -71,7 +71,7 @@ def calibrate(rig: Rig) -> Calibration:
             f"target {target:.0f} ms ({rig.board.name})"
         )
         rounds = [{"quota_cpus": 0.0, "ms": host_ms}]
-        if rig.kind == "kernel":
+        if kernel:
             cpus = float(os.cpu_count() or 1)
             quota = min(cpus, max(0.02, cpu_ms / target))
             rig.set_quota(quota)
@@ -110,9 +110,9 @@ def calibrate(rig: Rig) -> Calibration:
 
 def target_ms(cpu_speed_factor: float) -> float:
     """What the board takes on the calibration model: the shipped host profile x its speed factor."""
+    from splitrt.profile import profiler
+
     prof_path = shipped_profile(CALIBRATION_MODEL)
     if prof_path is None:
         raise RigError(f"no shipped profile of {CALIBRATION_MODEL} in {paths.profiles_dir()} to calibrate against")
-    prof = json.loads(prof_path.read_text())
-    host_prof_ms = float(next(c["head_ms"] for c in prof["cuts"] if c["cut"] == "device"))
-    return host_prof_ms * cpu_speed_factor
+    return next(c.head_ms for c in profiler.load_profile(prof_path).cuts if c.cut == "device") * cpu_speed_factor

@@ -43,7 +43,6 @@ from splitrt.errors import ConfigError, RigError
 from splitrt.rig import netns
 from splitrt.rig.calibration import Calibration
 from splitrt.rig.cloudserver import CLOUD_PORT, CloudProcess
-from splitrt.rig.loads import BoardTasks
 from splitrt.rig.models import model_path_for
 from splitrt.rig.processes import Children, JsonWorker, free_port
 from splitrt.rig.shaper import MIN_RATE_MBPS, PortShaper, UserspaceLink
@@ -172,8 +171,7 @@ class Rig:
         self.addresses: list[list[str]] = []
         self.userspace: Any = None  # the rate + delay relay of the userspace link
         self.calibration: Calibration | None = None
-        self.board_tasks = BoardTasks(self.workdir)
-        self.removed_leftovers: list[str] = []
+        self.board_tasks = self.workdir / "board-tasks"  # the load's pids next to device 0 (``rig.loads``)
         self._old_sigterm: Any = None
         self._closed = False
 
@@ -196,16 +194,15 @@ class Rig:
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self.models_dir.mkdir(parents=True, exist_ok=True)
+        self.board_tasks.write_text("")
         for m in self.config.models:
             CloudProcess.copy_into(self.models_dir, model_path_for(m))
-        if netns.is_root():
-            self.removed_leftovers = netns.cleanup_leftovers()
-            if self.removed_leftovers:
-                self.progress(f"removed leftovers of earlier runs: {', '.join(self.removed_leftovers)}")
+        if netns.is_root() and (removed := netns.cleanup_leftovers()):
+            self.progress(f"removed leftovers of earlier runs: {', '.join(removed)}")
         tiers = self.config.tiers
         if self.kind == "userspace":
             self.progress("rig: cloud on 127.0.0.1, rate + delay relay (userspace link), no CPU throttle")
-            self._servers(1, None, 0)
+            self._servers(1, None)
             self.addresses = [[f"127.0.0.1:{self.userspace.port}"]]
             return
         self.progress(
@@ -219,7 +216,7 @@ class Rig:
         for k in range(len(tiers) - 1):
             self.hops.append(make_hop(self.prefix, k, hosts[k], hosts[k + 1], self.namespaces))
         for k in range(len(tiers) - 1, 0, -1):  # the last tier first: a middle tier forwards to it
-            self._servers(k, self.hops[k - 1], len(tiers) - 1)
+            self._servers(k, self.hops[k - 1])
         for srv in (s for tier in self.servers for s in tier):
             srv.wait()
         self.addresses = [
@@ -234,7 +231,7 @@ class Rig:
             cpus = tiers[0].cpus[i % len(tiers[0].cpus)] if tiers[0].cpus else None
             self.device_groups.append(self._cgroup(f"d{i}", cpus))
 
-    def _servers(self, k: int, hop: Hop | None, last: int) -> None:
+    def _servers(self, k: int, hop: Hop | None) -> None:
         """Tier k's servers (127.0.0.1 behind a relay, or their own address), each in its cgroup."""
         tier = self.config.tiers[k]
         procs, groups = [], []
@@ -243,7 +240,7 @@ class Rig:
             d.mkdir(exist_ok=True)
             srv = CloudProcess(Children(d), self.models_dir, workers=tier.workers, progress=self.progress)
             srv.extra = ["--intra-op-threads", str(tier.threads)] if tier.threads else []
-            if k < last:
+            if k < len(self.config.tiers) - 1:
                 nxt = self.hops[k]
                 srv.extra += ["--next", f"{nxt.upper[j % len(nxt.upper)].ip}:{nxt.relays[j % len(nxt.relays)].port}"]
             if hop is None:  # userspace
@@ -295,11 +292,7 @@ class Rig:
                     part.close()
             except Exception as exc:  # keep tearing down the rest
                 errors.append(str(exc))
-        for ns in reversed(self.namespaces):
-            try:
-                netns.delete_netns(ns)
-            except RigError as exc:
-                errors.append(str(exc))
+        errors += netns.delete_each(self.namespaces[::-1])
         if self.config.workdir is None and not self.config.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if self._old_sigterm is not None:
@@ -338,12 +331,10 @@ class Rig:
 
     def kill_server(self, k: int, j: int) -> float:
         """SIGKILL tier k's server j; returns its CPU seconds just before (0 when gone)."""
-        proc = self.servers[k - 1][j].proc
-        if proc is None or proc.poll() is not None:
-            return 0.0
-        cpu = self.server_cpu(k, j)
-        proc.kill()
-        proc.wait(10)
+        cpu, proc = self.server_cpu(k, j), self.servers[k - 1][j].proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
         return cpu
 
     def restart_server(self, k: int, j: int, *, wait: bool = True) -> None:
@@ -355,11 +346,10 @@ class Rig:
     def server_cpu(self, k: int, j: int) -> float:
         """CPU seconds of tier k's server j so far (0 when it is gone)."""
         proc = self.servers[k - 1][j].proc
-        if proc is None or proc.poll() is not None:
-            return 0.0
         with contextlib.suppress(psutil.Error):  # it exited meanwhile
-            t = psutil.Process(proc.pid).cpu_times()
-            return float(t.user + t.system)
+            if proc is not None and proc.poll() is None:
+                t = psutil.Process(proc.pid).cpu_times()
+                return float(t.user + t.system)
         return 0.0
 
     # -- devices -----------------------------------------------------------------------------------

@@ -138,20 +138,17 @@ class Host:
     dev: str = "eth0"
     procs: list[subprocess.Popen[Any]] = field(default_factory=list, repr=False, compare=False)
 
-    def argv(self, argv: Sequence[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.ns, *argv]
-
     def popen(self, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` inside the namespace (``Popen.pid`` is the command's own pid)."""
         try:
-            proc: subprocess.Popen[Any] = subprocess.Popen(self.argv(argv), **kw)
+            proc: subprocess.Popen[Any] = subprocess.Popen(["ip", "netns", "exec", self.ns, *argv], **kw)
         except OSError as exc:
             raise RigError(f"cannot start {' '.join(argv)!r} in namespace {self.ns!r}: {exc}") from exc
         self.procs.append(proc)
         return proc
 
     def run(self, argv: Sequence[str], check: bool = True, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
-        return run_cmd(self.argv(argv), check=check, timeout_s=timeout_s)
+        return run_cmd(["ip", "netns", "exec", self.ns, *argv], check=check, timeout_s=timeout_s)
 
     def ip_cmd(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``ip -n <ns> args...``"""
@@ -182,13 +179,7 @@ class Lan:
                     p.kill()
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.wait(timeout=5)
-        errors = []
-        for ns in self.namespaces:
-            try:
-                delete_netns(ns)
-            except RigError as exc:
-                errors.append(str(exc))
-        if errors:
+        if errors := delete_each(self.namespaces):
             raise RigError("; ".join(errors))
 
     def __enter__(self) -> Lan:
@@ -230,6 +221,17 @@ def delete_netns(ns: str) -> None:
         time.sleep(0.05)
     run_cmd(["ip", "netns", "delete", ns])
     forget_owner(ns)
+
+
+def delete_each(names: Sequence[str]) -> list[str]:
+    """``delete_netns`` each of ``names``, the rest still when one fails; the failures' messages."""
+    errors = []
+    for ns in names:
+        try:
+            delete_netns(ns)
+        except RigError as exc:
+            errors.append(str(exc))
+    return errors
 
 
 def add_bridge(switch: str, hosts: Sequence[Host]) -> None:
@@ -279,18 +281,11 @@ def cleanup_leftovers(prefix: str = PREFIX, *, include_live: bool = False) -> li
     """
     if not prefix.startswith(PREFIX):
         raise RigError(f"cleanup prefix must start with {PREFIX!r}, got {prefix!r}")
-    removed: list[str] = []
     if not is_root():
-        return removed
-    errors: list[str] = []
-    for ns in list_netns(prefix):
-        if not include_live and owner_alive(ns):
-            continue
-        try:
-            delete_netns(ns)
-            removed.append(f"netns:{ns}")
-        except RigError as exc:
-            errors.append(str(exc))
+        return []
+    doomed = [ns for ns in list_netns(prefix) if include_live or not owner_alive(ns)]
+    errors = delete_each(doomed)
+    removed = [f"netns:{ns}" for ns in doomed if not (NETNS_DIR / ns).exists()]
     removed += cgroup.cleanup_cgroups(prefix, include_live=include_live)
     # Owner records whose resource is gone already.
     if OWNERS_DIR.is_dir():

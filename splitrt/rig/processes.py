@@ -8,12 +8,12 @@ import contextlib
 import ctypes
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,18 @@ def with_deathsig(argv: list[str], kw: dict[str, Any]) -> list[str]:
         return [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
     kw["preexec_fn"] = pdeathsig
     return argv
+
+
+def end(p: subprocess.Popen[Any], grace_s: float = 3.0) -> None:
+    """SIGTERM ``p``, SIGKILL it if it has not exited within ``grace_s``."""
+    with contextlib.suppress(OSError):
+        p.terminate()
+    try:
+        p.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(grace_s)
 
 
 def free_port() -> int:
@@ -81,14 +93,7 @@ class Children:
     def terminate_all(self) -> None:
         for p in reversed(self.procs):
             if p.poll() is None:
-                with contextlib.suppress(OSError):
-                    p.terminate()
-                try:
-                    p.wait(3)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        p.wait(3)
+                end(p)
         # A JSON worker's pipes: closed here, not left to the garbage collector (only once it exited: a
         # reader thread blocked on a live child's stdout would hold the pipe's lock).
         for p in self.procs:
@@ -107,10 +112,8 @@ class JsonWorker:
         self.proc = proc
         self.name = name
         self.on_event: Callable[[dict[str, Any]], None] | None = None
-        self._replies: list[dict[str, Any]] = []
-        self._cv = threading.Condition()
-        self._reader = threading.Thread(target=self._read, name=f"rig-{name}-reader", daemon=True)
-        self._reader.start()
+        self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read, name=f"rig-{name}-reader", daemon=True).start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -119,16 +122,11 @@ class JsonWorker:
                 msg = json.loads(line)
             except ValueError:
                 continue
-            if msg.get("event") == "progress":
-                if self.on_event is not None:
-                    self.on_event(msg)
-                continue
-            with self._cv:
-                self._replies.append(msg)
-                self._cv.notify_all()
-        with self._cv:
-            self._replies.append({"event": "eof"})
-            self._cv.notify_all()
+            if msg.get("event") != "progress":
+                self._replies.put(msg)
+            elif self.on_event is not None:
+                self.on_event(msg)
+        self._replies.put({"event": "eof"})
 
     def send(self, line: str) -> None:
         """One JSON line (``rig.protocol.encode``) to the worker."""
@@ -140,14 +138,10 @@ class JsonWorker:
             raise RigError(f"{self.name} worker is gone (exit code {self.proc.poll()})") from exc
 
     def reply(self, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            while not self._replies:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RigError(f"{self.name} worker did not answer within {timeout_s:.0f} s")
-                self._cv.wait(left)
-            msg = self._replies.pop(0)
+        try:
+            msg = self._replies.get(timeout=timeout_s)
+        except queue.Empty:
+            raise RigError(f"{self.name} worker did not answer within {timeout_s:.0f} s") from None
         if msg.get("event") == "eof":
             raise RigError(f"{self.name} worker exited (code {self.proc.wait(5)}); see its log")
         if msg.get("event") == "error":

@@ -125,8 +125,9 @@ class Record:
     match: bool | None = None  # outputs equal to the full model's
 
 
-# the ``Record`` fields copied from the device's ``SplitResult`` as they are
+# the ``Record`` fields copied as they are from the device's ``SplitResult``, and from the runtime's ``Outcome``
 RESULT_FIELDS = ("head_ms", "encode_ms", "rpc_ms", "decode_ms", "tail_ms", "queue_ms", "bytes_up", "bytes_down")
+OUTCOME_FIELDS = ("latency_ms", "plan", "fallback", "server", "finished_by")
 
 
 @dataclass(frozen=True, kw_only=True)

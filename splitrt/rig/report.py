@@ -171,6 +171,7 @@ def strategies_report(
             by_name[oname] = oracle_turns(out, ref, ("cloud", "device") if oname == "oracle-route" else None, bursts)
     played, seed = out.spec.hops[0].played, out.spec.seed
     res = {n: summary(ts, played, power, out.servers, out.server_cpus, seed) for n, ts in by_name.items()}
+    groups = {n: s.pop("_groups") for n, s in res.items()}
     for n, s in res.items():
         c = out.choices.get(n)
         s.update(
@@ -179,19 +180,15 @@ def strategies_report(
             if c
             else f"hindsight over the {by_name[n][0].name if by_name[n] else '-'} run's request times",
         )
-    a = res.get("adaptive")
-    for n, s in res.items():
-        if a is None or n == "adaptive":
+        if "adaptive" not in res or n == "adaptive":
             continue
         ratios: dict[str, dict[str, Any]] = {}
         for label, k, stat in RATIOS:
-            ci = bootstrap_ratio(a["_groups"][k], s["_groups"][k], stat=stat, seed=seed, n=1000)
+            ci = bootstrap_ratio(groups["adaptive"][k], groups[n][k], stat=stat, seed=seed, n=1000)
             ratios[label] = {"ci": list(ci), "call": call(ci) if not math.isnan(ci[0]) else "n/a"}
         flip = {"better": "worse", "worse": "better"}  # more throughput is better
         ratios["throughput"]["call"] = flip.get(ratios["throughput"]["call"], ratios["throughput"]["call"])
         s["adaptive_over_this"] = ratios
-    for s in res.values():
-        del s["_groups"]
     return res, by_name
 
 

@@ -190,10 +190,7 @@ def run(
     cal = rig.calibration
     prof = profile_for(spec.model, model_file, rig.workdir, say)
     host = cost_table_for(prof, mg.sha256, 1.0)
-    host_device_ms, host_cloud_ms = (
-        float(host.head_ms[host.index("device")]),
-        float(host.tail_ms[host.index("cloud")]),
-    )
+    host_device_ms, host_cloud_ms = float(host.head_ms[host.index("device")]), float(host.tail_ms[host.index("cloud")])
     figures = plan_power(profiler.load_profile(prof, sha256=mg.sha256), rig.board)
     power = figures.power
     kw: dict[str, Any] = {"objective": spec.objective, "power": power, "codecs": spec.codecs}
@@ -262,7 +259,7 @@ def run(
             # cores); a device with a quota of its own (a fleet's): all of it, gRPC and encoding included
             rig.unthrottle(i, w.proc.pid)
             rig.throttle(i, w.proc.pid, None if rig.config.tiers[0].cpus else (r.compute_tids, r.other_tids))
-        turns = _play(spec, rig, workers, list(choices), model_file, choices, say, live)
+        turns = _play(spec, rig, workers, model_file, choices, say, live)
         rss = tuple(psutil.Process(w.proc.pid).memory_info().rss / 2**20 for w in workers)
     finally:
         for i, w in enumerate(workers):  # all told to quit first: they close their runtimes side by side
@@ -329,15 +326,15 @@ def _play(
     spec: RunSpec,
     rig: Rig,
     workers: Sequence[Any],
-    names: Sequence[str],
     model_file: Any,
     choices: dict[str, strategies.Choice],
     say: Callable[[str], None],
     live: Callable[[str], None] | None,
 ) -> list[Turn]:
+    names = list(choices)
     pos = dict.fromkeys(names, 0.0)  # where each strategy is in the window
     count = dict.fromkeys(names, 0)
-    cloud_plan = choices["cloud-only"].plan if "cloud-only" in choices else "cloud@fp32"
+    cloud_plan = (choices["cloud-only"].plan if "cloud-only" in choices else None) or "cloud@fp32"
     turns = []
     for name, until in turn_plan(names, spec.duration_s, spec.turn_s):
         from_s = pos[name]
@@ -355,7 +352,7 @@ def _play(
                 )
 
         workers[0].on_event = on_event
-        turn = _turn(spec, rig, workers, name, from_s, until, model_file, cloud_plan or "cloud@fp32")
+        turn = _turn(spec, rig, workers, name, from_s, until, model_file, cloud_plan)
         workers[0].on_event = None
         turns.append(turn)
         pos[name] = max(until, turn.end_s) if spec.rate_hz > 0 else until
@@ -397,7 +394,7 @@ def _turn(
             if killer is not None:
                 killer.start()
             msg = P.Run(
-                name=name, t0=t0, from_s=from_s, until_s=until, rate_hz=spec.rate_hz, tasks_file=rig.board_tasks.file()
+                name=name, t0=t0, from_s=from_s, until_s=until, rate_hz=spec.rate_hz, tasks_file=str(rig.board_tasks)
             )
             done = P.ask(workers, [msg] * len(workers), P.Done, until - from_s + spec.deadline_ms / 1e3 + 120)
             if killer is not None:

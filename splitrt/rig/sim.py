@@ -172,45 +172,37 @@ class _Run:
         cut, codec = parse_plan(d.plan, tbl.codecs[0])
         i = tbl.index(cut)
         head_ms = float(tbl.head_ms[i]) * self.device_factor(t) * self.cfg.device_speed * jitter
-        self.rounds_until(t + head_ms / 1e3)
-        observe.observe_local(
-            self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])), t + head_ms / 1e3
-        )
-        if cut == DEVICE_CUT:
-            return SimRequest(
-                t_s=t,
-                plan=d.plan,
-                latency_ms=head_ms,
-                head_ms=head_ms,
-                send_ms=0.0,
-                bw_est_mbps=est.bandwidth_mbps,
-                device_load=load.device_factor,
-            )
-        sent = float(tbl.sent_bytes[i, tbl.codec_index(codec)]) + float(tbl.reply_bytes[i])
-        send_at = t + head_ms / 1e3
+        send_at = t + head_ms / 1e3  # the head's end
         self.rounds_until(send_at)
-        send_s = self._wire(send_at, sent)
-        self.busy = (send_at, send_at + send_s)
-        tail_ms = float(tbl.tail_ms[i]) * self.cfg.cloud_speed * jitter
-        net_s = send_s + self.rtt_s
-        end = send_at + net_s + tail_ms / 1e3
-        # The trace carries both ways as one transfer: all of ``sent`` counts as up.
-        observe.observe_reply(
-            observe.ReplyObservation(
-                bytes_up=int(sent),
-                bytes_down=0,
-                net_s=net_s,
-                tail_s=tail_ms / 1e3,
-                profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
-            ),
-            end,
-            link=self.link,
-            load=self.load,
+        observe.observe_local(
+            self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])), send_at
         )
+        latency_ms, send_s = head_ms, 0.0
+        if cut != DEVICE_CUT:
+            sent = float(tbl.sent_bytes[i, tbl.codec_index(codec)]) + float(tbl.reply_bytes[i])
+            send_s = self._wire(send_at, sent)
+            self.busy = (send_at, send_at + send_s)
+            tail_ms = float(tbl.tail_ms[i]) * self.cfg.cloud_speed * jitter
+            net_s = send_s + self.rtt_s
+            end = send_at + net_s + tail_ms / 1e3
+            # The trace carries both ways as one transfer: all of ``sent`` counts as up.
+            observe.observe_reply(
+                observe.ReplyObservation(
+                    bytes_up=int(sent),
+                    bytes_down=0,
+                    net_s=net_s,
+                    tail_s=tail_ms / 1e3,
+                    profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
+                ),
+                end,
+                link=self.link,
+                load=self.load,
+            )
+            latency_ms = (end - t) * 1e3
         return SimRequest(
             t_s=t,
             plan=d.plan,
-            latency_ms=(end - t) * 1e3,
+            latency_ms=latency_ms,
             head_ms=head_ms,
             send_ms=send_s * 1e3,
             bw_est_mbps=est.bandwidth_mbps,

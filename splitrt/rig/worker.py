@@ -348,23 +348,12 @@ class Agent:
         import numpy as np
 
         r, ref = out.result, self.reference
-        copied: dict[str, Any] = {k: float(getattr(r, k)) for k in P.RESULT_FIELDS}
+        copied = {k: float(getattr(r, k)) for k in P.RESULT_FIELDS} | {k: getattr(out, k) for k in P.OUTCOME_FIELDS}
         match = set(out.outputs) == set(ref) and all(
             np.allclose(np.asarray(out.outputs[k]), ref[k], rtol=1e-4, atol=1e-5) for k in ref
         )
-        return P.Record(
-            i=i,
-            t_s=t_s,
-            latency_ms=out.latency_ms,
-            plan=out.plan,
-            fallback=out.fallback,
-            where=r.where,
-            server=out.server,
-            finished_by=out.finished_by,
-            predicted_ms=float(out.decision.predicted_ms),
-            match=match,
-            **copied,
-        )
+        predicted = float(out.decision.predicted_ms)
+        return P.Record(i=i, t_s=t_s, where=r.where, predicted_ms=predicted, match=match, **copied)
 
     def roles(self) -> P.Ack:
         """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (probers,

@@ -57,8 +57,7 @@ def calibrate(rig: Rig) -> Calibration:
         pad = 1.0 if kernel or fixed is None else fixed
         return Calibration(model="(not calibrated)", quota_cpus=fixed if kernel else None, pad_factor=pad)
     target = target_ms(rig.board.cpu_speed_factor)
-    spec = P.Spec(model_path=str(zoo.get(CALIBRATION_MODEL)), threads=rig.config.device_threads)
-    (w,) = rig.start_workers([spec])
+    (w,) = rig.start_workers([P.Spec(model_path=str(zoo.get(CALIBRATION_MODEL)))])
 
     def measure(pad: float = 1.0) -> P.Ack:
         return P.ask([w], [P.Time(runs=RUNS, pad_factor=pad)], P.Ack, REPLY_TIMEOUT_S)[0]

@@ -83,8 +83,7 @@ class CloudProcess:
                     f"server ({self.log_name}) exited with code {self.proc.returncode}: "
                     f"{(self.children.workdir / self.log_name).read_text()[-2000:]}"
                 )
-            ok = self.host.call(probe) if self.host is not None else probe()
-            if ok:
+            if self.host.call(probe) if self.host is not None else probe():
                 return
             time.sleep(0.2)
         raise RigError(f"server ({self.log_name}) did not listen on port {self.port} within {timeout_s:.0f} s")

@@ -67,8 +67,8 @@ class Tier:
 TWO_TIERS = (Tier(name="device"), Tier(name="cloud"))
 
 
-def three_tiers(edge_cpus: float = 1.0, edge_workers: int = 2) -> tuple[Tier, ...]:
-    return (Tier(name="device"), Tier(name="edge", cpus=(edge_cpus,), workers=edge_workers), Tier(name="cloud"))
+def three_tiers(edge_cpus: float = 1.0) -> tuple[Tier, ...]:
+    return (Tier(name="device"), Tier(name="edge", cpus=(edge_cpus,)), Tier(name="cloud"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +79,6 @@ class RigConfig:
     delays: bool = True  # a delay relay per server (the hops' RTTs); False: none (a fleet)
     prefix: str | None = None
     workdir: Path | None = None
-    device_threads: int = 1  # one compute thread throttles smoothly (2 threads: +-7 % run to run)
     keep_workdir: bool = False
     models: tuple[str, ...] = ()  # served from the start (a model added later restarts the servers)
     cfs_period_us: int = 20_000  # short periods: throttling spread evenly, not 100 ms stalls

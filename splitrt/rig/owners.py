@@ -22,11 +22,10 @@ def _proc_start_ticks(pid: int) -> int | None:
     return int(rest[19])
 
 
-def record_owner(name: str, pid: int | None = None) -> None:
-    """Record that the (current) process owns resource ``name`` (a namespace or cgroup name)."""
-    pid = os.getpid() if pid is None else pid
+def record_owner(name: str) -> None:
+    """Record that this process owns resource ``name`` (a namespace or cgroup name)."""
     OWNERS_DIR.mkdir(parents=True, exist_ok=True)
-    (OWNERS_DIR / name).write_text(f"{pid} {_proc_start_ticks(pid)}\n")
+    (OWNERS_DIR / name).write_text(f"{os.getpid()} {_proc_start_ticks(os.getpid())}\n")
 
 
 def forget_owner(name: str) -> None:

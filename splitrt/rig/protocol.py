@@ -29,7 +29,6 @@ class Spec:
     cuts: tuple[str, ...] | None = None  # the cuts the adaptive strategies' plans may use (constraints)
     objective: str = "latency"
     deadline_ms: float = 5000.0
-    threads: int = 1
     seed: int = 0
     pad_factor: float = 1.0  # userspace emulation of a slower board: compute padded with sleep
     warm_cuts: tuple[str, ...] = ()

@@ -208,7 +208,6 @@ def run(
             cuts=spec.cuts,
             objective=spec.objective,
             deadline_ms=spec.deadline_ms,
-            threads=rig.config.device_threads,
             seed=spec.seed + (i if n_dev > 1 else 0),
             pad_factor=cal.pad_factor,
             warm_cuts=tuple(cuts),
@@ -222,8 +221,14 @@ def run(
     for k, h in enumerate(spec.hops if rig.config.delays else ()):
         rig.set_rtt(k, h.rtt_ms)
     try:
-        times = _calibrate(rig, workers, servers, host_device_ms, host_cloud_ms, say)
-        factors = [statistics.median(times["speeds"]), *times["factors"]]
+        dev_ms, server_ms = _calibrate(rig, workers, servers)
+        say(
+            f"whole model now: device {min(dev_ms):.0f}-{max(dev_ms):.0f} ms, servers "
+            f"{', '.join(f'{x:.0f}' for x in server_ms)} ms "
+            f"(host profile {host_device_ms:.0f} / {host_cloud_ms:.0f} ms)"
+        )
+        speeds = [d / host_device_ms for d in dev_ms]
+        factors = [statistics.median(speeds), *(x / host_cloud_ms if host_cloud_ms > 0 else 1.0 for x in server_ms)]
         tables = cost_tables(prof, mg.sha256, factors)
         medians = [Link(bandwidth_mbps=h.median_mbps, rtt_ms=h.rtt_ms) for h in spec.hops]
         names = [n for n in spec.strategies if n not in strategies.ORACLE_REFS]
@@ -250,7 +255,7 @@ def run(
                     rate_hz=spec.rate_hz,
                     warmup_s=spec.warmup_s,
                 )
-                for s in times["speeds"]
+                for s in speeds
             ]
             P.ask(workers, msgs, P.Ack, 900)
         roles = P.ask(workers, [P.Roles()] * n_dev, P.Ack, 30)
@@ -274,8 +279,8 @@ def run(
         choices=choices,
         turns=tuple(turns),
         tables=tuple(tables),
-        speeds=tuple(times["speeds"]),
-        times_ms={k: v for k, v in times.items() if k != "factors"}
+        speeds=tuple(speeds),
+        times_ms={"device_ms": dev_ms, "server_ms": server_ms}
         | {"host_device_ms": host_device_ms, "host_cloud_ms": host_cloud_ms},
         servers=tuple(servers[-1]),
         server_cpus=rig.config.tiers[-1].cpus[0] if rig.config.tiers[-1].cpus else math.nan,
@@ -287,15 +292,8 @@ def run(
     )
 
 
-def _calibrate(
-    rig: Rig,
-    workers: Sequence[Any],
-    servers: Sequence[Sequence[str]],
-    host_device_ms: float,
-    host_cloud_ms: float,
-    say: Callable[[str], None],
-) -> dict[str, Any]:
-    """Each server tier's whole-model time now (unshaped) and each device's under its quota."""
+def _calibrate(rig: Rig, workers: Sequence[Any], servers: Sequence[Sequence[str]]) -> tuple[list[float], list[float]]:
+    """Each device's whole-model time under its quota, and each server tier's now (unshaped)."""
     for k, _ in enumerate(rig.hops or [None]):
         rig.set_rates(k, [None] * rig.config.tiers[k].count)
     last = len(servers) - 1
@@ -310,16 +308,7 @@ def _calibrate(
     finally:
         for i, w in enumerate(workers):
             rig.unthrottle(i, w.proc.pid)
-    say(
-        f"whole model now: device {min(dev):.0f}-{max(dev):.0f} ms, servers {', '.join(f'{x:.0f}' for x in ms)} ms "
-        f"(host profile {host_device_ms:.0f} / {host_cloud_ms:.0f} ms)"
-    )
-    return {
-        "device_ms": dev,
-        "server_ms": ms,
-        "speeds": [d / host_device_ms for d in dev],
-        "factors": [x / host_cloud_ms if host_cloud_ms > 0 else 1.0 for x in ms],
-    }
+    return dev, ms
 
 
 def _play(

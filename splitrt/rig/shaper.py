@@ -2,14 +2,14 @@
 were measured: kernel rates add the header overhead of full-size TCP segments (1514 wire bytes per 1448
 payload bytes).
 
-``PortShaper`` (``kind == "kernel"``, root): both directions of ports ``p{j}`` of a bridge, in the switch's
+``PortShaper`` (the kernel link, root): both directions of ports ``p{j}`` of a bridge, in the switch's
 namespace: the downlink on the port's egress, the uplink on an ``ifb`` the port's ingress is redirected
 to; each an ``htb`` class with a ``bfifo`` leaf holding ``queue_ms`` of traffic at the current rate, and
 one ``tc -batch`` re-rates every port. ``burst`` is at least 2 MTU (a burst below the MTU stalls TCP).
 htb, not tbf: changing a tbf's rate replaces its queue and drops what it held, which stalls TCP (RTO) at
 every step of a trace; an htb class change keeps the queue.
 
-``UserspaceLink`` (``kind == "userspace"``, no privileges): a TCP relay (asyncio, in its own thread)
+``UserspaceLink`` (the userspace link, no privileges): a TCP relay (asyncio, in its own thread)
 listening on ``listen`` and forwarding each connection to ``target``. Each direction has a token-bucket
 pacer (the bottleneck, ``queue_bytes`` of buffer, back-pressure to the sender through TCP flow control)
 followed by a delay line that releases each chunk ``delay_ms`` after it left the pacer. With
@@ -18,7 +18,7 @@ followed by a delay line that releases each chunk ``delay_ms`` after it left the
 not per packet, so an RPC sees ``RTT + 2 * delay_ms``; it is also the non-root fallback link.
 
 Measurement (tests, ``bench/bench_link.py``): ``measure_steps`` plays a trace on a link while a bulk TCP
-flow (``BulkSender`` -> ``BulkReceiver``) runs through it, and returns each step's delivered goodput.
+flow (its own sender thread -> ``BulkReceiver``) runs through it, and returns each step's delivered goodput.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from splitrt.errors import RigError
 from splitrt.rig import netns
@@ -47,17 +46,6 @@ MIN_RATE_MBPS = 0.01
 # tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
 KERNEL_QUEUE_MS = 1000.0
 RATE_CHANGE_FRACTION = 0.02  # a smaller change is not worth a tc call
-
-
-@runtime_checkable
-class LinkShaper(Protocol):
-    """What the rig and ``measure_steps`` need from a link."""
-
-    kind: str  # "kernel" | "userspace"
-
-    def set_rate(self, mbps: float | None) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def _check_rate(mbps: float | None) -> None:
@@ -85,8 +73,6 @@ def htb_batch(dev: str, mbps: float, first: bool, queue_ms: float = KERNEL_QUEUE
 class PortShaper:
     """Both directions of ports ``p0 .. p{ports-1}`` of the bridge in namespace ``switch`` (module doc);
     ``rates[j]``: port j's goodput now (None: unshaped)."""
-
-    kind = "kernel"
 
     def __init__(self, switch: str, ports: int, *, queue_ms: float = KERNEL_QUEUE_MS) -> None:
         self.switch, self.queue_ms = switch, queue_ms
@@ -226,8 +212,6 @@ class UserspaceLink:
     ``listen=(host, 0)`` picks a free port: read ``.port`` (and ``.address``) after construction.
     ``netns`` runs the relay (both its listening and its outgoing sockets) inside that namespace.
     """
-
-    kind = "userspace"
 
     def __init__(
         self,
@@ -416,7 +400,7 @@ class BulkReceiver:
 
 
 def measure_steps(
-    link: LinkShaper,
+    link: PortShaper | UserspaceLink,
     trace: Trace,
     receiver: BulkReceiver,
     connect: tuple[str, int],

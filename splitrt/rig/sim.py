@@ -89,7 +89,6 @@ class SimRequest:
     latency_ms: float
     head_ms: float
     send_ms: float  # on the wire, waiting behind a probe included (0 on the device)
-    bw_est_mbps: float
     device_load: float
 
 
@@ -106,9 +105,6 @@ class _Run:
         self.next_round_s = -cfg.warmup_s
         self.probes = observe.ProbeState()  # the prober's schedule
         self.rtt_s = cfg.rtt_ms / 1e3
-
-    def device_factor(self, t: float) -> float:
-        return 1.0 / (1.0 - self.cfg.burst_util) if in_intervals(t, self.cfg.bursts) else 1.0
 
     def _wire(self, start_s: float, nbytes: float) -> float:
         """Seconds from ``start_s`` until ``nbytes`` are through (queued behind what is on the wire)."""
@@ -171,7 +167,8 @@ class _Run:
         d = self.policy.decide(t, est, load, cloud_available=self.with_cloud)
         cut, codec = parse_plan(d.plan, tbl.codecs[0])
         i = tbl.index(cut)
-        head_ms = float(tbl.head_ms[i]) * self.device_factor(t) * self.cfg.device_speed * jitter
+        slowed = 1.0 / (1.0 - self.cfg.burst_util) if in_intervals(t, self.cfg.bursts) else 1.0  # a device burst
+        head_ms = float(tbl.head_ms[i]) * slowed * self.cfg.device_speed * jitter
         send_at = t + head_ms / 1e3  # the head's end
         self.rounds_until(send_at)
         observe.observe_local(
@@ -205,7 +202,6 @@ class _Run:
             latency_ms=latency_ms,
             head_ms=head_ms,
             send_ms=send_s * 1e3,
-            bw_est_mbps=est.bandwidth_mbps,
             device_load=load.device_factor,
         )
 

@@ -236,15 +236,12 @@ def step(levels_mbps: Iterable[float], step_s: float = 10.0) -> Trace:
     )
 
 
-def square(
-    low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s: float | None = None, high_first: bool = True
-) -> Trace:
-    """Square wave: half a period at each level; ``duration_s`` defaults to one period."""
+def square(low_mbps: float, high_mbps: float, period_s: float = 20.0, duration_s: float | None = None) -> Trace:
+    """Square wave: half a period at each level, the high one first; ``duration_s`` defaults to one period."""
     if period_s <= 0:
         raise ConfigError(f"square wave period must be > 0, got {period_s}")
     duration = period_s if duration_s is None else duration_s
-    a, b = (high_mbps, low_mbps) if high_first else (low_mbps, high_mbps)
-    levels = [a if i % 2 == 0 else b for i in range(math.ceil(duration / (period_s / 2)))]
+    levels = [high_mbps if i % 2 == 0 else low_mbps for i in range(math.ceil(duration / (period_s / 2)))]
     w = step(levels, period_s / 2).window(0.0, float(duration))
     return replace(w, name=f"square-{low_mbps:g}-{high_mbps:g}-{period_s:g}s")
 

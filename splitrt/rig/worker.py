@@ -63,11 +63,7 @@ class RigLoad(LoadEstimator):
     def add_device(
         self, now_s: float, *, other_util: float, freq_mhz: float | None = None, profiled_freq_mhz: float | None = None
     ) -> float:
-        return 1.0
-
-    def add_runqueue(self, now_s: float, factor: float) -> float:
-        """``factor``: how many times longer a head takes now (1 + runnable others)."""
-        return LoadEstimator.add_device(self, now_s, other_util=min(1.0 - 1.0 / max(1.0, factor), 0.99))
+        return 1.0  # the runtime's psutil samples: ignored (``RunQueueProbe`` feeds the base class's)
 
 
 class TurnThread:
@@ -134,8 +130,9 @@ class RunQueueProbe(TurnThread):
         now = self.clock()
         self.report_at = now + 0.25 if self.report_at is None else self.report_at
         self.samples.append(self.runnable_others())
-        if now >= self.report_at:
-            self.load.add_runqueue(now, 1.0 + statistics.fmean(self.samples))
+        if now >= self.report_at:  # a head takes (1 + runnable others) x longer: that share of the CPU is taken
+            others = statistics.fmean(self.samples)
+            LoadEstimator.add_device(self.load, now, other_util=min(1.0 - 1.0 / (1.0 + others), 0.99))
             self.samples.clear()
             self.report_at = now + 0.25
 
@@ -199,7 +196,8 @@ class Agent:
         self.spec = spec
         self.mg = graph.load(spec.model_path)
         self.power = boards.load_board(spec.board).power
-        self.dcfg = DeviceConfig(intra_op_threads=spec.threads, timeout_s=30.0)
+        # one compute thread: it throttles smoothly (with 2, a device's times varied +-7 % run to run)
+        self.dcfg = DeviceConfig(intra_op_threads=1, timeout_s=30.0)
         self.local = Device(self.mg, None, config=self.dcfg)
         _slowed(self.local, spec.pad_factor)
         for cut in spec.warm_cuts:
@@ -213,8 +211,7 @@ class Agent:
         from splitrt.device.client import Device
 
         walls, cpus = [], []
-        remote = Device(self.mg, msg.address, config=self.dcfg) if msg.address else None
-        try:
+        with Device(self.mg, msg.address, config=self.dcfg) if msg.address else contextlib.nullcontext() as remote:
             for _ in range(msg.runs + 1):
                 w0, c0 = time.perf_counter(), time.process_time()
                 if remote is None:
@@ -226,9 +223,6 @@ class Agent:
                     ms = remote.send(head, timeout_s=60, next_cut=msg.next_cut).tail_ms
                 walls.append(ms)
                 cpus.append((time.process_time() - c0) * 1e3 if remote is None else (time.perf_counter() - w0) * 1e3)
-        finally:
-            if remote is not None:
-                remote.close()
         return P.Ack(wall_ms=statistics.median(walls[1:]), cpu_ms=statistics.median(cpus[1:]))
 
     def warm(self, msg: P.Warm) -> P.Ack:
@@ -236,19 +230,17 @@ class Agent:
         from splitrt.device.client import Device
         from splitrt.plan.path import parse_path
 
-        d, ok = Device(self.mg, self.spec.servers[0][0], config=self.dcfg), 0
-        try:
+        ok = 0
+        with Device(self.mg, self.spec.servers[0][0], config=self.dcfg) as d:
             for plan in msg.plans:
                 (a, b), (codec, _) = parse_path(plan, hops=2)
                 with contextlib.suppress(Exception):
                     d.send(self.local.run_head(self.inputs, a), codec_spec=codec, next_cut=b, timeout_s=60)
                     ok += 1
-        finally:
-            d.close()
         return P.Ack(count=ok)
 
-    def runtime(self, msg: P.Prepare, clock: TurnClock) -> tuple[Any, float]:
-        """(runtime, prober interval) of one strategy: over the direct path (``tiers`` 2) or all three."""
+    def runtime(self, msg: P.Prepare, clock: TurnClock) -> Any:
+        """One strategy's runtime: over the direct path (``tiers`` 2) or all three."""
         from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
         from splitrt.plan.controller import ControllerConfig
 
@@ -261,9 +253,9 @@ class Agent:
         rc = RuntimeConfig(policy=msg.policy, deadline_ms=s.deadline_ms, warm_sessions=False, controller=ctl)
         if msg.tiers == 2:  # the direct path to the last tier (every server known, this device's first)
             clouds = [] if msg.policy == "fixed:device" else list(s.servers[-1])
-            return AdaptiveDevice(self.mg, tables[0], clouds, config=rc, **kw), rc.prober_interval_s
+            return AdaptiveDevice(self.mg, tables[0], clouds, config=rc, **kw)
         path = [[s.servers[0][0]], [s.servers[-1][0]]]  # through the first server tier's edge
-        return AdaptiveDevice(self.mg, tuple(tables), path=path, config=rc, **kw), rc.prober_interval_s
+        return AdaptiveDevice(self.mg, tuple(tables), path=path, config=rc, **kw)
 
     def prepare(self, msg: P.Prepare) -> P.Ack:
         """Build one strategy's runtime and warm it up: channels, the servers' sessions and the
@@ -272,13 +264,13 @@ class Agent:
         if msg.name in self.strategies:
             self.strategies.pop(msg.name).close()
         clock = TurnClock()
-        dev, interval_s = self.runtime(msg, clock)
+        dev = self.runtime(msg, clock)
         dev.local = self.local  # sessions built once, outside the cgroup
         dev.load = RigLoad()
         st = Strategy(
             dev=dev,
             clock=clock,
-            prober=TurnThread("rig-prober", interval_s, dev.probe_once),
+            prober=TurnThread("rig-prober", dev.config.prober_interval_s, dev.probe_once),
             runqueue=RunQueueProbe(dev.load, clock),
             jitter=random.Random(self.spec.seed),
         )

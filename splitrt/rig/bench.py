@@ -139,10 +139,10 @@ class FleetConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.devices < 1 or self.servers < 1 or self.rounds < 1 or not self.traces:
+        if self.devices < 1 or self.servers < 1 or self.rounds < 1 or not self.traces or not self.device_cpus:
             raise ConfigError(
-                f"devices, servers, rounds >= 1 and a trace expected, got {self.devices}, {self.servers}, "
-                f"{self.rounds}, {list(self.traces)}"
+                f"devices, servers, rounds >= 1, a trace and a device quota expected, got {self.devices}, "
+                f"{self.servers}, {self.rounds}, {list(self.traces)}, {list(self.device_cpus)}"
             )
         if self.kill_at_fraction is not None and (self.servers < 2 or not 0 < self.kill_at_fraction < 1):
             raise ConfigError(
@@ -151,8 +151,6 @@ class FleetConfig:
             )
         strategies.check(self.strategies, 2)
         _positive(segment_s=self.segment_s, bandwidth_scale=self.bandwidth_scale)
-        if not self.device_cpus:
-            raise ConfigError("device_cpus: expected at least one quota")
 
 
 def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, str]:

@@ -83,7 +83,7 @@ def calibrate(rig: Rig) -> Calibration:
                     break
                 quota = min(cpus, max(0.02, quota * (measured / target) ** 0.7))  # damped: the host is shared
                 rig.set_quota(quota)
-            pad, got_quota = 1.0, rig.device_groups[0].cpu_fraction
+            pad, got_quota = 1.0, quota
         else:
             pad, got_quota = max(1.0, target / host_ms), None
             measured = measure(pad).wall_ms

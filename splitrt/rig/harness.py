@@ -268,11 +268,9 @@ class Rig:
     def _cgroup(self, name: str, cpus: float | None, weight: int = DEVICE_SHARES) -> Any:
         from splitrt.rig import cgroup
 
-        g = cgroup.CpuThrottle(f"{self.prefix}-{name}", None, period_us=self.config.cfs_period_us)
+        g = cgroup.CpuThrottle(f"{self.prefix}-{name}", cpus, period_us=self.config.cfs_period_us)
         g.open()
         g.set_weight(weight)
-        if cpus is not None:
-            g.set_fraction(cpus)
         return g
 
     def close(self) -> None:

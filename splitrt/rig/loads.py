@@ -40,53 +40,44 @@ def during(
     applied, filled in on exit."""
     applied: list[tuple[float, float]] = []
     stop = threading.Event()
+
+    def pos() -> float:  # the window position now
+        return from_s + time.monotonic() - t0
+
+    def bursts() -> None:  # a hog in device 0's cgroup during the scenario's bursts after ``from_s``
+        for a, b in burst_intervals(load, duration_s):
+            if b <= from_s:
+                continue
+            if stop.wait(max(0.0, max(a, from_s) - pos())):
+                return
+            hog = rig.children.popen(list(HOG_ARGV), "hog.log", host=rig.hops[0].lower[0] if rig.hops else None)
+            with contextlib.suppress(RigError):
+                rig.throttle(0, hog.pid)
+            rig.board_tasks.write_text(f"{hog.pid}\n")
+            started = pos()
+            stop.wait(max(0.0, b - pos()))
+            rig.board_tasks.write_text("")
+            hog.kill()
+            hog.wait(5)
+            applied.append((started, pos()))
+            if stop.is_set():
+                return
+
     busy: subprocess.Popen[Any] | None = None
-    th: threading.Thread | None = None
+    th = threading.Thread(target=bursts, name="rig-load", daemon=True)
     if load == "cloud-busy":  # next to the server, bypassing the link
         last = rig.servers[-1][0]
         spec = {"model_path": str(model_path), "cloud": f"127.0.0.1:{last.port}", "clients": BUSY_CLIENTS}
         argv = [sys.executable, "-m", "splitrt.rig.worker", "busy", json.dumps({**spec, "plan": cloud_plan})]
         busy = rig.children.popen(argv, "busy.log", host=last.host)
     elif load == "device-burst":
-        args = (rig, load, duration_s, t0, from_s, stop, applied)
-        th = threading.Thread(target=_bursts, args=args, name="rig-load", daemon=True)
         th.start()
     try:
         yield applied
     finally:
         stop.set()
-        if th is not None:
+        if th.ident is not None:
             th.join(10)
         if busy is not None:
             end(busy, 5.0)
-            applied.append((from_s, from_s + max(0.0, time.monotonic() - t0)))
-
-
-def _bursts(
-    rig: Rig,
-    load: str,
-    duration_s: float,
-    t0: float,
-    from_s: float,
-    stop: threading.Event,
-    applied: list[tuple[float, float]],
-) -> None:
-    """The thread that starts a hog in device 0's cgroup and kills it at the scenario's bursts (those
-    after ``from_s``)."""
-    for a, b in burst_intervals(load, duration_s):
-        if b <= from_s:
-            continue
-        if stop.wait(max(0.0, t0 + max(a, from_s) - from_s - time.monotonic())):
-            return
-        hog = rig.children.popen(list(HOG_ARGV), "hog.log", host=rig.hops[0].lower[0] if rig.hops else None)
-        with contextlib.suppress(RigError):
-            rig.throttle(0, hog.pid)
-        rig.board_tasks.write_text(f"{hog.pid}\n")
-        started = from_s + time.monotonic() - t0
-        stop.wait(max(0.0, t0 + b - from_s - time.monotonic()))
-        rig.board_tasks.write_text("")
-        hog.kill()
-        hog.wait(5)
-        applied.append((started, from_s + time.monotonic() - t0))
-        if stop.is_set():
-            return
+            applied.append((from_s, max(from_s, pos())))

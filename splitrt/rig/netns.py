@@ -287,16 +287,9 @@ def cleanup_leftovers(prefix: str = PREFIX, *, include_live: bool = False) -> li
     errors = delete_each(doomed)
     removed = [f"netns:{ns}" for ns in doomed if not (NETNS_DIR / ns).exists()]
     removed += cgroup.cleanup_cgroups(prefix, include_live=include_live)
-    # Owner records whose resource is gone already.
-    if OWNERS_DIR.is_dir():
-        for rec in OWNERS_DIR.iterdir():
-            if (
-                rec.name.startswith(prefix)
-                and not owner_alive(rec.name)
-                and not (NETNS_DIR / rec.name).exists()
-                and not cgroup.cgroup_exists(rec.name)
-            ):
-                forget_owner(rec.name)
+    for rec in OWNERS_DIR.glob(f"{prefix}*"):  # owner records whose resource is gone already
+        if not owner_alive(rec.name) and not (NETNS_DIR / rec.name).exists() and not cgroup.cgroup_exists(rec.name):
+            forget_owner(rec.name)
     if errors:
         raise RigError("cleanup_leftovers: " + "; ".join(errors))
     return removed

@@ -24,24 +24,11 @@ if TYPE_CHECKING:
     from splitrt.rig import netns
 
 
-def pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-    libc = ctypes.CDLL(None)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 # util-linux's setpriv sets PR_SET_PDEATHSIG and execs the command (same pid). Preferred to a preexec_fn:
 # with one, Python must fork() (not vfork), and grpcio >= 1.80's fork handlers restart its poller in the
 # child, which aborts on the epoll fd ("epoll_wait error: Bad file descriptor", grpc/grpc#43055) when the
 # rig's process has gRPC channels open (the fleet rig lost a device worker that way before it ran).
 SETPRIV = shutil.which("setpriv")
-
-
-def with_deathsig(argv: list[str], kw: dict[str, Any]) -> list[str]:
-    """``argv`` that dies with the rig: through setpriv if present, else ``kw`` gets the preexec_fn."""
-    if SETPRIV is not None:
-        return [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
-    kw["preexec_fn"] = pdeathsig
-    return argv
 
 
 def end(p: subprocess.Popen[Any], grace_s: float = 3.0) -> None:
@@ -76,7 +63,10 @@ class Children:
         for a JSON-line worker, else stdout goes to the log too."""
         log = open(self.workdir / log_name, "ab")  # noqa: SIM115 - owned by the child
         kw: dict[str, Any] = {"stderr": log, "env": {**os.environ, "PYTHONUNBUFFERED": "1"}}
-        argv = with_deathsig(argv, kw)
+        if SETPRIV is not None:  # it dies with the rig
+            argv = [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+        else:  # the child sets PR_SET_PDEATHSIG (1) between fork and exec
+            kw["preexec_fn"] = lambda: ctypes.CDLL(None).prctl(1, signal.SIGKILL)
         if pipes:
             kw.update(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         else:

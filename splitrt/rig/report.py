@@ -63,13 +63,11 @@ def summary(
     turns: Sequence[Turn], played: Sequence[Any], power: Any, servers: Sequence[str], server_cpus: float, seed: int
 ) -> dict[str, Any]:
     """One strategy's figures over its turns; ``played[i]``: device i's first-hop window (energy)."""
-    groups = [[r for r in recs if not r.error] for t in turns for recs in t.devices]
-    dev_of = [i for t in turns for i in range(len(t.devices))]
-    recs = [r for t in turns for d in t.devices for r in d]
+    per_dev = [(i, d) for t in turns for i, d in enumerate(t.devices)]  # (device, its records) per turn
+    groups = [[r for r in d if not r.error] for _, d in per_dev]
+    recs = [r for _, d in per_dev for r in d]
     ok = [r for g in groups for r in g]
-    energy = [
-        [stats.energy_mj(r, played[i % len(played)], power) for r in g] for g, i in zip(groups, dev_of, strict=True)
-    ]
+    energy = [[stats.energy_mj(r, played[i % len(played)], power) for r in d if not r.error] for i, d in per_dev]
     lat = [[r.latency_ms for r in g] for g in groups]
     duration = sum(t.until_s - t.from_s for t in turns)
     kills = [kill_account(t) for t in turns]

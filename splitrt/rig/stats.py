@@ -47,12 +47,7 @@ def burst_intervals(load: str, duration_s: float) -> list[tuple[float, float]]:
         return []
     if duration_s < 60:
         return [(duration_s / 3, 2 * duration_s / 3)]
-    out = []
-    t = 20.0
-    while t < duration_s:
-        out.append((t, min(t + 20.0, duration_s)))
-        t += 60.0
-    return out
+    return [(float(t), min(t + 20.0, duration_s)) for t in range(20, math.ceil(duration_s), 60)]
 
 
 def in_intervals(t: float, ivs: Sequence[tuple[float, float]]) -> bool:
@@ -171,24 +166,17 @@ def oracle(
                 real_key = (rc, float(table.sent_bytes[table.index(rc), table.codec_index(rk)]))
         best: tuple[str, float] | None = None
         real_model: float | None = None
-        seen: dict[tuple[float, float], float] = {}
         for i, cut in enumerate(table.ids):
             if cuts is not None and cut not in cuts:
                 continue
-            h = float(table.head_ms[i]) * ratio
-            if cut == "device":
-                cands = [("device", h + costs.local_overhead_ms)]
-            else:
-                tail = float(table.tail_ms[i]) * costs.cloud_ratio
-                cands = []
-                for k in allowed:
-                    nbytes = float(table.sent_bytes[i, table.codec_index(k)]) + float(reply[i])
-                    key = (h, nbytes)
-                    if key not in seen:
-                        seen[key] = transfer_ms(played, t + h / 1e3, nbytes)
-                    cands.append((f"{cut}@{k}", h + seen[key] + costs.net_overhead_ms + tail))
-            for plan, ms in cands:
-                if real is not None and (plan == real[0] or (cut, _sent(table, plan)) == real_key):
+            h, tail = float(table.head_ms[i]) * ratio, float(table.tail_ms[i]) * costs.cloud_ratio
+            cands = [("device", 0.0, h + costs.local_overhead_ms)] if cut == "device" else []
+            for k in allowed if cut != "device" else ():
+                sent = float(table.sent_bytes[i, table.codec_index(k)])
+                wire = transfer_ms(played, t + h / 1e3, sent + float(reply[i]))
+                cands.append((f"{cut}@{k}", sent, h + wire + costs.net_overhead_ms + tail))
+            for plan, sent, ms in cands:
+                if real is not None and (plan == real[0] or (cut, sent) == real_key):
                     real_model = ms if real_model is None else min(real_model, ms)
                 if best is None or ms < best[1]:
                     best = (plan, ms)
@@ -202,10 +190,3 @@ def oracle(
         else:
             out.append((best[0], max(0.0, real[1] + best[1] - real_model)))
     return out
-
-
-def _sent(table: Any, plan: str) -> float:
-    cut, _, codec = plan.partition("@")
-    if not codec:
-        return 0.0
-    return float(table.sent_bytes[table.index(cut), table.codec_index(codec)])

@@ -13,6 +13,8 @@ edge (``AdaptiveDevice`` over the three tiers): ``edge-only`` (the edge runs the
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -119,17 +121,16 @@ def likely_plans(
     cs = list(codecs) if codecs else None
     one = len(tables) == 2
     grid = [0.05 * 10 ** (i / 8) for i in range(41)] if one else [0.1 * 10 ** (i / 4) for i in range(13)]
-    cuts, pairs = {"device", "cloud"}, dict[str, int]()
-    for bws in [(b,) for b in grid] if one else [(a, b) for a in grid for b in grid]:
+    cuts, pairs = {"device", "cloud"}, collections.Counter[str]()
+    loads = itertools.product((1.0, 2.0, 4.0, 8.0), (1.0, 3.0, 8.0)) if one else itertools.product((1.0, 4.0), (1.0,))
+    for bws, (dl, cl) in itertools.product(itertools.product(grid, repeat=1 if one else 2), list(loads)):
         hops = [Link(bandwidth_mbps=b, rtt_ms=r) for b, r in zip(bws, rtts_ms, strict=True)]
-        for dl in (1.0, 2.0, 4.0, 8.0) if one else (1.0, 4.0):
-            for cl in (1.0, 3.0, 8.0) if one else (1.0,):
-                cond = Conditions(link=direct(hops), device_load=dl, cloud_load=cl)
-                cuts.add(solve(tables[0], cond, objective=objective, power=power, codecs=cs).cut)
-                if not one:
-                    cc = PathConditions(hops=tuple(hops), loads=(dl, 1.0, 1.0))
-                    cp = solve_path(tables, cc, objective=objective, power=power, codecs=cs, same_codec=True)
-                    cuts.add(cp.cuts[0])
-                    if cp.cuts[0] != DEVICE_CUT:
-                        pairs[cp.key] = pairs.get(cp.key, 0) + 1
-    return sorted(cuts), sorted(pairs, key=lambda k: -pairs[k])
+        cond = Conditions(link=direct(hops), device_load=dl, cloud_load=cl)
+        cuts.add(solve(tables[0], cond, objective=objective, power=power, codecs=cs).cut)
+        if not one:
+            cc = PathConditions(hops=tuple(hops), loads=(dl, 1.0, 1.0))
+            cp = solve_path(tables, cc, objective=objective, power=power, codecs=cs, same_codec=True)
+            cuts.add(cp.cuts[0])
+            if cp.cuts[0] != DEVICE_CUT:
+                pairs[cp.key] += 1
+    return sorted(cuts), [k for k, _ in pairs.most_common()]

@@ -213,9 +213,7 @@ def run_bench(
         "strategies": res,
         "timeline": {
             "bandwidth_mbps": [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)],
-            "load_intervals": sched
-            if cfg.load == "device-burst"
-            else ([[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []),
+            "load_intervals": sched or ([[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []),
             "requests": _requests(turns),
         },
         "cloud_calibration": {

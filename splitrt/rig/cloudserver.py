@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +27,10 @@ class CloudProcess:
 
     log_name = "cloud.log"  # in the rig's workdir
 
-    def __init__(self, children: Children, models_dir: Path, *, workers: int, progress: Callable[[str], None]) -> None:
+    def __init__(self, children: Children, models_dir: Path, *, workers: int) -> None:
         self.children = children
         self.models_dir = models_dir
         self.workers = workers
-        self.progress = progress
         self.proc: subprocess.Popen[Any] | None = None
         self.host: netns.Host | None = None
         self.port = 0

@@ -237,7 +237,7 @@ class Rig:
         for j in range(tier.count):
             d = self.workdir / f"t{k}s{j}"
             d.mkdir(exist_ok=True)
-            srv = CloudProcess(Children(d), self.models_dir, workers=tier.workers, progress=self.progress)
+            srv = CloudProcess(Children(d), self.models_dir, workers=tier.workers)
             srv.extra = ["--intra-op-threads", str(tier.threads)] if tier.threads else []
             if k < len(self.config.tiers) - 1:
                 nxt = self.hops[k]
@@ -313,7 +313,7 @@ class Rig:
             r.set_delay(rtt_ms / 2)
 
     # -- servers -----------------------------------------------------------------------------------
-    def install_model(self, path: Path) -> Path:
+    def install_model(self, path: Path) -> None:
         """Serve the model everywhere; a new one restarts every server (a server lists only the models it
         found at start in its Status, which devices check first)."""
         if CloudProcess.copy_into(self.models_dir, path) is not None:
@@ -324,7 +324,6 @@ class Rig:
                     self.restart_server(k, j, wait=False)
             for srv in (s for tier in self.servers for s in tier):
                 srv.wait()
-        return self.models_dir / path.name
 
     def kill_server(self, k: int, j: int) -> float:
         """SIGKILL tier k's server j; returns its CPU seconds just before (0 when gone)."""

@@ -142,13 +142,12 @@ def _synthetic(
     i = table.index(cut)
     ratio = costs.device_ratio_burst if stats.in_intervals(r.t_s, bursts) else costs.device_ratio_idle
     sent = 0.0 if cut == "device" else float(table.sent_bytes[i, table.codec_index(codec)])
-    where = "local" if cut == "device" else "cloud"
     return Record(
         i=r.i,
         t_s=r.t_s,
         latency_ms=ms,
         plan=plan,
-        where=where,
+        where="local" if cut == "device" else "cloud",
         head_ms=float(table.head_ms[i]) * ratio,
         rpc_ms=ms,
         bytes_up=sent,

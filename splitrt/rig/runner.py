@@ -60,8 +60,7 @@ def hop_play(
 ) -> HopPlay:
     """Host i plays ``specs[i % k]`` from ``offset_s + (i // k) * step_s``, x ``scale``; RTT None: typical
     of the first trace's family."""
-    full = [load_trace(t) for t in specs]
-    full = [t.scaled(scale) if scale != 1 else t for t in full]
+    full = [load_trace(t).scaled(scale) for t in specs]
     k = len(full)
     windows = tuple(full[i % k].window(offset_s + (i // k) * step_s, span_s) for i in range(hosts))
     rtt = rtt_ms if rtt_ms is not None else typical_rtt_ms(full[0])
@@ -323,6 +322,7 @@ def _play(
     names = list(choices)
     pos = dict.fromkeys(names, 0.0)  # where each strategy is in the window
     count = dict.fromkeys(names, 0)
+    show = live or (lambda s: None)
     cloud_plan = (choices["cloud-only"].plan if "cloud-only" in choices else None) or "cloud@fp32"
     turns = []
     for name, until in turn_plan(names, spec.duration_s, spec.turn_s):
@@ -332,21 +332,18 @@ def _play(
 
         def on_event(ev: dict[str, Any], name: str = name) -> None:
             count[name] += 1
-            if live is not None:
-                rates = "/".join(f"{h.played[0].rate_at(float(ev['t_s'])):.2f}" for h in spec.hops)
-                live(
-                    f"[{name}] {float(ev['t_s']):5.1f}/{spec.duration_s:g} s  req {count[name]:4d}  "
-                    f"link {rates} Mbit/s  "
-                    f"plan {ev['plan']:<16} {ev['latency_ms']:7.0f} ms"
-                )
+            rates = "/".join(f"{h.played[0].rate_at(float(ev['t_s'])):.2f}" for h in spec.hops)
+            show(
+                f"[{name}] {float(ev['t_s']):5.1f}/{spec.duration_s:g} s  req {count[name]:4d}  "
+                f"link {rates} Mbit/s  plan {ev['plan']:<16} {ev['latency_ms']:7.0f} ms"
+            )
 
         workers[0].on_event = on_event
         turn = _turn(spec, rig, workers, name, from_s, until, model_file, cloud_plan)
         workers[0].on_event = None
         turns.append(turn)
         pos[name] = max(until, turn.end_s) if spec.rate_hz > 0 else until
-    if live is not None:
-        live("")
+    show("")
     for name in names:
         lat = [r.latency_ms for t in turns if t.name == name for d in t.devices for r in d]
         say(f"[{name}] {len(lat)} requests, mean {statistics.fmean(lat) if lat else math.nan:.0f} ms")

@@ -257,7 +257,7 @@ class UserspaceLink:
             if ns is not None:
                 netns.enter_netns(ns)
             asyncio.set_event_loop(self._loop)
-            self._server = self._loop.run_until_complete(
+            self._server = server = self._loop.run_until_complete(
                 asyncio.start_server(self._handle, listen[0], listen[1], reuse_address=True)
             )
         except BaseException as exc:
@@ -267,7 +267,8 @@ class UserspaceLink:
         finally:
             self._started.set()
         self._loop.run_forever()
-        # Shut down: cancel connection tasks, close the loop.
+        # Shut down (``close`` stopped the loop): stop listening, cancel connection tasks, close the loop.
+        server.close()
         for task in list(self._tasks):
             task.cancel()
         with contextlib.suppress(BaseException):
@@ -312,13 +313,7 @@ class UserspaceLink:
 
     def close(self) -> None:
         if not self._loop.is_closed() and self._thread.is_alive():
-
-            def stop() -> None:
-                if self._server is not None:
-                    self._server.close()
-                self._loop.stop()
-
-            self._loop.call_soon_threadsafe(stop)
+            self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
         if not self._thread.is_alive() and not self._loop.is_closed():  # the thread ended without closing it
             self._loop.close()

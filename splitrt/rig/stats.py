@@ -100,11 +100,7 @@ class MeasuredCosts:
 def measured_costs(
     table: Any, records: Iterable[Record], played: traces.Trace, bursts: Sequence[tuple[float, float]], rtt_ms: float
 ) -> MeasuredCosts:
-    idle: list[float] = []
-    burst: list[float] = []
-    cloud: list[float] = []
-    net: list[float] = []
-    local: list[float] = []
+    idle, burst, cloud, net, local = [list[float]() for _ in range(5)]
     for r in records:
         if r.error:
             continue

@@ -145,8 +145,7 @@ def from_samples(
 
 
 def parse_two_column(text: str, name: str = "trace") -> Trace:
-    times: list[float] = []
-    rates: list[float] = []
+    times, rates = list[float](), list[float]()
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:

@@ -295,8 +295,7 @@ class Agent:
         st = self.strategies[msg.name]
         st.runqueue.tasks_file = msg.tasks_file
         records: list[P.Record] = []
-        while time.monotonic() < msg.t0:
-            time.sleep(0.002)
+        time.sleep(max(0.0, msg.t0 - time.monotonic()))
         st.clock.resume()
         st.prober.active.set()
         st.runqueue.active.set()
@@ -351,8 +350,7 @@ class Agent:
         """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (probers,
         run-queue monitors, gRPC's named threads): on cgroup v1 only the compute ones are throttled."""
         control = {t.native_id for st in self.strategies.values() for t in (st.prober.thread, st.runqueue.thread)}
-        compute: list[int] = []
-        other: list[int] = []
+        compute, other = list[int](), list[int]()
         for tid in (int(t) for t in os.listdir("/proc/self/task")):
             with contextlib.suppress(OSError):
                 comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
@@ -404,11 +402,9 @@ def _busy_worker(spec: dict[str, Any]) -> None:
             with contextlib.suppress(Exception):
                 d.send(head, codec_spec=codec, timeout_s=30)
 
-    ths = [threading.Thread(target=loop, daemon=True) for _ in range(int(spec.get("clients", 2)))]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
+    for _ in range(int(spec.get("clients", 2)) - 1):
+        threading.Thread(target=loop, daemon=True).start()
+    loop()  # the last client, until the rig ends this process
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -253,12 +253,9 @@ def run_tiers(
     h1 = _hop(cfg.trace, cfg.trace_offset_s, cfg.bandwidth_scale, cfg.rtt_ms, cfg.duration_s)
     h2 = _hop(cfg.trace2, cfg.trace2_offset_s, cfg.bandwidth_scale2, cfg.rtt2_ms, cfg.duration_s)
     out = runner.run(_spec(cfg, hops=(h1, h2)), rig, progress=progress, live=live)
-    figures = out.power
-    res, turns = report.strategies_report(out, figures.power)
-    cal, tm = rig.calibration, out.times_ms
+    figures, power, cal, tm = out.power, out.power.power, rig.calibration, out.times_ms
+    res, turns = report.strategies_report(out, power)
     assert cal is not None
-    power = figures.power
-    host = tm["host_cloud_ms"]
     return {
         "tiers": 3,
         "model": cfg.model,
@@ -289,7 +286,7 @@ def run_tiers(
             "device_ms": tm["device_ms"][0],
             "edge_ms": tm["server_ms"][0],
             "cloud_ms": tm["server_ms"][1],
-            "host_ms": host,
+            "host_ms": tm["host_cloud_ms"],
         },
         "edge": {
             "cpus": rig.config.tiers[1].cpus[0] if rig.config.tiers[1].cpus else math.nan,

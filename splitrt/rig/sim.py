@@ -215,12 +215,10 @@ def simulate(
     jit = np.exp(np.random.default_rng(cfg.seed).normal(0.0, cfg.jitter, n_max)) if cfg.jitter > 0 else np.ones(n_max)
     out: list[SimRequest] = []
     t = -cfg.warmup_s
-    n = 0
-    while t < cfg.duration_s:
-        r = run.request(t, float(jit[min(n, n_max - 1)]) if t >= 0 else 1.0)
+    while t < cfg.duration_s:  # request n (the n-th counted) draws jitter n
+        r = run.request(t, float(jit[min(len(out), n_max - 1)]) if t >= 0 else 1.0)
         if t >= 0:
             out.append(r)
-            n += 1
         t = max(t + 1.0 / cfg.rate_hz, t + r.latency_ms / 1e3)
     return out
 

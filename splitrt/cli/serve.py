@@ -112,7 +112,12 @@ def register(sub: Any) -> None:
         help="gRPC message limit, MiB (default 64)",
     )
     p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
-    p.add_argument("--intra-op-threads", type=int, default=0, help="onnxruntime threads per tail (0: default)")
+    p.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=0,
+        help="onnxruntime threads per tail (0: the CPUs shared out among the workers, at least 1)",
+    )
     p.add_argument(
         "--build-in-process",
         action="store_true",

@@ -157,3 +157,19 @@ def test_a_flooded_server_loses_no_request(models_dir: Path) -> None:
     assert any(o.fallback for o, _ in outcomes)  # a refused request finished here
     assert any(o.server == s.address for o, _ in outcomes)  # and the cloud served the others
     assert s.served + dev.stats["fallbacks"] + sum(o.plan == "device" for o, _ in outcomes) == 30
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 64])
+def test_tail_sessions_share_the_cpus_among_the_workers(tmp_path: Path, workers: int) -> None:
+    """Workers x tail threads stays within the CPUs this process may use (at least one thread each): with
+    onnxruntime's default of every core per session, concurrent tails oversubscribe the host."""
+    import os
+
+    from splitrt.cloud.server import tail_threads
+
+    cpus = len(os.sched_getaffinity(0))
+    server = CloudServer(ServerConfig(models_dir=tmp_path, workers=workers))
+    assert server.tails.intra_op_threads == tail_threads(server.config) == max(1, cpus // workers)
+    assert workers * server.tails.intra_op_threads <= max(cpus, workers)
+    explicit = CloudServer(ServerConfig(models_dir=tmp_path, workers=workers, intra_op_threads=3))
+    assert explicit.tails.intra_op_threads == 3

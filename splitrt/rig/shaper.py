@@ -89,6 +89,8 @@ class PortShaper:
     def set_rates(self, rates_mbps: Sequence[float | None]) -> int:
         """Each port's goodput (None: unshaped) in one ``tc -batch``; returns how many changed (a change
         under ``RATE_CHANGE_FRACTION`` is skipped)."""
+        if len(rates_mbps) != len(self.rates):
+            raise RigError(f"set_rates: expected one rate per port ({len(self.rates)}), got {len(rates_mbps)}")
         news = [None if mbps is None else max(mbps, MIN_RATE_MBPS) for mbps in rates_mbps]
         for new in news:
             _check_rate(new)

@@ -143,6 +143,8 @@ def test_port_shaper_installs_changes_and_removes_htb_both_ways() -> None:
         for dev in ("p0", "ifb0"):  # the downlink, and the uplink redirected from the port's ingress
             assert f"rate {int(4.0 * shaper.GOODPUT_OVERHEAD * 1000)}Kbit" in classes(dev), classes(dev)
         assert ks.set_rates([4.05]) == 0  # under 2 %: no tc call
+        with pytest.raises(RigError, match=r"one rate per port \(1\), got 2"):
+            ks.set_rates([1.0, 2.0])
         ks.set_rate(1.0)
         assert f"rate {int(1.0 * shaper.GOODPUT_OVERHEAD * 1000)}Kbit" in classes("p0")
         assert "htb" not in classes("p1")  # host 1's port is not shaped

@@ -163,6 +163,11 @@ def test_a_server_killed_mid_stream_loses_no_request(models_dir: Path, mg: graph
     errors: list[BaseException] = []
     lock = threading.Lock()
     try:
+        # Both servers' tails are built first: a cold server answers its first request only once its
+        # segment is made (~1 s in a child), and by then the other has served the 40 before the kill.
+        for address in addresses:
+            with Device(mg, address, config=DeviceConfig(intra_op_threads=1, timeout_s=60)) as warm:
+                warm.run(inputs[0], cut=mid_cut(mg))
         with AdaptiveDevice(
             mg, table, addresses, config=fixed(mg, deadline_ms=20_000), device_config=DeviceConfig(intra_op_threads=1)
         ) as dev:

@@ -57,7 +57,7 @@ replays such a log.
   ``net.ipv4.tcp_slow_start_after_idle``; True/False force it) only when no transfer refreshed bandwidth.
 - Every request feeds ``LoadEstimator.add_head(now, measured_ms=, profiled_ms=)`` (the whole model's time on the
   device plan): the device's real speed over the profile, net of the utilisation factor.
-- Per-shape plans: the table given was profiled at ``table_shapes`` (default: the bound graph's
+- Per-shape plans (``device.shapeplans``): the table given was profiled at ``table_shapes`` (default: the bound graph's
   ``input_shapes``, else the first request's). A request of another input-shape signature gets, once, a table
   scaled from it (``plan.reshape.scale_table`` on ``graph.rebind.cut_costs_at``) and its own controller (LRU of
   ``RuntimeConfig.max_shapes``); decisions carry ``extra["shape"]``, and ``plan.reshape.replay_by_shape``
@@ -70,12 +70,9 @@ import json
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
-
-import numpy as np
 
 from splitrt.device import hops
 from splitrt.device.balancer import Balancer
@@ -84,13 +81,13 @@ from splitrt.device.clouds import Cloud, Clouds, Connect
 from splitrt.device.deadline import rpc_timeout_ms
 from splitrt.device.hops import Hops
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
+from splitrt.device.runtypes import Outcome, RuntimeConfig
+from splitrt.device.shapeplans import ShapePlan, ShapePlans
 from splitrt.errors import CloudError, ConfigError, SplitrtError
-from splitrt.graph import rebind
 from splitrt.plan import observe, reshape
-from splitrt.plan.balance import BalanceConfig
-from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
+from splitrt.plan.controller import Controller, Decision, Policy
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
-from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimate, LoadEstimator
+from splitrt.plan.netmon import LinkEstimator, LoadEstimate, LoadEstimator
 from splitrt.plan.path import parse_path
 from splitrt.plan.reshape import Signature
 
@@ -100,51 +97,6 @@ __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "sl
 # a session build cannot be interrupted, and a process that exits while a thread is inside onnxruntime
 # aborts (exit 134 on an arm64 board, SIGTERM right after a request).
 CLOSE_WAIT_S = 30.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class RuntimeConfig:
-    deadline_ms: float = 5000.0
-    policy: str = "adaptive"  # adaptive | periodic:SECONDS | fixed:PLAN
-    controller: ControllerConfig = field(default_factory=ControllerConfig)
-    link: LinkConfig = field(default_factory=LinkConfig)
-    # A cloud that failed is retried after backoff_initial_s, doubling up to backoff_max_s.
-    backoff_initial_s: float = 0.25
-    backoff_max_s: float = 2.0
-    prober_interval_s: float = 0.25
-    probe_timeout_s: float = 2.0
-    # A bandwidth probe on an idle connection goes out twice, back to back, and the second counts: after
-    # idle, TCP restarts from its initial window (tcp_slow_start_after_idle), and the first probe
-    # measures that. None: pairs only where this host's kernel restarts (net.ipv4.tcp_slow_start_after_idle
-    # is 1, Linux's default, or cannot be read); False halves the probe traffic.
-    bandwidth_probe_pairs: bool | None = None
-    warm_sessions: bool = True
-    # Request shapes other than the profiled one whose scaled table and controller are kept (LRU).
-    max_shapes: int = 16
-    # Several clouds: least expected queue + RTT first, near-ties in turn (``plan.balance``).
-    balance: BalanceConfig = field(default_factory=BalanceConfig)
-
-    def __post_init__(self) -> None:
-        parse_policy(self.policy)
-        if self.deadline_ms <= 0:
-            raise ConfigError(f"deadline_ms: expected > 0, got {self.deadline_ms!r}")
-        if self.max_shapes < 1:
-            raise ConfigError(f"max_shapes: expected >= 1, got {self.max_shapes!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    request: str
-    outputs: dict[str, np.ndarray]
-    plan: str
-    latency_ms: float
-    fallback: bool  # a tier the plan counted on failed (the one before it, or the device, finished)
-    server: str | None  # the server that produced the outputs (None: the device)
-    decision: Decision
-    result: SplitResult
-    fallback_reason: str = ""  # why the cloud's part ran locally (each cloud's error, or the deadline)
-    route: str = "local"  # the tier the plan sent the request to (``tier_name``), or local
-    finished_by: str = "device"  # the tier that produced the outputs
 
 
 def tier_name(tier: int, tiers: int) -> str:
@@ -163,106 +115,6 @@ class _Answer:
     tier: int
     cloud: Cloud
     next_cut: str | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShapePlan:
-    """What one request-shape signature is planned with: its table, and its own controller and policy
-    (so hysteresis at one shape is not disturbed by requests at another)."""
-
-    signature: Signature
-    tables: tuple[CostTable, ...]  # one per tier of the path (two tiers: the same table twice)
-    controller: Controller
-    policy: Policy
-    source: str  # profiled | scaled | profiled (re-binding failed)
-
-    @property
-    def table(self) -> CostTable:
-        """The device's table (its cuts, codecs and head times)."""
-        return self.tables[0]
-
-
-class _ShapePlans:
-    """A ``ShapePlan`` per signature: the profiled one pinned, the others in an LRU of ``size``. A new
-    one is built once, under its own lock (re-binding the graph takes 10-100 ms: requests at known
-    shapes must not wait for it)."""
-
-    def __init__(
-        self,
-        graph: Any,
-        tables: tuple[CostTable, ...],
-        make: Callable[[tuple[CostTable, ...]], tuple[Controller, Policy]],
-        *,
-        profiled: Signature | None,
-        size: int,
-    ) -> None:
-        self.graph, self.tables, self.make, self.size = graph, tables, make, size
-        controller, policy = make(tables)
-        self.profiled = ShapePlan(
-            signature=profiled or (), tables=tables, controller=controller, policy=policy, source="profiled"
-        )
-        self.known = profiled is not None  # else the first request's signature is taken as the profiled one
-        self.last = self.profiled
-        self.built = 0
-        self.last_error = ""
-        self._others: OrderedDict[Signature, ShapePlan] = OrderedDict()
-        self._lock = threading.Lock()
-        self._build_lock = threading.Lock()
-
-    def _held(self, sig: Signature) -> ShapePlan | None:
-        if not self.known:
-            self.known, self.profiled = True, replace(self.profiled, signature=sig)
-        if sig == self.profiled.signature:
-            return self.profiled
-        sp = self._others.get(sig)
-        if sp is not None:
-            self._others.move_to_end(sig)
-        return sp
-
-    def get(self, sig: Signature, feeds: Mapping[str, np.ndarray]) -> ShapePlan:
-        with self._lock:
-            sp = self._held(sig)
-            if sp is not None:
-                self.last = sp
-                return sp
-        with self._build_lock:
-            with self._lock:
-                sp = self._others.get(sig)
-            if sp is None:
-                tables, source = self.tables_at(sig, feeds)
-                controller, policy = self.make(tables)
-                sp = ShapePlan(signature=sig, tables=tables, controller=controller, policy=policy, source=source)
-                with self._lock:
-                    self._others[sig] = sp
-                    self.built += 1
-                    while len(self._others) > self.size:
-                        self._others.popitem(last=False)
-            with self._lock:
-                self.last = sp
-            return sp
-
-    def tables_at(
-        self, sig: Signature, feeds: Mapping[str, np.ndarray] | None = None
-    ) -> tuple[tuple[CostTable, ...], str]:
-        """The profiled tables scaled to ``sig`` (``feeds``, of those shapes, size data-dependent tensors)."""
-        if sig == self.profiled.signature:
-            return self.tables, "profiled"
-        try:
-            at_a = rebind.cut_costs_at(self.graph, dict(self.profiled.signature))
-            at_b = rebind.cut_costs_at(self.graph, dict(sig), sample=feeds)
-            scaled: dict[int, CostTable] = {}  # a table shared by two tiers stays one object
-            for t in self.tables:
-                scaled.setdefault(id(t), reshape.scale_table(t, at_a, at_b))
-            return tuple(scaled[id(t)] for t in self.tables), "scaled"
-        except SplitrtError as exc:
-            # Shapes the model's own shape inference cannot follow: plan with the profiled table
-            # rather than fail a request the model itself accepts.
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            return self.tables, "profiled (re-binding failed)"
-
-    def snapshot(self) -> dict[Signature, ShapePlan]:
-        with self._lock:
-            return {self.profiled.signature: self.profiled, **self._others}
 
 
 class AdaptiveDevice:
@@ -322,7 +174,7 @@ class AdaptiveDevice:
             return controller, Policy(self.config.policy, controller)
 
         profiled = table_shapes if table_shapes is not None else self.graph.input_shapes
-        self._shapes = _ShapePlans(
+        self._shapes = ShapePlans(
             self.graph,
             tables,
             make,

@@ -188,6 +188,8 @@ class CloudServer:
             credentials.check_private(Path(config.tls_key_path), "TLS private key")
         if config.max_model_bytes < 1:
             raise ConfigError(f"max_model_bytes: expected >= 1, got {config.max_model_bytes}")
+        if config.intra_op_threads < 0:
+            raise ConfigError(f"intra_op_threads: expected >= 0 (0: tail_threads), got {config.intra_op_threads}")
         # Refuses an open server nobody asked for, and uploads without a token.
         self.exposure = security.exposure(config)
         self.admission = Admission(config.workers, config.max_queue)

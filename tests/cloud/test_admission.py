@@ -18,7 +18,7 @@ import pytest
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
-from splitrt.errors import CloudError
+from splitrt.errors import CloudError, ConfigError
 from splitrt.graph import model as graph_model
 from splitrt.graph import zoo
 from splitrt.profile.priors import flops_table
@@ -173,3 +173,5 @@ def test_tail_sessions_share_the_cpus_among_the_workers(tmp_path: Path, workers:
     assert workers * server.tails.intra_op_threads <= max(cpus, workers)
     explicit = CloudServer(ServerConfig(models_dir=tmp_path, workers=workers, intra_op_threads=3))
     assert explicit.tails.intra_op_threads == 3
+    with pytest.raises(ConfigError, match="intra_op_threads: expected >= 0"):
+        CloudServer(ServerConfig(models_dir=tmp_path, workers=workers, intra_op_threads=-1))

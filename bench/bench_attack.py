@@ -18,6 +18,12 @@ Phases: baseline 3 s, attack 5 s (the slow uploads 8-15 s), recovery at most 6 s
 5 minutes in all. ``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``): about
 2 minutes on a loaded 2-vCPU host (a server start alone takes seconds there).
 
+The legit clients run in a child process; the attack's client threads (in this process, with the proxy's
+copies) run at nice 10 (``--attacker-nice``): on a network an attacker's requests, ``Device.stream`` heads
+and copies use its own machine's CPU, here they share the server's 2 vCPUs with the legit client. They
+still send more than the server serves them (the rows' notes count what was answered); ``--attacker-nice 0``
+is the same-priority run.
+
 A sampler reads the server's RSS (psutil) every 50 ms; a server above ``--hard-cap-mb`` is killed (this
 host is shared) and the row reports it. Lost: a call that ended UNKNOWN, INTERNAL, CANCELLED or never
 (no answer within the row), with a deadline and without (the careless clients' calls count without).
@@ -92,6 +98,12 @@ GUESS_RATE_MAX = 50.0
 LOG_MB_DAY_MAX = 100.0
 
 
+def lower_priority(nice: int) -> None:
+    """This thread at ``nice`` (Linux: a thread's own nice value; elsewhere nothing)."""
+    if nice > 0 and sys.platform.startswith("linux"):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
 def _progress(msg: str) -> None:
     progress("attack", msg)
 
@@ -122,6 +134,9 @@ class Settings:
     serve_args: tuple[str, ...] = ()
     # The legit clients in this process, beside the attackers' threads (as before 2026-12-04 05:00 UTC).
     legit_in_process: bool = False
+    # The nice value of the attack's client threads (their requests, Device.stream heads, the proxy's copies):
+    # on a network the attacker's CPU is its own machine's; here it shares the server's 2 vCPUs.
+    attacker_nice: int = 10
 
 
 # -- the server ---------------------------------------------------------------------------------------
@@ -568,7 +583,8 @@ class Proxy:
     gRPC channels go through it, so per-peer limits tell the attacker from the legit clients, as they
     would on a network."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, nice: int = 0) -> None:
+        self.nice = nice
         host, port = target.rsplit(":", 1)
         self.target = (host, int(port))
         self.listener = socket.socket()
@@ -605,10 +621,11 @@ class Proxy:
                     return
                 self.socks += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, self.nice), daemon=True).start()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(src: socket.socket, dst: socket.socket, nice: int) -> None:
+        lower_priority(nice)
         try:
             while data := src.recv(1 << 20):
                 dst.sendall(data)
@@ -784,9 +801,11 @@ class Attack:
         self.threads: list[threading.Thread] = []
         self.notes: dict[str, Any] = {}
         self.own = Outstanding()  # a careless client's own calls without a deadline (they count as lost)
+        self.nice = 0
 
     def start(self, ctx: Ctx) -> None:
         self.stop_ev.clear()
+        self.nice = ctx.settings.attacker_nice
         self.arm(ctx)
 
     def arm(self, ctx: Ctx) -> None:
@@ -808,8 +827,12 @@ class Attack:
         pass
 
     def spawn(self, fn: Callable[[], None], n: int = 1) -> None:
+        def attacker() -> None:
+            lower_priority(self.nice)
+            fn()
+
         for _ in range(n):
-            t = threading.Thread(target=fn, daemon=True)
+            t = threading.Thread(target=attacker, daemon=True)
             t.start()
             self.threads.append(t)
 
@@ -1407,7 +1430,7 @@ def run_row(
     legit: Legit | LegitProc = (
         Legit(server.address, legit_req) if s.legit_in_process else LegitProc(server.address, legit_req, root)
     )
-    proxy = Proxy(server.address)
+    proxy = Proxy(server.address, s.attacker_nice)
     try:
         legit.warm()
         rss_before = server.peak_rss_mb
@@ -1590,6 +1613,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run the legit clients in this process, beside the attackers' threads (default: a child process)",
     )
+    ap.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=10,
+        help="nice value of the attack's client threads in this process (default 10; 0: the server's priority)",
+    )
     ap.add_argument("--legit-child", nargs=2, metavar=("ADDRESS", "REQUEST"), help=argparse.SUPPRESS)
     ap.add_argument(
         "--serve-arg",
@@ -1616,6 +1645,7 @@ def main(argv: list[str] | None = None) -> int:
             "hard_cap_mb": args.hard_cap_mb,
             "serve_args": tuple(args.serve_arg),
             "legit_in_process": args.legit_in_process,
+            "attacker_nice": args.attacker_nice,
         }
     )
     names = args.rows.split(",") if args.rows else (QUICK_ROWS if s.quick else [a.name for a in attacks()])
@@ -1661,7 +1691,8 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"bench_attack {result['date_utc']}: splitrt serve --workers 2 --token-file --allow-upload "
         f"--drain-s {s['drain_s']:g} (RLIMIT_NOFILE {SERVER_NOFILE}); legit {result['legit']} every 50 ms "
-        f"(5 s deadline) + every 250 ms (no deadline) + a new connection every 1 s",
+        f"(5 s deadline) + every 250 ms (no deadline) + a new connection every 1 s; "
+        f"the attack's client threads at nice {s.get('attacker_nice', 0)}",
         f"load average {result['load_before']} before, {result['load_after']} after; "
         f"{result['seconds']} s in all; server limits: {', '.join(result['server_flags']) or 'none'}",
         "targets: 0 legit failures, legit p99 <= 3x before, peak RSS <= budget (* = the server has no "

@@ -20,6 +20,7 @@ from typing import Any
 from splitrt.cloud import security
 from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_REQUEST_BYTES
+from splitrt.cloud.niced import DEFAULT_NICE
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
 from splitrt.errors import ConfigError
 from splitrt.transport import wire
@@ -117,6 +118,13 @@ def register(sub: Any) -> None:
         type=int,
         default=0,
         help="onnxruntime threads per tail (0: the CPUs shared out among the workers, at least 1)",
+    )
+    p.add_argument(
+        "--over-share-nice",
+        type=int,
+        default=DEFAULT_NICE,
+        help=f"nice steps below the server's priority for the runs of a client wanting more than its share of "
+        f"the workers while others are active (default {DEFAULT_NICE}; 0: none)",
     )
     p.add_argument(
         "--build-in-process",
@@ -352,6 +360,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_message_bytes=int(args.max_message_mb * 2**20),
         drain_timeout_s=args.drain_s,
         intra_op_threads=args.intra_op_threads,
+        over_share_nice=args.over_share_nice,
         build_in_child=not getattr(args, "build_in_process", False),
         metrics_port=getattr(args, "metrics_port", None),
         metrics_host=getattr(args, "metrics_host", "127.0.0.1"),

@@ -59,6 +59,7 @@ class Admission:
         self._granted: dict[int, threading.Event] = {}
         self._tickets = itertools.count(1)
         self._held = threading.local()  # this thread's granted tickets (acquire and release pair up in it)
+        self._over_share: set[int] = set()  # granted tickets of clients over their share (``fairq.over_share``)
         self.admitted = 0
         self.running = 0
 
@@ -107,9 +108,16 @@ class Admission:
         with self._lock:
             # This thread's latest grant; a release from another thread gives back the oldest one running.
             ticket = stack.pop() if stack else min(self.queue.running)
+            self._over_share.discard(ticket)
             self.queue.finish(ticket, self._clock())
             self.running -= 1
             self._dispatch()
+
+    def yielding(self) -> bool:
+        """This thread's latest grant went to a client over its share: its run should yield the CPU."""
+        stack = self._stack()
+        with self._lock:
+            return bool(stack) and stack[-1] in self._over_share
 
     def leave(self) -> None:
         with self._lock:
@@ -123,7 +131,10 @@ class Admission:
 
     def _dispatch(self) -> None:
         """Under ``_lock``: grant free workers and wake their threads."""
-        for ticket in self.queue.dispatch(self._clock()):
+        now = self._clock()
+        for ticket in self.queue.dispatch(now):
+            if self.queue.over_share(self.queue.running[ticket].client, now):
+                self._over_share.add(ticket)
             self._granted[ticket].set()
 
 

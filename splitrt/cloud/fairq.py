@@ -16,7 +16,10 @@ other client has a job waiting, a heavy client would take both workers for secon
   ``active_window_s``), one client holds at most ``ceil(workers / n)`` workers (a lone client all);
 - per lane: heavy work that is not inference (``HEAVY``: tail builds) holds at most
   ``heavy_workers`` workers at once, whoever asks.
-Both keep a worker free for the others' next request instead of lending it out for seconds. (Upload
+Both keep a worker free for the others' next request instead of lending it out for seconds. And a worker
+is not a CPU: the runs of a client over its share (jobs still waiting when it is granted one, another
+client active: ``over_share``) run at a lower OS priority (``cloud.niced``), so the CPU they share with a
+light client's run, and with the server's own I/O, goes to those first. (Upload
 checks take no worker: they run in a child process of their own at a lower priority, ``checker``.)
 """
 
@@ -146,6 +149,12 @@ class FairQueue:
     def active(self, now_s: float) -> int:
         w = self.config.active_window_s
         return sum(1 for c in self.clients.values() if c.running or c.waiting or now_s - c.last_s <= w)
+
+    def over_share(self, client: str, now_s: float) -> bool:
+        """The client wants more workers than it holds (jobs waiting) while another client is active: its
+        runs yield the CPU to the others' (``admission.Admission.yielding``). A lone client never does."""
+        c = self.clients.get(client)
+        return c is not None and c.waiting > 0 and self.active(now_s) > 1
 
     def client_cap(self, now_s: float) -> int:
         """Workers one client may hold now."""

@@ -24,6 +24,7 @@ A request for cut A runs A's tail (``"A"``); one with ``next_cut_id`` B runs A -
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -240,9 +241,11 @@ def _in_slot(
         if server.before_tail is not None:
             server.before_tail(header)
         t_run = time.perf_counter()
-        values = server.canceller.run(
-            segment.session, segment.outputs, inputs, what=what, deadline=deadline, token=token
+        go = functools.partial(
+            server.canceller.run, segment.session, segment.outputs, inputs, what=what, deadline=deadline, token=token
         )
+        # A client over its share runs at a lower OS priority (``niced``): the CPU goes to the others first.
+        values = server.niced.call(go) if server.admission.yielding() else go()
         return values, t_run, (time.perf_counter() - t_run) * 1e3
     finally:
         server.admission.release_slot()

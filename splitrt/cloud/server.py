@@ -79,6 +79,7 @@ from splitrt.cloud.memory import (
 )
 from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.nexthop import NextHop, NextTier
+from splitrt.cloud.niced import DEFAULT_NICE, NicePool
 from splitrt.cloud.peak import PeakEstimator
 from splitrt.cloud.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.store import ModelStore
@@ -145,6 +146,9 @@ class ServerConfig:
     # onnxruntime intra-op threads per tail session (0: ``tail_threads``, the CPUs shared out among the
     # workers, so that workers x threads does not oversubscribe the host).
     intra_op_threads: int = 0
+    # How many nice steps below the server's priority the runs of a client over its share go while others
+    # are active (``niced``; 0: none).
+    over_share_nice: int = DEFAULT_NICE
     # Tail segments made in child processes (``builder``: no GIL held for long while one is made);
     # False: in this process (an in-process server, tests). ``splitrt serve`` uses children.
     build_in_child: bool = False
@@ -193,6 +197,7 @@ class CloudServer:
         # Refuses an open server nobody asked for, and uploads without a token.
         self.exposure = security.exposure(config)
         self.admission = Admission(config.workers, config.max_queue)
+        self.niced = NicePool(config.workers, config.over_share_nice)
         self.budget = _budget(config)
         self.store = ModelStore(config.models_dir, budget=self.budget, max_nodes=config.max_nodes)
         self.tails = TailCache(
@@ -345,6 +350,7 @@ class CloudServer:
         self.watchdog.stop()
         self.ratelog.flush(force=True)
         self.next_hop.close()
+        self.niced.close()
         if self.tails.builder is not None:
             self.tails.builder.close()
         if self._metrics_http is not None:

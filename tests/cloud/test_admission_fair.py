@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +133,53 @@ def test_served_requests_are_logged_a_few_per_interval(caplog: pytest.LogCapture
         for i in range(20):
             every.request("infer", code="OK", request_id=f"r{i}")
     assert sum('"event": "infer"' in r.getMessage() for r in caplog.records) == 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+@pytest.mark.parametrize("nice", [10, 0])
+def test_the_runs_of_a_client_over_its_share_yield_the_cpu(models_dir: Path, nice: int) -> None:
+    release = threading.Event()
+    runs: list[tuple[str, int]] = []  # (what the run was, the nice value of the thread it ran on)
+
+    def hold(header: pb.InferRequest) -> None:
+        if current_client() == "127.0.0.2":
+            release.wait(60)
+
+    with CloudServer(ServerConfig(models_dir=models_dir, workers=2, max_queue=8, over_share_nice=nice)) as s:
+        s.admission.queue = FairQueue(FairConfig(workers=2, active_window_s=3600.0))
+        s.before_tail = hold
+        real_run = s.canceller.run
+
+        def spy(*args: Any, **kwargs: Any) -> Any:  # the real run, on whichever thread it was given
+            runs.append((kwargs["what"], os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+            return real_run(*args, **kwargs)
+
+        s.canceller.run = spy  # type: ignore[method-assign]
+        model = zoo.get("tiny_chain")
+        with (
+            Device(model, s.address, config=DeviceConfig(timeout_s=20)) as legit,
+            from_address(("127.0.0.1", s.port), "127.0.0.2") as via,
+            Device(model, via, config=DeviceConfig(timeout_s=60)) as heavy,
+            ThreadPoolExecutor(4) as pool,
+        ):
+            x = legit.random_inputs()
+            legit.run(x, cut="c2")
+            held = [pool.submit(heavy.run, x, cut="c1") for _ in range(4)]
+            for _ in range(2000):  # granted one worker with three of its requests still waiting
+                if s.admission.running == 1 and len(s.admission.queue.waiting) == 3:
+                    break
+                release.wait(0.005)
+            for _ in range(3):
+                legit.run(x, cut="c2")
+            release.set()
+            for f in held:
+                assert f.result(timeout=60)["y"].shape
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    light = [n for what, n in runs if "'c2'" in what]
+    over = [n for what, n in runs if "'c1'" in what]
+    assert len(light) == 4 and len(over) == 4
+    assert light == [base] * 4  # the light client's runs keep the server's priority
+    # One at a time (the legit client is active): the second and third were granted with others of the
+    # held client's still waiting, so they yield; the last had none waiting. (The first, granted as the
+    # others arrived, may go either way.)
+    assert over[1:] == [min(19, base + nice)] * 2 + [base]

@@ -246,3 +246,21 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="already"):
         q.arrive(1, "a", RUN, 0.0)
     assert math.isfinite(q.virtual_s("nobody", 0.0))
+
+
+def test_a_client_is_over_its_share_only_with_jobs_waiting_while_another_is_active() -> None:
+    q = FairQueue(FairConfig(workers=2, active_window_s=1.0))
+    for t in range(4):  # alone, a backlogged client takes both workers at full priority
+        q.arrive(t, "heavy", RUN, 0.0)
+    assert q.dispatch(0.0) == [0, 1] and not q.over_share("heavy", 0.0)
+    q.arrive(10, "light", RUN, 0.1)  # another client is active now: its job takes the next worker
+    q.finish(0, 0.2)
+    assert q.dispatch(0.2) == [10]
+    assert q.over_share("heavy", 0.2) and not q.over_share("light", 0.2)
+    q.finish(10, 0.25)
+    q.finish(1, 0.3)
+    assert q.dispatch(0.3) == [2]  # heavy still has one waiting, and light asked within the window
+    assert q.over_share("heavy", 0.3)
+    assert not q.over_share("heavy", 2.0)  # light went quiet: heavy is alone again
+    assert q.dispatch(2.0) == [3] and not q.over_share("heavy", 2.0)  # nothing of heavy's waits
+    assert not q.over_share("nobody", 2.0)

@@ -1,0 +1,78 @@
+"""Runs that yield the CPU: threads at a lower OS priority for the runs of a client over its share.
+
+Fair admission (``fairq``) decides who holds the workers, but a worker is not a CPU: a client holding
+its share back to back keeps a core busy, and a light client's run on the next core shares the host's
+CPUs with it and with the server's own receive, decode and send work. Linux gives each thread its own
+nice value, so such runs are handed to threads ``nice`` steps below the server's priority (10: about a
+tenth of the CPU of a thread at the server's priority when the two compete) and the handler waits for
+them. The worker slot, the deadline's terminate and the memory reservation stay the handler's; only the
+CPU time moves.
+
+An unprivileged thread cannot lower its nice value again, hence threads of their own rather than the
+handler's. With ``tail_threads`` > 1, onnxruntime's extra intra-op threads keep the priority of the thread
+that built the session; the calling thread's share is the one that moves. Elsewhere than Linux (where
+``setpriority`` on a thread id would renice the whole process) runs stay on the handler's thread.
+
+- ``NicePool(threads, nice)``: ``.call(fn, *args, **kwargs)`` runs ``fn`` on one of its threads (started on
+  first use) and returns its result or raises its exception; ``.close()``; ``.enabled``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from splitrt.errors import ConfigError
+
+__all__ = ["DEFAULT_NICE", "NicePool"]
+
+DEFAULT_NICE = 10
+
+T = TypeVar("T")
+
+
+def _lower(steps: int) -> None:
+    """This thread ``steps`` nice values below the thread that started it (the server's priority)."""
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):  # not allowed here (a sandbox): the thread runs at the usual priority
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+
+
+class NicePool:
+    """``threads`` threads ``nice`` steps below the server's priority (0: disabled, ``call`` runs inline)."""
+
+    def __init__(self, threads: int, nice: int = DEFAULT_NICE) -> None:
+        if threads < 1 or not 0 <= nice <= 19:
+            raise ConfigError(f"NicePool: expected threads >= 1 and 0 <= nice <= 19, got {threads} and {nice}")
+        self.threads = threads
+        self.nice = nice
+        self.enabled = nice > 0 and sys.platform.startswith("linux")
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        if not self.enabled:
+            return fn(*args, **kwargs)
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.threads,
+                    thread_name_prefix="splitrt-niced",
+                    initializer=_lower,
+                    initargs=(self.nice,),
+                )
+            pool = self._pool
+        return pool.submit(fn, *args, **kwargs).result()
+
+    def close(self) -> None:
+        """No new runs here; those running finish (their deadline's terminate still reaches them)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            self.enabled = False
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)

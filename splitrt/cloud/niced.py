@@ -75,4 +75,4 @@ class NicePool:
             pool, self._pool = self._pool, None
             self.enabled = False
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=False)  # one thread per worker slot: nothing queued here to cancel

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import queue
 import shutil
@@ -23,6 +24,7 @@ from splitrt.errors import RigError
 if TYPE_CHECKING:
     from splitrt.rig import netns
 
+log = logging.getLogger(__name__)
 
 # util-linux's setpriv sets PR_SET_PDEATHSIG and execs the command (same pid). Preferred to a preexec_fn:
 # with one, Python must fork() (not vfork), and grpcio >= 1.80's fork handlers restart its poller in the
@@ -96,13 +98,16 @@ class Children:
 
 
 class JsonWorker:
-    """A child speaking JSON lines on stdin/stdout; stdout events go to ``on_event``."""
+    """A child speaking JSON lines on stdin/stdout; stdout events go to ``on_event``. An ``on_event`` that
+    raises loses that one event (logged on ``splitrt.rig.processes``' logger once per exception type), not
+    the reader: the worker's later events and replies are still read."""
 
     def __init__(self, proc: subprocess.Popen[str], name: str) -> None:
         self.proc = proc
         self.name = name
         self.on_event: Callable[[dict[str, Any]], None] | None = None
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._callback_errors: set[str] = set()  # exception types already logged
         threading.Thread(target=self._read, name=f"rig-{name}-reader", daemon=True).start()
 
     def _read(self) -> None:
@@ -114,9 +119,29 @@ class JsonWorker:
                 continue
             if msg.get("event") != "progress":
                 self._replies.put(msg)
-            elif self.on_event is not None:
-                self.on_event(msg)
+            else:
+                self._deliver(msg)
         self._replies.put({"event": "eof"})
+
+    def _deliver(self, msg: dict[str, Any]) -> None:
+        callback = self.on_event  # read once: the rig swaps it between turns
+        if callback is None:
+            return
+        try:
+            callback(msg)
+        except Exception as exc:  # the reader must live on: the rig waits for this worker's replies
+            kind = type(exc).__name__
+            if kind not in self._callback_errors:
+                self._callback_errors.add(kind)
+                log.warning(
+                    "%s worker: on_event raised %s on event %s; event dropped, reading on "
+                    "(further %s from it are not logged)",
+                    self.name,
+                    kind,
+                    json.dumps(msg, default=str)[:200],
+                    kind,
+                    exc_info=exc,
+                )
 
     def send(self, line: str) -> None:
         """One JSON line (``rig.protocol.encode``) to the worker."""

@@ -70,41 +70,56 @@ def from_address(target: tuple[str, int], source: str) -> Iterator[str]:
                 x.close()
 
 
-def test_a_client_holding_workers_gets_its_share_and_the_other_is_served(models_dir: Path) -> None:
-    release = threading.Event()
+@contextlib.contextmanager
+def held_client(s: CloudServer, release: threading.Event, cut: str) -> Iterator[tuple[Device, Any, list[Any]]]:
+    """A legit client on 127.0.0.1 (active: it has asked) and a client from 127.0.0.2 with 4 requests at
+    ``cut`` whose tails wait for ``release`` (a test hook, as a Loop running to its deadline would): one
+    runs, three wait. Yields the legit device, an input, and the held requests' futures."""
 
-    def hold(header: pb.InferRequest) -> None:  # the held client's tails run until released
+    def hold(header: pb.InferRequest) -> None:
         if current_client() == "127.0.0.2":
             release.wait(60)
 
-    with CloudServer(ServerConfig(models_dir=models_dir, workers=2, max_queue=8)) as s:
-        # Active for the whole test (the default counts a client active 1 s after its last request).
-        s.admission.queue = FairQueue(FairConfig(workers=2, active_window_s=3600.0))
-        s.before_tail = hold
-        model = zoo.get("tiny_chain")
-        with (
-            Device(model, s.address, config=DeviceConfig(timeout_s=20)) as legit,
-            from_address(("127.0.0.1", s.port), "127.0.0.2") as via,
-            Device(model, via, config=DeviceConfig(timeout_s=60)) as heavy,
-            ThreadPoolExecutor(4) as pool,
-        ):
-            x = legit.random_inputs()
-            legit.run(x, cut="c2")  # the legit client is active
-            held = [pool.submit(heavy.run, x, cut="c2") for _ in range(4)]
-            for _ in range(2000):  # one held request runs, three wait for the held client's next turn
-                if s.admission.running == 1 and len(s.admission.queue.waiting) == 3:
-                    break
-                release.wait(0.005)
-            assert s.admission.running == 1 and len(s.admission.queue.waiting) == 3
-            assert {j.client for j in s.admission.queue.waiting} == {"127.0.0.2"}
-            # The other worker is the legit client's: served while the held ones still hold.
-            for _ in range(3):
-                assert legit.run(x, cut="c2")["y"].shape
-            assert not release.is_set() and s.admission.running == 1
+    # Active for the whole test (the default counts a client active 1 s after its last request).
+    s.admission.queue = FairQueue(FairConfig(workers=2, active_window_s=3600.0))
+    s.before_tail = hold
+    model = zoo.get("tiny_chain")
+    with (
+        Device(model, s.address, config=DeviceConfig(timeout_s=20)) as legit,
+        from_address(("127.0.0.1", s.port), "127.0.0.2") as via,
+        Device(model, via, config=DeviceConfig(timeout_s=60)) as heavy,
+        ThreadPoolExecutor(4) as pool,
+    ):
+        x = legit.random_inputs()
+        legit.run(x, cut="c2")
+        held = [pool.submit(heavy.run, x, cut=cut) for _ in range(4)]
+        for _ in range(2000):
+            if s.admission.running == 1 and len(s.admission.queue.waiting) == 3:
+                break
+            release.wait(0.005)
+        try:
+            yield legit, x, held
+        finally:
             release.set()
-            for f in held:
-                assert f.result(timeout=60)["y"].shape
-        assert s.admission.running == 0 and not s.admission.queue.waiting
+
+
+def test_a_client_holding_workers_gets_its_share_and_the_other_is_served(models_dir: Path) -> None:
+    release = threading.Event()
+    with (
+        CloudServer(ServerConfig(models_dir=models_dir, workers=2, max_queue=8)) as s,
+        held_client(s, release, "c2") as (legit, x, held),
+    ):
+        # One held request runs, three wait for the held client's next turn.
+        assert s.admission.running == 1 and len(s.admission.queue.waiting) == 3
+        assert {j.client for j in s.admission.queue.waiting} == {"127.0.0.2"}
+        # The other worker is the legit client's: served while the held ones still hold.
+        for _ in range(3):
+            assert legit.run(x, cut="c2")["y"].shape
+        assert not release.is_set() and s.admission.running == 1
+        release.set()
+        for f in held:
+            assert f.result(timeout=60)["y"].shape
+    assert s.admission.running == 0 and not s.admission.queue.waiting
 
 
 def test_client_keys() -> None:
@@ -140,14 +155,7 @@ def test_served_requests_are_logged_a_few_per_interval(caplog: pytest.LogCapture
 def test_the_runs_of_a_client_over_its_share_yield_the_cpu(models_dir: Path, nice: int) -> None:
     release = threading.Event()
     runs: list[tuple[str, int]] = []  # (what the run was, the nice value of the thread it ran on)
-
-    def hold(header: pb.InferRequest) -> None:
-        if current_client() == "127.0.0.2":
-            release.wait(60)
-
     with CloudServer(ServerConfig(models_dir=models_dir, workers=2, max_queue=8, over_share_nice=nice)) as s:
-        s.admission.queue = FairQueue(FairConfig(workers=2, active_window_s=3600.0))
-        s.before_tail = hold
         real_run = s.canceller.run
 
         def spy(*args: Any, **kwargs: Any) -> Any:  # the real run, on whichever thread it was given
@@ -155,20 +163,7 @@ def test_the_runs_of_a_client_over_its_share_yield_the_cpu(models_dir: Path, nic
             return real_run(*args, **kwargs)
 
         s.canceller.run = spy  # type: ignore[method-assign]
-        model = zoo.get("tiny_chain")
-        with (
-            Device(model, s.address, config=DeviceConfig(timeout_s=20)) as legit,
-            from_address(("127.0.0.1", s.port), "127.0.0.2") as via,
-            Device(model, via, config=DeviceConfig(timeout_s=60)) as heavy,
-            ThreadPoolExecutor(4) as pool,
-        ):
-            x = legit.random_inputs()
-            legit.run(x, cut="c2")
-            held = [pool.submit(heavy.run, x, cut="c1") for _ in range(4)]
-            for _ in range(2000):  # granted one worker with three of its requests still waiting
-                if s.admission.running == 1 and len(s.admission.queue.waiting) == 3:
-                    break
-                release.wait(0.005)
+        with held_client(s, release, "c1") as (legit, x, held):
             for _ in range(3):
                 legit.run(x, cut="c2")
             release.set()

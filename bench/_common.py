@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import socket
 import sys
 import time
 
 import grpc
 
 from splitrt.rig.bench import TRACE_SETS
+from splitrt.rig.processes import free_port as free_port  # re-exported: the one copy
 
 
 def progress(tag: str, msg: str) -> None:
     """One progress line on stderr (stdout carries the table or the JSON)."""
     print(f"[{tag}] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def code(exc: BaseException) -> str:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from splitrt.rig.processes import free_port as free_port  # re-exported: the one copy
+
 
 def reap(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
     """Kill ``proc`` if it still runs, wait for it, and close its pipes (left to the garbage collector,
@@ -23,12 +25,6 @@ def reap(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None:
             f.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(

@@ -46,6 +46,8 @@ def end(p: subprocess.Popen[Any], grace_s: float = 3.0) -> None:
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the one copy: ``tests/loopback.py`` and ``bench/_common.py``
+    import it). Free when picked, not reserved: a server started on it may still lose a race."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -1,16 +1,21 @@
-"""The rig's JSON-line workers (``rig.processes.JsonWorker``) with a real child process: an ``on_event``
-callback that raises loses that event, not the pipe's reader."""
+"""The rig's child processes (``rig.processes``): its JSON-line workers with a real child process (an
+``on_event`` callback that raises loses that event, not the pipe's reader), and ``free_port``, the one
+copy the tests and benchmarks use."""
 
 from __future__ import annotations
 
+import ast
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from splitrt.rig.processes import Children, JsonWorker
+from splitrt.rig.processes import Children, JsonWorker, free_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 # A worker in miniature: once told to go, four progress events, then a reply; then it waits for Quit.
 CHILD = """
@@ -49,3 +54,20 @@ def test_a_raising_callback_loses_its_event_not_the_reader(tmp_path: Path, caplo
     assert len(logged) == 2, logged  # once per exception type
     assert "device7" in logged[0] and "ValueError" in logged[0] and '"t_s": 0.0' in logged[0]
     assert "device7" in logged[1] and "KeyError" in logged[1] and '"t_s": 2.0' in logged[1]
+
+
+def test_free_port_is_written_once_and_binds() -> None:
+    defined = sorted(
+        str(path.relative_to(REPO))
+        for top in ("splitrt", "tests", "bench")
+        for path in (REPO / top).rglob("*.py")
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "free_port"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    )
+    assert defined == ["splitrt/rig/processes.py"]  # tests/loopback.py and bench/_common.py import it
+    port = free_port()
+    assert 0 < port < 65536
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free when picked

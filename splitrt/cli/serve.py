@@ -22,6 +22,7 @@ from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_REQUEST_BYTES
 from splitrt.cloud.niced import DEFAULT_NICE
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
+from splitrt.cloud.warm import WARM_FILE, parse_spec
 from splitrt.errors import ConfigError
 from splitrt.transport import wire
 
@@ -131,6 +132,23 @@ def register(sub: Any) -> None:
         action="store_true",
         help="make tail segments in the server's process, not in a child at nice 10 (slows requests "
         "while a segment is made)",
+    )
+    w = p.add_argument_group("warm start (tails made at start, in the background)")
+    w.add_argument(
+        "--warm",
+        action="append",
+        default=[],
+        metavar="MODEL@CUT[,CUT...]",
+        help="make these tails at start (repeatable; MODEL a file name in --models or a sha256 prefix), before "
+        "the remembered ones; an unknown model or cut is refused at start",
+    )
+    w.add_argument(
+        "--no-warm",
+        action="store_true",
+        help=f"neither remember the (model, cut) pairs served (in {WARM_FILE} in --models, at most "
+        "--segment-cache of them) nor make them again at start. Health says SERVING at once either way: a "
+        "warm-up is an optimisation, not a readiness condition (a request for a cut being warmed waits for "
+        "that build)",
     )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
@@ -372,9 +390,13 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         metrics_public=getattr(args, "metrics_public", False),
         default_deadline_s=getattr(args, "default_deadline_s", ServerConfig.default_deadline_s),
         limits=limits_from(args) if hasattr(args, "read_timeout_s") else Limits(),
+        warm_file=not getattr(args, "no_warm", False),
+        warm=tuple(getattr(args, "warm", ())),
         **kwargs,
     )
     config.limits.check()
+    for spec in config.warm:  # the syntax now; models and cuts once the store is read (``CloudServer``)
+        parse_spec(spec)
     security.exposure(config)
     if getattr(args, "advertise", False) and not args.advertise_address and security.is_loopback(args.host):
         raise ConfigError(

@@ -29,7 +29,8 @@ the same for every server on a path of tiers), ``nexthop`` (the link to the next
 ``store`` (``ModelStore``), ``tails`` (``Tail``, ``TailCache``), ``admission`` (``Admission``, the CPU meter),
 ``inputs`` (checking and decoding a request's tensors), ``upload`` (PutModel), ``servicer`` (the gRPC
 methods; ``CloudServer.servicer`` is the instance ``start`` registers), ``auth`` (bearer tokens) and
-``common`` (``RpcFailure``, ``log_event``), ``security`` (what a configuration exposes).
+``common`` (``RpcFailure``, ``log_event``), ``security`` (what a configuration exposes), ``warm`` (the
+pairs served, remembered in the models directory and built again at start: ``warm_file``, ``warm``).
 
 - ``CloudServer(ServerConfig(models_dir=..., port=0, ...)).start() -> port``; ``.address``, ``.stop(grace_s)``;
   context manager. Models keyed by sha256 of the file bytes; tails built via ``partition.split`` and kept in an
@@ -85,6 +86,7 @@ from splitrt.cloud.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.store import ModelStore
 from splitrt.cloud.tails import Tail, TailCache
 from splitrt.cloud.upload import Quota, receive_model
+from splitrt.cloud.warm import WARM_FILE, Recorder, choose, read_pairs, resolve, warm_up
 from splitrt.errors import ConfigError
 from splitrt.transport import credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
@@ -161,6 +163,13 @@ class ServerConfig:
     metrics_public: bool = False
     # Time and count limits on what clients hold: lanes, read timeouts, connections (``limits``).
     limits: Limits = field(default_factory=Limits)
+    # Warm start (``warm``): remember the (model, cut) pairs served in ``<models_dir>/.splitrt-warm.json``
+    # and make their tails again at start, in the background. False: neither (an in-process server, tests;
+    # ``splitrt serve --no-warm``). ``splitrt serve`` remembers.
+    warm_file: bool = False
+    # Pairs made at start besides (and before) the remembered ones: "MODEL@CUT[,CUT...]", MODEL a file
+    # name in ``models_dir`` or a sha256 prefix (``splitrt serve --warm``; checked at construction).
+    warm: tuple[str, ...] = ()
 
 
 def tail_threads(config: ServerConfig) -> int:
@@ -248,6 +257,16 @@ class CloudServer:
         )
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
         self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
+        # Warm start (``warm``): explicit pairs checked now (ConfigError), remembered ones read now.
+        self.warm_pairs = resolve(config.warm, self.store, config.segment_cache_size)
+        self.recorder: Recorder | None = None
+        if config.warm_file:
+            path = Path(config.models_dir) / WARM_FILE
+            remembered = read_pairs(path, config.segment_cache_size)
+            self.recorder = Recorder(path, config.segment_cache_size, remembered=remembered)
+            self.tails.on_lease = self.recorder.served
+        self._warm_stop = threading.Event()
+        self._warm_thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
@@ -315,7 +334,28 @@ class CloudServer:
             log_event(
                 "insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth, warning=exp.warning
             )
+        self._start_warm_up()
         return port
+
+    def _start_warm_up(self) -> None:
+        """Make the explicit and remembered pairs' tails in a background thread (health already says
+        SERVING: a request meanwhile waits on the build of its cut, or builds another cut itself)."""
+        remembered = self.recorder.pairs() if self.recorder is not None else []
+        known = frozenset(m.sha256 for m in self.store.models())
+        pairs = choose(self.warm_pairs, remembered, known=known, limit=self.config.segment_cache_size)
+        if not pairs:
+            return
+        left_out = len({*self.warm_pairs, *remembered}) - len(pairs)  # models gone from the store
+        log_event("warm_started", pairs=len(pairs), explicit=len(self.warm_pairs), left_out=left_out)
+        deadline_s = self.config.default_deadline_s  # per build: its wait for a heavy slot
+
+        def build(sha256: str, cut_id: str) -> object:
+            return self.tails.get(sha256, cut_id, timeout_s=deadline_s)
+
+        self._warm_thread = threading.Thread(
+            target=warm_up, args=(pairs, build, self._warm_stop), name="splitrt-warm", daemon=True
+        )
+        self._warm_thread.start()
 
     @property
     def secure(self) -> bool:
@@ -347,12 +387,17 @@ class CloudServer:
         else:
             self.canceller.cancel_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         self._server = None
+        self._warm_stop.set()  # no further warm-up build; one in progress ends with the builder below
+        if self.recorder is not None:
+            self.recorder.flush()
         self.watchdog.stop()
         self.ratelog.flush(force=True)
         self.next_hop.close()
         self.niced.close()
         if self.tails.builder is not None:
             self.tails.builder.close()
+        if self._warm_thread is not None:
+            self._warm_thread.join(timeout=max(1.0, grace))  # a daemon: an in-process build cannot be cut short
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

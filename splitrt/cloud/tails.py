@@ -12,6 +12,10 @@ as heavy as a request: clients naming many cuts must queue for slots, not build 
   (``session_peak_bytes``), the server's process holding the GIL only briefly; ``.evict(n)``, ``.held_bytes()``,
   ``.evicted``. ``ModelStore(root, *, budget, max_nodes)``: graphs in an LRU charged to the budget
   (``.evict(n)``).
+- One build per key at a time: a caller finding a build of its key in flight (a request, or the server's
+  warm-up: ``warm``) waits for that build, up to its own ``timeout_s`` (DEADLINE_EXCEEDED past it), and
+  takes its tail; it builds again only if that build failed. ``.on_lease(sha256, cut_id)``, if set, is
+  called for every lease that got its tail (the server's ``warm.Recorder``).
 """
 
 from __future__ import annotations
@@ -97,6 +101,8 @@ class TailCache:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
         self._building: dict[tuple[str, str], threading.Lock] = {}
+        # Called with (sha256, cut id) for each lease that got its tail (``warm.Recorder.served``).
+        self.on_lease: Callable[[str, str], None] | None = None
         # Lookups answered from the cache / that built a session (the server's metrics).
         self.cache_hits = 0
         self.cache_misses = 0
@@ -107,6 +113,8 @@ class TailCache:
         """The tail, not evicted while the caller holds it."""
         tail = self.get(sha256, cut_id, timeout_s=timeout_s, pin=True)
         try:
+            if self.on_lease is not None:
+                self.on_lease(sha256, cut_id)
             yield tail
         finally:
             with self._lock:
@@ -126,7 +134,14 @@ class TailCache:
                 self.cache_hits += 1
                 return tail
             build_lock = self._building.setdefault(key, threading.Lock())
-        with build_lock:
+        # A build of this key in flight (a request's, or the warm-up's): wait for it, within the deadline.
+        if not build_lock.acquire(timeout=-1 if timeout_s is None else max(0.0, timeout_s)):
+            raise RpcFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"building the tail of cut {cut_id!r}: expected the build in progress to finish within the "
+                "deadline, got it still running",
+            )
+        try:
             try:
                 with self._lock:
                     tail = self._cache.get(key)
@@ -149,8 +164,12 @@ class TailCache:
                 return tail
             finally:
                 # Also when the build failed: requests naming endless unknown cuts must not grow this dict.
+                # Only this lock: a caller that came after the pop may have set a new one, in use.
                 with self._lock:
-                    self._building.pop(key, None)
+                    if self._building.get(key) is build_lock:
+                        del self._building[key]
+        finally:
+            build_lock.release()
 
     def _over_capacity(self) -> list[Tail]:
         """Entries beyond ``capacity``, least recently used first, skipping those in use (lock held)."""

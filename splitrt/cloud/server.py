@@ -353,7 +353,7 @@ class CloudServer:
             return self.tails.get(sha256, cut_id, timeout_s=deadline_s)
 
         self._warm_thread = threading.Thread(
-            target=warm_up, args=(pairs, build, self._warm_stop), name="splitrt-warm", daemon=True
+            target=warm_up, args=(pairs, build, self._warm_stop, self.tails.touch), name="splitrt-warm", daemon=True
         )
         self._warm_thread.start()
 

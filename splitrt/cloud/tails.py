@@ -15,7 +15,8 @@ as heavy as a request: clients naming many cuts must queue for slots, not build 
 - One build per key at a time: a caller finding a build of its key in flight (a request, or the server's
   warm-up: ``warm``) waits for that build, up to its own ``timeout_s`` (DEADLINE_EXCEEDED past it), and
   takes its tail; it builds again only if that build failed. ``.on_lease(sha256, cut_id)``, if set, is
-  called after every lease whose block ended without an exception (the server's ``warm.Recorder``).
+  called after every lease whose block ended without an exception (the server's ``warm.Recorder``);
+  ``.touch(keys)`` makes cached keys the most recently used, the first the most recent (the warm-up's order).
 """
 
 from __future__ import annotations
@@ -297,6 +298,14 @@ class TailCache:
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, self.store.scrub(str(exc))[:600]) from exc
         outputs = [o.name for o in session.get_outputs()]
         return Tail(session=session, inputs=inputs, outputs=outputs)
+
+    def touch(self, keys: list[tuple[str, str]]) -> None:
+        """Make the cached ones of ``keys`` the most recently used, the first the most recent (no hit is
+        counted): the warm-up built them in priority order, which left its first the least recent."""
+        with self._lock:
+            for key in reversed(keys):
+                if key in self._cache:
+                    self._cache.move_to_end(key)
 
     def snapshot(self) -> list[tuple[str, str, int]]:
         with self._lock:

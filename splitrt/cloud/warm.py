@@ -28,7 +28,8 @@ readiness condition.
   skipped).
 - ``warm_up(pairs, build, stopping)``: builds them one after another (one heavy slot at a time, so the
   heavy lane keeps room for requests naming other cuts), logs ``warm_failed`` for a pair that fails and
-  ``warm_done`` at the end; stops when ``stopping`` is set or the server shuts down (UNAVAILABLE).
+  ``warm_done`` at the end, having made the first pair the most recently used in the cache (built first,
+  it was the least); stops when ``stopping`` is set or the server shuts down (UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -335,8 +336,15 @@ def resolve(specs: Sequence[str], store: Any, limit: int) -> list[Pair]:
     return out
 
 
-def warm_up(pairs: Sequence[Pair], build: Callable[[str, str], Any], stopping: threading.Event) -> dict[str, int]:
-    """Build each pair's tail in turn (``build``: ``TailCache.get``); returns the counts logged in ``warm_done``."""
+def warm_up(
+    pairs: Sequence[Pair],
+    build: Callable[[str, str], Any],
+    stopping: threading.Event,
+    touch: Callable[[list[Pair]], None] | None = None,
+) -> dict[str, int]:
+    """Build each pair's tail in turn (``build``: ``TailCache.get``), then ``touch`` them in that order
+    (``TailCache.touch``: the first the most recently used, the last evicted first under memory
+    pressure); returns the counts logged in ``warm_done``."""
     t0 = time.monotonic()
     counts = {"built": 0, "failed": 0, "left": len(pairs)}
     for sha256, cut_id in pairs:
@@ -363,5 +371,7 @@ def warm_up(pairs: Sequence[Pair], build: Callable[[str, str], Any], stopping: t
                 "warm_failed", logging.WARNING, model=sha256[:12], cut=cut_id, error=f"{type(exc).__name__}: {exc}"
             )
         counts["left"] -= 1
+    if touch is not None:
+        touch(list(pairs))
     log_event("warm_done", **counts, ms=round((time.monotonic() - t0) * 1e3, 1))
     return counts

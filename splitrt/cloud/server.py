@@ -257,14 +257,9 @@ class CloudServer:
         )
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
         self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
-        # Warm start (``warm``): explicit pairs checked now (ConfigError), remembered ones read now.
+        # Warm start (``warm``): the explicit pairs checked now (ConfigError); the file read by ``start``.
         self.warm_pairs = resolve(config.warm, self.store, config.segment_cache_size)
         self.recorder: Recorder | None = None
-        if config.warm_file:
-            path = Path(config.models_dir) / WARM_FILE
-            remembered = read_pairs(path, config.segment_cache_size)
-            self.recorder = Recorder(path, config.segment_cache_size, remembered=remembered)
-            self.tails.on_lease = self.recorder.served
         self._warm_stop = threading.Event()
         self._warm_thread: threading.Thread | None = None
 
@@ -340,14 +335,20 @@ class CloudServer:
     def _start_warm_up(self) -> None:
         """Make the explicit and remembered pairs' tails in a background thread (health already says
         SERVING: a request meanwhile waits on the build of its cut, or builds another cut itself)."""
-        remembered = self.recorder.pairs() if self.recorder is not None else []
+        cfg = self.config
+        remembered: list[tuple[str, str]] = []
+        if cfg.warm_file:  # read after ``listening``: that stays the first line of the log
+            path = Path(cfg.models_dir) / WARM_FILE
+            remembered = read_pairs(path, cfg.segment_cache_size)
+            self.recorder = Recorder(path, cfg.segment_cache_size, remembered=remembered)
+            self.tails.on_lease = self.recorder.served
         known = frozenset(m.sha256 for m in self.store.models())
-        pairs = choose(self.warm_pairs, remembered, known=known, limit=self.config.segment_cache_size)
+        pairs = choose(self.warm_pairs, remembered, known=known, limit=cfg.segment_cache_size)
         if not pairs:
             return
         left_out = len({*self.warm_pairs, *remembered}) - len(pairs)  # models gone from the store
         log_event("warm_started", pairs=len(pairs), explicit=len(self.warm_pairs), left_out=left_out)
-        deadline_s = self.config.default_deadline_s  # per build: its wait for a heavy slot
+        deadline_s = cfg.default_deadline_s  # per build: its wait for a heavy slot
 
         def build(sha256: str, cut_id: str) -> object:
             return self.tails.get(sha256, cut_id, timeout_s=deadline_s)

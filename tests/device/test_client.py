@@ -257,7 +257,11 @@ def test_serve_cli_subprocess_serves_and_stops_on_sigterm(models_dir: Path) -> N
     )
     try:
         assert proc.stderr is not None
-        listening = json.loads(proc.stderr.readline())
+        # Lines before it (the warm file read at construction) are the server's too; "listening" comes once.
+        events = [json.loads(proc.stderr.readline())]
+        while events[-1]["event"] != "listening" and len(events) < 20:
+            events.append(json.loads(proc.stderr.readline()))
+        listening = events[-1]
         assert listening["event"] == "listening" and listening["models"] == len(SPLIT_MODELS)
         with Device(zoo.get("tiny_chain"), f"127.0.0.1:{listening['port']}") as dev:
             x = dev.random_inputs()

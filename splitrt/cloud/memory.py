@@ -37,6 +37,8 @@ from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.errors import ConfigError
 
 MB = 1 << 20
+#: Frees at least ``n`` bytes of unused cache entries if it can (``MemoryBudget.add_evictor``).
+Evictor = Callable[[int, "str | None"], int]
 #: ``splitrt serve``'s default: the Kubernetes manifest's limit (2 GiB) less 1/8 for what no estimate
 #: sees (allocator fragmentation, gRPC's buffers, thread stacks).
 DEFAULT_MAX_MEMORY_BYTES = 1792 * MB
@@ -180,7 +182,7 @@ class MemoryBudget:
         self.used_bytes = 0
         self.peak_bytes = 0
         self.refused = 0
-        self._evictors: list[Callable[[int], int]] = []
+        self._evictors: list[Evictor] = []
 
     @property
     def available_bytes(self) -> float:
@@ -188,9 +190,10 @@ class MemoryBudget:
             return float("inf")
         return float(self.limit_bytes - self.baseline_bytes - self.headroom_bytes)
 
-    def add_evictor(self, evict: Callable[[int], int]) -> None:
-        """``evict(n)`` frees (``release``) at least ``n`` bytes of unused entries if it can; returns
-        what it freed."""
+    def add_evictor(self, evict: Evictor) -> None:
+        """``evict(n, build_for)`` frees (``release``) at least ``n`` bytes of unused entries if it can;
+        returns what it freed. ``build_for`` (None for a request's own memory): the client a new cache
+        entry is being made for, whose reservation must not push out entries other clients use now."""
         self._evictors.append(evict)
 
     def try_reserve(self, nbytes: int) -> bool:
@@ -201,8 +204,9 @@ class MemoryBudget:
             self.peak_bytes = max(self.peak_bytes, self.used_bytes)
             return True
 
-    def reserve(self, nbytes: int, what: str) -> int:
-        """Reserve ``nbytes`` (evicting unused cache entries if needed) or raise RESOURCE_EXHAUSTED."""
+    def reserve(self, nbytes: int, what: str, *, build_for: str | None = None) -> int:
+        """Reserve ``nbytes`` (evicting unused cache entries if needed) or raise RESOURCE_EXHAUSTED.
+        ``build_for``: a new cache entry for this client (the evictors spare what others use now)."""
         nbytes = max(0, int(nbytes))
         for _ in range(4):  # evictions race with other reservations: retry a few times, then refuse
             if self.try_reserve(nbytes):
@@ -213,7 +217,7 @@ class MemoryBudget:
             for evict in self._evictors:
                 if short <= 0:
                     break
-                n = evict(short)
+                n = evict(short, build_for)
                 short, freed = short - n, freed + n
             if freed:
                 trim()  # the evicted entries' pages back to the OS before the new allocation comes
@@ -237,7 +241,8 @@ class MemoryBudget:
             f"{what}: needs ~{nbytes / MB:.0f} MB, expected at most the {self._free_mb(used):.0f} MB "
             f"free of the server's memory budget (--max-memory-mb {limit_mb:.0f}, "
             f"{self.baseline_bytes / MB:.0f} MB held at start, {used / MB:.0f} MB by requests in "
-            "flight and sessions in use)",
+            "flight and sessions in use"
+            + (", and tails other clients use now are not evicted for a new one)" if build_for is not None else ")"),
         )
 
     def _free_mb(self, used: int) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from splitrt.cloud.admission import current_client
 from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.cloud.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes, trim
 from splitrt.errors import ConfigError
@@ -257,11 +258,12 @@ class ModelStore:
 
     def _load(self, entry: _ModelEntry) -> None:
         """Load the graph under a reservation of the load's peak, then keep what the graph holds."""
-        peak = self.budget.reserve(entry.bytes * LOAD_PEAK_FACTOR, f"loading model {entry.path.name}")
+        who = current_client()  # a new cache entry: it does not push out tails other clients use now
+        peak = self.budget.reserve(entry.bytes * LOAD_PEAK_FACTOR, f"loading model {entry.path.name}", build_for=who)
         try:
             graph = load_graph(entry.path, self.root, self.max_nodes)
             cost = graph_bytes(graph.model.ByteSize(), len(graph.nodes))
-            self.budget.reserve(cost, f"model {entry.path.name}'s graph")
+            self.budget.reserve(cost, f"model {entry.path.name}'s graph", build_for=who)
         finally:
             self.budget.release(peak)
             trim()
@@ -281,9 +283,10 @@ class ModelStore:
                 if not self._pins[base]:
                     del self._pins[base]
 
-    def evict(self, nbytes: int) -> int:
+    def evict(self, nbytes: int, build_for: str | None = None) -> int:
         """Drop least recently used graphs until ``nbytes`` are freed (the budget's evictor), except the
-        ones being loaded or ``pinned`` by a tail build."""
+        ones being loaded or ``pinned`` by a tail build. (Requests do not run graphs: ``build_for`` changes
+        nothing here.)"""
         freed = 0
         with self._lock:
             for sha in list(self._loaded):

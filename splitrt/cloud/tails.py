@@ -27,11 +27,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from splitrt.cloud.admission import current_client
 from splitrt.cloud.builder import Builder, segment_of, tensor_bytes
 from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.cloud.memory import (
@@ -63,6 +64,21 @@ class Tail:
     skeleton: Any = None
     # (shapes sorted by name, ``peak.Estimate``) made with the segment (``builder.Made.static_peak``).
     static_peak: Any = None
+    # Client -> when it last got this tail (monotonic s), those within ``HOT_S`` only (``TailCache.evict``).
+    recent: dict[str, float] = field(default_factory=dict)
+
+    def used_by(self, client: str, now_s: float) -> None:
+        self.recent = {c: t for c, t in self.recent.items() if now_s - t < HOT_S}
+        self.recent[client] = now_s
+
+    def hot_for_others(self, client: str, now_s: float) -> bool:
+        return any(c != client and now_s - t < HOT_S for c, t in self.recent.items())
+
+
+# A tail another client got within this many seconds is not evicted to make room for a new tail: one
+# client naming cut after cut (an attacker, or a sweep) then pushes out its own tails and cold ones, never
+# the one a device is streaming through (which would be rebuilt for seconds, and evict the next...).
+HOT_S = 2.0
 
 
 # Largest output onnxruntime (>= 1.27) may constant-fold in a tail session: graph.normalise's bound
@@ -88,6 +104,7 @@ class TailCache:
         slot: Callable[[float], bool] | None = None,
         release_slot: Callable[[], None] | None = None,
         builder: Builder | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if capacity < 1:
             raise ConfigError(f"segment_cache_size: expected >= 1, got {capacity}")
@@ -99,6 +116,7 @@ class TailCache:
         self._slot, self._release_slot = slot, release_slot
         # Segments made in a child process (``builder``), or None: here, holding the GIL for long.
         self.builder = builder
+        self._clock = clock
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
         self._building: dict[tuple[str, str], threading.Lock] = {}
@@ -132,6 +150,7 @@ class TailCache:
                 self._cache.move_to_end(key)
                 tail.hits += 1
                 tail.users += int(pin)
+                tail.used_by(current_client(), self._clock())
                 self.cache_hits += 1
                 return tail
             build_lock = self._building.setdefault(key, threading.Lock())
@@ -156,6 +175,7 @@ class TailCache:
                 with self._lock:
                     self.cache_misses += int(built)
                     self.cache_hits += int(not built)
+                    tail.used_by(current_client(), self._clock())
                     self._cache[key] = tail
                     self._cache.move_to_end(key)
                     tail.hits += 1
@@ -183,16 +203,18 @@ class TailCache:
                 self.evicted += 1
         return out
 
-    def evict(self, nbytes: int) -> int:
+    def evict(self, nbytes: int, build_for: str | None = None) -> int:
         """Drop least recently used tails no request is running until ``nbytes`` are freed (the budget's
-        evictor); returns the bytes released."""
+        evictor); for a new tail (``build_for``: its client), not those another client got within
+        ``HOT_S``. Returns the bytes released."""
         freed = 0
+        now = self._clock()
         with self._lock:
             for key in list(self._cache):
                 if freed >= nbytes:
                     break
                 tail = self._cache[key]
-                if tail.users == 0:
+                if tail.users == 0 and (build_for is None or not tail.hot_for_others(build_for, now)):
                     del self._cache[key]
                     freed += tail.bytes
                     self.evicted += 1
@@ -225,7 +247,11 @@ class TailCache:
         # The build's transient peak (segment proto, its bytes, onnxruntime's copies while it loads) is
         # reserved before splitting, from the whole model's weights; the session keeps its share of it.
         weights = sum(tensor_bytes(t) for t in graph.model.graph.initializer)
-        held = self.budget.reserve(build_peak_bytes(weights), f"tail session of model {sha256[:12]} at cut {cut_id!r}")
+        held = self.budget.reserve(
+            build_peak_bytes(weights),
+            f"tail session of model {sha256[:12]} at cut {cut_id!r}",
+            build_for=current_client(),
+        )
         try:
             from splitrt.cloud.peak import skeleton
             from splitrt.graph import partition
@@ -254,14 +280,14 @@ class TailCache:
 
         entry = self.store.entry(sha256.partition("~")[0])
         what = f"tail session of model {sha256[:12]} at cut {cut_id!r}"
-        held = self.budget.reserve(child_build_bytes(entry.bytes), f"{what} (segment)")
+        held = self.budget.reserve(child_build_bytes(entry.bytes), f"{what} (segment)", build_for=current_client())
         try:
             made = builder.make(entry.path, self.store.root, sha256, cut_id, self.store.max_nodes)
         finally:
             self.budget.release(held)
         try:
             cost = session_bytes(made.weights_bytes)
-            held = self.budget.reserve(session_peak_bytes(made.weights_bytes), what)
+            held = self.budget.reserve(session_peak_bytes(made.weights_bytes), what, build_for=current_client())
             try:
                 tail = self._session(str(made.path), made.inputs, sha256, cut_id)
             except BaseException:

@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 import pytest
 
+from splitrt.cloud.admission import serving
 from splitrt.cloud.common import RpcFailure
 from splitrt.cloud.memory import (
     CHECKER_RESIDENT_BYTES,
@@ -25,6 +26,8 @@ from splitrt.cloud.memory import (
     watch_limit,
 )
 from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.cloud.store import ModelStore
+from splitrt.cloud.tails import HOT_S, TailCache
 from splitrt.device.client import Device
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo
@@ -36,7 +39,7 @@ def test_budget_evicts_then_refuses_naming_need_and_free() -> None:
     b = MemoryBudget(1000 * MB, 200 * MB)  # 800 MB available
     held = {"a": 300 * MB, "b": 300 * MB}
 
-    def evict(n: int) -> int:  # a cache of two entries, least recent first
+    def evict(n: int, build_for: str | None) -> int:  # a cache of two entries, least recent first
         freed = 0
         for k in list(held):
             if freed >= n:
@@ -323,3 +326,46 @@ def test_a_build_keeps_the_graph_it_splits_in_the_ledger(models_dir: Path, caplo
     assert not [r for r in caplog.records if "graph_evicted" in r.getMessage()]
     assert sha in store._loaded and store._pins == {}  # still loaded, no pin left behind
     assert cache.evicted == 1 and len(cache.snapshot()) == 1  # the first tail made room for the second
+
+
+def test_a_new_tail_does_not_evict_one_another_client_uses_now(models_dir: Path, device: Device) -> None:
+    # An attacker naming cut after cut must push out its own tails and cold ones, never the one a device
+    # is streaming through (rebuilt for seconds, under the next build's reservation, again and again).
+    now = [1000.0]
+    budget = MemoryBudget(None)
+    store = ModelStore(models_dir, budget=budget)
+    tails = TailCache(store, 16, 1, budget=budget, clock=lambda: now[0])
+    sha = store.models()[0].sha256
+    cuts = [c.id for c in device.graph.cuts()[1:-1]][5:20:5]
+    for client, cut in zip(("a", "b", "a"), cuts, strict=True):
+        serving(client)
+        tails.get(sha, cut)
+    serving("")
+    a1, b1, a2 = cuts
+    assert tails.evict(1 << 40, "a") > 0  # a's own two go; b's, got just now, stays
+    assert [k[1] for k in tails.snapshot()] == [b1] and a1 != a2
+    assert tails.evict(1 << 40, "c") == 0 and len(tails.snapshot()) == 1  # nor for a third client
+    now[0] += HOT_S + 0.1
+    assert tails.evict(1 << 40, "c") > 0 and not tails.snapshot()  # b went quiet: now it may go
+    serving("b")
+    tails.get(sha, b1)
+    serving("")
+    assert tails.evict(1 << 40, None) > 0 and not tails.snapshot()  # a request's own memory: any unused tail
+
+
+def test_a_build_refused_for_want_of_memory_says_what_it_spared() -> None:
+    b = MemoryBudget(1000 * MB, 200 * MB)
+    asked: list[str | None] = []
+
+    def evict(n: int, build_for: str | None) -> int:
+        asked.append(build_for)
+        return 0  # everything held is in use by others
+
+    b.add_evictor(evict)
+    b.reserve(700 * MB, "sessions")
+    with pytest.raises(RpcFailure) as info:
+        b.reserve(200 * MB, "tail session of model x at cut 'c3'", build_for="127.0.0.2")
+    assert asked == ["127.0.0.2"] and "tails other clients use now are not evicted" in info.value.message
+    with pytest.raises(RpcFailure) as info:
+        b.reserve(200 * MB, "request at cut 'c3'")
+    assert asked[-1] is None and "other clients" not in info.value.message

@@ -16,8 +16,9 @@ are passed when this server has them) with a soft file-descriptor limit of 1024 
 
 Phases: baseline 5 s, attack 8 s (the slow uploads 8-15 s), recovery at most 6 s, ``--drain-s 2``; about
 6 minutes in all. (The legit client's p99 is taken over ~100 calls before and ~160 during: over 60 and 100,
-as before 2026-12-04 17:10 UTC, it was nearly the maximum, and one run's ratio moved by 2x.) ``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``): about
-2 minutes on a loaded 2-vCPU host (a server start alone takes seconds there).
+as before 2026-12-04 17:10 UTC, it was nearly the maximum, and one run's ratio moved by 2x.)
+``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``): about 2 minutes on a
+loaded 2-vCPU host (a server start alone takes seconds there).
 
 The legit clients run in a child process; the attack's client threads (in this process, with the proxy's
 copies) run at nice 10 (``--attacker-nice``): on a network an attacker's requests, ``Device.stream`` heads

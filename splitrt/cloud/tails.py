@@ -64,12 +64,14 @@ class Tail:
     skeleton: Any = None
     # (shapes sorted by name, ``peak.Estimate``) made with the segment (``builder.Made.static_peak``).
     static_peak: Any = None
-    # Client -> when it last got this tail (monotonic s), those within ``HOT_S`` only (``TailCache.evict``).
+    # Client -> when it last got this tail (monotonic s; ``TailCache.evict``), pruned to those within
+    # ``HOT_S`` beyond ``RECENT_MAX`` clients.
     recent: dict[str, float] = field(default_factory=dict)
 
     def used_by(self, client: str, now_s: float) -> None:
-        self.recent = {c: t for c, t in self.recent.items() if now_s - t < HOT_S}
-        self.recent[client] = now_s
+        self.recent[client] = now_s  # every hit: an assignment; the cold are dropped once there are many
+        if len(self.recent) > RECENT_MAX:
+            self.recent = {c: t for c, t in self.recent.items() if now_s - t < HOT_S}
 
     def hot_for_others(self, client: str, now_s: float) -> bool:
         return any(c != client and now_s - t < HOT_S for c, t in self.recent.items())
@@ -79,6 +81,7 @@ class Tail:
 # client naming cut after cut (an attacker, or a sweep) then pushes out its own tails and cold ones, never
 # the one a device is streaming through (which would be rebuilt for seconds, and evict the next...).
 HOT_S = 2.0
+RECENT_MAX = 16
 
 
 # Largest output onnxruntime (>= 1.27) may constant-fold in a tail session: graph.normalise's bound

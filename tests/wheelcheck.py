@@ -19,21 +19,6 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-#: copied into the build tree: what `git archive` would give, plus uncommitted edits
-_SKIP = shutil.ignore_patterns(
-    ".venv",
-    ".git",
-    "build",
-    "dist",
-    "*.egg-info",
-    "__pycache__",
-    ".mypy_cache",
-    ".pytest_cache",
-    ".ruff_cache",
-    ".hypothesis",
-    "out",
-    "*.png",
-)
 SUPPORTED = ("3.10", "3.11", "3.12", "3.13")
 
 
@@ -73,12 +58,30 @@ def _setuptools_ok() -> bool:
     return int(setuptools.__version__.split(".")[0]) >= 77
 
 
+def tracked_files() -> list[str]:
+    """The checkout's tracked paths (``git ls-files``), relative: what a fresh clone holds."""
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return [name for name in out.decode().split("\0") if name]
+
+
+def copy_tracked(dst: Path) -> None:
+    """Copy the tracked files (their working-tree content) to ``dst``: the build sees what a fresh clone
+    would, not whatever lies beside the checkout (a venv, a stray symlink, a build directory)."""
+    for name in tracked_files():
+        source = REPO / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in the working tree, not yet committed
+        target = dst / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target, follow_symlinks=False)
+
+
 def build_wheel(out_dir: Path) -> tuple[Path, Path]:
     """``(sdist, wheel)``: the sdist from a copy of the checkout, the wheel from that sdist (so the wheel
     can only carry what the sdist does). Without build isolation when this interpreter's setuptools is
     recent enough (offline, ~3 s); else pip fetches the build requirements (~15 s)."""
     src = out_dir / "src"
-    shutil.copytree(REPO, src, ignore=_SKIP)
+    copy_tracked(src)
     dist = out_dir / "dist"
     dist.mkdir()
     name = (

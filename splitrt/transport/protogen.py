@@ -10,6 +10,7 @@ extra.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -23,6 +24,23 @@ PROTOS = (PROTO, ROOT / "proto" / "grpc_predict_v2.proto")
 PACKAGE_DIR = Path(__file__).resolve().parent
 SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 GENERATED = tuple(f"{p.stem}{suffix}" for p in PROTOS for suffix in SUFFIXES)
+
+# The generator's own version, stamped into the code it writes: a new grpcio-tools release changes these
+# lines and nothing else, so the staleness check ignores them (the code under them is what must match).
+_VERSION_STAMPS = (
+    re.compile(r"^# Protobuf Python Version: .*$", re.MULTILINE),
+    re.compile(r"^GRPC_GENERATED_VERSION = .*$", re.MULTILINE),
+    re.compile(
+        r"(ValidateProtobufRuntimeVersion\(\s*_runtime_version\.Domain\.PUBLIC,)\s*\d+,\s*\d+,\s*\d+,\s*'[^']*',"
+    ),
+)
+
+
+def without_version_stamps(text: str) -> str:
+    """``text`` of a generated stub with the generator's version stamps blanked (see ``_VERSION_STAMPS``)."""
+    for pattern in _VERSION_STAMPS:
+        text = pattern.sub(lambda m: m.group(1) if m.groups() else "", text)
+    return text
 
 
 def _plugin(name: str) -> str:

@@ -1,7 +1,9 @@
 """The server's models: the ``*.onnx`` files of a directory, keyed by the sha256 of their bytes.
 
-Only what is inside the directory is ever read: a model whose external-data locations leave it
-(absolute paths, ``..``, symlinks out) is refused, and so is a file that is not ONNX; each refusal is
+Only a model's own data files are ever read: a model whose external-data locations (on any tensor:
+``extdata``) leave the directory (absolute paths, ``..``, symlinks out), name a hidden file (the warm
+file, uploads in progress) or another model, or a stored upload naming any, is refused, and so is a file
+that is not ONNX; each refusal is
 logged once (``model_refused``) and the file is skipped until it changes. Uploads write
 ``.upload-*.part`` files (``splitrt.cloud.upload``): the ones a killed server left are removed at start.
 """
@@ -22,24 +24,12 @@ import grpc
 
 from splitrt.cloud.admission import current_client
 from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.extdata import external_locations, location_refused
 from splitrt.cloud.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes, trim
 from splitrt.errors import ConfigError
 
 #: Temporary files of uploads in progress (never served, never listed).
 PART_GLOB = ".upload-*.part"
-
-
-def external_locations(model: Any) -> list[str]:
-    """The ``location`` of every external-data tensor of an ``onnx.ModelProto`` (first-use order)."""
-    import onnx
-
-    seen: dict[str, None] = {}
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for kv in t.external_data:
-                if kv.key == "location":
-                    seen.setdefault(kv.value, None)
-    return list(seen)
 
 
 def location_outside(root: Path, locations: list[str]) -> str | None:
@@ -71,9 +61,9 @@ def _identify(path: Path, root: Path) -> str:
         raise ValueError(f"expected an ONNX model, got a file that does not parse ({type(exc).__name__})") from exc
     if not model.graph.node and not model.graph.output:
         raise ValueError("expected an ONNX model, got no graph (an empty file, or not ONNX)")
-    bad = location_outside(root, external_locations(model))
+    bad = location_refused(root, path, external_locations(model))
     if bad is not None:
-        raise ValueError(f"expected external data inside {root}, got location {bad!r}")
+        raise ValueError(f"{bad[1]}, got external-data location {bad[0]!r}")
     try:
         return model_sha256(path, model)
     except OSError as exc:
@@ -230,7 +220,8 @@ class ModelStore:
         if entry is None:
             raise RpcFailure(
                 grpc.StatusCode.NOT_FOUND,
-                f"model sha256 {sha256!r} not found: expected one of {len(self._by_sha)} models in {self.root}",
+                f"model sha256 {sha256[:80]!r} not found: expected one of the {len(self._by_sha)} models "
+                "the server holds",
             )
         return entry
 

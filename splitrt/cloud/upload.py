@@ -6,8 +6,9 @@ What an upload can and cannot do to the server's disk:
   nothing else; the name the device sends (``ModelChunk.name``) is never used as a path;
 - at most ``max_model_bytes`` are written (the declared ``total_bytes`` is checked first, then every chunk);
 - the bytes must hash to the sha256 the first chunk declares, be an ONNX model that loads, and carry no
-  external data (an upload is one file: an external-data location could only point at files already on
-  the server);
+  external data on any tensor (``extdata``: initializers, subgraphs', node attributes, sparse tensors; an
+  upload is one file: an external-data location could only point at files already on the server) and no
+  sparse initializer (a stored model must be servable);
 - quotas: at most ``max_models`` models and ``max_store_bytes`` in the store (checked on the declared size,
   then on the real one), at most ``max_nodes`` nodes (subgraphs included) before anything is computed;
 - the check (``graph.model.load``: normalise, constant folding bounded in size before it computes, shape
@@ -37,7 +38,8 @@ import grpc
 
 from splitrt.cloud import checker
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.store import ModelStore, count_nodes, external_locations
+from splitrt.cloud.extdata import external_locations, sparse_initializers
+from splitrt.cloud.store import ModelStore, count_nodes
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")
@@ -177,7 +179,8 @@ def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             f"upload: expected an ONNX model, got bytes that do not parse ({type(exc).__name__}); nothing stored",
         ) from exc
-    locations = external_locations(proto)
+    locations = external_locations(proto)  # on any tensor: attributes, subgraphs, sparse ones (``extdata``)
+    sparse = sparse_initializers(proto)
     nodes = count_nodes(proto.graph)
     del proto
     if max_nodes is not None and nodes > max_nodes:
@@ -190,6 +193,12 @@ def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             f"upload: expected a self-contained model (no external data), got external-data "
             f"location {locations[0][:200]!r}; nothing stored",
+        )
+    if sparse:  # onnxruntime runs them, but a model cut into segments cannot carry them
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"upload: expected dense initializers, got {len(sparse)} sparse (first {sparse[0][:120]!r}); "
+            "store them dense (onnx.numpy_helper); nothing stored",
         )
     try:
         graph_mod.load(path)

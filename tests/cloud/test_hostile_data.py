@@ -1,0 +1,147 @@
+"""Hostile model files: external data on a tensor anywhere in an upload (a Constant node's value, an
+initializer inside an If branch, a sparse tensor) is refused, and so is a sparse initializer; a model
+in the store naming the server's own files (the warm file) or a stored upload naming anything is
+skipped. A real gRPC server on 127.0.0.1; the bytes of the named file never come back."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from splitrt.cloud.extdata import external_locations
+from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.cloud.store import ModelStore
+from splitrt.graph import zoo
+from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+
+TOKEN = "data-t0ken-xyz"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+SECRET = b'{"format": "splitrt-warm", "secret": 1}'
+
+
+def _external(t: onnx.TensorProto, location: str, length: int) -> onnx.TensorProto:
+    t.ClearField("raw_data")
+    t.ClearField("int32_data")
+    t.ClearField("int64_data")
+    t.ClearField("float_data")
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", str(length))):
+        t.external_data.add(key=k, value=v)
+    return t
+
+
+def constant_model(location: str) -> onnx.ModelProto:
+    """~190 bytes: y = the bytes of ``location``, as a Constant node's value (uint8)."""
+    value = _external(numpy_helper.from_array(np.zeros(len(SECRET), np.uint8), "v"), location, len(SECRET))
+    g = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=value), helper.make_node("Identity", ["c"], ["y"])],
+        "leak",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [len(SECRET)])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def if_branch_model(location: str) -> onnx.ModelProto:
+    """An If whose then-branch's initializer is external data at ``location``."""
+    w = _external(numpy_helper.from_array(np.zeros(len(SECRET), np.uint8), "w"), location, len(SECRET))
+    out = [helper.make_tensor_value_info("o", TensorProto.UINT8, [len(SECRET)])]
+    then = helper.make_graph([helper.make_node("Identity", ["w"], ["o"])], "then", [], out, [w])
+    other = helper.make_graph(
+        [helper.make_node("Constant", [], ["o"], value=numpy_helper.from_array(np.zeros(len(SECRET), np.uint8)))],
+        "else",
+        [],
+        out,
+    )
+    g = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)],
+        "leak_if",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [len(SECRET)])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def sparse_model(location: str | None) -> onnx.ModelProto:
+    """y = x + W with W a sparse initializer (its values external at ``location`` if given)."""
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "W")
+    if location is not None:
+        _external(values, location, 8)
+    indices = numpy_helper.from_array(np.array([0, 3], np.int64), "W_idx")
+    sparse = helper.make_sparse_tensor(values, indices, [4])
+    g = helper.make_graph(
+        [helper.make_node("Add", ["x", "W"], ["y"])],
+        "sparse",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        sparse_initializer=[sparse],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _put(address: str, data: bytes) -> pb.PutModelReply:
+    sha = hashlib.sha256(data).hexdigest()
+    with grpc.insecure_channel(address) as ch:
+        chunk = pb.ModelChunk(sha256=sha, name="m.onnx", total_bytes=len(data), data=data)
+        return pb_grpc.SplitInferenceStub(ch).PutModel(iter([chunk]), timeout=30, metadata=AUTH)
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Path:
+    d = tmp_path / "models"
+    d.mkdir()
+    (d / ".splitrt-warm.json").write_bytes(SECRET)
+    (d / "weights.bin").write_bytes(SECRET)  # an operator's file beside the models
+    return d
+
+
+@pytest.mark.parametrize(
+    "make",
+    [constant_model, if_branch_model, sparse_model],
+    ids=["constant-value", "if-branch-initializer", "sparse-values"],
+)
+@pytest.mark.parametrize("location", [".splitrt-warm.json", "weights.bin"])
+def test_upload_with_external_data_on_any_tensor_is_refused(
+    store: Path, make: Callable[[str], onnx.ModelProto], location: str
+) -> None:
+    model = make(location)
+    assert external_locations(model) == [location]  # the walker sees it wherever it is
+    with CloudServer(ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,))) as s:
+        with pytest.raises(grpc.RpcError) as info:
+            _put(s.address, model.SerializeToString())
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"expected a self-contained model (no external data), got external-data location {location!r}" in (
+            info.value.details() or ""
+        )
+        assert str(store) not in (info.value.details() or "")
+    assert sorted(p.name for p in store.glob("*.onnx")) == []
+
+
+def test_upload_with_a_sparse_initializer_is_refused(store: Path) -> None:
+    with CloudServer(ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,))) as s:
+        with pytest.raises(grpc.RpcError) as info:
+            _put(s.address, sparse_model(None).SerializeToString())
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "expected dense initializers, got 1 sparse (first 'W')" in (info.value.details() or "")
+    assert list(store.glob("*.onnx")) == []
+
+
+def test_store_skips_models_naming_the_servers_files(store: Path) -> None:
+    onnx.save(constant_model(".splitrt-warm.json"), str(store / "warm_leak.onnx"))
+    onnx.save(if_branch_model("other.onnx"), str(store / "model_leak.onnx"))
+    upload_named = constant_model("weights.bin")
+    data = upload_named.SerializeToString()
+    (store / f"{hashlib.sha256(data).hexdigest()}.onnx").write_bytes(data)  # as an old upload was stored
+    onnx.save(constant_model("weights.bin"), str(store / "operators.onnx"))  # an operator's own data file
+    shutil_src = zoo.get("tiny_chain")
+    (store / "other.onnx").write_bytes(shutil_src.read_bytes())
+    names = sorted(m.path.name for m in ModelStore(store).models())
+    assert names == ["operators.onnx", "other.onnx"]

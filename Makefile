@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test check bench proto clean wheel pythons board-arm64 image image-check
+.PHONY: demo test check bench docs results proto clean wheel pythons board-arm64 image image-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -17,6 +18,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 $(TEST_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+$(DOCS_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[docs]'
 	touch $@
 
 demo: $(STAMP)
@@ -32,6 +37,14 @@ check: $(TEST_STAMP)
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/run_all.py
+
+# The guides (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor is an error.
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
+# docs/results/: the cheap benchmarks run with --json and rendered to markdown (date, commit, load average).
+results: $(TEST_STAMP)
+	$(BIN)/python bench/render_results.py
 
 # Regenerate the gRPC stubs from proto/splitrt.proto (tests check they are up to date).
 proto: $(TEST_STAMP)
@@ -62,4 +75,4 @@ image-check: $(TEST_STAMP)
 	bash deploy/container/build.sh --tag $(IMAGE) $(IMAGE_ARGS) --check
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info deploy/container/dist
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info deploy/container/dist

@@ -1,11 +1,15 @@
-"""The README's commands stay true: every offline `.venv/bin/splitrt` command in it runs and exits 0.
+"""The README's and the docs' commands stay true: every offline `.venv/bin/splitrt` command in a ```sh block of
+README.md or docs/**/*.md runs and exits 0, the README stays a short front page, and the docs site builds
+with `mkdocs build --strict` (no broken link or anchor).
 
 Commands that need a server, root or a board (serve, run, daemon, bench, install) are exercised by
-their own tests; here we run the ones a reader can paste on any machine.
+their own tests; here we run the ones a reader can paste on any machine. A command that needs a board is
+written as bare `splitrt ...` so it is not run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -19,10 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 OFFLINE_VERBS = {"zoo", "inspect", "split", "profile", "plan", "sim", "export-repository"}
 
 
-def readme_commands() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+def doc_files() -> list[Path]:
+    """README.md, then every page under docs/ (generated results pages included)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def sh_commands(path: Path) -> list[list[str]]:
     commands = []
-    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+    for block in re.findall(r"```sh\n(.*?)```", path.read_text(), flags=re.S):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
             line = line.split(" # ")[0].strip()
@@ -38,17 +46,21 @@ def test_readme_has_the_two_commands_first() -> None:
     assert "make demo" in first_block.group(1) and "make test" in first_block.group(1)
 
 
-COMMANDS = [c for c in readme_commands() if c[1] in OFFLINE_VERBS]
+COMMANDS = [(path, argv) for path in doc_files() for argv in sh_commands(path) if argv[1] in OFFLINE_VERBS]
 
 
-def test_readme_lists_offline_commands() -> None:
-    assert {c[1] for c in COMMANDS} == OFFLINE_VERBS
+def test_docs_list_offline_commands() -> None:
+    assert {argv[1] for _, argv in COMMANDS} == OFFLINE_VERBS
 
 
-@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c[1:3]) for c in COMMANDS])
-def test_readme_command_runs(argv: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [argv for _, argv in COMMANDS],
+    ids=[f"{path.relative_to(ROOT)}:{' '.join(argv[1:3])}" for path, argv in COMMANDS],
+)
+def test_doc_command_runs(argv: list[str], tmp_path: Path) -> None:
     args = [a.replace("/tmp/", f"{tmp_path}/") for a in argv[1:]]
-    if args[0] == "profile":  # keep the suite fast: the README's profile command, fewer runs
+    if args[0] == "profile":  # keep the suite fast: the docs' profile commands, fewer runs
         args += ["--runs", "2", "--warmup", "1"]
     proc = subprocess.run(
         [sys.executable, "-m", "splitrt.cli", *args],
@@ -64,3 +76,16 @@ def test_readme_command_runs(argv: list[str], tmp_path: Path) -> None:
         assert out.exists() and (out.is_file() or any(out.iterdir()))
     else:
         assert proc.stdout.strip(), "a table or JSON on stdout"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs not installed (the docs extra)")
+def test_docs_build_strict(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (tmp_path / "site" / "cli" / "index.html").read_text().count("usage: splitrt") > 10

@@ -3,9 +3,11 @@ what no gRPC library will: send a call's headers and only part of its message, t
 
 ``RawConnection(host, port)`` speaks the client preface; ``.start_call(path, metadata, body_prefix_bytes,
 declared_bytes)`` opens a stream whose gRPC message announces ``declared_bytes`` but carries only
-``body_prefix_bytes`` of them; ``.ended(stream_id)`` says whether the server has finished that stream
-(trailers or RST_STREAM) or closed the connection. HPACK is written with literal fields only (no
-Huffman, no table), which every decoder must accept; the server's frames are parsed, never its HPACK.
+``body_prefix_bytes`` of them; ``.call(path, message, metadata)`` sends a whole message (with
+``window_bytes=0`` its reply never comes: a slow reader); ``.ended(stream_id)`` says whether the server
+has finished that stream (trailers or RST_STREAM) or closed the connection. HPACK is written with
+literal fields only (no Huffman, no table), which every decoder must accept;
+the server's frames are parsed, never its HPACK.
 """
 
 from __future__ import annotations
@@ -35,13 +37,24 @@ def _literal(name: str, value: str) -> bytes:
 
 
 class RawConnection:
-    def __init__(self, host: str, port: int, *, timeout_s: float = 10.0, source: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout_s: float = 10.0,
+        source: str | None = None,
+        window_bytes: int | None = None,
+    ) -> None:
         # ``source``: the local address to connect from (e.g. 127.0.0.2: another peer on loopback).
+        # ``window_bytes``: the streams' initial receive window (SETTINGS_INITIAL_WINDOW_SIZE); 0 with no
+        # WINDOW_UPDATE ever sent is a client that never takes a reply's data (a slow reader).
         self.sock = socket.create_connection(
             (host, port), timeout=timeout_s, source_address=(source, 0) if source else None
         )
         self.authority = f"{host}:{port}"
-        self.sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, b"") + _frame(SETTINGS, ACK, 0, b""))
+        settings = b"" if window_bytes is None else struct.pack(">HI", 0x4, window_bytes)
+        self.sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, settings) + _frame(SETTINGS, ACK, 0, b""))
         self._next_id = 1
         self._buf = b""
         self.finished: set[int] = set()
@@ -76,6 +89,13 @@ class RawConnection:
             body = b"\x00" + struct.pack(">I", declared_bytes) + bytes(body_prefix_bytes)
             out += _frame(DATA, 0, sid, body)
         self.sock.sendall(out)
+        return sid
+
+    def call(self, path: str, message: bytes, metadata: Iterable[tuple[str, str]] = ()) -> int:
+        """Open a stream for ``path`` and send one whole gRPC message (END_STREAM). Returns the stream id."""
+        sid = self.start_call(path, metadata)
+        body = b"\x00" + struct.pack(">I", len(message)) + message
+        self.sock.sendall(_frame(DATA, END_STREAM, sid, body))
         return sid
 
     def pump(self, wait_s: float = 0.0) -> None:

@@ -219,6 +219,19 @@ def _limit_arguments(p: Any) -> None:
         help="a request message, upload chunk or reply the client must take: within this (default 30)",
     )
     g.add_argument(
+        "--saturated-s",
+        type=float,
+        default=lim.saturated_s,
+        help="health says NOT_SERVING while every worker and queue place has been held this long (default 10)",
+    )
+    g.add_argument(
+        "--max-run-s",
+        type=float,
+        default=lim.max_run_s,
+        help="terminate a tail run after this (default: derived per segment from its measured time and the "
+        "model's size, at least 2 s)",
+    )
+    g.add_argument(
         "--stream-idle-s",
         type=float,
         default=lim.stream_idle_s,
@@ -330,6 +343,8 @@ def _limit_arguments(p: Any) -> None:
 def limits_from(args: argparse.Namespace) -> Limits:
     return Limits(
         read_timeout_s=args.read_timeout_s,
+        saturated_s=args.saturated_s,
+        max_run_s=args.max_run_s,
         stream_idle_s=args.stream_idle_s,
         max_calls=args.max_calls,
         calls_per_peer=args.calls_per_peer,

@@ -7,8 +7,9 @@ so setting it from another thread makes ``run`` raise soon after. Each run gets 
 process's RSS while anything runs. A model can still hold a worker inside one long kernel; ``splitrt
 serve`` then exits at the end of its drain anyway (``cli.serve``).
 
-- ``Canceller(rss_limit_bytes=, rss=)``: ``.run(session, outputs, feeds, *, what, deadline (monotonic), token)``
-  gives each run a ``RunOptions`` and sets ``terminate`` at the deadline (DEADLINE_EXCEEDED), on the call's
+- ``Canceller(rss_limit_bytes=, rss=)``: ``.run(session, outputs, feeds, *, what, deadline (monotonic), token,
+  limit_s)`` gives each run a ``RunOptions`` and sets ``terminate`` at the deadline (DEADLINE_EXCEEDED), after
+  ``limit_s`` when that comes first (RESOURCE_EXHAUSTED: the server's cap on one run, ``runlimit``), on the call's
   ``CallToken`` (CANCELLED; ``servicer.call_token(context)`` fires it from ``context.add_callback``), over the
   RSS limit (RESOURCE_EXHAUSTED, newest run) and on ``.cancel_all`` (shutdown: UNAVAILABLE).
   ``CloudServer.stop`` cancels what still runs at ``grace - min(2, grace/4)``; ``.busy()``; ``splitrt serve``
@@ -90,9 +91,11 @@ class CallToken:
 class Run:
     """One segment run: its ``RunOptions`` and why it was terminated (None: it was not)."""
 
-    def __init__(self, what: str, deadline: float, deadline_ms: float) -> None:
+    def __init__(self, what: str, deadline: float, deadline_ms: float, limit_s: float | None = None) -> None:
         import onnxruntime as ort
 
+        # The server's cap on one run (``runlimit``), when it ends the run before the request's deadline.
+        self.limit_s = limit_s
         self.options = ort.RunOptions()
         self.options.log_severity_level = 4  # a terminated run is expected here, not an error to print
         self.what = what
@@ -143,13 +146,18 @@ class Canceller:
         what: str,
         deadline: float,
         token: CallToken | None = None,
+        limit_s: float | None = None,
     ) -> list[Any]:
-        """``session.run`` that ends by ``deadline`` (``time.monotonic()``), on ``token``'s cancel and at
-        shutdown; RpcFailure DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then,
-        INVALID_ARGUMENT when the run itself fails."""
+        """``session.run`` that ends by ``deadline`` (``time.monotonic()``), after ``limit_s`` (the server's
+        cap on one run: RESOURCE_EXHAUSTED), on ``token``'s cancel and at shutdown; RpcFailure
+        DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then, INVALID_ARGUMENT when the run
+        itself fails."""
         now = time.monotonic()
         deadline = min(deadline, now + _MAX_WAIT_S)
-        run = Run(what, deadline, (deadline - now) * 1e3)
+        capped = limit_s is not None and now + limit_s < deadline
+        run = Run(what, deadline, (deadline - now) * 1e3, limit_s if capped else None)
+        if capped and limit_s is not None:
+            deadline = now + limit_s
         if self._closed:
             raise RpcFailure(grpc.StatusCode.UNAVAILABLE, f"{what}: the server is shutting down")
         seq = next(self._seq)
@@ -212,7 +220,14 @@ class Canceller:
                 now = time.monotonic()
                 while self._heap and (self._heap[0][2].done or self._heap[0][0] <= now):
                     _, _, run = heapq.heappop(self._heap)
-                    if not run.done:
+                    if not run.done and run.limit_s is not None:
+                        run.terminate(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"ran for {run.limit_s:g} s, expected at most {run.limit_s:g} s per run on this "
+                            "server (--max-run-s; derived from the segment's measured time and the model's "
+                            "size): terminated",
+                        )
+                    elif not run.done:
                         run.terminate(
                             grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated",

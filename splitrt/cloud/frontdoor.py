@@ -271,6 +271,7 @@ class _Call:
         self.prepaid = 0  # budget bytes this call's Probe body was paid for before it was read
         self.declared: int | None = None
         self.read_bytes = 0  # a Probe's payload bytes, once its body is read
+        self.keep = False  # a unary reply made, not yet taken: ``release`` waits for the call's end
 
     def enter(self) -> None:
         door, ctx = self.door, self.context
@@ -353,6 +354,8 @@ class _Call:
             self.door._touch(self.conn, -1)
             prepaid, self.prepaid = self.prepaid, 0
             self.door.probe_bytes -= prepaid
+            if self.keep and self.lease is not None and self.lease.fired:
+                self.door.refused["reply_timeout"] += 1
         if prepaid:
             self.door.budget.release(prepaid)
         if self.lease is not None:
@@ -472,6 +475,17 @@ class _Call:
         assert self.lease is not None
         self.lease.disarm()
 
+    def replied(self) -> None:
+        """A unary reply is made: the call keeps its lane (and the handler's admission place, held until the
+        call ends) until the client takes the reply, at most ``read_timeout_s``; then the watchdog ends the
+        call (DEADLINE_EXCEEDED) and its places are freed (``release``, on gRPC's end-of-call callback). A
+        client that never opens its HTTP/2 window so holds a place for a bounded time, and one address
+        holds at most its share of the lane."""
+        assert self.lease is not None
+        t = self.door.limits.read_timeout_s
+        self.lease.arm(t, f"{self.short}: expected the client to take the reply within {t:g} s, got no room")
+        self.keep = True
+
     def finish(self, ok: bool) -> None:
         """Count the outcome; log a failure the handler did not log itself."""
         ctx, lease = self.context, self.lease
@@ -498,7 +512,8 @@ class _Call:
         undeclared_read = self.declared is None and self.read_bytes > PROBE_FREE_BYTES
         if self.lane == "probe" and code is grpc.StatusCode.INVALID_ARGUMENT and undeclared_read:
             self.door.penalize_probes(self.key[1], f"{self.read_bytes} bytes read, then refused: {said}")
-        self.release()
+        if not (ok and self.keep):  # a reply still to be taken keeps its places until the call ends
+            self.release()
         serving("")
         prepay(0)
         logged_by_handler = self.method in _SELF_LOGGED and not reason and code is not grpc.StatusCode.UNKNOWN
@@ -554,6 +569,7 @@ def _wrap(
                     call.check_declared(request)
                 reply = h.unary_unary(request, context)
             ok = True
+            call.replied()
             return reply
         finally:
             call.finish(ok)

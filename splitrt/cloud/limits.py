@@ -54,6 +54,12 @@ class Limits:
     upload_calls: int = 4
     health_calls: int = 16
     watch_streams: int = 8
+    # Health says NOT_SERVING while every worker and queue place (or the inference lane) has been held for
+    # this long (``saturation``): a balancer or readiness probe then sends devices elsewhere.
+    saturated_s: float = 10.0
+    # One tail run is terminated (RESOURCE_EXHAUSTED) after this; None: derived per segment from its measured
+    # time and the model's size (``runlimit``).
+    max_run_s: float | None = None
     # A health Watch stream ends (UNAVAILABLE: watch again) after this.
     watch_max_age_s: float = 300.0
     # gRPC core: concurrent streams per HTTP/2 connection (more wait on the client).
@@ -96,6 +102,7 @@ class Limits:
             "auth_backoff_s",
             "auth_backoff_max_s",
             "log_interval_s",
+            "saturated_s",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"limits.{name}: expected > 0 seconds, got {getattr(self, name)}")
@@ -119,6 +126,8 @@ class Limits:
             raise ConfigError(
                 f"limits.stream_window_bytes: expected 65535 to 2**31 - 1 or None, got {self.stream_window_bytes}"
             )
+        if self.max_run_s is not None and not self.max_run_s > 0:
+            raise ConfigError(f"limits.max_run_s: expected > 0 seconds or None, got {self.max_run_s}")
         if self.connection_age_s is not None and not self.connection_age_s > 0:
             raise ConfigError(f"limits.connection_age_s: expected > 0 seconds or None, got {self.connection_age_s}")
 

@@ -37,6 +37,7 @@ from splitrt.cloud.common import RpcFailure
 from splitrt.cloud.inputs import check_inputs, decode_inputs
 from splitrt.cloud.memory import trim
 from splitrt.cloud.nexthop import DEVICE_CUT, check_cuts
+from splitrt.cloud.runlimit import run_limit_s
 from splitrt.cloud.tails import Tail
 from splitrt.errors import CodecError
 from splitrt.transport import codec, wire
@@ -241,8 +242,20 @@ def _in_slot(
         if server.before_tail is not None:
             server.before_tail(header)
         t_run = time.perf_counter()
+        limit_s = run_limit_s(
+            flag_s=server.config.limits.max_run_s,
+            measured_ms=server.stats.segment_service_ms(header.model_sha256, header.cut_id),
+            model_bytes=segment.bytes,
+        )
         go = functools.partial(
-            server.canceller.run, segment.session, segment.outputs, inputs, what=what, deadline=deadline, token=token
+            server.canceller.run,
+            segment.session,
+            segment.outputs,
+            inputs,
+            what=what,
+            deadline=deadline,
+            token=token,
+            limit_s=limit_s,
         )
         # A client over its share runs at a lower OS priority (``niced``): the CPU goes to the others first.
         values = server.niced.call(go) if server.admission.yielding() else go()

@@ -82,6 +82,7 @@ from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.nexthop import NextHop, NextTier
 from splitrt.cloud.niced import DEFAULT_NICE, NicePool
 from splitrt.cloud.peak import PeakEstimator
+from splitrt.cloud.saturation import HealthGate, saturated
 from splitrt.cloud.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.store import ModelStore
 from splitrt.cloud.tails import Tail, TailCache
@@ -257,6 +258,10 @@ class CloudServer:
         )
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
         self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
+        # Health NOT_SERVING while every place is held for ``limits.saturated_s`` (``saturation``).
+        self.health_gate = HealthGate(
+            self.health, lambda: saturated(self.admission, self.door), config.limits.saturated_s
+        )
         # Warm start (``warm``): the explicit pairs checked now (ConfigError); the file read by ``start``.
         self.warm_pairs = resolve(config.warm, self.store, config.segment_cache_size)
         self.recorder: Recorder | None = None
@@ -302,6 +307,7 @@ class CloudServer:
             checker.warm()
         if self.tails.builder is not None:  # and the segment builder's, before the first tail
             self.tails.builder.warm()
+        self.watchdog.on_tick.append(self.health_gate.tick)
         self.watchdog.start()
         self._server = server
         self.port = port

@@ -399,3 +399,33 @@ def test_failures_are_counted_by_method_and_code_in_metrics(models_dir: Path) ->
     assert 'splitrt_cloud_calls_total{method="Status",code="UNAUTHENTICATED"} 1.0' in text
     assert 'splitrt_cloud_calls_total{method="Status",code="OK"} 1.0' in text
     assert 'splitrt_cloud_lane_capacity{lane="status"} 8.0' in text
+
+
+# -- replies the client never takes ---------------------------------------------------------------------
+
+
+def test_a_reply_never_taken_ends_the_call_and_frees_its_places(models_dir: Path) -> None:
+    """Issue 36 item 2: a client that never opens its HTTP/2 window (initial stream window 0, no
+    WINDOW_UPDATE) sends 10 Probe calls asking for 100 KB replies (admitted: they take places in the
+    queue). At most its share of the probe lane gets in (the lane is held until the reply is taken, not
+    until it is made), a device on another address is served meanwhile, and at the read timeout every
+    held call ends and its admission place is free again."""
+    probe = pb.ProbeRequest(reply_bytes=100_000).SerializeToString()
+    with (
+        _server(models_dir, read_timeout_s=1.0, probe_calls=4) as s,
+        RawConnection("127.0.0.1", s.port, source="127.0.0.2", window_bytes=0) as raw,
+    ):
+        sids = [raw.call(f"/{wire.SERVICE_NAME}/Probe", probe, AUTH) for _ in range(10)]
+        for _ in range(200):  # until the refusals are through (8 of 10: the address's share is 2)
+            if sum(raw.ended(sid, wait_s=0.02) for sid in sids) >= 8:
+                break
+        assert s.door.snapshot()["inside"]["probe"] <= 2
+        assert s.admission.admitted <= 2  # the workers (1) + queue (2) are not all held by one reader
+        _infer_ok(s.address)
+        _wait_ended([(raw, sid) for sid in sids])
+        for _ in range(500):
+            if s.admission.admitted == 0 and s.door.snapshot()["inside"]["probe"] == 0:
+                break
+            threading.Event().wait(0.01)
+        assert s.admission.admitted == 0 and s.door.snapshot()["inside"]["probe"] == 0
+        assert s.door.snapshot()["refused"]["reply_timeout"] >= 1

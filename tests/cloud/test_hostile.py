@@ -208,6 +208,10 @@ def server(models: dict[str, Path]) -> Iterator[tuple[Serve, grpc.Channel, Rss]]
         "5000",
         "--intra-op-threads",
         "1",
+        # The deadline, cancel and memory terminations are what these tests see (the per-run limit's own
+        # test: test_runlimit.py).
+        "--max-run-s",
+        "600",
     )
     port = s.event("listening")["port"]
     rss = Rss(s.proc.pid)

@@ -1,0 +1,45 @@
+"""Issue 36 item 2: no run holds a worker longer than the server's per-run limit, whatever the client's
+deadline; the limit is the operator's ``--max-run-s`` or derived from the segment's measured time and the
+model's size. A real server on 127.0.0.1 and real onnxruntime runs of an endless Loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnx
+import pytest
+
+from splitrt.cloud.limits import Limits
+from splitrt.cloud.runlimit import RUN_FACTOR, RUN_FLOOR_S, run_limit_s
+from splitrt.cloud.server import CloudServer, ServerConfig
+from splitrt.graph.model import model_sha256
+from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+from tests.cloud.test_hostile import loop_model, request
+
+
+def test_the_limit_is_the_flag_or_derived_from_measured_time_and_model_size() -> None:
+    assert run_limit_s(flag_s=7.0, measured_ms=1e6, model_bytes=10**12) == 7.0
+    assert run_limit_s(flag_s=None, measured_ms=0.0, model_bytes=300) == RUN_FLOOR_S
+    assert run_limit_s(flag_s=None, measured_ms=500.0, model_bytes=300) == RUN_FACTOR * 0.5
+    assert run_limit_s(flag_s=None, measured_ms=1.0, model_bytes=548_000_000) == pytest.approx(RUN_FACTOR * 5.48)
+
+
+@pytest.mark.parametrize("flag_s", [None, 0.5])
+def test_an_endless_run_is_terminated_at_the_run_limit_not_the_deadline(tmp_path: Path, flag_s: float | None) -> None:
+    """A Loop with trip count 2^62 called with a 120 s deadline: terminated after the per-run limit (the
+    derived default for a 300-byte model, or ``max_run_s``) with RESOURCE_EXHAUSTED naming the limit; the
+    worker is free again (a second call is served the same way, not queued behind the first)."""
+    onnx.save(loop_model(), tmp_path / "loop.onnx")
+    sha = model_sha256(tmp_path / "loop.onnx")
+    cfg = ServerConfig(models_dir=tmp_path, workers=1, max_queue=2, limits=Limits(max_run_s=flag_s))
+    with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Infer(request(sha, "cloud", x=np.ones(1, np.float32)), timeout=120)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+            limit = RUN_FLOOR_S if flag_s is None else flag_s
+            assert f"expected at most {limit:g} s per run" in str(info.value.details())
+        assert s.admission.running == 0 and s.canceller.terminated == 2

@@ -21,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE_VERBS = {"zoo", "inspect", "split", "profile", "plan", "sim", "export-repository"}
+README_MAX_LINES = 200
 
 
 def doc_files() -> list[Path]:
@@ -44,6 +45,19 @@ def test_readme_has_the_two_commands_first() -> None:
     first_block = re.search(r"```sh\n(.*?)```", text, flags=re.S)
     assert first_block is not None
     assert "make demo" in first_block.group(1) and "make test" in first_block.group(1)
+
+
+def test_readme_is_a_front_page() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines, at most {README_MAX_LINES}"
+
+
+def test_readme_links_into_docs_exist() -> None:
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\((docs/[^)#\s]+)", text)
+    assert links, "the README links into docs/"
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
 
 
 COMMANDS = [(path, argv) for path in doc_files() for argv in sh_commands(path) if argv[1] in OFFLINE_VERBS]

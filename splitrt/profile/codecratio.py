@@ -6,7 +6,8 @@ model once on the profile's inputs with every crossing tensor exposed, encodes e
 per codec (cuts share tensors: each is encoded once) and gives, per codec and cut, the encoded size of
 the cut's float tensors over their raw size: the ``ratio[c, k]`` the cost table prices
 (``plan.costmodel``). Uncompressed codecs are exact from dtype and shape (``codec.expected_bytes``: the
-int8c headers, 8 bytes a channel, outweigh a [1, 1000] tensor), so they are sized, not encoded.
+int8c headers, 8 bytes a channel, outweigh a [1, 1000] tensor), so they are sized, not encoded; image
+codecs (``jpeg75``, ...) are encoded like the compressed ones.
 
 The ratios are those of the inputs used (random normal by default; real samples with ``--sample``):
 real images compress better at the cut ``cloud`` than noise does, inner ReLU activations about alike.
@@ -96,7 +97,7 @@ def measure(
         for spec in specs:
             quant = spec.split("+")[0]
             with np.errstate(over="ignore", invalid="ignore"):  # fp16 past 65504: inf (an error, below)
-                if "+" in spec:
+                if "+" in spec or codec.Codec.parse(spec).image is not None:  # sizes depend on the values
                     sizes[name, spec] = codec.encode(name, arr, spec, copy=False).nbytes
                 else:
                     sizes[name, spec] = codec.expected_bytes(arr.dtype.name, tuple(arr.shape), spec, name=name)

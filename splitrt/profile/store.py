@@ -76,6 +76,14 @@ class Profile:
     codec_ratios: dict[str, list[float]] | None = None
     # per lossy codec, the relative RMS error of the decoded cut tensors at each cut (None: not measured)
     codec_errors: dict[str, list[float]] | None = None
+    # per lossy codec, at each cut: the share (0..1) of the samples whose final output under that (cut,
+    # codec) agrees with the whole model's uncompressed output (``accuracy["metric"]`` says how), None at a
+    # cut not measured. None (absent from the file): profiled without samples, so plans use only lossless
+    # codecs. Field names shared with the planner: ``codec_agreement`` and ``accuracy``.
+    codec_agreement: dict[str, list[float | None]] | None = None
+    # how ``codec_agreement`` was measured: ``metric`` ("top1", "boxes" or "rel_err"), ``samples`` (count),
+    # ``source`` (the samples' folder, or "zoo-default"), ``output`` (the graph output compared)
+    accuracy: dict[str, Any] | None = None
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -97,7 +105,7 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("_index", None)
-        for key in ("energy", "codec_ratios", "codec_errors"):
+        for key in ("energy", "codec_ratios", "codec_errors", "codec_agreement", "accuracy"):
             if d.get(key) is None:
                 d.pop(key, None)
         return d
@@ -208,6 +216,8 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
             energy=dict(data["energy"]) if data.get("energy") else None,
             codec_ratios=_codec_ratios(data.get("codec_ratios"), len(cuts), where),
             codec_errors=_codec_ratios(data.get("codec_errors"), len(cuts), where, what="errors", zero_ok=True),
+            codec_agreement=_agreement(data.get("codec_agreement"), len(cuts), where),
+            accuracy=dict(data["accuracy"]) if data.get("accuracy") else None,
         )
     except ProfileError:
         raise
@@ -236,6 +246,23 @@ def _codec_ratios(
         if len(values) != n or not all(math.isfinite(r) and (r >= 0 if zero_ok else r > 0) for r in values):
             sign = "non-negative" if zero_ok else "positive"
             raise ProfileError(f"{where}: {key}[{name!r}]: expected {n} {sign} {what} (one per cut), got {len(values)}")
+        out[str(name)] = values
+    return out
+
+
+def _agreement(data: Any, n: int, where: str) -> dict[str, list[float | None]] | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{where}: codec_agreement: expected an object of per-cut lists, got {type(data).__name__}")
+    out: dict[str, list[float | None]] = {}
+    for name, shares in data.items():
+        values = [None if v is None else float(v) for v in shares]
+        if len(values) != n or not all(v is None or 0.0 <= v <= 1.0 for v in values):
+            raise ProfileError(
+                f"{where}: codec_agreement[{name!r}]: expected {n} shares in [0, 1] or null (one per cut), "
+                f"got {len(values)}: {values[:4]}"
+            )
         out[str(name)] = values
     return out
 

@@ -1,7 +1,9 @@
 """Tensor <-> bytes codecs for the tensors that cross a cut. Pure: no I/O.
 
 A codec spec is a quantisation, optionally followed by ``+zstd`` or ``+zlib`` (lossless compression of the
-quantised bytes). Its short string form parses back: ``Codec.parse(str(c)) == c``.
+quantised bytes), or an image codec ``jpegQ`` / ``webpQ`` (quality Q in 1..100; ``splitrt.transport.imagecodec``:
+4-D tensors as JPEG or WebP images, what a router sends for a camera frame). Its short string form parses
+back: ``Codec.parse(str(c)) == c``.
 
 ``+zstd`` (Zstandard level 1) is what plans use: on the zoo's cut tensors it sends the same bytes as
 ``+zlib`` level 1 (within 1-3 %) in 5-15x less CPU time (``bench/bench_codec.py``), so pricing the bytes
@@ -17,13 +19,15 @@ where ``int8`` sends 0.25x. ``+zlib`` stays for peers that cannot install ``zsta
 =========  ===================================================================================
 
 Tensors that are not floating point (int64 indices, bool masks, ...) are always sent ``raw``
-whatever the spec, so a codec can never change an integer. Each encoded tensor names the codec it was
-encoded with (``Encoded.codec``): ``raw`` or the spec.
+whatever the spec, so a codec can never change an integer, with one exception: an image codec sends a 4-D
+uint8 tensor (a camera frame) as the image it is. A tensor an image codec does not apply to (not 4-D, too
+big for one image) is sent ``imagecodec.FALLBACK`` (``fp32+zstd``, lossless). Each encoded tensor names the
+codec it was encoded with (``Encoded.codec``): ``raw``, the fallback or the spec.
 
 Payload layout (little-endian): ``raw``/``fp32`` and ``fp16`` are the element bytes; ``int8`` is
 ``lo: f32, scale: f32`` then the uint8 elements; ``int8c`` is ``lo[C]: f32, scale[C]: f32`` then the
-uint8 elements (original layout). ``+zlib`` wraps the whole payload in a zlib stream, ``+zstd`` in one
-Zstandard frame that records its content size. A payload is
+uint8 elements (original layout); image codecs: ``splitrt.transport.imagecodec``. ``+zlib`` wraps the
+whole payload in a zlib stream, ``+zstd`` in one Zstandard frame that records its content size. A payload is
 ``bytes`` or a read-only byte ``memoryview`` (``encode(..., copy=False)``, and tensors parsed off the wire
 by ``splitrt.transport.wire``): big tensors then cross without a copy. Decoding checks
 every length against the one implied by dtype and shape and raises ``CodecError`` naming both, so a
@@ -54,6 +58,7 @@ import numpy as np
 import zstandard
 
 from splitrt.errors import CodecError
+from splitrt.transport import imagecodec
 
 QUANTS: tuple[str, ...] = ("fp32", "fp16", "int8", "int8c")
 COMPRESSIONS: tuple[str, ...] = ("zstd", "zlib")
@@ -77,8 +82,14 @@ class Codec:
     compress: str | None = None
 
     def __post_init__(self) -> None:
+        if imagecodec.parse(self.quant) is not None:
+            if self.compress is not None:
+                raise CodecError(f"image codec {self.quant!r}: expected no compression after it, got {self.compress!r}")
+            return
         if self.quant not in QUANTS:
-            raise CodecError(f"unknown quantisation {self.quant!r}: expected one of {', '.join(QUANTS)}")
+            raise CodecError(
+                f"unknown quantisation {self.quant!r}: expected one of {', '.join(QUANTS)}, jpegQ or webpQ (Q 1..100)"
+            )
         if self.compress is not None and self.compress not in COMPRESSIONS:
             raise CodecError(f"unknown compression {self.compress!r}: expected one of {', '.join(COMPRESSIONS)}")
 
@@ -88,6 +99,11 @@ class Codec:
     @property
     def lossless(self) -> bool:
         return self.quant == "fp32"
+
+    @property
+    def image(self) -> imagecodec.ImageSpec | None:
+        """The image codec this spec is (``jpeg75``, ...), None for a quantisation."""
+        return imagecodec.parse(self.quant)
 
     @classmethod
     def parse(cls, text: str | Codec) -> Codec:
@@ -115,11 +131,13 @@ def _parse_text(text: str) -> Codec:
 
 
 _FP32 = Codec()
+_FALLBACK = Codec.parse(imagecodec.FALLBACK)
 
 
 def names() -> list[str]:
-    """Every codec spec, in a stable order (for benches and CLI help)."""
-    return [q for q in QUANTS] + [f"{q}+{c}" for c in COMPRESSIONS for q in QUANTS]
+    """Every codec spec profiles measure, in a stable order (for benches and CLI help); other image
+    qualities (``jpeg60``) parse too."""
+    return [q for q in QUANTS] + [f"{q}+{c}" for c in COMPRESSIONS for q in QUANTS] + list(imagecodec.NAMES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +234,12 @@ def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32", *, copy: b
         raise CodecError(f"tensor {name!r}: expected a numeric or bool array, got dtype {dtype}")
     # Little-endian already (the usual case): no new dtype to build, and a C-contiguous array is used as is.
     le = dtype if dtype.byteorder in "<|" or (dtype.byteorder == "=" and _NATIVE_LE) else dtype.newbyteorder("<")
+    image = spec.image
+    if image is not None:
+        if imagecodec.applies(dtype, shape, image):
+            image_payload = imagecodec.encode(name, arr, image)
+            return Encoded(name=name, dtype=_name(dtype), shape=shape, codec=str(spec), payload=image_payload)
+        spec = _FALLBACK
     if not _is_float(dtype):
         payload = _plain(np.ascontiguousarray(arr, dtype=le), copy)
         return Encoded(name=name, dtype=_name(dtype), shape=shape, codec=RAW, payload=payload)
@@ -267,6 +291,14 @@ def expected_bytes(dtype: str, shape: tuple[int, ...], codec: str, *, name: str 
             raise CodecError(f"tensor {name!r}: float tensors carry a float codec, got {codec!r}")
         return size * dt.itemsize
     spec = Codec.parse(codec)
+    image = spec.image
+    if image is not None:
+        if not imagecodec.applies(dt, tuple(shape), image):
+            raise CodecError(
+                f"tensor {name!r}: {image} takes 4-D float or uint8 tensors that fit one image, "
+                f"got {dt.name} {list(shape)}"
+            )
+        return imagecodec.payload_bound(dt, tuple(shape), image)
     if not _is_float(dt):
         raise CodecError(f"tensor {name!r}: {dt.name} tensors are sent raw, got codec {codec!r}")
     if spec.quant == "fp32":
@@ -304,6 +336,9 @@ def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
             f"bytes, expected at most {max_bytes}"
         )
     spec = Codec.parse(enc.codec) if enc.codec != RAW else _FP32
+    image = spec.image
+    if image is not None:  # the image's own header is checked against the shape before decoding
+        return imagecodec.decode(name, enc.payload, dt, shape, image)
     body = enc.payload
     if enc.codec != RAW and spec.compress == "zlib":
         body = _inflate(name, body, want)
@@ -404,7 +439,9 @@ def error_bound(array: np.ndarray, codec: Codec | str) -> float:
     """Worst-case absolute reconstruction error of ``codec`` on ``array`` (for tests and benches)."""
     spec = Codec.parse(codec)
     x = np.asarray(array)
-    if not _is_float(x.dtype) or spec.quant == "fp32" or x.size == 0:
+    if spec.image is not None and x.size and imagecodec.applies(x.dtype, tuple(x.shape), spec.image):
+        return float(np.ptp(x.astype(np.float64)))  # no useful bound: any value within the range
+    if not _is_float(x.dtype) or spec.quant == "fp32" or x.size == 0 or spec.image is not None:
         return 0.0
     xf = x.astype(np.float64)
     if spec.quant == "fp16":

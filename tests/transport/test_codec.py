@@ -86,6 +86,9 @@ def test_int8_per_channel_beats_per_tensor_on_channels_of_different_scale() -> N
     spec=st.sampled_from(codec.names()),
 )
 def test_non_float_tensors_are_always_raw_and_exact(arr: np.ndarray, spec: str) -> None:
+    # the one exception, a 4-D uint8 tensor (a camera frame) under an image codec: tests/transport/test_imagecodec.py
+    if Codec.parse(spec).image is not None and arr.dtype == np.uint8 and arr.ndim == 4 and arr.size:
+        return
     enc = codec.encode("idx", arr, spec)
     assert enc.codec == "raw"
     out = codec.decode(enc)

@@ -246,6 +246,9 @@ def _plan(args: argparse.Namespace) -> int:
                 "transfer_ms": round(e.transfer_ms, 4),
                 "download_ms": round(e.download_ms, 4),
                 "rtt_ms": round(e.rtt_ms, 4),
+                "encode_ms": round(e.encode_ms, 4),
+                "call_ms": round(e.call_ms, 4),
+                "decode_ms": round(e.decode_ms, 4),
                 "cloud_ms": round(e.cloud_ms, 4),
                 "total_ms": round(e.latency_ms, 4),
                 "energy_mj": round(e.energy_mj, 4),
@@ -272,6 +275,9 @@ def _plan(args: argparse.Namespace) -> int:
             "transfer_ms": round(best.transfer_ms, 4),
             "download_ms": round(best.download_ms, 4),
             "rtt_ms": round(best.rtt_ms, 4),
+            "encode_ms": round(best.encode_ms, 4),
+            "call_ms": round(best.call_ms, 4),
+            "decode_ms": round(best.decode_ms, 4),
             "cloud_ms": round(best.cloud_ms, 4),
             "bytes": best.bytes,
             "sent_bytes": best.sent_bytes,
@@ -446,17 +452,20 @@ def _ratio(row: dict[str, Any]) -> str:
 
 def _print_plan(out: dict[str, Any], objective: str) -> None:
     rows, best = out["cuts"], out["best"]
-    # transfer ms prices the sent bytes (after the codec), download ms the reply bytes.
+    # transfer ms prices the sent bytes (after the codec), download ms the reply bytes; encode + call ms
+    # what the device pays to send beyond its head, decode ms the cloud's before its tail.
     print(
-        f"{'cut':<10}{'codec':<12}{'device ms':>11}{'transfer ms':>13}{'sent bytes':>12}{'x fp32':>8}"
-        f"{'download ms':>13}{'reply bytes':>13}{'rtt ms':>9}{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
+        f"{'cut':<10}{'codec':<12}{'device ms':>11}{'encode ms':>11}{'call ms':>9}{'transfer ms':>13}"
+        f"{'sent bytes':>12}{'x fp32':>8}{'download ms':>13}{'reply bytes':>13}{'rtt ms':>9}{'decode ms':>11}"
+        f"{'cloud ms':>10}{'total ms':>10}{'energy mJ':>11}"
     )
     for r in rows:
         mark = "  <- best" if r["cut"] == best["cut"] else (f"  (excluded: {r['excluded']})" if r["excluded"] else "")
         print(
             f"{r['cut']:<10}{r['codec'] if r['cut'] != 'device' else '-':<12}{r['device_ms']:>11.2f}"
-            f"{r['transfer_ms']:>13.2f}{r['sent_bytes']:>12}{_ratio(r):>8}{r['download_ms']:>13.2f}{r['reply_bytes']:>13}{r['rtt_ms']:>9.2f}{r['cloud_ms']:>10.2f}"
-            f"{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{mark}"
+            f"{r['encode_ms']:>11.2f}{r['call_ms']:>9.2f}{r['transfer_ms']:>13.2f}{r['sent_bytes']:>12}{_ratio(r):>8}"
+            f"{r['download_ms']:>13.2f}{r['reply_bytes']:>13}{r['rtt_ms']:>9.2f}{r['decode_ms']:>11.2f}"
+            f"{r['cloud_ms']:>10.2f}{r['total_ms']:>10.2f}{r['energy_mj']:>11.1f}{mark}"
         )
     b = out["best"]
     print(

@@ -86,6 +86,7 @@ from splitrt.device.shapeplans import ShapePlan, ShapePlans
 from splitrt.errors import CloudError, ConfigError, SplitrtError
 from splitrt.plan import observe, reshape
 from splitrt.plan.controller import Controller, Decision, Policy
+from splitrt.plan.correction import Observation
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkEstimator, LoadEstimate, LoadEstimator
 from splitrt.plan.path import parse_path
@@ -313,6 +314,7 @@ class AdaptiveDevice:
         fallback = why is not None
         finished_by = 0 if answer is None else answer.tier + int(relayed)
         latency = (time.perf_counter() - t0) * 1e3
+        observed = None if fallback else _correct(self, sp, decision, head, result, answer, latency)
         decision = replace(
             decision,
             actual_ms=latency,
@@ -320,6 +322,7 @@ class AdaptiveDevice:
             server=server,
             extra={
                 **decision.extra,
+                **({"observed": observed} if observed else {}),
                 "model": self.graph.sha256[:16],
                 "policy": self.config.policy,
                 "shape": reshape.signature_json(sp.signature),
@@ -573,6 +576,30 @@ def _observe(
             observe.LocalRun(measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])),
             dev.clock(),
         )
+
+
+def _correct(
+    dev: AdaptiveDevice,
+    sp: ShapePlan,
+    decision: Decision,
+    head: HeadResult,
+    res: SplitResult,
+    answer: _Answer | None,
+    latency_ms: float,
+) -> dict[str, object]:
+    """What the request took beyond its head and its round trip, against its price, into the plan's
+    corrections (``plan.correction``, as ``rig.sim`` feeds them); the log line's ``observed``."""
+    obs = Observation.of_request(
+        plan=decision.plan,
+        priced_ms=decision.encode_ms + decision.call_ms,
+        total_ms=latency_ms,
+        head_ms=head.head_ms + (0.0 if answer is not None else res.tail_ms),
+        round_trip_ms=res.rpc_ms if answer is not None else 0.0,
+        t_s=dev.clock(),
+    )
+    with dev._lock:
+        index = sp.controller.observe(obs)
+    return {"index": index, **obs.to_json()}
 
 
 def status_json(dev: AdaptiveDevice) -> str:

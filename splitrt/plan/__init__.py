@@ -11,6 +11,7 @@ from splitrt._lazy import exports
 
 if TYPE_CHECKING:
     from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy, replay
+    from splitrt.plan.correction import CorrectionConfig, Corrections, Observation
     from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
     from splitrt.plan.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadConfig, LoadEstimate, LoadEstimator
     from splitrt.plan.path import PathConditions, Plan, evaluate_path, parse_path, solve_path
@@ -24,6 +25,9 @@ _NAMES = {
     "Policy": "controller",
     "parse_policy": "controller",
     "replay": "controller",
+    "CorrectionConfig": "correction",
+    "Corrections": "correction",
+    "Observation": "correction",
     "Conditions": "costmodel",
     "CostTable": "costmodel",
     "Link": "costmodel",
@@ -47,6 +51,7 @@ _NAMES = {
     "solve": "solver",
     "balance": "",
     "controller": "",
+    "correction": "",
     "costmodel": "",
     "mincut": "",
     "netmon": "",

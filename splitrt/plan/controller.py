@@ -35,6 +35,10 @@ sockets or sessions here: ``now_s`` and the estimates come in as arguments.
   warm_bandwidth_factors=(...), codecs=("fp32",), cuts=None)``: lossless unless the user allows lossy codecs;
   ``cuts`` the allowed cuts (constraints, ``route``); with ``cuts`` every decision's ``extra`` holds
   ``unconstrained`` (the solver's best over every cut) and ``constraint_cost`` (objective units).
+- Corrections (``plan.correction``): ``controller.observe(Observation(plan, predicted_ms, measured_ms, t_s)) ->
+  index`` after each request (the runtime and ``rig.sim`` both); with the latency objective ``decide`` adds each
+  plan's offset at ``now_s`` to its price (two tiers) before comparing and before hysteresis, and the decision
+  carries it as a term (``correction_ms``) with ``seen``. ``ControllerConfig.correction`` (``CorrectionConfig``).
 - ``Policy(spec, controller)``: ``adaptive`` | ``route`` | ``periodic:S`` | ``fixed:PLAN``
   (``parse_policy(spec)`` checks the string); ``.decide(...)`` as the controller's. The runtime and
   ``splitrt.sim`` both decide through it. ``route`` = adaptive over ``ROUTE_CUTS`` (``cloud``, ``device``): it
@@ -47,17 +51,18 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from splitrt.errors import ConfigError, PlanError
+from splitrt.plan.correction import CorrectionConfig, Corrections, Observation
 from splitrt.plan.costmodel import CLOUD_CUT, DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
 from splitrt.plan.decision import Decision
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
 from splitrt.plan.objective import OBJECTIVES
-from splitrt.plan.path import PathConditions, Plan, evaluate_path, format_path, parse_path, solve_path
+from splitrt.plan.path import PathConditions, Plan, evaluate_path, format_path, parse_path, parse_plan, solve_path
 from splitrt.plan.solver import evaluate, solve
 
 
@@ -76,6 +81,8 @@ class ControllerConfig:
     # The device's cuts plans may use (None: every cut): a deployment's constraints (``plan.constraints``)
     # or the ``route`` policy (device and cloud only). ``device`` stays the fallback when no server is up.
     cuts: tuple[str, ...] | None = None
+    # What each request measured against its price, per plan (``plan.correction``).
+    correction: CorrectionConfig = field(default_factory=CorrectionConfig)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -141,6 +148,7 @@ class Controller:
         self.switches = 0
         self._seq = 0
         self._direct: dict[int, CostTable] = {}
+        self.corrections = Corrections(self.config.correction)
 
     @property
     def hops(self) -> int:
@@ -165,6 +173,9 @@ class Controller:
                 float_bytes=d.float_bytes.astype(np.int64),
                 reply_bytes=d.reply_bytes,
                 codecs=d.codec_map(),
+                encode_ms=d.codec_time_map(d.encode_ms),
+                decode_ms=t.codec_time_map(t.decode_ms),
+                call_ms=d.call_ms,
             )
         return self._direct[tier]
 
@@ -196,14 +207,24 @@ class Controller:
             return _Route(tiers, on, (self.direct_table(on[-1] if len(on) == 2 else 1),) * 2, path, 1)
         return _Route(tiers, on, (self.table, *[self.tables[t] for t in on[1:]]), path, len(tiers) - 1)
 
-    def solve(self, r: _Route, *, cuts: Sequence[str] | None = None) -> Plan:
-        """The best plan on route ``r`` (``cuts``: the device's allowed cuts)."""
+    def solve(self, r: _Route, *, cuts: Sequence[str] | None = None, now_s: float | None = None) -> Plan:
+        """The best plan on route ``r`` (``cuts``: the device's allowed cuts); with ``now_s``, each plan's
+        correction then is added to its latency first (two tiers, objective latency)."""
         cfg = self.config
         codecs = list(cfg.codecs) if cfg.codecs else None
         if len(r.tiers) == 1:
             return self.evaluate(r, DEVICE_CUT)
         if len(r.on) == 2:
-            return solve(r.tables[0], r.two_tier(), objective=cfg.objective, power=self.power, codecs=codecs, cuts=cuts)
+            offset = self.offset_matrix(r.tables[0], now_s) if now_s is not None else None
+            return solve(
+                r.tables[0],
+                r.two_tier(),
+                objective=cfg.objective,
+                power=self.power,
+                codecs=codecs,
+                cuts=cuts,
+                offset=offset,
+            )
         hops = len(r.on) - 1
         pinned = [None if h < r.free else [DEVICE_CUT] for h in range(1, hops)]
         return solve_path(
@@ -215,6 +236,33 @@ class Controller:
             cuts=[cuts, *pinned],
             same_codec=True,
         )
+
+    def correction_ms(self, plan: str, now_s: float) -> float:
+        """What is added to ``plan``'s price now (0 unless the objective is latency)."""
+        return self.corrections.offset_ms(plan, now_s) if self.config.objective == "latency" else 0.0
+
+    def offset_matrix(self, table: CostTable, now_s: float) -> np.ndarray | None:
+        """The corrections at ``now_s`` as a (cuts, codecs) matrix of ms (None: none)."""
+        offsets = self.corrections.offsets(now_s) if self.config.objective == "latency" else {}
+        if not any(offsets.values()):
+            return None
+        m = np.zeros((len(table), len(table.codecs)))
+        for key, f in offsets.items():
+            if ">" in key:
+                continue  # a plan over more tiers: not a cell of this matrix
+            cut, codec = parse_plan(key, table.codecs[0])
+            if cut not in table.ids:
+                continue
+            if cut == DEVICE_CUT:
+                m[table.index(cut), :] = f  # nothing is sent: every codec is the one plan ``device``
+            elif codec in table.codecs:
+                m[table.index(cut), table.codec_index(codec)] = f
+        return m
+
+    def observe(self, obs: Observation) -> int:
+        """What a request measured beyond its head and round trip against its price (``plan.correction``);
+        returns its index, which its log line records (``replay`` feeds them back in order)."""
+        return self.corrections.observe(obs)
 
     def evaluate(self, r: _Route, plan: str) -> Plan:
         """What ``plan`` (a key over ``r``'s hops) costs on route ``r``."""
@@ -253,8 +301,9 @@ class Controller:
         links, loads, up = self.inputs(link, load, cloud_available)
         r = self.route(links, loads, up)
         previous = self.current
-        best = self.solve(r, cuts=cfg.cuts if len(r.tiers) > 1 else None)
+        best = self.solve(r, cuts=cfg.cuts if len(r.tiers) > 1 else None, now_s=now_s)
         chosen = best
+        corr = self.correction_ms
         if len(r.tiers) == 1:
             reason = "cloud unavailable: whole model on the device"
         elif previous is None:
@@ -266,9 +315,10 @@ class Controller:
             reason = "cloud back: splitting again" if back else f"route {_tiers(self.live)} -> {_tiers(r.tiers)}"
         else:
             current = self.evaluate(r, previous)
-            gain = current.value - best.value
-            margin = max(cfg.hysteresis_ms, cfg.hysteresis_fraction * current.value)
-            if gain > margin and math.isfinite(current.value):
+            held = current.value + corr(previous, now_s)
+            gain = held - (best.value + corr(best.key, now_s))
+            margin = max(cfg.hysteresis_ms, cfg.hysteresis_fraction * held)
+            if gain > margin and math.isfinite(held):
                 reason = f"gain {gain:.2f} > margin {margin:.2f}"
             else:
                 chosen = current
@@ -292,9 +342,11 @@ class Controller:
         extra: dict[str, object] | None = None,
         live: tuple[int, ...] | None = None,
     ) -> Decision:
-        """Adopt ``chosen`` (priced on route ``r``) as the plan in use and say so in a ``Decision``;
-        ``live``: the tiers up now (default ``r``'s)."""
+        """Adopt ``chosen`` (priced on route ``r``) as the plan in use and say so in a ``Decision`` (its
+        price corrected at ``now_s``: the correction is a term of its own); ``live``: the tiers up now
+        (default ``r``'s)."""
         links, loads, up = inputs
+        extra_ms = self.correction_ms(chosen.key, now_s)
         previous = self.current
         switched = previous is not None and chosen.key != previous
         self.switches += int(switched)
@@ -314,8 +366,10 @@ class Controller:
             plan=chosen.key,
             best=best,
             route=() if r.on in (full, (0,)) else r.on,
-            predicted_ms=chosen.predicted_ms,
-            objective_value=chosen.value,
+            predicted_ms=chosen.predicted_ms + extra_ms,
+            objective_value=chosen.value + extra_ms,
+            correction_ms=extra_ms,
+            seen=self.corrections.seen,
             switched=switched,
             reason=reason,
             tier_ms=chosen.tier_ms,
@@ -324,6 +378,9 @@ class Controller:
             hop_rtt_ms=chosen.hop_rtt_ms,
             hop_queue_ms=chosen.hop_queue_ms,
             reply_bytes=chosen.reply_bytes,
+            hop_encode_ms=chosen.hop_encode_ms,
+            hop_call_ms=chosen.hop_call_ms,
+            hop_decode_ms=chosen.hop_decode_ms,
             extra=extra or {},
         )
 
@@ -456,7 +513,9 @@ def replay(
 ) -> list[tuple[Decision, Decision]]:
     """Re-run a decision log through a fresh controller: pairs of (logged, replayed) decisions.
 
-    Lines are taken in decision order (``seq``). A decision a fixed or periodic policy imposed
+    Lines are taken in decision order (``seq``). The corrections are rebuilt from the observations the
+    lines carry (``extra["observed"]``: index, plan, predicted_ms, measured_ms, t_s), each decision
+    replayed after as many as it had seen (``Decision.seen``). A decision a fixed or periodic policy imposed
     (reason ``policy ...``) is not the controller's: replay adopts it as the plan in use and goes on.
     ``model`` (a sha256 prefix) picks one model's lines from a daemon's shared log. A log whose
     decisions carry ``extra["policy"] == "route"`` replays under ``route_config(config)``.
@@ -467,8 +526,11 @@ def replay(
         logged_all = [d for d in logged_all if str(d.extra.get("model", "")).startswith(model[:16])]
     if any(d.extra.get("policy") == "route" for d in logged_all):
         ctl.config = route_config(ctl.config)
+    observed = _observations(logged_all)
     pairs = []
     for logged in logged_all:
+        while ctl.corrections.seen < min(logged.seen, len(observed)):  # what it had learnt when it decided
+            ctl.observe(observed[ctl.corrections.seen])
         if logged.reason.startswith("policy "):
             ctl.current = logged.plan
             ctl.live = (0, *[t + 1 for t, u in enumerate(logged.up) if u])
@@ -489,6 +551,16 @@ def replay(
         )
         pairs.append((logged, again))
     return pairs
+
+
+def _observations(logged: Sequence[Decision]) -> list[Observation]:
+    """The observations the log's lines carry (``extra["observed"]``), in the order they were fed."""
+    found = {}
+    for d in logged:
+        o = d.extra.get("observed")
+        if isinstance(o, dict):
+            found[int(o["index"])] = Observation.from_json(o)
+    return [found[i] for i in sorted(found)]
 
 
 __all__ = [

@@ -3,14 +3,18 @@
 The model, per candidate cut ``c`` and codec ``k`` (two tiers, device → cloud)::
 
     device_ms   = head_ms[c] × device_load                        (0 for the cut ``cloud``)
+    encode_ms   = encode[c, k] × device_load                      (the device encodes the crossing tensors)
+    call_ms     = call × device_load                              (one remote call's fixed cost on the device)
+    decode_ms   = decode[c, k] × cloud_load                       (the cloud decodes them; all 0 for ``device``)
     transfer_ms = sent_bytes[c, k] × 8 / bandwidth                (upload; 0 for the cut ``device``)
     download_ms = reply_bytes[c] × 8 / bandwidth                  (the graph outputs the tail makes)
     queue_ms    = the expected wait for a worker at the cloud (``plan.queueing``; 0 for ``device``)
-    latency_ms  = device_ms + transfer_ms + download_ms + rtt_ms + queue_ms + tail_ms[c] × cloud_load
-                  (no RTT, no transfer, no queue and no cloud for the cut ``device``)
-    energy_mJ   = active_w × device_ms + (idle_w + radio_w) × send_ms
-                  + idle_w × (rtt_ms + queue_ms + cloud_ms + reply_ms)   (radio_w: what transmitting adds)
-    period_ms   = max(device_ms, transfer_ms, cloud_ms)          (frames pipelined: slowest stage)
+    latency_ms  = device_ms + encode_ms + call_ms + transfer_ms + download_ms + rtt_ms + queue_ms
+                  + decode_ms + tail_ms[c] × cloud_load
+                  (no RTT, no transfer, no codec, no call, no queue and no cloud for the cut ``device``)
+    energy_mJ   = active_w × (device_ms + encode_ms + call_ms) + (idle_w + radio_w) × send_ms
+                  + idle_w × (rtt_ms + queue_ms + decode_ms + cloud_ms + reply_ms)   (radio_w: what sending adds)
+    period_ms   = max(device_ms + encode_ms + call_ms, transfer_ms + reply_ms, decode_ms + cloud_ms)
 
 ``sent_bytes[c, k] = float_bytes[c] × ratio[c, k] + (bytes[c] - float_bytes[c])``: a codec only shrinks
 the float32 part of the crossing tensors. A codec's ratio is one number (fp16 = 0.5, int8-affine ≈ 0.25)
@@ -26,8 +30,14 @@ load estimates is a handful of vector operations.
   cut, or one number for every cut as older tables and profiles have it; 0 for ``device``): numpy arrays built
   once per profile pair; ``.latency_ms/.energy_mj/.period_ms(cond[, power])`` give (cuts, codecs) matrices,
   ``.estimate(cut, codec, cond, power) -> Estimate``. Cut ``device``: no transfer, no RTT, no queue, no cloud;
-  cut ``cloud``: head 0. Latency = head×dl + sent/bw (transfer) + reply[cut]/bw (download) + rtt + queue_ms +
-  tail×cl.
+  cut ``cloud``: head 0. Latency = head×dl + encode×dl + call×dl + sent/bw (transfer) + reply[cut]/bw
+  (download) + rtt + queue_ms + decode×cl + tail×cl.
+- What a remote call costs beyond the wire (``CostTable(..., encode_ms=, decode_ms=, call_ms=)``, 0 when a
+  profile did not measure them): ``encode_ms[codec]`` per cut, the device's time to encode the cut's tensors
+  and frame the request (``profile.codectime``); ``decode_ms[codec]`` per cut, the cloud's time to decode them;
+  ``call_ms``, one remote call's fixed cost on the device (a request message, the call, the reply parsed).
+  The device's two scale with its load like its compute (a throttled board encodes slower), the cloud's
+  with the cloud's.
 """
 
 from __future__ import annotations
@@ -148,6 +158,9 @@ class Estimate:
     queue_ms: float = 0.0  # expected wait for a cloud worker (0 for ``device``)
     download_ms: float = 0.0  # the reply (``transfer_ms`` is the upload)
     reply_bytes: int = 0
+    encode_ms: float = 0.0  # the device encodes the crossing tensors (0 for ``device``)
+    decode_ms: float = 0.0  # the cloud decodes them
+    call_ms: float = 0.0  # one remote call's fixed cost on the device
 
 
 def _ratios(codec: str, ratio: CodecRatio, n: int) -> FloatArray:
@@ -183,6 +196,9 @@ class CostTable:
         float_bytes: Sequence[int] | npt.NDArray[np.int64] | None = None,
         reply_bytes: int | Sequence[int] | npt.NDArray[np.int64] | FloatArray = 0,
         codecs: Mapping[str, CodecRatio] | None = None,
+        encode_ms: Mapping[str, CodecRatio] | None = None,
+        decode_ms: Mapping[str, CodecRatio] | None = None,
+        call_ms: float = 0.0,
     ) -> None:
         n = len(ids)
         if n == 0:
@@ -225,7 +241,17 @@ class CostTable:
         self._send_ms_1mbps = self.sent_bytes * MS_PER_BYTE_AT_1MBPS
         self._reply_ms_1mbps = np.where(self.sends, self.reply_bytes * MS_PER_BYTE_AT_1MBPS, 0.0)
         self._rtt_mask = self.sends.astype(np.float64)
+        if not (call_ms >= 0 and math.isfinite(call_ms)):
+            raise PlanError(f"call_ms must be a finite number >= 0, got {call_ms!r}")
+        self.call_ms = float(call_ms)
+        self.encode_ms = self._codec_times("encode_ms", encode_ms, n)
+        self.decode_ms = self._codec_times("decode_ms", decode_ms, n)
+        # per (cut, codec), unloaded: what the device pays to send beyond its head (encode + one call)
+        self._send_cpu_ms = self.encode_ms + self.call_ms * self._rtt_mask[:, None]
         for arr in (
+            self.encode_ms,
+            self.decode_ms,
+            self._send_cpu_ms,
             self.head_ms,
             self.tail_ms,
             self.bytes,
@@ -236,6 +262,33 @@ class CostTable:
             self.codec_ratios,
         ):
             arr.setflags(write=False)
+
+    def _codec_times(self, name: str, given: Mapping[str, CodecRatio] | None, n: int) -> FloatArray:
+        """(cuts, codecs) ms from one figure or one per cut per codec (codecs not given: 0); 0 where
+        nothing is sent."""
+        out = np.zeros((n, len(self.codecs)))
+        for codec, value in (given or {}).items():
+            if codec not in self.codecs:
+                continue  # a codec the table does not plan with
+            arr = np.array(value, dtype=np.float64).reshape(-1)
+            if arr.shape not in ((1,), (n,)):
+                raise PlanError(f"{name}[{codec!r}]: expected one value or {n} (one per cut), got {arr.shape[0]}")
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise PlanError(f"{name}[{codec!r}]: every value must be finite and >= 0")
+            out[:, self.codecs.index(codec)] = arr
+        return np.where(self.sends[:, None], out, 0.0)
+
+    def codec_time_map(self, times: FloatArray) -> dict[str, CodecRatio]:
+        """``encode_ms`` or ``decode_ms`` as the constructor takes them (one list per codec)."""
+        return {c: times[:, k].tolist() for k, c in enumerate(self.codecs)}
+
+    def codec_times(self) -> dict[str, object]:
+        """The ``encode_ms``, ``decode_ms`` and ``call_ms`` arguments that rebuild this table's times."""
+        return {
+            "encode_ms": self.codec_time_map(self.encode_ms),
+            "decode_ms": self.codec_time_map(self.decode_ms),
+            "call_ms": self.call_ms,
+        }
 
     def codec_map(self) -> dict[str, CodecRatio]:
         """The ``codecs`` argument that rebuilds this table's ratios (per-cut lists where they were)."""
@@ -258,6 +311,9 @@ class CostTable:
             float_bytes=self.float_bytes.astype(np.int64),
             reply_bytes=self.reply_bytes,
             codecs={c: m[:, k].tolist() for k, c in enumerate(self.codecs)},
+            encode_ms=self.codec_time_map(self.encode_ms),
+            decode_ms=self.codec_time_map(self.decode_ms),
+            call_ms=self.call_ms,
         )
 
     def per_cut_codecs(self) -> tuple[str, ...]:
@@ -274,6 +330,7 @@ class CostTable:
             "float_bytes": [int(b) for b in self.float_bytes],
             "reply_bytes": [int(b) for b in self.reply_bytes],
             "codecs": self.codec_map(),
+            **self.codec_times(),
         }
 
     @classmethod
@@ -288,6 +345,10 @@ class CostTable:
                 float_bytes=data["float_bytes"],
                 reply_bytes=data["reply_bytes"],
                 codecs=data["codecs"],
+                # tables logged before the device's costs were priced: none
+                encode_ms=data.get("encode_ms"),
+                decode_ms=data.get("decode_ms"),
+                call_ms=float(data.get("call_ms", 0.0)),
             )
         except KeyError as exc:
             raise PlanError(f"cost table: expected key {exc.args[0]!r}, got keys {sorted(data)}") from exc
@@ -341,6 +402,14 @@ class CostTable:
     def cloud_ms(self, cond: Conditions) -> FloatArray:
         return self.tail_ms * cond.cloud_load
 
+    def send_cpu_ms(self, cond: Conditions) -> FloatArray:
+        """The device's encode plus one call's fixed cost, loaded, (cuts, codecs)."""
+        return self._send_cpu_ms * cond.device_load
+
+    def decode_cloud_ms(self, cond: Conditions) -> FloatArray:
+        """The cloud's decode of what was sent, loaded, (cuts, codecs)."""
+        return self.decode_ms * cond.cloud_load
+
     def send_ms(self, cond: Conditions) -> FloatArray:
         """Upload time of the crossing tensors, (cuts, codecs)."""
         return self._send_ms_1mbps / cond.link.bandwidth_mbps
@@ -361,19 +430,25 @@ class CostTable:
         per_cut = (
             self.device_ms(cond) + self.reply_ms(cond) + self.rtt_ms(cond) + self.queue_ms(cond) + self.cloud_ms(cond)
         )
-        return per_cut[:, None] + self.send_ms(cond)
+        return per_cut[:, None] + self.send_ms(cond) + self.send_cpu_ms(cond) + self.decode_cloud_ms(cond)
 
     def energy_mj(self, cond: Conditions, power: Power) -> FloatArray:
         """Device energy per inference in millijoules (W × ms), shape (cuts, codecs)."""
         waiting = self.rtt_ms(cond) + self.queue_ms(cond) + self.cloud_ms(cond) + self.reply_ms(cond)
         per_cut = power.active_w * self.device_ms(cond) + power.idle_w * waiting
-        return per_cut[:, None] + power.send_w * self.send_ms(cond)
+        return (
+            per_cut[:, None]
+            + power.send_w * self.send_ms(cond)
+            + power.active_w * self.send_cpu_ms(cond)
+            + power.idle_w * self.decode_cloud_ms(cond)
+        )
 
     def period_ms(self, cond: Conditions) -> FloatArray:
         """Pipelined frame period (slowest of device, link, cloud), shape (cuts, codecs)."""
         link = self.send_ms(cond) + self.reply_ms(cond)[:, None]
-        compute = np.maximum(self.device_ms(cond), self.cloud_ms(cond))
-        return np.maximum(compute[:, None], link)
+        device = self.device_ms(cond)[:, None] + self.send_cpu_ms(cond)
+        cloud = self.cloud_ms(cond)[:, None] + self.decode_cloud_ms(cond)
+        return np.maximum(np.maximum(device, cloud), link)
 
     def estimate(self, cut: str, codec: str, cond: Conditions, power: Power = DEFAULT_POWER) -> Estimate:
         """All predicted figures of one (cut, codec)."""
@@ -385,6 +460,9 @@ class CostTable:
         reply = float(self._reply_ms_1mbps[i] / bw)
         rtt = float(self._rtt_mask[i] * cond.link.rtt_ms)
         queue = float(self._rtt_mask[i] * cond.queue_ms)
+        encode = float(self.encode_ms[i, k] * cond.device_load)
+        call = float(self._rtt_mask[i] * self.call_ms * cond.device_load)
+        decode = float(self.decode_ms[i, k] * cond.cloud_load)
         return Estimate(
             cut=cut,
             codec=codec,
@@ -394,10 +472,15 @@ class CostTable:
             rtt_ms=rtt,
             queue_ms=queue,
             cloud_ms=cloud,
-            latency_ms=device + reply + rtt + queue + cloud + send,
-            energy_mj=power.active_w * device + power.idle_w * (rtt + queue + cloud + reply) + power.send_w * send,
-            period_ms=max(device, cloud, send + reply),
+            latency_ms=device + encode + call + reply + rtt + queue + decode + cloud + send,
+            energy_mj=power.active_w * (device + encode + call)
+            + power.idle_w * (rtt + queue + decode + cloud + reply)
+            + power.send_w * send,
+            period_ms=max(device + encode + call, decode + cloud, send + reply),
             bytes=int(self.bytes[i]),
             sent_bytes=int(self.sent_bytes[i, k]),
             reply_bytes=int(self.reply_bytes[i]),
+            encode_ms=encode,
+            decode_ms=decode,
+            call_ms=call,
         )

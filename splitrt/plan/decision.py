@@ -2,11 +2,13 @@
 JSON line (``.to_json()`` / ``Decision.from_json``, also two-tier logs of before hops) and its one-line
 string form (``str()`` / ``Decision.parse``, words such as ``down=``/``reply=``).
 
-Inputs are per hop (``link_mbps``, ``link_rtt_ms``, ``link_confidence``), per tier (``loads``) and per
-server (``waits_ms``, ``up``), with the ``route`` (empty: the whole path), the reason and the terms of
-``predicted_ms`` (compute per tier; upload, download, round trip and queue per hop). ``cloud_queue_ms``
-is the queue input (0 in logs made before it existed); ``download_ms`` is 0 in older logs, whose
-``transfer_ms`` holds the reply. ``plan.controller.replay`` feeds a log back through a controller.
+Inputs are per hop (``link_mbps``, ``link_rtt_ms``, ``link_confidence``), per tier (``loads``) and per server
+(``waits_ms``, ``up``), with the ``route`` (empty: the whole path), the reason and the terms of ``predicted_ms``
+(compute per tier; upload, download, round trip, queue, encode, call and decode per hop). ``cloud_queue_ms`` is the
+queue input (0 in logs made before it existed); ``download_ms`` is 0 in older logs, whose ``transfer_ms`` holds the
+reply. ``correction_ms`` is what the plan's requests measured over its price (``plan.correction``; 0 before
+corrections), a term of ``predicted_ms`` like the others; ``seen`` the observations fed before it.
+``plan.controller.replay`` feeds a log back through a controller.
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ class Decision:
     hop_rtt_ms: Floats = ()
     hop_queue_ms: Floats = ()
     reply_bytes: int = 0
+    # What sending costs beyond the wire, per hop (empty in logs of before they were priced): the
+    # sender's encode, one call's fixed cost, the receiver's decode.
+    hop_encode_ms: Floats = ()
+    hop_call_ms: Floats = ()
+    hop_decode_ms: Floats = ()
+    # What the requests of this plan measured beyond its price (``plan.correction``), a term of predicted_ms;
+    # ``seen``: how many observations the corrections had been fed (``replay``).
+    correction_ms: float = 0.0
+    seen: int = 0
 
     # -- two tiers: hop 0, the device and the last tier, sums over hops -------------------------------
     @property
@@ -114,6 +125,18 @@ class Decision:
     @property
     def queue_ms(self) -> float:
         return sum(self.hop_queue_ms)
+
+    @property
+    def encode_ms(self) -> float:
+        return sum(self.hop_encode_ms)
+
+    @property
+    def call_ms(self) -> float:
+        return sum(self.hop_call_ms)
+
+    @property
+    def decode_ms(self) -> float:
+        return sum(self.hop_decode_ms)
 
     @property
     def cuts(self) -> tuple[str, ...]:
@@ -190,6 +213,11 @@ _WORDS = (
     ("rtts", "hop_rtt_ms", "fs"),
     ("queue", "hop_queue_ms", "fs"),
     ("reply", "reply_bytes", "i"),
+    ("enc", "hop_encode_ms", "fs"),
+    ("call", "hop_call_ms", "fs"),
+    ("dec", "hop_decode_ms", "fs"),
+    ("corr", "correction_ms", "f"),
+    ("seen", "seen", "i"),
     ("actual", "actual_ms", "f"),
     ("server", "server", "s"),
     ("req", "request", "s"),

@@ -82,10 +82,10 @@ class PathConditions:
 class Plan:
     """Chosen cuts and codecs over a path of tiers (one per hop), and what they are predicted to cost.
 
-    The terms add up: ``sum(tier_ms) + sum(hop_upload_ms) + sum(hop_download_ms) + sum(hop_rtt_ms) +
-    sum(hop_queue_ms) == predicted_ms``; a hop that carries nothing has 0 in every hop term. Two tiers
-    read through the convenience properties (``cut``, ``codec``, ``device_ms``, ``transfer_ms``, ...),
-    which are hop 0's (or the sum over hops, for the time terms) and the first and last tier's.
+    The terms add up: ``sum(tier_ms) + sum(hop_upload_ms) + sum(hop_download_ms) + sum(hop_rtt_ms) + sum(hop_queue_ms)
+    + sum(hop_encode_ms) + sum(hop_call_ms) + sum(hop_decode_ms) == predicted_ms``; a hop that carries nothing has 0
+    in every hop term. Two tiers read through the convenience properties (``cut``, ``codec``, ``device_ms``,
+    ``transfer_ms``, ...), which are hop 0's (or the sum over hops, for the time terms) and the first and last tier's.
     """
 
     cuts: tuple[str, ...]
@@ -102,6 +102,11 @@ class Plan:
     hop_bytes: tuple[int, ...]  # raw crossing bytes of each hop
     hop_sent_bytes: tuple[int, ...]  # after its codec
     reply_bytes: int = 0  # the graph outputs the servers make (those the head made stay on the device)
+    # What sending costs beyond the wire, per hop (0 where it carries nothing; empty: not priced): the
+    # sending tier encodes, pays one call's fixed cost, the receiving tier decodes.
+    hop_encode_ms: tuple[float, ...] = ()
+    hop_call_ms: tuple[float, ...] = ()
+    hop_decode_ms: tuple[float, ...] = ()
 
     @functools.cached_property
     def key(self) -> str:  # read several times per decision: formatted once
@@ -142,6 +147,18 @@ class Plan:
     @property
     def rtt_ms(self) -> float:
         return sum(self.hop_rtt_ms)
+
+    @property
+    def encode_ms(self) -> float:
+        return sum(self.hop_encode_ms)
+
+    @property
+    def call_ms(self) -> float:
+        return sum(self.hop_call_ms)
+
+    @property
+    def decode_ms(self) -> float:
+        return sum(self.hop_decode_ms)
 
     @property
     def queue_ms(self) -> float:
@@ -216,19 +233,23 @@ def _check(tables: Sequence[CostTable], cond: PathConditions, objective: str) ->
 
 
 def _terms(tables: Sequence[CostTable], cond: PathConditions) -> dict[str, list[FloatArray]]:
-    """Unweighted ms terms: compute per tier, and per hop upload / reply / rtt+queue (masked by ``sends``)."""
+    """Unweighted ms terms: compute per tier, and per hop upload / reply / rtt+queue (masked by ``sends``),
+    the sender's encode + call (``enc``) and the receiver's decode (``dec``), (cuts, codecs) each."""
     base = tables[0]
     sends = base.sends
     reply = np.broadcast_to(np.asarray(base.reply_bytes, dtype=np.float64), sends.shape)
-    up, back, fixed = [], [], []
+    up, back, fixed, enc, dec = [], [], [], [], []
     for h, link in enumerate(cond.hops):
         up.append(base.sent_bytes * MS_PER_BYTE_AT_1MBPS / link.bandwidth_mbps)
         back.append(np.where(sends, reply * MS_PER_BYTE_AT_1MBPS / link.bandwidth_mbps, 0.0))
         fixed.append(np.where(sends, link.rtt_ms + cond.queue(h), 0.0))
+        sender, receiver = tables[h], tables[h + 1]
+        enc.append((sender.encode_ms + sender.call_ms * sends[:, None]) * cond.loads[h])
+        dec.append(receiver.decode_ms * cond.loads[h + 1])
     compute = [tables[0].head_ms * cond.loads[0]]
     compute += [t.head_ms * load for t, load in zip(tables[1:-1], cond.loads[1:-1], strict=True)]
     compute.append(tables[-1].tail_ms * cond.loads[-1])
-    return {"compute": compute, "up": up, "back": back, "fixed": fixed}
+    return {"compute": compute, "up": up, "back": back, "fixed": fixed, "enc": enc, "dec": dec}
 
 
 def _argmin_first(values: FloatArray) -> int:
@@ -264,15 +285,22 @@ def _advance(prev: FloatArray, seg_of: FloatArray, additive: bool) -> tuple[Floa
 def _stage_weights(terms: dict[str, list[FloatArray]], objective: str, power: Power) -> _Stages:
     """Each stage's contribution to the objective: latency and energy add, throughput takes the max."""
     compute, up, back, fixed = terms["compute"], terms["up"], terms["back"], terms["fixed"]
+    enc, dec = terms["enc"], terms["dec"]
     if objective == "throughput":
-        hops = [u + b[:, None] for u, b in zip(up, back, strict=True)]  # the link is busy, the RTT is not
+        # the link is busy, the RTT is not; a sender that encodes, a receiver that decodes are busy too
+        # (hop h's sender is tier h: the device's compute joins its encode on the first hop)
+        hops = [
+            np.maximum(np.maximum(u + b[:, None], e + (compute[0][:, None] if h == 0 else 0.0)), d)
+            for h, (u, b, e, d) in enumerate(zip(up, back, enc, dec, strict=True))
+        ]
+        hops[-1] = np.maximum(hops[-1], dec[-1] + compute[-1][:, None])
         return _Stages(tier=[compute[0], compute[-1]], mid=compute[1:-1], hop=hops)
     if objective == "latency":
-        hops = [u + (b + f)[:, None] for u, b, f in zip(up, back, fixed, strict=True)]
+        hops = [u + e + d + (b + f)[:, None] for u, b, f, e, d in zip(up, back, fixed, enc, dec, strict=True)]
         return _Stages(tier=[compute[0], compute[-1]], mid=compute[1:-1], hop=hops)
     idle = power.idle_w
-    hops = [idle * (u + (b + f)[:, None]) for u, b, f in zip(up, back, fixed, strict=True)]
-    hops[0] = power.send_w * up[0] + idle * (back[0] + fixed[0])[:, None]
+    hops = [idle * (u + e + d + (b + f)[:, None]) for u, b, f, e, d in zip(up, back, fixed, enc, dec, strict=True)]
+    hops[0] = power.send_w * up[0] + power.active_w * enc[0] + idle * (dec[0] + (back[0] + fixed[0])[:, None])
     return _Stages(
         tier=[power.active_w * compute[0], idle * compute[-1]], mid=[idle * m for m in compute[1:-1]], hop=hops
     )
@@ -385,16 +413,30 @@ def evaluate_path(
     sends = [bool(base.sends[i]) for i in idx]
     rtt = tuple(cond.hops[h].rtt_ms if s else 0.0 for h, s in enumerate(sends))
     queue = tuple(cond.queue(h) if s else 0.0 for h, s in enumerate(sends))
-    latency = sum(tier) + sum(up) + sum(down) + sum(rtt) + sum(queue)
-    waiting = latency - tier[0] - up[0]
+    encode = tuple(
+        float(tables[h].encode_ms[i, k] * cond.loads[h]) for h, (i, k) in enumerate(zip(idx, ks, strict=True))
+    )
+    call = tuple(tables[h].call_ms * cond.loads[h] if s else 0.0 for h, s in enumerate(sends))
+    decode = tuple(
+        float(tables[h + 1].decode_ms[i, k] * cond.loads[h + 1]) for h, (i, k) in enumerate(zip(idx, ks, strict=True))
+    )
+    latency = sum(tier) + sum(up) + sum(down) + sum(rtt) + sum(queue) + sum(encode) + sum(call) + sum(decode)
+    busy = tier[0] + encode[0] + call[0]  # the device computing
+    waiting = latency - busy - up[0]
     reply = np.broadcast_to(np.asarray(base.reply_bytes), (len(base),))
+    # as the solver's stages: a hop is busy on the wire, at its sender (encode + call; the device's compute
+    # joins its first hop) and at its receiver (decode; the last tier's compute joins the last hop's)
+    hop_busy = [
+        max(u + d, e + c + (tier[0] if h == 0 else 0.0), x)
+        for h, (u, d, e, c, x) in enumerate(zip(up, down, encode, call, decode, strict=True))
+    ]
     return Plan(
         cuts=tuple(plan_cuts),
         codecs=tuple(plan_codecs),
         objective=objective,
         predicted_ms=latency,
-        energy_mj=power.active_w * tier[0] + power.send_w * up[0] + power.idle_w * waiting,
-        period_ms=max([*tier, *(u + d for u, d in zip(up, down, strict=True))]),
+        energy_mj=power.active_w * busy + power.send_w * up[0] + power.idle_w * waiting,
+        period_ms=max([*tier, *hop_busy, decode[-1] + tier[-1]]),
         tier_ms=tuple(tier),
         hop_upload_ms=up,
         hop_download_ms=down,
@@ -403,6 +445,9 @@ def evaluate_path(
         hop_bytes=tuple(int(base.bytes[i]) for i in idx),
         hop_sent_bytes=tuple(int(base.sent_bytes[i, k]) for i, k in zip(idx, ks, strict=True)),
         reply_bytes=int(reply[idx[0]]),
+        hop_encode_ms=encode,
+        hop_call_ms=call,
+        hop_decode_ms=decode,
     )
 
 

@@ -177,6 +177,9 @@ def scale_table(table: CostTable, at_a: ShapeCosts, at_b: ShapeCosts, *, fixed_m
         float_bytes=float_b.astype(np.int64),
         reply_bytes=np.asarray(at_b.reply_bytes, dtype=np.float64),
         codecs=table.codec_map(),
+        encode_ms=table.codec_time_map(table.encode_ms),
+        decode_ms=table.codec_time_map(table.decode_ms),
+        call_ms=table.call_ms,
     )
 
 

@@ -10,11 +10,11 @@ two-tier ``solve`` is its N=2 case kept as a direct (cuts x codecs) matrix becau
 A plan's short form is ``<cut>@<codec>`` (``c12@fp16``; ``device`` alone when nothing is sent), hops
 joined by ``>`` over more tiers; ``parse_plan`` / ``parse_path`` read them back.
 
-- ``solver.solve(table, cond, *, objective="latency"|"energy"|"throughput", power, cuts=None, codecs=None) ->
-  Plan``, the two-tier case kept as a direct (cuts x codecs) matrix (it runs per request); exact over all (cut,
-  codec); ties → fewer bytes. ``str(plan)`` = ``c12@fp16`` (``device`` alone); ``parse_plan(text) -> (cut,
-  codec)``; ``evaluate(table, "c12@fp16", cond) -> Plan`` re-costs the plan in use. ``sweep(table, cond, ...) ->
-  list[SweepBand(from_mbps, to_mbps, plan, ...)]``.
+- ``solver.solve(table, cond, *, objective="latency"|"energy"|"throughput", power, cuts=None, codecs=None,
+  offset=None) -> Plan`` (``offset``: added per (cut, codec) to the objective), the two-tier case kept as a direct
+  (cuts x codecs) matrix (it runs per request); exact over all (cut, codec); ties → fewer bytes. ``str(plan)`` =
+  ``c12@fp16`` (``device`` alone); ``parse_plan(text) -> (cut, codec)``; ``evaluate(table, "c12@fp16", cond) -> Plan``
+  re-costs the plan in use. ``sweep(table, cond, ...) -> list[SweepBand(from_mbps, to_mbps, plan, ...)]``.
 """
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ def _plan(est: Estimate, objective: str) -> Plan:
         hop_bytes=(est.bytes,),
         hop_sent_bytes=(est.sent_bytes,),
         reply_bytes=est.reply_bytes,
+        hop_encode_ms=(est.encode_ms,),
+        hop_call_ms=(est.call_ms,),
+        hop_decode_ms=(est.decode_ms,),
     )
 
 
@@ -125,10 +128,12 @@ def solve(
     power: Power = DEFAULT_POWER,
     cuts: Sequence[str] | None = None,
     codecs: Sequence[str] | None = None,
+    offset: FloatArray | None = None,
 ) -> Plan:
     """The best (cut, codec) of ``table`` for ``objective``, exact over every candidate.
 
-    ``cuts`` / ``codecs`` restrict the candidates (e.g. codecs the cloud supports).
+    ``cuts`` / ``codecs`` restrict the candidates (e.g. codecs the cloud supports); ``offset`` (cuts,
+    codecs) is added to each candidate's objective before the comparison (``plan.correction``'s offsets).
     """
     check_objective(objective)
     latency = table.latency_ms(cond)
@@ -138,6 +143,8 @@ def solve(
         primary = table.energy_mj(cond, power)
     else:
         primary = table.period_ms(cond)
+    if offset is not None:
+        primary = primary + offset
     mask = _mask(table, cuts, codecs)
     if mask is not None:
         primary = primary + mask

@@ -146,4 +146,7 @@ def table_at(graph: ModelGraph, device: Profile, cloud: Profile, table: CostTabl
         float_bytes=head.float_bytes.astype(np.int64),
         reply_bytes=head.reply_bytes,
         codecs=head.codec_map(),
+        encode_ms=head.codec_time_map(head.encode_ms),
+        decode_ms=tail.codec_time_map(tail.decode_ms),
+        call_ms=head.call_ms,
     ), pricing

@@ -17,7 +17,11 @@ the table say:
 - a probe is an RTT sample, then (when bandwidth is stale) one bandwidth probe of the size the runtime
   would send, timed through the same trace;
 - during a device burst the other processes take ``burst_util`` of the device's CPU: compute slows by
-  ``1 / (1 - burst_util)`` and the prober reads that utilisation (as psutil does on a board).
+  ``1 / (1 - burst_util)`` and the prober reads that utilisation (as psutil does on a board);
+- a request that sends pays the table's encode and call cost on the device (slowed as its compute) and
+  its decode on the cloud; ``plan_cost`` makes chosen plans cost more (or less) than the table prices
+  them (``(("cloud@fp32", 1.5),)``: every request on that plan takes 1.5x), which only the controller's
+  corrections (``plan.correction``, fed after every request as the runtime feeds them) can learn.
 
 So a simulated run isolates the decision logic: with no jitter, adaptive and a fixed strategy on the
 same plan cost exactly the same, and any gap between them is a decision that differed.
@@ -38,6 +42,7 @@ import numpy as np
 from splitrt.errors import ConfigError
 from splitrt.plan import observe
 from splitrt.plan.controller import Controller, ControllerConfig, Policy
+from splitrt.plan.correction import Observation
 from splitrt.plan.costmodel import DEVICE_CUT
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
 from splitrt.plan.solver import parse_plan
@@ -60,6 +65,7 @@ class SimConfig:
     # with the table, the requests pay the truth.
     device_speed: float = 1.0
     cloud_speed: float = 1.0
+    plan_cost: tuple[tuple[str, float], ...] = ()  # (plan key, what its requests take over what they would)
     seed: int = 0
     link: LinkConfig = field(default_factory=LinkConfig)
     controller: ControllerConfig = field(default_factory=lambda: ControllerConfig(codecs=None))
@@ -75,6 +81,7 @@ class SimConfig:
             and 0 <= self.jitter < 0.5
             and self.device_speed > 0
             and self.cloud_speed > 0
+            and all(f > 0 for _, f in self.plan_cost)
         ):
             raise ConfigError(
                 "SimConfig: expected rate_hz > 0, duration_s > 0, warmup_s >= 0, rtt_ms >= 0, "
@@ -105,6 +112,7 @@ class _Run:
         self.next_round_s = -cfg.warmup_s
         self.probes = observe.ProbeState()  # the prober's schedule
         self.rtt_s = cfg.rtt_ms / 1e3
+        self.plan_cost = dict(cfg.plan_cost)
 
     def _wire(self, start_s: float, nbytes: float) -> float:
         """Seconds from ``start_s`` until ``nbytes`` are through (queued behind what is on the wire)."""
@@ -176,10 +184,13 @@ class _Run:
         )
         latency_ms, send_s = head_ms, 0.0
         if cut != DEVICE_CUT:
-            sent = float(tbl.sent_bytes[i, tbl.codec_index(codec)]) + float(tbl.reply_bytes[i])
+            k = tbl.codec_index(codec)
+            sent = float(tbl.sent_bytes[i, k]) + float(tbl.reply_bytes[i])
+            # the device encodes and makes the call (as slow as its compute), then the wire
+            send_at += (float(tbl.encode_ms[i, k]) + tbl.call_ms) * slowed * self.cfg.device_speed * jitter / 1e3
             send_s = self._wire(send_at, sent)
             self.busy = (send_at, send_at + send_s)
-            tail_ms = float(tbl.tail_ms[i]) * self.cfg.cloud_speed * jitter
+            tail_ms = (float(tbl.tail_ms[i]) + float(tbl.decode_ms[i, k])) * self.cfg.cloud_speed * jitter
             net_s = send_s + self.rtt_s
             end = send_at + net_s + tail_ms / 1e3
             # The trace carries both ways as one transfer: all of ``sent`` counts as up.
@@ -196,6 +207,19 @@ class _Run:
                 load=self.load,
             )
             latency_ms = (end - t) * 1e3
+        round_trip_ms = (end - send_at) * 1e3 if cut != DEVICE_CUT else 0.0
+        latency_ms *= self.plan_cost.get(d.plan, 1.0)
+        # what the request took beyond its head and its round trip, against its price, as the runtime feeds it
+        self.policy.controller.observe(
+            Observation.of_request(
+                plan=d.plan,
+                priced_ms=d.encode_ms + d.call_ms,
+                total_ms=latency_ms,
+                head_ms=head_ms,
+                round_trip_ms=round_trip_ms,
+                t_s=t + latency_ms / 1e3,
+            )
+        )
         return SimRequest(
             t_s=t,
             plan=d.plan,

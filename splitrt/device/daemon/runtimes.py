@@ -104,4 +104,7 @@ def _scaled(table: CostTable, factor: float) -> CostTable:
         float_bytes=table.float_bytes.astype("int64"),
         reply_bytes=table.reply_bytes,
         codecs=table.codec_map(),
+        encode_ms=table.codec_time_map(table.encode_ms),
+        decode_ms=table.codec_time_map(table.decode_ms * factor),
+        call_ms=table.call_ms,
     )

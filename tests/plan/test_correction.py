@@ -1,0 +1,173 @@
+"""The self-correcting cost model: per-plan corrections (unit), the controller using them, replay from the
+log, and bounded regret in simulation when one plan's real cost is 1.5x its price (hypothesis)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitrt.errors import ConfigError, PlanError
+from splitrt.plan.controller import Controller, ControllerConfig, replay
+from splitrt.plan.correction import CorrectionConfig, Corrections, Observation
+from splitrt.plan.costmodel import CostTable
+from splitrt.plan.netmon import LinkEstimate, LoadEstimate
+from splitrt.rig import sim, traces
+
+LINK = LinkEstimate(bandwidth_mbps=10.0, rtt_ms=20.0, confidence=1.0)
+LOAD = LoadEstimate(device_factor=1.0, cloud_factor=1.0)
+
+
+def _table(**kw: object) -> CostTable:
+    args: dict[str, object] = {
+        "ids": ["cloud", "mid", "device"],
+        "head_ms": [0.0, 60.0, 200.0],
+        "tail_ms": [40.0, 20.0, 0.0],
+        "bytes": [100_000, 10_000, 0],
+        "reply_bytes": 4000,
+        "codecs": {"fp32": 1.0},
+    }
+    return CostTable(**(args | kw))  # type: ignore[arg-type]
+
+
+def test_a_dearer_plan_is_learnt_within_a_few_requests_and_decays_back() -> None:
+    c = Corrections(CorrectionConfig(half_life_s=10.0, weight=0.5))
+    for i in range(3):
+        assert c.observe(Observation(plan="cloud@fp32", predicted_ms=5.0, measured_ms=105.0, t_s=2.0)) == i
+    assert c.seen == 3
+    assert c.offset_ms("cloud@fp32", 2.0) == pytest.approx(87.5)  # 50, 75, 87.5 % of the 100 ms excess
+    assert c.offset_ms("mid@fp32", 2.0) == 0.0  # no evidence: the model's own price
+    assert c.offset_ms("cloud@fp32", 12.0) == pytest.approx(87.5 / 2)  # one half-life later
+    # one request that costs what it was priced brings it back down
+    c.observe(Observation(plan="cloud@fp32", predicted_ms=5.0, measured_ms=5.0, t_s=12.0))
+    assert c.offset_ms("cloud@fp32", 12.0) == pytest.approx(87.5 / 4)
+    # no plan costs less than nothing
+    c.observe(Observation(plan="mid@fp32", predicted_ms=5.0, measured_ms=-50.0, t_s=12.0))
+    assert c.offset_ms("mid@fp32", 12.0) == pytest.approx(-2.5)
+
+
+def test_disabled_corrections_count_but_learn_nothing() -> None:
+    c = Corrections(CorrectionConfig(enabled=False))
+    c.observe(Observation(plan="cloud@fp32", predicted_ms=0.0, measured_ms=500.0, t_s=0.0))
+    assert c.seen == 1 and c.offset_ms("cloud@fp32", 0.0) == 0.0 and c.offsets(0.0) == {}
+
+
+def test_bad_config_and_observation_are_refused() -> None:
+    with pytest.raises(ConfigError, match="half_life_s"):
+        CorrectionConfig(half_life_s=0.0)
+    with pytest.raises(ConfigError, match="weight"):
+        CorrectionConfig(weight=1.5)
+    with pytest.raises(PlanError, match="predicted_ms"):
+        Observation(plan="device", predicted_ms=-1.0, measured_ms=0.0, t_s=0.0)
+    with pytest.raises(PlanError, match="expected plan"):
+        Observation.from_json({"plan": "device"})
+    o = Observation(plan="c3@fp16", predicted_ms=1.5, measured_ms=7.25, t_s=3.0)
+    assert Observation.from_json(o.to_json()) == o
+
+
+def test_the_controller_drops_a_plan_that_costs_more_than_its_price() -> None:
+    ctl = Controller(_table())
+    first = ctl.decide(0.0, LINK, LOAD)
+    assert first.plan == "mid@fp32" and first.correction_ms == 0.0 and first.seen == 0
+    t, plans = 0.0, []
+    for _ in range(6):  # mid's requests take 60 ms more than priced (cloud is priced 32 ms above mid)
+        d = ctl.decide(t, LINK, LOAD)
+        plans.append(d.plan)
+        extra = 60.0 if d.plan == "mid@fp32" else 0.0
+        ctl.observe(Observation(plan=d.plan, predicted_ms=0.0, measured_ms=extra, t_s=t))
+        t += 0.25
+    assert plans[0] == "mid@fp32" and "mid@fp32" not in plans[3:], plans
+    d = ctl.decide(t, LINK, LOAD)
+    # the correction is a term of its own: the terms still add up to the prediction
+    assert d.correction_ms == ctl.corrections.offset_ms(d.plan, t)
+    total = d.device_ms + d.transfer_ms + d.download_ms + d.round_trip_ms + d.queue_ms + d.cloud_ms
+    assert total + d.encode_ms + d.call_ms + d.decode_ms + d.correction_ms == pytest.approx(d.predicted_ms)
+    # tried again once the evidence is old enough
+    later = ctl.decide(t + 120.0, LINK, LOAD)
+    assert later.plan == "mid@fp32"
+
+
+def test_replay_rebuilds_the_corrections_from_the_logged_observations() -> None:
+    table = _table()
+    ctl = Controller(table)
+    lines = []
+    t = 0.0
+    for i in range(30):
+        bw = 10.0 if i % 10 < 6 else 1.0
+        d = ctl.decide(t, LinkEstimate(bandwidth_mbps=bw, rtt_ms=20.0, confidence=1.0), LOAD, request=f"r{i}")
+        extra = 120.0 if d.plan == "mid@fp32" else 3.0
+        obs = Observation(plan=d.plan, predicted_ms=d.encode_ms + d.call_ms, measured_ms=extra, t_s=t + 0.2)
+        index = ctl.observe(obs)
+        lines.append(d.__class__(**{**d.__dict__, "extra": {"observed": {"index": index, **obs.to_json()}}}).to_json())
+        t += 0.25
+    logged = [d for d, _ in replay(lines, table)]
+    assert any(d.correction_ms > 0 for d in logged) and len({d.plan for d in logged}) > 1
+    pairs = replay(lines, table)
+    assert [a.plan for a, b in pairs] == [b.plan for a, b in pairs]
+    assert [a.correction_ms for a, b in pairs] == pytest.approx([b.correction_ms for a, b in pairs])
+    # without the observations the corrections are not rebuilt, and the decisions differ
+    bare = [line.replace('"observed"', '"unused"') for line in lines]
+    assert [a.plan for a, b in replay(bare, table)] != [b.plan for a, b in replay(bare, table)]
+
+
+PLANS = ("device", "cloud@fp32", "mid@fp32")
+
+
+def _means(table: CostTable, cfg: sim.SimConfig, link: traces.Trace) -> tuple[float, dict[str, float]]:
+    fixed = {p: statistics.fmean(sim.latencies(sim.simulate(table, f"fixed:{p}", link, cfg))) for p in PLANS}
+    return statistics.fmean(sim.latencies(sim.simulate(table, "adaptive", link, cfg))), fixed
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    head_mid=st.floats(20.0, 300.0),
+    head_rest=st.floats(20.0, 400.0),
+    tails=st.tuples(st.floats(5.0, 100.0), st.floats(5.0, 50.0)),
+    sent=st.tuples(st.integers(10_000, 600_000), st.integers(1_000, 200_000)),
+    encode=st.tuples(st.floats(0.0, 20.0), st.floats(0.0, 10.0)),
+    call_ms=st.floats(0.0, 5.0),
+    mbps=st.floats(0.5, 30.0),
+    rtt_ms=st.floats(5.0, 100.0),
+    bad=st.sampled_from(PLANS),
+    cost=st.floats(1.0, 1.5),
+)
+def test_regret_against_the_best_fixed_plan_is_bounded_when_one_plan_is_mispriced(
+    head_mid: float,
+    head_rest: float,
+    tails: tuple[float, float],
+    sent: tuple[int, int],
+    encode: tuple[float, float],
+    call_ms: float,
+    mbps: float,
+    rtt_ms: float,
+    bad: str,
+    cost: float,
+) -> None:
+    table = _table(
+        head_ms=[0.0, head_mid, head_mid + head_rest],
+        tail_ms=[*tails, 0.0],
+        bytes=[*sent, 0],
+        encode_ms={"fp32": [*encode, 0.0]},
+        call_ms=call_ms,
+    )
+    cfg = sim.SimConfig(
+        duration_s=60.0, rtt_ms=rtt_ms, plan_cost=((bad, cost),), controller=ControllerConfig(codecs=None)
+    )
+    adaptive, fixed = _means(table, cfg, traces.constant(mbps, 80.0))
+    # a few requests to learn the misprice, one now and then to check it still holds
+    assert adaptive <= 1.10 * min(fixed.values()), (adaptive, fixed)
+
+
+def test_without_corrections_a_mispriced_plan_costs_its_whole_misprice() -> None:
+    # mid is priced best (111 ms, cloud 143) but really costs 2x: the uncorrected controller keeps it
+    table = _table()
+    link = traces.constant(10.0, 80.0)
+    regrets = {}
+    for enabled in (True, False):
+        cc = ControllerConfig(codecs=None, correction=CorrectionConfig(enabled=enabled))
+        cfg = sim.SimConfig(duration_s=60.0, rtt_ms=20.0, plan_cost=(("mid@fp32", 2.0),), controller=cc)
+        adaptive, fixed = _means(table, cfg, link)
+        regrets[enabled] = adaptive / min(fixed.values())
+    assert regrets[False] > 1.3 and regrets[True] < 1.10, regrets

@@ -120,8 +120,8 @@ def test_serve_budgets_fit_the_pod_and_its_volume() -> None:
     assert parsed.max_memory_mb == float(args["--max-memory-mb"]) and parsed.max_models == int(args["--max-models"])
 
 
-def test_readme_names_the_services_the_manifests_create() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_name_the_services_the_manifests_create() -> None:
+    readme = (ROOT / "docs" / "operator" / "deployment.md").read_text()
     (svc,) = by_kind("Service")
     name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
     assert f"dns:///{name}:{svc['spec']['ports'][0]['port']}" in readme

@@ -29,6 +29,16 @@ def doc_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
+def docs_text() -> str:
+    """README.md and every docs page, one text: what tests of documented commands and configs read."""
+    return "\n".join(p.read_text() for p in doc_files())
+
+
+def doc_commands() -> list[list[str]]:
+    """Every `.venv/bin/splitrt ...` line of a ```sh block in README.md or docs/, offline or not."""
+    return [argv for path in doc_files() for argv in sh_commands(path)]
+
+
 def sh_commands(path: Path) -> list[list[str]]:
     commands = []
     for block in re.findall(r"```sh\n(.*?)```", path.read_text(), flags=re.S):

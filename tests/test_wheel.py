@@ -128,7 +128,7 @@ def _smoke(bin_dir: Path, work: Path, version: str, *, full: bool) -> None:
     ids = [c["id"] for c in cuts]
     assert ids[0] == "cloud" and ids[-1] == "device" and len(ids) > 10
 
-    # a shipped profile by name and as the README writes it (profiles/...): neither exists under cwd;
+    # a shipped profile by name and as the docs write it (profiles/...): neither exists under cwd;
     # the board's speed factor comes from the shipped rpi4.toml (tomli on 3.10)
     plan = json.loads(
         _splitrt(

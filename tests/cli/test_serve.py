@@ -207,7 +207,7 @@ def operator_files(tmp_path: Path) -> dict[str, str]:
     )
     (d / "tokens").write_text("a-token\n")
     (d / "tokens").chmod(0o600)
-    shutil.copyfile(d / "tokens", d / "cloud-token")  # the edge's token for the next tier (README's --next line)
+    shutil.copyfile(d / "tokens", d / "cloud-token")  # the edge's token for the next tier (the docs' --next line)
     (d / "cloud-token").chmod(0o600)
     models = tmp_path / "models"
     models.mkdir()
@@ -224,9 +224,11 @@ def operator_files(tmp_path: Path) -> dict[str, str]:
 
 
 def test_readme_and_systemd_serve_commands_are_accepted(operator_files: dict[str, str]) -> None:
-    readme = _commands("\n".join(re.findall(r"```sh\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)))
+    from tests.test_readme import docs_text
+
+    readme = _commands("\n".join(re.findall(r"```sh\n(.*?)```", docs_text(), flags=re.S)))
     unit = _commands((REPO / "devices" / "systemd" / "splitrt-cloud.service").read_text())
-    assert len(readme) >= 2 and len(unit) == 1  # every serve command in the README, edge tier included
+    assert len(readme) >= 2 and len(unit) == 1  # every serve command in the README and docs/, edge tier included
     assert "--tls-cert" in readme[0] and "--token-file" in readme[0]  # the secure command comes first
     for argv in readme + unit:
         args = []

@@ -7,7 +7,6 @@ import json
 import shutil
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -78,11 +77,13 @@ def test_status_refuses_bad_flags(argv: list[str], message: str, capsys: pytest.
 
 
 def test_readme_status_commands_parse() -> None:
-    """The README's fleet commands stay valid (they need servers, so test_readme does not run them)."""
+    """The README's and docs' fleet commands stay valid (they need servers, so test_readme does not run them)."""
     import re
     import shlex
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    from tests.test_readme import docs_text
+
+    text = docs_text()
     found = [
         shlex.split(line.split(" # ")[0].strip())[1:]
         for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S)

@@ -193,11 +193,11 @@ def test_stock_client_sees_the_new_fields(tiers: tuple[CloudServer, CloudServer]
 
 
 def test_readme_three_tier_commands_parse(models_dir: Path) -> None:
-    """The README's `serve --next` lines (not run by tests/test_readme.py: they serve) parse, and the
+    """The docs' `serve --next` lines (not run by tests/test_readme.py: they serve) parse, and the
     loopback one makes an edge config."""
-    from tests.test_readme import readme_commands
+    from tests.test_readme import doc_commands
 
-    lines = [c for c in readme_commands() if c[1] == "serve" and "--next" in c]
+    lines = [c for c in doc_commands() if c[1] == "serve" and "--next" in c]
     assert len(lines) == 2
     for argv in lines:
         args = cli.build_parser().parse_args([a.replace("/srv/models", str(models_dir)) for a in argv[1:]])

@@ -58,7 +58,7 @@ def test_the_readme_three_tier_config_parses(tmp_path: Path) -> None:
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib
 
-    blocks = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    blocks = re.findall(r"```toml\n(.*?)```", (REPO / "docs" / "board.md").read_text(), flags=re.S)
     [block] = [b for b in blocks if "edge = " in b]
     cfg = parse_config(tomllib.loads(block), base_dir=tmp_path)
     assert cfg.path == (("10.0.0.2:50051",), ("10.0.0.5:50051",)) and cfg.edge_speed_factor == 4.0

@@ -211,7 +211,7 @@ def register(sub: Any) -> None:
 
 def _limit_arguments(p: Any) -> None:
     lim = Limits()
-    g = p.add_argument_group("limits on what a client may hold (see README, 'Hostile clients')")
+    g = p.add_argument_group("limits on what a client may hold (docs/operator/security.md)")
     g.add_argument(
         "--read-timeout-s",
         type=float,

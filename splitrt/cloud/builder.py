@@ -1,14 +1,10 @@
 """Tail segments made in a child process: there the model is loaded, split at the cut and the segment
 written to a file; the server's process only opens that file with onnxruntime.
 
-Why: made in the server's process, a segment holds the interpreter's lock (GIL) for hundreds of ms at a
-time, and every request's thread waits for it, its run's return and its reply included. Measured on
-resnet50 (98 MB, 2 vCPUs, load 5): parsing the model 300-430 ms without a break (and again whenever
-memory pressure had evicted the graph: ``py-spy dump`` of the server under ``bench_attack``'s
-``resnet_cuts`` finds the build thread holding the lock in onnx's ``deserialize_proto`` and
-``check_model``), splitting 50-90 ms, serialising the segment 230-340 ms, onnxruntime parsing those
-bytes 45-160 ms. onnxruntime loading a *file* releases the lock (longest stall 5-7 ms). A model of
-many nodes (an uploaded 60 000-node chain) is seconds of Python in ``graph.model.load``. In the child,
+Why: made in the server's process, parsing the model, splitting it and serialising the segment hold the
+interpreter's lock (GIL) for hundreds of ms at a time (resnet50: up to ~430 ms without a break), and every
+request's thread waits for it; onnxruntime loading a *file* releases the lock. A model of many nodes (an
+uploaded 60 000-node chain) is seconds of Python in ``graph.model.load``. In the child,
 at ``checker.NICE``, that work holds no lock of the server's and the kernel runs requests first; the
 server also keeps no whole-model graph in memory to build tails (only its sessions).
 

@@ -68,9 +68,8 @@ LOAD_PEAK_FACTOR = 4
 
 def build_peak_bytes(model_initializer_bytes: int) -> int:
     """Reserved while a tail session builds, from the whole model's weights (before the segment exists):
-    the RSS peak of a resnet50 tail build over what came before was 4.4-5.0x its weights (segment proto,
-    its serialised bytes, onnxruntime's copies while loading), 3.6-4.2x once the proto is dropped before
-    onnxruntime loads (as now)."""
+    ``BUILD_PEAK_FACTOR`` x the weights (a resnet50 tail build's RSS peak over what came before: 3.6-4.2x)
+    plus ``SESSION_BYTES_FIXED``."""
     return int(model_initializer_bytes * BUILD_PEAK_FACTOR) + SESSION_BYTES_FIXED
 
 

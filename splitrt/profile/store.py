@@ -127,7 +127,7 @@ def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
 
 def resolve_profile(path: str | Path) -> Path:
     """``path`` if it exists; else a shipped profile (``paths.profiles_dir()``) named by it: a bare file name
-    (``x86_64-2core__resnet50.json``, ``.json`` optional) or ``profiles/NAME`` as the README writes it, so
+    (``x86_64-2core__resnet50.json``, ``.json`` optional) or ``profiles/NAME`` as the docs write it, so
     the same commands work from a checkout and from an installed wheel."""
     p = Path(path)
     if p.exists() or p.is_absolute():

@@ -5,10 +5,9 @@ quantised bytes), or an image codec ``jpegQ`` / ``webpQ`` (quality Q in 1..100; 
 4-D tensors as JPEG or WebP images, what a router sends for a camera frame). Its short string form parses
 back: ``Codec.parse(str(c)) == c``.
 
-``+zstd`` (Zstandard level 1) is what plans use: on the zoo's cut tensors it sends the same bytes as
-``+zlib`` level 1 (within 1-3 %) in 5-15x less CPU time (``bench/bench_codec.py``), so pricing the bytes
-alone stays honest. Quantised ReLU activations are about half zeros: ``int8+zstd`` sends 0.12-0.23x fp32
-where ``int8`` sends 0.25x. ``+zlib`` stays for peers that cannot install ``zstandard``.
+``+zstd`` (Zstandard level 1) is what plans use: it sends what ``+zlib`` level 1 sends in several times
+less CPU time (``bench/bench_codec.py``), so pricing the bytes alone stays honest. ``+zlib`` stays for
+peers that cannot install ``zstandard``.
 
 =========  ===================================================================================
 ``fp32``   raw bytes of the tensor's own float dtype (lossless; float64 stays float64)

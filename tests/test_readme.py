@@ -39,14 +39,18 @@ def doc_commands() -> list[list[str]]:
     return [argv for path in doc_files() for argv in sh_commands(path)]
 
 
-def sh_commands(path: Path) -> list[list[str]]:
+def sh_commands(path: Path, *, every: bool = False) -> list[list[str]]:
+    """The `.venv/bin/splitrt ...` lines of the page's ```sh blocks; ``every``: also `sudo .venv/bin/splitrt`
+    and bare `splitrt` lines (commands for a board or root, parsed but not run), as `.venv/bin/splitrt`."""
+    prefixes = (".venv/bin/splitrt ", "sudo .venv/bin/splitrt ", "splitrt ") if every else (".venv/bin/splitrt ",)
     commands = []
     for block in re.findall(r"```sh\n(.*?)```", path.read_text(), flags=re.S):
         joined = block.replace("\\\n", " ")
         for line in joined.splitlines():
             line = line.split(" # ")[0].strip()
-            if line.startswith(".venv/bin/splitrt "):
-                commands.append(shlex.split(line))
+            if line.startswith(prefixes):
+                argv = shlex.split(line.removeprefix("sudo "))
+                commands.append([".venv/bin/splitrt", *argv[1:]])
     return commands
 
 
@@ -100,6 +104,23 @@ def test_doc_command_runs(argv: list[str], tmp_path: Path) -> None:
         assert out.exists() and (out.is_file() or any(out.iterdir()))
     else:
         assert proc.stdout.strip(), "a table or JSON on stdout"
+
+
+EVERY = [(path, argv) for path in doc_files() for argv in sh_commands(path, every=True)]
+
+
+@pytest.mark.parametrize(
+    "argv", [argv for _, argv in EVERY], ids=[f"{p.relative_to(ROOT)}:{' '.join(a[1:3])}" for p, a in EVERY]
+)
+def test_doc_command_parses(argv: list[str]) -> None:
+    """Every documented command, offline or not (serve, run, bench, daemon, rig), names real flags."""
+    from splitrt.cli.app import build_parser
+
+    try:
+        args = build_parser().parse_args(argv[1:])
+    except SystemExit as exc:  # argparse's way of saying a flag or value is wrong
+        raise AssertionError(f"{' '.join(argv)}: not accepted by the parser") from exc
+    assert callable(args.func)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None, reason="mkdocs not installed (the docs extra)")

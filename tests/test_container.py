@@ -76,16 +76,17 @@ def test_image_runs_unprivileged_with_a_health_check_and_matches_the_manifest() 
 
     docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "splitrt-serve.yaml").read_text()) if d]
     (dep,) = [d for d in docs if d["kind"] == "Deployment"]
-    (serve,) = dep["spec"]["template"]["spec"]["containers"]
+    (serve,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "serve"]
     version = re.search(r'^version = "(.+)"', (ROOT / "pyproject.toml").read_text(), re.M)
     assert version and serve["image"].endswith(f"/splitrt:{version.group(1)}")
     sc = serve["securityContext"]
     assert str(sc["runAsUser"]) == uid and sc["runAsNonRoot"] is True
-    # the image's default command serves what the manifest serves: models, port, the TLS and token files
+    # the image's default command serves what the manifest serves: models and token file (the image alone
+    # also terminates TLS on 50051; in the manifest the edge-proxy sidecar does, and the server is on loopback)
     cmd = ins["CMD"][0]
     for arg in serve["args"]:
         flag, _, value = arg.partition("=")
-        if flag in ("--models", "--port", "--tls-cert", "--tls-key", "--token-file"):
+        if flag in ("--models", "--token-file"):
             assert f'"{flag}", "{value}"' in cmd, (flag, cmd)
     mounts = {m["mountPath"] for m in serve["volumeMounts"]}
     assert {"/models", "/secrets"} <= mounts

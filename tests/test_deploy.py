@@ -39,6 +39,11 @@ def by_kind(kind: str) -> list[dict[str, Any]]:
     return [d for p in MANIFESTS for d in documents(p) if d["kind"] == kind]
 
 
+def container(dep: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return found
+
+
 def test_there_are_manifests() -> None:
     assert {p.name for p in MANIFESTS} >= {"splitrt-serve.yaml", "kserve-inferenceservice.yaml"}
 
@@ -80,18 +85,16 @@ def test_headless_service_selects_the_serve_pods_on_a_named_port() -> None:
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items()
     assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    (container,) = dep["spec"]["template"]["spec"]["containers"]
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert svc["spec"]["ports"][0]["targetPort"] in ports
-    args = container["args"]
-    assert args[:2] == ["splitrt", "serve"] and f"--port={ports['grpc']}" in args
-    # Off loopback, splitrt serve needs TLS and a token (or --insecure): the manifest gives both.
-    assert {a.split("=")[0] for a in args} >= {"--host", "--tls-cert", "--tls-key", "--token-file"}
-    assert "--insecure" not in args
+    serve, proxy = container(dep, "serve"), container(dep, "edge-proxy")
+    ports = {p["name"]: p["containerPort"] for p in proxy["ports"]}
+    assert svc["spec"]["ports"][0]["targetPort"] in ports  # devices reach the proxy, never the server
+    args = serve["args"]
+    # The server listens on loopback in plaintext, behind the proxy, which terminates TLS.
+    assert args[:2] == ["splitrt", "serve"] and "--host=127.0.0.1" in args and "--token-file" in str(args)
+    assert "--insecure" not in args and "ports" not in serve
     volumes = {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
-    mounts = [
-        m["name"] for c in [container, *dep["spec"]["template"]["spec"]["initContainers"]] for m in c["volumeMounts"]
-    ]
+    pod = dep["spec"]["template"]["spec"]
+    mounts = [m["name"] for c in [*pod["containers"], *pod["initContainers"]] for m in c["volumeMounts"]]
     assert set(mounts) <= volumes
 
 
@@ -109,14 +112,14 @@ def test_serve_budgets_fit_the_pod_and_its_volume() -> None:
     from splitrt.cli import app as cli
 
     (dep,) = by_kind("Deployment")
-    (container,) = dep["spec"]["template"]["spec"]["containers"]
-    args = dict(a.split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
-    limit = _mib(container["resources"]["limits"]["memory"])
+    serve = container(dep, "serve")
+    args = dict(a.split("=", 1) for a in serve["args"] if a.startswith("--") and "=" in a)
+    limit = _mib(serve["resources"]["limits"]["memory"])
     assert 0 < float(args["--max-memory-mb"]) <= limit * 0.9, (args["--max-memory-mb"], limit)
     assert float(args["--max-request-mb"]) < float(args["--max-memory-mb"])
     (pvc,) = [d for d in by_kind("PersistentVolumeClaim") if d["metadata"]["name"] == "splitrt-models"]
     assert float(args["--max-store-mb"]) < _mib(pvc["spec"]["resources"]["requests"]["storage"])
-    parsed = cli.build_parser().parse_args(["serve", *container["args"][2:]])
+    parsed = cli.build_parser().parse_args(["serve", *serve["args"][2:]])
     assert parsed.max_memory_mb == float(args["--max-memory-mb"]) and parsed.max_models == int(args["--max-models"])
 
 
@@ -137,12 +140,36 @@ def test_the_serve_arguments_are_real_flags_and_their_limits_hold() -> None:
     from splitrt.cli.serve import limits_from
 
     (dep,) = by_kind("Deployment")
-    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    serve = container(dep, "serve")
     unit = (ROOT / "devices" / "systemd" / "splitrt-cloud.service").read_text()
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     unit_args = exec_start.split()[1:]  # after @PREFIX@/venv/bin/splitrt
-    for args in (container["args"][1:], unit_args):
+    for args in (serve["args"][1:], unit_args):
         parsed = build_parser().parse_args(args)
         limits_from(parsed).check()
-    assert build_parser().parse_args(container["args"][1:]).max_connections == 8192
+    assert build_parser().parse_args(serve["args"][1:]).max_connections == 8192
     assert "LimitNOFILE=65536" in unit
+
+
+def test_the_proxy_sidecar_fronts_the_server_with_the_tested_configuration() -> None:
+    """The edge proxy runs deploy/proxy/haproxy.cfg (the file tests/test_proxy.py runs, from the ConfigMap the
+    header says how to make) with the certificate the init container assembles, forwards to the server's
+    loopback port, and the server trusts it for client addresses; readiness asks the server's health."""
+    from splitrt.cli.app import build_parser
+
+    (dep,) = by_kind("Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    serve, proxy = container(dep, "serve"), container(dep, "edge-proxy")
+    parsed = build_parser().parse_args(serve["args"][1:])
+    env = {e["name"]: e["value"] for e in proxy["env"]}
+    assert env["SPLITRT_BACKEND"] == f"{parsed.host}:{parsed.port}" and parsed.trusted_proxy == ["127.0.0.1"]
+    config = (ROOT / "deploy" / "proxy" / "haproxy.cfg").read_text()
+    assert all(f'"${{{name}}}"' in config for name in env)  # every variable the pod sets is one it reads
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "proxy-config"]
+    header = (DEPLOY / "splitrt-serve.yaml").read_text()
+    assert f"create configmap {volume['configMap']['name']} --from-file=deploy/proxy/haproxy.cfg" in header
+    (mount,) = [m for m in proxy["volumeMounts"] if m["name"] == "proxy-config"]
+    assert proxy["args"][-1] == f"{mount['mountPath']}/haproxy.cfg"
+    assert env["SPLITRT_PROXY_CERT"] in pod["initContainers"][0]["command"][-1]
+    assert "healthcheck.py" in " ".join(serve["readinessProbe"]["exec"]["command"])
+    assert {e["name"]: e["value"] for e in serve["env"]}["SPLITRT_HEALTH_ADDRESS"] == env["SPLITRT_BACKEND"]

@@ -219,6 +219,14 @@ def _limit_arguments(p: Any) -> None:
         help="a request message, upload chunk or reply the client must take: within this (default 30)",
     )
     g.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="IP",
+        help="a proxy in front (repeatable; e.g. 127.0.0.1 for deploy/proxy/haproxy.cfg as a sidecar): its "
+        "x-forwarded-for names the client for per-client limits and fair queuing",
+    )
+    g.add_argument(
         "--saturated-s",
         type=float,
         default=lim.saturated_s,
@@ -344,6 +352,7 @@ def limits_from(args: argparse.Namespace) -> Limits:
     return Limits(
         read_timeout_s=args.read_timeout_s,
         saturated_s=args.saturated_s,
+        trusted_proxies=tuple(args.trusted_proxy),
         max_run_s=args.max_run_s,
         stream_idle_s=args.stream_idle_s,
         max_calls=args.max_calls,

@@ -25,7 +25,10 @@ Per call, in order:
    upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
    take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not
    come. A Watch stream ends after ``watch_max_age_s`` (UNAVAILABLE: watch again).
-4. Every call's outcome is counted by method and status code (``Status``-independent: metrics), and
+4. Behind a trusted proxy (``Limits.trusted_proxies``, ``splitrt serve --trusted-proxy``: the shipped
+   ``deploy/proxy/haproxy.cfg`` sets ``x-forwarded-for``), the client is the address the proxy names
+   (``FrontDoor.client_peer``), so per-address throttles, lane shares and fair queuing hold per device.
+5. Every call's outcome is counted by method and status code (``Status``-independent: metrics), and
    every failure the handler does not log itself is logged (rate-limited).
 
 - The front door (``cloud.frontdoor.FrontDoor``, the server's one interceptor): every method is re-registered as
@@ -46,6 +49,7 @@ Per call, in order:
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import sys
 import threading
@@ -67,7 +71,7 @@ from splitrt.cloud.watchdog import Lease, Watchdog
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
-__all__ = ["FrontDoor", "lane_of"]
+__all__ = ["FrontDoor", "forwarded_peer", "lane_of"]
 
 HEALTH = "/grpc.health.v1.Health/"
 # Threads beyond the lanes' caps: refusals run on them (microseconds each).
@@ -199,6 +203,16 @@ class FrontDoor(grpc.ServerInterceptor):
         )
         return _wrap(self, handler, method, lane, verdict)
 
+    def client_peer(self, ctx: Any) -> str:
+        """The call's client as a gRPC peer string: the connection's peer, or, when that is a trusted proxy
+        (``Limits.trusted_proxies``), the address and port the proxy names (``forwarded_peer``). Everything
+        per client (throttle, lanes, fair queuing) then sees the device, not the proxy."""
+        peer = ctx.peer() or ""
+        if not self.limits.trusted_proxies or peer_address(peer) not in self.limits.trusted_proxies:
+            return peer
+        forwarded = forwarded_peer(ctx.invocation_metadata())
+        return peer if forwarded is None else forwarded
+
     def shed_at(self, port: int, max_connections: int) -> Shedder:
         """Shed the oldest idle connections of ``port`` near ``max_connections`` (on the watchdog's tick)."""
         self.shedder = Shedder(
@@ -275,7 +289,7 @@ class _Call:
 
     def enter(self) -> None:
         door, ctx = self.door, self.context
-        peer = self.peer = ctx.peer() or ""
+        peer = self.peer = door.client_peer(ctx)
         if self.verdict is not None:
             with door.lock:
                 now = door.clock()
@@ -580,6 +594,23 @@ def _wrap(
 def _details(context: Any) -> str:
     said = context.details() if hasattr(context, "details") else b""
     return said.decode("utf-8", "replace") if isinstance(said, bytes) else str(said or "")
+
+
+def forwarded_peer(metadata: Any) -> str | None:
+    """The client a proxy names, as a gRPC peer string (``ipv4:A:P``, ``ipv6:[A]:P``): A the last entry of
+    ``x-forwarded-for``, P ``x-forwarded-client-port`` (the client's source port: its connection, which
+    the auth throttle trusts once it authenticated), else 0; None when there is no address."""
+    found: dict[str, str] = {}
+    for key, v in metadata or ():
+        if key in ("x-forwarded-for", "x-forwarded-client-port"):
+            found[key] = v.decode("ascii", "replace") if isinstance(v, bytes) else str(v)
+    try:
+        ip = ipaddress.ip_address(found.get("x-forwarded-for", "").rpartition(",")[2].strip())
+    except ValueError:
+        return None
+    port = found.get("x-forwarded-client-port", "0").strip()
+    port = port if port.isdigit() and len(port) <= 5 else "0"
+    return f"ipv4:{ip}:{port}" if ip.version == 4 else f"ipv6:[{ip}]:{port}"
 
 
 def _declared(metadata: Any) -> int | None:

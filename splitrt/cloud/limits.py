@@ -20,6 +20,7 @@ the server before the refusal reached it (bench_attack ``probes``: 1.5 GB on loo
 
 from __future__ import annotations
 
+import ipaddress
 import resource
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,9 @@ class Limits:
     upload_calls: int = 4
     health_calls: int = 16
     watch_streams: int = 8
+    # Peer addresses of proxies whose ``x-forwarded-for`` names the client (``deploy/proxy/haproxy.cfg`` on
+    # loopback: 127.0.0.1); a call from anyone else is its own client, whatever it sends.
+    trusted_proxies: tuple[str, ...] = ()
     # Health says NOT_SERVING while every worker and queue place (or the inference lane) has been held for
     # this long (``saturation``): a balancer or readiness probe then sends devices elsewhere.
     saturated_s: float = 10.0
@@ -126,6 +130,11 @@ class Limits:
             raise ConfigError(
                 f"limits.stream_window_bytes: expected 65535 to 2**31 - 1 or None, got {self.stream_window_bytes}"
             )
+        for address in self.trusted_proxies:
+            try:
+                ipaddress.ip_address(address)
+            except ValueError as exc:
+                raise ConfigError(f"limits.trusted_proxies: expected IP addresses, got {address!r}") from exc
         if self.max_run_s is not None and not self.max_run_s > 0:
             raise ConfigError(f"limits.max_run_s: expected > 0 seconds or None, got {self.max_run_s}")
         if self.connection_age_s is not None and not self.connection_age_s > 0:

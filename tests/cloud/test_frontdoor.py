@@ -429,3 +429,31 @@ def test_a_reply_never_taken_ends_the_call_and_frees_its_places(models_dir: Path
             threading.Event().wait(0.01)
         assert s.admission.admitted == 0 and s.door.snapshot()["inside"]["probe"] == 0
         assert s.door.snapshot()["refused"]["reply_timeout"] >= 1
+
+
+def test_forwarded_peer_names_the_client_a_proxy_set() -> None:
+    from splitrt.cloud.frontdoor import forwarded_peer
+
+    assert forwarded_peer((("x-forwarded-for", "203.0.113.9"), ("x-forwarded-client-port", "4242"))) == (
+        "ipv4:203.0.113.9:4242"
+    )
+    assert forwarded_peer((("x-forwarded-for", "10.0.0.1, 2001:db8::1"),)) == "ipv6:[2001:db8::1]:0"
+    assert forwarded_peer((("x-forwarded-for", "203.0.113.9"), ("x-forwarded-client-port", "x" * 9))) == (
+        "ipv4:203.0.113.9:0"
+    )
+    assert forwarded_peer((("x-forwarded-for", "not an address"),)) is None
+    assert forwarded_peer(()) is None
+
+
+def test_a_client_cannot_name_itself_without_a_trusted_proxy(models_dir: Path) -> None:
+    """x-forwarded-for from a peer that is not a trusted proxy is ignored: a guesser that names a new
+    address on every call is throttled on its own."""
+    codes = []
+    with _server(models_dir) as s, grpc.insecure_channel(s.address, options=OWN) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        for i in range(12):
+            md = (("authorization", f"Bearer guess{i}"), ("x-forwarded-for", f"203.0.113.{i}"))
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Status(pb.StatusRequest(), timeout=10, metadata=md)
+            codes.append(info.value.code())
+    assert codes.count(grpc.StatusCode.UNAUTHENTICATED) == 11 and codes[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED

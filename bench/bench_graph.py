@@ -81,7 +81,10 @@ def bench_model(name: str, quick: bool) -> dict[str, object]:
         print(f"\r{name}: checking cut {k + 1}/{len(checked)}", end="", file=sys.stderr, flush=True)
         head, tail = partition.head_tail(mg, c.id)
         mid_t = dict(zip(head.outputs, _session(head.model).run(list(head.outputs), feeds), strict=True))
-        out = _session(tail.model).run([o.name for o in mg.outputs], {k_: mid_t[k_] for k_ in tail.inputs})
+        # Graph outputs the head already made stay on the device: the tail makes only the rest.
+        tail_out = _session(tail.model).run(list(tail.outputs), {k_: mid_t[k_] for k_ in tail.inputs})
+        got = {**mid_t, **dict(zip(tail.outputs, tail_out, strict=True))}
+        out = [got[o.name] for o in mg.outputs]
         for a, b in zip(full, out, strict=True):
             worst = max(worst, float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) or 1.0)))
     print(file=sys.stderr)

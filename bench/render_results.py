@@ -326,7 +326,11 @@ def loadavg() -> str:
 
 
 def page(b: Bench, doc: Any, meta: list[list[str]]) -> str:
-    render = RENDERERS.get(b.name, lambda d: generic(d, skip=b.skip))
+    try:
+        tables = RENDERERS.get(b.name, lambda d: generic(d, skip=b.skip))(doc)
+    except (KeyError, TypeError, ValueError) as exc:  # a JSON of another shape (an older run): show it all
+        progress("results", f"bench_{b.name}: {type(exc).__name__} {exc}: rendering the JSON as it is")
+        tables = generic(doc, skip=b.skip)
     parts = [
         f"# {b.title}",
         "",
@@ -339,7 +343,7 @@ def page(b: Bench, doc: Any, meta: list[list[str]]) -> str:
         "This host is a shared 2-core machine: other work ran beside the benchmark, so timings are read beside "
         "the load average above and compared only within one run.",
     ]
-    for heading, header, rows in render(doc):
+    for heading, header, rows in tables:
         parts += ["", f"## {heading}", "", md_table(header, rows)] if heading else ["", md_table(header, rows)]
     return "\n".join(parts) + "\n"
 
@@ -387,9 +391,23 @@ def write(b: Bench, doc: Any, meta: list[list[str]]) -> None:
     progress("results", f"wrote docs/results/{b.name}.md")
 
 
+def stub(b: Bench) -> str:
+    """The page of a slow benchmark nobody has rendered yet: what it measures and how to produce it."""
+    command = b.how.split("#")[0].strip()
+    json_file = command.split()[-1]
+    return (
+        f"# {b.title}\n\nNot measured yet (its cost: {b.how.split('#')[-1].strip()}): `make results` runs only "
+        "the cheap benchmarks.\n\n"
+        f"{b.what}\n\nTo produce this page, run it and render its JSON:\n\n```text\n{command}\n"
+        f".venv/bin/python bench/render_results.py --from-json {json_file} --bench {b.name}\n```\n"
+    )
+
+
 def index() -> None:
     rows = []
     for b in BENCHES:
+        if not b.cheap and not (OUT / f"{b.name}.md").exists():
+            (OUT / f"{b.name}.md").write_text(stub(b))
         name = f"[{b.title}]({b.name}.md)" if (OUT / f"{b.name}.md").exists() else b.title
         how = "`make results`" if b.cheap else f"`{b.how.split('#')[0].strip()}`, then `--from-json`"
         rows.append([name, f"`bench/bench_{b.name}.py`", how])
@@ -402,7 +420,7 @@ def index() -> None:
         "The slow benchmarks need root (the rig) or tens of minutes; run the command in the table, then render "
         "its JSON:\n\n"
         "```text\n.venv/bin/python bench/render_results.py --from-json grid.json --bench rig_grid\n```\n\n"
-        "A benchmark without a link has no page yet: nobody has rendered a run of it.\n\n"
+        "A cheap benchmark without a link has not been run yet; a slow one's page says how to produce it.\n\n"
         + md_table(["benchmark", "script", "how to produce it"], rows)
         + "\n\nThe guides state the conclusions these tables support: the [rig guide](../rig.md), "
         "[Security](../operator/security.md), [Codecs](../concepts/codecs.md), "

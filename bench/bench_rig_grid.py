@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print(summary(rows))
     print(regret_text(rows))
+    print(router_text(rows))
     print(
         f"{(time.monotonic() - t_start) / 60:.1f} min; host load average (1/5/15 min) "
         + "/".join(f"{x:.2f}" for x in os.getloadavg())
@@ -173,7 +174,7 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
     calls = []
     for x in done:
         s = x["strategies"]
-        others = [n for n in s if n not in ("adaptive", "oracle", "oracle-route", "route")]
+        others = [n for n in s if n not in ("adaptive", "oracle", "oracle-route", "route", "route-codec")]
         best = min(others, key=lambda n: s[n]["mean_ms"])
         ci = regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, best))
         calls.append(regret.call(ci))
@@ -203,6 +204,43 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
             f"adaptive vs route, per cell (95 % bootstrap over turns): better {route_calls.count('better')}, "
             f"same {route_calls.count('same')}, worse {route_calls.count('worse')} of {len(route_calls)}"
         )
+    return "\n".join(lines)
+
+
+def router_text(rows: list[dict[str, Any]]) -> str:
+    """The best router as the baseline (issue 34): per cell adaptive / min(route, route-codec) with a 95 %
+    bootstrap over turns, the geometric mean over cells, and the cells where adaptive beats the best
+    router by >= 10 % with the plans it used."""
+    done = [x for x in rows if "verdict" in x and "adaptive" in x["strategies"]]
+    cells = []
+    for x in done:
+        s = x["strategies"]
+        routers = [n for n in ("route", "route-codec") if n in s]
+        if not routers:
+            continue
+        best = min(routers, key=lambda n: s[n]["mean_ms"])
+        ratio = s["adaptive"]["mean_ms"] / s[best]["mean_ms"]
+        ci = regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, best))
+        label = f"{x['trace']} {x['model']} x{x['scale']:g} {x['load']}"
+        cells.append((label, best, ratio, ci, s["adaptive"].get("plans", {})))
+    if not cells:
+        return ""
+    geo = math.exp(statistics.fmean(math.log(c[2]) for c in cells))
+    calls = [regret.call(c[3]) for c in cells]
+    lines = [
+        render(
+            ["cell", "best router", "adaptive / router", "95 % CI", "call"],
+            [[c[0], c[1], f"{c[2]:.3f}", f"{c[3][0]:.3f}-{c[3][1]:.3f}", regret.call(c[3])] for c in cells],
+        ),
+        f"adaptive / min(route, route-codec): geometric mean {geo:.3f} over {len(cells)} cells (target <= 1.00); "
+        f"better {calls.count('better')}, same {calls.count('same')}, worse {calls.count('worse')}",
+    ]
+    wins = [c for c in cells if c[2] <= 1 / 1.10]
+    if wins:
+        lines.append("cells where adaptive beats the best router by >= 10 %, with the plans it used:")
+        for label, best, ratio, _, plans in wins:
+            top = ", ".join(f"{p} x{n}" for p, n in sorted(plans.items(), key=lambda kv: -kv[1])[:3])
+            lines.append(f"  {label}: {ratio:.3f} x {best}; {top}")
     return "\n".join(lines)
 
 

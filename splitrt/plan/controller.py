@@ -43,7 +43,8 @@ sockets or sessions here: ``now_s`` and the estimates come in as arguments.
   (``parse_policy(spec)`` checks the string); ``.decide(...)`` as the controller's. The runtime and
   ``splitrt.sim`` both decide through it. ``route`` = adaptive over ``ROUTE_CUTS`` (``cloud``, ``device``): it
   narrows ``controller.config`` with ``route_config`` (intersecting any ``cuts``); ``replay`` applies it to logs
-  whose ``extra.policy`` is ``route``.
+  whose ``extra.policy`` is ``route``. ``route-codec`` (``ROUTE_CODEC``) is ``route`` sending the input under the
+  table's image codecs (``route_codec_config``; a table without any: its lossy codecs): the camera router.
 """
 
 from __future__ import annotations
@@ -404,18 +405,27 @@ def _tiers(tiers: tuple[int, ...] | None) -> str:
 
 
 ROUTE_CUTS = (CLOUD_CUT, DEVICE_CUT)  # whole-request routing: the whole model here or there
+ROUTE_CODEC = "route-codec"  # routing that sends the input as an image (what a camera router does)
+
+
+_BARE = ("adaptive", "route", ROUTE_CODEC)  # the policies without an argument
+#: How an image codec's name starts (``jpeg75``, ``webp75``; ``transport.imagecodec``): plan imports no
+#: transport, and a name is all a cost table has.
+IMAGE_CODECS = ("jpeg", "webp", "avif", "png")
+
+
+def is_image_codec(name: str) -> bool:
+    return name.split("+")[0].startswith(IMAGE_CODECS)
 
 
 def parse_policy(spec: str) -> tuple[str, str]:
     """``adaptive`` | ``route`` | ``periodic:SECONDS`` | ``fixed:PLAN`` -> (kind, argument); ConfigError
     otherwise."""
     kind, _, arg = spec.partition(":")
-    if (
-        kind not in ("adaptive", "route", "periodic", "fixed")
-        or (kind in ("adaptive", "route") and arg)
-        or (kind not in ("adaptive", "route") and not arg)
-    ):
-        raise ConfigError(f"policy: expected adaptive, route, periodic:SECONDS or fixed:PLAN, got {spec!r}")
+    if kind not in (*_BARE, "periodic", "fixed") or (kind in _BARE and arg) or (kind not in _BARE and not arg):
+        raise ConfigError(
+            f"policy: expected adaptive, route, route-codec, periodic:SECONDS or fixed:PLAN, got {spec!r}"
+        )
     if kind == "periodic":
         try:
             ok = float(arg) > 0
@@ -430,7 +440,8 @@ class Policy:
     """What a strategy plans per request, pure like the controller it wraps, for any number of tiers:
     ``adaptive`` asks the controller every request; ``route`` is adaptive with the device's cut
     ``device`` or ``cloud`` only (whole-request routing, what hybrid-inference platforms ship: the
-    baseline splitting must beat; it narrows the controller's ``config.cuts``); ``periodic:S`` asks every
+    baseline splitting must beat; it narrows the controller's ``config.cuts``); ``route-codec`` is route
+    sending the input as an image (``route_codec_config``); ``periodic:S`` asks every
     S seconds and keeps that plan in between (REAP-style); ``fixed:PLAN`` never re-plans (``device``,
     ``cloud@fp16``, ``c3@fp32>c12@fp32``). A kept or fixed plan whose tiers are not all up gives way to
     the controller (the same fallback as adaptive). The device runtime and the trace simulator
@@ -446,6 +457,8 @@ class Policy:
                 raise ConfigError(f"policy {spec!r}: {exc}") from exc
         if kind == "route":
             controller.config = route_config(controller.config)
+        if kind == ROUTE_CODEC:
+            controller.config = route_codec_config(controller.config, controller.table.codecs)
         self.spec, self.kind, self.arg = spec, kind, arg
         self.controller = controller
         self._periodic_next_s = 0.0
@@ -503,6 +516,17 @@ def route_config(config: ControllerConfig) -> ControllerConfig:
     return replace(config, cuts=cuts)
 
 
+def route_codec_config(config: ControllerConfig, codecs: Sequence[str]) -> ControllerConfig:
+    """Routing (``route_config``) with the input sent under the table's image codecs (``codecs``: the
+    table's; each priced at the input as the profile measured it, and a (cut, codec) the profile's accuracy
+    guard refuses is priced out there, so the best allowed one wins), whatever ``config.codecs`` says: it is
+    the router users compare with, a JPEG of the frame. A table without image codecs: its lossy ones (any
+    codec but ``fp32``), else every one."""
+    image = [c for c in codecs if is_image_codec(c)]
+    lossy = [c for c in codecs if c.split("+")[0] != "fp32"]
+    return replace(route_config(config), codecs=tuple(image or lossy or codecs))
+
+
 def replay(
     lines: Iterable[str],
     table: CostTable | Sequence[CostTable],
@@ -518,7 +542,8 @@ def replay(
     replayed after as many as it had seen (``Decision.seen``). A decision a fixed or periodic policy imposed
     (reason ``policy ...``) is not the controller's: replay adopts it as the plan in use and goes on.
     ``model`` (a sha256 prefix) picks one model's lines from a daemon's shared log. A log whose
-    decisions carry ``extra["policy"] == "route"`` replays under ``route_config(config)``.
+    decisions carry ``extra["policy"] == "route"`` replays under ``route_config(config)``, ``"route-codec"``
+    under ``route_codec_config``.
     """
     ctl = Controller(table, config, power=power)
     logged_all = sorted((Decision.from_json(line) for line in lines if line.strip()), key=lambda d: d.seq)
@@ -526,6 +551,8 @@ def replay(
         logged_all = [d for d in logged_all if str(d.extra.get("model", "")).startswith(model[:16])]
     if any(d.extra.get("policy") == "route" for d in logged_all):
         ctl.config = route_config(ctl.config)
+    if any(d.extra.get("policy") == ROUTE_CODEC for d in logged_all):
+        ctl.config = route_codec_config(ctl.config, ctl.table.codecs)
     observed = _observations(logged_all)
     pairs = []
     for logged in logged_all:
@@ -564,6 +591,7 @@ def _observations(logged: Sequence[Decision]) -> list[Observation]:
 
 
 __all__ = [
+    "ROUTE_CODEC",
     "ROUTE_CUTS",
     "Controller",
     "ControllerConfig",
@@ -572,5 +600,6 @@ __all__ = [
     "format_path",
     "parse_policy",
     "replay",
+    "route_codec_config",
     "route_config",
 ]

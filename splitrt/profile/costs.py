@@ -9,10 +9,11 @@ import numpy as np
 
 from splitrt.errors import ProfileError
 from splitrt.graph import model as graph_mod
-from splitrt.plan.costmodel import CODEC_RATIOS, MAX_CODEC_RATIO, CodecRatio, CostTable
+from splitrt.plan.costmodel import CLOUD_CUT, CODEC_RATIOS, MAX_CODEC_RATIO, CodecRatio, CostTable
 from splitrt.plan.mincut import Dag, DagTensor
 from splitrt.profile.codecratio import MAX_CODEC_ERROR
 from splitrt.profile.store import Profile
+from splitrt.transport import codec
 
 
 def cost_table(
@@ -28,7 +29,9 @@ def cost_table(
     ``*_speed_factor`` scale measured times (e.g. a board's ``cpu_speed_factor`` to emulate it from a
     host profile). Both profiles must be of the same model (sha256) and list the same cuts.
     ``codecs`` None: the fixed ratios, plus the per-cut ratios the device profile measured (the device
-    encodes), so a profile made before them plans as it always did.
+    encodes), so a profile made before them plans as it always did. The device profile's encode times and
+    call cost (x ``device_speed_factor``) and the cloud profile's decode times (x ``cloud_speed_factor``)
+    are priced where the profiles measured them (``profile.codectime``), 0 otherwise.
     """
     if device.sha256 != cloud.sha256:
         raise ProfileError(
@@ -48,21 +51,35 @@ def cost_table(
         float_bytes=[c.float_bytes for c in device.cuts],
         reply_bytes=[device.reply_bytes if c.reply_bytes is None else c.reply_bytes for c in device.cuts],
         codecs=codecs if codecs is not None else measured_codecs(device),
+        encode_ms=_scaled(device.codec_encode_ms, device_speed_factor),
+        decode_ms=_scaled(cloud.codec_decode_ms, cloud_speed_factor),
+        call_ms=(device.call_ms or 0.0) * device_speed_factor,
     )
+
+
+def _scaled(times: dict[str, list[float]] | None, factor: float) -> dict[str, CodecRatio] | None:
+    return None if times is None else {c: [t * factor for t in ts] for c, ts in times.items()}
 
 
 def measured_codecs(profile: Profile, *, max_error: float = MAX_CODEC_ERROR) -> dict[str, CodecRatio]:
     """The fixed ratios, then the profile's per-cut ones; a lossy codec whose error on a cut's tensors
     exceeds ``max_error`` is priced there at ``MAX_CODEC_RATIO`` (above fp32's 1: never chosen while fp32
-    is allowed), so bytes alone never pick a codec that changes the output."""
+    is allowed), so bytes alone never pick a codec that changes the output. An image codec at the input
+    (cut ``cloud``) is exempt: a JPEG of the frame is what every router sends, and whether it changes the
+    answer is the model's output's to say (the accuracy guard), not the tensor's error."""
     out: dict[str, CodecRatio] = dict(CODEC_RATIOS)
     errors = profile.codec_errors or {}
+    at_input = [c == CLOUD_CUT for c in profile.cut_ids]
     for name, ratios in (profile.codec_ratios or {}).items():
         errs = errors.get(name)
+        image = codec.Codec.parse(name).image is not None
         out[name] = (
             list(ratios)
             if errs is None
-            else [MAX_CODEC_RATIO if e > max_error else r for r, e in zip(ratios, errs, strict=True)]
+            else [
+                MAX_CODEC_RATIO if e > max_error and not (image and inp) else r
+                for r, e, inp in zip(ratios, errs, at_input, strict=True)
+            ]
         )
     return out
 

@@ -58,7 +58,7 @@ from splitrt.graph.shapes import ShapeBinding
 from splitrt.plan.costmodel import CostTable as CostTable
 from splitrt.plan.mincut import Dag as Dag
 from splitrt.plan.mincut import DagTensor as DagTensor
-from splitrt.profile import codecratio
+from splitrt.profile import codecratio, codectime
 from splitrt.profile.anchoring import AnchorTimes, measure_direct, time_anchors
 from splitrt.profile.anchoring import choose_boundaries as choose_boundaries
 from splitrt.profile.costs import cost_table, dag, nested_matrix
@@ -156,6 +156,7 @@ def measure(
             progress=progress,
         ).to_dict()
     facts = codecratio.measure(g, inputs, progress=progress)
+    timed = codectime.measure(g, inputs, progress=progress)
     full_ms = times.full_ms
     elapsed = time.perf_counter() - t_start
     progress(f"done in {elapsed:.1f} s: full model {full_ms:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
@@ -197,6 +198,9 @@ def measure(
         energy=energy,
         codec_ratios=facts.ratios,
         codec_errors=facts.errors,
+        codec_encode_ms=timed.encode_ms,
+        codec_decode_ms=timed.decode_ms,
+        call_ms=timed.call_ms,
     )
 
 
@@ -215,8 +219,9 @@ def with_codec_ratios(
     binding: ShapeBinding | None = None,
     progress: Progress = stderr_progress,
 ) -> Profile:
-    """``profile`` with its per-cut codec ratios (re-)measured (``profile.codecratio``) and nothing else
-    changed: a profile made before them, or on a busy host, keeps its timings."""
+    """``profile`` with its per-cut codec ratios and codec times (re-)measured (``profile.codecratio``,
+    ``profile.codectime``) and nothing else changed: a profile made before them, or on a busy host, keeps
+    its segment timings."""
     g = graph_mod.load(model_path, binding, notice=progress)
     if g.sha256 != profile.sha256:
         raise ProfileError(
@@ -225,8 +230,17 @@ def with_codec_ratios(
         )
     if tuple(c.id for c in g.cuts()) != profile.cut_ids:
         raise ProfileError(f"{Path(model_path).name}: the profile lists other cuts: re-profile it")
-    facts = codecratio.measure(g, _inputs(g, model_path, binding), progress=progress)
-    return dataclasses.replace(profile, codec_ratios=facts.ratios, codec_errors=facts.errors)
+    inputs = _inputs(g, model_path, binding)
+    facts = codecratio.measure(g, inputs, progress=progress)
+    timed = codectime.measure(g, inputs, progress=progress)
+    return dataclasses.replace(
+        profile,
+        codec_ratios=facts.ratios,
+        codec_errors=facts.errors,
+        codec_encode_ms=timed.encode_ms,
+        codec_decode_ms=timed.decode_ms,
+        call_ms=timed.call_ms,
+    )
 
 
 def _method_facts(

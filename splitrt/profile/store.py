@@ -84,6 +84,12 @@ class Profile:
     # how ``codec_agreement`` was measured: ``metric`` ("top1", "boxes" or "rel_err"), ``samples`` (count),
     # ``source`` (the samples' folder, or "zoo-default"), ``output`` (the graph output compared)
     accuracy: dict[str, Any] | None = None
+    # per codec, at each cut: the ms to encode the cut's tensors here (the device's part) and to decode them
+    # (the server's), and one remote call's fixed cost beyond its round trip (``profile.codectime``); None
+    # (absent from the file) in profiles made before them: plans then price these terms at 0
+    codec_encode_ms: dict[str, list[float]] | None = None
+    codec_decode_ms: dict[str, list[float]] | None = None
+    call_ms: float | None = None
     _index: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -105,7 +111,16 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("_index", None)
-        for key in ("energy", "codec_ratios", "codec_errors", "codec_agreement", "accuracy"):
+        for key in (
+            "energy",
+            "codec_ratios",
+            "codec_errors",
+            "codec_agreement",
+            "accuracy",
+            "codec_encode_ms",
+            "codec_decode_ms",
+            "call_ms",
+        ):
             if d.get(key) is None:
                 d.pop(key, None)
         return d
@@ -218,6 +233,13 @@ def load_profile(path: str | Path, *, sha256: str | None = None) -> Profile:
             codec_errors=_codec_ratios(data.get("codec_errors"), len(cuts), where, what="errors", zero_ok=True),
             codec_agreement=_agreement(data.get("codec_agreement"), len(cuts), where),
             accuracy=dict(data["accuracy"]) if data.get("accuracy") else None,
+            codec_encode_ms=_codec_ratios(
+                data.get("codec_encode_ms"), len(cuts), where, what="encode_ms", zero_ok=True
+            ),
+            codec_decode_ms=_codec_ratios(
+                data.get("codec_decode_ms"), len(cuts), where, what="decode_ms", zero_ok=True
+            ),
+            call_ms=float(data["call_ms"]) if data.get("call_ms") is not None else None,
         )
     except ProfileError:
         raise

@@ -31,7 +31,7 @@ STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_THREE)  # t
 TIER_STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_TWO)
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 TIER_DEFAULTS = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive")
-FLEET_DEFAULTS = ("adaptive", "device-only", "cloud-only", "static", "route", "oracle-route")
+FLEET_DEFAULTS = ("adaptive", "device-only", "cloud-only", "static", "route", "route-codec", "oracle-route")
 LOADS = ("none", "device-burst", "cloud-busy")
 OBJECTIVES = ("latency", "energy")
 # The HSDPA traces the controller and estimators were tuned on, and ones never used for tuning.

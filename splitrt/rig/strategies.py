@@ -5,7 +5,8 @@ Over the direct path (the two-tier runtime, ``AdaptiveDevice``): ``device-only``
 ``static`` (the profile's best plan at the links' median bandwidth; in three tiers it is named
 ``static-2tier``), ``static-fixed`` (the same at the trace family's median, whatever the scale: ONE choice
 across a grid), ``periodic`` (re-plans every ``periodic_s``), ``route`` (adaptive restricted to the cuts
-device and cloud: whole-request routing) and ``adaptive`` (``adaptive-2tier`` in three tiers). Through the
+device and cloud: whole-request routing), ``route-codec`` (routing that sends the input under the best
+allowed image codec, as a camera router sends a JPEG) and ``adaptive`` (``adaptive-2tier`` in three tiers). Through the
 edge (``AdaptiveDevice`` over the three tiers): ``edge-only`` (the edge runs the whole model), ``static-3tier``
 (the best cut pair at the hops' medians, the runtime's ``fixed:PLAN``) and ``adaptive``. ``oracle`` and
 ``oracle-route`` are computed afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
@@ -33,6 +34,7 @@ STRATEGIES = (
     "edge-only",
     "static-3tier",
     "route",
+    "route-codec",
     "adaptive-2tier",
     "adaptive",
     "oracle",
@@ -98,7 +100,12 @@ def choose(
         if name == "static-3tier":
             cond = PathConditions(hops=tuple(hops), loads=(1.0,) * len(tables))
             return f"fixed:{solve_path(tables, cond, objective=objective, power=power, codecs=cs, same_codec=True).key}"
-        simple = {"device-only": "fixed:device", "periodic": f"periodic:{periodic_s:g}", "route": "route"}
+        simple = {
+            "device-only": "fixed:device",
+            "periodic": f"periodic:{periodic_s:g}",
+            "route": "route",
+            "route-codec": "route-codec",
+        }
         return simple.get(
             name, f"fixed:cloud@{(cs or ['fp32'])[0]}>{DEVICE_CUT}" if name == "edge-only" else "adaptive"
         )

@@ -43,3 +43,25 @@ def test_the_closing_table_shows_a_case_where_splitting_pays_beside_route() -> N
     text = demo.closing_text(demo.closing(result, pays=pc))
     assert f"route [{pc['label']}]" in text and f"adaptive [{pc['label']}]" in text
     assert f"route/split {pc['route_over_split']:.3f}" in text
+
+
+def test_the_closing_compares_adaptive_with_both_routers_over_turns() -> None:
+    def s(mean: float) -> dict[str, float]:
+        return {"mean_ms": mean, "p95_ms": mean * 1.5}
+
+    turns = {
+        "adaptive": [[t, 500.0 + (t % 3), "c9@int8"] for t in range(12)],
+        "route": [[t, 560.0 + (t % 3), "cloud@int8"] for t in range(12)],
+        "route-codec": [[t, 420.0 + (t % 3), "cloud@jpeg75"] for t in range(12)],
+    }
+    result = {
+        "strategies": {"adaptive": s(501.0), "route": s(561.0), "route-codec": s(421.0)},
+        "timeline": {"requests": turns},
+        "turns": {"turn_s": 3.0},
+    }
+    c = demo.closing(result)
+    vr = c["vs_routers"]
+    assert vr["route"]["call"] == "better" and vr["route"]["ratio"] == pytest.approx(501 / 561)
+    assert vr["route-codec"]["call"] == "worse" and vr["route-codec"]["ci"][0] > 1.0
+    text = demo.closing_text(c)
+    assert "route-codec" in text and "adaptive vs the routers" in text and "worse" in text

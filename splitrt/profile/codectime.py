@@ -1,0 +1,108 @@
+"""What sending costs the two sides beyond the wire, measured on the cut tensors of one run.
+
+Per codec and cut: the time to encode the cut's crossing tensors (what the device pays before a request
+leaves: ``codec.encode`` as the client calls it, a view for fp32) and to decode them (what the server
+pays before its tail runs), each the sum over the cut's tensors of the fastest of ``repeats`` timings
+(tensors shared by cuts are timed once). And ``call_ms``, one remote call's fixed cost on the device
+beyond the round trip: framing a request of one small tensor and reading a reply of one (the gRPC call
+itself is what the runtime's probes time as the link's round trip, so it is not priced twice).
+
+These figures are this machine's: ``profile.costs.cost_table`` scales the device's (encode, call) by the
+device speed factor and the cloud's (decode) by the cloud's, as it scales compute. The inputs are the
+profile's (a real photo with ``--sample``): an image codec or zstd takes longer on a photo than on noise.
+
+- ``measure(g, feeds, *, codecs=codec.names() + fp32, repeats=3) -> CodecTimes(encode_ms, decode_ms, call_ms)``:
+  ``encode_ms[codec]`` / ``decode_ms[codec]`` one value per cut of ``g.cuts()`` (0 where nothing float is
+  sent), rounded to ``DIGITS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from splitrt.graph import model as graph_mod
+from splitrt.profile.codecratio import _run_exposed
+from splitrt.transport import codec, wire
+from splitrt.transport import splitrt_pb2 as pb
+
+#: ms are stored to the microsecond: far below their run-to-run spread.
+DIGITS = 3
+CALL_TIMINGS = 50
+
+
+@dataclass(frozen=True)
+class CodecTimes:
+    encode_ms: dict[str, list[float]]
+    decode_ms: dict[str, list[float]]
+    call_ms: float
+
+
+def _fastest(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def call_ms(repeats: int = CALL_TIMINGS) -> float:
+    """Framing an ``InferRequest`` of one small tensor and reading an ``InferReply`` of one: the median."""
+    x = np.zeros((1, 1000), dtype=np.float32)
+    reply = wire.serialize(wire.Framed(header=pb.InferReply(), tensors=[codec.encode("out", x, "fp32")]))
+    parse = wire.deserializer(pb.InferReply)
+
+    def once() -> None:
+        header = pb.InferRequest(model_sha256="0" * 64, cut_id="c1", codec="fp32", request_id="0" * 16)
+        wire.serialize(wire.Framed(header=header, tensors=[codec.encode("in", x, "fp32", copy=False)]))
+        for e in parse(reply).tensors:
+            codec.decode(e)
+
+    once()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        once()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return round(float(np.median(samples)), DIGITS)
+
+
+def measure(
+    g: graph_mod.ModelGraph,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    codecs: Sequence[str] | None = None,
+    repeats: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> CodecTimes:
+    """Encode and decode times of every codec at every cut, and one call's fixed cost (see the module)."""
+    cuts = g.cuts()
+    names = sorted({t.name for c in cuts for t in c.tensors})
+    values = _run_exposed(g, names, feeds)
+    wanted = codecs if codecs is not None else ["fp32", *codec.names()]
+    specs = list(dict.fromkeys(str(codec.Codec.parse(k)) for k in wanted))
+    enc: dict[tuple[str, str], float] = {}
+    dec: dict[tuple[str, str], float] = {}
+    for i, name in enumerate(names):
+        arr = values[name]
+        if arr.dtype.kind != "f":
+            continue
+        for spec in specs:
+            with np.errstate(over="ignore", invalid="ignore"):  # fp16 past 65504: timed all the same
+                encoded = codec.encode(name, arr, spec, copy=False)
+                enc[name, spec] = _fastest(lambda: codec.encode(name, arr, spec, copy=False), repeats)  # noqa: B023
+                dec[name, spec] = _fastest(lambda: codec.decode(encoded), repeats)  # noqa: B023
+        if progress is not None and (i + 1) % 50 == 0:
+            progress(f"codec times: {i + 1}/{len(names)} tensors")
+    encode_ms: dict[str, list[float]] = {s: [] for s in specs}
+    decode_ms: dict[str, list[float]] = {s: [] for s in specs}
+    for c in cuts:
+        floats = [t.name for t in c.tensors if values[t.name].dtype.kind == "f"]
+        for spec in specs:
+            encode_ms[spec].append(round(sum(enc[t, spec] for t in floats), DIGITS))
+            decode_ms[spec].append(round(sum(dec[t, spec] for t in floats), DIGITS))
+    return CodecTimes(encode_ms=encode_ms, decode_ms=decode_ms, call_ms=call_ms())

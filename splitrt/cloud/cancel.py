@@ -11,7 +11,9 @@ serve`` then exits at the end of its drain anyway (``cli.serve``).
   limit_s)`` gives each run a ``RunOptions`` and sets ``terminate`` at the deadline (DEADLINE_EXCEEDED), after
   ``limit_s`` when that comes first (RESOURCE_EXHAUSTED: the server's cap on one run, ``runlimit``), on the call's
   ``CallToken`` (CANCELLED; ``servicer.call_token(context)`` fires it from ``context.add_callback``), over the
-  RSS limit (RESOURCE_EXHAUSTED, newest run) and on ``.cancel_all`` (shutdown: UNAVAILABLE).
+  RSS limit (RESOURCE_EXHAUSTED: the newest ``suspect`` run, one whose sizes no shape tells, else the newest;
+  its message gives the RSS peak sampled while it ran: a kernel cannot be stopped, so it can be well above
+  where it was terminated) and on ``.cancel_all`` (shutdown: UNAVAILABLE).
   ``CloudServer.stop`` cancels what still runs at ``grace - min(2, grace/4)``; ``.busy()``; ``splitrt serve``
   then ``os._exit``s if work is still stuck (a kernel, a graph load).
 """
@@ -103,6 +105,9 @@ class Run:
         self.deadline_ms = deadline_ms
         self.reason: tuple[grpc.StatusCode, str] | None = None
         self.done = False
+        self.suspect = False  # sizes no shape tells: first to go when memory runs out
+        self.peak_rss = 0  # the process's RSS, sampled by the watch while this ran
+        self.over_memory = False  # terminated by the memory watch
 
     def terminate(self, code: grpc.StatusCode, message: str) -> None:
         if self.reason is None and not self.done:
@@ -111,6 +116,10 @@ class Run:
 
     def failure(self, exc: BaseException) -> RpcFailure:
         """What an exception out of ``session.run`` means for the client."""
+        if self.reason is not None and self.over_memory and self.peak_rss:
+            return RpcFailure(
+                self.reason[0], f"{self.what}: {self.reason[1]} (peak {self.peak_rss / 2**20:.0f} MB while it ran)"
+            )
         if self.reason is not None:
             return RpcFailure(self.reason[0], f"{self.what}: {self.reason[1]}")
         if isinstance(exc, SplitrtError):  # onnxruntime's, mapped: the message names what and the shapes
@@ -147,15 +156,17 @@ class Canceller:
         deadline: float,
         token: CallToken | None = None,
         limit_s: float | None = None,
+        suspect: bool = False,
     ) -> list[Any]:
         """``session.run`` that ends by ``deadline`` (``time.monotonic()``), after ``limit_s`` (the server's
         cap on one run: RESOURCE_EXHAUSTED), on ``token``'s cancel and at shutdown; RpcFailure
         DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then, INVALID_ARGUMENT when the run
-        itself fails."""
+        itself fails. ``suspect``: sizes no shape tells (terminated first when memory runs out)."""
         now = time.monotonic()
         deadline = min(deadline, now + _MAX_WAIT_S)
         capped = limit_s is not None and now + limit_s < deadline
         run = Run(what, deadline, (deadline - now) * 1e3, limit_s if capped else None)
+        run.suspect = suspect
         if capped and limit_s is not None:
             deadline = now + limit_s
         if self._closed:
@@ -236,13 +247,18 @@ class Canceller:
                 if self._running and self.rss_limit_bytes is not None:
                     wait = min(wait, self.period_s)
                 self._lock.wait(timeout=max(0.001, min(wait, _MAX_WAIT_S)))
-                newest = max(self._running.items())[1] if self._running else None
+                runs = sorted(self._running.items())
+            # The newest suspect (sizes no shape tells), else the newest: who goes when memory runs out.
+            newest = max(runs, key=lambda sr: (sr[1].suspect, sr[0]))[1] if runs else None
             if newest is not None and self.rss_limit_bytes is not None and self._rss is not None:
                 rss = self._rss()
+                for _, r in runs:
+                    r.peak_rss = max(r.peak_rss, rss)
                 if rss > self.rss_limit_bytes:  # freed but kept by malloc does not count against a run
                     release_free_memory()
                     rss = self._rss()
                 if rss > self.rss_limit_bytes:
+                    newest.over_memory = newest.reason is None and not newest.done
                     newest.terminate(
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"the server's memory reached {rss / 2**20:.0f} MB while it ran, expected at "

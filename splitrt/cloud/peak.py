@@ -11,9 +11,16 @@ the run needs give or take kernels' scratch space. A tensor whose size shape inf
 dependent: NonZero, a Loop's outputs) counts 0 and is reported in ``Estimate.unknown``; those are bounded
 by the process's memory watch instead (``splitrt.cloud.cancel``).
 
+Sizes may also come from a request's *values*: a small integer tensor crossing the cut (a batch count
+feeding ``Expand``, a shape feeding ``ConstantOfShape``/``Reshape``/``Tile``/``Range``) decides how much
+its tail allocates (vit_tiny at c4: 8 bytes asking for 7.4 GB). Such tensors (``shapevalues``) are put in
+the skeleton as constants before shape inference, so data propagation carries their values to the sizes
+they imply and the estimate sees the allocation before it happens.
+
 - ``peak.skeleton(model)`` (the segment without large weights' data), ``PeakEstimator.estimate(key, skeleton,
-  shapes) -> Estimate(peak_bytes, unknown)``: tensors alive from producer to last consumer at the request's
-  shapes; ``request_path.request_bytes`` refuses beyond ``max_request_bytes`` (x1.2 for kernels' scratch).
+  shapes, values) -> Estimate(peak_bytes, unknown)``: tensors alive from producer to last consumer at the
+  request's shapes and small integer inputs' values (those that may decide a size: ``.sizing``);
+  ``request_path.request_bytes`` refuses beyond ``max_request_bytes`` (x1.2 for kernels' scratch).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import numpy as np
 # decide a shape; small ones, like Reshape's target, do and are kept).
 _KEEP_ELEMENTS = 1024
 _CACHE_ENTRIES = 32
+#: A request's small integer inputs by name (``shapevalues``).
+Values = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -66,17 +75,38 @@ class PeakEstimator:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], Estimate] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], Estimate] = OrderedDict()
+        self._sizing: OrderedDict[str, frozenset[str]] = OrderedDict()
 
-    def estimate(self, segment: str, skel: Any, shapes: dict[str, tuple[int, ...]]) -> Estimate:
-        """``segment`` names the skeleton (model sha256 and cut) in the cache."""
-        key = (segment, tuple(sorted(shapes.items())))
+    def sizing(self, segment: str, skel: Any) -> frozenset[str]:
+        """The skeleton's inputs whose values may decide a size (``shapevalues.sizing_inputs``), cached."""
+        from splitrt.cloud.shapevalues import sizing_inputs
+
+        with self._lock:
+            hit = self._sizing.get(segment)
+        if hit is None:
+            hit = sizing_inputs(skel)
+            with self._lock:
+                self._sizing[segment] = hit
+                while len(self._sizing) > _CACHE_ENTRIES:
+                    self._sizing.popitem(last=False)
+        return hit
+
+    def estimate(
+        self, segment: str, skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | None = None
+    ) -> Estimate:
+        """``segment`` names the skeleton (model sha256 and cut) in the cache; ``values``: the request's small
+        integer inputs (``shapevalues``), taken as constants where they may decide a size."""
+        sizing = self.sizing(segment, skel) if values else frozenset()
+        values = {k: v for k, v in (values or {}).items() if k in sizing}
+        shown = tuple(sorted((k, v.dtype.str, v.tobytes()) for k, v in values.items()))
+        key = (segment, tuple(sorted(shapes.items())), shown)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        est = peak_bytes(skel, shapes)
+        est = peak_bytes(skel, shapes, values)
         with self._lock:
             self._cache[key] = est
             while len(self._cache) > _CACHE_ENTRIES:
@@ -84,14 +114,20 @@ class PeakEstimator:
         return est
 
 
-def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]]) -> Estimate:
-    """Peak bytes of the activations (inputs included) of ``skel`` run at input ``shapes``."""
+def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | None = None) -> Estimate:
+    """Peak bytes of the activations (inputs included) of ``skel`` run at input ``shapes``, the inputs in
+    ``values`` taken as those constants."""
     import onnx
-    from onnx import shape_inference
+    from onnx import numpy_helper, shape_inference
 
     m = onnx.ModelProto()
     m.CopyFrom(skel)
     weights = {i.name for i in m.graph.initializer}
+    if values:  # constants now: shape inference's data propagation reads them
+        kept = [vi for vi in m.graph.input if vi.name not in values]
+        del m.graph.input[:]
+        m.graph.input.extend(kept)
+        m.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in values.items())
     for vi in m.graph.input:
         if vi.name in shapes:
             dims = vi.type.tensor_type.shape.dim

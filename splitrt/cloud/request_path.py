@@ -38,6 +38,7 @@ from splitrt.cloud.inputs import check_inputs, decode_inputs
 from splitrt.cloud.memory import trim
 from splitrt.cloud.nexthop import DEVICE_CUT, check_cuts
 from splitrt.cloud.runlimit import run_limit_s
+from splitrt.cloud.shapevalues import small_integer_arrays, small_integers
 from splitrt.cloud.tails import Tail
 from splitrt.errors import CodecError
 from splitrt.transport import codec, wire
@@ -99,6 +100,7 @@ def serve(
             header=h,
             key=key,
             shapes=shapes,
+            values=small_integers(request.tensors),
             bytes_in=bytes_in,
             deadline=deadline,
             t0=t0,
@@ -153,6 +155,7 @@ def finish(
             header=h,
             key=h.next_cut_id,
             shapes={n: tuple(int(d) for d in v.shape) for n, v in feeds.items()},
+            values=small_integer_arrays(feeds),
             bytes_in=0,  # already held by the caller
             deadline=deadline,
             t0=t0,
@@ -169,26 +172,46 @@ def _codec(name: str) -> codec.Codec:
         raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
 
 
-def request_bytes(server: CloudServer, sha256: str, key: str, tail: Tail, shapes: Shapes, bytes_in: int) -> int:
-    """What a request holds while it runs: its message, and its activations at its shapes (estimated
-    from the graph, ``peak``; refused beyond ``max_request_bytes``)."""
+def request_bytes(
+    server: CloudServer,
+    sha256: str,
+    key: str,
+    tail: Tail,
+    shapes: Shapes,
+    bytes_in: int,
+    values: Mapping[str, np.ndarray] | None = None,
+) -> tuple[int, int]:
+    """What a request holds while it runs: its message, and its activations at its shapes and its small
+    integer inputs' values (estimated from the graph, ``peak``; refused beyond ``max_request_bytes``); and
+    how many of its tensors' sizes no shape tells (data dependent: the memory watch's first suspects)."""
+    segment = f"{sha256}/{key}"
+    sizing = server.peaks.sizing(segment, tail.skeleton) if values else frozenset()
+    values = {k: v for k, v in (values or {}).items() if k in sizing}  # token ids are data, not sizes
     static = tail.static_peak  # estimated where the segment was made, at its fixed input shapes
-    if static is not None and static[0] == tuple(sorted(shapes.items())):
+    if static is not None and not values and static[0] == tuple(sorted(shapes.items())):
         est = static[1]
     else:
-        est = server.peaks.estimate(f"{sha256}/{key}", tail.skeleton, dict(shapes))
+        est = server.peaks.estimate(segment, tail.skeleton, dict(shapes), values)
     # onnxruntime's kernels add scratch space to the tensors alive at once: bert_tiny at 16 x 512
     # peaked 14 % above the estimate (132 MB estimated, 150 MB measured).
     need = int(est.peak_bytes * 1.2)
     limit = server.config.max_request_bytes
     if need > limit:
+        said = "".join(f", {k}={_shown(v)}" for k, v in values.items())
         raise RpcFailure(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"cut {key!r} at input shapes {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}: "
+            f"cut {key!r} at input shapes {', '.join(f'{k}={list(v)}' for k, v in shapes.items())}"
+            + (f" and values{said[1:]}" if said else "")
+            + ": "
             f"needs ~{need / 2**20:.0f} MB of activations, expected at most {limit / 2**20:.0f} MB "
             "(--max-request-mb); send smaller inputs",
         )
-    return need + bytes_in
+    return need + bytes_in, est.unknown
+
+
+def _shown(v: np.ndarray) -> str:
+    flat = v.reshape(-1).tolist()
+    return str(flat[:8])[:-1] + (", ...]" if len(flat) > 8 else "]")
 
 
 def run(
@@ -204,13 +227,15 @@ def run(
     t0: float,
     token: CallToken | None,
     what: str | None = None,
+    values: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[list[Any], float, float]:
-    """Reserve the request's memory, run ``segment`` in a worker slot: ``(values, t_run, run_ms)``."""
+    """Reserve the request's memory (``values``: its small integer inputs, ``shapevalues``), run ``segment``
+    in a worker slot: ``(values, t_run, run_ms)``."""
     what = what or (f"segment {key}" if ">" in key else f"tail of cut {key!r}")
-    need = request_bytes(server, header.model_sha256, key, segment, shapes, bytes_in)
+    need, unknown = request_bytes(server, header.model_sha256, key, segment, shapes, bytes_in, values)
     held = server.budget.reserve(need, f"request at cut {key!r}")
     try:
-        return _in_slot(server, segment, feeds, header, what, deadline, t0, token)
+        return _in_slot(server, segment, feeds, header, what, deadline, t0, token, suspect=unknown > 0)
     finally:
         server.budget.release(held)
         if held > TRIM_AFTER_BYTES:  # its freed activations back to the OS, not kept as heap
@@ -226,6 +251,8 @@ def _in_slot(
     deadline: float,
     t0: float,
     token: CallToken | None,
+    *,
+    suspect: bool = False,
 ) -> tuple[list[Any], float, float]:
     if not server.admission.acquire(min(deadline - time.monotonic(), 86400.0)):
         raise RpcFailure(
@@ -256,6 +283,7 @@ def _in_slot(
             deadline=deadline,
             token=token,
             limit_s=limit_s,
+            suspect=suspect,
         )
         # A client over its share runs at a lower OS priority (``niced``): the CPU goes to the others first.
         values = server.niced.call(go) if server.admission.yielding() else go()

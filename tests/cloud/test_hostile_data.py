@@ -145,3 +145,69 @@ def test_store_skips_models_naming_the_servers_files(store: Path) -> None:
     (store / "other.onnx").write_bytes(shutil_src.read_bytes())
     names = sorted(m.path.name for m in ModelStore(store).models())
     assert names == ["operators.onnx", "other.onnx"]
+
+
+def _request(sha: str, cut: str, **arrays: np.ndarray) -> pb.InferRequest:
+    tensors = [
+        pb.Tensor(
+            name=k,
+            dtype=str(v.dtype),
+            shape=list(v.shape),
+            codec="fp32" if v.dtype.kind == "f" else "raw",
+            payload=v.tobytes(),
+        )
+        for k, v in arrays.items()
+    ]
+    return pb.InferRequest(model_sha256=sha, cut_id=cut, codec="fp32", request_id="t", tensors=tensors)
+
+
+def count_model() -> onnx.ModelProto:
+    """An upload whose memory is the request's values: ConstantOfShape(n) summed."""
+    one = numpy_helper.from_array(np.ones(1, np.float32))
+    g = helper.make_graph(
+        [
+            helper.make_node("ConstantOfShape", ["n"], ["big"], value=one),
+            helper.make_node("ReduceSum", ["big"], ["y"], keepdims=0),
+        ],
+        "count",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_sizes_computed_from_request_values_are_refused_before_the_run(store: Path) -> None:
+    """vit_tiny at c4: the int64 crossing that feeds Expand of the class token; an upload's
+    ConstantOfShape whose n comes in the request. Sized by their values, refused with what they need."""
+    from splitrt.graph.model import model_sha256
+
+    vit = store / "vit_tiny.onnx"
+    vit.write_bytes(zoo.get("vit_tiny").read_bytes())
+    cfg = ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,), max_request_bytes=16 << 20, workers=1)
+    tokens = np.random.default_rng(0).standard_normal((1, 16, 64)).astype(np.float32)
+    with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        sha = model_sha256(vit)
+        ok = stub.Infer(
+            _request(sha, "c4", **{"patch.tokens": tokens, "cls.batch": np.array([1], np.int64)}),
+            timeout=120,
+            metadata=AUTH,
+        )
+        assert ok.outputs
+        with pytest.raises(grpc.RpcError) as info:  # 100 000 class tokens: 25 MB from 8 bytes, then more
+            stub.Infer(
+                _request(sha, "c4", **{"patch.tokens": tokens, "cls.batch": np.array([100_000], np.int64)}),
+                timeout=120,
+                metadata=AUTH,
+            )
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        msg = info.value.details() or ""
+        assert "values cls.batch=[100000]" in msg and "expected at most 16 MB (--max-request-mb)" in msg, msg
+        sha_count = _put(s.address, count_model().SerializeToString()).sha256
+        small = stub.Infer(_request(sha_count, "cloud", n=np.array([4, 8], np.int64)), timeout=120, metadata=AUTH)
+        assert np.frombuffer(small.outputs[0].payload, np.float32)[0] == 32.0
+        with pytest.raises(grpc.RpcError) as info:  # 64 MB asked for by 16 bytes
+            stub.Infer(_request(sha_count, "cloud", n=np.array([4096, 4096], np.int64)), timeout=120, metadata=AUTH)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        msg = info.value.details() or ""
+        assert "values n=[4096, 4096]" in msg and "needs ~77 MB" in msg, msg

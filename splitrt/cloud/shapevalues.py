@@ -1,0 +1,117 @@
+"""A request's shape-like tensors: the small integer tensors crossing a cut, whose *values* can decide how
+much the tail allocates (a batch count feeding ``Expand``, a shape feeding ``ConstantOfShape``). They are
+read before the run (cheap: at most ``MAX_ELEMENTS`` each) so that the peak estimate (``peak``) sees the
+sizes they imply; a tensor decoding wrong is left to ``inputs.decode_inputs`` to refuse.
+
+Only inputs that reach an operand whose values decide a size (``SIZE_OPERANDS``: Expand's shape, Reshape's,
+ConstantOfShape's, Tile's repeats, Range's bounds, a Loop's trip count, any input of a node with a
+subgraph...) through any path not cut by ``Shape``/``Size`` count: token ids (data) do not, so a request
+of ids is not estimated again per value.
+
+- ``small_integers(tensors) -> {name: array}``: the request's numeric tensors of at most ``MAX_ELEMENTS``
+  (integers mostly; a float may be Resize's scales).
+- ``sizing_inputs(model) -> frozenset``: the graph inputs whose values may decide a size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from splitrt.errors import CodecError
+from splitrt.transport import codec
+
+__all__ = ["MAX_ELEMENTS", "SIZE_OPERANDS", "sizing_inputs", "small_integer_arrays", "small_integers"]
+
+# A shape or a count is a few numbers; an integer tensor larger than this is data (token ids), not a size.
+MAX_ELEMENTS = 64
+_INTEGER = frozenset(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"))
+# Floats too: Resize's scales, or a count cast from a float (their values pass to shape inference as well).
+_NUMERIC = _INTEGER | {"float16", "float32", "float64"}
+
+
+def small_integers(tensors: Iterable[codec.Encoded]) -> dict[str, np.ndarray]:
+    """The numeric tensors of at most ``MAX_ELEMENTS`` elements, decoded (a tensor that does not decode is
+    skipped: the request is refused when its inputs are decoded)."""
+    out: dict[str, np.ndarray] = {}
+    for t in tensors:
+        if t.dtype not in _NUMERIC or any(int(d) < 0 for d in t.shape):
+            continue
+        if int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_ELEMENTS:
+            continue
+        try:
+            out[t.name] = np.array(codec.decode(t, max_bytes=8 * MAX_ELEMENTS))  # quantised: decodes to float
+        except CodecError:
+            continue
+    return out
+
+
+def small_integer_arrays(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """As ``small_integers``, from decoded tensors."""
+    return {
+        k: np.array(v)
+        for k, v in feeds.items()
+        if np.asarray(v).dtype.name in _NUMERIC and np.asarray(v).size <= MAX_ELEMENTS
+    }
+
+
+#: (op, input index) whose values decide the size of an output (or the work: a Loop's trip count).
+SIZE_OPERANDS = frozenset(
+    [("Expand", 1), ("Reshape", 1), ("ConstantOfShape", 0), ("Tile", 1), ("Pad", 1), ("TopK", 1), ("OneHot", 1)]
+    + [("Range", i) for i in range(3)]
+    + [("Slice", i) for i in range(1, 5)]
+    + [("Resize", i) for i in range(1, 4)]
+    + [("Upsample", 1), ("Split", 1), ("Unsqueeze", 1), ("Squeeze", 1), ("Loop", 0), ("CenterCropPad", 1)]
+    + [("NonMaxSuppression", 2), ("RandomNormalLike", 0), ("Trilu", 1), ("Compress", 1), ("GridSample", 1)]
+)
+# Outputs that depend on their input's shape only, never its values: a path through them carries no value.
+_SHAPE_ONLY = frozenset(("Shape", "Size"))
+
+
+def _subgraph_names(node: Any) -> set[str]:
+    """Every name a node's subgraphs (If/Loop/Scan bodies, at any depth) read."""
+    import onnx
+
+    names: set[str] = set()
+    stack = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+    stack += [g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+    while stack:
+        g = stack.pop()
+        for n in g.node:
+            names.update(n.input)
+            stack += [a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
+            stack += [sg for a in n.attribute if a.type == onnx.AttributeProto.GRAPHS for sg in a.graphs]
+    return names
+
+
+def sizing_inputs(model: Any) -> frozenset[str]:
+    """The graph inputs of ``model`` (an ``onnx.ModelProto``) from which a path not through ``Shape``/``Size``
+    reaches a size operand (``SIZE_OPERANDS``) or a node with a subgraph."""
+    import onnx
+
+    graphs = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    nodes = list(model.graph.node)
+    reads: list[set[str]] = []  # per node: what it reads (its subgraphs' outer names included)
+    sinks: list[set[str]] = []  # per node: what of it decides a size
+    for n in nodes:
+        inner = _subgraph_names(n)
+        reads.append(set(n.input) | inner)
+        if inner or any(a.type in graphs for a in n.attribute):  # a body can size anything
+            sinks.append(reads[-1])
+        else:
+            sinks.append({name for i, name in enumerate(n.input) if name and (n.op_type, i) in SIZE_OPERANDS})
+    found: set[str] = set()
+    for start in (vi.name for vi in model.graph.input):
+        reach = {start}
+        for n, read, sink in zip(nodes, reads, sinks, strict=True):  # topological order (onnx's rule)
+            fed = reach & read
+            if not fed:
+                continue
+            if fed & sink:
+                found.add(start)
+                break
+            if n.op_type not in _SHAPE_ONLY:
+                reach.update(o for o in n.output if o)
+    return frozenset(found)

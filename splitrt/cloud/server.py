@@ -81,6 +81,7 @@ from splitrt.cloud.memory import (
 from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.nexthop import NextHop, NextTier
 from splitrt.cloud.niced import DEFAULT_NICE, NicePool
+from splitrt.cloud.pace import UploadPace
 from splitrt.cloud.peak import PeakEstimator
 from splitrt.cloud.saturation import HealthGate, saturated
 from splitrt.cloud.servicer import Servicer, add_health, add_servicer
@@ -171,6 +172,8 @@ class ServerConfig:
     # Pairs made at start besides (and before) the remembered ones: "MODEL@CUT[,CUT...]", MODEL a file
     # name in ``models_dir`` or a sha256 prefix (``splitrt serve --warm``; checked at construction).
     warm: tuple[str, ...] = ()
+    # Uploads below a minimum rate or past a deadline are cut, their quota freed (``pace``).
+    upload_pace: UploadPace = field(default_factory=UploadPace)
 
 
 def tail_threads(config: ServerConfig) -> int:
@@ -203,6 +206,7 @@ class CloudServer:
             raise ConfigError(f"max_model_bytes: expected >= 1, got {config.max_model_bytes}")
         if config.intra_op_threads < 0:
             raise ConfigError(f"intra_op_threads: expected >= 0 (0: tail_threads), got {config.intra_op_threads}")
+        config.upload_pace.check()
         # Refuses an open server nobody asked for, and uploads without a token.
         self.exposure = security.exposure(config)
         self.admission = Admission(config.workers, config.max_queue)

@@ -19,6 +19,8 @@ import grpc
 
 from splitrt.cloud.cancel import CallToken
 from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.pace import Paced
+from splitrt.cloud.watchdog import cancel_call
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
@@ -177,11 +179,29 @@ class Servicer:
     def PutModel(
         self, request_iterator: Iterator[pb.ModelChunk | wire.Malformed], context: grpc.ServicerContext
     ) -> pb.PutModelReply:
+        # Cut below the minimum rate or past the deadline, even while waiting for a chunk (``pace``).
+        paced = Paced(
+            _well_formed(request_iterator, "PutModel"),
+            self.backend.config.upload_pace,
+            lambda code, message: cancel_call(context, code, message),
+            deadline_s=_own_deadline_s(context),
+        )
         try:
-            return self.backend.put_model(_well_formed(request_iterator, "PutModel"), self._remaining(context))
+            return self.backend.put_model(iter(paced), self._remaining(context))
         except RpcFailure as exc:
             context.abort(exc.code, exc.message)
             raise AssertionError("unreachable") from exc
+        finally:
+            paced.close()
+
+
+def _own_deadline_s(context: Any) -> float | None:
+    """The call's own time left, None when it set no deadline (or an in-process context has none)."""
+    try:
+        left = context.time_remaining()
+    except Exception:  # an in-process context without deadlines
+        return None
+    return None if left is None or not left < _NO_DEADLINE_S else max(0.0, float(left))
 
 
 def _well_formed(chunks: Iterator[pb.ModelChunk | wire.Malformed], method: str) -> Iterator[pb.ModelChunk]:

@@ -9,8 +9,11 @@ What an upload can and cannot do to the server's disk:
   external data on any tensor (``extdata``: initializers, subgraphs', node attributes, sparse tensors; an
   upload is one file: an external-data location could only point at files already on the server) and no
   sparse initializer (a stored model must be servable);
-- quotas: at most ``max_models`` models and ``max_store_bytes`` in the store (checked on the declared size,
-  then on the real one), at most ``max_nodes`` nodes (subgraphs included) before anything is computed;
+- quotas: at most ``max_models`` models and ``max_store_bytes`` in the store (the declared size must fit,
+  but only the bytes that arrived are held, chunk by chunk), at most ``max_nodes`` nodes (subgraphs
+  included) before anything is computed;
+- pace (``pace``, in the servicer): an upload below ``UploadPace.min_rate_bytes_per_s`` after its grace, or
+  past its deadline, is cut while it waits; its file is removed and its quota freed at once;
 - the check (``graph.model.load``: normalise, constant folding bounded in size before it computes, shape
   inference) runs inside ``guard(bytes)``: a worker slot and its memory reserved, like a request;
 - only then is the file fsynced and renamed (atomically) to ``<store>/<sha256>.onnx``. A failed, cancelled
@@ -54,9 +57,10 @@ class Quota:
     max_nodes: int | None = None
 
 
-def _claim(store: ModelStore, quota: Quota, size: int, models: int) -> None:
+def _claim(store: ModelStore, quota: Quota, size: int, models: int, declared: int = 0) -> None:
     """Count ``size`` more bytes (and ``models`` more models) against the quotas, uploads in progress
-    included, or raise RESOURCE_EXHAUSTED."""
+    included, or raise RESOURCE_EXHAUSTED; ``declared`` bytes must fit too, but are not held (a quota is
+    charged on what arrives: a declared size held by a trickle would squat it)."""
 
     def check(held: int, count: int) -> None:
         if models and quota.max_models is not None and count >= quota.max_models:
@@ -65,10 +69,11 @@ def _claim(store: ModelStore, quota: Quota, size: int, models: int) -> None:
                 f"upload: the store holds {count} models (uploads in progress included), expected "
                 f"fewer than {quota.max_models} (--max-models); nothing stored",
             )
-        if quota.max_store_bytes is not None and held + size > quota.max_store_bytes:
+        more = max(size, declared)
+        if quota.max_store_bytes is not None and held + more > quota.max_store_bytes:
             raise RpcFailure(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"upload: {size} bytes more would bring the store to {held + size} bytes, expected at "
+                f"upload: {more} bytes more would bring the store to {held + more} bytes, expected at "
                 f"most {quota.max_store_bytes} (--max-store-mb); nothing stored",
             )
 
@@ -109,14 +114,18 @@ def receive_model(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             f"upload: expected at most {limit} bytes, got total_bytes {first.total_bytes}",
         )
-    _claim(store, quota, first.total_bytes, 1)
-    claimed = first.total_bytes
+    _claim(store, quota, 0, 1, declared=first.total_bytes)
+    claimed = 0
+
+    def charge(nbytes: int) -> None:  # each chunk as it arrives, before it is written
+        nonlocal claimed
+        _claim(store, quota, nbytes, 0)
+        claimed += nbytes
+
     tmp = store.root / f".upload-{uuid.uuid4().hex}.part"
+    size = 0
     try:
-        size = _write(tmp, first, it, sha, limit)
-        if size > claimed:  # undeclared, or more than declared
-            _claim(store, quota, size - claimed, 0)
-            claimed = size
+        size = _write(tmp, first, it, sha, limit, charge)
         with guard(size) if guard is not None else nullcontext():
             # In a child at a lower priority (``checker``): seconds of CPU that do not slow the requests.
             checker.run(_check_model, tmp, store.root, quota.max_nodes)
@@ -136,8 +145,11 @@ def receive_model(
     return pb.PutModelReply(sha256=sha, already_present=False, bytes=size)
 
 
-def _write(tmp: Path, first: pb.ModelChunk, rest: Iterator[pb.ModelChunk], sha: str, limit: int) -> int:
-    """Stream the chunks into ``tmp`` (created exclusively, 0600) under ``limit``; check size and hash."""
+def _write(
+    tmp: Path, first: pb.ModelChunk, rest: Iterator[pb.ModelChunk], sha: str, limit: int, charge: Callable[[int], None]
+) -> int:
+    """Stream the chunks into ``tmp`` (created exclusively, 0600) under ``limit``, each ``charge``d to the
+    quota first; check size and hash."""
     h = hashlib.sha256()
     size = 0
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -149,6 +161,7 @@ def _write(tmp: Path, first: pb.ModelChunk, rest: Iterator[pb.ModelChunk], sha: 
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"upload: expected at most {limit} bytes, got more; nothing stored",
                 )
+            charge(len(chunk.data))
             h.update(chunk.data)
             f.write(chunk.data)
         f.flush()

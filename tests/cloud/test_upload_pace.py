@@ -52,6 +52,10 @@ def test_trickling_upload_is_cut_and_frees_its_quota(tmp_path: Path) -> None:
     with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
         stub = pb_grpc.SplitInferenceStub(ch)
         squat = stub.PutModel.future(trickle(), timeout=60, metadata=AUTH)
+        end = time.monotonic() + 30
+        while s.store._pending_models != 1:  # the squatter's first chunk is in
+            assert time.monotonic() < end, "the squatter's upload never started"
+            time.sleep(0.01)
         # Its declared size does not hold the quota: a legitimate upload fits beside it.
         sha = hashlib.sha256(data).hexdigest()
         chunk = pb.ModelChunk(sha256=sha, name="m.onnx", total_bytes=len(data), data=data)

@@ -39,6 +39,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             from splitrt.transport import credentials
 
             credentials.check_private(cfg.token_path, "token_path")
+        from splitrt.device.daemon.process import check
+
+        check(cfg)  # paths, board, models and policies, as the start would find them
         path = cfg.path
         if len(path) > 1:
             hops = " -> ".join(" | ".join(h) or "the edge's next tier" for h in path)

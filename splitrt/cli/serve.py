@@ -113,7 +113,7 @@ def register(sub: Any) -> None:
         default=wire.DEFAULT_MAX_MESSAGE_BYTES / 2**20,
         help="gRPC message limit, MiB (default 64)",
     )
-    p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT")
+    p.add_argument("--drain-s", type=float, default=10.0, help="grace for in-flight calls on SIGTERM/SIGINT/SIGHUP")
     p.add_argument(
         "--intra-op-threads",
         type=int,
@@ -448,6 +448,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Before listening: a SIGTERM that comes while starting still stops the server cleanly.
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)  # a closed terminal or `kill -HUP`: drain, remove the segments
     server.start()
     advertiser = None
     if args.advertise:

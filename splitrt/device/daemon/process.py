@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
@@ -35,12 +35,21 @@ import numpy as np
 from splitrt.device.daemon import api, metrics
 from splitrt.device.daemon.config import DaemonConfig, ModelConfig, load_config
 from splitrt.device.daemon.costs import select_cost_table
+from splitrt.device.daemon.preflight import preflight
 from splitrt.device.daemon.runtimes import Runtime, build_runtime
 from splitrt.errors import ConfigError, InputError
 from splitrt.graph import shapes
 from splitrt.transport import credentials, wire
 
 log = logging.getLogger("splitrt.device.daemon")
+
+
+def check(config: DaemonConfig) -> None:
+    """What ``splitrt daemon --check`` runs: ``preflight`` and the start's own checks (models loaded, cost
+    tables chosen, runtimes and their policies built), without listening, browsing or writing a log."""
+    preflight(config)  # the copy below has no log path to check
+    daemon = Daemon(replace(config, decision_log_path=None, discovery=False))
+    daemon.stop(grace_s=0)
 
 
 def _load_model(mc: ModelConfig) -> Any:
@@ -79,6 +88,7 @@ class Daemon:
         from splitrt.device.client import DeviceConfig, read_token
         from splitrt.profile import boards
 
+        preflight(config)  # a path or name the start would fail on, said before anything is opened
         self.config = config
         self._lock = threading.Lock()
         self.in_flight = 0
@@ -286,7 +296,7 @@ class Daemon:
 
 
 def run(config_path: str | Path, *, ready_out: TextIO | None = None) -> int:
-    """``splitrt daemon --config FILE``: start, print one JSON "ready" line, serve until SIGTERM/SIGINT."""
+    """``splitrt daemon --config FILE``: start, print one JSON "ready" line, serve until SIGTERM/SIGINT/SIGHUP."""
     config = load_config(config_path)
     stop = threading.Event()
 
@@ -295,6 +305,7 @@ def run(config_path: str | Path, *, ready_out: TextIO | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)  # a closed terminal or `kill -HUP`: drain as for SIGTERM
     daemon = Daemon(config)
     try:
         endpoints = daemon.start()

@@ -144,7 +144,7 @@ def test_health_check_over_tls_with_a_token_required(models_dir: Path, tmp_path:
         timeout=60,
     )
     cfg = ServerConfig(
-        models_dir=models_dir, port=0, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t0ken",)
+        models_dir=models_dir, port=0, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t0ken-t0ken",)
     )
     with CloudServer(cfg) as s:
         address = f"127.0.0.1:{s.address.rsplit(':', 1)[1]}"

@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.checker import NICE
-from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.common import RpcFailure, disk_failure
 from splitrt.errors import CutError
 
 __all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
@@ -130,8 +130,12 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
         weights = sum(tensor_bytes(t) for t in model.graph.initializer)
         skel_model = skeleton(model)
         inputs = partition.declared_inputs(model)
-        with open(out, "wb") as f:
-            f.write(model.SerializeToString())
+        try:
+            with open(out, "wb") as f:
+                f.write(model.SerializeToString())
+        except OSError as exc:  # a full temporary directory: the server's state, said without its paths
+            Path(out).unlink(missing_ok=True)
+            raise disk_failure(exc, f"building the tail of cut {cut_id!r}") from exc
         del model, segment
         return ("ok", inputs, skel_model.SerializeToString(), weights, _static_peak(skel_model, inputs), ids)
     except RpcFailure as exc:
@@ -186,7 +190,10 @@ class Builder:
                     max_workers=self.max_workers, mp_context=ctx, initializer=_init, initargs=(os.getpid(),)
                 )
             if self._dir is None:
-                self._dir = tempfile.mkdtemp(prefix="splitrt-segments-")
+                try:
+                    self._dir = tempfile.mkdtemp(prefix="splitrt-segments-")
+                except OSError as exc:
+                    raise disk_failure(exc, "building a tail") from exc
             return self._pool, self._dir
 
     def warm(self) -> None:

@@ -40,3 +40,31 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
         log.handle(
             log.makeRecord(log.name, level, __file__, sys._getframe().f_lineno, _encode(record), (), None, "log_event")
         )
+
+
+def disk_failure(exc: OSError, what: str) -> RpcFailure:
+    """A server-side file error for a client: RESOURCE_EXHAUSTED when the disk is full (no space, quota),
+    UNAVAILABLE otherwise; the message names neither the file nor the raw errno (where the server keeps
+    its files is not the client's)."""
+    import errno
+
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return RpcFailure(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{what}: the server's disk is full (no space left for its files); nothing was kept, retry later",
+        )
+    return RpcFailure(
+        grpc.StatusCode.UNAVAILABLE,
+        f"{what}: the server cannot write its files now ({exc.strerror or type(exc).__name__}); retry later",
+    )
+
+
+def redact(text: str, roots: list[str]) -> str:
+    """``text`` for a client: a path under any of ``roots`` (the models directory, the temporary directory;
+    give each as configured and resolved) becomes ``<server path>`` (an error from onnx or onnxruntime names
+    the file it read; where the server keeps its files is not the client's)."""
+    import re
+
+    for root in sorted({r.rstrip("/") for r in roots if r and r.rstrip("/")}, key=len, reverse=True):
+        text = re.sub(re.escape(root) + r"(?:/[^\s'\":,;()\[\]]*)?", "<server path>", text)
+    return text

@@ -89,8 +89,20 @@ class Exposure:
         )
 
 
+#: The shortest bearer token a server accepts: a 1-character token is guessed in 95 tries (minutes at the
+#: auth throttle's pace). A floor, not advice: make tokens of 16+ random characters.
+MIN_TOKEN_CHARS = 8
+
+
 def exposure(config: Any) -> Exposure:
-    """Check a ``ServerConfig``'s security choices; ``ConfigError`` for a refused one."""
+    """Check a ``ServerConfig``'s security choices; ``ConfigError`` for a refused one (a token shorter
+    than ``MIN_TOKEN_CHARS`` included)."""
+    short = [t for t in config.tokens if len(t) < MIN_TOKEN_CHARS]
+    if short:
+        raise ConfigError(
+            f"bearer tokens: expected at least {MIN_TOKEN_CHARS} characters each, got {len(short)} shorter "
+            f"(the shortest {min(len(t) for t in short)}); make one with `openssl rand -hex 16`"
+        )
     exp = Exposure(
         host=config.host,
         loopback=is_loopback(config.host),

@@ -11,14 +11,16 @@ message)``, which must raise (Infer, Probe, PutModel).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from splitrt.cloud.cancel import CallToken
-from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.common import RpcFailure, redact
 from splitrt.cloud.pace import Paced
 from splitrt.cloud.watchdog import cancel_call
 from splitrt.transport import splitrt_pb2 as pb
@@ -87,6 +89,16 @@ class Servicer:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        self._roots: list[str] | None = None
+
+    def _said(self, message: str) -> str:
+        """A failure's message without the server's paths (``common.redact``)."""
+        if self._roots is None:
+            import tempfile
+
+            models, tmp = Path(self.backend.config.models_dir), tempfile.gettempdir()
+            self._roots = [str(models), str(models.absolute()), str(models.resolve()), tmp, os.path.realpath(tmp)]
+        return redact(message, self._roots)
 
     def _remaining(self, context: grpc.ServicerContext) -> float:
         return remaining_s(context, self.backend.config.default_deadline_s)
@@ -99,7 +111,7 @@ class Servicer:
         except RpcFailure as exc:
             if exc.retry_after_ms is not None:  # queue full: when to come back
                 context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{exc.retry_after_ms:g}"),))
-            context.abort(exc.code, exc.message)
+            context.abort(exc.code, self._said(exc.message))
             raise AssertionError("unreachable") from exc
 
     def InferStream(
@@ -122,7 +134,9 @@ class Servicer:
                 yield pb.InferReply(
                     request_id=request.header.request_id,
                     load=self.backend.load(),
-                    error=pb.Error(code=exc.code.name, message=exc.message, retry_after_ms=exc.retry_after_ms or 0.0),
+                    error=pb.Error(
+                        code=exc.code.name, message=self._said(exc.message), retry_after_ms=exc.retry_after_ms or 0.0
+                    ),
                 )
 
     def Probe(
@@ -164,7 +178,7 @@ class Servicer:
                 held.__exit__(None, None, None)
                 raise
         except RpcFailure as exc:
-            context.abort(exc.code, exc.message)
+            context.abort(exc.code, self._said(exc.message))
             raise AssertionError("unreachable") from exc
         add = getattr(context, "add_callback", None)  # an in-process fake context may not have it
         if add is None or not add(lambda: held.__exit__(None, None, None)):
@@ -189,7 +203,7 @@ class Servicer:
         try:
             return self.backend.put_model(iter(paced), self._remaining(context))
         except RpcFailure as exc:
-            context.abort(exc.code, exc.message)
+            context.abort(exc.code, self._said(exc.message))
             raise AssertionError("unreachable") from exc
         finally:
             paced.close()

@@ -28,7 +28,6 @@ What an upload can and cannot do to the server's disk:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import uuid
@@ -40,7 +39,7 @@ from pathlib import Path
 import grpc
 
 from splitrt.cloud import checker
-from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.common import RpcFailure, disk_failure, log_event
 from splitrt.cloud.extdata import external_locations, sparse_initializers
 from splitrt.cloud.store import ModelStore, count_nodes
 from splitrt.transport import splitrt_pb2 as pb
@@ -133,11 +132,7 @@ def receive_model(
         os.replace(tmp, final)
         store.add(sha, final)
     except OSError as exc:  # the server's disk (full, read-only): not the request's fault
-        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        raise RpcFailure(
-            grpc.StatusCode.RESOURCE_EXHAUSTED if full else grpc.StatusCode.UNAVAILABLE,
-            f"upload: cannot store the model ({exc.strerror or type(exc).__name__}); nothing stored",
-        ) from exc
+        raise disk_failure(exc, "upload: cannot store the model") from exc
     finally:
         tmp.unlink(missing_ok=True)
         store.unclaim(claimed, 1)  # stored or not: the store's own count takes over

@@ -205,7 +205,7 @@ def operator_files(tmp_path: Path) -> dict[str, str]:
         check=True,
         capture_output=True,
     )
-    (d / "tokens").write_text("a-token\n")
+    (d / "tokens").write_text("a-token-for-tests\n")
     (d / "tokens").chmod(0o600)
     shutil.copyfile(d / "tokens", d / "cloud-token")  # the edge's token for the next tier (the docs' --next line)
     (d / "cloud-token").chmod(0o600)

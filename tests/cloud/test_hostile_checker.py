@@ -54,8 +54,8 @@ def test_verdicts_come_back_from_the_child(tmp_path: Path) -> None:
 def test_a_real_server_checks_uploads_in_the_child(tmp_path: Path) -> None:
     data = Path(zoo.get("tiny_chain")).read_bytes()
     sha = hashlib.sha256(data).hexdigest()
-    cfg = ServerConfig(models_dir=tmp_path, workers=1, tokens=("t0k",), allow_upload=True)
-    auth = (("authorization", "Bearer t0k"),)
+    cfg = ServerConfig(models_dir=tmp_path, workers=1, tokens=("t0k-t0k-t0k",), allow_upload=True)
+    auth = (("authorization", "Bearer t0k-t0k-t0k"),)
     with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
         put = pb_grpc.SplitInferenceStub(ch).PutModel
         reply = put(iter([pb.ModelChunk(sha256=sha, name="m.onnx", total_bytes=len(data), data=data)]), metadata=auth)

@@ -86,7 +86,7 @@ def test_a_server_that_accepts_uploads_counts_its_checker_child(tmp_path: Path, 
         cfg = ServerConfig(
             models_dir=tmp_path,
             workers=1,
-            tokens=("t0k",),
+            tokens=("t0k-t0k-t0k",),
             allow_upload=allow_upload,
             build_in_child=build_in_child,
             max_memory_bytes=1792 * MB,

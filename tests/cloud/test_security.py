@@ -94,7 +94,7 @@ def test_network_addresses(host: str) -> None:
     ("extra", "missing"),
     [
         ({}, "neither TLS nor a bearer token"),
-        ({"tokens": ("t",)}, "no TLS"),
+        ({"tokens": ("t0ken-t0ken",)}, "no TLS"),
     ],
 )
 def test_off_loopback_without_tls_and_token_needs_insecure(
@@ -130,11 +130,13 @@ def test_off_loopback_with_tls_and_token_needs_no_flag(
     models_dir: Path, tls_pair: tuple[Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     cert, key = tls_pair
-    cfg = ServerConfig(models_dir=models_dir, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t",))
+    cfg = ServerConfig(
+        models_dir=models_dir, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t0ken-t0ken",)
+    )
     with caplog.at_level(logging.INFO, logger="splitrt.cloud"), CloudServer(cfg) as s:
         assert s.secure and not s.exposure.insecure
         with Device(
-            zoo.get("tiny_chain"), f"localhost:{s.port}", config=DeviceConfig(tls_ca_path=cert, token="t")
+            zoo.get("tiny_chain"), f"localhost:{s.port}", config=DeviceConfig(tls_ca_path=cert, token="t0ken-t0ken")
         ) as dev:
             st = dev.status()
             assert not st.insecure and st.security_warning == ""
@@ -152,7 +154,7 @@ def test_upload_without_token_is_refused(tmp_path: Path, insecure: bool) -> None
         "got none",
     ):
         CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, insecure=insecure))
-    CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=("t",)))  # with one: fine
+    CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=("t0ken-t0ken",)))  # with one: fine
 
 
 def test_upload_needs_the_token_on_the_call(tmp_path: Path) -> None:
@@ -221,9 +223,9 @@ def test_token_match_compares_every_token_in_constant_time(compare: _Counting) -
 
 
 def test_server_checks_tokens_with_compare_digest(models_dir: Path, compare: _Counting) -> None:
-    with CloudServer(ServerConfig(models_dir=models_dir, tokens=("a-token", SECRET))) as s:
+    with CloudServer(ServerConfig(models_dir=models_dir, tokens=("a-token-ok", SECRET))) as s:
         compare.calls = 0
-        _status(s.address, "a-token")
+        _status(s.address, "a-token-ok")
         assert compare.calls == 2
         with pytest.raises(grpc.RpcError) as info:
             _status(s.address, "wrong")
@@ -289,7 +291,9 @@ def test_advertised_txt_says_whether_the_server_is_secure(
     cert, key = tls_pair
     open_cfg = ServerConfig(models_dir=models_dir, host="0.0.0.0", insecure=True)
     behind_relay = ServerConfig(models_dir=models_dir)  # loopback, announced at a relay's address
-    locked = ServerConfig(models_dir=models_dir, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t",))
+    locked = ServerConfig(
+        models_dir=models_dir, host="0.0.0.0", tls_cert_path=cert, tls_key_path=key, tokens=("t0ken-t0ken",)
+    )
     for cfg, addresses, secure in [
         (open_cfg, ["10.9.8.7"], "0"),
         (behind_relay, ["10.9.8.7"], "0"),

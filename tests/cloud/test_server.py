@@ -357,9 +357,9 @@ def test_upload_refused_when_not_allowed(tmp_path: Path) -> None:
 
 def test_bearer_token_auth(models_dir: Path, tmp_path: Path) -> None:
     token_file = tmp_path / "tokens"
-    token_file.write_text("# operators\ns3cret\n\nother\n")
+    token_file.write_text("# operators\ns3cret-token\n\nother-token\n")
     token_file.chmod(0o600)
-    assert tokens_from_file(token_file) == ("s3cret", "other")
+    assert tokens_from_file(token_file) == ("s3cret-token", "other-token")
     with CloudServer(ServerConfig(models_dir=models_dir, tokens=tokens_from_file(token_file))) as s:
         for token in (None, "wrong"):
             with (
@@ -373,7 +373,7 @@ def test_bearer_token_auth(models_dir: Path, tmp_path: Path) -> None:
         assert rpc_info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(s.address))
         assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.SERVING
-        with Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token="s3cret")) as dev:
+        with Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(token="s3cret-token")) as dev:
             _serves(dev)
 
 
@@ -402,10 +402,10 @@ def test_tls(models_dir: Path, tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    cfg = ServerConfig(models_dir=models_dir, tls_cert_path=cert, tls_key_path=key, tokens=("t",))
+    cfg = ServerConfig(models_dir=models_dir, tls_cert_path=cert, tls_key_path=key, tokens=("t0ken-t0ken",))
     with CloudServer(cfg) as s:
         with Device(
-            zoo.get("tiny_chain"), f"localhost:{s.port}", config=DeviceConfig(tls_ca_path=cert, token="t")
+            zoo.get("tiny_chain"), f"localhost:{s.port}", config=DeviceConfig(tls_ca_path=cert, token="t0ken-t0ken")
         ) as dev:
             _serves(dev)
         with (

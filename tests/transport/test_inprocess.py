@@ -63,7 +63,7 @@ def test_split_runs_in_process_equal_the_local_run(dev: Device) -> None:
 def test_missing_model_is_uploaded_in_process(tmp_path: Path) -> None:
     # Uploads need a token (secure by default); the in-process transport passes no metadata and no
     # interceptor runs: the servicer is called directly.
-    s = CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=("t",), intra_op_threads=1))
+    s = CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=("t0ken-t0ken",), intra_op_threads=1))
     with Device(zoo.get("tiny_chain"), config=CONFIG, transport=InProcessTransport(servicer_of(s))) as dev:
         x = dev.random_inputs()
         res = dev.run_detailed(x, cut="c1")  # blocking API: uploads inline, then infers

@@ -66,6 +66,7 @@ replays such a log.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -83,7 +84,7 @@ from splitrt.device.hops import Hops
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.device.runtypes import Outcome, RuntimeConfig
 from splitrt.device.shapeplans import ShapePlan, ShapePlans
-from splitrt.errors import CloudError, ConfigError, SplitrtError
+from splitrt.errors import CloudError, ConfigError, InputError, SplitrtError
 from splitrt.plan import observe, reshape
 from splitrt.plan.controller import Controller, Decision, Policy
 from splitrt.plan.correction import Observation
@@ -116,6 +117,21 @@ class _Answer:
     tier: int
     cloud: Cloud
     next_cut: str | None
+
+
+def _counts_failed(infer: Callable[..., Outcome]) -> Callable[..., Outcome]:
+    """``AdaptiveDevice.infer`` counting its ``InputError`` in ``stats["failed"]`` (then raised)."""
+
+    @functools.wraps(infer)
+    def counted(self: AdaptiveDevice, *args: Any, **kwargs: Any) -> Outcome:
+        try:
+            return infer(self, *args, **kwargs)
+        except InputError:
+            with self._lock:
+                self.stats["failed"] += 1
+            raise
+
+    return counted
 
 
 class AdaptiveDevice:
@@ -281,10 +297,13 @@ class AdaptiveDevice:
         return held.table if held is not None else self._shapes.tables_at(sig or ())[0][0]
 
     # -- one request -------------------------------------------------------------------------------
+    @_counts_failed
     def infer(
         self, inputs: Mapping[str, Any], *, request: str | None = None, deadline_ms: float | None = None
     ) -> Outcome:
-        """Outputs for ``inputs``; raises only for bad inputs (``InputError``), never for the cloud."""
+        """Outputs for ``inputs``; raises only for bad inputs (``InputError``, counted in ``stats["failed"]``:
+        the device's check or head refused them, or a cloud answered INVALID_ARGUMENT for its tail, which is
+        then not run again here), never for the cloud."""
         rid = request or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
         now = self.clock()
@@ -436,6 +455,9 @@ class AdaptiveDevice:
                     try:
                         res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3, next_cut=next_cut)
                     except CloudError as exc:
+                        if exc.code == "INVALID_ARGUMENT":  # the tensors' fault, not the cloud's: the same
+                            # tail here would fail the same way (a bad input ran once, not twice)
+                            raise InputError(f"{cloud.address} refused the request's tensors: {exc}") from exc
                         why.append(f"{cloud.address}: {exc}")
                         if exc.retry_after_ms is not None:  # queue full: next cloud, or the tail here
                             clouds.refused(cloud, self.clock(), exc)

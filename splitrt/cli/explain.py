@@ -22,7 +22,8 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument(
         "--explain",
         action="store_true",
-        help="say where inner cuts beat routing whole requests (device or cloud) over the sweep's "
+        help="say where inner cuts beat the best router (device, or the input to the cloud under the "
+        "best allowed codec, a JPEG of the frame included: route-codec) over the sweep's "
         "bandwidth range (--sweep-min-mbps/--sweep-max-mbps, default 0.1-100), device loads "
         "(--explain-loads) and every objective; --device/--cloud optional (shipped profile, "
         "else FLOPs priors); --rtt-ms default 40",

@@ -4,7 +4,8 @@ Routing sends each whole request to the device or to the cloud (cuts ``device`` 
 splitting may also use an inner cut. For every objective and device-load level, ``explain`` finds the
 bandwidth intervals (within the range asked) where the best plan over all allowed cuts beats the best
 routing plan, and by how much (route's objective over split's, > 1), locating each interval's edges by
-bisection as ``solver.sweep`` does. The verdict says plainly when inner cuts never win, and why when the
+bisection as ``solver.sweep`` does. The router is the best one, ``route-codec``'s included: the allowed
+codecs gain the table's image codecs (a JPEG of the input), for both sides. The verdict says plainly when inner cuts never win, and why when the
 reason is structural: no inner cut sends fewer bytes than the input under any allowed codec.
 
 ``splitrt.plan.explain`` (pure): ``explain(table, *, rtt_ms, min_mbps, max_mbps, objectives, device_loads,
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitrt.errors import PlanError
+from splitrt.plan.controller import is_image_codec
 from splitrt.plan.costmodel import CLOUD_CUT, DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
 from splitrt.plan.solver import OBJECTIVES, Plan, solve
 
@@ -121,6 +123,13 @@ def gain_at(
     return (r / s if s > 0 else math.inf), split, route
 
 
+def with_image_codecs(table: CostTable, codecs: Sequence[str] | None) -> list[str] | None:
+    """``codecs`` and the table's image codecs (``route-codec``'s); None stays None (every codec)."""
+    if codecs is None:
+        return None
+    return list(dict.fromkeys([*codecs, *[c for c in table.codecs if is_image_codec(c)]]))
+
+
 def smaller_than_input(table: CostTable, codecs: Sequence[str] | None = None) -> tuple[str, ...]:
     """Inner cuts whose crossing bytes (best allowed codec) are fewer than the input's (best codec)."""
     ks = [table.codec_index(k) for k in (codecs or table.codecs)]
@@ -153,6 +162,9 @@ def explain(
             f"explain: expected objectives in {OBJECTIVES} and device loads >= 1, got "
             f"{list(objectives)} and {list(device_loads)}"
         )
+    # the best router is route-codec: the input as an image wherever the table prices one (and then the
+    # split plans may send it too: their plans contain every router's)
+    codecs = with_image_codecs(table, codecs)
     bands: list[Band] = []
     for objective in objectives:
         for dl in device_loads:

@@ -205,11 +205,12 @@ def measure(
 
 
 def _inputs(g: graph_mod.ModelGraph, model_path: str | Path, binding: ShapeBinding | None) -> dict[str, np.ndarray]:
-    from splitrt.graph import zoo
+    from splitrt.graph import photos, zoo
 
     if binding is not None and g.input_shapes is not None:
         return shapes.valid_inputs(list(g.model.graph.input), g.input_shapes, binding.sample)
-    return zoo.random_inputs(model_path)
+    # an image model: a real photograph (codec ratios and times on noise are not a camera frame's)
+    return photos.photo_inputs(g.inputs) or zoo.random_inputs(model_path)
 
 
 def with_codec_ratios(

@@ -191,6 +191,7 @@ class Agent:
 
         from splitrt.device.client import Device, DeviceConfig
         from splitrt.graph import model as graph
+        from splitrt.graph import photos
         from splitrt.profile import boards
 
         self.spec = spec
@@ -202,7 +203,8 @@ class Agent:
         _slowed(self.local, spec.pad_factor)
         for cut in spec.warm_cuts:
             self.local.warm(cut)
-        self.inputs = self.local.random_inputs(seed=spec.seed)
+        # an image model sees a real photograph (codecs compress it as they would a camera's frame)
+        self.inputs = photos.photo_inputs(self.mg.inputs) or self.local.random_inputs(seed=spec.seed)
         self.reference = {k: np.asarray(v) for k, v in self.local.run_local(self.inputs).items()}
         self.strategies: dict[str, Strategy] = {}
 

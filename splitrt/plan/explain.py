@@ -5,8 +5,9 @@ splitting may also use an inner cut. For every objective and device-load level, 
 bandwidth intervals (within the range asked) where the best plan over all allowed cuts beats the best
 routing plan, and by how much (route's objective over split's, > 1), locating each interval's edges by
 bisection as ``solver.sweep`` does. The router is the best one, ``route-codec``'s included: the allowed
-codecs gain the table's image codecs (a JPEG of the input), for both sides. The verdict says plainly when inner cuts never win, and why when the
-reason is structural: no inner cut sends fewer bytes than the input under any allowed codec.
+codecs gain the table's image codecs (a JPEG of the input), for both sides. The verdict says plainly when
+inner cuts never win, and why when the reason is structural: no inner cut sends fewer bytes than the input
+under any allowed codec.
 
 ``splitrt.plan.explain`` (pure): ``explain(table, *, rtt_ms, min_mbps, max_mbps, objectives, device_loads,
 power, codecs, cuts=None, points=160, pay_gain=1.10) -> Verdict(splits, pays, summary, bands=[Band( objective,

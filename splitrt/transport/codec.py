@@ -14,7 +14,9 @@ peers that cannot install ``zstandard``.
 ``fp16``   cast to IEEE half (relative error <= 2**-11 within +-65504; larger values become inf)
 ``int8``   affine uint8, one (offset, scale) per tensor: ``x ~ lo + q * scale``, ``q`` in 0..255,
            absolute error <= scale / 2 where ``scale = (max - min) / 255``
-``int8c``  like ``int8`` with one (offset, scale) per channel (axis 1, NCHW); per tensor if ndim < 2
+``int8c``  like ``int8`` with one (offset, scale) per channel; the channel axis from the shape (NCHW,
+           NHWC, [N, frames, features]: ``_channel_axis``), per tensor when a channel holds fewer
+           than ``MIN_PER_CHANNEL`` elements (the parameters would outweigh the data) or ndim < 2
 =========  ===================================================================================
 
 Tensors that are not floating point (int64 indices, bool masks, ...) are always sent ``raw``
@@ -33,7 +35,7 @@ every length against the one implied by dtype and shape and raises ``CodecError`
 truncated or garbage payload never turns into a wrong tensor silently.
 
 - ``Codec.parse("int8c+zlib")`` / ``str(codec)`` round-trip; quants ``fp32`` (raw, lossless), ``fp16``, ``int8``
-  (affine per tensor), ``int8c`` (per channel, axis 1), each optionally ``+zlib``; ``names()`` lists them.
+  (affine per tensor), ``int8c`` (per channel, axis from the shape), each optionally ``+zlib``; ``names()`` lists them.
 - ``encode(name, array, codec, *, copy=True) -> Encoded(name, dtype, shape, codec, payload)``; non-float tensors
   are always ``codec="raw"``. ``payload`` is ``bytes`` or a read-only byte ``memoryview``: with ``copy=False`` a
   raw/fp32 payload is a view of ``array`` (which must not change while the ``Encoded`` is in use); tensors
@@ -164,8 +166,29 @@ def _name(dtype: np.dtype) -> str:
     return dtype.name
 
 
+#: ``int8c`` goes per channel only when each channel holds at least this many elements: its 8 bytes of
+#: parameters then add at most 1/8 to the int8 payload. A [1, C] or [1, C, 1, 1] tensor (one element per
+#: channel) would send 9 bytes per value, 2.25x fp32, where per tensor sends 0.25x.
+MIN_PER_CHANNEL = 64
+
+
 def _channel_axis(shape: tuple[int, ...]) -> int | None:
-    return 1 if len(shape) >= 2 else None
+    """``int8c``'s channel axis from the shape alone (encoder and decoder agree without a header), or
+    None (per tensor) when per channel would cost more than 1/8 more bytes.
+
+    4-D: the channels are the end axis (1 or 3) away from the two spatial ones, which are the pair of
+    neighbours nearest in size (NCHW [1, 512, 15, 20] -> 1, NHWC [1, 480, 640, 3] -> 3; a tie -> 1);
+    3-D [N, A, B]: the smaller of A and B ([1, frames, features] -> features, [1, C, T] -> C); else 1."""
+    if len(shape) < 2:
+        return None
+    d = [max(int(x), 1) for x in shape]
+    axis = 1
+    if len(d) == 4:
+        axis = 3 if abs(math.log(d[1] / d[2])) < abs(math.log(d[2] / d[3])) else 1
+    elif len(d) == 3 and d[2] < d[1]:
+        axis = 2
+    per_channel = math.prod(d) // d[axis]
+    return axis if per_channel >= MIN_PER_CHANNEL else None
 
 
 def _affine_params(x: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -304,7 +327,8 @@ def expected_bytes(dtype: str, shape: tuple[int, ...], codec: str, *, name: str 
         return size * dt.itemsize
     if spec.quant == "fp16":
         return size * 2
-    channels = shape[1] if spec.quant == "int8c" and len(shape) >= 2 else 1
+    axis = _channel_axis(tuple(shape)) if spec.quant == "int8c" else None
+    channels = int(shape[axis]) if axis is not None else 1
     return 8 * channels + size
 
 
@@ -352,7 +376,7 @@ def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
     if spec.quant == "fp16":
         return np.frombuffer(body, dtype=_LE_F16).reshape(shape).astype(dt)
     axis = _channel_axis(shape) if spec.quant == "int8c" else None
-    channels = shape[1] if axis is not None else 1
+    channels = shape[axis] if axis is not None else 1
     params = np.frombuffer(body, dtype=_LE_F32, count=2 * channels)
     lo, scale = params[:channels].astype(np.float64), params[channels:].astype(np.float64)
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(scale)) and np.all(scale > 0)):

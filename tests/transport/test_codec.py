@@ -259,3 +259,31 @@ def test_int8_encode_works_in_the_tensors_precision(spec: str) -> None:
         tracemalloc.stop()
     assert peak < 2.5 * x.nbytes, f"encode peaked at {peak} bytes for a {x.nbytes}-byte tensor"
     assert float(np.max(np.abs(codec.decode(enc) - x))) <= codec.error_bound(x, spec)
+
+
+@pytest.mark.parametrize("shape", [(1, 1000), (1, 512, 1, 1), (1, 2048, 1, 1), (4, 100)])
+def test_int8c_on_one_value_per_channel_goes_per_tensor(shape: tuple[int, ...]) -> None:
+    """[1, C] and [1, C, 1, 1] (logits, pooled features): per channel would send 9 bytes a value (2.25x
+    fp32); per tensor sends what int8 does."""
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    enc = codec.encode("x", x, "int8c")
+    assert len(enc.payload) == len(codec.encode("x", x, "int8").payload) == x.size + 8
+    assert len(enc.payload) < 0.3 * x.nbytes
+    np.testing.assert_allclose(codec.decode(enc), x, atol=codec.error_bound(x, "int8c") + 1e-7)
+
+
+@pytest.mark.parametrize(
+    ("shape", "axis"),
+    [((1, 32, 40, 3), 3), ((1, 3, 32, 40), 1), ((1, 15, 20, 512), 3), ((1, 512, 15, 20), 1), ((1, 400, 40), 2)],
+)
+def test_int8c_finds_the_channels_of_nhwc_and_frames_by_features(shape: tuple[int, ...], axis: int) -> None:
+    """Channels of very different scales on the layout's channel axis: per channel keeps each to its own
+    scale (per row or per frame would mix them)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32)
+    scales = np.logspace(-3, 2, shape[axis], dtype=np.float32)
+    x *= scales.reshape([-1 if i == axis else 1 for i in range(len(shape))])
+    enc = codec.encode("x", x, "int8c")
+    assert len(enc.payload) == x.size + 8 * shape[axis]
+    small = np.take(np.abs(codec.decode(enc) - x), [0], axis=axis).max()  # the smallest-scale channel
+    assert small <= 2 * scales[0] * 6 / 255

@@ -1,7 +1,8 @@
 """`splitrt plan MODEL --explain`: does splitting pay for this model, or is routing whole requests as good?
 
 Rendering only; the verdict is ``splitrt.plan.explain`` (pure), the cost table the daemon's choice
-(``device.daemon.select_cost_table``: both profiles if given, else a shipped profile, else FLOPs priors).
+(``profile.tables.build``: both profiles if given, else a shipped profile, else FLOPs priors; the
+board's speed applied as in every command).
 """
 
 from __future__ import annotations
@@ -36,17 +37,11 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     )
 
 
-def table_for(g: Any, args: argparse.Namespace, board: Any) -> tuple[Any, str]:
-    from pathlib import Path
+def table_for(g: Any, args: argparse.Namespace, board: Any) -> Any:
+    """``splitrt.profile.tables.Costs``: the one cost table (``plan``, ``run``, ``sim``, the daemon)."""
+    from splitrt.profile import tables
 
-    from splitrt.device.daemon import select_cost_table
-
-    return select_cost_table(
-        g,
-        profile_device=Path(args.device) if args.device else None,
-        profile_cloud=Path(args.cloud) if args.cloud else None,
-        board=board,
-    )
+    return tables.build(g, device=args.device, cloud=args.cloud, board=board)
 
 
 def verdict(

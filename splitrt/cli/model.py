@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrt.cli.inputs import add_shape_arguments, load_graph
-from splitrt.cli.tables import human_bytes, render
+from splitrt.cli.tables import human_bytes, render, short
 from splitrt.graph import model as graph
 from splitrt.graph import partition, zoo
 
@@ -79,7 +79,8 @@ def routing_verdict(mg: graph.ModelGraph, board_name: str) -> tuple[dict[str, ob
         return None, ""
     try:
         board = boards.load_board(board_name)
-        table, source = explaincli.table_for(mg, argparse.Namespace(device=None, cloud=None), board)
+        costs = explaincli.table_for(mg, argparse.Namespace(device=None, cloud=None), board)
+        table, source = costs.table, costs.source
         v = explaincli.verdict(
             table,
             rtt_ms=explaincli.DEFAULT_RTT_MS,
@@ -112,13 +113,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             c.head_nodes,
             f"{100 * c.head_flops_fraction:.1f}%",
             human_bytes(c.bytes),
-            ", ".join(t.name for t in c.tensors[:3]) + (" ..." if len(c.tensors) > 3 else ""),
+            ", ".join(short(t.name) for t in c.tensors[:3]) + (" ..." if len(c.tensors) > 3 else ""),
         )
         for c in shown
     ]
+    hidden = len(cuts) - len(shown)
     print(
-        f"{mg.path}  sha256 {mg.sha256[:16]}{mg.sha256[64:]}  nodes {len(mg.nodes)}  "
-        f"GFLOPs {mg.flops / 1e9:.2f}  cuts {len(cuts)} ({len(shown)} shown; --all for every cut)"
+        f"{mg.path}  sha256 {mg.sha256[:16]}{mg.sha256[64:]}  nodes {len(mg.nodes)}{_node_note(mg)}  "
+        f"GFLOPs {mg.flops / 1e9:.2f}  cuts {len(cuts)} ("
+        + (
+            f"{len(shown)} shown; {hidden} hidden: they send several tensors at once; --all shows every cut)"
+            if hidden
+            else "all shown)"
+        )
     )
     if mg.specialisation is not None:
         steps = "; ".join(
@@ -137,6 +144,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if line:
         print(line)
     return 0
+
+
+def _node_note(mg: graph.ModelGraph) -> str:
+    """Why the node count is not the file's (normalisation folds constants, prunes dead nodes, gives
+    weights that are outputs an Identity); empty when they agree."""
+    import onnx
+
+    try:
+        in_file = len(onnx.load(str(mg.path), load_external_data=False).graph.node)
+    except Exception:  # the count is a courtesy: a file that loaded once but not now says nothing
+        return ""
+    if in_file == len(mg.nodes):
+        return ""
+    return (
+        f" (the file has {in_file}: Constant and all-constant nodes folded into weights, dead nodes pruned, "
+        "Identity nodes for weights that are outputs)"
+    )
 
 
 def cmd_split(args: argparse.Namespace) -> int:

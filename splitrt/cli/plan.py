@@ -11,10 +11,12 @@ from typing import Any
 
 from splitrt.cli import constraints as constraintcli
 from splitrt.cli import explain as explaincli
+from splitrt.cli.codecarg import HELP as codec_help
+from splitrt.cli.codecarg import codec_or_all
 from splitrt.cli.inputs import add_shape_arguments, binding, load_graph
 from splitrt.errors import ConfigError, PlanError
 from splitrt.plan import constraints, costmodel, solver
-from splitrt.profile import boards, cutfacts, energy, power_select, profiler, reprice, sanity
+from splitrt.profile import boards, cutfacts, energy, power_select, profiler, reprice, sanity, tables
 from splitrt.profile.power import PowerReader
 
 
@@ -81,7 +83,8 @@ def register(subparsers: Any) -> None:
         "--codec",
         action="append",
         default=None,
-        help="allowed codec(s), repeatable: fp32 fp16 int8 int8c, or 'all' (default: fp32, lossless "
+        type=codec_or_all,
+        help=f"allowed codec(s), repeatable: {codec_help}, or 'all' (default: fp32, lossless "
         "like the runtime; lossy codecs change the answer, so they are opt-in)",
     )
     q.add_argument("--min-cut", action="store_true", help="also solve the DADS min-cut over the node DAG")
@@ -102,8 +105,18 @@ def _model_path(model: str) -> Path:
     return zoo.resolve(model)
 
 
+#: `profile` without --sample: codec ratios measured on random input (stderr).
+RANDOM_RATIOS_WARNING = (
+    "splitrt profile: codec ratios measured on random input (no --sample): compressed codecs (+zstd, +zlib) "
+    "shrink real data far more (a photo's fp32+zstd at the input: 0.29 of fp32, random: 0.92), so plans "
+    "would over-price them; pass --sample FILE.npz with a real input"
+)
+
+
 def _profile(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
+    if binding(args).sample is None:
+        print(RANDOM_RATIOS_WARNING, file=sys.stderr)
     if args.codec_ratios_only:
         prof = profiler.with_codec_ratios(profiler.load_profile(args.out), path, binding=binding(args))
         profiler.save_profile(prof, args.out)
@@ -149,13 +162,15 @@ def _measure(path: Path, args: argparse.Namespace, reader: PowerReader | None) -
 def _explain(args: argparse.Namespace) -> int:
     g = load_graph(args)
     board = boards.load_board(args.board) if args.board else None
-    table, source = explaincli.table_for(g, args, board)
+    costs = explaincli.table_for(g, args, board)
+    table, source = costs.table, costs.source
     power = board.power if board is not None else costmodel.DEFAULT_POWER
     if args.device:
         power = energy.plan_power(
             profiler.load_profile(args.device, sha256=g.sha256), board, profile_label=str(args.device)
         ).power
     codecs = None if args.codec == ["all"] else (args.codec or ["fp32"])
+    table = tables.with_codecs(table, codecs)
     allowed = cutfacts.allowed_for(g, table, constraintcli.constraints(args, board))
     try:
         v = explaincli.verdict(
@@ -177,7 +192,11 @@ def _explain(args: argparse.Namespace) -> int:
         v,
         source,
         as_json=args.json,
-        extra={"codecs": codecs or list(table.codecs), "constraints": allowed.as_dict() if allowed else None},
+        extra={
+            "codecs": codecs or list(table.codecs),
+            "constraints": allowed.as_dict() if allowed else None,
+            "cost_table": costs.summary(),
+        },
     )
     return 0
 
@@ -199,19 +218,13 @@ def _plan(args: argparse.Namespace) -> int:
         raise ConfigError(f"plan: expected {', '.join(missing)} (or --explain), got none")
     args.sweep_max_mbps = args.sweep_max_mbps or 1000.0
     g = load_graph(args)
-    device = profiler.load_profile(args.device, sha256=g.sha256)
-    cloud = profiler.load_profile(args.cloud, sha256=g.sha256)
-    factor = 1.0
-    board = None
-    if args.board:
-        board = boards.load_board(args.board)
-        # a host-measured device profile stands in for the board: scale by the board's speed factor
-        # (not a profile `splitrt profile --board` measured on this very board)
-        factor = 1.0 if device.host.get("board") == board.name else board.cpu_speed_factor
+    board = boards.load_board(args.board) if args.board else None
+    costs = tables.build(g, device=args.device, cloud=args.cloud, board=board)
+    device, cloud, factor = costs.device_profile, costs.cloud_profile, costs.device_speed_factor
     # measured idle/busy power from the device profile when it has them, else the board's estimates
     figures = energy.plan_power(device, board, profile_label=str(args.device))
     power = figures.power
-    table, pricing, warnings = _priced(args, g, device, cloud, factor)
+    table, pricing, warnings = _priced(args, costs)
     try:
         cond = costmodel.Conditions(
             link=costmodel.Link(bandwidth_mbps=args.bandwidth_mbps, rtt_ms=args.rtt_ms),
@@ -221,6 +234,7 @@ def _plan(args: argparse.Namespace) -> int:
     except PlanError as exc:
         raise ConfigError(str(exc)) from exc
     codecs = args.codec = None if args.codec == ["all"] else (args.codec or ["fp32"])
+    table = tables.with_codecs(table, codecs)
     allowed = _allowed(g, table, args, board)
     cuts = list(allowed.cuts) if allowed is not None else None
     if args.sweep:
@@ -291,6 +305,7 @@ def _plan(args: argparse.Namespace) -> int:
             "board": args.board,
             "device_speed_factor": factor,
         },
+        "cost_table": costs.summary(),
         "power": figures.as_dict(args.bandwidth_mbps),
         "shapes": pricing.as_dict(),
         "warnings": warnings,
@@ -373,17 +388,15 @@ def _allowed(g: Any, table: costmodel.CostTable, args: argparse.Namespace, board
         raise ConfigError(str(exc)) from exc
 
 
-def _priced(
-    args: argparse.Namespace, g: Any, device: profiler.Profile, cloud: profiler.Profile, factor: float
-) -> tuple[costmodel.CostTable, reprice.Pricing, list[str]]:
+def _priced(args: argparse.Namespace, costs: tables.Costs) -> tuple[costmodel.CostTable, reprice.Pricing, list[str]]:
     """The cost table at the plan's binding (profiles measured elsewhere re-priced, said), and the
     warnings about profiles that contradict themselves (on stderr too)."""
-    table, pricing = reprice.table_at(g, device, cloud, profiler.cost_table(device, cloud, device_speed_factor=factor))
+    table, pricing = costs.table, costs.pricing
     warnings = [
         w
         for w in (
-            sanity.warning(device, str(args.device)),
-            sanity.warning(cloud, str(args.cloud)) if args.cloud != args.device else None,
+            sanity.warning(costs.device_profile, str(args.device)),
+            sanity.warning(costs.cloud_profile, str(args.cloud)) if args.cloud != args.device else None,
         )
         if w
     ]

@@ -14,9 +14,12 @@ import numpy as np
 
 from splitrt.cli import constraints as constraintcli
 from splitrt.cli import tables
+from splitrt.cli.codecarg import HELP as codec_help
+from splitrt.cli.codecarg import codec_arg
 from splitrt.cli.inputs import add_shape_arguments, load_graph, load_inputs
 from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
-from splitrt.errors import ConfigError, CutError, InputError
+from splitrt.errors import ConfigError, InputError
+from splitrt.plan.constraints import LAYOUT_OF_INPUT
 
 
 def register(sub: Any) -> None:
@@ -43,7 +46,12 @@ def register(sub: Any) -> None:
         help="cut id from `splitrt inspect` (cloud, c1, ..., device), auto, or route (a stream: the "
         "adaptive runtime restricted to device and cloud, whole-request routing)",
     )
-    p.add_argument("--codec", default="fp32", help="fp32, fp16, int8, int8c, each optionally +zstd or +zlib")
+    p.add_argument(
+        "--codec",
+        default="fp32",
+        type=codec_arg,
+        help=f"{codec_help} (with --cut auto: the codec the plan may use; default fp32)",
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--input",
@@ -105,16 +113,14 @@ def register(sub: Any) -> None:
 
 
 def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[str, str, dict[str, Any]]:
-    """Pick (cut, codec) with the solver from the two profiles and a probe of the link."""
+    """Pick (cut, codec) with the solver from the cost table (``profile.tables.build``: the profiles, else
+    a shipped profile, else the FLOPs prior; ``--board``'s speed as in `plan`) and a probe of the link."""
     from splitrt.plan import costmodel, solver
-    from splitrt.profile import profiler
+    from splitrt.profile import boards, tables
 
-    if args.device_profile is None or args.cloud_profile is None:
-        raise CutError("--cut auto needs --device-profile and --cloud-profile (from `splitrt profile`)")
-    table = profiler.cost_table(
-        profiler.load_profile(args.device_profile, sha256=dev.sha256),
-        profiler.load_profile(args.cloud_profile, sha256=dev.sha256),
-    )
+    board = boards.load_board(args.board) if args.board else None
+    costs = tables.build(dev.graph, device=args.device_profile, cloud=args.cloud_profile, board=board)
+    print(f"splitrt run: cost table from {costs.source}", file=sys.stderr)
     rtts = sorted(dev.probe(0, 0).seconds for _ in range(5))
     rtt_s = rtts[len(rtts) // 2]
     up = 1 << 20
@@ -125,13 +131,17 @@ def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[
     cond = costmodel.Conditions(
         link=costmodel.Link(bandwidth_mbps=bandwidth_mbps, rtt_ms=rtt_s * 1e3), cloud_load=cloud_load
     )
-    plan = solver.solve(table, cond, cuts=cuts)
+    table = tables.with_codecs(costs.table, [args.codec])
+    codecs = [args.codec]  # as `run --count`: the plan may use --codec (default fp32, lossless)
+    plan = solver.solve(table, cond, cuts=cuts, codecs=codecs)
     info = {
         "plan": solver.format_plan(plan.cut, plan.codec),
         "predicted_ms": plan.predicted_ms,
+        "device_ms": plan.device_ms,
         "bandwidth_mbps": bandwidth_mbps,
         "rtt_ms": rtt_s * 1e3,
         "cloud_load": cloud_load,
+        "cost_table": costs.summary(),
     }
     return plan.cut, plan.codec, info
 
@@ -167,13 +177,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             cut, codec_spec, plan_info = plan_auto(dev, args, allowed.cuts if allowed is not None else None)
         else:
             dev.graph.cut(cut)  # CutError naming the valid ids
-            if allowed is not None and cut not in allowed.cuts:
+            if allowed is not None and cut not in allowed.cuts and allowed.excluded[cut] != LAYOUT_OF_INPUT:
                 raise ConfigError(
                     f"--cut {cut}: excluded by the constraints ({allowed.excluded[cut]}): {allowed.note()}"
                 )
         if allowed is not None:
             plan_info["constraints"] = allowed.note()
         result = dev.run_detailed(inputs, cut=cut, codec_spec=codec_spec)
+        if args.verify:  # one request too: the split's outputs against the whole model run here
+            from splitrt.cli.stream import verify
+
+            rel_err, verdict = verify(dev.run_local(inputs), result.outputs)
+            args.verified = {"rel_err": rel_err, "verify": verdict}
     if args.output is not None:
         np.savez(args.output, **result.outputs)  # type: ignore[arg-type]
     _report(result, plan_info, args)
@@ -182,14 +197,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _allowed(mg: Any, args: argparse.Namespace) -> Any:
     from splitrt.errors import SplitrtError
-    from splitrt.plan.constraints import allowed_cuts
     from splitrt.profile import boards, cutfacts
 
     cons = constraintcli.constraints(args, boards.load_board(args.board) if args.board else None)
-    if not cons.active:
-        return None
-    try:
-        return allowed_cuts(cutfacts.cut_facts(mg), cons)
+    try:  # never a cut that only moves the input (it is `cloud`), as in `plan`
+        return cutfacts.allowed_for(mg, None, cons)
     except SplitrtError as exc:
         raise ConfigError(str(exc)) from exc
 
@@ -200,9 +212,11 @@ def _report(result: SplitResult, plan_info: dict[str, Any], args: argparse.Names
         doc = result.timings() | {"outputs": outputs, "output_file": str(args.output) if args.output else None}
         if plan_info:
             doc["auto"] = plan_info
+        doc.update(getattr(args, "verified", None) or {})
         print(json.dumps(doc, indent=2))
         return
     rows = [[k, v] for k, v in result.timings().items()]
+    rows += [[k, v] for k, v in (getattr(args, "verified", None) or {}).items()]
     rows += [[f"auto.{k}", v] for k, v in plan_info.items()]
     rows += [[f"output {n}", f"{o['dtype']} {o['shape']}"] for n, o in outputs.items()]
     print(tables.render(["field", "value"], rows))

@@ -13,15 +13,17 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from splitrt import paths
+from splitrt.cli.inputs import add_shape_arguments, load_graph
 from splitrt.cli.tables import render
 from splitrt.errors import ConfigError
 from splitrt.graph import model as graph
+from splitrt.plan.constraints import Constraints
 from splitrt.plan.controller import ROUTE_CUTS, ControllerConfig
 from splitrt.plan.netmon import LinkConfig
-from splitrt.profile import boards
+from splitrt.profile import boards, cutfacts, tables
 from splitrt.rig import bench as rigbench
 from splitrt.rig import models, sim, tracespec
 from splitrt.rig import stats as rigstats
@@ -47,20 +49,28 @@ def sim_cell(
     link: LinkConfig | None = None,
     controller: ControllerConfig | None = None,
     strategies: Sequence[str] | None = None,
+    device_profile: str | Path | None = None,
+    cloud_profile: str | Path | None = None,
+    codecs: Sequence[str] | None = None,
+    mg: Any = None,
+    deadline_ms: float = 5000.0,
 ) -> dict[str, Any]:
-    """Every strategy and the oracles on ``trace`` (``duration_s`` None: to its end) for ``model``;
-    ``strategies`` (adaptive and route among them): only those, and no static-best search."""
+    """Every strategy and the oracles on ``trace`` (``duration_s`` None: to its end) for ``model`` (a zoo
+    name or an .onnx file; ``mg``: that model already loaded and bound); ``strategies`` (adaptive and route
+    among them): only those, and no static-best search. The cost table is ``profile.tables.build``'s (the
+    profiles, else a shipped profile, else the FLOPs prior, at ``board``'s speed): what `plan` and `run`
+    use. ``codecs``: the plans may use only these (None: every codec the table prices)."""
     if load not in ("none", "device-burst"):
         raise ConfigError(f"load: the simulation has none and device-burst, got {load!r}")
     b = boards.load_board(board)
-    path = models.model_path_for(model)
-    prof = models.shipped_profile(model)
-    if prof is None:
-        raise ConfigError(
-            f"no shipped profile of {model!r} in {paths.profiles_dir()}: expected a zoo model "
-            f"with a profile there (splitrt profile writes one)"
-        )
-    table = models.cost_table_for(prof, graph.file_sha256(path), b.cpu_speed_factor)
+    if mg is None:
+        mg = graph.load(models.model_path_for(model))
+    built = tables.build(mg, device=device_profile, cloud=cloud_profile, board=b)
+    table = tables.with_codecs(built.table, codecs)
+    allowed = cutfacts.allowed_for(mg, table, Constraints())
+    cuts = allowed.cuts if allowed is not None else None
+    if controller is None:
+        controller = ControllerConfig(codecs=tuple(codecs) if codecs else None, cuts=cuts)
     full = tracespec.load_trace(trace)
     if not 0 <= offset_s < full.duration_s:
         raise ConfigError(f"offset: expected 0 <= offset < {full.duration_s:g} s (the trace), got {offset_s:g}")
@@ -79,10 +89,15 @@ def sim_cell(
         device_speed=device_speed,
         cloud_speed=cloud_speed,
         link=link or LinkConfig(),
-        controller=controller or ControllerConfig(codecs=None),
+        controller=controller,
+        deadline_ms=deadline_ms,
     )
     policies = rigbench.strategy_policies(
-        rigbench.BenchConfig(model=model, trace=trace, bandwidth_scale=scale, load=load), table, rtt
+        rigbench.BenchConfig(
+            model=model, trace=trace, bandwidth_scale=scale, load=load, codecs=tuple(codecs) if codecs else None
+        ),
+        table,
+        rtt,
     )
     if strategies is not None:
         if not {"adaptive", "route"} <= set(strategies):
@@ -93,6 +108,7 @@ def sim_cell(
         candidates = {
             f"fixed:{c}" if c == "device" else f"fixed:{c}@{k}"
             for c in rigstrategies.likely_plans([table, table], [rtt])[0]
+            if cuts is None or c in cuts
             for k in (cfg.controller.codecs or table.codecs)
             if c == "device" or k in table.codecs
         }
@@ -107,6 +123,10 @@ def sim_cell(
         local_overhead_ms=0.0,
     )
     stats = {n: rigstats.summarize(sim.latencies(rs), [r.plan for r in rs], 0, []) for n, rs in runs.items()}
+    for n, rs in runs.items():  # how cloud plans ended (``plan.reserve``, as `run` reports them)
+        stats[n]["cloud_share"] = sum(r.served for r in rs) / max(1, len(rs))
+        stats[n]["fallbacks"] = sum(r.fallback for r in rs)
+        stats[n]["not_sent"] = sum(r.not_sent for r in rs)
     for oname, ref in rigbench.ORACLE_REFS.items():
         picks = rigstats.oracle(
             table,
@@ -116,7 +136,7 @@ def sim_cell(
             list(bursts),
             None,
             [(r.plan, r.latency_ms) for r in runs[ref]],
-            cuts=ROUTE_CUTS if oname == "oracle-route" else None,
+            cuts=ROUTE_CUTS if oname == "oracle-route" else cuts,
         )
         stats[oname] = rigstats.summarize([ms for _, ms in picks], [p for p, _ in picks], 0, [])
         stats[oname]["policy"] = f"hindsight over the {ref} run's request times"
@@ -136,6 +156,9 @@ def sim_cell(
         "duration_s": dur,
         "trace_offset_s": offset_s,
         "rtt_ms": rtt,
+        "cost_table": built.summary(),
+        "codecs": list(codecs) if codecs else None,
+        "cuts_excluded": dict(allowed.excluded) if allowed is not None else {},
         "jitter": jitter,
         "device_speed": device_speed,
         "cloud_speed": cloud_speed,
@@ -158,30 +181,83 @@ def register(sub: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="resnet50", help="zoo model with a shipped profile (default resnet50)")
+    p.add_argument(
+        "--model",
+        default="resnet50",
+        help="zoo model or .onnx file (default resnet50); its cost table as `plan` and `run` find it: "
+        "--device/--cloud profiles, else a profile in profiles/ ($SPLITRT_PROFILES_DIR), else FLOPs priors",
+    )
     p.add_argument(
         "--trace",
         default="hsdpa/car",
         help="shipped trace (hsdpa/bus ...), a file, or step:1,8/5 | square:1,8,20 | constant:4",
     )
-    p.add_argument("--device", default="rpi4", help="board (devices/<NAME>.toml)")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="device profile (JSON, from `splitrt profile`; with --cloud); a board name here is read as --board",
+    )
+    p.add_argument("--cloud", default=None, help="cloud profile (JSON; with --device)")
+    p.add_argument("--board", default=None, help="board (devices/<NAME>.toml; default rpi4): its speed and power")
+    p.add_argument(
+        "--codecs",
+        default=None,
+        help="comma-separated codecs the plans may use (default: every codec the table prices; fp32 = lossless)",
+    )
+    p.add_argument(
+        "--strategies",
+        default=None,
+        help="comma-separated strategies (adaptive and route among them; default all: "
+        f"{','.join(rigbench.STRATEGIES)})",
+    )
     p.add_argument("--bandwidth-scale", type=float, default=1.0)
     p.add_argument("--load", default="none", choices=["none", "device-burst"])
     p.add_argument("--rate", type=float, default=4.0, help="requests per second (paced, one in flight)")
     p.add_argument("--duration", type=float, default=0.0, help="seconds of trace (0: to its end)")
     p.add_argument("--trace-offset", type=float, default=0.0)
+    p.add_argument("--deadline-ms", type=float, default=5000.0, help="per-request deadline, as `run` (default 5000)")
     p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute per request (seeded)")
     p.add_argument("--device-speed", type=float, default=1.0, help="device compute takes this x the profile")
     p.add_argument("--cloud-speed", type=float, default=1.0, help="cloud compute takes this x the profile")
     p.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON ('-': stdout)")
+    add_shape_arguments(p)
     p.set_defaults(func=cmd_sim)
 
 
+def profile_and_board(device: str | None, cloud: str | None, board: str | None) -> tuple[str | None, str | None, str]:
+    """(device profile, cloud profile, board) from ``--device/--cloud/--board``: ``--device`` that is no
+    .json file names the board, as before profiles could be given (``sim --device rpi4``)."""
+    if device is not None and not device.endswith(".json") and not Path(device).is_file():
+        if board is not None and board != device:
+            raise ConfigError(f"--device {device!r} is a board, and --board {board!r} another: expected one board")
+        board, device = device, None
+    if (device is None) != (cloud is None):
+        raise ConfigError(
+            "profiles: expected both --device and --cloud profiles (JSON), got only "
+            f"{'--device' if cloud is None else '--cloud'}"
+        )
+    return device, cloud, board or "rpi4"
+
+
+def _list(text: str | None) -> list[str] | None:
+    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
+    from splitrt.cli.codecarg import codec_arg
+
+    device, cloud, board = profile_and_board(args.device, args.cloud, args.board)
+    codecs = _list(args.codecs)
+    for c in codecs or ():
+        try:
+            codec_arg(c)
+        except argparse.ArgumentTypeError as exc:
+            raise ConfigError(f"--codecs: {exc}") from exc
+    mg = load_graph(args)  # bound at --shape/--dim/--sample, as `plan`
     r = sim_cell(
         args.model,
         args.trace,
-        board=args.device,
+        board=board,
         scale=args.bandwidth_scale,
         load=args.load,
         rate_hz=args.rate,
@@ -190,12 +266,19 @@ def cmd_sim(args: argparse.Namespace) -> int:
         jitter=args.jitter,
         device_speed=args.device_speed,
         cloud_speed=args.cloud_speed,
+        device_profile=device,
+        cloud_profile=cloud,
+        codecs=codecs,
+        strategies=_list(args.strategies),
+        mg=mg,
+        deadline_ms=args.deadline_ms,
     )
+    print(f"splitrt sim: cost table from {r['cost_table']['source']}", file=sys.stderr)
     if args.json == "-":
         print(json.dumps(r, default=float))
         return 0
     rows = []
-    for name in [*rigbench.STRATEGIES, "static-best"]:
+    for name in [n for n in [*rigbench.STRATEGIES, "static-best"] if n in r["strategies"]]:
         s = r["strategies"][name]
         plans = ", ".join(f"{p} x{n}" for p, n in sorted(s["plans"].items(), key=lambda kv: -kv[1])[:3])
         rows.append((name, s["mean_ms"], s["p50_ms"], s["p95_ms"], s["p99_ms"], s["completed"], s["switches"], plans))

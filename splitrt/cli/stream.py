@@ -1,7 +1,8 @@
 """`splitrt run ... --count N` / `--discover`: a stream of requests through ``AdaptiveDevice``.
 
 With ``--json`` one JSON object per request, ``{"id", "ok", "cut", "plan", "latency_ms", "fallback",
-"server"}`` (+ ``fallback_reason`` when the cloud's part ran here, ``error`` when the request failed:
+"server"}`` (+ ``fallback_reason`` when the cloud's part ran here, ``not_sent`` when the plan's cloud was
+never asked (no cloud, no time after the local reserve: no fallback), ``error`` when the request failed:
 an onnxruntime error on this device is a failed request, not a traceback; + ``rel_err`` and ``verify``
 with ``--verify``: NaN/inf at the same places in both runs compare equal and the rest gives ``rel_err``;
 anywhere else ``rel_err`` is null and ``verify`` says ``different`` and where; ``equal`` up to rel_err
@@ -25,13 +26,14 @@ import numpy as np
 from splitrt.cli import tables
 from splitrt.device.client import DeviceConfig
 from splitrt.errors import ConfigError, SplitrtError
+from splitrt.plan.constraints import LAYOUT_OF_INPUT
 
 
 def _policy(args: argparse.Namespace, mg: Any, table: Any, allowed: Any = None) -> str:
     if args.cut in ("auto", "route"):
         return "adaptive" if args.cut == "auto" else "route"
     mg.cut(args.cut)  # CutError naming the valid ids
-    if allowed is not None and args.cut not in allowed.cuts:
+    if allowed is not None and args.cut not in allowed.cuts and allowed.excluded[args.cut] != LAYOUT_OF_INPUT:
         raise ConfigError(
             f"--cut {args.cut}: excluded by the constraints ({allowed.excluded[args.cut]}); "
             f"expected one of {', '.join(allowed.cuts[:8])}{' ...' if len(allowed.cuts) > 8 else ''} "
@@ -39,18 +41,15 @@ def _policy(args: argparse.Namespace, mg: Any, table: Any, allowed: Any = None) 
         )
     if args.cut == "device":
         return "fixed:device"
-    if args.codec not in table.codecs:
-        raise ConfigError(f"--codec with a fixed --cut: expected one of {', '.join(table.codecs)}, got {args.codec!r}")
     return f"fixed:{args.cut}@{args.codec}"
 
 
 def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     from splitrt.cli.inputs import load_graph, load_inputs
-    from splitrt.device.daemon import select_cost_table
     from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
     from splitrt.plan.controller import ControllerConfig
     from splitrt.plan.costmodel import DEFAULT_POWER
-    from splitrt.profile import boards
+    from splitrt.profile import boards, tables
 
     count = 1 if args.count is None else args.count
     if count < 1:
@@ -60,11 +59,11 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     # Bound: the cost table (a FLOPs prior needs every tensor sized) and --random inputs are at the binding.
     mg = load_graph(args)
     board = boards.load_board(args.board) if args.board else None
-    table, source = select_cost_table(
-        mg, profile_device=args.device_profile, profile_cloud=args.cloud_profile, board=board
-    )
-    print(f"splitrt run: cost table from {source}", file=sys.stderr)
-    codecs = (args.codec,) if args.codec in table.codecs else None
+    costs = tables.build(mg, device=args.device_profile, cloud=args.cloud_profile, board=board)
+    table = tables.with_codecs(costs.table, [args.codec])  # any codec the registry knows is priced
+    args.cost_table = costs.summary()  # in the summary: the same figures as `plan`, `sim`, the daemon
+    print(f"splitrt run: cost table from {costs.source}", file=sys.stderr)
+    codecs = (args.codec,)
     kw: dict[str, Any] = {} if args.deadline_ms is None else {"deadline_ms": args.deadline_ms}
     allowed = _allowed(args, mg, table, board)
     config = RuntimeConfig(
@@ -148,13 +147,14 @@ def _finish(args: argparse.Namespace, rows: list[dict[str, Any]], summary: dict[
                         r.get("fallback", ""),
                         r.get("server") or "-",
                         *[_cell(r.get(k)) for k in extra],
-                        r.get("error") or r.get("fallback_reason") or "-",
+                        r.get("error") or r.get("fallback_reason") or r.get("not_sent") or "-",
                     ]
                     for r in rows
                 ],
             )
         )
-        print(tables.render(["summary", "value"], [[k, v] for k, v in summary.items()]))
+        shown = {k: v for k, v in summary.items() if k != "cost_table"}
+        print(tables.render(["summary", "value"], [[k, v] for k, v in shown.items()]))
     return 0 if summary["failed"] == 0 else 1
 
 
@@ -197,7 +197,7 @@ def _stream(
     reference: dict[str, np.ndarray] | None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    completed = failed = fallbacks = different = 0
+    completed = failed = fallbacks = different = not_sent = 0
     servers: dict[str, int] = {}
     t_start = time.monotonic()
     for i in range(count):
@@ -224,6 +224,9 @@ def _stream(
                 fallback=out.fallback,
                 server=out.server,
             )
+            if getattr(out, "not_sent", ""):
+                row["not_sent"] = out.not_sent
+                not_sent += 1
             if out.fallback:
                 row["fallback_reason"] = getattr(out, "fallback_reason", "") or "the edge or its next tier failed"
             if reference is not None:
@@ -238,11 +241,14 @@ def _stream(
         "completed": completed,
         "failed": failed,
         "fallbacks": fallbacks,
+        "not_sent": not_sent,
         "switches": int(dev.stats["switches"]),
         "servers": servers,
     }
     if reference is not None:
         summary["different"] = different
+    if getattr(args, "cost_table", None) is not None:
+        summary["cost_table"] = args.cost_table
     if args.json:
         print(json.dumps({"summary": summary}), flush=True)
     return rows, summary

@@ -17,6 +17,19 @@ def render(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(s.rstrip() for s in out)
 
 
+#: Longest name a table cell shows (the --json form keeps every name whole).
+NAME_WIDTH = 48
+
+
+def short(name: str, width: int = NAME_WIDTH) -> str:
+    """``name`` cut in the middle to ``width`` characters (both ends kept: exporters put the layer's path
+    first and the op last), unchanged when it fits."""
+    if len(name) <= width:
+        return name
+    keep = width - 3
+    return name[: (keep + 1) // 2] + "..." + name[len(name) - keep // 2 :]
+
+
 def _fmt(v: object) -> str:
     if isinstance(v, float):
         if v == 0:

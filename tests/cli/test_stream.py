@@ -47,10 +47,12 @@ def test_count_20_json_lines_and_summary(server: CloudServer, capsys: pytest.Cap
         assert set(r) >= KEYS
         assert r["ok"] is True and r["cut"] == "c30" and r["server"] == server.address and r["fallback"] is False
         assert r["latency_ms"] > 0 and r["rel_err"] < 1e-5
+    assert summary.pop("cost_table")["kind"] in ("shipped", "prior")
     assert summary == {
         "completed": 20,
         "failed": 0,
         "fallbacks": 0,
+        "not_sent": 0,
         "switches": 0,
         "servers": {server.address: 20},
         "different": 0,

@@ -1,24 +1,22 @@
 """How much of a request's deadline an RPC may take when the device must still be able to finish the
-request itself (the local fallback) within that deadline.
+request itself (the local fallback): ``splitrt.plan.reserve`` (pure, shared with the simulator), named
+here for the device's callers.
 
-The local finish is kept in reserve: its expected time (profiled, scaled by the device's load) times
-``LOCAL_SAFETY`` (a profile is a median; a loaded device runs slower than it said a moment ago), plus
-``LOCAL_SLACK_MS`` for what follows a timed-out RPC before the tail starts (the client-side deadline
-firing late, the failure being recorded). What remains is the RPC's timeout; when nothing remains the
-cloud is not worth asking and the request finishes here, on time.
+- ``rpc_timeout_ms(*, deadline_ms, elapsed_ms, local_finish_ms, cold=False) -> float | None``:
+  ``reserve.send_budget(...).timeout_ms`` (None: the cloud is not asked).
 """
 
 from __future__ import annotations
 
-__all__ = ["LOCAL_SAFETY", "LOCAL_SLACK_MS", "rpc_timeout_ms"]
+from splitrt.plan.reserve import LOCAL_SAFETY, LOCAL_SLACK_MS, MIN_RPC_MS, send_budget
 
-LOCAL_SAFETY = 1.5
-LOCAL_SLACK_MS = 10.0
-# An RPC shorter than this cannot complete even on loopback: finish locally instead.
-MIN_RPC_MS = 1.0
+__all__ = ["LOCAL_SAFETY", "LOCAL_SLACK_MS", "MIN_RPC_MS", "rpc_timeout_ms"]
 
 
-def rpc_timeout_ms(*, deadline_ms: float, elapsed_ms: float, local_finish_ms: float) -> float | None:
-    """The RPC's timeout, or None when the deadline leaves no room for one after the local reserve."""
-    left = deadline_ms - elapsed_ms - (max(0.0, local_finish_ms) * LOCAL_SAFETY + LOCAL_SLACK_MS)
-    return left if left >= MIN_RPC_MS else None
+def rpc_timeout_ms(
+    *, deadline_ms: float, elapsed_ms: float, local_finish_ms: float, cold: bool = False
+) -> float | None:
+    """The RPC's timeout, or None when the request should finish here without asking the cloud."""
+    return send_budget(
+        deadline_ms=deadline_ms, elapsed_ms=elapsed_ms, local_finish_ms=local_finish_ms, cold=cold
+    ).timeout_ms

@@ -31,10 +31,12 @@ replays such a log.
   preference among equals), ``.clouds()``, ``.status()``, ``.stats``, ``.close()``.
 - ``RuntimeConfig(deadline_ms, policy="adaptive" | "periodic:S" | "fixed:PLAN", controller, link,
   backoff_initial_s, backoff_max_s, prober_interval_s, probe_timeout_s, balance=BalanceConfig(), ...)``.
-- The deadline holds with a local fallback (``device.deadline.rpc_timeout_ms``): an RPC gets what is left of the
-  deadline once the local finish (its profiled time x device load x ``LOCAL_SAFETY`` 1.5, plus
-  ``LOCAL_SLACK_MS`` 10) is kept in reserve; with nothing left the cloud is not asked (``ChainDevice`` the
-  same).
+- The deadline holds with a local fallback (``plan.reserve.send_budget``, the simulator's too): an RPC gets what
+  is left of the deadline once the local finish (its profiled time x device load x ``LOCAL_SAFETY`` 1.5, plus
+  ``LOCAL_SLACK_MS`` 10) is kept in reserve; but the whole remaining budget (at least the local finish) when
+  the local finish would miss the deadline anyway, and the whole remaining budget the first time a cut goes
+  to a server (a cold tail's build). With no room left the cloud is not asked: ``Outcome.not_sent`` says why,
+  ``stats["not_sent"]`` counts it, and it is no fallback (nothing reached the wire).
 - Several clouds (``device.balancer.Balancer``, one turn per request): every request orders the admitting clouds
   with ``plan.balance.order`` (queue estimate, RTT, this device's requests on the wire to each:
   ``Cloud.inflight``, ``Cloud.workers``), is planned with the first one's queue, and tries them in that order,
@@ -79,18 +81,18 @@ from splitrt.device import hops
 from splitrt.device.balancer import Balancer
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.clouds import Cloud, Clouds, Connect
-from splitrt.device.deadline import rpc_timeout_ms
 from splitrt.device.hops import Hops
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
 from splitrt.device.runtypes import Outcome, RuntimeConfig
 from splitrt.device.shapeplans import ShapePlan, ShapePlans
 from splitrt.errors import CloudError, ConfigError, InputError, SplitrtError
-from splitrt.plan import observe, reshape
+from splitrt.plan import observe, reserve, reshape
 from splitrt.plan.controller import Controller, Decision, Policy
 from splitrt.plan.correction import Observation
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkEstimator, LoadEstimate, LoadEstimator
 from splitrt.plan.path import parse_path
+from splitrt.plan.reserve import NOT_SENT
 from splitrt.plan.reshape import Signature
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
@@ -228,6 +230,7 @@ class AdaptiveDevice:
             connect=connect,
         )
         self._warm_due = False
+        self._sent: set[tuple[str, str]] = set()  # (server, cut) sent once: its tail is no longer cold
         self._closing = threading.Event()
         self.stats = {
             "completed": 0,
@@ -239,6 +242,7 @@ class AdaptiveDevice:
             "refused": 0,
             "diverged": 0,
             "relayed": 0,  # requests a server forwarded to its next tier
+            "not_sent": 0,  # planned for a cloud, finished here without sending (no cloud, no time): no fallback
         }
         self.last_local_error = ""
         self.last_diverged = ""  # why the last request could not be split (a specialised graph's guard)
@@ -330,7 +334,9 @@ class AdaptiveDevice:
         server = None if answer is None else answer.cloud.address
         if relayed and answer is not None and result.hops is not None:
             server = result.hops.next_address or f"{answer.cloud.address}/next"
-        fallback = why is not None
+        # Nothing reached the wire (no cloud, or no time for one after the local reserve): no fallback.
+        not_sent = answer is None and why is not None and all(w.startswith(NOT_SENT) for w in why.split("; "))
+        fallback = why is not None and not not_sent
         finished_by = 0 if answer is None else answer.tier + int(relayed)
         latency = (time.perf_counter() - t0) * 1e3
         observed = None if fallback else _correct(self, sp, decision, head, result, answer, latency)
@@ -347,7 +353,7 @@ class AdaptiveDevice:
                 "shape": reshape.signature_json(sp.signature),
                 "table": sp.source,
                 **({"balance": choice.to_json()} if len(live) > 1 else {}),
-                **({"fallback_reason": why} if why else {}),
+                **({"not_sent": why} if not_sent else {"fallback_reason": why} if why else {}),
                 **({"finished_by": tier_name(finished_by, len(self.tables))} if len(self.tables) > 2 else {}),
             },
         )
@@ -355,6 +361,7 @@ class AdaptiveDevice:
             self.stats["shape_tables"] = self._shapes.built
             self.stats["completed"] += 1
             self.stats["fallbacks"] += int(fallback)
+            self.stats["not_sent"] += int(not_sent)
             self.stats["switches"] += int(decision.switched)
         if self.log is not None:
             with self._lock:
@@ -370,7 +377,8 @@ class AdaptiveDevice:
             server=server,
             decision=decision,
             result=result,
-            fallback_reason=why or "",
+            fallback_reason="" if not_sent else why or "",
+            not_sent=(why or "") if not_sent else "",
             route="local" if cut == DEVICE_CUT else tier_name(route[1], len(self.tables)),
             finished_by=tier_name(finished_by, len(self.tables)),
         )
@@ -437,19 +445,13 @@ class AdaptiveDevice:
         cut = cuts[0]
         if cut == DEVICE_CUT:
             return self.local.finish_locally(head), None, None
-        why: list[str] = [] if targets[0][1] else ["no cloud available"]
-        # Keep enough of the deadline to run the tail here if the cloud does not answer in time.
-        local_tail_ms = float(table.head_ms[table.index(DEVICE_CUT)] - table.head_ms[table.index(cut)]) * max(
-            1.0, self.load.estimate(now).device_factor
-        )
+        why: list[str] = [] if targets[0][1] else [f"{NOT_SENT}: no cloud available"]
         for tier, servers, next_cut in targets:
             clouds = self._servers(tier)
             for cloud in servers:
-                timeout_ms = rpc_timeout_ms(
-                    deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_tail_ms
-                )
+                timeout_ms = _budget(self, table, cut, cloud.address, deadline_ms, t0, now)
                 if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
-                    why.append(f"no time left for {cloud.address} within the deadline of {deadline_ms:g} ms")
+                    why.append(f"{NOT_SENT}: {cloud.address}, deadline {deadline_ms:g} ms")
                     return self.local.finish_locally(head), None, "; ".join(why)
                 with clouds.on_wire(cloud):
                     try:
@@ -548,6 +550,27 @@ class AdaptiveDevice:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _budget(
+    dev: AdaptiveDevice, table: CostTable, cut: str, address: str, deadline_ms: float, t0: float, now: float
+) -> float | None:
+    """The RPC's timeout for ``cut`` at ``address`` (None: do not send): ``plan.reserve.send_budget``, as the
+    simulator decides it. The local finish is kept in reserve unless that would stop the plan's best
+    chance (the local finish late anyway; a cold tail's first request)."""
+    local_ms = reserve.local_finish_ms(
+        float(table.head_ms[table.index(DEVICE_CUT)]),
+        float(table.head_ms[table.index(cut)]),
+        dev.load.estimate(now).device_factor,
+    )
+    with dev._lock:
+        cold = (address, cut) not in dev._sent
+        budget = reserve.send_budget(
+            deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_ms, cold=cold
+        )
+        if budget.sent:
+            dev._sent.add((address, cut))
+    return budget.timeout_ms
 
 
 def _observe(

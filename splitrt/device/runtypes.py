@@ -61,3 +61,4 @@ class Outcome:
     fallback_reason: str = ""  # why the cloud's part ran locally (each cloud's error, or the deadline)
     route: str = "local"  # the tier the plan sent the request to (``tier_name``), or local
     finished_by: str = "device"  # the tier that produced the outputs
+    not_sent: str = ""  # planned for a cloud but never sent (no cloud up, no time after the reserve): why

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from splitrt.errors import ConfigError
-from splitrt.plan import observe
+from splitrt.plan import observe, reserve
 from splitrt.plan.controller import Controller, ControllerConfig, Policy
 from splitrt.plan.correction import Observation
 from splitrt.plan.costmodel import DEVICE_CUT
@@ -67,6 +67,7 @@ class SimConfig:
     cloud_speed: float = 1.0
     plan_cost: tuple[tuple[str, float], ...] = ()  # (plan key, what its requests take over what they would)
     seed: int = 0
+    deadline_ms: float = 5000.0  # per request, as ``RuntimeConfig.deadline_ms``: the local reserve's budget
     link: LinkConfig = field(default_factory=LinkConfig)
     controller: ControllerConfig = field(default_factory=lambda: ControllerConfig(codecs=None))
 
@@ -82,10 +83,12 @@ class SimConfig:
             and self.device_speed > 0
             and self.cloud_speed > 0
             and all(f > 0 for _, f in self.plan_cost)
+            and self.deadline_ms > 0
         ):
             raise ConfigError(
                 "SimConfig: expected rate_hz > 0, duration_s > 0, warmup_s >= 0, rtt_ms >= 0, "
-                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5, speeds > 0; got {self!r}"
+                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5, speeds > 0, deadline_ms > 0; "
+                f"got {self!r}"
             )
 
 
@@ -97,6 +100,11 @@ class SimRequest:
     head_ms: float
     send_ms: float  # on the wire, waiting behind a probe included (0 on the device)
     device_load: float
+    # How a cloud plan ended (``plan.reserve``, as the runtime): served by the cloud; not sent (no time after
+    # the local reserve: finished here, no fallback); or a fallback (the RPC's budget ran out first).
+    served: bool = False
+    not_sent: bool = False
+    fallback: bool = False
 
 
 class _Run:
@@ -113,6 +121,7 @@ class _Run:
         self.probes = observe.ProbeState()  # the prober's schedule
         self.rtt_s = cfg.rtt_ms / 1e3
         self.plan_cost = dict(cfg.plan_cost)
+        self.sent: set[str] = set()  # cuts sent once: their tail is no longer cold (``reserve.send_budget``)
 
     def _wire(self, start_s: float, nbytes: float) -> float:
         """Seconds from ``start_s`` until ``nbytes`` are through (queued behind what is on the wire)."""
@@ -182,32 +191,31 @@ class _Run:
         observe.observe_local(
             self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])), send_at
         )
-        latency_ms, send_s = head_ms, 0.0
+        latency_ms, send_s, round_trip_ms = head_ms, 0.0, 0.0
+        outcome: dict[str, bool] = {}
         if cut != DEVICE_CUT:
-            k = tbl.codec_index(codec)
-            sent = float(tbl.sent_bytes[i, k]) + float(tbl.reply_bytes[i])
-            # the device encodes and makes the call (as slow as its compute), then the wire
-            send_at += (float(tbl.encode_ms[i, k]) + tbl.call_ms) * slowed * self.cfg.device_speed * jitter / 1e3
-            send_s = self._wire(send_at, sent)
-            self.busy = (send_at, send_at + send_s)
-            tail_ms = (float(tbl.tail_ms[i]) + float(tbl.decode_ms[i, k])) * self.cfg.cloud_speed * jitter
-            net_s = send_s + self.rtt_s
-            end = send_at + net_s + tail_ms / 1e3
-            # The trace carries both ways as one transfer: all of ``sent`` counts as up.
-            observe.observe_reply(
-                observe.ReplyObservation(
-                    bytes_up=int(sent),
-                    bytes_down=0,
-                    net_s=net_s,
-                    tail_s=tail_ms / 1e3,
-                    profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
+            dev_i = tbl.index(DEVICE_CUT)
+            budget = reserve.send_budget(
+                deadline_ms=self.cfg.deadline_ms,
+                elapsed_ms=head_ms,
+                local_finish_ms=reserve.local_finish_ms(
+                    float(tbl.head_ms[dev_i]), float(tbl.head_ms[i]), load.device_factor
                 ),
-                end,
-                link=self.link,
-                load=self.load,
+                cold=cut not in self.sent,
             )
-            latency_ms = (end - t) * 1e3
-        round_trip_ms = (end - send_at) * 1e3 if cut != DEVICE_CUT else 0.0
+            # What finishing here really takes (the truth, as the head's).
+            local_ms = float(tbl.head_ms[dev_i] - tbl.head_ms[i]) * slowed * self.cfg.device_speed * jitter
+            if budget.timeout_ms is None:
+                outcome = {"not_sent": True}
+                latency_ms = head_ms + local_ms
+            else:
+                self.sent.add(cut)
+                latency_ms, send_s, round_trip_ms, served = self._remote(
+                    t, send_at, i, codec, (jitter, slowed), budget.timeout_ms
+                )
+                outcome = {"served": True} if served else {"fallback": True}
+                if not served:
+                    latency_ms += local_ms
         latency_ms *= self.plan_cost.get(d.plan, 1.0)
         # what the request took beyond its head and its round trip, against its price, as the runtime feeds it
         self.policy.controller.observe(
@@ -227,7 +235,43 @@ class _Run:
             head_ms=head_ms,
             send_ms=send_s * 1e3,
             device_load=load.device_factor,
+            **outcome,
         )
+
+    def _remote(
+        self, t: float, send_at: float, i: int, codec: str, factors: tuple[float, float], timeout_ms: float
+    ) -> tuple[float, float, float, bool]:
+        """(latency so far ms, seconds on the wire, round trip ms, served) of a request whose head ended at
+        ``send_at`` (``factors``: this request's jitter and the device burst's slow-down): the device
+        encodes and makes the call, then the wire, the RTT and the tail; the reply when it comes within
+        ``timeout_ms`` of ``send_at`` (observed, as the runtime's), else the timeout's end."""
+        tbl = self.table
+        jitter, slowed = factors
+        k = tbl.codec_index(codec)
+        sent = float(tbl.sent_bytes[i, k]) + float(tbl.reply_bytes[i])
+        # the device encodes and makes the call (as slow as its compute), then the wire
+        start = send_at + (float(tbl.encode_ms[i, k]) + tbl.call_ms) * slowed * self.cfg.device_speed * jitter / 1e3
+        send_s = self._wire(start, sent)
+        self.busy = (start, start + send_s)
+        tail_ms = (float(tbl.tail_ms[i]) + float(tbl.decode_ms[i, k])) * self.cfg.cloud_speed * jitter
+        net_s = send_s + self.rtt_s
+        end = start + net_s + tail_ms / 1e3
+        if (end - send_at) * 1e3 > timeout_ms:  # the RPC's deadline fires first: no reply to learn from
+            return (send_at - t) * 1e3 + timeout_ms, send_s, (send_at - start) * 1e3 + timeout_ms, False
+        # The trace carries both ways as one transfer: all of ``sent`` counts as up.
+        observe.observe_reply(
+            observe.ReplyObservation(
+                bytes_up=int(sent),
+                bytes_down=0,
+                net_s=net_s,
+                tail_s=tail_ms / 1e3,
+                profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
+            ),
+            end,
+            link=self.link,
+            load=self.load,
+        )
+        return (end - t) * 1e3, send_s, (end - start) * 1e3, True
 
 
 def simulate(

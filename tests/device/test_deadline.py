@@ -28,8 +28,14 @@ def test_the_rpc_gets_what_the_local_reserve_leaves() -> None:
         rpc_timeout_ms(deadline_ms=500, elapsed_ms=100, local_finish_ms=40)
         == 500 - 100 - 40 * LOCAL_SAFETY - LOCAL_SLACK_MS
     )
-    assert rpc_timeout_ms(deadline_ms=100, elapsed_ms=20, local_finish_ms=60) is None  # 20 + 90 + 10 > 100
     assert rpc_timeout_ms(deadline_ms=100, elapsed_ms=0, local_finish_ms=-5) == 90.0  # no negative reserve
+    # the local finish would be late anyway (20 + 90 + 10 > 100): the whole budget, never less than it
+    assert rpc_timeout_ms(deadline_ms=100, elapsed_ms=20, local_finish_ms=60) == 80.0
+    assert rpc_timeout_ms(deadline_ms=100, elapsed_ms=90, local_finish_ms=60) == 60.0
+    # a cold tail: the whole budget (its build)
+    assert rpc_timeout_ms(deadline_ms=500, elapsed_ms=100, local_finish_ms=40, cold=True) == 400.0
+    # the reserve fits but leaves under MIN_RPC_MS: not sent
+    assert rpc_timeout_ms(deadline_ms=100.5, elapsed_ms=0, local_finish_ms=60) is None
 
 
 @pytest.fixture()
@@ -58,6 +64,9 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_a_stalled_cloud_leaves_time_to_finish_locally(
     stalled: tuple[CloudServer, threading.Event], monkeypatch: pytest.MonkeyPatch, deadline_ms: float
 ) -> None:
+    """The first request of a cut (a cold tail) gets the whole budget; the next ones what the reserve leaves
+    when the local finish meets the deadline, else (3 ms: late anyway) the whole budget, at least the local
+    finish. Every request ends with the outputs of a local finish."""
     server, _ = stalled
     mg = graph.load(zoo.get("squeezenet"))
     table = flops_table(mg, device_gflops=5, cloud_gflops=100)
@@ -67,13 +76,16 @@ def test_a_stalled_cloud_leaves_time_to_finish_locally(
     cfg = RuntimeConfig(policy=f"fixed:{cut}", deadline_ms=deadline_ms)
     with AdaptiveDevice(mg, table, [server.address], config=cfg, start_prober=False) as dev:
         x = dev.local.random_inputs()
-        out = dev.infer(x)
+        outs = [dev.infer(x) for _ in range(2)]
         expected = dev.local.run_local(x)
-    assert out.fallback and out.server is None
-    for name, value in expected.items():
-        np.testing.assert_allclose(out.outputs[name], value, rtol=1e-4, atol=1e-5)
-    if rpc_timeout_ms(deadline_ms=deadline_ms, elapsed_ms=0.0, local_finish_ms=local_ms) is None:
-        assert timeouts == []  # no room for the cloud at all: not asked
-    else:
-        (t,) = timeouts
-        assert t * 1e3 <= deadline_ms - local_ms * LOCAL_SAFETY - LOCAL_SLACK_MS
+    for out in outs:
+        assert out.fallback and out.server is None and not out.not_sent
+        for name, value in expected.items():
+            np.testing.assert_allclose(out.outputs[name], value, rtol=1e-4, atol=1e-5)
+    first, second = (t * 1e3 for t in timeouts)
+    assert first <= deadline_ms or first == pytest.approx(local_ms, rel=0.5)  # cold: the whole budget
+    if deadline_ms > local_ms * LOCAL_SAFETY + LOCAL_SLACK_MS + 50:
+        assert second <= deadline_ms - local_ms * LOCAL_SAFETY - LOCAL_SLACK_MS
+        assert first > second  # the cold request was not cut to the reserve
+    else:  # late anyway: the cloud is still asked, for at least the local finish
+        assert second >= local_ms * 0.99

@@ -8,7 +8,9 @@ the model's figure, not the runtime's (onnxruntime's arena and session add to it
 
 ``splitrt.graph.memory``: ``head_memory_bytes(mg, cuts=None) -> [bytes]`` (a head's weights + peak live
 activations, nodes in topological order, crossing tensors live until sent); ``sends_input(mg, cuts=None) ->
-[bool]`` (a graph input among the crossing tensors). ``profile.cutfacts.cut_facts(mg, ids) -> CutFacts``,
+[bool]`` (a graph input among the crossing tensors); ``input_layout(mg, cuts=None) -> [bool]`` (every crossing
+tensor is a graph input or only moved/reshaped/cast from one: the same data as the cut ``cloud`` sends, so such
+a cut is ``cloud`` for plans). ``profile.cutfacts.cut_facts(mg, ids) -> CutFacts``,
 ``allowed_for(mg, table, Constraints) -> Allowed | None``.
 """
 
@@ -70,3 +72,27 @@ def sends_input(mg: ModelGraph, cuts: Sequence[Cut] | None = None) -> list[bool]
     cuts = list(cuts) if cuts is not None else mg.cuts()
     inputs = {t.name for t in mg.inputs}
     return [any(n in inputs for n in c.tensor_names) for c in cuts]
+
+
+#: Ops that move, reshape or re-type a tensor without computing anything from its values.
+LAYOUT_OPS = frozenset(
+    {"Transpose", "Reshape", "Cast", "CastLike", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand"}
+)
+
+
+def input_layout(mg: ModelGraph, cuts: Sequence[Cut] | None = None) -> list[bool]:
+    """Whether each cut (other than ``cloud`` and ``device``) sends only graph inputs or layout ops of
+    them (``LAYOUT_OPS`` whose other inputs are initializers or constants): ``cloud`` in disguise."""
+    cuts = list(cuts) if cuts is not None else mg.cuts()
+    fixed = {i.name for i in mg.model.graph.initializer}
+    fixed |= {o for n in mg.nodes if n.op_type == "Constant" for o in n.output}
+    derived = {t.name for t in mg.inputs}
+    for node in mg.nodes:  # topological order
+        if node.op_type not in LAYOUT_OPS or not node.input or node.input[0] not in derived:
+            continue
+        if all((not i) or i in fixed for i in node.input[1:]):
+            derived.update(o for o in node.output if o)
+    return [
+        c.id not in ("cloud", "device") and bool(c.tensor_names) and all(n in derived for n in c.tensor_names)
+        for c in cuts
+    ]

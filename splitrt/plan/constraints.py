@@ -52,6 +52,10 @@ class Constraints:
         }
 
 
+#: Why a cut that only moves or reshapes the input is not a candidate: it is ``cloud`` (same data).
+LAYOUT_OF_INPUT = "the input moved/reshaped (same data as cloud)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class CutFacts:
     """Per cut (the cost table's order): head FLOPs share, whether it sends a graph input, head memory."""
@@ -60,6 +64,9 @@ class CutFacts:
     head_flops_fraction: tuple[float, ...]
     sends_input: tuple[bool, ...]
     head_memory_bytes: tuple[int, ...]
+    # The cut sends only the graph inputs, moved/reshaped/cast (``graph.memory.input_layout``): the same
+    # data as ``cloud``, so it is ``cloud`` for plans and verdicts. Empty: none is.
+    input_layout: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -68,6 +75,8 @@ class CutFacts:
                 f"CutFacts: expected {n} entries per field (one per cut), got "
                 f"{len(self.head_flops_fraction)}, {len(self.sends_input)}, {len(self.head_memory_bytes)}"
             )
+        if self.input_layout and len(self.input_layout) != n:
+            raise PlanError(f"CutFacts: expected {n} input_layout entries (one per cut), got {len(self.input_layout)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +114,9 @@ def allowed_cuts(facts: CutFacts, constraints: Constraints) -> Allowed:
     excluded: dict[str, str] = {}
     ceiling = None if constraints.device_memory_mb is None else constraints.device_memory_mb * 1024 * 1024
     for i, cut in enumerate(facts.ids):
-        if facts.head_flops_fraction[i] < constraints.min_head_flops_fraction - 1e-12 and cut != DEVICE_CUT:
+        if facts.input_layout and facts.input_layout[i]:
+            excluded[cut] = LAYOUT_OF_INPUT
+        elif facts.head_flops_fraction[i] < constraints.min_head_flops_fraction - 1e-12 and cut != DEVICE_CUT:
             excluded[cut] = "privacy floor"
         elif constraints.no_raw_input and cut != DEVICE_CUT and (cut == CLOUD_CUT or facts.sends_input[i]):
             excluded[cut] = "raw input"

@@ -23,14 +23,20 @@ def cut_facts(mg: Any, ids: list[str] | tuple[str, ...] | None = None) -> CutFac
         head_flops_fraction=tuple(c.head_flops_fraction for c in chosen),
         sends_input=tuple(memory.sends_input(mg, chosen)),
         head_memory_bytes=tuple(memory.head_memory_bytes(mg, chosen)),
+        input_layout=tuple(memory.input_layout(mg, chosen)),
     )
 
 
 def allowed_for(mg: Any, table: Any, constraints: Constraints) -> Allowed | None:
-    """The table's cuts meeting ``constraints`` (None when there are none to meet)."""
+    """The table's cuts (None: the graph's) meeting ``constraints``, never a cut that only moves or
+    reshapes the input (it is ``cloud``: ``plan.constraints.LAYOUT_OF_INPUT``); None when every cut is a
+    candidate."""
+    ids = [c.id for c in mg.cuts()] if table is None else list(table.ids)
     if not constraints.active:
-        return None
-    return allowed_cuts(cut_facts(mg, list(table.ids)), constraints)
+        layout = memory.input_layout(mg, [c for c in mg.cuts() if c.id in set(ids)])
+        if not any(layout):
+            return None
+    return allowed_cuts(cut_facts(mg, ids), constraints)
 
 
 def memory_mb(value: str | float | None, board: Any) -> float | None:

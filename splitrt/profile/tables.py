@@ -168,7 +168,7 @@ def with_codecs(table: CostTable, names: Any) -> CostTable:
             spec = codec.Codec.parse(n)
         except CodecError as exc:
             raise ConfigError(f"codec: expected one of {', '.join(codec.names())}, got {n!r}") from exc
-        ratios[n] = CODEC_RATIOS[spec.quant]
+        ratios[n] = CODEC_RATIOS.get(spec.quant, 1.0)  # an image codec unmeasured: as fp32
     return CostTable(
         ids=table.ids,
         head_ms=table.head_ms,

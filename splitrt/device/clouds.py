@@ -73,6 +73,8 @@ class Clouds(Mapping[str, Cloud]):
         self._lock = lock
         self._by_address: dict[str, Cloud] = {}
         self.inflight = 0  # requests on the wire now: probes wait for an idle link
+        # (server address, cut) a request was sent for: that tail is no longer cold (``plan.reserve``)
+        self.sent: set[tuple[str, str]] = set()
 
     def __getitem__(self, address: str) -> Cloud:
         return self._by_address[address]

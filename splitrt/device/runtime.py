@@ -230,7 +230,6 @@ class AdaptiveDevice:
             connect=connect,
         )
         self._warm_due = False
-        self._sent: set[tuple[str, str]] = set()  # (server, cut) sent once: its tail is no longer cold
         self._closing = threading.Event()
         self.stats = {
             "completed": 0,
@@ -334,9 +333,7 @@ class AdaptiveDevice:
         server = None if answer is None else answer.cloud.address
         if relayed and answer is not None and result.hops is not None:
             server = result.hops.next_address or f"{answer.cloud.address}/next"
-        # Nothing reached the wire (no cloud, or no time for one after the local reserve): no fallback.
-        not_sent = answer is None and why is not None and all(w.startswith(NOT_SENT) for w in why.split("; "))
-        fallback = why is not None and not not_sent
+        not_sent, fallback = _ended(why, answer)
         finished_by = 0 if answer is None else answer.tier + int(relayed)
         latency = (time.perf_counter() - t0) * 1e3
         observed = None if fallback else _correct(self, sp, decision, head, result, answer, latency)
@@ -552,6 +549,13 @@ class AdaptiveDevice:
         self.close()
 
 
+def _ended(why: str | None, answer: _Answer | None) -> tuple[bool, bool]:
+    """(not sent, fallback): nothing reached the wire (no cloud, or no time for one after the local
+    reserve) is no fallback; any other reason a tier the plan counted on did not answer is."""
+    not_sent = answer is None and why is not None and all(w.startswith(NOT_SENT) for w in why.split("; "))
+    return not_sent, why is not None and not not_sent
+
+
 def _budget(
     dev: AdaptiveDevice, table: CostTable, cut: str, address: str, deadline_ms: float, t0: float, now: float
 ) -> float | None:
@@ -564,12 +568,12 @@ def _budget(
         dev.load.estimate(now).device_factor,
     )
     with dev._lock:
-        cold = (address, cut) not in dev._sent
+        cold = (address, cut) not in dev._clouds.sent
         budget = reserve.send_budget(
             deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_ms, cold=cold
         )
         if budget.sent:
-            dev._sent.add((address, cut))
+            dev._clouds.sent.add((address, cut))
     return budget.timeout_ms
 
 

@@ -4,13 +4,15 @@ hint of a refusal) and for operators (Prometheus text on ``--metrics-port``).
 ``ServerStats.observe`` is called once per Infer request or stream frame with its outcome: requests and
 errors by gRPC status code, histograms of the tail's run time and of the server-side total, and the
 smoothed service time per request (all models and cuts: what a queued request waits behind) and per
-model and cut (``Status`` segments). The text is rendered by ``splitrt.transport.promtext``, as the
-device daemon's is.
+model and cut (``Status`` segments). On each scrape a custom ``prometheus_client`` collector renders
+that state, the load and the front door's counters (``splitrt.transport.promserve`` serves it, as it
+does the device daemon's).
 
 - Metrics (``cloud.metrics``): ``ServerConfig(metrics_port=None | 0 | N, metrics_host="127.0.0.1")`` serves
-  Prometheus text (``render(server)``) on ``CloudServer.metrics_url`` from ``start()`` to ``stop()`` (the
-  ``listening`` event names it; a taken port is ``ConfigError`` before gRPC serves); ``splitrt serve
-  --metrics-port N``. ``CloudServer.stats`` (``ServerStats``): ``.observe(...)`` per request, ``.service_ms()``,
+  Prometheus text (``render(server)``; ``collect(server)`` yields the families) on
+  ``CloudServer.metrics_url`` from ``start()`` to ``stop()`` (the ``listening`` event names it; a taken
+  port is ``ConfigError`` before gRPC serves); ``splitrt serve --metrics-port N``.
+  ``CloudServer.stats`` (``ServerStats``): ``.observe(...)`` per request, ``.service_ms()``,
   ``.segment_service_ms(sha, cut)``, ``.errors()``, ``.refused``, ``.retry_after_ms(queue_depth=, workers=)``.
 """
 
@@ -19,11 +21,17 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from http.server import ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from splitrt.plan.queueing import expected_wait_ms
-from splitrt.transport import promtext
+from splitrt.transport import promserve
+from splitrt.transport.promserve import family as _family
 
 if TYPE_CHECKING:
     from splitrt.cloud.server import CloudServer
@@ -57,8 +65,19 @@ class ServerStats:
         self._lock = threading.Lock()
         self.by_code: Counter[str] = Counter()
         self.refused = 0  # queue full
-        self.tail_hist = promtext.Histogram(LATENCY_BUCKETS_S)
-        self.total_hist = promtext.Histogram(LATENCY_BUCKETS_S)
+        # Scraped as they are (registry=None: one pair per server, not the process-wide registry).
+        self.tail_hist = Histogram(
+            "splitrt_cloud_tail_seconds",
+            "Time a tail session ran, per successful request.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=None,
+        )
+        self.total_hist = Histogram(
+            "splitrt_cloud_request_seconds",
+            "Server-side time of a request (queue included), every outcome.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=None,
+        )
         self._service = _Ewma()
         self._by_segment: dict[tuple[str, str], _Ewma] = {}
 
@@ -106,152 +125,123 @@ class ServerStats:
         return round(min(MAX_RETRY_AFTER_MS, max(MIN_RETRY_AFTER_MS, wait)), 1)
 
 
-def render(server: CloudServer) -> str:
-    """The server's metrics in Prometheus text format 0.0.4."""
+def _one(kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, value: float) -> Metric:
+    return kind(name, doc, value=value)
+
+
+def collect(server: CloudServer) -> Iterator[Metric]:
+    """The server's metric families, read from its state now (a ``prometheus_client`` collector's body)."""
     st = server.stats
     load = server.load()
     with st._lock:
-        by_code = dict(st.by_code)
+        by_code = sorted(st.by_code.items())
         refused = st.refused
-        hists = [st.tail_hist.samples(), st.total_hist.samples()]
-    lines: list[str] = []
-    fam = promtext.family
-    fam(lines, "splitrt_cloud_up", "gauge", "1 while the server serves.", [("", {}, 1.0)])
-    fam(
-        lines,
+    C, G = CounterMetricFamily, GaugeMetricFamily
+    yield _one(G, "splitrt_cloud_up", "1 while the server serves.", 1.0)
+    yield _family(
+        C,
         "splitrt_cloud_requests_total",
-        "counter",
         "Infer requests and stream frames answered, by gRPC status code.",
-        [("", {"code": c}, float(n)) for c, n in sorted(by_code.items())],
+        ["code"],
+        (((c,), n) for c, n in by_code),
     )
-    fam(
-        lines,
+    yield _family(
+        C,
         "splitrt_cloud_errors_total",
-        "counter",
         "Infer requests and stream frames answered with an error, by gRPC status code.",
-        [("", {"code": c}, float(n)) for c, n in sorted(by_code.items()) if c != "OK"],
+        ["code"],
+        (((c,), n) for c, n in by_code if c != "OK"),
     )
-    fam(
-        lines,
+    yield _one(
+        C,
         "splitrt_cloud_refused_total",
-        "counter",
         "Requests refused because the queue was full (RESOURCE_EXHAUSTED with a retry hint).",
-        [("", {}, float(refused))],
+        refused,
     )
-    fam(
-        lines,
-        "splitrt_cloud_queue_depth",
-        "gauge",
-        "Requests admitted and not finished (waiting + running).",
-        [("", {}, float(load.queue_depth))],
+    yield _one(
+        G, "splitrt_cloud_queue_depth", "Requests admitted and not finished (waiting + running).", load.queue_depth
     )
-    fam(lines, "splitrt_cloud_running", "gauge", "Requests running a tail now.", [("", {}, float(load.running))])
-    fam(lines, "splitrt_cloud_workers", "gauge", "Tail worker slots.", [("", {}, float(load.workers))])
-    fam(
-        lines,
-        "splitrt_cloud_max_queue",
-        "gauge",
-        "Requests that may wait beyond the workers.",
-        [("", {}, float(load.max_queue))],
-    )
-    fam(
-        lines,
-        "splitrt_cloud_service_ms",
-        "gauge",
-        "Smoothed tail time per request, milliseconds.",
-        [("", {}, load.service_ms)],
-    )
-    fam(lines, "splitrt_cloud_cpu_percent", "gauge", "Host CPU utilisation, percent.", [("", {}, load.cpu_percent)])
-    fam(lines, "splitrt_cloud_tail_seconds", "histogram", "Time a tail session ran, per successful request.", hists[0])
-    fam(
-        lines,
-        "splitrt_cloud_request_seconds",
-        "histogram",
-        "Server-side time of a request (queue included), every outcome.",
-        hists[1],
-    )
+    yield _one(G, "splitrt_cloud_running", "Requests running a tail now.", load.running)
+    yield _one(G, "splitrt_cloud_workers", "Tail worker slots.", load.workers)
+    yield _one(G, "splitrt_cloud_max_queue", "Requests that may wait beyond the workers.", load.max_queue)
+    yield _one(G, "splitrt_cloud_service_ms", "Smoothed tail time per request, milliseconds.", load.service_ms)
+    yield _one(G, "splitrt_cloud_cpu_percent", "Host CPU utilisation, percent.", load.cpu_percent)
+    yield from st.tail_hist.collect()
+    yield from st.total_hist.collect()
     tails = server.tails
-    fam(
-        lines,
-        "splitrt_cloud_segment_cache_hits_total",
-        "counter",
-        "Tail lookups answered by a cached session.",
-        [("", {}, float(tails.cache_hits))],
+    yield _one(
+        C, "splitrt_cloud_segment_cache_hits_total", "Tail lookups answered by a cached session.", tails.cache_hits
     )
-    fam(
-        lines,
-        "splitrt_cloud_segment_cache_misses_total",
-        "counter",
-        "Tail lookups that built a session.",
-        [("", {}, float(tails.cache_misses))],
-    )
-    fam(
-        lines,
+    yield _one(C, "splitrt_cloud_segment_cache_misses_total", "Tail lookups that built a session.", tails.cache_misses)
+    yield _family(
+        C,
         "splitrt_cloud_segment_hits_total",
-        "counter",
         "Requests served by each cached tail session.",
-        [("", {"model": sha[:16], "cut": cut}, float(h)) for sha, cut, h in tails.snapshot()],
+        ["model", "cut"],
+        (((sha[:16], cut), h) for sha, cut, h in tails.snapshot()),
     )
-    fam(
-        lines,
-        "splitrt_cloud_served_total",
-        "counter",
-        "Requests served successfully.",
-        [("", {}, float(server.served))],
-    )
-    _door(lines, server)
-    return "\n".join(lines) + "\n"
+    yield _one(C, "splitrt_cloud_served_total", "Requests served successfully.", server.served)
+    yield from _door(server)
 
 
-def _door(lines: list[str], server: CloudServer) -> None:
+def _door(server: CloudServer) -> Iterator[Metric]:
     """The front door's counters: every call by method and code, lanes, refusals, throttled peers."""
     snap = server.door.snapshot()
-    fam = promtext.family
-    fam(
-        lines,
+    C, G = CounterMetricFamily, GaugeMetricFamily
+    yield _family(
+        C,
         "splitrt_cloud_calls_total",
-        "counter",
         "gRPC calls finished, every method, by status code (refusals at the front door included).",
-        [("", {"method": m, "code": c}, float(n)) for (m, c), n in sorted(snap["calls"].items())],
+        ["method", "code"],
+        sorted(snap["calls"].items()),
     )
-    fam(
-        lines,
-        "splitrt_cloud_lane_calls",
-        "gauge",
-        "Calls inside each lane now.",
-        [("", {"lane": k}, float(v)) for k, v in sorted(snap["inside"].items())],
-    )
-    fam(
-        lines,
-        "splitrt_cloud_lane_capacity",
-        "gauge",
-        "Calls each lane admits at once.",
-        [("", {"lane": k}, float(v)) for k, v in sorted(snap["caps"].items())],
-    )
-    fam(
-        lines,
+    yield _family(G, "splitrt_cloud_lane_calls", "Calls inside each lane now.", ["lane"], _keyed(snap["inside"]))
+    yield _family(G, "splitrt_cloud_lane_capacity", "Calls each lane admits at once.", ["lane"], _keyed(snap["caps"]))
+    yield _family(
+        C,
         "splitrt_cloud_door_refused_total",
-        "counter",
         "Calls refused or ended by the front door, by reason (unauthenticated, throttled, lane:<lane> full, timeout).",
-        [("", {"reason": k}, float(v)) for k, v in sorted(snap["refused"].items())],
+        ["reason"],
+        _keyed(snap["refused"]),
     )
-    fam(
-        lines,
+    yield _one(
+        C,
         "splitrt_cloud_connections_shed_total",
-        "counter",
         "Idle connections shut down near the connection cap (oldest first).",
-        [("", {}, float(snap["shed"]))],
+        snap["shed"],
     )
-    fam(
-        lines,
+    yield _one(
+        G,
         "splitrt_cloud_throttled_peers",
-        "gauge",
         "Peer addresses waiting after failed authentications.",
-        [("", {}, float(snap["waiting_peers"]))],
+        snap["waiting_peers"],
     )
 
 
-def metrics_http(server: CloudServer, host: str, port: int) -> tuple[ThreadingHTTPServer, str]:
-    """Serve ``render(server)`` on ``http://host:port/metrics`` (a daemon thread); returns (httpd, url)."""
-    httpd = promtext.http_server(host, port, lambda: render(server))
-    return httpd, promtext.serve_in_thread(httpd, name="splitrt-cloud-metrics")
+def _keyed(d: dict[str, float]) -> list[tuple[tuple[str], float]]:
+    return [((k,), v) for k, v in sorted(d.items())]
+
+
+class _Collector:
+    def __init__(self, server: CloudServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        return collect(self._server)
+
+
+def registry(server: CloudServer) -> CollectorRegistry:
+    """A registry of one collector that renders ``server`` on each scrape."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Collector(server))
+    return reg
+
+
+def render(server: CloudServer) -> str:
+    """The server's metrics in Prometheus text format 0.0.4."""
+    return generate_latest(registry(server)).decode()
+
+
+def metrics_http(server: CloudServer, host: str, port: int) -> tuple[WSGIServer, str]:
+    """Serve the server's metrics on ``http://host:port/metrics`` (a daemon thread); returns (httpd, url)."""
+    return promserve.serve(registry(server), host, port, name="splitrt-cloud-metrics")

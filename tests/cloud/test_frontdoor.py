@@ -27,6 +27,7 @@ from splitrt.graph import zoo
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+from tests.prom import samples
 from tests.rawh2 import RawConnection
 
 TOKEN = "fr0nt-d00r-t0ken"
@@ -396,9 +397,10 @@ def test_failures_are_counted_by_method_and_code_in_metrics(models_dir: Path) ->
             pb_grpc.SplitInferenceStub(ch).Status(pb.StatusRequest(), timeout=10)
         _status(ch)
         text = render(s)
-    assert 'splitrt_cloud_calls_total{method="Status",code="UNAUTHENTICATED"} 1.0' in text
-    assert 'splitrt_cloud_calls_total{method="Status",code="OK"} 1.0' in text
-    assert 'splitrt_cloud_lane_capacity{lane="status"} 8.0' in text
+    m = samples(text)
+    assert m[("splitrt_cloud_calls_total", (("code", "UNAUTHENTICATED"), ("method", "Status")))] == 1
+    assert m[("splitrt_cloud_calls_total", (("code", "OK"), ("method", "Status")))] == 1
+    assert m[("splitrt_cloud_lane_capacity", (("lane", "status"),))] == 8
 
 
 # -- replies the client never takes ---------------------------------------------------------------------

@@ -10,13 +10,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import CloudError, ConfigError
 from splitrt.graph import zoo
-from splitrt.transport import codec, promtext
+from splitrt.transport import codec
 from tests.cli.test_serve import Serve
+from tests.prom import samples
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +30,9 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _scrape(url: str) -> tuple[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
     with urllib.request.urlopen(url, timeout=10) as r:
-        assert r.headers["Content-Type"] == promtext.CONTENT_TYPE
+        assert r.headers["Content-Type"] == CONTENT_TYPE_PLAIN_0_0_4
         text = r.read().decode()
-    return text, promtext.parse(text)
+    return text, samples(text)
 
 
 def test_metrics_after_real_requests(models_dir: Path) -> None:

@@ -6,7 +6,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.daemon import Daemon, DaemonConfig, LocalClient, ModelConfig, load_config, parse_config
 from splitrt.errors import CloudError, ConfigError, InputError
 from splitrt.graph import zoo
+from tests import prom
 from tests.conftest import rel_err, session
 from tests.loopback import reap
 
@@ -155,29 +155,9 @@ def inputs(seed: int = 0) -> dict[str, np.ndarray]:
     return {"data_0": np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)}
 
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{((?:[a-zA-Z_]+="(?:[^"\\]|\\.)*",?)*)\})? (\S+)$')
-
-
 def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """A strict parser of the Prometheus text format (every sample line must match, TYPE before samples)."""
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    typed: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            name, kind = line.split()[2:4]
-            assert kind in ("counter", "gauge", "histogram"), line
-            typed.add(name)
-            continue
-        if line.startswith("#") or not line:
-            continue
-        m = _SAMPLE.match(line)
-        assert m, f"not a sample line: {line!r}"
-        name = m.group(1)
-        assert re.sub(r"_(bucket|sum|count)$", "", name) in typed or name in typed, f"no TYPE for {name}"
-        labels = tuple(sorted(re.findall(r'([a-zA-Z_]+)="((?:[^"\\]|\\.)*)"', m.group(3) or "")))
-        value = float(m.group(4).replace("+Inf", "inf"))
-        samples[(name, labels)] = value
-    return samples
+    """Strict: every line parses (prometheus_client's parser), every family is typed."""
+    return prom.samples(text)
 
 
 def metric(samples: dict[Any, float], name: str, **labels: str) -> float:

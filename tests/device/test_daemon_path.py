@@ -27,6 +27,7 @@ from splitrt.errors import ConfigError
 from splitrt.graph import zoo
 from tests.conftest import rel_err, session
 from tests.loopback import free_port, serve
+from tests.prom import samples
 
 MODEL = "squeezenet"
 REPO = Path(__file__).resolve().parents[2]
@@ -235,9 +236,9 @@ def test_three_tiers_take_a_fixed_plan_and_constraints(tmp_path: Path, in_proces
             assert rel_err(want, r.outputs["softmaxout_1"]) < 1e-4
         assert c.plan().policy == "fixed:c4@fp32>c20@fp32"
         assert {s.address for s in c.plan().clouds} == {edge, f"{edge}/next", cloud}
-        metrics = d.metrics_text()  # the same Prometheus families as two tiers
-        assert f'splitrt_cloud_up{{model="sq",cloud="{edge}"}} 1' in metrics
-        assert 'splitrt_requests_total{model="sq"} 3' in metrics
+        metrics = samples(d.metrics_text())  # the same Prometheus families as two tiers
+        assert metrics[("splitrt_cloud_up", (("cloud", edge), ("model", "sq")))] == 1
+        assert metrics[("splitrt_requests_total", (("model", "sq"),))] == 3
     # unconstrained, this device sends its input (first cut "cloud", see the kill tests); never with no_raw_input
     with _daemon(tmp_path, edge, cloud, no_raw_input=True) as d, LocalClient(str(d.api_address)) as c:
         plans = [c.infer(x).plan for _ in range(4)]

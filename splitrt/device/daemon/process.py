@@ -24,13 +24,14 @@ import time
 from collections.abc import Mapping
 from concurrent import futures
 from dataclasses import dataclass, field, replace
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
 
 from splitrt.device.daemon import api, metrics
 from splitrt.device.daemon.config import DaemonConfig, ModelConfig, load_config
@@ -39,7 +40,7 @@ from splitrt.device.daemon.preflight import preflight
 from splitrt.device.daemon.runtimes import Runtime, build_runtime
 from splitrt.errors import ConfigError, InputError
 from splitrt.graph import shapes
-from splitrt.transport import credentials, wire
+from splitrt.transport import credentials, promserve, wire
 
 log = logging.getLogger("splitrt.device.daemon")
 
@@ -141,7 +142,12 @@ class Daemon:
             self._close_models()
             raise
         self._server: grpc.Server | None = None
-        self._http: ThreadingHTTPServer | None = None
+        self._http: WSGIServer | None = None
+        self.latency = metrics.latency_histogram()
+        for name in self.models:  # every model's histogram shows from the first scrape
+            self.latency.labels(model=name)
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(metrics.Collector(self._metrics_snapshot, self.latency))
         self.api_address: str | None = None
         self.metrics_url: str | None = None
 
@@ -172,10 +178,9 @@ class Daemon:
         if cfg.api_socket_path is not None:
             os.chmod(cfg.api_socket_path, 0o660)
         if cfg.metrics_port is not None:
-            self._http = metrics.http_server(cfg.metrics_address, cfg.metrics_port, self.metrics_text)
-            host = str(self._http.server_address[0])
-            self.metrics_url = f"http://{host}:{self._http.server_address[1]}/metrics"
-            threading.Thread(target=self._http.serve_forever, name="splitrt-metrics", daemon=True).start()
+            self._http, self.metrics_url = promserve.serve(
+                self._registry, cfg.metrics_address, cfg.metrics_port, name="splitrt-metrics"
+            )
         return self.endpoints()
 
     def endpoints(self) -> dict[str, Any]:
@@ -263,7 +268,7 @@ class Daemon:
                 st.failed += int(not ok)
                 st.fallbacks += int(fallback)
                 if ok:
-                    st.observe(time.perf_counter() - t0)
+                    self.latency.labels(model=model.config.name).observe(time.perf_counter() - t0)
                 self.in_flight -= 1
                 self._idle.notify_all()
 
@@ -287,12 +292,14 @@ class Daemon:
         }
 
     def metrics_text(self) -> str:
-        """Prometheus text exposition format (0.0.4)."""
+        """Prometheus text exposition format (0.0.4), as ``GET /metrics`` answers."""
+        return generate_latest(self._registry).decode()
+
+    def _metrics_snapshot(self) -> tuple[metrics.Snapshot, int]:
         with self._lock:
             stats = {n: (m, m.stats.copy()) for n, m in self.models.items()}
             in_flight = self.in_flight
-        snapshot = {n: (s, m.device.status(), list(m.device.table.ids)) for n, (m, s) in stats.items()}
-        return metrics.render(snapshot, in_flight)
+        return {n: (s, m.device.status(), list(m.device.table.ids)) for n, (m, s) in stats.items()}, in_flight
 
 
 def run(config_path: str | Path, *, ready_out: TextIO | None = None) -> int:

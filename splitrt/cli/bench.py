@@ -51,6 +51,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--strategies", default=",".join(rigbench.STRATEGIES))
     p.add_argument(
+        "--profile",
+        default=None,
+        help="a profile of --model measured on this host (`splitrt profile`; the rig emulates the board from "
+        "it, as `sim --device P --cloud P` does; default: the shipped one, else measured now)",
+    )
+    p.add_argument(
         "--link",
         default="auto",
         choices=["auto", "kernel", "userspace"],
@@ -121,6 +127,7 @@ def bench_config(args: argparse.Namespace) -> rigbench.BenchConfig:
         codecs=tuple(args.codecs.split(",")) if args.codecs else None,
         strategies=tuple(s for s in args.strategies.split(",") if s),
         cuts=_allowed_cuts(args),
+        profile_path=getattr(args, "profile", None),
     )
 
 
@@ -130,16 +137,14 @@ def _allowed_cuts(args: argparse.Namespace) -> tuple[str, ...] | None:
     if not hasattr(args, "no_raw_input"):
         return None
     from splitrt.graph import model as graph
-    from splitrt.plan.constraints import allowed_cuts
     from splitrt.profile import boards
-    from splitrt.profile.cutfacts import cut_facts
+    from splitrt.profile.cutfacts import allowed_for
     from splitrt.rig.models import model_path_for
 
     cons = constraintcli.constraints(args, boards.load_board(args.device))
-    if not cons.active:
-        return None
     mg = graph.load(model_path_for(args.model))
-    return tuple(allowed_cuts(cut_facts(mg, [c.id for c in mg.cuts()]), cons).cuts)
+    allowed = allowed_for(mg, None, cons)  # never a cut that only moves the input (it is cloud)
+    return None if allowed is None else tuple(allowed.cuts)
 
 
 def run(

@@ -45,7 +45,8 @@ def register(subparsers: Any) -> None:
         "--board",
         default=None,
         help="the board this runs on (devices/<NAME>.toml): its [power] reader; recorded in the "
-        "profile, so `plan --board NAME` does not scale it by the board's speed factor",
+        "profile, so no command (plan, --explain, run, sim, the daemon) with --board NAME scales it by the "
+        "board's speed factor; a profile without it is scaled by every one of them",
     )
     p.add_argument(
         "--energy-window-s",

@@ -54,6 +54,8 @@ def sim_cell(
     codecs: Sequence[str] | None = None,
     mg: Any = None,
     deadline_ms: float = 5000.0,
+    rtt_ms: float | None = None,
+    warmup_s: float = 2.0,
 ) -> dict[str, Any]:
     """Every strategy and the oracles on ``trace`` (``duration_s`` None: to its end) for ``model`` (a zoo
     name or an .onnx file; ``mg``: that model already loaded and bound); ``strategies`` (adaptive and route
@@ -77,7 +79,7 @@ def sim_cell(
     dur = min(duration_s or full.duration_s, full.duration_s - offset_s)
     window = full.window(offset_s, dur)
     played = window.scaled(scale) if scale != 1 else window
-    rtt = tracespec.typical_rtt_ms(full)
+    rtt = tracespec.typical_rtt_ms(full) if rtt_ms is None else rtt_ms
     bursts = tuple(rigstats.burst_intervals(load, dur))
     cfg = sim.SimConfig(
         rate_hz=rate_hz,
@@ -91,6 +93,7 @@ def sim_cell(
         link=link or LinkConfig(),
         controller=controller,
         deadline_ms=deadline_ms,
+        warmup_s=warmup_s,
     )
     policies = rigbench.strategy_policies(
         rigbench.BenchConfig(
@@ -216,6 +219,10 @@ def register(sub: Any) -> None:
     p.add_argument("--duration", type=float, default=0.0, help="seconds of trace (0: to its end)")
     p.add_argument("--trace-offset", type=float, default=0.0)
     p.add_argument("--deadline-ms", type=float, default=5000.0, help="per-request deadline, as `run` (default 5000)")
+    p.add_argument("--rtt-ms", type=float, default=None, help="added round trip (default: typical of the trace)")
+    p.add_argument(
+        "--warmup", type=float, default=2.0, help="uncounted seconds of requests first (default 2; 0: as `run --count`)"
+    )
     p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute per request (seeded)")
     p.add_argument("--device-speed", type=float, default=1.0, help="device compute takes this x the profile")
     p.add_argument("--cloud-speed", type=float, default=1.0, help="cloud compute takes this x the profile")
@@ -272,6 +279,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         strategies=_list(args.strategies),
         mg=mg,
         deadline_ms=args.deadline_ms,
+        rtt_ms=args.rtt_ms,
+        warmup_s=args.warmup,
     )
     print(f"splitrt sim: cost table from {r['cost_table']['source']}", file=sys.stderr)
     if args.json == "-":

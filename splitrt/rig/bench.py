@@ -65,6 +65,7 @@ class BenchConfig:
     deadline_ms: float = 5000.0
     periodic_s: float = 5.0
     seed: int = 0
+    profile_path: str | None = None  # a host profile of the model; None: the shipped one, else measured
 
     def __post_init__(self) -> None:
         if self.load not in LOADS:

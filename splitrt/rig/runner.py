@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -83,6 +84,7 @@ class RunSpec:
     turn_s: float = 1.0
     warmup_s: float = 2.0
     deadline_ms: float = 5000.0
+    profile_path: str | None = None  # a host profile of the model (`splitrt profile`); None: shipped, else measured
     load: str = "none"
     kill_at: float | None = None  # fraction of every turn
     player_step_s: float = 0.25
@@ -187,7 +189,7 @@ def run(
     if rig.calibration is None:  # once per rig: the devices take on resnet50 what the board takes
         rig.calibration = calibration.calibrate(rig)
     cal = rig.calibration
-    prof = profile_for(spec.model, model_file, rig.workdir, say)
+    prof = Path(spec.profile_path) if spec.profile_path else profile_for(spec.model, model_file, rig.workdir, say)
     host = cost_table_for(prof, mg.sha256, 1.0)
     host_device_ms, host_cloud_ms = float(host.head_ms[host.index("device")]), float(host.tail_ms[host.index("cloud")])
     figures = plan_power(profiler.load_profile(prof, sha256=mg.sha256), rig.board)

@@ -26,3 +26,19 @@ def test_a_memory_ceiling_drops_the_heads_that_do_not_fit() -> None:
     small = _config("--device-memory-mb", "3").cuts  # type: ignore[attr-defined]
     assert every is not None and small is not None
     assert "cloud" in small and "device" not in small and len(small) < len(every)
+
+
+def test_a_profile_and_a_model_file_are_taken(tmp_path: object) -> None:
+    """`bench --model FILE.onnx --profile P` (issue 33): the rig plans from that profile; a cut that only
+    moves the input is left out, as in `plan` and `sim`."""
+    from pathlib import Path
+
+    from tests.profile.test_layout_cuts import _nhwc_classifier
+
+    path = _nhwc_classifier(Path(str(tmp_path)) / "nhwc.onnx")
+    cfg = _config(
+        "--model", str(path), "--profile", "p.json", "--codecs", "fp32,int8c+zstd", "--strategies", "adaptive,route"
+    )
+    assert cfg.profile_path == "p.json"  # type: ignore[attr-defined]
+    assert cfg.codecs == ("fp32", "int8c+zstd") and cfg.strategies == ("adaptive", "route")  # type: ignore[attr-defined]
+    assert cfg.cuts is not None and "cloud" in cfg.cuts and "c1" not in cfg.cuts  # type: ignore[attr-defined]

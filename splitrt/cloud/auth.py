@@ -15,10 +15,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from cachetools import FIFOCache
 
 __all__ = ["AuthThrottle", "ThrottleConfig", "Tokens", "Verdict", "peer_address", "token_matches"]
 
@@ -101,8 +102,12 @@ class AuthThrottle:
 
     def __init__(self, config: ThrottleConfig | None = None) -> None:
         self.config = config or ThrottleConfig()
-        self._peers: OrderedDict[str, _Record] = OrderedDict()
-        self._trusted: OrderedDict[str, None] = OrderedDict()  # connections (full peer strings) that authenticated
+        # Both forget the least recently written first (a FIFO where a write moves the key last; a lookup
+        # does not count: a peer that only asks must not stay remembered by asking).
+        size = max(1, self.config.max_peers)  # (a cachetools cache holds at least one)
+        self._peers: FIFOCache[str, _Record] = FIFOCache(maxsize=size)
+        # connections (full peer strings) that authenticated
+        self._trusted: FIFOCache[str, None] = FIFOCache(maxsize=size)
 
     def wait_s(self, peer: str, now_s: float) -> float:
         """Seconds the peer's address must still wait (0: its token is checked). A connection that has
@@ -120,7 +125,7 @@ class AuthThrottle:
     def failed(self, peer: str, now_s: float) -> float:
         """Record a failure; returns the wait it starts (0: still free)."""
         addr = peer_address(peer)
-        rec = self._peers.pop(addr, None) or _Record()
+        rec = self._peers.get(addr) or _Record()
         if now_s - rec.last_s > self.config.forget_s:
             rec = _Record()
         rec.failures += 1
@@ -128,18 +133,13 @@ class AuthThrottle:
         over = rec.failures - self.config.free_failures
         wait = 0.0 if over <= 0 else min(self.config.max_s, self.config.base_s * 2.0 ** (over - 1))
         rec.until_s = now_s + wait
-        self._peers[addr] = rec
-        while len(self._peers) > self.config.max_peers:
-            self._peers.popitem(last=False)
+        self._peers[addr] = rec  # last written: forgotten last
         return wait
 
     def succeeded(self, peer: str) -> None:
         """The connection authenticated: it never waits, and its address starts afresh."""
         self._peers.pop(peer_address(peer), None)
-        self._trusted[peer] = None
-        self._trusted.move_to_end(peer)
-        while len(self._trusted) > self.config.max_peers:
-            self._trusted.popitem(last=False)
+        self._trusted[peer] = None  # moved last when already there
 
     def waiting(self, now_s: float) -> int:
         """Addresses that wait now (a gauge for metrics)."""

@@ -9,12 +9,12 @@ image too small for its pooling) an ``InputError`` naming what failed.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache
 
 from splitrt.errors import InputError
 from splitrt.graph import partition
@@ -104,14 +104,13 @@ class SessionCache:
         self.threads = threads
         self.size = size
         self._lock = threading.Lock()
-        self._cuts: OrderedDict[str, CutSessions] = OrderedDict()
+        self._cuts: LRUCache[str, CutSessions] | None = LRUCache(maxsize=size) if size > 0 else None
         self._full: Any = None
 
     def cut(self, cut_id: str) -> CutSessions:
         with self._lock:
-            cs = self._cuts.get(cut_id)
+            cs = self._cuts.get(cut_id) if self._cuts is not None else None  # a hit is the most recent again
             if cs is not None:
-                self._cuts.move_to_end(cut_id)
                 return cs
 
         head, tail = partition.split(self.graph, [cut_id])
@@ -125,10 +124,9 @@ class SessionCache:
             head_model=head.model,
             tail_model=tail.model,
         )
-        with self._lock:
-            cs = self._cuts.setdefault(cut_id, cs)
-            while len(self._cuts) > self.size:
-                self._cuts.popitem(last=False)
+        if self._cuts is not None:  # (size 0: nothing kept)
+            with self._lock:
+                cs = self._cuts.setdefault(cut_id, cs)  # a racing build of the same cut: the first wins
         return cs
 
     def full(self) -> Any:

@@ -7,12 +7,12 @@ outside the lock requests at known shapes take.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from cachetools import Cache, LRUCache
 
 from splitrt.errors import SplitrtError
 from splitrt.graph import rebind
@@ -64,7 +64,7 @@ class ShapePlans:
         self.last = self.profiled
         self.built = 0
         self.last_error = ""
-        self._others: OrderedDict[Signature, ShapePlan] = OrderedDict()
+        self._others: LRUCache[Signature, ShapePlan] = LRUCache(maxsize=size)
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()
 
@@ -73,10 +73,7 @@ class ShapePlans:
             self.known, self.profiled = True, replace(self.profiled, signature=sig)
         if sig == self.profiled.signature:
             return self.profiled
-        sp = self._others.get(sig)
-        if sp is not None:
-            self._others.move_to_end(sig)
-        return sp
+        return self._others.get(sig)  # a hit is the most recent again
 
     def get(self, sig: Signature, feeds: Mapping[str, np.ndarray]) -> ShapePlan:
         with self._lock:
@@ -92,10 +89,8 @@ class ShapePlans:
                 controller, policy = self.make(tables)
                 sp = ShapePlan(signature=sig, tables=tables, controller=controller, policy=policy, source=source)
                 with self._lock:
-                    self._others[sig] = sp
+                    self._others[sig] = sp  # the least recently used goes beyond ``size``
                     self.built += 1
-                    while len(self._others) > self.size:
-                        self._others.popitem(last=False)
             with self._lock:
                 self.last = sp
             return sp
@@ -121,4 +116,6 @@ class ShapePlans:
 
     def snapshot(self) -> dict[Signature, ShapePlan]:
         with self._lock:
-            return {self.profiled.signature: self.profiled, **self._others}
+            # Cache.__getitem__: a read that leaves the LRU order alone (a status is not a use).
+            others = {sig: Cache.__getitem__(self._others, sig) for sig in self._others}
+            return {self.profiled.signature: self.profiled, **others}

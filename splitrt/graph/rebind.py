@@ -14,11 +14,11 @@ signature: the runtime asks once per new request shape.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from cachetools import LRUCache
 
 from splitrt.errors import ModelError
 from splitrt.graph import model as graph_mod
@@ -27,7 +27,7 @@ from splitrt.graph.shapes import Shape, ShapeBinding, Signature, signature
 #: Signatures kept per process (all models together); an evicted one is re-bound when asked again.
 CACHE_SIZE = 64
 
-_cache: OrderedDict[tuple[str, Signature], CutCosts] = OrderedDict()
+_cache: LRUCache[tuple[str, Signature], CutCosts] = LRUCache(maxsize=CACHE_SIZE)
 _cache_lock = threading.Lock()
 
 
@@ -93,9 +93,8 @@ def cut_costs_at(
     sig = signature(input_shapes)
     key = (graph.sha256, sig)
     with _cache_lock:
-        hit = _cache.get(key)
+        hit = _cache.get(key)  # (a hit is the most recent again)
         if hit is not None:
-            _cache.move_to_end(key)
             return hit
     if graph.input_shapes is not None and signature(graph.input_shapes) == sig:
         costs = cut_costs(graph)  # already bound there: nothing to re-bind
@@ -114,9 +113,7 @@ def cut_costs_at(
                 f"expected the same {len(want)} cut ids as at any other binding"
             )
     with _cache_lock:
-        _cache[key] = costs
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
+        _cache[key] = costs  # the least recently used goes beyond CACHE_SIZE
     return costs
 
 

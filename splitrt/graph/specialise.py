@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from cachetools import FIFOCache
 from onnx import helper
 
 from splitrt.errors import ModelError
@@ -104,8 +105,10 @@ class Specialisation:
     _session: list[Any] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # verdicts by what decides them (the small inputs' values, the others' shapes): a session run costs
-    # ~50-100 us, as much as a small model's head
-    _memo: dict[tuple[Any, ...], str | None] = field(default_factory=dict, repr=False)
+    # ~50-100 us, as much as a small model's head; the oldest of MEMO_SIZE is forgotten first
+    _memo: FIFOCache[tuple[Any, ...], str | None] = field(
+        default_factory=lambda: FIFOCache(maxsize=MEMO_SIZE), repr=False
+    )
 
     @property
     def key(self) -> str:
@@ -147,8 +150,6 @@ class Specialisation:
                 break
         if key is not None:
             with self._lock:
-                if len(self._memo) >= MEMO_SIZE:
-                    self._memo.pop(next(iter(self._memo)))
                 self._memo[key] = verdict
         return verdict
 

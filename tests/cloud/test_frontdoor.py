@@ -151,6 +151,20 @@ def test_throttle_backoff_doubles_and_forgets() -> None:
     assert peer_address("ipv6:[::1]:443") == "::1" and peer_address("unix:/s") == "unix:/s"
 
 
+def test_throttle_forgets_the_address_that_failed_longest_ago_beyond_max_peers() -> None:
+    t = AuthThrottle(ThrottleConfig(free_failures=0, base_s=5.0, max_s=5.0, max_peers=2))
+    a, b, c = "ipv4:10.0.0.1:1", "ipv4:10.0.0.2:1", "ipv4:10.0.0.3:1"
+    t.failed(a, 0.0)
+    t.failed(b, 0.0)
+    assert t.wait_s(a, 1.0) == 4.0  # asking is not failing: a stays the oldest
+    t.failed(c, 0.0)
+    assert (t.wait_s(a, 1.0), t.wait_s(b, 1.0), t.wait_s(c, 1.0)) == (0.0, 4.0, 4.0)
+    t.failed(b, 2.0)  # b failed again: now c is the oldest
+    t.failed(a, 2.0)
+    assert (t.wait_s(b, 3.0), t.wait_s(c, 3.0), t.wait_s(a, 3.0)) == (4.0, 0.0, 4.0)
+    assert t.waiting(3.0) == 2
+
+
 # -- lanes and read timeouts -------------------------------------------------------------------------------
 
 

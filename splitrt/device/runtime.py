@@ -59,6 +59,9 @@ replays such a log.
   ``net.ipv4.tcp_slow_start_after_idle``; True/False force it) only when no transfer refreshed bandwidth.
 - Every request feeds ``LoadEstimator.add_head(now, measured_ms=, profiled_ms=)`` (the whole model's time on the
   device plan): the device's real speed over the profile, net of the utilisation factor.
+- Every request that did not fall back feeds its controller's corrections (``plan.correction``, as ``rig.sim``
+  does): what it took beyond its head and its RPC against the decision's encode + call terms; its log line
+  carries ``extra["observed"]`` (index, plan, predicted_ms, measured_ms, t_s), which ``replay`` feeds back.
 - Per-shape plans (``device.shapeplans``): the table given was profiled at ``table_shapes`` (default: the bound graph's
   ``input_shapes``, else the first request's). A request of another input-shape signature gets, once, a table
   scaled from it (``plan.reshape.scale_table`` on ``graph.rebind.cut_costs_at``) and its own controller (LRU of

@@ -648,6 +648,7 @@ def _correct(
         head_ms=head.head_ms + (0.0 if answer is not None else res.tail_ms),
         round_trip_ms=res.rpc_ms if answer is not None else 0.0,
         t_s=dev.clock(),
+        price_ms=decision.predicted_ms - decision.correction_ms,
     )
     with dev._lock:
         index = sp.controller.observe(obs)

@@ -10,7 +10,7 @@ measured beyond its head and its round trip, and ``Corrections`` keeps, per plan
 weighted mean of the difference in ms. The controller adds the plan's ``offset_ms(plan, now_s)`` to its
 price before it compares plans (and shows it as the decision's ``correction_ms`` term), so a plan that
 costs more than it was priced is dropped within a few requests (``weight`` 0.5: 50, 75, 88 % of the
-excess after one, two, three requests).
+excess after one, two, three requests, each step bounded so that one outlier cannot price a plan out).
 
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that
@@ -23,7 +23,9 @@ decision records ``seen`` (how many had been fed when it was made); ``plan.contr
 the state by feeding the logged observations (``Observation.to_json``, in the log line of the request
 that made them) up to each decision's ``seen``.
 
-- ``CorrectionConfig(half_life_s=10, weight=0.5, max_offset_ms=10000, enabled=True)``.
+- ``CorrectionConfig(half_life_s=10, weight=0.5, max_step_fraction=0.15, min_step_ms=5, max_offset_ms=10000,
+  enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most ``max_step_fraction`` of
+  the plan's price (``Observation.price_ms``) or ``min_step_ms``.
 - ``Observation(plan, predicted_ms, measured_ms, t_s)``: predicted, the price of what no estimator learns
   (the decision's encode + call terms); measured, what the request took beyond its head and its round
   trip (the whole request on ``device``: beyond its run); ``Observation.of_request(plan=, priced_ms=,
@@ -49,7 +51,11 @@ class CorrectionConfig:
     half_life_s: float = 10.0
     # How much one request moves the plan's mean (0.5: half of the excess it measured).
     weight: float = 0.5
-    # One outlier (a stall, a swapped-out process) must not price a plan out for good.
+    # One outlier (a stall, a swapped-out process, a probe on the wire) must not price a plan out: one
+    # request moves the mean by at most this share of the plan's price, or min_step_ms (a 1.5x plan still
+    # takes 3-4 requests to learn; one request of +800 ms on a 220 ms plan moves it 33 ms, not 400).
+    max_step_fraction: float = 0.15
+    min_step_ms: float = 5.0
     max_offset_ms: float = 10_000.0
     enabled: bool = True
 
@@ -58,6 +64,11 @@ class CorrectionConfig:
             raise ConfigError(f"half_life_s: expected a finite number > 0, got {self.half_life_s!r}")
         if not 0.0 < self.weight <= 1.0:
             raise ConfigError(f"weight: expected (0, 1], got {self.weight!r}")
+        if not (self.max_step_fraction > 0 and self.min_step_ms > 0 and math.isfinite(self.min_step_ms)):
+            raise ConfigError(
+                f"expected max_step_fraction > 0 and min_step_ms > 0, got {self.max_step_fraction!r} and "
+                f"{self.min_step_ms!r}"
+            )
         if not (self.max_offset_ms > 0 and math.isfinite(self.max_offset_ms)):
             raise ConfigError(f"max_offset_ms: expected a finite number > 0, got {self.max_offset_ms!r}")
 
@@ -71,6 +82,7 @@ class Observation:
     predicted_ms: float
     measured_ms: float
     t_s: float
+    price_ms: float = 0.0  # the plan's whole price (its terms, before correction): bounds one request's step
 
     def __post_init__(self) -> None:
         for name in ("predicted_ms", "measured_ms", "t_s"):
@@ -80,15 +92,29 @@ class Observation:
 
     @staticmethod
     def of_request(
-        *, plan: str, priced_ms: float, total_ms: float, head_ms: float, round_trip_ms: float, t_s: float
+        *,
+        plan: str,
+        priced_ms: float,
+        total_ms: float,
+        head_ms: float,
+        round_trip_ms: float,
+        t_s: float,
+        price_ms: float = 0.0,
     ) -> Observation:
         """A request's observation (the runtime and ``rig.sim`` both make it so): ``priced_ms`` the
         decision's encode + call terms; what it took beyond its head (the whole model on ``device``) and its
         round trip to the server (0 on ``device``: the server's queue, build and tail are in it)."""
-        return Observation(plan=plan, predicted_ms=priced_ms, measured_ms=total_ms - head_ms - round_trip_ms, t_s=t_s)
+        measured = total_ms - head_ms - round_trip_ms
+        return Observation(plan=plan, predicted_ms=priced_ms, measured_ms=measured, t_s=t_s, price_ms=price_ms)
 
     def to_json(self) -> dict[str, object]:
-        return {"plan": self.plan, "predicted_ms": self.predicted_ms, "measured_ms": self.measured_ms, "t_s": self.t_s}
+        return {
+            "plan": self.plan,
+            "predicted_ms": self.predicted_ms,
+            "measured_ms": self.measured_ms,
+            "t_s": self.t_s,
+            "price_ms": self.price_ms,
+        }
 
     @staticmethod
     def from_json(d: dict[str, object]) -> Observation:
@@ -98,6 +124,7 @@ class Observation:
                 predicted_ms=float(d["predicted_ms"]),  # type: ignore[arg-type]
                 measured_ms=float(d["measured_ms"]),  # type: ignore[arg-type]
                 t_s=float(d["t_s"]),  # type: ignore[arg-type]
+                price_ms=float(d.get("price_ms", 0.0)),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"observation: expected plan, predicted_ms, measured_ms and t_s, got {d!r}") from exc
@@ -133,7 +160,9 @@ class Corrections:
         sample = min(cfg.max_offset_ms, max(-obs.predicted_ms, obs.measured_ms - obs.predicted_ms))
         ev = self._plans.get(obs.plan)
         prior = 0.0 if ev is None else self._decayed(ev, obs.t_s)  # no evidence: the model's own price
-        self._plans[obs.plan] = _Evidence(offset_ms=prior + cfg.weight * (sample - prior), t_s=obs.t_s)
+        bound = max(cfg.min_step_ms, cfg.max_step_fraction * obs.price_ms)
+        step = min(bound, max(-bound, cfg.weight * (sample - prior)))
+        self._plans[obs.plan] = _Evidence(offset_ms=prior + step, t_s=obs.t_s)
         return index
 
     def offset_ms(self, plan: str, now_s: float) -> float:

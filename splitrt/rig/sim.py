@@ -226,6 +226,7 @@ class _Run:
                 head_ms=head_ms,
                 round_trip_ms=round_trip_ms,
                 t_s=t + latency_ms / 1e3,
+                price_ms=d.predicted_ms - d.correction_ms,
             )
         )
         return SimRequest(

@@ -55,6 +55,10 @@ def _slowed(dev: Any, factor: float) -> None:
     dev.run_head, dev.finish_locally = head, fin
 
 
+#: A directory: every strategy's runtime writes its decision log there as ``<strategy>.jsonl`` (unset: none).
+DECISION_LOGS_ENV = "SPLITRT_RIG_DECISION_LOGS"
+
+
 class RigLoad(LoadEstimator):
     """The device-load signal of an emulated board: its run queue (``RunQueueProbe``), not psutil, which
     sees the whole host (the cloud, the relays, other jobs) rather than the device's cgroup. The device's
@@ -181,6 +185,8 @@ class Strategy:
         self.runqueue.stop()
         self.prober.stop()
         self.dev.close()
+        if self.dev.log is not None:
+            self.dev.log.close()
 
 
 class Agent:
@@ -268,6 +274,9 @@ class Agent:
         clock = TurnClock()
         dev = self.runtime(msg, clock)
         dev.local = self.local  # sessions built once, outside the cgroup
+        logs = os.environ.get(DECISION_LOGS_ENV)
+        if logs:  # each strategy's decision log, to replay or read what it decided and why
+            dev.log = open(Path(logs) / f"{msg.name}.jsonl", "a")  # noqa: SIM115 (closed with the strategy)
         dev.load = RigLoad()
         st = Strategy(
             dev=dev,

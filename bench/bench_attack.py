@@ -33,7 +33,8 @@ host is shared) and the row reports it. Lost: a call that ended UNKNOWN, INTERNA
 Rows (``--rows`` picks some): ``watch`` 64 health Watch streams (no token); ``partial_body`` 64 unary
 calls whose body never finishes (raw HTTP/2: HEADERS and part of a DATA frame, no token); ``idle_stream``
 64 idle InferStream calls (token); ``stalled_upload`` 64 uploads that stop after one chunk (token);
-``idle_conns`` 1100 idle HTTP/2 connections (preface + SETTINGS, then nothing); ``rapid_reset`` HTTP/2
+``idle_conns`` 1100 idle HTTP/2 connections (preface + SETTINGS, then nothing; connections are the edge
+proxy's job: ``idle_conns_proxy`` is the documented deployment's row); ``rapid_reset`` HTTP/2
 rapid reset (CVE-2023-44487: 4 connections open Infer streams and reset each at once, batches of 100, no
 token; a connection the server ends is opened again); ``resnet_cuts`` 4 clients
 naming every resnet50 cut in turn (no tensors: the tail is built, then the request refused);
@@ -41,7 +42,10 @@ naming every resnet50 cut in turn (no tensors: the tail is built, then the reque
 8 plain gRPC clients without a deadline; ``nodl_stream`` the documented ``Device.stream()`` (no deadline)
 beside 4 of those; uploaded hostile models (token): ``loop`` a Loop with trip count 2^62 (then Infer),
 ``const_shape`` ConstantOfShape of 2 GiB, ``chain`` a 60 000-node chain, ``upload_burst`` 100 distinct
-4 MiB models; ``token_guess`` 4 clients guessing tokens (guesses answered per second, log growth).
+4 MiB models; ``token_guess`` 4 clients guessing tokens (guesses answered per second, log growth); issue
+36's rows (``attacks_proxy``): ``slow_reader``, ``endless_run``, and the HTTP/2 floods through the edge
+proxy (``rapid_reset_proxy``, ``hpack_bomb_proxy``: the real HAProxy with ``deploy/proxy/haproxy.cfg``,
+everyone through it) and straight to the server (``hpack_bomb``).
 
 Targets, per row: 0 legit failures, legit p99 <= 3x its baseline, peak RSS <= the memory budget, 0
 requests lost, SIGTERM exit within drain + 5 s; ``upload_burst``: uploads on disk <= 256 MiB; ``token_guess``:
@@ -112,17 +116,24 @@ def _progress(msg: str) -> None:
     progress("attack", msg)
 
 
+# ``ADDRESS=CA_PATH``: calls to ADDRESS use TLS with that CA (a row with the edge proxy in front,
+# ``attacks_proxy``); set in the environment, so the legit clients' child process sees it too.
+TLS_ENV = "SPLITRT_BENCH_TLS"
+
+
 def _channel(address: str) -> grpc.Channel:
     """A channel of its own (its own TCP connection: no subchannel shared with other channels)."""
     mb = 128 * 2**20
-    return grpc.insecure_channel(
-        address,
-        options=[
-            ("grpc.max_send_message_length", mb),
-            ("grpc.max_receive_message_length", mb),
-            ("grpc.use_local_subchannel_pool", 1),
-        ],
-    )
+    options = [
+        ("grpc.max_send_message_length", mb),
+        ("grpc.max_receive_message_length", mb),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    tls_address, _, ca = os.environ.get(TLS_ENV, "").partition("=")
+    if ca and tls_address == address:
+        creds = grpc.ssl_channel_credentials(Path(ca).read_bytes())
+        return grpc.secure_channel(address, creds, options=[*options, ("grpc.ssl_target_name_override", "localhost")])
+    return grpc.insecure_channel(address, options=options)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +176,15 @@ def _env() -> dict[str, str]:
 class Server:
     """``splitrt serve`` in a child process; a sampler keeps its peak RSS and kills it above the cap."""
 
-    def __init__(self, store: Path, token_file: Path, log_path: Path, settings: Settings, flags: set[str]) -> None:
+    def __init__(
+        self,
+        store: Path,
+        token_file: Path,
+        log_path: Path,
+        settings: Settings,
+        flags: set[str],
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.store, self.token_file, self.log_path, self.s = store, token_file, log_path, settings
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -196,7 +215,7 @@ class Server:
             argv += ["--max-store-mb", str(STORE_CAP_MB)]
         if "--max-models" in flags:
             argv += ["--max-models", str(MAX_MODELS)]
-        argv += list(settings.serve_args)
+        argv += [*settings.serve_args, *extra]
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         limit = SERVER_NOFILE if hard == resource.RLIM_INFINITY else min(SERVER_NOFILE, hard)
         prlimit = shutil.which("prlimit")
@@ -843,6 +862,17 @@ class Attack:
     def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
         return []
 
+    # More ``splitrt serve`` arguments for this row (e.g. ``--trusted-proxy`` behind the edge proxy).
+    serve_args: tuple[str, ...] = ()
+
+    def front(self, server_address: str, workdir: Path) -> str:
+        """The address everyone (legit clients and attackers) uses: the server's, or a proxy in front of it
+        that this attack starts (``attacks_proxy``); ``close_front`` stops it."""
+        return server_address
+
+    def close_front(self) -> None:
+        pass
+
     def lost_extra(self) -> int:
         """Requests of this attack's careless clients lost beyond ``own`` (stream frames)."""
         return 0
@@ -1416,6 +1446,8 @@ QUICK_ROWS = ("watch", "partial_body", "idle_conns", "resnet_cuts", "nodl_unary"
 
 
 def attacks() -> list[Attack]:
+    from attacks_proxy import proxy_attacks  # imports this module: here, not at the top
+
     # The counts are the issue's: --quick shortens the phases and runs one row per class, not smaller attacks.
     return [
         HeldCalls("watch", "Watch", 64),
@@ -1434,6 +1466,7 @@ def attacks() -> list[Attack]:
         HostileModel("chain", "uploaded 60 000-node chain, then Infer", chain_model, 1, 20.0, 10.0),
         UploadBurst(),
         TokenGuess(),
+        *proxy_attacks(),
     ]
 
 
@@ -1508,13 +1541,16 @@ def run_row(
 ) -> dict[str, Any]:
     store, token_file, shas = _stage(attack, root)
     attack.build()
-    server = Server(store, token_file, root / attack.name / "server.log", s, flags)
+    server = Server(store, token_file, root / attack.name / "server.log", s, flags, attack.serve_args)
     _progress(f"{attack.name}: starting the server")
     server.start()
-    legit: Legit | LegitProc = (
-        Legit(server.address, legit_req) if s.legit_in_process else LegitProc(server.address, legit_req, root)
-    )
-    proxy = Proxy(server.address, s.attacker_nice)
+    try:
+        front = attack.front(server.address, root / attack.name)
+    except BaseException:
+        server.kill()
+        raise
+    legit: Legit | LegitProc = Legit(front, legit_req) if s.legit_in_process else LegitProc(front, legit_req, root)
+    proxy = Proxy(front, s.attacker_nice)
     try:
         legit.warm()
         rss_before = server.peak_rss_mb
@@ -1561,6 +1597,7 @@ def run_row(
         proxy.close()
         legit.stop()
         server.kill()
+        attack.close_front()
         if keep_logs is not None:
             keep_logs.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(server.log_path, keep_logs / f"{attack.name}.log")

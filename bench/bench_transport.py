@@ -44,6 +44,7 @@ The server runs as a subprocess (``splitrt serve``) so it does not share this pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -133,7 +134,10 @@ class RawEcho:
         _stop(self.proc)  # type: ignore[arg-type]
 
 
-def _serve(models: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+def _serve(models: Path, *extra: str, pythonpath: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``splitrt serve`` on an ephemeral port; ``pythonpath``: the splitrt of another tree (e.g. an old commit's
+    ``git archive``), run with this interpreter."""
+    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -150,6 +154,7 @@ def _serve(models: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
         ],
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
     assert proc.stderr is not None
     first = json.loads(proc.stderr.readline())
@@ -179,24 +184,37 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
     models.mkdir()
     paths = {label: synthetic(models / f"t{label}.onnx", n) for label, n in SIZES.items()}
     raw = RawEcho()
-    proc, address = _serve(models, "--workers", "1")
+    proc, address = _serve(models, "--workers", "1", *args.serve_arg)
+    b_proc, b_address = (
+        _serve(models, "--workers", "1", *args.b_serve_arg, pythonpath=args.b_pythonpath)
+        if args.b_pythonpath or args.b_serve_arg
+        else (None, "")
+    )
     rows = []
     try:
         for label, nbytes in SIZES.items():
             g = graph.load(paths[label])
             cut = next(c.id for c in g.cuts() if [t.name for t in c.tensors] == ["a"])
             data = bytes(nbytes)
-            raw_ms, res = [], []
-            with Device(g, address, config=DeviceConfig(timeout_s=30)) as dev:
+            raw_ms, res, b_res = [], [], []
+            with contextlib.ExitStack() as stack:
+                dev = stack.enter_context(Device(g, address, config=DeviceConfig(timeout_s=30)))
+                b_dev = stack.enter_context(Device(g, b_address, config=DeviceConfig(timeout_s=30))) if b_proc else None
                 x = dev.random_inputs()
                 for i in range(10 + args.requests):
-                    if i % 2:
-                        r, ms = dev.run_detailed(x, cut=cut), raw.ms(data)
-                    else:
-                        ms, r = raw.ms(data), dev.run_detailed(x, cut=cut)
-                    if i >= 10:
-                        raw_ms.append(ms)
-                        res.append(r)
+                    # One of each per round, the order rotating: A, B and raw see the same host load.
+                    kinds = ["a", "raw", "b"] if b_dev is not None else ["a", "raw"]
+                    for k in range(len(kinds)):
+                        kind = kinds[(i + k) % len(kinds)]
+                        if kind == "a":
+                            res.append(dev.run_detailed(x, cut=cut))
+                        elif kind == "raw":
+                            raw_ms.append(raw.ms(data))
+                        elif b_dev is not None:
+                            b_res.append(b_dev.run_detailed(x, cut=cut))
+                    if i < 10:  # warm-up
+                        for xs in (res, raw_ms, b_res):
+                            xs.clear()
             over = [r.overhead_ms for r in res]
             mb = nbytes / 1e6
             target = 1.0 + 0.5 * mb
@@ -222,11 +240,33 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
                     "load_avg_1m": round(os.getloadavg()[0], 2),
                 }
             )
+            if b_res:
+                b_over = [r.overhead_ms for r in b_res]
+                diffs = [a - b for a, b in zip(over, b_over, strict=True)]
+                rows[-1].update(
+                    {
+                        "b_overhead_median_ms": statistics.median(b_over),
+                        "b_over_raw_ms": statistics.median(o - m for o, m in zip(b_over, raw_ms, strict=True)),
+                        "a_minus_b_ms": statistics.median(diffs),
+                        "a_minus_b_ci95": _median_ci(diffs),
+                    }
+                )
             _progress(f"overhead {label}: median {med:.3f} ms, raw grpcio {raw_med:.3f} ms (target {target:.2f})")
     finally:
         _stop(proc)
+        if b_proc is not None:
+            _stop(b_proc)
         raw.close()
     return rows
+
+
+def _median_ci(xs: list[float], n: int = 2000) -> list[float]:
+    """A 95 % bootstrap interval of the median of ``xs``."""
+    import random
+
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return [round(meds[int(0.025 * n)], 3), round(meds[int(0.975 * n)], 3)]
 
 
 def bench_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
@@ -309,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--raw-echo-server", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve-arg", action="append", default=[], help="one more splitrt serve argument (repeatable)")
+    p.add_argument(
+        "--b-pythonpath",
+        help="overhead: a second server B from this tree (e.g. `git archive 545808c | tar -x -C DIR`), its "
+        "requests taken in turn with A's and raw grpcio's; columns b_* and a_minus_b_ms (median of paired "
+        "differences, 95 %% CI)",
+    )
+    p.add_argument("--b-serve-arg", action="append", default=[], help="a splitrt serve argument for server B")
     args = p.parse_args(argv)
     if args.raw_echo_server:
         raw_echo_server()
@@ -338,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             "beats_raw",
             "load_avg_1m",
         ]
+        if "a_minus_b_ms" in overhead[0]:
+            cols += ["b_overhead_median_ms", "b_over_raw_ms", "a_minus_b_ms", "a_minus_b_ci95"]
         print(
             f"Loopback overhead (median of {args.requests} requests; end-to-end minus head and tail; raw grpcio "
             f"round trips of the same bytes taken in turn with them; {os.cpu_count()} CPUs, load average "

@@ -47,3 +47,28 @@ def test_the_rapid_reset_row_resets_streams_against_a_real_server(tmp_path: Path
     assert row["notes"]["streams_reset"] > 0  # the attack sent HEADERS + RST_STREAM pairs
     assert row["legit_calls"] > 0 and row["sigterm_exit_s"] is not None  # measured; stopped by SIGTERM
     assert row["pass"] == all(ok for _, ok in row["targets"])
+
+
+def test_the_rapid_reset_row_through_the_edge_proxy_is_cut_there(tmp_path: Path) -> None:
+    """``attacks_proxy``: the real HAProxy with deploy/proxy/haproxy.cfg in front, the legit clients through
+    it over TLS; the attack's connections are cut or refused by the proxy once over its request rate."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("haproxy") is None or shutil.which("openssl") is None:
+        pytest.skip("needs the haproxy and openssl binaries (apt-get install -y haproxy)")
+    b = _bench()
+    import attacks_proxy
+
+    settings = b.Settings(baseline_s=1.0, attack_s=4.0, recover_cap_s=3.0, drain_s=1.0, quick=True)
+    request, cut = b.legit_request()
+    attack = attacks_proxy.ThroughProxy("rapid_reset_proxy", "rapid reset", 2, attacks_proxy.rapid_reset_batch)
+    row = b.run_row(attack, settings, set(), request, cut, tmp_path)
+    ended = row["notes"]["connections_ended"]
+    # The config cuts an address's connections past 4000 requests in 10 s (every reset stream is one): an
+    # attacker that got that far was cut or refused (a slow one on a busy host may not have got that far).
+    cut = ended.get("closed", 0) + ended.get("refused", 0) + ended.get("goaway", 0)
+    assert row["notes"]["streams"] > 0 and (cut > 0 or row["notes"]["streams"] <= 4100), row["notes"]
+    assert row["legit_calls"] > 0 and row["sigterm_exit_s"] is not None
+    assert attack.edge is None  # the proxy was stopped with the row

@@ -41,8 +41,8 @@ Per call, in order:
   reason (metrics ``splitrt_cloud_calls_total{method,code}`` etc.); refusals and failures are logged through
   ``cloud.ratelog.RateLog`` (a burst per kind per interval, then one ``suppressed`` line).
   ``servicer.remaining_s(context, default)`` bounds a call's time left (no deadline: ``default_deadline_s``).
-  ``cloud.shedder.Shedder`` (on the watchdog's tick, Linux ``/proc``) shuts down (``shutdown(2)``, never
-  ``close``) the oldest idle connections above 90% of the connection cap, down to 80%.
+  Connections themselves (how many, per address, how fast, idle ones) are the edge proxy's
+  (``deploy/proxy/haproxy.cfg``); alone, the server has gRPC core's cap and idle timeout (``limits``).
   ``tests/rawh2.py``'s ``RawConnection`` is a hand-framed HTTP/2 client for tests and benchmarks that must send
   half a message.
 """
@@ -66,7 +66,6 @@ from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import MemoryBudget
 from splitrt.cloud.ratelog import RateLog
 from splitrt.cloud.servicer import PROBE_FREE_BYTES, PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
-from splitrt.cloud.shedder import Shedder, peer_key
 from splitrt.cloud.watchdog import Lease, Watchdog
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
@@ -140,11 +139,6 @@ class FrontDoor(grpc.ServerInterceptor):
             lane: limits.calls_per_peer if lane == "infer" else max(1, cap // 2) for lane, cap in self.caps.items()
         }
         self.by_peer: Counter[tuple[str, str]] = Counter()  # (lane, address) -> calls inside
-        # Per connection (address, port): calls in flight and when one last started or ended (the shedder's
-        # view of which connections are idle, and since when).
-        self.conn_calls: Counter[tuple[str, int]] = Counter()
-        self.conn_seen: dict[tuple[str, int], float] = {}
-        self.shedder: Shedder | None = None
         self.lock = threading.Lock()
         self.calls: Counter[tuple[str, str]] = Counter()  # (method, code)
         self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
@@ -213,34 +207,6 @@ class FrontDoor(grpc.ServerInterceptor):
         forwarded = forwarded_peer(ctx.invocation_metadata())
         return peer if forwarded is None else forwarded
 
-    def shed_at(self, port: int, max_connections: int) -> Shedder:
-        """Shed the oldest idle connections of ``port`` near ``max_connections`` (on the watchdog's tick)."""
-        self.shedder = Shedder(
-            port=port, max_connections=max_connections, busy=self.busy_connections, last_seen=self.connections_seen
-        )
-        self.watchdog.on_tick.append(self.shedder.tick)
-        return self.shedder
-
-    def busy_connections(self) -> set[tuple[str, int]]:
-        with self.lock:
-            return {k for k, n in self.conn_calls.items() if n > 0}
-
-    def connections_seen(self) -> dict[tuple[str, int], float]:
-        with self.lock:
-            return dict(self.conn_seen)
-
-    def _touch(self, conn: tuple[str, int] | None, delta: int) -> None:
-        """Under ``lock``: a call started (+1) or ended (-1) on ``conn``."""
-        if conn is None:
-            return
-        self.conn_calls[conn] += delta
-        if self.conn_calls[conn] <= 0:
-            del self.conn_calls[conn]
-        self.conn_seen[conn] = self.clock()
-        if len(self.conn_seen) > 65_536:  # bounded: keep the newer half
-            keep = sorted(self.conn_seen.items(), key=lambda kv: kv[1])[32_768:]
-            self.conn_seen = dict(keep)
-
     def penalize_probes(self, address: str, why: str) -> None:
         """``address`` sent a Probe body that was read and then refused: its next ones are refused unread."""
         with self.lock:
@@ -265,7 +231,6 @@ class FrontDoor(grpc.ServerInterceptor):
                 "calls": dict(self.calls),
                 "refused": dict(self.refused),
                 "waiting_peers": self.throttle.waiting(self.clock()),
-                "shed": self.shedder.shed if self.shedder is not None else 0,
             }
 
 
@@ -279,7 +244,6 @@ class _Call:
         self.lease: Lease | None = None
         self.peer = ""
         self.key = (lane, "")
-        self.conn: tuple[str, int] | None = None
         self._released = False
         self.refused = False
         self.prepaid = 0  # budget bytes this call's Probe body was paid for before it was read
@@ -316,7 +280,7 @@ class _Call:
                     "unauthenticated",
                     f"expected {'a valid' if had else 'a'} bearer token in the 'authorization' metadata",
                 )
-        self.key, self.conn = (self.lane, peer_address(peer)), peer_key(peer)
+        self.key = (self.lane, peer_address(peer))
         with door.lock:
             cap, inside = door.caps[self.lane], door.inside[self.lane]
             peer_cap, mine = door.peer_caps[self.lane], door.by_peer[self.key]
@@ -324,7 +288,6 @@ class _Call:
             if admitted:
                 door.inside[self.lane] = inside + 1
                 door.by_peer[self.key] = mine + 1
-                door._touch(self.conn, +1)
         if not admitted:
             hint = door.retry_after_ms() if self.lane == "infer" else 100.0
             door.ratelog.event("lane_full", peer=self.key[1], method=self.method, lane=self.lane, cap=cap)
@@ -365,7 +328,6 @@ class _Call:
             self.door.by_peer[self.key] -= 1
             if self.door.by_peer[self.key] <= 0:
                 del self.door.by_peer[self.key]
-            self.door._touch(self.conn, -1)
             prepaid, self.prepaid = self.prepaid, 0
             self.door.probe_bytes -= prepaid
             if self.keep and self.lease is not None and self.lease.fired:

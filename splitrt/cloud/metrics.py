@@ -205,12 +205,6 @@ def _door(server: CloudServer) -> Iterator[Metric]:
         _keyed(snap["refused"]),
     )
     yield _one(
-        C,
-        "splitrt_cloud_connections_shed_total",
-        "Idle connections shut down near the connection cap (oldest first).",
-        snap["shed"],
-    )
-    yield _one(
         G,
         "splitrt_cloud_throttled_peers",
         "Peer addresses waiting after failed authentications.",

@@ -305,7 +305,6 @@ class CloudServer:
                 server.stop(0)
                 raise
         server.start()
-        self.door.shed_at(port, self.max_connections)  # the oldest idle connections go first near the cap
         if cfg.allow_upload:  # the upload checker's child process, ready before the first upload
             checker.warm()
         if self.tails.builder is not None:  # and the segment builder's, before the first tail

@@ -26,7 +26,7 @@ that made them) up to each decision's ``seen``.
 
 - ``CorrectionConfig(half_life_s=10, weight=0.5, max_step_fraction=0.15, min_step_ms=5, max_offset_ms=10000,
   enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most ``max_step_fraction`` of
-  the plan's price (``Observation.price_ms``) or ``min_step_ms``.
+  the smaller of the plan's price (``Observation.price_ms``) and what the request took, or ``min_step_ms``.
 - ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms)``: predicted, the price of everything beyond
   the head (the decision's terms but ``device_ms`` and the correction); measured, what the request took beyond
   its head (on ``device``: beyond its run); ``Observation.of_request(plan=, price_ms=, device_ms=, total_ms=,
@@ -53,7 +53,8 @@ class CorrectionConfig:
     # How much one request moves the plan's mean (0.5: half of the excess it measured).
     weight: float = 0.5
     # One outlier (a stall, a swapped-out process, a probe on the wire) must not price a plan out: one
-    # request moves the mean by at most this share of the plan's price, or min_step_ms (a 1.5x plan still
+    # request moves the mean by at most this share of the plan's price (or of what it took, if less), or
+    # min_step_ms (a 1.5x plan still
     # takes 3-4 requests to learn; one request of +800 ms on a 220 ms plan moves it 33 ms, not 400).
     max_step_fraction: float = 0.15
     min_step_ms: float = 5.0
@@ -159,7 +160,10 @@ class Corrections:
         sample = min(cfg.max_offset_ms, max(-obs.predicted_ms, obs.measured_ms - obs.predicted_ms))
         ev = self._plans.get(obs.plan)
         prior = 0.0 if ev is None else self._decayed(ev, obs.t_s)  # no evidence: the model's own price
-        bound = max(cfg.min_step_ms, cfg.max_step_fraction * obs.price_ms)
+        # the smaller of the price and what the request took (its head as priced): a price gone wild (a
+        # bandwidth estimate 200x low priced a 43 ms request at 97 s) must not move the mean by seconds
+        took = obs.price_ms - obs.predicted_ms + obs.measured_ms
+        bound = max(cfg.min_step_ms, cfg.max_step_fraction * max(0.0, min(obs.price_ms, took)))
         step = min(bound, max(-bound, cfg.weight * (sample - prior)))
         self._plans[obs.plan] = _Evidence(offset_ms=prior + step, t_s=obs.t_s)
         return index

@@ -59,7 +59,7 @@ def priced_ratios(name: str) -> dict[str, dict[str, float]]:
         prof = profiler.load_profile(f"x86_64-2core__{name}.json")
     except ProfileError:
         return {}
-    table = profiler.cost_table(prof, prof)
+    table = profiler.cost_table(prof, prof, min_agreement=0.0)
     return {
         cut: {k: float(table.codec_ratio_matrix[i, j]) for j, k in enumerate(table.codecs)}
         for i, cut in enumerate(table.ids)

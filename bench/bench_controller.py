@@ -37,7 +37,9 @@ def table_for(name: str) -> tuple[CostTable, str]:
     shipped = sorted((ROOT / "profiles").glob(f"*__{name}.json"))
     if shipped:
         prof = profiler.load_profile(shipped[0], sha256=graph.file_sha256(path))
-        return profiler.cost_table(prof, prof, device_speed_factor=5.2), shipped[0].name + " (rpi4 x5.2)"
+        return profiler.cost_table(prof, prof, device_speed_factor=5.2, min_agreement=0.0), shipped[
+            0
+        ].name + " (rpi4 x5.2)"
     return flops_table(graph.load(path), device_gflops=15, cloud_gflops=80), "FLOPs prior"
 
 

@@ -98,7 +98,7 @@ def pays_rows(
         prof = profiler.load_profile(models.shipped_profile(m))  # type: ignore[arg-type]
         for bn in board_names:
             b = boards.load_board(bn)
-            table = profiler.cost_table(prof, prof, device_speed_factor=b.cpu_speed_factor)
+            table = profiler.cost_table(prof, prof, device_speed_factor=b.cpu_speed_factor, min_agreement=0.0)
             variants: list[tuple[str, Any]] = [("-", None)]
             if m in constrained:
                 allowed = allowed_for(graph.load(models.model_path_for(m)), table, Constraints(no_raw_input=True))

@@ -81,7 +81,7 @@ def main() -> int:
     path = Path(args.profile or ROOT / "profiles" / f"{profiler.host_class()}__{args.model}.json")
     g = graph.load(zoo.get(args.model))
     prof = profiler.load_profile(path, sha256=g.sha256)
-    table = profiler.cost_table(prof, prof, device_speed_factor=5.2)
+    table = profiler.cost_table(prof, prof, device_speed_factor=5.2, min_agreement=0.0)
     cond = Conditions(link=Link(bandwidth_mbps=20.0, rtt_ms=30.0), device_load=1.3, cloud_load=1.1)
     rows: list[dict[str, object]] = []
     for objective in solver.OBJECTIVES:
@@ -90,7 +90,7 @@ def main() -> int:
     chain_cond = PathConditions(
         hops=(Link(bandwidth_mbps=100.0, rtt_ms=2.0), Link(bandwidth_mbps=20.0, rtt_ms=30.0)), loads=(1.0, 1.0, 1.0)
     )
-    edge = profiler.cost_table(prof, prof, device_speed_factor=1.0)
+    edge = profiler.cost_table(prof, prof, device_speed_factor=1.0, min_agreement=0.0)
     for objective in solver.OBJECTIVES:
         # throughput is a max of stages, not separable: O(cuts²), fewer calls
         calls = args.calls if objective != "throughput" else max(args.calls // 50, 5)

@@ -58,3 +58,8 @@ def devices_dir() -> Path:
 def traces_dir() -> Path:
     """The shipped bandwidth traces (always inside the package)."""
     return PACKAGE_DIR / "data" / "traces"
+
+
+def samples_dir() -> Path:
+    """The shipped sample photographs (the zoo's default accuracy samples; always inside the package)."""
+    return PACKAGE_DIR / "data" / "samples"

@@ -16,7 +16,9 @@ from splitrt.cli.codecarg import codec_or_all
 from splitrt.cli.inputs import add_shape_arguments, binding, load_graph
 from splitrt.errors import ConfigError, PlanError
 from splitrt.plan import constraints, costmodel, solver
-from splitrt.profile import boards, cutfacts, energy, power_select, profiler, reprice, sanity, tables
+from splitrt.profile import accuracy, boards, cutfacts, energy, power_select, profiler, reprice, sanity, tables
+from splitrt.profile import costs as costs_mod
+from splitrt.profile import samples as samples_mod
 from splitrt.profile.power import PowerReader
 
 
@@ -60,6 +62,7 @@ def register(subparsers: Any) -> None:
         help="keep the timings of the existing --out profile; only (re-)measure what each codec does to "
         "the bytes of every cut (profiles made before the per-cut ratios)",
     )
+    _add_sample_arguments(p)
     add_shape_arguments(p)
     p.set_defaults(func=_profile)
 
@@ -88,6 +91,14 @@ def register(subparsers: Any) -> None:
         help=f"allowed codec(s), repeatable: {codec_help}, or 'all' (default: fp32, lossless "
         "like the runtime; lossy codecs change the answer, so they are opt-in)",
     )
+    q.add_argument(
+        "--min-agreement",
+        type=float,
+        default=accuracy.MIN_AGREEMENT,
+        help="a lossy codec is used at a cut only where at least this share of the device profile's samples "
+        f"gave the uncompressed model's output (default {accuracy.MIN_AGREEMENT}; a profile made without "
+        "--samples: lossless codecs only; 0 turns the guard off)",
+    )
     q.add_argument("--min-cut", action="store_true", help="also solve the DADS min-cut over the node DAG")
     q.add_argument("--sweep", action="store_true", help="print the bandwidths where the best plan changes")
     q.add_argument("--sweep-min-mbps", type=float, default=0.1)
@@ -98,6 +109,73 @@ def register(subparsers: Any) -> None:
     constraintcli.add_arguments(q)
     add_shape_arguments(q)
     q.set_defaults(func=_plan)
+
+
+def _add_sample_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("accuracy guard (what lossy codecs do to the model's output)")
+    g.add_argument(
+        "--samples",
+        default=None,
+        metavar="DIR",
+        help="a folder of images or .npz files (arrays keyed by input name): each lossy codec is run at "
+        f"{accuracy.DEFAULT_CUTS} spread cuts and cloud and its output compared with the uncompressed model's; "
+        "plans use it only where they agree (plan --min-agreement). 'zoo': the shipped photographs "
+        "(the default for zoo models); 'none': no samples (plans then use lossless codecs only)",
+    )
+    g.add_argument("--max-samples", type=int, default=samples_mod.DEFAULT_LIMIT, help="default 50")
+    g.add_argument("--sample-mean", default=None, metavar="R,G,B", help="images: (pixel/255 - mean) / std (default 0)")
+    g.add_argument("--sample-std", default=None, metavar="R,G,B", help="default 1 ('zoo': ImageNet's mean and std)")
+    g.add_argument(
+        "--metric",
+        choices=("auto", *accuracy.METRICS),
+        default="auto",
+        help="top1 (classifier), boxes (YOLO-style detector), rel_err (anything else); auto: top1 for one "
+        "[N, classes] output, else rel_err",
+    )
+    g.add_argument("--accuracy-cuts", type=int, default=accuracy.DEFAULT_CUTS, help="inner cuts measured")
+    g.add_argument(
+        "--rel-tol", type=float, default=accuracy.REL_TOL, help="rel_err: a sample agrees within this (0.02)"
+    )
+    g.add_argument(
+        "--accuracy-only",
+        action="store_true",
+        help="keep the timings of the existing --out profile; only (re-)measure the accuracy guard",
+    )
+
+
+def _triple(text: str | None, flag: str) -> tuple[float, float, float] | None:
+    if text is None:
+        return None
+    try:
+        a, b, c = (float(v) for v in text.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag}: expected three numbers R,G,B, got {text!r}") from None
+    return a, b, c
+
+
+def _with_samples(prof: profiler.Profile, path: Path, args: argparse.Namespace) -> profiler.Profile:
+    """``prof`` with the accuracy guard measured on ``--samples`` (none: as it is)."""
+    from splitrt.graph import zoo
+
+    source = args.samples
+    if source is None and (str(args.model).startswith("zoo:") or str(args.model) in zoo.names()):
+        source = samples_mod.ZOO
+    if source is None or source == "none":
+        return prof
+    g = load_graph(args)
+    mean, std = _triple(args.sample_mean, "--sample-mean"), _triple(args.sample_std, "--sample-std")
+    got = samples_mod.load(source, g, limit=args.max_samples, mean=mean, std=std)
+    print(f"accuracy: {len(got.feeds)} samples ({got.kind}) from {samples_mod.folder(source)}", file=sys.stderr)
+    return accuracy.with_accuracy(
+        prof,
+        g,
+        got.feeds,
+        source=str(source),
+        cuts=accuracy.spread_cuts(g, args.accuracy_cuts),
+        metric=args.metric,
+        rel_tol=args.rel_tol,
+        progress=lambda m: print(m, file=sys.stderr),
+    )
 
 
 def _model_path(model: str) -> Path:
@@ -116,6 +194,11 @@ RANDOM_RATIOS_WARNING = (
 
 def _profile(args: argparse.Namespace) -> int:
     path = _model_path(args.model)
+    if args.accuracy_only:
+        prof = _with_samples(profiler.load_profile(args.out), path, args)
+        profiler.save_profile(prof, args.out)
+        print(f"wrote {args.out}: accuracy guard {prof.accuracy or 'not measured (no samples)'}")
+        return 0
     if binding(args).sample is None:
         print(RANDOM_RATIOS_WARNING, file=sys.stderr)
     if args.codec_ratios_only:
@@ -137,6 +220,7 @@ def _profile(args: argparse.Namespace) -> int:
             choice.reader.close()
     if board is not None:  # measured ON this board: `plan --board` must not scale it by the speed factor
         prof = dataclasses.replace(prof, host={**prof.host, "board": board.name})
+    prof = _with_samples(prof, path, args)
     profiler.save_profile(prof, args.out)
     print(f"wrote {args.out}: {len(prof.cuts)} cuts, whole model {prof.total_ms:.2f} ms", file=sys.stderr)
     noisy = sanity.warning(prof, str(args.out))
@@ -220,7 +304,9 @@ def _plan(args: argparse.Namespace) -> int:
     args.sweep_max_mbps = args.sweep_max_mbps or 1000.0
     g = load_graph(args)
     board = boards.load_board(args.board) if args.board else None
-    costs = tables.build(g, device=args.device, cloud=args.cloud, board=board)
+    if not 0 <= args.min_agreement <= 1:
+        raise ConfigError(f"--min-agreement: expected a share in [0, 1], got {args.min_agreement}")
+    costs = tables.build(g, device=args.device, cloud=args.cloud, board=board, min_agreement=args.min_agreement)
     device, cloud, factor = costs.device_profile, costs.cloud_profile, costs.device_speed_factor
     # measured idle/busy power from the device profile when it has them, else the board's estimates
     figures = energy.plan_power(device, board, profile_label=str(args.device))
@@ -310,6 +396,7 @@ def _plan(args: argparse.Namespace) -> int:
         "power": figures.as_dict(args.bandwidth_mbps),
         "shapes": pricing.as_dict(),
         "warnings": warnings,
+        "accuracy_guard": costs_mod.guard_note(device, min_agreement=args.min_agreement),
         "cuts": rows,
     }
     if allowed is not None:
@@ -493,6 +580,7 @@ def _print_plan(out: dict[str, Any], objective: str) -> None:
         + f"; radio {pw['radio_w']:.2f} W = {pw['radio_uj_per_byte']:.3g} uJ/byte here, from {pw['radio_source']}"
     )
     print(f"shapes: {out['shapes']['note']}")
+    print(_guard_line(out["accuracy_guard"]))
     if "constraints" in out:
         c = out["constraints"]
         print(
@@ -502,3 +590,18 @@ def _print_plan(out: dict[str, Any], objective: str) -> None:
     if "min_cut" in out:
         mc = out["min_cut"]
         print(f"min-cut over the node DAG: {mc['predicted_ms']:.2f} ms ({mc['head_nodes']} nodes on the device)")
+
+
+def _guard_line(guard: dict[str, Any]) -> str:
+    """One line: the tolerance, how the agreement was measured, and where lossy codecs are allowed."""
+    acc, allowed = guard["accuracy"], guard["allowed_cuts"]
+    if guard["min_agreement"] <= 0:
+        return "accuracy guard: off (--min-agreement 0): lossy codecs priced by their bytes alone"
+    if not acc:
+        return "accuracy guard: the device profile has no samples (splitrt profile --samples): lossless codecs only"
+    ok = {c: cuts for c, cuts in allowed.items() if cuts}
+    where = "; ".join(f"{c} at {len(cuts)} cut(s)" for c, cuts in ok.items()) or "none anywhere"
+    return (
+        f"accuracy guard: lossy codecs where >= {guard['min_agreement']:g} of {acc['samples']} samples "
+        f"({acc['source']}, {acc['metric']}) agree with the uncompressed model: {where}"
+    )

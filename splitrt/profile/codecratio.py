@@ -29,9 +29,9 @@ from splitrt.transport import codec
 #: The codecs a profile prices per cut: every lossy quantisation and +zstd (fp32's ratio is 1). Not +zlib:
 #: the same bytes as +zstd at 5-15x the CPU time, which the cost model does not price.
 MEASURED: tuple[str, ...] = tuple(c for c in codec.names() if c != "fp32" and not c.endswith("+zlib"))
-#: A lossy codec whose error on a cut's tensors exceeds this (relative RMS) is not priced at that cut
-#: (``profile.costs``). Per-tensor int8 at densenet121's c2 (one channel's range dwarfs the others): 0.051,
-#: and the output changes (rel err 3.0); every other zoo cut sampled is <= 0.012.
+#: A cut tensor's relative RMS error that is large (for tests and benches: the stored errors are facts,
+#: not a guard; plans are guarded by the model's output on samples, ``profile.accuracy``). Per-tensor int8
+#: at densenet121's c2 (one channel's range dwarfs the others): 0.051; every other zoo cut sampled <= 0.012.
 MAX_CODEC_ERROR = 0.02
 #: The error stored where decoding overflows (fp16 of values past 65504): JSON has no infinity.
 OVERFLOW = 1e6

@@ -9,11 +9,11 @@ import numpy as np
 
 from splitrt.errors import ProfileError
 from splitrt.graph import model as graph_mod
-from splitrt.plan.costmodel import CLOUD_CUT, CODEC_RATIOS, MAX_CODEC_RATIO, CodecRatio, CostTable
+from splitrt.plan.costmodel import CODEC_RATIOS, MAX_CODEC_RATIO, CodecRatio, CostTable
 from splitrt.plan.mincut import Dag, DagTensor
-from splitrt.profile.codecratio import MAX_CODEC_ERROR
+from splitrt.profile.accuracy import MIN_AGREEMENT
 from splitrt.profile.store import Profile
-from splitrt.transport import codec
+from splitrt.transport.codec import Codec
 
 
 def cost_table(
@@ -23,15 +23,16 @@ def cost_table(
     device_speed_factor: float = 1.0,
     cloud_speed_factor: float = 1.0,
     codecs: Mapping[str, CodecRatio] | None = None,
+    min_agreement: float = MIN_AGREEMENT,
 ) -> CostTable:
     """Per-cut costs for planning: head times from ``device``, tail times from ``cloud``.
 
     ``*_speed_factor`` scale measured times (e.g. a board's ``cpu_speed_factor`` to emulate it from a
     host profile). Both profiles must be of the same model (sha256) and list the same cuts.
     ``codecs`` None: the fixed ratios, plus the per-cut ratios the device profile measured (the device
-    encodes), so a profile made before them plans as it always did. The device profile's encode times and
-    call cost (x ``device_speed_factor``) and the cloud profile's decode times (x ``cloud_speed_factor``)
-    are priced where the profiles measured them (``profile.codectime``), 0 otherwise.
+    encodes), lossy ones guarded by the device profile's output agreement (``measured_codecs``). The device
+    profile's encode times and call cost (x ``device_speed_factor``) and the cloud profile's decode times (x
+    ``cloud_speed_factor``) are priced where the profiles measured them (``profile.codectime``), 0 otherwise.
     """
     if device.sha256 != cloud.sha256:
         raise ProfileError(
@@ -50,7 +51,7 @@ def cost_table(
         bytes=[c.bytes for c in device.cuts],
         float_bytes=[c.float_bytes for c in device.cuts],
         reply_bytes=[device.reply_bytes if c.reply_bytes is None else c.reply_bytes for c in device.cuts],
-        codecs=codecs if codecs is not None else measured_codecs(device),
+        codecs=codecs if codecs is not None else measured_codecs(device, min_agreement=min_agreement),
         encode_ms=_scaled(device.codec_encode_ms, device_speed_factor),
         decode_ms=_scaled(cloud.codec_decode_ms, cloud_speed_factor),
         call_ms=(device.call_ms or 0.0) * device_speed_factor,
@@ -61,27 +62,54 @@ def _scaled(times: dict[str, list[float]] | None, factor: float) -> dict[str, Co
     return None if times is None else {c: [t * factor for t in ts] for c, ts in times.items()}
 
 
-def measured_codecs(profile: Profile, *, max_error: float = MAX_CODEC_ERROR) -> dict[str, CodecRatio]:
-    """The fixed ratios, then the profile's per-cut ones; a lossy codec whose error on a cut's tensors
-    exceeds ``max_error`` is priced there at ``MAX_CODEC_RATIO`` (above fp32's 1: never chosen while fp32
-    is allowed), so bytes alone never pick a codec that changes the output. An image codec at the input
-    (cut ``cloud``) is exempt: a JPEG of the frame is what every router sends, and whether it changes the
-    answer is the model's output's to say (the accuracy guard), not the tensor's error."""
+def measured_codecs(profile: Profile, *, min_agreement: float = MIN_AGREEMENT) -> dict[str, CodecRatio]:
+    """The fixed ratios, then the profile's per-cut ones, with the accuracy guard: a lossy codec is priced at
+    ``MAX_CODEC_RATIO`` (above fp32's 1: never chosen while a lossless codec is allowed) at every cut where
+    the samples' output agreement (``Profile.codec_agreement``, ``profile.accuracy``) is below
+    ``min_agreement`` or was not measured, which is every cut of a profile made without samples.
+    ``min_agreement <= 0`` turns the guard off (every lossy codec priced by its bytes alone)."""
     out: dict[str, CodecRatio] = dict(CODEC_RATIOS)
-    errors = profile.codec_errors or {}
-    at_input = [c == CLOUD_CUT for c in profile.cut_ids]
-    for name, ratios in (profile.codec_ratios or {}).items():
-        errs = errors.get(name)
-        image = codec.Codec.parse(name).image is not None
-        out[name] = (
-            list(ratios)
-            if errs is None
-            else [
-                MAX_CODEC_RATIO if e > max_error and not (image and inp) else r
-                for r, e, inp in zip(ratios, errs, at_input, strict=True)
-            ]
-        )
+    out.update({name: list(ratios) for name, ratios in (profile.codec_ratios or {}).items()})
+    if min_agreement <= 0:
+        return out
+    agreement = profile.codec_agreement or {}
+    cut_ids = profile.cut_ids
+    for name, ratio in out.items():
+        if Codec.parse(name).lossless:
+            continue
+        per_cut = [float(ratio)] * len(cut_ids) if isinstance(ratio, int | float) else list(ratio)
+        shares = agreement.get(name) or [None] * len(cut_ids)
+        out[name] = [
+            r if cut == "device" or (s is not None and s >= min_agreement) else MAX_CODEC_RATIO
+            for cut, r, s in zip(cut_ids, per_cut, shares, strict=True)
+        ]
     return out
+
+
+def guard_note(profile: Profile, *, min_agreement: float = MIN_AGREEMENT) -> dict[str, object]:
+    """What the accuracy guard allowed, for ``plan``'s output and the decision log: ``min_agreement``, how
+    the agreement was measured (``accuracy``, None without samples) and per lossy codec the cuts where it
+    is allowed."""
+    table = measured_codecs(profile, min_agreement=min_agreement)
+    base = dict(CODEC_RATIOS) | (profile.codec_ratios or {})
+    allowed: dict[str, list[str]] = {}
+    for name, ratios in table.items():
+        if Codec.parse(name).lossless or isinstance(ratios, int | float):
+            continue
+        priced = base[name]
+        orig = [float(priced)] * len(ratios) if isinstance(priced, int | float) else list(priced)
+        allowed[name] = [c for c, r, o in zip(profile.cut_ids, ratios, orig, strict=True) if c != "device" and r == o]
+    return {"min_agreement": min_agreement, "accuracy": profile.accuracy, "allowed_cuts": allowed}
+
+
+def guard_summary(profile: Profile, *, min_agreement: float = MIN_AGREEMENT) -> str:
+    """The accuracy guard in a few words, for a table's source (and so every decision-log line)."""
+    acc = profile.accuracy
+    if min_agreement <= 0:
+        return "accuracy guard off"
+    if not acc:
+        return "accuracy guard: no samples, lossless codecs only"
+    return f"accuracy guard: min agreement {min_agreement:g} on {acc.get('samples')} samples ({acc.get('metric')})"
 
 
 def nested_matrix(profile: Profile) -> np.ndarray:

@@ -14,6 +14,8 @@ everywhere (issue 33: the daemon's table once dropped the board's speed when pro
   its head times are multiplied by ``board.cpu_speed_factor`` (``device_factor``). No board: factor 1.
 - A measured table is re-priced at the graph's binding when the profiles were measured at other shapes
   (``reprice.table_at``; ``Costs.pricing``; an unbound graph: as profiled, ``pricing`` None).
+- Lossy codecs are guarded by the device profile's output agreement on samples (``min_agreement``,
+  ``profile.costs.measured_codecs``); the source names the guard (``profile.costs.guard_summary``).
 - ``Costs.summary()``: what every command prints as its ``cost_table`` (JSON): source, factor and the
   whole model's device and cloud milliseconds; the cross-command test compares these.
 """
@@ -27,6 +29,7 @@ from typing import Any
 from splitrt import paths
 from splitrt.errors import ConfigError, ProfileError
 from splitrt.plan.costmodel import CLOUD_CUT, DEVICE_CUT, CostTable
+from splitrt.profile.accuracy import MIN_AGREEMENT
 
 #: GFLOP/s of the build host that measured profiles/ (resnet50: 8.2 GFLOP in ~94 ms, squeezenet 0.7
 #: GFLOP in ~6.4 ms): the FLOPs prior's reference, divided by a board's cpu_speed_factor.
@@ -75,17 +78,18 @@ def _label(factor: float, board: Any) -> str:
     return f", device head times x{factor:g} (board {board.name})"
 
 
-def _measured(mg: Any, dev: Any, cloud: Any, board: Any, source: str, kind: str) -> Costs:
+def _measured(mg: Any, dev: Any, cloud: Any, board: Any, source: str, kind: str, min_agreement: float) -> Costs:
     from splitrt.profile import profiler, reprice
+    from splitrt.profile.costs import guard_summary
 
     factor = device_factor(dev, board)
-    table = profiler.cost_table(dev, cloud, device_speed_factor=factor)
+    table = profiler.cost_table(dev, cloud, device_speed_factor=factor, min_agreement=min_agreement)
     pricing = None
     if mg.input_shapes is not None:  # bound (the CLI's graphs): priced at its shapes
         table, pricing = reprice.table_at(mg, dev, cloud, table)
     return Costs(
         table=table,
-        source=source + _label(factor, board),
+        source=source + _label(factor, board) + f"; {guard_summary(dev, min_agreement=min_agreement)}",
         kind=kind,
         device_speed_factor=factor,
         device_profile=dev,
@@ -119,8 +123,10 @@ def build(
     cloud: Path | str | None = None,
     board: Any = None,
     directory: Path | None = None,
+    min_agreement: float = MIN_AGREEMENT,
 ) -> Costs:
-    """The cost table of ``mg`` (bound: priced at its binding) on ``board`` (None: this machine)."""
+    """The cost table of ``mg`` (bound: priced at its binding) on ``board`` (None: this machine); lossy
+    codecs guarded by the device profile's output agreement (``profile.costs.measured_codecs``)."""
     from splitrt.profile import priors, profiler
 
     if (device is None) != (cloud is None):
@@ -131,11 +137,13 @@ def build(
     if device is not None and cloud is not None:
         dev = profiler.load_profile(Path(device), sha256=mg.sha256)
         cld = dev if Path(cloud) == Path(device) else profiler.load_profile(Path(cloud), sha256=mg.sha256)
-        return _measured(mg, dev, cld, board, f"profiles {device} (device) and {cloud} (cloud)", "profiles")
+        return _measured(
+            mg, dev, cld, board, f"profiles {device} (device) and {cloud} (cloud)", "profiles", min_agreement
+        )
     found = shipped_profile(mg, directory)
     if found is not None:
         prof = profiler.load_profile(found, sha256=mg.sha256)
-        return _measured(mg, prof, prof, board, f"shipped profile {found}", "shipped")
+        return _measured(mg, prof, prof, board, f"shipped profile {found}", "shipped", min_agreement)
     factor = device_factor(None, board)
     table = priors.flops_table(mg, device_gflops=HOST_GFLOPS / factor, cloud_gflops=HOST_GFLOPS)
     d = directory or paths.profiles_dir()

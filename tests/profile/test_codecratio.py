@@ -92,10 +92,11 @@ def test_with_codec_ratios_keeps_the_timings_and_refuses_another_model() -> None
         profiler.with_codec_ratios(old, zoo.get("tiny_chain"), progress=lambda s: None)
 
 
-def test_a_codec_that_changes_the_tensors_is_not_priced_where_it_does() -> None:
+def test_the_output_not_the_tensor_error_guards_a_codec() -> None:
     """densenet121's c2 (after the first BatchNorm): one channel's range dwarfs the others, per-tensor int8
-    collapses them (relative RMS error 0.05; the output changes) while int8c keeps them; plans must not
-    choose int8 there for its bytes."""
+    collapses them (relative RMS error 0.05) while int8c keeps them. The tensor error is recorded, but what
+    guards a plan is the output's agreement on samples: int8 priced out where it changes the answer, int8c
+    priced by its bytes where it does not."""
     from splitrt.plan.costmodel import MAX_CODEC_RATIO
     from splitrt.profile.costs import measured_codecs
 
@@ -104,12 +105,16 @@ def test_a_codec_that_changes_the_tensors_is_not_priced_where_it_does() -> None:
     i = prof.cut_ids.index("c2")
     assert prof.codec_errors["int8+zstd"][i] > codecratio.MAX_CODEC_ERROR > prof.codec_errors["int8c+zstd"][i]
     assert prof.codec_ratios["int8+zstd"][i] < 0.05  # what made it look cheap
-    codecs = measured_codecs(prof)
+    n = len(prof.cuts)
+    shares: dict[str, list[float | None]] = {k: [None] * n for k in ("int8+zstd", "int8c+zstd")}
+    shares["int8+zstd"][i], shares["int8c+zstd"][i] = 0.4, 1.0
+    guarded = dataclasses.replace(prof, codec_agreement=shares, accuracy={"metric": "top1", "samples": 5})
+    codecs = measured_codecs(guarded)
     assert codecs["int8+zstd"][i] == MAX_CODEC_RATIO  # type: ignore[index]
     assert codecs["int8c+zstd"][i] == prof.codec_ratios["int8c+zstd"][i]  # type: ignore[index]
-    table = profiler.cost_table(prof, prof)
+    table = profiler.cost_table(guarded, guarded)
     cond = Conditions(link=Link(bandwidth_mbps=1.0, rtt_ms=20.0), device_load=30.0)
-    assert solver.solve(table, cond, codecs=None, cuts=["c2"]).codec != "int8+zstd"
+    assert solver.solve(table, cond, codecs=None, cuts=["c2"]).codec == "int8c+zstd"
 
 
 def test_output_agreement_records_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:

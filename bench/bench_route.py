@@ -32,7 +32,8 @@ from typing import Any
 from splitrt.cli import sim as cmd_sim
 from splitrt.cli.tables import render
 from splitrt.rig import bench as rigbench
-from splitrt.rig import models, regret, tracespec
+from splitrt.rig import models as rigmodels
+from splitrt.rig import regret, tracespec
 
 MODELS = ("resnet50", "inception_v1", "squeezenet", "densenet121", "vgg19", "bvlc_alexnet", "vgg16", "mobilenetv2")
 STRATEGIES = ("route", "adaptive")
@@ -95,13 +96,13 @@ def pays_rows(
 
     rows = []
     for m in models:
-        prof = profiler.load_profile(models.shipped_profile(m))  # type: ignore[arg-type]
+        prof = profiler.load_profile(rigmodels.shipped_profile(m))  # type: ignore[arg-type]
         for bn in board_names:
             b = boards.load_board(bn)
             table = profiler.cost_table(prof, prof, device_speed_factor=b.cpu_speed_factor, min_agreement=0.0)
             variants: list[tuple[str, Any]] = [("-", None)]
             if m in constrained:
-                allowed = allowed_for(graph.load(models.model_path_for(m)), table, Constraints(no_raw_input=True))
+                allowed = allowed_for(graph.load(rigmodels.model_path_for(m)), table, Constraints(no_raw_input=True))
                 variants.append(("no raw input (vs device-only)", allowed.cuts if allowed else None))
             for label_, cuts in variants:
                 v = explain.explain(table, rtt_ms=rtt_ms, objectives=("latency", "energy"), power=b.power, cuts=cuts)
@@ -145,8 +146,8 @@ def privacy_rows(
     b = boards.load_board(board)
     rows = []
     for m in models:
-        path = models.model_path_for(m)
-        table = models.cost_table_for(models.shipped_profile(m), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
+        path = rigmodels.model_path_for(m)
+        table = rigmodels.cost_table_for(rigmodels.shipped_profile(m), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
         allowed = allowed_for(graph.load(path), table, Constraints(no_raw_input=True))
         assert allowed is not None
         ratios = []
@@ -212,8 +213,8 @@ def pays_sim(
 
     model, board, device_load, codec_set = case
     b = boards.load_board(board)
-    path = models.model_path_for(model)
-    base = models.cost_table_for(models.shipped_profile(model), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
+    path = rigmodels.model_path_for(model)
+    base = rigmodels.cost_table_for(rigmodels.shipped_profile(model), graph.file_sha256(path), b.cpu_speed_factor)  # type: ignore[arg-type]
     out: dict[str, Any] = {"model": model, "board": board, "device_load": device_load, "codecs": codec_set}
     for variant, floor in INPUT_VARIANTS.items():
         table = base if floor is None else base.with_ratio_cap("cloud", floor)

@@ -20,10 +20,9 @@ the shape: small tensors under-use the cores and vector units, large ones fall o
 not linear in FLOPs. The fixed per-run overhead does not scale, and neither does each node's own fixed
 cost (kernel dispatch, allocation): when the shape costs carry node counts, ``scale_table`` fits ``ms ≈
 node_ms × nodes + ms_per_flop × FLOPs`` per side over the profile's cuts and scales only the second
-term. In practice (``bench/bench_shapes.py``, 2-core x86, load ~1.4): yolo_tiny 320² -> 640² whole-model
-error 2-9 % (77 % unscaled), the same plans as a real profile at 640²; bert_tiny seq 16 -> 128 ~30 %
-(90 % with FLOPs alone, 66 % unscaled). The result is a prior for the controller, as good as the shapes are
-close and the profile steady; re-profile at a shape that matters.
+term. ``bench/bench_shapes.py`` measures the error against a real profile at the other shape (a few % for a
+CNN's spatial dims, tens of % for an encoder's sequence length). The result is a prior for the controller,
+as good as the shapes are close and the profile steady; re-profile at a shape that matters.
 
 - ``scale_table(table, at_a, at_b) -> CostTable``: bytes from B; each side's time split into a per-node part and
   a FLOPs part fitted over the profile's cuts (``fit_node_ms``); only the FLOPs part scales.

@@ -74,7 +74,18 @@ def test_readme_links_into_docs_exist() -> None:
     assert not missing, f"README.md links to missing files: {missing}"
 
 
-COMMANDS = [(path, argv) for path in doc_files() for argv in sh_commands(path) if argv[1] in OFFLINE_VERBS]
+def _unique(pairs: list[tuple[Path, list[str]]]) -> list[tuple[Path, list[str]]]:
+    """The first page that shows each command: the README and a guide often show the same one."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for path, argv in pairs:
+        if tuple(argv) not in seen:
+            seen.add(tuple(argv))
+            out.append((path, argv))
+    return out
+
+
+COMMANDS = _unique([(p, argv) for p in doc_files() for argv in sh_commands(p) if argv[1] in OFFLINE_VERBS])
 
 
 def test_docs_list_offline_commands() -> None:
@@ -106,7 +117,7 @@ def test_doc_command_runs(argv: list[str], tmp_path: Path) -> None:
         assert proc.stdout.strip(), "a table or JSON on stdout"
 
 
-EVERY = [(path, argv) for path in doc_files() for argv in sh_commands(path, every=True)]
+EVERY = _unique([(path, argv) for path in doc_files() for argv in sh_commands(path, every=True)])
 
 
 @pytest.mark.parametrize(
@@ -134,3 +145,28 @@ def test_docs_build_strict(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (tmp_path / "site" / "cli" / "index.html").read_text().count("usage: splitrt") > 10
+
+
+def test_docs_toml_blocks_are_daemon_configs(tmp_path: Path) -> None:
+    """Every ```toml block of the docs is a config `splitrt daemon --check` would accept."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    from splitrt.device.daemon.config import parse_config
+
+    blocks = [b for p in doc_files() for b in re.findall(r"```toml\n(.*?)```", p.read_text(), flags=re.S)]
+    assert blocks, "the board guide shows a daemon config"
+    for block in blocks:
+        assert parse_config(tomllib.loads(block), base_dir=tmp_path).models, block
+
+
+def test_the_cli_reference_names_every_verb() -> None:
+    """docs/cli.md's table says what each verb is for; its flags are rendered from the parser."""
+    from splitrt.cli.app import build_parser
+
+    (verbs,) = [a.choices for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)]
+    table = (ROOT / "docs" / "cli.md").read_text()
+    missing = [v for v in verbs if f"`{v}`" not in table]
+    assert not missing, f"docs/cli.md's table lacks {missing}"

@@ -67,7 +67,7 @@ def test_config_defaults_units_and_relative_paths(tmp_path: Path) -> None:
         ({"objective": "speed"}, r"key 'objective': expected one of latency, energy, throughput, got 'speed'"),
         (
             {"policy": "sometimes"},
-            r"key 'policy'.*expected adaptive, route, periodic:SECONDS or fixed:PLAN, got 'sometimes'",
+            r"key 'policy': expected adaptive, route, route-codec, periodic:SECONDS or fixed:PLAN, got 'sometimes'",
         ),
         ({"codecs": ["fp99"]}, r"key 'codecs': expected codec names, got 'fp99'"),
         ({"model": []}, r"key 'model': expected at least one \[\[model\]\] table"),

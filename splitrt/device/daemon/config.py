@@ -5,7 +5,7 @@ Example::
     board = "rpi4"                     # devices/<board>.toml: speed factor for the FLOPs prior, power
     objective = "latency"              # latency | energy | throughput
     deadline_ms = 2000
-    policy = "adaptive"                # adaptive | route | periodic:SECONDS | fixed:PLAN
+    policy = "adaptive"                # adaptive | route | route-codec | periodic:SECONDS | fixed:PLAN
     # constraints (optional): min_head_flops = 0.2 (privacy floor: a FLOPs share the device computes
     # first), no_raw_input = true (the input never leaves), device_memory_mb = 512 | "board"
     clouds = ["10.0.0.5:50051"]        # static clouds, preferred first
@@ -28,20 +28,44 @@ Example::
     # --sample): the shape a model with free dims is priced at (other request shapes are scaled from it).
 
 - ``load_config(path) / parse_config(dict, base_dir=) -> DaemonConfig`` (frozen; ``ModelConfig`` per
-  ``[[model]]``); unknown keys and wrong types raise ``ConfigError`` naming the key, expected and got.
+  ``[[model]]``); unknown keys, wrong types and values out of range raise ``ConfigError`` naming the key,
+  what was expected (the field's description: ``TOP_KEYS``, ``MODEL_KEYS``) and what came.
+
+One schema: ``DaemonConfig`` and ``ModelConfig`` are pydantic dataclasses (frozen, keyword-only), so a
+config built in Python (``DaemonConfig(...)``, ``dataclasses.replace``) is checked by the same rules as a
+TOML file; ``parse_config`` only adds what a file needs (the ``[[model]]`` tables, paths relative to it).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
 
 from splitrt.errors import CodecError, ConfigError
 from splitrt.graph import shapes
+from splitrt.plan.constraints import Constraints
+from splitrt.plan.controller import parse_policy
+from splitrt.plan.solver import OBJECTIVES
 from splitrt.transport import codec
 
 if sys.version_info >= (3, 11):
@@ -49,48 +73,146 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+#: Tiers the daemon's runtime serves today: the device and up to two servers (edge, cloud).
+MAX_HOPS = 2
 
-@dataclass(frozen=True, kw_only=True)
+
+def _resolve(value: Any, info: ValidationInfo) -> Any:
+    """A path key: "" is none; ``~`` expanded; relative to the config file's directory when read from one."""
+    if not isinstance(value, str | Path):
+        return value  # the type check names it
+    if value == "":
+        return None
+    p = Path(value).expanduser()
+    base = (info.context or {}).get("base_dir")
+    return p if p.is_absolute() or base is None else Path(base) / p
+
+
+def _hostport(value: str, *, loopback: bool = False) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if loopback and host not in _LOOPBACK:
+        raise ValueError(
+            f"expected a loopback address (127.0.0.1:PORT; the local API has no authentication), got {value!r}"
+        )
+    return value
+
+
+def _policy(value: str) -> str:
+    try:
+        parse_policy(value)
+    except ConfigError as exc:  # pydantic reports ValueErrors
+        raise ValueError(str(exc).removeprefix("policy: ")) from exc
+    return value
+
+
+def _codec(value: str) -> str:
+    try:
+        codec.Codec.parse(value)
+    except CodecError as exc:
+        raise ValueError(f"expected codec names, got {value!r} ({exc})") from exc
+    return value
+
+
+def _one_of(choices: tuple[str, ...], what: str | None = None) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"expected {what or 'one of ' + ', '.join(choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+PathKey = Annotated[Path | None, BeforeValidator(_resolve)]
+HostPort = Annotated[StrictStr, AfterValidator(_hostport)]
+Objective = Annotated[StrictStr, AfterValidator(_one_of(OBJECTIVES))]
+PolicySpec = Annotated[StrictStr, AfterValidator(_policy)]
+CodecName = Annotated[StrictStr, AfterValidator(_codec)]
+Loopback = Annotated[StrictStr, AfterValidator(_one_of(_LOOPBACK, "a loopback address"))]
+Number = Annotated[float, Strict()]  # an int or a float (TOML), never a bool or a string
+Names = tuple[Annotated[StrictStr, Field(min_length=1)], ...]
+_STRICT = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True, kw_only=True, config=_STRICT)
 class ModelConfig:
-    name: str
-    path: str  # file path (absolute after loading) or zoo:NAME
-    profile_device_path: Path | None = None
-    profile_cloud_path: Path | None = None
-    shapes: tuple[str, ...] = ()  # NAME=1x3xHxW, as --shape
-    dims: tuple[str, ...] = ()  # SYMBOL=N, as --dim
-    sample_path: Path | None = None  # .npz of inputs, as --sample
+    name: StrictStr = Field(min_length=1, description="a non-empty name")
+    # file path (absolute after loading) or zoo:NAME
+    path: StrictStr = Field(description="an .onnx file path or zoo:NAME")
+    profile_device_path: PathKey = Field(default=None, description="a profile JSON path (splitrt profile)")
+    profile_cloud_path: PathKey = Field(default=None, description="a profile JSON path (splitrt profile)")
+    shapes: Names = Field(default=(), description="a list of NAME=1x3xHxW strings (as --shape)")
+    dims: Names = Field(default=(), description="a list of SYMBOL=N strings (as --dim)")
+    sample_path: PathKey = Field(default=None, description="an .npz of input arrays (as --sample)")
+
+    @field_validator("path")
+    @classmethod
+    def _model_path(cls, value: str, info: ValidationInfo) -> str:
+        return value if value.startswith("zoo:") else str(_resolve(value, info))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        if (self.profile_device_path is None) != (self.profile_cloud_path is None):
+            raise ValueError("expected both profile_device_path and profile_cloud_path, got only one")
+        try:
+            shapes.binding_from(self.shapes, self.dims)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, config=_STRICT)
 class DaemonConfig:
-    models: tuple[ModelConfig, ...]
-    board: str | None = None
-    objective: str = "latency"
-    deadline_ms: float = 5000.0
-    policy: str = "adaptive"
-    codecs: tuple[str, ...] = ("fp32",)
-    clouds: tuple[str, ...] = ()
+    models: tuple[ModelConfig, ...] = Field(min_length=1, description="at least one [[model]] table with name and path")
+    board: StrictStr | None = Field(default=None, description="a board name (devices/*.toml) or a .toml path")
+    objective: Objective = Field(default="latency", description=f"one of {', '.join(OBJECTIVES)}")
+    deadline_ms: Number = Field(default=5000.0, gt=0, allow_inf_nan=False, description="a number of milliseconds > 0")
+    policy: PolicySpec = Field(
+        default="adaptive", description="adaptive, route, route-codec, periodic:SECONDS or fixed:PLAN"
+    )
+    codecs: tuple[CodecName, ...] = Field(
+        default=("fp32",), description="a list of codec names (fp32, fp16, int8, int8c[+zstd|+zlib])"
+    )
+    clouds: tuple[HostPort, ...] = Field(default=(), description="a list of HOST:PORT strings")
     # The path of tiers after the device (``path``): an edge between the device and the clouds, or hops.
-    edge: str | None = None
-    hops: tuple[tuple[str, ...], ...] = ()
-    edge_speed_factor: float = 1.0  # the edge's compute times / the cloud's (as a board's cpu_speed_factor)
-    discovery: bool = False
-    discovery_interfaces: tuple[str, ...] = ()
-    tls: bool = False
-    tls_ca_path: Path | None = None
-    token_path: Path | None = None
-    upload: bool = True
-    api_socket_path: Path | None = None
-    api_address: str | None = "127.0.0.1:50100"
-    metrics_address: str = "127.0.0.1"
-    metrics_port: int | None = 9464
-    decision_log_path: Path | None = None
-    drain_timeout_s: float = 10.0
-    intra_op_threads: int = 0
-    api_workers: int = 8
-    min_head_flops: float = 0.0
-    no_raw_input: bool = False
-    device_memory_mb: float | str | None = None  # MB, or "board" (the board file's memory_mb)
+    edge: HostPort | None = Field(
+        default=None, description="HOST:PORT of a server between the device and the clouds (splitrt serve --next)"
+    )
+    hops: tuple[tuple[StrictStr, ...], ...] = Field(
+        default=(), description="a list of hops after the device, each HOST:PORT or a list of HOST:PORT"
+    )
+    # the edge's compute times / the cloud's (as a board's cpu_speed_factor)
+    edge_speed_factor: Number = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="a number > 0 (the edge's compute times / the cloud's)"
+    )
+    discovery: StrictBool = Field(default=False, description="true or false")
+    discovery_interfaces: Names = Field(default=(), description="a list of IP addresses to bind mDNS to")
+    tls: StrictBool = Field(default=False, description="true or false")
+    tls_ca_path: PathKey = Field(default=None, description="a PEM file path")
+    token_path: PathKey = Field(default=None, description="a file path (bearer token on the first line)")
+    upload: StrictBool = Field(default=True, description="true or false")
+    api_socket_path: PathKey = Field(default=None, description='a unix socket path, or "" for none')
+    api_address: StrictStr | None = Field(
+        default="127.0.0.1:50100", description='127.0.0.1:PORT (loopback only), or "" for none'
+    )
+    metrics_address: Loopback = Field(default="127.0.0.1", description="a loopback IP address")
+    metrics_port: StrictInt | None = Field(
+        default=9464, description="a TCP port 0-65535 (0: any free port), or -1 for none"
+    )
+    decision_log_path: PathKey = Field(default=None, description="a file path (JSON lines)")
+    drain_timeout_s: Number = Field(default=10.0, ge=0, description="a number of seconds >= 0")
+    intra_op_threads: StrictInt = Field(default=0, ge=0, description="an integer >= 0 (0: onnxruntime's default)")
+    api_workers: StrictInt = Field(default=8, ge=1, description="an integer >= 1")
+    min_head_flops: Number = Field(default=0.0, description="a share of the model's FLOPs in [0, 1] (privacy floor)")
+    no_raw_input: StrictBool = Field(
+        default=False, description="true or false (privacy floor: the input never leaves the device)"
+    )
+    # MB, or "board" (the board file's memory_mb)
+    device_memory_mb: Number | Literal["board"] | None = Field(
+        default=None, description='a number of MB > 0 or "board" (memory ceiling)'
+    )
 
     @property
     def path(self) -> tuple[tuple[str, ...], ...]:
@@ -102,230 +224,143 @@ class DaemonConfig:
             return ((self.edge,), self.clouds)
         return (self.clouds,)
 
+    @field_validator("hops", mode="before")
+    @classmethod
+    def _hops(cls, raw: Any) -> Any:
+        if raw == ():
+            return ()  # the default (``dataclasses.replace`` passes it again); a file's [] is refused below
+        if not isinstance(raw, list | tuple):
+            return raw  # the type check names it
+        if not 1 <= len(raw) <= MAX_HOPS:
+            raise ValueError(f"expected 1 to {MAX_HOPS} hops (device -> edge -> cloud), got {len(raw)}: {raw!r}")
+        hops = []
+        for i, hop in enumerate(raw):
+            servers = hop if isinstance(hop, list | tuple) else [hop]
+            if not servers or not all(isinstance(a, str) for a in servers):
+                raise ValueError(f"hop {i}: expected HOST:PORT or a list of them, got {hop!r}")
+            hops.append(tuple(_hostport(a) for a in servers))
+        return tuple(hops)
 
-# key -> (types, expected, is_path). Order = documentation order.
-TOP_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
-    "board": ((str,), "a board name (devices/*.toml) or a .toml path", False),
-    "objective": ((str,), "latency, energy or throughput", False),
-    "deadline_ms": ((int, float), "a number of milliseconds > 0", False),
-    "policy": ((str,), "adaptive, route, periodic:SECONDS or fixed:PLAN", False),
-    "codecs": ((list,), "a list of codec names (fp32, fp16, int8, int8c[+zstd|+zlib])", False),
-    "clouds": ((list,), "a list of HOST:PORT strings", False),
-    "edge": ((str,), "HOST:PORT of a server between the device and the clouds (splitrt serve --next)", False),
-    "hops": ((list,), "a list of hops after the device, each HOST:PORT or a list of HOST:PORT", False),
-    "edge_speed_factor": ((int, float), "a number > 0 (the edge's compute times / the cloud's)", False),
-    "discovery": ((bool,), "true or false", False),
-    "discovery_interfaces": ((list,), "a list of IP addresses to bind mDNS to", False),
-    "tls": ((bool,), "true or false", False),
-    "tls_ca_path": ((str,), "a PEM file path", True),
-    "token_path": ((str,), "a file path (bearer token on the first line)", True),
-    "upload": ((bool,), "true or false", False),
-    "api_socket_path": ((str,), 'a unix socket path, or "" for none', True),
-    "api_address": ((str,), '127.0.0.1:PORT (loopback only), or "" for none', False),
-    "metrics_address": ((str,), "a loopback IP address", False),
-    "metrics_port": ((int,), "a TCP port 0-65535 (0: any free port), or -1 for none", False),
-    "decision_log_path": ((str,), "a file path (JSON lines)", True),
-    "drain_timeout_s": ((int, float), "a number of seconds >= 0", False),
-    "intra_op_threads": ((int,), "an integer >= 0 (0: onnxruntime's default)", False),
-    "api_workers": ((int,), "an integer >= 1", False),
-    "min_head_flops": ((int, float), "a share of the model's FLOPs in [0, 1] (privacy floor)", False),
-    "no_raw_input": ((bool,), "true or false (privacy floor: the input never leaves the device)", False),
-    "device_memory_mb": ((int, float, str), 'a number of MB > 0 or "board" (memory ceiling)', False),
-}
-MODEL_KEYS: dict[str, tuple[tuple[type, ...], str, bool]] = {
-    "name": ((str,), "a non-empty name", False),
-    "path": ((str,), "an .onnx file path or zoo:NAME", False),
-    "profile_device_path": ((str,), "a profile JSON path (splitrt profile)", True),
-    "profile_cloud_path": ((str,), "a profile JSON path (splitrt profile)", True),
-    "shapes": ((list,), "a list of NAME=1x3xHxW strings (as --shape)", False),
-    "dims": ((list,), "a list of SYMBOL=N strings (as --dim)", False),
-    "sample_path": ((str,), "an .npz of input arrays (as --sample)", True),
-}
-_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+    @field_validator("api_address", mode="before")
+    @classmethod
+    def _api_address(cls, value: Any) -> Any:
+        if value == "":
+            return None
+        return _hostport(value, loopback=True) if isinstance(value, str) else value
 
+    @field_validator("metrics_port")
+    @classmethod
+    def _metrics_port(cls, value: int | None) -> int | None:
+        if value is not None and not -1 <= value < 65536:
+            raise ValueError(f"expected a TCP port 0-65535 (0: any free port), or -1 for none, got {value!r}")
+        return None if value == -1 else value
 
-def _typed(where: str, key: str, value: Any, spec: tuple[tuple[type, ...], str, bool]) -> Any:
-    kinds, expected, _ = spec
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    if not ok:
-        raise ConfigError(f"{where}: key {key!r}: expected {expected}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _path(base: Path, value: str) -> Path | None:
-    if value == "":
-        return None
-    p = Path(value).expanduser()
-    return p if p.is_absolute() else (base / p)
-
-
-def _str_list(where: str, key: str, value: list[Any], expected: str) -> tuple[str, ...]:
-    if not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{where}: key {key!r}: expected {expected}, got {value!r}")
-    return tuple(value)
+    @model_validator(mode="after")
+    def _consistent(self) -> DaemonConfig:
+        if self.hops and (self.edge is not None or self.clouds):
+            given = " and ".join(k for k, v in (("edge", self.edge), ("clouds", self.clouds)) if v)
+            raise ValueError(f"key 'hops': expected hops alone (the whole path), or edge/clouds, got {given} too")
+        if len(self.path) > 1 and self.discovery:
+            raise ValueError(
+                "a path of three tiers (edge or two hops): expected discovery = false (the edge names "
+                "its next tier), got true"
+            )
+        mem = self.device_memory_mb
+        try:
+            Constraints(
+                min_head_flops_fraction=self.min_head_flops,
+                device_memory_mb=mem if isinstance(mem, float) else None,
+            )
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        if mem == "board" and self.board is None:
+            raise ValueError("key 'device_memory_mb': \"board\" needs a board key, got none")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names: expected unique names, got {names}")
+        if self.api_address is None and self.api_socket_path is None:
+            raise ValueError("expected api_address or api_socket_path (or both), got neither")
+        return self
 
 
-def _check_hostport(where: str, key: str, value: str, *, loopback: bool) -> None:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"{where}: key {key!r}: expected HOST:PORT, got {value!r}")
-    if loopback and host not in _LOOPBACK:
-        raise ConfigError(
-            f"{where}: key {key!r}: expected a loopback address (127.0.0.1:PORT; the local API "
-            f"has no authentication), got {value!r}"
-        )
+def _described(cls: type) -> dict[str, str]:
+    fields = cls.__pydantic_fields__  # type: ignore[attr-defined]
+    return {k: f.description or "" for k, f in fields.items()}
 
 
-#: Tiers the daemon's runtime serves today: the device and up to two servers (edge, cloud).
-MAX_HOPS = 2
+#: key -> what it expects (the schema's descriptions; documentation order). ``model`` is MODEL_KEYS' table.
+TOP_KEYS: dict[str, str] = {k: v for k, v in _described(DaemonConfig).items() if k != "models"}
+MODEL_KEYS: dict[str, str] = _described(ModelConfig)
+_ADAPTER = TypeAdapter(DaemonConfig)
 
 
-def _parse_path(where: str, kw: dict[str, Any]) -> None:
-    """``edge`` / ``hops`` checked and normalised in ``kw`` (hops: a tuple of tuples of HOST:PORT)."""
-    if "hops" in kw and ("edge" in kw or "clouds" in kw):
-        given = " and ".join(k for k in ("edge", "clouds") if k in kw)
-        raise ConfigError(f"{where}: key 'hops': expected hops alone (the whole path), or edge/clouds, got {given} too")
-    if "edge" in kw:
-        _check_hostport(where, "edge", kw["edge"], loopback=False)
-    if "hops" not in kw:
-        return
-    raw, hops = kw["hops"], []
-    if not 1 <= len(raw) <= MAX_HOPS:
-        raise ConfigError(
-            f"{where}: key 'hops': expected 1 to {MAX_HOPS} hops (device -> edge -> cloud), got {len(raw)}: {raw!r}"
-        )
-    for i, hop in enumerate(raw):
-        servers = hop if isinstance(hop, list) else [hop]
-        if not servers or not all(isinstance(a, str) for a in servers):
-            raise ConfigError(f"{where}: key 'hops': hop {i}: expected HOST:PORT or a list of them, got {hop!r}")
-        for a in servers:
-            _check_hostport(where, "hops", a, loopback=False)
-        hops.append(tuple(servers))
-    kw["hops"] = tuple(hops)
+def _message(where: str, err: Any) -> tuple[tuple[Any, ...], str]:
+    """(the place it names, the message) of one pydantic error, in the house's words: the key, what it
+    expects (its field's description), what came."""
+    loc, kind, value = tuple(err["loc"]), err["type"], err.get("input")
+    keys, top = TOP_KEYS, True
+    if loc[:1] == ("models",) and len(loc) > 1 and isinstance(loc[1], int):
+        where, keys, top = f"{where}: model[{loc[1]}]", MODEL_KEYS, False
+        if len(loc) == 2 and kind != "value_error":
+            return loc, f"{where}: expected a table, got {value!r}"
+        loc = loc[2:]
+    elif loc[:1] == ("models",):
+        loc, keys = ("model", *loc[1:]), {**TOP_KEYS, "model": _described(DaemonConfig)["models"]}
+    place = (where, *loc[:1])
+    if kind == "value_error":
+        cause = (err.get("ctx") or {}).get("error")
+        text = str(cause) if cause is not None else err["msg"]
+        return place, f"{where}: key {loc[0]!r}: {text}" if loc else f"{where}: {text}"
+    key = loc[0]
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return place, f"{where}: unknown key {key!r}: expected one of {sorted([*keys, 'model'] if top else keys)}"
+    if kind == "missing":
+        return place, f"{where}: missing key {key!r}: expected {keys.get(key, '')}"
+    return place, f"{where}: key {key!r}: expected {keys.get(key, '')}, got {value!r} ({type(value).__name__})"
 
 
-def _check_tiers(where: str, cfg: DaemonConfig) -> None:
-    """What the daemon does not do over three tiers yet (discovery), refused by name."""
-    if len(cfg.path) > 1 and cfg.discovery:
-        raise ConfigError(
-            f"{where}: a path of three tiers (edge or two hops): expected discovery = false (the edge names "
-            "its next tier), got true"
-        )
+def _config_error(where: str, exc: ValidationError) -> ConfigError:
+    said: dict[tuple[Any, ...], str] = {}
+    for err in exc.errors():
+        if err["type"] == "too_short" and err.get("input"):
+            continue  # a list whose items failed counts as short too: the items' errors say why
+        place, text = _message(where, err)
+        said.setdefault(place, text)  # a union or a list fails once per member: its first says it
+    return ConfigError("; ".join(said.values()))
+
+
+def _raising_config_errors(cls: type) -> None:
+    """``cls(...)`` (and ``dataclasses.replace``) raise ``ConfigError``, not pydantic's error."""
+    init = cls.__init__  # type: ignore[misc]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as exc:
+            raise _config_error(cls.__name__, exc) from None
+
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+_raising_config_errors(ModelConfig)
+_raising_config_errors(DaemonConfig)
 
 
 def parse_config(data: Mapping[str, Any], *, base_dir: Path, where: str = "config") -> DaemonConfig:
-    """``DaemonConfig`` from parsed TOML; ``ConfigError`` names the key, what was expected and what came."""
-    unknown = sorted(set(data) - set(TOP_KEYS) - {"model"})
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}: expected one of {sorted([*TOP_KEYS, 'model'])}")
-    kw: dict[str, Any] = {}
-    for key, spec in TOP_KEYS.items():
-        if key not in data:
-            continue
-        value = _typed(where, key, data[key], spec)
-        if spec[2]:
-            value = _path(base_dir, value)
-        kw[key] = value
-    for key, expected in (
-        ("codecs", TOP_KEYS["codecs"][1]),
-        ("clouds", TOP_KEYS["clouds"][1]),
-        ("discovery_interfaces", TOP_KEYS["discovery_interfaces"][1]),
-    ):
-        if key in kw:
-            kw[key] = _str_list(where, key, kw[key], expected)
-    for c in kw.get("clouds", ()):
-        _check_hostport(where, "clouds", c, loopback=False)
-    for c in kw.get("codecs", ()):
-        try:
-            codec.Codec.parse(c)
-        except CodecError as exc:
-            raise ConfigError(f"{where}: key 'codecs': expected codec names, got {c!r} ({exc})") from exc
-    _parse_path(where, kw)
-    if "api_address" in kw:
-        kw["api_address"] = kw["api_address"] or None
-        if kw["api_address"] is not None:
-            _check_hostport(where, "api_address", kw["api_address"], loopback=True)
-    if "metrics_port" in kw:
-        port = kw["metrics_port"]
-        if not -1 <= port < 65536:
-            raise ConfigError(f"{where}: key 'metrics_port': expected {TOP_KEYS['metrics_port'][1]}, got {port!r}")
-        kw["metrics_port"] = None if port == -1 else port
-    if "metrics_address" in kw and kw["metrics_address"] not in _LOOPBACK:
-        raise ConfigError(f"{where}: key 'metrics_address': expected a loopback address, got {kw['metrics_address']!r}")
-    for key in ("deadline_ms", "edge_speed_factor"):
-        if key in kw and not (math.isfinite(kw[key]) and kw[key] > 0):
-            raise ConfigError(f"{where}: key {key!r}: expected {TOP_KEYS[key][1]}, got {kw[key]!r}")
-    for key in ("drain_timeout_s", "intra_op_threads"):
-        if key in kw and not kw[key] >= 0:
-            raise ConfigError(f"{where}: key {key!r}: expected {TOP_KEYS[key][1]}, got {kw[key]!r}")
-    if "api_workers" in kw and kw["api_workers"] < 1:
-        raise ConfigError(f"{where}: key 'api_workers': expected an integer >= 1, got {kw['api_workers']!r}")
-    from splitrt.plan.constraints import Constraints
-    from splitrt.plan.solver import OBJECTIVES
-
-    mem = kw.get("device_memory_mb")
-    if isinstance(mem, str) and mem != "board":
-        raise ConfigError(f"{where}: key 'device_memory_mb': expected {TOP_KEYS['device_memory_mb'][1]}, got {mem!r}")
-    try:
-        Constraints(
-            min_head_flops_fraction=float(kw.get("min_head_flops", 0.0)),
-            device_memory_mb=None if mem in (None, "board") else mem,
-        )
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-    if mem == "board" and "board" not in kw:
-        raise ConfigError(f"{where}: key 'device_memory_mb': \"board\" needs a board key, got none")
-    if "objective" in kw and kw["objective"] not in OBJECTIVES:
-        raise ConfigError(f"{where}: key 'objective': expected one of {', '.join(OBJECTIVES)}, got {kw['objective']!r}")
-    raw_models = data.get("model")
-    if not isinstance(raw_models, list) or not raw_models:
+    """``DaemonConfig`` from parsed TOML (``[[model]]`` tables, paths relative to ``base_dir``);
+    ``ConfigError`` names each key that is wrong, what was expected and what came."""
+    if "models" in data:  # the field's name, not the file's key
+        raise ConfigError(f"{where}: unknown key 'models': expected one of {sorted([*TOP_KEYS, 'model'])}")
+    raw = {("models" if k == "model" else k): v for k, v in data.items()}
+    if not isinstance(raw.get("models"), list) or not raw["models"]:
         raise ConfigError(
-            f"{where}: key 'model': expected at least one [[model]] table with name and path, got {raw_models!r}"
+            f"{where}: key 'model': expected at least one [[model]] table with name and path, got {data.get('model')!r}"
         )
-    models = []
-    for i, m in enumerate(raw_models):
-        mw = f"{where}: model[{i}]"
-        if not isinstance(m, dict):
-            raise ConfigError(f"{mw}: expected a table, got {m!r}")
-        bad = sorted(set(m) - set(MODEL_KEYS))
-        if bad:
-            raise ConfigError(f"{mw}: unknown key {bad[0]!r}: expected one of {sorted(MODEL_KEYS)}")
-        for req in ("name", "path"):
-            if req not in m:
-                raise ConfigError(f"{mw}: missing key {req!r}: expected {MODEL_KEYS[req][1]}")
-        mk: dict[str, Any] = {}
-        for key, spec in MODEL_KEYS.items():
-            if key in m:
-                value = _typed(mw, key, m[key], spec)
-                mk[key] = _path(base_dir, value) if spec[2] else value
-        if not mk["name"]:
-            raise ConfigError(f"{mw}: key 'name': expected a non-empty name, got ''")
-        if not mk["path"].startswith("zoo:"):
-            mk["path"] = str(_path(base_dir, mk["path"]))
-        if (mk.get("profile_device_path") is None) != (mk.get("profile_cloud_path") is None):
-            raise ConfigError(f"{mw}: expected both profile_device_path and profile_cloud_path, got only one")
-        for key in ("shapes", "dims"):
-            if key in mk:
-                mk[key] = _str_list(mw, key, mk[key], MODEL_KEYS[key][1])
-        try:
-            shapes.binding_from(mk.get("shapes", ()), mk.get("dims", ()))
-        except ConfigError as exc:
-            raise ConfigError(f"{mw}: {exc}") from exc
-        models.append(ModelConfig(**mk))
-    names = [m.name for m in models]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{where}: model names: expected unique names, got {names}")
-    cfg = DaemonConfig(models=tuple(models), **kw)
-    _check_tiers(where, cfg)
-    if cfg.api_address is None and cfg.api_socket_path is None:
-        raise ConfigError(f"{where}: expected api_address or api_socket_path (or both), got neither")
-    from splitrt.device.runtime import RuntimeConfig
-
     try:
-        RuntimeConfig(deadline_ms=cfg.deadline_ms, policy=cfg.policy)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: key {str(exc).split(':')[0]!r}: {exc}") from exc
-    return cfg
+        return _ADAPTER.validate_python(raw, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise _config_error(where, exc) from None
 
 
 def load_config(path: str | Path) -> DaemonConfig:

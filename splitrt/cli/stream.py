@@ -68,6 +68,7 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     allowed = _allowed(args, mg, table, board)
     config = RuntimeConfig(
         policy=_policy(args, mg, table, allowed),
+        table_source=costs.source,
         **kw,
         controller=ControllerConfig(codecs=codecs, cuts=allowed.cuts if allowed is not None else None),
     )

@@ -17,8 +17,9 @@ different amounts at every input shape, and the cost table is profiled at one. R
 their shape signature; the first request of an unseen signature gets a table scaled to its shapes
 (bytes exact from the re-bound graph, times scaled by FLOPs: ``splitrt.plan.reshape``) and its own
 controller and policy (own hysteresis), kept in a bounded LRU. The profiled signature keeps the table
-as given. Every decision records its signature (``extra["shape"]``): ``reshape.replay_by_shape``
-replays such a log.
+as given. Every decision records where its cost table came from (``extra["costs"]``:
+``RuntimeConfig.table_source``, which names the accuracy guard, when set) and its signature
+(``extra["shape"]``): ``reshape.replay_by_shape`` replays such a log.
 
 - ``AdaptiveDevice(model, table, clouds=[...], *, config=RuntimeConfig(...), device_config, power, log,
   clock=time.monotonic, start_prober=True, connect=None)``: ``connect(address) -> Transport`` makes each cloud's
@@ -352,6 +353,7 @@ class AdaptiveDevice:
                 "policy": self.config.policy,
                 "shape": reshape.signature_json(sp.signature),
                 "table": sp.source,
+                **({"costs": self.config.table_source} if self.config.table_source else {}),
                 **({"balance": choice.to_json()} if len(live) > 1 else {}),
                 **({"not_sent": why} if not_sent else {"fallback_reason": why} if why else {}),
                 **({"finished_by": tier_name(finished_by, len(self.tables))} if len(self.tables) > 2 else {}),

@@ -22,6 +22,10 @@ __all__ = ["Outcome", "RuntimeConfig"]
 class RuntimeConfig:
     deadline_ms: float = 5000.0
     policy: str = "adaptive"  # adaptive | periodic:SECONDS | fixed:PLAN
+    # Where the cost table came from (``profile.tables.Costs.source``: the profiles, the board's factor and
+    # the accuracy guard its lossy codecs were admitted under); every decision records it as
+    # ``extra["costs"]`` when set, so a decision log says which tolerance its plans met.
+    table_source: str = ""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     link: LinkConfig = field(default_factory=LinkConfig)
     # A cloud that failed is retried after backoff_initial_s, doubling up to backoff_max_s.

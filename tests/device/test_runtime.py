@@ -381,3 +381,19 @@ def test_a_plan_with_an_entropy_coded_codec_is_served_and_priced_per_cut(
         assert out.plan == best.key and not out.fallback
         for name in ref:
             assert rel_err(ref[name], out.outputs[name]) < 0.05
+
+
+def test_every_decision_names_the_cost_table_and_its_accuracy_guard(server: FakeCloud, mg: graph.ModelGraph) -> None:
+    """The table's source (``profile.tables.build``: profiles, board, accuracy guard) is in each decision."""
+    import io
+
+    from splitrt.profile import tables
+
+    costs = tables.build(mg)
+    assert "accuracy guard: no samples, lossless codecs only" in costs.source  # the shipped zoo profile
+    log = io.StringIO()
+    config = RuntimeConfig(table_source=costs.source)
+    with AdaptiveDevice(mg, costs.table, [server.address], connect=server.connect, config=config, log=log) as dev:
+        dev.infer(dev.local.random_inputs(seed=1))
+    (line,) = log.getvalue().splitlines()
+    assert Decision.from_json(line).extra["costs"] == costs.source

@@ -125,7 +125,16 @@ class Daemon:
                     mg, profile_device=mc.profile_device_path, profile_cloud=mc.profile_cloud_path, board=board
                 )
                 log.info("model %s (%s): cost table from %s", mc.name, mg.sha256[:12], source)
-                dev = build_runtime(config, mc, mg, table, board=board, device_config=device_config, log=decision_log)
+                dev = build_runtime(
+                    config,
+                    mc,
+                    mg,
+                    table,
+                    board=board,
+                    device_config=device_config,
+                    log=decision_log,
+                    table_source=source,
+                )
                 self.models[mc.name] = ServedModel(config=mc, device=dev, table_source=source)
             self.finder: Any = None
             if config.discovery:

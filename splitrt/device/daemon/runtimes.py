@@ -47,6 +47,7 @@ def build_runtime(
     board: Any,
     device_config: DeviceConfig,
     log: TextIO | None,
+    table_source: str = "",
 ) -> Runtime:
     """The runtime serving ``model`` over ``config.path``: one hop -> two tiers, two hops -> three."""
     from splitrt.plan.controller import ControllerConfig
@@ -64,7 +65,9 @@ def build_runtime(
             graph,
             table,
             clouds,
-            config=RuntimeConfig(deadline_ms=config.deadline_ms, policy=config.policy, controller=controller),
+            config=RuntimeConfig(
+                deadline_ms=config.deadline_ms, policy=config.policy, controller=controller, table_source=table_source
+            ),
             device_config=device_config,
             power=power,
             log=log,
@@ -83,6 +86,7 @@ def build_runtime(
             deadline_ms=config.deadline_ms,
             policy=config.policy,
             controller=controller,
+            table_source=table_source,
         ),
         device_config=device_config,
         power=power,

@@ -182,7 +182,8 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
     round, the order alternating), so both see the same host load: a busy host moves both."""
     models = tmp / "transport"
     models.mkdir()
-    paths = {label: synthetic(models / f"t{label}.onnx", n) for label, n in SIZES.items()}
+    sizes = {k: v for k, v in SIZES.items() if not args.sizes or k in args.sizes.split(",")}
+    paths = {label: synthetic(models / f"t{label}.onnx", n) for label, n in sizes.items()}
     raw = RawEcho()
     proc, address = _serve(models, "--workers", "1", *args.serve_arg)
     b_proc, b_address = (
@@ -192,7 +193,7 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
     )
     rows = []
     try:
-        for label, nbytes in SIZES.items():
+        for label, nbytes in sizes.items():
             g = graph.load(paths[label])
             cut = next(c.id for c in g.cuts() if [t.name for t in c.tensors] == ["a"])
             data = bytes(nbytes)
@@ -349,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--raw-echo-server", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default="", help=f"overhead: comma-separated payload sizes (default: {','.join(SIZES)})")
     p.add_argument("--serve-arg", action="append", default=[], help="one more splitrt serve argument (repeatable)")
     p.add_argument(
         "--b-pythonpath",

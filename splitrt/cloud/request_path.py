@@ -34,6 +34,7 @@ import numpy as np
 
 from splitrt.cloud.cancel import CallToken
 from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.fairq import HEAVY, RUN
 from splitrt.cloud.inputs import check_inputs, decode_inputs
 from splitrt.cloud.memory import trim
 from splitrt.cloud.nexthop import DEVICE_CUT, check_cuts
@@ -254,7 +255,10 @@ def _in_slot(
     *,
     suspect: bool = False,
 ) -> tuple[list[Any], float, float]:
-    if not server.admission.acquire(min(deadline - time.monotonic(), 86400.0)):
+    # A segment whose run hit the per-run limit runs in the heavy lane from then on (``fairq.HEAVY``: at most
+    # ``heavy_workers`` at once): endless runs from any number of clients then hold one worker, not all.
+    kind = HEAVY if segment.run_limited else RUN
+    if not server.admission.acquire(min(deadline - time.monotonic(), 86400.0), kind=kind):
         raise RpcFailure(
             grpc.StatusCode.DEADLINE_EXCEEDED,
             f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker ({what}): expected "
@@ -286,7 +290,13 @@ def _in_slot(
             suspect=suspect,
         )
         # A client over its share runs at a lower OS priority (``niced``): the CPU goes to the others first.
-        values = server.niced.call(go) if server.admission.yielding() else go()
+        try:
+            values = server.niced.call(go) if server.admission.yielding() else go()
+        except RpcFailure as exc:
+            ran_s = time.perf_counter() - t_run
+            if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and ran_s >= limit_s and deadline > time.monotonic():
+                segment.run_limited = True  # ended by the run limit (not its deadline, nor memory before it)
+            raise
         return values, t_run, (time.perf_counter() - t_run) * 1e3
     finally:
         server.admission.release_slot()

@@ -64,6 +64,8 @@ class Tail:
     skeleton: Any = None
     # (shapes sorted by name, ``peak.Estimate``) made with the segment (``builder.Made.static_peak``).
     static_peak: Any = None
+    # A run of it was terminated by the per-run limit (``runlimit``): its runs take the heavy lane since.
+    run_limited: bool = False
     # Client -> when it last got this tail (monotonic s; ``TailCache.evict``), pruned to those within
     # ``HOT_S`` beyond ``RECENT_MAX`` clients.
     recent: dict[str, float] = field(default_factory=dict)

@@ -4,6 +4,7 @@ model's size. A real server on 127.0.0.1 and real onnxruntime runs of an endless
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import grpc
@@ -43,3 +44,38 @@ def test_an_endless_run_is_terminated_at_the_run_limit_not_the_deadline(tmp_path
             limit = RUN_FLOOR_S if flag_s is None else flag_s
             assert f"expected at most {limit:g} s per run" in str(info.value.details())
         assert s.admission.running == 0 and s.canceller.terminated == 2
+
+
+def test_after_a_run_hit_the_limit_its_segment_holds_one_worker_not_all(tmp_path: Path) -> None:
+    """Two workers. Once an endless Loop has been terminated by the run limit, its later runs go to the
+    heavy lane (one at a time): with two such calls in flight, a legitimate request still finds a worker
+    and is answered while both are pending (before, both workers were the loop's until the limit)."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from splitrt.graph import zoo
+
+    onnx.save(loop_model(), tmp_path / "loop.onnx")
+    shutil.copyfile(zoo.get("tiny_chain"), tmp_path / "tiny_chain.onnx")
+    sha = model_sha256(tmp_path / "loop.onnx")
+    legit = model_sha256(tmp_path / "tiny_chain.onnx")
+    cfg = ServerConfig(models_dir=tmp_path, workers=2, max_queue=4, limits=Limits(max_run_s=3.0))
+    with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch, ThreadPoolExecutor(2) as pool:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        loop_req = request(sha, "cloud", x=np.ones(1, np.float32))
+        with pytest.raises(grpc.RpcError):  # the first run: terminated by the limit, the segment marked
+            stub.Infer(loop_req, timeout=120)
+        x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+        stub.Infer(request(legit, "cloud", x=x), timeout=60)  # its tail built before the loops hold anything
+        loops = [pool.submit(stub.Infer, loop_req, timeout=120) for _ in range(2)]
+        for _ in range(600):  # until one of them runs
+            if s.canceller.running() >= 1:
+                break
+            threading.Event().wait(0.01)
+        reply = stub.Infer(request(legit, "cloud", x=x), timeout=60)
+        pending = sum(not f.done() for f in loops)
+        assert reply.outputs and pending == 2  # answered beside the loops, not after one of them
+        for f in loops:
+            with pytest.raises(grpc.RpcError) as info:
+                f.result(timeout=120)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

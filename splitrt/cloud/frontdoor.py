@@ -250,6 +250,7 @@ class _Call:
         self.declared: int | None = None
         self.read_bytes = 0  # a Probe's payload bytes, once its body is read
         self.keep = False  # a unary reply made, not yet taken: ``release`` waits for the call's end
+        self.on_end = False  # ``release`` is registered to run at the call's end
 
     def enter(self) -> None:
         door, ctx = self.door, self.context
@@ -309,7 +310,8 @@ class _Call:
             self.lease.arm_life(
                 age, f"Watch: streams last at most {age:g} s on this server; watch again", grpc.StatusCode.UNAVAILABLE
             )
-        ctx.add_callback(self.release)  # the lane is left however the call ends
+        # The lane is left however the call ends (False: it has ended already; ``finish`` then leaves it).
+        self.on_end = bool(ctx.add_callback(self.release))
 
     def _refuse(self, code: grpc.StatusCode, reason: str, message: str, retry_after_ms: float | None = None) -> None:
         self.door.count(self.method, code, reason)
@@ -460,7 +462,7 @@ class _Call:
         assert self.lease is not None
         t = self.door.limits.read_timeout_s
         self.lease.arm(t, f"{self.short}: expected the client to take the reply within {t:g} s, got no room")
-        self.keep = True
+        self.keep = self.on_end
 
     def finish(self, ok: bool) -> None:
         """Count the outcome; log a failure the handler did not log itself."""

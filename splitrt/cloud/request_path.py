@@ -129,8 +129,11 @@ def serve(
             server.next_hop.finished()
     try:
         encoded = [codec.encode(n, np.asarray(v), out_codec, copy=False) for n, v in outputs.items()]
-    except CodecError as exc:
-        raise RpcFailure(grpc.StatusCode.INTERNAL, f"cannot encode outputs: {exc}") from exc
+    except CodecError as exc:  # the request's outputs in the codec it asked for (NaN/Inf in int8): its own
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"cannot encode outputs in output_codec {h.output_codec or 'fp32'!r}: {exc}; ask for fp32 or fp16",
+        ) from exc
     reply.tail_ms = run_ms
     reply.load.CopyFrom(server.load())
     if onward:

@@ -211,3 +211,21 @@ def test_sizes_computed_from_request_values_are_refused_before_the_run(store: Pa
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         msg = info.value.details() or ""
         assert "values n=[4096, 4096]" in msg and "needs ~77 MB" in msg, msg
+
+
+def test_outputs_the_asked_codec_cannot_carry_are_the_requests_fault(store: Path) -> None:
+    """NaN in, NaN out, int8 asked for the reply: INVALID_ARGUMENT naming the codec (was INTERNAL)."""
+    (store / "tiny_chain.onnx").write_bytes(zoo.get("tiny_chain").read_bytes())
+    from splitrt.graph.model import model_sha256
+
+    sha = model_sha256(store / "tiny_chain.onnx")
+    x = np.full((1, 3, 32, 32), np.nan, np.float32)
+    with CloudServer(ServerConfig(models_dir=store, workers=1)) as s, grpc.insecure_channel(s.address) as ch:
+        req = _request(sha, "cloud", x=x)
+        req.output_codec = "int8"
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.SplitInferenceStub(ch).Infer(req, timeout=60)
+        req.output_codec = "fp16"  # one that carries them: answered
+        assert pb_grpc.SplitInferenceStub(ch).Infer(req, timeout=60).outputs
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot encode outputs in output_codec 'int8'" in (info.value.details() or "")

@@ -124,10 +124,18 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
     m.CopyFrom(skel)
     weights = {i.name for i in m.graph.initializer}
     if values:  # constants now: shape inference's data propagation reads them
+        from splitrt.cloud.shapevalues import fold
+
         kept = [vi for vi in m.graph.input if vi.name not in values]
         del m.graph.input[:]
         m.graph.input.extend(kept)
-        m.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in values.items())
+        folded = fold(m, values)  # and what small nodes compute from them, where propagation stops
+        if folded:
+            nodes = [n for n in m.graph.node if not any(o in folded for o in n.output)]
+            del m.graph.node[:]
+            m.graph.node.extend(nodes)
+        consts = {**values, **folded}
+        m.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items())
     for vi in m.graph.input:
         if vi.name in shapes:
             dims = vi.type.tensor_type.shape.dim

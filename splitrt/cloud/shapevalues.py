@@ -115,3 +115,98 @@ def sizing_inputs(model: Any) -> frozenset[str]:
             if n.op_type not in _SHAPE_ONLY:
                 reach.update(o for o in n.output if o)
     return frozenset(found)
+
+
+# Ops evaluated on small known values (``fold``): arithmetic and indexing whose output is no larger than
+# what they read (Range is checked first). ConstantOfShape, Expand, Tile and the like are not: they are
+# the allocations, sized by shape inference once their operands are constants.
+_FOLDABLE = frozenset(
+    [
+        "Identity",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Mod",
+        "Abs",
+        "Neg",
+        "Max",
+        "Min",
+        "Sum",
+        "Cast",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Sqrt",
+        "Pow",
+        "Reciprocal",
+        "Sign",
+        "Clip",
+        "Concat",
+        "Unsqueeze",
+        "Squeeze",
+        "Gather",
+        "Slice",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "ReduceProd",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceMean",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "Not",
+        "And",
+        "Or",
+        "Where",
+        "Range",
+    ]
+)
+# What a folded tensor may hold; past it a result is not kept (a size is a few numbers).
+FOLD_MAX_ELEMENTS = 1024
+FOLD_MAX_NODES = 256
+
+
+def _range_count(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> float:
+    s, l_, d = (float(np.asarray(v).reshape(-1)[0]) for v in (start, limit, delta))
+    return float("inf") if d == 0 else max(0.0, np.ceil((l_ - s) / d))
+
+
+def fold(model: Any, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The tensors of ``model`` (an ``onnx.ModelProto``) computed from ``values`` and its small initializers
+    by ``_FOLDABLE`` nodes, in graph order (onnx's reference evaluator, one node at a time; at most
+    ``FOLD_MAX_NODES`` nodes, no result over ``FOLD_MAX_ELEMENTS``). What onnx's data propagation does not
+    carry (Identity, Div, Abs, Max...) becomes a constant its shape inference reads."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    known: dict[str, np.ndarray] = dict(values)
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) <= FOLD_MAX_ELEMENTS:
+            known[init.name] = numpy_helper.to_array(init)
+    tainted, out, evaluated = set(values), {}, 0
+    for node in model.graph.node:
+        ins = [i for i in node.input if i]
+        if node.op_type not in _FOLDABLE or node.domain not in ("", "ai.onnx") or not set(ins) & tainted:
+            continue
+        if not all(i in known for i in ins) or evaluated >= FOLD_MAX_NODES:
+            continue
+        args = [known[i] for i in ins]
+        if node.op_type == "Range" and _range_count(*args[:3]) > FOLD_MAX_ELEMENTS:
+            continue
+        evaluated += 1
+        try:
+            results = ReferenceEvaluator(node).run(None, dict(zip(ins, args, strict=True)))
+        except Exception:  # what the evaluator cannot do, shape inference is left to
+            continue
+        for name, r in zip(node.output, results, strict=False):
+            r = np.asarray(r)
+            if name and r.size <= FOLD_MAX_ELEMENTS:
+                known[name] = out[name] = r
+                tainted.add(name)
+    return out

@@ -229,3 +229,37 @@ def test_outputs_the_asked_codec_cannot_carry_are_the_requests_fault(store: Path
         assert pb_grpc.SplitInferenceStub(ch).Infer(req, timeout=60).outputs
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "cannot encode outputs in output_codec 'int8'" in (info.value.details() or "")
+
+
+def evasive_count_model() -> onnx.ModelProto:
+    """As ``count_model``, n passed through ops onnx's data propagation does not carry (Abs, Div, Max,
+    Identity) before ConstantOfShape: only evaluating them tells the size."""
+    one = numpy_helper.from_array(np.ones(1, np.float32))
+    g = helper.make_graph(
+        [
+            helper.make_node("Abs", ["n"], ["a"]),
+            helper.make_node("Div", ["a", "one64"], ["d"]),
+            helper.make_node("Max", ["d", "one64"], ["m"]),
+            helper.make_node("Identity", ["m"], ["s"]),
+            helper.make_node("ConstantOfShape", ["s"], ["big"], value=one),
+            helper.make_node("ReduceSum", ["big"], ["y"], keepdims=0),
+        ],
+        "evasive",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.ones(2, np.int64), "one64")],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_sizes_computed_through_unpropagated_ops_are_refused_too(store: Path) -> None:
+    cfg = ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,), max_request_bytes=16 << 20, workers=1)
+    with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        sha = _put(s.address, evasive_count_model().SerializeToString()).sha256
+        small = stub.Infer(_request(sha, "cloud", n=np.array([4, 8], np.int64)), timeout=120, metadata=AUTH)
+        assert np.frombuffer(small.outputs[0].payload, np.float32)[0] == 32.0
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Infer(_request(sha, "cloud", n=np.array([4096, 4096], np.int64)), timeout=120, metadata=AUTH)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "values n=[4096, 4096]" in (info.value.details() or "") and "needs ~77 MB" in (info.value.details() or "")

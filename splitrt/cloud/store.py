@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -30,6 +31,8 @@ from splitrt.errors import ConfigError
 
 #: Temporary files of uploads in progress (never served, never listed).
 PART_GLOB = ".upload-*.part"
+#: An unknown sha256 rescans the directory at most this often.
+RESCAN_S = 1.0
 
 
 def location_outside(root: Path, locations: list[str]) -> str | None:
@@ -151,6 +154,7 @@ class ModelStore:
                 f"{'a file' if self.root.exists() else 'nothing'}"
             )
         self._lock = threading.Lock()
+        self._scanned_s = 0.0  # when an unknown sha256 last rescanned the directory (monotonic)
         self._by_sha: dict[str, _ModelEntry] = {}
         # path -> (mtime, size, sha256 or "" when refused)
         self._seen: dict[Path, tuple[float, int, str]] = {}
@@ -213,7 +217,12 @@ class ModelStore:
     def entry(self, sha256: str) -> _ModelEntry:
         with self._lock:
             entry = self._by_sha.get(sha256)
-        if entry is None:
+            # A model copied in since: look again, at most every RESCAN_S (a flood of unknown names must
+            # not make the server list its directory per request).
+            rescan = entry is None and time.monotonic() - self._scanned_s >= RESCAN_S
+            if rescan:
+                self._scanned_s = time.monotonic()
+        if rescan:
             self.scan()
             with self._lock:
                 entry = self._by_sha.get(sha256)

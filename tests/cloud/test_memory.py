@@ -241,26 +241,33 @@ def test_concurrent_uploads_cannot_overshoot_the_store_quota(tmp_path: Path) -> 
         yield pb.ModelChunk(sha256=sha, data=data[half:])
 
     results: list[object] = []
-    a = threading.Thread(
-        target=lambda: results.append(
-            receive_model(store, slow_chunks(*models[0]), allow_upload=True, max_model_bytes=1 << 30, quota=quota)
-        )
-    )
+
+    def first() -> None:
+        try:
+            results.append(
+                receive_model(store, slow_chunks(*models[0]), allow_upload=True, max_model_bytes=1 << 30, quota=quota)
+            )
+        except RpcFailure as exc:
+            results.append(exc)
+
+    a = threading.Thread(target=first)
     a.start()
-    assert first_in.wait(60)  # the first upload is half written: its bytes already count
+    assert first_in.wait(60)  # the first upload is half written: its bytes count, its declared size does not
     sha, data = models[1]
-    with pytest.raises(RpcFailure) as info:
-        receive_model(
-            store,
-            iter([pb.ModelChunk(sha256=sha, name="b.onnx", total_bytes=len(data), data=data)]),
-            allow_upload=True,
-            max_model_bytes=1 << 30,
-            quota=quota,
-        )
-    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "(--max-store-mb)" in info.value.message
+    receive_model(  # fits beside the half that arrived: stored (a trickle cannot squat the quota)
+        store,
+        iter([pb.ModelChunk(sha256=sha, name="b.onnx", total_bytes=len(data), data=data)]),
+        allow_upload=True,
+        max_model_bytes=1 << 30,
+        quota=quota,
+    )
     go_on.set()
     a.join(60)
-    assert len(results) == 1 and [m.sha256 for m in store.models()] == [models[0][0]]
+    # The first one's second half no longer fits: refused then, and the store never passed its quota.
+    assert len(results) == 1 and isinstance(results[0], RpcFailure), results
+    assert results[0].code == grpc.StatusCode.RESOURCE_EXHAUSTED and "(--max-store-mb)" in results[0].message
+    assert [m.sha256 for m in store.models()] == [sha]
+    assert sum(m.bytes for m in store.models()) <= quota.max_store_bytes
 
 
 def test_a_tail_session_computes_no_large_constant_while_it_is_built(tmp_path: Path) -> None:

@@ -45,7 +45,9 @@ beside 4 of those; uploaded hostile models (token): ``loop`` a Loop with trip co
 4 MiB models; ``token_guess`` 4 clients guessing tokens (guesses answered per second, log growth); issue
 36's rows (``attacks_proxy``): ``slow_reader``, ``endless_run``, and the HTTP/2 floods through the edge
 proxy (``rapid_reset_proxy``, ``hpack_bomb_proxy``: the real HAProxy with ``deploy/proxy/haproxy.cfg``,
-everyone through it) and straight to the server (``hpack_bomb``).
+everyone through it) and straight to the server (``hpack_bomb``); issue 36's hostile data
+(``attack_hostile``): ``value_bomb``, ``value_cos``, ``exfil``, ``trickle``, ``env_errors``,
+``hostile_shapes``, ``zstd_bomb``, ``nan_flood``, ``many_outputs``, ``deep_nest``.
 
 Targets, per row: 0 legit failures, legit p99 <= 3x its baseline, peak RSS <= the memory budget, 0
 requests lost, SIGTERM exit within drain + 5 s; ``upload_burst``: uploads on disk <= 256 MiB; ``token_guess``:
@@ -92,6 +94,9 @@ from splitrt.cli.tables import render
 from splitrt.graph import zoo
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
+
+# Run as a script this module is ``__main__``: ``attack_hostile`` imports it by name, and must get this one.
+sys.modules.setdefault("bench_attack", sys.modules[__name__])
 
 TOKEN = "bench-attack-" + hashlib.sha256(b"bench-attack").hexdigest()[:32]
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
@@ -1467,7 +1472,15 @@ def attacks() -> list[Attack]:
         UploadBurst(),
         TokenGuess(),
         *proxy_attacks(),
+        *hostile_data_rows(),
     ]
+
+
+def hostile_data_rows() -> list[Attack]:
+    """Issue 36's rows (``attack_hostile``): hostile values, files and pace."""
+    from attack_hostile import rows
+
+    return rows()
 
 
 # -- one row -------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from concurrent import futures
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -49,7 +49,8 @@ def check(config: DaemonConfig) -> None:
     """What ``splitrt daemon --check`` runs: ``preflight`` and the start's own checks (models loaded, cost
     tables chosen, runtimes and their policies built), without listening, browsing or writing a log."""
     preflight(config)  # the copy below has no log path to check
-    daemon = Daemon(replace(config, decision_log_path=None, discovery=False))
+    quiet: DaemonConfig = replace(cast(Any, config), decision_log_path=None, discovery=False)  # a pydantic dataclass
+    daemon = Daemon(quiet)
     daemon.stop(grace_s=0)
 
 

@@ -9,9 +9,11 @@ itself is what the runtime's probes time as the link's round trip, so it is not 
 
 These figures are this machine's: ``profile.costs.cost_table`` scales the device's (encode, call) by the
 device speed factor and the cloud's (decode) by the cloud's, as it scales compute. The inputs are the
-profile's (a real photo with ``--sample``): an image codec or zstd takes longer on a photo than on noise.
+profile's (a real photograph for an image model, ``graph.photos``): an image codec or zstd takes longer on
+a photo than on noise.
 
-- ``measure(g, feeds, *, codecs=codec.names() + fp32, repeats=3) -> CodecTimes(encode_ms, decode_ms, call_ms)``:
+- ``measure(g, feeds, *, codecs=fp32 + codecratio.MEASURED, repeats=3) -> CodecTimes(encode_ms, decode_ms,
+  call_ms)``:
   ``encode_ms[codec]`` / ``decode_ms[codec]`` one value per cut of ``g.cuts()`` (0 where nothing float is
   sent), rounded to ``DIGITS``.
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitrt.graph import model as graph_mod
-from splitrt.profile.codecratio import _run_exposed
+from splitrt.profile.codecratio import MEASURED, _run_exposed
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 
@@ -83,7 +85,8 @@ def measure(
     cuts = g.cuts()
     names = sorted({t.name for c in cuts for t in c.tensors})
     values = _run_exposed(g, names, feeds)
-    wanted = codecs if codecs is not None else ["fp32", *codec.names()]
+    # the codecs profiles price (not +zlib: zstd's bytes at 5-15x its time, and the slowest to time)
+    wanted = codecs if codecs is not None else ["fp32", *MEASURED]
     specs = list(dict.fromkeys(str(codec.Codec.parse(k)) for k in wanted))
     enc: dict[tuple[str, str], float] = {}
     dec: dict[tuple[str, str], float] = {}

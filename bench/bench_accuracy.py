@@ -53,7 +53,13 @@ _BGR_MEAN = (104 / 255, 117 / 255, 123 / 255)  # open_nsfw: BGR pixels minus the
 MODELS: dict[str, dict[str, Any]] = {
     "orientation": {"shape": "x=1x3x224x224", "mean": samples.IMAGENET_MEAN, "std": samples.IMAGENET_STD},
     "yolov8n": {"shape": "images=1x3x320x320", "metric": "boxes"},
-    "opennsfw": {"shape": "input:0=1x224x224x3", "mean": _BGR_MEAN, "std": (1 / 255,) * 3, "bgr": True},
+    "opennsfw": {
+        "shape": "input:0=1x224x224x3",
+        "mean": _BGR_MEAN,
+        "std": (1 / 255,) * 3,
+        "bgr": True,
+        "metric": "rel_err",
+    },
 }
 DEFAULT_CODECS = "fp32,fp32+zstd,fp16,int8c+zstd,int8+zstd,jpeg95,jpeg90,jpeg75,jpeg50,webp75"
 
@@ -79,6 +85,7 @@ def bench_model(name: str, n_cuts: int, folder: Path, limit: int, codecs: list[s
         cuts=cuts,
         metric=spec.get("metric", "auto"),
         progress=lambda msg: print(f"[{name}] {msg}", file=sys.stderr),
+        sizes=True,
     )
     ids = [c.id for c in g.cuts()]
     rows = []

@@ -111,7 +111,7 @@ def _ci(xs: list[float]) -> tuple[float, float]:
     rng = np.random.default_rng(1)
     arr = np.asarray(xs)
     meds = np.median(rng.choice(arr, (2000, arr.size)), axis=1)
-    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+    return round(float(np.percentile(meds, 2.5)), 3), round(float(np.percentile(meds, 97.5)), 3)
 
 
 def run(repeats: int) -> list[dict[str, Any]]:
@@ -145,9 +145,9 @@ def run(repeats: int) -> list[dict[str, Any]]:
                         "codec": f"{fmt}{quality}",
                         "image": what,
                         "library": lib,
-                        "encode_ms": statistics.median(enc_ms),
+                        "encode_ms": round(statistics.median(enc_ms), 3),
                         "encode_ci95_ms": _ci(enc_ms),
-                        "decode_ms": statistics.median(dec_ms),
+                        "decode_ms": round(statistics.median(dec_ms), 3),
                         "decode_ci95_ms": _ci(dec_ms),
                         "bytes": sizes[lib],
                     }

@@ -172,6 +172,30 @@ def solver_tables(doc: dict[str, Any]) -> list[Table]:
     ]
 
 
+def accuracy_tables(doc: dict[str, Any]) -> list[Table]:
+    """bench_accuracy: per model, codecs x cuts, each cell the bytes sent (x fp32) and the agreement."""
+    out: list[Table] = []
+    for r in doc["results"]:
+        by = {(x["cut"], x["codec"]): x for x in r["rows"]}
+        codecs = list(dict.fromkeys(x["codec"] for x in r["rows"]))
+        header = ["codec", *(f"{c} ({by[c, 'fp32']['bytes']} B)" for c in r["cuts"])]
+        rows = []
+        for k in codecs:
+            cells = []
+            for c in r["cuts"]:
+                x = by[c, k]
+                lo, hi = x["agreement_ci95"]
+                ci = f" [{lo:.2f}, {hi:.2f}]" if lo < hi else ""
+                cells.append(f"{x['x_fp32']:.4f}x, {x['agreement']:.3f}{ci}")
+            rows.append([k, *cells])
+        heading = (
+            f"{r['model']}: {r['metric']} agreement over {r['photos']} photographs, at cloud and "
+            f"{len(r['cuts']) - 1} of {r['cuts_total']} cuts (bytes x fp32, agreement [95 % CI])"
+        )
+        out.append((heading, header, rows))
+    return out
+
+
 BENCHES: list[Bench] = [
     Bench(
         name="solver",
@@ -285,7 +309,24 @@ BENCHES: list[Bench] = [
         how=".venv/bin/python bench/bench_badinput.py --json > badinput.json   # several minutes",
     ),
 ]
+BENCHES += [
+    Bench(
+        name="imagelib",
+        title="Image codec libraries",
+        what="Pillow, simplejpeg and OpenCV encoding and decoding a photograph and a tiled feature map as "
+        "JPEG and WebP (the libraries missing here are skipped). See [Codecs](../concepts/codecs.md).",
+    ),
+    Bench(
+        name="accuracy",
+        title="Codecs and the model's output on real photographs",
+        what="Bytes sent and output agreement of every codec at the input and at spread cuts of real-weights "
+        "image models on 63 real photographs. See [Codecs](../concepts/codecs.md).",
+        cheap=False,
+        how=".venv/bin/python bench/bench_accuracy.py --json > accuracy.json   # ~25 min; fetches photos once",
+    ),
+]
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[Table]]] = {
+    "accuracy": accuracy_tables,
     "solver": solver_tables,
     "route": route_tables,
     "sim": grid_tables,

@@ -237,8 +237,10 @@ def measure(
     metric: str = "auto",
     rel_tol: float = REL_TOL,
     progress: Callable[[str], None] | None = None,
+    sizes: bool = False,
 ) -> Agreement:
-    """Agreement of every lossy codec in ``codecs`` at ``cuts`` (default ``spread_cuts(g)``) over ``feeds``."""
+    """Agreement of every lossy codec in ``codecs`` at ``cuts`` (default ``spread_cuts(g)``) over ``feeds``;
+    ``sizes``: also ``Agreement.sent_bytes`` (every codec encoded once more per sample and cut)."""
     if not feeds:
         raise ProfileError(f"{g.path.name}: accuracy needs at least one sample, got none")
     metric = auto_metric(g) if metric == "auto" else metric
@@ -264,7 +266,7 @@ def measure(
         ref = {o: values[o] for o in outputs}
         for c in chosen:
             tail = tails[c]
-            for spec in specs:
+            for spec in specs if sizes else ():
                 sent[spec, c] += sum(codec.encode(n, values[n], spec, copy=False).nbytes for n in tail.inputs)
             for k in keys:
                 fed = {n: codec.decode(codec.encode(n, values[n], k)) for n in tail.inputs}
@@ -290,13 +292,13 @@ def measure(
         samples=len(feeds),
         output=outputs[0],
         rel_tol=rel_tol,
-        sent_bytes={s: {c: sent[s, c] / len(feeds) for c in chosen} for s in specs},
+        sent_bytes={s: {c: sent[s, c] / len(feeds) for c in chosen} for s in specs} if sizes else {},
         scores=scores,
     )
 
 
 #: Samples whose codec ratios are averaged into a profile's (real images compress unlike random input).
-RATIO_SAMPLES = 5
+RATIO_SAMPLES = 3
 
 
 def with_accuracy(

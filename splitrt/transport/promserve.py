@@ -9,6 +9,8 @@
 
 The text is prometheus_client's (format 0.0.4 unless the scraper asks for another); the processes
 register custom collectors that render the state they keep anyway on each scrape.
+Not ``start_http_server``: it answers every path with the metrics and raises a bare ``OSError`` on a
+taken port; this wraps its WSGI app for a 404 and a ``ConfigError``.
 """
 
 from __future__ import annotations

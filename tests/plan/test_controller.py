@@ -186,3 +186,25 @@ def test_a_route_log_replays_as_route(table: CostTable) -> None:
         d = pol.decide(float(i), est(bw), IDLE)
         lines.append(Decision(**{**d.__dict__, "extra": {"policy": "route"}}).to_json())
     assert all(a.plan == b.plan for a, b in replay(lines, table, ControllerConfig()))
+
+
+def test_route_codec_sends_the_input_as_an_image_or_runs_on_the_device() -> None:
+    from splitrt.plan.controller import ROUTE_CODEC, Policy, route_codec_config
+
+    table = CostTable(
+        ids=["cloud", "mid", "device"],
+        head_ms=[0.0, 30.0, 400.0],
+        tail_ms=[40.0, 20.0, 0.0],
+        bytes=[600_000, 20_000, 0],
+        reply_bytes=4000,
+        codecs={"fp32": 1.0, "int8+zstd": [0.2, 0.2, 1.0], "jpeg75": [0.02, 0.05, 1.0]},
+    )
+    link = LinkEstimate(bandwidth_mbps=5.0, rtt_ms=20.0, confidence=1.0)
+    load = LoadEstimate(device_factor=1.0, cloud_factor=1.0)
+    d = Policy(ROUTE_CODEC, Controller(table, ControllerConfig(codecs=("fp32",)))).decide(0.0, link, load)
+    assert d.plan == "cloud@jpeg75"  # whatever the config's codecs: the router users compare with
+    slow = LinkEstimate(bandwidth_mbps=0.01, rtt_ms=20.0, confidence=1.0)
+    assert Policy(ROUTE_CODEC, Controller(table)).decide(0.0, slow, load).plan == "device"
+    # a table without image codecs: its lossy ones
+    assert route_codec_config(ControllerConfig(), ["fp32", "int8+zstd"]).codecs == ("int8+zstd",)
+    assert route_codec_config(ControllerConfig(), ["fp32", "int8+zstd", "jpeg90"]).cuts == ("cloud", "device")

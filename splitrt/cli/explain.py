@@ -41,7 +41,21 @@ def table_for(g: Any, args: argparse.Namespace, board: Any) -> Any:
     """``splitrt.profile.tables.Costs``: the one cost table (``plan``, ``run``, ``sim``, the daemon)."""
     from splitrt.profile import tables
 
-    return tables.build(g, device=args.device, cloud=args.cloud, board=board)
+    return tables.build(g, device=args.device, cloud=args.cloud, board=board, min_agreement=min_agreement(args))
+
+
+def min_agreement(args: argparse.Namespace) -> float:
+    """``--min-agreement`` (absent or None: ``profile.accuracy.MIN_AGREEMENT``); ``ConfigError`` outside
+    [0, 1]."""
+    from splitrt.errors import ConfigError
+    from splitrt.profile.accuracy import MIN_AGREEMENT
+
+    share = getattr(args, "min_agreement", None)
+    if share is None:
+        return MIN_AGREEMENT
+    if not 0 <= share <= 1:
+        raise ConfigError(f"--min-agreement: expected a share in [0, 1], got {share}")
+    return float(share)
 
 
 def verdict(

@@ -16,6 +16,7 @@ from splitrt.cli import constraints as constraintcli
 from splitrt.cli import tables
 from splitrt.cli.codecarg import HELP as codec_help
 from splitrt.cli.codecarg import codec_arg
+from splitrt.cli.explain import min_agreement
 from splitrt.cli.inputs import add_shape_arguments, load_graph, load_inputs
 from splitrt.device.client import Device, DeviceConfig, SplitResult, read_token
 from splitrt.errors import ConfigError, InputError
@@ -80,6 +81,14 @@ def register(sub: Any) -> None:
         dest="cloud_profile",
         help="--cut auto: profile of the cloud (JSON)",
     )
+    p.add_argument(
+        "--min-agreement",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="--cut auto: a lossy codec only where this share of the device profile's samples kept the "
+        "model's output (default 0.99, as `plan`; 0: the guard off)",
+    )
     s = p.add_argument_group("stream (adaptive runtime)")
     s.add_argument("--count", type=int, metavar="N", help="send N requests (default with --discover: 1)")
     s.add_argument("--rate", type=float, metavar="HZ", help="start requests at this rate (default: back to back)")
@@ -119,7 +128,9 @@ def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[
     from splitrt.profile import boards, tables
 
     board = boards.load_board(args.board) if args.board else None
-    costs = tables.build(dev.graph, device=args.device_profile, cloud=args.cloud_profile, board=board)
+    costs = tables.build(
+        dev.graph, device=args.device_profile, cloud=args.cloud_profile, board=board, min_agreement=min_agreement(args)
+    )
     print(f"splitrt run: cost table from {costs.source}", file=sys.stderr)
     rtts = sorted(dev.probe(0, 0).seconds for _ in range(5))
     rtt_s = rtts[len(rtts) // 2]

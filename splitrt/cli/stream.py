@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from splitrt.cli import tables
+from splitrt.cli.explain import min_agreement
 from splitrt.device.client import DeviceConfig
 from splitrt.errors import ConfigError, SplitrtError
 from splitrt.plan.constraints import LAYOUT_OF_INPUT
@@ -59,7 +60,9 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
     # Bound: the cost table (a FLOPs prior needs every tensor sized) and --random inputs are at the binding.
     mg = load_graph(args)
     board = boards.load_board(args.board) if args.board else None
-    costs = tables.build(mg, device=args.device_profile, cloud=args.cloud_profile, board=board)
+    costs = tables.build(
+        mg, device=args.device_profile, cloud=args.cloud_profile, board=board, min_agreement=min_agreement(args)
+    )
     table = tables.with_codecs(costs.table, [args.codec])  # any codec the registry knows is priced
     args.cost_table = costs.summary()  # in the summary: the same figures as `plan`, `sim`, the daemon
     print(f"splitrt run: cost table from {costs.source}", file=sys.stderr)

@@ -216,3 +216,15 @@ def test_real_classifier_on_real_photos() -> None:
     for k in ("jpeg95", "jpeg50"):
         s = a.shares[k][0]
         assert s is not None and round(s * len(feeds)) == pytest.approx(s * len(feeds), abs=1e-3)
+
+
+def test_explain_and_run_take_the_tolerance_and_name_the_guard(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "squeezenet", "--explain", "--json", "--min-agreement", "0.5"]) == 0
+    source = json.loads(capsys.readouterr().out)["cost_table"]["source"]
+    assert source.endswith("accuracy guard: no samples, lossless codecs only")  # the shipped zoo profile
+    assert cli.main(["plan", "squeezenet", "--explain", "--min-agreement", "1.5"]) != 0
+    assert "--min-agreement: expected a share in [0, 1], got 1.5" in capsys.readouterr().err
+    from splitrt.cli.app import build_parser
+
+    args = build_parser().parse_args(["run", "squeezenet", "--cut", "auto", "--random", "--min-agreement", "0"])
+    assert args.min_agreement == 0.0

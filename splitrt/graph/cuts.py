@@ -136,6 +136,7 @@ def enumerate_cuts(mg: ModelGraph) -> list[Cut]:
             in_head = in_mask.__getitem__
         # A graph output the head made (or a graph input) stays on the device unless a tail node reads it.
         kept = tuple(o for o in outputs if o not in mg.producer or in_head(mg.producer[o]))
+        made_here = frozenset(kept)  # membership per output below: a tuple made it O(outputs^2) per cut
         infos = tuple(
             mg.tensor(t) for t in names if t not in outputs or any(not in_head(c) for c in mg.consumers.get(t, ()))
         )
@@ -155,7 +156,7 @@ def enumerate_cuts(mg: ModelGraph) -> list[Cut]:
                 head_flops_fraction=head_flops / total_flops,
                 mask_of=mask_of,
                 kept=kept,
-                reply_bytes=sum(max(t.bytes, 0) for name, t in outputs.items() if name not in kept),
+                reply_bytes=sum(max(t.bytes, 0) for name, t in outputs.items() if name not in made_here),
             )
         )
     return cuts

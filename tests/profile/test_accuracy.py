@@ -228,3 +228,15 @@ def test_explain_and_run_take_the_tolerance_and_name_the_guard(capsys: pytest.Ca
 
     args = build_parser().parse_args(["run", "squeezenet", "--cut", "auto", "--random", "--min-agreement", "0"])
     assert args.min_agreement == 0.0
+
+
+def test_a_zoo_model_that_takes_no_image_is_profiled_without_the_guard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "tiny.json"
+    assert cli.main(["profile", "zoo:multi_io", "--out", str(out), "--runs", "1", "--warmup", "0"]) == 0
+    assert "accuracy: not measured" in capsys.readouterr().err
+    assert profiler.load_profile(out).codec_agreement is None
+    # asked for: an error, not a note
+    assert cli.main(["profile", "zoo:multi_io", "--out", str(out), "--samples", "zoo", "--accuracy-only"]) != 0
+    assert "image samples need a model with one input, got 2" in capsys.readouterr().err

@@ -215,3 +215,34 @@ def test_uint8_frames_are_sent_as_the_image_they_are() -> None:
     assert payload[0] == 1  # NHWC, not quantised: no parameters, the JPEG follows
     with Image.open(io.BytesIO(payload[1:])) as im:
         assert im.format == "JPEG" and im.size == (128, 96) and im.mode == "RGB"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 2), st.sampled_from([1, 3, 4]), st.integers(1, 24), st.integers(1, 24)),
+    spec=st.sampled_from(["jpeg75", "webp75"]),
+    data=st.data(),
+)
+def test_any_payload_decodes_to_the_declared_shape_or_is_refused(
+    shape: tuple[int, int, int, int], spec: str, data: st.DataObject
+) -> None:
+    """Fuzz: a real payload of one shape, mutated (bytes flipped, cut, grown), declared with another
+    shape: decode gives exactly the declared shape and dtype, or CodecError; never another exception, and
+    what it may allocate is bounded by the declared shape (decoded_bytes)."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    src_shape = data.draw(st.sampled_from([shape, (1, 3, 16, 16), (1, 8, 8, 8)]))
+    enc = codec.encode("x", rng.standard_normal(src_shape).astype(np.float32), spec)
+    payload = bytearray(bytes(enc.payload))
+    for _ in range(data.draw(st.integers(0, 4))):
+        i = data.draw(st.integers(0, len(payload) - 1))
+        payload[i] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(payload)))
+    payload = payload[:cut] + bytes(data.draw(st.integers(0, 3)))
+    hostile = Encoded(name="x", dtype="float32", shape=shape, codec=spec, payload=bytes(payload))
+    bound = codec.decoded_bytes(hostile)
+    assert bound <= 64 * 8 * int(np.prod(shape)) * 4 + 4096  # tiles padded to 8 x 8, RGBA twice over: linear
+    try:
+        out = codec.decode(hostile)
+    except CodecError:
+        return
+    assert out.shape == shape and out.dtype == np.float32

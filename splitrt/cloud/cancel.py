@@ -258,7 +258,8 @@ class Canceller:
                     release_free_memory()
                     rss = self._rss()
                 if rss > self.rss_limit_bytes:
-                    newest.over_memory = newest.reason is None and not newest.done
+                    if newest.reason is None and not newest.done:  # later samples must not clear it
+                        newest.over_memory = True
                     newest.terminate(
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"the server's memory reached {rss / 2**20:.0f} MB while it ran, expected at "

@@ -21,6 +21,7 @@ from splitrt.cloud import security
 from splitrt.cloud.limits import Limits
 from splitrt.cloud.memory import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_REQUEST_BYTES
 from splitrt.cloud.niced import DEFAULT_NICE
+from splitrt.cloud.pace import UploadPace
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
 from splitrt.cloud.warm import WARM_FILE, parse_spec
 from splitrt.errors import ConfigError
@@ -94,6 +95,19 @@ def register(sub: Any) -> None:
         type=float,
         default=ServerConfig.max_store_bytes / 2**20,
         help="uploads may fill the models directory up to this, MiB (default 4096)",
+    )
+    m.add_argument(
+        "--upload-min-kbps",
+        type=float,
+        default=UploadPace.min_rate_bytes_per_s / 1024,
+        help="an upload averaging less than this many KiB/s after its first 10 s is cut and its quota freed "
+        "(default 32)",
+    )
+    m.add_argument(
+        "--upload-timeout-s",
+        type=float,
+        default=UploadPace.timeout_s,
+        help="an upload still going after this is cut, whatever its own deadline (default 900)",
     )
     m.add_argument(
         "--max-models",
@@ -409,6 +423,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_memory_bytes=int(args.max_memory_mb * 2**20) or None,
         max_request_bytes=int(args.max_request_mb * 2**20),
         max_store_bytes=int(args.max_store_mb * 2**20),
+        upload_pace=UploadPace(
+            min_rate_bytes_per_s=getattr(args, "upload_min_kbps", 32.0) * 1024,
+            timeout_s=getattr(args, "upload_timeout_s", UploadPace.timeout_s),
+        ),
         max_models=args.max_models,
         max_nodes=args.max_nodes,
         metrics_public=getattr(args, "metrics_public", False),
@@ -419,6 +437,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         **kwargs,
     )
     config.limits.check()
+    config.upload_pace.check()
     for spec in config.warm:  # the syntax now; models and cuts once the store is read (``CloudServer``)
         parse_spec(spec)
     security.exposure(config)

@@ -70,3 +70,15 @@ def test_trickling_upload_is_cut_and_frees_its_quota(tmp_path: Path) -> None:
             assert time.monotonic() < end, "the squatter's quota was never freed"
             time.sleep(0.01)
     assert not list(tmp_path.glob(".upload-*.part"))
+
+
+def test_serve_flags_set_the_pace(tmp_path: Path) -> None:
+    from splitrt.cli import app as cli
+    from splitrt.cli.serve import server_config
+    from splitrt.errors import ConfigError
+
+    argv = ["serve", "--models", str(tmp_path), "--upload-min-kbps", "8", "--upload-timeout-s", "60"]
+    pace = server_config(cli.build_parser().parse_args(argv)).upload_pace
+    assert (pace.min_rate_bytes_per_s, pace.timeout_s) == (8 * 1024, 60)
+    with pytest.raises(ConfigError, match=r"upload_pace.timeout_s: expected > 0, got 0"):
+        server_config(cli.build_parser().parse_args([*argv[:3], "--upload-timeout-s", "0"]))

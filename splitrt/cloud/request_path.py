@@ -258,9 +258,11 @@ def _in_slot(
     *,
     suspect: bool = False,
 ) -> tuple[list[Any], float, float]:
-    # A segment whose run hit the per-run limit runs in the heavy lane from then on (``fairq.HEAVY``: at most
-    # ``heavy_workers`` at once): endless runs from any number of clients then hold one worker, not all.
-    kind = HEAVY if segment.run_limited else RUN
+    # A segment with no successful run yet (nothing measured: an upload may loop for ever), or whose run hit
+    # the per-run limit, runs in the heavy lane (``fairq.HEAVY``: at most ``heavy_workers`` at once): runs
+    # that never end, from any number of clients, then hold one worker, not all.
+    measured_ms = server.stats.segment_service_ms(header.model_sha256, header.cut_id)
+    kind = HEAVY if segment.run_limited or measured_ms <= 0 else RUN
     if not server.admission.acquire(min(deadline - time.monotonic(), 86400.0), kind=kind):
         raise RpcFailure(
             grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -276,11 +278,7 @@ def _in_slot(
         if server.before_tail is not None:
             server.before_tail(header)
         t_run = time.perf_counter()
-        limit_s = run_limit_s(
-            flag_s=server.config.limits.max_run_s,
-            measured_ms=server.stats.segment_service_ms(header.model_sha256, header.cut_id),
-            model_bytes=segment.bytes,
-        )
+        limit_s = run_limit_s(flag_s=server.config.limits.max_run_s, measured_ms=measured_ms, model_bytes=segment.bytes)
         go = functools.partial(
             server.canceller.run,
             segment.session,

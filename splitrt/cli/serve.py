@@ -7,12 +7,15 @@ needs ``--token-file``."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -223,170 +226,42 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+def _limit_flags() -> list[tuple[str, str, Any, Mapping[str, Any]]]:
+    """(field, flag, its type, the field's metadata) of every ``Limits`` field that has a flag."""
+    hints = typing.get_type_hints(Limits)
+    return [
+        (f.name, f.metadata["flag"], hints[f.name], f.metadata)
+        for f in dataclasses.fields(Limits)
+        if "flag" in f.metadata
+    ]
+
+
 def _limit_arguments(p: Any) -> None:
+    """The ``Limits`` flags, read from its fields (``cloud.limits.flag``): name, type, default, help."""
     lim = Limits()
     g = p.add_argument_group("limits on what a client may hold (docs/operator/security.md)")
-    g.add_argument(
-        "--read-timeout-s",
-        type=float,
-        default=lim.read_timeout_s,
-        help="a request message, upload chunk or reply the client must take: within this (default 30)",
-    )
-    g.add_argument(
-        "--trusted-proxy",
-        action="append",
-        default=[],
-        metavar="IP",
-        help="a proxy in front (repeatable; e.g. 127.0.0.1 for deploy/proxy/haproxy.cfg as a sidecar): its "
-        "x-forwarded-for names the client for per-client limits and fair queuing",
-    )
-    g.add_argument(
-        "--saturated-s",
-        type=float,
-        default=lim.saturated_s,
-        help="health says NOT_SERVING while every worker and queue place has been held this long (default 10)",
-    )
-    g.add_argument(
-        "--max-run-s",
-        type=float,
-        default=lim.max_run_s,
-        help="terminate a tail run after this (default: derived per segment from its measured time and the "
-        "model's size, at least 2 s)",
-    )
-    g.add_argument(
-        "--stream-idle-s",
-        type=float,
-        default=lim.stream_idle_s,
-        help="InferStream: the next frame within this or the stream ends (default 120)",
-    )
-    g.add_argument(
-        "--max-calls",
-        type=int,
-        default=lim.max_calls,
-        help="inference calls at once, working or waiting on their client (default 256; at least "
-        "workers + max-queue + 8)",
-    )
-    g.add_argument(
-        "--calls-per-peer",
-        type=int,
-        default=lim.calls_per_peer,
-        help="inference calls one peer address may hold at once (default 64; other lanes: half)",
-    )
-    g.add_argument(
-        "--status-lane",
-        type=int,
-        default=lim.status_calls,
-        help="Status calls at once, apart from inference (default 8)",
-    )
-    g.add_argument(
-        "--probe-lane",
-        type=int,
-        default=lim.probe_calls,
-        help="Probe calls at once, apart from inference (default 8; their bytes are reserved before the body is read)",
-    )
-    g.add_argument(
-        "--upload-lane",
-        type=int,
-        default=lim.upload_calls,
-        help="uploads (PutModel) at once, apart from inference (default 4; one address: half)",
-    )
-    g.add_argument(
-        "--health-lane",
-        type=int,
-        default=lim.health_calls,
-        help="health Check calls at once, apart from the rest (default 16)",
-    )
-    g.add_argument(
-        "--max-watch-streams", type=int, default=lim.watch_streams, help="health Watch streams at once (default 8)"
-    )
-    g.add_argument(
-        "--watch-max-age-s",
-        type=float,
-        default=lim.watch_max_age_s,
-        help="a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)",
-    )
-    g.add_argument(
-        "--max-connections",
-        type=int,
-        default=None,
-        help="connections at once (default: the file-descriptor limit, raised to its hard limit, minus 256)",
-    )
-    g.add_argument(
-        "--streams-per-connection",
-        type=int,
-        default=lim.streams_per_connection,
-        help="concurrent calls per HTTP/2 connection (default 100)",
-    )
-    g.add_argument(
-        "--connection-idle-s",
-        type=float,
-        default=lim.connection_idle_s,
-        help="close a connection with no call for this long (default 300)",
-    )
-    g.add_argument(
-        "--stream-window-kb",
-        type=int,
-        default=(lim.stream_window_bytes or 0) // 1024,
-        help="bytes (KiB) of a message a client may send before the server reads it; a call refused on its "
-        "headers pushes at most this much (default 1024; 0: gRPC's BDP-sized windows, unbounded)",
-    )
-    g.add_argument(
-        "--max-connection-age-s",
-        type=float,
-        default=None,
-        help="tell a connection to go away after this (default: never; streams longer than it and its grace are cut)",
-    )
-    g.add_argument(
-        "--max-connection-age-grace-s",
-        type=float,
-        default=lim.connection_age_grace_s,
-        help="calls in flight on an aged connection get this long (default 60)",
-    )
-    g.add_argument(
-        "--auth-free-failures",
-        type=int,
-        default=lim.auth_free_failures,
-        help="failed authentications a peer address may make before it must wait (default 10)",
-    )
-    g.add_argument(
-        "--auth-backoff-max-s",
-        type=float,
-        default=lim.auth_backoff_max_s,
-        help="longest wait of a peer address after failed authentications (doubling from 1 s; default 60)",
-    )
-    g.add_argument(
-        "--log-every-request",
-        action="store_true",
-        help="log a line per served request (default: the first 5 per status code every 10 s, the rest "
-        "counted in one summary line)",
-    )
+    for name, flag, kind, meta in _limit_flags():
+        default = getattr(lim, name)
+        if kind is bool:
+            g.add_argument(flag, action="store_true", help=meta["help"])
+        elif kind == tuple[str, ...]:
+            g.add_argument(flag, action="append", default=[], metavar=meta["metavar"], help=meta["help"])
+        else:  # int, float, or one of them | None
+            base = next(t for t in (typing.get_args(kind) or (kind,)) if t is not type(None))
+            shown = default if default is None or meta["scale"] == 1 else default // meta["scale"]
+            g.add_argument(flag, type=base, default=shown, metavar=meta["metavar"], help=meta["help"])
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(
-        read_timeout_s=args.read_timeout_s,
-        saturated_s=args.saturated_s,
-        trusted_proxies=tuple(args.trusted_proxy),
-        max_run_s=args.max_run_s,
-        stream_idle_s=args.stream_idle_s,
-        max_calls=args.max_calls,
-        calls_per_peer=args.calls_per_peer,
-        status_calls=args.status_lane,
-        probe_calls=args.probe_lane,
-        upload_calls=args.upload_lane,
-        health_calls=args.health_lane,
-        watch_streams=args.max_watch_streams,
-        watch_max_age_s=args.watch_max_age_s,
-        max_connections=args.max_connections,
-        streams_per_connection=args.streams_per_connection,
-        connection_idle_s=args.connection_idle_s,
-        connection_age_s=args.max_connection_age_s,
-        connection_age_grace_s=args.max_connection_age_grace_s,
-        stream_window_bytes=args.stream_window_kb * 1024 or None,
-        auth_free_failures=args.auth_free_failures,
-        auth_backoff_max_s=args.auth_backoff_max_s,
-        log_every_request=args.log_every_request,
-    )
+    kw: dict[str, Any] = {}
+    for name, flag, _, meta in _limit_flags():
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if isinstance(value, list):
+            value = tuple(value)
+        elif meta["scale"] != 1 and value is not None:
+            value = value * meta["scale"] or None
+        kw[name] = value
+    return Limits(**kw)
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:

@@ -22,12 +22,19 @@ from __future__ import annotations
 
 import ipaddress
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from splitrt.errors import ConfigError
 
-__all__ = ["Limits", "connection_budget", "grpc_options", "raise_fd_limit"]
+__all__ = ["Limits", "connection_budget", "flag", "grpc_options", "raise_fd_limit"]
+
+
+def flag(default: Any, name: str, help: str, *, metavar: str | None = None, scale: int = 1) -> Any:
+    """A field with its ``splitrt serve`` flag: the CLI's flags and their help are read from the dataclass
+    (``cli.serve``), not copied. ``scale``: the flag's unit in the field's (KiB -> bytes; 0 -> None)."""
+    return field(default=default, metadata={"flag": name, "help": help, "metavar": metavar, "scale": scale})
+
 
 # File descriptors kept for everything but connections: model files, sessions' threads, logs, metrics.
 FD_RESERVE = 256
@@ -36,45 +43,124 @@ FD_RESERVE = 256
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     # A request message, an upload chunk, or a reply the client must take: within this once waited for.
-    read_timeout_s: float = 30.0
+    read_timeout_s: float = flag(
+        30.0,
+        "--read-timeout-s",
+        "a request message, upload chunk or reply the client must take: within this (default 30)",
+    )
     # A health Check's request (tiny; needs no token): a shorter wait.
     health_read_timeout_s: float = 5.0
     # InferStream: the next frame within this, or the stream ends (DEADLINE_EXCEEDED).
-    stream_idle_s: float = 120.0
+    stream_idle_s: float = flag(
+        120.0,
+        "--stream-idle-s",
+        "InferStream: the next frame within this or the stream ends (default 120)",
+    )
     # Inference calls (Infer, InferStream) at once, working or waiting on their client
     # (at least workers + max_queue + 8); one peer address holds at most ``calls_per_peer`` of them.
-    max_calls: int = 256
-    calls_per_peer: int = 64
+    max_calls: int = flag(
+        256,
+        "--max-calls",
+        "inference calls at once, working or waiting on their client (default 256; at least workers + max-queue + 8)",
+    )
+    calls_per_peer: int = flag(
+        64,
+        "--calls-per-peer",
+        "inference calls one peer address may hold at once (default 64; other lanes: half)",
+    )
     # Calls in each other lane at once; one peer address holds at most half of a lane.
-    status_calls: int = 8
+    status_calls: int = flag(
+        8,
+        "--status-lane",
+        "Status calls at once, apart from inference (default 8)",
+    )
     # Probe calls at once (pings and bandwidth probes; a probe's bytes are also reserved before its body is
     # read, ``frontdoor``).
-    probe_calls: int = 8
+    probe_calls: int = flag(
+        8,
+        "--probe-lane",
+        "Probe calls at once, apart from inference (default 8; their bytes are reserved before the body is read)",
+    )
     # Uploads (PutModel) at once; one address at most half: receiving, hashing and checking models is work
     # the server does for one client, so a burst of uploads waits on its client, not on the server.
-    upload_calls: int = 4
-    health_calls: int = 16
-    watch_streams: int = 8
+    upload_calls: int = flag(
+        4,
+        "--upload-lane",
+        "uploads (PutModel) at once, apart from inference (default 4; one address: half)",
+    )
+    health_calls: int = flag(
+        16,
+        "--health-lane",
+        "health Check calls at once, apart from the rest (default 16)",
+    )
+    watch_streams: int = flag(
+        8,
+        "--max-watch-streams",
+        "health Watch streams at once (default 8)",
+    )
     # Peer addresses of proxies whose ``x-forwarded-for`` names the client (``deploy/proxy/haproxy.cfg`` on
     # loopback: 127.0.0.1); a call from anyone else is its own client, whatever it sends.
-    trusted_proxies: tuple[str, ...] = ()
+    trusted_proxies: tuple[str, ...] = flag(
+        (),
+        "--trusted-proxy",
+        (
+            "a proxy in front (repeatable; e.g. 127.0.0.1 for deploy/proxy/haproxy.cfg as a sidecar): its "
+            "x-forwarded-for names the client for per-client limits and fair queuing"
+        ),
+        metavar="IP",
+    )
     # Health says NOT_SERVING while every worker and queue place (or the inference lane) has been held for
     # this long (``saturation``): a balancer or readiness probe then sends devices elsewhere.
-    saturated_s: float = 10.0
+    saturated_s: float = flag(
+        10.0,
+        "--saturated-s",
+        "health says NOT_SERVING while every worker and queue place has been held this long (default 10)",
+    )
     # One tail run is terminated (RESOURCE_EXHAUSTED) after this; None: derived per segment from its measured
     # time and the model's size (``runlimit``).
-    max_run_s: float | None = None
+    max_run_s: float | None = flag(
+        None,
+        "--max-run-s",
+        (
+            "terminate a tail run after this (default: derived per segment from its measured time and the "
+            "model's size, at least 2 s)"
+        ),
+    )
     # A health Watch stream ends (UNAVAILABLE: watch again) after this.
-    watch_max_age_s: float = 300.0
+    watch_max_age_s: float = flag(
+        300.0,
+        "--watch-max-age-s",
+        "a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)",
+    )
     # gRPC core: concurrent streams per HTTP/2 connection (more wait on the client).
-    streams_per_connection: int = 100
+    streams_per_connection: int = flag(
+        100,
+        "--streams-per-connection",
+        "concurrent calls per HTTP/2 connection (default 100)",
+    )
     # Connections at once; None: the file-descriptor limit (raised to its hard limit) minus a reserve.
-    max_connections: int | None = None
+    max_connections: int | None = flag(
+        None,
+        "--max-connections",
+        "connections at once (default: the file-descriptor limit, raised to its hard limit, minus 256)",
+    )
     # A connection with no call for this long is closed (GOAWAY); clients reconnect on their next call.
-    connection_idle_s: float = 300.0
+    connection_idle_s: float = flag(
+        300.0,
+        "--connection-idle-s",
+        "close a connection with no call for this long (default 300)",
+    )
     # A connection is told to go away after this (None: never), and closed ``grace`` later.
-    connection_age_s: float | None = None
-    connection_age_grace_s: float = 60.0
+    connection_age_s: float | None = flag(
+        None,
+        "--max-connection-age-s",
+        "tell a connection to go away after this (default: never; streams longer than it and its grace are cut)",
+    )
+    connection_age_grace_s: float = flag(
+        60.0,
+        "--max-connection-age-grace-s",
+        "calls in flight on an aged connection get this long (default 60)",
+    )
     # TCP accepted to HTTP/2 (and TLS) ready within this.
     handshake_timeout_s: float = 10.0
     # The server pings a quiet connection this often and drops it if the ping is not answered in time.
@@ -82,16 +168,39 @@ class Limits:
     keepalive_timeout_s: float = 20.0
     # Bytes of a message a client may send before the server reads it (HTTP/2 initial stream window; the
     # rest follows once it is read); None: gRPC's default, sized by BDP probing (unbounded).
-    stream_window_bytes: int | None = 1 << 20
+    stream_window_bytes: int | None = flag(
+        1 << 20,
+        "--stream-window-kb",
+        (
+            "bytes (KiB) of a message a client may send before the server reads it; a call refused on its "
+            "headers pushes at most this much (default 1024; 0: gRPC's BDP-sized windows, unbounded)"
+        ),
+        scale=1024,
+    )
     # Failed authentications a peer address may make before it waits ``auth_backoff_s``, doubling per
     # further failure up to ``auth_backoff_max_s`` (``auth.AuthThrottle``).
-    auth_free_failures: int = 10
+    auth_free_failures: int = flag(
+        10,
+        "--auth-free-failures",
+        "failed authentications a peer address may make before it must wait (default 10)",
+    )
     auth_backoff_s: float = 1.0
-    auth_backoff_max_s: float = 60.0
+    auth_backoff_max_s: float = flag(
+        60.0,
+        "--auth-backoff-max-s",
+        "longest wait of a peer address after failed authentications (doubling from 1 s; default 60)",
+    )
     # Refusals, failures and served requests: at most a few lines per kind (a request's: per status code) per
     # interval, then one summary line; ``log_every_request`` logs a line per request (debugging).
     log_interval_s: float = 10.0
-    log_every_request: bool = False
+    log_every_request: bool = flag(
+        False,
+        "--log-every-request",
+        (
+            "log a line per served request (default: the first 5 per status code every 10 s, the rest counted "
+            "in one summary line)"
+        ),
+    )
 
     def check(self) -> None:
         for name in (

@@ -55,6 +55,8 @@ def test_sdist_and_wheel_carry_the_shipped_data(built: tuple[Path, Path]) -> Non
     shipped = {p.name for p in (wheelcheck.REPO / "profiles").glob("*.json")}
     assert shipped and {f"splitrt/data/profiles/{n}" for n in shipped} <= in_wheel
     assert any(n.startswith("splitrt/data/traces/hsdpa/") for n in in_wheel)
+    # the zoo's default accuracy samples (profile --samples zoo) and their licences
+    assert {"splitrt/data/samples/README.md", "splitrt/data/samples/coffee.jpg"} <= in_wheel
     meta = next(z for z in in_wheel if z.endswith(".dist-info/METADATA"))
     with zipfile.ZipFile(wheel) as z:
         text = z.read(meta).decode()

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from splitrt.cli.explain import min_agreement
 from splitrt.cli.inputs import add_shape_arguments, load_graph
 from splitrt.cli.tables import render
 from splitrt.errors import ConfigError
@@ -24,6 +25,7 @@ from splitrt.plan.constraints import Constraints
 from splitrt.plan.controller import ROUTE_CUTS, ControllerConfig
 from splitrt.plan.netmon import LinkConfig
 from splitrt.profile import boards, cutfacts, tables
+from splitrt.profile.accuracy import MIN_AGREEMENT
 from splitrt.rig import bench as rigbench
 from splitrt.rig import models, sim, tracespec
 from splitrt.rig import stats as rigstats
@@ -57,18 +59,20 @@ def sim_cell(
     deadline_ms: float = 5000.0,
     rtt_ms: float | None = None,
     warmup_s: float = 2.0,
+    min_agreement: float = MIN_AGREEMENT,
 ) -> dict[str, Any]:
     """Every strategy and the oracles on ``trace`` (``duration_s`` None: to its end) for ``model`` (a zoo
     name or an .onnx file; ``mg``: that model already loaded and bound); ``strategies`` (adaptive and route
     among them): only those, and no static-best search. The cost table is ``profile.tables.build``'s (the
     profiles, else a shipped profile, else the FLOPs prior, at ``board``'s speed): what `plan` and `run`
-    use. ``codecs``: the plans may use only these (None: every codec the table prices)."""
+    use. ``codecs``: the plans may use only these (None: every codec the table prices), lossy ones where
+    the device profile's samples agree (``min_agreement``, ``profile.costs.measured_codecs``)."""
     if load not in ("none", "device-burst"):
         raise ConfigError(f"load: the simulation has none and device-burst, got {load!r}")
     b = boards.load_board(board)
     if mg is None:
         mg = graph.load(models.model_path_for(model))
-    built = tables.build(mg, device=device_profile, cloud=cloud_profile, board=b)
+    built = tables.build(mg, device=device_profile, cloud=cloud_profile, board=b, min_agreement=min_agreement)
     table = tables.with_codecs(built.table, codecs)
     allowed = cutfacts.allowed_for(mg, table, Constraints())
     cuts = allowed.cuts if allowed is not None else None
@@ -211,6 +215,15 @@ def register(sub: Any) -> None:
         help="comma-separated codecs the plans may use (default: every codec the table prices; fp32 = lossless)",
     )
     p.add_argument(
+        "--min-agreement",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="lossy codecs only where this share of the device profile's samples kept the output (default "
+        "0.99, as `plan`; a profile without samples: lossless only; 0: the guard off, e.g. the zoo's random "
+        "weights)",
+    )
+    p.add_argument(
         "--strategies",
         default=None,
         help="comma-separated strategies (adaptive and route among them; default all: "
@@ -284,6 +297,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         deadline_ms=args.deadline_ms,
         rtt_ms=args.rtt_ms,
         warmup_s=args.warmup,
+        min_agreement=min_agreement(args),
     )
     print(f"splitrt sim: cost table from {r['cost_table']['source']}", file=sys.stderr)
     if args.json == "-":

@@ -240,3 +240,13 @@ def test_a_zoo_model_that_takes_no_image_is_profiled_without_the_guard(
     # asked for: an error, not a note
     assert cli.main(["profile", "zoo:multi_io", "--out", str(out), "--samples", "zoo", "--accuracy-only"]) != 0
     assert "image samples need a model with one input, got 2" in capsys.readouterr().err
+
+
+def test_sim_takes_the_tolerance_and_names_the_guard() -> None:
+    from splitrt.cli import sim
+
+    kw: dict[str, object] = {"duration_s": 3.0, "codecs": ["fp32", "int8+zstd"], "strategies": ["adaptive", "route"]}
+    guarded = sim.sim_cell("squeezenet", "hsdpa/car", **kw)  # type: ignore[arg-type]
+    off = sim.sim_cell("squeezenet", "hsdpa/car", min_agreement=0.0, **kw)  # type: ignore[arg-type]
+    assert guarded["cost_table"]["source"].endswith("accuracy guard: no samples, lossless codecs only")
+    assert off["cost_table"]["source"].endswith("accuracy guard off")

@@ -11,7 +11,8 @@
 - invented: ``hostile_shapes`` (huge declared dims on a tiny payload, dims whose product overflows int64,
   negative and zero dims, rank 64), ``zstd_bomb`` (a 1 GiB zero frame at the legit cut, and a frame whose
   declared content size lies), ``nan_flood`` (NaN/Inf inputs, int8/fp16 replies asked), ``many_outputs``
-  (an upload with 4000 outputs), ``deep_nest`` (If nested 120 deep: beyond protobuf's recursion limit).
+  (an upload with 4000 outputs: its tail build took minutes of cut enumeration; uploads now keep at most
+  1024 outputs), ``deep_nest`` (If nested 120 deep: beyond protobuf's recursion limit).
 
 Extra targets: each attacker call ended (none pending or hung) with no INTERNAL/UNKNOWN; the memory rows are
 refused naming what they need; nothing of the server's files comes back; the trickles are cut and the
@@ -476,7 +477,7 @@ def rows() -> list[Attack]:
         NanFlood(),
         UploadThen(
             "many_outputs",
-            "uploaded 4000-output model, then Infer",
+            "uploaded 4000-output model (refused: > 1024 outputs), then Infer",
             many_outputs_model(),
             {"x": np.ones(4, np.float32)},
             30.0,

@@ -11,7 +11,7 @@ What an upload can and cannot do to the server's disk:
   sparse initializer (a stored model must be servable);
 - quotas: at most ``max_models`` models and ``max_store_bytes`` in the store (the declared size must fit,
   but only the bytes that arrived are held, chunk by chunk), at most ``max_nodes`` nodes (subgraphs
-  included) before anything is computed;
+  included) and at most ``MAX_OUTPUTS`` graph outputs before anything is computed;
 - pace (``pace``, in the servicer): an upload below ``UploadPace.min_rate_bytes_per_s`` after its grace, or
   past its deadline, is cut while it waits; its file is removed and its quota freed at once;
 - the check (``graph.model.load``: normalise, constant folding bounded in size before it computes, shape
@@ -45,6 +45,10 @@ from splitrt.cloud.store import ModelStore, count_nodes
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")
+# Graph outputs an upload may have. Each cut lists the outputs its head makes and the tensors crossing it:
+# a 170 KB upload of 4000 Identity outputs cost its tail build tens of seconds of CPU and O(outputs^2)
+# memory (bench_attack ``many_outputs``); real models have a few (detection heads: tens).
+MAX_OUTPUTS = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,7 +194,13 @@ def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
     locations = external_locations(proto)  # on any tensor: attributes, subgraphs, sparse ones (``extdata``)
     sparse = sparse_initializers(proto)
     nodes = count_nodes(proto.graph)
+    outputs = len(proto.graph.output)
     del proto
+    if outputs > MAX_OUTPUTS:
+        raise RpcFailure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"upload: expected at most {MAX_OUTPUTS} graph outputs, got {outputs}; nothing stored",
+        )
     if max_nodes is not None and nodes > max_nodes:
         raise RpcFailure(
             grpc.StatusCode.INVALID_ARGUMENT,

@@ -263,3 +263,24 @@ def test_sizes_computed_through_unpropagated_ops_are_refused_too(store: Path) ->
             stub.Infer(_request(sha, "cloud", n=np.array([4096, 4096], np.int64)), timeout=120, metadata=AUTH)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "values n=[4096, 4096]" in (info.value.details() or "") and "needs ~77 MB" in (info.value.details() or "")
+
+
+def test_upload_with_thousands_of_outputs_is_refused(store: Path) -> None:
+    """2000 Identity outputs of one input: every cut would list them (tens of seconds of cut enumeration
+    and O(outputs^2) memory for a 90 KB upload)."""
+    n = 2000
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], [f"y{i}"]) for i in range(n)],
+        "fan",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4]) for i in range(n)],
+    )
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    with (
+        CloudServer(ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,))) as s,
+        pytest.raises(grpc.RpcError) as info,
+    ):
+        _put(s.address, data)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "expected at most 1024 graph outputs, got 2000" in (info.value.details() or "")
+    assert list(store.glob("*.onnx")) == []

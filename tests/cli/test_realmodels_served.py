@@ -31,6 +31,9 @@ from tests.cli.test_serve import REPO, Serve
 from tests.conftest import rel_err
 from tests.realmodels import NEW_MODELS, bound, feeds, fetch, needed, spread_cuts
 
+# slow: real-weights models, every cut, served (make test-slow)
+pytestmark = pytest.mark.slow
+
 BY_NAME = {m.name: m for m in NEW_MODELS}
 
 

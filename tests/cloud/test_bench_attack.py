@@ -8,6 +8,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+# slow: bench_attack rows against a real server (make test-slow)
+pytestmark = pytest.mark.slow
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_attack.py"
 
 

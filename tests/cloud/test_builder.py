@@ -78,6 +78,7 @@ def _outputs(reply: wire.Framed) -> dict[str, np.ndarray]:
     return {t.name: codec.decode(t) for t in reply.tensors}
 
 
+@pytest.mark.slow
 def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, device: Device) -> None:
     cuts = [*[c.id for c in device.graph.cuts()[1:-1]][::9][:4], "cloud"]
     requests = [_request(device, cut, seed) for seed, cut in enumerate(cuts)]

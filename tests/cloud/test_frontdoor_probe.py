@@ -29,6 +29,9 @@ from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport import wire
 from tests.rawh2 import RawConnection
 
+# Uploads are checked in the checker's child: started once per session, answering before the first test.
+pytestmark = pytest.mark.usefixtures("checker_child")
+
 TOKEN = "pr0be-budget-t0ken"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 PROBE = f"/{wire.SERVICE_NAME}/Probe"

@@ -25,6 +25,9 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from tests.cli.test_serve import Serve
 
+# slow: a real server's runs burning CPU until their deadline or SIGTERM (make test-slow)
+pytestmark = pytest.mark.slow
+
 TOKEN = "hostile-test-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 BUDGET_MB = 900

@@ -34,6 +34,9 @@ from splitrt.graph import zoo
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 
+# Uploads are checked in the checker's child: started once per session, answering before the first test.
+pytestmark = pytest.mark.usefixtures("checker_child")
+
 
 def test_budget_evicts_then_refuses_naming_need_and_free() -> None:
     b = MemoryBudget(1000 * MB, 200 * MB)  # 800 MB available

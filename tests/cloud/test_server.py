@@ -28,6 +28,9 @@ from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
+# Uploads are checked in the checker's child: started once per session, answering before the first test.
+pytestmark = pytest.mark.usefixtures("checker_child")
+
 BIG = 64 * 1024 * 1024
 TOKEN = "upl0ad-t0ken"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)

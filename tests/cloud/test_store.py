@@ -25,6 +25,9 @@ from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
+# Uploads are checked in the checker's child: started once per session, answering before the first test.
+pytestmark = pytest.mark.usefixtures("checker_child")
+
 TOKEN = "store-t0ken"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 

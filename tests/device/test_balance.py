@@ -153,6 +153,7 @@ def test_a_loaded_server_gets_fewer_requests(two: tuple[FakeCloud, FakeCloud], m
         assert rel_err(ref, o.outputs[OUT]) <= 1e-5
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_stream_loses_no_request(models_dir: Path, mg: graph.ModelGraph) -> None:
     ports = [free_port(), free_port()]
     procs = [serve(models_dir, p) for p in ports]

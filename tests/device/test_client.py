@@ -30,6 +30,9 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 from tests.loopback import reap
 
+# Uploads are checked in the checker's child: started once per session, answering before the first test.
+pytestmark = pytest.mark.usefixtures("checker_child")
+
 SPLIT_MODELS = ("tiny_chain", "multi_io", "branchy", "squeezenet")
 TOKEN = "upl0ad-t0ken"  # uploads need a bearer token (secure by default)
 
@@ -55,7 +58,9 @@ def server(models_dir: Path) -> Iterator[CloudServer]:
     s.stop(grace_s=1.0)
 
 
-@pytest.mark.parametrize("name", SPLIT_MODELS)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "squeezenet" else n for n in SPLIT_MODELS]
+)
 def test_split_at_every_cut_equals_local_run(server: CloudServer, name: str) -> None:
     with Device(zoo.get(name), server.address, config=DeviceConfig(intra_op_threads=1)) as dev:
         x = dev.random_inputs(seed=3)

@@ -250,6 +250,7 @@ def _metrics(url: str) -> dict[Any, float]:
     return parse_metrics(urllib.request.urlopen(url, timeout=10).read().decode())
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_in_flight_request(tmp_path: Path, models_dir: Path) -> None:
     release = threading.Event()
     entered = threading.Event()

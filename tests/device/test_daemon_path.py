@@ -177,6 +177,7 @@ def _check(x_and_results: list[Any]) -> list[Any]:
     return results
 
 
+@pytest.mark.slow
 def test_three_tiers_edge_killed_mid_stream_loses_nothing(tmp_path: Path, tiers: Any) -> None:
     edge_proc, _, edge, cloud = tiers
     with _daemon(tmp_path, edge, cloud) as d:
@@ -195,6 +196,7 @@ def test_three_tiers_edge_killed_mid_stream_loses_nothing(tmp_path: Path, tiers:
         assert not edge_state["up"] and edge_state["last_error"]
 
 
+@pytest.mark.slow
 def test_three_tiers_cloud_killed_mid_stream_loses_nothing(tmp_path: Path, tiers: Any) -> None:
     _, cloud_proc, edge, cloud = tiers
     with _daemon(tmp_path, edge, cloud) as d:

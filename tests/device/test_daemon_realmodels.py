@@ -18,6 +18,9 @@ from splitrt.errors import ConfigError
 from tests.conftest import rel_err, session
 from tests.realmodels import MODELS, fetch
 
+# slow: a real attention encoder through the daemon (make test-slow)
+pytestmark = pytest.mark.slow
+
 MINILM = {m.name: m for m in MODELS}["minilm"]
 
 

@@ -87,6 +87,7 @@ def test_cost_table_of_another_model_is_refused(mg: graph.ModelGraph) -> None:
         AdaptiveDevice(mg, other, [], start_prober=False)
 
 
+@pytest.mark.slow
 def test_server_killed_mid_stream_loses_nothing_and_splitting_resumes(
     models_dir: Path, mg: graph.ModelGraph, tmp_path: Path
 ) -> None:

@@ -30,6 +30,9 @@ from tests.cli.test_serve import Serve
 from tests.conftest import rel_err
 from tests.realmodels import MODELS, fetch
 
+# slow: real-weights models served at every cut kind (make test-slow)
+pytestmark = pytest.mark.slow
+
 REAL = {m.name: m for m in MODELS}
 
 

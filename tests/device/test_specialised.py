@@ -22,6 +22,9 @@ from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
 from tests.realmodels import MODELS, bound, fetch
 
+# Uploads are checked in the checker's child: started once per session, answering before the first test.
+pytestmark = pytest.mark.usefixtures("checker_child")
+
 VAD = {m.name: m for m in MODELS}["silero_vad"]
 TOKEN = "specialise-t0ken"
 

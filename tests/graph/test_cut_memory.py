@@ -7,6 +7,7 @@ import tracemalloc
 from pathlib import Path
 
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from splitrt.graph import model as graph_mod
@@ -34,6 +35,7 @@ def cut_peak_bytes(path: Path) -> tuple[int, list[graph_mod.Cut]]:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_cut_memory_grows_linearly_with_a_chain(tmp_path: Path) -> None:
     small, cuts_small = cut_peak_bytes(chain(2500, tmp_path / "a.onnx"))
     large, cuts_large = cut_peak_bytes(chain(5000, tmp_path / "b.onnx"))

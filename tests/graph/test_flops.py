@@ -43,6 +43,7 @@ def _undercounted(nodes: list[onnx.NodeProto], node_flops: list[float], shape_of
     return bad
 
 
+@pytest.mark.slow
 def test_no_op_that_computes_counts_zero_in_the_zoo_or_the_real_models() -> None:
     seen: set[str] = set()
     bad: dict[str, dict[str, float]] = {}

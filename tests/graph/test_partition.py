@@ -18,7 +18,14 @@ TOL = 1e-5
 # Every cut, head then tail as two sessions (the acceptance criterion), on the models cheap enough for CI.
 DIRECT = ["tiny_chain", "multi_io", "branchy", "squeezenet"]
 # The large ones: every cut is a boundary of some nested chain, run segment by segment.
-CHAINED = ["resnet50", "inception_v1", "inception_v2", "densenet121", "shufflenet"]
+# The three largest in `make test-slow` (tens of seconds each).
+CHAINED = [
+    pytest.param("resnet50", marks=pytest.mark.slow),
+    "inception_v1",
+    pytest.param("inception_v2", marks=pytest.mark.slow),
+    pytest.param("densenet121", marks=pytest.mark.slow),
+    "shufflenet",
+]
 
 
 def _full(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

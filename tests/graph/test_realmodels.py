@@ -19,6 +19,9 @@ from splitrt.graph import partition, shapes
 from tests.conftest import rel_err, session
 from tests.realmodels import MODELS, OLD_PACKAGES, RealModel, bound, fetch
 
+# slow: real-weights models loaded and split at every cut (make test-slow)
+pytestmark = pytest.mark.slow
+
 BY_NAME = {m.name: m for m in MODELS}
 
 

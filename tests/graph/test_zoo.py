@@ -12,7 +12,17 @@ from splitrt.graph import zoo
 from tests.conftest import session
 
 
-@pytest.mark.parametrize("name", ["resnet50", "inception_v1", "squeezenet", "densenet121", "branchy", "mobilenetv2"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("resnet50", marks=pytest.mark.slow),
+        "inception_v1",
+        "squeezenet",
+        pytest.param("densenet121", marks=pytest.mark.slow),
+        "branchy",
+        "mobilenetv2",
+    ],
+)
 def test_weights_are_random_and_outputs_depend_on_the_input(name: str) -> None:
     p = zoo.get(name)
     m = onnx.load(str(p))

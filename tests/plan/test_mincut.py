@@ -66,6 +66,7 @@ conditions = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(dags(), conditions)
 def test_min_cut_agrees_with_enumeration(dag: Dag, cond: Conditions) -> None:

@@ -150,6 +150,7 @@ def test_mismatched_profiles_are_refused(squeeze: tuple[graph.ModelGraph, profil
         profiler.cost_table(prof, other)
 
 
+@pytest.mark.slow
 def test_shipped_profiles_match_the_zoo() -> None:
     shipped = sorted(Path(__file__).resolve().parents[2].glob("profiles/*.json"))
     assert len(shipped) >= 3

@@ -149,6 +149,7 @@ def test_killed_rig_is_cleaned_up(tmp_path: Path) -> None:
     assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.slow
 def test_userspace_link_variant(tmp_path: Path) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     result = _bench(

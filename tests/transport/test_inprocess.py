@@ -18,6 +18,9 @@ from splitrt.errors import CloudError
 from splitrt.graph import zoo
 from splitrt.transport.inprocess import FakeContext, InProcessTransport
 
+# Uploads are checked in the checker's child: started once per session, answering before the first test.
+pytestmark = pytest.mark.usefixtures("checker_child")
+
 CONFIG = DeviceConfig(intra_op_threads=1, timeout_s=10)
 
 

@@ -74,6 +74,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (``make test``): a module's tests run on one worker, so its module-scoped
+    fixtures (servers, a measured profile, MLServer) start once, not once per worker; an
+    ``xdist_group``'s tests, from any module, run together on one worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's group suffix (not an '@' in a parameter)
+                return nodeid.split("@")[-1]
+            return nodeid.split("::", 1)[0]
+
+    return ByModule(config, log)
+
+
 # How long a test's threads get to finish after it (joins in teardowns that return before the thread
 # has quite ended, gRPC's executor shutting down): a thread still running after this is a leak.
 THREAD_GRACE_S = 5.0

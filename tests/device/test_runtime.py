@@ -295,6 +295,7 @@ def test_probe_pairs_follow_the_kernels_slow_start_after_idle(tmp_path: Path) ->
     assert slow_start_after_idle(str(tmp_path / "missing")) is True  # unknown: assume the default
 
 
+@pytest.mark.serial
 def test_the_runtime_learns_the_devices_speed_from_its_heads(mg: graph.ModelGraph) -> None:
     """A profile 1.5x too optimistic about the device: after a few requests on the device plan the
     runtime's device factor says how much slower the heads really are."""

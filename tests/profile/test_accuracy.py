@@ -179,6 +179,7 @@ def test_plans_use_a_lossy_codec_only_where_the_samples_agree(
     assert len(ids) == len(codecs["jpeg50"])  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_profile_cli_measures_the_guard_and_plan_shows_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "p.json"
     shipped = profiler.load_profile("x86_64-2core__squeezenet.json")

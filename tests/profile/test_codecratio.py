@@ -78,6 +78,7 @@ def test_profiles_keep_them_and_plans_choose_them(
         profiler.load_profile(tmp_path / "bad.json")
 
 
+@pytest.mark.slow
 def test_with_codec_ratios_keeps_the_timings_and_refuses_another_model() -> None:
     g = graph.load(zoo.get("squeezenet"))
     old = profiler.load_profile("x86_64-2core__squeezenet.json", sha256=g.sha256)

@@ -115,6 +115,7 @@ def test_relay_rejects_bad_values_and_bad_listen() -> None:
     echo.close()
 
 
+@pytest.mark.serial
 def test_userspace_link_follows_step_trace() -> None:
     # Modest rates: the relay is Python, and a loaded 2-core CI box must still pace it (bench_link
     # measures the accurate figures).

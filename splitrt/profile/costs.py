@@ -69,7 +69,10 @@ def measured_codecs(profile: Profile, *, min_agreement: float = MIN_AGREEMENT) -
     ``min_agreement`` or was not measured, which is every cut of a profile made without samples.
     ``min_agreement <= 0`` turns the guard off (every lossy codec priced by its bytes alone)."""
     out: dict[str, CodecRatio] = dict(CODEC_RATIOS)
-    out.update({name: list(ratios) for name, ratios in (profile.codec_ratios or {}).items()})
+    # at most MAX_CODEC_RATIO: a one-float tensor sends 4.5x its bytes as int8+zstd (headers and all),
+    # which the table refuses; priced at the cap instead
+    measured = profile.codec_ratios or {}
+    out.update({name: [min(r, MAX_CODEC_RATIO) for r in ratios] for name, ratios in measured.items()})
     if min_agreement <= 0:
         return out
     agreement = profile.codec_agreement or {}

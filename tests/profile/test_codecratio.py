@@ -133,3 +133,17 @@ def test_output_agreement_records_round_trip_and_bad_ones_are_refused(tmp_path: 
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(ProfileError, match=r"codec_agreement\['jpeg75'\]: expected \d+ shares in \[0, 1\]"):
         profiler.load_profile(tmp_path / "bad.json")
+
+
+def test_a_tiny_tensors_ratio_over_the_cap_is_priced_at_the_cap() -> None:
+    """openwakeword's alexa_v0.1 profile measured int8+zstd at 4.5 on its one-float output (issue 33):
+    the table refused the profile ('ratio must be in (0, 4]'); it is priced at the cap instead."""
+    from splitrt.plan.costmodel import MAX_CODEC_RATIO
+    from splitrt.profile.costs import measured_codecs
+
+    p = profiler.load_profile("x86_64-2core__squeezenet.json")
+    n = len(p.cut_ids)
+    odd = dataclasses.replace(p, codec_ratios={"int8+zstd": [4.5] * n, "fp32+zstd": [0.5] * (n - 1) + [4.2]})
+    got = measured_codecs(odd, min_agreement=0)  # bytes alone: the cap is the only guard
+    assert got["int8+zstd"] == [MAX_CODEC_RATIO] * n and got["fp32+zstd"][-1] == MAX_CODEC_RATIO
+    profiler.cost_table(odd, odd)  # builds

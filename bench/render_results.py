@@ -272,7 +272,7 @@ BENCHES: list[Bench] = [
         name="attack",
         title="Hostile and careless clients",
         what="Every attack class against its own server, with a legit client beside it. See "
-        "[Security](../operator/security.md#what-is-measured-benchattackpy).",
+        "[Security](../operator/security.md).",
         cheap=False,
         how=".venv/bin/python bench/bench_attack.py --json > attack.json   # about 6 min; --quick: 2 min",
     ),
@@ -340,8 +340,9 @@ def git(*args: str) -> str:
 
 def commit() -> str:
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    # Changes to the docs or to this renderer do not change what a benchmark measures.
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs", ":!bench/render_results.py")
+    # Changes to text (the docs, markdown) or to this renderer do not change what a benchmark measures.
+    text = (":!docs", ":!*.md", ":!mkdocs.yml", ":!bench/render_results.py")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *text)
     return f"{head} (with uncommitted changes to the code)" if dirty else head
 
 

@@ -487,6 +487,7 @@ class Device(_Inputs):
             queue_ms=reply.header.queue_ms,
             build_ms=reply.header.build_ms,
             total_ms=head.head_ms + (t4 - t0) * 1e3 - (t2 - t1) * 1e3,
+            check_ms=(t2 - t1) * 1e3,
             bytes_up=bytes_up,
             bytes_down=bytes_down,
             load=wire.LoadInfo.from_proto(reply.header.load),

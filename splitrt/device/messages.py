@@ -80,6 +80,7 @@ class SplitResult:
     tail_ms: float = 0.0
     queue_ms: float = 0.0
     build_ms: float = 0.0  # the cloud built the tail session for this request (its first on the cut)
+    check_ms: float = 0.0  # the model check before the call (once per cloud: a one-off, not in total_ms)
     total_ms: float = 0.0
     bytes_up: int = 0
     bytes_down: int = 0

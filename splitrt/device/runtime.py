@@ -648,7 +648,8 @@ def _correct(
         priced_ms=decision.encode_ms + decision.call_ms,
         total_ms=latency_ms,
         head_ms=head.head_ms + (0.0 if answer is not None else res.tail_ms),
-        round_trip_ms=res.rpc_ms if answer is not None else 0.0,
+        # the model check (once per cloud, the first request's hundreds of ms) is no cost of the plan
+        round_trip_ms=res.rpc_ms + res.check_ms if answer is not None else 0.0,
         t_s=dev.clock(),
         price_ms=decision.predicted_ms - decision.correction_ms,
     )

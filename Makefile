@@ -28,17 +28,18 @@ demo: $(STAMP)
 	$(BIN)/splitrt demo
 
 # The suite in two halves that together run every test once (docs/testing.md): `make test` the fast loop,
-# `make test-slow` what it leaves out: `slow` (real models, killed servers, wheels) and `root`
-# (namespaces, tc, cgroups) on xdist workers, then `serial` (they time themselves) in one process, alone
-# (pytest's 5 is "no such test"). WORKERS=0 runs in this process (e.g. for --pdb).
+# `make test-slow` what it leaves out: `slow` (real models, killed servers, wheels) on xdist workers, then
+# `root` (namespaces, tc, cgroups: the host's) and `serial` (they time themselves) in one process, alone
+# (pytest's 5 is "no such test"). A module's tests run on one worker (--dist loadscope), so its
+# module-scoped fixtures start once. WORKERS=0 runs in this process (e.g. for --pdb).
 WORKERS ?= auto
-PYTEST_XDIST = -n $(WORKERS) --dist loadgroup
+PYTEST_XDIST = -n $(WORKERS) --dist loadscope
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not slow and not root and not serial" tests
 
 test-slow: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "(slow or root) and not serial" --durations=25 tests
-	$(BIN)/python -m pytest -q -m serial --durations=10 tests || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "slow and not root and not serial" --durations=25 tests
+	$(BIN)/python -m pytest -q -m "root or serial" --durations=10 tests || [ $$? -eq 5 ]
 
 check: $(TEST_STAMP)
 	$(BIN)/ruff check splitrt tests bench

@@ -62,34 +62,13 @@ def _zoo_get_locked(name: str, out_path: str | Path | None = None) -> Path:
 zoo.get = _zoo_get_locked
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Root tests make namespaces, bridges, qdiscs and cgroups on the one host: under xdist
-    # (--dist loadgroup) they run one after another on one worker, never beside each other.
+    if IS_ROOT:
+        return
     skip = pytest.mark.skip(reason="needs root (network namespaces, tc qdiscs, cgroups); CI runs as root")
     for item in items:
         if "root" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("root"))
-            if not IS_ROOT:
-                item.add_marker(skip)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup`` (``make test``): a module's tests run on one worker, so its module-scoped
-    fixtures (servers, a measured profile, MLServer) start once, not once per worker; an
-    ``xdist_group``'s tests, from any module, run together on one worker."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByModule(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's group suffix (not an '@' in a parameter)
-                return nodeid.split("@")[-1]
-            return nodeid.split("::", 1)[0]
-
-    return ByModule(config, log)
+            item.add_marker(skip)
 
 
 # How long a test's threads get to finish after it (joins in teardowns that return before the thread
@@ -135,6 +114,8 @@ def _checker_warm() -> None:
     # upload test need not wait for a fresh interpreter's imports (20 s at load 19, past its deadline).
     from splitrt.cloud import checker
 
+    # Idle for the session, not 5 minutes: upload modules minutes apart would each wait for a new child.
+    checker.IDLE_S = 24 * 3600.0
     checker.warm()
 
 

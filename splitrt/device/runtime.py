@@ -98,6 +98,7 @@ from splitrt.plan.netmon import LinkEstimator, LoadEstimate, LoadEstimator
 from splitrt.plan.path import parse_path
 from splitrt.plan.reserve import NOT_SENT
 from splitrt.plan.reshape import Signature
+from splitrt.transport.v2 import is_v2
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
 
@@ -309,8 +310,8 @@ class AdaptiveDevice:
         self, inputs: Mapping[str, Any], *, request: str | None = None, deadline_ms: float | None = None
     ) -> Outcome:
         """Outputs for ``inputs``; raises only for bad inputs (``InputError``, counted in ``stats["failed"]``:
-        the device's check or head refused them, or a cloud answered INVALID_ARGUMENT for its tail, which is
-        then not run again here), never for the cloud."""
+        the device's check or head refused them, or a splitrt cloud answered INVALID_ARGUMENT for its tail,
+        which is then not run again here; a v2 engine's refusal finishes locally), never for the cloud."""
         rid = request or uuid.uuid4().hex[:12]
         t0 = time.perf_counter()
         now = self.clock()
@@ -459,8 +460,11 @@ class AdaptiveDevice:
                     try:
                         res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3, next_cut=next_cut)
                     except CloudError as exc:
-                        if exc.code == "INVALID_ARGUMENT":  # the tensors' fault, not the cloud's: the same
-                            # tail here would fail the same way (a bad input ran once, not twice)
+                        if exc.code == "INVALID_ARGUMENT" and not is_v2(cloud.address):
+                            # A splitrt server runs this very segment: its refusal is the tensors' fault and
+                            # the tail here would fail alike (a bad input runs once, not twice). A v2 engine
+                            # has a model config of its own (static shapes, batch caps) that may refuse what
+                            # the model accepts: that request still finishes here.
                             raise InputError(f"{cloud.address} refused the request's tensors: {exc}") from exc
                         why.append(f"{cloud.address}: {exc}")
                         if exc.retry_after_ms is not None:  # queue full: next cloud, or the tail here

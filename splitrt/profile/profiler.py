@@ -174,7 +174,8 @@ def measure(
                     "input_shapes": {k: list(v) for k, v in g.input_shapes.items()},
                 }
                 if binding is not None and g.input_shapes is not None
-                else {}
+                # unbound: the shapes of the inputs it ran (a model with free dims is re-priced from them)
+                else {"input_shapes": {k: list(np.shape(v)) for k, v in inputs.items()}}
             ),
         },
         host=host_facts(),

@@ -103,6 +103,9 @@ def test_plan_json_terms_add_up(capsys: pytest.CaptureFixture[str]) -> None:
             + row["rtt_ms"]
             + row.get("queue_ms", 0.0)
             + row["cloud_ms"]
+            + row.get("encode_ms", 0.0)
+            + row.get("call_ms", 0.0)
+            + row.get("decode_ms", 0.0)
         )
         assert abs(terms - total) < 1e-3, row
 

@@ -398,8 +398,12 @@ def test_oracle_on_a_dead_link_runs_on_the_device() -> None:
 def test_oracle_on_a_fast_link_with_a_slow_device_offloads_everything() -> None:
     table = squeezenet()
     picks = rigstats.oracle(table, costs(ratio=50.0, net=5.0), [0.0, 10.0, 30.0], traces.constant(1000.0), [], None)
+    at_cloud = dict(zip(table.codecs, table.codec_ratio_matrix[table.index("cloud")], strict=True))
     for plan, ms in picks:
-        assert plan == "cloud@int8+zstd"  # the whole model in the cloud, the fewest bytes (measured per cut)
+        cut, codec = plan.split("@")
+        # the whole model in the cloud, under (within 10 % of) the fewest bytes measured at the input: an
+        # image codec where the table has one (the rig prices the zoo's lossy codecs by bytes alone)
+        assert cut == "cloud" and at_cloud[codec] <= 1.1 * min(at_cloud.values()), plan
         assert ms < 50.0 * float(table.head_ms[table.index("device")])
     only_fp16 = rigstats.oracle(table, costs(ratio=50.0, net=5.0), [0.0], traces.constant(1000.0), [], ["fp16"])
     assert only_fp16[0][0] == "cloud@fp16"

@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -163,6 +164,21 @@ def route_tables(doc: dict[str, Any]) -> list[Table]:
             out.append(records_table(key, doc[key]))
     settings = [[k, v] for k, v in doc.items() if not isinstance(v, (dict, list, tuple)) and not is_load(k)]
     return [("settings", ["", "value"], settings), *out] if settings else out
+
+
+def warm_tables(doc: dict[str, Any]) -> list[Table]:
+    """bench_warm: per request delay and variant, the first request's time, median (range) over the runs."""
+
+    def mr(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})" if xs else "-"
+
+    rows = [
+        [f"{key.split('/')[0]} s after listening", key.split("/")[1], mr(v["ms"]), mr(v["build_ms"]), mr(v["warm_ms"])]
+        for key, v in doc["variants"].items()
+    ]
+    header = ["request sent", "server", "first request ms", "of which waiting for its tail", "warm-up done after"]
+    settings = [[k, v] for k, v in doc.items() if k != "variants" and not is_load(k)]
+    return [("settings", ["", "value"], settings), ("the first request after a restart", header, rows)]
 
 
 def solver_tables(doc: dict[str, Any]) -> list[Table]:
@@ -329,6 +345,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[Table]]] = {
     "accuracy": accuracy_tables,
     "solver": solver_tables,
     "route": route_tables,
+    "warm": warm_tables,
     "sim": grid_tables,
     "rig_grid": grid_tables,
 }

@@ -70,7 +70,10 @@ def test_bench_every_strategy_then_nothing_left(tmp_path: Path) -> None:
     result = _bench(tmp_path, link="kernel", prefix=prefix, duration_s=3.0, turn_s=1.0)
     assert result["link"] == "kernel"
     measured = [s for s in rigbench.STRATEGIES if s not in rigbench.ORACLE_REFS]  # oracles are computed, not played
-    assert result["turns"] == {"turn_s": 1.0, "played": 3 * len(measured)}  # 3 slices x each strategy
+    # 3 slices x each strategy, less a slice a strategy's last request ran past (a request over the 1 s
+    # turn on a loaded host: runner._play skips it rather than replay part of the trace twice)
+    turns = result["turns"]
+    assert turns["turn_s"] == 1.0 and 2 * len(measured) <= turns["played"] <= 3 * len(measured), turns
     strategies = result["strategies"]
     assert isinstance(strategies, dict)
     assert set(strategies) == set(rigbench.STRATEGIES)

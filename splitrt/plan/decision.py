@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from splitrt.errors import ConfigError
-from splitrt.plan.path import parse_path
+from splitrt.plan.path import HopTerms, parse_path
 
 __all__ = ["Decision", "Floats"]
 
@@ -27,7 +27,7 @@ Floats = tuple[float, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Decision:
+class Decision(HopTerms):
     """One decision and everything it was made from (one JSON line in the decision log), for any
     number of tiers. Inputs are per hop (``link_*``), per tier (``loads``: the device's factor first)
     and per server (``waits_ms``, ``up``); the predicted terms per tier and per hop add up to
@@ -125,18 +125,6 @@ class Decision:
     @property
     def queue_ms(self) -> float:
         return sum(self.hop_queue_ms)
-
-    @property
-    def encode_ms(self) -> float:
-        return sum(self.hop_encode_ms)
-
-    @property
-    def call_ms(self) -> float:
-        return sum(self.hop_call_ms)
-
-    @property
-    def decode_ms(self) -> float:
-        return sum(self.hop_decode_ms)
 
     @property
     def cuts(self) -> tuple[str, ...]:

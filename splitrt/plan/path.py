@@ -78,8 +78,28 @@ class PathConditions:
         return self.queue_ms[hop] if self.queue_ms else 0.0
 
 
+class HopTerms:
+    """The device's encode and call and the cloud's decode summed over a plan's hops (``Plan``, ``Decision``)."""
+
+    hop_encode_ms: tuple[float, ...]
+    hop_call_ms: tuple[float, ...]
+    hop_decode_ms: tuple[float, ...]
+
+    @property
+    def encode_ms(self) -> float:
+        return sum(self.hop_encode_ms)
+
+    @property
+    def call_ms(self) -> float:
+        return sum(self.hop_call_ms)
+
+    @property
+    def decode_ms(self) -> float:
+        return sum(self.hop_decode_ms)
+
+
 @dataclass(frozen=True, kw_only=True)
-class Plan:
+class Plan(HopTerms):
     """Chosen cuts and codecs over a path of tiers (one per hop), and what they are predicted to cost.
 
     The terms add up: ``sum(tier_ms) + sum(hop_upload_ms) + sum(hop_download_ms) + sum(hop_rtt_ms) + sum(hop_queue_ms)
@@ -147,18 +167,6 @@ class Plan:
     @property
     def rtt_ms(self) -> float:
         return sum(self.hop_rtt_ms)
-
-    @property
-    def encode_ms(self) -> float:
-        return sum(self.hop_encode_ms)
-
-    @property
-    def call_ms(self) -> float:
-        return sum(self.hop_call_ms)
-
-    @property
-    def decode_ms(self) -> float:
-        return sum(self.hop_decode_ms)
 
     @property
     def queue_ms(self) -> float:

@@ -8,17 +8,18 @@ from typing import TYPE_CHECKING
 from splitrt._lazy import exports
 
 if TYPE_CHECKING:
-    from splitrt.device.client import Device, DeviceConfig, HeadResult, ProbeResult, SplitResult, read_token
+    from splitrt.device.client import Device, HeadResult, ProbeResult, SplitResult
+    from splitrt.device.config import DeviceConfig, read_token
     from splitrt.device.daemon import Daemon, DaemonConfig, LocalClient, load_config
     from splitrt.device.runtime import AdaptiveDevice, Outcome, RuntimeConfig
 
 _NAMES = {
     "Device": "client",
-    "DeviceConfig": "client",
+    "DeviceConfig": "config",
     "HeadResult": "client",
     "ProbeResult": "messages",
     "SplitResult": "client",
-    "read_token": "client",
+    "read_token": "config",
     "Daemon": "daemon",
     "DaemonConfig": "daemon",
     "LocalClient": "daemon",

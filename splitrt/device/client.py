@@ -47,12 +47,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from splitrt.device.config import DeviceConfig, read_token
 from splitrt.device.messages import (
     HeadResult,
     Hops,
@@ -66,7 +66,7 @@ from splitrt.device.messages import (
 from splitrt.device.sessions import SessionCache, check_inputs, random_inputs, run_session
 from splitrt.device.upload import ModelUploader
 from splitrt.errors import CloudError, ConfigError, CutError, SplitrtError
-from splitrt.transport import codec, credentials, wire
+from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport.base import Transport
@@ -77,36 +77,6 @@ from splitrt.transport.v2 import V2Transport, is_v2
 __all__ = ["DEVICE_CUT", "Device", "DeviceConfig", "HeadResult", "ProbeResult", "SplitResult", "read_token"]
 
 DEVICE_CUT = "device"
-
-
-def read_token(path: Path, what: str = "token file") -> str:
-    """The bearer token in ``path`` (the first one; ``what`` names the setting in errors). The file must
-    be private to its owner, as for the server (``credentials.check_private``)."""
-    return credentials.read_tokens(Path(path), what)[0]
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceConfig:
-    timeout_s: float = 10.0
-    codec: str = "fp32"
-    output_codec: str = "fp32"
-    # Bearer token sent as 'authorization' metadata.
-    token: str | None = field(default=None, repr=False)
-    # TLS: on when ``tls`` or a CA file is given; ``tls_server_name`` overrides the name checked.
-    tls: bool = False
-    tls_ca_path: Path | None = None
-    tls_server_name: str | None = None
-    max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
-    keepalive_s: float = 30.0
-    # Upload the model once if the cloud lacks it and allows uploads.
-    upload: bool = True
-    upload_chunk_bytes: int = 1024 * 1024
-    upload_timeout_s: float = 60.0
-    # A failed model check is re-raised without an RPC for this long.
-    check_backoff_s: float = 1.0
-    intra_op_threads: int = 0
-    # Head/tail sessions kept per cut (LRU).
-    session_cache_size: int = 8
 
 
 class _CloudLink:

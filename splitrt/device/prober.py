@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psutil
 
 from splitrt.device import hops
 from splitrt.device.clouds import Cloud, Clouds
+from splitrt.device.runtypes import RuntimeConfig
 from splitrt.errors import CloudError
 from splitrt.plan import observe
+from splitrt.plan.netmon import LinkEstimator, LoadEstimator
 from splitrt.plan.observe import IDLE_WAIT_ROUNDS
-
-if TYPE_CHECKING:
-    from splitrt.device.runtime import AdaptiveDevice
 
 __all__ = ["IDLE_WAIT_ROUNDS", "Prober", "slow_start_after_idle"]
 
@@ -31,14 +30,22 @@ def slow_start_after_idle(path: str = "/proc/sys/net/ipv4/tcp_slow_start_after_i
         return True  # unknown (not Linux, or /proc hidden): assume the default, restart
 
 
+class Probed(Protocol):
+    """What the prober reads of its runtime (``runtime.AdaptiveDevice``), afresh on every round."""
+
+    config: RuntimeConfig
+    clock: Callable[[], float]
+    link: LinkEstimator
+    load: LoadEstimator
+    hops: hops.Hops
+
+
 class Prober:
     """Probes ``clouds`` for the runtime ``dev``, under the runtime's ``lock``. The runtime's clock,
     config and estimators are read through ``dev`` on every round, not kept: the rig swaps ``dev.load``
     after construction. ``after_round`` runs after each round of the background thread."""
 
-    def __init__(
-        self, dev: AdaptiveDevice, clouds: Clouds, *, lock: threading.RLock, after_round: Callable[[], None]
-    ) -> None:
+    def __init__(self, dev: Probed, clouds: Clouds, *, lock: threading.RLock, after_round: Callable[[], None]) -> None:
         self.dev = dev
         self.clouds = clouds
         self._lock = lock

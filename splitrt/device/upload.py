@@ -12,14 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from splitrt.device.config import DeviceConfig
 from splitrt.errors import CloudError
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport.base import Transport
-
-if TYPE_CHECKING:
-    from splitrt.device.client import DeviceConfig
 
 # Background uploads in flight, per (cloud address, model sha256): one at a time in this process.
 _UPLOADS: dict[tuple[str, str], threading.Thread] = {}

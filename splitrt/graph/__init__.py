@@ -10,14 +10,15 @@ from splitrt._lazy import exports
 
 if TYPE_CHECKING:
     from splitrt.graph.cuts import Cut, parse_cut_ids
-    from splitrt.graph.model import ModelGraph, TensorInfo, load, model_sha256
+    from splitrt.graph.model import ModelGraph, load, model_sha256
     from splitrt.graph.ort_errors import onnxruntime_errors
     from splitrt.graph.partition import Segment, SegmentCache, head_tail, split
+    from splitrt.graph.tensors import TensorInfo
 
 _NAMES = {
     "Cut": "cuts",
     "ModelGraph": "model",
-    "TensorInfo": "model",
+    "TensorInfo": "tensors",
     "load": "model",
     "model_sha256": "model",
     "parse_cut_ids": "cuts",

@@ -14,16 +14,34 @@ in the node count (a 60 000-node chain: 276 MB, not 1.4 GB).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from splitrt.errors import CutError
+from splitrt.graph.tensors import TensorInfo
 
-if TYPE_CHECKING:
-    from splitrt.graph.model import ModelGraph, TensorInfo
+
+class ModelGraph(Protocol):
+    """What cuts read of a ``graph.model.ModelGraph`` (which imports this module to enumerate its cuts)."""
+
+    @property
+    def nodes(self) -> Sequence[Any]: ...  # onnx.NodeProto, in topological order
+    @property
+    def inputs(self) -> Sequence[TensorInfo]: ...
+    @property
+    def outputs(self) -> Sequence[TensorInfo]: ...
+    @property
+    def node_flops(self) -> Sequence[float]: ...
+    @property
+    def node_inputs(self) -> Sequence[tuple[str, ...]]: ...
+    @property
+    def producer(self) -> Mapping[str, int]: ...
+    @property
+    def consumers(self) -> Mapping[str, list[int]]: ...
+    def tensor(self, name: str) -> TensorInfo: ...
 
 
 @dataclass(frozen=True)

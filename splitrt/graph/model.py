@@ -35,34 +35,9 @@ from splitrt.graph.cuts import Cut, enumerate_cuts
 from splitrt.graph.flops import node_flops
 from splitrt.graph.normalise import MIN_OPSET, all_inputs, check_and_infer, default_opset, normalise, short_error
 from splitrt.graph.shapes import ShapeBinding
+from splitrt.graph.tensors import TensorInfo
 
 __all__ = ["Cut", "ModelGraph", "TensorInfo", "derived", "from_proto", "load", "model_sha256", "normalise"]
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """One tensor: numpy dtype name (``"float32"``), shape, size in bytes.
-
-    Bound (``load(path, binding)``), the shape is concrete and ``source`` says how it was sized
-    (``static``, ``bound``, ``measured``: see ``splitrt.graph.shapes``); unbound, a symbolic batch
-    dimension counts as 1 for ``bytes``. ``shape`` is ``None`` when shape inference could not tell; then
-    ``bytes`` is -1.
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[int | str, ...] | None
-    bytes: int
-    source: str = "static"
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "dtype": self.dtype,
-            "shape": list(self.shape or ()),
-            "bytes": self.bytes,
-            "sized_by": self.source if self.bytes >= 0 else "unknown",
-        }
 
 
 @dataclass

@@ -10,21 +10,32 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from splitrt import paths
 from splitrt.errors import RigError
 from splitrt.rig.models import shipped_profile
-
-if TYPE_CHECKING:
-    from splitrt.rig.harness import Rig
 
 CALIBRATION_MODEL = "resnet50"
 TOLERANCE = 0.08  # the run-to-run noise of this shared host is about that large
 QUOTA_ROUNDS = 3
 RUNS = 3  # timed runs per measurement (after one unmeasured)
 REPLY_TIMEOUT_S = 120.0
+
+
+class Rig(Protocol):
+    """What calibration drives of a ``rig.harness.Rig`` (which holds the ``Calibration`` it gets)."""
+
+    kind: str  # kernel | userspace
+    config: Any  # ``RigConfig``: quota_cpus, pad_factor, tiers
+    board: Any  # ``profile.boards.Board``
+    progress: Callable[[str], None]
+
+    def start_workers(self, specs: Sequence[Any]) -> list[Any]: ...
+    def set_quota(self, cpus: float) -> None: ...
+    def throttle(self, i: int, pid: int) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)

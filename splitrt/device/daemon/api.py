@@ -12,24 +12,38 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
 
+from splitrt.device.daemon.runtimes import ServedModel
 from splitrt.errors import CloudError, CodecError, InputError, SplitrtError
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
-if TYPE_CHECKING:
-    from splitrt.device.daemon.process import Daemon, ServedModel
-
 log = logging.getLogger("splitrt.device.daemon")
 
 
+class Models(Protocol):
+    """What the local API serves with: the ``process.Daemon`` that starts it."""
+
+    def model(self, name: str) -> ServedModel: ...
+    def count_failed(self, model: ServedModel) -> None: ...
+    def plan(self, model: ServedModel) -> dict[str, Any]: ...
+    def infer(
+        self,
+        model: ServedModel,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        deadline_ms: float | None = None,
+        request: str | None = None,
+    ) -> Any: ...
+
+
 class LocalServicer(pb_grpc.LocalInferenceServicer):
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Models) -> None:
         self.d = daemon
 
     def _model(self, name: str, context: grpc.ServicerContext) -> ServedModel:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent import futures
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO, cast
@@ -37,7 +37,7 @@ from splitrt.device.daemon import api, metrics
 from splitrt.device.daemon.config import DaemonConfig, ModelConfig, load_config
 from splitrt.device.daemon.costs import select_cost_table
 from splitrt.device.daemon.preflight import preflight
-from splitrt.device.daemon.runtimes import Runtime, build_runtime
+from splitrt.device.daemon.runtimes import ServedModel, build_runtime
 from splitrt.errors import ConfigError, InputError
 from splitrt.graph import shapes
 from splitrt.transport import credentials, promserve, wire
@@ -73,14 +73,6 @@ def _load_model(mc: ModelConfig) -> Any:
             free,
         )
     return mg
-
-
-@dataclass
-class ServedModel:
-    config: ModelConfig
-    device: Runtime
-    table_source: str
-    stats: metrics.ModelStats = field(default_factory=metrics.ModelStats)
 
 
 class Daemon:

@@ -10,8 +10,10 @@ unscaled: server-class tiers), as ``splitrt run --edge`` does; the edge's times 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from splitrt.device.daemon import metrics
 from splitrt.device.daemon.config import DaemonConfig, ModelConfig
 from splitrt.device.daemon.costs import constrained, select_cost_table
 
@@ -36,6 +38,16 @@ class Runtime(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass
+class ServedModel:
+    """A model the daemon serves: its configuration, its runtime and its request counters."""
+
+    config: ModelConfig
+    device: Runtime
+    table_source: str
+    stats: metrics.ModelStats = field(default_factory=metrics.ModelStats)
 
 
 def build_runtime(

@@ -79,8 +79,49 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
+def _lazy_map(package: str) -> tuple[dict[str, str], str | None]:
+    """A package ``__init__``'s lazy re-exports (``_lazy.exports(__name__, {name: module}, legacy=)``): each
+    name -> the module that holds it (a module re-exported as itself maps to its own name), and the
+    legacy module (names not in the map resolve there). Empty for a module or an eager ``__init__``."""
+    init = REPO / Path(*package.split(".")) / "__init__.py"
+    if not init.exists():
+        return {}, None
+    tree = ast.parse(init.read_text())
+    dicts = {
+        t.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "exports" and len(node.args) >= 2:
+            table = node.args[1]
+            table = dicts.get(table.id, table) if isinstance(table, ast.Name) else table
+            names = {
+                k.value: f"{package}.{v.value or k.value}"
+                for k, v in zip(getattr(table, "keys", []), getattr(table, "values", []), strict=True)
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)
+            }
+            legacy = next((kw.value.value for kw in node.keywords if kw.arg == "legacy"), None)
+            return names, f"{package}.{legacy}" if legacy else None
+    return {}, None
+
+
+def _resolve(package: str, name: str) -> str:
+    """What ``from package import name`` imports: the submodule ``name``, else the module a lazy
+    ``__init__`` resolves ``name`` from, else the package itself."""
+    sub = f"{package}.{name}"
+    if _is_module(sub):
+        return sub
+    names, legacy = _lazy_map(package)
+    return names.get(name) or legacy or package
+
+
 def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[int, str]]:
-    """(line, imported module) for every import in the file, local imports included."""
+    """(line, imported module) for every import in the file, local imports and ``TYPE_CHECKING`` ones
+    included (``runtime_only``: without those). ``from splitrt.pkg import Name`` is an import of the module
+    ``splitrt/pkg/__init__.py``'s lazy map resolves ``Name`` from (only that module is imported)."""
     tree = ast.parse(path.read_text())
     skip = _type_checking_lines(tree) if runtime_only else set()
     for node in ast.walk(tree):
@@ -91,8 +132,7 @@ def imports(path: Path, *, runtime_only: bool = False) -> Iterator[tuple[int, st
                 yield node.lineno, a.name
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for a in node.names:
-                sub = f"{node.module}.{a.name}"
-                yield node.lineno, sub if _is_module(sub) else node.module
+                yield node.lineno, _resolve(node.module, a.name)
 
 
 def _package(module: str) -> str:
@@ -124,11 +164,23 @@ def test_base_modules_import_no_package() -> None:
         assert targets == [], f"splitrt/{base}.py imports {targets}: it sits below every package"
 
 
-def test_no_import_circles() -> None:
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the splitrt modules it imports, ``TYPE_CHECKING`` imports included (mypy follows them, and
+    a reader must too; a type-only circle is a circle of concepts). A package's ``__init__`` imports
+    the modules its lazy map names (``_lazy.exports``: each resolves on first use), so it sits above
+    them; importing a submodule is no import of its package (Python runs the package's ``__init__``
+    first, but a lazy one imports nothing then), and ``from splitrt.pkg import Name`` imports only the
+    module the map names for ``Name`` (``imports``)."""
     graph: dict[str, set[str]] = {}
     for name, path in modules():
-        graph[name] = {t for _, t in imports(path, runtime_only=True) if t.startswith("splitrt.") and t != name}
-    # Tarjan's strongly connected components.
+        targets = {t for _, t in imports(path)}
+        targets |= set(_lazy_map(name)[0].values())
+        graph[name] = {t for t in targets if t.startswith("splitrt.") and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -139,7 +191,7 @@ def test_no_import_circles() -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in graph.get(v, ()):
+        for w in sorted(graph.get(v, ())):
             if w not in graph:
                 continue
             if w not in index:
@@ -158,10 +210,38 @@ def test_no_import_circles() -> None:
             if len(comp) > 1:
                 circles.append(sorted(comp))
 
-    for v in graph:
+    for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert not circles, f"import circles: {circles}"
+    return circles
+
+
+# Circles left to break, each listed whole; the test fails when one changes or goes, so the list only shrinks.
+# cloud/'s type-only circle is broken by its restructuring into concepts (#35).
+CIRCLES_LEFT: list[list[str]] = [
+    [
+        "splitrt.cloud.frontdoor",
+        "splitrt.cloud.metrics",
+        "splitrt.cloud.request_path",
+        "splitrt.cloud.server",
+        "splitrt.cloud.servicer",
+    ],
+]
+
+
+def test_no_import_circles() -> None:
+    circles = import_circles(import_graph())
+    new = [c for c in circles if c not in CIRCLES_LEFT]
+    assert not new, "import circles (TYPE_CHECKING imports count):\n" + "\n".join(map(str, new))
+    gone = [c for c in CIRCLES_LEFT if c not in circles]
+    assert not gone, f"circles broken or changed: update CIRCLES_LEFT: {gone}"
+
+
+def test_the_circle_finder_sees_type_checking_imports() -> None:
+    graph = import_graph()
+    # splitrt.device's __init__ names its runtime lazily, and imports it under TYPE_CHECKING.
+    assert "splitrt.device.runtime" in graph["splitrt.device"]
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_the_decision_core_is_pure() -> None:

@@ -42,8 +42,8 @@ test-slow: $(TEST_STAMP)
 	$(BIN)/python -m pytest -q -m "root or serial" --durations=10 tests || [ $$? -eq 5 ]
 
 check: $(TEST_STAMP)
-	$(BIN)/ruff check splitrt tests bench
-	$(BIN)/ruff format --check splitrt tests bench
+	$(BIN)/ruff check splitrt tests bench attacks
+	$(BIN)/ruff format --check splitrt tests bench attacks
 	$(BIN)/mypy splitrt
 
 bench: $(TEST_STAMP)

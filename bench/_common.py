@@ -1,5 +1,4 @@
-"""Helpers shared by the benchmarks: the attack ones (bench_attack.py, bench_badinput.py) and the grids
-(bench_rig_grid.py, bench_sim.py).
+"""Helpers shared by the benchmarks: progress lines, and the grids (bench_rig_grid.py, bench_sim.py).
 
 Imported as ``_common`` with the bench folder on ``sys.path``: running a script puts it there; a test that
 loads a script by its file path puts it there first.
@@ -12,8 +11,6 @@ import itertools
 import sys
 import time
 
-import grpc
-
 from splitrt.rig.bench import TRACE_SETS
 from splitrt.rig.processes import free_port as free_port  # re-exported: the one copy
 
@@ -21,16 +18,6 @@ from splitrt.rig.processes import free_port as free_port  # re-exported: the one
 def progress(tag: str, msg: str) -> None:
     """One progress line on stderr (stdout carries the table or the JSON)."""
     print(f"[{tag}] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
-
-
-def code(exc: BaseException) -> str:
-    """The gRPC status code's name of a failed call, or ``client:<type>`` when no reply came."""
-    if isinstance(exc, grpc.RpcError) and hasattr(exc, "code"):
-        c = exc.code()
-        return c.name if c is not None else "UNKNOWN"
-    if isinstance(getattr(exc, "code", None), str):  # splitrt's CloudError carries the gRPC code's name
-        return str(exc.code)  # type: ignore[attr-defined]
-    return f"client:{type(exc).__name__}"
 
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""bench/bench_attack.py does not rot: its cheapest row (token guessing) against a real ``splitrt serve``.
+"""attacks/bench_attack.py does not rot: its cheapest row (token guessing) against a real ``splitrt serve``.
 The figures belong to the bench; this checks the row is measured and judged, not how it comes out."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 # slow: bench_attack rows against a real server (make test-slow)
 pytestmark = pytest.mark.slow
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_attack.py"
+BENCH = Path(__file__).resolve().parents[2] / "attacks" / "bench_attack.py"
 
 
 def _bench() -> ModuleType:
-    if str(BENCH.parent) not in sys.path:  # the script imports bench/_common.py as a top-level module
+    if str(BENCH.parent) not in sys.path:  # the script imports attacks/_shared.py as a top-level module
         sys.path.insert(0, str(BENCH.parent))
     spec = importlib.util.spec_from_file_location("bench_attack", BENCH)
     assert spec is not None and spec.loader is not None

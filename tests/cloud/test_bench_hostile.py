@@ -1,4 +1,4 @@
-"""bench/attack_hostile.py does not rot: its exfiltration row against a real ``splitrt serve``, with the
+"""attacks/attack_hostile.py does not rot: its exfiltration row against a real ``splitrt serve``, with the
 shortest phases. The figures belong to the bench; this checks the row runs, is judged, and that nothing
 of the server's files came back."""
 

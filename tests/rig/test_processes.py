@@ -59,14 +59,14 @@ def test_a_raising_callback_loses_its_event_not_the_reader(tmp_path: Path, caplo
 def test_free_port_is_written_once_and_binds() -> None:
     defined = sorted(
         str(path.relative_to(REPO))
-        for top in ("splitrt", "tests", "bench")
+        for top in ("splitrt", "tests", "bench", "attacks")
         for path in (REPO / top).rglob("*.py")
         if any(
             isinstance(node, ast.FunctionDef) and node.name == "free_port"
             for node in ast.walk(ast.parse(path.read_text()))
         )
     )
-    assert defined == ["splitrt/rig/processes.py"]  # tests/loopback.py and bench/_common.py import it
+    assert defined == ["splitrt/rig/processes.py"]  # loopback.py, the benches and attacks import it
     port = free_port()
     assert 0 < port < 65536
     with socket.socket() as s:

@@ -1,6 +1,6 @@
 """Issue 23's acceptance: the cloud server against hostile and careless clients.
 
-    .venv/bin/python bench/bench_attack.py [--quick] [--rows NAME,NAME] [--json]
+    .venv/bin/python attacks/bench_attack.py [--quick] [--rows NAME,NAME] [--json]
 
 Every row starts its own ``splitrt serve --workers 2 --token-file F --allow-upload --drain-s D`` child on
 127.0.0.1 (the shipped Kubernetes settings; ``--max-memory-mb``, ``--max-store-mb`` and ``--max-models``
@@ -84,9 +84,9 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
-from _common import code as _code
-from _common import free_port as _free_port
-from _common import progress
+from _shared import code as _code
+from _shared import free_port as _free_port
+from _shared import progress
 from grpc_health.v1 import health_pb2
 from onnx import TensorProto, helper, numpy_helper
 

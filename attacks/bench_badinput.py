@@ -1,7 +1,7 @@
 """Issue 19 figures: the cloud server against bad input, the model store against attacks, and requests
 over a link at 0 Mbit/s.
 
-    .venv/bin/python bench/bench_badinput.py [--messages 10000] [--seed 0] [--threads 4] [--json]
+    .venv/bin/python attacks/bench_badinput.py [--messages 10000] [--seed 0] [--threads 4] [--json]
 
 One ``splitrt serve`` child process (uploads on, a bearer token, 2 workers, 4 MiB messages, 16 MiB
 models) serves a store inside a fresh temporary root; its cwd is inside that root too.
@@ -60,9 +60,9 @@ from typing import Any
 import grpc
 import numpy as np
 import psutil
-from _common import code as _code
-from _common import free_port as _free_port
-from _common import progress
+from _shared import code as _code
+from _shared import free_port as _free_port
+from _shared import progress
 from grpc_health.v1 import health_pb2
 from onnx import TensorProto, helper, numpy_helper
 

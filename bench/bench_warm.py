@@ -1,4 +1,4 @@
-"""The first request after a restart, with and without the warm start (``splitrt.cloud.warm``).
+"""The first request after a restart, with and without the warm start (``splitrt.cloud.models.warm``).
 
     .venv/bin/python bench/bench_warm.py [--model M] [--cut C] [--runs 3] [--delays-s 0,2] [--logs D] [--json]
 

@@ -1,6 +1,6 @@
 """`splitrt serve`: the cloud inference server (see splitrt.cloud).
 
-Secure by default (``splitrt.cloud.security``): it listens on 127.0.0.1; any other ``--host`` needs TLS
+Secure by default (``splitrt.cloud.guard.security``): it listens on 127.0.0.1; any other ``--host`` needs TLS
 (``--tls-cert``/``--tls-key``) and ``--token-file``, or an explicit ``--insecure``; ``--allow-upload``
 needs ``--token-file``."""
 
@@ -20,13 +20,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from splitrt.cloud import security
-from splitrt.cloud.limits import Limits
-from splitrt.cloud.memory import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_REQUEST_BYTES
-from splitrt.cloud.niced import DEFAULT_NICE
-from splitrt.cloud.pace import UploadPace
+from splitrt.cloud.capacity.memory import DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_REQUEST_BYTES
+from splitrt.cloud.capacity.niced import DEFAULT_NICE
+from splitrt.cloud.guard import security
+from splitrt.cloud.guard.limits import Limits
+from splitrt.cloud.models.pace import UploadPace
+from splitrt.cloud.models.warm import WARM_FILE, parse_spec
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
-from splitrt.cloud.warm import WARM_FILE, parse_spec
 from splitrt.errors import ConfigError
 from splitrt.transport import wire
 
@@ -237,7 +237,7 @@ def _limit_flags() -> list[tuple[str, str, Any, Mapping[str, Any]]]:
 
 
 def _limit_arguments(p: Any) -> None:
-    """The ``Limits`` flags, read from its fields (``cloud.limits.flag``): name, type, default, help."""
+    """The ``Limits`` flags, read from its fields (``cloud.guard.limits.flag``): name, type, default, help."""
     lim = Limits()
     g = p.add_argument_group("limits on what a client may hold (docs/operator/security.md)")
     for name, flag, kind, meta in _limit_flags():
@@ -266,12 +266,12 @@ def limits_from(args: argparse.Namespace) -> Limits:
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """The ``ServerConfig`` of parsed ``serve`` arguments (reads the token file), checked for its security
-    choices (``splitrt.cloud.security``: ``ConfigError`` for an open server nobody asked for)."""
+    choices (``splitrt.cloud.guard.security``: ``ConfigError`` for an open server nobody asked for)."""
     kwargs: dict[str, Any] = {}
     if args.workers is not None:
         kwargs["workers"] = args.workers
     if getattr(args, "next", None):
-        from splitrt.cloud.nexthop import NextTier
+        from splitrt.cloud.handler.nexthop import NextTier
         from splitrt.transport.credentials import read_tokens
 
         token = read_tokens(args.next_token_file, "--next-token-file")[0] if args.next_token_file else None

@@ -53,7 +53,7 @@ class ServerAdvertiser:
         every_s: float = 2.0,
         refresh_s: float = 30.0,
     ) -> None:
-        from splitrt.cloud.security import is_loopback
+        from splitrt.cloud.guard.security import is_loopback
         from splitrt.transport.discovery import Advertiser
 
         self.server = server

@@ -68,3 +68,15 @@ def redact(text: str, roots: list[str]) -> str:
     for root in sorted({r.rstrip("/") for r in roots if r and r.rstrip("/")}, key=len, reverse=True):
         text = re.sub(re.escape(root) + r"(?:/[^\s'\":,;()\[\]]*)?", "<server path>", text)
     return text
+
+
+def peer_address(peer: str) -> str:
+    """The address part of a gRPC peer string (``ipv4:10.0.0.5:51234`` -> ``10.0.0.5``,
+    ``ipv6:[::1]:5`` -> ``::1``); anything else whole."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or rest
+    if kind == "ipv6":
+        host = rest.rpartition(":")[0] or rest
+        return host.strip("[]")
+    return peer

@@ -14,7 +14,7 @@ specialised in turn, each step recorded as ``(index among the graph's If nodes, 
 
 The specialised model is a model of its own: its id is ``<file sha256>~<steps>`` (``~0t0e``: the first
 If, then branch; then the first If of the result, else branch), which a server derives from the file it
-holds (``cloud.store``), the steps being deterministic. The guard (``Specialisation.holds``) evaluates
+holds (``cloud.models.store``), the steps being deterministic. The guard (``Specialisation.holds``) evaluates
 every specialised condition on a request's inputs: a request that would take another branch must run
 the whole original model (``Specialisation.original``), never a split of this one.
 
@@ -24,7 +24,7 @@ the whole original model (``Specialisation.original``), never a split of this on
   ones). ``ModelGraph.specialisation`` (``Specialisation(base_sha256, steps, original, guard)``, ``.key`` like
   ``0t1t``, ``.as_dict()`` in ``binding.as_dict()["specialised"]``, ``.holds(feeds) -> reason | None``);
   ``ModelGraph.sha256`` is then ``<file sha256>~<key>`` and ``.file_sha256`` the file's. ``model.derived(base,
-  key)`` rebuilds it from the file alone: ``cloud.store.ModelStore.graph("<sha>~<key>")`` does (NOT_FOUND for
+  key)`` rebuilds it from the file alone: ``cloud.models.store.ModelStore.graph("<sha>~<key>")`` does (NOT_FOUND for
   steps that do not apply), so servers need nothing new. ``Device.diverges(feeds)`` / ``.run_original(inputs)``:
   ``run_head`` raises ``CutError`` for a request of another branch, ``run_detailed``, ``AdaptiveDevice.infer``
   (``stats["diverged"]``, ``last_diverged``; not logged) and ``ChainDevice.infer`` run the whole original model

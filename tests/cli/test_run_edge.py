@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from splitrt.cli import app as cli
-from splitrt.cloud.nexthop import NextTier
+from splitrt.cloud.handler.nexthop import NextTier
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.graph import zoo
 

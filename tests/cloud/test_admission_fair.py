@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from splitrt.cloud.admission import client_key, current_client
-from splitrt.cloud.fairq import FairConfig, FairQueue
-from splitrt.cloud.ratelog import RateLog
+from splitrt.cloud.capacity.admission import client_key, current_client
+from splitrt.cloud.capacity.fairq import FairConfig, FairQueue
+from splitrt.cloud.guard.ratelog import RateLog
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.graph import zoo

@@ -1,4 +1,4 @@
-"""Tail segments made in a child process (``splitrt.cloud.builder``, ``ServerConfig.build_in_child``, what
+"""Tail segments made in a child process (``splitrt.cloud.models.builder``, ``ServerConfig.build_in_child``, what
 ``splitrt serve`` does): the same answers as segments made in the server's process, the server's process
 never loads the model's graph, errors as the in-process build gives them, and a server stopping while a
 segment is being made does not wait for it. Real gRPC servers on 127.0.0.1, real onnxruntime sessions
@@ -19,8 +19,8 @@ import psutil
 import pytest
 from onnx import TensorProto, helper
 
-from splitrt.cloud.memory import BUILDER_RESIDENT_BYTES
-from splitrt.cloud.peak import peak_bytes
+from splitrt.cloud.capacity.memory import BUILDER_RESIDENT_BYTES
+from splitrt.cloud.capacity.peak import peak_bytes
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import CloudError

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import onnxruntime as ort
 
-from splitrt.cloud.cancel import Canceller
+from splitrt.cloud.capacity.cancel import Canceller
 from splitrt.cloud.common import RpcFailure
 from tests.cloud.test_hostile import loop_model
 

@@ -16,7 +16,7 @@ import pytest
 
 from splitrt.cli import app as cli
 from splitrt.cli.serve import server_config
-from splitrt.cloud.nexthop import NextTier
+from splitrt.cloud.handler.nexthop import NextTier
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import CloudError

@@ -1,4 +1,4 @@
-"""Fair queuing of worker slots (``cloud.fairq``), pure: random event sequences keep the invariants
+"""Fair queuing of worker slots (``cloud.capacity.fairq``), pure: random event sequences keep the invariants
 (never more than the workers or the heavy lane, no worker idle while a job it may take waits, a grant
 never puts a client over its cap, every ticket ends once), and simulated clients get what the
 algorithm promises (a light client waits at most one heavy job however many are queued; two backlogged
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitrt.cloud.fairq import HEAVY, MAX_REMEMBERED, RUN, FairConfig, FairQueue
+from splitrt.cloud.capacity.fairq import HEAVY, MAX_REMEMBERED, RUN, FairConfig, FairQueue
 
 CLIENTS = ["a", "b", "c", "d"]
 

@@ -17,10 +17,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, peer_address
-from splitrt.cloud.limits import Limits, connection_budget, grpc_options
+from splitrt.cloud.guard.auth import AuthThrottle, ThrottleConfig, peer_address
+from splitrt.cloud.guard.limits import Limits, connection_budget, grpc_options
+from splitrt.cloud.handler.servicer import remaining_s
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.cloud.servicer import remaining_s
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo
@@ -404,7 +404,7 @@ def test_a_reply_never_taken_ends_the_call_and_frees_its_places(models_dir: Path
 
 
 def test_forwarded_peer_names_the_client_a_proxy_set() -> None:
-    from splitrt.cloud.frontdoor import forwarded_peer
+    from splitrt.cloud.guard.door import forwarded_peer
 
     assert forwarded_peer((("x-forwarded-for", "203.0.113.9"), ("x-forwarded-client-port", "4242"))) == (
         "ipv4:203.0.113.9:4242"

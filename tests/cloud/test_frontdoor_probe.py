@@ -17,11 +17,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from splitrt.cloud.frontdoor import PROBE_BUDGET_SHARE, PROBE_PENALTY_S
-from splitrt.cloud.limits import Limits
-from splitrt.cloud.memory import STARTUP_BYTES, limit_for, rss_bytes
+from splitrt.cloud.capacity.memory import STARTUP_BYTES, limit_for, rss_bytes
+from splitrt.cloud.guard.door import PROBE_BUDGET_SHARE, PROBE_PENALTY_S
+from splitrt.cloud.guard.limits import Limits
+from splitrt.cloud.handler.servicer import PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.cloud.servicer import PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
@@ -157,7 +157,7 @@ def test_an_oversize_undeclared_probe_is_read_once_then_its_address_waits(models
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "reply_bytes" in str(err.value.details())
         assert stub.Probe(pb.ProbeRequest(payload=b"x"), timeout=10, metadata=AUTH).received_bytes == 1
         monkey = pytest.MonkeyPatch()
-        monkey.setattr("splitrt.cloud.servicer.PROBE_MAX_PAYLOAD_BYTES", 1 * MB)  # under this server's messages
+        monkey.setattr("splitrt.cloud.handler.servicer.PROBE_MAX_PAYLOAD_BYTES", 1 * MB)  # under this server's messages
         try:
             with pytest.raises(grpc.RpcError) as err:
                 stub.Probe(pb.ProbeRequest(payload=bytes(2 * MB)), timeout=10, metadata=AUTH)

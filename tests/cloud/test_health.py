@@ -70,7 +70,7 @@ def test_health_says_not_serving_while_admission_stays_saturated(tmp_path: Path)
     """Issue 36 item 2: one worker, no queue, its one place held by a run that waits (the test hook):
     after ``saturated_s`` health Check says NOT_SERVING (a balancer sends devices elsewhere); once the
     run ends it says SERVING again."""
-    from splitrt.cloud.limits import Limits
+    from splitrt.cloud.guard.limits import Limits
     from splitrt.device.client import Device, DeviceConfig
 
     shutil.copyfile(zoo.get("tiny_chain"), tmp_path / "tiny_chain.onnx")
@@ -103,7 +103,7 @@ def test_health_says_not_serving_while_admission_stays_saturated(tmp_path: Path)
 
 
 def test_saturation_needs_a_lasting_spell() -> None:
-    from splitrt.cloud.saturation import Saturation
+    from splitrt.cloud.capacity.saturation import Saturation
 
     sat = Saturation(threshold_s=2.0)
     assert [sat.update(x, t) for x, t in [(True, 0.0), (True, 1.9), (True, 2.0), (False, 2.1), (True, 2.2)]] == [

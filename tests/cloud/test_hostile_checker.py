@@ -1,4 +1,4 @@
-"""An upload's check runs in a child process at a lower CPU priority (``cloud.checker``): its verdict and
+"""An upload's check runs in a child process at a lower CPU priority (``cloud.models.checker``): its verdict and
 its refusals come back as from an in-process check, it never runs in the server's own process, and a
 real server stores a good upload and refuses a bad one through it."""
 
@@ -13,11 +13,11 @@ import grpc
 import psutil
 import pytest
 
-from splitrt.cloud import checker
+from splitrt.cloud.capacity.memory import CHECKER_RESIDENT_BYTES
 from splitrt.cloud.common import RpcFailure
-from splitrt.cloud.memory import CHECKER_RESIDENT_BYTES
+from splitrt.cloud.models import checker
+from splitrt.cloud.models.upload import _check_model
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.cloud.upload import _check_model
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from splitrt.cloud.security import MIN_TOKEN_CHARS
+from splitrt.cloud.guard.security import MIN_TOKEN_CHARS
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo

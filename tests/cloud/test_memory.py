@@ -13,9 +13,8 @@ import grpc
 import numpy as np
 import pytest
 
-from splitrt.cloud.admission import serving
-from splitrt.cloud.common import RpcFailure
-from splitrt.cloud.memory import (
+from splitrt.cloud.capacity.admission import serving
+from splitrt.cloud.capacity.memory import (
     CHECKER_RESIDENT_BYTES,
     MB,
     STARTUP_BYTES,
@@ -25,9 +24,10 @@ from splitrt.cloud.memory import (
     rss_bytes,
     watch_limit,
 )
+from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.models.store import ModelStore
+from splitrt.cloud.models.tails import HOT_S, TailCache
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.cloud.store import ModelStore
-from splitrt.cloud.tails import HOT_S, TailCache
 from splitrt.device.client import Device
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo
@@ -196,8 +196,8 @@ def test_a_tail_build_waits_for_a_worker_slot(models_dir: Path, device: Device) 
 
 
 def test_graph_cache_evicts_the_least_recent_graph(tmp_path: Path) -> None:
-    from splitrt.cloud.memory import LOAD_PEAK_FACTOR
-    from splitrt.cloud.store import ModelStore
+    from splitrt.cloud.capacity.memory import LOAD_PEAK_FACTOR
+    from splitrt.cloud.models.store import ModelStore
 
     for name in ("tiny_chain", "multi_io", "branchy"):
         shutil.copyfile(zoo.get(name), tmp_path / f"{name}.onnx")
@@ -224,8 +224,8 @@ def test_concurrent_uploads_cannot_overshoot_the_store_quota(tmp_path: Path) -> 
 
     import onnx
 
-    from splitrt.cloud.store import ModelStore
-    from splitrt.cloud.upload import Quota, receive_model
+    from splitrt.cloud.models.store import ModelStore
+    from splitrt.cloud.models.upload import Quota, receive_model
 
     store = ModelStore(tmp_path)
     models = []
@@ -280,8 +280,8 @@ def test_a_tail_session_computes_no_large_constant_while_it_is_built(tmp_path: P
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from splitrt.cloud.store import ModelStore
-    from splitrt.cloud.tails import TailCache
+    from splitrt.cloud.models.store import ModelStore
+    from splitrt.cloud.models.tails import TailCache
 
     rows = 160 * 2**20 // (4 * 1024)
     shape = numpy_helper.from_array(np.array([rows, 1024], np.int64), "shape")
@@ -314,10 +314,10 @@ def test_a_build_keeps_the_graph_it_splits_in_the_ledger(models_dir: Path, caplo
     """Under memory pressure, a tail build's own reservation evicted the graph it was splitting (the store's
     evictor runs first): the ledger freed bytes the build still held (room for the RSS to pass the budget)
     and the next build parsed the model again. A graph being split is pinned; the unused tail goes instead."""
-    from splitrt.cloud.builder import tensor_bytes
-    from splitrt.cloud.memory import build_peak_bytes
-    from splitrt.cloud.store import ModelStore
-    from splitrt.cloud.tails import TailCache
+    from splitrt.cloud.capacity.memory import build_peak_bytes
+    from splitrt.cloud.models.builder import tensor_bytes
+    from splitrt.cloud.models.store import ModelStore
+    from splitrt.cloud.models.tails import TailCache
 
     budget = MemoryBudget(4096 * MB)
     store = ModelStore(models_dir, budget=budget)

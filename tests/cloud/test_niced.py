@@ -1,4 +1,4 @@
-"""Runs at a lower OS priority (``cloud.niced.NicePool``): the thread a run executes on has the pool's
+"""Runs at a lower OS priority (``cloud.capacity.niced.NicePool``): the thread a run executes on has the pool's
 nice value while the caller's is untouched; results and exceptions come back; a closed or disabled pool
 runs inline; bad values are a ConfigError."""
 
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from splitrt.cloud.niced import NicePool
+from splitrt.cloud.capacity.niced import NicePool
 from splitrt.errors import ConfigError
 
 

@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 
-from splitrt.cloud.limits import Limits
-from splitrt.cloud.runlimit import RUN_FACTOR, RUN_FLOOR_S, run_limit_s
+from splitrt.cloud.capacity.runlimit import RUN_FACTOR, RUN_FLOOR_S, run_limit_s
+from splitrt.cloud.guard.limits import Limits
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.graph.model import model_sha256
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import grpc
 import pytest
 
-from splitrt.cloud import auth, security
+from splitrt.cloud.guard import auth, security
 from splitrt.cloud.server import CloudServer, ServerConfig, tokens_from_file
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.errors import CloudError, ConfigError, DiscoveryError

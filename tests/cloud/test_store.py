@@ -19,8 +19,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from splitrt.cloud.models.store import ModelStore, location_outside
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.cloud.store import ModelStore, location_outside
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc

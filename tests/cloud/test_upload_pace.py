@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from splitrt.cloud.pace import UploadPace, verdict
+from splitrt.cloud.models.pace import UploadPace, verdict
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb

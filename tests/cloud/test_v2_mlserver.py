@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from splitrt.cli.app import main as cli_main
-from splitrt.cloud import v2repo
+from splitrt.cloud.models import v2repo
 from splitrt.device.client import Device
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.errors import CloudError

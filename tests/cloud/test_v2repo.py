@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from splitrt.cli.app import main as cli_main
-from splitrt.cloud import v2repo
+from splitrt.cloud.models import v2repo
 from splitrt.errors import ConfigError, CutError
 from splitrt.graph import model as graph
 from splitrt.graph import partition, shapes, zoo

@@ -1,4 +1,4 @@
-"""Warm start (``splitrt.cloud.warm``): a server remembers the (model, cut) pairs it served in its models
+"""Warm start (``splitrt.cloud.models.warm``): a server remembers the (model, cut) pairs it served in its models
 directory and makes their tails again at start, in the background; ``--warm`` names more. Real gRPC
 servers on 127.0.0.1, real onnxruntime sessions, the real builder child where ``splitrt serve`` uses one
 (tiny_chain, random weights)."""
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from splitrt.cloud import warm
+from splitrt.cloud.models import warm
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import ConfigError

@@ -228,7 +228,8 @@ def test_server_killed_mid_request_gives_a_clear_error(models_dir: Path, tmp_pat
         f"""
         import sys, time
         from pathlib import Path
-        from splitrt.cloud import CloudServer, ServerConfig
+        from splitrt.cloud import CloudServer
+        from splitrt.cloud import ServerConfig
         s = CloudServer(ServerConfig(models_dir=Path({str(models_dir)!r})))
         def hold(request):
             print("HOLDING", flush=True)

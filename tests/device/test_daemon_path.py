@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from splitrt.cloud.nexthop import NextTier
+from splitrt.cloud.handler.nexthop import NextTier
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.daemon import Daemon, DaemonConfig, LocalClient, ModelConfig, parse_config
 from splitrt.errors import ConfigError

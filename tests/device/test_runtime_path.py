@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from splitrt.cloud.nexthop import NextTier
+from splitrt.cloud.handler.nexthop import NextTier
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph_mod

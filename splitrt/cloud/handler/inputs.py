@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 
 from splitrt.cloud.common import RpcFailure
-from splitrt.cloud.tails import Tail
+from splitrt.cloud.models.tails import Tail
 from splitrt.errors import CodecError
 from splitrt.transport import codec, wire
 

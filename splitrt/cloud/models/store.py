@@ -5,7 +5,7 @@ Only a model's own data files are ever read: a model whose external-data locatio
 file, uploads in progress) or another model, or a stored upload naming any, is refused, and so is a file
 that is not ONNX; each refusal is
 logged once (``model_refused``) and the file is skipped until it changes. Uploads write
-``.upload-*.part`` files (``splitrt.cloud.upload``): the ones a killed server left are removed at start.
+``.upload-*.part`` files (``splitrt.cloud.models.upload``): the ones a killed server left are removed at start.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 
 import grpc
 
-from splitrt.cloud.admission import current_client
+from splitrt.cloud.capacity.admission import current_client
+from splitrt.cloud.capacity.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes, trim
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.extdata import external_locations, location_refused
-from splitrt.cloud.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes, trim
+from splitrt.cloud.models.extdata import external_locations, location_refused
 from splitrt.errors import ConfigError
 
 #: Temporary files of uploads in progress (never served, never listed).

@@ -1,5 +1,5 @@
 """A server's next hop: a server started with ``--next HOST:PORT`` (``ServerConfig.next_tier``) forwards
-what is left of a request to it after running its own segment (``splitrt.cloud.request_path``; the path is
+what is left of a request to it after running its own segment (``splitrt.cloud.handler.infer``; the path is
 the same for every server, a server in the middle of a path is not a class of its own).
 
 A request naming ``next_cut_id`` B (besides its ``cut_id`` A) is run from A up to B by the server (the

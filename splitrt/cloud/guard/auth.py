@@ -1,5 +1,5 @@
 """Bearer-token authentication of the server's calls, decided on the call's metadata alone (the front door,
-``splitrt.cloud.frontdoor``, refuses before a byte of the body is read), and the per-peer throttle of
+``splitrt.cloud.guard.door``, refuses before a byte of the body is read), and the per-peer throttle of
 failed attempts.
 
 ``Tokens.check(metadata)`` compares the ``authorization: Bearer T`` header with every configured token
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cachetools import FIFOCache
+
+from splitrt.cloud.common import peer_address
 
 __all__ = ["AuthThrottle", "ThrottleConfig", "Tokens", "Verdict", "peer_address", "token_matches"]
 
@@ -62,18 +64,6 @@ class Tokens:
             return Verdict.MISSING
         given = auth[7:].strip().encode() if auth.lower().startswith("bearer ") else b""
         return Verdict.OK if token_matches(given, self._tokens) else Verdict.WRONG
-
-
-def peer_address(peer: str) -> str:
-    """The address part of a gRPC peer string (``ipv4:10.0.0.5:51234`` -> ``10.0.0.5``,
-    ``ipv6:[::1]:5`` -> ``::1``); anything else whole."""
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rpartition(":")[0] or rest
-    if kind == "ipv6":
-        host = rest.rpartition(":")[0] or rest
-        return host.strip("[]")
-    return peer
 
 
 @dataclass(frozen=True, kw_only=True)

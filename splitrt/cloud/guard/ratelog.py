@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from splitrt.cloud.admission import current_client
+from splitrt.cloud.capacity.admission import current_client
 from splitrt.cloud.common import log_event
 
 __all__ = ["RateLog"]

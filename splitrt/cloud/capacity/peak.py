@@ -9,7 +9,7 @@ in the segment's order, each alive from its producer to its last consumer; the l
 estimate. onnxruntime plans its buffers the same way (freed after the last use), so this is the memory
 the run needs give or take kernels' scratch space. A tensor whose size shape inference cannot tell (data
 dependent: NonZero, a Loop's outputs) counts 0 and is reported in ``Estimate.unknown``; those are bounded
-by the process's memory watch instead (``splitrt.cloud.cancel``).
+by the process's memory watch instead (``splitrt.cloud.capacity.cancel``).
 
 Sizes may also come from a request's *values*: a small integer tensor crossing the cut (a batch count
 feeding ``Expand``, a shape feeding ``ConstantOfShape``/``Reshape``/``Tile``/``Range``) decides how much
@@ -80,7 +80,7 @@ class PeakEstimator:
 
     def sizing(self, segment: str, skel: Any) -> frozenset[str]:
         """The skeleton's inputs whose values may decide a size (``shapevalues.sizing_inputs``), cached."""
-        from splitrt.cloud.shapevalues import sizing_inputs
+        from splitrt.cloud.capacity.shapevalues import sizing_inputs
 
         with self._lock:
             hit = self._sizing.get(segment)
@@ -124,7 +124,7 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
     m.CopyFrom(skel)
     weights = {i.name for i in m.graph.initializer}
     if values:  # constants now: shape inference's data propagation reads them
-        from splitrt.cloud.shapevalues import fold
+        from splitrt.cloud.capacity.shapevalues import fold
 
         kept = [vi for vi in m.graph.input if vi.name not in values]
         del m.graph.input[:]

@@ -20,7 +20,7 @@ What an upload can and cannot do to the server's disk:
   or refused upload removes its temporary file; one a killed server left is removed by the next
   ``ModelStore``.
 
-- Uploads (``cloud.upload``): one exclusive 0600 ``.upload-*.part`` in the store, the declared sha256 and
+- Uploads (``cloud.models.upload``): one exclusive 0600 ``.upload-*.part`` in the store, the declared sha256 and
   ``max_model_bytes`` checked, no external data, fsync + rename to ``<sha256>.onnx``; ``ModelStore`` skips (logs
   ``model_refused``) files that are not ONNX or whose external data leaves the directory, and removes
   ``.upload-*.part`` files at start.
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import grpc
 
-from splitrt.cloud import checker
 from splitrt.cloud.common import RpcFailure, disk_failure, log_event
-from splitrt.cloud.extdata import external_locations, sparse_initializers
-from splitrt.cloud.store import ModelStore, count_nodes
+from splitrt.cloud.models import checker
+from splitrt.cloud.models.extdata import external_locations, sparse_initializers
+from splitrt.cloud.models.store import ModelStore, count_nodes
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")

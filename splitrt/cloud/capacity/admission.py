@@ -22,10 +22,9 @@ from contextlib import contextmanager
 import grpc
 import psutil
 
-from splitrt.cloud.auth import peer_address
-from splitrt.cloud.common import RpcFailure
-from splitrt.cloud.fairq import HEAVY, RUN, FairConfig, FairQueue
-from splitrt.cloud.memory import MemoryBudget
+from splitrt.cloud.capacity.fairq import HEAVY, RUN, FairConfig, FairQueue
+from splitrt.cloud.capacity.memory import MemoryBudget
+from splitrt.cloud.common import RpcFailure, peer_address
 from splitrt.errors import ConfigError
 
 

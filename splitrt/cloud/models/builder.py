@@ -36,8 +36,8 @@ from typing import Any
 
 import grpc
 
-from splitrt.cloud.checker import NICE
 from splitrt.cloud.common import RpcFailure, disk_failure
+from splitrt.cloud.models.checker import NICE
 from splitrt.errors import CutError
 
 __all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
@@ -60,7 +60,7 @@ class Made:
 
 def segment_of(graph: Any, sha256: str, cut_id: str, root: Path) -> Any:
     """The segment a server runs for ``cut_id`` (``"A>B"``: between two cuts, a server with a next hop)."""
-    from splitrt.cloud.store import scrub
+    from splitrt.cloud.models.store import scrub
     from splitrt.graph import partition
 
     try:
@@ -88,8 +88,8 @@ def _init(parent: int) -> None:
     when the server that started it is gone."""
     import onnx  # noqa: F401
 
-    import splitrt.cloud.peak
-    import splitrt.cloud.store
+    import splitrt.cloud.capacity.peak
+    import splitrt.cloud.models.store
     import splitrt.graph.model
     import splitrt.graph.partition  # noqa: F401
 
@@ -106,9 +106,9 @@ def _init(parent: int) -> None:
 def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None, out: str) -> tuple[Any, ...]:
     """In the child: ("ok", inputs, skeleton bytes, weights bytes, static peak, cut ids) with the segment
     written to ``out``, or ("error", code name, message, cut ids or None)."""
-    from splitrt.cloud.memory import trim
-    from splitrt.cloud.peak import skeleton
-    from splitrt.cloud.store import load_graph
+    from splitrt.cloud.capacity.memory import trim
+    from splitrt.cloud.capacity.peak import skeleton
+    from splitrt.cloud.models.store import load_graph
     from splitrt.graph import model as graph_mod
     from splitrt.graph import partition
 
@@ -146,7 +146,7 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
 
 def _static_peak(skel: Any, inputs: list[tuple[str, str, Any]]) -> Any:
     """(shapes, ``peak.peak_bytes``) at the declared input shapes if every dim is a number, else None."""
-    from splitrt.cloud.peak import peak_bytes
+    from splitrt.cloud.capacity.peak import peak_bytes
 
     if not all(shape is not None and all(isinstance(d, int) for d in shape) for _, _, shape in inputs):
         return None

@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
-from splitrt.cloud.cancel import CallToken
+from splitrt.cloud.capacity.cancel import CallToken
 from splitrt.cloud.common import RpcFailure, redact
-from splitrt.cloud.pace import Paced
-from splitrt.cloud.watchdog import cancel_call
+from splitrt.cloud.guard.door import PROBE_FREE_BYTES, PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
+from splitrt.cloud.guard.watchdog import cancel_call
+from splitrt.cloud.models.pace import Paced
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
 if TYPE_CHECKING:
-    from splitrt.cloud.nexthop import NextHop
-    from splitrt.cloud.server import ServerConfig
+    from splitrt.cloud.handler.nexthop import NextHop
+    from splitrt.cloud.config import ServerConfig
 
 
 # gRPC reports ~9.2e18 s remaining for a call without a deadline; anything beyond a day is "none".
@@ -45,15 +46,6 @@ def remaining_s(context: Any, default_s: float) -> float:
     if left is None or not left < _NO_DEADLINE_S:  # NaN too
         return default_s
     return max(0.0, float(left))
-
-
-#: Probes carrying less than this (payload + reply) are not admitted (RTT pings).
-PROBE_FREE_BYTES = 64 * 1024
-#: The largest reply a Probe may ask for: devices probe with at most 1 MiB (``netmon.suggest_probe_bytes``).
-PROBE_MAX_REPLY_BYTES = 16 << 20
-#: The largest payload a Probe may send, for the same reason: receiving a message holds gRPC's polling
-#: thread (and the interpreter) while it is copied, ~0.1 s for 64 MiB on 2 vCPUs.
-PROBE_MAX_PAYLOAD_BYTES = 16 << 20
 
 
 class Backend(Protocol):

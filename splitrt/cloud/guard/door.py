@@ -31,15 +31,15 @@ Per call, in order:
 5. Every call's outcome is counted by method and status code (``Status``-independent: metrics), and
    every failure the handler does not log itself is logged (rate-limited).
 
-- The front door (``cloud.frontdoor.FrontDoor``, the server's one interceptor): every method is re-registered as
-  a request-streaming handler, so auth (``cloud.auth.Tokens``, metadata only), the per-address throttle
+- The front door (``cloud.guard.door.FrontDoor``, the server's one interceptor): every method is re-registered as
+  a request-streaming handler, so auth (``cloud.guard.auth.Tokens``, metadata only), the per-address throttle
   (``auth.AuthThrottle``, pure, ``now_s`` passed in) and lane admission run before the body is read; the message
-  is then read under a ``cloud.watchdog.Lease`` (the ``Watchdog`` thread cancels the call with the lease's
+  is then read under a ``cloud.guard.watchdog.Lease`` (the ``Watchdog`` thread cancels the call with the lease's
   status). Lanes ``infer``/``status``/``health``/``watch`` (``lane_of(method)``), caps and per-address caps from
-  ``ServerConfig.limits`` (``cloud.limits.Limits``, which also gives the gRPC core connection options and the
+  ``ServerConfig.limits`` (``cloud.guard.limits.Limits``, which also gives the gRPC core connection options and the
   fd-derived connection cap). ``FrontDoor.snapshot()`` counts every call by (method, code) and refusals by
   reason (metrics ``splitrt_cloud_calls_total{method,code}`` etc.); refusals and failures are logged through
-  ``cloud.ratelog.RateLog`` (a burst per kind per interval, then one ``suppressed`` line).
+  ``cloud.guard.ratelog.RateLog`` (a burst per kind per interval, then one ``suppressed`` line).
   ``servicer.remaining_s(context, default)`` bounds a call's time left (no deadline: ``default_deadline_s``).
   Connections themselves (how many, per address, how fast, idle ones) are the edge proxy's
   (``deploy/proxy/haproxy.cfg``); alone, the server has gRPC core's cap and idle timeout (``limits``).
@@ -60,19 +60,25 @@ from typing import Any
 
 import grpc
 
-from splitrt.cloud.admission import client_key, prepay, serving
-from splitrt.cloud.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, peer_address
-from splitrt.cloud.limits import Limits
-from splitrt.cloud.memory import MemoryBudget
-from splitrt.cloud.ratelog import RateLog
-from splitrt.cloud.servicer import PROBE_FREE_BYTES, PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
-from splitrt.cloud.watchdog import Lease, Watchdog
+from splitrt.cloud.capacity.admission import client_key, prepay, serving
+from splitrt.cloud.capacity.memory import MemoryBudget
+from splitrt.cloud.guard.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, peer_address
+from splitrt.cloud.guard.limits import Limits
+from splitrt.cloud.guard.ratelog import RateLog
+from splitrt.cloud.guard.watchdog import Lease, Watchdog
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
 __all__ = ["FrontDoor", "forwarded_peer", "lane_of"]
 
 HEALTH = "/grpc.health.v1.Health/"
+#: Probes carrying less than this (payload + reply) are not admitted (RTT pings).
+PROBE_FREE_BYTES = 64 * 1024
+#: The largest reply a Probe may ask for: devices probe with at most 1 MiB (``netmon.suggest_probe_bytes``).
+PROBE_MAX_REPLY_BYTES = 16 << 20
+#: The largest payload a Probe may send, for the same reason: receiving a message holds gRPC's polling
+#: thread (and the interpreter) while it is copied, ~0.1 s for 64 MiB on 2 vCPUs.
+PROBE_MAX_PAYLOAD_BYTES = 16 << 20
 # Threads beyond the lanes' caps: refusals run on them (microseconds each).
 SPARE_THREADS = 16
 # Probes together hold at most this share of the memory budget (the rest is inference's).

@@ -46,7 +46,7 @@ def _init(parent: int) -> None:
     started it is gone."""
     import onnx  # noqa: F401
 
-    import splitrt.cloud.store  # what the upload module's check needs
+    import splitrt.cloud.models.store  # what the upload module's check needs
     import splitrt.graph.model  # noqa: F401
 
     os.nice(NICE)
@@ -61,7 +61,7 @@ def _init(parent: int) -> None:
 
 def _call(fn: Callable[..., None], args: tuple[Any, ...]) -> tuple[str, str] | None:
     """In the child: ``fn(*args)``; an ``RpcFailure`` comes back as (code name, message)."""
-    from splitrt.cloud.memory import trim
+    from splitrt.cloud.capacity.memory import trim
 
     try:
         fn(*args)

@@ -309,8 +309,8 @@ def resolve(specs: Sequence[str], store: Any, limit: int) -> list[Pair]:
     than ``limit`` (the segment cache: the last would evict the first)."""
     if not specs:
         return []
-    from splitrt.cloud.memory import trim
-    from splitrt.cloud.store import load_graph
+    from splitrt.cloud.capacity.memory import trim
+    from splitrt.cloud.models.store import load_graph
 
     entries = {m.sha256: m for m in store.models()}
     models = [(m.path.name, m.sha256) for m in entries.values()]

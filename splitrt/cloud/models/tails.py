@@ -1,6 +1,6 @@
 """Tail sessions: the cloud's part of a model at a cut, built on first use and kept in an LRU.
 
-The cache is bounded in bytes through the server's ``MemoryBudget`` (``splitrt.cloud.memory``): a build
+The cache is bounded in bytes through the server's ``MemoryBudget`` (``splitrt.cloud.capacity.memory``): a build
 reserves its session's estimated bytes first, evicting the least recently used sessions no request is
 running; the ``capacity`` (entries) is a second, coarser bound. A build runs in a worker slot (it is
 as heavy as a request: clients naming many cuts must queue for slots, not build side by side).
@@ -32,10 +32,8 @@ from typing import Any
 
 import grpc
 
-from splitrt.cloud.admission import current_client
-from splitrt.cloud.builder import Builder, segment_of, tensor_bytes
-from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.memory import (
+from splitrt.cloud.capacity.admission import current_client
+from splitrt.cloud.capacity.memory import (
     MemoryBudget,
     build_peak_bytes,
     child_build_bytes,
@@ -43,7 +41,9 @@ from splitrt.cloud.memory import (
     session_peak_bytes,
     trim,
 )
-from splitrt.cloud.store import ModelStore
+from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.models.builder import Builder, segment_of, tensor_bytes
+from splitrt.cloud.models.store import ModelStore
 from splitrt.errors import ConfigError, ModelError
 from splitrt.graph.ort_errors import onnxruntime_errors
 
@@ -258,7 +258,7 @@ class TailCache:
             build_for=current_client(),
         )
         try:
-            from splitrt.cloud.peak import skeleton
+            from splitrt.cloud.capacity.peak import skeleton
             from splitrt.graph import partition
 
             segment = segment_of(graph, sha256, cut_id, self.store.root)

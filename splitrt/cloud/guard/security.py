@@ -10,13 +10,13 @@
 ``exposure(config)`` checks a ``ServerConfig`` and says what it exposes (``Exposure``); it raises
 ``ConfigError`` for the refused combinations, naming the choice to make.
 
-- Secure by default (``cloud.security.exposure(config)``, ``ConfigError`` otherwise): ``host`` 127.0.0.1; any
+- Secure by default (``cloud.guard.security.exposure(config)``, ``ConfigError`` otherwise): ``host`` 127.0.0.1; any
   other host needs TLS and ``tokens``, or ``insecure=True`` (then an ``insecure`` WARNING event at start and
   ``StatusReply.insecure``/``security_warning``); ``allow_upload`` needs ``tokens``. Token files
   (``transport.credentials.read_tokens``, a UTF-8 BOM ignored) and the TLS private key are refused when
   group/others have any access (mode & 0o077); metrics beyond loopback need ``metrics_public=True``.
 
-``splitrt.cloud.security``: the serve-time rules (127.0.0.1 by default; off loopback without TLS and a token
+``splitrt.cloud.guard.security``: the serve-time rules (127.0.0.1 by default; off loopback without TLS and a token
 only with ``insecure=True``, announced in a warning event, ``Status.insecure`` and TXT ``secure=0``; uploads
 only with a token).
 """

@@ -8,7 +8,7 @@ none, and the reply's encoding.
 
 A request for cut A runs A's tail (``"A"``); one with ``next_cut_id`` B runs A -> B (``"A>B"``).
 
-- Paths of tiers (``cloud.request_path``, one request path for every server; ``cloud.nexthop``):
+- Paths of tiers (``cloud.handler.infer``, one request path for every server; ``cloud.handler.nexthop``):
   ``ServerConfig.next_tier = NextTier(address, token, tls_ca_path, reserve_s, timeout_s, backoff_*)`` (``splitrt
   serve --next HOST:PORT``) gives a server a next hop. An ``InferRequest`` with ``next_cut_id`` B runs cut_id A
   -> B here (``TailCache`` key ``"A>B"``, leased like a tail: ``partition.split(graph, [A, B])[1]``) and
@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
-from splitrt.cloud.cancel import CallToken
+from splitrt.cloud.capacity.cancel import CallToken
+from splitrt.cloud.capacity.fairq import HEAVY, RUN
+from splitrt.cloud.capacity.memory import trim
+from splitrt.cloud.capacity.runlimit import run_limit_s
+from splitrt.cloud.capacity.shapevalues import small_integer_arrays, small_integers
 from splitrt.cloud.common import RpcFailure
-from splitrt.cloud.fairq import HEAVY, RUN
-from splitrt.cloud.inputs import check_inputs, decode_inputs
-from splitrt.cloud.memory import trim
-from splitrt.cloud.nexthop import DEVICE_CUT, check_cuts
-from splitrt.cloud.runlimit import run_limit_s
-from splitrt.cloud.shapevalues import small_integer_arrays, small_integers
-from splitrt.cloud.tails import Tail
+from splitrt.cloud.handler.inputs import check_inputs, decode_inputs
+from splitrt.cloud.handler.nexthop import DEVICE_CUT, check_cuts
+from splitrt.cloud.models.tails import Tail
 from splitrt.errors import CodecError
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb

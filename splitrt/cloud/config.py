@@ -1,0 +1,101 @@
+"""What an operator sets on a cloud server: ``ServerConfig`` (its nested ``Limits``, ``UploadPace`` and
+``NextTier``), and what follows from it alone: ``tail_threads`` and ``tokens_from_file``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from splitrt.cloud.capacity.memory import DEFAULT_MAX_REQUEST_BYTES
+from splitrt.cloud.capacity.niced import DEFAULT_NICE
+from splitrt.cloud.guard.limits import Limits
+from splitrt.cloud.handler.nexthop import NextTier
+from splitrt.cloud.models.pace import UploadPace
+from splitrt.transport import credentials, wire
+
+__all__ = ["ServerConfig", "tail_threads", "tokens_from_file"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    models_dir: Path
+    # Loopback by default; any other address needs TLS and tokens, or ``insecure=True`` (``security``).
+    host: str = "127.0.0.1"
+    port: int = 0
+    # Accept models uploaded by devices (needs ``tokens``).
+    allow_upload: bool = False
+    tls_cert_path: Path | None = None
+    tls_key_path: Path | None = None
+    # Bearer tokens accepted (empty: no auth). ``tokens_from_file`` reads one per line. Never in a repr.
+    tokens: tuple[str, ...] = field(default=(), repr=False)
+    # The explicit choice to listen beyond loopback without both TLS and tokens (``splitrt serve --insecure``).
+    insecure: bool = False
+    workers: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
+    max_queue: int = 32
+    segment_cache_size: int = 16
+    max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES
+    # Cap on the decoded size of one request's input tensors (each and in total); None: 4 x
+    # max_message_bytes, what an int8 payload filling a message decodes to as float32.
+    max_decoded_bytes: int | None = None
+    # Used when the caller set no deadline.
+    default_deadline_s: float = 60.0
+    drain_timeout_s: float = 10.0
+    # Largest model a device may upload (a single-file ONNX model is below 2 GiB: protobuf's limit).
+    max_model_bytes: int = 2 * 1024**3
+    # The process's memory budget (RSS; ``splitrt.cloud.capacity.memory``): cached sessions and graphs and the
+    # requests in flight share what the process does not hold at start. None: no budget (an in-process
+    # server does not own its process); ``splitrt serve`` defaults to ``DEFAULT_MAX_MEMORY_BYTES``.
+    max_memory_bytes: int | None = None
+    # A request whose estimated peak activation memory (at its shapes, ``splitrt.cloud.capacity.peak``) is
+    # larger is refused (RESOURCE_EXHAUSTED) before it runs.
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # Store quotas for uploads (``splitrt.cloud.models.upload``) and the largest graph the server loads (nodes,
+    # subgraphs' included: cut enumeration and session builds grow with it).
+    max_store_bytes: int = 4 * 1024**3
+    max_models: int = 64
+    max_nodes: int = 100_000
+    # onnxruntime intra-op threads per tail session (0: ``tail_threads``, the CPUs shared out among the
+    # workers, so that workers x threads does not oversubscribe the host).
+    intra_op_threads: int = 0
+    # How many nice steps below the server's priority the runs of a client over its share go while others
+    # are active (``niced``; 0: none).
+    over_share_nice: int = DEFAULT_NICE
+    # Tail segments made in child processes (``builder``: no GIL held for long while one is made);
+    # False: in this process (an in-process server, tests). ``splitrt serve`` uses children.
+    build_in_child: bool = False
+    # The next hop on a path of tiers: requests naming ``next_cut_id`` run up to it here and go on there.
+    next_tier: NextTier | None = None
+    # Prometheus text metrics over HTTP (``GET /metrics``): None = off, 0 = any free port.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    # The explicit choice to serve metrics beyond loopback (``splitrt serve --metrics-public``).
+    metrics_public: bool = False
+    # Time and count limits on what clients hold: lanes, read timeouts, connections (``limits``).
+    limits: Limits = field(default_factory=Limits)
+    # Warm start (``warm``): remember the (model, cut) pairs served in ``<models_dir>/.splitrt-warm.json``
+    # and make their tails again at start, in the background. False: neither (an in-process server, tests;
+    # ``splitrt serve --no-warm``). ``splitrt serve`` remembers.
+    warm_file: bool = False
+    # Pairs made at start besides (and before) the remembered ones: "MODEL@CUT[,CUT...]", MODEL a file
+    # name in ``models_dir`` or a sha256 prefix (``splitrt serve --warm``; checked at construction).
+    warm: tuple[str, ...] = ()
+    # Uploads below a minimum rate or past a deadline are cut, their quota freed (``pace``).
+    upload_pace: UploadPace = field(default_factory=UploadPace)
+
+
+def tail_threads(config: ServerConfig) -> int:
+    """onnxruntime threads per tail session: ``intra_op_threads``, or (0) the CPUs this process may use
+    shared out among the workers, at least 1. onnxruntime's own default (every core per session)
+    oversubscribes the host when tails run side by side (``bench_attack``'s ``nodl_unary``: legit p99
+    2.2-3.1x its baseline with it, 1.6-1.9x with one thread per tail)."""
+    if config.intra_op_threads > 0:
+        return config.intra_op_threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // max(1, config.workers))
+
+
+def tokens_from_file(path: Path) -> tuple[str, ...]:
+    """Bearer tokens, one per line (blank lines and ``#`` comments ignored), from a file no one but its
+    owner may read (``ConfigError`` naming the file, its mode and ``chmod 600`` otherwise, as ssh does)."""
+    return credentials.read_tokens(Path(path), "token file")

@@ -10,9 +10,9 @@ does the device daemon's).
 
 - Metrics (``cloud.metrics``): ``ServerConfig(metrics_port=None | 0 | N, metrics_host="127.0.0.1")`` serves
   Prometheus text (``render(server)``; ``collect(server)`` yields the families) on
-  ``CloudServer.metrics_url`` from ``start()`` to ``stop()`` (the ``listening`` event names it; a taken
+  ``Scraped.metrics_url`` from ``start()`` to ``stop()`` (the ``listening`` event names it; a taken
   port is ``ConfigError`` before gRPC serves); ``splitrt serve --metrics-port N``.
-  ``CloudServer.stats`` (``ServerStats``): ``.observe(...)`` per request, ``.service_ms()``,
+  ``Scraped.stats`` (``ServerStats``): ``.observe(...)`` per request, ``.service_ms()``,
   ``.segment_service_ms(sha, cut)``, ``.errors()``, ``.refused``, ``.retry_after_ms(queue_depth=, workers=)``.
 """
 
@@ -22,7 +22,7 @@ import math
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -34,7 +34,9 @@ from splitrt.transport import promserve
 from splitrt.transport.promserve import family as _family
 
 if TYPE_CHECKING:
-    from splitrt.cloud.server import CloudServer
+    from splitrt.cloud.guard.door import FrontDoor
+    from splitrt.cloud.models.tails import TailCache
+    from splitrt.transport import splitrt_pb2 as pb
 
 #: Histogram buckets, seconds (1 ms .. 10 s).
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -125,11 +127,24 @@ class ServerStats:
         return round(min(MAX_RETRY_AFTER_MS, max(MIN_RETRY_AFTER_MS, wait)), 1)
 
 
+class Scraped(Protocol):
+    """What a scrape reads of a server (``Scraped`` is one)."""
+
+    stats: ServerStats
+    tails: TailCache
+    door: FrontDoor
+
+    @property
+    def served(self) -> int: ...
+
+    def load(self) -> pb.Load: ...
+
+
 def _one(kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, value: float) -> Metric:
     return kind(name, doc, value=value)
 
 
-def collect(server: CloudServer) -> Iterator[Metric]:
+def collect(server: Scraped) -> Iterator[Metric]:
     """The server's metric families, read from its state now (a ``prometheus_client`` collector's body)."""
     st = server.stats
     load = server.load()
@@ -184,7 +199,7 @@ def collect(server: CloudServer) -> Iterator[Metric]:
     yield from _door(server)
 
 
-def _door(server: CloudServer) -> Iterator[Metric]:
+def _door(server: Scraped) -> Iterator[Metric]:
     """The front door's counters: every call by method and code, lanes, refusals, throttled peers."""
     snap = server.door.snapshot()
     C, G = CounterMetricFamily, GaugeMetricFamily
@@ -217,25 +232,25 @@ def _keyed(d: dict[str, float]) -> list[tuple[tuple[str], float]]:
 
 
 class _Collector:
-    def __init__(self, server: CloudServer) -> None:
+    def __init__(self, server: Scraped) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Metric]:
         return collect(self._server)
 
 
-def registry(server: CloudServer) -> CollectorRegistry:
+def registry(server: Scraped) -> CollectorRegistry:
     """A registry of one collector that renders ``server`` on each scrape."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_Collector(server))
     return reg
 
 
-def render(server: CloudServer) -> str:
+def render(server: Scraped) -> str:
     """The server's metrics in Prometheus text format 0.0.4."""
     return generate_latest(registry(server)).decode()
 
 
-def metrics_http(server: CloudServer, host: str, port: int) -> tuple[WSGIServer, str]:
+def metrics_http(server: Scraped, host: str, port: int) -> tuple[WSGIServer, str]:
     """Serve the server's metrics on ``http://host:port/metrics`` (a daemon thread); returns (httpd, url)."""
     return promserve.serve(registry(server), host, port, name="splitrt-cloud-metrics")

@@ -1,56 +1,27 @@
-"""The cloud inference server: runs the tails of split models for devices, over gRPC.
+"""The cloud inference server's lifecycle: ``CloudServer`` wires the parts together, starts gRPC and
+drains it.
 
-``CloudServer(ServerConfig(models_dir=...)).start()`` serves every ``*.onnx`` in the directory under
-the sha256 of its bytes (files dropped in later are found on the first request that names them).
-A request names the model, the cut and carries the crossing tensors; the server builds the tail
-segment (``splitrt.graph.partition.split(graph, [cut])[-1]``) into an onnxruntime session on first use and
-keeps it in an LRU cache bounded by ``segment_cache_size`` sessions.
+``CloudServer(ServerConfig(models_dir=..., port=0)).start() -> port``; ``.address``, ``.stop(grace_s)``,
+context manager. It serves every ``*.onnx`` in ``models_dir`` under the sha256 of its bytes; a request names
+the model and the cut and carries the crossing tensors; the server runs the tail. The parts, each with its
+contract in its docstring: ``config`` (what an operator sets), ``guard`` (the front door: auth, lanes and
+leases on a call's metadata, before its body is read), ``handler`` (one request's path; the gRPC methods,
+``CloudServer.servicer``, callable without a gRPC server), ``capacity`` (admission, the memory budget, runs
+ended when they must), ``models`` (store, uploads, tail sessions, warm start), ``metrics``, ``advertise``.
 
-Concurrency and memory are bounded: at most ``workers`` tails run at once, at most ``max_queue`` more
-requests wait (beyond that: RESOURCE_EXHAUSTED at once), a waiting request gives up at its deadline
-(DEADLINE_EXCEEDED; a call without a deadline gets ``default_deadline_s``), gRPC caps message sizes
-(``max_message_bytes``). Calls pass the front door (``frontdoor``) first: authenticated on their
-metadata before their body is read, admitted to a lane of their own (inference: ``workers + max_queue +
-8`` calls; Status, health Check and health Watch apart), and given bounded time to send their message
-(``limits``). A request's tensors are checked (names, dtypes, shapes, and their decoded size against
-``max_decoded_bytes``, per tensor and in total: RESOURCE_EXHAUSTED) before it waits, but decoded (zlib
-inflated, dequantised) only once it holds a worker slot. So received inference messages take at most
-``(workers + max_queue + 8) * max_message_bytes`` and decoded inputs at most ``workers *
-max_decoded_bytes`` (plus the tails' own activations and their encoded outputs). ``stop()`` stops
-accepting calls, marks health NOT_SERVING and drains in-flight calls for ``drain_timeout_s``.
-
-Secure by default (``security``): it listens on 127.0.0.1; another host needs TLS and bearer tokens or
-``insecure=True`` (logged as an ``insecure`` warning, reported in ``Status``); uploads need tokens.
-
-Every request is logged as one JSON line on the ``splitrt.cloud`` logger (tokens never are).
-
-This module is the server's lifecycle; the parts live beside it: ``request_path`` (one request's path,
-the same for every server on a path of tiers), ``nexthop`` (the link to the next server, ``--next``),
-``store`` (``ModelStore``), ``tails`` (``Tail``, ``TailCache``), ``admission`` (``Admission``, the CPU meter),
-``inputs`` (checking and decoding a request's tensors), ``upload`` (PutModel), ``servicer`` (the gRPC
-methods; ``CloudServer.servicer`` is the instance ``start`` registers), ``auth`` (bearer tokens) and
-``common`` (``RpcFailure``, ``log_event``), ``security`` (what a configuration exposes), ``warm`` (the
-pairs served, remembered in the models directory and built again at start: ``warm_file``, ``warm``).
-
-- ``CloudServer(ServerConfig(models_dir=..., port=0, ...)).start() -> port``; ``.address``, ``.stop(grace_s)``;
-  context manager. Models keyed by sha256 of the file bytes; tails built via ``partition.split`` and kept in an
-  LRU; statuses: NOT_FOUND (model/cut), INVALID_ARGUMENT (tensor name/dtype/shape, codec payload, Infer bytes
-  that do not parse: the message names the expected message type), RESOURCE_EXHAUSTED (queue full, message too
-  big, a tensor or the request's tensors decoding to more than ``max_decoded_bytes``, default 4 x
-  ``max_message_bytes``), DEADLINE_EXCEEDED, UNAUTHENTICATED, PERMISSION_DENIED (upload disabled),
-  FAILED_PRECONDITION (a stored model that does not load, split or run). Bytes that do not parse are
-  INVALID_ARGUMENT on every method, never INTERNAL (``grpc.health.v1.Health`` Check/Watch too:
-  ``servicer.add_health``). Names/dtypes/shapes/decoded sizes are checked on arrival; tensors are decoded only
-  once the request holds a worker slot (at most ``workers`` decode at once). JSON-line logs on logger
-  ``splitrt.cloud``; tokens are never logged (``ServerConfig.tokens`` has no repr).
+Statuses: NOT_FOUND (model, cut), INVALID_ARGUMENT (tensor name/dtype/shape, codec payload, bytes that do
+not parse, on every method: never INTERNAL), RESOURCE_EXHAUSTED (queue or lane full, memory, message or
+decoded size over a cap), DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED, PERMISSION_DENIED (upload
+disabled), FAILED_PRECONDITION (a stored model that does not load, split or run), UNAVAILABLE (shutting
+down). ``stop()`` refuses new calls, says NOT_SERVING and drains for ``drain_timeout_s``, terminating runs
+still going near its end. One JSON line per event on the ``splitrt.cloud`` logger; tokens never appear.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -71,41 +42,27 @@ from splitrt.cloud.capacity.memory import (
     watch_limit,
 )
 from splitrt.cloud.capacity.niced import NicePool
-from splitrt.cloud.capacity.peak import PeakEstimator
 from splitrt.cloud.capacity.saturation import HealthGate, saturated
-from splitrt.cloud.common import RpcFailure, log, log_event
+from splitrt.cloud.common import log_event
 from splitrt.cloud.config import ServerConfig, tail_threads, tokens_from_file
 from splitrt.cloud.guard import security
 from splitrt.cloud.guard.door import FrontDoor
 from splitrt.cloud.guard.limits import connection_budget, grpc_options, raise_fd_limit
-from splitrt.cloud.handler import infer as request_path
+from splitrt.cloud.handler.infer import Handler
 from splitrt.cloud.handler.nexthop import NextHop
 from splitrt.cloud.handler.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.metrics import ServerStats, metrics_http
 from splitrt.cloud.models import checker
 from splitrt.cloud.models.builder import Builder
 from splitrt.cloud.models.store import ModelStore
-from splitrt.cloud.models.tails import Tail, TailCache
+from splitrt.cloud.models.tails import TailCache
 from splitrt.cloud.models.upload import Quota, receive_model
 from splitrt.cloud.models.warm import WARM_FILE, Recorder, choose, read_pairs, resolve, warm_up
 from splitrt.errors import ConfigError
 from splitrt.transport import credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
 
-# The server's parts live in their own modules; their public names stay importable from here.
-__all__ = [
-    "Admission",
-    "CloudServer",
-    "ModelStore",
-    "RpcFailure",
-    "ServerConfig",
-    "Tail",
-    "TailCache",
-    "log",
-    "log_event",
-    "tail_threads",
-    "tokens_from_file",
-]
+__all__ = ["CloudServer", "ServerConfig", "tail_threads", "tokens_from_file"]
 
 
 class CloudServer:
@@ -138,7 +95,6 @@ class CloudServer:
             # As many children as builds may run at once (the heavy lane's cap).
             builder=Builder(self.admission.queue.config.heavy_cap) if config.build_in_child else None,
         )
-        self.peaks = PeakEstimator()
         # Terminates runs at their deadline, on the client's cancel, at shutdown, over the budget.
         self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
         self.max_decoded_bytes = (
@@ -150,14 +106,9 @@ class CloudServer:
         self.stats = ServerStats()  # per-request outcomes: service times, metrics
         self.metrics_url: str | None = None
         self._metrics_http: Any = None
-        self.served = 0
-        self._served_lock = threading.Lock()
-        self._bytes_in = threading.local()
         self.health = health.HealthServicer()
         self.port = 0
         self._server: grpc.Server | None = None
-        # Test hook: called in the worker slot just before the tail runs (with the request's header).
-        self.before_tail: Callable[[pb.InferRequest], None] | None = None
         # The SplitInference methods; ``start`` registers them. Callable without a gRPC server (an
         # in-process transport): constructing a CloudServer binds no port.
         self.servicer = Servicer(self)
@@ -175,6 +126,23 @@ class CloudServer:
             max_message_bytes=config.max_message_bytes,
         )
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
+        # One request's path (``handler.infer``), given only what it uses.
+        self.handler = Handler(
+            admission=self.admission,
+            budget=self.budget,
+            canceller=self.canceller,
+            niced=self.niced,
+            store=self.store,
+            tails=self.tails,
+            next_hop=self.next_hop,
+            stats=self.stats,
+            ratelog=self.ratelog,
+            load=self.load,
+            default_deadline_s=config.default_deadline_s,
+            max_decoded_bytes=self.max_decoded_bytes,
+            max_request_bytes=config.max_request_bytes,
+            max_run_s=config.limits.max_run_s,
+        )
         self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
         # Health NOT_SERVING while every place is held for ``limits.saturated_s`` (``saturation``).
         self.health_gate = HealthGate(
@@ -282,6 +250,10 @@ class CloudServer:
         self._warm_thread.start()
 
     @property
+    def served(self) -> int:
+        return self.handler.served
+
+    @property
     def secure(self) -> bool:
         """TLS and bearer tokens (``--advertise`` says ``secure=1``)."""
         return self.exposure.secure
@@ -368,56 +340,8 @@ class CloudServer:
     def infer(
         self, request: wire.Framed, time_remaining_s: float | None, token: CallToken | None = None
     ) -> wire.Framed:
-        """Run the tail for an ``InferRequest`` (``wire.Framed``); the reply is an ``InferReply``."""
-        t0 = time.perf_counter()
-        header = request.header
-        fields: dict[str, Any] = {
-            "request_id": header.request_id,
-            "model": header.model_sha256[:12],
-            "cut": header.cut_id,
-            "codec": header.codec,
-        }
-        self._bytes_in.value = 0  # set once the request is checked; a failed one must not log the previous one's
-        try:
-            reply = self._infer(request, time_remaining_s, t0, token)
-        except RpcFailure as exc:
-            total_ms = (time.perf_counter() - t0) * 1e3
-            self.stats.observe(
-                code=exc.code.name,
-                model_sha256=header.model_sha256,
-                cut_id=header.cut_id,
-                total_ms=total_ms,
-                queue_full=exc.retry_after_ms is not None,
-            )
-            self.ratelog.request(  # rate-limited: a few lines per code and interval (``--log-every-request``)
-                "infer", logging.WARNING, **fields, code=exc.code.name, error=exc.message, total_ms=round(total_ms, 3)
-            )
-            raise
-        self.stats.observe(
-            code="OK",
-            model_sha256=header.model_sha256,
-            cut_id=header.cut_id,
-            total_ms=(time.perf_counter() - t0) * 1e3,
-            tail_ms=reply.header.tail_ms,
-        )
-        with self._served_lock:
-            self.served += 1
-        self.ratelog.request(
-            "infer",
-            **fields,
-            code="OK",
-            tail_ms=round(reply.header.tail_ms, 3),
-            queue_ms=round(reply.header.queue_ms, 3),
-            build_ms=round(reply.header.build_ms, 3),
-            total_ms=round((time.perf_counter() - t0) * 1e3, 3),
-            bytes_in=getattr(self._bytes_in, "value", 0),
-        )
-        return reply
-
-    def _infer(
-        self, request: wire.Framed, time_remaining_s: float | None, t0: float, token: CallToken | None = None
-    ) -> wire.Framed:
-        return request_path.infer(self, request, time_remaining_s, t0, token)
+        """Run the tail for an ``InferRequest`` (``wire.Framed``): ``handler.infer``."""
+        return self.handler.infer(request, time_remaining_s, token)
 
     def status(self) -> pb.StatusReply:
         self.store.scan()  # models copied into the directory since the last look (stat only: cheap)

@@ -61,7 +61,7 @@ def busy(models_dir: Path) -> Iterator[tuple[CloudServer, Device, _Gate]]:
         x = dev.random_inputs()
         for _ in range(3):  # a few served requests: a service time to hint with
             dev.run(x, cut="c2")
-        s.before_tail = gate
+        s.handler.before_tail = gate
         held = [pool.submit(dev.run, x, cut="c2", timeout_s=30)]
         assert gate.entered.acquire(timeout=30)
         held.append(pool.submit(dev.run, x, cut="c2", timeout_s=30))
@@ -133,7 +133,7 @@ def test_a_flooded_server_loses_no_request(models_dir: Path) -> None:
         AdaptiveDevice(graph, table, [s.address], config=RuntimeConfig(deadline_ms=30_000), start_prober=False) as dev,
     ):
         # The first request holds the worker until the server has refused one: refusals happen.
-        s.before_tail = _Gate(open_when=lambda: s.stats.refused >= 1)
+        s.handler.before_tail = _Gate(open_when=lambda: s.stats.refused >= 1)
         outcomes, lock = [], threading.Lock()
 
         def work(k: int) -> None:

@@ -82,7 +82,7 @@ def held_client(s: CloudServer, release: threading.Event, cut: str) -> Iterator[
 
     # Active for the whole test (the default counts a client active 1 s after its last request).
     s.admission.queue = FairQueue(FairConfig(workers=2, active_window_s=3600.0))
-    s.before_tail = hold
+    s.handler.before_tail = hold
     model = zoo.get("tiny_chain")
     with (
         Device(model, s.address, config=DeviceConfig(timeout_s=20)) as legit,

@@ -145,7 +145,7 @@ def test_the_middle_segment_is_leased_while_it_runs(models_dir: Path) -> None:
             with lone.tails._lock:
                 seen.append({k[1]: t.users for k, t in lone.tails._cache.items()})
 
-        lone.before_tail = look
+        lone.handler.before_tail = look
         x = dev.random_inputs(seed=4)
         res = dev.send(dev.run_head(x, "c1"), next_cut="c3")
         assert rel_err(dev.run_local(x)["y"], res.outputs["y"]) <= 1e-5
@@ -213,7 +213,7 @@ def test_a_slow_next_tier_backs_off_only_at_the_second_timeout(models_dir: Path)
 
     release = threading.Event()
     cloud = CloudServer(ServerConfig(models_dir=models_dir, workers=4))
-    cloud.before_tail = lambda header: release.wait(10)  # type: ignore[assignment,return-value]
+    cloud.handler.before_tail = lambda header: release.wait(10)  # type: ignore[assignment,return-value]
     cloud.start()
     edge = CloudServer(
         ServerConfig(

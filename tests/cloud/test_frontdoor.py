@@ -285,7 +285,7 @@ def test_calls_without_a_deadline_under_load_are_served(models_dir: Path) -> Non
     cfg = ServerConfig(models_dir=models_dir, workers=1, max_queue=64)
     with CloudServer(cfg) as s, Device(zoo.get("tiny_chain"), s.address) as dev, grpc.insecure_channel(s.address) as ch:
         pause = threading.Event()
-        s.before_tail = lambda header: pause.wait(0.01)
+        s.handler.before_tail = lambda header: pause.wait(0.01)
         head = dev.run_head(dev.random_inputs(), "c2")
         request = dev._request(head, codec.Codec.parse("fp32"))[0].to_message()
         stub = pb_grpc.SplitInferenceStub(ch)

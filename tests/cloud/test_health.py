@@ -77,7 +77,7 @@ def test_health_says_not_serving_while_admission_stays_saturated(tmp_path: Path)
     go = threading.Event()
     cfg = ServerConfig(models_dir=tmp_path, workers=1, max_queue=0, limits=Limits(saturated_s=0.3))
     with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
-        s.before_tail = lambda header: go.wait(30)
+        s.handler.before_tail = lambda header: go.wait(30)
         check = health_pb2_grpc.HealthStub(ch).Check
         dev = Device(zoo.get("tiny_chain"), s.address, config=DeviceConfig(timeout_s=30))
         with dev, ThreadPoolExecutor(1) as pool:

@@ -170,7 +170,7 @@ def test_a_tail_build_waits_for_a_worker_slot(models_dir: Path, device: Device) 
                 in_tail.set()
                 release.wait(60)
 
-        server.before_tail = hold
+        server.handler.before_tail = hold
         waiting = threading.Event()
         take_slot = server.tails._slot
         assert take_slot is not None

@@ -241,7 +241,7 @@ def test_back_pressure_and_deadline(models_dir: Path) -> None:
     ):
         dev.ensure_model()
         dev.run(dev.random_inputs(), cut="c2")  # warm the tail
-        s.before_tail = gate
+        s.handler.before_tail = gate
         x = dev.random_inputs()
         held = [pool.submit(dev.run, x, cut="c2", timeout_s=30) for _ in range(3)]
         assert gate.entered.acquire(timeout=10)
@@ -263,7 +263,7 @@ def test_back_pressure_and_deadline(models_dir: Path) -> None:
         assert info.value.code == "DEADLINE_EXCEEDED" and info.value.retryable
         gate.release.set()
         first.result(timeout=30)
-        s.before_tail = None
+        s.handler.before_tail = None
         _serves(dev)
 
 
@@ -274,7 +274,7 @@ def test_graceful_stop_drains_in_flight_calls(models_dir: Path) -> None:
     with Device(zoo.get("tiny_chain"), s.address) as dev, ThreadPoolExecutor(2) as pool:
         x = dev.random_inputs()
         dev.run(x, cut="c1")
-        s.before_tail = gate
+        s.handler.before_tail = gate
         pending = pool.submit(dev.run, x, cut="c1", timeout_s=30)
         assert gate.entered.acquire(timeout=10)
         stopping = pool.submit(s.stop, 10.0)
@@ -465,7 +465,7 @@ def test_a_queued_request_is_decoded_only_in_a_worker_slot(models_dir: Path) -> 
     ):
         x = dev.random_inputs()
         dev.run(x, cut="c2")  # warm the tail
-        s.before_tail = gate
+        s.handler.before_tail = gate
         held = pool.submit(dev.run, x, cut="c2", timeout_s=30)
         assert gate.entered.acquire(timeout=10)
         # A corrupt zlib stream with a plausible shape: found out only by inflating it, which must
@@ -477,7 +477,7 @@ def test_a_queued_request_is_decoded_only_in_a_worker_slot(models_dir: Path) -> 
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         gate.release.set()
         held.result(timeout=30)
-        s.before_tail = None
+        s.handler.before_tail = None
         code, details = _code(s.address, req)  # with a free slot: decoded, and refused
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "corrupt" in details
         _serves(dev)

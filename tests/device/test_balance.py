@@ -109,7 +109,7 @@ def test_a_loaded_server_gets_fewer_requests(two: tuple[FakeCloud, FakeCloud], m
     # `a` is loaded: its one worker is held by another client's request (max_queue 0: it refuses the
     # rest early, with a retry hint), until released.
     release = threading.Event()
-    a.server.before_tail = lambda header: (release.wait(30), None)[1]
+    a.server.handler.before_tail = lambda header: (release.wait(30), None)[1]
     other = Device(mg, config=DeviceConfig(intra_op_threads=1, timeout_s=60), transport=a.connect(a.address))
     head = other.run_head(other.random_inputs(seed=9), mid_cut(mg))
     blocker = threading.Thread(target=other.send, args=(head,), daemon=True)
@@ -138,7 +138,7 @@ def test_a_loaded_server_gets_fewer_requests(two: tuple[FakeCloud, FakeCloud], m
             refused = dev.stats["refused"]
             release.set()
             blocker.join(30)
-            a.server.before_tail = None
+            a.server.handler.before_tail = None
             now[0] += 30.0  # no news for 30 s: the queue estimate has faded, `a` is idle again
             after = [dev.infer(x) for _ in range(20)]
     finally:

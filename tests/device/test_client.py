@@ -234,7 +234,7 @@ def test_server_killed_mid_request_gives_a_clear_error(models_dir: Path, tmp_pat
         def hold(request):
             print("HOLDING", flush=True)
             time.sleep(120)
-        s.before_tail = hold
+        s.handler.before_tail = hold
         print("PORT", s.start(), flush=True)
         time.sleep(300)
     """,

@@ -260,7 +260,7 @@ def test_sigterm_finishes_the_in_flight_request(tmp_path: Path, models_dir: Path
         entered.set()
         release.wait(60)
 
-    s.before_tail = hold
+    s.handler.before_tail = hold
     s.start()
     cfg = tmp_path / "daemon.toml"
     cfg.write_text(

@@ -43,7 +43,7 @@ def stalled(tmp_path: Path) -> Iterator[tuple[CloudServer, threading.Event]]:
     shutil.copyfile(zoo.get("squeezenet"), tmp_path / "squeezenet.onnx")
     release = threading.Event()
     with CloudServer(ServerConfig(models_dir=tmp_path, workers=1)) as s:
-        s.before_tail = lambda header: release.wait(30)  # the server stalls every request
+        s.handler.before_tail = lambda header: release.wait(30)  # the server stalls every request
         yield s, release
         release.set()
 

@@ -20,8 +20,6 @@ serve`` then exits at the end of its drain anyway (``cli.serve``).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import heapq
 import itertools
 import threading
@@ -31,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from splitrt.cloud.capacity.memory import trim
 from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.errors import SplitrtError
 from splitrt.graph import partition
@@ -38,26 +37,6 @@ from splitrt.graph.ort_errors import onnxruntime_errors
 
 # Deadlines further than this are clamped (gRPC reports ~9.2e18 s left for a call without one).
 _MAX_WAIT_S = 24 * 3600.0
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return None
-    return fn
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Give the heap's free pages back to the OS. With the arena off, a terminated run's activations are
-    freed to glibc's heap, which keeps them: RSS stayed over the budget and the next, small request was
-    terminated for memory it did not use."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 class CallToken:
@@ -197,7 +176,7 @@ class Canceller:
                 with self._lock:
                     self.terminated += 1
                 if run.reason[0] == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    release_free_memory()
+                    trim()  # a terminated run's activations back to the OS, not kept as heap
                 log_event("run_terminated", what=what, code=run.reason[0].name, reason=run.reason[1])
 
     @staticmethod
@@ -255,7 +234,7 @@ class Canceller:
                 for _, r in runs:
                     r.peak_rss = max(r.peak_rss, rss)
                 if rss > self.rss_limit_bytes:  # freed but kept by malloc does not count against a run
-                    release_free_memory()
+                    trim()  # a terminated run's activations back to the OS, not kept as heap
                     rss = self._rss()
                 if rss > self.rss_limit_bytes:
                     if newest.reason is None and not newest.done:  # later samples must not clear it

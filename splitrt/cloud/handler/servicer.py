@@ -28,8 +28,8 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 
 if TYPE_CHECKING:
-    from splitrt.cloud.handler.nexthop import NextHop
     from splitrt.cloud.config import ServerConfig
+    from splitrt.cloud.handler.nexthop import NextHop
 
 
 # gRPC reports ~9.2e18 s remaining for a call without a deadline; anything beyond a day is "none".

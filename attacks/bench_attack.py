@@ -272,6 +272,19 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the server and its children (builder, checker) have used so far."""
+        if self.proc is None:
+            return 0.0
+        total = 0.0
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(self.proc.pid)
+            for q in (p, *p.children(recursive=True)):
+                with contextlib.suppress(psutil.Error):
+                    t = q.cpu_times()
+                    total += t.user + t.system
+        return total
+
     def log_bytes(self) -> int:
         return self.log_path.stat().st_size if self.log_path.exists() else 0
 
@@ -887,6 +900,16 @@ class Attack:
         return False
 
 
+class Control(Attack):
+    """No attack: the row's p99 ratio is this host's noise at its load (the other rows' floor)."""
+
+    name = "control"
+    what = "no attack (the p99 ratio's noise floor at this load)"
+
+    def arm(self, ctx: Ctx) -> None:
+        pass
+
+
 class HeldCalls(Attack):
     """N gRPC calls held open (health Watch, idle InferStream, stalled PutModel) over 8 connections; a call
     the server ends or refuses is opened again (every 0.25 s), as an attacker would."""
@@ -1455,6 +1478,7 @@ def attacks() -> list[Attack]:
 
     # The counts are the issue's: --quick shortens the phases and runs one row per class, not smaller attacks.
     return [
+        Control(),
         HeldCalls("watch", "Watch", 64),
         RawH2("partial_body", 64, partial_body=True),
         HeldCalls("idle_stream", "InferStream", 64),
@@ -1568,7 +1592,7 @@ def run_row(
         legit.warm()
         rss_before = server.peak_rss_mb
         legit.start()
-        t0, log0 = time.monotonic(), server.log_bytes()
+        t0, log0, cpu0 = time.monotonic(), server.log_bytes(), server.cpu_s()
         time.sleep(s.baseline_s)
         ctx = Ctx(
             address=proxy.address,
@@ -1582,12 +1606,12 @@ def run_row(
             baseline_log_bps=(server.log_bytes() - log0) / max(1e-3, time.monotonic() - t0),
         )
         _progress(f"{attack.name}: attack: {attack.what}")
-        t1 = time.monotonic()
+        t1, cpu1, load1 = time.monotonic(), server.cpu_s(), os.getloadavg()[0]
         attack.start(ctx)
         attack_s = max(s.attack_s, attack.min_attack_s)
         while time.monotonic() - t1 < attack_s and not attack.finished():
             time.sleep(0.1)
-        t_stop = time.monotonic()
+        t_stop, cpu2 = time.monotonic(), server.cpu_s()
         alive_at_stop = server.alive()
         attack.stop()
         t2 = time.monotonic()
@@ -1644,6 +1668,10 @@ def run_row(
         "budget_enforced": server.budget_flag,
         "killed_at_hard_cap": server.killed_at_cap,
         "alive_at_attack_end": alive_at_stop,
+        # The server's CPU (cores busy, its children included) before and during the attack.
+        "load_1m": round(load1, 1),  # this host's load average as the attack began
+        "server_cpu_base": round((cpu1 - cpu0) / max(1e-3, t1 - t0), 2),
+        "server_cpu_attack": round((cpu2 - cpu1) / max(1e-3, t_stop - t1), 2),
         "recover_s": recover_s,
         "sigterm_exit_s": exit_s,
         "drain_s": s.drain_s,
@@ -1700,12 +1728,14 @@ def table(rows: list[dict[str, Any]]) -> str:
             [
                 r["row"],
                 r["attack"],
+                f"{r['load_1m']:.1f}" if "load_1m" in r else "-",
                 _ms(r["base_p50_ms"], r["base_p99_ms"]),
                 _ms(r["attack_p50_ms"], r["attack_p99_ms"]),
                 "-" if ratio is None else f"{ratio:.1f}" + _ci(r.get("p99_x_ci95")),
                 f"{r['legit_failed']}/{r['legit_calls']}",
                 f"{r['lost_deadline']}/{r['lost_no_deadline']}",
                 rss,
+                f"{r['server_cpu_base']:.2f}/{r['server_cpu_attack']:.2f}" if "server_cpu_base" in r else "-",
                 "never" if r["recover_s"] is None else f"{r['recover_s']:.1f}",
                 term,
                 "PASS" if r["pass"] else "FAIL: " + ", ".join(fails),
@@ -1715,12 +1745,14 @@ def table(rows: list[dict[str, Any]]) -> str:
         [
             "row",
             "attack",
+            "load",
             "before p50/p99 ms",
             "during p50/p99 ms",
             "p99 x (95 % CI)",
             "legit failed",
             "lost dl/no-dl",
             "peak RSS/budget MiB",
+            "server CPU before/during",
             "recover s",
             "SIGTERM s",
             "verdict",

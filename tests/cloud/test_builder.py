@@ -163,6 +163,30 @@ def test_a_child_reports_what_the_in_process_build_reports(models_dir: Path, dev
         assert children == []
 
 
+@pytest.mark.slow
+def test_a_lasting_failure_is_answered_again_without_the_child(models_dir: Path, device: Device) -> None:
+    """A model with no such ``~steps`` (the child loads the model to find out) and a cut that cannot be
+    built are each refused by the child once, then here: a flood of them costs no load and no slot."""
+    config = ServerConfig(models_dir=models_dir, workers=2, intra_op_threads=1, build_in_child=True)
+    sha = model_sha256(models_dir / "squeezenet.onnx")
+    with CloudServer(config) as server:
+        builder = server.tails.builder
+        assert builder is not None
+        children: list[str] = []
+        submit = builder._ensure
+        builder._ensure = lambda: children.append("load") or submit()  # type: ignore[method-assign]
+        said = []
+        for model, cut in [(f"{sha}~bogus", "cloud"), (f"{sha}~0t", "c3"), (sha, "device")] * 3:
+            req = wire.Framed(header=pb.InferRequest(request_id="r", model_sha256=model, cut_id=cut), tensors=[])
+            with pytest.raises(CloudError) as info:
+                _infer(server, req)
+            said.append((info.value.code, str(info.value)))
+        assert len(children) == 3, children  # once per failing case, not per request
+        assert said[:3] == said[3:6] == said[6:], said  # the same answer every time
+        assert [c for c, _ in said[:3]] == ["NOT_FOUND", "NOT_FOUND", "INVALID_ARGUMENT"], said
+        assert all(str(models_dir) not in text for _, text in said)
+
+
 def test_stopping_does_not_wait_for_a_segment_being_made(models_dir: Path) -> None:
     config = ServerConfig(models_dir=models_dir, workers=2, intra_op_threads=1, build_in_child=True)
     sha = model_sha256(models_dir / "long_chain.onnx")

@@ -13,8 +13,11 @@ server also keeps no whole-model graph in memory to build tails (only its sessio
   shapes); RpcFailure as the in-process
   build would raise it (NOT_FOUND for an unknown cut, FAILED_PRECONDITION for a model that does not
   load or split, INVALID_ARGUMENT for ``device``; RESOURCE_EXHAUSTED if the child was killed).
-  A cut the model is known not to have (its ids come back with every segment) is NOT_FOUND at once.
-  ``.warm()`` starts the child(ren) now; ``.close()`` stops them at once and removes the files' directory.
+  A cut the model is known not to have (its ids come back with every segment) is NOT_FOUND at once, and
+  a failure that cannot change (``LASTING``: the model is named by its bytes' hash) is answered again
+  without the child: per model when it did not load (or has no such ``~steps``), else per cut.
+  ``.check_known(path, sha256, cut_id)`` raises those answers alone (a caller's check before it takes a
+  worker slot). ``.warm()`` starts the child(ren) now; ``.close()`` stops them at once and removes the files' directory.
   The caller deletes each ``Made.path`` once its session is open.
 """
 
@@ -44,6 +47,11 @@ __all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
 
 # Models whose cut ids are remembered (the least recently built forgotten first).
 MAX_MODELS_INDEXED = 256
+# Failures that the same request meets again (a model's content is its name): remembered, at most this
+# many. A request naming ``<sha256>~bogus`` cost a worker slot and a model load in the child (~110 ms of
+# CPU on squeezenet) each time: a flood of them took workers and CPU from everyone.
+LASTING = frozenset(("NOT_FOUND", "FAILED_PRECONDITION", "INVALID_ARGUMENT"))
+MAX_FAILED = 1024
 
 
 @dataclass(frozen=True)
@@ -179,6 +187,8 @@ class Builder:
         # a cut the model does not have is refused here, without a load in the child (an attacker naming
         # made-up cuts would otherwise cost a whole model load each).
         self._cut_ids: OrderedDict[str, frozenset[str]] = OrderedDict()
+        # (sha256, cut id, or "" for every cut of a model that did not load) -> (code name, message).
+        self._failed: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
 
     def _ensure(self) -> tuple[ProcessPoolExecutor, str]:
         with self._lock:
@@ -202,7 +212,7 @@ class Builder:
             pool.submit(_noop)
 
     def make(self, path: Path, root: Path, sha256: str, cut_id: str, max_nodes: int | None) -> Made:
-        self._check_known(path, sha256, cut_id)
+        self.check_known(path, sha256, cut_id)
         pool, directory = self._ensure()
         out = Path(directory) / f"{uuid.uuid4().hex}.onnx"
         try:
@@ -229,6 +239,8 @@ class Builder:
             self._remember(sha256, result[-1])
         if result[0] != "ok":
             out.unlink(missing_ok=True)
+            if result[1] in LASTING:
+                self._remember_failure((sha256, "" if result[-1] is None else cut_id), result[1], result[2])
             raise RpcFailure(grpc.StatusCode[result[1]], result[2])
         return Made(path=out, inputs=result[1], skeleton=result[2], weights_bytes=int(result[3]), static_peak=result[4])
 
@@ -239,10 +251,21 @@ class Builder:
             while len(self._cut_ids) > MAX_MODELS_INDEXED:
                 self._cut_ids.popitem(last=False)
 
-    def _check_known(self, path: Path, sha256: str, cut_id: str) -> None:
-        """NOT_FOUND, as the child would answer, for a cut the model is known not to have."""
+    def _remember_failure(self, key: tuple[str, str], code: str, message: str) -> None:
         with self._lock:
+            self._failed[key] = (code, message)
+            self._failed.move_to_end(key)
+            while len(self._failed) > MAX_FAILED:
+                self._failed.popitem(last=False)
+
+    def check_known(self, path: Path, sha256: str, cut_id: str) -> None:
+        """What the child answered before for this model or cut when it cannot change (``LASTING``), and
+        NOT_FOUND, as the child would answer, for a cut the model is known not to have."""
+        with self._lock:
+            failed = self._failed.get((sha256, "")) or self._failed.get((sha256, cut_id))
             ids = self._cut_ids.get(sha256)
+        if failed is not None:
+            raise RpcFailure(grpc.StatusCode[failed[0]], failed[1])
         if ids is None:
             return
         for part in cut_id.split(">"):

@@ -228,6 +228,8 @@ class TailCache:
         return freed
 
     def _build_in_slot(self, sha256: str, cut_id: str, timeout_s: float | None) -> Tail:
+        if self.builder is not None:  # what the child already refused for good: no slot for it
+            self.builder.check_known(self.store.entry(sha256.partition("~")[0]).path, sha256, cut_id)
         if self._slot is None or self._release_slot is None:
             return self._build(sha256, cut_id)
         if not self._slot(3600.0 if timeout_s is None else timeout_s):

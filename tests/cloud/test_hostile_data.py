@@ -284,3 +284,116 @@ def test_upload_with_thousands_of_outputs_is_refused(store: Path) -> None:
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "expected at most 1024 graph outputs, got 2000" in (info.value.details() or "")
     assert list(store.glob("*.onnx")) == []
+
+
+def _value_sized(op: str, inputs: list[tuple[str, int, list[int]]], opset: int = 17, **attrs: object) -> bytes:
+    """``op`` on the request's ``inputs`` (name, type, shape; "" an operand left out), its output summed."""
+    g = helper.make_graph(
+        [
+            helper.make_node(op, [n for n, _, _ in inputs], ["big"], **attrs),
+            helper.make_node("ReduceSum", ["big"], ["y"], keepdims=0),
+        ],
+        op.lower(),
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs if n],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9).SerializeToString()
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _i(*v: int) -> np.ndarray:
+    return np.array(v, np.int64)
+
+
+def _f(*v: float) -> np.ndarray:
+    return np.array(v, np.float32)
+
+
+# Ops whose output is sized by an operand's value: (model, fixed inputs, small values, large values: 64+ MB).
+VALUE_SIZED = {
+    "Tile": (_value_sized("Tile", [("x", F, [1]), ("r", I64, [1])]), {"x": _f(1)}, {"r": _i(8)}, {"r": _i(1 << 25)}),
+    "Range": (
+        _value_sized("Range", [("s", F, []), ("l", F, []), ("d", F, [])]),
+        {"s": np.float32(0), "d": np.float32(1)},
+        {"l": np.float32(8)},
+        {"l": np.float32(1 << 25)},
+    ),
+    "Resize-scales": (
+        _value_sized("Resize", [("x", F, [1, 1, 4, 4]), ("", F, []), ("sc", F, [4])]),
+        {"x": np.ones((1, 1, 4, 4), np.float32)},
+        {"sc": _f(1, 1, 2, 2)},
+        {"sc": _f(1, 1, 1024, 1024)},
+    ),
+    "Pad": (
+        _value_sized("Pad", [("x", F, [1, 1]), ("p", I64, [4])]),
+        {"x": np.ones((1, 1), np.float32)},
+        {"p": _i(0, 0, 3, 3)},
+        {"p": _i(0, 0, 4096, 4096)},
+    ),
+    "OneHot": (
+        _value_sized("OneHot", [("i", I64, [4]), ("d", I64, [1]), ("v", F, [2])]),
+        {"i": _i(0, 1, 2, 3), "v": _f(0, 1)},
+        {"d": _i(8)},
+        {"d": _i(1 << 22)},
+    ),
+    "MaxUnpool": (
+        _value_sized(
+            "MaxUnpool", [("x", F, [1, 1, 2, 2]), ("ix", I64, [1, 1, 2, 2]), ("os", I64, [4])], kernel_shape=[2, 2]
+        ),
+        {"x": np.ones((1, 1, 2, 2), np.float32), "ix": np.zeros((1, 1, 2, 2), np.int64)},
+        {"os": _i(1, 1, 4, 4)},
+        {"os": _i(1, 1, 4096, 4096)},
+    ),
+    "DFT": (
+        _value_sized("DFT", [("x", F, [1, 16, 1]), ("n", I64, [])]),
+        {"x": np.ones((1, 16, 1), np.float32)},
+        {"n": np.int64(32)},
+        {"n": np.int64(1 << 23)},
+    ),
+    "STFT": (
+        _value_sized("STFT", [("x", F, [1, 8192, 1]), ("st", I64, []), ("", F, []), ("fl", I64, [])]),
+        {"x": np.ones((1, 8192, 1), np.float32)},
+        {"st": np.int64(256), "fl": np.int64(512)},
+        {"st": np.int64(1), "fl": np.int64(4096)},
+    ),
+    "HannWindow": (_value_sized("HannWindow", [("n", I64, [])]), {}, {"n": np.int64(8)}, {"n": np.int64(1 << 24)}),
+    "MelWeightMatrix": (
+        _value_sized(
+            "MelWeightMatrix", [("nb", I64, []), ("dl", I64, []), ("sr", I64, []), ("lo", F, []), ("hi", F, [])]
+        ),
+        {"sr": np.int64(16000), "lo": np.float32(0), "hi": np.float32(8000)},
+        {"nb": np.int64(8), "dl": np.int64(64)},
+        {"nb": np.int64(4096), "dl": np.int64(8192)},
+    ),
+    "AffineGrid": (
+        _value_sized("AffineGrid", [("th", F, [1, 2, 3]), ("sz", I64, [4])], opset=20),
+        {"th": np.zeros((1, 2, 3), np.float32)},
+        {"sz": _i(1, 1, 8, 8)},
+        {"sz": _i(1, 1, 4096, 2048)},
+    ),
+}
+
+
+@pytest.mark.slow
+def test_every_op_sized_by_a_request_value_is_refused_before_the_run(store: Path) -> None:
+    """Each op runs at small values, and at values asking 64 MB or more (onnxruntime allocates them: 1 GiB
+    asked of MaxUnpool, DFT, STFT, a window, the mel matrix or AffineGrid took 1.1-8 GB) it is refused
+    before the run, naming what it needs."""
+    cfg = ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,), max_request_bytes=16 << 20, workers=1)
+    wrong = {}
+    with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        for op, (data, fixed, small, large) in VALUE_SIZED.items():
+            sha = _put(s.address, data).sha256
+            if not stub.Infer(_request(sha, "cloud", **fixed, **small), timeout=120, metadata=AUTH).outputs:
+                wrong[op] = "no output at small values"
+            try:
+                stub.Infer(_request(sha, "cloud", **fixed, **large), timeout=120, metadata=AUTH)
+                wrong[op] = "ran at large values"
+            except grpc.RpcError as exc:
+                said = exc.details() or ""
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or "needs ~" not in said:
+                    wrong[op] = f"{exc.code()}: {said[:200]}"
+    assert not wrong, wrong

@@ -123,6 +123,7 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
     m = onnx.ModelProto()
     m.CopyFrom(skel)
     weights = {i.name for i in m.graph.initializer}
+    consts: Values = {}
     if values:  # constants now: shape inference's data propagation reads them
         from splitrt.cloud.capacity.shapevalues import fold
 
@@ -145,8 +146,10 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
     with contextlib.suppress(Exception):  # an inconsistent segment: onnxruntime says so when it runs
         m = shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
     sizes: dict[str, int | None] = {}
+    itemsizes: dict[str, int] = {}
     for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
         sizes[vi.name] = _bytes(vi)
+        itemsizes[vi.name] = _itemsize(vi.type.tensor_type.elem_type)
     big_weights = {vi.name for vi in skel.graph.input} - set(shapes)
     nodes = list(m.graph.node)
     last: dict[str, int] = {}
@@ -163,6 +166,11 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
             if not o:
                 continue
             size = sizes.get(o)
+            if size is None and o == n.output[0] and consts:
+                from splitrt.cloud.capacity.shapevalues import told_elements
+
+                told = told_elements(n, consts)
+                size = None if told is None else told * itemsizes.get(o, 4)
             if size is None:
                 unknown += 1
                 size = 0
@@ -176,8 +184,6 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
 
 
 def _bytes(vi: Any) -> int | None:
-    from onnx import helper
-
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
         return None
@@ -186,8 +192,13 @@ def _bytes(vi: Any) -> int | None:
         if not d.HasField("dim_value") or d.dim_value < 0:
             return None
         n *= int(d.dim_value)
+    return n * _itemsize(tt.elem_type)
+
+
+def _itemsize(elem_type: int) -> int:
+    from onnx import helper
+
     try:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).itemsize
-    except Exception:  # strings and the like: a guess of 8 bytes per element
-        itemsize = 8
-    return n * itemsize
+        return int(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
+    except Exception:  # strings, undefined and the like: a guess of 8 bytes per element
+        return 8

@@ -11,6 +11,8 @@ of ids is not estimated again per value.
 - ``small_integers(tensors) -> {name: array}``: the request's numeric tensors of at most ``MAX_ELEMENTS``
   (integers mostly; a float may be Resize's scales).
 - ``sizing_inputs(model) -> frozenset``: the graph inputs whose values may decide a size.
+- ``fold(model, values)``: what small nodes compute from them; ``told_elements(node, consts)``: an output's
+  size told by operand values where onnx's shape inference does not tell it (MaxUnpool).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ import numpy as np
 from splitrt.errors import CodecError
 from splitrt.transport import codec
 
-__all__ = ["MAX_ELEMENTS", "SIZE_OPERANDS", "sizing_inputs", "small_integer_arrays", "small_integers"]
+__all__ = [
+    "MAX_ELEMENTS",
+    "SIZE_OPERANDS",
+    "sizing_inputs",
+    "small_integer_arrays",
+    "small_integers",
+    "told_elements",
+]
 
 # A shape or a count is a few numbers; an integer tensor larger than this is data (token ids), not a size.
 MAX_ELEMENTS = 64
@@ -65,6 +74,12 @@ SIZE_OPERANDS = frozenset(
     + [("Resize", i) for i in range(1, 4)]
     + [("Upsample", 1), ("Split", 1), ("Unsqueeze", 1), ("Squeeze", 1), ("Loop", 0), ("CenterCropPad", 1)]
     + [("NonMaxSuppression", 2), ("RandomNormalLike", 0), ("Trilu", 1), ("Compress", 1), ("GridSample", 1)]
+    # Signal and image ops whose output is sized by an operand's value (onnxruntime allocates it: 8 bytes
+    # asking for 1 GiB ran in 2-155 s each, 1.1-2.1 GB RSS): a window's length, DFT's length, STFT's step
+    # and frame, the mel matrix's bins and length, AffineGrid's size, MaxUnpool's output shape, Col2Im's.
+    + [("HannWindow", 0), ("HammingWindow", 0), ("BlackmanWindow", 0), ("DFT", 1), ("STFT", 1), ("STFT", 3)]
+    + [("MelWeightMatrix", i) for i in range(5)]
+    + [("AffineGrid", 1), ("MaxUnpool", 2), ("Col2Im", 1), ("Col2Im", 2)]
 )
 # Outputs that depend on their input's shape only, never its values: a path through them carries no value.
 _SHAPE_ONLY = frozenset(("Shape", "Size"))
@@ -115,6 +130,15 @@ def sizing_inputs(model: Any) -> frozenset[str]:
             if n.op_type not in _SHAPE_ONLY:
                 reach.update(o for o in n.output if o)
     return frozenset(found)
+
+
+def told_elements(node: Any, consts: Mapping[str, np.ndarray]) -> int | None:
+    """The element count of ``node``'s first output where its operands' known values (``consts``) tell it
+    and onnx's shape inference does not (MaxUnpool's ``output_shape``); None otherwise."""
+    if node.op_type == "MaxUnpool" and len(node.input) > 2 and node.input[2] in consts:
+        dims = [int(d) for d in np.asarray(consts[node.input[2]]).reshape(-1)]
+        return 0 if any(d < 0 for d in dims) else int(np.prod(dims, dtype=object))
+    return None
 
 
 # Ops evaluated on small known values (``fold``): arithmetic and indexing whose output is no larger than

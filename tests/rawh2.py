@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import struct
 from collections.abc import Iterable
 
@@ -45,19 +46,25 @@ class RawConnection:
         timeout_s: float = 10.0,
         source: str | None = None,
         window_bytes: int | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         # ``source``: the local address to connect from (e.g. 127.0.0.2: another peer on loopback).
         # ``window_bytes``: the streams' initial receive window (SETTINGS_INITIAL_WINDOW_SIZE); 0 with no
         # WINDOW_UPDATE ever sent is a client that never takes a reply's data (a slow reader).
+        # ``tls``: a context whose ALPN offers h2 (an edge proxy), the server named ``localhost``.
         self.sock = socket.create_connection(
             (host, port), timeout=timeout_s, source_address=(source, 0) if source else None
         )
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname="localhost")
         self.authority = f"{host}:{port}"
         settings = b"" if window_bytes is None else struct.pack(">HI", 0x4, window_bytes)
         self.sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, settings) + _frame(SETTINGS, ACK, 0, b""))
         self._next_id = 1
         self._buf = b""
         self.finished: set[int] = set()
+        self.reset: dict[int, int] = {}  # stream id -> RST_STREAM error code
+        self.settings: dict[int, int] = {}  # the server's SETTINGS (id -> value)
         self.closed = False
 
     def start_call(
@@ -122,11 +129,16 @@ class RawConnection:
                 return
             kind, flags = self._buf[3], self._buf[4]
             sid = int.from_bytes(self._buf[5:9], "big") & 0x7FFFFFFF
-            self._buf = self._buf[9 + length :]
+            payload, self._buf = self._buf[9 : 9 + length], self._buf[9 + length :]
             if (kind == HEADERS and flags & END_STREAM) or kind == RST_STREAM:
                 self.finished.add(sid)
-            elif kind == GOAWAY:
-                pass  # streams already running may still finish
+            if kind == RST_STREAM:
+                self.reset[sid] = int.from_bytes(payload[:4], "big")
+            elif kind == SETTINGS and not flags & ACK:
+                for i in range(0, len(payload) - 5, 6):
+                    key, value = struct.unpack(">HI", payload[i : i + 6])
+                    self.settings[key] = value
+            # GOAWAY: streams already running may still finish
 
     def ended(self, stream_id: int, wait_s: float = 0.0) -> bool:
         """True once the server finished the stream or the connection is gone."""

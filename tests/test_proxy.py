@@ -1,7 +1,8 @@
 """deploy/proxy/haproxy.cfg, the edge proxy's shipped configuration, run by the real HAProxy binary in front
 of a real ``splitrt serve`` on loopback: TLS and HTTP/2 in, gRPC through to the server, Infer answers
 as the local run does; the server sees each device's address (x-forwarded-for from a trusted proxy), so a token guesser
-is throttled alone; an address's connections and request rate are capped at the proxy. Skips when the
+is throttled alone; an address's connections, streams per connection, silent connections and request rate are
+capped at the proxy (the server no longer caps connections itself). Skips when the
 ``haproxy`` or ``openssl`` binary is absent (``.ci/run`` installs haproxy on a fresh CI machine)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import select
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -29,6 +31,7 @@ from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from tests.loopback import free_port, reap, serve
+from tests.rawh2 import RawConnection
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy" / "proxy" / "haproxy.cfg"
@@ -273,3 +276,63 @@ class _Relay:
         self.listener.close()
         for s in self.socks:
             s.close()
+
+
+def _h2_tls(edge: Edge) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(edge.ca))
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+def test_streams_beyond_the_cap_are_refused_by_the_proxy(edge: Edge) -> None:
+    """The proxy announces 100 concurrent streams per connection and refuses the 101st (RST_STREAM
+    REFUSED_STREAM, 7) before it reaches the server, which sets no stream cap of its own. 101 InferStream
+    calls, headers only, in one write."""
+    host, port = edge.address.rsplit(":", 1)
+    with RawConnection(host, int(port), tls=_h2_tls(edge), source="127.0.0.6") as raw:
+        auth = [("authorization", f"Bearer {TOKEN}")]
+        ids = [raw.start_call("/splitrt.SplitInference/InferStream", auth) for _ in range(101)]
+        for _ in range(100):
+            raw.pump(0.1)
+            if ids[-1] in raw.reset or raw.closed:
+                break
+        assert raw.settings.get(3) == 100, raw.settings  # SETTINGS_MAX_CONCURRENT_STREAMS
+        assert raw.reset.get(ids[-1]) == 7 and not raw.closed, (raw.reset, raw.closed)
+        assert [i for i in ids[:-1] if raw.reset.get(i) == 7] == []
+    with edge.device(source="127.0.0.6") as dev:  # the address goes on
+        assert dev.run_detailed(dev.random_inputs(), cut="c2").where == "cloud"
+
+
+@pytest.mark.slow
+def test_a_silent_connection_is_closed(edge: Edge) -> None:
+    """Connections that send nothing are closed by the proxy, not left to the server (which has no handshake
+    or idle timeout of its own): one that never starts TLS (``timeout client``, 30 s), one that stops after
+    TLS and one after the HTTP/2 preface with no stream (``timeout http-request``, 10 s). The bound is a guard
+    against hanging, not a timed assert."""
+    host, port = edge.address.rsplit(":", 1)
+    src = ("127.0.0.7", 0)
+    tcp = socket.create_connection((host, int(port)), timeout=10, source_address=src)
+    tls = _h2_tls(edge).wrap_socket(
+        socket.create_connection((host, int(port)), timeout=10, source_address=src), server_hostname="localhost"
+    )
+    h2 = RawConnection(host, int(port), tls=_h2_tls(edge), source="127.0.0.7")
+    closed: set[str] = set()
+    try:
+        end = time.monotonic() + 120
+        while len(closed) < 3 and time.monotonic() < end:
+            for name, s in (("tcp", tcp), ("tls", tls)):
+                if name not in closed and select.select([s], [], [], 0.2)[0]:
+                    try:
+                        gone = s.recv(64) == b""
+                    except OSError:  # reset, or TLS torn down
+                        gone = True
+                    if gone:
+                        closed.add(name)
+            h2.pump(0.2)
+            if h2.closed:
+                closed.add("h2")
+        assert closed == {"tcp", "tls", "h2"}, closed
+    finally:
+        for s in (tcp, tls):
+            s.close()
+        h2.close()

@@ -47,7 +47,7 @@ from splitrt.cloud.common import log_event
 from splitrt.cloud.config import ServerConfig, tail_threads, tokens_from_file
 from splitrt.cloud.guard import security
 from splitrt.cloud.guard.door import FrontDoor
-from splitrt.cloud.guard.limits import connection_budget, grpc_options, raise_fd_limit
+from splitrt.cloud.guard.limits import grpc_options
 from splitrt.cloud.handler.infer import Handler
 from splitrt.cloud.handler.nexthop import NextHop
 from splitrt.cloud.handler.servicer import Servicer, add_health, add_servicer
@@ -143,7 +143,6 @@ class CloudServer:
             max_request_bytes=config.max_request_bytes,
             max_run_s=config.limits.max_run_s,
         )
-        self.max_connections = 0  # set by ``start`` (from the file-descriptor limit)
         # Health NOT_SERVING while every place is held for ``limits.saturated_s`` (``saturation``).
         self.health_gate = HealthGate(
             self.health, lambda: saturated(self.admission, self.door), config.limits.saturated_s
@@ -157,12 +156,11 @@ class CloudServer:
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
         cfg = self.config
-        self.max_connections = connection_budget(cfg.limits, raise_fd_limit())
         threads = self.door.threads
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="splitrt-cloud"),
             interceptors=[self.door],
-            options=wire.server_options(cfg.max_message_bytes) + grpc_options(cfg.limits, self.max_connections),
+            options=wire.server_options(cfg.max_message_bytes) + grpc_options(cfg.limits),
             # The lanes admit calls (``frontdoor``); this backstop only bounds refusals waiting for a thread.
             maximum_concurrent_rpcs=4 * threads,
         )
@@ -211,7 +209,6 @@ class CloudServer:
             allow_upload=cfg.allow_upload,
             version=__version__,
             metrics_url=self.metrics_url,
-            max_connections=self.max_connections,
             lanes=self.door.caps,
         )
         if self.metrics_url is not None and not security.is_loopback(cfg.metrics_host):

@@ -1,43 +1,32 @@
-"""Time and count limits on everything a client can hold on the server (``ServerConfig.limits``), and
-the gRPC core options and file-descriptor budget that carry the connection-level ones.
+"""Time and count limits on what a client can hold on the server (``ServerConfig.limits``; each field
+with its ``splitrt serve`` flag), and the gRPC core options that carry the per-stream ones.
 
-Per call (the front door, ``frontdoor``): lanes of their own for inference calls, ``Status``, health
-``Check`` and health ``Watch``, so a full inference queue or a flood of health streams never locks
-out the others; a read timeout on request bodies, upload chunks and replies the client does not take;
-an idle limit between stream frames; Watch streams capped and aged out.
+Per call (the front door, ``guard.door``): lanes of their own for inference calls, Probe, uploads,
+``Status``, health ``Check`` and health ``Watch``, so a full inference queue or a flood of health streams
+never locks out the others; a read timeout on request bodies, upload chunks and replies the client does
+not take; an idle limit between stream frames; Watch streams capped and aged out.
 
-Per connection (gRPC core): streams per connection, idle connections closed, an optional maximum age
-(with grace), TLS/HTTP2 handshake timeout, keepalive pings (dead peers dropped) and enforcement of the
-clients' ping rate, and a cap on connections below the process's file-descriptor limit (raised to its
-hard limit at start), so the server refuses new connections instead of failing on ``EMFILE``.
-
-Per stream (gRPC core): a fixed receive window (``stream_window_bytes``) instead of gRPC's BDP-sized one.
-A client may send that much of a message before the server asks for it; gRPC grows a stream's window to
-the whole message once the server reads it. With BDP sizing on loopback the window grew to many MiB, so
-a call refused on its headers (a full lane, a probe over budget) still pushed ~15 MiB of its body into
-the server before the refusal reached it (bench_attack ``probes``: 1.5 GB on loopback in 5 s).
+Per stream (gRPC core): a fixed receive window (``stream_window_bytes``) instead of gRPC's BDP-sized one,
+so a call refused on its headers pushes at most that much of its body into the server (BDP windows
+grew to ~15 MiB on loopback). Connections (how many, per address, idle, handshakes, pings, streams per
+connection) are the edge proxy's: ``deploy/proxy/haproxy.cfg``, ``docs/operator/proxy.md``.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import resource
 from dataclasses import dataclass, field
 from typing import Any
 
 from splitrt.errors import ConfigError
 
-__all__ = ["Limits", "connection_budget", "flag", "grpc_options", "raise_fd_limit"]
+__all__ = ["Limits", "flag", "grpc_options"]
 
 
 def flag(default: Any, name: str, help: str, *, metavar: str | None = None, scale: int = 1) -> Any:
     """A field with its ``splitrt serve`` flag: the CLI's flags and their help are read from the dataclass
     (``cli.serve``), not copied. ``scale``: the flag's unit in the field's (KiB -> bytes; 0 -> None)."""
     return field(default=default, metadata={"flag": name, "help": help, "metavar": metavar, "scale": scale})
-
-
-# File descriptors kept for everything but connections: model files, sessions' threads, logs, metrics.
-FD_RESERVE = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,24 +121,6 @@ class Limits:
         "--watch-max-age-s",
         "a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)",
     )
-    # gRPC core: concurrent streams per HTTP/2 connection (more wait on the client).
-    streams_per_connection: int = flag(
-        100,
-        "--streams-per-connection",
-        "concurrent calls per HTTP/2 connection (default 100)",
-    )
-    # Connections at once; None: the file-descriptor limit (raised to its hard limit) minus a reserve.
-    max_connections: int | None = flag(
-        None,
-        "--max-connections",
-        "connections at once (default: the file-descriptor limit, raised to its hard limit, minus 256)",
-    )
-    # A connection with no call for this long is closed (GOAWAY); clients reconnect on their next call.
-    connection_idle_s: float = flag(
-        300.0,
-        "--connection-idle-s",
-        "close a connection with no call for this long (default 300)",
-    )
     # A connection is told to go away after this (None: never), and closed ``grace`` later.
     connection_age_s: float | None = flag(
         None,
@@ -161,11 +132,6 @@ class Limits:
         "--max-connection-age-grace-s",
         "calls in flight on an aged connection get this long (default 60)",
     )
-    # TCP accepted to HTTP/2 (and TLS) ready within this.
-    handshake_timeout_s: float = 10.0
-    # The server pings a quiet connection this often and drops it if the ping is not answered in time.
-    keepalive_s: float = 60.0
-    keepalive_timeout_s: float = 20.0
     # Bytes of a message a client may send before the server reads it (HTTP/2 initial stream window; the
     # rest follows once it is read); None: gRPC's default, sized by BDP probing (unbounded).
     stream_window_bytes: int | None = flag(
@@ -208,10 +174,6 @@ class Limits:
             "health_read_timeout_s",
             "stream_idle_s",
             "watch_max_age_s",
-            "connection_idle_s",
-            "handshake_timeout_s",
-            "keepalive_s",
-            "keepalive_timeout_s",
             "auth_backoff_s",
             "auth_backoff_max_s",
             "log_interval_s",
@@ -227,14 +189,11 @@ class Limits:
             "upload_calls",
             "health_calls",
             "watch_streams",
-            "streams_per_connection",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name}: expected >= 1, got {getattr(self, name)}")
         if self.auth_free_failures < 0:
             raise ConfigError(f"limits.auth_free_failures: expected >= 0, got {self.auth_free_failures}")
-        if self.max_connections is not None and self.max_connections < 1:
-            raise ConfigError(f"limits.max_connections: expected >= 1, got {self.max_connections}")
         if self.stream_window_bytes is not None and not 65_535 <= self.stream_window_bytes < 2**31:
             raise ConfigError(
                 f"limits.stream_window_bytes: expected 65535 to 2**31 - 1 or None, got {self.stream_window_bytes}"
@@ -250,44 +209,14 @@ class Limits:
             raise ConfigError(f"limits.connection_age_s: expected > 0 seconds or None, got {self.connection_age_s}")
 
 
-def raise_fd_limit() -> int:
-    """Raise this process's soft file-descriptor limit to its hard limit; returns the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft == resource.RLIM_INFINITY or soft >= hard:
-        return int(min(soft, hard) if soft != resource.RLIM_INFINITY else hard)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        return int(hard)
-    except (ValueError, OSError):
-        return int(soft)
-
-
-def connection_budget(limits: Limits, fd_limit: int) -> int:
-    """Connections the server accepts at once: the configured cap, never more than the descriptors
-    left after ``FD_RESERVE`` (each connection is one descriptor)."""
-    room = max(16, fd_limit - FD_RESERVE)
-    return room if limits.max_connections is None else min(limits.max_connections, room)
-
-
 def _ms(seconds: float) -> int:
     return max(1, min(2**31 - 1, int(seconds * 1000)))
 
 
-def grpc_options(limits: Limits, max_connections: int) -> list[tuple[str, Any]]:
-    """gRPC core channel arguments for the connection-level limits (names as in grpc's
-    ``channel_arg_names.h``; each checked against grpcio 1.85 in ``tests/cloud/test_frontdoor.py``)."""
-    opts: list[tuple[str, Any]] = [
-        ("grpc.max_concurrent_streams", limits.streams_per_connection),
-        ("grpc.max_connection_idle_ms", _ms(limits.connection_idle_s)),
-        ("grpc.max_allowed_incoming_connections", max_connections),
-        ("grpc.server_handshake_timeout_ms", _ms(limits.handshake_timeout_s)),
-        ("grpc.keepalive_time_ms", _ms(limits.keepalive_s)),
-        ("grpc.keepalive_timeout_ms", _ms(limits.keepalive_timeout_s)),
-        # Clients pinging more often than every 5 s without data get GOAWAY after 2 strikes.
-        ("grpc.http2.max_ping_strikes", 2),
-    ]
+def grpc_options(limits: Limits) -> list[tuple[str, Any]]:
+    """gRPC core channel arguments: the stream window and the connection age (names as in grpc's
+    ``channel_arg_names.h``; checked against grpcio 1.85 in ``tests/cloud/test_frontdoor.py``)."""
+    opts: list[tuple[str, Any]] = []
     if limits.stream_window_bytes is not None:
         opts += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", limits.stream_window_bytes)]
     if limits.connection_age_s is not None:

@@ -47,7 +47,7 @@ class ServerConfig:
     # requests in flight share what the process does not hold at start. None: no budget (an in-process
     # server does not own its process); ``splitrt serve`` defaults to ``DEFAULT_MAX_MEMORY_BYTES``.
     max_memory_bytes: int | None = None
-    # A request whose estimated peak activation memory (at its shapes, ``splitrt.cloud.capacity.peak``) is
+    # A request whose estimated peak activation memory (at its shapes, ``splitrt.graph.peak``) is
     # larger is refused (RESOURCE_EXHAUSTED) before it runs.
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     # Store quotas for uploads (``splitrt.cloud.models.upload``) and the largest graph the server loads (nodes,

@@ -130,14 +130,10 @@ def file_sha256(path: Path) -> str:
 
 
 def external_data_files(model: onnx.ModelProto, base: Path) -> list[Path]:
-    """The external-data files a model's initializers point at, in first-use order."""
-    seen: dict[str, None] = {}
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for kv in t.external_data:
-                if kv.key == "location":
-                    seen.setdefault(kv.value, None)
-    return [base / name for name in seen]
+    """The external-data files any of the model's tensors point at (``extdata``), in first-use order."""
+    from splitrt.graph.extdata import external_locations
+
+    return [base / name for name in external_locations(model) if name]
 
 
 def model_sha256(path: Path, model: onnx.ModelProto | None = None) -> str:

@@ -20,12 +20,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from splitrt.cloud.capacity.memory import BUILDER_RESIDENT_BYTES
-from splitrt.cloud.capacity.peak import peak_bytes
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import CloudError
 from splitrt.graph import zoo
 from splitrt.graph.model import model_sha256
+from splitrt.graph.peak import peak_bytes
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport.grpc_transport import GrpcTransport

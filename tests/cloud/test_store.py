@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from splitrt.cloud.models.store import ModelStore, location_outside
+from splitrt.cloud.models.store import ModelStore, location_refused
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
@@ -148,8 +148,11 @@ def test_store_refuses_external_data_outside_it(world: tuple[Path, Path], caplog
     refused = [r.getMessage() for r in caplog.records if '"event": "model_refused"' in r.getMessage()]
     assert len(refused) == 4
     assert all("expected external data inside" in m for m in refused)
-    assert location_outside(store, ["w.bin", "sub/x.bin"]) is None
-    assert location_outside(store, ["w.bin", "../x"]) == "../x"
+    assert location_refused(store, store / "m.onnx", ["w.bin", "sub/x.bin"]) is None
+    assert location_refused(store, store / "m.onnx", ["w.bin", "../x"]) == (
+        "../x",
+        f"expected external data inside {store}",
+    )
 
 
 def test_garbage_model_file_is_skipped_and_status_still_answers(world: tuple[Path, Path]) -> None:

@@ -3,7 +3,7 @@
 Admission (a place among ``workers + max_queue``, else RESOURCE_EXHAUSTED with a retry hint), the segment
 (built in a heavy slot and leased from the ``TailCache``, so it is not evicted while it runs), the input
 check (names, dtypes, shapes, decoded sizes: nothing inflated), the request's memory (its activations at
-its shapes and small integer values, ``capacity.peak``, refused beyond ``max_request_bytes``, reserved in
+its shapes and small integer values, ``graph.peak``, refused beyond ``max_request_bytes``, reserved in
 the budget), the run in a worker slot under the canceller (deadline, client cancel, shutdown, run limit,
 memory), then the reply, or, for a request naming ``next_cut_id`` B besides its ``cut_id`` A, the segment
 A -> B (key ``"A>B"``) and the forward of B's crossing tensors to the next hop (``nexthop``), with B's
@@ -29,17 +29,16 @@ from splitrt.cloud.capacity.cancel import CallToken, Canceller
 from splitrt.cloud.capacity.fairq import HEAVY, RUN
 from splitrt.cloud.capacity.memory import MemoryBudget, trim
 from splitrt.cloud.capacity.niced import NicePool
-from splitrt.cloud.capacity.peak import PeakEstimator
 from splitrt.cloud.capacity.runlimit import run_limit_s
-from splitrt.cloud.capacity.shapevalues import small_integer_arrays, small_integers
 from splitrt.cloud.common import RpcFailure
 from splitrt.cloud.guard.ratelog import RateLog
-from splitrt.cloud.handler.inputs import check_inputs, decode_inputs
+from splitrt.cloud.handler.inputs import check_inputs, decode_inputs, small_integer_arrays, small_integers
 from splitrt.cloud.handler.nexthop import DEVICE_CUT, NextHop, check_cuts
 from splitrt.cloud.metrics import ServerStats
 from splitrt.cloud.models.store import ModelStore
 from splitrt.cloud.models.tails import Tail, TailCache
 from splitrt.errors import CodecError
+from splitrt.graph.peak import PeakEstimator
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 

@@ -2,10 +2,14 @@
 
 Checking reads only names, dtypes, shapes and the sizes they imply (nothing inflated or allocated), so
 a request is refused before it waits; decoding is left for when it holds a slot, which bounds the
-memory decoded inputs take to ``workers * max_decoded_bytes``.
+memory decoded inputs take to ``workers * max_decoded_bytes``. The small numeric tensors whose values may
+decide sizes (``small_integers``: at most ``MAX_ELEMENTS`` each) are read before the run, for the peak
+estimate (``graph.peak``); one that does not decode is left to ``decode_inputs`` to refuse.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 import grpc
 import numpy as np
@@ -75,3 +79,35 @@ def decode_inputs(request: wire.Framed, max_decoded_bytes: int) -> dict[str, np.
         except CodecError as exc:
             raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
     return feeds
+
+
+# A shape or a count is a few numbers; an integer tensor larger than this is data (token ids), not a size.
+MAX_ELEMENTS = 64
+_INTEGER = frozenset(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"))
+# Floats too: Resize's scales, or a count cast from a float (their values pass to shape inference as well).
+_NUMERIC = _INTEGER | {"float16", "float32", "float64"}
+
+
+def small_integers(tensors: Iterable[codec.Encoded]) -> dict[str, np.ndarray]:
+    """The numeric tensors of at most ``MAX_ELEMENTS`` elements, decoded (a tensor that does not decode is
+    skipped: the request is refused when its inputs are decoded)."""
+    out: dict[str, np.ndarray] = {}
+    for t in tensors:
+        if t.dtype not in _NUMERIC or any(int(d) < 0 for d in t.shape):
+            continue
+        if int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_ELEMENTS:
+            continue
+        try:
+            out[t.name] = np.array(codec.decode(t, max_bytes=8 * MAX_ELEMENTS))  # quantised: decodes to float
+        except CodecError:
+            continue
+    return out
+
+
+def small_integer_arrays(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """As ``small_integers``, from decoded tensors."""
+    return {
+        k: np.array(v)
+        for k, v in feeds.items()
+        if np.asarray(v).dtype.name in _NUMERIC and np.asarray(v).size <= MAX_ELEMENTS
+    }

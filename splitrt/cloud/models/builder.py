@@ -96,11 +96,6 @@ def _init(parent: int) -> None:
     when the server that started it is gone."""
     import onnx  # noqa: F401
 
-    import splitrt.cloud.capacity.peak
-    import splitrt.cloud.models.store
-    import splitrt.graph.model
-    import splitrt.graph.partition  # noqa: F401
-
     os.nice(NICE)
 
     def orphaned() -> None:
@@ -115,10 +110,10 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
     """In the child: ("ok", inputs, skeleton bytes, weights bytes, static peak, cut ids) with the segment
     written to ``out``, or ("error", code name, message, cut ids or None)."""
     from splitrt.cloud.capacity.memory import trim
-    from splitrt.cloud.capacity.peak import skeleton
     from splitrt.cloud.models.store import load_graph
     from splitrt.graph import model as graph_mod
     from splitrt.graph import partition
+    from splitrt.graph.peak import skeleton
 
     ids: list[str] | None = None
     try:
@@ -154,7 +149,7 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
 
 def _static_peak(skel: Any, inputs: list[tuple[str, str, Any]]) -> Any:
     """(shapes, ``peak.peak_bytes``) at the declared input shapes if every dim is a number, else None."""
-    from splitrt.cloud.capacity.peak import peak_bytes
+    from splitrt.graph.peak import peak_bytes
 
     if not all(shape is not None and all(isinstance(d, int) for d in shape) for _, _, shape in inputs):
         return None

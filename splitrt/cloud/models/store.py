@@ -26,8 +26,8 @@ import grpc
 from splitrt.cloud.capacity.admission import current_client
 from splitrt.cloud.capacity.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes, trim
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.models.extdata import external_locations, location_refused
 from splitrt.errors import ConfigError
+from splitrt.graph.extdata import external_locations
 
 #: Temporary files of uploads in progress (never served, never listed).
 PART_GLOB = ".upload-*.part"
@@ -35,19 +35,33 @@ PART_GLOB = ".upload-*.part"
 RESCAN_S = 1.0
 
 
-def location_outside(root: Path, locations: list[str]) -> str | None:
-    """The first external-data location that does not stay inside ``root`` (absolute, ``..``, a
-    symlink out, a NUL byte), or None when all stay."""
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_upload_name(path: Path) -> bool:
+    """A file named as the store names uploads: ``<64 hex>.onnx``."""
+    return path.suffix == ".onnx" and len(path.stem) == 64 and set(path.stem) <= _HEX
+
+
+def location_refused(root: Path, model_file: Path, locations: list[str]) -> tuple[str, str] | None:
+    """``(location, why)`` for the first location the model in ``model_file`` may not read, or None."""
     base = root.resolve()
     for loc in locations:
+        if is_upload_name(model_file):
+            return loc, "an uploaded model names no file (an upload is one self-contained file)"
         if not loc or "\0" in loc or Path(loc).is_absolute():
-            return loc
+            return loc, f"expected external data inside {root}"
         try:
             target = (base / loc).resolve()
         except (OSError, RuntimeError, ValueError):
-            return loc
+            return loc, f"expected external data inside {root}"
         if target == base or not target.is_relative_to(base):
-            return loc
+            return loc, f"expected external data inside {root}"
+        parts = target.relative_to(base).parts
+        if any(p.startswith(".") for p in parts):
+            return loc, "expected a data file of the model, got a hidden file (the server's own)"
+        if target.suffix == ".onnx":
+            return loc, "expected a data file of the model, got another model"
     return None
 
 

@@ -260,8 +260,8 @@ class TailCache:
             build_for=current_client(),
         )
         try:
-            from splitrt.cloud.capacity.peak import skeleton
             from splitrt.graph import partition
+            from splitrt.graph.peak import skeleton
 
             segment = segment_of(graph, sha256, cut_id, self.store.root)
             del graph

@@ -40,8 +40,8 @@ import grpc
 
 from splitrt.cloud.common import RpcFailure, disk_failure, log_event
 from splitrt.cloud.models import checker
-from splitrt.cloud.models.extdata import external_locations, sparse_initializers
 from splitrt.cloud.models.store import ModelStore, count_nodes
+from splitrt.graph.extdata import external_locations, sparse_initializers
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")

@@ -1,15 +1,12 @@
-"""A request's shape-like tensors: the small integer tensors crossing a cut, whose *values* can decide how
-much the tail allocates (a batch count feeding ``Expand``, a shape feeding ``ConstantOfShape``). They are
-read before the run (cheap: at most ``MAX_ELEMENTS`` each) so that the peak estimate (``peak``) sees the
-sizes they imply; a tensor decoding wrong is left to ``inputs.decode_inputs`` to refuse.
+"""Inputs whose *values* decide sizes: a small integer tensor crossing a cut can decide how much the tail
+allocates (a batch count feeding ``Expand``, a shape feeding ``ConstantOfShape``), so the peak estimate
+(``peak``) takes such values as constants before shape inference.
 
 Only inputs that reach an operand whose values decide a size (``SIZE_OPERANDS``: Expand's shape, Reshape's,
 ConstantOfShape's, Tile's repeats, Range's bounds, a Loop's trip count, any input of a node with a
 subgraph...) through any path not cut by ``Shape``/``Size`` count: token ids (data) do not, so a request
 of ids is not estimated again per value.
 
-- ``small_integers(tensors) -> {name: array}``: the request's numeric tensors of at most ``MAX_ELEMENTS``
-  (integers mostly; a float may be Resize's scales).
 - ``sizing_inputs(model) -> frozenset``: the graph inputs whose values may decide a size.
 - ``fold(model, values)``: what small nodes compute from them; ``told_elements(node, consts)``: an output's
   size told by operand values where onnx's shape inference does not tell it (MaxUnpool).
@@ -17,54 +14,12 @@ of ids is not estimated again per value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from splitrt.errors import CodecError
-from splitrt.transport import codec
-
-__all__ = [
-    "MAX_ELEMENTS",
-    "SIZE_OPERANDS",
-    "sizing_inputs",
-    "small_integer_arrays",
-    "small_integers",
-    "told_elements",
-]
-
-# A shape or a count is a few numbers; an integer tensor larger than this is data (token ids), not a size.
-MAX_ELEMENTS = 64
-_INTEGER = frozenset(("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"))
-# Floats too: Resize's scales, or a count cast from a float (their values pass to shape inference as well).
-_NUMERIC = _INTEGER | {"float16", "float32", "float64"}
-
-
-def small_integers(tensors: Iterable[codec.Encoded]) -> dict[str, np.ndarray]:
-    """The numeric tensors of at most ``MAX_ELEMENTS`` elements, decoded (a tensor that does not decode is
-    skipped: the request is refused when its inputs are decoded)."""
-    out: dict[str, np.ndarray] = {}
-    for t in tensors:
-        if t.dtype not in _NUMERIC or any(int(d) < 0 for d in t.shape):
-            continue
-        if int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_ELEMENTS:
-            continue
-        try:
-            out[t.name] = np.array(codec.decode(t, max_bytes=8 * MAX_ELEMENTS))  # quantised: decodes to float
-        except CodecError:
-            continue
-    return out
-
-
-def small_integer_arrays(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """As ``small_integers``, from decoded tensors."""
-    return {
-        k: np.array(v)
-        for k, v in feeds.items()
-        if np.asarray(v).dtype.name in _NUMERIC and np.asarray(v).size <= MAX_ELEMENTS
-    }
-
+__all__ = ["SIZE_OPERANDS", "fold", "sizing_inputs", "told_elements"]
 
 #: (op, input index) whose values decide the size of an output (or the work: a Loop's trip count).
 SIZE_OPERANDS = frozenset(

@@ -13,14 +13,14 @@ by the process's memory watch instead (``splitrt.cloud.capacity.cancel``).
 
 Sizes may also come from a request's *values*: a small integer tensor crossing the cut (a batch count
 feeding ``Expand``, a shape feeding ``ConstantOfShape``/``Reshape``/``Tile``/``Range``) decides how much
-its tail allocates (vit_tiny at c4: 8 bytes asking for 7.4 GB). Such tensors (``shapevalues``) are put in
+its tail allocates (vit_tiny at c4: 8 bytes asking for 7.4 GB). Such tensors (``sizing``) are put in
 the skeleton as constants before shape inference, so data propagation carries their values to the sizes
 they imply and the estimate sees the allocation before it happens.
 
 - ``peak.skeleton(model)`` (the segment without large weights' data), ``PeakEstimator.estimate(key, skeleton,
   shapes, values) -> Estimate(peak_bytes, unknown)``: tensors alive from producer to last consumer at the
   request's shapes and small integer inputs' values (those that may decide a size: ``.sizing``);
-  ``request_path.request_bytes`` refuses beyond ``max_request_bytes`` (x1.2 for kernels' scratch).
+  the server refuses a request beyond its ``max_request_bytes`` (x1.2 for kernels' scratch).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 # decide a shape; small ones, like Reshape's target, do and are kept).
 _KEEP_ELEMENTS = 1024
 _CACHE_ENTRIES = 32
-#: A request's small integer inputs by name (``shapevalues``).
+#: A request's small integer inputs by name (``sizing``).
 Values = dict[str, np.ndarray]
 
 
@@ -79,8 +79,8 @@ class PeakEstimator:
         self._sizing: OrderedDict[str, frozenset[str]] = OrderedDict()
 
     def sizing(self, segment: str, skel: Any) -> frozenset[str]:
-        """The skeleton's inputs whose values may decide a size (``shapevalues.sizing_inputs``), cached."""
-        from splitrt.cloud.capacity.shapevalues import sizing_inputs
+        """The skeleton's inputs whose values may decide a size (``sizing.sizing_inputs``), cached."""
+        from splitrt.graph.sizing import sizing_inputs
 
         with self._lock:
             hit = self._sizing.get(segment)
@@ -96,7 +96,7 @@ class PeakEstimator:
         self, segment: str, skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | None = None
     ) -> Estimate:
         """``segment`` names the skeleton (model sha256 and cut) in the cache; ``values``: the request's small
-        integer inputs (``shapevalues``), taken as constants where they may decide a size."""
+        integer inputs (``sizing``), taken as constants where they may decide a size."""
         sizing = self.sizing(segment, skel) if values else frozenset()
         values = {k: v for k, v in (values or {}).items() if k in sizing}
         shown = tuple(sorted((k, v.dtype.str, v.tobytes()) for k, v in values.items()))
@@ -125,7 +125,7 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
     weights = {i.name for i in m.graph.initializer}
     consts: Values = {}
     if values:  # constants now: shape inference's data propagation reads them
-        from splitrt.cloud.capacity.shapevalues import fold
+        from splitrt.graph.sizing import fold
 
         kept = [vi for vi in m.graph.input if vi.name not in values]
         del m.graph.input[:]
@@ -167,7 +167,7 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
                 continue
             size = sizes.get(o)
             if size is None and o == n.output[0] and consts:
-                from splitrt.cloud.capacity.shapevalues import told_elements
+                from splitrt.graph.sizing import told_elements
 
                 told = told_elements(n, consts)
                 size = None if told is None else told * itemsizes.get(o, 4)

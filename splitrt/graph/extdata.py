@@ -1,4 +1,4 @@
-"""Where a model's tensors may keep their bytes: the external-data rules of the model store and uploads.
+"""Every tensor a model carries, wherever it is, and which of them keep their bytes in external files.
 
 onnx's loader reads external data for every tensor it finds, not only the top graph's initializers: a
 ``Constant`` node's ``value`` attribute, an initializer inside an ``If``/``Loop``/``Scan`` body, a sparse
@@ -9,21 +9,14 @@ file's bytes as a tensor and so in its outputs (a 187-byte upload returned the s
   sparse ones' values and indices, node attributes, functions), with where it is.
 - ``external_locations(model)``: the ``location`` of each external-data tensor among them.
 - ``sparse_initializers(model)``: names of sparse initializers anywhere (the server cannot split them).
-- ``location_refused(root, model_file, locations)``: why one location may not be read, or None. Only a
-  data file of the model itself may be named: inside ``root`` (no absolute path, ``..``, symlink out), not
-  hidden (``.splitrt-warm.json``, uploads in progress), not another model (``*.onnx``); a stored upload
-  (``<sha256>.onnx``) names nothing (an upload is one file).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-__all__ = ["all_tensors", "external_locations", "location_refused", "sparse_initializers"]
-
-_HEX = frozenset("0123456789abcdef")
+__all__ = ["all_tensors", "external_locations", "sparse_initializers"]
 
 
 def _graphs(model: Any) -> Iterator[tuple[str, Any]]:
@@ -86,30 +79,3 @@ def external_locations(model: Any) -> list[str]:
 def sparse_initializers(model: Any) -> list[str]:
     """Names of the sparse initializers of the graph and its subgraphs."""
     return [s.values.name for _, g in _graphs(model) for s in getattr(g, "sparse_initializer", ())]
-
-
-def is_upload_name(path: Path) -> bool:
-    """A file named as the store names uploads: ``<64 hex>.onnx``."""
-    return path.suffix == ".onnx" and len(path.stem) == 64 and set(path.stem) <= _HEX
-
-
-def location_refused(root: Path, model_file: Path, locations: list[str]) -> tuple[str, str] | None:
-    """``(location, why)`` for the first location the model in ``model_file`` may not read, or None."""
-    base = root.resolve()
-    for loc in locations:
-        if is_upload_name(model_file):
-            return loc, "an uploaded model names no file (an upload is one self-contained file)"
-        if not loc or "\0" in loc or Path(loc).is_absolute():
-            return loc, f"expected external data inside {root}"
-        try:
-            target = (base / loc).resolve()
-        except (OSError, RuntimeError, ValueError):
-            return loc, f"expected external data inside {root}"
-        if target == base or not target.is_relative_to(base):
-            return loc, f"expected external data inside {root}"
-        parts = target.relative_to(base).parts
-        if any(p.startswith(".") for p in parts):
-            return loc, "expected a data file of the model, got a hidden file (the server's own)"
-        if target.suffix == ".onnx":
-            return loc, "expected a data file of the model, got another model"
-    return None

@@ -8,12 +8,11 @@ model and cut (``Status`` segments). On each scrape a custom ``prometheus_client
 that state, the load and the front door's counters (``splitrt.transport.promserve`` serves it, as it
 does the device daemon's).
 
-- Metrics (``cloud.metrics``): ``ServerConfig(metrics_port=None | 0 | N, metrics_host="127.0.0.1")`` serves
-  Prometheus text (``render(server)``; ``collect(server)`` yields the families) on
-  ``Scraped.metrics_url`` from ``start()`` to ``stop()`` (the ``listening`` event names it; a taken
-  port is ``ConfigError`` before gRPC serves); ``splitrt serve --metrics-port N``.
-  ``Scraped.stats`` (``ServerStats``): ``.observe(...)`` per request, ``.service_ms()``,
-  ``.segment_service_ms(sha, cut)``, ``.errors()``, ``.refused``, ``.retry_after_ms(queue_depth=, workers=)``.
+- ``ServerStats``: ``.observe(...)`` per request, ``.service_ms()``, ``.segment_service_ms(sha, cut)``,
+  ``.errors()``, ``.refused``, ``.retry_after_ms(queue_depth=, workers=)``.
+- ``render(server)``, ``collect(server)``: the families of a ``Scraped`` (a ``CloudServer``);
+  ``metrics_http(server, host, port)`` serves them on ``GET /metrics`` (``--metrics-port``; a taken port is
+  ``ConfigError`` before gRPC serves).
 """
 
 from __future__ import annotations

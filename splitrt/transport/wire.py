@@ -248,12 +248,13 @@ class Malformed:
     message: str
 
 
-def lenient_deserializer(message_type: Any) -> Callable[[bytes], Framed | Malformed]:
-    """``deserializer(message_type)`` that returns ``Malformed`` instead of raising on garbage bytes."""
-    strict = deserializer(message_type)
+def lenient_deserializer(message_type: Any, parse: Callable[[bytes], Any] | None = None) -> Callable[[bytes], Any]:
+    """``parse`` (default ``deserializer(message_type)``) that returns ``Malformed`` instead of raising on
+    garbage bytes."""
+    strict = parse or deserializer(message_type)
     full_name = message_type.DESCRIPTOR.full_name
 
-    def deserialize(data: bytes) -> Framed | Malformed:
+    def deserialize(data: bytes) -> Any:
         try:
             return strict(data)
         except Exception as exc:  # ValueError (our framing), protobuf's DecodeError, bad UTF-8, ...

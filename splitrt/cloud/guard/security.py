@@ -1,24 +1,13 @@
 """Secure by default: what a server configuration exposes, and the choices it must make explicitly.
 
 - The server listens on 127.0.0.1 unless told otherwise.
-- Listening on any other address without both TLS and a bearer token is refused unless the config says
-  ``insecure=True`` (``splitrt serve --insecure``); such a server logs an ``insecure`` warning event at
-  start and reports ``insecure`` / ``security_warning`` in its ``Status``.
-- Uploads (``allow_upload``) need a bearer token, always: without one anyone who can connect could store
-  models on the server.
+- Any other address needs both TLS and a bearer token, or ``insecure=True`` (``splitrt serve --insecure``):
+  then an ``insecure`` warning event at start, ``Status.insecure``/``security_warning`` and TXT ``secure=0``.
+- Uploads (``allow_upload``) need a bearer token, always; metrics beyond loopback need ``metrics_public``.
+- Token files and the TLS private key are refused when group or others may read them (mode & 0o077).
 
-``exposure(config)`` checks a ``ServerConfig`` and says what it exposes (``Exposure``); it raises
-``ConfigError`` for the refused combinations, naming the choice to make.
-
-- Secure by default (``cloud.guard.security.exposure(config)``, ``ConfigError`` otherwise): ``host`` 127.0.0.1; any
-  other host needs TLS and ``tokens``, or ``insecure=True`` (then an ``insecure`` WARNING event at start and
-  ``StatusReply.insecure``/``security_warning``); ``allow_upload`` needs ``tokens``. Token files
-  (``transport.credentials.read_tokens``, a UTF-8 BOM ignored) and the TLS private key are refused when
-  group/others have any access (mode & 0o077); metrics beyond loopback need ``metrics_public=True``.
-
-``splitrt.cloud.guard.security``: the serve-time rules (127.0.0.1 by default; off loopback without TLS and a token
-only with ``insecure=True``, announced in a warning event, ``Status.insecure`` and TXT ``secure=0``; uploads
-only with a token).
+``exposure(config)`` checks a ``ServerConfig`` and says what it exposes (``Exposure``); ``ConfigError`` for
+the refused combinations, naming the choice to make.
 """
 
 from __future__ import annotations

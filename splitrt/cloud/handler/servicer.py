@@ -39,13 +39,8 @@ _NO_DEADLINE_S = 86_400.0
 def remaining_s(context: Any, default_s: float) -> float:
     """The call's time left, always a bounded number: a call without a deadline (or an absurd one) gets
     the server's ``default_deadline_s`` (waits on a larger number raise in ``threading``)."""
-    try:
-        left = context.time_remaining()
-    except Exception:  # an in-process context without deadlines
-        left = None
-    if left is None or not left < _NO_DEADLINE_S:  # NaN too
-        return default_s
-    return max(0.0, float(left))
+    left = _own_deadline_s(context)
+    return default_s if left is None else left
 
 
 class Backend(Protocol):
@@ -202,7 +197,8 @@ class Servicer:
 
 
 def _own_deadline_s(context: Any) -> float | None:
-    """The call's own time left, None when it set no deadline (or an in-process context has none)."""
+    """The call's own time left, None when it set no deadline (or an absurd one; NaN too), or an in-process
+    context has none."""
     try:
         left = context.time_remaining()
     except Exception:  # an in-process context without deadlines
@@ -220,18 +216,7 @@ def _well_formed(chunks: Iterator[pb.ModelChunk | wire.Malformed], method: str) 
 def lenient(message_type: Any) -> Callable[[bytes], Any]:
     """``message_type.FromString`` that returns ``wire.Malformed`` instead of raising on bytes that do not
     parse: the method then answers INVALID_ARGUMENT (gRPC itself would answer INTERNAL)."""
-    full_name = message_type.DESCRIPTOR.full_name
-
-    def deserialize(data: bytes) -> Any:
-        try:
-            return message_type.FromString(data)
-        except Exception as exc:  # protobuf's DecodeError, bad UTF-8 in a string field, ...
-            return wire.Malformed(
-                f"expected a protobuf-encoded {full_name}, got {len(data)} bytes that do "
-                f"not parse ({type(exc).__name__}: {str(exc)[:200]})"
-            )
-
-    return deserialize
+    return wire.lenient_deserializer(message_type, message_type.FromString)
 
 
 def add_servicer(servicer: Servicer, server: grpc.Server) -> None:

@@ -19,11 +19,6 @@ What an upload can and cannot do to the server's disk:
 - only then is the file fsynced and renamed (atomically) to ``<store>/<sha256>.onnx``. A failed, cancelled
   or refused upload removes its temporary file; one a killed server left is removed by the next
   ``ModelStore``.
-
-- Uploads (``cloud.models.upload``): one exclusive 0600 ``.upload-*.part`` in the store, the declared sha256 and
-  ``max_model_bytes`` checked, no external data, fsync + rename to ``<sha256>.onnx``; ``ModelStore`` skips (logs
-  ``model_refused``) files that are not ONNX or whose external data leaves the directory, and removes
-  ``.upload-*.part`` files at start.
 """
 
 from __future__ import annotations

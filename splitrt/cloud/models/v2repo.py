@@ -16,16 +16,10 @@ or, with ``fixed_shapes``, the bound graph's concrete shapes: the server then re
 (INVALID_ARGUMENT) and the device finishes such requests locally.
 
 - ``export_repository(graph, cut_ids, out_dir, *, fixed_shapes=False, intra_op_threads=0) -> [ExportedTail(name,
-  cut_id, directory, inputs, outputs, nodes)]``: per cut ``<name>/config.pbtxt`` (Triton: platform
-  ``onnxruntime_onnx``, ``max_batch_size: 0``, ``TYPE_<v2 datatype>``, dims from the tail's declared shapes with
-  -1 for free dims, or the bound shapes with ``fixed_shapes``; a scalar is dims ``[1]`` + ``reshape: { shape: [
-  ] }``), ``<name>/1/model.onnx`` (the tail, ``partition.head_tail``), ``<name>/model-settings.json`` (MLServer:
-  ``implementation`` ``splitrt_v2_runtime.OnnxTail``, ``inputs``/``outputs`` as v2 metadata, ``parameters.uri``
-  ``./1/model.onnx``); at the root ``splitrt_v2_runtime.py`` (a copy of ``splitrt/data/v2/``, needs only
-  mlserver + onnxruntime + numpy: checks each input's datatype and shape against ``model-settings.json``,
-  INVALID_ARGUMENT naming expected and got) and ``splitrt-repository.json``. Cut ``device`` and an empty list
-  are ``ConfigError``, an unknown cut ``CutError``; other models in ``out_dir`` are left alone, these ones
-  replaced.
+  cut_id, directory, inputs, outputs, nodes)]``: a scalar is dims ``[1]`` + ``reshape: { shape: [ ] }``; the
+  runtime needs only mlserver + onnxruntime + numpy and checks each input's datatype and shape against
+  ``model-settings.json`` (INVALID_ARGUMENT naming expected and got). Cut ``device`` and an empty list are
+  ``ConfigError``, an unknown cut ``CutError``; other models in ``out_dir`` are left alone, these replaced.
 - Tested against a real MLServer 1.7.1 (``tests/v2server.py``: own venv cached at
   ``~/.cache/splitrt/v2server-venv`` or ``$SPLITRT_V2SERVER_VENV``, installed by the fixture, a failure to
   install FAILS the test). ``deploy/kubernetes/`` (tests/test_deploy.py): yamllint, ``kubernetes-validate

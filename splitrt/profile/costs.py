@@ -24,6 +24,7 @@ def cost_table(
     cloud_speed_factor: float = 1.0,
     codecs: Mapping[str, CodecRatio] | None = None,
     min_agreement: float = MIN_AGREEMENT,
+    device_codec_factor: float | None = None,
 ) -> CostTable:
     """Per-cut costs for planning: head times from ``device``, tail times from ``cloud``.
 
@@ -31,8 +32,10 @@ def cost_table(
     host profile). Both profiles must be of the same model (sha256) and list the same cuts.
     ``codecs`` None: the fixed ratios, plus the per-cut ratios the device profile measured (the device
     encodes), lossy ones guarded by the device profile's output agreement (``measured_codecs``). The device
-    profile's encode times and call cost (x ``device_speed_factor``) and the cloud profile's decode times (x
-    ``cloud_speed_factor``) are priced where the profiles measured them (``profile.codectime``), 0 otherwise.
+    profile's encode times and call cost (x ``device_codec_factor``, default ``device_speed_factor``) and the
+    cloud profile's decode times (x ``cloud_speed_factor``) are priced where the profiles measured them
+    (``profile.codectime``), 0 otherwise. A codec factor of its own is for a device whose short single-threaded
+    work slows otherwise than a model's run (the rig's CPU quota: ``rig.runner``).
     """
     if device.sha256 != cloud.sha256:
         raise ProfileError(
@@ -44,6 +47,7 @@ def cost_table(
             f"device and cloud profiles list different cuts ({len(device.cuts)} vs {len(cloud.cuts)}): "
             "re-profile both with the same splitrt version"
         )
+    codec_factor = device_speed_factor if device_codec_factor is None else device_codec_factor
     return CostTable(
         ids=device.cut_ids,
         head_ms=np.array([c.head_ms for c in device.cuts]) * device_speed_factor,
@@ -52,9 +56,9 @@ def cost_table(
         float_bytes=[c.float_bytes for c in device.cuts],
         reply_bytes=[device.reply_bytes if c.reply_bytes is None else c.reply_bytes for c in device.cuts],
         codecs=codecs if codecs is not None else measured_codecs(device, min_agreement=min_agreement),
-        encode_ms=_scaled(device.codec_encode_ms, device_speed_factor),
+        encode_ms=_scaled(device.codec_encode_ms, codec_factor),
         decode_ms=_scaled(cloud.codec_decode_ms, cloud_speed_factor),
-        call_ms=(device.call_ms or 0.0) * device_speed_factor,
+        call_ms=(device.call_ms or 0.0) * codec_factor,
     )
 
 

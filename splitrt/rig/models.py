@@ -1,9 +1,22 @@
 """The models a rig run uses and their profiles: a zoo name or an .onnx file, the shipped host profile
-(``profiles/<hostclass>__<model>.json``) or one measured on this host, and the cost table from it."""
+(``profiles/<hostclass>__<model>.json``) or one measured on this host, and the cost table from it.
+
+The rig plans as a deployment does: lossy codecs only where the accuracy guard allows them
+(``profile.costs.measured_codecs`` at ``MIN_AGREEMENT``). ``guarded_profile`` adds the guard to a
+profile made without samples, measured on the zoo's photographs as ``splitrt profile --samples zoo``
+would (``profile.accuracy``: per (cut, codec) the model's output against the uncompressed one), cached
+under ``$SPLITRT_CACHE`` (default ``~/.cache/splitrt``) ``/guard`` by model and profile; a model without
+one image input keeps its profile (then lossless codecs only). On the zoo's random-weight models the
+photos' answers agree at nearly every (cut, codec): the guard is what a real model goes through, not a
+statement about the zoo's accuracy.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +49,8 @@ def model_path_for(model: str) -> Path:
 
 
 def profile_for(model: str, model_file: Path, workdir: Path, progress: Callable[[str], None]) -> Path:
-    """The shipped host profile of the model, or one measured now (cached in the workdir)."""
+    """The shipped host profile of the model, or one measured now (cached in the workdir), without the
+    accuracy guard (``guarded_profile`` adds it)."""
     from splitrt.graph import model as graph
     from splitrt.profile import profiler
 
@@ -53,19 +67,76 @@ def profile_for(model: str, model_file: Path, workdir: Path, progress: Callable[
     return out
 
 
-def cost_table_for(profile_path: Path, sha: str, speed_factor: float, cloud_factor: float = 1.0) -> Any:
+def guard_cache_dir() -> Path:
+    root = os.environ.get("SPLITRT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "splitrt"
+    )
+    return Path(root) / "guard"
+
+
+def guarded_profile(
+    profile_path: Path,
+    model_file: Path,
+    progress: Callable[[str], None],
+    *,
+    max_samples: int | None = None,
+    inner_cuts: int | None = None,
+) -> Path:
+    """``profile_path``, or a copy of it with the accuracy guard measured on the zoo's photographs (module
+    doc; timings and codec ratios as they were): at most ``max_samples`` (default ``samples.DEFAULT_LIMIT``),
+    at ``cloud`` and ``inner_cuts`` inner cuts (default ``accuracy.DEFAULT_CUTS``). Cached: the first call
+    per model, profile and those two takes a tail run per sample, measured cut and lossy codec (resnet50:
+    about 5 minutes on 2 loaded cores)."""
+    from splitrt.errors import ProfileError
+    from splitrt.graph import model as graph
+    from splitrt.profile import accuracy, profiler, samples
+
+    prof = profiler.load_profile(profile_path)
+    if prof.accuracy:
+        return profile_path
+    limit = samples.DEFAULT_LIMIT if max_samples is None else max_samples
+    n_cuts = accuracy.DEFAULT_CUTS if inner_cuts is None else inner_cuts
+    digest = hashlib.sha256(profile_path.read_bytes()).hexdigest()[:12]
+    out = guard_cache_dir() / f"{prof.sha256[:16]}-{digest}-{samples.ZOO}{limit}x{n_cuts}.json"
+    if out.is_file():
+        return out
+    g = graph.load(model_file)
+    try:
+        got = samples.load(samples.ZOO, g, limit=limit)
+    except ProfileError as exc:  # not an image model: lossless codecs only, as a profile without samples
+        progress(f"accuracy guard: no photographs for {model_file.name} ({exc}): lossless codecs only")
+        return profile_path
+    progress(f"accuracy guard: {model_file.name} on {len(got.feeds)} photographs (once, then cached)")
+    codecs = list(dict.fromkeys([*(prof.codec_ratios or {}), "fp16", "int8", "int8c"]))
+    agreement = accuracy.measure(g, got.feeds, codecs=codecs, cuts=accuracy.spread_cuts(g, n_cuts), progress=progress)
+    guarded = dataclasses.replace(prof, codec_agreement=agreement.shares, accuracy=agreement.facts(samples.ZOO))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    profiler.save_profile(guarded, tmp)
+    tmp.replace(out)  # atomic: rigs side by side may measure the same model
+    return out
+
+
+def cost_table_for(
+    profile_path: Path, sha: str, speed_factor: float, cloud_factor: float = 1.0, codec_factor: float | None = None
+) -> Any:
+    """The table the rig plans with: the profile's costs x the factors (``codec_factor``: the device's
+    encode and call, default ``speed_factor``), lossy codecs where its accuracy guard allows them
+    (``MIN_AGREEMENT``; a profile without samples: lossless only)."""
     from splitrt.profile import profiler
 
     prof = profiler.load_profile(profile_path, sha256=sha)
-    # The zoo's weights are random: their outputs say nothing about accuracy, so the rig and the simulator
-    # (latency on the zoo) price lossy codecs by their bytes, the accuracy guard off (min_agreement 0).
     return profiler.cost_table(
-        prof, prof, device_speed_factor=speed_factor, cloud_speed_factor=cloud_factor, min_agreement=0.0
+        prof,
+        prof,
+        device_speed_factor=speed_factor,
+        cloud_speed_factor=cloud_factor,
+        device_codec_factor=codec_factor,
     )
 
 
-def cost_tables(profile_path: Path, sha: str, factors: Sequence[float]) -> list[Any]:
-    """A path's tables: the device's (heads at ``factors[0]``, tails at the last tier's), then each server
-    tier's own (``factors[k]``)."""
-    head = cost_table_for(profile_path, sha, factors[0], factors[-1])
+def cost_tables(profile_path: Path, sha: str, factors: Sequence[float], codec_factor: float | None = None) -> list[Any]:
+    """A path's tables: the device's (heads at ``factors[0]``, its encodes at ``codec_factor``, tails at the
+    last tier's), then each server tier's own (``factors[k]``)."""
+    head = cost_table_for(profile_path, sha, factors[0], factors[-1], codec_factor)
     return [head] + [cost_table_for(profile_path, sha, f, f) for f in factors[1:]]

@@ -37,12 +37,15 @@ class Spec:
 @dataclass(frozen=True, kw_only=True)
 class Time:
     """Time the whole model: on this device (``address`` empty, under its quota) or on a server (its
-    segment time; ``next_cut`` "device" makes an edge finish the model itself)."""
+    segment time; ``next_cut`` "device" makes an edge finish the model itself). ``codec``: instead, the
+    device's encoding of its inputs with that codec, each run ``gap_s`` after the last (as requests come)."""
 
     runs: int = 3
     address: str = ""
     next_cut: str | None = None
     pad_factor: float = 1.0
+    codec: str = ""
+    gap_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +66,7 @@ class Prepare:
     factors: tuple[float, ...]
     rate_hz: float
     warmup_s: float
+    codec_factor: float | None = None  # the device's encode and call (None: its speed factor, ``factors[0]``)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +126,20 @@ class Record:
     bytes_down: float = 0.0
     predicted_ms: float = math.nan
     match: bool | None = None  # outputs equal to the full model's
+    # the prediction by term (``predicted_terms``): head, encode (+ call), wire (up, down, RTT), server
+    # (decode, queue, tail), correction; empty for a record without a decision
+    predicted_by: dict[str, float] = field(default_factory=dict)
+
+
+def predicted_terms(d: Any) -> dict[str, float]:
+    """A ``Decision``'s price by the terms a ``Record`` measures (see ``Record.predicted_by``)."""
+    return {
+        "head": float(d.tier_ms[0]) if d.tier_ms else 0.0,
+        "encode": float(sum(d.hop_encode_ms) + sum(d.hop_call_ms)),
+        "wire": float(sum(d.hop_upload_ms) + sum(d.hop_download_ms) + sum(d.hop_rtt_ms)),
+        "server": float(sum(d.hop_decode_ms) + sum(d.hop_queue_ms) + sum(d.tier_ms[1:])),
+        "correction": float(d.correction_ms),
+    }
 
 
 # the ``Record`` fields copied as they are from the device's ``SplitResult``, and from the runtime's ``Outcome``

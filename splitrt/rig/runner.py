@@ -32,7 +32,7 @@ from splitrt.errors import ConfigError, RigError
 from splitrt.rig import calibration, loads, strategies
 from splitrt.rig import protocol as P
 from splitrt.rig.harness import Rig
-from splitrt.rig.models import cost_table_for, cost_tables, model_path_for, profile_for
+from splitrt.rig.models import cost_table_for, cost_tables, guarded_profile, model_path_for, profile_for
 from splitrt.rig.traces import Trace
 from splitrt.rig.tracespec import load_trace, typical_rtt_ms
 
@@ -190,6 +190,7 @@ def run(
         rig.calibration = calibration.calibrate(rig)
     cal = rig.calibration
     prof = Path(spec.profile_path) if spec.profile_path else profile_for(spec.model, model_file, rig.workdir, say)
+    prof = guarded_profile(prof, model_file, say)
     host = cost_table_for(prof, mg.sha256, 1.0)
     host_device_ms, host_cloud_ms = float(host.head_ms[host.index("device")]), float(host.tail_ms[host.index("cloud")])
     figures = plan_power(profiler.load_profile(prof, sha256=mg.sha256), rig.board)
@@ -223,6 +224,7 @@ def run(
         rig.set_rtt(k, h.rtt_ms)
     try:
         dev_ms, server_ms = _calibrate(rig, workers, servers)
+        codec_factor = _codec_factor(rig, workers[0], host, 1.0 / spec.rate_hz if spec.rate_hz > 0 else 0.0)
         say(
             f"whole model now: device {min(dev_ms):.0f}-{max(dev_ms):.0f} ms, servers "
             f"{', '.join(f'{x:.0f}' for x in server_ms)} ms "
@@ -230,7 +232,9 @@ def run(
         )
         speeds = [d / host_device_ms for d in dev_ms]
         factors = [statistics.median(speeds), *(x / host_cloud_ms if host_cloud_ms > 0 else 1.0 for x in server_ms)]
-        tables = cost_tables(prof, mg.sha256, factors)
+        tables = cost_tables(prof, mg.sha256, factors, codec_factor)
+        if codec_factor is not None:
+            say(f"device encode: {codec_factor:.2f} x the profile's (compute {factors[0]:.2f} x)")
         medians = [Link(bandwidth_mbps=h.median_mbps, rtt_ms=h.rtt_ms) for h in spec.hops]
         names = [n for n in spec.strategies if n not in strategies.ORACLE_REFS]
         choices = (
@@ -255,6 +259,7 @@ def run(
                     factors=(s, *factors[1:]),
                     rate_hz=spec.rate_hz,
                     warmup_s=spec.warmup_s,
+                    codec_factor=codec_factor,
                 )
                 for s in speeds
             ]
@@ -291,6 +296,30 @@ def run(
         rss_mb=rss,
         power=figures,
     )
+
+
+#: Codecs the device's encode factor is timed with (those the profile times at the input, >= MIN_ENCODE_MS).
+FACTOR_CODECS = ("jpeg75", "jpeg50", "int8+zstd", "fp16")
+MIN_ENCODE_MS = 0.2
+
+
+def _codec_factor(rig: Rig, worker: Any, host: Any, gap_s: float) -> float | None:
+    """What the device pays to encode its input under its quota over what the profile prices (median over
+    ``FACTOR_CODECS``; None: the profile times none). Not its speed factor: a CPU quota lets a short
+    encode run at the host's speed when the period's quota is unspent (a request's, at the bench's rate),
+    while a model's run spans periods; and a board's one-threaded encode slows otherwise than its model."""
+    i = host.index("cloud")
+    codecs = [c for c in FACTOR_CODECS if c in host.codecs and host.encode_ms[i, host.codec_index(c)] >= MIN_ENCODE_MS]
+    if not codecs:
+        return None
+    rig.throttle(0, worker.proc.pid)
+    try:
+        msgs = [P.Time(runs=5, codec=c, gap_s=min(gap_s, 0.25)) for c in codecs]
+        got = P.ask([worker] * len(codecs), msgs, P.Ack, 120)
+    finally:
+        rig.unthrottle(0, worker.proc.pid)
+    priced = [float(host.encode_ms[i, host.codec_index(c)]) for c in codecs]
+    return statistics.median(a.wall_ms / p for a, p in zip(got, priced, strict=True))
 
 
 def _calibrate(rig: Rig, workers: Sequence[Any], servers: Sequence[Sequence[str]]) -> tuple[list[float], list[float]]:

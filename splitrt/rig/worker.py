@@ -218,6 +218,8 @@ class Agent:
         """Median whole-model time (the first run unmeasured: sessions and quotas settle)."""
         from splitrt.device.client import Device
 
+        if msg.codec:
+            return self.time_encode(msg)
         walls, cpus = [], []
         with Device(self.mg, msg.address, config=self.dcfg) if msg.address else contextlib.nullcontext() as remote:
             for _ in range(msg.runs + 1):
@@ -232,6 +234,20 @@ class Agent:
                 walls.append(ms)
                 cpus.append((time.process_time() - c0) * 1e3 if remote is None else (time.perf_counter() - w0) * 1e3)
         return P.Ack(wall_ms=statistics.median(walls[1:]), cpu_ms=statistics.median(cpus[1:]))
+
+    def time_encode(self, msg: P.Time) -> P.Ack:
+        """Median time to encode the inputs with ``msg.codec`` as a request does (the first run unmeasured)."""
+        from splitrt.transport import codec
+
+        feeds = self.local.check_inputs(self.inputs)
+        walls = []
+        for _ in range(msg.runs + 1):
+            time.sleep(msg.gap_s)
+            w0 = time.perf_counter()
+            for name, arr in feeds.items():
+                codec.encode(name, arr, msg.codec, copy=False)
+            walls.append((time.perf_counter() - w0) * 1e3)
+        return P.Ack(wall_ms=statistics.median(walls[1:]))
 
     def warm(self, msg: P.Warm) -> P.Ack:
         """One request per chain plan through the edge, so the edge and the cloud build their segments."""
@@ -253,7 +269,7 @@ class Agent:
         from splitrt.plan.controller import ControllerConfig
 
         s = self.spec
-        tables = cost_tables(Path(s.profile_path), self.mg.sha256, msg.factors)
+        tables = cost_tables(Path(s.profile_path), self.mg.sha256, msg.factors, msg.codec_factor)
         kw: dict[str, Any] = dict(device_config=self.dcfg, power=self.power, clock=clock, start_prober=False)
         ctl = ControllerConfig(objective=s.objective, codecs=s.codecs if msg.tiers == 2 else s.codecs or ("fp32",))
         # the deployment's constraints (``Spec.cuts``) shape the two-tier runtime's plans
@@ -355,7 +371,8 @@ class Agent:
             np.allclose(np.asarray(out.outputs[k]), ref[k], rtol=1e-4, atol=1e-5) for k in ref
         )
         predicted = float(out.decision.predicted_ms)
-        return P.Record(i=i, t_s=t_s, where=r.where, predicted_ms=predicted, match=match, **copied)
+        by = P.predicted_terms(out.decision)
+        return P.Record(i=i, t_s=t_s, where=r.where, predicted_ms=predicted, match=match, predicted_by=by, **copied)
 
     def roles(self) -> P.Ack:
         """Compute threads (main, onnxruntime's pools: named ``python``) vs the control plane (probers,

@@ -5,7 +5,8 @@ completions, requests and utilisation per server, failures, and what the kill mo
 device-only, cloud-only and the best static plan, with 95 % bootstrap intervals of adaptive / other
 and the host's load average beside every segment. Needs root (prints why and exits 0 without it).
 
-    .venv/bin/python bench/bench_fleet.py [--devices 24] [--servers 2] [--segment 15] [--rounds 2] [--json fleet.json]
+    .venv/bin/python bench/bench_fleet.py [--devices 24] [--servers 2] [--segment 15] [--rounds 2] [--codecs all]
+        [--json fleet.json]
 
 Acceptance: adaptive has the best throughput at equal or better p95 than every fixed strategy, with 0
 failed requests including the server kill. About 8 minutes at the defaults.
@@ -33,13 +34,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--segment", type=float, default=d.segment_s, help="seconds per strategy per round")
     p.add_argument("--rounds", type=int, default=d.rounds)
     p.add_argument("--bandwidth-scale", type=float, default=d.bandwidth_scale)
+    p.add_argument(
+        "--codecs",
+        default=",".join(d.codecs or ()),
+        help="codecs adaptive and the fixed plans may use ('' or all: every codec the guard allows, so adaptive's "
+        "plans include route-codec's JPEG of the input); route-codec sends the input as an image whatever this is",
+    )
     p.add_argument("--json", default=None, metavar="FILE")
     a = p.parse_args(argv)
+    codecs = None if a.codecs in ("", "all") else tuple(a.codecs.split(","))
     if os.geteuid() != 0:
         print("bench_fleet: skipped: the fleet rig needs root (network namespaces, tc, cgroups)")
         return 0
     cfg = fleet.FleetConfig(
-        devices=a.devices, servers=a.servers, segment_s=a.segment, rounds=a.rounds, bandwidth_scale=a.bandwidth_scale
+        devices=a.devices,
+        servers=a.servers,
+        segment_s=a.segment,
+        rounds=a.rounds,
+        bandwidth_scale=a.bandwidth_scale,
+        codecs=codecs,
     )
     workdir = Path(tempfile.mkdtemp(prefix="splitrt-fleet-"))
     try:

@@ -64,6 +64,39 @@ def errors_by_plan(records: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def measured_terms(r: Any) -> dict[str, float]:
+    """A record's measured time by the terms of ``protocol.predicted_terms``: the server's (tail, queue)
+    as it reports them; the wire is the rest of the call (round trip, transfers, the reply parsed)."""
+    server = r.tail_ms + r.queue_ms
+    return {
+        "head": r.head_ms,
+        "encode": r.encode_ms,
+        "wire": max(0.0, r.rpc_ms + r.decode_ms - server),
+        "server": server,
+    }
+
+
+def terms_by_plan(records: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Per (strategy, plan) sent to a server: the median measured and predicted ms of every term (records
+    that carry their prediction by term: this version's runner)."""
+    rows = []
+    for name, recs in records.items():
+        by_plan: dict[str, list[Any]] = defaultdict(list)
+        for r in recs:
+            if not (r.error or r.fallback) and getattr(r, "predicted_by", None) and r.where == "cloud":
+                by_plan[r.plan].append(r)
+        for plan, rs in sorted(by_plan.items(), key=lambda kv: -len(kv[1])):
+            row: dict[str, Any] = {"strategy": name, "plan": plan, "n": len(rs)}
+            for term in ("head", "encode", "wire", "server"):
+                row[term] = [
+                    float(np.median([measured_terms(r)[term] for r in rs])),
+                    float(np.median([r.predicted_by[term] for r in rs])),
+                ]
+            row["correction"] = float(np.median([r.predicted_by["correction"] for r in rs]))
+            rows.append(row)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50")
@@ -135,6 +168,21 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
+    terms = terms_by_plan(records)
+    result["terms"] = terms
+    if terms:
+        print("by term, median measured / predicted ms (predicted with the correction apart):")
+        print(
+            render(
+                ["strategy", "plan", "n", "head", "encode + call", "wire", "server", "correction"],
+                [
+                    [x["strategy"], x["plan"], str(x["n"])]
+                    + [f"{x[t][0]:.1f} / {x[t][1]:.1f}" for t in ("head", "encode", "wire", "server")]
+                    + [f"{x['correction']:+.1f}"]
+                    for x in terms
+                ],
+            )
+        )
     print("mean latency: " + ", ".join(f"{n} {v:.1f} ms" for n, v in means.items()))
     if a.json:
         with open(a.json, "w") as f:

@@ -175,6 +175,8 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
     for x in done:
         s = x["strategies"]
         others = [n for n in s if n not in ("adaptive", "oracle", "oracle-route", "route", "route-codec")]
+        if not others:  # a grid of the routers only: the router table says it
+            continue
         best = min(others, key=lambda n: s[n]["mean_ms"])
         ci = regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, best))
         calls.append(regret.call(ci))

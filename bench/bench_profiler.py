@@ -12,6 +12,14 @@ model (column ``load1 b>a``, JSON ``load1_before``/``load1_after``); the target 
 <= 10 %, p90 <= 30 %) is meant for a load average below 1.
 
     .venv/bin/python bench/bench_profiler.py [--models resnet50,inception_v1,squeezenet] [--json]
+
+``--cli-before REV``: instead, how long the whole ``splitrt profile MODEL`` command takes (segments, codecs and
+the accuracy guard on the zoo's photographs), the code at git revision REV against this tree's (or
+``--cli-after REV``'s), run alternately (``--cli-rounds`` each, each a fresh process on the same venv) with
+the load average before and after every run: wall and CPU seconds (user + system: the steadier on a shared
+host), their means with 95 % bootstrap intervals, and the ratios after / before with theirs.
+
+    .venv/bin/python bench/bench_profiler.py --cli-before main --models squeezenet [--cli-rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -92,6 +103,89 @@ def bench_model(name: str, *, runs: int, threads: int | None, segments: int, eve
     }
 
 
+def _timed_cli(model: str, tree: str, out: str) -> dict[str, float]:
+    import resource
+
+    load1 = os.getloadavg()[0]
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "splitrt.cli", "profile", model, "--out", out],
+        env={**os.environ, "PYTHONPATH": tree},
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
+    return {"s": round(wall, 2), "cpu_s": round(cpu, 2), "load1_before": load1, "load1_after": os.getloadavg()[0]}
+
+
+def bench_cli(model: str, *, before_rev: str, after_rev: str | None, rounds: int) -> dict[str, Any]:
+    """``splitrt profile MODEL`` at ``before_rev`` (extracted with ``git archive``) and at ``after_rev``
+    (None: this tree), alternately; ``PYTHONPATH`` picks the code, the venv is this one."""
+    from splitrt.rig.regret import bootstrap_ratio
+    from splitrt.rig.report import bootstrap_ci
+
+    root = Path(__file__).resolve().parents[1]
+
+    def short(rev: str) -> str:
+        got = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], capture_output=True, text=True)
+        return got.stdout.strip() or rev
+
+    with tempfile.TemporaryDirectory(prefix="splitrt-before-") as tmp:
+        trees = {"before": f"{tmp}/before", "after": f"{tmp}/after" if after_rev else str(root)}
+        for label, rev in (("before", before_rev), ("after", after_rev)):
+            if rev:
+                os.makedirs(trees[label])
+                subprocess.run(f"git -C '{root}' archive {rev} | tar -x -C '{trees[label]}'", shell=True, check=True)
+        runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+        for r in range(rounds):
+            for label in ("before", "after") if r % 2 == 0 else ("after", "before"):
+                runs[label].append(_timed_cli(model, trees[label], f"{tmp}/{label}.json"))
+                print(f"[bench] {model} {label} round {r + 1}: {runs[label][-1]}", file=sys.stderr, flush=True)
+    loads = [x[k] for v in runs.values() for x in v for k in ("load1_before", "load1_after")]
+    out: dict[str, Any] = {
+        "model": model,
+        "before_rev": short(before_rev),
+        "after_rev": short(after_rev) if after_rev else "this tree",
+        "rounds": rounds,
+        "runs": runs,
+        "load1_min": min(loads),
+        "load1_max": max(loads),
+    }
+    for what in ("s", "cpu_s"):  # wall and CPU (user + system) seconds: CPU is the steadier on a shared host
+        xs = {k: [x[what] for x in v] for k, v in runs.items()}
+        for k, v in xs.items():
+            out[f"{k}_mean_{what}"] = float(np.mean(v))
+            out[f"{k}_ci_{what}"] = list(bootstrap_ci([[x] for x in v]))
+        out[f"ratio_{what}"] = float(np.mean(xs["after"]) / np.mean(xs["before"]))
+        out[f"ratio_ci_{what}"] = list(bootstrap_ratio([[x] for x in xs["after"]], [[x] for x in xs["before"]]))
+    return out
+
+
+def print_cli_table(r: dict[str, Any]) -> None:
+    print(
+        f"`splitrt profile {r['model']}`, {r['rounds']} alternating runs each (load1 over the runs "
+        f"{r['load1_min']:.1f}-{r['load1_max']:.1f}: a shared 2-core host)"
+    )
+    print(f"{'code':<24}{'wall s':>8}{'95 % CI':>14}{'CPU s':>8}{'95 % CI':>14}   runs (wall s)")
+    for k in ("before", "after"):
+        cells = ""
+        for what in ("s", "cpu_s"):
+            lo, hi = r[f"{k}_ci_{what}"]
+            cells += f"{r[f'{k}_mean_{what}']:>8.1f}{f'{lo:.1f}-{hi:.1f}':>14}"
+        each = ", ".join(f"{x['s']:.0f}" for x in r["runs"][k])
+        label = f"{k} ({r[k + '_rev']})"
+        print(f"{label:<24}{cells}   {each}")
+    cells = ""
+    for what in ("s", "cpu_s"):
+        lo, hi = r[f"ratio_ci_{what}"]
+        cells += f"{r[f'ratio_{what}']:>8.2f}{f'{lo:.2f}-{hi:.2f}':>14}"
+    print(f"{'after / before':<24}{cells}")
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     print(
         f"{'model':<14}{'cuts':>6}{'seg':>5}{'thr':>5}{'prof s':>8}{'total ms':>10}"
@@ -116,7 +210,18 @@ def main() -> int:
     ap.add_argument("--segments", type=int, default=16)
     ap.add_argument("--every", type=int, default=1, help="check every N-th cut (1 = all)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cli-before", default=None, metavar="REV", help="time the profile command at REV vs here")
+    ap.add_argument("--cli-after", default=None, metavar="REV", help="with --cli-before: REV, not this tree")
+    ap.add_argument("--cli-rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.cli_before:
+        revs = {"before_rev": args.cli_before, "after_rev": args.cli_after}
+        cli = [bench_cli(m, **revs, rounds=args.cli_rounds) for m in args.models.split(",")]
+        if args.json:
+            print(json.dumps(cli, indent=1))
+        for r in cli if not args.json else ():
+            print_cli_table(r)
+        return 0
     results = [
         bench_model(m, runs=args.runs, threads=args.threads, segments=args.segments, every=args.every)
         for m in args.models.split(",")

@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "splitrt.cli.status",
     "splitrt.cli.run",
     "splitrt.cli.daemon",
+    "splitrt.cli.profile",
     "splitrt.cli.plan",
     "splitrt.cli.bench",
     "splitrt.cli.sim",

@@ -38,6 +38,7 @@ from splitrt.graph import model as graph_mod
 from splitrt.graph import partition
 from splitrt.graph.ort_errors import onnxruntime_errors
 from splitrt.profile.store import Profile
+from splitrt.profile.timing import untimed_options
 from splitrt.transport import codec
 
 METRICS: tuple[str, ...] = ("top1", "boxes", "rel_err")
@@ -192,8 +193,7 @@ def score(
 def _session(model: Any, what: str) -> Any:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts = untimed_options()
     data = model.SerializeToString() if hasattr(model, "SerializeToString") else model
     with onnxruntime_errors(what, stage="build"):
         return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
@@ -211,9 +211,7 @@ def _exposed(g: graph_mod.ModelGraph, names: Sequence[str]) -> tuple[Any, list[s
     inputs = {i.name for i in m.graph.input}
     wanted = [n for n in names if n not in inputs]
     m.graph.output.extend(onnx.ValueInfoProto(name=n) for n in wanted if n not in have)  # onnxruntime types them
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    opts.log_severity_level = 3
+    opts = untimed_options(optimise=False)
     with onnxruntime_errors(f"{g.path.name} with its cut tensors exposed", stage="build"):
         return ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"]), wanted
 
@@ -311,10 +309,13 @@ def with_accuracy(
     metric: str = "auto",
     rel_tol: float = REL_TOL,
     progress: Callable[[str], None] | None = None,
+    ratios: bool = True,
 ) -> Profile:
     """``profile`` with ``codec_agreement`` and ``accuracy`` measured on ``feeds`` (every codec the profile
-    prices per cut, and the fixed ones), and its codec ratios re-measured as the mean over the first
-    ``RATIO_SAMPLES`` samples. Timings stay as they are. ``ProfileError`` if ``g`` is another model."""
+    prices per cut, and the fixed ones), and (``ratios``) its codec ratios re-measured as the mean over the
+    first ``RATIO_SAMPLES`` samples, its codec errors on the first (``ratios=False``: the profile measured
+    its codecs on them already, ``profiler.measure(codec_feeds=...)``). Timings stay as they are.
+    ``ProfileError`` if ``g`` is another model."""
     from splitrt.profile import codecratio
 
     if g.sha256 != profile.sha256 or tuple(c.id for c in g.cuts()) != profile.cut_ids:
@@ -324,17 +325,9 @@ def with_accuracy(
         )
     if not feeds:
         raise ProfileError(f"{g.path.name}: accuracy needs at least one sample, got none")
-    per_sample = [codecratio.measure(g, f) for f in feeds[:RATIO_SAMPLES]]
-    ratios = {
-        k: [round(float(np.mean([p.ratios[k][i] for p in per_sample])), codecratio.DIGITS) for i in range(len(v))]
-        for k, v in per_sample[0].ratios.items()
-    }
+    if ratios:
+        facts = codecratio.measure_pass(g, feeds[:RATIO_SAMPLES], codecs=codecratio.MEASURED, timed=False).facts
+        profile = dataclasses.replace(profile, codec_ratios=facts.ratios, codec_errors=facts.errors)
     codecs = list(dict.fromkeys([*codecratio.MEASURED, "fp16", "int8", "int8c"]))
     agreement = measure(g, feeds, codecs=codecs, cuts=cuts, metric=metric, rel_tol=rel_tol, progress=progress)
-    return dataclasses.replace(
-        profile,
-        codec_ratios=ratios,
-        codec_errors=per_sample[0].errors,
-        codec_agreement=agreement.shares,
-        accuracy=agreement.facts(source),
-    )
+    return dataclasses.replace(profile, codec_agreement=agreement.shares, accuracy=agreement.facts(source))

@@ -2,10 +2,12 @@
 
 Per codec and cut: the time to encode the cut's crossing tensors (what the device pays before a request
 leaves: ``codec.encode`` as the client calls it, a view for fp32) and to decode them (what the server
-pays before its tail runs), each the sum over the cut's tensors of the fastest of ``repeats`` timings
-(tensors shared by cuts are timed once). And ``call_ms``, one remote call's fixed cost on the device
-beyond the round trip: framing a request of one small tensor and reading a reply of one (the gRPC call
-itself is what the runtime's probes time as the link's round trip, so it is not priced twice).
+pays before its tail runs), each the sum over the cut's tensors of the fastest of at most ``repeats``
+timings, fewer once two agree within ``codecratio.AGREE`` (tensors shared by cuts are timed once; the
+timing pass is ``codecratio.measure_pass``'s, which sizes each tensor with the same encode).
+And ``call_ms``, one remote call's fixed cost on the device beyond the round trip: framing a request of
+one small tensor and reading a reply of one (the gRPC call itself is what the runtime's probes time as
+the link's round trip, so it is not priced twice).
 
 These figures are this machine's: ``profile.costs.cost_table`` scales the device's (encode, call) by the
 device speed factor and the cloud's (decode) by the cloud's, as it scales compute. The inputs are the
@@ -27,12 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitrt.graph import model as graph_mod
-from splitrt.profile.codecratio import MEASURED, _run_exposed
+from splitrt.profile.codecratio import MEASURED, TIME_DIGITS, TIMINGS, measure_pass
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 
-#: ms are stored to the microsecond: far below their run-to-run spread.
-DIGITS = 3
+DIGITS = TIME_DIGITS
 CALL_TIMINGS = 50
 
 
@@ -41,15 +42,6 @@ class CodecTimes:
     encode_ms: dict[str, list[float]]
     decode_ms: dict[str, list[float]]
     call_ms: float
-
-
-def _fastest(fn: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def call_ms(repeats: int = CALL_TIMINGS) -> float:
@@ -78,34 +70,11 @@ def measure(
     feeds: Mapping[str, np.ndarray],
     *,
     codecs: Sequence[str] | None = None,
-    repeats: int = 3,
+    repeats: int = TIMINGS,
     progress: Callable[[str], None] | None = None,
 ) -> CodecTimes:
     """Encode and decode times of every codec at every cut, and one call's fixed cost (see the module)."""
-    cuts = g.cuts()
-    names = sorted({t.name for c in cuts for t in c.tensors})
-    values = _run_exposed(g, names, feeds)
     # the codecs profiles price (not +zlib: zstd's bytes at 5-15x its time, and the slowest to time)
     wanted = codecs if codecs is not None else ["fp32", *MEASURED]
-    specs = list(dict.fromkeys(str(codec.Codec.parse(k)) for k in wanted))
-    enc: dict[tuple[str, str], float] = {}
-    dec: dict[tuple[str, str], float] = {}
-    for i, name in enumerate(names):
-        arr = values[name]
-        if arr.dtype.kind != "f":
-            continue
-        for spec in specs:
-            with np.errstate(over="ignore", invalid="ignore"):  # fp16 past 65504: timed all the same
-                encoded = codec.encode(name, arr, spec, copy=False)
-                enc[name, spec] = _fastest(lambda: codec.encode(name, arr, spec, copy=False), repeats)  # noqa: B023
-                dec[name, spec] = _fastest(lambda: codec.decode(encoded), repeats)  # noqa: B023
-        if progress is not None and (i + 1) % 50 == 0:
-            progress(f"codec times: {i + 1}/{len(names)} tensors")
-    encode_ms: dict[str, list[float]] = {s: [] for s in specs}
-    decode_ms: dict[str, list[float]] = {s: [] for s in specs}
-    for c in cuts:
-        floats = [t.name for t in c.tensors if values[t.name].dtype.kind == "f"]
-        for spec in specs:
-            encode_ms[spec].append(round(sum(enc[t, spec] for t in floats), DIGITS))
-            decode_ms[spec].append(round(sum(dec[t, spec] for t in floats), DIGITS))
-    return CodecTimes(encode_ms=encode_ms, decode_ms=decode_ms, call_ms=call_ms())
+    got = measure_pass(g, [feeds], codecs=wanted, repeats=repeats, progress=progress)
+    return CodecTimes(encode_ms=got.encode_ms, decode_ms=got.decode_ms, call_ms=call_ms())

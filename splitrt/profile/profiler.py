@@ -101,10 +101,13 @@ def measure(
     binding: ShapeBinding | None = None,
     power: PowerReader | None = None,
     energy_window_s: float = 1.0,
+    codec_feeds: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> Profile:
     """Profile every candidate cut of ``model_path`` on this machine (anchored method, see module doc).
     With a ``power`` reader, also idle/busy power and each anchor span's energy (``energy.measure_energy``,
-    each figure over at least ``energy_window_s``)."""
+    each figure over at least ``energy_window_s``). The codecs are measured on ``codec_feeds`` (real
+    samples: ratios their mean, errors and times on the first; ``codecratio.measure_pass``), else on the
+    inputs the segments are timed with."""
     if runs < 1 or warmup < 0:
         raise ProfileError(f"expected runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
     import onnxruntime as ort
@@ -155,8 +158,7 @@ def measure(
             warmup=warmup,
             progress=progress,
         ).to_dict()
-    facts = codecratio.measure(g, inputs, progress=progress)
-    timed = codectime.measure(g, inputs, progress=progress)
+    timed = codecratio.measure_pass(g, list(codec_feeds or [inputs]), progress=progress)
     full_ms = times.full_ms
     elapsed = time.perf_counter() - t_start
     progress(f"done in {elapsed:.1f} s: full model {full_ms:.2f} ms (median), peak RSS +{peak - rss0:.0f} MB")
@@ -197,11 +199,11 @@ def measure(
         segments=result.segments,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         energy=energy,
-        codec_ratios=facts.ratios,
-        codec_errors=facts.errors,
+        codec_ratios=timed.facts.ratios,
+        codec_errors=timed.facts.errors,
         codec_encode_ms=timed.encode_ms,
         codec_decode_ms=timed.decode_ms,
-        call_ms=timed.call_ms,
+        call_ms=codectime.call_ms(),
     )
 
 
@@ -232,16 +234,14 @@ def with_codec_ratios(
         )
     if tuple(c.id for c in g.cuts()) != profile.cut_ids:
         raise ProfileError(f"{Path(model_path).name}: the profile lists other cuts: re-profile it")
-    inputs = _inputs(g, model_path, binding)
-    facts = codecratio.measure(g, inputs, progress=progress)
-    timed = codectime.measure(g, inputs, progress=progress)
+    timed = codecratio.measure_pass(g, [_inputs(g, model_path, binding)], progress=progress)
     return dataclasses.replace(
         profile,
-        codec_ratios=facts.ratios,
-        codec_errors=facts.errors,
+        codec_ratios=timed.facts.ratios,
+        codec_errors=timed.facts.errors,
         codec_encode_ms=timed.encode_ms,
         codec_decode_ms=timed.decode_ms,
-        call_ms=timed.call_ms,
+        call_ms=codectime.call_ms(),
     )
 
 

@@ -19,6 +19,7 @@ import psutil
 
 from splitrt.graph import model as graph_mod
 from splitrt.graph.ort_errors import onnxruntime_errors
+from splitrt.profile.host import default_threads
 
 _NODE_RE = re.compile(r"splitrt_n(\d+)")
 
@@ -51,6 +52,22 @@ def session(
     data = model if isinstance(model, bytes) else model.SerializeToString()
     with onnxruntime_errors(what, stage="build"):
         return ort.InferenceSession(data, so, providers=list(providers), **kw)
+
+
+def untimed_options(*, optimise: bool = True) -> Any:
+    """``SessionOptions`` for runs whose results count, not their time (the accuracy guard, codec sizes):
+    ``default_threads()`` intra-op threads that do not spin while they wait, which on a busy host burns
+    the CPU the other threads need (squeezenet's tails at load 12: 10x slower spinning); ``optimise``
+    False: no graph optimisation (nothing fused away)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = default_threads()
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not optimise:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return so
 
 
 def run(

@@ -147,3 +147,35 @@ def test_a_tiny_tensors_ratio_over_the_cap_is_priced_at_the_cap() -> None:
     got = measured_codecs(odd, min_agreement=0)  # bytes alone: the cap is the only guard
     assert got["int8+zstd"] == [MAX_CODEC_RATIO] * n and got["fp32+zstd"][-1] == MAX_CODEC_RATIO
     profiler.cost_table(odd, odd)  # builds
+
+
+def test_one_pass_over_several_inputs_is_the_mean_of_each_ones_ratios() -> None:
+    """``profile`` measures the codecs once, on the samples: ratios are the mean of each input's (as the
+    accuracy guard's re-measure was), errors and times the first input's."""
+    g = graph.load(zoo.get("tiny_chain"))
+    a, b = zoo.random_inputs(g.path), {k: np.abs(v) * 3 for k, v in zoo.random_inputs(g.path).items()}
+    both = codecratio.measure_pass(g, [a, b], codecs=["fp32", "int8+zstd", "fp16", "jpeg75"])
+    one, two = codecratio.measure(g, a, codecs=["int8+zstd", "fp16"]), codecratio.measure(g, b, codecs=["int8+zstd"])
+    assert set(both.facts.ratios) == {"int8+zstd", "fp16", "jpeg75"}  # plain fp32 is 1 by definition
+    pairs = zip(one.ratios["int8+zstd"], two.ratios["int8+zstd"], strict=True)
+    mean = [round((x + y) / 2, codecratio.DIGITS) for x, y in pairs]
+    assert both.facts.ratios["int8+zstd"] == mean != one.ratios["int8+zstd"]
+    assert both.facts.errors["fp16"] == one.errors["fp16"]
+    assert set(both.encode_ms) == {"fp32", "int8+zstd", "fp16", "jpeg75"}
+    cloud = [c.id for c in g.cuts()].index("cloud")
+    assert both.encode_ms["int8+zstd"][cloud] > 0 and both.decode_ms["int8+zstd"][cloud] > 0
+    assert codecratio.measure_pass(g, [a], timed=False).encode_ms == {}
+    with pytest.raises(ProfileError, match="at least one input"):
+        codecratio.measure_pass(g, [])
+
+
+def test_a_slow_encode_is_timed_twice_a_fast_one_up_to_three_times() -> None:
+    calls: list[int] = []
+    assert codecratio._fastest(lambda: calls.append(1), 1.0, 3) < 1e3  # 1 s spent: one more timing only
+    assert len(calls) == 1
+    calls.clear()
+    codecratio._fastest(lambda: calls.append(1), 0.0, 3)  # 0 s and then > 0 s: no agreement, no budget spent
+    assert len(calls) == 2
+    calls.clear()
+    codecratio._fastest(lambda: calls.append(1), 0.0, 1)
+    assert not calls

@@ -3,8 +3,9 @@
     python bench/bench_controller.py [--model densenet121] [--calls 2000] [--json]
 
 Target: < 0.2 ms per request on densenet121 (all cuts). Also prints, from a replayed synthetic link,
-how many requests the controller needs to follow a 20 -> 1 Mbit/s step once the estimate shows it, and
-how often it switches under stationary +-20 % noise.
+how many requests the controller needs to follow a 20x drop of bandwidth across the table's slowest plan
+boundary (the estimator's share of them, then the controller's), and how often it switches under
+stationary +-20 % noise. A drop that keeps the plan measures nothing: the bench stops with an error then.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +61,15 @@ def overhead(table: CostTable, calls: int) -> dict[str, float]:
     return {"median_ms": statistics.median(times), "p99_ms": float(np.percentile(times, 99)), "cuts": len(table)}
 
 
-def follow_and_flap(table: CostTable) -> dict[str, float]:
+#: The step is a drop of this factor (20 -> 1 Mbit/s), placed across the table's slowest plan boundary.
+STEP = 20.0
+
+
+def follow_and_flap(table: CostTable) -> dict[str, Any]:
+    """How many requests the controller needs to follow a ``STEP``-fold drop of bandwidth across the fp32
+    sweep's slowest boundary (where the best plan changes: a drop that stays inside one band measures
+    nothing), split into the estimator's lag (requests until the estimate is below the boundary) and the
+    controller's own (hysteresis beyond it); and how often it switches under +-20 % noise."""
     idle = LoadEstimate(device_factor=1.0, cloud_factor=1.0)
 
     def run(bws: list[float], noise: float, seed: int) -> tuple[list[str], list[float]]:
@@ -76,21 +86,30 @@ def follow_and_flap(table: CostTable) -> dict[str, float]:
             link.add_rtt(now, 30.0)
         return plans, ests
 
-    plans, ests = run([20.0] * 50 + [1.0] * 50, 0.0, 1)
-    target = solve(table, Conditions(link=Link(bandwidth_mbps=1.0, rtt_ms=30.0)), codecs=["fp32"]).key
-    reflect = next(i for i in range(50, 100) if abs(ests[i] - 1.0) <= 0.1)
-    follow = next(i for i in range(reflect, 100) if plans[i] == target) - reflect
-    before = plans[49]
-    # Noise is worst right at a boundary where the best plan changes: centre the noise there too.
     bands = sweep(table, Conditions(link=Link(bandwidth_mbps=1.0, rtt_ms=30.0)), codecs=["fp32"])
     boundaries = [b.from_mbps for b in bands[1:]]
+    if not boundaries:
+        raise SystemExit(f"no plan boundary in the sweep ({bands[0].plan} everywhere): no step to follow")
+    edge = boundaries[0]
+    hi, lo = edge * STEP**0.5, edge / STEP**0.5
+    plans, ests = run([hi] * 50 + [lo] * 50, 0.0, 1)
+    target = solve(table, Conditions(link=Link(bandwidth_mbps=lo, rtt_ms=30.0)), codecs=["fp32"]).key
+    before = plans[49]
+    if before == target:
+        raise SystemExit(f"the step {hi:.3g} -> {lo:.3g} Mbit/s keeps plan {target}: it measures nothing")
+    seen = next(i for i in range(50, 100) if ests[i] < edge) - 50
+    followed = next(i for i in range(50, 100) if plans[i] == target) - 50
+    # Noise is worst right at a boundary where the best plan changes: centre the noise there too.
     switches = []
     for bw in (1.0, 3.0, 8.0, 20.0, *boundaries):
         p, _ = run([bw] * 1000, 0.2, int(bw * 10))
         switches.append(sum(a != b for a, b in itertools.pairwise(p[10:])) / 9.9)
     return {
+        "step_mbps": f"{hi:.3g} -> {lo:.3g}",
         "step_plans": f"{before} -> {target}",
-        "requests_to_follow_step": follow,
+        "requests_to_follow_step": followed,
+        "requests_estimate_lag": seen,
+        "requests_controller_lag": followed - seen,
         "boundaries_mbps": [round(b, 2) for b in boundaries],
         "max_switches_per_100_noise20": max(switches),
     }
@@ -115,8 +134,11 @@ def main() -> int:
                 "cuts",
                 "decide median ms",
                 "p99 ms",
-                "20->1 Mbit/s step",
+                "20x step Mbit/s",
+                "plans",
                 "requests to follow",
+                "of which estimate",
+                "of which controller",
                 "switches/100 at +-20%",
                 "boundaries Mbit/s",
             ],
@@ -126,8 +148,11 @@ def main() -> int:
                     row["cuts"],
                     row["median_ms"],
                     row["p99_ms"],
+                    row["step_mbps"],
                     row["step_plans"],
                     row["requests_to_follow_step"],
+                    row["requests_estimate_lag"],
+                    row["requests_controller_lag"],
                     row["max_switches_per_100_noise20"],
                     " ".join(map(str, row["boundaries_mbps"])),
                 )

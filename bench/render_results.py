@@ -228,7 +228,8 @@ BENCHES: list[Bench] = [
         name="controller",
         title="Controller overhead and flapping",
         what="The controller's cost per request (estimate update and re-plan) on densenet121's cuts, how many "
-        "requests it needs to follow a 20 -> 1 Mbit/s step, and how often it switches under +-20 % noise. "
+        "requests it needs to follow a 20x drop of bandwidth across its slowest plan boundary (the estimate's "
+        "share, then the controller's own), and how often it switches under +-20 % noise. "
         "See [the controller](../concepts/controller.md).",
     ),
     Bench(

@@ -1,4 +1,6 @@
-"""The cloud inference server: model store, tail sessions, admission, load reporting, probes."""
+"""The cloud inference server: ``server`` (lifecycle) and ``config`` over four concepts, ``handler`` (a request's
+path), ``capacity`` (admission, memory, runs ended when they must), ``models`` (store, uploads, tail sessions)
+and ``guard`` (defences at the door); ``metrics`` and ``advertise`` beside them."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from splitrt.cloud.capacity.niced import DEFAULT_NICE
 from splitrt.cloud.guard.limits import Limits
 from splitrt.cloud.handler.nexthop import NextTier
 from splitrt.cloud.models.pace import UploadPace
+from splitrt.errors import ConfigError
 from splitrt.transport import credentials, wire
 
 __all__ = ["ServerConfig", "tail_threads", "tokens_from_file"]
@@ -82,6 +83,25 @@ class ServerConfig:
     warm: tuple[str, ...] = ()
     # Uploads below a minimum rate or past a deadline are cut, their quota freed (``pace``).
     upload_pace: UploadPace = field(default_factory=UploadPace)
+
+    @property
+    def decoded_cap_bytes(self) -> int:
+        """``max_decoded_bytes``, or 4 x ``max_message_bytes`` (an int8 message decoded as float32)."""
+        return 4 * self.max_message_bytes if self.max_decoded_bytes is None else self.max_decoded_bytes
+
+    def check(self) -> None:
+        """``ConfigError`` naming the first field out of range (the nested ones' checks included)."""
+        if (self.tls_cert_path is None) != (self.tls_key_path is None):
+            raise ConfigError("TLS needs both a certificate and a key, got only one")
+        if self.tls_key_path is not None:  # as token files: a key others can read is no secret
+            credentials.check_private(Path(self.tls_key_path), "TLS private key")
+        if self.max_model_bytes < 1:
+            raise ConfigError(f"max_model_bytes: expected >= 1, got {self.max_model_bytes}")
+        if self.intra_op_threads < 0:
+            raise ConfigError(f"intra_op_threads: expected >= 0 (0: tail_threads), got {self.intra_op_threads}")
+        if self.decoded_cap_bytes < 1:
+            raise ConfigError(f"max_decoded_bytes: expected >= 1, got {self.max_decoded_bytes}")
+        self.upload_pace.check()
 
 
 def tail_threads(config: ServerConfig) -> int:

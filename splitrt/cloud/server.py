@@ -20,7 +20,6 @@ still going near its end. One JSON line per event on the ``splitrt.cloud`` logge
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import AbstractContextManager
@@ -35,9 +34,7 @@ from splitrt.cloud.capacity.admission import Admission, CpuMeter, admitted
 from splitrt.cloud.capacity.cancel import CallToken, Canceller
 from splitrt.cloud.capacity.memory import (
     LOAD_PEAK_FACTOR,
-    STARTUP_BYTES,
-    MemoryBudget,
-    children_resident_bytes,
+    process_budget,
     rss_bytes,
     watch_limit,
 )
@@ -57,10 +54,10 @@ from splitrt.cloud.models.builder import Builder
 from splitrt.cloud.models.store import ModelStore
 from splitrt.cloud.models.tails import TailCache
 from splitrt.cloud.models.upload import Quota, receive_model
-from splitrt.cloud.models.warm import WARM_FILE, Recorder, choose, read_pairs, resolve, warm_up
+from splitrt.cloud.models.warm import WarmStart
 from splitrt.errors import ConfigError
-from splitrt.transport import credentials, wire
 from splitrt.transport import splitrt_pb2 as pb
+from splitrt.transport import wire
 
 __all__ = ["CloudServer", "ServerConfig", "tail_threads", "tokens_from_file"]
 
@@ -70,20 +67,14 @@ class CloudServer:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        if (config.tls_cert_path is None) != (config.tls_key_path is None):
-            raise ConfigError("TLS needs both a certificate and a key, got only one")
-        if config.tls_key_path is not None:  # as token files: a key others can read is no secret
-            credentials.check_private(Path(config.tls_key_path), "TLS private key")
-        if config.max_model_bytes < 1:
-            raise ConfigError(f"max_model_bytes: expected >= 1, got {config.max_model_bytes}")
-        if config.intra_op_threads < 0:
-            raise ConfigError(f"intra_op_threads: expected >= 0 (0: tail_threads), got {config.intra_op_threads}")
-        config.upload_pace.check()
+        config.check()
         # Refuses an open server nobody asked for, and uploads without a token.
         self.exposure = security.exposure(config)
         self.admission = Admission(config.workers, config.max_queue)
         self.niced = NicePool(config.workers, config.over_share_nice)
-        self.budget = _budget(config)
+        self.budget = process_budget(
+            config.max_memory_bytes, builder=config.build_in_child, checker=config.allow_upload
+        )
         self.store = ModelStore(config.models_dir, budget=self.budget, max_nodes=config.max_nodes)
         self.tails = TailCache(
             self.store,
@@ -97,11 +88,7 @@ class CloudServer:
         )
         # Terminates runs at their deadline, on the client's cancel, at shutdown, over the budget.
         self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
-        self.max_decoded_bytes = (
-            4 * config.max_message_bytes if config.max_decoded_bytes is None else config.max_decoded_bytes
-        )
-        if self.max_decoded_bytes < 1:
-            raise ConfigError(f"max_decoded_bytes: expected >= 1, got {config.max_decoded_bytes}")
+        self.max_decoded_bytes = config.decoded_cap_bytes
         self.cpu = CpuMeter()
         self.stats = ServerStats()  # per-request outcomes: service times, metrics
         self.metrics_url: str | None = None
@@ -148,10 +135,15 @@ class CloudServer:
             self.health, lambda: saturated(self.admission, self.door), config.limits.saturated_s
         )
         # Warm start (``warm``): the explicit pairs checked now (ConfigError); the file read by ``start``.
-        self.warm_pairs = resolve(config.warm, self.store, config.segment_cache_size)
-        self.recorder: Recorder | None = None
-        self._warm_stop = threading.Event()
-        self._warm_thread: threading.Thread | None = None
+        self.warm = WarmStart(
+            config.warm,
+            store=self.store,
+            tails=self.tails,
+            models_dir=config.models_dir,
+            remember=config.warm_file,
+            limit=config.segment_cache_size,
+            deadline_s=config.default_deadline_s,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> int:
@@ -217,34 +209,8 @@ class CloudServer:
             log_event(
                 "insecure", logging.WARNING, host=cfg.host, port=port, tls=exp.tls, auth=exp.auth, warning=exp.warning
             )
-        self._start_warm_up()
+        self.warm.start()
         return port
-
-    def _start_warm_up(self) -> None:
-        """Make the explicit and remembered pairs' tails in a background thread (health already says
-        SERVING: a request meanwhile waits on the build of its cut, or builds another cut itself)."""
-        cfg = self.config
-        remembered: list[tuple[str, str]] = []
-        if cfg.warm_file:  # read after ``listening``: that stays the first line of the log
-            path = Path(cfg.models_dir) / WARM_FILE
-            remembered = read_pairs(path, cfg.segment_cache_size)
-            self.recorder = Recorder(path, cfg.segment_cache_size, remembered=remembered)
-            self.tails.on_lease = self.recorder.served
-        known = frozenset(m.sha256 for m in self.store.models())
-        pairs = choose(self.warm_pairs, remembered, known=known, limit=cfg.segment_cache_size)
-        if not pairs:
-            return
-        left_out = len({*self.warm_pairs, *remembered}) - len(pairs)  # models gone from the store
-        log_event("warm_started", pairs=len(pairs), explicit=len(self.warm_pairs), left_out=left_out)
-        deadline_s = cfg.default_deadline_s  # per build: its wait for a heavy slot
-
-        def build(sha256: str, cut_id: str) -> object:
-            return self.tails.get(sha256, cut_id, timeout_s=deadline_s)
-
-        self._warm_thread = threading.Thread(
-            target=warm_up, args=(pairs, build, self._warm_stop, self.tails.touch), name="splitrt-warm", daemon=True
-        )
-        self._warm_thread.start()
 
     @property
     def served(self) -> int:
@@ -280,17 +246,14 @@ class CloudServer:
         else:
             self.canceller.cancel_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         self._server = None
-        self._warm_stop.set()  # no further warm-up build; one in progress ends with the builder below
-        if self.recorder is not None:
-            self.recorder.flush()
+        self.warm.stop()
         self.watchdog.stop()
         self.ratelog.flush(force=True)
         self.next_hop.close()
         self.niced.close()
         if self.tails.builder is not None:
             self.tails.builder.close()
-        if self._warm_thread is not None:
-            self._warm_thread.join(timeout=max(1.0, grace))  # a daemon: an in-process build cannot be cut short
+        self.warm.join(max(1.0, grace))
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
@@ -387,20 +350,3 @@ class CloudServer:
     def admitted(self, what: str, nbytes: int) -> AbstractContextManager[None]:
         """A place among the admitted and ``nbytes`` of the budget (Probe)."""
         return admitted(self.admission, self.budget, what, nbytes)
-
-
-def _budget(config: ServerConfig) -> MemoryBudget:
-    """The ledger, its baseline measured now (onnxruntime imported: every server loads it)."""
-    if config.max_memory_bytes is None:
-        return MemoryBudget(None)
-    import onnxruntime  # noqa: F401  (part of the baseline, not of the budget)
-
-    # What starting adds (gRPC's server and threads: ~4 MB) and the first session's one-time set-up
-    # (onnxruntime's thread pools and kernel registry: ~15-25 MB measured) belong to no cache entry.
-    limit = config.max_memory_bytes
-    # The segment builder's child (``builder``) and the upload checker's (``checker``) are the same pod's:
-    # their resident imports count from the start.
-    children = children_resident_bytes(builder=config.build_in_child, checker=config.allow_upload)
-    return MemoryBudget(
-        limit, rss_bytes() + STARTUP_BYTES + children, headroom_bytes=limit - (watch_limit(limit) or limit)
-    )

@@ -79,7 +79,7 @@ def test_a_restarted_server_makes_the_tails_it_served_without_a_request(
     model = models_dir / "tiny_chain.onnx"
     sha = model_sha256(model)
     with CloudServer(_config(models_dir, build_in_child=True)) as first:
-        assert first.warm_pairs == [] and _events(caplog, "warm_started") == []  # nothing remembered yet
+        assert first.warm.pairs == [] and _events(caplog, "warm_started") == []  # nothing remembered yet
         _serve(first, model, ["c3"])
         # The first new pair is written at once, on a thread of its own; the next ones within 5 s at stop.
         _until(lambda: (models_dir / warm.WARM_FILE).exists(), "the warm file written while serving")
@@ -175,7 +175,7 @@ def test_warm_names_pairs_to_make_and_no_warm_leaves_the_file_alone(
     before = path.read_bytes()
     # Without the file: only the named pairs, by file stem and by sha256 prefix.
     with CloudServer(_config(models_dir, warm=("tiny_chain@c4", f"{sha[:8]}@c2,c4"), warm_file=False)) as server:
-        assert server.warm_pairs == [(sha, "c4"), (sha, "c2")]
+        assert server.warm.pairs == [(sha, "c4"), (sha, "c2")]
         _until(lambda: len(server.tails.snapshot()) == 2, "the named tails built")
         assert {c for _, c, _ in server.tails.snapshot()} == {"c4", "c2"}  # not the remembered c1
         _serve(server, models_dir / "tiny_chain.onnx", ["c3"])

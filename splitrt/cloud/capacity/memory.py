@@ -260,3 +260,17 @@ class MemoryBudget:
                 "peak_bytes": self.peak_bytes,
                 "refused": self.refused,
             }
+
+
+def process_budget(limit_bytes: int | None, *, builder: bool, checker: bool) -> MemoryBudget:
+    """The ledger of a server owning this process, its baseline measured now (onnxruntime imported: every
+    server loads it); None: no budget. ``builder``/``checker``: the server keeps those children."""
+    if limit_bytes is None:
+        return MemoryBudget(None)
+    import onnxruntime  # noqa: F401  (part of the baseline, not of the budget)
+
+    # What starting adds (gRPC's server and threads: ~4 MB) and the first session's one-time set-up
+    # (onnxruntime's thread pools and kernel registry: ~15-25 MB measured) belong to no cache entry; the
+    # segment builder's child and the upload checker's are the same pod's: their imports count from the start.
+    baseline = rss_bytes() + STARTUP_BYTES + children_resident_bytes(builder=builder, checker=checker)
+    return MemoryBudget(limit_bytes, baseline, headroom_bytes=limit_bytes - (watch_limit(limit_bytes) or limit_bytes))

@@ -30,6 +30,8 @@ readiness condition.
   heavy lane keeps room for requests naming other cuts), logs ``warm_failed`` for a pair that fails and
   ``warm_done`` at the end, having made the first pair the most recently used in the cache (built first,
   it was the least); stops when ``stopping`` is set or the server shuts down (UNAVAILABLE).
+- ``WarmStart(specs, store=, tails=, models_dir=, remember=, limit=, deadline_s=)``: the server's use of all
+  of the above: ``.pairs`` (explicit, resolved), ``.start()``, ``.stop()``, ``.join(timeout_s)``.
 """
 
 from __future__ import annotations
@@ -375,3 +377,59 @@ def warm_up(
         touch(list(pairs))
     log_event("warm_done", **counts, ms=round((time.monotonic() - t0) * 1e3, 1))
     return counts
+
+
+class WarmStart:
+    """A server's warm start: the explicit pairs (``specs``, checked now: ``ConfigError``) and, with
+    ``remember``, the pairs in ``models_dir``'s ``WARM_FILE`` (read by ``start``, after the server's
+    ``listening`` line) built on a daemon thread through ``tails`` (health says SERVING meanwhile: a request
+    waits on the build of its cut, or builds another cut itself); a ``Recorder`` then remembers every
+    lease whose request ran. ``stop`` ends the warm-up after the build in progress and writes the file."""
+
+    def __init__(
+        self,
+        specs: Sequence[str],
+        *,
+        store: Any,
+        tails: Any,
+        models_dir: Path,
+        remember: bool,
+        limit: int,
+        deadline_s: float,
+    ) -> None:
+        self.pairs = resolve(specs, store, limit)
+        self.store, self.tails, self.models_dir, self.remember = store, tails, Path(models_dir), remember
+        self.limit, self.deadline_s = limit, deadline_s
+        self.recorder: Recorder | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        remembered: list[Pair] = []
+        if self.remember:
+            path = self.models_dir / WARM_FILE
+            remembered = read_pairs(path, self.limit)
+            self.recorder = Recorder(path, self.limit, remembered=remembered)
+            self.tails.on_lease = self.recorder.served
+        known = frozenset(m.sha256 for m in self.store.models())
+        pairs = choose(self.pairs, remembered, known=known, limit=self.limit)
+        if not pairs:
+            return
+        left_out = len({*self.pairs, *remembered}) - len(pairs)  # models gone from the store
+        log_event("warm_started", pairs=len(pairs), explicit=len(self.pairs), left_out=left_out)
+
+        def build(sha256: str, cut_id: str) -> object:  # per build: its wait for a heavy slot
+            return self.tails.get(sha256, cut_id, timeout_s=self.deadline_s)
+
+        args = (pairs, build, self._stop, self.tails.touch)
+        self._thread = threading.Thread(target=warm_up, args=args, name="splitrt-warm", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()  # no further build; one in progress ends with the builder or its own run
+        if self.recorder is not None:
+            self.recorder.flush()
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)  # a daemon: an in-process build cannot be cut short

@@ -43,7 +43,6 @@ it locally and a later request finds the model there (``splitrt.device.upload``)
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -55,85 +54,23 @@ import numpy as np
 from splitrt.device.config import DeviceConfig, read_token
 from splitrt.device.messages import (
     HeadResult,
-    Hops,
     ProbeResult,
     SplitResult,
     assemble,
-    decode_reply,
-    encode_request,
     frame_result,
 )
+from splitrt.device.remote import Remote
 from splitrt.device.sessions import SessionCache, check_inputs, random_inputs, run_session
-from splitrt.device.upload import ModelUploader
-from splitrt.errors import CloudError, ConfigError, CutError, SplitrtError
+from splitrt.errors import CutError, SplitrtError
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport.base import Transport
-from splitrt.transport.grpc_transport import GrpcTransport
-from splitrt.transport.v2 import V2Transport, is_v2
 
 # Importable from here as before the split (``splitrt.device.client`` is where apps and runtimes look).
 __all__ = ["DEVICE_CUT", "Device", "DeviceConfig", "HeadResult", "ProbeResult", "SplitResult", "read_token"]
 
 DEVICE_CUT = "device"
-
-
-class _CloudLink:
-    """The transport to the cloud: the injected one, or a ``GrpcTransport`` to ``cloud`` built from the
-    config on first use (and again after ``close``). Shared by ``Device`` and its ``ModelUploader``
-    without a reference back to the ``Device``: a dropped ``Device`` (the runtime drops a failed cloud's)
-    is freed at once, and its channel with it."""
-
-    def __init__(self, cloud: str | None, config: DeviceConfig, transport: Transport | None, sha256: str = "") -> None:
-        self.cloud = transport.address if cloud is None and transport is not None else cloud
-        self.sha256 = sha256  # the model's: a v2 transport reports it in status
-        self.config = config
-        self._injected = transport
-        self._transport = transport
-        self._lock = threading.Lock()
-
-    def name(self) -> str:
-        return str(self.cloud)
-
-    def get(self) -> Transport:
-        link = self._transport
-        if link is not None:
-            return link
-        if not self.cloud:
-            raise ConfigError("no cloud: expected Device(model, 'host:port'), got none")
-        cfg = self.config
-        built: Transport
-        if is_v2(self.cloud):  # v2://host:port: a standard serving engine (Open Inference Protocol v2)
-            built = V2Transport(
-                self.cloud,
-                model_sha256=self.sha256,
-                token=cfg.token,
-                max_message_bytes=cfg.max_message_bytes,
-                tls=cfg.tls,
-                tls_ca_path=cfg.tls_ca_path,
-                tls_server_name=cfg.tls_server_name,
-            )
-        else:
-            built = GrpcTransport(
-                self.cloud,
-                token=cfg.token,
-                max_message_bytes=cfg.max_message_bytes,
-                keepalive_s=cfg.keepalive_s,
-                tls=cfg.tls,
-                tls_ca_path=cfg.tls_ca_path,
-                tls_server_name=cfg.tls_server_name,
-            )
-        with self._lock:
-            if self._transport is None:
-                self._transport = built
-            return self._transport
-
-    def close(self) -> None:
-        with self._lock:
-            link, self._transport = self._transport, self._injected
-        if link is not None:
-            link.close()
 
 
 class _Inputs:
@@ -208,15 +145,8 @@ class Device(_Inputs):
         self._local = SessionCache(
             self.graph, threads=self.config.intra_op_threads, size=self.config.session_cache_size
         )
-        self._cloud = _CloudLink(cloud, self.config, transport, sha256=self.sha256)
-        self._uploads = ModelUploader(
-            path=Path(self.graph.path),
-            sha256=self.graph.file_sha256,
-            config=self.config,
-            link=self._cloud.get,
-            cloud=self._cloud.name,
-        )
-        self.codec = codec.Codec.parse(self.config.codec)
+        self._remote = Remote(self.graph, cloud, config=self.config, transport=transport)
+        self.codec = self._remote.codec
         self.output_names = tuple(t.name for t in self.graph.outputs)
 
     # -- local ------------------------------------------------------------------------------------
@@ -226,9 +156,10 @@ class Device(_Inputs):
         values = run_session(self._local.full(), list(self.output_names), feeds, "the whole model")
         return dict(zip(self.output_names, values, strict=True))
 
-    def run_head(self, inputs: Mapping[str, Any], cut: str) -> HeadResult:
-        """Run the head of ``cut``; the result holds the tensors the tail needs."""
-        feeds = self.check_inputs(inputs)
+    def run_head(self, inputs: Mapping[str, Any], cut: str, *, checked: bool = False) -> HeadResult:
+        """Run the head of ``cut``; the result holds the tensors the tail needs. ``checked``: ``inputs``
+        are ``check_inputs``' arrays already (the runtime checks once, before it plans)."""
+        feeds = dict(inputs) if checked else self.check_inputs(inputs)
         if cut == DEVICE_CUT:  # the whole (original) model: no segments, and no tail afterwards
             t0 = time.perf_counter()
             values = run_session(self._local.full(), list(self.output_names), feeds, "the whole model")
@@ -301,24 +232,26 @@ class Device(_Inputs):
     @property
     def cloud(self) -> str | None:
         """The cloud's address ("host:port"); set it before the first call to pair a cloud-less Device."""
-        return self._cloud.cloud
+        return self._remote.cloud
 
     @cloud.setter
     def cloud(self, address: str | None) -> None:
-        self._cloud.cloud = address
+        self._remote.cloud = address
+
+    @property
+    def remote(self) -> Remote:
+        """This device's cloud (``device.remote``): what every cloud call below goes through."""
+        return self._remote
 
     def _link(self) -> Transport:
-        return self._cloud.get()
+        return self._remote.transport()
 
     def stub(self) -> pb_grpc.SplitInferenceStub:
         """The generated gRPC stub on this device's channel (stock protobuf framing)."""
-        link = self._link()
-        if not isinstance(link, GrpcTransport):
-            raise ConfigError(f"stub: expected a gRPC transport, got {type(link).__name__}")
-        return link.stub()
+        return self._remote.stub()
 
     def status(self, timeout_s: float | None = None) -> pb.StatusReply:
-        return self._link().status(timeout_s=timeout_s or self.config.timeout_s)
+        return self._remote.status(timeout_s)
 
     def probe(
         self,
@@ -330,71 +263,32 @@ class Device(_Inputs):
     ) -> ProbeResult:
         """One echo of ``up_bytes`` up and ``down_bytes`` down (feed netmon with the result);
         ``next_bytes=(up, down)``: an edge also probes its next tier with these sizes."""
-        req = pb.ProbeRequest(payload=bytes(up_bytes), reply_bytes=down_bytes)
-        if next_bytes is not None:
-            req.next_probe, req.next_payload_bytes, req.next_reply_bytes = True, next_bytes[0], next_bytes[1]
-        t0 = time.perf_counter()
-        reply = self._link().probe(req, timeout_s=timeout_s or self.config.timeout_s)
-        seconds = time.perf_counter() - t0
-        ok = next_bytes is not None and not reply.next_error.code
-        return ProbeResult(
-            up_bytes=up_bytes,
-            down_bytes=len(reply.payload),
-            seconds=seconds,
-            load=wire.LoadInfo.from_proto(reply.load),
-            next_ms=reply.next_ms if ok else None,
-            next_error=f"{reply.next_error.code}: {reply.next_error.message}" if reply.next_error.code else "",
-            next_load=wire.LoadInfo.from_proto(reply.next_load) if ok else None,
-        )
+        return self._remote.probe(up_bytes, down_bytes, timeout_s, next_bytes=next_bytes)
 
     def upload_model(self, timeout_s: float | None = None) -> pb.PutModelReply:
         """Stream the model file to the cloud (verified there by sha256)."""
-        return self._uploads.upload(timeout_s)
+        return self._remote.upload_model(timeout_s)
 
     def ensure_model(self, force: bool = False, *, timeout_s: float | None = None, wait_upload: bool = True) -> None:
-        """Make sure the cloud has the model (``CloudError`` if it cannot be made sure of).
-
-        The check is one ``Status`` call with ``timeout_s`` (default ``DeviceConfig.timeout_s``), done once;
-        a failed check is re-raised without an RPC for ``check_backoff_s`` (``force`` checks anyway).
-        A missing model is uploaded when both sides allow it: here with ``upload_timeout_s``
-        (``wait_upload``), or else in a background thread while this call raises a retryable
-        ``UNAVAILABLE`` (the request path: no upload within a request's deadline).
-        """
-        self._uploads.ensure(force, timeout_s=timeout_s, wait_upload=wait_upload)
+        """Make sure the cloud has the model (``CloudError`` if it cannot be made sure of): see the module
+        docstring (one ``Status`` check, failures remembered, uploads inline or in the background)."""
+        self._remote.ensure_model(force, timeout_s=timeout_s, wait_upload=wait_upload)
 
     def upload_in_progress(self) -> bool:
         """True while a background upload of this model to this cloud runs (started by ``send``)."""
-        return self._uploads.in_progress()
+        return self._remote.upload_in_progress()
 
     @property
     def _model_checked(self) -> bool:
         # Tests set it to skip the check against servers without Status.
-        return self._uploads.checked
+        return self._remote.checked
 
     @_model_checked.setter
     def _model_checked(self, value: bool) -> None:
-        self._uploads.checked = value
+        self._remote.checked = value
 
-    def _request(
-        self, head: HeadResult, spec: codec.Codec, next_cut: str = "", next_codec: str = ""
-    ) -> tuple[wire.Framed, int]:
-        return encode_request(
-            head,
-            spec,
-            sha256=self.sha256,
-            output_codec=self.config.output_codec,
-            next_cut_id=next_cut,
-            next_codec=next_codec,
-        )
-
-    def _decode_reply(self, reply: wire.Framed, head: HeadResult) -> tuple[dict[str, np.ndarray], int]:
-        """The graph outputs: the reply's (only those the tail made) with the ones the head kept."""
-        made = tuple(n for n in self.output_names if n not in head.kept)
-        # The same decoded-size cap a server applies (a reply may claim any size under zlib).
-        outs, nbytes = decode_reply(
-            reply, made, max_bytes=4 * self.config.max_message_bytes, cloud=self.cloud, also=tuple(head.kept)
-        )
-        return assemble(self.output_names, head.kept, outs), nbytes
+    def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[wire.Framed, int]:
+        return self._remote.request(head, spec)
 
     def send(
         self,
@@ -408,61 +302,7 @@ class Device(_Inputs):
         ``next_cut``: the server is an edge that runs up to this cut and forwards the rest (``.hops``)."""
         if head.cut_id == DEVICE_CUT:
             return self.finish_locally(head)
-        spec = self.codec if codec_spec is None else codec.Codec.parse(codec_spec)
-        t0 = time.perf_counter()
-        request, bytes_up = self._request(head, spec, next_cut or "", str(spec) if next_cut else "")
-        t1 = time.perf_counter()
-        # With ``timeout_s``: one deadline for the whole request, the model check included, and a missing
-        # model is uploaded in the background. Without (the blocking API): the check and an upload take
-        # their own timeouts, then the call gets ``DeviceConfig.timeout_s``.
-        wait_upload = timeout_s is None
-        deadline = t0 + (timeout_s or self.config.timeout_s)
-
-        def left() -> float:
-            return max(0.001, deadline - time.perf_counter())
-
-        def check(force: bool = False) -> None:
-            nonlocal deadline
-            if wait_upload:
-                self.ensure_model(force)
-                deadline = time.perf_counter() + self.config.timeout_s
-            else:
-                self.ensure_model(force, timeout_s=left(), wait_upload=False)
-
-        check()
-        link = self._link()
-        t2 = time.perf_counter()
-        try:
-            reply = link.infer(request, timeout_s=left())
-        except CloudError as err:
-            if not (err.code == "NOT_FOUND" and "model sha256" in str(err) and self.config.upload):
-                raise
-            self._model_checked = False  # the cloud lost the model (restart?): upload once more
-            check(force=True)
-            reply = link.infer(request, timeout_s=left())
-        t3 = time.perf_counter()
-        outputs, bytes_down = self._decode_reply(reply, head)
-        t4 = time.perf_counter()
-        return SplitResult(
-            outputs=outputs,
-            cut_id=head.cut_id,
-            codec=str(spec),
-            where="cloud",
-            request_id=head.request_id,
-            head_ms=head.head_ms,
-            encode_ms=(t1 - t0) * 1e3,
-            rpc_ms=(t3 - t2) * 1e3,
-            decode_ms=(t4 - t3) * 1e3,
-            tail_ms=reply.header.tail_ms,
-            queue_ms=reply.header.queue_ms,
-            build_ms=reply.header.build_ms,
-            total_ms=head.head_ms + (t4 - t0) * 1e3 - (t2 - t1) * 1e3,
-            check_ms=(t2 - t1) * 1e3,
-            bytes_up=bytes_up,
-            bytes_down=bytes_down,
-            load=wire.LoadInfo.from_proto(reply.header.load),
-            hops=Hops.from_reply(reply.header) if next_cut else None,
-        )
+        return self._remote.send(head, codec_spec=codec_spec, timeout_s=timeout_s, next_cut=next_cut)
 
     def run_detailed(
         self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None, timeout_s: float | None = None
@@ -491,7 +331,7 @@ class Device(_Inputs):
         def requests() -> Iterator[wire.Framed]:
             for frame in frames:
                 head = self.run_head(frame, cut)
-                req, nbytes = self._request(head, spec)
+                req, nbytes = self._remote.request(head, spec)
                 pending.append((head, nbytes, time.perf_counter()))
                 yield req
 
@@ -504,11 +344,11 @@ class Device(_Inputs):
                 spec=spec,
                 bytes_up=bytes_up,
                 t_sent=t_sent,
-                decode=functools.partial(self._decode_reply, head=head),
+                decode=functools.partial(self._remote.decode, head=head),
             )
 
     def close(self) -> None:
-        self._cloud.close()
+        self._remote.close()
 
     def __enter__(self) -> Device:
         return self

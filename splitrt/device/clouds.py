@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitrt.device.client import Device, DeviceConfig
+from splitrt.device.config import DeviceConfig
+from splitrt.device.remote import Remote
 from splitrt.errors import CloudError
 from splitrt.plan import observe
 from splitrt.plan.queueing import QueueEstimator
@@ -21,7 +22,7 @@ Connect = Callable[[str], Transport]  # a cloud's address -> a new transport to 
 @dataclass
 class Cloud:
     address: str
-    device: Device
+    link: Remote  # the transport to it, its model check, one request's round trip
     up: bool = True
     failures: int = 0
     retry_at_s: float = 0.0
@@ -35,16 +36,15 @@ class Cloud:
     workers: int = 1
     served: int = 0  # requests it answered for this device
 
-    def add_load(self, now_s: float, load: LoadInfo, *, own: bool) -> None:
-        """A load report; ``own``: it came in the reply of a request still counted in queue_depth."""
+    def report(self, load: LoadInfo) -> observe.QueueReport:
+        """A load report as its queue estimator takes it; its worker count is kept (the balancer's)."""
         if load.workers >= 1:
             self.workers = load.workers
-        observe.observe_queue(
-            self.queue,
-            observe.QueueReport(queue_depth=load.queue_depth, workers=load.workers, service_ms=load.service_ms),
-            now_s,
-            own=own,
-        )
+        return observe.QueueReport(queue_depth=load.queue_depth, workers=load.workers, service_ms=load.service_ms)
+
+    def add_load(self, now_s: float, load: LoadInfo, *, own: bool) -> None:
+        """A load report; ``own``: it came in the reply of a request still counted in queue_depth."""
+        observe.observe_queue(self.queue, self.report(load), now_s, own=own)
 
 
 class Clouds(Mapping[str, Cloud]):
@@ -91,17 +91,17 @@ class Clouds(Mapping[str, Cloud]):
             keep = {a: self._by_address[a] for a in addresses if a in self._by_address}
             for a in addresses:
                 if a not in keep:
-                    keep[a] = Cloud(a, self._device(a))
+                    keep[a] = Cloud(a, self._link(a))
             for a, c in self._by_address.items():
                 if a not in keep:
-                    c.device.close()
+                    c.link.close()
             self._by_address = dict(keep)
 
-    def _device(self, address: str) -> Device:
-        """A ``Device`` reaching ``address`` over a new transport: ``connect(address)``, or (None) the
-        gRPC (or v2) transport ``Device`` builds from the config (TLS, token, message limits)."""
+    def _link(self, address: str) -> Remote:
+        """A ``Remote`` reaching ``address`` over a new transport: ``connect(address)``, or (None) the
+        gRPC (or v2) transport ``Remote`` builds from the config (TLS, token, message limits)."""
         transport = self.connect(address) if self.connect is not None else None
-        return Device(self.graph, address, config=self.device_config, transport=transport)
+        return Remote(self.graph, address, config=self.device_config, transport=transport)
 
     def snapshot(self) -> list[dict[str, object]]:
         with self._lock:
@@ -150,8 +150,8 @@ class Clouds(Mapping[str, Cloud]):
             delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (cloud.failures - 1))
             cloud.retry_at_s = now_s + delay
             # A fresh channel on the next try (gRPC's own reconnect backoff grows to minutes). The old
-            # Device is not closed under requests that may still use it: it goes when they drop it.
-            cloud.device = self._device(cloud.address)
+            # link is not closed under requests that may still use it: it goes when they drop it.
+            cloud.link = self._link(cloud.address)
 
     def mark_up(self, cloud: Cloud) -> None:
         with self._lock:
@@ -183,4 +183,4 @@ class Clouds(Mapping[str, Cloud]):
     def close(self) -> None:
         with self._lock:
             for c in self._by_address.values():
-                c.device.close()
+                c.link.close()

@@ -1,6 +1,6 @@
 """The runtime's tiers past the first server: each hop's link, each server tier's load, what a server
-reports of its next tier, the servers reached directly when the one before them is down, and how a
-relayed reply and a probe through a relay become estimator samples (through ``plan.observe``).
+reports of its next tier, the servers reached directly when the one before them is down, and the prober's
+round through a relay (its samples through ``plan.observe``; a relayed reply's: ``device.feedback``).
 
 A path of N tiers is the device, then N-1 server tiers. The device sends to the first tier of the
 plan's route; a server with a next tier runs its segment and forwards (``send(..., next_cut=)``), else
@@ -13,11 +13,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from splitrt.device.client import DeviceConfig, SplitResult
+from splitrt.device.client import DeviceConfig
 from splitrt.device.clouds import Cloud, Clouds, Connect
 from splitrt.errors import CloudError
 from splitrt.plan import observe
-from splitrt.plan.costmodel import DEVICE_CUT, CostTable
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
 
 RTT = observe.RTT_PROBE_BYTES
@@ -131,71 +130,25 @@ class Hops:
             )
         return out
 
+    def servers(self, first: list[dict[str, object]]) -> list[dict[str, object]]:
+        """Past the first tier (``first``: its servers' snapshots): what each tier reports of its next
+        (``ADDRESS/next``) and the later tiers' servers reached directly."""
+        out: list[dict[str, object]] = []
+        via = [str(c["address"]) for c in first]
+        for nxt, direct in zip(self.next, self.direct, strict=True):
+            out += [
+                {"address": f"{a}/next", "up": nxt.up(), "failures": nxt.failures, "rtt_ms": None}
+                | {"last_error": nxt.last_error, "served": 0}
+                for a in via
+            ]
+            seen = direct.snapshot()
+            out += seen
+            via = [str(c["address"]) for c in seen]
+        return out
+
     def close(self) -> None:
         for clouds in self.direct:
             clouds.close()
-
-
-def observe_relayed(
-    tables: Sequence[CostTable],
-    res: SplitResult,
-    first: str,
-    second: str,
-    now_s: float,
-    *,
-    links: Sequence[LinkEstimator],
-    loads: Sequence[LoadEstimator],
-) -> None:
-    """One request relayed by server tier 1 (``first`` -> ``second`` there, the rest at tier 2): hop 0's
-    and tier 1's samples, and, when it forwarded, hop 1's and tier 2's (``links``/``loads`` per hop and
-    per server tier)."""
-    hops = res.hops
-    if hops is None:
-        return
-    mid = tables[1]
-    upto = second if hops.forwarded else DEVICE_CUT  # not forwarded: the relay ran the whole rest
-    observe.observe_reply(
-        observe.ReplyObservation(
-            bytes_up=res.bytes_up,
-            bytes_down=res.bytes_down,
-            net_s=(res.rpc_ms - hops.edge_ms) / 1e3,
-            tail_s=res.tail_ms / 1e3,
-            profiled_tail_s=float(mid.head_ms[mid.index(upto)] - mid.head_ms[mid.index(first)]) / 1e3,
-            queue_wait_s=res.queue_ms / 1e3,
-        ),
-        now_s,
-        link=links[0],
-        load=loads[0],
-    )
-    if hops.forwarded:
-        observe.observe_reply(
-            tier_reply(
-                tables[2],
-                second,
-                tail_ms=hops.next_tail_ms,
-                queue_ms=hops.next_queue_ms,
-                bytes=hops.next_bytes_up + hops.next_bytes_down,
-                net_ms=hops.next_ms - hops.next_tail_ms - hops.next_queue_ms,
-            ),
-            now_s,
-            link=links[1],
-            load=loads[1],
-        )
-
-
-def tier_reply(
-    table: CostTable, cut: str, *, tail_ms: float, queue_ms: float, bytes: int = 0, net_ms: float = 0.0
-) -> observe.ReplyObservation:
-    """A server's part of a reply: its tail against ``table``'s (a direct reply to a later tier crosses
-    several hops: no one hop's link sample, ``bytes`` 0)."""
-    return observe.ReplyObservation(
-        bytes_up=bytes,
-        bytes_down=0,
-        net_s=net_ms / 1e3,
-        tail_s=tail_ms / 1e3,
-        profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
-        queue_wait_s=queue_ms / 1e3,
-    )
 
 
 def relay_round(
@@ -207,7 +160,7 @@ def relay_round(
     clock: Callable[[], float],
     lock: threading.RLock,
 ) -> None:
-    """One prober round through the live first-tier server ``relay`` (a ``Device``): learn its next
+    """One prober round through the live first-tier server ``relay`` (a ``Remote``): learn its next
     tier's address when none is known, and probe hop 1 through it while its estimate is stale or the
     next tier is due a revival (an RTT probe first when a bandwidth probe goes out: a bandwidth probe is
     judged against its hop's RTT, and a first RTT inflated by the channel's set-up would stay the floor).
@@ -240,11 +193,11 @@ def revive(clouds: Clouds, now_s: float, *, timeout_s: float) -> None:
         if c.up or now_s < c.retry_at_s:
             continue
         try:
-            c.device.probe(RTT, RTT, timeout_s=timeout_s)
+            c.link.probe(RTT, RTT, timeout_s=timeout_s)
         except CloudError as exc:
             clouds.mark_failed(c, now_s, exc)
             continue
         clouds.mark_up(c)
 
 
-__all__ = ["Hops", "NextHealth", "observe_relayed", "relay_round", "revive", "tier_reply"]
+__all__ = ["Hops", "NextHealth", "relay_round", "revive"]

@@ -102,7 +102,7 @@ class Prober:
             return
         try:
             hops.relay_round(
-                dev.hops, relay[0].device, now, timeout_s=dev.config.probe_timeout_s, clock=dev.clock, lock=self._lock
+                dev.hops, relay[0].link, now, timeout_s=dev.config.probe_timeout_s, clock=dev.clock, lock=self._lock
             )
         except CloudError as exc:
             self.clouds.mark_failed(relay[0], now, exc)
@@ -119,7 +119,7 @@ class Prober:
             return
         # An RTT probe (tiny: the transfer time must not count as RTT) ...
         try:
-            pr = c.device.probe(observe.RTT_PROBE_BYTES, observe.RTT_PROBE_BYTES, timeout_s=dev.config.probe_timeout_s)
+            pr = c.link.probe(observe.RTT_PROBE_BYTES, observe.RTT_PROBE_BYTES, timeout_s=dev.config.probe_timeout_s)
         except CloudError as exc:
             self.clouds.mark_failed(c, now, exc)
             return
@@ -143,9 +143,9 @@ class Prober:
             dev.config.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(dev.link.bandwidth_mbps(), 0.01) + bw.rtt_s)
         )
         try:
-            pb = c.device.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
+            pb = c.link.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
             if observe.probe_twice(pairs=self.pairs, link_busy=self.clouds.inflight > 0):
-                pb = c.device.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
+                pb = c.link.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
         except CloudError as exc:
             if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
                 with self._lock:

@@ -12,15 +12,6 @@ public names (``slow_start_after_idle``, ``IDLE_WAIT_ROUNDS``) stay importable f
 Policies (the rig's strategies drive the same code): ``adaptive`` re-plans per request; ``periodic:S``
 re-plans every S seconds (REAP-style); ``fixed:PLAN`` never re-plans (``device``, ``cloud@fp16``, ...).
 
-Per-shape plans: a model with free dims (OCR crops of every width, sentences of every length) costs
-different amounts at every input shape, and the cost table is profiled at one. Requests are keyed by
-their shape signature; the first request of an unseen signature gets a table scaled to its shapes
-(bytes exact from the re-bound graph, times scaled by FLOPs: ``splitrt.plan.reshape``) and its own
-controller and policy (own hysteresis), kept in a bounded LRU. The profiled signature keeps the table
-as given. Every decision records where its cost table came from (``extra["costs"]``:
-``RuntimeConfig.table_source``, which names the accuracy guard, when set) and its signature
-(``extra["shape"]``): ``reshape.replay_by_shape`` replays such a log.
-
 - ``AdaptiveDevice(model, table, clouds=[...], *, config=RuntimeConfig(...), device_config, power, log,
   clock=time.monotonic, start_prober=True, connect=None)``: ``connect(address) -> Transport`` makes each cloud's
   transport (again after a failure: a fresh one); None: the gRPC (or v2) transport from ``device_config``.
@@ -66,7 +57,8 @@ as given. Every decision records where its cost table came from (``extra["costs"
 - Per-shape plans (``device.shapeplans``): the table given was profiled at ``table_shapes`` (default: the bound graph's
   ``input_shapes``, else the first request's). A request of another input-shape signature gets, once, a table
   scaled from it (``plan.reshape.scale_table`` on ``graph.rebind.cut_costs_at``) and its own controller (LRU of
-  ``RuntimeConfig.max_shapes``); decisions carry ``extra["shape"]``, and ``plan.reshape.replay_by_shape``
+  ``RuntimeConfig.max_shapes``); decisions carry ``extra["shape"]`` and where their table came from
+  (``extra["costs"]``: ``RuntimeConfig.table_source``, when set), and ``plan.reshape.replay_by_shape``
   replays such logs. ``.shape_plans()``, ``.table_for(sig)``.
 """
 
@@ -78,27 +70,25 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TextIO
 
-from splitrt.device import hops
+from splitrt.device import feedback
 from splitrt.device.balancer import Balancer
 from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
 from splitrt.device.clouds import Cloud, Clouds, Connect
+from splitrt.device.dispatch import Answer, Dispatcher
 from splitrt.device.hops import Hops
 from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
-from splitrt.device.runtypes import Outcome, RuntimeConfig
+from splitrt.device.runtypes import Outcome, RuntimeConfig, ended, tier_name
 from splitrt.device.shapeplans import ShapePlan, ShapePlans
-from splitrt.errors import CloudError, ConfigError, InputError, SplitrtError
-from splitrt.plan import observe, reserve, reshape
+from splitrt.errors import ConfigError, InputError
+from splitrt.plan import observe, reshape
 from splitrt.plan.controller import Controller, Decision, Policy
-from splitrt.plan.correction import Observation
 from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
 from splitrt.plan.netmon import LinkEstimator, LoadEstimate, LoadEstimator
 from splitrt.plan.path import parse_path
-from splitrt.plan.reserve import NOT_SENT
 from splitrt.plan.reshape import Signature
-from splitrt.transport.v2 import is_v2
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
 
@@ -106,24 +96,6 @@ __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "sl
 # a session build cannot be interrupted, and a process that exits while a thread is inside onnxruntime
 # aborts (exit 134 on an arm64 board, SIGTERM right after a request).
 CLOSE_WAIT_S = 30.0
-
-
-def tier_name(tier: int, tiers: int) -> str:
-    """``device``, then ``edge`` (three tiers) or ``tier1``.., and ``cloud`` for the last."""
-    if tier == 0:
-        return "device"
-    if tier == tiers - 1:
-        return "cloud"
-    return "edge" if tiers == 3 else f"tier{tier}"
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """The server that answered a request: its tier, and the next cut it was sent (None: it finished)."""
-
-    tier: int
-    cloud: Cloud
-    next_cut: str | None
 
 
 def _counts_failed(infer: Callable[..., Outcome]) -> Callable[..., Outcome]:
@@ -248,8 +220,10 @@ class AdaptiveDevice:
             "relayed": 0,  # requests a server forwarded to its next tier
             "not_sent": 0,  # planned for a cloud, finished here without sending (no cloud, no time): no fallback
         }
-        self.last_local_error = ""
         self.last_diverged = ""  # why the last request could not be split (a specialised graph's guard)
+        self._dispatch = Dispatcher(
+            self.local, self._clouds, self.hops, lock=self._lock, clock=lambda: self.clock(), stats=self.stats
+        )
         self.prober = Prober(self, self._clouds, lock=self._lock, after_round=self._warm_if_due)
         if start_prober:
             self.prober.start()
@@ -262,19 +236,9 @@ class AdaptiveDevice:
     def clouds(self) -> list[dict[str, object]]:
         """The servers this runtime knows: the first tier's; past it, what each tier reports of its
         next (``ADDRESS/next``) and the later tiers' servers reached directly."""
-        out = self._clouds.snapshot()
+        first = self._clouds.snapshot()
         with self._lock:
-            via = [str(c["address"]) for c in out]
-            for nxt, direct in zip(self.hops.next, self.hops.direct, strict=True):
-                out += [
-                    {"address": f"{a}/next", "up": nxt.up(), "failures": nxt.failures, "rtt_ms": None}
-                    | {"last_error": nxt.last_error, "served": 0}
-                    for a in via
-                ]
-                seen = direct.snapshot()
-                out += seen
-                via = [str(c["address"]) for c in seen]
-        return out
+            return first + self.hops.servers(first)
 
     # -- planning ----------------------------------------------------------------------------------
     def _decide(self, sp: ShapePlan, now_s: float, request: str, cloud: Cloud | None) -> Decision:
@@ -329,19 +293,22 @@ class AdaptiveDevice:
         route = decision.route or tuple(range(len(self.tables)))
         cuts, codecs = parse_path(decision.plan, sp.table.codecs[0], hops=len(route) - 1)
         cut = cuts[0]
-        head = self.local.run_head(feeds, cut)
+        head = self.local.run_head(feeds, cut, checked=True)
         targets = self.hops.targets(route, cuts, live, now) if cut != DEVICE_CUT else []
-        result, answer, why = self._finish(sp.table, head, cuts, codecs[0], targets, t0, deadline, now)
-        _observe(self, sp, cut, head, result, answer)
+        factor = self.load.estimate(now).device_factor
+        result, answer, why = self._dispatch.finish(
+            sp.table, head, cuts, codecs[0], targets, t0=t0, deadline_ms=deadline, now=now, device_factor=factor
+        )
+        self._observe(sp, cut, head, result, answer)
         # The server that produced the outputs: the one that answered, or its next tier when it forwarded.
         relayed = result.hops is not None and result.hops.forwarded
         server = None if answer is None else answer.cloud.address
         if relayed and answer is not None and result.hops is not None:
             server = result.hops.next_address or f"{answer.cloud.address}/next"
-        not_sent, fallback = _ended(why, answer)
+        not_sent, fallback = ended(why, answered=answer is not None)
         finished_by = 0 if answer is None else answer.tier + int(relayed)
         latency = (time.perf_counter() - t0) * 1e3
-        observed = None if fallback else _correct(self, sp, decision, head, result, answer, latency)
+        observed = None if fallback else self._correct(sp, decision, head, result, answer, latency)
         decision = replace(
             decision,
             actual_ms=latency,
@@ -429,78 +396,49 @@ class AdaptiveDevice:
             fallback_reason=f"diverged: {why}",
         )
 
-    def _servers(self, tier: int) -> Clouds:
-        return self._clouds if tier == 1 else self.hops.direct[tier - 2]
+    def _observe(self, sp: ShapePlan, cut: str, head: HeadResult, res: SplitResult, answer: Answer | None) -> None:
+        """What one request says about the links, the servers and the device, into the estimators: built
+        as a value (``device.feedback``), fed by ``plan.observe`` under the lock, which the estimators need
+        (plain objects that request threads and the prober change and ``_decide`` reads together)."""
+        cloud = answer.cloud if answer is not None and (answer.tier == 1 or res.hops is not None) else None
+        queue = cloud.report(res.load) if cloud is not None and res.load is not None else None
+        obs = feedback.observation(
+            sp.tables,
+            cut,
+            head,
+            res,
+            tier=None if answer is None else answer.tier,
+            next_cut=None if answer is None else answer.next_cut,
+            queue=queue,
+        )
+        now = self.clock()
+        with self._lock:
+            observe.observe_request(
+                obs,
+                now,
+                links=[self.link, *self.hops.links],
+                loads=[self.load, *self.hops.loads],
+                queue=cloud.queue if cloud is not None else None,
+            )
+            if res.hops is not None:
+                self.stats["relayed"] += int(res.hops.forwarded)
 
-    def _finish(
+    def _correct(
         self,
-        table: CostTable,
+        sp: ShapePlan,
+        decision: Decision,
         head: HeadResult,
-        cuts: tuple[str, ...],
-        codec: str,
-        targets: list[tuple[int, list[Cloud], str | None]],
-        t0: float,
-        deadline_ms: float,
-        now: float,
-    ) -> tuple[SplitResult, _Answer | None, str | None]:
-        """The request's outputs, the server that answered (None: finished here), and why a tier the plan
-        counted on did not (None: none failed)."""
-        cut = cuts[0]
-        if cut == DEVICE_CUT:
-            return self.local.finish_locally(head), None, None
-        why: list[str] = [] if targets[0][1] else [f"{NOT_SENT}: no cloud available"]
-        for tier, servers, next_cut in targets:
-            clouds = self._servers(tier)
-            for cloud in servers:
-                timeout_ms = _budget(self, table, cut, cloud.address, deadline_ms, t0, now)
-                if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
-                    why.append(f"{NOT_SENT}: {cloud.address}, deadline {deadline_ms:g} ms")
-                    return self.local.finish_locally(head), None, "; ".join(why)
-                with clouds.on_wire(cloud):
-                    try:
-                        res = cloud.device.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3, next_cut=next_cut)
-                    except CloudError as exc:
-                        if exc.code == "INVALID_ARGUMENT" and not is_v2(cloud.address):
-                            # A splitrt server runs this very segment: its refusal is the tensors' fault and
-                            # the tail here would fail alike (a bad input runs once, not twice). A v2 engine
-                            # has a model config of its own (static shapes, batch caps) that may refuse what
-                            # the model accepts: that request still finishes here.
-                            raise InputError(f"{cloud.address} refused the request's tensors: {exc}") from exc
-                        why.append(f"{cloud.address}: {exc}")
-                        if exc.retry_after_ms is not None:  # queue full: next cloud, or the tail here
-                            clouds.refused(cloud, self.clock(), exc)
-                            with self._lock:
-                                self.stats["refused"] += 1
-                        else:
-                            clouds.mark_failed(cloud, self.clock(), exc)
-                        continue
-                    except (SplitrtError, ValueError) as exc:
-                        # Not the cloud's fault (e.g. a lossy codec refusing inf/NaN, a channel closed under
-                        # us): this request finishes locally, the cloud stays up.
-                        with self._lock:
-                            self.stats["local_errors"] += 1
-                            self.last_local_error = f"{type(exc).__name__}: {exc}"
-                        why.append(f"{cloud.address}: {self.last_local_error}")
-                        return self.local.finish_locally(head), None, "; ".join(why)
-                clouds.answered(cloud)
-                answer = _Answer(tier=tier, cloud=cloud, next_cut=next_cut)
-                # Another server of the planned tier answering is no fallback; a later tier, or the
-                # planned server finishing because its next tier failed, is.
-                failed = why if tier != targets[0][0] else []
-                relay = res.hops
-                if relay is not None and tier <= len(self.hops.next):
-                    with self._lock:
-                        self.hops.next[tier - 1].reported(
-                            self.clock(),
-                            forwarded=relay.forwarded,
-                            code=relay.next_error_code,
-                            message=relay.next_error,
-                        )
-                    if next_cut not in (None, DEVICE_CUT) and not relay.forwarded:
-                        failed.append(f"{cloud.address}'s next tier: {relay.next_error_code}: {relay.next_error}")
-                return res, answer, "; ".join(failed) or None
-        local = self.local.finish_locally(head)
-        return local, None, "; ".join(why) or "no cloud answered"
+        res: SplitResult,
+        answer: Answer | None,
+        latency_ms: float,
+    ) -> dict[str, object]:
+        """What the request took beyond its price, into the plan's corrections; the log line's ``observed``."""
+        obs = feedback.correction(
+            decision, head, res, answered=answer is not None, latency_ms=latency_ms, t_s=self.clock()
+        )
+        with self._lock:
+            index = sp.controller.observe(obs)
+        return {"index": index, **obs.to_json()}
 
     def _warm(self, now_s: float) -> None:
         """Build head sessions of the plans likely next, off the request path's critical section."""
@@ -513,6 +451,11 @@ class AdaptiveDevice:
                 self.local.warm(cut)
 
     # -- background: probes, device load -----------------------------------------------------------
+    @property
+    def last_local_error(self) -> str:
+        """The last error of ours that finished a request here (``stats["local_errors"]``)."""
+        return self._dispatch.last_local_error
+
     def probe_once(self) -> None:
         """One prober round now (the rig and the tests drive it by hand with ``start_prober=False``)."""
         self.prober.probe_once()
@@ -556,110 +499,6 @@ class AdaptiveDevice:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _ended(why: str | None, answer: _Answer | None) -> tuple[bool, bool]:
-    """(not sent, fallback): nothing reached the wire (no cloud, or no time for one after the local
-    reserve) is no fallback; any other reason a tier the plan counted on did not answer is."""
-    not_sent = answer is None and why is not None and all(w.startswith(NOT_SENT) for w in why.split("; "))
-    return not_sent, why is not None and not not_sent
-
-
-def _budget(
-    dev: AdaptiveDevice, table: CostTable, cut: str, address: str, deadline_ms: float, t0: float, now: float
-) -> float | None:
-    """The RPC's timeout for ``cut`` at ``address`` (None: do not send): ``plan.reserve.send_budget``, as the
-    simulator decides it. The local finish is kept in reserve unless that would stop the plan's best
-    chance (the local finish late anyway; a cold tail's first request)."""
-    local_ms = reserve.local_finish_ms(
-        float(table.head_ms[table.index(DEVICE_CUT)]),
-        float(table.head_ms[table.index(cut)]),
-        dev.load.estimate(now).device_factor,
-    )
-    with dev._lock:
-        cold = (address, cut) not in dev._clouds.sent
-        budget = reserve.send_budget(
-            deadline_ms=deadline_ms, elapsed_ms=(time.perf_counter() - t0) * 1e3, local_finish_ms=local_ms, cold=cold
-        )
-        if budget.sent:
-            dev._clouds.sent.add((address, cut))
-    return budget.timeout_ms
-
-
-def _observe(
-    dev: AdaptiveDevice, sp: ShapePlan, cut: str, head: HeadResult, res: SplitResult, answer: _Answer | None
-) -> None:
-    """What one request says about the links, the servers and the device, into the estimators."""
-    table = sp.table
-    now = dev.clock()
-    with dev._lock:
-        if answer is not None and res.hops is not None:  # relayed: both hops and both tiers
-            hops.observe_relayed(
-                sp.tables,
-                res,
-                cut,
-                answer.next_cut or DEVICE_CUT,
-                now,
-                links=[dev.link, *dev.hops.links],
-                loads=[dev.load, *dev.hops.loads],
-            )
-            dev.stats["relayed"] += int(res.hops.forwarded)
-            if res.load is not None:
-                answer.cloud.add_load(now, res.load, own=True)
-        elif answer is not None and answer.tier == 1:
-            # The wait for a worker is the plan's queue term (``cloud.queue``, fed by the reply's load
-            # report), not the tail's factor: it does not scale with the cut's tail (queue_wait_s=0).
-            observe.observe_reply(
-                observe.ReplyObservation(
-                    bytes_up=res.bytes_up,
-                    bytes_down=res.bytes_down,
-                    net_s=res.network_ms / 1e3,
-                    tail_s=res.tail_ms / 1e3,
-                    profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
-                ),
-                now,
-                link=dev.link,
-                load=dev.load,
-            )
-            if res.load is not None:
-                answer.cloud.add_load(now, res.load, own=True)
-        elif answer is not None:  # a later tier reached directly: its load, no one hop's sample
-            obs = hops.tier_reply(sp.tables[answer.tier], cut, tail_ms=res.tail_ms, queue_ms=res.queue_ms)
-            observe.observe_reply(obs, now, link=None, load=dev.hops.loads[answer.tier - 2])
-        # The device's real speed: the head (the whole model on the device plan) against the table
-        # of this shape (another shape's times would read as a speed change).
-        measured = res.total_ms if cut == DEVICE_CUT else head.head_ms
-        observe.observe_local(
-            dev.load,
-            observe.LocalRun(measured_ms=measured, profiled_ms=float(table.head_ms[table.index(cut)])),
-            dev.clock(),
-        )
-
-
-def _correct(
-    dev: AdaptiveDevice,
-    sp: ShapePlan,
-    decision: Decision,
-    head: HeadResult,
-    res: SplitResult,
-    answer: _Answer | None,
-    latency_ms: float,
-) -> dict[str, object]:
-    """What the request took beyond its head and its RPC, against its price, into the plan's corrections
-    (``plan.correction``, as ``rig.sim`` feeds them); the log line's ``observed``."""
-    obs = Observation.of_request(
-        plan=decision.plan,
-        priced_ms=decision.encode_ms + decision.call_ms,
-        total_ms=latency_ms,
-        head_ms=head.head_ms + (0.0 if answer is not None else res.tail_ms),
-        # the model check (once per cloud, the first request's hundreds of ms) is no cost of the plan
-        round_trip_ms=res.rpc_ms + res.check_ms if answer is not None else 0.0,
-        t_s=dev.clock(),
-        price_ms=decision.predicted_ms - decision.correction_ms,
-    )
-    with dev._lock:
-        index = sp.controller.observe(obs)
-    return {"index": index, **obs.to_json()}
 
 
 def status_json(dev: AdaptiveDevice) -> str:

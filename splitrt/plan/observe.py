@@ -7,8 +7,12 @@ a socket or a file. The estimators are the state: they are fed in place, as ever
 probe schedule's own state (``ProbeState``) is a value, returned anew.
 
 ``splitrt.plan.observe`` (pure, sans-IO: every call takes ``now_s``): how an observation becomes estimator
-samples, and when to probe. ``device.runtime``, ``device.prober``, ``device.clouds``, ``device.chain`` and
-``rig.sim`` all call these, none feeds an estimator by hand.
+samples, and when to probe. ``device.runtime`` (a request: ``device.feedback`` builds its observation),
+``device.prober``, ``device.clouds``, ``device.hops`` and ``rig.sim`` all call these, none feeds an estimator by
+hand.
+
+- ``observe_request(RequestObservation(local, replies=(TierReply(tier, reply, hop),...), queue), now_s, *,
+  links, loads, queue)``: everything one request says, in one call (the runtime's).
 
 - ``observe_reply(ReplyObservation(bytes_up, bytes_down, net_s, tail_s, profiled_tail_s, queue_wait_s=0), now_s,
   *, link, load)``, ``observe_queue(queue, QueueReport(queue_depth, workers, service_ms), now_s, own=)``,
@@ -18,7 +22,7 @@ samples, and when to probe. ``device.runtime``, ``device.prober``, ``device.clou
   DeviceSample(other_util), now_s)`` (clipped to [0, 1]).
 - The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy) -> (due, ProbeState)`` (marks
   ``probe_started``), ``bandwidth_probe(link, now_s) -> BandwidthProbe | None``, ``probe_twice(pairs=,
-  link_busy=)``; through a relay (``device.chain``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
+  link_busy=)``; through a relay (``device.hops``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
   hop | None``.
 """
 
@@ -129,6 +133,45 @@ def observe_local(load: LoadEstimator, run: LocalRun, now_s: float) -> None:
 def observe_device(load: LoadEstimator, sample: DeviceSample, now_s: float) -> None:
     """A device-load sample, clipped to a fraction (a reading net of our own share may dip below 0)."""
     load.add_device(now_s, other_util=min(1.0, max(0.0, sample.other_util)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierReply:
+    """A server tier's part of a request's reply: ``tier`` (1: the first server tier), its reply, and
+    whether its network time is one hop's (``hop``: the hop into ``tier``; False: a later tier reached
+    directly crosses several, no one hop's sample)."""
+
+    tier: int
+    reply: ReplyObservation
+    hop: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestObservation:
+    """All one request says: the device's run, each server tier's reply (none: it finished here), and the
+    answering server's load report (``queue``)."""
+
+    local: LocalRun
+    replies: tuple[TierReply, ...] = ()
+    queue: QueueReport | None = None
+
+
+def observe_request(
+    obs: RequestObservation,
+    now_s: float,
+    *,
+    links: Sequence[LinkEstimator],
+    loads: Sequence[LoadEstimator],
+    queue: QueueEstimator | None = None,
+) -> None:
+    """One request into the estimators: ``links[h]`` hop h's (hop 0: device -> tier 1), ``loads[t - 1]``
+    server tier t's (``loads[0]`` also holds the device's speed), ``queue`` the answering server's (its
+    reply's report counts the request itself: ``own``)."""
+    for r in obs.replies:
+        observe_reply(r.reply, now_s, link=links[r.tier - 1] if r.hop else None, load=loads[r.tier - 1])
+    if obs.queue is not None and queue is not None:
+        observe_queue(queue, obs.queue, now_s, own=True)
+    observe_local(loads[0], obs.local, now_s)
 
 
 # -- the probe schedule ----------------------------------------------------------------------------

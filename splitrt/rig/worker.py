@@ -42,8 +42,8 @@ def _slowed(dev: Any, factor: float) -> None:
         return
     run_head, finish = dev.run_head, dev.finish_locally
 
-    def head(inputs: Any, cut: str) -> Any:
-        h = run_head(inputs, cut)
+    def head(inputs: Any, cut: str, **kw: Any) -> Any:
+        h = run_head(inputs, cut, **kw)
         time.sleep(h.head_ms * (factor - 1) / 1e3)
         return replace(h, head_ms=h.head_ms * factor)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.device import client
+from splitrt.device import remote
 from splitrt.device.deadline import LOCAL_SAFETY, LOCAL_SLACK_MS, rpc_timeout_ms
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph
@@ -50,13 +50,13 @@ def stalled(tmp_path: Path) -> Iterator[tuple[CloudServer, threading.Event]]:
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     timeouts: list[float] = []
-    real = client.Device.send
+    real = remote.Remote.send
 
-    def send(self: client.Device, head: Any, **kw: Any) -> Any:
+    def send(self: remote.Remote, head: Any, **kw: Any) -> Any:
         timeouts.append(kw["timeout_s"])
         return real(self, head, **kw)
 
-    monkeypatch.setattr(client.Device, "send", send)
+    monkeypatch.setattr(remote.Remote, "send", send)
     return timeouts
 
 

@@ -272,13 +272,13 @@ def test_bandwidth_probes_go_in_pairs_unless_told_not_to(server: FakeCloud, mg: 
     with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=cfg, start_prober=False) as dev:
         cloud = next(iter(dev._clouds.values()))
         sizes: list[int] = []
-        real_probe = cloud.device.probe
+        real_probe = cloud.link.probe
 
         def counted(up: int, down: int, **kw: float) -> object:
             sizes.append(up)
             return real_probe(up, down, **kw)
 
-        cloud.device.probe = counted  # type: ignore[method-assign]
+        cloud.link.probe = counted  # type: ignore[method-assign]
         dev.probe_once()  # a fresh estimator: the link needs an RTT and a bandwidth sample
     assert sizes[0] == 64  # the RTT probe first
     bandwidth = sizes[1:]

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import re
-from collections.abc import Iterator
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -271,6 +277,149 @@ def test_no_unit_over_the_size_limits() -> None:
             if isinstance(node, ast.ClassDef) and size > MAX_CLASS_STATEMENTS:
                 long.append(f"{path.relative_to(REPO)}:{node.lineno} class {node.name}: {size} statements")
     assert not long, "\n".join(long)
+
+
+# -- one request's path through the modules ---------------------------------------------------------
+#
+# How many times one request enters each module, from ``AdaptiveDevice.infer`` through the cloud's tail run
+# and back (#35: "enters each module at most twice"). A *visit* is a maximal run of consecutive frames of one
+# thread's stack in the same file of splitrt/ (frames outside splitrt/: stdlib, numpy, grpc, the methods
+# dataclasses generate, are transparent); each visit is an entry into its module from another module (or
+# from outside splitrt: the test, grpc's threads). A return is no entry: a function that calls four
+# modules in turn is read once, top to bottom. A visit that enters no other module is a lookup (a value's
+# method, a pure helper: ``CostTable.index``, ``Codec.parse``) and is not counted: the path a reader
+# follows is the tree of visits that lead on.
+PATH_MAX_ENTRIES = 2
+# Modules of the path over the limit, each with its bound (the test fails past it, or when one is gone from
+# the path: renamed); cloud/'s are left to its restructuring into concepts (#35). The front door's count is
+# 2 to 4: grpc's thread releases a call's slot after its reply, during the traced request or after it.
+PATH_LEFT: dict[str, int] = {"cloud/guard/door.py": 4, "cloud/capacity/admission.py": 3}
+# The server's and runtime's own loops, on their own threads: not the request's path.
+BACKGROUND_THREADS = (
+    "splitrt-watchdog",
+    "splitrt-canceller",
+    "splitrt-advertise",
+    "splitrt-upload-pace",
+    "splitrt-warm-write",
+    "splitrt-prober",
+)
+
+
+@dataclass
+class _Visit:
+    module: str
+    function: str
+    caller: str  # the module it was entered from ("": from outside splitrt)
+    onward: int = 0  # the visits it made into other modules
+
+
+def trace_entries(run: Callable[[], object]) -> list[_Visit]:
+    """Every visit (see above) the process makes while ``run()`` runs, on any thread but the background
+    loops. Threads started before the call are seen only when ``threading.setprofile`` was set before
+    they started: the caller sets it (``trace_entries`` sets ``sys.setprofile`` for its own thread)."""
+    root = str(PKG) + os.sep
+    visits: list[_Visit] = []
+    visit_of: dict[int, _Visit] = {}
+
+    def module(code: Any) -> str | None:
+        f = code.co_filename
+        return f[len(root) :] if f.startswith(root) else None
+
+    def profile(frame: Any, event: str, arg: object) -> None:
+        if event not in ("call", "return"):
+            return
+        m = module(frame.f_code)
+        if m is None:
+            return
+        if event == "return":
+            visit_of.pop(id(frame), None)
+            return
+        if threading.current_thread().name.startswith(BACKGROUND_THREADS):
+            return
+        caller = frame.f_back
+        while caller is not None and id(caller) not in visit_of:
+            caller = caller.f_back
+        parent = visit_of[id(caller)] if caller is not None else None
+        if parent is not None and parent.module == m:
+            visit_of[id(frame)] = parent
+            return
+        visit = _Visit(module=m, function=frame.f_code.co_name, caller=parent.module if parent else "")
+        if parent is not None:
+            parent.onward += 1
+        visits.append(visit)
+        visit_of[id(frame)] = visit
+
+    _TRACING["profile"] = profile
+    sys.setprofile(_profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+        _TRACING.clear()
+    return visits
+
+
+_TRACING: dict[str, Callable[[Any, str, object], None]] = {}
+
+
+def _profile(frame: Any, event: str, arg: object) -> None:
+    """The profile function every thread gets (``threading.setprofile``): a no-op unless tracing."""
+    profile = _TRACING.get("profile")
+    if profile is not None:
+        profile(frame, event, arg)
+
+
+def path_entries(visits: list[_Visit]) -> dict[str, int]:
+    """Module -> the visits that led on (the path's entries into it)."""
+    counts: dict[str, int] = {}
+    for v in visits:
+        if v.onward:
+            counts[v.module] = counts.get(v.module, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def test_one_request_enters_each_module_at_most_twice(tmp_path: Path) -> None:
+    """A real ``AdaptiveDevice`` and a real ``CloudServer`` on 127.0.0.1 (one process: both sides traced), a
+    zoo model split at a middle cut; the second request is traced (the first checks the model on the cloud
+    and builds the sessions: a one-off)."""
+    from splitrt.cloud.server import CloudServer, ServerConfig
+    from splitrt.device.config import DeviceConfig
+    from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
+    from splitrt.graph import model, zoo
+    from splitrt.profile.priors import flops_table
+
+    shutil.copyfile(zoo.get("tiny_chain"), tmp_path / "tiny_chain.onnx")
+    mg = model.load(tmp_path / "tiny_chain.onnx")
+    cuts = [c.id for c in mg.cuts()]
+    cut = cuts[len(cuts) // 2]
+    threading.setprofile(_profile)  # the server's threads, started below
+    try:
+        with CloudServer(ServerConfig(models_dir=tmp_path, workers=1, intra_op_threads=1)) as server:
+            dev = AdaptiveDevice(
+                mg,
+                flops_table(mg, device_gflops=5, cloud_gflops=100),
+                [server.address],
+                config=RuntimeConfig(policy=f"fixed:{cut}"),
+                device_config=DeviceConfig(intra_op_threads=1),
+                start_prober=False,
+            )
+            with dev:
+                x = dev.local.random_inputs(seed=1)
+                assert dev.infer(x).server == server.address
+                outcome: list[Any] = []
+                visits = trace_entries(lambda: outcome.append(dev.infer(x)))
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert outcome[0].server == server.address and outcome[0].plan.startswith(cut)
+    entries = path_entries(visits)
+    assert "cloud/request_path.py" in entries or any(m.startswith("cloud/") for m in entries), entries
+    over = {m: n for m, n in entries.items() if n > PATH_LEFT.get(m, PATH_MAX_ENTRIES)}
+    how = [f"{v.caller or '-'} -> {v.module}:{v.function}" for v in visits if v.onward and v.module in over]
+    assert not over, f"modules one request enters more than {PATH_MAX_ENTRIES} times: {over} (all: {entries})\n" + (
+        "\n".join(how)
+    )
+    gone = [m for m in PATH_LEFT if m not in entries]
+    assert not gone, f"no longer on the path (renamed?): drop them from PATH_LEFT: {gone}"
 
 
 # A module name that encodes a tier count or a topology variant is a twin waiting to happen (#24): one

@@ -91,7 +91,9 @@ from grpc_health.v1 import health_pb2
 from onnx import TensorProto, helper, numpy_helper
 
 from splitrt.cli.tables import render
+from splitrt.errors import RigError
 from splitrt.graph import zoo
+from splitrt.rig.cloudserver import PYTHON_CLI, start_server
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 
@@ -198,14 +200,6 @@ class Server:
         self._stop = threading.Event()
         self.budget_flag = "--max-memory-mb" in flags
         argv = [
-            sys.executable,
-            "-m",
-            "splitrt.cli",
-            "serve",
-            "--models",
-            str(store),
-            "--port",
-            str(self.port),
             "--token-file",
             str(token_file),
             "--allow-upload",
@@ -224,11 +218,12 @@ class Server:
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         limit = SERVER_NOFILE if hard == resource.RLIM_INFINITY else min(SERVER_NOFILE, hard)
         prlimit = shutil.which("prlimit")
-        self.argv = (
+        self.flags = argv  # ``splitrt serve`` under systemd's default soft limit on file descriptors
+        self.command = (
             [prlimit, f"--nofile={limit}:{'unlimited' if hard == resource.RLIM_INFINITY else hard}", "--"]
             if prlimit
             else []
-        ) + argv
+        ) + list(PYTHON_CLI)
 
     @property
     def address(self) -> str:
@@ -240,18 +235,21 @@ class Server:
         return self.proc.pid
 
     def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, env=_env())
-        threading.Thread(target=self._sample, daemon=True).start()
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise SystemExit("server did not listen within 90 s")
+        served = start_server(
+            self.store,
+            *self.flags,
+            port=self.port,
+            command=self.command,
+            env=_env(),
+            log_path=self.log_path,
+            wait=False,
+        )
+        self.proc = served.proc
+        threading.Thread(target=self._sample, daemon=True).start()  # from the start: a model may blow up early
+        try:
+            served.wait_ready(90)
+        except RigError as exc:
+            raise SystemExit(str(exc)) from exc
 
     def _sample(self) -> None:
         assert self.proc is not None

@@ -68,7 +68,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from splitrt.cli.tables import render
 from splitrt.device.client import Device, DeviceConfig
+from splitrt.errors import RigError
 from splitrt.graph import zoo
+from splitrt.rig.cloudserver import start_server
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 
@@ -97,46 +99,16 @@ class Server:
         self.starts = 0
 
     def start(self) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "splitrt.cli",
-            "serve",
-            "--models",
-            str(self.store),
-            "--port",
-            str(self.port),
-            "--allow-upload",
-            "--token-file",
-            str(self.token_file),
-            "--workers",
-            "2",
-            "--max-queue",
-            "16",
-            "--max-message-mb",
-            str(MAX_MESSAGE_MB),
-            "--max-model-mb",
-            str(MAX_MODEL_MB),
-            "--intra-op-threads",
-            "1",
-            "--drain-s",
-            "1",
-            "--log-level",
-            "ERROR",
-        ]
+        flags = ["--allow-upload", "--token-file", str(self.token_file), "--workers", "2", "--max-queue", "16"]
+        flags += ["--max-message-mb", str(MAX_MESSAGE_MB), "--max-model-mb", str(MAX_MODEL_MB)]
+        flags += ["--intra-op-threads", "1", "--drain-s", "1", "--log-level", "ERROR"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=self.cwd, stdout=log, stderr=log, env=env)
         self.starts += 1
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise SystemExit("server did not listen within 60 s")
+        try:
+            served = start_server(self.store, *flags, port=self.port, env=env, cwd=self.cwd, log_path=self.log_path)
+        except RigError as exc:
+            raise SystemExit(str(exc)) from exc
+        self.proc = served.proc
 
     @property
     def address(self) -> str:

@@ -32,6 +32,7 @@ import numpy as np
 import psutil
 
 from splitrt.cli.tables import render
+from splitrt.rig.cloudserver import ServerProcess, start_server
 
 
 def _progress(msg: str) -> None:
@@ -76,43 +77,9 @@ def device_worker(address: str, model: str, cut: str, seed: int, count: int) -> 
         )
 
 
-def _serve(models: Path, workers: int) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "splitrt.cli",
-            "serve",
-            "--models",
-            str(models),
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-            "--workers",
-            str(workers),
-            "--intra-op-threads",
-            "1",
-            "--max-queue",
-            "64",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.stderr is not None
-    first = json.loads(proc.stderr.readline())
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
-    return proc, f"127.0.0.1:{first['port']}"
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def _serve(models: Path, workers: int) -> ServerProcess:
+    flags = ("--host", "127.0.0.1", "--workers", str(workers), "--intra-op-threads", "1", "--max-queue", "64")
+    return start_server(models, *flags, port=0, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 class Sampler:
@@ -154,7 +121,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     g = graph.load(model)
     cuts = g.cuts()
     cut = cuts[len(cuts) // 2]
-    proc, address = _serve(models, args.workers)
+    served = _serve(models, args.workers)
+    proc, address = served.proc, served.address
     load_start = os.getloadavg()
     share = [args.requests // args.devices + (i < args.requests % args.devices) for i in range(args.devices)]
     devices = [
@@ -192,7 +160,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         for d in devices:
             if d.poll() is None:
                 d.kill()
-        _stop(proc)
+        served.stop(15)
     lat = [x for o in outs for x in o["latency_ms"]]
     errors: dict[str, int] = {}
     for o in outs:

@@ -20,10 +20,8 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph
 from splitrt.plan.netmon import LinkConfig
 from splitrt.profile import boards
+from splitrt.rig.cloudserver import start_server
 from tests.realmodels import MODELS, NEW_MODELS, RealModel, bound, feeds, fetch, needed, spread_cuts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,41 +45,6 @@ REPO = Path(__file__).resolve().parents[1]
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     scale = float(np.max(np.abs(a))) if a.size else 0.0
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) / (scale or 1.0) if a.size else 0.0
-
-
-def start_server(models: Path) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "splitrt.cli",
-            "serve",
-            "--models",
-            str(models),
-            "--port",
-            "0",
-            "--workers",
-            "2",
-            "--intra-op-threads",
-            "1",
-        ],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("event") == "listening":
-            # keep reading its log, or the server blocks on a full pipe
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, f"127.0.0.1:{event['port']}"
-    raise SystemExit(f"splitrt serve exited before listening (code {proc.wait()})")
 
 
 def op_kinds(mg: graph.ModelGraph, k: int = 3) -> str:
@@ -174,15 +138,15 @@ def main() -> int:
     models = Path(tempfile.mkdtemp(prefix="bench-realmodels-"))
     for m in chosen:
         shutil.copyfile(fetch(m), models / f"{m.name}.onnx")
-    proc, address = start_server(models)
+    server = start_server(models, "--workers", "2", "--intra-op-threads", "1", port=0, pythonpath=REPO, timeout_s=300)
+    address = server.address
     rows = []
     try:
         for m in chosen:
             print(f"{m.name}...", file=sys.stderr, flush=True)
             rows.append(row(m, address))
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
         shutil.rmtree(models, ignore_errors=True)
     load = os.getloadavg()
     if args.json:

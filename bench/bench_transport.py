@@ -35,8 +35,13 @@
    Received payloads are 16-byte aligned views, used in place (checked at 10 KB-16 MB).
 2. Throughput: ``--devices`` concurrent devices (one channel each, threads in this process) send the
    squeezenet zoo model's middle cut (head computed once per device, so the server is what is measured)
-   for ``--throughput-requests`` requests in total; requests/s, p50/p99 latency, errors, server RSS
-   before and after.
+   for ``--throughput-requests`` requests in total, in ``--throughput-rounds`` rounds; requests/s (each
+   round's and their median), p50/p99 latency, errors, the server's largest RSS after a round.
+
+With ``--b-pythonpath DIR`` (another tree, e.g. ``git archive 545808c | tar -x -C DIR``) a second server B
+runs that tree's splitrt: its overhead requests are taken in turn with A's and raw grpcio's (``b_*`` columns,
+``a_minus_b_ms``: the median of paired differences with a 95 % bootstrap interval), and its throughput
+rounds alternate with A's. The devices are this tree's in both cases: what differs is the server.
 
 The server runs as a subprocess (``splitrt serve``) so it does not share this process's GIL.
 """
@@ -55,6 +60,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import onnx
 import psutil
@@ -64,7 +70,10 @@ from splitrt.cli.tables import render
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
+from splitrt.rig.cloudserver import ServerProcess, start_server
+from splitrt.rig.processes import end
 
+REPO = Path(__file__).resolve().parents[1]
 SIZES = {"10KB": 10_000, "100KB": 100_000, "1MB": 1_000_000, "4MB": 4_000_000, "16MB": 16_000_000}
 
 
@@ -131,45 +140,14 @@ class RawEcho:
 
     def close(self) -> None:
         self.channel.close()
-        _stop(self.proc)  # type: ignore[arg-type]
+        end(self.proc)
 
 
-def _serve(models: Path, *extra: str, pythonpath: str | None = None) -> tuple[subprocess.Popen[str], str]:
-    """``splitrt serve`` on an ephemeral port; ``pythonpath``: the splitrt of another tree (e.g. an old commit's
-    ``git archive``), run with this interpreter."""
-    env = None if pythonpath is None else {**os.environ, "PYTHONPATH": pythonpath}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "splitrt.cli",
-            "serve",
-            "--models",
-            str(models),
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-            *extra,
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert proc.stderr is not None
-    first = json.loads(proc.stderr.readline())
-    # drain the per-request log lines so the pipe never fills
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
-    return proc, f"127.0.0.1:{first['port']}"
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def _serve(models: Path, *extra: str, pythonpath: str | None = None) -> ServerProcess:
+    """``splitrt serve`` on a port of its choosing; ``pythonpath``: the splitrt of another tree (e.g. an old
+    commit's ``git archive``), run with this interpreter from that tree (``start_server``: else a server started
+    from a checkout runs the checkout's splitrt; before 2026-12-06, B ran this tree's code)."""
+    return start_server(models, "--host", "127.0.0.1", *extra, port=0, pythonpath=pythonpath, cwd=pythonpath or REPO)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -185,11 +163,11 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
     sizes = {k: v for k, v in SIZES.items() if not args.sizes or k in args.sizes.split(",")}
     paths = {label: synthetic(models / f"t{label}.onnx", n) for label, n in sizes.items()}
     raw = RawEcho()
-    proc, address = _serve(models, "--workers", "1", *args.serve_arg)
-    b_proc, b_address = (
+    a_server = _serve(models, "--workers", "1", *args.serve_arg)
+    b_server = (
         _serve(models, "--workers", "1", *args.b_serve_arg, pythonpath=args.b_pythonpath)
         if args.b_pythonpath or args.b_serve_arg
-        else (None, "")
+        else None
     )
     rows = []
     try:
@@ -199,8 +177,12 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
             data = bytes(nbytes)
             raw_ms, res, b_res = [], [], []
             with contextlib.ExitStack() as stack:
-                dev = stack.enter_context(Device(g, address, config=DeviceConfig(timeout_s=30)))
-                b_dev = stack.enter_context(Device(g, b_address, config=DeviceConfig(timeout_s=30))) if b_proc else None
+                dev = stack.enter_context(Device(g, a_server.address, config=DeviceConfig(timeout_s=30)))
+                b_dev = (
+                    stack.enter_context(Device(g, b_server.address, config=DeviceConfig(timeout_s=30)))
+                    if b_server is not None
+                    else None
+                )
                 x = dev.random_inputs()
                 for i in range(10 + args.requests):
                     # One of each per round, the order rotating: A, B and raw see the same host load.
@@ -254,9 +236,9 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
                 )
             _progress(f"overhead {label}: median {med:.3f} ms, raw grpcio {raw_med:.3f} ms (target {target:.2f})")
     finally:
-        _stop(proc)
-        if b_proc is not None:
-            _stop(b_proc)
+        a_server.stop(15)
+        if b_server is not None:
+            b_server.stop(15)
         raw.close()
     return rows
 
@@ -270,26 +252,18 @@ def _median_ci(xs: list[float], n: int = 2000) -> list[float]:
     return [round(meds[int(0.025 * n)], 3), round(meds[int(0.975 * n)], 3)]
 
 
-def bench_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
-    models = tmp / "squeeze"
-    models.mkdir()
-    shutil.copyfile(zoo.get("squeezenet"), models / "squeezenet.onnx")
-    g = graph.load(models / "squeezenet.onnx")
-    cuts = g.cuts()
-    cut = cuts[len(cuts) // 2].id
-    proc, address = _serve(models, "--workers", str(args.workers), "--intra-op-threads", "1", "--max-queue", "64")
-    server = psutil.Process(proc.pid)
+def _throughput_round(g: graph.ModelGraph, cut: str, address: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``n`` requests from ``--devices`` concurrent devices (threads, a channel each) to ``address``."""
     lat: list[float] = []
     errors: dict[str, int] = {}
     lock = threading.Lock()
-    counter = iter(range(args.throughput_requests))
+    counter = iter(range(n))
+    devices = [Device(g, address, config=DeviceConfig(timeout_s=30)) for _ in range(args.devices)]
     try:
-        devices = [Device(g, address, config=DeviceConfig(timeout_s=30)) for _ in range(args.devices)]
         heads = [d.run_head(d.random_inputs(seed=i), cut) for i, d in enumerate(devices)]
         for d, h in zip(devices, heads, strict=True):
             for _ in range(5):
                 d.send(h)
-        rss_before = server.memory_info().rss
 
         def worker(dev: Device, head: object) -> None:
             mine: list[float] = []
@@ -315,27 +289,74 @@ def bench_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        rss_after = server.memory_info().rss
+    finally:
         for d in devices:
             d.close()
+    return {"latency_ms": lat, "errors": errors, "requests_per_s": len(lat) / wall}
+
+
+def bench_throughput(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
+    """Server A (this tree) and, with ``--b-pythonpath``, server B, in ``--throughput-rounds`` rounds that
+    alternate A and B (the order rotating), each round ``--throughput-requests / rounds`` requests: a
+    busy host moves both. Per server: requests/s of each round, their median, pooled p50/p99, RSS."""
+    models = tmp / "squeeze"
+    models.mkdir()
+    shutil.copyfile(zoo.get("squeezenet"), models / "squeezenet.onnx")
+    g = graph.load(models / "squeezenet.onnx")
+    cuts = g.cuts()
+    cut = cuts[len(cuts) // 2].id
+    flags = ("--workers", str(args.workers), "--intra-op-threads", "1", "--max-queue", "64")
+    servers = {"a": _serve(models, *flags)}
+    if args.b_pythonpath:
+        servers["b"] = _serve(models, *flags, pythonpath=args.b_pythonpath)
+    names = list(servers)
+    rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
+    rss: dict[str, list[float]] = {k: [] for k in names}
+    try:
+        for r in range(args.throughput_rounds):
+            for k in names[r % len(names) :] + names[: r % len(names)]:
+                server = servers[k]
+                one = _throughput_round(
+                    g, cut, server.address, args.throughput_requests // args.throughput_rounds, args
+                )
+                rounds[k].append(one)
+                rss[k].append(psutil.Process(server.proc.pid).memory_info().rss / 2**20)
+                _progress(f"throughput {k} round {r}: {one['requests_per_s']:.1f} req/s")
     finally:
-        _stop(proc)
-    result = {
+        for server in servers.values():
+            server.stop(15)
+    result: dict[str, object] = {
         "model": "squeezenet",
         "cut": cut,
         "crossing_bytes": next(c.bytes for c in cuts if c.id == cut),
         "devices": args.devices,
         "server_workers": args.workers,
-        "requests": len(lat) + sum(errors.values()),
-        "ok": len(lat),
-        "errors": errors,
-        "requests_per_s": len(lat) / wall,
-        "p50_ms": pct(lat, 0.5),
-        "p99_ms": pct(lat, 0.99),
-        "rss_before_mb": rss_before / 2**20,
-        "rss_after_mb": rss_after / 2**20,
         "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
+    for k in names:
+        lat = [x for one in rounds[k] for x in one["latency_ms"]]
+        errors: dict[str, int] = {}
+        for one in rounds[k]:
+            for code, n in one["errors"].items():
+                errors[code] = errors.get(code, 0) + n
+        rps = [one["requests_per_s"] for one in rounds[k]]
+        prefix = "" if k == "a" else "b_"
+        result.update(
+            {
+                f"{prefix}requests": len(lat) + sum(errors.values()),
+                f"{prefix}ok": len(lat),
+                f"{prefix}errors": errors,
+                f"{prefix}requests_per_s": statistics.median(rps),
+                f"{prefix}rounds_requests_per_s": [round(x, 1) for x in rps],
+                f"{prefix}p50_ms": pct(lat, 0.5),
+                f"{prefix}p99_ms": pct(lat, 0.99),
+                f"{prefix}rss_after_mb": max(rss[k]),
+            }
+        )
+    if "b" in servers:
+        diffs = [a["requests_per_s"] - b["requests_per_s"] for a, b in zip(rounds["a"], rounds["b"], strict=True)]
+        result["a_minus_b_requests_per_s"] = [round(x, 1) for x in diffs]
     _progress(f"throughput: {result['requests_per_s']:.1f} req/s, p99 {result['p99_ms']:.1f} ms")
     return result
 
@@ -344,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=200, help="requests per payload size (overhead)")
     p.add_argument("--throughput-requests", type=int, default=10_000)
+    p.add_argument("--throughput-rounds", type=int, default=4, help="throughput rounds (A and B alternate)")
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="server tail workers")
     p.add_argument("--skip-overhead", action="store_true")
@@ -354,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-arg", action="append", default=[], help="one more splitrt serve argument (repeatable)")
     p.add_argument(
         "--b-pythonpath",
-        help="overhead: a second server B from this tree (e.g. `git archive 545808c | tar -x -C DIR`), its "
+        help="a second server B from this tree (e.g. `git archive 545808c | tar -x -C DIR`), its "
         "requests taken in turn with A's and raw grpcio's; columns b_* and a_minus_b_ms (median of paired "
         "differences, 95 %% CI)",
     )
@@ -401,10 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"Server throughput: {throughput['devices']} devices, squeezenet @ {throughput['cut']} "
             f"({throughput['crossing_bytes']} B crossing), {throughput['server_workers']} workers, "
-            f"{throughput['cpus']} CPUs"
+            f"{throughput['cpus']} CPUs, {args.throughput_rounds} rounds (A and B alternating), load average "
+            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}"
         )
-        cols = ["requests", "ok", "requests_per_s", "p50_ms", "p99_ms", "rss_before_mb", "rss_after_mb"]
-        print(render([*cols, "errors"], [[throughput[c] for c in cols] + [json.dumps(throughput["errors"])]]))
+        cols = ["requests", "ok", "requests_per_s", "rounds_requests_per_s", "p50_ms", "p99_ms", "rss_after_mb"]
+        rows = [["a", *(throughput[c] for c in cols), json.dumps(throughput["errors"])]]
+        if "b_requests" in throughput:
+            rows.append(["b", *(throughput[f"b_{c}"] for c in cols), json.dumps(throughput["b_errors"])])
+        print(render(["server", *cols, "errors"], rows))
     return 0
 
 

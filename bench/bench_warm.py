@@ -21,10 +21,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,36 +32,9 @@ from _common import free_port, progress
 
 from splitrt.device.client import Device
 from splitrt.graph import zoo
+from splitrt.rig.cloudserver import start_server
 from splitrt.transport import codec, wire
 from splitrt.transport.grpc_transport import GrpcTransport
-
-
-def _serve(models: Path, port: int, extra: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "splitrt.cli", "serve", "--models", str(models), "--port", str(port), *extra],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        if proc.poll() is not None:
-            raise SystemExit(f"splitrt serve exited {proc.returncode}: see {log}")
-        time.sleep(0.01)
-    proc.kill()
-    raise SystemExit(f"splitrt serve did not listen within 60 s: see {log}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 def _first_request(port: int, request: wire.Framed) -> tuple[float, float]:
@@ -109,11 +79,11 @@ def _measure(args: argparse.Namespace, delays: list[float], work: Path) -> dict[
         head = device.run_head(device.random_inputs(0), args.cut)
         request = device._request(head, codec.Codec.parse("fp32"))[0]
     port = free_port()
-    proc = _serve(models, port, [], work / "serve-setup.log")
+    server = start_server(models, port=port, log_path=work / "serve-setup.log")
     try:
         _first_request(port, request)
     finally:
-        _stop(proc)
+        server.stop()
     remembered = json.loads((models / ".splitrt-warm.json").read_text())["pairs"]
     progress("warm", f"remembered {remembered[0][0][:12]}@{remembered[0][1]}; {args.runs} rounds")
     rows: dict[str, dict[str, list[float]]] = {
@@ -123,12 +93,12 @@ def _measure(args: argparse.Namespace, delays: list[float], work: Path) -> dict[
         for delay in delays:
             for variant in ("warm", "cold") if i % 2 == 0 else ("cold", "warm"):
                 log = work / f"serve-{i + 1}-{delay:g}s-{variant}.log"
-                proc = _serve(models, port, [] if variant == "warm" else ["--no-warm"], log)
+                server = start_server(models, *([] if variant == "warm" else ["--no-warm"]), port=port, log_path=log)
                 try:
                     time.sleep(delay)
                     ms, build_ms = _first_request(port, request)
                 finally:
-                    _stop(proc)
+                    server.stop()
                 row = rows[f"{delay:g}/{variant}"]
                 row["ms"].append(ms)
                 row["build_ms"].append(build_ms)

@@ -5,14 +5,12 @@ port, gRPC's channel balancing). Tests that need a cloud that answers use ``test
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from splitrt.rig.cloudserver import start_server
 from splitrt.rig.processes import free_port as free_port  # re-exported: the one copy
 
 
@@ -31,33 +29,8 @@ def serve(
     models_dir: Path, port: int, *, timeout_s: float = 30.0, extra: Sequence[str] = ()
 ) -> subprocess.Popen[bytes]:
     """``splitrt serve --models models_dir --port port`` (one worker, one thread; ``extra`` flags, e.g.
-    ``["--next", "127.0.0.1:PORT"]``), once it listens."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "splitrt.cli",
-            "serve",
-            "--models",
-            str(models_dir),
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--intra-op-threads",
-            "1",
-            *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait(10)
-    raise AssertionError(f"splitrt serve did not listen on 127.0.0.1:{port} within {timeout_s:g} s")
+    ``["--next", "127.0.0.1:PORT"]``), once it listens (``rig.cloudserver.start_server``; its output to
+    /dev/null). The caller ends it (``proc.kill()`` and ``reap``, or a SIGTERM)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    flags = ("--workers", "1", "--intra-op-threads", "1", *extra)
+    return start_server(models_dir, *flags, port=port, env=env, log_path=Path(os.devnull), timeout_s=timeout_s).proc

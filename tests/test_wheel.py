@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import zipfile
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import onnxruntime as ort
 import pytest
 
 from splitrt.graph import zoo
+from splitrt.rig.cloudserver import start_server
 from tests import wheelcheck
 
 CURRENT = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -63,50 +62,6 @@ def test_sdist_and_wheel_carry_the_shipped_data(built: tuple[Path, Path]) -> Non
     assert "License-Expression: Apache-2.0" in text
     assert 'Requires-Dist: tomli>=1.1; python_version < "3.11"' in text
     assert "Classifier: Programming Language :: Python :: 3.10" in text
-
-
-class Serve:
-    """The installed ``splitrt serve`` on an ephemeral loopback port; JSON log events from stderr."""
-
-    def __init__(self, bin_dir: Path, models: Path, cwd: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [str(bin_dir / "splitrt"), "serve", "--models", str(models), "--port", "0", "--workers", "1"],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            cwd=cwd,
-            env=env,
-        )
-        self.lines: list[str] = []
-        self.port: int | None = None
-        self.ready = threading.Event()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "listening":
-                self.port = int(event["port"])
-                self.ready.set()
-        self.ready.set()
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
-            self._reader.join(timeout=5)  # it ends at EOF; then the pipe is closed here, not by the GC
-            assert self.proc.stderr is not None
-            self.proc.stderr.close()
 
 
 def _splitrt(bin_dir: Path, cwd: Path, env: dict[str, str], *args: str) -> str:
@@ -182,10 +137,12 @@ def _smoke(bin_dir: Path, work: Path, version: str, *, full: bool) -> None:
     x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
     np.save(work / "x.npy", x)
     mid = next(c["id"] for c in cuts[len(cuts) // 2 :] if len(c["tensors"]) == 1)
-    serve = Serve(bin_dir, models, work, env)
+    # The installed script, on a port of its choosing (its listening event names it); the timeout is a guard
+    # against hanging, not a timing assertion (RigError with the server's output).
+    serve = start_server(
+        models, "--workers", "1", port=0, command=[str(bin_dir / "splitrt")], cwd=work, env=env, timeout_s=120
+    )
     try:
-        serve.ready.wait(120)  # a guard against hanging, not a timing assertion
-        assert serve.port, "".join(serve.lines)[-3000:]
         split = json.loads(
             _splitrt(
                 bin_dir,
@@ -206,7 +163,7 @@ def _smoke(bin_dir: Path, work: Path, version: str, *, full: bool) -> None:
         )
     finally:
         code = serve.stop()
-    assert code == 0, "".join(serve.lines)[-3000:]
+    assert code == 0, serve.output()
     assert split["where"] != "local" and split["bytes_up"] > 0, split
     got = np.load(work / "split.npz")
     assert set(got.files) == {"softmaxout_1"}

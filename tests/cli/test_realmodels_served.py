@@ -27,7 +27,7 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import shapes
 from splitrt.plan.netmon import LinkConfig
 from splitrt.profile import boards
-from tests.cli.test_serve import REPO, Serve
+from tests.cli.test_serve import REPO, serve_checkout
 from tests.conftest import rel_err
 from tests.realmodels import NEW_MODELS, bound, feeds, fetch, needed, spread_cuts
 
@@ -44,7 +44,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         shutil.copyfile(fetch(m), models / f"{m.name}.onnx")
     # One intra-op thread on both sides: onnxruntime's DynamicQuantizeLSTM is not the same function at 1
     # and 2 threads (the bi-LSTM diacritiser's logits move 1.6 %), whole model or not.
-    server = Serve("--models", str(models), "--port", "0", "--workers", "2", "--intra-op-threads", "1")
+    server = serve_checkout(str(models), "--workers", "2", "--intra-op-threads", "1")
     try:
         yield f"127.0.0.1:{server.event('listening')['port']}", models
     finally:

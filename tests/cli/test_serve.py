@@ -3,17 +3,13 @@ token, no uploads without a token, no readable token files. Refusals exit 2 befo
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +19,7 @@ from splitrt.cli.serve import server_config
 from splitrt.cloud.server import CloudServer
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo
+from splitrt.rig.cloudserver import ServerProcess, start_server
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
@@ -87,56 +84,12 @@ def test_serve_refuses_to_open_up_and_exits_2(models_dir: Path) -> None:
     assert "listening beyond loopback expected TLS" in r.stderr and "--insecure" in r.stderr
 
 
-class Serve:
-    """`splitrt serve` in a child process; its JSON-line log events are collected from stderr."""
-
-    def __init__(self, *argv: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "splitrt.cli", "serve", *argv],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        self.events: list[dict[str, Any]] = []
-        self.cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = {"event": "text", "line": line}
-            with self.cond:
-                self.events.append(event)
-                self.cond.notify_all()
-        with self.cond:
-            self.events.append({"event": "eof"})
-            self.cond.notify_all()
-
-    def event(self, name: str) -> dict[str, Any]:
-        """The first ``name`` event (waits for it; the timeout is a guard against hanging)."""
-        with self.cond:
-            assert self.cond.wait_for(lambda: any(e["event"] in (name, "eof") for e in self.events), timeout=60)
-            found = [e for e in self.events if e.get("event") == name]
-        assert found, self.events
-        return found[0]
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
-            self._reader.join(timeout=5)  # it ends at EOF; then the pipe is closed here, not by the GC
-            assert self.proc.stderr is not None
-            self.proc.stderr.close()
+def serve_checkout(models_dir: Path, *flags: str) -> ServerProcess:
+    """This checkout's `splitrt serve` on a port of its choosing (``rig.cloudserver.start_server``), once it
+    listens; its JSON-line log events are read from stderr (``.event(name)``, ``.events``)."""
+    return start_server(
+        models_dir, *flags, port=0, pythonpath=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout_s=120
+    )
 
 
 def _status(port: int) -> pb.StatusReply:
@@ -145,7 +98,7 @@ def _status(port: int) -> pb.StatusReply:
 
 
 def test_serve_listens_on_loopback_by_default(models_dir: Path) -> None:
-    s = Serve("--models", str(models_dir), "--port", "0", "--workers", "1")
+    s = serve_checkout(models_dir, "--workers", "1")
     try:
         ev = s.event("listening")
         assert ev["host"] == "127.0.0.1" and ev["insecure"] is False
@@ -157,7 +110,7 @@ def test_serve_listens_on_loopback_by_default(models_dir: Path) -> None:
 
 
 def test_serve_insecure_says_so_in_its_log_and_status(models_dir: Path) -> None:
-    s = Serve("--models", str(models_dir), "--port", "0", "--workers", "1", "--host", "0.0.0.0", "--insecure")
+    s = serve_checkout(models_dir, "--workers", "1", "--host", "0.0.0.0", "--insecure")
     try:
         ev = s.event("listening")
         assert ev["host"] == "0.0.0.0" and ev["insecure"] is True and ev["tls"] is False and ev["auth"] is False

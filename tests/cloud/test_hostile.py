@@ -21,9 +21,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from splitrt.graph import zoo
 from splitrt.graph.model import model_sha256
+from splitrt.rig.cloudserver import ServerProcess
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
-from tests.cli.test_serve import Serve
+from tests.cli.test_serve import serve_checkout
 
 # slow: a real server's runs burning CPU until their deadline or SIGTERM (make test-slow)
 pytestmark = pytest.mark.slow
@@ -188,12 +189,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(models: dict[str, Path]) -> Iterator[tuple[Serve, grpc.Channel, Rss]]:
-    s = Serve(
-        "--models",
+def server(models: dict[str, Path]) -> Iterator[tuple[ServerProcess, grpc.Channel, Rss]]:
+    s = serve_checkout(
         str(models["dir"]),
-        "--port",
-        "0",
         "--workers",
         "2",
         "--max-queue",
@@ -250,13 +248,12 @@ def wait_for(pred: object, what: str) -> None:
         time.sleep(0.05)
 
 
-def events(s: Serve, name: str) -> list[dict[str, object]]:
-    with s.cond:
-        return [e for e in s.events if e.get("event") == name]
+def events(s: ServerProcess, name: str) -> list[dict[str, object]]:
+    return s.named(name)
 
 
 def test_endless_loop_is_terminated_at_its_deadline(
-    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+    server: tuple[ServerProcess, grpc.Channel, Rss], models: dict[str, Path]
 ) -> None:
     s, ch, _ = server
     stub = pb_grpc.SplitInferenceStub(ch)
@@ -284,7 +281,9 @@ def test_endless_loop_is_terminated_at_its_deadline(
     legit(ch, models)
 
 
-def test_cancelled_call_stops_its_tail(server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]) -> None:
+def test_cancelled_call_stops_its_tail(
+    server: tuple[ServerProcess, grpc.Channel, Rss], models: dict[str, Path]
+) -> None:
     s, ch, _ = server
     stub = pb_grpc.SplitInferenceStub(ch)
     before = len(events(s, "run_terminated"))
@@ -300,7 +299,7 @@ def test_cancelled_call_stops_its_tail(server: tuple[Serve, grpc.Channel, Rss], 
 
 
 def test_request_whose_activations_do_not_fit_is_refused(
-    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+    server: tuple[ServerProcess, grpc.Channel, Rss], models: dict[str, Path]
 ) -> None:
     _, ch, _ = server
     stub = pb_grpc.SplitInferenceStub(ch)
@@ -319,7 +318,7 @@ def test_request_whose_activations_do_not_fit_is_refused(
 
 
 def test_run_growing_past_the_budget_is_terminated(
-    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+    server: tuple[ServerProcess, grpc.Channel, Rss], models: dict[str, Path]
 ) -> None:
     _, ch, rss = server
     with pytest.raises(grpc.RpcError) as info:  # no shape says what it will hold: the memory watch stops it
@@ -342,7 +341,7 @@ def upload(ch: grpc.Channel, model: onnx.ModelProto, name: str) -> pb.PutModelRe
 
 
 def test_upload_asking_for_gigabytes_is_checked_without_computing_them(
-    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+    server: tuple[ServerProcess, grpc.Channel, Rss], models: dict[str, Path]
 ) -> None:
     _, ch, rss = server
     reply = upload(ch, constant_of_shape_model(), "cos.onnx")  # the check folds nothing it cannot bound
@@ -358,7 +357,7 @@ def test_upload_asking_for_gigabytes_is_checked_without_computing_them(
 
 
 def test_upload_over_the_node_quota_is_refused(
-    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+    server: tuple[ServerProcess, grpc.Channel, Rss], models: dict[str, Path]
 ) -> None:
     _, ch, _ = server
     with pytest.raises(grpc.RpcError) as info:
@@ -369,7 +368,7 @@ def test_upload_over_the_node_quota_is_refused(
 
 
 def test_upload_over_the_model_quota_is_refused(
-    server: tuple[Serve, grpc.Channel, Rss], models: dict[str, Path]
+    server: tuple[ServerProcess, grpc.Channel, Rss], models: dict[str, Path]
 ) -> None:
     _, ch, _ = server
     stored = len(pb_grpc.SplitInferenceStub(ch).Status(pb.StatusRequest(), timeout=30, metadata=AUTH).models)
@@ -386,11 +385,8 @@ def test_upload_over_the_model_quota_is_refused(
 
 
 def test_sigterm_exits_while_loops_run(models: dict[str, Path]) -> None:
-    s = Serve(
-        "--models",
+    s = serve_checkout(
         str(models["dir"]),
-        "--port",
-        "0",
         "--workers",
         "2",
         "--drain-s",

@@ -21,9 +21,10 @@ from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo
 from splitrt.graph.model import model_sha256
+from splitrt.rig.cloudserver import ServerProcess
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
-from tests.cli.test_serve import Serve
+from tests.cli.test_serve import serve_checkout
 
 
 def _request(sha: str, x: np.ndarray) -> pb.InferRequest:
@@ -39,9 +40,9 @@ def models(tmp_path: Path) -> Path:
     return d
 
 
-def _serve_in(tmp: Path, models: Path, monkeypatch: pytest.MonkeyPatch) -> Serve:
+def _serve_in(tmp: Path, models: Path, monkeypatch: pytest.MonkeyPatch) -> ServerProcess:
     monkeypatch.setenv("TMPDIR", str(tmp))  # the child's temporary directory: its segments go there
-    s = Serve("--models", str(models), "--port", "0", "--workers", "1", "--intra-op-threads", "1", "--no-warm")
+    s = serve_checkout(str(models), "--workers", "1", "--intra-op-threads", "1", "--no-warm")
     monkeypatch.delenv("TMPDIR")
     return s
 

@@ -17,7 +17,7 @@ from splitrt.device.client import Device
 from splitrt.errors import CloudError, ConfigError
 from splitrt.graph import zoo
 from splitrt.transport import codec
-from tests.cli.test_serve import Serve
+from tests.cli.test_serve import serve_checkout
 from tests.prom import samples
 
 
@@ -87,7 +87,7 @@ def test_a_taken_metrics_port_fails_the_start(models_dir: Path) -> None:
 
 
 def test_serve_metrics_port(models_dir: Path) -> None:
-    s = Serve("--models", str(models_dir), "--port", "0", "--workers", "1", "--metrics-port", "0")
+    s = serve_checkout(str(models_dir), "--workers", "1", "--metrics-port", "0")
     try:
         ev = s.event("listening")
         assert ev["metrics_url"].startswith("http://127.0.0.1:")

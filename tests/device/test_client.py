@@ -26,6 +26,7 @@ from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device, DeviceConfig
 from splitrt.errors import CloudError, ConfigError, CutError, InputError
 from splitrt.graph import zoo
+from splitrt.rig.cloudserver import start_server
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
 from tests.loopback import reap
@@ -270,41 +271,19 @@ def test_server_killed_mid_request_gives_a_clear_error(models_dir: Path, tmp_pat
 
 
 def test_serve_cli_subprocess_serves_and_stops_on_sigterm(models_dir: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "splitrt.cli",
-            "serve",
-            "--models",
-            str(models_dir),
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-            "--workers",
-            "1",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = start_server(models_dir, "--host", "127.0.0.1", "--workers", "1", port=0)
     try:
-        assert proc.stderr is not None
         # Lines before it (the warm file read at construction) are the server's too; "listening" comes once.
-        events = [json.loads(proc.stderr.readline())]
-        while events[-1]["event"] != "listening" and len(events) < 20:
-            events.append(json.loads(proc.stderr.readline()))
-        listening = events[-1]
-        assert listening["event"] == "listening" and listening["models"] == len(SPLIT_MODELS)
-        with Device(zoo.get("tiny_chain"), f"127.0.0.1:{listening['port']}") as dev:
+        listening = server.event("listening")
+        assert len(server.named("listening")) == 1 and listening["models"] == len(SPLIT_MODELS)
+        with Device(zoo.get("tiny_chain"), server.address) as dev:
             x = dev.random_inputs()
             assert rel_err(dev.run_local(x)["y"], dev.run(x, cut="c2")["y"]) <= 1e-5
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        events = [json.loads(line)["event"] for line in proc.stderr.read().splitlines()]
-        assert "infer" in events and events[-1] == "stopped"
     finally:
-        reap(proc)
+        assert server.stop() == 0  # SIGTERM: it drains and exits 0
+    events = [e["event"] for e in server.events]
+    assert "infer" in events and events[-1] == "stopped"
+    assert all(line.startswith("{") for line in server.tail), list(server.tail)  # every line a JSON event
 
 
 def test_run_cli_cut_auto_plans_from_profiles_and_a_probe(

@@ -26,7 +26,7 @@ from splitrt.graph import model as graph
 from splitrt.graph import partition, shapes, zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import wire
-from tests.cli.test_serve import Serve
+from tests.cli.test_serve import serve_checkout
 from tests.conftest import rel_err
 from tests.realmodels import MODELS, fetch
 
@@ -133,7 +133,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
         shutil.copyfile(case.path(), models / f"{case.name}.onnx")
     _wrong_output(fetch(REAL["ocr_rec"]), models / "ocr_rec_wrong_output.onnx")
     shutil.copyfile(zoo.get("multi_io"), models / "multi_io.onnx")
-    server = Serve("--models", str(models), "--port", "0", "--workers", "2")
+    server = serve_checkout(str(models), "--workers", "2")
     try:
         yield f"127.0.0.1:{server.event('listening')['port']}", models
     finally:

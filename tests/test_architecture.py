@@ -241,6 +241,41 @@ def test_the_circle_finder_sees_type_checking_imports() -> None:
     assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# Inside splitrt.cloud, its concepts point down too: what each part of the server may import of the others
+# (its sub-package or top-level module). The handler runs on capacity, models and the guard, never the
+# other way round; the lifecycle (server) wires them all.
+CLOUD_PARTS: dict[str, set[str]] = {
+    "common": set(),
+    "capacity": {"common"},
+    "models": {"common", "capacity"},
+    "guard": {"common", "capacity"},
+    "config": {"common", "capacity", "models", "guard"},
+    "metrics": {"common", "capacity", "models", "guard"},
+    "handler": {"common", "capacity", "models", "guard", "config", "metrics"},
+    "advertise": {"common", "guard"},
+    "server": {"common", "capacity", "models", "guard", "config", "metrics", "handler"},
+}
+
+
+def test_cloud_parts_point_down() -> None:
+    def part(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == ["splitrt", "cloud"] else None
+
+    wrong = []
+    for name, path in modules():
+        here = part(name)
+        if here is None:
+            continue
+        assert here in CLOUD_PARTS, f"splitrt.cloud.{here} is in no row of CLOUD_PARTS: say what it may import"
+        for line, target in imports(path):  # TYPE_CHECKING imports included
+            there = part(target)
+            if there is not None and there != here and there not in CLOUD_PARTS[here]:
+                rule = sorted(CLOUD_PARTS[here])
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {target} (cloud.{here} may import {rule})")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_decision_core_is_pure() -> None:
     wrong = []
     for name, path in modules():

@@ -271,7 +271,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     if args.workers is not None:
         kwargs["workers"] = args.workers
     if getattr(args, "next", None):
-        from splitrt.cloud.handler.nexthop import NextTier
+        from splitrt.cloud.config import NextTier
         from splitrt.transport.credentials import read_tokens
 
         token = read_tokens(args.next_token_file, "--next-token-file")[0] if args.next_token_file else None

@@ -10,12 +10,27 @@ from pathlib import Path
 from splitrt.cloud.capacity.memory import DEFAULT_MAX_REQUEST_BYTES
 from splitrt.cloud.capacity.niced import DEFAULT_NICE
 from splitrt.cloud.guard.limits import Limits
-from splitrt.cloud.handler.nexthop import NextTier
 from splitrt.cloud.models.pace import UploadPace
 from splitrt.errors import ConfigError
 from splitrt.transport import credentials, wire
 
-__all__ = ["ServerConfig", "tail_threads", "tokens_from_file"]
+__all__ = ["NextTier", "ServerConfig", "tail_threads", "tokens_from_file"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NextTier:
+    """Where a server forwards to, and how it treats a next hop that does not answer."""
+
+    address: str
+    token: str | None = field(default=None, repr=False)
+    tls: bool = False
+    tls_ca_path: Path | None = None
+    # The forward's timeout is the request's time left minus this reserve (for finishing here), capped.
+    reserve_s: float = 0.25
+    timeout_s: float = 30.0
+    # After a failure, finish requests here without trying the next hop for this long (doubling).
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
 
 from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.config import NextTier
 from splitrt.errors import CloudError, CodecError, CutError
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
@@ -37,22 +36,6 @@ if TYPE_CHECKING:
     from splitrt.transport.base import Transport
 
 DEVICE_CUT = "device"
-
-
-@dataclass(frozen=True, kw_only=True)
-class NextTier:
-    """Where a server forwards to, and how it treats a next hop that does not answer."""
-
-    address: str
-    token: str | None = field(default=None, repr=False)
-    tls: bool = False
-    tls_ca_path: Path | None = None
-    # The forward's timeout is the request's time left minus this reserve (for finishing here), capped.
-    reserve_s: float = 0.25
-    timeout_s: float = 30.0
-    # After a failure, finish requests here without trying the next hop for this long (doubling).
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 5.0
 
 
 def check_cuts(graph: Any, cut_id: str, next_cut_id: str) -> None:

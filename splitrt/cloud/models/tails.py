@@ -92,10 +92,6 @@ ORT_FOLD_MAX_BYTES = 64 * 2**20
 _ORT_FOLD_LIMIT_KEY = "optimization.constant_folding_max_output_size_in_bytes"
 
 
-class SlotTimeout(Exception):
-    """No worker slot for a build within the request's deadline."""
-
-
 class TailCache:
     """LRU cache of tail sessions keyed by (model sha256, cut id); builds each key once."""
 

@@ -161,8 +161,8 @@ def build(
 def with_codecs(table: CostTable, names: Any) -> CostTable:
     """``table`` pricing every codec in ``names`` (any name ``transport.codec`` parses): one the table
     lacks (a profile without its measured ratios) is priced at its quantisation's fixed ratio, i.e. as
-    if its compression bought nothing (never cheaper than it may be). ``ConfigError`` names the codecs
-    for a name the codec registry does not know."""
+    if its compression bought nothing (never cheaper than it may be), and no encode or decode time; the
+    others keep theirs. ``ConfigError`` names the codecs for a name the codec registry does not know."""
     from splitrt.errors import CodecError
     from splitrt.plan.costmodel import CODEC_RATIOS
     from splitrt.transport import codec
@@ -185,4 +185,8 @@ def with_codecs(table: CostTable, names: Any) -> CostTable:
         float_bytes=table.float_bytes.astype("int64"),
         reply_bytes=table.reply_bytes,
         codecs=ratios,
+        # the measured codecs keep their encode, decode and call terms
+        encode_ms=table.codec_time_map(table.encode_ms),
+        decode_ms=table.codec_time_map(table.decode_ms),
+        call_ms=table.call_ms,
     )

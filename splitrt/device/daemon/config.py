@@ -6,6 +6,8 @@ Example::
     objective = "latency"              # latency | energy | throughput
     deadline_ms = 2000
     policy = "adaptive"                # adaptive | route | route-codec | periodic:SECONDS | fixed:PLAN
+    # codecs = ["fp32", "int8+zstd"]  # allowed codecs (default fp32); each one the profile prices
+    # min_agreement = 0.99             # lossy codecs only where the profile's samples agreed (0: off)
     # constraints (optional): min_head_flops = 0.2 (privacy floor: a FLOPs share the device computes
     # first), no_raw_input = true (the input never leaves), device_memory_mb = 512 | "board"
     clouds = ["10.0.0.5:50051"]        # static clouds, preferred first
@@ -66,6 +68,7 @@ from splitrt.graph import shapes
 from splitrt.plan.constraints import Constraints
 from splitrt.plan.controller import parse_policy
 from splitrt.plan.solver import OBJECTIVES
+from splitrt.profile.accuracy import MIN_AGREEMENT
 from splitrt.transport import codec
 
 if sys.version_info >= (3, 11):
@@ -174,6 +177,14 @@ class DaemonConfig:
     )
     codecs: tuple[CodecName, ...] = Field(
         default=("fp32",), description="a list of codec names (fp32, fp16, int8, int8c[+zstd|+zlib])"
+    )
+    # the accuracy guard, as `splitrt plan --min-agreement` (0: off, lossy codecs priced by their bytes)
+    min_agreement: Number = Field(
+        default=MIN_AGREEMENT,
+        ge=0,
+        le=1,
+        description=f"a share in [0, 1]: lossy codecs only where the profile's samples agreed at least this "
+        f"often (default {MIN_AGREEMENT}; 0: guard off)",
     )
     clouds: tuple[HostPort, ...] = Field(default=(), description="a list of HOST:PORT strings")
     # The path of tiers after the device (``path``): an edge between the device and the clouds, or hops.

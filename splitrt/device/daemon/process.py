@@ -115,7 +115,13 @@ class Daemon:
             for mc in config.models:
                 mg = _load_model(mc)
                 table, source = select_cost_table(
-                    mg, profile_device=mc.profile_device_path, profile_cloud=mc.profile_cloud_path, board=board
+                    mg,
+                    profile_device=mc.profile_device_path,
+                    profile_cloud=mc.profile_cloud_path,
+                    board=board,
+                    codecs=config.codecs,
+                    min_agreement=config.min_agreement,
+                    name=f"model {mc.name!r}",
                 )
                 log.info("model %s (%s): cost table from %s", mc.name, mg.sha256[:12], source)
                 dev = build_runtime(

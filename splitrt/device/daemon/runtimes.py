@@ -88,7 +88,12 @@ def build_runtime(
     from splitrt.plan.controller import ControllerConfig
 
     server, _ = select_cost_table(
-        graph, profile_device=model.profile_cloud_path, profile_cloud=model.profile_cloud_path
+        graph,
+        profile_device=model.profile_cloud_path,
+        profile_cloud=model.profile_cloud_path,
+        codecs=config.codecs,
+        min_agreement=config.min_agreement,
+        name=f"model {model.name!r} (servers)",
     )
     return AdaptiveDevice(
         graph,

@@ -31,7 +31,6 @@ def flag(default: Any, name: str, help: str, *, metavar: str | None = None, scal
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    # A request message, an upload chunk, or a reply the client must take: within this once waited for.
     read_timeout_s: float = flag(
         30.0,
         "--read-timeout-s",
@@ -39,56 +38,30 @@ class Limits:
     )
     # A health Check's request (tiny; needs no token): a shorter wait.
     health_read_timeout_s: float = 5.0
-    # InferStream: the next frame within this, or the stream ends (DEADLINE_EXCEEDED).
     stream_idle_s: float = flag(
-        120.0,
-        "--stream-idle-s",
-        "InferStream: the next frame within this or the stream ends (default 120)",
+        120.0, "--stream-idle-s", "InferStream: the next frame within this or the stream ends (default 120)"
     )
-    # Inference calls (Infer, InferStream) at once, working or waiting on their client
-    # (at least workers + max_queue + 8); one peer address holds at most ``calls_per_peer`` of them.
     max_calls: int = flag(
         256,
         "--max-calls",
         "inference calls at once, working or waiting on their client (default 256; at least workers + max-queue + 8)",
     )
     calls_per_peer: int = flag(
-        64,
-        "--calls-per-peer",
-        "inference calls one peer address may hold at once (default 64; other lanes: half)",
+        64, "--calls-per-peer", "inference calls one peer address may hold at once (default 64; other lanes: half)"
     )
-    # Calls in each other lane at once; one peer address holds at most half of a lane.
-    status_calls: int = flag(
-        8,
-        "--status-lane",
-        "Status calls at once, apart from inference (default 8)",
-    )
-    # Probe calls at once (pings and bandwidth probes; a probe's bytes are also reserved before its body is
-    # read, ``frontdoor``).
+    status_calls: int = flag(8, "--status-lane", "Status calls at once, apart from inference (default 8)")
     probe_calls: int = flag(
         8,
         "--probe-lane",
         "Probe calls at once, apart from inference (default 8; their bytes are reserved before the body is read)",
     )
-    # Uploads (PutModel) at once; one address at most half: receiving, hashing and checking models is work
-    # the server does for one client, so a burst of uploads waits on its client, not on the server.
+    # Receiving, hashing and checking models is work for one client: a burst of uploads waits on its client.
     upload_calls: int = flag(
-        4,
-        "--upload-lane",
-        "uploads (PutModel) at once, apart from inference (default 4; one address: half)",
+        4, "--upload-lane", "uploads (PutModel) at once, apart from inference (default 4; one address: half)"
     )
-    health_calls: int = flag(
-        16,
-        "--health-lane",
-        "health Check calls at once, apart from the rest (default 16)",
-    )
-    watch_streams: int = flag(
-        8,
-        "--max-watch-streams",
-        "health Watch streams at once (default 8)",
-    )
-    # Peer addresses of proxies whose ``x-forwarded-for`` names the client (``deploy/proxy/haproxy.cfg`` on
-    # loopback: 127.0.0.1); a call from anyone else is its own client, whatever it sends.
+    health_calls: int = flag(16, "--health-lane", "health Check calls at once, apart from the rest (default 16)")
+    watch_streams: int = flag(8, "--max-watch-streams", "health Watch streams at once (default 8)")
+    # A call from any other peer is its own client, whatever x-forwarded-for it sends.
     trusted_proxies: tuple[str, ...] = flag(
         (),
         "--trusted-proxy",
@@ -98,15 +71,11 @@ class Limits:
         ),
         metavar="IP",
     )
-    # Health says NOT_SERVING while every worker and queue place (or the inference lane) has been held for
-    # this long (``saturation``): a balancer or readiness probe then sends devices elsewhere.
     saturated_s: float = flag(
         10.0,
         "--saturated-s",
         "health says NOT_SERVING while every worker and queue place has been held this long (default 10)",
     )
-    # One tail run is terminated (RESOURCE_EXHAUSTED) after this; None: derived per segment from its measured
-    # time and the model's size (``runlimit``).
     max_run_s: float | None = flag(
         None,
         "--max-run-s",
@@ -115,22 +84,16 @@ class Limits:
             "model's size, at least 2 s)"
         ),
     )
-    # A health Watch stream ends (UNAVAILABLE: watch again) after this.
     watch_max_age_s: float = flag(
-        300.0,
-        "--watch-max-age-s",
-        "a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)",
+        300.0, "--watch-max-age-s", "a health Watch stream ends after this (UNAVAILABLE: watch again; default 300)"
     )
-    # A connection is told to go away after this (None: never), and closed ``grace`` later.
     connection_age_s: float | None = flag(
         None,
         "--max-connection-age-s",
         "tell a connection to go away after this (default: never; streams longer than it and its grace are cut)",
     )
     connection_age_grace_s: float = flag(
-        60.0,
-        "--max-connection-age-grace-s",
-        "calls in flight on an aged connection get this long (default 60)",
+        60.0, "--max-connection-age-grace-s", "calls in flight on an aged connection get this long (default 60)"
     )
     # Bytes of a message a client may send before the server reads it (HTTP/2 initial stream window; the
     # rest follows once it is read); None: gRPC's default, sized by BDP probing (unbounded).
@@ -146,9 +109,7 @@ class Limits:
     # Failed authentications a peer address may make before it waits ``auth_backoff_s``, doubling per
     # further failure up to ``auth_backoff_max_s`` (``auth.AuthThrottle``).
     auth_free_failures: int = flag(
-        10,
-        "--auth-free-failures",
-        "failed authentications a peer address may make before it must wait (default 10)",
+        10, "--auth-free-failures", "failed authentications a peer address may make before it must wait (default 10)"
     )
     auth_backoff_s: float = 1.0
     auth_backoff_max_s: float = flag(

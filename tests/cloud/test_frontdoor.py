@@ -370,6 +370,77 @@ def test_a_reply_never_taken_ends_the_call_and_frees_its_places(models_dir: Path
         assert s.door.snapshot()["refused"]["reply_timeout"] >= 1
 
 
+def _big_reply_model(d: Path, floats: int) -> str:
+    """A model answering ``floats`` float32 (its reply) to a 1-float request; returns its sha256."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from splitrt.graph.model import model_sha256
+
+    g = helper.make_graph(
+        [helper.make_node("Expand", ["x", "s"], ["y"])],
+        "big_reply",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [floats])],
+        [numpy_helper.from_array(np.array([floats], np.int64), "s")],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), d / "big.onnx")
+    return model_sha256(d / "big.onnx")
+
+
+def test_replies_not_taken_are_held_in_the_memory_budget(tmp_path: Path) -> None:
+    """A client that never opens its window holds each 16 MiB Infer reply made for it (its bytes and gRPC
+    core's copy: 32.1 MiB of RSS per reply, measured) until it takes it or the read timeout ends the call.
+    Those bytes are reserved in the memory budget meanwhile: replies beyond it are refused, what is held
+    is counted, and it is freed when the calls end."""
+    import numpy as np
+    import psutil
+
+    from splitrt.cloud.capacity.memory import REPLY_HELD_FACTOR
+
+    mib16 = 16 << 20
+    sha = _big_reply_model(tmp_path, mib16 // 4)
+    req = pb.InferRequest(model_sha256=sha, cut_id="cloud", codec="fp32", request_id="r", output_codec="fp32")
+    req.tensors.add(name="x", dtype="float32", shape=[1], codec="fp32", payload=np.ones(1, np.float32).tobytes())
+    msg = req.SerializeToString()
+    limit = psutil.Process().memory_info().rss + (300 << 20)  # room for ~7 held replies beside one run
+    cfg = ServerConfig(
+        models_dir=tmp_path,
+        workers=2,
+        max_queue=16,
+        tokens=(TOKEN,),
+        max_memory_bytes=limit,
+        limits=Limits(read_timeout_s=600.0),
+    )
+    with CloudServer(cfg) as s:
+        with grpc.insecure_channel(s.address, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
+            assert ch.unary_unary(INFER)(msg, timeout=120, metadata=AUTH)  # the tail built, its graph kept
+        conns = [RawConnection("127.0.0.1", s.port, source=f"127.0.0.{a}", window_bytes=0) for a in (2, 3)]
+        try:
+            calls = [(raw, raw.call(INFER, msg, AUTH)) for raw in conns for _ in range(6)]
+            held = 0
+            for _ in range(1200):  # until no run is left: what is used is the replies held, no more
+                held = sum(not raw.ended(sid, wait_s=0.01) for raw, sid in calls)
+                counted = s.door.snapshot()["reply_bytes"]
+                if held and REPLY_HELD_FACTOR * mib16 * held <= counted <= REPLY_HELD_FACTOR * (mib16 + 4096) * held:
+                    break
+            else:
+                raise AssertionError(f"{held} replies held, {counted} bytes counted for replies")
+            snap = s.budget.snapshot()
+            assert 0 < held < len(calls)  # some held, the rest refused: the budget bounds them
+            assert counted <= snap["used_bytes"] <= snap["limit_bytes"] - snap["baseline_bytes"]
+            assert snap["refused"] > 0
+        finally:
+            for raw in conns:
+                raw.close()
+        for _ in range(1000):  # the client left: the calls end and their replies are freed
+            if s.door.snapshot()["reply_bytes"] == 0:
+                break
+            time.sleep(0.02)
+        assert s.door.snapshot()["reply_bytes"] == 0
+
+
 def test_forwarded_peer_names_the_client_a_proxy_set() -> None:
     from splitrt.cloud.guard.door import forwarded_peer
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from cachetools import FIFOCache
 
 from splitrt.cloud.common import peer_address
 
-__all__ = ["AuthThrottle", "ThrottleConfig", "Tokens", "Verdict", "peer_address", "token_matches"]
+__all__ = ["AuthThrottle", "ThrottleConfig", "Tokens", "Verdict", "forwarded_peer", "peer_address", "token_matches"]
 
 
 class Verdict(enum.Enum):
@@ -134,3 +135,20 @@ class AuthThrottle:
     def waiting(self, now_s: float) -> int:
         """Addresses that wait now (a gauge for metrics)."""
         return sum(1 for r in self._peers.values() if r.until_s > now_s)
+
+
+def forwarded_peer(metadata: Any) -> str | None:
+    """The client a proxy names, as a gRPC peer string (``ipv4:A:P``, ``ipv6:[A]:P``): A the last entry of
+    ``x-forwarded-for``, P ``x-forwarded-client-port`` (the client's source port: its connection, which
+    the auth throttle trusts once it authenticated), else 0; None when there is no address."""
+    found: dict[str, str] = {}
+    for key, v in metadata or ():
+        if key in ("x-forwarded-for", "x-forwarded-client-port"):
+            found[key] = v.decode("ascii", "replace") if isinstance(v, bytes) else str(v)
+    try:
+        ip = ipaddress.ip_address(found.get("x-forwarded-for", "").rpartition(",")[2].strip())
+    except ValueError:
+        return None
+    port = found.get("x-forwarded-client-port", "0").strip()
+    port = port if port.isdigit() and len(port) <= 5 else "0"
+    return f"ipv4:{ip}:{port}" if ip.version == 4 else f"ipv6:[{ip}]:{port}"

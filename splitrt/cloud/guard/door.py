@@ -49,7 +49,6 @@ Per call, in order:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import sys
 import threading
@@ -61,8 +60,9 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.capacity.admission import client_key, prepay, serving
-from splitrt.cloud.capacity.memory import MemoryBudget
-from splitrt.cloud.guard.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, peer_address
+from splitrt.cloud.capacity.memory import MemoryBudget, reply_held_bytes
+from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.guard.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, forwarded_peer, peer_address
 from splitrt.cloud.guard.limits import Limits
 from splitrt.cloud.guard.ratelog import RateLog
 from splitrt.cloud.guard.watchdog import Lease, Watchdog
@@ -124,6 +124,7 @@ class FrontDoor(grpc.ServerInterceptor):
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.max_message_bytes = max_message_bytes
         self.probe_bytes = 0
+        self.reply_bytes = 0  # budget bytes held by unary replies not yet taken (``_hold_reply``)
         self.probe_penalty: dict[str, float] = {}  # address -> until (``clock``), ``PROBE_PENALTY_S``
         self.limits = limits
         self.throttle = throttle
@@ -229,13 +230,14 @@ class FrontDoor(grpc.ServerInterceptor):
                 self.refused[refused] += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """Counters for metrics: lanes (inside, caps), calls by (method, code), refusals by reason."""
+        """Counters for metrics: lanes (inside, caps), calls by (method, code), refusals, replies' bytes held."""
         with self.lock:
             return {
                 "inside": dict(self.inside),
                 "caps": dict(self.caps),
                 "calls": dict(self.calls),
                 "refused": dict(self.refused),
+                "reply_bytes": self.reply_bytes,
                 "waiting_peers": self.throttle.waiting(self.clock()),
             }
 
@@ -256,6 +258,7 @@ class _Call:
         self.declared: int | None = None
         self.read_bytes = 0  # a Probe's payload bytes, once its body is read
         self.keep = False  # a unary reply made, not yet taken: ``release`` waits for the call's end
+        self.reply_held = 0  # budget bytes its reply holds until taken (``_hold_reply``)
         self.on_end = False  # ``release`` is registered to run at the call's end
 
     def enter(self) -> None:
@@ -338,10 +341,12 @@ class _Call:
                 del self.door.by_peer[self.key]
             prepaid, self.prepaid = self.prepaid, 0
             self.door.probe_bytes -= prepaid
+            reply, self.reply_held = self.reply_held, 0
+            self.door.reply_bytes -= reply
             if self.keep and self.lease is not None and self.lease.fired:
                 self.door.refused["reply_timeout"] += 1
-        if prepaid:
-            self.door.budget.release(prepaid)
+        if prepaid or reply:
+            self.door.budget.release(prepaid + reply)
         if self.lease is not None:
             self.door.watchdog.release(self.lease)
 
@@ -512,10 +517,28 @@ class _Call:
         )
 
 
+def _hold_reply(call: _Call, data: Any) -> None:
+    """A unary reply ``data`` (serialised) is made for ``call``: ``reply_held_bytes`` reserved in the budget
+    until the call ends (taken, or ended by the read timeout), evicting caches if need be;
+    RESOURCE_EXHAUSTED (the call aborted) when they do not fit. A Probe's reply was prepaid (``prepay``)."""
+    n = len(data) if isinstance(data, bytes) and call.on_end and call.lane != "probe" else 0
+    need = reply_held_bytes(n)
+    try:
+        if need:
+            call.door.budget.reserve(need, f"{call.short}: its {n >> 20} MiB reply until it is taken")
+    except RpcFailure as exc:
+        call.context.abort(exc.code, exc.message)
+        raise AssertionError("unreachable") from exc  # abort raises
+    with call.door.lock:
+        late, call.reply_held = call._released, 0 if call._released else need  # ended meanwhile: none held
+        call.door.reply_bytes += call.reply_held
+    call.door.budget.release(need if late else 0)
+
+
 def _wrap(
     door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str, verdict: Verdict | None
 ) -> grpc.RpcMethodHandler:
-    """``h`` as a request-streaming handler that goes through the door first."""
+    """``h`` as a request-streaming handler that goes through the door first (a unary reply serialised here)."""
     kw = {"request_deserializer": h.request_deserializer, "response_serializer": h.response_serializer}
     if h.response_streaming:
 
@@ -552,35 +575,20 @@ def _wrap(
                 if lane == "probe":
                     call.check_declared(request)
                 reply = h.unary_unary(request, context)
+            data = reply if h.response_serializer is None or reply is None else h.response_serializer(reply)
+            _hold_reply(call, data)
             ok = True
             call.replied()
-            return reply
+            return data
         finally:
             call.finish(ok)
 
-    return grpc.stream_unary_rpc_method_handler(unary, **kw)
+    return grpc.stream_unary_rpc_method_handler(unary, request_deserializer=h.request_deserializer)
 
 
 def _details(context: Any) -> str:
     said = context.details() if hasattr(context, "details") else b""
     return said.decode("utf-8", "replace") if isinstance(said, bytes) else str(said or "")
-
-
-def forwarded_peer(metadata: Any) -> str | None:
-    """The client a proxy names, as a gRPC peer string (``ipv4:A:P``, ``ipv6:[A]:P``): A the last entry of
-    ``x-forwarded-for``, P ``x-forwarded-client-port`` (the client's source port: its connection, which
-    the auth throttle trusts once it authenticated), else 0; None when there is no address."""
-    found: dict[str, str] = {}
-    for key, v in metadata or ():
-        if key in ("x-forwarded-for", "x-forwarded-client-port"):
-            found[key] = v.decode("ascii", "replace") if isinstance(v, bytes) else str(v)
-    try:
-        ip = ipaddress.ip_address(found.get("x-forwarded-for", "").rpartition(",")[2].strip())
-    except ValueError:
-        return None
-    port = found.get("x-forwarded-client-port", "0").strip()
-    port = port if port.isdigit() and len(port) <= 5 else "0"
-    return f"ipv4:{ip}:{port}" if ip.version == 4 else f"ipv6:[{ip}]:{port}"
 
 
 def _declared(metadata: Any) -> int | None:

@@ -358,6 +358,12 @@ class Call:
     t: float
     ms: float = -1.0
     code: str = "PENDING"
+    said: str = ""  # a failure's details (the row's notes keep the first per code)
+
+
+def _said(exc: BaseException) -> str:
+    details = exc.details() if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else str(exc)
+    return str(details or "")[:200]
 
 
 class Outstanding:
@@ -381,6 +387,7 @@ class Outstanding:
                 exc = f.exception()
                 if exc is not None:
                     code = _code(exc)
+                    call.said = _said(exc)
             call.ms = (time.monotonic() - call.t) * 1e3
             call.code = code
 
@@ -441,7 +448,7 @@ class Legit:
                 fn(self.request, timeout=5.0, metadata=AUTH)
                 call.code = "OK"
             except Exception as exc:
-                call.code = _code(exc)
+                call.code, call.said = _code(exc), _said(exc)
             call.ms = (time.monotonic() - call.t) * 1e3
             self.calls.append(call)
             self.stop_ev.wait(max(0.0, 0.05 - call.ms / 1e3))
@@ -461,7 +468,7 @@ class Legit:
                     ch.unary_unary(f"{SERVICE}/Status")(b"", timeout=3.0, metadata=AUTH)
                 call.code = "OK"
             except Exception as exc:
-                call.code = _code(exc)
+                call.code, call.said = _code(exc), _said(exc)
             call.ms = (time.monotonic() - call.t) * 1e3
             self.calls.append(call)
 
@@ -508,7 +515,7 @@ class LegitProc:
                 self.failure = msg.get("error", "")
                 self.lines[msg["event"]].set()
                 continue
-            call = Call(msg["kind"], msg["t"], msg["ms"], msg["code"])
+            call = Call(msg["kind"], msg["t"], msg["ms"], msg["code"], msg.get("said", ""))
             (self.nodl.calls if call.kind == "nodl" else self.calls).append(call)
         for ev in self.lines.values():  # the child is gone: nobody waits for it any longer
             ev.set()
@@ -581,7 +588,7 @@ def legit_child(address: str, req_path: str) -> int:
             if id(call) in sent or (call.code in ("PENDING", "SETTLING") and not final):
                 continue
             sent.add(id(call))
-            say({"kind": call.kind, "t": call.t, "ms": call.ms, "code": call.code})
+            say({"kind": call.kind, "t": call.t, "ms": call.ms, "code": call.code, "said": call.said})
 
     def reporter() -> None:
         while not done.wait(0.02):
@@ -1656,6 +1663,7 @@ def run_row(
         "legit_calls": len(during),
         "legit_failed": sum(failed.values()),
         "legit_failed_by_code": dict(failed),
+        "legit_said": {c.code: c.said for c in reversed(during) if c.code != "OK"},
         "lost_deadline": lost_dl,
         "lost_no_deadline": lost_nodl,
         "lost_by_code": dict(lost_codes),
@@ -1875,7 +1883,7 @@ def report(result: dict[str, Any]) -> str:
     ]
     lines += [
         f"{r['row']}: {_note(r['notes'])}"
-        + (f" failed {_note(r['legit_failed_by_code'])}" if r["legit_failed"] else "")
+        + (f" failed {_note(r['legit_failed_by_code'])} {_note(r.get('legit_said', {}))}" if r["legit_failed"] else "")
         + (f" lost {_note(r['lost_by_code'])}" if r.get("lost_by_code") else "")
         for r in result["rows"]
     ]

@@ -130,8 +130,8 @@ def file_sha256(path: Path) -> str:
 
 
 def external_data_files(model: onnx.ModelProto, base: Path) -> list[Path]:
-    """The external-data files any of the model's tensors point at (``extdata``), in first-use order."""
-    from splitrt.graph.extdata import external_locations
+    """The external-data files any of the model's tensors point at (``walk``), in first-use order."""
+    from splitrt.graph.walk import external_locations
 
     return [base / name for name in external_locations(model) if name]
 

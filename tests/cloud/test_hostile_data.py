@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from splitrt.cloud.models.store import ModelStore
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.graph import zoo
-from splitrt.graph.extdata import external_locations
+from splitrt.graph.walk import external_locations
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 

@@ -1,7 +1,7 @@
 """The server's models: the ``*.onnx`` files of a directory, keyed by the sha256 of their bytes.
 
 Only a model's own data files are ever read: a model whose external-data locations (on any tensor:
-``extdata``) leave the directory (absolute paths, ``..``, symlinks out), name a hidden file (the warm
+``graph.walk``) leave the directory (absolute paths, ``..``, symlinks out), name a hidden file (the warm
 file, uploads in progress) or another model, or a stored upload naming any, is refused, and so is a file
 that is not ONNX; each refusal is
 logged once (``model_refused``) and the file is skipped until it changes. Uploads write
@@ -25,9 +25,9 @@ import grpc
 
 from splitrt.cloud.capacity.admission import current_client
 from splitrt.cloud.capacity.memory import LOAD_PEAK_FACTOR, MemoryBudget, graph_bytes, trim
-from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.common import RpcFailure, log_event, redact
 from splitrt.errors import ConfigError
-from splitrt.graph.extdata import external_locations
+from splitrt.graph.walk import count_nodes, external_locations
 
 #: Temporary files of uploads in progress (never served, never listed).
 PART_GLOB = ".upload-*.part"
@@ -88,12 +88,9 @@ def _identify(path: Path, root: Path) -> str:
 
 
 def scrub(root: Path, text: str) -> str:
-    """``text`` for a client: the models directory (as configured and resolved) becomes ``<models>`` (an
-    error from loading a file names its full path; where the server keeps models is not theirs)."""
-    for name in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
-        if name not in ("", "."):
-            text = text.replace(name, "<models>")
-    return text
+    """``text`` for a client: the models directory (as configured, absolute and resolved) becomes ``<server
+    path>`` (an error from loading a file names its full path; where the server keeps models is not theirs)."""
+    return redact(text, [str(root), str(root.absolute()), str(root.resolve())])
 
 
 def load_graph(path: Path, root: Path, max_nodes: int | None) -> Any:
@@ -106,7 +103,7 @@ def load_graph(path: Path, root: Path, max_nodes: int | None) -> Any:
 
     if max_nodes is not None:
         try:
-            nodes = count_nodes(onnx.load(str(path), load_external_data=False).graph)
+            nodes = count_nodes(onnx.load(str(path), load_external_data=False))
         except Exception:  # protobuf's errors: the load below reports them
             nodes = 0
         if nodes > max_nodes:
@@ -131,24 +128,6 @@ class _ModelEntry:
     bytes: int
     graph: Any = None
     graph_bytes: int = 0  # what the budget holds for the loaded graph
-
-
-def count_nodes(graph: Any) -> int:
-    """Nodes of an ``onnx.GraphProto``, its subgraphs' (If/Loop/Scan bodies) included."""
-    import onnx
-
-    n = 0
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        n += len(g.node)
-        for node in g.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
-    return n
 
 
 class ModelStore:

@@ -6,7 +6,7 @@ What an upload can and cannot do to the server's disk:
   nothing else; the name the device sends (``ModelChunk.name``) is never used as a path;
 - at most ``max_model_bytes`` are written (the declared ``total_bytes`` is checked first, then every chunk);
 - the bytes must hash to the sha256 the first chunk declares, be an ONNX model that loads, and carry no
-  external data on any tensor (``extdata``: initializers, subgraphs', node attributes, sparse tensors; an
+  external data on any tensor (``graph.walk``: initializers, subgraphs', node attributes, sparse tensors; an
   upload is one file: an external-data location could only point at files already on the server) and no
   sparse initializer (a stored model must be servable);
 - quotas: at most ``max_models`` models and ``max_store_bytes`` in the store (the declared size must fit,
@@ -35,8 +35,8 @@ import grpc
 
 from splitrt.cloud.common import RpcFailure, disk_failure, log_event
 from splitrt.cloud.models import checker
-from splitrt.cloud.models.store import ModelStore, count_nodes
-from splitrt.graph.extdata import external_locations, sparse_initializers
+from splitrt.cloud.models.store import ModelStore
+from splitrt.graph.walk import count_nodes, external_locations, sparse_initializers
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")
@@ -186,9 +186,9 @@ def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             f"upload: expected an ONNX model, got bytes that do not parse ({type(exc).__name__}); nothing stored",
         ) from exc
-    locations = external_locations(proto)  # on any tensor: attributes, subgraphs, sparse ones (``extdata``)
+    locations = external_locations(proto)  # on any tensor: attributes, subgraphs, sparse ones (``graph.walk``)
     sparse = sparse_initializers(proto)
-    nodes = count_nodes(proto.graph)
+    nodes = count_nodes(proto)
     outputs = len(proto.graph.output)
     del proto
     if outputs > MAX_OUTPUTS:

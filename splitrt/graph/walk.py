@@ -1,10 +1,13 @@
-"""Every tensor a model carries, wherever it is, and which of them keep their bytes in external files.
+"""A model's every graph (subgraphs and functions), node count and tensor, and which tensors keep their
+bytes in external files.
 
 onnx's loader reads external data for every tensor it finds, not only the top graph's initializers: a
 ``Constant`` node's ``value`` attribute, an initializer inside an ``If``/``Loop``/``Scan`` body, a sparse
 tensor's values or indices, a function's nodes. A model naming a file in the models directory had that
 file's bytes as a tensor and so in its outputs (a 187-byte upload returned the server's warm file).
 
+- ``graphs(model)``: ``(where, graph)`` for the model's graph, every subgraph in any node attribute (at any
+  depth) and every function; ``count_nodes(model)``: their nodes.
 - ``all_tensors(model)``: every ``TensorProto`` of an ``onnx.ModelProto`` (graph and subgraph initializers,
   sparse ones' values and indices, node attributes, functions), with where it is.
 - ``external_locations(model)``: the ``location`` of each external-data tensor among them.
@@ -16,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["all_tensors", "external_locations", "sparse_initializers"]
+__all__ = ["all_tensors", "count_nodes", "external_locations", "graphs", "sparse_initializers"]
 
 
-def _graphs(model: Any) -> Iterator[tuple[str, Any]]:
+def graphs(model: Any) -> Iterator[tuple[str, Any]]:
     """The model's graph, every subgraph in any node attribute, and functions' node lists (as graphs)."""
     import onnx
 
@@ -36,12 +39,17 @@ def _graphs(model: Any) -> Iterator[tuple[str, Any]]:
                     stack += [(f"{where} > {node.op_type} {node.name or '?'}.{a.name}", sg) for sg in a.graphs]
 
 
+def count_nodes(model: Any) -> int:
+    """Nodes of an ``onnx.ModelProto``: its graph's, its subgraphs' (If/Loop/Scan bodies) and its functions'."""
+    return sum(len(g.node) for _, g in graphs(model))
+
+
 def all_tensors(model: Any) -> Iterator[tuple[str, Any]]:
     """``(where, TensorProto)`` for every tensor the model carries, subgraphs and functions included."""
     import onnx
 
     A = onnx.AttributeProto
-    for where, g in _graphs(model):
+    for where, g in graphs(model):
         for t in getattr(g, "initializer", ()):
             yield f"{where} initializer {t.name!r}", t
         for s in getattr(g, "sparse_initializer", ()):
@@ -78,4 +86,4 @@ def external_locations(model: Any) -> list[str]:
 
 def sparse_initializers(model: Any) -> list[str]:
     """Names of the sparse initializers of the graph and its subgraphs."""
-    return [s.values.name for _, g in _graphs(model) for s in getattr(g, "sparse_initializer", ())]
+    return [s.values.name for _, g in graphs(model) for s in getattr(g, "sparse_initializer", ())]

@@ -31,20 +31,10 @@ Per call, in order:
 5. Every call's outcome is counted by method and status code (``Status``-independent: metrics), and
    every failure the handler does not log itself is logged (rate-limited).
 
-- The front door (``cloud.guard.door.FrontDoor``, the server's one interceptor): every method is re-registered as
-  a request-streaming handler, so auth (``cloud.guard.auth.Tokens``, metadata only), the per-address throttle
-  (``auth.AuthThrottle``, pure, ``now_s`` passed in) and lane admission run before the body is read; the message
-  is then read under a ``cloud.guard.watchdog.Lease`` (the ``Watchdog`` thread cancels the call with the lease's
-  status). Lanes ``infer``/``status``/``health``/``watch`` (``lane_of(method)``), caps and per-address caps from
-  ``ServerConfig.limits`` (``cloud.guard.limits.Limits``, which also gives the gRPC core connection options and the
-  fd-derived connection cap). ``FrontDoor.snapshot()`` counts every call by (method, code) and refusals by
-  reason (metrics ``splitrt_cloud_calls_total{method,code}`` etc.); refusals and failures are logged through
-  ``cloud.guard.ratelog.RateLog`` (a burst per kind per interval, then one ``suppressed`` line).
-  ``servicer.remaining_s(context, default)`` bounds a call's time left (no deadline: ``default_deadline_s``).
-  Connections themselves (how many, per address, how fast, idle ones) are the edge proxy's
-  (``deploy/proxy/haproxy.cfg``); alone, the server has gRPC core's cap and idle timeout (``limits``).
-  ``tests/rawh2.py``'s ``RawConnection`` is a hand-framed HTTP/2 client for tests and benchmarks that must send
-  half a message.
+The parts: ``auth.Tokens`` and ``auth.AuthThrottle`` (pure, ``now_s`` passed in), ``watchdog.Lease`` (the
+``Watchdog`` thread cancels a call whose lease ran out, with its status), ``limits.Limits`` (caps, shares,
+timeouts), ``ratelog.RateLog``; ``FrontDoor.snapshot()`` feeds the metrics (``splitrt_cloud_calls_total``...).
+Connections themselves are the edge proxy's (``deploy/proxy/haproxy.cfg``).
 """
 
 from __future__ import annotations

@@ -147,9 +147,12 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
         m = shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
     sizes: dict[str, int | None] = {}
     itemsizes: dict[str, int] = {}
+    ranks: dict[str, int] = {}
     for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
         sizes[vi.name] = _bytes(vi)
         itemsizes[vi.name] = _itemsize(vi.type.tensor_type.elem_type)
+        if vi.type.tensor_type.HasField("shape"):
+            ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
     big_weights = {vi.name for vi in skel.graph.input} - set(shapes)
     nodes = list(m.graph.node)
     last: dict[str, int] = {}
@@ -166,11 +169,15 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
             if not o:
                 continue
             size = sizes.get(o)
-            if size is None and o == n.output[0] and consts:
-                from splitrt.graph.sizing import told_elements
+            if size is None:  # told by operand values, or data dependent: at its worst
+                from splitrt.graph.sizing import told_elements, worst_elements
 
-                told = told_elements(n, consts)
-                size = None if told is None else told * itemsizes.get(o, 4)
+                told = told_elements(n, consts) if o == n.output[0] and consts else None
+                if told is None:
+                    known = [i for i in n.input if sizes.get(i) is not None]
+                    elements = {i: (sizes.get(i) or 0) // itemsizes.get(i, 1) for i in known}
+                    told = worst_elements(n, elements, ranks)
+                size = None if told is None else told * itemsizes.get(o, 8)
             if size is None:
                 unknown += 1
                 size = 0

@@ -9,7 +9,8 @@ of ids is not estimated again per value.
 
 - ``sizing_inputs(model) -> frozenset``: the graph inputs whose values may decide a size.
 - ``fold(model, values)``: what small nodes compute from them; ``told_elements(node, consts)``: an output's
-  size told by operand values where onnx's shape inference does not tell it (MaxUnpool).
+  size told by operand values where onnx's shape inference does not tell it (MaxUnpool);
+  ``worst_elements(node, elements, ranks)``: the most a data-dependent output (NonZero...) can hold.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SIZE_OPERANDS", "fold", "sizing_inputs", "told_elements"]
+__all__ = ["SIZE_OPERANDS", "fold", "sizing_inputs", "told_elements", "worst_elements"]
 
 #: (op, input index) whose values decide the size of an output (or the work: a Loop's trip count).
 SIZE_OPERANDS = frozenset(
@@ -93,6 +94,24 @@ def told_elements(node: Any, consts: Mapping[str, np.ndarray]) -> int | None:
     if node.op_type == "MaxUnpool" and len(node.input) > 2 and node.input[2] in consts:
         dims = [int(d) for d in np.asarray(consts[node.input[2]]).reshape(-1)]
         return 0 if any(d < 0 for d in dims) else int(np.prod(dims, dtype=object))
+    return None
+
+
+def worst_elements(node: Any, elements: Mapping[str, int], ranks: Mapping[str, int]) -> int | None:
+    """At most how many elements each output of ``node`` holds when its size depends on the data (NonZero,
+    Compress, Unique, TopK with an unknown k, NonMaxSuppression), from its inputs' element counts and ranks;
+    None when that does not bound it (a Loop's outputs). onnxruntime allocates what the data asks: NonZero
+    of a 64 MB all-true bool tensor (a 2 KB zstd payload) is a 2 GiB int64 output."""
+    ins = [i for i in node.input]
+    first = elements.get(ins[0]) if ins and ins[0] else None
+    if first is None:
+        return None
+    if node.op_type == "NonZero":
+        return max(1, ranks.get(ins[0], 1)) * first
+    if node.op_type in ("Compress", "Unique", "TopK"):  # every element kept (Unique's indices: one each)
+        return first
+    if node.op_type == "NonMaxSuppression" and len(ins) > 1 and ins[1] in elements:
+        return 3 * elements[ins[1]]  # [selected, 3]: at most every (batch, class, box) of the scores
     return None
 
 

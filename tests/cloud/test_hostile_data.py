@@ -397,3 +397,25 @@ def test_every_op_sized_by_a_request_value_is_refused_before_the_run(store: Path
                 if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or "needs ~" not in said:
                     wrong[op] = f"{exc.code()}: {said[:200]}"
     assert not wrong, wrong
+
+
+def test_data_dependent_sizes_are_counted_at_their_worst(store: Path) -> None:
+    """NonZero's output is as large as the data makes it: of an all-true bool tensor, rank x its elements
+    of int64 (a 4 MB input, 96 MB out; 64 MB in a 2 KB zstd payload asked 2 GiB). Counted at that worst
+    before the run: refused naming the need; a small input runs."""
+    g = helper.make_graph(
+        [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("ReduceSum", ["nz"], ["y"], keepdims=0)],
+        "nonzero",
+        [helper.make_tensor_value_info("x", TensorProto.BOOL, ["a", "b", "c"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
+    )
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    cfg = ServerConfig(models_dir=store, allow_upload=True, tokens=(TOKEN,), max_request_bytes=16 << 20, workers=1)
+    with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
+        stub = pb_grpc.SplitInferenceStub(ch)
+        sha = _put(s.address, data).sha256
+        assert stub.Infer(_request(sha, "cloud", x=np.ones((2, 2, 2), np.bool_)), timeout=120, metadata=AUTH).outputs
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Infer(_request(sha, "cloud", x=np.ones((4, 1024, 1024), np.bool_)), timeout=120, metadata=AUTH)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
+    assert "needs ~120 MB" in (info.value.details() or ""), info.value.details()

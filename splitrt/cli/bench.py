@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from splitrt.cli import constraints as constraintcli
 from splitrt.cli import fleet as fleetcli
 from splitrt.cli import tiers as tierscli
+from splitrt.cli.inputs import add_shape_arguments, binding, load_graph
 from splitrt.cli.tables import render
 from splitrt.rig import bench as rigbench
 from splitrt.rig import harness as rig
@@ -67,6 +70,7 @@ def register(sub: Any) -> None:
     p.add_argument("--keep-workdir", action="store_true", help="keep logs and per-request records")
     # the runtime's strategies (adaptive, route, periodic) plan within them; compare with device-only
     constraintcli.add_arguments(p)
+    add_shape_arguments(p)
     p.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("rig", help="hardware-in-the-loop rig maintenance")
@@ -113,9 +117,35 @@ class LiveLine:
         print(text, file=sys.stderr, flush=True)
 
 
-def bench_config(args: argparse.Namespace) -> rigbench.BenchConfig:
+@contextlib.contextmanager
+def bound_model(args: argparse.Namespace) -> Iterator[str]:
+    """``--model``, or with ``--shape``/``--dim``/``--sample`` a copy of it whose inputs have those shapes
+    (a temporary file, for the run): the rig's devices, servers, profile and tables all take a model file,
+    so every one of them sees the model at the bound shapes (``inputs.load_graph``, as `plan` and `sim`)."""
+    import tempfile
+
+    import onnx
+
+    from splitrt.graph import shapes
+    from splitrt.rig.models import model_path_for
+
+    if binding(args).empty:
+        yield args.model
+        return
+    mg = load_graph(args, model_path_for(args.model))
+    with tempfile.TemporaryDirectory(prefix="splitrt-bound-") as tmp:
+        path = Path(tmp) / Path(mg.path).name
+        onnx.save(shapes.with_input_shapes(mg.model, mg.input_shapes or {}), str(path))
+        shown = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in (mg.input_shapes or {}).items())
+        print(f"splitrt bench: {args.model} bound at {shown}", file=sys.stderr)
+        yield str(path)
+
+
+def bench_config(args: argparse.Namespace, model: str | None = None) -> rigbench.BenchConfig:
+    """The rig's run of ``model`` (default ``--model``; ``bound_model`` gives the bound one)."""
+    model = model or args.model
     return rigbench.BenchConfig(
-        model=args.model,
+        model=model,
         trace=args.trace,
         bandwidth_scale=args.bandwidth_scale,
         load=args.load,
@@ -126,12 +156,12 @@ def bench_config(args: argparse.Namespace) -> rigbench.BenchConfig:
         rtt_ms=args.rtt_ms,
         codecs=tuple(args.codecs.split(",")) if args.codecs else None,
         strategies=tuple(s for s in args.strategies.split(",") if s),
-        cuts=_allowed_cuts(args),
+        cuts=_allowed_cuts(args, model),
         profile_path=getattr(args, "profile", None),
     )
 
 
-def _allowed_cuts(args: argparse.Namespace) -> tuple[str, ...] | None:
+def _allowed_cuts(args: argparse.Namespace, model: str) -> tuple[str, ...] | None:
     """The cuts ``--no-raw-input`` / ``--min-head-flops`` / ``--device-memory-mb`` leave the runtime's
     plans (None: no constraint). Fixed strategies (cloud-only, static) are not constrained."""
     if not hasattr(args, "no_raw_input"):
@@ -142,7 +172,7 @@ def _allowed_cuts(args: argparse.Namespace) -> tuple[str, ...] | None:
     from splitrt.rig.models import model_path_for
 
     cons = constraintcli.constraints(args, boards.load_board(args.device))
-    mg = graph.load(model_path_for(args.model))
+    mg = graph.load(model_path_for(model))
     allowed = allowed_for(mg, None, cons)  # never a cut that only moves the input (it is cloud)
     return None if allowed is None else tuple(allowed.cuts)
 
@@ -159,8 +189,9 @@ def run(
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    cfg = bench_config(args)
-    result = run(cfg, board=args.device, link=args.link, keep_workdir=args.keep_workdir)
+    with bound_model(args) as model:
+        cfg = bench_config(args, model)
+        result = run(cfg, board=args.device, link=args.link, keep_workdir=args.keep_workdir)
     report(result, json_path=args.json, plot_path=args.plot)
     bad = sum(int(s["failed"]) for s in result["strategies"].values())
     return 1 if bad else 0

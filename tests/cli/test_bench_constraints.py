@@ -42,3 +42,28 @@ def test_a_profile_and_a_model_file_are_taken(tmp_path: object) -> None:
     assert cfg.profile_path == "p.json"  # type: ignore[attr-defined]
     assert cfg.codecs == ("fp32", "int8c+zstd") and cfg.strategies == ("adaptive", "route")  # type: ignore[attr-defined]
     assert cfg.cuts is not None and "cloud" in cfg.cuts and "c1" not in cfg.cuts  # type: ignore[attr-defined]
+
+
+def test_shape_flags_bind_the_model_every_part_of_the_rig_loads() -> None:
+    """`bench --shape/--dim` (as `plan`, `sim`, `profile`): the rig runs a copy of the model whose inputs
+    have the bound shapes, so its devices, servers, profile and tables all see them; same cuts."""
+    import pytest
+
+    from splitrt.errors import ModelError
+    from splitrt.graph import model as graph
+    from splitrt.graph import zoo
+    from splitrt.graph.shapes import ShapeBinding
+
+    parse = app.build_parser().parse_args
+    with benchcli.bound_model(parse(["bench", "--model", "yolo_tiny", "--dim", "height=64", "--dim", "width=96"])) as m:
+        cfg = benchcli.bench_config(parse(["bench", "--model", "yolo_tiny"]), m)
+        assert cfg.model == m != "yolo_tiny"  # type: ignore[attr-defined]
+        g = graph.load(m)  # no binding needed: the copy's inputs are static
+        assert [t.shape for t in g.inputs] == [(1, 3, 64, 96)]
+        original = graph.load(zoo.get("yolo_tiny"), ShapeBinding(dims={"height": 64, "width": 96}))
+        assert [(c.id, c.bytes) for c in g.cuts()] == [(c.id, c.bytes) for c in original.cuts()]
+    half = parse(["bench", "--model", "yolo_tiny", "--dim", "height=64"])
+    with pytest.raises(ModelError, match=r"free dims without a value: images\[3\] 'width'"), benchcli.bound_model(half):
+        pass
+    with benchcli.bound_model(parse(["bench", "--model", "squeezenet"])) as m:
+        assert m == "squeezenet"  # nothing bound: the model as named

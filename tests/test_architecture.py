@@ -418,7 +418,7 @@ def test_one_request_enters_each_module_at_most_twice(tmp_path: Path) -> None:
     zoo model split at a middle cut; the second request is traced (the first checks the model on the cloud
     and builds the sessions: a one-off)."""
     from splitrt.cloud.server import CloudServer, ServerConfig
-    from splitrt.device.config import DeviceConfig
+    from splitrt.device.client.config import DeviceConfig
     from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
     from splitrt.graph import model, zoo
     from splitrt.profile.priors import flops_table

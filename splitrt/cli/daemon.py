@@ -28,7 +28,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    for name in ("splitrt.device.daemon", "splitrt.device.finder"):
+    for name in ("splitrt.device.daemon", "splitrt.device.discovery"):
         lg = logging.getLogger(name)
         lg.addHandler(handler)
         lg.setLevel(args.log_level)

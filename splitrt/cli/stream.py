@@ -99,7 +99,7 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
             )
         )
         if args.discover:
-            from splitrt.device.finder import CloudFinder
+            from splitrt.device.discovery import CloudFinder
 
             finder = stack.enter_context(CloudFinder(dev, interfaces=args.discover_interface or None))
             found = finder.wait_for_cloud(args.discover_wait_s)

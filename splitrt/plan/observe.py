@@ -1,15 +1,14 @@
 """Sans-IO observation: how a reply, a probe or a local run becomes estimator samples, and when to probe.
 
-The runtime (``device.runtime``, ``device.prober``, ``device.hops``) and the simulator (``rig.sim``)
+The runtime (``device.runtime``, ``device.runtime.prober``, ``device.runtime.hops``) and the simulator (``rig.sim``)
 all call these functions, so what the simulator learns from a request is what a device learns from
 one. Each takes the estimator(s) to feed, a small frozen observation and ``now_s``; none reads a clock,
 a socket or a file. The estimators are the state: they are fed in place, as everywhere in ``plan``; the
 probe schedule's own state (``ProbeState``) is a value, returned anew.
 
 ``splitrt.plan.observe`` (pure, sans-IO: every call takes ``now_s``): how an observation becomes estimator
-samples, and when to probe. ``device.runtime`` (a request: ``device.feedback`` builds its observation),
-``device.prober``, ``device.clouds``, ``device.hops`` and ``rig.sim`` all call these, none feeds an estimator by
-hand.
+samples, and when to probe. ``device.runtime`` (a request: its ``feedback`` builds the observation; its
+``prober``, ``clouds`` and ``hops``) and ``rig.sim`` all call these, none feeds an estimator by hand.
 
 - ``observe_request(RequestObservation(local, replies=(TierReply(tier, reply, hop),...), queue), now_s, *,
   links, loads, queue)``: everything one request says, in one call (the runtime's).
@@ -22,7 +21,7 @@ hand.
   DeviceSample(other_util), now_s)`` (clipped to [0, 1]).
 - The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy) -> (due, ProbeState)`` (marks
   ``probe_started``), ``bandwidth_probe(link, now_s) -> BandwidthProbe | None``, ``probe_twice(pairs=,
-  link_busy=)``; through a relay (``device.hops``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
+  link_busy=)``; through a relay (``device.runtime.hops``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
   hop | None``.
 """
 

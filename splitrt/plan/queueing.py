@@ -17,7 +17,7 @@ to the planner at all (``refused``), and the wait afterwards is priced at least 
   default_retry_after_ms))``: ``.add_load(now_s, *, queue_depth, workers, service_ms)`` (queue_depth not
   counting the request whose reply carried it), ``.add_wait(now_s, wait_ms)``, ``.add_refusal(now_s, *,
   retry_after_ms)``, ``.refused(now_s)`` (True until the hint expires), ``.estimate(now_s) -> ms`` (an EWMA that
-  halves per ``half_life_s`` without news). One per cloud (``device.clouds.Cloud.queue``).
+  halves per ``half_life_s`` without news). One per cloud (``device.runtime.clouds.Cloud.queue``).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.device import remote
-from splitrt.device.deadline import LOCAL_SAFETY, LOCAL_SLACK_MS, rpc_timeout_ms
+from splitrt.device.client import remote
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
+from splitrt.device.runtime.deadline import LOCAL_SAFETY, LOCAL_SLACK_MS, rpc_timeout_ms
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
 from splitrt.plan.costmodel import DEVICE_CUT

@@ -22,7 +22,7 @@ import pytest
 
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import DeviceConfig
-from splitrt.device.finder import CloudFinder, plan_clouds
+from splitrt.device.discovery import CloudFinder, plan_clouds
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
@@ -158,7 +158,7 @@ def test_finder_warns_before_a_device_can_send_to_an_insecure_cloud(caplog: pyte
         "static-open": info("static-open", "10.0.0.4", 1, secure=False),
     }
     with (
-        caplog.at_level(logging.WARNING, logger="splitrt.device.finder"),
+        caplog.at_level(logging.WARNING, logger="splitrt.device.discovery"),
         CloudFinder(dev, static=["10.0.0.4:1"], browse=False, rerank_s=0) as finder,
     ):
         finder.update(servers)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
-from splitrt.device.sessions import build_session, run_session
+from splitrt.device.client.sessions import build_session, run_session
 from splitrt.errors import InputError, ModelError
 from splitrt.graph import onnxruntime_errors
 from splitrt.graph.ort_errors import mapped

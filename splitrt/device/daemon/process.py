@@ -137,7 +137,7 @@ class Daemon:
                 self.models[mc.name] = ServedModel(config=mc, device=dev, table_source=source)
             self.finder: Any = None
             if config.discovery:
-                from splitrt.device.finder import CloudFinder
+                from splitrt.device.discovery import CloudFinder
 
                 # Two tiers only (config refuses discovery on a longer path): AdaptiveDevices.
                 adaptive: list[Any] = [m.device for m in self.models.values()]

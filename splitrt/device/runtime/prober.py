@@ -10,9 +10,9 @@ from typing import Protocol
 
 import psutil
 
-from splitrt.device import hops
-from splitrt.device.clouds import Cloud, Clouds
-from splitrt.device.runtypes import RuntimeConfig
+from splitrt.device.runtime import hops
+from splitrt.device.runtime.clouds import Cloud, Clouds
+from splitrt.device.runtime.config import RuntimeConfig
 from splitrt.errors import CloudError
 from splitrt.plan import observe
 from splitrt.plan.netmon import LinkEstimator, LoadEstimator

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from splitrt.device.config import DeviceConfig
+from splitrt.device.client.config import DeviceConfig
 from splitrt.errors import CloudError
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport.base import Transport

@@ -1,6 +1,6 @@
 """The runtime's tiers past the first server: each hop's link, each server tier's load, what a server
 reports of its next tier, the servers reached directly when the one before them is down, and the prober's
-round through a relay (its samples through ``plan.observe``; a relayed reply's: ``device.feedback``).
+round through a relay (its samples through ``plan.observe``; a relayed reply's: ``device.runtime.feedback``).
 
 A path of N tiers is the device, then N-1 server tiers. The device sends to the first tier of the
 plan's route; a server with a next tier runs its segment and forwards (``send(..., next_cut=)``), else
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from splitrt.device.client import DeviceConfig
-from splitrt.device.clouds import Cloud, Clouds, Connect
+from splitrt.device.client.config import DeviceConfig
+from splitrt.device.runtime.clouds import Cloud, Clouds, Connect
 from splitrt.errors import CloudError
 from splitrt.plan import observe
 from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator

@@ -16,7 +16,7 @@ cloud lacks the model and allows uploads (and ``DeviceConfig.upload``), ``ensure
 with its own ``upload_timeout_s``; on the request path with a deadline (``send(..., timeout_s=T)``) the
 upload is never waited for: it starts in a background thread (one per cloud and model in this process)
 and the request fails at once with a retryable ``CloudError`` (``UNAVAILABLE``), so the caller finishes
-it locally and a later request finds the model there (``splitrt.device.upload``).
+it locally and a later request finds the model there (``splitrt.device.client.upload``).
 
 - ``Device(model_or_graph, "host:port", config=DeviceConfig(...))``: ``.run(inputs, cut=, codec_spec=)``,
   ``.run_detailed(...) -> SplitResult`` (outputs + head/encode/rpc/tail/queue ms, ``build_ms`` (the cloud built
@@ -51,16 +51,16 @@ from typing import Any
 
 import numpy as np
 
-from splitrt.device.config import DeviceConfig, read_token
-from splitrt.device.messages import (
+from splitrt.device.client.config import DeviceConfig, read_token
+from splitrt.device.client.messages import (
     HeadResult,
     ProbeResult,
     SplitResult,
     assemble,
     frame_result,
 )
-from splitrt.device.remote import Remote
-from splitrt.device.sessions import SessionCache, check_inputs, random_inputs, run_session
+from splitrt.device.client.remote import Remote
+from splitrt.device.client.sessions import SessionCache, check_inputs, random_inputs, run_session
 from splitrt.errors import CutError, SplitrtError
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
@@ -240,7 +240,7 @@ class Device(_Inputs):
 
     @property
     def remote(self) -> Remote:
-        """This device's cloud (``device.remote``): what every cloud call below goes through."""
+        """This device's cloud (``device.client.remote``): what every cloud call below goes through."""
         return self._remote
 
     def _link(self) -> Transport:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from splitrt.device.messages import HeadResult, Hops, SplitResult
+from splitrt.device.client.messages import HeadResult, Hops, SplitResult
 from splitrt.plan.controller import Decision
 from splitrt.plan.correction import Observation
 from splitrt.plan.costmodel import DEVICE_CUT, CostTable

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from splitrt.device import deadline
-from splitrt.device.client import Device
-from splitrt.device.clouds import Cloud, Clouds
-from splitrt.device.hops import Hops
-from splitrt.device.messages import HeadResult, SplitResult
+from splitrt.device.client.device import Device
+from splitrt.device.client.messages import HeadResult, SplitResult
+from splitrt.device.runtime import deadline
+from splitrt.device.runtime.clouds import Cloud, Clouds
+from splitrt.device.runtime.hops import Hops
 from splitrt.errors import CloudError, InputError, SplitrtError
 from splitrt.plan.costmodel import DEVICE_CUT, CostTable
 from splitrt.plan.reserve import NOT_SENT

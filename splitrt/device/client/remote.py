@@ -21,9 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from splitrt.device.config import DeviceConfig
-from splitrt.device.messages import HeadResult, Hops, ProbeResult, SplitResult, assemble, decode_reply, encode_request
-from splitrt.device.upload import ModelUploader
+from splitrt.device.client.config import DeviceConfig
+from splitrt.device.client.messages import (
+    HeadResult,
+    Hops,
+    ProbeResult,
+    SplitResult,
+    assemble,
+    decode_reply,
+    encode_request,
+)
+from splitrt.device.client.upload import ModelUploader
 from splitrt.errors import CloudError, ConfigError, CutError
 from splitrt.plan.costmodel import DEVICE_CUT
 from splitrt.transport import codec, wire

@@ -29,7 +29,7 @@ re-plans every S seconds (REAP-style); ``fixed:PLAN`` never re-plans (``device``
   the local finish would miss the deadline anyway, and the whole remaining budget the first time a cut goes
   to a server (a cold tail's build). With no room left the cloud is not asked: ``Outcome.not_sent`` says why,
   ``stats["not_sent"]`` counts it, and it is no fallback (nothing reached the wire).
-- Several clouds (``device.balancer.Balancer``, one turn per request): every request orders the admitting clouds
+- Several clouds (``device.runtime.balancer.Balancer``, one turn per request): every request orders the admitting clouds
   with ``plan.balance.order`` (queue estimate, RTT, this device's requests on the wire to each:
   ``Cloud.inflight``, ``Cloud.workers``), is planned with the first one's queue, and tries them in that order,
   then finishes locally: a cloud that dies mid-request costs a retry, never the request. With two or more
@@ -54,12 +54,12 @@ re-plans every S seconds (REAP-style); ``fixed:PLAN`` never re-plans (``device``
 - Every request that did not fall back feeds its controller's corrections (``plan.correction``, as ``rig.sim``
   does): what it took beyond its head and its RPC against the decision's encode + call terms; its log line
   carries ``extra["observed"]`` (index, plan, predicted_ms, measured_ms, t_s), which ``replay`` feeds back.
-- Per-shape plans (``device.shapeplans``): the table given was profiled at ``table_shapes`` (default: the bound graph's
-  ``input_shapes``, else the first request's). A request of another input-shape signature gets, once, a table
-  scaled from it (``plan.reshape.scale_table`` on ``graph.rebind.cut_costs_at``) and its own controller (LRU of
-  ``RuntimeConfig.max_shapes``); decisions carry ``extra["shape"]`` and where their table came from
-  (``extra["costs"]``: ``RuntimeConfig.table_source``, when set), and ``plan.reshape.replay_by_shape``
-  replays such logs. ``.shape_plans()``, ``.table_for(sig)``.
+- Per-shape plans (``device.runtime.shapeplans``): the table given was profiled at ``table_shapes``
+  (default: the bound graph's ``input_shapes``, else the first request's). A request of another input-shape
+  signature gets, once, a table scaled from it (``plan.reshape.scale_table`` on ``graph.rebind.cut_costs_at``)
+  and its own controller (LRU of ``RuntimeConfig.max_shapes``); decisions carry ``extra["shape"]`` and where
+  their table came from (``extra["costs"]``: ``RuntimeConfig.table_source``, when set), and
+  ``plan.reshape.replay_by_shape`` replays such logs. ``.shape_plans()``, ``.table_for(sig)``.
 """
 
 from __future__ import annotations
@@ -73,15 +73,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
-from splitrt.device import feedback
-from splitrt.device.balancer import Balancer
-from splitrt.device.client import Device, DeviceConfig, HeadResult, SplitResult
-from splitrt.device.clouds import Cloud, Clouds, Connect
-from splitrt.device.dispatch import Answer, Dispatcher
-from splitrt.device.hops import Hops
-from splitrt.device.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
-from splitrt.device.runtypes import Outcome, RuntimeConfig, ended, tier_name
-from splitrt.device.shapeplans import ShapePlan, ShapePlans
+from splitrt.device.client.device import Device, DeviceConfig, HeadResult, SplitResult
+from splitrt.device.runtime import feedback
+from splitrt.device.runtime.balancer import Balancer
+from splitrt.device.runtime.clouds import Cloud, Clouds, Connect
+from splitrt.device.runtime.config import RuntimeConfig
+from splitrt.device.runtime.dispatch import Answer, Dispatcher
+from splitrt.device.runtime.hops import Hops
+from splitrt.device.runtime.outcome import Outcome, ended, tier_name
+from splitrt.device.runtime.prober import IDLE_WAIT_ROUNDS, Prober, slow_start_after_idle
+from splitrt.device.runtime.shapeplans import ShapePlan, ShapePlans
 from splitrt.errors import ConfigError, InputError
 from splitrt.plan import observe, reshape
 from splitrt.plan.controller import Controller, Decision, Policy
@@ -398,7 +399,7 @@ class AdaptiveDevice:
 
     def _observe(self, sp: ShapePlan, cut: str, head: HeadResult, res: SplitResult, answer: Answer | None) -> None:
         """What one request says about the links, the servers and the device, into the estimators: built
-        as a value (``device.feedback``), fed by ``plan.observe`` under the lock, which the estimators need
+        as a value (``device.runtime.feedback``), fed by ``plan.observe`` under the lock, which the estimators need
         (plain objects that request threads and the prober change and ``_decide`` reads together)."""
         cloud = answer.cloud if answer is not None and (answer.tier == 1 or res.hops is not None) else None
         queue = cloud.report(res.load) if cloud is not None and res.load is not None else None

@@ -1,23 +1,16 @@
-"""The adaptive runtime's data: its configuration (``RuntimeConfig``: deadline, policy, controller and link
-settings, backoff, probing, shapes, balancing), what a request returns (``Outcome``, and how it ended: ``ended``) and
-the names of its tiers (``tier_name``). ``device.runtime``
-re-exports both.
-"""
+"""The adaptive runtime's configuration (``RuntimeConfig``: deadline, policy, controller and link settings,
+backoff, probing, shapes, balancing); ``device.runtime`` re-exports it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from splitrt.device.client import SplitResult
 from splitrt.errors import ConfigError
 from splitrt.plan.balance import BalanceConfig
-from splitrt.plan.controller import ControllerConfig, Decision, parse_policy
+from splitrt.plan.controller import ControllerConfig, parse_policy
 from splitrt.plan.netmon import LinkConfig
-from splitrt.plan.reserve import NOT_SENT
 
-__all__ = ["Outcome", "RuntimeConfig", "ended", "tier_name"]
+__all__ = ["RuntimeConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,36 +45,3 @@ class RuntimeConfig:
             raise ConfigError(f"deadline_ms: expected > 0, got {self.deadline_ms!r}")
         if self.max_shapes < 1:
             raise ConfigError(f"max_shapes: expected >= 1, got {self.max_shapes!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Outcome:
-    request: str
-    outputs: dict[str, np.ndarray]
-    plan: str
-    latency_ms: float
-    fallback: bool  # a tier the plan counted on failed (the one before it, or the device, finished)
-    server: str | None  # the server that produced the outputs (None: the device)
-    decision: Decision
-    result: SplitResult
-    fallback_reason: str = ""  # why the cloud's part ran locally (each cloud's error, or the deadline)
-    route: str = "local"  # the tier the plan sent the request to (``tier_name``), or local
-    finished_by: str = "device"  # the tier that produced the outputs
-    not_sent: str = ""  # planned for a cloud but never sent (no cloud up, no time after the reserve): why
-
-
-def tier_name(tier: int, tiers: int) -> str:
-    """``device``, then ``edge`` (three tiers) or ``tier1``.., and ``cloud`` for the last."""
-    if tier == 0:
-        return "device"
-    if tier == tiers - 1:
-        return "cloud"
-    return "edge" if tiers == 3 else f"tier{tier}"
-
-
-def ended(why: str | None, *, answered: bool) -> tuple[bool, bool]:
-    """(not sent, fallback) of a request a server ``answered`` or not, ``why`` a tier the plan counted on
-    did not (None: none failed): nothing reached the wire (no cloud, or no time for one after the local
-    reserve) is no fallback; any other reason is."""
-    not_sent = not answered and why is not None and all(w.startswith(NOT_SENT) for w in why.split("; "))
-    return not_sent, why is not None and not not_sent

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitrt.device.config import DeviceConfig
-from splitrt.device.remote import Remote
+from splitrt.device.client.config import DeviceConfig
+from splitrt.device.client.remote import Remote
 from splitrt.errors import CloudError
 from splitrt.plan import observe
 from splitrt.plan.queueing import QueueEstimator

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from splitrt.device.clouds import Cloud
+from splitrt.device.runtime.clouds import Cloud
 from splitrt.plan.balance import BalanceConfig, Candidate, Choice, choose
 
 

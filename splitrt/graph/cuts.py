@@ -83,6 +83,11 @@ class Cut:
     def tensor_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors)
 
+    @property
+    def codec_bytes(self) -> int:
+        """The part of ``bytes`` a codec may shrink (a cost table's ``float_bytes``): see ``codec_tensor``."""
+        return sum(max(t.bytes, 0) for t in self.tensors if codec_tensor(t.dtype, t.shape))
+
     def as_dict(self) -> dict[str, object]:
         return {
             "id": self.id,
@@ -93,6 +98,12 @@ class Cut:
             "head_nodes": self.head_nodes,
             "head_flops_fraction": round(self.head_flops_fraction, 6),
         }
+
+
+def codec_tensor(dtype: str, shape: Sequence[int | str] | None) -> bool:
+    """A tensor a codec may send in fewer bytes: float32, or uint8 of rank 4 (a frame: an image codec
+    sends it as an image, every other codec raw, which the profile's measured ratios say)."""
+    return dtype == "float32" or (dtype == "uint8" and shape is not None and len(shape) == 4)
 
 
 def bits(mask: int) -> Iterable[int]:

@@ -69,10 +69,7 @@ def cut_costs(graph: graph_mod.ModelGraph) -> CutCosts:
         head_flops=tuple(float(h) for h in head),
         tail_flops=tuple(float(max(total - h, 0.0)) for h in head),
         bytes=tuple(c.bytes if s else 0 for c, s in zip(cuts, sent, strict=True)),
-        float_bytes=tuple(
-            sum(max(t.bytes, 0) for t in c.tensors if t.dtype == "float32") if s else 0
-            for c, s in zip(cuts, sent, strict=True)
-        ),
+        float_bytes=tuple(c.codec_bytes if s else 0 for c, s in zip(cuts, sent, strict=True)),
         reply_bytes=tuple(c.reply_bytes for c in cuts),
         head_nodes=tuple(c.head_nodes for c in cuts),
         tail_nodes=tuple(len(graph.nodes) - c.head_nodes for c in cuts),

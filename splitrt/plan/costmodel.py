@@ -17,11 +17,13 @@ The model, per candidate cut ``c`` and codec ``k`` (two tiers, device → cloud)
     period_ms   = max(device_ms + encode_ms + call_ms, transfer_ms + reply_ms, decode_ms + cloud_ms)
 
 ``sent_bytes[c, k] = float_bytes[c] × ratio[c, k] + (bytes[c] - float_bytes[c])``: a codec only shrinks
-the float32 part of the crossing tensors. A codec's ratio is one number (fp16 = 0.5, int8-affine ≈ 0.25)
-or, for codecs whose size depends on the values (``+zstd``, ``+zlib``), one per cut, measured on the
-cut's tensors when the model was profiled (``profile.codecratio``). Everything is precomputed
-once per profile pair into numpy arrays (``CostTable``), so evaluating every cut under new link and
-load estimates is a handful of vector operations.
+the float32 part of the crossing tensors, and (an image codec) uint8 frames of rank 4, which profiles
+count in ``float_bytes`` with their measured ratios (1 for every other codec: a frame goes raw). A
+codec's ratio is one number (fp16 = 0.5, int8-affine ≈ 0.25) or, for codecs whose size depends on the
+values (``+zstd``, ``+zlib``), one per cut, measured on the cut's tensors when the model was profiled
+(``profile.codecratio``). Everything is precomputed once per profile pair into numpy arrays
+(``CostTable``), so evaluating every cut under new link and load estimates is a handful of vector
+operations.
 
 - ``Link(bandwidth_mbps, rtt_ms)``, ``Conditions(link, device_load=1, cloud_load=1, queue_ms=0)`` (loads >= 1
   multiply compute; ``queue_ms`` the expected wait for a cloud worker, ``plan.queueing``), ``Power(idle_w,
@@ -137,7 +139,7 @@ class CutCost:
     head_ms: float
     tail_ms: float
     bytes: int
-    float_bytes: int | None = None  # the float32 part of ``bytes`` (codec-compressible); None = all
+    float_bytes: int | None = None  # the codec-compressible part of ``bytes`` (float32, uint8 frames); None = all
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,9 +183,10 @@ class CostTable:
 
     ``ids`` in topological order (first ``cloud``, last ``device`` when present); ``head_ms`` is the
     unloaded head time on the device, ``tail_ms`` the unloaded tail time on the cloud, ``bytes`` the
-    raw crossing bytes, ``float_bytes`` the float32 part of them. ``reply_bytes[c]`` (the graph outputs
-    the tail of ``c`` makes; those the head made stay on the device) travel back for every cut but
-    ``device``; a single number (tables and profiles made before it was per cut) applies to every cut.
+    raw crossing bytes, ``float_bytes`` the part codecs may shrink (float32; uint8 frames in profiles).
+    ``reply_bytes[c]`` (the graph outputs the tail of ``c`` makes; those the head made stay on the device)
+    travel back for every cut but ``device``; a single number (tables and profiles made before it was per
+    cut) applies to every cut.
     """
 
     def __init__(

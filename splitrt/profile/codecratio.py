@@ -4,7 +4,9 @@ A compressed codec's size depends on the values (ReLU outputs are about half zer
 not), so one ratio per codec misprices it by 2x across the cuts of one model. ``measure`` runs the
 model once on the profile's inputs with every crossing tensor exposed, encodes each float tensor once
 per codec (cuts share tensors: each is encoded once) and gives, per codec and cut, the encoded size of
-the cut's float tensors over their raw size: the ``ratio[c, k]`` the cost table prices
+the cut's float32 tensors and uint8 frames (``graph.cuts.codec_tensor``: what the table's
+``float_bytes`` counts; a frame goes raw but under an image codec) over their raw size: the
+``ratio[c, k]`` the cost table prices
 (``plan.costmodel``). Uncompressed codecs are exact from dtype and shape (``codec.expected_bytes``: the
 int8c headers, 8 bytes a channel, outweigh a [1, 1000] tensor), so they are sized, not encoded; image
 codecs (``jpeg75``, ...) are encoded like the compressed ones.
@@ -30,6 +32,7 @@ import onnx
 
 from splitrt.errors import ProfileError
 from splitrt.graph import model as graph_mod
+from splitrt.graph.cuts import codec_tensor
 from splitrt.profile.timing import untimed_options
 from splitrt.transport import codec
 
@@ -87,6 +90,12 @@ def _exposed(g: graph_mod.ModelGraph, names: Sequence[str]) -> Callable[[Mapping
         return got
 
     return run
+
+
+def _sized(arr: np.ndarray) -> bool:
+    """A tensor a codec may shrink (``graph.cuts.codec_tensor``: what the cost table's ``float_bytes``
+    counts): float32, or a uint8 frame of rank 4. The ratios are over these tensors' bytes."""
+    return codec_tensor(arr.dtype.name, arr.shape)
 
 
 @dataclass(frozen=True)
@@ -150,8 +159,15 @@ class _FirstFeed:
 
     def size(self, name: str, arr: np.ndarray, spec: str) -> int:
         quant = spec.split("+")[0]
-        exact = "+" not in spec and codec.Codec.parse(spec).image is None  # sized by dtype and shape
+        image = codec.Codec.parse(spec).image is not None
+        exact = "+" not in spec and not image  # sized by dtype and shape
         want_error = quant != "fp32" and (name, quant) not in self.sq
+        if arr.dtype.kind != "f" and not image:  # a uint8 frame under a tensor codec: sent raw, as it is
+            if want_error:
+                self.sq[name, quant] = (0.0, float(np.sum(arr.astype(np.float64) ** 2)))
+            if self.timed:
+                self.enc[name, spec] = self.dec[name, spec] = 0.0
+            return int(arr.nbytes)
         if exact and not self.timed and not want_error:
             return codec.expected_bytes(arr.dtype.name, tuple(arr.shape), spec, name=name)
         t0 = time.perf_counter()
@@ -192,15 +208,15 @@ def measure_pass(
     for f, feed in enumerate(feeds):
         values = run(feed)
         sizes: dict[tuple[str, str], int] = {}
-        floats = [n for n in names if values[n].dtype.kind == "f"]
+        floats = [n for n in names if _sized(values[n])]
         for i, name in enumerate(floats):
             arr = values[name]
             for spec in specs:
                 with np.errstate(over="ignore", invalid="ignore"):  # fp16 past 65504: inf (an error, below)
                     if f == 0:
                         sizes[name, spec] = first.size(name, arr, spec)
-                    elif "+" in spec or codec.Codec.parse(spec).image is not None:  # sizes depend on the values
-                        sizes[name, spec] = codec.encode(name, arr, spec, copy=False).nbytes
+                    elif codec.Codec.parse(spec).image is not None or ("+" in spec and arr.dtype.kind == "f"):
+                        sizes[name, spec] = codec.encode(name, arr, spec, copy=False).nbytes  # the values decide
                     else:
                         sizes[name, spec] = per_feed[0][1][name, spec]
             if progress is not None and (i + 1) % 50 == 0:
@@ -221,7 +237,7 @@ def _per_cut(
     enc: dict[str, list[float]] = {s: [] for s in specs} if first.timed else {}
     dec: dict[str, list[float]] = {s: [] for s in specs} if first.timed else {}
     for c in cuts:
-        floats = [t.name for t in c.tensors if per_feed[0][0][t.name].dtype.kind == "f"]
+        floats = [t.name for t in c.tensors if _sized(per_feed[0][0][t.name])]
         raw = sum(int(per_feed[0][0][t].nbytes) for t in floats)
         for spec in ratios:
             each = [sum(sizes[t, spec] for t in floats) / raw if raw else 1.0 for _, sizes in per_feed]

@@ -16,8 +16,8 @@ a photo than on noise.
 
 - ``measure(g, feeds, *, codecs=fp32 + codecratio.MEASURED, repeats=3) -> CodecTimes(encode_ms, decode_ms,
   call_ms)``:
-  ``encode_ms[codec]`` / ``decode_ms[codec]`` one value per cut of ``g.cuts()`` (0 where nothing float is
-  sent), rounded to ``DIGITS``.
+  ``encode_ms[codec]`` / ``decode_ms[codec]`` one value per cut of ``g.cuts()`` (0 where nothing a codec
+  touches is sent: float32 tensors and uint8 frames, ``graph.cuts.codec_tensor``), rounded to ``DIGITS``.
 """
 
 from __future__ import annotations

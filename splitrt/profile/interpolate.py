@@ -96,10 +96,6 @@ def share_out(
     return NodeShares(h=eff_h, h90=eff_h90, t=eff_t, t90=eff_t90), seg_profiles
 
 
-def _float_bytes(c: graph_mod.Cut) -> int:
-    return sum(max(t.bytes, 0) for t in c.tensors if t.dtype == "float32")
-
-
 def cut_profiles(
     g: graph_mod.ModelGraph,
     cuts: Sequence[graph_mod.Cut],
@@ -131,7 +127,7 @@ def cut_profiles(
                 head_p90_ms=round(max(head90, head), 5),
                 tail_p90_ms=round(max(tail90, tail), 5),
                 bytes=c.bytes if c.id != "device" else 0,
-                float_bytes=_float_bytes(c) if c.id != "device" else 0,
+                float_bytes=c.codec_bytes if c.id != "device" else 0,
                 head_mask=format(c.head_mask, "x"),
                 split_ms=round(split_ms.get(c.id, (0.0, 0.0))[0], 5),
                 reply_bytes=c.reply_bytes,

@@ -24,7 +24,7 @@ class CutProfile:
     head_p90_ms: float
     tail_p90_ms: float
     bytes: int
-    float_bytes: int  # the float32 part of ``bytes``
+    float_bytes: int  # the part of ``bytes`` codecs may shrink: float32, uint8 frames (``graph.cuts.codec_tensor``)
     head_mask: str  # hex bitset of head node indices
     # what splitting here costs beyond one more run() call (head_ms + tail_ms = total_ms + run overhead +
     # split_ms): writing out and reading back the crossing tensors, and, at a cut that separates a producer

@@ -179,3 +179,40 @@ def test_a_slow_encode_is_timed_twice_a_fast_one_up_to_three_times() -> None:
     calls.clear()
     codecratio._fastest(lambda: calls.append(1), 0.0, 1)
     assert not calls
+
+
+def test_a_uint8_frame_is_priced_as_an_image_codec_sends_it(tmp_path: Path) -> None:
+    """A camera's uint8 frame at the input: an image codec sends it as a JPEG, every other codec raw; the
+    profile counts it in ``float_bytes`` with those measured ratios, so a plan prices what is sent."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from splitrt.graph import photos
+
+    x = helper.make_tensor_value_info("frame", TensorProto.UINT8, [1, 96, 128, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
+    nodes = [
+        helper.make_node("Cast", ["frame"], ["f"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMean", ["f"], ["m"], axes=[1, 2], keepdims=0),
+        helper.make_node("Relu", ["m"], ["y"]),
+    ]
+    path = tmp_path / "frame.onnx"
+    onnx.save(
+        helper.make_model(helper.make_graph(nodes, "frame", [x], [y]), opset_imports=[helper.make_opsetid("", 13)]),
+        path,
+    )
+    g = graph.load(path)
+    raw = 96 * 128 * 3
+    assert g.cuts()[0].id == "cloud" and g.cuts()[0].codec_bytes == raw
+    feeds = photos.photo_inputs(g.inputs)
+    assert feeds is not None and feeds["frame"].dtype == np.uint8
+    facts = codecratio.measure(g, feeds)
+    jpeg = codec.encode("frame", feeds["frame"], "jpeg75").nbytes
+    assert facts.ratios["jpeg75"][0] == pytest.approx(jpeg / raw, abs=1e-4) and facts.ratios["jpeg75"][0] < 0.3
+    assert facts.ratios["fp16"][0] == facts.ratios["int8"][0] == 1.0  # not a float: sent raw
+    prof = profiler.measure(path, runs=1, warmup=0)
+    assert prof.cuts[0].float_bytes == raw
+    table = profiler.cost_table(prof, prof, min_agreement=0.0)
+    sent = table.sent_bytes[table.index("cloud")]
+    assert sent[table.codec_index("jpeg75")] < 0.3 * raw and sent[table.codec_index("fp16")] == raw
+    assert table.encode_ms[table.index("cloud"), table.codec_index("jpeg75")] > 0

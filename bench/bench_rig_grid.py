@@ -17,6 +17,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
@@ -54,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     line = cmd_bench.LiveLine()
     rows: list[dict[str, Any]] = []
     t_start = time.monotonic()
+    run: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": _commit(),
+        "load_average_start": list(os.getloadavg()),
+    }
     tiers = (rig.Tier(name="device"), rig.Tier(name="cloud", weight=a.cloud_weight))
     with rig.Rig(rig.RigConfig(board=a.board, link=a.link, models=tuple(models), tiers=tiers), progress=line.say) as r:
         for k, (trace, model, scale, load) in enumerate(cells):
@@ -112,23 +118,15 @@ def main(argv: list[str] | None = None) -> int:
                     "latencies_ms": {n: [q[1] for q in reqs] for n, reqs in result["timeline"]["requests"].items()},
                     "turn_s": a.turn,
                     "requests": {n: [[q[0], q[1]] for q in reqs] for n, reqs in result["timeline"]["requests"].items()},
+                    "load_average": list(os.getloadavg()),
                 }
             )
             print(table([rows[-1]]).splitlines()[-1], flush=True)
             if a.json:  # after every cell: a run cut short keeps what it measured
-                with open(a.json, "w") as f:
-                    json.dump(
-                        {
-                            "cells": rows,
-                            "duration_s": a.duration,
-                            "turn_s": a.turn,
-                            "rate_hz": a.rate,
-                            "board": a.board,
-                        },
-                        f,
-                        indent=1,
-                        default=float,
-                    )
+                save(a, rows, run)
+    run["load_average_end"] = list(os.getloadavg())
+    if a.json:
+        save(a, rows, run)
     print(table(rows))
     print(summary(rows))
     print(regret_text(rows))
@@ -138,6 +136,33 @@ def main(argv: list[str] | None = None) -> int:
         + "/".join(f"{x:.2f}" for x in os.getloadavg())
     )
     return 0
+
+
+def _commit() -> str:
+    """The checkout's commit (marked when its code has changes), for the JSON: results name their code."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def save(a: argparse.Namespace, rows: list[dict[str, Any]], run: dict[str, Any]) -> None:
+    """The grid's JSON: the settings, when and on what code, the load average, the cells, the routers."""
+    doc = {
+        **run,
+        "duration_s": a.duration,
+        "turn_s": a.turn,
+        "rate_hz": a.rate,
+        "board": a.board,
+        "cell_load_average": [x["load_average"] for x in rows if "load_average" in x],
+        "routers": router_summary(rows),
+        "cells": rows,
+    }
+    with open(a.json, "w") as f:
+        json.dump(doc, f, indent=1, default=float)
 
 
 def ratio_ci(a: list[float], b: list[float], *, n: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -209,40 +234,124 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def router_text(rows: list[dict[str, Any]]) -> str:
-    """The best router as the baseline (issue 34): per cell adaptive / min(route, route-codec) with a 95 %
-    bootstrap over turns, the geometric mean over cells, and the cells where adaptive beats the best
-    router by >= 10 % with the plans it used."""
-    done = [x for x in rows if "verdict" in x and "adaptive" in x["strategies"]]
-    cells = []
-    for x in done:
-        s = x["strategies"]
+def _top(plans: dict[str, int], k: int = 3) -> str:
+    """A strategy's most used plans with their request counts."""
+    return ", ".join(f"{p} x{n}" for p, n in sorted(plans.items(), key=lambda kv: -kv[1])[:k])
+
+
+def _why(adaptive: dict[str, int], router: dict[str, int], name: str) -> str:
+    """Why adaptive's plans could beat the router's, from the plans alone."""
+    a = max(adaptive, key=lambda p: adaptive[p]) if adaptive else "-"
+    r = max(router, key=lambda p: router[p]) if router else "-"
+    if a == r:
+        return f"the same main plan ({a}) as {name}: the gap is the link and the host, not the plan"
+    if a.split("@")[0] not in ("device", "cloud"):
+        return f"a split ({a}) sends less or computes less than {name}'s {r}"
+    return f"{a} where {name} chose {r}"
+
+
+def split_half(x: dict[str, Any], routers: list[str]) -> float:
+    """adaptive's mean over the best router's, the router chosen on the other half of the turns (even
+    turns choose for the odd ones and back). The lower of two noisy means of one plan (route and
+    route-codec often run the same) is biased low: choosing on the turns measured favours the router."""
+    turns = {n: by_turn(x, n) for n in ("adaptive", *routers)}
+
+    def half(n: str, h: int) -> list[float]:
+        return [ms for k, t in enumerate(turns[n]) if k % 2 == h for ms in t]
+
+    chosen: list[float] = []
+    for h in (0, 1):
+        pick = min(routers, key=lambda n: statistics.fmean(half(n, 1 - h) or [math.inf]))
+        chosen += half(pick, h)
+    mine = [ms for t in turns["adaptive"] for ms in t]
+    return statistics.fmean(mine) / statistics.fmean(chosen) if mine and chosen else math.nan
+
+
+def router_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per cell: adaptive / the best router (the lower mean of route and route-codec) with a 95 %
+    bootstrap over turns and its call, both strategies' plans, and (a win by >= 10 %) why."""
+    out = []
+    for x in rows:
+        s = x.get("strategies", {})
         routers = [n for n in ("route", "route-codec") if n in s]
-        if not routers:
+        if "verdict" not in x or "adaptive" not in s or not routers:
             continue
         best = min(routers, key=lambda n: s[n]["mean_ms"])
         ratio = s["adaptive"]["mean_ms"] / s[best]["mean_ms"]
         ci = regret.bootstrap_ratio(by_turn(x, "adaptive"), by_turn(x, best))
-        label = f"{x['trace']} {x['model']} x{x['scale']:g} {x['load']}"
-        cells.append((label, best, ratio, ci, s["adaptive"].get("plans", {})))
+        plans, rplans = s["adaptive"].get("plans", {}), s[best].get("plans", {})
+        out.append(
+            {
+                "cell": f"{x['trace']} {x['model']} x{x['scale']:g} {x['load']}",
+                "best_router": best,
+                "adaptive_ms": s["adaptive"]["mean_ms"],
+                "router_ms": s[best]["mean_ms"],
+                "ratio": ratio,
+                "ci": list(ci),
+                "ratio_split_half": split_half(x, routers),
+                "call": regret.call(ci),
+                "adaptive_plans": _top(plans),
+                "router_plans": _top(rplans),
+                "why": _why(plans, rplans, best) if ratio <= 1 / WIN else "",
+            }
+        )
+    return out
+
+
+#: A win worth a row of its own: adaptive's mean at least 10 % below the best router's.
+WIN = 1.10
+
+
+def router_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The grid against the best router: the cells, the geometric mean of the ratios and the calls."""
+    cells = router_cells(rows)
     if not cells:
+        return {}
+    calls = [c["call"] for c in cells]
+    return {
+        "cells": cells,
+        "geomean": math.exp(statistics.fmean(math.log(c["ratio"]) for c in cells)),
+        "geomean_split_half": math.exp(statistics.fmean(math.log(c["ratio_split_half"]) for c in cells)),
+        "better": calls.count("better"),
+        "same": calls.count("same"),
+        "worse": calls.count("worse"),
+        "wins": [c for c in cells if c["ratio"] <= 1 / WIN],
+    }
+
+
+def router_text(rows: list[dict[str, Any]]) -> str:
+    """The best router as the baseline (issue 34): per cell adaptive / min(route, route-codec) with a 95 %
+    bootstrap over turns, the geometric mean over cells, and the cells where adaptive beats the best
+    router by >= 10 % with the plans it used and why."""
+    summ = router_summary(rows)
+    if not summ:
         return ""
-    geo = math.exp(statistics.fmean(math.log(c[2]) for c in cells))
-    calls = [regret.call(c[3]) for c in cells]
+    cells = summ["cells"]
     lines = [
         render(
-            ["cell", "best router", "adaptive / router", "95 % CI", "call"],
-            [[c[0], c[1], f"{c[2]:.3f}", f"{c[3][0]:.3f}-{c[3][1]:.3f}", regret.call(c[3])] for c in cells],
+            ["cell", "best router", "adaptive / router", "95 % CI", "call", "split-half", "adaptive's plans"],
+            [
+                [
+                    c["cell"],
+                    c["best_router"],
+                    f"{c['ratio']:.3f}",
+                    "{:.3f}-{:.3f}".format(*c["ci"]),
+                    c["call"],
+                    f"{c['ratio_split_half']:.3f}",
+                    c["adaptive_plans"],
+                ]
+                for c in cells
+            ],
         ),
-        f"adaptive / min(route, route-codec): geometric mean {geo:.3f} over {len(cells)} cells (target <= 1.00); "
-        f"better {calls.count('better')}, same {calls.count('same')}, worse {calls.count('worse')}",
+        f"adaptive / min(route, route-codec): geometric mean {summ['geomean']:.3f} over {len(cells)} cells "
+        f"(target <= 1.00); better {summ['better']}, same {summ['same']}, worse {summ['worse']}",
+        f"the same with the best router chosen on the other half of the turns (no winner's curse): geometric "
+        f"mean {summ['geomean_split_half']:.3f}",
     ]
-    wins = [c for c in cells if c[2] <= 1 / 1.10]
-    if wins:
-        lines.append("cells where adaptive beats the best router by >= 10 %, with the plans it used:")
-        for label, best, ratio, _, plans in wins:
-            top = ", ".join(f"{p} x{n}" for p, n in sorted(plans.items(), key=lambda kv: -kv[1])[:3])
-            lines.append(f"  {label}: {ratio:.3f} x {best}; {top}")
+    if summ["wins"]:
+        lines.append(f"cells where adaptive beats the best router by >= {100 * (WIN - 1):.0f} %:")
+        for c in summ["wins"]:
+            lines.append(f"  {c['cell']}: {c['ratio']:.3f} x {c['best_router']}; {c['adaptive_plans']}; {c['why']}")
     return "\n".join(lines)
 
 

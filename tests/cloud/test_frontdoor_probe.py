@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from splitrt.cloud.capacity.memory import STARTUP_BYTES, limit_for, rss_bytes
-from splitrt.cloud.guard.door import PROBE_BUDGET_SHARE, PROBE_PENALTY_S
 from splitrt.cloud.guard.limits import Limits
+from splitrt.cloud.guard.probes import PROBE_BUDGET_SHARE, PROBE_PENALTY_S
 from splitrt.cloud.handler.servicer import PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device, DeviceConfig
@@ -77,7 +77,7 @@ def test_an_undeclared_probe_is_refused_before_its_body_is_read(server: CloudSer
         _wait(lambda: raw.ended(sid, wait_s=0.02), "the refusal")  # the body's rest never comes
     snap = server.door.snapshot()
     assert snap["calls"].get(("Probe", "RESOURCE_EXHAUSTED")) == 1 and snap["refused"].get("memory") == 1
-    assert server.door.probe_bytes == 0 and server.budget.used_bytes == 0
+    assert server.door.probes.held_bytes == 0 and server.budget.used_bytes == 0
 
 
 def test_a_declared_probe_holds_its_bytes_while_its_body_is_awaited(server: CloudServer) -> None:
@@ -85,9 +85,9 @@ def test_a_declared_probe_holds_its_bytes_while_its_body_is_awaited(server: Clou
     with RawConnection("127.0.0.1", server.port) as raw:
         meta = (*AUTH, (wire.PROBE_BYTES_KEY, str(declared)))
         sid = raw.start_call(PROBE, meta, body_prefix_bytes=10, declared_bytes=declared)
-        _wait(lambda: server.door.probe_bytes == 3 * declared, "the reservation")
+        _wait(lambda: server.door.probes.held_bytes == 3 * declared, "the reservation")
         assert server.budget.used_bytes >= 3 * declared and not raw.ended(sid, wait_s=0.05)
-    _wait(lambda: server.door.probe_bytes == 0, "the release when the connection went")
+    _wait(lambda: server.door.probes.held_bytes == 0, "the release when the connection went")
     assert server.budget.used_bytes == 0
 
 
@@ -97,7 +97,7 @@ def test_the_device_declares_its_probes_and_they_are_served(server: CloudServer)
         assert p.up_bytes == MB and p.down_bytes == 4096
         assert dev.probe(64, 64).down_bytes == 64  # an RTT ping: nothing reserved
     assert server.door.snapshot()["calls"].get(("Probe", "OK")) == 2
-    _wait(lambda: server.door.probe_bytes == 0 and server.budget.used_bytes == 0, "the release")
+    _wait(lambda: server.door.probes.held_bytes == 0 and server.budget.used_bytes == 0, "the release")
 
 
 def test_a_probe_larger_than_its_share_is_refused_naming_the_header(server: CloudServer) -> None:
@@ -183,7 +183,8 @@ def test_a_probe_declaring_more_than_the_caps_is_refused_unread(server: CloudSer
         _wait(lambda: raw.ended(sid, wait_s=0.02), "the refusal")  # the body's rest never comes
     snap = server.door.snapshot()
     assert snap["calls"].get(("Probe", "INVALID_ARGUMENT")) == 1 and snap["refused"].get("probe_cap") == 1
-    assert server.door.probe_bytes == 0 and not server.door.probe_penalty  # nothing read, nothing held against it
+    # Nothing read, nothing held against it.
+    assert server.door.probes.held_bytes == 0 and not server.door.probes.penalty
 
 
 def test_uploads_have_a_lane_of_their_own_and_an_address_half_of_it(models_dir: Path) -> None:

@@ -16,11 +16,8 @@ Per call, in order:
    Watch each have their own cap, and one peer address holds at most part of each (``calls_per_peer`` of
    inference, half of the others: an uploader sends at most half the lane's uploads at once); a full lane
    answers RESOURCE_EXHAUSTED at once, and never blocks another (Status and health answer while the
-   inference queue is full). A Probe's bytes are reserved in the memory budget before its body is read
-   (``_Call.prepay``); a declared size over the caps (``PROBE_MAX_PAYLOAD_BYTES`` + ``PROBE_MAX_REPLY_BYTES``)
-   is refused unread, and an address whose probe body over ``PROBE_FREE_BYTES`` was read and then refused
-   (undeclared, or more than declared) has its probes refused unread for ``PROBE_PENALTY_S``
-   (``FrontDoor.penalize_probes``).
+   inference queue is full). A Probe's bytes are held in the memory budget before its body is read, its
+   declared size checked against the caps, and an address that lied waits (``probes.ProbeGate``).
 3. Leases: the request message (``read_timeout_s``; health ``health_read_timeout_s``), each further
    upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
    take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not
@@ -54,6 +51,14 @@ from splitrt.cloud.capacity.memory import MemoryBudget, reply_held_bytes
 from splitrt.cloud.common import RpcFailure
 from splitrt.cloud.guard.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, forwarded_peer, peer_address
 from splitrt.cloud.guard.limits import Limits
+from splitrt.cloud.guard.probes import (
+    PROBE_FREE_BYTES,
+    PROBE_MAX_PAYLOAD_BYTES,
+    PROBE_MAX_REPLY_BYTES,
+    PROBE_PENALTY_S,
+    ProbeGate,
+    declared,
+)
 from splitrt.cloud.guard.ratelog import RateLog
 from splitrt.cloud.guard.watchdog import Lease, Watchdog
 from splitrt.transport import splitrt_pb2 as pb
@@ -62,21 +67,8 @@ from splitrt.transport import wire
 __all__ = ["FrontDoor", "forwarded_peer", "lane_of"]
 
 HEALTH = "/grpc.health.v1.Health/"
-#: Probes carrying less than this (payload + reply) are not admitted (RTT pings).
-PROBE_FREE_BYTES = 64 * 1024
-#: The largest reply a Probe may ask for: devices probe with at most 1 MiB (``netmon.suggest_probe_bytes``).
-PROBE_MAX_REPLY_BYTES = 16 << 20
-#: The largest payload a Probe may send, for the same reason: receiving a message holds gRPC's polling
-#: thread (and the interpreter) while it is copied, ~0.1 s for 64 MiB on 2 vCPUs.
-PROBE_MAX_PAYLOAD_BYTES = 16 << 20
 # Threads beyond the lanes' caps: refusals run on them (microseconds each).
 SPARE_THREADS = 16
-# Probes together hold at most this share of the memory budget (the rest is inference's).
-PROBE_BUDGET_SHARE = 0.5
-# An address whose Probe body (over ``PROBE_FREE_BYTES``) was read and then refused has its probes refused
-# before their bodies are read for this long: receiving a body holds gRPC's polling thread while it is
-# copied (~0.1 s per 64 MiB on 2 vCPUs), and an undeclared probe can only be judged once it is in.
-PROBE_PENALTY_S = 60.0
 # Methods whose failures the server logs itself (one ``infer`` line per request).
 _SELF_LOGGED = {f"/{wire.SERVICE_NAME}/Infer"}
 
@@ -109,13 +101,10 @@ class FrontDoor(grpc.ServerInterceptor):
         max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.tokens = tokens
-        # Probe bodies are paid for in the budget before they are read (``_Call.prepay``); probes hold at
-        # most ``PROBE_BUDGET_SHARE`` of it, so inference always finds room.
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.max_message_bytes = max_message_bytes
-        self.probe_bytes = 0
+        self.probes = ProbeGate(self.budget, max_message_bytes)  # Probe bodies paid for before they are read
         self.reply_bytes = 0  # budget bytes held by unary replies not yet taken (``_hold_reply``)
-        self.probe_penalty: dict[str, float] = {}  # address -> until (``clock``), ``PROBE_PENALTY_S``
         self.limits = limits
         self.throttle = throttle
         self.watchdog = watchdog
@@ -206,11 +195,7 @@ class FrontDoor(grpc.ServerInterceptor):
 
     def penalize_probes(self, address: str, why: str) -> None:
         """``address`` sent a Probe body that was read and then refused: its next ones are refused unread."""
-        with self.lock:
-            now = self.clock()
-            if len(self.probe_penalty) >= 4096:  # bounded: forget the expired
-                self.probe_penalty = {a: t for a, t in self.probe_penalty.items() if t > now}
-            self.probe_penalty[address] = now + PROBE_PENALTY_S
+        self.probes.penalize(address, self.clock())
         self.ratelog.event("probe_penalized", peer=address, seconds=PROBE_PENALTY_S, why=why[:200])
 
     def count(self, method: str, code: grpc.StatusCode, refused: str = "") -> None:
@@ -330,36 +315,32 @@ class _Call:
             if self.door.by_peer[self.key] <= 0:
                 del self.door.by_peer[self.key]
             prepaid, self.prepaid = self.prepaid, 0
-            self.door.probe_bytes -= prepaid
             reply, self.reply_held = self.reply_held, 0
             self.door.reply_bytes -= reply
             if self.keep and self.lease is not None and self.lease.fired:
                 self.door.refused["reply_timeout"] += 1
-        if prepaid or reply:
-            self.door.budget.release(prepaid + reply)
+        self.door.probes.release(prepaid)
+        if reply:
+            self.door.budget.release(reply)
         if self.lease is not None:
             self.door.watchdog.release(self.lease)
 
     def prepay(self) -> None:
-        """A Probe's bytes reserved before its body is read: 3 x what the client declares (``PROBE_BYTES_KEY``:
-        payload + reply; each side held three times, as ``servicer.Probe`` counts), or, undeclared, 3 x
-        a full message up and the largest reply (``PROBE_MAX_REPLY_BYTES``) back. Not by evicting caches (a
-        probe is a measurement), and probes together hold at most ``PROBE_BUDGET_SHARE`` of the budget;
-        RESOURCE_EXHAUSTED otherwise, nothing read."""
-        door = self.door
-        with door.lock:
-            wait_s = door.probe_penalty.get(self.key[1], 0.0) - door.clock()
+        """A Probe's bytes held before its body is read (``probes``); RESOURCE_EXHAUSTED otherwise, or
+        INVALID_ARGUMENT for a declared size over the caps, nothing read."""
+        door, probes, address = self.door, self.door.probes, self.key[1]
+        wait_s = probes.wait_s(address, door.clock())
         if wait_s > 0:
             self._refuse(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "probe_penalty",
-                f"Probe: a probe body from {self.key[1]} was refused after it was read (more than declared, or "
+                f"Probe: a probe body from {address} was refused after it was read (more than declared, or "
                 f"over a cap); expected no probe from it for {PROBE_PENALTY_S:g} s, got one; retry after "
                 f"{wait_s * 1e3:.0f} ms, declaring sizes in '{wire.PROBE_BYTES_KEY}' metadata",
                 wait_s * 1e3,
             )
-        self.declared = _declared(self.context.invocation_metadata())
-        cap = PROBE_MAX_PAYLOAD_BYTES + min(PROBE_MAX_REPLY_BYTES, door.max_message_bytes)
+        self.declared = declared(self.context.invocation_metadata())
+        cap = probes.cap_bytes
         if self.declared is not None and self.declared > cap:
             self._refuse(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -367,28 +348,23 @@ class _Call:
                 f"Probe: expected at most {cap} bytes (payload {PROBE_MAX_PAYLOAD_BYTES} + reply "
                 f"{PROBE_MAX_REPLY_BYTES}) declared in '{wire.PROBE_BYTES_KEY}', got {self.declared}",
             )
-        if self.declared is not None and self.declared <= PROBE_FREE_BYTES:
-            return  # an RTT ping: nothing to pay for (a lie is refused once read, ``check_declared``)
-        worst = door.max_message_bytes + min(PROBE_MAX_REPLY_BYTES, door.max_message_bytes)
-        need = 3 * (self.declared if self.declared is not None else worst)
-        share = PROBE_BUDGET_SHARE * door.budget.available_bytes
-        with door.lock:
-            fits = door.probe_bytes + need <= share and door.budget.try_reserve(need)
-            if fits:
-                door.probe_bytes += need
-                self.prepaid = need
+        need = probes.need_bytes(self.declared)
+        if need == 0:
+            return
+        fits, share = probes.try_hold(need)
         if not fits:
-            door.ratelog.event("probe_refused", peer=self.key[1], need_mb=round(need / 2**20, 1))
+            door.ratelog.event("probe_refused", peer=address, need_mb=round(need / 2**20, 1))
             what = f"{self.declared} declared bytes" if self.declared is not None else "an undeclared size"
             self._refuse(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "memory",
                 f"Probe: {what} needs ~{need / 2**20:.0f} MB before its body is read, expected at most what "
-                f"probes may hold now ({max(0.0, share - door.probe_bytes) / 2**20:.0f} MB free of "
+                f"probes may hold now ({max(0.0, share - probes.held_bytes) / 2**20:.0f} MB free of "
                 f"{share / 2**20:.0f} MB); declare smaller probes in '{wire.PROBE_BYTES_KEY}' metadata; "
                 "retry after 1000 ms",
                 1000.0,
             )
+        self.prepaid = need
         prepay(need)
 
     def check_declared(self, request: Any) -> None:
@@ -579,12 +555,3 @@ def _wrap(
 def _details(context: Any) -> str:
     said = context.details() if hasattr(context, "details") else b""
     return said.decode("utf-8", "replace") if isinstance(said, bytes) else str(said or "")
-
-
-def _declared(metadata: Any) -> int | None:
-    """The bytes a Probe declares (``PROBE_BYTES_KEY``), None if absent or not a non-negative integer."""
-    for key, value in metadata or ():
-        if key == wire.PROBE_BYTES_KEY:
-            text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
-            return int(text) if text.isdigit() and len(text) <= 19 else None
-    return None

@@ -21,7 +21,7 @@ import grpc
 
 from splitrt.cloud.capacity.cancel import CallToken
 from splitrt.cloud.common import RpcFailure, redact
-from splitrt.cloud.guard.door import PROBE_FREE_BYTES, PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
+from splitrt.cloud.guard.probes import PROBE_FREE_BYTES, PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.cloud.guard.watchdog import cancel_call
 from splitrt.cloud.models.pace import Paced
 from splitrt.transport import splitrt_pb2 as pb

@@ -123,8 +123,10 @@ def register(sub: Any) -> None:
 
 def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[str, str, dict[str, Any]]:
     """Pick (cut, codec) with the solver from the cost table (``profile.tables.build``: the profiles, else
-    a shipped profile, else the FLOPs prior; ``--board``'s speed as in `plan`) and a probe of the link."""
-    from splitrt.plan import costmodel, solver
+    a shipped profile, else the FLOPs prior; ``--board``'s speed as in `plan`) and a probe of the link
+    (``plan.netmon.probe_bandwidth``: a link too fast for the probe to time, loopback, is planned at the
+    most the probe resolves, and said so)."""
+    from splitrt.plan import costmodel, netmon, solver
     from splitrt.profile import boards, tables
 
     board = boards.load_board(args.board) if args.board else None
@@ -132,11 +134,14 @@ def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[
         dev.graph, device=args.device_profile, cloud=args.cloud_profile, board=board, min_agreement=min_agreement(args)
     )
     print(f"splitrt run: cost table from {costs.source}", file=sys.stderr)
-    rtts = sorted(dev.probe(0, 0).seconds for _ in range(5))
-    rtt_s = rtts[len(rtts) // 2]
     up = 1 << 20
-    bulk = min(dev.probe(up, 0).seconds for _ in range(3))
-    bandwidth_mbps = up * 8 / 1e6 / max(bulk - rtt_s, 1e-6)
+    probe = netmon.probe_bandwidth(
+        [dev.probe(0, 0).seconds for _ in range(5)], [dev.probe(up, 0).seconds for _ in range(3)], up
+    )
+    bandwidth_mbps, rtt_s = probe.bandwidth_mbps, probe.rtt_ms / 1e3
+    host = (dev.cloud or "").rpartition(":")[0].strip("[]")
+    where = "loopback" if host in ("localhost", "::1") or host.startswith("127.") else f"link to {dev.cloud}"
+    print(f"splitrt run: {where}: bandwidth {probe.note(up)}", file=sys.stderr)
     status = dev.status()
     cloud_load = max(1.0, status.load.queue_depth / max(1, status.load.workers))
     cond = costmodel.Conditions(
@@ -150,6 +155,7 @@ def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[
         "predicted_ms": plan.predicted_ms,
         "device_ms": plan.device_ms,
         "bandwidth_mbps": bandwidth_mbps,
+        "bandwidth_measured": probe.resolved,
         "rtt_ms": rtt_s * 1e3,
         "cloud_load": cloud_load,
         "cost_table": costs.summary(),

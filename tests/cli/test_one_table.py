@@ -93,3 +93,18 @@ def test_a_profile_measured_on_the_board_is_not_scaled_by_any_command(
     got = _device_ms(capsys, server, on_board, "rpi4")
     for command, ms in got.items():
         assert ms == pytest.approx(p.total_ms, rel=1e-3), f"{command}: {ms} ms, expected {p.total_ms} ({got})"
+
+
+def test_run_auto_on_loopback_says_the_bandwidth_is_not_measurable(
+    server: CloudServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 1 MiB probe over loopback returns within the RTT's jitter: `run --cut auto` plans at the most the
+    probe resolves and says so, never a rate from dividing by a near-zero transfer time (Tbit/s)."""
+    assert cli.main(["run", f"zoo:{MODEL}", "--cloud", server.address, "--cut", "auto", "--random", "--json"]) == 0
+    out, err = capsys.readouterr()
+    auto = json.loads(out)["auto"]
+    if auto["bandwidth_measured"]:  # a busy host can stretch one probe past the jitter: then it is a measurement
+        assert "loopback: bandwidth " in err and auto["bandwidth_mbps"] > 0
+    else:
+        assert "loopback: bandwidth not measurable by a 1048576 B probe" in err
+    assert auto["bandwidth_mbps"] < 1e5  # at most ~100 Gbit/s: 1 MiB over the jitter floor's resolution

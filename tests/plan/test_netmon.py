@@ -353,3 +353,30 @@ def test_old_bandwidth_samples_age_out() -> None:
     lone.add_rate(0.0, 3.0)
     lone.add_rate(100.0, 5.0)
     assert lone.samples == 2
+
+
+def test_a_probe_measures_a_transfer_longer_than_the_rtt_jitter() -> None:
+    from splitrt.plan.netmon import probe_bandwidth
+
+    # 1 MiB over 10 ms +-0.5 ms of RTT, in 110 ms: 100 ms of transfer, 84 Mbit/s
+    p = probe_bandwidth([0.0095, 0.010, 0.0105, 0.010, 0.0101], [0.112, 0.110, 0.111], 1 << 20)
+    assert p.resolved and p.bandwidth_mbps == pytest.approx(8.388608 / 0.1) and p.rtt_ms == pytest.approx(10.0)
+    assert "Mbit/s" in p.note(1 << 20) and "not measurable" not in p.note(1 << 20)
+
+
+@pytest.mark.parametrize("loaded_s", [0.000401, 0.0004, 0.0003])  # a hair above, equal to, below the RTT
+def test_a_probe_lost_in_the_jitter_is_not_measured_and_bounded(loaded_s: float) -> None:
+    """Loopback: 1 MiB comes back about as fast as an empty probe. The old estimate divided by
+    max(transfer, 1 us): 8.4 Tbit/s, "measured". Now: not resolved, and planned at the least rate consistent
+    with a transfer hidden in the RTT's jitter (here 0.1 ms): 8.39 Mbit over 0.5 ms."""
+    from splitrt.plan.netmon import PROBE_RESOLVE, probe_bandwidth
+
+    p = probe_bandwidth([0.0004, 0.00035, 0.00045, 0.0004, 0.0004], [loaded_s, 0.002], 1 << 20)
+    assert not p.resolved and p.jitter_ms == pytest.approx(0.1)
+    assert p.bandwidth_mbps == pytest.approx(8.388608 / ((PROBE_RESOLVE + 1) * 1e-4))
+    assert p.bandwidth_mbps < 20_000
+    assert "not measurable by a 1048576 B probe" in p.note(1 << 20)
+    stalled = probe_bandwidth([0.0004, 0.00035, 0.07, 0.0004, 0.0004], [loaded_s, 0.002], 1 << 20)
+    assert stalled.jitter_ms == pytest.approx(0.1)  # one stalled round trip is not the timer's resolution
+    with pytest.raises(PlanError, match="expected RTT and loaded samples"):
+        probe_bandwidth([], [0.1], 1)

@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     "turn_s": a.turn,
                     "requests": {n: [[q[0], q[1]] for q in reqs] for n, reqs in result["timeline"]["requests"].items()},
                     "load_average": list(os.getloadavg()),
+                    "prediction": prediction(result["timeline"].get("predicted", {}).get("adaptive", [])),
                 }
             )
             print(table([rows[-1]]).splitlines()[-1], flush=True)
@@ -131,11 +132,52 @@ def main(argv: list[str] | None = None) -> int:
     print(summary(rows))
     print(regret_text(rows))
     print(router_text(rows))
+    print(prediction_text(rows))
     print(
         f"{(time.monotonic() - t_start) / 60:.1f} min; host load average (1/5/15 min) "
         + "/".join(f"{x:.2f}" for x in os.getloadavg())
     )
     return 0
+
+
+def prediction(reqs: list[list[Any]]) -> dict[str, dict[str, float]]:
+    """Per plan of adaptive's: requests, median |measured - predicted| / measured and the median figures."""
+    by: dict[str, list[tuple[float, float]]] = {}
+    for plan, ms, predicted in reqs:
+        if ms > 0:
+            by.setdefault(plan, []).append((ms, predicted))
+    return {
+        plan: {
+            "n": len(xs),
+            "median_err": statistics.median(abs(m - p) / m for m, p in xs),
+            "median_measured_ms": statistics.median(m for m, _ in xs),
+            "median_predicted_ms": statistics.median(p for _, p in xs),
+        }
+        for plan, xs in by.items()
+    }
+
+
+def prediction_text(rows: list[dict[str, Any]]) -> str:
+    """Adaptive's prediction per plan over the grid's cells (the median of the cells' medians)."""
+    per: dict[str, list[tuple[int, float]]] = {}
+    for x in rows:
+        for plan, f in x.get("prediction", {}).items():
+            per.setdefault(plan, []).append((f["n"], f["median_err"]))
+    if not per:
+        return ""
+    return render(
+        ["adaptive's plan", "cells", "requests", "median over cells of median |m-p|/m", "worst cell"],
+        [
+            [
+                plan,
+                str(len(v)),
+                str(sum(n for n, _ in v)),
+                f"{100 * statistics.median(e for _, e in v):.1f} %",
+                f"{100 * max(e for _, e in v):.1f} %",
+            ]
+            for plan, v in sorted(per.items(), key=lambda kv: -sum(n for n, _ in kv[1]))
+        ],
+    )
 
 
 def _commit() -> str:

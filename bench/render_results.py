@@ -218,6 +218,27 @@ def rig_grid_tables(doc: dict[str, Any]) -> list[Table]:
                 or [["none", "", "", "", "", ""]],
             )
         )
+    per: dict[str, list[dict[str, float]]] = {}
+    for c in cells:
+        for plan, f in c.get("prediction", {}).items():
+            per.setdefault(plan, []).append(f)
+    if per:
+        out.append(
+            (
+                "prediction: adaptive's plans, median |measured - predicted| / measured per cell",
+                ["plan", "cells", "requests", "median over the cells", "worst cell"],
+                [
+                    [
+                        plan,
+                        len(fs),
+                        sum(int(f["n"]) for f in fs),
+                        statistics.median(f["median_err"] for f in fs),
+                        max(f["median_err"] for f in fs),
+                    ]
+                    for plan, fs in sorted(per.items(), key=lambda kv: -sum(f["n"] for f in kv[1]))
+                ],
+            )
+        )
     names = list(dict.fromkeys(n for c in cells for n in c.get("strategies", {})))
     out.append(
         (

@@ -216,6 +216,7 @@ def run_bench(
             "bandwidth_mbps": [[round(t, 3), r] for t, r in zip(played.times_s, played.rates_mbps, strict=True)],
             "load_intervals": sched or ([[0.0, cfg.duration_s]] if cfg.load == "cloud-busy" else []),
             "requests": _requests(turns),
+            "predicted": _predicted(turns),
         },
         "cloud_calibration": {
             "model": cfg.model,
@@ -239,6 +240,20 @@ def _requests(turns: dict[str, list[runner.Turn]]) -> dict[str, list[list[Any]]]
     """Per strategy, device 0's completed requests as [t_s, latency ms, plan] (oracles: their picks)."""
     return {
         n: [[round(r.t_s, 3), round(r.latency_ms, 1), r.plan] for t in ts for r in t.devices[0] if not r.error]
+        for n, ts in turns.items()
+    }
+
+
+def _predicted(turns: dict[str, list[runner.Turn]]) -> dict[str, list[list[Any]]]:
+    """Per strategy played, device 0's requests that ran their plan (no error, no fallback) as [plan,
+    latency ms, predicted ms]: how well the cost model priced each plan (``bench/bench_prediction.py``)."""
+    return {
+        n: [
+            [r.plan, round(r.latency_ms, 2), round(r.predicted_ms, 2)]
+            for t in ts
+            for r in t.devices[0]
+            if not (r.error or r.fallback) and math.isfinite(r.predicted_ms)
+        ]
         for n, ts in turns.items()
     }
 

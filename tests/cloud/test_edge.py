@@ -186,7 +186,7 @@ def test_stock_client_sees_the_new_fields(tiers: tuple[CloudServer, CloudServer]
     edge, cloud = tiers
     with Device(zoo.get("tiny_chain"), edge.address) as dev:
         head = dev.run_head(dev.random_inputs(), "c2")
-        request = dev._request(head, codec.Codec.parse("fp32"), "c4", "fp16")[0].to_message()
+        request = dev._remote.request(head, codec.Codec.parse("fp32"), "c4", "fp16")[0].to_message()
         stub = pb_grpc.SplitInferenceStub(grpc.insecure_channel(edge.address, wire.channel_options(1 << 26, 30.0)))
         reply = stub.Infer(request, timeout=10)
         assert reply.next_address == cloud.address and reply.next_bytes_up > 0 and len(reply.outputs) == 1

@@ -12,7 +12,10 @@
   negative and zero dims, rank 64), ``zstd_bomb`` (a 1 GiB zero frame at the legit cut, and a frame whose
   declared content size lies), ``nan_flood`` (NaN/Inf inputs, int8/fp16 replies asked), ``many_outputs``
   (an upload with 4000 outputs: its tail build took minutes of cut enumeration; uploads now keep at most
-  1024 outputs), ``deep_nest`` (If nested 120 deep: beyond protobuf's recursion limit).
+  1024 outputs), ``deep_nest`` (If nested 120 deep: beyond protobuf's recursion limit), ``value_ops``
+  (uploads whose signal and image ops take their size from the request: a window's length, DFT's and
+  STFT's, the mel matrix's, AffineGrid's size, MaxUnpool's output shape; 1-8 GB each), ``nonzero_bomb``
+  (NonZero of a 128 MB all-ones tensor sent as a 12 KB zstd payload: 768 MB of int64 out).
 
 Extra targets: each attacker call ended (none pending or hung) with no INTERNAL/UNKNOWN; the memory rows are
 refused naming what they need; nothing of the server's files comes back; the trickles are cut and the
@@ -465,6 +468,124 @@ def deep_nest_model(depth: int = 200) -> bytes:
     return _varint(1 << 3) + _varint(8) + _ld(8, opset) + _ld(7, graph)
 
 
+def _value_op(op: str, inputs: list[tuple[str, int, list[int]]], opset: int = 17, **attrs: Any) -> bytes:
+    """``op`` on the request's ``inputs`` (name, type, shape; "" leaves an operand out), summed to a scalar."""
+    g = helper.make_graph(
+        [
+            helper.make_node(op, [n for n, _, _ in inputs], ["big"], **attrs),
+            helper.make_node("ReduceSum", ["big"], ["y"], keepdims=0),
+        ],
+        op.lower(),
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs if n],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
+    return bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9).SerializeToString())
+
+
+def value_op_cases() -> list[tuple[str, bytes, dict[str, np.ndarray]]]:
+    """(op, model, request tensors asking 1-8 GB through the op's size operand)."""
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    g = 1 << 28  # float32 elements: 1 GiB
+    return [
+        ("HannWindow", _value_op("HannWindow", [("n", i64, [])]), {"n": np.array(g, np.int64)}),
+        (
+            "DFT",
+            _value_op("DFT", [("x", f, [1, 16, 1]), ("n", i64, [])]),
+            {"x": np.ones((1, 16, 1), np.float32), "n": np.array(g // 2, np.int64)},
+        ),
+        (
+            "STFT",
+            _value_op("STFT", [("x", f, [1, 65536, 1]), ("st", i64, []), ("", f, []), ("fl", i64, [])]),
+            {"x": np.ones((1, 65536, 1), np.float32), "st": np.array(1, np.int64), "fl": np.array(32768, np.int64)},
+        ),
+        (
+            "MelWeightMatrix",
+            _value_op("MelWeightMatrix", [(n, i64, []) for n in ("nb", "dl", "sr")] + [("lo", f, []), ("hi", f, [])]),
+            {
+                "nb": np.array(16384, np.int64),
+                "dl": np.array(32768, np.int64),
+                "sr": np.array(16000, np.int64),
+                "lo": np.array(0, np.float32),
+                "hi": np.array(8000, np.float32),
+            },
+        ),
+        (
+            "AffineGrid",
+            _value_op("AffineGrid", [("th", f, [1, 2, 3]), ("sz", i64, [4])], opset=20),
+            {"th": np.zeros((1, 2, 3), np.float32), "sz": np.array([1, 1, 16384, 8192], np.int64)},
+        ),
+        (
+            "MaxUnpool",
+            _value_op(
+                "MaxUnpool", [("x", f, [1, 1, 2, 2]), ("ix", i64, [1, 1, 2, 2]), ("os", i64, [4])], kernel_shape=[2, 2]
+            ),
+            {
+                "x": np.ones((1, 1, 2, 2), np.float32),
+                "ix": np.zeros((1, 1, 2, 2), np.int64),
+                "os": np.array([1, 1, 16384, 16384], np.int64),
+            },
+        ),
+    ]
+
+
+class ValueOps(Data):
+    """Each of ``value_op_cases`` uploaded once, then Infer at its bomb values in turn (1 client)."""
+
+    def __init__(self) -> None:
+        super().__init__("value_ops", "uploads sized by request values: windows, DFT, STFT, mel, AffineGrid...", 1)
+        self.cases = value_op_cases()
+
+    def prepare(self, ctx: Ctx) -> None:
+        if "uploads" not in self.notes:
+            self.notes["uploads"] = {op: upload(ctx.address, data, f"{op}.onnx", 60.0) for op, data, _ in self.cases}
+        self.reqs = [infer_bytes(hashlib.sha256(data).hexdigest(), "cloud", t) for _, data, t in self.cases]
+
+    def one(self, ch: grpc.Channel, i: int) -> str:
+        code = self.call(_infer(ch), self.reqs[i % len(self.reqs)], timeout=30, metadata=AUTH)
+        self.stop_ev.wait(0.1)
+        return code
+
+    def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
+        codes, said = self.notes.get("codes", {}), self.notes.get("said", {}).get("RESOURCE_EXHAUSTED", "")
+        uploaded = set(self.notes.get("uploads", {}).values()) == {"OK"}
+        return [
+            *super().extra_targets(row),
+            ("all uploaded, every call refused naming its need", uploaded and set(codes) == {"RESOURCE_EXHAUSTED"}),
+            ("refused naming its need", "needs ~" in said),
+        ]
+
+
+class NonzeroBomb(UploadThen):
+    def __init__(self) -> None:
+        g = helper.make_graph(
+            [helper.make_node("NonZero", ["x"], ["nz"]), helper.make_node("ReduceSum", ["nz"], ["y"], keepdims=0)],
+            "nonzero",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b", "c"])],
+            [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
+        )
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        super().__init__(
+            "nonzero_bomb",
+            "uploaded NonZero; 128 MB of ones as a 12 KB zstd payload (768 MB of int64 out)",
+            m.SerializeToString(),
+            {},
+            30.0,
+        )
+
+    def prepare(self, ctx: Ctx) -> None:
+        super().prepare(ctx)
+        from splitrt.transport import codec, wire
+
+        header = pb.InferRequest(model_sha256=self.sha, cut_id="cloud", codec="fp32+zstd", request_id="nz")
+        enc = [codec.encode("x", np.ones((4096, 4096, 2), np.float32), "fp32+zstd")]
+        self.notes["payload_bytes"] = len(enc[0].payload)
+        self.req = bytes(wire.Framed(header=header, tensors=enc).to_message().SerializeToString())
+
+    def extra_targets(self, row: dict[str, Any]) -> list[tuple[str, bool]]:
+        said = self.notes.get("said", {}).get("RESOURCE_EXHAUSTED", "")
+        return [*super().extra_targets(row), ("refused naming its need", "needs ~" in said)]
+
+
 def rows() -> list[Attack]:
     return [
         ValueBomb(),
@@ -489,4 +610,6 @@ def rows() -> list[Attack]:
             {"x": np.ones(1, np.float32), "cond": np.array(True)},
             30.0,
         ),
+        ValueOps(),
+        NonzeroBomb(),
     ]

@@ -15,7 +15,7 @@ are passed when this server has them) with a soft file-descriptor limit of 1024 
    drain + 6 s is reported ``hung`` and killed).
 
 Phases: baseline 5 s, attack 8 s (the slow uploads 8-15 s), recovery at most 6 s, ``--drain-s 2``; about
-6 minutes in all. (The legit client's p99 is taken over ~100 calls before and ~160 during: over 60 and 100,
+25 minutes in all (35 rows). (The legit client's p99 is taken over ~100 calls before and ~160 during: over 60 and 100,
 as before 2026-12-04 17:10 UTC, it was nearly the maximum, and one run's ratio moved by 2x.)
 ``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``): about 2 minutes on a
 loaded 2-vCPU host (a server start alone takes seconds there).
@@ -47,7 +47,8 @@ beside 4 of those; uploaded hostile models (token): ``loop`` a Loop with trip co
 proxy (``rapid_reset_proxy``, ``hpack_bomb_proxy``: the real HAProxy with ``deploy/proxy/haproxy.cfg``,
 everyone through it) and straight to the server (``hpack_bomb``); issue 36's hostile data
 (``attack_hostile``): ``value_bomb``, ``value_cos``, ``exfil``, ``trickle``, ``env_errors``,
-``hostile_shapes``, ``zstd_bomb``, ``nan_flood``, ``many_outputs``, ``deep_nest``.
+``hostile_shapes``, ``zstd_bomb``, ``nan_flood``, ``many_outputs``, ``deep_nest``, ``value_ops``,
+``nonzero_bomb``; ``control`` runs no attack (the p99 ratio's noise floor at the host's load).
 
 Targets, per row: 0 legit failures, legit p99 <= 3x its baseline, peak RSS <= the memory budget, 0
 requests lost, SIGTERM exit within drain + 5 s; ``upload_burst``: uploads on disk <= 256 MiB; ``token_guess``:

@@ -2,9 +2,9 @@
 cloud (``Remote``: the transport, the model check and upload, one request's round trip).
 
 :mod:`.device` (``Device``; its contract in the docstring), :mod:`.config` (``DeviceConfig``, ``read_token``),
-:mod:`.sessions` (onnxruntime sessions per cut, input checks), :mod:`.messages` (what goes on the wire and what
-comes back: ``HeadResult``, ``SplitResult``, ``ProbeResult``), :mod:`.remote` (``Remote``), :mod:`.upload`
-(the model check and upload). The public names of each are re-exported here."""
+:mod:`.inputs` (a request's inputs checked), :mod:`.sessions` (onnxruntime sessions per cut), :mod:`.messages`
+(what goes on the wire and what comes back: ``HeadResult``, ``SplitResult``, ``ProbeResult``), :mod:`.remote`
+(``Remote``), :mod:`.upload` (the model check and upload). The public names of each are re-exported here."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ _NAMES = {
     "Remote": "remote",
     "config": "",
     "device": "",
+    "inputs": "",
     "messages": "",
     "remote": "",
     "sessions": "",

@@ -45,13 +45,14 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from splitrt.device.client.config import DeviceConfig, read_token
+from splitrt.device.client.inputs import InputChecks
 from splitrt.device.client.messages import (
     HeadResult,
     ProbeResult,
@@ -60,8 +61,7 @@ from splitrt.device.client.messages import (
     frame_result,
 )
 from splitrt.device.client.remote import Remote
-from splitrt.device.client.sessions import SessionCache, check_inputs, random_inputs, run_session
-from splitrt.errors import CutError, SplitrtError
+from splitrt.device.client.sessions import SessionCache
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
@@ -73,55 +73,7 @@ __all__ = ["DEVICE_CUT", "Device", "DeviceConfig", "HeadResult", "ProbeResult", 
 DEVICE_CUT = "device"
 
 
-class _Inputs:
-    """A Device's checks of a request's inputs: names, dtypes and shapes, and whether a graph specialised
-    on its binding's sample (``graph.specialise``) may be split for them; a request that takes another
-    branch than the graph was specialised for runs the whole original model."""
-
-    graph: Any
-    run_local: Callable[[Mapping[str, Any]], dict[str, np.ndarray]]
-
-    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """The inputs as arrays, or ``InputError`` naming the expected and actual name/dtype/shape."""
-        return check_inputs(self.graph, inputs)
-
-    def random_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Inputs of the right dtype and shape (symbolic dimensions as 1)."""
-        return random_inputs(self.graph, seed)
-
-    def diverges(self, feeds: Mapping[str, np.ndarray]) -> str | None:
-        """Why ``feeds`` may not be split with this (specialised) graph: they take another branch of an
-        If the binding's sample fixed. None when they may (always, for a graph not specialised)."""
-        spec = getattr(self.graph, "specialisation", None)
-        if spec is None:
-            return None
-        try:
-            return spec.holds(feeds)
-        except SplitrtError as exc:  # onnxruntime's, mapped: a request the guard cannot even evaluate
-            return f"the specialisation guard does not evaluate on this request ({str(exc)[:300]})"
-
-    def run_original(self, inputs: Mapping[str, Any], *, request_id: str = "") -> SplitResult:
-        """The whole (original) model here, as a result: what a request that diverges runs."""
-        t0 = time.perf_counter()
-        outputs = self.run_local(inputs)
-        ms = (time.perf_counter() - t0) * 1e3
-        return SplitResult(
-            outputs=outputs,
-            cut_id=DEVICE_CUT,
-            codec="fp32",
-            where="local",
-            request_id=request_id,
-            head_ms=ms,
-            total_ms=ms,
-        )
-
-    def _refuse_diverging(self, feeds: Mapping[str, np.ndarray], cut: str) -> None:
-        why = self.diverges(feeds)
-        if why is not None:
-            raise CutError(f"cut {cut!r} of {self.graph.path.name}: {why}; run the whole model (cut device)")
-
-
-class Device(_Inputs):
+class Device(InputChecks):
     """A model on this device, optionally paired with a cloud at ``cloud`` ("host:port").
 
     The cloud is reached through a ``Transport``: a ``GrpcTransport`` to ``cloud`` built on first use from
@@ -152,36 +104,21 @@ class Device(_Inputs):
     # -- local ------------------------------------------------------------------------------------
     def run_local(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The whole model on this device (reference, and the last resort)."""
-        feeds = self.check_inputs(inputs)
-        values = run_session(self._local.full(), list(self.output_names), feeds, "the whole model")
+        values, _ = self._local.run_full(self.check_inputs(inputs), list(self.output_names))
         return dict(zip(self.output_names, values, strict=True))
 
     def run_head(self, inputs: Mapping[str, Any], cut: str, *, checked: bool = False) -> HeadResult:
-        """Run the head of ``cut``; the result holds the tensors the tail needs. ``checked``: ``inputs``
-        are ``check_inputs``' arrays already (the runtime checks once, before it plans)."""
+        """Run the head of ``cut``; the result holds the tensors the tail needs. ``checked``: ``inputs`` are
+        ``check_inputs``' arrays that ``diverges`` let through (the runtime checks both once, before it plans)."""
         feeds = dict(inputs) if checked else self.check_inputs(inputs)
         if cut == DEVICE_CUT:  # the whole (original) model: no segments, and no tail afterwards
-            t0 = time.perf_counter()
-            values = run_session(self._local.full(), list(self.output_names), feeds, "the whole model")
+            values, ms = self._local.run_full(feeds, list(self.output_names))
             return HeadResult(
-                cut_id=cut,
-                crossing={},
-                kept=dict(zip(self.output_names, values, strict=True)),
-                head_ms=(time.perf_counter() - t0) * 1e3,
+                cut_id=cut, crossing={}, kept=dict(zip(self.output_names, values, strict=True)), head_ms=ms
             )
-        self._refuse_diverging(feeds, cut)  # a specialised graph, a request of another branch
-        cs = self._local.cut(cut)
-        t0 = time.perf_counter()
-        env: dict[str, np.ndarray] = dict(feeds)
-        if cs.head_outputs:
-            values = run_session(
-                self._local.head(cs),
-                list(cs.head_outputs),
-                {n: feeds[n] for n in cs.head_inputs},
-                f"the head of cut {cut!r}",
-            )
-            env.update(zip(cs.head_outputs, values, strict=True))
-        head_ms = (time.perf_counter() - t0) * 1e3
+        if not checked:
+            self._refuse_diverging(feeds, cut)  # a specialised graph, a request of another branch
+        cs, env, head_ms = self._local.run_head(cut, feeds)
         return HeadResult(
             cut_id=cut, crossing={n: env[n] for n in cs.tail_inputs}, head_ms=head_ms, kept={n: env[n] for n in cs.kept}
         )
@@ -200,15 +137,9 @@ class Device(_Inputs):
                 head_ms=head.head_ms,
                 total_ms=head.head_ms,
             )
-        cs = self._local.cut(head.cut_id)
-        t0 = time.perf_counter()
-        values = run_session(
-            self._local.tail(cs), list(cs.tail_outputs), head.crossing, f"the tail of cut {head.cut_id!r}"
-        )
-        tail_ms = (time.perf_counter() - t0) * 1e3
-        outputs = assemble(self.output_names, head.kept, dict(zip(cs.tail_outputs, values, strict=True)))
+        made, tail_ms = self._local.run_tail(head.cut_id, head.crossing)
         return SplitResult(
-            outputs=outputs,
+            outputs=assemble(self.output_names, head.kept, made),
             cut_id=head.cut_id,
             codec="fp32",
             where="local",

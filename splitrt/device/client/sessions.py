@@ -1,5 +1,5 @@
 """The model's onnxruntime sessions on a device: the whole model, and head/tail per cut (an LRU), built on
-first use; and the checks of a request's inputs against the model's declarations.
+first use; ``SessionCache.run_full``/``run_head``/``run_tail`` run them and time the run.
 
 ``run_session`` runs one; onnxruntime's own errors become splitrt's (``graph.ort_errors``): a session
 that does not build is a ``ModelError``, inputs the declarations let through that a node refuses (e.g. an
@@ -9,17 +9,15 @@ image too small for its pooling) an ``InputError`` naming what failed.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from cachetools import LRUCache
 
-from splitrt.errors import InputError
 from splitrt.graph import partition
 from splitrt.graph.ort_errors import onnxruntime_errors
-from splitrt.transport import wire
 
 
 @dataclass
@@ -56,43 +54,6 @@ def run_session(session: Any, outputs: list[str], feeds: Mapping[str, Any], what
     with onnxruntime_errors(what, stage="run", feeds=feeds, where=" on this device"):
         values = session.run(outputs, dict(feeds))
     return partition.pass_through(outputs, feeds, values)
-
-
-def check_inputs(graph: Any, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """``inputs`` as arrays, or ``InputError`` naming the expected and actual name/dtype/shape."""
-    expected = {t.name: t for t in graph.inputs}
-    if set(inputs) != set(expected):
-        raise InputError(f"model {graph.path.name}: expected inputs {sorted(expected)}, got {sorted(inputs)}")
-    out: dict[str, np.ndarray] = {}
-    for name, info in expected.items():
-        arr = np.asarray(inputs[name])
-        if arr.dtype.name != info.dtype:
-            raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {arr.dtype.name}")
-        # The shape the model declares (a free dim takes any size), not the one a bound graph was sized
-        # at: the binding is where costs were computed, not the only shape served.
-        shape = graph.generic_shape(name) if hasattr(graph, "generic_shape") else info.shape
-        if shape is not None and not wire.shape_matches(tuple(shape), tuple(arr.shape)):
-            raise InputError(
-                f"input {name!r}: expected shape {wire.describe_shape(tuple(shape))}, got {list(arr.shape)}"
-            )
-        out[name] = arr
-    return out
-
-
-def random_inputs(graph: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs of the right dtype and shape for ``graph``: its bound shapes, or free dims as 1 if unbound."""
-    rng = np.random.default_rng(seed)
-    result: dict[str, np.ndarray] = {}
-    for t in graph.inputs:
-        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in (t.shape or ()))
-        dt = np.dtype(t.dtype)
-        if dt.kind == "f":
-            result[t.name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind == "b":
-            result[t.name] = rng.integers(0, 2, shape).astype(dt)
-        else:
-            result[t.name] = rng.integers(0, 10, shape).astype(dt)
-    return result
 
 
 class SessionCache:
@@ -148,3 +109,29 @@ class SessionCache:
         if cs.tail is None:
             cs.tail = build_session(cs.tail_model, self.threads, f"the tail of cut {cs.cut_id!r}")
         return cs.tail
+
+    def run_full(self, feeds: Mapping[str, Any], outputs: list[str]) -> tuple[list[Any], float]:
+        """The whole model on ``feeds``: ``outputs``' values and the ms the run took."""
+        t0 = time.perf_counter()  # the session's first build included, as for a head
+        values = run_session(self.full(), outputs, feeds, "the whole model")
+        return values, (time.perf_counter() - t0) * 1e3
+
+    def run_head(self, cut_id: str, feeds: Mapping[str, Any]) -> tuple[CutSessions, dict[str, Any], float]:
+        """The head of ``cut_id`` on ``feeds``: the cut's sessions, every tensor known after it (the feeds and
+        what the head made) and the ms it took (its session's first build included, as the first request
+        pays it; the cut's segments', made before, not)."""
+        cs = self.cut(cut_id)
+        t0 = time.perf_counter()
+        env: dict[str, Any] = dict(feeds)
+        if cs.head_outputs:
+            head = {n: feeds[n] for n in cs.head_inputs}
+            values = run_session(self.head(cs), list(cs.head_outputs), head, f"the head of cut {cut_id!r}")
+            env.update(zip(cs.head_outputs, values, strict=True))
+        return cs, env, (time.perf_counter() - t0) * 1e3
+
+    def run_tail(self, cut_id: str, crossing: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
+        """The tail of ``cut_id`` on the tensors crossing it: its outputs by name and the ms it took."""
+        cs = self.cut(cut_id)
+        t0 = time.perf_counter()
+        values = run_session(self.tail(cs), list(cs.tail_outputs), crossing, f"the tail of cut {cut_id!r}")
+        return dict(zip(cs.tail_outputs, values, strict=True)), (time.perf_counter() - t0) * 1e3

@@ -6,6 +6,7 @@ It sits below ``store``, ``tails``, ``servicer`` and ``server`` so that none of 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import sys
@@ -80,3 +81,17 @@ def peer_address(peer: str) -> str:
         host = rest.rpartition(":")[0] or rest
         return host.strip("[]")
     return peer
+
+
+def client_key(peer: str) -> str:
+    """The fair-queuing client of a gRPC peer: its IPv4 address, or its IPv6 /64 (one host's share)."""
+    address = peer_address(peer)
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)

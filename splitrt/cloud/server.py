@@ -101,7 +101,7 @@ class CloudServer:
         self.servicer = Servicer(self)
         # The link to ``config.next_tier``, where requests naming a next cut go on (``nexthop``).
         self.next_hop = NextHop(config.next_tier, config.max_message_bytes)
-        # The front door (``frontdoor``): auth, throttle, lanes and leases, decided on a call's metadata.
+        # The front door (``guard.door``): auth, throttle, lanes and leases, decided on a call's metadata.
         self.door = FrontDoor.build(
             tokens=config.tokens,
             limits=config.limits,
@@ -153,7 +153,7 @@ class CloudServer:
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="splitrt-cloud"),
             interceptors=[self.door],
             options=wire.server_options(cfg.max_message_bytes) + grpc_options(cfg.limits),
-            # The lanes admit calls (``frontdoor``); this backstop only bounds refusals waiting for a thread.
+            # The lanes admit calls (``guard.door``); this backstop only bounds refusals waiting for a thread.
             maximum_concurrent_rpcs=4 * threads,
         )
         add_servicer(self.servicer, server)

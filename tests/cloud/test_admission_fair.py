@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from splitrt.cloud.capacity.admission import client_key, current_client
+from splitrt.cloud.capacity.admission import current_client
 from splitrt.cloud.capacity.fairq import FairConfig, FairQueue
+from splitrt.cloud.common import client_key
 from splitrt.cloud.guard.ratelog import RateLog
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device, DeviceConfig

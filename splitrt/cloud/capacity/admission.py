@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import threading
 import time
@@ -24,7 +23,7 @@ import psutil
 
 from splitrt.cloud.capacity.fairq import HEAVY, RUN, FairConfig, FairQueue
 from splitrt.cloud.capacity.memory import MemoryBudget
-from splitrt.cloud.common import RpcFailure, peer_address
+from splitrt.cloud.common import RpcFailure
 from splitrt.errors import ConfigError
 
 
@@ -141,20 +140,6 @@ class Admission:
 _serving = threading.local()
 # Waiters re-check this often whether a worker they may take has become free (the per-client cap).
 REDISPATCH_S = 0.1
-
-
-def client_key(peer: str) -> str:
-    """The fair-queuing client of a gRPC peer: its IPv4 address, or its IPv6 /64 (one host's share)."""
-    address = peer_address(peer)
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip)
 
 
 def serving(client: str) -> None:

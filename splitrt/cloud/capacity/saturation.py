@@ -28,7 +28,7 @@ __all__ = ["HealthGate", "Saturation", "saturated"]
 
 def saturated(admission: Any, door: Any) -> bool:
     """Every worker and queue place is held (``admission.Admission``), or the inference lane is full
-    (``frontdoor.FrontDoor``)."""
+    (``guard.door.FrontDoor``)."""
     full = admission.admitted >= admission.workers + admission.max_queue
     return bool(full or door.inside["infer"] >= door.caps["infer"])
 

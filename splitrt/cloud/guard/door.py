@@ -46,9 +46,9 @@ from typing import Any
 
 import grpc
 
-from splitrt.cloud.capacity.admission import client_key, prepay, serving
+from splitrt.cloud.capacity.admission import prepay, serving
 from splitrt.cloud.capacity.memory import MemoryBudget, reply_held_bytes
-from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.common import RpcFailure, client_key
 from splitrt.cloud.guard.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, forwarded_peer, peer_address
 from splitrt.cloud.guard.limits import Limits
 from splitrt.cloud.guard.probes import (

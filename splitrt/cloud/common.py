@@ -6,6 +6,7 @@ It sits below ``store``, ``tails``, ``servicer`` and ``server`` so that none of 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -85,7 +86,11 @@ def peer_address(peer: str) -> str:
 
 def client_key(peer: str) -> str:
     """The fair-queuing client of a gRPC peer: its IPv4 address, or its IPv6 /64 (one host's share)."""
-    address = peer_address(peer)
+    return _client_of(peer_address(peer))
+
+
+@functools.lru_cache(maxsize=4096)  # per call: ipaddress parses in Python
+def _client_of(address: str) -> str:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:

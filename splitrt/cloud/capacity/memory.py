@@ -27,6 +27,7 @@ what the server *decides* to hold, ``MemoryWatch`` checks the process's real RSS
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -153,7 +154,15 @@ def limit_for(available_bytes: int, baseline_bytes: int) -> int:
 
 
 def rss_bytes() -> int:
-    return int(psutil.Process().memory_info().rss)
+    """This process's RSS. Its ``psutil.Process`` is kept (per pid: a forked child makes its own): making one
+    reads /proc twice more, and the memory watch asks every 10 ms while requests run."""
+    global _self
+    if _self is None or _self.pid != os.getpid():
+        _self = psutil.Process()
+    return int(_self.memory_info().rss)
+
+
+_self: psutil.Process | None = None
 
 
 def trim() -> None:

@@ -9,6 +9,7 @@ estimate (``graph.peak``); one that does not decode is left to ``decode_inputs``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import grpc
@@ -95,7 +96,7 @@ def small_integers(tensors: Iterable[codec.Encoded]) -> dict[str, np.ndarray]:
     for t in tensors:
         if t.dtype not in _NUMERIC or any(int(d) < 0 for d in t.shape):
             continue
-        if int(np.prod([int(d) for d in t.shape], dtype=object)) > MAX_ELEMENTS:
+        if math.prod(int(d) for d in t.shape) > MAX_ELEMENTS:
             continue
         try:
             out[t.name] = np.array(codec.decode(t, max_bytes=8 * MAX_ELEMENTS))  # quantised: decodes to float

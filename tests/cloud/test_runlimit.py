@@ -79,3 +79,37 @@ def test_after_a_run_hit_the_limit_its_segment_holds_one_worker_not_all(tmp_path
             with pytest.raises(grpc.RpcError) as info:
                 f.result(timeout=120)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_runs_of_a_segment_the_limit_stopped_yield_the_cpu(tmp_path: Path) -> None:
+    """The runs of a segment stopped by the run limit before run at a lower OS priority, even for a lone
+    client (who is never over its share); a segment's first runs and those of one that finishes do not."""
+    import os
+    import shutil
+
+    from splitrt.graph import zoo
+
+    onnx.save(loop_model(), tmp_path / "loop.onnx")
+    shutil.copyfile(zoo.get("tiny_chain"), tmp_path / "tiny_chain.onnx")
+    cfg = ServerConfig(models_dir=tmp_path, workers=1, max_queue=2, limits=Limits(max_run_s=0.5))
+    nice: list[int] = []
+    with CloudServer(cfg) as s, grpc.insecure_channel(s.address) as ch:
+        run = s.canceller.run
+
+        def noting(*args: object, **kw: object) -> object:
+            nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return run(*args, **kw)  # type: ignore[arg-type]
+
+        s.canceller.run = noting  # type: ignore[method-assign]
+        low = s.handler.niced.nice if s.handler.niced.enabled else 0
+        stub = pb_grpc.SplitInferenceStub(ch)
+        x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+        for _ in range(2):
+            stub.Infer(request(model_sha256(tmp_path / "tiny_chain.onnx"), "cloud", x=x), timeout=60)
+        for _ in range(2):
+            with pytest.raises(grpc.RpcError):
+                stub.Infer(request(model_sha256(tmp_path / "loop.onnx"), "cloud", x=np.ones(1, np.float32)), timeout=60)
+    if not low:
+        pytest.skip("threads cannot lower their priority here")
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert nice == [base, base, base, min(19, base + low)], nice

@@ -1,4 +1,5 @@
-"""Runs that yield the CPU: threads at a lower OS priority for the runs of a client over its share.
+"""Runs that yield the CPU: threads at a lower OS priority for the runs of a client over its share (and
+those of a segment the per-run limit stopped before: ``handler.infer``).
 
 Fair admission (``fairq``) decides who holds the workers, but a worker is not a CPU: a client holding
 its share back to back keeps a core busy, and a light client's run on the next core shares the host's

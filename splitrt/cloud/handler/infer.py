@@ -339,9 +339,11 @@ class Handler:
                 limit_s=limit_s,
                 suspect=suspect,
             )
-            # A client over its share runs at a lower OS priority (``niced``): the CPU goes to the others first.
+            # A client over its share, and a segment stopped by the run limit before (it may burn a core until
+            # the limit again), run at a lower OS priority (``niced``): the CPU goes to the others first. One
+            # endless Loop per address held a core at the server's priority for its 2 s each time.
             try:
-                values = self.niced.call(go) if self.admission.yielding() else go()
+                values = self.niced.call(go) if segment.run_limited or self.admission.yielding() else go()
             except RpcFailure as exc:
                 ran_s = time.perf_counter() - t_run
                 if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and ran_s >= limit_s and deadline > time.monotonic():

@@ -30,6 +30,7 @@ from splitrt.device.client import Device, DeviceConfig
 from splitrt.graph import zoo
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
+from splitrt.transport import wire
 from tests.loopback import free_port, reap, serve
 from tests.rawh2 import RawConnection
 
@@ -291,7 +292,7 @@ def test_streams_beyond_the_cap_are_refused_by_the_proxy(edge: Edge) -> None:
     host, port = edge.address.rsplit(":", 1)
     with RawConnection(host, int(port), tls=_h2_tls(edge), source="127.0.0.6") as raw:
         auth = [("authorization", f"Bearer {TOKEN}")]
-        ids = [raw.start_call("/splitrt.SplitInference/InferStream", auth) for _ in range(101)]
+        ids = [raw.start_call(f"/{wire.SERVICE_NAME}/InferStream", auth) for _ in range(101)]
         for _ in range(100):
             raw.pump(0.1)
             if ids[-1] in raw.reset or raw.closed:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -344,6 +345,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_signal)  # a closed terminal or `kill -HUP`: drain, remove the segments
     server.start()
+    # What start-up made (modules, sessions, the metrics) is there for good: out of the collector's scans, a
+    # full collection looks at the requests' objects only (bench_transport at load 13: -0.07 ms at 100 KB,
+    # -0.5 ms at 4 MB). Here only: an in-process server (tests) must not freeze its host's heap.
+    gc.freeze()
     advertiser = None
     if args.advertise:
         import socket

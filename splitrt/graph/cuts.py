@@ -67,13 +67,18 @@ class Cut:
     head_flops_fraction: float
     mask_of: Callable[[], int] = field(compare=False, repr=False)
     # Graph outputs already on the device after the head (it produced them, or they are graph inputs):
-    # never sent, never replied. The reply carries the other graph outputs, ``reply_bytes`` of them.
-    kept: tuple[str, ...] = ()
+    # never sent, never replied (``kept``, made on demand like the mask: held for every cut of a model with
+    # many outputs they would take O(cuts x outputs)). The reply carries the others, ``reply_bytes`` of them.
+    kept_of: Callable[[], tuple[str, ...]] = field(default=tuple, compare=False, repr=False)
     reply_bytes: int = 0
 
     @property
     def head_mask(self) -> int:
         return self.mask_of()
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        return self.kept_of()
 
     @property
     def head(self) -> frozenset[int]:
@@ -138,12 +143,24 @@ def enumerate_cuts(mg: ModelGraph) -> list[Cut]:
         consumers.setdefault(o, []).append(sink)
     input_names = [i.name for i in mg.inputs if i.name in consumers]
     pred_nodes = [sorted({mg.producer[i] for i in ins if i in mg.producer}) for ins in mg.node_inputs]
-    prefix_heads = _prefix_heads(mg, consumers, input_names, out_names)
+    prefix_heads = _prefix_heads(mg)
     singles = _single_tensor_heads(mg, consumers, input_names, pred_nodes)
 
     flops = np.asarray(mg.node_flops, dtype=np.float64)
     total_flops = float(flops.sum()) or 1.0
+    prefix_flops = np.concatenate([[0.0], np.cumsum(flops)])
     outputs = {o.name: o for o in mg.outputs}
+    names = list(outputs)
+    # A graph output the head made (or a graph input) stays on the device; the reply carries the others.
+    # Their bytes per making node (-1: a graph input), summed per head from these, never by a pass over
+    # every output per cut (a model of 4000 outputs took 16 M steps and its cuts' kept lists O(n^2) memory).
+    out_nodes = [mg.producer.get(o, -1) for o in names]
+    made_by: dict[int, int] = {}
+    for o, p in zip(names, out_nodes, strict=True):
+        made_by[p] = made_by.get(p, 0) + max(outputs[o].bytes, 0)
+    total_out = sum(made_by.values())
+    made_before = np.cumsum([made_by.get(-1, 0), *(made_by.get(k, 0) for k in range(n))])  # per prefix length
+    out_mask = _mask_from([p for p in made_by if p >= 0], n)
     # Heads sorted by (size, lowest node not in the head), prefixes before single-tensor heads on a tie.
     order: list[tuple[int, int, int, int]] = [(k, k + 1, 0, k) for k in range(n + 1)]
     order += [(count, low, 1, p) for p, (count, low, _) in singles.items()]
@@ -155,20 +172,21 @@ def enumerate_cuts(mg: ModelGraph) -> list[Cut]:
         # device that bound shapes and a cloud that did not agree on them. A bound graph sizes every
         # tensor (``_bind``); an unbound one may leave data-dependent sizes at -1 (``ModelGraph.sized``).
         if kind == 0:
-            names, mask_of = prefix_heads[idx], _prefix_mask(idx)
-            head_flops = float(flops[:idx].sum()) if idx else 0.0
-            in_head: Callable[[int], bool] = idx.__gt__
+            infos = tuple(mg.tensor(t) for t in prefix_heads[idx])  # what a tail node reads, in order
+            mask_of, head_flops = _prefix_mask(idx), float(prefix_flops[idx])
+            kept_of = _kept(names, out_nodes, idx.__gt__)
+            reply = total_out - int(made_before[idx])
         else:
-            names, mask_of = [singles[idx][2]], _ancestors_mask(pred_nodes, idx)
-            in_mask = mask_to_bool(mask_of(), n)
+            mask_of = _ancestors_mask(pred_nodes, idx)
+            mask = mask_of()
+            in_mask = mask_to_bool(mask, n)
             head_flops = float(flops[in_mask].sum())
-            in_head = in_mask.__getitem__
-        # A graph output the head made (or a graph input) stays on the device unless a tail node reads it.
-        kept = tuple(o for o in outputs if o not in mg.producer or in_head(mg.producer[o]))
-        made_here = frozenset(kept)  # membership per output below: a tuple made it O(outputs^2) per cut
-        infos = tuple(
-            mg.tensor(t) for t in names if t not in outputs or any(not in_head(c) for c in mg.consumers.get(t, ()))
-        )
+            t = singles[idx][2]
+            read = t not in outputs or any(not in_mask[c] for c in mg.consumers.get(t, ()))
+            infos = (mg.tensor(t),) if read else ()
+            kept_of = _kept(names, out_nodes, _in(mask))
+            made = made_by.get(-1, 0) + sum(made_by[p] for p in bits_of(mask & out_mask))
+            reply = total_out - made
         if count == 0:
             cid = "cloud"
         elif count == n and kind == 0:
@@ -184,24 +202,20 @@ def enumerate_cuts(mg: ModelGraph) -> list[Cut]:
                 head_nodes=count,
                 head_flops_fraction=head_flops / total_flops,
                 mask_of=mask_of,
-                kept=kept,
-                reply_bytes=sum(max(t.bytes, 0) for name, t in outputs.items() if name not in made_here),
+                kept_of=kept_of,
+                reply_bytes=reply,
             )
         )
     return cuts
 
 
-def _prefix_heads(
-    mg: ModelGraph, consumers: dict[str, list[int]], input_names: list[str], out_names: list[str]
-) -> list[list[str]]:
-    """The crossing tensors of every prefix of the topological order (index = prefix length): ``live``
-    holds the tensors available in the head that still have a consumer in the tail (or are outputs)."""
-    remaining: dict[str, int] = {t: len(cs) for t, cs in consumers.items()}
-    live: dict[str, None] = dict.fromkeys(input_names)
-    graph_inputs = {i.name for i in mg.inputs}
-    for o in out_names:  # a graph output that is also a graph input passes straight through
-        if o not in mg.producer and o in graph_inputs:
-            live[o] = None
+def _prefix_heads(mg: ModelGraph) -> list[list[str]]:
+    """The crossing tensors of every prefix of the topological order (index = prefix length): the tensors
+    available in the head (graph inputs, or made by it) that a node of the tail reads, in the order they
+    became available. A graph output no tail node reads is not listed (it is kept, not sent): listing
+    every live output made the lists, and the cuts' filtering of them, O(nodes x outputs)."""
+    remaining = {t: len(set(cs)) for t, cs in mg.consumers.items()}
+    live: dict[str, None] = dict.fromkeys(i.name for i in mg.inputs if remaining.get(i.name, 0) > 0)
     heads = [list(live)]
     for p in range(len(mg.nodes)):
         for t in dict.fromkeys(mg.node_inputs[p]):
@@ -210,7 +224,7 @@ def _prefix_heads(
                 if remaining[t] == 0:
                     del live[t]
         for o in mg.nodes[p].output:
-            if o in remaining and remaining[o] > 0:
+            if remaining.get(o, 0) > 0:
                 live[o] = None
         heads.append(list(live))
     return heads
@@ -255,6 +269,23 @@ def _single_tensor_heads(
     return found
 
 
+def bits_of(mask: int) -> Iterable[int]:
+    """The set bits of ``mask``, one step per set bit (``bits`` steps through every bit)."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def _kept(names: list[str], nodes: list[int], in_head: Callable[[int], bool]) -> Callable[[], tuple[str, ...]]:
+    """The graph outputs a head holds, made on demand: graph inputs (node -1) and what its nodes made."""
+    return lambda: tuple(o for o, p in zip(names, nodes, strict=True) if p < 0 or in_head(p))
+
+
+def _in(mask: int) -> Callable[[int], bool]:
+    return lambda p: bool((mask >> p) & 1)
+
+
 def _prefix_mask(k: int) -> Callable[[], int]:
     return lambda: (1 << k) - 1
 
@@ -268,11 +299,16 @@ def _ancestors_mask(pred_nodes: list[list[int]], p: int) -> Callable[[], int]:
                 if r not in seen:
                     seen.add(r)
                     stack.append(r)
-        bits = np.zeros(len(pred_nodes) + 1, dtype=np.uint8)
-        bits[list(seen)] = 1
-        return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
+        return _mask_from(list(seen), len(pred_nodes))
 
     return mask
+
+
+def _mask_from(indices: list[int], n: int) -> int:
+    """The int bitset of ``indices`` (< ``n``), in O(n) (not a sum of shifted ints: O(n^2) bits)."""
+    bits = np.zeros(n + 1, dtype=np.uint8)
+    bits[indices] = 1
+    return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
 
 
 def _lowest_missing(h: int) -> int:

@@ -44,3 +44,25 @@ def test_cut_memory_grows_linearly_with_a_chain(tmp_path: Path) -> None:
     assert large < 2.8 * small, (small, large)
     # The masks are still there, made when asked for.
     assert cuts_large[1234].head_mask == (1 << 1234) - 1 and cuts_large[-1].id == "device"
+
+
+def star(n: int, path: Path) -> Path:
+    """n Identity nodes of one input, each a graph output (``attacks``' ``many_outputs``)."""
+    v = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4]) for i in range(n)]
+    nodes = [helper.make_node("Identity", ["x"], [f"y{i}"]) for i in range(n)]
+    g = helper.make_graph(nodes, "star", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])], v)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+@pytest.mark.slow
+def test_cut_memory_grows_linearly_with_the_outputs(tmp_path: Path) -> None:
+    """Each cut once held the outputs its head made and the live ones it crossed: O(cuts x outputs), 16 M
+    entries at 4000 outputs (and as many steps: seconds). The kept outputs are now made when asked for."""
+    small, cuts_small = cut_peak_bytes(star(1000, tmp_path / "a.onnx"))
+    large, cuts_large = cut_peak_bytes(star(2000, tmp_path / "b.onnx"))
+    assert len(cuts_small) == 1001 and len(cuts_large) == 2001
+    assert large < 2.8 * small, (small, large)  # quadratic: about 4x
+    c = cuts_large[1000]  # the first 1000 Identities ran on the device: their outputs stay there
+    assert c.kept == tuple(f"y{i}" for i in range(1000)) and c.tensor_names == ("x",)
+    assert c.reply_bytes == 1000 * 16 and cuts_large[-1].kept == tuple(f"y{i}" for i in range(2000))

@@ -112,6 +112,7 @@ def _timed_cli(model: str, tree: str, out: str) -> dict[str, float]:
     subprocess.run(
         [sys.executable, "-m", "splitrt.cli", "profile", model, "--out", out],
         env={**os.environ, "PYTHONPATH": tree},
+        cwd=tree,  # ``-m`` puts the working directory first on sys.path: it must be the tree timed
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

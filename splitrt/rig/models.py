@@ -7,8 +7,8 @@ profile made without samples, measured on the zoo's photographs as ``splitrt pro
 would (``profile.accuracy``: per (cut, codec) the model's output against the uncompressed one), cached
 under ``$SPLITRT_CACHE`` (default ``~/.cache/splitrt``) ``/guard`` by model and profile; a model without
 one image input keeps its profile (then lossless codecs only). On the zoo's random-weight models the
-photos' answers agree at nearly every (cut, codec): the guard is what a real model goes through, not a
-statement about the zoo's accuracy.
+photos' answers agree at nearly every (cut, codec): there the guard is a mechanism check (what a real
+model goes through), not an accuracy figure.
 """
 
 from __future__ import annotations
@@ -118,12 +118,20 @@ def guarded_profile(
 
 
 def cost_table_for(
-    profile_path: Path, sha: str, speed_factor: float, cloud_factor: float = 1.0, codec_factor: float | None = None
+    profile_path: Path,
+    sha: str,
+    speed_factor: float,
+    cloud_factor: float = 1.0,
+    codec_factor: float | None = None,
+    *,
+    min_agreement: float | None = None,
 ) -> Any:
     """The table the rig plans with: the profile's costs x the factors (``codec_factor``: the device's
     encode and call, default ``speed_factor``), lossy codecs where its accuracy guard allows them
-    (``MIN_AGREEMENT``; a profile without samples: lossless only)."""
+    (``min_agreement``, default ``MIN_AGREEMENT``; a profile without samples: lossless only; 0: the guard
+    off, every codec priced by its bytes)."""
     from splitrt.profile import profiler
+    from splitrt.profile.accuracy import MIN_AGREEMENT
 
     prof = profiler.load_profile(profile_path, sha256=sha)
     return profiler.cost_table(
@@ -132,6 +140,7 @@ def cost_table_for(
         device_speed_factor=speed_factor,
         cloud_speed_factor=cloud_factor,
         device_codec_factor=codec_factor,
+        min_agreement=MIN_AGREEMENT if min_agreement is None else min_agreement,
     )
 
 

@@ -30,13 +30,16 @@ def test_closing_reports_route_over_split_for_adaptive_and_the_oracle() -> None:
     assert "route_over_split" not in demo.closing_text({**c, "route_over_split": {}})
 
 
+@pytest.mark.slow  # the case plans with the accuracy guard: squeezenet's tails on the photos, once per cache
 def test_the_closing_table_shows_a_case_where_splitting_pays_beside_route() -> None:
-    """The simulated case (real shipped profile, the runtime's decision logic): splitting beats routing
-    by >= 10 % there, with an inner cut, and the closing text says so beside route."""
+    """The simulated case (real shipped profile with its guard measured on the photographs, the runtime's
+    decision logic): splitting beats routing by >= 10 % there, with an inner cut, beats the router that
+    sends a JPEG of the input too, and the closing text says so beside route."""
     pc = demo.pays_case()
     assert pc["route_over_split"] >= 1.10
     assert pc["route_over_split"] == pytest.approx(pc["route"]["mean_ms"] / pc["adaptive"]["mean_ms"])
     assert not pc["adaptive"]["plan"].startswith(("device", "cloud"))
+    assert pc["route_codec_over_split"] > 1.0 and pc["route-codec"]["plan"].startswith("cloud@jpeg")
     result = {
         "strategies": {"route": {"mean_ms": 650.0, "p95_ms": 900.0}, "adaptive": {"mean_ms": 520.0, "p95_ms": 800.0}}
     }

@@ -116,7 +116,9 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
     tokens.chmod(0o600)
     cert, pem = _certificate(d)
     server_port, proxy_port, stats_port = free_port(), free_port(), free_port()
-    server = serve(models, server_port, extra=["--token-file", str(tokens), "--trusted-proxy", "127.0.0.1"])
+    # An address may hold 128 inference calls (64 by default): the stream-cap test's 100 stay open at the server.
+    extra = ["--token-file", str(tokens), "--trusted-proxy", "127.0.0.1", "--calls-per-peer", "128"]
+    server = serve(models, server_port, extra=extra)
     env = {
         **os.environ,
         "SPLITRT_PROXY_BIND": f"127.0.0.1:{proxy_port}",
@@ -288,7 +290,8 @@ def _h2_tls(edge: Edge) -> ssl.SSLContext:
 def test_streams_beyond_the_cap_are_refused_by_the_proxy(edge: Edge) -> None:
     """The proxy announces 100 concurrent streams per connection and refuses the 101st (RST_STREAM
     REFUSED_STREAM, 7) before it reaches the server, which sets no stream cap of its own. 101 InferStream
-    calls, headers only, in one write."""
+    calls, headers only, in one write; the server holds the first 100 open (waiting for their frames), so
+    however the proxy's reads and the server's answers interleave, 100 are open when the 101st comes."""
     host, port = edge.address.rsplit(":", 1)
     with RawConnection(host, int(port), tls=_h2_tls(edge), source="127.0.0.6") as raw:
         auth = [("authorization", f"Bearer {TOKEN}")]
@@ -300,6 +303,7 @@ def test_streams_beyond_the_cap_are_refused_by_the_proxy(edge: Edge) -> None:
         assert raw.settings.get(3) == 100, raw.settings  # SETTINGS_MAX_CONCURRENT_STREAMS
         assert raw.reset.get(ids[-1]) == 7 and not raw.closed, (raw.reset, raw.closed)
         assert [i for i in ids[:-1] if raw.reset.get(i) == 7] == []
+        assert raw.finished.isdisjoint(ids[:-1])  # the first 100 are open at the server, waiting for frames
     with edge.device(source="127.0.0.6") as dev:  # the address goes on
         assert dev.run_detailed(dev.random_inputs(), cut="c2").where == "cloud"
 

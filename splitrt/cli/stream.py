@@ -46,7 +46,7 @@ def _policy(args: argparse.Namespace, mg: Any, table: Any, allowed: Any = None) 
 
 
 def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
-    from splitrt.cli.inputs import load_graph, load_inputs
+    from splitrt.cli.inputs import load_graph
     from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
     from splitrt.plan.controller import ControllerConfig
     from splitrt.plan.costmodel import DEFAULT_POWER
@@ -79,14 +79,7 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
         log = stack.enter_context(open(args.decision_log, "a", encoding="utf-8")) if args.decision_log else None
         if args.edge:
             dev = stack.enter_context(_chain_device(args, mg, table, device_config, board, log))
-            inputs = (
-                dev.local.random_inputs(args.seed)
-                if (args.random or not args.input)
-                else load_inputs(dev.local, args.input)
-            )
-            reference = dev.local.run_local(inputs) if args.verify else None
-            rows, summary = _stream(dev, inputs, count, args, reference)
-            return _finish(args, rows, summary)
+            return _finish(args, *_stream_inputs(dev, count, args))
         dev = stack.enter_context(
             AdaptiveDevice(
                 mg,
@@ -111,14 +104,20 @@ def run_stream(args: argparse.Namespace, device_config: DeviceConfig) -> int:
                 "until one appears)",
                 file=sys.stderr,
             )
-        inputs = (
-            dev.local.random_inputs(args.seed)
-            if (args.random or not args.input)
-            else load_inputs(dev.local, args.input)
-        )
-        reference = dev.local.run_local(inputs) if args.verify else None
-        rows, summary = _stream(dev, inputs, count, args, reference)
+        rows, summary = _stream_inputs(dev, count, args)
     return _finish(args, rows, summary)
+
+
+def _stream_inputs(dev: Any, count: int, args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``_stream`` over the inputs the flags name (``--random``, else ``--input``), the local run's outputs
+    as the reference with ``--verify``."""
+    from splitrt.cli.inputs import load_inputs
+
+    inputs = (
+        dev.local.random_inputs(args.seed) if (args.random or not args.input) else load_inputs(dev.local, args.input)
+    )
+    reference = dev.local.run_local(inputs) if args.verify else None
+    return _stream(dev, inputs, count, args, reference)
 
 
 def _allowed(args: argparse.Namespace, mg: Any, table: Any, board: Any) -> Any:

@@ -33,7 +33,15 @@ from splitrt.errors import CutError, ModelError
 from splitrt.graph import shapes
 from splitrt.graph.cuts import Cut, enumerate_cuts
 from splitrt.graph.flops import node_flops
-from splitrt.graph.normalise import MIN_OPSET, all_inputs, check_and_infer, default_opset, normalise, short_error
+from splitrt.graph.normalise import (
+    MIN_OPSET,
+    all_inputs,
+    check_and_infer,
+    default_opset,
+    normalise,
+    producers,
+    short_error,
+)
 from splitrt.graph.shapes import ShapeBinding
 from splitrt.graph.tensors import TensorInfo
 
@@ -314,11 +322,7 @@ def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
             init.name, dt.name, tuple(int(d) for d in init.dims), int(np.prod(init.dims, dtype=np.int64)) * dt.itemsize
         )
     nodes = list(g.node)
-    producer: dict[str, int] = {}
-    for idx, n in enumerate(nodes):
-        for o in n.output:
-            if o:
-                producer[o] = idx
+    producer = producers(nodes)
     node_inputs = [tuple(i for i in all_inputs(n) if i not in inits) for n in nodes]
     consumers: dict[str, list[int]] = {}
     for idx, ins in enumerate(node_inputs):

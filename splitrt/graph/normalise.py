@@ -10,7 +10,9 @@ inference without the large weights' bytes. ``splitrt.graph.model.load`` applies
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -223,16 +225,23 @@ def _output_elements(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto], 
     shapes = {vi.name: vi.type.tensor_type for vi in list(inferred.graph.output) + list(inferred.graph.value_info)}
     total = 0
     for o in outs:
-        tt = shapes.get(o)
-        if tt is None or not tt.HasField("shape"):
+        n = None if (tt := shapes.get(o)) is None else static_elements(tt)
+        if n is None:
             return None
-        n = 1
-        for d in tt.shape.dim:
-            if not d.HasField("dim_value") or d.dim_value < 0:
-                return None
-            n *= int(d.dim_value)
         total += n
     return total
+
+
+def static_elements(tt: Any) -> int | None:
+    """The element count of an ``onnx.TypeProto.Tensor`` whose every dimension is a known value, else None."""
+    if not tt.HasField("shape"):
+        return None
+    n = 1
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        n *= int(d.dim_value)
+    return n
 
 
 def _subgraph_captures(node: onnx.NodeProto) -> set[str]:
@@ -255,15 +264,16 @@ def all_inputs(node: onnx.NodeProto) -> list[str]:
     return [i for i in list(node.input) + extra if i]
 
 
+def producers(nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
+    """Each tensor a node makes, by name: the index of that node in ``nodes``."""
+    return {o: idx for idx, n in enumerate(nodes) for o in n.output if o}
+
+
 def _toposort(m: onnx.ModelProto) -> None:
     """Stable topological sort (Kahn, ties by original position); rejects cycles."""
     g = m.graph
     nodes = list(g.node)
-    produced_by: dict[str, int] = {}
-    for idx, n in enumerate(nodes):
-        for o in n.output:
-            if o:
-                produced_by[o] = idx
+    produced_by = producers(nodes)
     preds = [{produced_by[i] for i in all_inputs(n) if i in produced_by} - {idx} for idx, n in enumerate(nodes)]
     succs: list[list[int]] = [[] for _ in nodes]
     for idx, ps in enumerate(preds):

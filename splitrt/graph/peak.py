@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from splitrt.graph.normalise import static_elements
+
 # Initializers larger than this many elements become inputs of the skeleton (their values never
 # decide a shape; small ones, like Reshape's target, do and are kept).
 _KEEP_ELEMENTS = 1024
@@ -192,14 +194,8 @@ def peak_bytes(skel: Any, shapes: dict[str, tuple[int, ...]], values: Values | N
 
 def _bytes(vi: Any) -> int | None:
     tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        return None
-    n = 1
-    for d in tt.shape.dim:
-        if not d.HasField("dim_value") or d.dim_value < 0:
-            return None
-        n *= int(d.dim_value)
-    return n * _itemsize(tt.elem_type)
+    n = static_elements(tt)
+    return None if n is None else n * _itemsize(tt.elem_type)
 
 
 def _itemsize(elem_type: int) -> int:

@@ -27,11 +27,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import numpy as np
 
 from splitrt.errors import InputError, ModelError, SplitrtError
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations only
+    from typing_extensions import Unpack
 
 # onnxruntime's exception types that say the model (not the inputs) is at fault when a run fails.
 _MODEL_AT_FAULT = {
@@ -90,15 +93,20 @@ def mapped(
     return cls(f"{what} failed in onnxruntime{where}{at}: expected {expected}, got {cause}")
 
 
+class _Stage(TypedDict):
+    stage: Literal["build", "run"]
+
+
+class Context(_Stage, total=False):
+    """``mapped``'s keywords after ``what``: ``stage`` (required), ``feeds``, ``where``, ``error``."""
+
+    feeds: Mapping[str, Any] | None
+    where: str
+    error: type[SplitrtError] | None
+
+
 @contextmanager
-def onnxruntime_errors(
-    what: str,
-    *,
-    stage: Literal["build", "run"],
-    feeds: Mapping[str, Any] | None = None,
-    where: str = "",
-    error: type[SplitrtError] | None = None,
-) -> Iterator[None]:
+def onnxruntime_errors(what: str, **context: Unpack[Context]) -> Iterator[None]:
     """Map onnxruntime's exceptions raised in the block (see the module doc); ``what`` names the model or
     segment, ``where`` the machine (``" on this device"``), ``feeds`` what a run was given."""
     try:
@@ -106,4 +114,4 @@ def onnxruntime_errors(
     except Exception as exc:
         if not is_onnxruntime_error(exc):
             raise
-        raise mapped(exc, what, stage=stage, feeds=feeds, where=where, error=error) from exc
+        raise mapped(exc, what, **context) from exc

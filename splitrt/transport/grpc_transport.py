@@ -3,7 +3,7 @@ framed by hand (``wire.serialize`` / ``wire.deserializer``), the bearer token as
 
 The channel is opened on the first call (a TLS CA file is read then, not when the transport is built)
 and ``close()`` drops it: a later call opens a fresh one. gRPC errors become ``CloudError`` here and
-nowhere else (``_mapped``).
+nowhere else (``mapped``).
 
 - ``GrpcTransport(address, *, token, max_message_bytes, keepalive_s, tls, tls_ca_path, tls_server_name)``.
 - A ``dns:///NAME:PORT`` address (a Kubernetes headless Service) gets gRPC's ``round_robin`` over every address
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import grpc
 
@@ -30,6 +30,9 @@ from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport import wire
 from splitrt.transport.base import describe_infer, describe_upload
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations only
+    from typing_extensions import Unpack
 
 # gRPC targets that may name several servers: one channel balances over them (``round_robin``).
 ROUND_ROBIN_SCHEMES = ("dns:", "ipv4:", "ipv6:")
@@ -46,7 +49,7 @@ class _Calls:
 
 
 @contextmanager
-def _mapped(what: Callable[[], str]) -> Iterator[None]:
+def mapped(what: Callable[[], str]) -> Iterator[None]:
     """The boundary: a gRPC error becomes ``CloudError(code=<status name>, retryable=...)``; ``what`` is
     called only on failure (a stream learns what it carries as it goes)."""
     try:
@@ -55,36 +58,52 @@ def _mapped(what: Callable[[], str]) -> Iterator[None]:
         raise wire.cloud_error(exc, what()) from exc
 
 
-class GrpcTransport:
-    """The ``SplitInference`` service at ``address`` ("host:port"); implements ``Transport``.
+class ClientOptions(TypedDict, total=False):
+    """How a client reaches its server besides the address and keep-alive (``GrpcClient``)."""
 
-    TLS is on when ``tls`` or ``tls_ca_path`` is given (``tls_server_name`` overrides the name checked).
-    """
+    token: str | None
+    max_message_bytes: int
+    tls: bool
+    tls_ca_path: Path | None
+    tls_server_name: str | None
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        token: str | None = None,
-        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
-        keepalive_s: float = 30.0,
-        tls: bool = False,
-        tls_ca_path: Path | None = None,
-        tls_server_name: str | None = None,
-    ) -> None:
+
+class GrpcClient:
+    """A client of one gRPC server at ``address``: ``token`` sent as a bearer token with every call, the
+    message limit, keep-alive pings every ``keepalive_s``. TLS is on when ``tls`` or ``tls_ca_path`` is given
+    (``tls_server_name`` overrides the name checked); the CA file is read when a channel opens."""
+
+    def __init__(self, address: str, *, keepalive_s: float, **options: Unpack[ClientOptions]) -> None:
+        token = options.get("token")
         self._address = address
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        self._max_message_bytes = max_message_bytes
+        self._max_message_bytes = options.get("max_message_bytes", wire.DEFAULT_MAX_MESSAGE_BYTES)
         self._keepalive_s = keepalive_s
-        self._tls = tls or tls_ca_path is not None
-        self._tls_ca_path = tls_ca_path
-        self._tls_server_name = tls_server_name
+        self._tls_ca_path = options.get("tls_ca_path")
+        self._tls = options.get("tls", False) or self._tls_ca_path is not None
+        self._tls_server_name = options.get("tls_server_name")
         self._lock = threading.Lock()
-        self._live: _Calls | None = None
 
     @property
     def address(self) -> str:
         return self._address
+
+    def _dial(self, target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
+        """A channel to ``target`` with ``options``, secure when TLS is on."""
+        if not self._tls:
+            return grpc.insecure_channel(target, options)
+        root = Path(self._tls_ca_path).read_bytes() if self._tls_ca_path is not None else None
+        if self._tls_server_name:
+            options.append(("grpc.ssl_target_name_override", self._tls_server_name))
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(root), options)
+
+
+class GrpcTransport(GrpcClient):
+    """The ``SplitInference`` service at ``address`` ("host:port"); implements ``Transport``."""
+
+    def __init__(self, address: str, *, keepalive_s: float = 30.0, **options: Unpack[ClientOptions]) -> None:
+        super().__init__(address, keepalive_s=keepalive_s, **options)
+        self._live: _Calls | None = None
 
     def _open(self) -> grpc.Channel:
         options = wire.channel_options(self._max_message_bytes, self._keepalive_s)
@@ -93,12 +112,7 @@ class GrpcTransport:
             # (``ipv4:10.0.0.1:50051,10.0.0.2:50051``): spread the requests over all of them, not just
             # the first address (gRPC's default, pick_first); a dead one is skipped while it reconnects.
             options.append(("grpc.lb_policy_name", "round_robin"))
-        if not self._tls:
-            return grpc.insecure_channel(self._address, options)
-        root = Path(self._tls_ca_path).read_bytes() if self._tls_ca_path is not None else None
-        if self._tls_server_name:
-            options.append(("grpc.ssl_target_name_override", self._tls_server_name))
-        return grpc.secure_channel(self._address, grpc.ssl_channel_credentials(root), options)
+        return self._dial(self._address, options)
 
     def _calls(self) -> _Calls:
         live = self._live
@@ -128,7 +142,7 @@ class GrpcTransport:
         return self._calls().stub
 
     def infer(self, request: wire.Framed, *, timeout_s: float) -> wire.Framed:
-        # ``_mapped`` inlined: no context manager and closure per request on the hot path.
+        # ``mapped`` inlined: no context manager and closure per request on the hot path.
         try:
             reply: wire.Framed = self._calls().infer(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
@@ -143,11 +157,11 @@ class GrpcTransport:
                 sent[0] = request.header
                 yield request
 
-        with _mapped(lambda: describe_infer(sent[0], self._address, stream=True)):
+        with mapped(lambda: describe_infer(sent[0], self._address, stream=True)):
             yield from self._calls().infer_stream(tap(), timeout=timeout_s, metadata=self._metadata)
 
     def probe(self, request: pb.ProbeRequest, *, timeout_s: float) -> pb.ProbeReply:
-        with _mapped(lambda: f"probe of {self._address}"):
+        with mapped(lambda: f"probe of {self._address}"):
             declared = ((wire.PROBE_BYTES_KEY, str(len(request.payload) + int(request.reply_bytes))),)
             reply: pb.ProbeReply = self._calls().stub.Probe(
                 request, timeout=timeout_s, metadata=self._metadata + declared
@@ -155,7 +169,7 @@ class GrpcTransport:
         return reply
 
     def status(self, *, timeout_s: float) -> pb.StatusReply:
-        with _mapped(lambda: f"status of {self._address}"):
+        with mapped(lambda: f"status of {self._address}"):
             reply: pb.StatusReply = self._calls().stub.Status(
                 pb.StatusRequest(), timeout=timeout_s, metadata=self._metadata
             )
@@ -170,7 +184,7 @@ class GrpcTransport:
                     first[0] = chunk
                 yield chunk
 
-        with _mapped(lambda: describe_upload(first[0], self._address)):
+        with mapped(lambda: describe_upload(first[0], self._address)):
             reply: pb.PutModelReply = self._calls().stub.PutModel(tap(), timeout=timeout_s, metadata=self._metadata)
         return reply
 

@@ -33,12 +33,9 @@ samples; ``put_model`` is ``UNIMPLEMENTED``; replies carry no tail time, queue t
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -48,6 +45,10 @@ from splitrt.transport import codec, wire
 from splitrt.transport import grpc_predict_v2_pb2 as v2pb
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport.base import describe_infer
+from splitrt.transport.grpc_transport import ClientOptions, GrpcClient, mapped
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations only
+    from typing_extensions import Unpack
 
 SCHEME = "v2://"
 SERVICE = "inference.GRPCInferenceService"
@@ -155,17 +156,7 @@ def from_v2_response(response: v2pb.ModelInferResponse, request_id: str) -> wire
     return wire.Framed(header=pb.InferReply(request_id=response.id or request_id), tensors=tensors)
 
 
-@contextmanager
-def _mapped(what: Callable[[], str]) -> Iterator[None]:
-    """gRPC errors become ``CloudError`` (the same mapping as ``GrpcTransport``; ``what`` is called only
-    on failure)."""
-    try:
-        yield
-    except grpc.RpcError as exc:
-        raise wire.cloud_error(exc, what()) from exc
-
-
-class V2Transport:
+class V2Transport(GrpcClient):
     """The v2 service at ``address`` (``v2://host:port``); implements ``Transport`` as far as v2 goes.
 
     ``model_sha256``: the model this transport serves, reported by ``status`` (see the module doc).
@@ -173,32 +164,12 @@ class V2Transport:
     """
 
     def __init__(
-        self,
-        address: str,
-        *,
-        model_sha256: str = "",
-        token: str | None = None,
-        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
-        keepalive_s: float = 300.0,
-        tls: bool = False,
-        tls_ca_path: Path | None = None,
-        tls_server_name: str | None = None,
+        self, address: str, *, model_sha256: str = "", keepalive_s: float = 300.0, **options: Unpack[ClientOptions]
     ) -> None:
-        self._address = address
+        super().__init__(address, keepalive_s=keepalive_s, **options)
         self._model_sha256 = model_sha256
-        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
-        self._max_message_bytes = max_message_bytes
-        self._keepalive_s = keepalive_s
-        self._tls = tls or tls_ca_path is not None
-        self._tls_ca_path = tls_ca_path
-        self._tls_server_name = tls_server_name
-        self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
         self._calls: dict[str, Any] = {}
-
-    @property
-    def address(self) -> str:
-        return self._address
 
     def _open(self) -> grpc.Channel:
         # No pings on an idle channel: a stock gRPC server allows one every 5 min without calls and
@@ -212,12 +183,7 @@ class V2Transport:
         addr = target(self._address)
         if addr.startswith("dns:///"):  # many servers behind one name (headless Service): use them all
             options.append(("grpc.lb_policy_name", "round_robin"))
-        if not self._tls:
-            return grpc.insecure_channel(addr, options)
-        root = Path(self._tls_ca_path).read_bytes() if self._tls_ca_path is not None else None
-        if self._tls_server_name:
-            options.append(("grpc.ssl_target_name_override", self._tls_server_name))
-        return grpc.secure_channel(addr, grpc.ssl_channel_credentials(root), options)
+        return self._dial(addr, options)
 
     def _call(self, method: str, response: Any, *, raw: bool = False) -> Any:
         """The callable for ``method`` on the open channel; ``raw``: it takes the request's bytes."""
@@ -244,7 +210,7 @@ class V2Transport:
         def what() -> str:
             return f"{describe_infer(request.header, self._address)} (v2 model {v2req.model_name})"
 
-        with _mapped(what):
+        with mapped(what):
             reply = self._call("ModelInfer", v2pb.ModelInferResponse)(v2req, timeout=timeout_s, metadata=self._metadata)
         try:
             return from_v2_response(reply, request.header.request_id)
@@ -268,7 +234,7 @@ class V2Transport:
         server parses and drops; nothing comes back (``reply_bytes`` cannot be honoured)."""
         payload = bytes(request.payload)
         body = _PROBE_FIELD_TAG + _varint(len(payload)) + payload if payload else b""
-        with _mapped(lambda: f"probe (ServerLive) of {self._address}"):
+        with mapped(lambda: f"probe (ServerLive) of {self._address}"):
             reply = self._call("ServerLive", v2pb.ServerLiveResponse, raw=True)(
                 body, timeout=timeout_s, metadata=self._metadata
             )
@@ -284,7 +250,7 @@ class V2Transport:
         def left() -> float:
             return max(0.001, t_end - time.monotonic())
 
-        with _mapped(lambda: f"status (ServerReady) of {self._address}"):
+        with mapped(lambda: f"status (ServerReady) of {self._address}"):
             ready = self._call("ServerReady", v2pb.ServerReadyResponse)(
                 v2pb.ServerReadyRequest(), timeout=left(), metadata=self._metadata
             )
@@ -318,14 +284,14 @@ class V2Transport:
 
     def model_metadata(self, name: str, *, timeout_s: float) -> v2pb.ModelMetadataResponse:
         """One v2 model's metadata (``NOT_FOUND`` as ``CloudError`` when the server lacks it)."""
-        with _mapped(lambda: f"metadata of {name} on {self._address}"):
+        with mapped(lambda: f"metadata of {name} on {self._address}"):
             reply: v2pb.ModelMetadataResponse = self._call("ModelMetadata", v2pb.ModelMetadataResponse)(
                 v2pb.ModelMetadataRequest(name=name), timeout=timeout_s, metadata=self._metadata
             )
         return reply
 
     def model_ready(self, name: str, *, timeout_s: float) -> bool:
-        with _mapped(lambda: f"readiness of {name} on {self._address}"):
+        with mapped(lambda: f"readiness of {name} on {self._address}"):
             reply = self._call("ModelReady", v2pb.ModelReadyResponse)(
                 v2pb.ModelReadyRequest(name=name), timeout=timeout_s, metadata=self._metadata
             )

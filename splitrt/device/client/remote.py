@@ -38,7 +38,7 @@ from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport.base import Transport
-from splitrt.transport.grpc_transport import GrpcTransport
+from splitrt.transport.grpc_transport import ClientOptions, GrpcTransport
 from splitrt.transport.v2 import V2Transport, is_v2
 
 __all__ = ["Remote"]
@@ -68,27 +68,18 @@ class _CloudLink:
         if not self.cloud:
             raise ConfigError("no cloud: expected Device(model, 'host:port'), got none")
         cfg = self.config
+        options: ClientOptions = {
+            "token": cfg.token,
+            "max_message_bytes": cfg.max_message_bytes,
+            "tls": cfg.tls,
+            "tls_ca_path": cfg.tls_ca_path,
+            "tls_server_name": cfg.tls_server_name,
+        }
         built: Transport
         if is_v2(self.cloud):  # v2://host:port: a standard serving engine (Open Inference Protocol v2)
-            built = V2Transport(
-                self.cloud,
-                model_sha256=self.sha256,
-                token=cfg.token,
-                max_message_bytes=cfg.max_message_bytes,
-                tls=cfg.tls,
-                tls_ca_path=cfg.tls_ca_path,
-                tls_server_name=cfg.tls_server_name,
-            )
+            built = V2Transport(self.cloud, model_sha256=self.sha256, **options)
         else:
-            built = GrpcTransport(
-                self.cloud,
-                token=cfg.token,
-                max_message_bytes=cfg.max_message_bytes,
-                keepalive_s=cfg.keepalive_s,
-                tls=cfg.tls,
-                tls_ca_path=cfg.tls_ca_path,
-                tls_server_name=cfg.tls_server_name,
-            )
+            built = GrpcTransport(self.cloud, keepalive_s=cfg.keepalive_s, **options)
         with self._lock:
             if self._transport is None:
                 self._transport = built

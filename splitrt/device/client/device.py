@@ -45,9 +45,9 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -60,17 +60,32 @@ from splitrt.device.client.messages import (
     assemble,
     frame_result,
 )
-from splitrt.device.client.remote import Remote
+from splitrt.device.client.remote import Remote, SendOptions
 from splitrt.device.client.sessions import SessionCache
 from splitrt.transport import codec, wire
-from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport.base import Transport
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations only
+    from typing_extensions import Unpack
 
 # Importable from here as before the split (``splitrt.device.client`` is where apps and runtimes look).
 __all__ = ["DEVICE_CUT", "Device", "DeviceConfig", "HeadResult", "ProbeResult", "SplitResult", "read_token"]
 
 DEVICE_CUT = "device"
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _on_remote(method: Callable[Concatenate[Remote, _P], _R]) -> Callable[Concatenate[Device, _P], _R]:
+    """``method`` called on a device's ``Remote``: a Device method of the same signature and docstring."""
+
+    @functools.wraps(method)
+    def on_remote(self: Device, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return method(self._remote, *args, **kwargs)
+
+    return on_remote
 
 
 class Device(InputChecks):
@@ -181,33 +196,12 @@ class Device(InputChecks):
         """The generated gRPC stub on this device's channel (stock protobuf framing)."""
         return self._remote.stub()
 
-    def status(self, timeout_s: float | None = None) -> pb.StatusReply:
-        return self._remote.status(timeout_s)
-
-    def probe(
-        self,
-        up_bytes: int,
-        down_bytes: int,
-        timeout_s: float | None = None,
-        *,
-        next_bytes: tuple[int, int] | None = None,
-    ) -> ProbeResult:
-        """One echo of ``up_bytes`` up and ``down_bytes`` down (feed netmon with the result);
-        ``next_bytes=(up, down)``: an edge also probes its next tier with these sizes."""
-        return self._remote.probe(up_bytes, down_bytes, timeout_s, next_bytes=next_bytes)
-
-    def upload_model(self, timeout_s: float | None = None) -> pb.PutModelReply:
-        """Stream the model file to the cloud (verified there by sha256)."""
-        return self._remote.upload_model(timeout_s)
-
-    def ensure_model(self, force: bool = False, *, timeout_s: float | None = None, wait_upload: bool = True) -> None:
-        """Make sure the cloud has the model (``CloudError`` if it cannot be made sure of): see the module
-        docstring (one ``Status`` check, failures remembered, uploads inline or in the background)."""
-        self._remote.ensure_model(force, timeout_s=timeout_s, wait_upload=wait_upload)
-
-    def upload_in_progress(self) -> bool:
-        """True while a background upload of this model to this cloud runs (started by ``send``)."""
-        return self._remote.upload_in_progress()
+    # The cloud's side of a device: ``Remote``'s methods on the device's remote, signatures and docs included.
+    status = _on_remote(Remote.status)
+    probe = _on_remote(Remote.probe)
+    upload_model = _on_remote(Remote.upload_model)
+    ensure_model = _on_remote(Remote.ensure_model)
+    upload_in_progress = _on_remote(Remote.upload_in_progress)
 
     @property
     def _model_checked(self) -> bool:
@@ -221,19 +215,11 @@ class Device(InputChecks):
     def _request(self, head: HeadResult, spec: codec.Codec) -> tuple[wire.Framed, int]:
         return self._remote.request(head, spec)
 
-    def send(
-        self,
-        head: HeadResult,
-        *,
-        codec_spec: str | codec.Codec | None = None,
-        timeout_s: float | None = None,
-        next_cut: str | None = None,
-    ) -> SplitResult:
-        """Ship ``head``'s crossing tensors to the cloud, return the outputs (``CloudError`` on failure).
-        ``next_cut``: the server is an edge that runs up to this cut and forwards the rest (``.hops``)."""
+    def send(self, head: HeadResult, **options: Unpack[SendOptions]) -> SplitResult:
+        """``Remote.send``, but a head cut at ``device`` is finished here."""
         if head.cut_id == DEVICE_CUT:
             return self.finish_locally(head)
-        return self._remote.send(head, codec_spec=codec_spec, timeout_s=timeout_s, next_cut=next_cut)
+        return self._remote.send(head, **options)
 
     def run_detailed(
         self, inputs: Mapping[str, Any], *, cut: str, codec_spec: str | None = None, timeout_s: float | None = None

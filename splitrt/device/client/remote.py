@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -90,6 +90,14 @@ class _CloudLink:
             link, self._transport = self._transport, self._injected
         if link is not None:
             link.close()
+
+
+class SendOptions(TypedDict, total=False):
+    """``Remote.send``'s keywords."""
+
+    codec_spec: str | codec.Codec | None
+    timeout_s: float | None
+    next_cut: str | None
 
 
 class Remote:

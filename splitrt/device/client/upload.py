@@ -59,7 +59,7 @@ class ModelUploader:
         return self._link().put_model(chunks(), timeout_s=timeout_s or self.config.upload_timeout_s)
 
     def ensure(self, force: bool = False, *, timeout_s: float | None = None, wait_upload: bool = True) -> None:
-        """See ``Device.ensure_model``."""
+        """See ``Remote.ensure_model``."""
         if self.checked and not force:
             return
         now = time.monotonic()

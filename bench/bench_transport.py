@@ -385,12 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.raw_echo_server:
         raw_echo_server()
         return 0
+    load_before = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         overhead = [] if args.skip_overhead else bench_overhead(args, tmp)
         throughput = None if args.skip_throughput else bench_throughput(args, tmp)
     if args.json:
-        print(json.dumps({"overhead": overhead, "throughput": throughput}, indent=2))
+        loads = {"load_avg_before": load_before, "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
+        print(json.dumps({"overhead": overhead, "throughput": throughput, **loads}, indent=2))
         return 0
     if overhead:
         cols = [

@@ -405,9 +405,12 @@ BENCHES: list[Bench] = [
         name="transport",
         title="Transport overhead and server throughput",
         what="A split request's overhead over raw gRPC per payload size, and the server's throughput with "
-        "8 device processes. See [The server](../operator/server.md).",
+        "8 devices; with `--b-pythonpath OLD` (another tree: `git archive 545808c | tar -x -C OLD`) a second "
+        "server runs that tree's splitrt, its requests and throughput rounds alternating with this one's "
+        "(`b_*` columns; `a_minus_b_ms`: median of paired differences, 95 % CI). See "
+        "[The server](../operator/server.md).",
         cheap=False,
-        how=".venv/bin/python bench/bench_transport.py --json > transport.json   # a few minutes, starts servers",
+        how=".venv/bin/python bench/bench_transport.py --b-pythonpath OLD --json > transport.json   # a few minutes",
     ),
     Bench(
         name="warm",

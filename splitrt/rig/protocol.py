@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from splitrt.device.client.messages import StageTimes
 from splitrt.errors import RigError
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class Ack:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Record:
+class Record(StageTimes):
     """One request as measured on the device, for every topology and strategy."""
 
     i: int
@@ -116,12 +117,6 @@ class Record:
     where: str = "local"  # local | cloud (the request left the device)
     server: str | None = None  # the first server that answered; None: completed on the device
     finished_by: str = "device"  # device | edge | cloud
-    head_ms: float = 0.0
-    encode_ms: float = 0.0
-    rpc_ms: float = 0.0
-    decode_ms: float = 0.0
-    tail_ms: float = 0.0
-    queue_ms: float = 0.0
     bytes_up: float = 0.0
     bytes_down: float = 0.0
     predicted_ms: float = math.nan
@@ -143,7 +138,7 @@ def predicted_terms(d: Any) -> dict[str, float]:
 
 
 # the ``Record`` fields copied as they are from the device's ``SplitResult``, and from the runtime's ``Outcome``
-RESULT_FIELDS = ("head_ms", "encode_ms", "rpc_ms", "decode_ms", "tail_ms", "queue_ms", "bytes_up", "bytes_down")
+RESULT_FIELDS = (*(f.name for f in fields(StageTimes)), "bytes_up", "bytes_down")
 OUTCOME_FIELDS = ("latency_ms", "plan", "fallback", "server", "finished_by")
 
 

@@ -65,7 +65,20 @@ class Hops:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SplitResult:
+class StageTimes:
+    """Where a split request's time went, by stage: the device's head and encoding, the call, the server's
+    decoding, tail and queue."""
+
+    head_ms: float = 0.0
+    encode_ms: float = 0.0
+    rpc_ms: float = 0.0
+    decode_ms: float = 0.0
+    tail_ms: float = 0.0
+    queue_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitResult(StageTimes):
     """Outputs and where the time went (milliseconds)."""
 
     outputs: dict[str, np.ndarray]
@@ -73,12 +86,6 @@ class SplitResult:
     codec: str
     where: str  # "cloud" or "local"
     request_id: str
-    head_ms: float = 0.0
-    encode_ms: float = 0.0
-    rpc_ms: float = 0.0
-    decode_ms: float = 0.0
-    tail_ms: float = 0.0
-    queue_ms: float = 0.0
     build_ms: float = 0.0  # the cloud built the tail session for this request (its first on the cut)
     check_ms: float = 0.0  # the model check before the call (once per cloud: a one-off, not in total_ms)
     total_ms: float = 0.0

@@ -111,20 +111,8 @@ class Decision(HopTerms):
         return self.tier_ms[-1] if len(self.tier_ms) > 1 else 0.0
 
     @property
-    def transfer_ms(self) -> float:
-        return sum(self.hop_upload_ms)
-
-    @property
-    def download_ms(self) -> float:
-        return sum(self.hop_download_ms)
-
-    @property
     def round_trip_ms(self) -> float:
         return sum(self.hop_rtt_ms)
-
-    @property
-    def queue_ms(self) -> float:
-        return sum(self.hop_queue_ms)
 
     @property
     def cuts(self) -> tuple[str, ...]:

@@ -79,11 +79,27 @@ class PathConditions:
 
 
 class HopTerms:
-    """The device's encode and call and the cloud's decode summed over a plan's hops (``Plan``, ``Decision``)."""
+    """A plan's per-hop time terms summed over its hops (``Plan``, ``Decision``): the wire up and down, the
+    wait for a worker, the sender's encode and call, the receiver's decode."""
 
+    hop_upload_ms: tuple[float, ...]
+    hop_download_ms: tuple[float, ...]
+    hop_queue_ms: tuple[float, ...]
     hop_encode_ms: tuple[float, ...]
     hop_call_ms: tuple[float, ...]
     hop_decode_ms: tuple[float, ...]
+
+    @property
+    def transfer_ms(self) -> float:
+        return sum(self.hop_upload_ms)
+
+    @property
+    def download_ms(self) -> float:
+        return sum(self.hop_download_ms)
+
+    @property
+    def queue_ms(self) -> float:
+        return sum(self.hop_queue_ms)
 
     @property
     def encode_ms(self) -> float:
@@ -157,20 +173,8 @@ class Plan(HopTerms):
         return self.tier_ms[-1]
 
     @property
-    def transfer_ms(self) -> float:
-        return sum(self.hop_upload_ms)
-
-    @property
-    def download_ms(self) -> float:
-        return sum(self.hop_download_ms)
-
-    @property
     def rtt_ms(self) -> float:
         return sum(self.hop_rtt_ms)
-
-    @property
-    def queue_ms(self) -> float:
-        return sum(self.hop_queue_ms)
 
     @property
     def bytes(self) -> int:

@@ -194,25 +194,16 @@ def plan_power(device: Profile, board: Board | None, *, profile_label: str = "de
     if board is not None:
         radio_source = board.radio_source or f"{board.path} [power] radio_w"
     measured = profile_energy(device)
-    if measured is None or measured.source != MEASURED:
-        return PowerFigures(
-            power=base,
-            source=ESTIMATED,
-            reader=None,
-            origin=origin,
-            radio_source=radio_source,
-            note="the device profile has no measured energy",
-        )
     machine = str(device.host.get("machine", ""))
-    if board is not None and board.arch and machine and machine != board.arch:
+    estimated = ""  # why the board's figures stand, not the profile's
+    if measured is None or measured.source != MEASURED:
+        estimated = "the device profile has no measured energy"
+    elif board is not None and board.arch and machine and machine != board.arch:
         # a host profile standing in for the board: its power is the host's, not the board's
+        estimated = f"the profile's energy was measured on {machine}, the board is {board.arch}"
+    if measured is None or estimated:
         return PowerFigures(
-            power=base,
-            source=ESTIMATED,
-            reader=None,
-            origin=origin,
-            radio_source=radio_source,
-            note=f"the profile's energy was measured on {machine}, the board is {board.arch}",
+            power=base, source=ESTIMATED, reader=None, origin=origin, radio_source=radio_source, note=estimated
         )
     power = Power(idle_w=measured.idle_w, active_w=measured.busy_w, radio_w=base.radio_w)
     return PowerFigures(

@@ -28,7 +28,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
@@ -40,7 +39,7 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.common import RpcFailure, disk_failure
-from splitrt.cloud.models.checker import NICE
+from splitrt.cloud.models.checker import child_init
 from splitrt.errors import CutError
 
 __all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
@@ -89,21 +88,6 @@ def segment_of(graph: Any, sha256: str, cut_id: str, root: Path) -> Any:
             f"cut {cut_id!r} of model {sha256[:12]} leaves nothing to run on a server: expected a cut before 'device'",
         )
     return segment
-
-
-def _init(parent: int) -> None:
-    """In the child: its imports first (at the server's priority), then the lower priority; it exits
-    when the server that started it is gone."""
-    import onnx  # noqa: F401
-
-    os.nice(NICE)
-
-    def orphaned() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=orphaned, daemon=True).start()
 
 
 def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None, out: str) -> tuple[Any, ...]:
@@ -192,7 +176,7 @@ class Builder:
             if self._pool is None:
                 ctx = multiprocessing.get_context("spawn")
                 self._pool = ProcessPoolExecutor(
-                    max_workers=self.max_workers, mp_context=ctx, initializer=_init, initargs=(os.getpid(),)
+                    max_workers=self.max_workers, mp_context=ctx, initializer=child_init, initargs=(os.getpid(), "onnx")
                 )
             if self._dir is None:
                 try:

@@ -14,6 +14,7 @@ check (it holds ~100 MB of imports); it exits by itself if the server goes away.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import threading
@@ -27,7 +28,7 @@ import grpc
 
 from splitrt.cloud.common import RpcFailure
 
-__all__ = ["IDLE_S", "NICE", "run", "shutdown", "warm"]
+__all__ = ["IDLE_S", "NICE", "child_init", "run", "shutdown", "warm"]
 
 # The child's niceness: below the server's requests, still above nothing.
 NICE = 10
@@ -40,15 +41,16 @@ _last_used = 0.0
 _busy = 0
 
 
-def _init(parent: int) -> None:
-    """In the child: what a check needs imported first (at the server's priority: a check should not
-    wait seconds for its imports on a busy host), then the lower priority; exit when the server that
-    started it is gone."""
-    import onnx  # noqa: F401
+# What a check needs imported (the upload module's check loads a model through the store).
+_CHECK_IMPORTS = ("onnx", "splitrt.cloud.models.store", "splitrt.graph.model")
 
-    import splitrt.cloud.models.store  # what the upload module's check needs
-    import splitrt.graph.model  # noqa: F401
 
+def child_init(parent: int, *modules: str) -> None:
+    """A worker child's initializer: ``modules`` imported first (at the server's priority: work should not
+    wait seconds for its imports on a busy host), then the lower priority ``NICE``; the child exits when
+    the server ``parent`` that started it is gone."""
+    for name in modules:
+        importlib.import_module(name)
     os.nice(NICE)
 
     def orphaned() -> None:
@@ -77,7 +79,9 @@ def _ensure() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
         ctx = multiprocessing.get_context("spawn")
-        _pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init, initargs=(os.getpid(),))
+        _pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=ctx, initializer=child_init, initargs=(os.getpid(), *_CHECK_IMPORTS)
+        )
     return _pool
 
 

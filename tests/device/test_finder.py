@@ -27,6 +27,7 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
 from splitrt.profile.priors import flops_table
+from splitrt.rig.cloudserver import ServerProcess, start_server
 from splitrt.transport.discovery import ServerInfo
 
 MODEL = "squeezenet"
@@ -246,43 +247,27 @@ def test_device_moves_to_the_other_advertised_cloud_without_failing(lan: Any, mo
     model = str(zoo.get(MODEL))
     n = 48
 
-    def serve(host: Any, name: str) -> Proc:
-        return Proc(
-            host,
-            [
-                sys.executable,
-                "-m",
-                "splitrt.cli",
-                "serve",
-                "--models",
-                str(models_dir),
-                # no TLS/token on a test LAN: the choice is explicit (--insecure)
-                "--host",
-                "0.0.0.0",
-                "--insecure",
-                "--port",
-                "50051",
-                "--workers",
-                "1",
-                "--intra-op-threads",
-                "1",
-                "--drain-s",
-                "2",
-                "--advertise",
-                "--advertise-name",
-                name,
-                "--advertise-interface",
-                host.ip,
-                "--advertise-address",
-                host.ip,
-            ],
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+    def serve(host: Any, name: str) -> ServerProcess:
+        # no TLS/token on a test LAN: the choice is explicit (--insecure); ready once it advertises
+        flags = ["--host", "0.0.0.0", "--insecure", "--workers", "1", "--intra-op-threads", "1", "--drain-s", "2"]
+        flags += ["--advertise", "--advertise-name", name, "--advertise-interface", host.ip]
+        return start_server(
+            models_dir,
+            *flags,
+            "--advertise-address",
+            host.ip,
+            port=50051,
+            popen=lambda argv: host.popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env),
+            wait=False,
         )
 
     clouds = {f"{h1.ip}:50051": serve(h1, "cloud-a"), f"{h2.ip}:50051": serve(h2, "cloud-b")}
     device: Proc | None = None
     try:
         for p in clouds.values():
-            p.wait_for(lambda p=p: any('"advertised"' in ln for ln in p.err))
+            p.event("advertised")
         device = Proc(
             h0,
             [
@@ -319,8 +304,7 @@ def test_device_moves_to_the_other_advertised_cloud_without_failing(lan: Any, mo
         other = next(a for a in clouds if a != first)
         t_stop = time.monotonic()
         n_before = len(requests())
-        clouds[first].stop()
-        assert clouds[first].proc.returncode == 0, "".join(clouds[first].err)[-2000:]
+        assert clouds[first].stop() == 0, clouds[first].output()
         dev.wait_for(lambda: any(r["server"] == other for r in requests()[n_before:]))
         failover_s = time.monotonic() - t_stop
         dev.wait_for(lambda: any(ln.startswith('{"summary"') for ln in dev.out), timeout_s=120)
@@ -331,7 +315,7 @@ def test_device_moves_to_the_other_advertised_cloud_without_failing(lan: Any, mo
         for p in clouds.values():
             p.stop()
     # the servers said they were open, and the device warned before using them
-    assert all(any('"event": "insecure"' in ln for ln in p.err) for p in clouds.values())
+    assert all(p.named("insecure") for p in clouds.values())
     assert any("advertises secure=0" in ln for ln in dev.err), "".join(dev.err)[-2000:]
     rows = requests()
     summary = json.loads(next(ln for ln in dev.out if ln.startswith('{"summary"')))["summary"]

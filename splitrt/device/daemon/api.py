@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import grpc
 import numpy as np
@@ -23,7 +23,17 @@ from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations only
+    from typing_extensions import Unpack
+
 log = logging.getLogger("splitrt.device.daemon")
+
+
+class InferOptions(TypedDict, total=False):
+    """``Daemon.infer``'s keywords: the request's deadline and its id."""
+
+    deadline_ms: float | None
+    request: str | None
 
 
 class Models(Protocol):
@@ -32,14 +42,7 @@ class Models(Protocol):
     def model(self, name: str) -> ServedModel: ...
     def count_failed(self, model: ServedModel) -> None: ...
     def plan(self, model: ServedModel) -> dict[str, Any]: ...
-    def infer(
-        self,
-        model: ServedModel,
-        inputs: Mapping[str, np.ndarray],
-        *,
-        deadline_ms: float | None = None,
-        request: str | None = None,
-    ) -> Any: ...
+    def infer(self, model: ServedModel, inputs: Mapping[str, np.ndarray], **options: Unpack[InferOptions]) -> Any: ...
 
 
 class LocalServicer(pb_grpc.LocalInferenceServicer):

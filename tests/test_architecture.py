@@ -30,8 +30,9 @@ ALLOWED: dict[str, set[str]] = {
     "profile": {"graph", "plan", "transport"},
     "cloud": {"graph", "plan", "profile", "transport"},
     "device": {"graph", "plan", "profile", "transport"},
+    "export": {"graph", "transport"},
     "rig": {"graph", "plan", "profile", "transport", "cloud", "device"},
-    "cli": {"graph", "plan", "profile", "transport", "cloud", "device", "rig"},
+    "cli": {"graph", "plan", "profile", "transport", "cloud", "device", "export", "rig"},
 }
 BASE = {"errors", "paths", "_lazy", ""}
 # Libraries the pure core must not touch: sockets, sessions, processes, clocks, files.

@@ -1,5 +1,5 @@
 """`splitrt export-repository`: a model's tails as a Triton/MLServer model repository (see
-``splitrt.cloud.models.v2repo``), for devices that run with ``--cloud v2://host:port``."""
+``splitrt.export.v2repo``), for devices that run with ``--cloud v2://host:port``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from splitrt.cli.inputs import add_shape_arguments, load_graph
 from splitrt.cli.tables import render
-from splitrt.cloud.models import v2repo
+from splitrt.export import v2repo
 
 
 def register(sub: Any) -> None:

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from splitrt.cli.app import main as cli_main
-from splitrt.cloud.models import v2repo
 from splitrt.device.client import Device
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.errors import CloudError
+from splitrt.export import v2repo
 from splitrt.graph import model as graph
 from splitrt.graph import shapes, zoo
 from splitrt.profile.priors import flops_table

@@ -10,8 +10,8 @@ import onnx
 import pytest
 
 from splitrt.cli.app import main as cli_main
-from splitrt.cloud.models import v2repo
 from splitrt.errors import ConfigError, CutError
+from splitrt.export import v2repo
 from splitrt.graph import model as graph
 from splitrt.graph import partition, shapes, zoo
 from tests.conftest import rel_err, run_segments

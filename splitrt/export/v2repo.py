@@ -20,10 +20,6 @@ or, with ``fixed_shapes``, the bound graph's concrete shapes: the server then re
   runtime needs only mlserver + onnxruntime + numpy and checks each input's datatype and shape against
   ``model-settings.json`` (INVALID_ARGUMENT naming expected and got). Cut ``device`` and an empty list are
   ``ConfigError``, an unknown cut ``CutError``; other models in ``out_dir`` are left alone, these replaced.
-- Tested against a real MLServer 1.7.1 (``tests/v2server.py``: own venv cached at
-  ``~/.cache/splitrt/v2server-venv`` or ``$SPLITRT_V2SERVER_VENV``, installed by the fixture, a failure to
-  install FAILS the test). ``deploy/kubernetes/`` (tests/test_deploy.py): yamllint, ``kubernetes-validate
-  --strict`` at 1.30 for core kinds, ``tests/data/k8s/inferenceservice-v1beta1.schema.json`` for KServe's CRD.
 """
 
 from __future__ import annotations

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 from splitrt._lazy import exports
 
 if TYPE_CHECKING:
-    from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy, replay
+    from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, parse_policy
     from splitrt.plan.correction import CorrectionConfig, Corrections, Observation
     from splitrt.plan.costmodel import Conditions, CostTable, Link, Power
     from splitrt.plan.netmon import LinkConfig, LinkEstimate, LinkEstimator, LoadConfig, LoadEstimate, LoadEstimator
     from splitrt.plan.path import PathConditions, Plan, evaluate_path, parse_path, solve_path
     from splitrt.plan.queueing import QueueConfig, QueueEstimator, expected_wait_ms
+    from splitrt.plan.replay import replay
     from splitrt.plan.solver import evaluate, parse_plan, solve
 
 _NAMES = {
@@ -24,7 +25,7 @@ _NAMES = {
     "Decision": "controller",
     "Policy": "controller",
     "parse_policy": "controller",
-    "replay": "controller",
+    "replay": "replay",
     "CorrectionConfig": "correction",
     "Corrections": "correction",
     "Observation": "correction",

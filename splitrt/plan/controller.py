@@ -15,7 +15,7 @@ from another route prices tiers that are not there (two tiers did this before th
 used to leave ``device`` by hysteresis, now they return as two tiers do).
 
 Every decision is a ``Decision`` whose JSON line (and compact string form) holds all its inputs:
-``replay`` feeds a log back through a fresh controller and must reproduce every decision. No clocks,
+``plan.replay`` feeds a log back through a fresh controller and must reproduce every decision. No clocks,
 sockets or sessions here: ``now_s`` and the estimates come in as arguments.
 
 - ``Controller(table | (device_tbl, edge_tbl, ..., cloud_tbl), ControllerConfig(objective, hysteresis_fraction,
@@ -27,7 +27,7 @@ sockets or sessions here: ``now_s`` and the estimates come in as arguments.
   codec on every hop. ``Policy(spec, controller)``: adaptive, route, periodic:S, fixed:PLAN for any N (a fixed
   plan needs the tiers it sends to, else the controller's fallback).
 - ``Decision`` (``plan.decision``: the record, its JSON line and string form; imported here too).
-  ``replay(lines, table | tables, config) -> [(logged, replayed)]`` reproduces the plans.
+  ``plan.replay.replay(lines, table | tables, config) -> [(logged, replayed)]`` reproduces the plans.
 - ``Controller(table: CostTable, config: ControllerConfig | None, *, power)``: ``.decide(now_s, link:
   LinkEstimate, load: LoadEstimate, *, cloud_available=True, request="") -> Decision``; ``.current`` (plan key
   in use), ``.switches``, ``.warm_plans(link, load) -> list[str]``.
@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -527,69 +527,6 @@ def route_codec_config(config: ControllerConfig, codecs: Sequence[str]) -> Contr
     return replace(route_config(config), codecs=tuple(image or lossy or codecs))
 
 
-def replay(
-    lines: Iterable[str],
-    table: CostTable | Sequence[CostTable],
-    config: ControllerConfig | None = None,
-    *,
-    power: Power = DEFAULT_POWER,
-    model: str | None = None,
-) -> list[tuple[Decision, Decision]]:
-    """Re-run a decision log through a fresh controller: pairs of (logged, replayed) decisions.
-
-    Lines are taken in decision order (``seq``). The corrections are rebuilt from the observations the
-    lines carry (``extra["observed"]``: index, plan, predicted_ms, measured_ms, t_s), each decision
-    replayed after as many as it had seen (``Decision.seen``). A decision a fixed or periodic policy imposed
-    (reason ``policy ...``) is not the controller's: replay adopts it as the plan in use and goes on.
-    ``model`` (a sha256 prefix) picks one model's lines from a daemon's shared log. A log whose
-    decisions carry ``extra["policy"] == "route"`` replays under ``route_config(config)``, ``"route-codec"``
-    under ``route_codec_config``.
-    """
-    ctl = Controller(table, config, power=power)
-    logged_all = sorted((Decision.from_json(line) for line in lines if line.strip()), key=lambda d: d.seq)
-    if model is not None:
-        logged_all = [d for d in logged_all if str(d.extra.get("model", "")).startswith(model[:16])]
-    if any(d.extra.get("policy") == "route" for d in logged_all):
-        ctl.config = route_config(ctl.config)
-    if any(d.extra.get("policy") == ROUTE_CODEC for d in logged_all):
-        ctl.config = route_codec_config(ctl.config, ctl.table.codecs)
-    observed = _observations(logged_all)
-    pairs = []
-    for logged in logged_all:
-        while ctl.corrections.seen < min(logged.seen, len(observed)):  # what it had learnt when it decided
-            ctl.observe(observed[ctl.corrections.seen])
-        if logged.reason.startswith("policy "):
-            ctl.current = logged.plan
-            ctl.live = (0, *[t + 1 for t, u in enumerate(logged.up) if u])
-            pairs.append((logged, logged))
-            continue
-        again = ctl.decide(
-            logged.t_s,
-            [
-                LinkEstimate(bandwidth_mbps=b, rtt_ms=r, confidence=c)
-                for b, r, c in zip(logged.link_mbps, logged.link_rtt_ms, logged.link_confidence, strict=True)
-            ],
-            [
-                LoadEstimate(device_factor=logged.loads[0], cloud_factor=cf, queue_ms=w)
-                for cf, w in zip(logged.loads[1:], logged.waits_ms, strict=True)
-            ],
-            cloud_available=logged.up,
-            request=logged.request,
-        )
-        pairs.append((logged, again))
-    return pairs
-
-
-def _observations(logged: Sequence[Decision]) -> list[Observation]:
-    """The observations the log's lines carry (``extra["observed"]``), in the order they were fed."""
-    found = {}
-    for d in logged:
-        o = d.extra.get("observed")
-        if isinstance(o, dict):
-            found[int(o["index"])] = Observation.from_json(o)
-    return [found[i] for i in sorted(found)]
-
-
 __all__ = [
     "ROUTE_CODEC",
     "ROUTE_CUTS",
@@ -599,7 +536,6 @@ __all__ = [
     "Policy",
     "format_path",
     "parse_policy",
-    "replay",
     "route_codec_config",
     "route_config",
 ]

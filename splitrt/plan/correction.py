@@ -22,7 +22,7 @@ dearer than priced costs one request every few half-lives (the exploration of a 
 and a plan whose cost came back is taken back.
 
 Replay: the observations are the state. Each one is fed in order (``observe`` returns its index), and a
-decision records ``seen`` (how many had been fed when it was made); ``plan.controller.replay`` rebuilds
+decision records ``seen`` (how many had been fed when it was made); ``plan.replay.replay`` rebuilds
 the state by feeding the logged observations (``Observation.to_json``, in the log line of the request
 that made them) up to each decision's ``seen``.
 

@@ -8,7 +8,7 @@ Inputs are per hop (``link_mbps``, ``link_rtt_ms``, ``link_confidence``), per ti
 queue input (0 in logs made before it existed); ``download_ms`` is 0 in older logs, whose ``transfer_ms`` holds the
 reply. ``correction_ms`` is what the plan's requests measured over its price (``plan.correction``; 0 before
 corrections), a term of ``predicted_ms`` like the others; ``seen`` the observations fed before it.
-``plan.controller.replay`` feeds a log back through a controller.
+``plan.replay.replay`` feeds a log back through a controller.
 """
 
 from __future__ import annotations

@@ -37,8 +37,9 @@ from typing import Protocol
 import numpy as np
 
 from splitrt.errors import PlanError
-from splitrt.plan.controller import ControllerConfig, Decision, replay
+from splitrt.plan.controller import ControllerConfig, Decision
 from splitrt.plan.costmodel import CLOUD_CUT, DEFAULT_POWER, CostTable, FloatArray, Power
+from splitrt.plan.replay import replay
 
 #: ``((input name, shape), ...)`` sorted by name: the key of one set of request shapes.
 Signature = tuple[tuple[str, tuple[int, ...]], ...]
@@ -190,7 +191,7 @@ def replay_by_shape(
     power: Power = DEFAULT_POWER,
     model: str | None = None,
 ) -> list[tuple[Decision, Decision]]:
-    """``controller.replay`` for a runtime that keeps one controller per request shape: the lines are
+    """``plan.replay.replay`` for a runtime that keeps one controller per request shape: the lines are
     grouped by their ``extra["shape"]`` and each group replays through a fresh controller on
     ``table_for(signature)`` (``None`` for lines without one: logs of before per-shape plans).
     Pairs come group by group, in the order the groups first appear."""

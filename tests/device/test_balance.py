@@ -23,7 +23,7 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
 from splitrt.plan import balance
-from splitrt.plan.controller import replay
+from splitrt.plan.replay import replay
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
 from tests.fakecloud import FakeCloud, connect_any

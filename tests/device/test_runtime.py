@@ -19,9 +19,10 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig, slow_start_aft
 from splitrt.errors import CloudError, ConfigError, InputError
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
-from splitrt.plan.controller import ControllerConfig, Decision, replay
+from splitrt.plan.controller import ControllerConfig, Decision
 from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LoadConfig, LoadEstimator
+from splitrt.plan.replay import replay
 from splitrt.profile.priors import flops_table
 from tests.conftest import rel_err
 from tests.fakecloud import FakeCloud, connect_any

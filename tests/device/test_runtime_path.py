@@ -19,8 +19,9 @@ from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.graph import model as graph_mod
 from splitrt.graph import zoo
-from splitrt.plan.controller import Decision, replay
+from splitrt.plan.controller import Decision
 from splitrt.plan.costmodel import CostTable
+from splitrt.plan.replay import replay
 from tests.conftest import rel_err
 
 

@@ -14,7 +14,7 @@ from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
 from splitrt.errors import CloudError
 from splitrt.graph import model as graph_model
 from splitrt.graph import zoo
-from splitrt.plan.controller import replay
+from splitrt.plan.replay import replay
 from splitrt.profile.priors import flops_table
 from splitrt.transport.wire import LoadInfo
 from tests.fakecloud import FakeCloud

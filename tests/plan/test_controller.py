@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from splitrt.errors import ConfigError
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
-from splitrt.plan.controller import Controller, ControllerConfig, Decision, replay
+from splitrt.plan.controller import Controller, ControllerConfig, Decision
 from splitrt.plan.costmodel import Conditions, CostTable, Link
 from splitrt.plan.netmon import LinkEstimate, LinkEstimator, LoadEstimate
+from splitrt.plan.replay import replay
 from splitrt.plan.solver import solve
 
 IDLE = LoadEstimate(device_factor=1.0, cloud_factor=1.0)

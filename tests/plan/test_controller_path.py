@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from splitrt.errors import ConfigError
-from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy, replay
+from splitrt.plan.controller import Controller, ControllerConfig, Decision, Policy
 from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
+from splitrt.plan.replay import replay
 
 IDS = ["cloud", "c1", "c2", "c3", "device"]
 # The input is big, c1 small, c3 smaller still. The device is slow, the edge fast up to c2 and slow

@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitrt.errors import ConfigError, PlanError
-from splitrt.plan.controller import Controller, ControllerConfig, replay
+from splitrt.plan.controller import Controller, ControllerConfig
 from splitrt.plan.correction import CorrectionConfig, Corrections, Observation
 from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
+from splitrt.plan.replay import replay
 from splitrt.rig import sim, traces
 
 LINK = LinkEstimate(bandwidth_mbps=10.0, rtt_ms=20.0, confidence=1.0)

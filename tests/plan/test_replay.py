@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from splitrt.plan.controller import Controller, ControllerConfig, Decision, replay
+from splitrt.plan.controller import Controller, ControllerConfig, Decision
 from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
 from splitrt.plan.queueing import QueueEstimator
+from splitrt.plan.replay import replay
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -53,7 +53,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -65,6 +65,9 @@ from splitrt.plan.netmon import LinkEstimate, LoadEstimate
 from splitrt.plan.objective import OBJECTIVES
 from splitrt.plan.path import PathConditions, Plan, evaluate_path, format_path, parse_path, parse_plan, solve_path
 from splitrt.plan.solver import evaluate, solve
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; annotations only
+    from typing_extensions import Unpack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +126,13 @@ class _Route:
             cloud_load=self.path.loads[1],
             queue_ms=self.path.queue(0),
         )
+
+
+class DecideOptions(TypedDict, total=False):
+    """``Controller.decide``'s keywords (``Policy.decide`` passes them on)."""
+
+    cloud_available: bool | Sequence[bool]
+    request: str
 
 
 class Controller:
@@ -469,16 +479,15 @@ class Policy:
         now_s: float,
         link: LinkEstimate | Sequence[LinkEstimate],
         load: LoadEstimate | Sequence[LoadEstimate],
-        *,
-        cloud_available: bool | Sequence[bool] = True,
-        request: str = "",
+        **options: Unpack[DecideOptions],
     ) -> Decision:
+        """``Controller.decide``'s contract, under this policy."""
         ctl = self.controller
         held = self.arg if self.kind == "fixed" else None
         if self.kind == "periodic" and self._periodic_plan is not None and now_s < self._periodic_next_s:
             held = self._periodic_plan
         if held is not None:
-            inputs = ctl.inputs(link, load, cloud_available)
+            inputs = ctl.inputs(link, load, options.get("cloud_available", True))
             live = ctl.route(*inputs)
             on: _Route | None = None
             if self.kind == "fixed" and _needs(held, ctl.hops) <= set(live.tiers):
@@ -488,8 +497,9 @@ class Policy:
             if on is not None:
                 p = ctl.evaluate(on, held)
                 reason = f"policy {self.spec}"
+                request = options.get("request", "")
                 return ctl.record(now_s, request, inputs, on, p, best=p.key, reason=reason, live=live.tiers)
-        d = ctl.decide(now_s, link, load, cloud_available=cloud_available, request=request)
+        d = ctl.decide(now_s, link, load, **options)
         if self.kind == "periodic":
             self._periodic_next_s = now_s + float(self.arg)
             self._periodic_plan = d.plan
@@ -532,6 +542,7 @@ __all__ = [
     "ROUTE_CUTS",
     "Controller",
     "ControllerConfig",
+    "DecideOptions",
     "Decision",
     "Policy",
     "format_path",

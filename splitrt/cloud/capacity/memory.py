@@ -1,28 +1,13 @@
-"""The server's memory budget: one ledger of the bytes it holds beyond its baseline.
+"""The server's memory budget: one ledger of the bytes it holds beyond its baseline (the design:
+docs/operator/limits.md).
 
-``--max-memory-mb`` is the process's budget (RSS). At start the ledger measures what the process
-already holds (the baseline: Python, onnxruntime, gRPC); what is left is shared by the cached tail
-sessions, the cached model graphs and the requests in flight. A cache entry or a request reserves its
-estimated bytes before it allocates them; when they do not fit, the caches evict their least recently
-used entries that no request is using, and if that is not enough the reservation is refused with
-RESOURCE_EXHAUSTED naming what it needed and what was free. Nothing waits for memory: a refused
-request is the client's to retry or finish locally.
-
-The figures are estimates (what each costs is measured once, below, and scaled): the ledger bounds
-what the server *decides* to hold, ``MemoryWatch`` checks the process's real RSS beside it.
-
-- ``MemoryBudget(limit_bytes | None, baseline_bytes)``: ``.reserve(n, what) -> n`` (evicts through the evictors
-  registered with ``.add_evictor(fn(n) -> freed)``, then RESOURCE_EXHAUSTED naming need and free),
-  ``.release(n)``, ``.try_reserve``, ``.snapshot()``. ``CloudServer.budget`` is one per server
-  (``ServerConfig.max_memory_bytes``, None: unlimited; ``splitrt serve`` defaults to 1792 MiB); its baseline is
-  the RSS at construction + ``STARTUP_BYTES`` + ``children_resident_bytes`` (``BUILDER_RESIDENT_BYTES``
-  for its segment builder's child, ``CHECKER_RESIDENT_BYTES`` for its upload checker's, and
-  ``TRACKER_RESIDENT_BYTES`` for multiprocessing's resource tracker, once). Estimates: ``session_bytes``,
-  ``build_peak_bytes``, ``graph_bytes``, ``LOAD_PEAK_FACTOR``, ``session_peak_bytes`` and
-  ``child_build_bytes`` (a session opened from a segment file made by ``builder``'s child),
-  ``reply_held_bytes`` (a unary reply not yet taken, held by the front door); each comment says how it was
-  measured; ``trim()`` is glibc's ``malloc_trim``; ``limit_for(available, baseline)``
-  the budget that leaves ``available`` free.
+- ``MemoryBudget(limit_bytes | None, baseline_bytes, headroom_bytes)``: ``.reserve(n, what) -> n`` evicts
+  through the evictors registered with ``.add_evictor``, else raises RESOURCE_EXHAUSTED naming need and
+  free; never waits. ``.release(n)``, ``.try_reserve``, ``.snapshot()``.
+- The estimates (``session_bytes``, ``build_peak_bytes``, ``graph_bytes``, ``session_peak_bytes``,
+  ``child_build_bytes``, ``reply_held_bytes``, ``children_resident_bytes``) bound what the server decides
+  to hold; ``MemoryWatch`` checks the real RSS beside them. The measurements behind each factor:
+  docs/operator/limits.md.
 """
 
 from __future__ import annotations
@@ -47,54 +32,38 @@ DEFAULT_MAX_MEMORY_BYTES = 1792 * MB
 #: Largest peak activation memory one request may need (``--max-request-mb``).
 DEFAULT_MAX_REQUEST_BYTES = 256 * MB
 
-# A tail session's cost is its initializers' bytes x this factor + a fixed part, an estimate from the
-# segment before the session exists (an RSS delta at build would be wrong whenever two builds overlap or
-# the allocator reuses an evicted session's pages). Measured on resnet50 tails (onnxruntime 1.32, CPU EP,
-# arena off): RSS delta / initializer bytes 1.01-1.36 at inner cuts, 1.98 at the first build (one-time
-# set-up of the first session); 2.0 covers them all.
+# Estimated from the segment before the session exists: an RSS delta at build is wrong whenever two
+# builds overlap or the allocator reuses an evicted session's pages.
 SESSION_BYTES_FACTOR = 2.0
 SESSION_BYTES_FIXED = 8 * MB
 BUILD_PEAK_FACTOR = 4.5
-# A loaded ``ModelGraph`` (normalised proto + per-node Python objects): measured RSS delta of
-# ``graph.model.load`` + ``.cuts()`` is ~1.3 x the normalised proto's bytes for resnet50 (98 MB) and
-# ~3 KiB per node for a 10 000-node chain (0.2 MB file, 29 MB loaded); 4 KiB per node keeps cuts in.
+# A loaded ``ModelGraph``: the normalised proto plus per-node Python objects.
 GRAPH_BYTES_FACTOR = 1.3
 GRAPH_BYTES_PER_NODE = 4 * 1024
 # Added to the RSS measured at start: gRPC's server and the first session's one-time set-up.
 STARTUP_BYTES = 32 * MB
-# Loading a model transiently holds copies of its proto (parse, the checker's serialised copy and its
-# C++ one): the upload check peaked at 5.0-5.1x the file's size (resnet50, vgg19), 3.1-3.3x since the
-# proto is normalised in place and shape inference runs without the large weights' bytes.
+# Loading a model transiently holds copies of its proto (parse, the checker's serialised copy, its C++ one).
 LOAD_PEAK_FACTOR = 4
 
 
 def build_peak_bytes(model_initializer_bytes: int) -> int:
     """Reserved while a tail session builds, from the whole model's weights (before the segment exists):
-    ``BUILD_PEAK_FACTOR`` x the weights (a resnet50 tail build's RSS peak over what came before: 3.6-4.2x)
-    plus ``SESSION_BYTES_FIXED``."""
+    ``BUILD_PEAK_FACTOR`` x the weights plus ``SESSION_BYTES_FIXED``."""
     return int(model_initializer_bytes * BUILD_PEAK_FACTOR) + SESSION_BYTES_FIXED
 
 
-# A session opened from a segment's file (``builder``): RSS peak over what came before 2.8-3.1x the
-# segment's weights (resnet50 tails at c30, c60, c150: onnxruntime's parsed proto, its initializers and
-# their pre-packed copies), 1.07-1.14x kept once the proto is freed.
+# A session opened from a segment's file (``builder``) peaks on the parsed proto, its initializers and
+# their pre-packed copies.
 SESSION_PEAK_FACTOR = 3.5
-# The builder's child making a segment (load, normalise, cut enumeration, split, serialise): its RSS
-# peak over its idle size was 3.2-4.0x the model file (resnet50: 315-397 MB over a 98 MB file).
+# The builder's child making a segment: load, normalise, cut enumeration, split, serialise.
 CHILD_BUILD_FACTOR = 4.5
 
 
-# multiprocessing's resource tracker: one process per server, started with its first child (builder or
-# checker) and shared by both: 12.7-12.8 MB RSS (psutil, 3 starts of ``splitrt serve --allow-upload``).
+# Children at rest, the same pod's memory: multiprocessing's resource tracker (one per server, shared),
+# the segment builder's child (with the tracker), the upload checker's (without; it ends when idle and
+# comes back with the next check, so it is counted all the time).
 TRACKER_RESIDENT_BYTES = 13 * MB
-# The segment builder's child at rest (``builder``, counted in the baseline of a server that uses it):
-# 80 MB idle, 86 MB after resnet50 builds (it trims after each), + the resource tracker.
 BUILDER_RESIDENT_BYTES = 100 * MB
-# The upload checker's child (``checker``, started by a server that accepts uploads; it ends after
-# ``checker.IDLE_S`` without a check and comes back with the next, so it is counted all the time). RSS
-# by psutil on this 2-core host, 3 runs each, spread <= 0.2 MB: 74.6-74.7 MB idle under ``splitrt serve
-# --allow-upload`` (75.5 MB warmed alone), 80.4-80.9 MB after checking tiny_chain, resnet50 and vgg19
-# (it trims after each; a check's own peak is reserved apart, ``LOAD_PEAK_FACTOR``). Without the tracker.
 CHECKER_RESIDENT_BYTES = 84 * MB
 
 
@@ -117,10 +86,9 @@ def child_build_bytes(model_file_bytes: int) -> int:
     return int(model_file_bytes * CHILD_BUILD_FACTOR) + SESSION_BYTES_FIXED
 
 
-# A unary reply made and not yet taken by its client (a slow reader) is held until it is taken or the
-# read timeout ends the call: its serialised bytes and gRPC core's copy. 24 replies of 16 MiB held
-# 32.1-32.8 MiB of RSS each (loopback, window 0). Replies under 64 KiB are not counted (a lock less per
-# request): the lanes bound what they hold uncounted (256 inference calls: 32 MiB at most).
+# A unary reply not yet taken by a slow reader holds its serialised bytes and gRPC core's copy until it
+# is taken or the read timeout ends the call. Smaller replies go uncounted (a lock less per request):
+# the lanes bound what they hold.
 REPLY_HELD_FACTOR = 2
 REPLY_COUNTED_BYTES = 64 * 1024
 
@@ -154,8 +122,8 @@ def limit_for(available_bytes: int, baseline_bytes: int) -> int:
 
 
 def rss_bytes() -> int:
-    """This process's RSS. Its ``psutil.Process`` is kept (per pid: a forked child makes its own): making one
-    reads /proc twice more, and the memory watch asks every 10 ms while requests run."""
+    """This process's RSS. The ``psutil.Process`` is kept per pid: making one reads /proc twice more, and
+    the memory watch asks every 10 ms."""
     global _self
     if _self is None or _self.pid != os.getpid():
         _self = psutil.Process()
@@ -166,8 +134,7 @@ _self: psutil.Process | None = None
 
 
 def trim() -> None:
-    """Give freed heap memory back to the OS (glibc's ``malloc_trim``; nothing elsewhere). A graph load or
-    a session build frees far more than it keeps; without this the process's RSS keeps its peak."""
+    """Give freed heap memory back to the OS (glibc's ``malloc_trim``; a no-op elsewhere)."""
     global _malloc_trim
     if _malloc_trim is None:
         import ctypes
@@ -292,8 +259,6 @@ def process_budget(limit_bytes: int | None, *, builder: bool, checker: bool) -> 
         return MemoryBudget(None)
     import onnxruntime  # noqa: F401  (part of the baseline, not of the budget)
 
-    # What starting adds (gRPC's server and threads: ~4 MB) and the first session's one-time set-up
-    # (onnxruntime's thread pools and kernel registry: ~15-25 MB measured) belong to no cache entry; the
-    # segment builder's child and the upload checker's are the same pod's: their imports count from the start.
+    # Start-up (gRPC's server, the first session's thread pools and kernel registry) belongs to no cache entry.
     baseline = rss_bytes() + STARTUP_BYTES + children_resident_bytes(builder=builder, checker=checker)
     return MemoryBudget(limit_bytes, baseline, headroom_bytes=limit_bytes - (watch_limit(limit_bytes) or limit_bytes))

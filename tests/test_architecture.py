@@ -1,6 +1,6 @@
 """The package map in HACKING.md holds in the code: imports point down the layers, no module imports
-itself back through others (no circles), the decision core stays pure, units stay small, and the
-public names users import are all still there."""
+itself back through others (no circles), the decision core stays pure, units stay small, no block of
+code is written twice, and the public names users import are all still there."""
 
 from __future__ import annotations
 
@@ -313,6 +313,68 @@ def test_no_unit_over_the_size_limits() -> None:
             if isinstance(node, ast.ClassDef) and size > MAX_CLASS_STATEMENTS:
                 long.append(f"{path.relative_to(REPO)}:{node.lineno} class {node.name}: {size} statements")
     assert not long, "\n".join(long)
+
+
+MAX_MODULE_LINES = 600
+# A block of this many significant lines standing twice is one piece of code written twice.
+DUPLICATE_LINES = 6
+# Lines that say nothing alone: blank, comments, imports, a bracket or colon on its own.
+_INSIGNIFICANT = re.compile(r"$|#|import |from \S+ import |[()\[\]{}:,]+$")
+
+
+def test_no_module_over_600_lines() -> None:
+    long = []
+    for _, path in modules():
+        n = len(path.read_text().splitlines())
+        if "pb2" not in path.name and n > MAX_MODULE_LINES:
+            long.append(f"{path.relative_to(REPO)}: {n} lines (at most {MAX_MODULE_LINES})")
+    assert not long, "\n".join(long)
+
+
+def significant_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, the line with its whitespace folded) for every line that says something alone."""
+    folded = ((no, " ".join(raw.split())) for no, raw in enumerate(text.splitlines(), 1))
+    return [(no, line) for no, line in folded if not _INSIGNIFICANT.match(line)]
+
+
+def duplicated_blocks(files: dict[str, str], size: int = DUPLICATE_LINES) -> list[list[tuple[str, int]]]:
+    """Each run of ``size`` consecutive significant lines standing more than once in ``files`` (name ->
+    text), within a file or across files: the places (name, first line) where it stands. Overlapping
+    windows of one longer block are reported once, at the block's first window."""
+    places: dict[tuple[str, ...], list[tuple[str, int, int]]] = {}  # (file, window index, first line)
+    for name, text in files.items():
+        lines = significant_lines(text)
+        for i in range(len(lines) - size + 1):
+            key = tuple(line for _, line in lines[i : i + size])
+            places.setdefault(key, []).append((name, i, lines[i][0]))
+    found: list[list[tuple[str, int]]] = []
+    last: set[tuple[str, int]] = set()
+    for where in places.values():
+        if len(where) < 2:
+            continue
+        if not any((name, i - 1) in last for name, i, _ in where):  # not the next window of the block before
+            found.append([(name, line) for name, _, line in where])
+        last = {(name, i) for name, i, _ in where}
+    return found
+
+
+def test_the_duplicate_finder_finds_a_block_and_skips_what_says_nothing() -> None:
+    block = "".join(f"x{i} = f(y, {i})\n" for i in range(7))
+    noise = "\n# a comment\nimport os\n)\n"
+    spread = noise.join(block.splitlines(keepends=True))  # the same seven lines, noise between them
+    found = duplicated_blocks({"a.py": "def a():\n" + block, "b.py": spread})
+    assert [sorted(w) for w in found] == [[("a.py", 2), ("b.py", 1)]]
+    assert not duplicated_blocks({"a.py": block, "b.py": block.replace("x3", "z3")})
+
+
+def test_no_block_of_six_lines_stands_twice() -> None:
+    files = {str(path.relative_to(REPO)): path.read_text() for _, path in modules() if "_pb2" not in path.name}
+    found = duplicated_blocks(files)
+    text = [" and ".join(f"{name}:{line}" for name, line in where) for where in found]
+    assert not found, (
+        f"{len(found)} blocks of {DUPLICATE_LINES}+ lines stand twice (one piece of code should serve):\n"
+        + "\n".join(text)
+    )
 
 
 # -- one request's path through the modules ---------------------------------------------------------

@@ -121,9 +121,8 @@ class ServerConfig:
 
 def tail_threads(config: ServerConfig) -> int:
     """onnxruntime threads per tail session: ``intra_op_threads``, or (0) the CPUs this process may use
-    shared out among the workers, at least 1. onnxruntime's own default (every core per session)
-    oversubscribes the host when tails run side by side (``bench_attack``'s ``nodl_unary``: legit p99
-    2.2-3.1x its baseline with it, 1.6-1.9x with one thread per tail)."""
+    shared out among the workers, at least 1 (onnxruntime's default, every core per session,
+    oversubscribes the host when tails run side by side)."""
     if config.intra_op_threads > 0:
         return config.intra_op_threads
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -176,7 +176,7 @@ def _ms(seconds: float) -> int:
 
 def grpc_options(limits: Limits) -> list[tuple[str, Any]]:
     """gRPC core channel arguments: the stream window and the connection age (names as in grpc's
-    ``channel_arg_names.h``; checked against grpcio 1.85 in ``tests/cloud/test_frontdoor.py``)."""
+    ``channel_arg_names.h``)."""
     opts: list[tuple[str, Any]] = []
     if limits.stream_window_bytes is not None:
         opts += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", limits.stream_window_bytes)]

@@ -45,10 +45,9 @@ from splitrt.transport import splitrt_pb2 as pb
 __all__ = ["Handler"]
 
 TRIM_AFTER_BYTES = 16 << 20
-# At most one trim every 10 s from the request path: each hands the freed pages to the OS and the next large
-# request faults its buffers in afresh (16 MB on loopback, load 12: a trim every second cost 4 ms a request
-# against every 10 s). The memory watch trims before it judges a run over the budget (``Canceller``), so
-# RSS kept by malloc between trims is never charged to a request.
+# Trims from the request path are rare: each hands the freed pages to the OS and the next large request
+# faults its buffers in afresh. The memory watch trims before it judges a run over the budget, so RSS
+# malloc keeps between trims is never charged to a request.
 TRIM_EVERY_S = 10.0
 # gRPC reports ~9.2e18 s for a call without a deadline: every wait is bounded by a day.
 MAX_WAIT_S = 86400.0

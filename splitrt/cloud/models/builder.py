@@ -1,12 +1,9 @@
 """Tail segments made in a child process: there the model is loaded, split at the cut and the segment
 written to a file; the server's process only opens that file with onnxruntime.
 
-Why: made in the server's process, parsing the model, splitting it and serialising the segment hold the
-interpreter's lock (GIL) for hundreds of ms at a time (resnet50: up to ~430 ms without a break), and every
-request's thread waits for it; onnxruntime loading a *file* releases the lock. A model of many nodes (an
-uploaded 60 000-node chain) is seconds of Python in ``graph.model.load``. In the child,
-at ``checker.NICE``, that work holds no lock of the server's and the kernel runs requests first; the
-server also keeps no whole-model graph in memory to build tails (only its sessions).
+Why: parsing, splitting and serialising hold the interpreter's lock (GIL) for long stretches, and every
+request's thread waits for it; onnxruntime loading a *file* releases it. In the child, at ``checker.NICE``,
+that work holds no lock of the server's, and the server keeps no whole-model graph to build tails.
 
 - ``Builder(max_workers)``: ``.make(path, root, sha256, cut_id, max_nodes) -> Made`` (the segment's file,
   its inputs as declared, its skeleton for ``peak``, its weights' bytes, its peak estimate at fixed input
@@ -47,8 +44,7 @@ __all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
 # Models whose cut ids are remembered (the least recently built forgotten first).
 MAX_MODELS_INDEXED = 256
 # Failures that the same request meets again (a model's content is its name): remembered, at most this
-# many. A request naming ``<sha256>~bogus`` cost a worker slot and a model load in the child (~110 ms of
-# CPU on squeezenet) each time: a flood of them took workers and CPU from everyone.
+# many: otherwise each request naming ``<sha256>~bogus`` costs a worker slot and a model load in the child.
 LASTING = frozenset(("NOT_FOUND", "FAILED_PRECONDITION", "INVALID_ARGUMENT"))
 MAX_FAILED = 1024
 
@@ -61,7 +57,7 @@ class Made:
     weights_bytes: int
     # The peak estimate (``peak.peak_bytes``) at the inputs' declared shapes when they are all fixed:
     # (shapes sorted by name, estimate). Made here because onnx's shape inference over a large graph holds
-    # the GIL (a 60 000-node chain: 0.6 s, stalls of 85-225 ms); None when a dim is free.
+    # the GIL; None when a dim is free.
     static_peak: tuple[tuple[tuple[str, tuple[int, ...]], ...], Any] | None = None
 
 

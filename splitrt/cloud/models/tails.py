@@ -1,22 +1,14 @@
-"""Tail sessions: the cloud's part of a model at a cut, built on first use and kept in an LRU.
+"""Tail sessions: the cloud's part of a model at a cut, built on first use and kept in an LRU bounded in
+bytes by the server's ``MemoryBudget`` and in entries by ``capacity``.
 
-The cache is bounded in bytes through the server's ``MemoryBudget`` (``splitrt.cloud.capacity.memory``): a build
-reserves its session's estimated bytes first, evicting the least recently used sessions no request is
-running; the ``capacity`` (entries) is a second, coarser bound. A build runs in a worker slot (it is
-as heavy as a request: clients naming many cuts must queue for slots, not build side by side).
-
-- ``TailCache(store, capacity, intra_op_threads, *, budget, slot, release_slot, builder)``: ``.lease(sha, cut,
-  timeout_s=)`` pins a tail (never evicted while leased), ``.get(...)``; a build runs in a worker slot, reserves
-  ``build_peak_bytes`` and keeps ``session_bytes`` (``Tail.bytes``); with a ``builder`` (``splitrt serve``) the
-  segment is made in its child (``child_build_bytes`` reserved meanwhile) and the session opened from its file
-  (``session_peak_bytes``), the server's process holding the GIL only briefly; ``.evict(n)``, ``.held_bytes()``,
-  ``.evicted``. ``ModelStore(root, *, budget, max_nodes)``: graphs in an LRU charged to the budget
-  (``.evict(n)``).
-- One build per key at a time: a caller finding a build of its key in flight (a request, or the server's
-  warm-up: ``warm``) waits for that build, up to its own ``timeout_s`` (DEADLINE_EXCEEDED past it), and
-  takes its tail; it builds again only if that build failed. ``.on_lease(sha256, cut_id)``, if set, is
-  called after every lease whose block ended without an exception (the server's ``warm.Recorder``);
-  ``.touch(keys)`` makes cached keys the most recently used, the first the most recent (the warm-up's order).
+- ``TailCache.lease(sha, cut, timeout_s=)`` pins a tail: never evicted while leased. A build runs in a worker
+  slot (clients naming many cuts queue, they do not build side by side), reserves ``build_peak_bytes`` and
+  keeps ``session_bytes`` (``Tail.bytes``); with a ``builder`` the segment is made in its child
+  (``child_build_bytes`` reserved meanwhile) and the session opened from its file (``session_peak_bytes``).
+- One build per key at a time: a caller finding one in flight (a request's or the warm-up's) waits for it
+  up to its own ``timeout_s`` (DEADLINE_EXCEEDED past it) and builds again only if it failed.
+  ``.on_lease(sha256, cut_id)``, if set, is called after every lease whose block ended without an
+  exception; ``.touch(keys)`` makes cached keys the most recently used, the first the most recent.
 """
 
 from __future__ import annotations
@@ -347,15 +339,9 @@ class TailCache:
 
 def bounded_folding(opts: Any) -> dict[str, Any]:
     """Bound onnxruntime's own constant folding for a session of an uploaded model (sets ``opts``; returns
-    the session's extra keyword arguments).
-
-    While it builds a session, onnxruntime computes every node whose inputs are all constant and keeps the
-    result as a weight: a 140-byte upload asking ConstantOfShape for 2 GiB is allocated there, before any
-    request check runs, and held beyond what the budget counts for the session. onnxruntime >= 1.27 skips
-    folding a node whose output exceeds a size it is given (1 GiB by default: 512 MiB were still folded);
-    before 1.27 (1.23 is the newest for Python 3.10) nothing bounds it, so its folding is off.
-    ``graph.normalise`` has already folded what it could bound when the model was loaded.
-    """
+    the session's extra keyword arguments). Folding allocates each constant output at build, before any
+    request check and beyond the budget's estimate: onnxruntime >= 1.27 is given a bound, older ones fold
+    nothing (``graph.normalise`` already folded what it could bound)."""
     import onnxruntime as ort
 
     if _version(ort.__version__) >= (1, 27):

@@ -40,9 +40,8 @@ from splitrt.graph.walk import count_nodes, external_locations, sparse_initializ
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")
-# Graph outputs an upload may have. Each cut lists the outputs its head makes and the tensors crossing it:
-# a 170 KB upload of 4000 Identity outputs cost its tail build tens of seconds of CPU and O(outputs^2)
-# memory (bench_attack ``many_outputs``); real models have a few (detection heads: tens).
+# Graph outputs an upload may have: each cut lists the outputs its head makes, so a tail build costs
+# O(outputs^2) memory; real models have a few (detection heads: tens).
 MAX_OUTPUTS = 1024
 
 

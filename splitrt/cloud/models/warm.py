@@ -1,37 +1,16 @@
-"""Warm start: the tails a server served, remembered in its models directory and made again at start.
-
-A cold server answers the first request at a cut only once that cut's tail is made (a second for
-squeezenet, seconds for resnet50): devices balancing over two servers then favour the one that answered
-first, and after a restart every device pays the build again. So a server remembers which (model sha256,
-cut id) pairs it served and, at start, makes their tails again in the background, through the tail cache
-(``TailCache.get``: the heavy lane and the memory budget govern them as any build; a request for a cut
-being warmed waits on that same build). Health says SERVING at once: a warm-up is an optimisation, not a
-readiness condition.
+"""Warm start: the tails a server served, remembered in its models directory and made again at start in
+the background, through ``TailCache.get`` (the heavy lane and the memory budget govern them as any build).
+Health says SERVING at once. Operators: docs/operator/server.md.
 
 - The file: ``<models>/.splitrt-warm.json`` (``WARM_FILE``), ``{"format": "splitrt-warm", "version": 1,
   "pairs": [[sha256, cut_id], ...]}``, most recently used first, at most ``limit`` pairs (the server's
-  ``segment_cache_size``: warming more would evict what it just made). ``read_pairs(path, limit)``: the
-  pairs, or [] for a missing file (one ``info`` line) and for a corrupt or foreign one (one
-  ``warm_file_ignored`` warning): never an error.
-- ``Recorder(path, limit, remembered=..., background=True)``: ``.served(sha256, cut_id)`` after every
-  lease whose request ran (cheap: a dict move); the file is written atomically (a temporary file, fsync,
-  rename), only when a pair is served for the first time and at most once every ``min_interval_s``, on a
-  short-lived daemon thread (no request waits for the disk), and at ``.flush()`` (the server's stop, in
-  the caller's thread). A file that cannot be written is one ``warm_file_unwritable`` warning, then the
-  server goes on; temporary files a killed server left are removed at construction.
-- ``parse_spec("MODEL@CUT[,CUT...]")`` (``splitrt serve --warm``), ``match_model(text, models)`` (a file
-  name, its stem, or a sha256 prefix of >= ``MIN_PREFIX`` hex digits), ``check_cuts(spec, name, cuts,
-  ids)``: pure, ``ConfigError`` naming what was expected and what came. ``resolve(specs, store)`` loads
-  each named model once to learn its cut ids (in this process, before the server listens).
-- ``choose(explicit, remembered, known=, limit=)``: pure, what to warm and in which order (explicit
-  pairs first, then the remembered ones, most recent first; duplicates once; models not in the store
-  skipped).
-- ``warm_up(pairs, build, stopping)``: builds them one after another (one heavy slot at a time, so the
-  heavy lane keeps room for requests naming other cuts), logs ``warm_failed`` for a pair that fails and
-  ``warm_done`` at the end, having made the first pair the most recently used in the cache (built first,
-  it was the least); stops when ``stopping`` is set or the server shuts down (UNAVAILABLE).
-- ``WarmStart(specs, store=, tails=, models_dir=, remember=, limit=, deadline_s=)``: the server's use of all
-  of the above: ``.pairs`` (explicit, resolved), ``.start()``, ``.stop()``, ``.join(timeout_s)``.
+  ``segment_cache_size``). Reading it never raises.
+- ``Recorder.served`` is cheap (a dict move). The file is written atomically, only when a pair is served
+  for the first time and at most once every ``min_interval_s``, on a daemon thread (no request waits for
+  the disk), and at ``.flush()`` in the caller's thread. An unwritable file is one
+  ``warm_file_unwritable`` warning; the server goes on.
+- ``parse_spec``, ``match_model``, ``check_cuts`` and ``choose`` are pure; ``ConfigError`` names what was
+  expected and what came.
 """
 
 from __future__ import annotations

@@ -175,19 +175,7 @@ class Controller:
         if t is self.table:
             return t
         if tier not in self._direct:
-            d = self.table
-            self._direct[tier] = CostTable(
-                ids=d.ids,
-                head_ms=d.head_ms,
-                tail_ms=t.tail_ms,
-                bytes=d.bytes.astype(np.int64),
-                float_bytes=d.float_bytes.astype(np.int64),
-                reply_bytes=d.reply_bytes,
-                codecs=d.codec_map(),
-                encode_ms=d.codec_time_map(d.encode_ms),
-                decode_ms=t.codec_time_map(t.decode_ms),
-                call_ms=d.call_ms,
-            )
+            self._direct[tier] = CostTable.joined(self.table, t)
         return self._direct[tier]
 
     def route(

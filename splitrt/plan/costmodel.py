@@ -306,17 +306,23 @@ class CostTable:
         i = self.index(cut)
         m = self.codec_ratio_matrix.copy()
         m[i] = np.minimum(m[i], ratio)
-        return CostTable(
-            ids=self.ids,
-            head_ms=self.head_ms,
-            tail_ms=self.tail_ms,
-            bytes=self.bytes.astype(np.int64),
-            float_bytes=self.float_bytes.astype(np.int64),
-            reply_bytes=self.reply_bytes,
-            codecs={c: m[:, k].tolist() for k, c in enumerate(self.codecs)},
-            encode_ms=self.codec_time_map(self.encode_ms),
-            decode_ms=self.codec_time_map(self.decode_ms),
-            call_ms=self.call_ms,
+        return CostTable.joined(self, self, codecs={c: m[:, k].tolist() for k, c in enumerate(self.codecs)})
+
+    @classmethod
+    def joined(cls, head: CostTable, tail: CostTable, *, codecs: Mapping[str, CodecRatio] | None = None) -> CostTable:
+        """The sending side of ``head`` (head times, bytes, codec ratios or ``codecs``, encode and call costs)
+        with the receiving side of ``tail`` (tail times, decode costs); both over the same cuts."""
+        return cls(
+            ids=head.ids,
+            head_ms=head.head_ms,
+            tail_ms=tail.tail_ms,
+            bytes=head.bytes.astype(np.int64),
+            float_bytes=head.float_bytes.astype(np.int64),
+            reply_bytes=head.reply_bytes,
+            codecs=head.codec_map() if codecs is None else codecs,
+            encode_ms=head.codec_time_map(head.encode_ms),
+            decode_ms=tail.codec_time_map(tail.decode_ms),
+            call_ms=head.call_ms,
         )
 
     def per_cut_codecs(self) -> tuple[str, ...]:

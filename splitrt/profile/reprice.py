@@ -22,8 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from splitrt.errors import ModelError, PlanError, ProfileError
 from splitrt.graph import rebind
 from splitrt.graph.model import ModelGraph
@@ -137,16 +135,4 @@ def table_at(graph: ModelGraph, device: Profile, cloud: Profile, table: CostTabl
             )
         except (ModelError, PlanError) as exc:
             raise _refuse(name, planned, shapes, str(exc)) from exc
-    head, tail = scaled["device"], scaled["cloud"]
-    return CostTable(
-        ids=head.ids,
-        head_ms=head.head_ms,
-        tail_ms=tail.tail_ms,
-        bytes=head.bytes.astype(np.int64),
-        float_bytes=head.float_bytes.astype(np.int64),
-        reply_bytes=head.reply_bytes,
-        codecs=head.codec_map(),
-        encode_ms=head.codec_time_map(head.encode_ms),
-        decode_ms=tail.codec_time_map(tail.decode_ms),
-        call_ms=head.call_ms,
-    ), pricing
+    return CostTable.joined(scaled["device"], scaled["cloud"]), pricing

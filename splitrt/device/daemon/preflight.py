@@ -88,6 +88,18 @@ def _on_real_fs(key: str, path: Path, expected: str) -> None:
         raise ConfigError(f"key {key!r}: expected {expected} in a directory, got {str(path)!r} under a file {anchor}")
 
 
+def _stat_on_real_fs(key: str, path: Path, expected: str, *, follow: bool) -> os.stat_result | None:
+    """``path``'s stat (a link's own unless ``follow``) once its directory is on a real filesystem; None:
+    nothing there yet (the start makes it)."""
+    _on_real_fs(key, path, expected)
+    try:
+        return path.stat() if follow else path.lstat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"key {key!r}: expected {expected}, got {str(path)!r} unreadable ({exc.strerror})") from exc
+
+
 def _check_socket(path: Path) -> None:
     key, expected = "api_socket_path", "a unix socket path"
     if len(os.fsencode(str(path))) > MAX_SOCKET_PATH_BYTES:
@@ -95,27 +107,15 @@ def _check_socket(path: Path) -> None:
             f"key {key!r}: expected {expected} of at most {MAX_SOCKET_PATH_BYTES} bytes, got "
             f"{len(os.fsencode(str(path)))} bytes"
         )
-    _on_real_fs(key, path, expected)
-    try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ConfigError(f"key {key!r}: expected {expected}, got {str(path)!r} unreadable ({exc.strerror})") from exc
-    if not stat.S_ISSOCK(st.st_mode):  # the start removes what is there: only an old socket may be
+    st = _stat_on_real_fs(key, path, expected, follow=False)
+    if st is not None and not stat.S_ISSOCK(st.st_mode):  # the start removes what is there: only an old socket may be
         raise ConfigError(f"key {key!r}: expected {expected} (or nothing there yet), got an existing non-socket file")
 
 
 def _check_log(path: Path) -> None:
     key, expected = "decision_log_path", "a regular file path (JSON lines)"
-    _on_real_fs(key, path, expected)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ConfigError(f"key {key!r}: expected {expected}, got {str(path)!r} unreadable ({exc.strerror})") from exc
-    if not stat.S_ISREG(st.st_mode):
+    st = _stat_on_real_fs(key, path, expected, follow=True)
+    if st is not None and not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"key {key!r}: expected {expected}, got {str(path)!r}, which is not a regular file")
 
 

@@ -1,18 +1,12 @@
 """Runs that yield the CPU: threads at a lower OS priority for the runs of a client over its share (and
 those of a segment the per-run limit stopped before: ``handler.infer``).
 
-Fair admission (``fairq``) decides who holds the workers, but a worker is not a CPU: a client holding
-its share back to back keeps a core busy, and a light client's run on the next core shares the host's
-CPUs with it and with the server's own receive, decode and send work. Linux gives each thread its own
-nice value, so such runs are handed to threads ``nice`` steps below the server's priority (10: about a
-tenth of the CPU of a thread at the server's priority when the two compete) and the handler waits for
-them. The worker slot, the deadline's terminate and the memory reservation stay the handler's; only the
-CPU time moves.
-
-An unprivileged thread cannot lower its nice value again, hence threads of their own rather than the
-handler's. With ``tail_threads`` > 1, onnxruntime's extra intra-op threads keep the priority of the thread
-that built the session; the calling thread's share is the one that moves. Elsewhere than Linux (where
-``setpriority`` on a thread id would renice the whole process) runs stay on the handler's thread.
+A worker slot (``fairq``) is not a CPU: such runs are handed to threads ``nice`` steps below the server's
+priority and the handler waits for them; the worker slot, the deadline's terminate and the memory
+reservation stay the handler's. Threads of their own, because an unprivileged thread cannot raise its
+priority again. Only the calling thread's share moves (onnxruntime's intra-op threads keep the priority
+of the thread that built the session). Elsewhere than Linux (``setpriority`` on a thread id would renice
+the whole process) runs stay on the handler's thread.
 
 - ``NicePool(threads, nice)``: ``.call(fn, *args, **kwargs)`` runs ``fn`` on one of its threads (started on
   first use) and returns its result or raises its exception; ``.close()``; ``.enabled``.

@@ -1,13 +1,12 @@
-"""How long one tail run may take before it is terminated, whatever its deadline: a model that loops for
-ever (an uploaded Loop with trip count 2^62) under a client's 1-hour deadline would otherwise hold a
-worker for that hour, and two such clients every worker (fair queuing cannot preempt a running job).
+"""How long one tail run may take before it is terminated, whatever its deadline: fair queuing cannot
+preempt a running job, so an endless run under a long deadline would hold its worker for that long.
 
 ``run_limit_s(flag_s=, measured_ms=, model_bytes=)``: the operator's ``--max-run-s`` when given; else
 ``RUN_FACTOR`` times what the run should take, at least ``RUN_FLOOR_S``. What it should take is the
 segment's measured service time (the server's own profile of it: the EWMA of its successful runs, 0 before
 the first) or, larger, a prior from the model's size (``PRIOR_BYTES_PER_S`` of weights per second: a
-model's compute grows with its weights; vgg19's 548 MB give 5.5 s, so 110 s). Terminated runs are never
-measured, so the limit cannot be raised by runs that hit it. Pure.
+model's compute grows with its weights). Terminated runs are never measured, so the limit cannot be
+raised by runs that hit it. Pure.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Health that says when the server cannot take work: NOT_SERVING while admission has been saturated for
 longer than ``Limits.saturated_s``, SERVING again once it is not.
 
-A server whose every worker and queue place is held (by slow clients, endless runs or plain load) answers
-every request RESOURCE_EXHAUSTED; a load balancer or a Kubernetes readiness probe that asks health should
-then send devices elsewhere. A short burst is not a reason: only saturation that lasts. ``Saturation`` is
-the pure decision (``now_s`` passed in); ``HealthGate`` applies it on the watchdog's tick.
+``Saturation`` is the pure decision (``now_s`` passed in); ``HealthGate`` applies it on the watchdog's tick.
 
 - ``Saturation(threshold_s).update(saturated, now_s) -> bool``: True (degraded) once ``saturated`` has been
   True at every update for ``threshold_s``; False at the first update that is not saturated.

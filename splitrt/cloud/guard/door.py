@@ -1,37 +1,26 @@
 """The server's front door: every call is authenticated, throttled and admitted to its lane on its
-metadata, before a byte of its body is read, and holds a lease while it waits on the client.
+metadata, before a byte of its body is read, and holds a lease while it waits on the client (operators:
+docs/operator/security.md).
 
-gRPC's synchronous server reads a unary request's whole message before any handler runs, and an
-interceptor's refusal of a unary method would too. So ``FrontDoor`` (a ``grpc.ServerInterceptor``)
-re-registers every method as a request-streaming handler: it runs at once when the call's headers
-arrive, decides, and only then reads the message (under a ``watchdog.Lease``) and calls the real
-handler with it. A refused call costs a pooled thread for microseconds, no slot and no buffer.
+gRPC's synchronous server reads a unary request's whole message before any handler or interceptor
+decides, so ``FrontDoor`` (a ``grpc.ServerInterceptor``) re-registers every method as request-streaming:
+it decides when the headers arrive, then reads the message under a ``watchdog.Lease`` and calls the real
+handler. A refused call holds no slot and no buffer.
 
 Per call, in order:
-1. Auth (``auth``): health needs no token; everything else needs one of ``tokens`` (when any). A peer
-   address that failed too often waits (``AuthThrottle``): RESOURCE_EXHAUSTED with ``retry-after-ms``,
-   its token not even compared. Refusals are logged through ``RateLog`` (a flood: one summary line
-   per interval).
-2. Lanes: inference calls (Infer, InferStream), Probe, uploads (PutModel), Status, health Check and health
-   Watch each have their own cap, and one peer address holds at most part of each (``calls_per_peer`` of
-   inference, half of the others: an uploader sends at most half the lane's uploads at once); a full lane
-   answers RESOURCE_EXHAUSTED at once, and never blocks another (Status and health answer while the
-   inference queue is full). A Probe's bytes are held in the memory budget before its body is read, its
-   declared size checked against the caps, and an address that lied waits (``probes.ProbeGate``).
-3. Leases: the request message (``read_timeout_s``; health ``health_read_timeout_s``), each further
-   upload chunk (``read_timeout_s``) or stream frame (``stream_idle_s``), and each reply the client must
-   take (``read_timeout_s``) are waited for at most that long: DEADLINE_EXCEEDED naming what did not
-   come. A Watch stream ends after ``watch_max_age_s`` (UNAVAILABLE: watch again).
-4. Behind a trusted proxy (``Limits.trusted_proxies``, ``splitrt serve --trusted-proxy``: the shipped
-   ``deploy/proxy/haproxy.cfg`` sets ``x-forwarded-for``), the client is the address the proxy names
-   (``FrontDoor.client_peer``), so per-address throttles, lane shares and fair queuing hold per device.
-5. Every call's outcome is counted by method and status code (``Status``-independent: metrics), and
-   every failure the handler does not log itself is logged (rate-limited).
-
-The parts: ``auth.Tokens`` and ``auth.AuthThrottle`` (pure, ``now_s`` passed in), ``watchdog.Lease`` (the
-``Watchdog`` thread cancels a call whose lease ran out, with its status), ``limits.Limits`` (caps, shares,
-timeouts), ``ratelog.RateLog``; ``FrontDoor.snapshot()`` feeds the metrics (``splitrt_cloud_calls_total``...).
-Connections themselves are the edge proxy's (``deploy/proxy/haproxy.cfg``).
+1. Auth (``auth``): health needs no token, everything else one of ``tokens`` (when any). A peer address
+   that failed too often gets RESOURCE_EXHAUSTED with ``retry-after-ms``, its token not compared.
+2. Lanes: inference, Probe, PutModel, Status, health Check and Watch each have their own cap, and one
+   peer address holds at most ``calls_per_peer`` of inference and half of the others. A full lane answers
+   RESOURCE_EXHAUSTED at once and never blocks another. A Probe's declared bytes are held in the memory
+   budget before its body is read (``probes.ProbeGate``).
+3. Leases: the request message, each upload chunk or stream frame, and each reply the client must take
+   are waited for at most their timeout (``Limits``): DEADLINE_EXCEEDED naming what did not come. A Watch
+   stream ends after ``watch_max_age_s`` (UNAVAILABLE).
+4. Behind a trusted proxy (``Limits.trusted_proxies``) the client is the address the proxy names
+   (``FrontDoor.client_peer``), so everything per address holds per device.
+5. Every outcome is counted by method and code (``FrontDoor.snapshot()``, metrics), and every failure the
+   handler does not log itself is logged, rate-limited (``ratelog.RateLog``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """An upload's check in a child process at a lower CPU priority, so a client's heavy upload delays mostly
 itself.
 
-Checking an uploaded model (parse, normalise, shape inference, cut enumeration) is seconds of CPU for a large
-one (a 60 000-node chain: ~12 s), mostly Python holding the interpreter's lock: in the server's process it
-slows every request even with the check in a worker slot of its own. In a child it holds no lock of the
-server's, and at ``NICE`` the kernel runs the server's requests first. The check still holds its worker slot
-and its memory in the server's budget (``admission.admitted``): the child's bytes are the same pod's.
+Checking a large upload (parse, normalise, shape inference, cut enumeration) is mostly Python holding the
+interpreter's lock; in a child it holds none of the server's, and at ``NICE`` the kernel runs requests
+first. The check still holds its worker slot and its memory in the server's budget (``admission.admitted``).
 
 One child, started when a server that accepts uploads starts (``warm``) or on first use (``spawn``: a
 clean interpreter, its imports done before it lowers its priority), shut down after ``IDLE_S`` without a
-check (it holds ~100 MB of imports); it exits by itself if the server goes away.
+check; it exits by itself if the server goes away.
 """
 
 from __future__ import annotations

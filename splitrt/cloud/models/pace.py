@@ -1,12 +1,9 @@
 """An upload's pace: below a minimum rate, or past its deadline, it is cut, and what it held is freed.
 
-An upload holds a place in the upload lane and its share of the store's quota while its bytes come. A
-read timeout per chunk does not bound that: a client trickling 1 KiB every 20 s kept a PutModel open
-(and a quota it had declared) for as long as it liked. So every upload must average at least
-``min_rate_bytes_per_s`` once ``grace_s`` have passed, and end within ``timeout_s`` (or the call's own
-deadline, if earlier). A watch thread per upload checks while the handler waits for the next chunk and
-cancels the call (``watchdog.cancel_call``): the handler's read raises, and the upload's ``finally``
-removes its file and returns its quota at once.
+An upload holds a lane place and quota while its bytes come, which a per-chunk read timeout does not
+bound. So it must average ``min_rate_bytes_per_s`` once ``grace_s`` have passed and end within
+``timeout_s`` (or the call's deadline, if earlier). A watch thread per upload cancels the call
+(``watchdog.cancel_call``); the upload's ``finally`` then removes its file and returns its quota.
 
 - ``UploadPace(min_rate_bytes_per_s, grace_s, timeout_s)``: ``ServerConfig.upload_pace``.
 - ``verdict(pace, elapsed_s=, received_bytes=, deadline_s=) -> str | None``: pure; why to cut, or None.

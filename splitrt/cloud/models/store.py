@@ -3,8 +3,7 @@
 Only a model's own data files are ever read: a model whose external-data locations (on any tensor:
 ``graph.walk``) leave the directory (absolute paths, ``..``, symlinks out), name a hidden file (the warm
 file, uploads in progress) or another model, or a stored upload naming any, is refused, and so is a file
-that is not ONNX; each refusal is
-logged once (``model_refused``) and the file is skipped until it changes. Uploads write
+that is not ONNX; each refusal is logged once (``model_refused``) and the file skipped until it changes. Uploads write
 ``.upload-*.part`` files (``splitrt.cloud.models.upload``): the ones a killed server left are removed at start.
 """
 

@@ -17,6 +17,9 @@ from typing import Any
 import grpc
 
 log = logging.getLogger("splitrt.cloud")
+# The longest any wait is given: gRPC reports ~9.2e18 s left for a call without a deadline, and waits on
+# such a number raise in ``threading``. Anything beyond it counts as no deadline.
+MAX_WAIT_S = 86_400.0
 # One encoder for every line: ``json.dumps(..., default=str)`` builds a new one per call.
 _encode = json.JSONEncoder(default=str).encode
 

@@ -23,7 +23,7 @@ import psutil
 
 from splitrt.cloud.capacity.fairq import HEAVY, RUN, FairConfig, FairQueue
 from splitrt.cloud.capacity.memory import MemoryBudget
-from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.common import MAX_WAIT_S, RpcFailure
 from splitrt.errors import ConfigError
 
 
@@ -181,7 +181,7 @@ def admitted(
             if slot_timeout_s is None:
                 yield
                 return
-            if not admission.acquire(min(slot_timeout_s, 86400.0), kind=HEAVY):
+            if not admission.acquire(min(slot_timeout_s, MAX_WAIT_S), kind=HEAVY):
                 raise RpcFailure(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"{what}: expected a worker slot within the deadline, got none free in time",

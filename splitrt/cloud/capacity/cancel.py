@@ -30,13 +30,10 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.capacity.memory import trim
-from splitrt.cloud.common import RpcFailure, log_event
+from splitrt.cloud.common import MAX_WAIT_S, RpcFailure, log_event
 from splitrt.errors import SplitrtError
 from splitrt.graph import partition
 from splitrt.graph.ort_errors import onnxruntime_errors
-
-# Deadlines further than this are clamped (gRPC reports ~9.2e18 s left for a call without one).
-_MAX_WAIT_S = 24 * 3600.0
 
 
 class CallToken:
@@ -142,7 +139,7 @@ class Canceller:
         DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then, INVALID_ARGUMENT when the run
         itself fails. ``suspect``: sizes no shape tells (terminated first when memory runs out)."""
         now = time.monotonic()
-        deadline = min(deadline, now + _MAX_WAIT_S)
+        deadline = min(deadline, now + MAX_WAIT_S)
         capped = limit_s is not None and now + limit_s < deadline
         run = Run(what, deadline, (deadline - now) * 1e3, limit_s if capped else None)
         run.suspect = suspect
@@ -222,10 +219,10 @@ class Canceller:
                             grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated",
                         )
-                wait = self._heap[0][0] - now if self._heap else _MAX_WAIT_S
+                wait = self._heap[0][0] - now if self._heap else MAX_WAIT_S
                 if self._running and self.rss_limit_bytes is not None:
                     wait = min(wait, self.period_s)
-                self._lock.wait(timeout=max(0.001, min(wait, _MAX_WAIT_S)))
+                self._lock.wait(timeout=max(0.001, min(wait, MAX_WAIT_S)))
                 runs = sorted(self._running.items())
             # The newest suspect (sizes no shape tells), else the newest: who goes when memory runs out.
             newest = max(runs, key=lambda sr: (sr[1].suspect, sr[0]))[1] if runs else None

@@ -30,7 +30,7 @@ from splitrt.cloud.capacity.fairq import HEAVY, RUN
 from splitrt.cloud.capacity.memory import MemoryBudget, trim
 from splitrt.cloud.capacity.niced import NicePool
 from splitrt.cloud.capacity.runlimit import run_limit_s
-from splitrt.cloud.common import RpcFailure
+from splitrt.cloud.common import MAX_WAIT_S, RpcFailure
 from splitrt.cloud.guard.ratelog import RateLog
 from splitrt.cloud.handler.inputs import check_inputs, decode_inputs, small_integer_arrays, small_integers
 from splitrt.cloud.handler.nexthop import DEVICE_CUT, NextHop, check_cuts
@@ -49,8 +49,6 @@ TRIM_AFTER_BYTES = 16 << 20
 # faults its buffers in afresh. The memory watch trims before it judges a run over the budget, so RSS
 # malloc keeps between trims is never charged to a request.
 TRIM_EVERY_S = 10.0
-# gRPC reports ~9.2e18 s for a call without a deadline: every wait is bounded by a day.
-MAX_WAIT_S = 86400.0
 Shapes = Mapping[str, tuple[int, ...]]
 
 
@@ -251,8 +249,7 @@ class Handler:
             est = static[1]
         else:
             est = self.peaks.estimate(segment, tail.skeleton, dict(shapes), values)
-        # onnxruntime's kernels add scratch space to the tensors alive at once: bert_tiny at 16 x 512
-        # peaked 14 % above the estimate.
+        # onnxruntime's kernels add scratch space to the tensors alive at once.
         need = int(est.peak_bytes * 1.2)
         limit = self.max_request_bytes
         if need > limit:
@@ -339,8 +336,7 @@ class Handler:
                 suspect=suspect,
             )
             # A client over its share, and a segment stopped by the run limit before (it may burn a core until
-            # the limit again), run at a lower OS priority (``niced``): the CPU goes to the others first. One
-            # endless Loop per address held a core at the server's priority for its 2 s each time.
+            # the limit again), run at a lower OS priority (``niced``): the CPU goes to the others first.
             try:
                 values = self.niced.call(go) if segment.run_limited or self.admission.yielding() else go()
             except RpcFailure as exc:

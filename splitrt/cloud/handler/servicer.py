@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 
 from splitrt.cloud.capacity.cancel import CallToken
-from splitrt.cloud.common import RpcFailure, redact
+from splitrt.cloud.common import MAX_WAIT_S, RpcFailure, redact
 from splitrt.cloud.guard.probes import PROBE_FREE_BYTES, PROBE_MAX_PAYLOAD_BYTES, PROBE_MAX_REPLY_BYTES
 from splitrt.cloud.guard.watchdog import cancel_call
 from splitrt.cloud.models.pace import Paced
@@ -30,10 +30,6 @@ from splitrt.transport import wire
 if TYPE_CHECKING:
     from splitrt.cloud.config import ServerConfig
     from splitrt.cloud.handler.nexthop import NextHop
-
-
-# gRPC reports ~9.2e18 s remaining for a call without a deadline; anything beyond a day is "none".
-_NO_DEADLINE_S = 86_400.0
 
 
 def remaining_s(context: Any, default_s: float) -> float:
@@ -150,11 +146,9 @@ class Servicer:
                 f"probe payload: expected at most {PROBE_MAX_PAYLOAD_BYTES} bytes, got {received}",
             )
         nbytes = n + received
-        # A bandwidth probe holds its payload and reply (a 64 MiB one ~140 MB in flight): admitted like a
-        # request, each side counted three times (gRPC's received bytes, the deserialiser's, the parsed copy;
-        # the reply, its serialised copy, gRPC's send buffer), and held until the reply has gone (the call's
-        # end), not only until it is made.
-        # An RTT ping (a few bytes) is not admitted, so liveness still answers under load.
+        # A bandwidth probe is admitted like a request, each side counted three times (received: gRPC's bytes,
+        # the deserialiser's, the parsed copy; reply: its serialised copy, gRPC's send buffer), and held
+        # until the reply has gone. An RTT ping is not admitted, so liveness still answers under load.
         held = self.backend.admitted("probe", 3 * nbytes) if nbytes > PROBE_FREE_BYTES else nullcontext()
         try:
             held.__enter__()
@@ -203,7 +197,7 @@ def _own_deadline_s(context: Any) -> float | None:
         left = context.time_remaining()
     except Exception:  # an in-process context without deadlines
         return None
-    return None if left is None or not left < _NO_DEADLINE_S else max(0.0, float(left))
+    return None if left is None or not left < MAX_WAIT_S else max(0.0, float(left))
 
 
 def _well_formed(chunks: Iterator[pb.ModelChunk | wire.Malformed], method: str) -> Iterator[pb.ModelChunk]:

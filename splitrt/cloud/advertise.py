@@ -1,12 +1,8 @@
-"""``splitrt serve --advertise``: announce a running ``CloudServer`` over zeroconf and keep its TXT
-record (load factor, models) fresh. The TXT record also says ``secure=1`` when the server needs TLS and a
-bearer token, ``secure=0`` otherwise (devices warn before sending to such a server).
+"""``splitrt serve --advertise``: announce a running ``CloudServer`` over zeroconf and keep its TXT record
+(load factor, models, ``secure`` = TLS and tokens) fresh.
 
-- ``ServerAdvertiser(cloud_server, *, name, addresses=None, interfaces=None, ttl_s=120)``: ``splitrt serve
-  --advertise``; TXT load = ``CloudServer.load_factor()``, models = ``CloudServer.model_hashes()``, re-announced
-  on a >10 % load change or a new model list; TXT ``secure`` = TLS and tokens; refuses a loopback-only server
-  without ``addresses``; ``.close()`` says goodbye (call it before draining). ``CloudFinder`` logs a warning
-  (once per address, ``.warnings``) before a discovered server with ``secure`` not ``1`` enters a device's list.
+``ServerAdvertiser`` raises ``DiscoveryError`` for a loopback-only server without ``addresses``; devices
+warn before using a server whose ``secure`` is not ``1`` (``device.discovery.CloudFinder``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """What the server counts about its requests, for devices (service times in every ``Load``, the retry
 hint of a refusal) and for operators (Prometheus text on ``--metrics-port``).
 
-``ServerStats.observe`` is called once per Infer request or stream frame with its outcome: requests and
-errors by gRPC status code, histograms of the tail's run time and of the server-side total, and the
-smoothed service time per request (all models and cuts: what a queued request waits behind) and per
-model and cut (``Status`` segments). On each scrape a custom ``prometheus_client`` collector renders
-that state, the load and the front door's counters (``splitrt.transport.promserve`` serves it, as it
-does the device daemon's).
-
-- ``ServerStats``: ``.observe(...)`` per request, ``.service_ms()``, ``.segment_service_ms(sha, cut)``,
-  ``.errors()``, ``.refused``, ``.retry_after_ms(queue_depth=, workers=)``.
-- ``render(server)``, ``collect(server)``: the families of a ``Scraped`` (a ``CloudServer``);
-  ``metrics_http(server, host, port)`` serves them on ``GET /metrics`` (``--metrics-port``; a taken port is
-  ``ConfigError`` before gRPC serves).
+- ``ServerStats.observe(...)`` once per Infer request or stream frame: counts by gRPC code, histograms of
+  tail and server-side time, smoothed service time overall and per model and cut.
+- ``collect(server)`` renders that state, the load and the front door's counters on each scrape;
+  ``metrics_http(server, host, port)`` serves ``GET /metrics`` (a taken port is ``ConfigError`` before
+  gRPC serves).
 """
 
 from __future__ import annotations

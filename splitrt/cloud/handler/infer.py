@@ -1,15 +1,11 @@
 """One request's path on any server of a path of tiers: ``Handler.infer``.
 
-Admission (a place among ``workers + max_queue``, else RESOURCE_EXHAUSTED with a retry hint), the segment
-(built in a heavy slot and leased from the ``TailCache``, so it is not evicted while it runs), the input
-check (names, dtypes, shapes, decoded sizes: nothing inflated), the request's memory (its activations at
-its shapes and small integer values, ``graph.peak``, refused beyond ``max_request_bytes``, reserved in
-the budget), the run in a worker slot under the canceller (deadline, client cancel, shutdown, run limit,
-memory), then the reply, or, for a request naming ``next_cut_id`` B besides its ``cut_id`` A, the segment
-A -> B (key ``"A>B"``) and the forward of B's crossing tensors to the next hop (``nexthop``), with B's
-tail run here when the next hop fails or there is none (``InferReply.next_error``; B = ``device``:
-nothing forwarded). No worker slot is held while a forward is on the wire. Every request is counted
-(``ServerStats``) and logged on the rate-limited log.
+In order: admission (else RESOURCE_EXHAUSTED with a retry hint), the segment (leased from the
+``TailCache``: not evicted while it runs), the input check (nothing inflated), the request's memory
+(``graph.peak`` at its shapes and small integer values: refused beyond ``max_request_bytes``, else
+reserved), the run in a worker slot under the canceller, then the reply, or the forward to the next hop
+(``nexthop``). No worker slot is held while a forward is on the wire. Every request is counted
+(``ServerStats``) and logged, rate-limited.
 """
 
 from __future__ import annotations

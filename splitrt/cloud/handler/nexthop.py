@@ -1,20 +1,11 @@
-"""A server's next hop: a server started with ``--next HOST:PORT`` (``ServerConfig.next_tier``) forwards
-what is left of a request to it after running its own segment (``splitrt.cloud.handler.infer``; the path is
-the same for every server, a server in the middle of a path is not a class of its own).
+"""A server's next hop (``ServerConfig.next_tier``, ``--next HOST:PORT``; operators: docs/operator/tiers.md).
 
-A request naming ``next_cut_id`` B (besides its ``cut_id`` A) is run from A up to B by the server (the
-segment ``partition.split(graph, [A, B])[1]``, leased from the ``TailCache`` as ``"A>B"``); the tensors
-crossing B go to the next hop in an ordinary request for cut B (:meth:`NextHop.forward`), and its outputs
-come back to the device as they arrived (not decoded here). B = ``device``: the segment is the whole
-rest, nothing is forwarded. The reply says where the time went per hop (``edge_ms``, ``next_ms``,
-``next_tail_ms``, ...).
-
-The next hop failing (down, slow, refusing) loses nothing: the server has the model, so it runs B's tail
-itself and says so in ``next_error``; after a failure it skips the next hop for a backoff (doubling,
-capped) and finishes requests itself, while a ``Probe`` with ``next_probe`` always tries it (the device's
-prober revives the path). A server without a next hop answers such requests the same way.
-
-A worker slot is held while a segment runs, never while the forward is on the wire.
+A request naming ``next_cut_id`` B besides its ``cut_id`` A runs the segment A -> B here (leased from the
+``TailCache`` as ``"A>B"``) and :meth:`NextHop.forward` sends B's crossing tensors on in an ordinary
+request for cut B; its outputs come back to the device undecoded. B = ``device``: nothing is forwarded.
+A next hop that fails loses nothing: this server runs B's tail itself and says so in ``next_error``,
+then skips the next hop for a doubling, capped backoff; a ``Probe`` with ``next_probe`` always tries it.
+No worker slot is held while a forward is on the wire.
 """
 
 from __future__ import annotations

@@ -5,12 +5,14 @@ seam, set here above and below the limit."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import grpc
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from splitrt.cloud.capacity.cancel import Canceller
 from splitrt.cloud.common import RpcFailure
@@ -61,3 +63,62 @@ def test_over_the_limit_the_suspect_run_goes_first_and_says_its_peak() -> None:
     assert "(peak 5 MB while it ran)" in got.message, got.message
     other = results["bystander"]  # not terminated for memory: it ran on to its own deadline
     assert isinstance(other, RpcFailure) and other.code == grpc.StatusCode.DEADLINE_EXCEEDED, other
+
+
+def test_the_watch_outlives_an_rss_it_cannot_read() -> None:
+    """With no file descriptor left (a connection flood at the process's limit), reading the RSS fails
+    (EMFILE): the watch skips that sample and still ends later runs at their deadline (before, the
+    exception ended its thread, and no deadline, run limit or memory check held again)."""
+    import errno
+
+    session = ort.InferenceSession(loop_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    fail = [True]
+
+    def rss() -> int:
+        if fail[0]:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return 0
+
+    canceller = Canceller(rss_limit_bytes=1 << 30, rss=rss, period_s=0.005)
+    for _ in range(2):  # the first run meets the unreadable RSS; the second runs after it
+        ended: list[BaseException] = []
+
+        def run(into: list[BaseException]) -> None:
+            try:
+                feeds = {"x": np.zeros(1, np.float32)}
+                canceller.run(session, ["y"], feeds, what="loop", deadline=time.monotonic() + 0.5)
+            except RpcFailure as exc:
+                into.append(exc)
+
+        t = threading.Thread(target=run, args=(ended,), daemon=True)
+        t.start()
+        t.join(30)  # a guard against hanging, not a timing: the deadline is 0.5 s
+        if t.is_alive():  # the watch is gone: end the Loop here, and fail
+            canceller.cancel_all(grpc.StatusCode.UNAVAILABLE, "the test gave up")
+            t.join(30)
+        assert ended and isinstance(ended[0], RpcFailure) and ended[0].code == grpc.StatusCode.DEADLINE_EXCEEDED, ended
+        fail[0] = False
+
+
+def test_the_cpu_figure_outlives_a_process_out_of_descriptors() -> None:
+    """Out of file descriptors, psutil cannot read /proc/stat: the load report keeps its last figure
+    instead of failing the reply that carries it (every legit Infer answered UNKNOWN beside 1100 idle
+    connections at a limit of 1024)."""
+    import resource
+
+    from splitrt.cloud.capacity.admission import CpuMeter
+
+    meter = CpuMeter(period_s=0.0)
+    first = meter.percent()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with pytest.raises(OSError):
+            while True:  # take every descriptor left
+                held.append(open(os.devnull))  # noqa: SIM115
+        assert meter.percent() >= 0.0 and isinstance(first, float)
+    finally:
+        for f in held:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

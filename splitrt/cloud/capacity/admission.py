@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -210,6 +211,9 @@ class CpuMeter:
         with self._lock:
             now = time.monotonic()
             if now - self._t >= self.period_s:
-                self._value = float(psutil.cpu_percent(interval=None))
+                # No descriptor left to read /proc/stat (1100 idle connections at 1024): the last figure
+                # stands; the reply carrying it must not fail (it did, UNKNOWN, for every request).
+                with contextlib.suppress(OSError):
+                    self._value = float(psutil.cpu_percent(interval=None))
                 self._t = now
             return self._value

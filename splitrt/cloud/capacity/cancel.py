@@ -201,6 +201,16 @@ class Canceller:
             r.terminate(code, message)
         return len(runs)
 
+    def _sample(self) -> int | None:
+        """The process's RSS, or None when it cannot be read now: no descriptor left for /proc (a connection
+        flood at the file limit). An exception there ended the watch's thread, and with it every deadline and
+        run limit for the rest of the server's life."""
+        assert self._rss is not None
+        try:
+            return self._rss()
+        except OSError:
+            return None
+
     def _watch(self) -> None:
         while True:
             with self._lock:
@@ -227,12 +237,14 @@ class Canceller:
             # The newest suspect (sizes no shape tells), else the newest: who goes when memory runs out.
             newest = max(runs, key=lambda sr: (sr[1].suspect, sr[0]))[1] if runs else None
             if newest is not None and self.rss_limit_bytes is not None and self._rss is not None:
-                rss = self._rss()
+                rss = self._sample()
+                if rss is None:
+                    continue
                 for _, r in runs:
                     r.peak_rss = max(r.peak_rss, rss)
                 if rss > self.rss_limit_bytes:  # freed but kept by malloc does not count against a run
                     trim()  # a terminated run's activations back to the OS, not kept as heap
-                    rss = self._rss()
+                    rss = self._sample() or rss
                 if rss > self.rss_limit_bytes:
                     if newest.reason is None and not newest.done:  # later samples must not clear it
                         newest.over_memory = True

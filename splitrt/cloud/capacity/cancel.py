@@ -1,21 +1,15 @@
 """Runs that end when they must: a tail run is terminated at its request's deadline, when its client
-goes away, when the server shuts down, and when the process goes over its memory budget.
+goes away, after the per-run limit (``runlimit``), when the server shuts down, and when the process goes
+over its memory budget.
 
-onnxruntime checks a run's ``RunOptions.terminate`` between kernels (also between a Loop's iterations),
-so setting it from another thread makes ``run`` raise soon after. Each run gets its own ``RunOptions``
-(``Run.options``); one watchdog thread sets it at the deadline (a heap of deadlines) and samples the
-process's RSS while anything runs. A model can still hold a worker inside one long kernel; ``splitrt
-serve`` then exits at the end of its drain anyway (``cli.serve``).
+onnxruntime checks a run's own ``RunOptions.terminate`` between kernels (and a Loop's iterations), so one
+watchdog thread sets it at the deadline and samples the RSS while anything runs. A run stuck inside one
+kernel still holds its worker; ``splitrt serve`` then exits at the end of its drain anyway.
 
-- ``Canceller(rss_limit_bytes=, rss=)``: ``.run(session, outputs, feeds, *, what, deadline (monotonic), token,
-  limit_s)`` gives each run a ``RunOptions`` and sets ``terminate`` at the deadline (DEADLINE_EXCEEDED), after
-  ``limit_s`` when that comes first (RESOURCE_EXHAUSTED: the server's cap on one run, ``runlimit``), on the call's
-  ``CallToken`` (CANCELLED; ``servicer.call_token(context)`` fires it from ``context.add_callback``), over the
-  RSS limit (RESOURCE_EXHAUSTED: the newest ``suspect`` run, one whose sizes no shape tells, else the newest;
-  its message gives the RSS peak sampled while it ran: a kernel cannot be stopped, so it can be well above
-  where it was terminated) and on ``.cancel_all`` (shutdown: UNAVAILABLE).
-  ``CloudServer.stop`` cancels what still runs at ``grace - min(2, grace/4)``; ``.busy()``; ``splitrt serve``
-  then ``os._exit``s if work is still stuck (a kernel, a graph load).
+- ``Canceller.run`` raises RpcFailure: DEADLINE_EXCEEDED at the deadline, RESOURCE_EXHAUSTED after
+  ``limit_s`` or over the RSS limit (the newest ``suspect`` run first, else the newest; the message gives
+  the RSS peak sampled while it ran), CANCELLED on its ``CallToken`` (fired from gRPC's callback by
+  ``servicer.call_token``), UNAVAILABLE after ``.cancel_all`` (shutdown).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Time and count limits on what a client can hold on the server (``ServerConfig.limits``; each field
 with its ``splitrt serve`` flag), and the gRPC core options that carry the per-stream ones.
 
-Per call (the front door, ``guard.door``): lanes of their own for inference calls, Probe, uploads,
-``Status``, health ``Check`` and health ``Watch``, so a full inference queue or a flood of health streams
-never locks out the others; a read timeout on request bodies, upload chunks and replies the client does
-not take; an idle limit between stream frames; Watch streams capped and aged out.
-
-Per stream (gRPC core): a fixed receive window (``stream_window_bytes``) instead of gRPC's BDP-sized one,
-so a call refused on its headers pushes at most that much of its body into the server (BDP windows
-grew to ~15 MiB on loopback). Connections (how many, per address, idle, handshakes, pings, streams per
+Per call, the front door (``guard.door``) applies them. Per stream (gRPC core): a fixed receive window
+(``stream_window_bytes``) instead of gRPC's BDP-sized one, so a call refused on its headers pushes at
+most that much of its body into the server. Connections (how many, per address, idle, handshakes, pings, streams per
 connection) are the edge proxy's: ``deploy/proxy/haproxy.cfg``, ``docs/operator/proxy.md``.
 """
 

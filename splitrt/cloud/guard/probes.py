@@ -5,7 +5,7 @@ reply back) before it reads the body, and an RTT ping (at most ``PROBE_FREE_BYTE
 together hold at most ``PROBE_BUDGET_SHARE`` of the budget and never evict a cache entry (a probe is a
 measurement). An address whose probe body over ``PROBE_FREE_BYTES`` was read and then refused (undeclared,
 or more than declared) has its next probes refused unread for ``PROBE_PENALTY_S``: receiving a body holds
-gRPC's polling thread while it is copied (~0.1 s per 64 MiB on 2 vCPUs).
+gRPC's polling thread while it is copied.
 
 - ``declared(metadata) -> int | None``: the bytes a call declares (None: absent or not a number).
 - ``ProbeGate(budget, max_message_bytes)``: ``.cap_bytes`` (the most a probe may declare), ``.need_bytes(declared)``,

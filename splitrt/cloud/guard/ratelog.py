@@ -1,10 +1,7 @@
 """A log that a flood cannot fill: the first ``burst`` events of a kind per interval are logged as they
 come, the rest only counted and reported as one ``suppressed`` summary line per interval (with the
-busiest peers). A token guesser at thousands of calls per second costs a few lines every ten seconds.
-
-Served requests go through it too (``request``): the first few per status code and interval are logged
-whole, the rest counted in the summary, so a server at hundreds of requests per second writes a few lines
-every interval, not one per request (``every_request`` logs each, for debugging).
+busiest peers). Served requests go through it too (``request``), per status code; ``every_request`` logs
+each, for debugging.
 """
 
 from __future__ import annotations

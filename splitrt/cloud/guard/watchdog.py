@@ -2,10 +2,8 @@
 (a request body, the next stream frame or upload chunk, the client taking a reply; a Watch stream's
 whole life) and cancelled with a gRPC status by the ``Watchdog`` thread when it runs out.
 
-gRPC's synchronous server waits for a request message with no timeout of its own: a client that sends
-headers and half a body holds a worker thread for as long as it likes. Cancelling the call from
-another thread ends the wait (the handler's read raises) and answers the client with the lease's
-status.
+gRPC's synchronous server waits for a request message with no timeout of its own; cancelling the call
+from another thread ends the wait (the handler's read raises) and answers with the lease's status.
 """
 
 from __future__ import annotations

@@ -71,9 +71,8 @@ class Tail:
         return any(c != client and now_s - t < HOT_S for c, t in self.recent.items())
 
 
-# A tail another client got within this many seconds is not evicted to make room for a new tail: one
-# client naming cut after cut (an attacker, or a sweep) then pushes out its own tails and cold ones, never
-# the one a device is streaming through (which would be rebuilt for seconds, and evict the next...).
+# A tail another client got within this many seconds is not evicted for a new tail: a client naming cut
+# after cut pushes out its own tails and cold ones, never the one a device is streaming through.
 HOT_S = 2.0
 RECENT_MAX = 16
 

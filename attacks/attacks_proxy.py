@@ -145,9 +145,12 @@ class Frames(Attack):
     """``conns`` connections from ATTACKER_IP, each sending ``batch(conn, stream_id) -> (bytes, next id)``
     as fast as it can; a connection the peer ends is opened again (counted by how it ended)."""
 
-    def __init__(self, name: str, what: str, conns: int, batch: Callable[[str, int], tuple[bytes, int]]) -> None:
+    def __init__(
+        self, name: str, what: str, conns: int, batch: Callable[[str, int], tuple[bytes, int]], proxy_row: str = ""
+    ) -> None:
         super().__init__()
         self.name, self.what, self.conns, self.batch = name, what, conns, batch
+        self.proxy_row = proxy_row
         self.sent_bytes = 0
         self.streams = 0
         self.ended: Counter[str] = Counter()
@@ -499,5 +502,11 @@ def proxy_attacks() -> list[Attack]:
         ThroughProxy("rapid_reset_proxy", "HTTP/2 rapid reset via the edge proxy (4 TLS conns)", 4, rapid_reset_batch),
         ThroughProxy("hpack_bomb_proxy", "HPACK bombs via the edge proxy (4 TLS conns)", 4, hpack_bomb_batch),
         IdleConnsProxy(),
-        Frames("hpack_bomb", "HPACK bombs straight to the server (4 conns, no token)", 4, hpack_bomb_batch),
+        Frames(
+            "hpack_bomb",
+            "HPACK bombs straight to the server (4 conns, no token)",
+            4,
+            hpack_bomb_batch,
+            "hpack_bomb_proxy",
+        ),
     ]

@@ -86,7 +86,6 @@ class CloudServer:
             # As many children as builds may run at once (the heavy lane's cap).
             builder=Builder(self.admission.queue.config.heavy_cap) if config.build_in_child else None,
         )
-        # Terminates runs at their deadline, on the client's cancel, at shutdown, over the budget.
         self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
         self.max_decoded_bytes = config.decoded_cap_bytes
         self.cpu = CpuMeter()
@@ -99,9 +98,7 @@ class CloudServer:
         # The SplitInference methods; ``start`` registers them. Callable without a gRPC server (an
         # in-process transport): constructing a CloudServer binds no port.
         self.servicer = Servicer(self)
-        # The link to ``config.next_tier``, where requests naming a next cut go on (``nexthop``).
         self.next_hop = NextHop(config.next_tier, config.max_message_bytes)
-        # The front door (``guard.door``): auth, throttle, lanes and leases, decided on a call's metadata.
         self.door = FrontDoor.build(
             tokens=config.tokens,
             limits=config.limits,
@@ -113,7 +110,6 @@ class CloudServer:
             max_message_bytes=config.max_message_bytes,
         )
         self.watchdog, self.ratelog = self.door.watchdog, self.door.ratelog
-        # One request's path (``handler.infer``), given only what it uses.
         self.handler = Handler(
             admission=self.admission,
             budget=self.budget,
@@ -130,11 +126,9 @@ class CloudServer:
             max_request_bytes=config.max_request_bytes,
             max_run_s=config.limits.max_run_s,
         )
-        # Health NOT_SERVING while every place is held for ``limits.saturated_s`` (``saturation``).
         self.health_gate = HealthGate(
             self.health, lambda: saturated(self.admission, self.door), config.limits.saturated_s
         )
-        # Warm start (``warm``): the explicit pairs checked now (ConfigError); the file read by ``start``.
         self.warm = WarmStart(
             config.warm,
             store=self.store,

@@ -211,8 +211,8 @@ class CpuMeter:
         with self._lock:
             now = time.monotonic()
             if now - self._t >= self.period_s:
-                # No descriptor left to read /proc/stat (1100 idle connections at 1024): the last figure
-                # stands; the reply carrying it must not fail (it did, UNKNOWN, for every request).
+                # No descriptor left to read /proc/stat: the last figure stands; the reply carrying it
+                # must not fail.
                 with contextlib.suppress(OSError):
                     self._value = float(psutil.cpu_percent(interval=None))
                 self._t = now

@@ -30,7 +30,7 @@ __all__ = ["IDLE_S", "NICE", "child_init", "run", "shutdown", "warm"]
 
 # The child's niceness: below the server's requests, still above nothing.
 NICE = 10
-# A child without a check for this long is shut down (its ~100 MB back to the OS).
+# A child without a check for this long is shut down (its memory back to the OS).
 IDLE_S = 300.0
 
 _lock = threading.Lock()

@@ -24,7 +24,7 @@ import psutil
 
 from splitrt.cloud.capacity.fairq import HEAVY, RUN, FairConfig, FairQueue
 from splitrt.cloud.capacity.memory import MemoryBudget
-from splitrt.cloud.common import MAX_WAIT_S, RpcFailure
+from splitrt.cloud.common import RpcFailure
 from splitrt.errors import ConfigError
 
 
@@ -163,12 +163,10 @@ def prepaid() -> int:
 
 
 @contextmanager
-def admitted(
-    admission: Admission, budget: MemoryBudget, what: str, nbytes: int, *, slot_timeout_s: float | None = None
-) -> Iterator[None]:
+def admitted(admission: Admission, budget: MemoryBudget, what: str, nbytes: int) -> Iterator[None]:
     """Probe and uploads are admitted like inference: a place among the admitted (RESOURCE_EXHAUSTED
-    when full), their bytes reserved in the budget, and with ``slot_timeout_s`` a worker slot in the
-    heavy lane (``fairq.HEAVY``, beside tail builds; upload checks no longer take one: ``checker``)."""
+    when full) and their bytes reserved in the budget; no worker slot (upload checks run in ``checker``'s
+    child)."""
     if not admission.admit():
         raise RpcFailure(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -179,18 +177,7 @@ def admitted(
     try:
         held = budget.reserve(max(0, nbytes - prepaid()), what)
         try:
-            if slot_timeout_s is None:
-                yield
-                return
-            if not admission.acquire(min(slot_timeout_s, MAX_WAIT_S), kind=HEAVY):
-                raise RpcFailure(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"{what}: expected a worker slot within the deadline, got none free in time",
-                )
-            try:
-                yield
-            finally:
-                admission.release_slot()
+            yield
         finally:
             budget.release(held)
     finally:

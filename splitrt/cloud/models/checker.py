@@ -3,7 +3,8 @@ itself.
 
 Checking a large upload (parse, normalise, shape inference, cut enumeration) is mostly Python holding the
 interpreter's lock; in a child it holds none of the server's, and at ``NICE`` the kernel runs requests
-first. The check still holds its worker slot and its memory in the server's budget (``admission.admitted``).
+first. The check takes no worker slot, but still a place among the admitted and its memory in the server's
+budget (``admission.admitted``).
 
 One child, started when a server that accepts uploads starts (``warm``) or on first use (``spawn``: a
 clean interpreter, its imports done before it lowers its priority), shut down after ``IDLE_S`` without a

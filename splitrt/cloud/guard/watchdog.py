@@ -77,7 +77,6 @@ class Watchdog:
         *,
         tick_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
-        on_fire: Callable[[Lease], None] | None = None,
     ) -> None:
         self.tick_s = tick_s
         self._clock = clock
@@ -85,7 +84,6 @@ class Watchdog:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.on_fire = on_fire
         self.on_tick: list[Callable[[], None]] = []
 
     def start(self) -> None:
@@ -123,8 +121,6 @@ class Watchdog:
                 lease.fired = True
         for lease in due:
             cancel_call(lease.context, lease.code, lease.reason)
-            if self.on_fire is not None:
-                self.on_fire(lease)
         return len(due)
 
     def _run(self) -> None:

@@ -199,7 +199,6 @@ def save(a: argparse.Namespace, rows: list[dict[str, Any]], run: dict[str, Any])
         "turn_s": a.turn,
         "rate_hz": a.rate,
         "board": a.board,
-        "cell_load_average": [x["load_average"] for x in rows if "load_average" in x],
         "routers": router_summary(rows),
         "cells": rows,
     }

@@ -390,7 +390,7 @@ BENCHES: list[Bench] = [
         what="24 emulated devices against 2 servers, the second killed in every segment. See the "
         "[rig guide](../rig.md#fleets-many-devices-servers-killed).",
         cheap=False,
-        how="sudo .venv/bin/python bench/bench_fleet.py --json fleet.json   # root, about 8 min",
+        how="sudo .venv/bin/python bench/bench_fleet.py --codecs all --json fleet.json   # root, about 8 min",
     ),
     Bench(
         name="attack",

@@ -398,7 +398,7 @@ BENCHES: list[Bench] = [
         what="Every attack class against its own server, with a legit client beside it. See "
         "[Security](../operator/security.md).",
         cheap=False,
-        how=".venv/bin/python attacks/bench_attack.py --json > attack.json   # about 6 min; --quick: 2 min",
+        how=".venv/bin/python attacks/bench_attack.py --json > attack.json   # about 20 min; --quick: 2 min",
         script="attacks/bench_attack.py",
     ),
     Bench(
@@ -454,7 +454,37 @@ BENCHES += [
         how=".venv/bin/python bench/bench_accuracy.py --json > accuracy.json   # ~25 min; fetches photos once",
     ),
 ]
+
+
+def attack_tables(doc: dict[str, Any]) -> list[Table]:
+    """bench_attack: one line per row (the load as it began; p99 ratio with its 95 % CI; the verdict)."""
+    rows = []
+    for r in doc["rows"]:
+        ratio = r["attack_p99_ms"] / r["base_p99_ms"] if r["attack_p99_ms"] and r["base_p99_ms"] else None
+        ci = r.get("p99_x_ci95") or []
+        fails = [name for name, ok in r["targets"] if not ok]
+        verdict = "PASS" if r["pass"] else "FAIL: " + ", ".join(fails)
+        if not r["pass"] and r.get("proxy_row"):
+            verdict += f" (the edge proxy's job: {r['proxy_row']})"
+        rows.append(
+            [
+                r["row"],
+                r["attack"],
+                f"{r['load_1m']:.1f}" if "load_1m" in r else "-",
+                "-" if ratio is None else f"{ratio:.1f}" + (f" ({ci[0]:.1f}-{ci[1]:.1f})" if ci else ""),
+                f"{r['legit_failed']}/{r['legit_calls']}",
+                f"{r['lost_deadline']}/{r['lost_no_deadline']}",
+                f"{r['peak_rss_mb']:.0f}/{r['budget_mb']:g}",
+                "-" if r["sigterm_exit_s"] is None else f"{r['sigterm_exit_s']:.1f}",
+                verdict,
+            ]
+        )
+    header = ["row", "attack", "load", "p99 x (95 % CI)", "legit failed", "lost", "peak RSS/budget MiB", "SIGTERM s"]
+    return [("", [*header, "verdict"], rows)]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[Table]]] = {
+    "attack": attack_tables,
     "accuracy": accuracy_tables,
     "solver": solver_tables,
     "route": route_tables,

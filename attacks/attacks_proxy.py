@@ -71,6 +71,7 @@ from tests.rawh2 import (
     settings_frame,
     with_stream_id,
 )
+from tests.relay import SourceRelay
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CFG = ROOT / "deploy" / "proxy" / "haproxy.cfg"
@@ -403,44 +404,6 @@ class SlowReader(Attack):
         self.notes.setdefault("probes_ended_by_server", self.ended)
 
 
-class _SourceRelay:
-    """A TCP relay on 127.0.0.1 whose upstream connections come from ``source``."""
-
-    def __init__(self, target: str, source: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self.target, self.source = (host, int(port)), source
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-                up = socket.create_connection(self.target, timeout=10, source_address=(self.source, 0))
-            except OSError:
-                return
-            up.settimeout(None)
-            self.socks += [client, up]
-            for a, b in ((client, up), (up, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := a.recv(1 << 16):
-                b.sendall(data)
-        for s in (a, b):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.socks:
-            s.close()
-
-
 class EndlessRun(Attack):
     name = "endless_run"
     what = "uploaded Loop (2^62 trips), Infer with a 1-hour deadline from 2 addresses"
@@ -451,7 +414,7 @@ class EndlessRun(Attack):
         self.codes: Counter[str] = Counter()
         self.ms: list[float] = []
         self.lock = threading.Lock()
-        self.relay: _SourceRelay | None = None
+        self.relay: SourceRelay | None = None
 
     def build(self) -> None:
         if not self.data:
@@ -459,7 +422,7 @@ class EndlessRun(Attack):
 
     def arm(self, ctx: Ctx) -> None:
         self.build()
-        self.relay = _SourceRelay(ctx.server_address, "127.0.0.3")
+        self.relay = SourceRelay(ctx.server_address, "127.0.0.3")
         sha = hashlib.sha256(self.data).hexdigest()
         req = infer_bytes(sha, "cloud", {"x": np.ones(1, np.float32)})
         ready = threading.Event()

@@ -98,6 +98,7 @@ from splitrt.graph import zoo
 from splitrt.rig.cloudserver import PYTHON_CLI, start_server
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
+from tests import hostilemodels
 from tests.rawh2 import (
     PREFACE,
     data_frame,
@@ -1294,27 +1295,9 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any], inits: list[
 
 def loop_model() -> bytes:
     """A Loop whose trip count is 2^62: y = x + 1, forever."""
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
-        "body",
-        [
-            helper.make_tensor_value_info("i", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
-        ],
-        [
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
-        ],
-        [numpy_helper.from_array(np.ones(1, np.float32), "one")],
-    )
-    node = helper.make_node("Loop", ["trip", "cond", "x"], ["y"], body=body)
-    return _model(
-        [node],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-        [numpy_helper.from_array(np.array(1 << 62, np.int64), "trip"), numpy_helper.from_array(np.array(True), "cond")],
-    )
+    m = hostilemodels.loop_model(1 << 62)
+    m.ir_version = 8
+    return bytes(m.SerializeToString())
 
 
 def const_shape_model(shape: tuple[int, ...] = (1, 512, 1024, 1024)) -> bytes:

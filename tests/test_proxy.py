@@ -14,7 +14,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from splitrt.transport import wire
 from tests.loopback import free_port, reap, serve
 from tests.rawh2 import RawConnection
+from tests.relay import SourceRelay
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy" / "proxy" / "haproxy.cfg"
@@ -58,7 +58,7 @@ class Edge:
     @contextlib.contextmanager
     def device(self, source: str | None = None) -> Iterator[Device]:
         """A device through the proxy; from ``source`` (another loopback address, through a relay)."""
-        relay = None if source is None else _Relay(int(self.address.rsplit(":", 1)[1]), source)
+        relay = None if source is None else SourceRelay(self.address, source)
         config = DeviceConfig(token=TOKEN, tls_ca_path=self.ca, tls_server_name="localhost", timeout_s=20)
         try:
             with Device(zoo.get("tiny_chain"), self.address if relay is None else relay.address, config=config) as d:
@@ -239,46 +239,6 @@ def test_a_request_flood_is_answered_by_the_proxy(edge: Edge) -> None:
                     by_proxy = "rate limited by the edge proxy" in str(exc.details())
                     codes[exc.code().name + (" (proxy)" if by_proxy else "")] += 1
     assert codes["OK"] >= 900 and codes["RESOURCE_EXHAUSTED (proxy)"] >= 500, codes
-
-
-class _Relay:
-    """A TCP relay on 127.0.0.1 whose upstream connections come from ``source`` (another address on loopback)."""
-
-    def __init__(self, port: int, source: str) -> None:
-        self.port, self.source = port, source
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.socks: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            up = socket.create_connection(("127.0.0.1", self.port), timeout=10, source_address=(self.source, 0))
-            up.settimeout(None)
-            self.socks += [client, up]
-            for a, b in ((client, up), (up, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(1 << 16):
-                b.sendall(data)
-        except OSError:
-            pass
-        for s in (a, b):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.listener.close()
-        for s in self.socks:
-            s.close()
 
 
 def _h2_tls(edge: Edge) -> ssl.SSLContext:

@@ -16,7 +16,7 @@ import pytest
 
 from splitrt.cloud.capacity.cancel import Canceller
 from splitrt.cloud.common import RpcFailure
-from tests.cloud.test_hostile import loop_model
+from tests.hostilemodels import loop_model
 
 
 def test_over_the_limit_the_suspect_run_goes_first_and_says_its_peak() -> None:

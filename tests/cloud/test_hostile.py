@@ -25,6 +25,7 @@ from splitrt.rig.cloudserver import ServerProcess
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
 from tests.cli.test_serve import serve_checkout
+from tests.hostilemodels import loop_model
 
 # slow: a real server's runs burning CPU until their deadline or SIGTERM (make test-slow)
 pytestmark = pytest.mark.slow
@@ -32,32 +33,6 @@ pytestmark = pytest.mark.slow
 TOKEN = "hostile-test-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 BUDGET_MB = 900
-
-
-def loop_model(trips: int = 2**62) -> onnx.ModelProto:
-    """300 bytes: a Loop adding 1 to x ``trips`` times (for ever, in practice)."""
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "one"], ["v_out"])],
-        "body",
-        [
-            helper.make_tensor_value_info("i", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, [1]),
-        ],
-        [
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
-        ],
-        [numpy_helper.from_array(np.ones(1, np.float32), "one")],
-    )
-    g = helper.make_graph(
-        [helper.make_node("Loop", ["trips", "cond", "x"], ["y"], body=body)],
-        "loop",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-        [numpy_helper.from_array(np.array(trips, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond")],
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def growing_loop_model(rows: int = 256) -> onnx.ModelProto:

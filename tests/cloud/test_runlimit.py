@@ -17,7 +17,8 @@ from splitrt.cloud.guard.limits import Limits
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.graph.model import model_sha256
 from splitrt.transport import splitrt_pb2_grpc as pb_grpc
-from tests.cloud.test_hostile import loop_model, request
+from tests.cloud.test_hostile import request
+from tests.hostilemodels import loop_model
 
 
 def test_the_limit_is_the_flag_or_derived_from_measured_time_and_model_size() -> None:

@@ -9,16 +9,23 @@ are passed when this server has them) with a soft file-descriptor limit of 1024 
 1. baseline: a legit client (a valid token, one connection) sends squeezenet at a fixed middle cut every
    50 ms with a 5 s deadline; a second one sends the same request without a deadline every 250 ms; once
    a second a new connection asks health Check and Status (a device that connects now);
-2. the attack runs (the same legit clients go on) for ``--attack-s`` seconds, then stops;
-3. recovery: seconds until three legit requests in a row succeed within max(3 x baseline p99, +50 ms);
-4. the attack is armed again and the server gets SIGTERM: seconds until it exits (a server still alive at
+2. the attack runs (the same legit clients go on) for one block, then stops;
+3. recovery: seconds until three legit requests in a row succeed within max(3 x baseline p99, +50 ms); then
+   until the server's CPU is back near its baseline rate (at most the recovery cap: work the attack left
+   running would otherwise land in the next baseline block);
+4. 2-3 repeat (``blocks`` times), each followed by a baseline block: the phases interleave, so the shared
+   host's load drift falls on both sides of the p99 ratio (the ``control`` row reads ~1.0). The ratio is the
+   pooled attack blocks' p99 over the pooled baseline blocks'; its 95 % CI resamples (baseline, attack)
+   block pairs, then calls;
+5. the attack is armed again and the server gets SIGTERM: seconds until it exits (a server still alive at
    drain + 6 s is reported ``hung`` and killed).
 
-Phases: baseline 5 s, attack 8 s (the slow uploads 8-15 s), recovery at most 6 s, ``--drain-s 2``; about
-25 minutes in all (35 rows). (The legit client's p99 is taken over ~100 calls before and ~160 during: over 60 and 100,
-as before 2026-12-04 17:10 UTC, it was nearly the maximum, and one run's ratio moved by 2x.)
-``--quick``: 1.5 / 2 / 3 s, ``--drain-s 1``, one row per class (``QUICK_ROWS``): about 2 minutes on a
-loaded 2-vCPU host (a server start alone takes seconds there).
+Blocks: 5 x 2 s baseline around 4 x 2.5 s attack (~200 calls each side; an attack that needs longer to
+take hold, the slow uploads 8-16 s, gets 2 blocks of its own length), recovery at most 6 s, ``--drain-s 2``;
+about 35 minutes in all (35 rows). (Before 2026-12-06 the phases were one 5 s baseline, then 8 s of attack:
+the host's load moved between them, and the no-attack ``control`` row read 0.5-8.3x.)
+``--quick``: 2 x 1.5 s attack blocks between 1 s baseline blocks, ``--drain-s 1``, one row per class
+(``QUICK_ROWS``): about 3 minutes on a loaded 2-vCPU host (a server start alone takes seconds there).
 
 The legit clients run in a child process; the attack's client threads (in this process, with the proxy's
 copies) run at nice 10 (``--attacker-nice``): on a network an attacker's requests, ``Device.stream`` heads
@@ -167,6 +174,8 @@ class Settings:
     budget_mb: float = 1024.0
     hard_cap_mb: float = 3072.0
     quick: bool = False
+    # Attack blocks per row, each between two baseline blocks (``baseline_s`` and ``attack_s`` are per block).
+    blocks: int = 4
     # More ``splitrt serve`` arguments (e.g. ``--log-every-request`` to see each request's queue and tail ms).
     serve_args: tuple[str, ...] = ()
     # The legit clients in this process, beside the attackers' threads (as before 2026-12-04 05:00 UTC).
@@ -824,6 +833,7 @@ class Ctx:
     legit_cut: str
     store: Path
     shas: dict[str, str] = field(default_factory=dict)
+    alive_at_stop: bool = True  # the server was alive as each attack block ended
     baseline_log_bps: float = 0.0  # the server's log growth (bytes/s) under the legit clients alone
 
 
@@ -1093,7 +1103,6 @@ class Flood(Attack):
 
     def arm(self, ctx: Ctx) -> None:
         self.ctx = ctx
-        self.codes.clear()
         self.prepare(ctx)
 
         def loop() -> None:
@@ -1111,7 +1120,7 @@ class Flood(Attack):
         self.spawn(loop, self.n_threads)
 
     def disarm(self) -> None:
-        self.notes.setdefault("codes", dict(self.codes))  # the attack's; not the re-arm's for SIGTERM
+        self.notes["codes"] = dict(self.codes)  # every block's (the row keeps its notes before the SIGTERM re-arm)
 
 
 class ResnetCuts(Flood):
@@ -1502,15 +1511,21 @@ def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
-def _ratio_ci(base: list[float], during: list[float], q: float = 99, n: int = 2000) -> list[float] | None:
-    """A 95 % bootstrap interval of percentile ``q`` during over before (each phase resampled): a p99 over
-    ~100 calls is nearly their maximum, so one run's ratio moves a lot; the verdict keeps the point value."""
-    if len(base) < 2 or len(during) < 2:
+def _ratio_ci(units: list[tuple[list[float], list[float]]], q: float = 99, n: int = 2000) -> list[float] | None:
+    """A 95 % two-stage bootstrap interval of percentile ``q`` during over before: the (baseline, attack)
+    block pairs are resampled (so the host's load drift between blocks is in the interval), then the calls
+    within the pooled pick. The verdict keeps the point value (pooled during / pooled before)."""
+    units = [(b, d) for b, d in units if b and d]
+    if not units or sum(len(b) for b, _ in units) < 2 or sum(len(d) for _, d in units) < 2:
         return None
     rng = np.random.default_rng(0)
-    b = np.percentile(rng.choice(np.asarray(base), (n, len(base))), q, axis=1)
-    d = np.percentile(rng.choice(np.asarray(during), (n, len(during))), q, axis=1)
-    lo, hi = np.percentile(d / b, [2.5, 97.5])
+    ratios = np.empty(n)
+    for i in range(n):
+        pick = rng.integers(0, len(units), len(units))
+        b = np.concatenate([units[k][0] for k in pick])
+        d = np.concatenate([units[k][1] for k in pick])
+        ratios[i] = np.percentile(rng.choice(d, d.size), q) / np.percentile(rng.choice(b, b.size), q)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
     return [round(float(lo), 2), round(float(hi), 2)]
 
 
@@ -1551,6 +1566,94 @@ def _recovery(legit: Legit | LegitProc, t_from: float, base_p99: float, cap_s: f
         time.sleep(0.1)
 
 
+def _quiesce(server: Server, base_cpu: float, cap_s: float) -> float:
+    """Seconds until the server's CPU (over 0.5 s) is back near its baseline rate, at most ``cap_s``: work
+    an attack left running (a tail build, a checker) would otherwise land in the next baseline block and
+    flatter the ratio."""
+    t0 = time.monotonic()
+    c0 = server.cpu_s()
+    while time.monotonic() - t0 < cap_s and server.alive():
+        time.sleep(0.5)
+        c1 = server.cpu_s()
+        if (c1 - c0) / 0.5 <= 1.5 * base_cpu + 0.2:
+            break
+        c0 = c1
+    return time.monotonic() - t0
+
+
+@dataclass
+class Blocks:
+    """The row's phases, interleaved: baseline, attack, baseline, ... baseline (``[t0, t1)`` each)."""
+
+    base: list[tuple[float, float]] = field(default_factory=list)
+    attack: list[tuple[float, float]] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)  # the 1-min load average as each block began
+    recover_s: list[float | None] = field(default_factory=list)
+    quiesce_s: list[float] = field(default_factory=list)
+    cpu_base_s: float = 0.0
+    cpu_attack_s: float = 0.0
+
+    def ms(self, calls: list[Call], which: list[tuple[float, float]]) -> list[list[float]]:
+        """Each block's successful deadline calls' latencies (ms), by the call's start."""
+        return [[c.ms for c in calls if c.kind == "dl" and a <= c.t < b and c.code == "OK"] for a, b in which]
+
+    def units(self, calls: list[Call]) -> list[tuple[list[float], list[float]]]:
+        """(baseline block k, attack block k) pairs; the last baseline block joins the last pair."""
+        base, during = self.ms(calls, self.base), self.ms(calls, self.attack)
+        pairs = [(list(base[k]), during[k]) for k in range(len(during))]
+        if pairs and len(base) > len(during):
+            pairs[-1][0].extend(base[-1])
+        return pairs
+
+
+def _timed_block(server: Server, blocks: Blocks, kind: str, run: Callable[[], None]) -> None:
+    t, cpu = time.monotonic(), server.cpu_s()
+    blocks.loads.append(round(os.getloadavg()[0], 2))
+    run()
+    (blocks.base if kind == "base" else blocks.attack).append((t, time.monotonic()))
+    if kind == "base":
+        blocks.cpu_base_s += server.cpu_s() - cpu
+    else:
+        blocks.cpu_attack_s += server.cpu_s() - cpu
+
+
+def _interleave(attack: Attack, ctx: Ctx, legit: Legit | LegitProc, s: Settings) -> Blocks:
+    """Baseline and attack blocks in turn (``s.blocks`` attack blocks, one more baseline block), so the
+    host's load drift falls on both sides of the ratio. After each attack block: the recovery (three legit
+    calls in time), then the server's CPU back near its baseline rate, then the next baseline block."""
+    server, blocks = ctx.server, Blocks()
+    n = s.blocks if attack.min_attack_s <= s.attack_s else min(s.blocks, 2)  # long attacks: two long blocks
+    block_s = max(s.attack_s, attack.min_attack_s)
+
+    def base() -> None:
+        time.sleep(s.baseline_s)
+
+    def hit() -> None:
+        t = time.monotonic()
+        attack.start(ctx)
+        while time.monotonic() - t < block_s and not (time.monotonic() - t >= s.attack_s and attack.finished()):
+            time.sleep(0.1)
+        ctx.alive_at_stop = ctx.alive_at_stop and server.alive()
+        attack.stop()  # in the block: the attacker's calls still in flight are its load until they end
+
+    log0 = server.log_bytes()
+    _timed_block(server, blocks, "base", base)
+    a, b = blocks.base[0]
+    ctx.baseline_log_bps = (server.log_bytes() - log0) / max(1e-3, b - a)
+    for k in range(n):
+        _progress(f"{attack.name}: attack block {k + 1}/{n}: {attack.what}")
+        _timed_block(server, blocks, "attack", hit)
+        t_stop = blocks.attack[-1][1]
+        base_ms = [x for b in blocks.ms(legit.calls, blocks.base) for x in b]
+        blocks.recover_s.append(
+            _recovery(legit, t_stop, _pct(base_ms, 99) or 1e3, s.recover_cap_s) if server.alive() else None
+        )
+        base_cpu = blocks.cpu_base_s / max(1e-3, sum(b - a for a, b in blocks.base))
+        blocks.quiesce_s.append(round(_quiesce(server, base_cpu, s.recover_cap_s), 2))
+        _timed_block(server, blocks, "base", base)
+    return blocks
+
+
 def run_row(
     attack: Attack,
     s: Settings,
@@ -1576,8 +1679,6 @@ def run_row(
         legit.warm()
         rss_before = server.peak_rss_mb
         legit.start()
-        t0, log0, cpu0 = time.monotonic(), server.log_bytes(), server.cpu_s()
-        time.sleep(s.baseline_s)
         ctx = Ctx(
             address=proxy.address,
             server_address=server.address,
@@ -1587,28 +1688,16 @@ def run_row(
             legit_cut=legit_cut,
             store=store,
             shas=shas,
-            baseline_log_bps=(server.log_bytes() - log0) / max(1e-3, time.monotonic() - t0),
         )
-        _progress(f"{attack.name}: attack: {attack.what}")
-        t1, cpu1, load1 = time.monotonic(), server.cpu_s(), os.getloadavg()[0]
-        attack.start(ctx)
-        attack_s = max(s.attack_s, attack.min_attack_s)
-        while time.monotonic() - t1 < attack_s and not attack.finished():
-            time.sleep(0.1)
-        t_stop, cpu2 = time.monotonic(), server.cpu_s()
-        alive_at_stop = server.alive()
-        attack.stop()
-        t2 = time.monotonic()
-        base = [c.ms for c in legit.calls if c.kind == "dl" and t0 <= c.t < t1 and c.code == "OK"]
-        base_p99 = _pct(base, 99) or 1e3
-        _progress(f"{attack.name}: attack stopped; waiting for recovery (at most {s.recover_cap_s:g} s)")
-        recover_s = _recovery(legit, t2, base_p99, s.recover_cap_s) if server.alive() else None
+        blocks = _interleave(attack, ctx, legit, s)
+        t1, t_end = blocks.attack[0][0], time.monotonic()
         legit.nodl.settle(2.0)
         legit.stop()
         own_lost = sum(1 for c in attack.own.calls if _lost(c.code))
         extra_lost = attack.lost_extra()
         own_codes = Counter(f"attack:{c.code}" for c in attack.own.calls if _lost(c.code))
         own_n = len(attack.own.calls)
+        notes = json.loads(json.dumps(attack.notes, default=str))  # the blocks', not the SIGTERM re-arm's
         _progress(f"{attack.name}: attack armed again, then SIGTERM")
         attack.start(ctx)
         time.sleep(1.0)
@@ -1622,27 +1711,37 @@ def run_row(
         if keep_logs is not None:
             keep_logs.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(server.log_path, keep_logs / f"{attack.name}.log")
-    during = [c for c in legit.all_calls() if t1 <= c.t < t_stop]
-    window = [c for c in legit.all_calls() if c.t >= t1]
-    ok_ms = [c.ms for c in during if c.kind == "dl" and c.code == "OK"]
-    failed = Counter(c.code for c in during if c.code != "OK")
+    attack.notes = notes  # the targets judge the blocks' notes too
+    calls = legit.all_calls()
+    units = blocks.units(legit.calls)
+    base = [x for b, _ in units for x in b]
+    ok_ms = [x for _, d in units for x in d]
+    # Every legit call from the first attack block on counts: the attack blocks, the recoveries and the
+    # baseline blocks between them.
+    after = [c for c in calls if t1 <= c.t < t_end]
+    window = [c for c in calls if c.t >= t1]
+    failed = Counter(c.code for c in after if c.code != "OK")
     lost_dl = sum(1 for c in window if c.kind == "dl" and _lost(c.code))
     lost_nodl = sum(1 for c in window if c.kind == "nodl" and _lost(c.code)) + own_lost + extra_lost
     lost_codes = Counter(f"{c.kind}:{c.code}" for c in window if _lost(c.code)) + own_codes
+    recovered = [r for r in blocks.recover_s if r is not None]
     row: dict[str, Any] = {
         "row": attack.name,
         "attack": attack.what,
+        "blocks": len(blocks.attack),
         "base_p50_ms": _pct(base, 50),
         "base_p99_ms": _pct(base, 99),
         "base_n": len(base),
         "attack_p50_ms": _pct(ok_ms, 50),
         "attack_p99_ms": _pct(ok_ms, 99),
         "attack_ok": len(ok_ms),
-        "p99_x_ci95": _ratio_ci(base, ok_ms),
-        "legit_calls": len(during),
+        "base_block_p99_ms": [_pct(b, 99) for b, _ in units],
+        "attack_block_p99_ms": [_pct(d, 99) for _, d in units],
+        "p99_x_ci95": _ratio_ci(units),
+        "legit_calls": len(after),
         "legit_failed": sum(failed.values()),
         "legit_failed_by_code": dict(failed),
-        "legit_said": {c.code: c.said for c in reversed(during) if c.code != "OK"},
+        "legit_said": {c.code: c.said for c in reversed(after) if c.code != "OK"},
         "lost_deadline": lost_dl,
         "lost_no_deadline": lost_nodl,
         "lost_by_code": dict(lost_codes),
@@ -1652,15 +1751,17 @@ def run_row(
         "budget_mb": s.budget_mb,
         "budget_enforced": server.budget_flag,
         "killed_at_hard_cap": server.killed_at_cap,
-        "alive_at_attack_end": alive_at_stop,
-        # The server's CPU (cores busy, its children included) before and during the attack.
-        "load_1m": round(load1, 1),  # this host's load average as the attack began
-        "server_cpu_base": round((cpu1 - cpu0) / max(1e-3, t1 - t0), 2),
-        "server_cpu_attack": round((cpu2 - cpu1) / max(1e-3, t_stop - t1), 2),
-        "recover_s": recover_s,
+        "alive_at_attack_end": ctx.alive_at_stop,
+        "load_1m": blocks.loads[1],  # this host's load average as the first attack block began
+        "load_1m_blocks": blocks.loads,
+        # The server's CPU (cores busy, its children included) in the baseline and the attack blocks.
+        "server_cpu_base": round(blocks.cpu_base_s / max(1e-3, sum(b - a for a, b in blocks.base)), 2),
+        "server_cpu_attack": round(blocks.cpu_attack_s / max(1e-3, sum(b - a for a, b in blocks.attack)), 2),
+        "recover_s": None if len(recovered) < len(blocks.recover_s) else max(recovered, default=0.0),
+        "quiesce_s": blocks.quiesce_s,
         "sigterm_exit_s": exit_s,
         "drain_s": s.drain_s,
-        "notes": attack.notes,
+        "notes": notes,
         "proxy_row": attack.proxy_row,
     }
     row["targets"] = targets(row, attack)
@@ -1692,6 +1793,14 @@ def _ci(ci: list[float] | None) -> str:
     return "" if not ci else f" ({ci[0]:.1f}-{ci[1]:.1f})"
 
 
+def _load(r: dict[str, Any]) -> str:
+    """The 1-min load average over the row's blocks (lowest-highest), or as its attack began."""
+    loads = r.get("load_1m_blocks")
+    if loads:
+        return f"{min(loads):.1f}-{max(loads):.1f}"
+    return f"{r['load_1m']:.1f}" if "load_1m" in r else "-"
+
+
 def _ms(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{a:.0f}/{b:.0f}"
 
@@ -1714,7 +1823,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             [
                 r["row"],
                 r["attack"],
-                f"{r['load_1m']:.1f}" if "load_1m" in r else "-",
+                _load(r),
                 _ms(r["base_p50_ms"], r["base_p99_ms"]),
                 _ms(r["attack_p50_ms"], r["attack_p99_ms"]),
                 "-" if ratio is None else f"{ratio:.1f}" + _ci(r.get("p99_x_ci95")),
@@ -1771,6 +1880,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--hard-cap-mb", type=float, default=3072.0, help="kill a server above this RSS (shared host)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--blocks", type=int, help="attack blocks per row (default 4; --quick: 2)")
     ap.add_argument("--logs", type=Path, metavar="DIR", help="keep each row's server log here (<row>.log)")
     ap.add_argument("--render", type=Path, metavar="FILE", help="print the table of a saved --json run")
     ap.add_argument(
@@ -1799,9 +1909,9 @@ def main(argv: list[str] | None = None) -> int:
         print(report(json.loads(args.render.read_text())))
         return 0
     s = (
-        Settings(baseline_s=1.5, attack_s=2.0, recover_cap_s=3.0, drain_s=1.0, quick=True)
+        Settings(baseline_s=1.0, attack_s=1.5, blocks=2, recover_cap_s=3.0, drain_s=1.0, quick=True)
         if args.quick
-        else Settings(baseline_s=5.0, attack_s=8.0, recover_cap_s=6.0, drain_s=2.0)
+        else Settings(baseline_s=2.0, attack_s=2.5, blocks=4, recover_cap_s=6.0, drain_s=2.0)
     )
     s = Settings(
         **{
@@ -1811,6 +1921,7 @@ def main(argv: list[str] | None = None) -> int:
             "serve_args": tuple(args.serve_arg),
             "legit_in_process": args.legit_in_process,
             "attacker_nice": args.attacker_nice,
+            **({"blocks": args.blocks} if args.blocks else {}),
         }
     )
     names = args.rows.split(",") if args.rows else (QUICK_ROWS if s.quick else [a.name for a in attacks()])
@@ -1860,8 +1971,11 @@ def report(result: dict[str, Any]) -> str:
         f"the attack's client threads at nice {s.get('attacker_nice', 0)}",
         f"load average {result['load_before']} before, {result['load_after']} after; "
         f"{result['seconds']} s in all; server limits: {', '.join(result['server_flags']) or 'none'}",
-        "targets: 0 legit failures, legit p99 <= 3x before (on the point value; the 95 % CI resamples both "
-        "phases' calls), peak RSS <= budget (* = the server has no "
+        f"phases interleaved: {s.get('blocks', 1)} attack blocks of {s['attack_s']:g} s, each between baseline "
+        f"blocks of {s['baseline_s']:g} s (after each attack block: recovery, then the server's CPU back near its "
+        "baseline rate); load: the 1-min load average over the blocks",
+        "targets: 0 legit failures (from the first attack block on), legit p99 <= 3x before (pooled blocks, on "
+        "the point value; the 95 % CI resamples block pairs, then calls), peak RSS <= budget (* = the server has no "
         "--max-memory-mb: a nominal budget), 0 lost (dl/no-dl), SIGTERM exit <= drain + 5 s; "
         f"upload_burst: uploads on disk <= {STORE_CAP_MB} MiB (--max-store-mb); "
         f"token_guess: <= {GUESS_RATE_MAX:g} guesses/s, <= {LOG_MB_DAY_MAX:g} MB/day of log; a row marked "

@@ -456,6 +456,13 @@ BENCHES += [
 ]
 
 
+def _attack_load(r: dict[str, Any]) -> str:
+    loads = r.get("load_1m_blocks")  # interleaved blocks (since 2026-12-06 13:30 UTC): lowest-highest
+    if loads:
+        return f"{min(loads):.1f}-{max(loads):.1f}"
+    return f"{r['load_1m']:.1f}" if "load_1m" in r else "-"
+
+
 def attack_tables(doc: dict[str, Any]) -> list[Table]:
     """bench_attack: one line per row (the load as it began; p99 ratio with its 95 % CI; the verdict)."""
     rows = []
@@ -470,7 +477,7 @@ def attack_tables(doc: dict[str, Any]) -> list[Table]:
             [
                 r["row"],
                 r["attack"],
-                f"{r['load_1m']:.1f}" if "load_1m" in r else "-",
+                _attack_load(r),
                 "-" if ratio is None else f"{ratio:.1f}" + (f" ({ci[0]:.1f}-{ci[1]:.1f})" if ci else ""),
                 f"{r['legit_failed']}/{r['legit_calls']}",
                 f"{r['lost_deadline']}/{r['lost_no_deadline']}",

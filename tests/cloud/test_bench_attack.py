@@ -29,7 +29,7 @@ def _bench() -> ModuleType:
 
 def test_the_token_guessing_row_runs_against_a_real_server(tmp_path: Path) -> None:
     b = _bench()
-    settings = b.Settings(baseline_s=1.0, attack_s=1.5, recover_cap_s=3.0, drain_s=1.0, quick=True)
+    settings = b.Settings(baseline_s=1.0, attack_s=1.5, blocks=2, recover_cap_s=3.0, drain_s=1.0, quick=True)
     request, cut = b.legit_request()
     row = b.run_row(b.TokenGuess(), settings, set(), request, cut, tmp_path)
     assert row["base_n"] > 0 and row["base_p99_ms"] is not None  # the legit client ran before the attack
@@ -46,7 +46,7 @@ def test_the_token_guessing_row_runs_against_a_real_server(tmp_path: Path) -> No
 
 def test_the_rapid_reset_row_resets_streams_against_a_real_server(tmp_path: Path) -> None:
     b = _bench()
-    settings = b.Settings(baseline_s=1.0, attack_s=1.5, recover_cap_s=3.0, drain_s=1.0, quick=True)
+    settings = b.Settings(baseline_s=1.0, attack_s=1.5, blocks=2, recover_cap_s=3.0, drain_s=1.0, quick=True)
     request, cut = b.legit_request()
     row = b.run_row(b.RapidReset(conns=1), settings, set(), request, cut, tmp_path)
     assert row["notes"]["streams_reset"] > 0  # the attack sent HEADERS + RST_STREAM pairs
@@ -66,7 +66,7 @@ def test_the_rapid_reset_row_through_the_edge_proxy_is_cut_there(tmp_path: Path)
     b = _bench()
     import attacks_proxy
 
-    settings = b.Settings(baseline_s=1.0, attack_s=4.0, recover_cap_s=3.0, drain_s=1.0, quick=True)
+    settings = b.Settings(baseline_s=1.0, attack_s=4.0, blocks=2, recover_cap_s=3.0, drain_s=1.0, quick=True)
     request, cut = b.legit_request()
     attack = attacks_proxy.ThroughProxy("rapid_reset_proxy", "rapid reset", 2, attacks_proxy.rapid_reset_batch)
     row = b.run_row(attack, settings, set(), request, cut, tmp_path)

@@ -13,7 +13,7 @@ def test_the_exfil_row_runs_against_a_real_server(tmp_path: Path) -> None:
     b = _bench()
     import attack_hostile  # on sys.path once the bench is loaded
 
-    settings = b.Settings(baseline_s=1.0, attack_s=1.5, recover_cap_s=3.0, drain_s=1.0, quick=True)
+    settings = b.Settings(baseline_s=1.0, attack_s=1.5, blocks=2, recover_cap_s=3.0, drain_s=1.0, quick=True)
     request, cut = b.legit_request()
     row = b.run_row(attack_hostile.Exfil(), settings, set(), request, cut, tmp_path)
     notes = row["notes"]

@@ -4,7 +4,8 @@ A path is the device, then 0..k servers (two tiers: device -> cloud; three: devi
 one cost table per tier (``Controller(table)`` is the two-tier path with one table for both). Per
 request the controller re-solves from one link estimate per hop and one load per tier, and switches
 only when the predicted gain beats a hysteresis threshold (relative and absolute), so stationary noise
-does not make it flap.
+does not make it flap, or when smaller gains persist until their sum (less a drift) beats it: a plan a
+few % dearer is not held for good.
 
 What is reachable decides the route, identically for any number of tiers: the plan runs over the
 device and the servers that are up, in path order; a server that is down is skipped and the hops
@@ -31,8 +32,10 @@ sockets or sessions here: ``now_s`` and the estimates come in as arguments.
 - ``Controller(table: CostTable, config: ControllerConfig | None, *, power)``: ``.decide(now_s, link:
   LinkEstimate, load: LoadEstimate, *, cloud_available=True, request="") -> Decision``; ``.current`` (plan key
   in use), ``.switches``, ``.warm_plans(link, load) -> list[str]``.
-- ``ControllerConfig(objective="latency", hysteresis_fraction=0.08, hysteresis_ms=1.0,
+- ``ControllerConfig(objective="latency", hysteresis_fraction=0.08, hysteresis_ms=1.0, hold_drift_fraction=0.25,
   warm_bandwidth_factors=(...), codecs=("fp32",), cuts=None)``: lossless unless the user allows lossy codecs;
+  a hold within the margin accumulates its gains (less ``hold_drift_fraction`` x the margin each decision, at
+  least 0): once they pass the margin the best is taken (reason ``... persists``);
   ``cuts`` the allowed cuts (constraints, ``route``); with ``cuts`` every decision's ``extra`` holds
   ``unconstrained`` (the solver's best over every cut) and ``constraint_cost`` (objective units).
 - Corrections (``plan.correction``): ``controller.observe(Observation(plan, predicted_ms, measured_ms, t_s)) ->
@@ -76,6 +79,12 @@ class ControllerConfig:
     # Switch only when the current plan is predicted to cost more than the best by both margins.
     hysteresis_fraction: float = 0.08
     hysteresis_ms: float = 1.0
+    # Small gains that persist add up (a CUSUM of the held plan's predicted excess over the best, less this
+    # share of the margin per decision): past the margin the best is taken. A one-off gain within the margin
+    # is still held, but a plan predicted worse by a few % on every request is no longer held for good
+    # (on the rig a held ``device`` ran 10 requests at 18-20 ms over the cloud's price, margin 26 ms).
+    # 0 disables (the margin alone decides).
+    hold_drift_fraction: float = 0.25
     # Plans to keep warm: the best at these multiples of the estimated bandwidth.
     warm_bandwidth_factors: tuple[float, ...] = (0.25, 0.5, 2.0, 4.0)
     # Lossless by default: a lossy codec (fp16, int8) changes the answer, so it is the user's choice.
@@ -95,6 +104,8 @@ class ControllerConfig:
             raise ConfigError(f"hysteresis_fraction: expected [0, 1), got {self.hysteresis_fraction!r}")
         if self.hysteresis_ms < 0:
             raise ConfigError(f"hysteresis_ms: expected >= 0, got {self.hysteresis_ms!r}")
+        if not 0.0 <= self.hold_drift_fraction <= 1.0:
+            raise ConfigError(f"hold_drift_fraction: expected [0, 1], got {self.hold_drift_fraction!r}")
         if self.cuts is not None and not self.cuts:
             raise ConfigError("cuts: expected None (every cut) or at least one cut id, got ()")
 
@@ -159,6 +170,9 @@ class Controller:
         self.switches = 0
         self._seq = 0
         self._direct: dict[int, CostTable] = {}
+        # (the held plan, the evidence against it in objective units): decide() alone updates it, from its
+        # own inputs, so a replay that feeds the same decisions rebuilds it
+        self._pressure: tuple[str, float] = ("", 0.0)
         self.corrections = Corrections(self.config.correction)
 
     @property
@@ -236,6 +250,17 @@ class Controller:
             same_codec=True,
         )
 
+    def _held_pressure(self, before: tuple[str, float], held: str, gain: float, margin: float) -> float:
+        """The evidence against ``held`` after one more decision whose best beats it by ``gain``: a CUSUM,
+        ``max(0, before + gain - drift)`` with ``before`` the evidence the last decision left if it held
+        ``held`` (else 0) and the drift ``hold_drift_fraction`` x the margin: stationary noise around an
+        equal price drifts it back to 0, a gain above the drift that persists passes the margin."""
+        frac = self.config.hold_drift_fraction
+        if frac <= 0 or not math.isfinite(gain):
+            return 0.0
+        plan, value = before
+        return max(0.0, (value if plan == held else 0.0) + gain - frac * margin)
+
     def correction_ms(self, plan: str, now_s: float) -> float:
         """What is added to ``plan``'s price now (0 unless the objective is latency)."""
         return self.corrections.offset_ms(plan, now_s) if self.config.objective == "latency" else 0.0
@@ -303,6 +328,7 @@ class Controller:
         best = self.solve(r, cuts=cfg.cuts if len(r.tiers) > 1 else None, now_s=now_s)
         chosen = best
         corr = self.correction_ms
+        pressure_before, self._pressure = self._pressure, ("", 0.0)  # kept only by a hold (below)
         if len(r.tiers) == 1:
             reason = "cloud unavailable: whole model on the device"
         elif previous is None:
@@ -317,11 +343,15 @@ class Controller:
             held = current.value + corr(previous, now_s)
             gain = held - (best.value + corr(best.key, now_s))
             margin = max(cfg.hysteresis_ms, cfg.hysteresis_fraction * held)
+            pressure = self._held_pressure(pressure_before, previous, gain, margin)
             if gain > margin and math.isfinite(held):
                 reason = f"gain {gain:.2f} > margin {margin:.2f}"
+            elif gain > 0 and pressure > margin and math.isfinite(held):
+                reason = f"gain {gain:.2f} persists: evidence {pressure:.2f} > margin {margin:.2f}"
             else:
                 chosen = current
-                reason = f"hold: gain {gain:.2f} <= margin {margin:.2f}"
+                reason = f"hold: gain {gain:.2f} <= margin {margin:.2f} (evidence {pressure:.2f})"
+                self._pressure = (previous, pressure)
         extra: dict[str, object] = {}
         if cfg.cuts is not None and len(r.tiers) > 1:  # what the allowed cuts cost here (priced per decision)
             free = self.solve(r)

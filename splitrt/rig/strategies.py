@@ -8,7 +8,10 @@ across a grid), ``periodic`` (re-plans every ``periodic_s``), ``route`` (adaptiv
 device and cloud: whole-request routing), ``route-codec`` (routing that sends the input under the best
 allowed image codec, as a camera router sends a JPEG) and ``adaptive`` (``adaptive-2tier`` in three tiers). Through the
 edge (``AdaptiveDevice`` over the three tiers): ``edge-only`` (the edge runs the whole model), ``static-3tier``
-(the best cut pair at the hops' medians, the runtime's ``fixed:PLAN``) and ``adaptive``. ``oracle`` and
+(the best cut pair at the hops' medians, the runtime's ``fixed:PLAN``) and ``adaptive``. ``adaptive-hold``
+(two tiers) is adaptive whose hysteresis holds any gain within its margin for good
+(``ControllerConfig.hold_drift_fraction`` 0, the controller before gains that persist added up): the
+before of that change, side by side in one run (``HOLD_ABLATION``). ``oracle`` and
 ``oracle-route`` are computed afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
 """
 
@@ -37,12 +40,21 @@ STRATEGIES = (
     "route-codec",
     "adaptive-2tier",
     "adaptive",
+    "adaptive-hold",
     "oracle",
     "oracle-route",
 )
 ORACLE_REFS = {"oracle": "adaptive", "oracle-route": "route"}
-ONLY_TWO = ("static", "oracle", "oracle-route", "static-fixed")  # two tiers: the direct path is the path
+ONLY_TWO = (
+    "static",
+    "oracle",
+    "oracle-route",
+    "static-fixed",
+    "adaptive-hold",
+)  # two tiers: the direct path is the path
 ONLY_THREE = ("static-2tier", "edge-only", "static-3tier", "adaptive-2tier")
+#: The ablation strategy: adaptive with ``ControllerConfig(hold_drift_fraction=0)`` (the worker sets it).
+HOLD_ABLATION = "adaptive-hold"
 FIXED = ("device-only", "cloud-only", "static", "static-2tier", "static-fixed", "edge-only", "static-3tier")
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from splitrt.plan.netmon import LoadEstimator
 from splitrt.rig import protocol as P
 from splitrt.rig.models import cost_tables
+from splitrt.rig.strategies import HOLD_ABLATION
 
 
 def _emit(msg: dict[str, Any]) -> None:
@@ -274,6 +275,8 @@ class Agent:
         ctl = ControllerConfig(objective=s.objective, codecs=s.codecs if msg.tiers == 2 else s.codecs or ("fp32",))
         # the deployment's constraints (``Spec.cuts``) shape the two-tier runtime's plans
         ctl = replace(ctl, cuts=s.cuts) if msg.tiers == 2 else ctl
+        if msg.name == HOLD_ABLATION:  # the controller before held gains added up
+            ctl = replace(ctl, hold_drift_fraction=0.0)
         rc = RuntimeConfig(policy=msg.policy, deadline_ms=s.deadline_ms, warm_sessions=False, controller=ctl)
         if msg.tiers == 2:  # the direct path to the last tier (every server known, this device's first)
             clouds = [] if msg.policy == "fixed:device" else list(s.servers[-1])

@@ -97,6 +97,49 @@ def test_hysteresis_holds_small_gains(table: CostTable) -> None:
     assert second.reason.startswith("hold") or second.best == first.plan
 
 
+def _two_plan_table(device_ms: float) -> CostTable:
+    """``device`` at ``device_ms``, or the cloud: 100 kB up and a 1 ms tail."""
+    return CostTable(
+        ids=["cloud", "device"], head_ms=[0.0, device_ms], tail_ms=[1.0, 0.0], bytes=[100_000, 0], reply_bytes=0
+    )
+
+
+def _held_device(cfg: ControllerConfig, gains_ms: list[float]) -> list[Decision]:
+    """Start on ``device`` (300 ms; the cloud is dear), then price the cloud ``gain`` below it per request."""
+    table = _two_plan_table(300.0)
+    ctl = Controller(table, cfg)
+    out = [ctl.decide(0.0, est(0.1, rtt=0.0), IDLE)]
+    for i, g in enumerate(gains_ms, start=1):  # the cloud: 0.8 Mbit at bw Mbit/s, then a 1 ms tail
+        bw = 800.0 / (300.0 - g - 1.0)
+        out.append(ctl.decide(0.1 * i, est(bw, rtt=0.0), IDLE))
+    return out
+
+
+def test_a_small_gain_that_persists_is_taken_within_a_few_requests() -> None:
+    """Margin 24 ms (8 % of 300): a gain of 15 ms on every request adds up (less the drift of 6 ms) and
+    passes it on the third; without the sum the device is held for good."""
+    taken = _held_device(ControllerConfig(), [15.0] * 10)
+    assert taken[0].plan == "device"
+    switch = next(i for i, d in enumerate(taken) if d.switched)
+    assert switch == 3 and taken[switch].plan == "cloud@fp32" and "persists" in taken[switch].reason
+    held = _held_device(ControllerConfig(hold_drift_fraction=0.0), [15.0] * 10)
+    assert all(d.plan == "device" for d in held)
+
+
+def test_a_one_off_or_alternating_gain_within_the_margin_is_held() -> None:
+    once = _held_device(ControllerConfig(), [20.0, -10.0, 20.0, -10.0, 20.0, -10.0, 20.0, -10.0])
+    assert all(d.plan == "device" for d in once), [d.reason for d in once]
+    below_drift = _held_device(ControllerConfig(), [5.0] * 40)  # under the drift: never adds up
+    assert all(d.plan == "device" for d in below_drift)
+
+
+def test_the_held_evidence_replays() -> None:
+    decisions = _held_device(ControllerConfig(), [15.0, 15.0, 2.0, 15.0, 15.0, 15.0, 15.0])
+    assert any("persists" in d.reason for d in decisions)
+    for logged, again in replay([d.to_json() for d in decisions], _two_plan_table(300.0)):
+        assert (again.plan, again.reason) == (logged.plan, logged.reason)
+
+
 def test_lossy_codecs_only_when_allowed(table: CostTable) -> None:
     lossless = Controller(table).decide(0.0, est(2.0), IDLE)
     lossy = Controller(table, ControllerConfig(codecs=None)).decide(0.0, est(2.0), IDLE)
@@ -141,6 +184,8 @@ def test_bad_config_is_refused() -> None:
         ControllerConfig(objective="speed")
     with pytest.raises(ConfigError, match="hysteresis_fraction"):
         ControllerConfig(hysteresis_fraction=1.5)
+    with pytest.raises(ConfigError, match="hold_drift_fraction"):
+        ControllerConfig(hold_drift_fraction=-0.1)
 
 
 @settings(max_examples=60, deadline=None)

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from splitrt.errors import ConfigError, RigError
+from splitrt.plan.controller import ControllerConfig
 from splitrt.plan.costmodel import CostTable, Link
 from splitrt.rig import bench as rigbench
 from splitrt.rig import protocol as P
@@ -135,6 +136,14 @@ def test_one_strategy_set_chosen_per_topology() -> None:
     assert two["periodic"].policy == "periodic:3" and all(c.tiers == 2 for c in two.values())
     with pytest.raises(ConfigError, match="expected names in"):
         strategies.choose(["adaptive", "oracle", "edge-only"], [DEVICE, CLOUD], [hop(2)], fixed_mbps=1)
+
+
+def test_the_hold_ablation_runs_adaptive_with_gains_held_within_the_margin() -> None:
+    two = strategies.choose(["adaptive", "adaptive-hold"], [DIRECT, CLOUD], [hop(2)], fixed_mbps=1)
+    assert two["adaptive-hold"].policy == two["adaptive"].policy == "adaptive"
+    assert strategies.HOLD_ABLATION == "adaptive-hold" and ControllerConfig().hold_drift_fraction > 0.0
+    with pytest.raises(ConfigError, match="expected names in"):  # two tiers only
+        strategies.choose(["adaptive-hold"], [DIRECT, EDGE, CLOUD], [hop(2), hop(2)], fixed_mbps=1)
 
 
 def test_likely_plans_cover_the_grid() -> None:

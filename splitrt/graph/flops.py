@@ -9,6 +9,7 @@ op type in the zoo or the real-weights models that counts 0.
 
 Symbolic dims count as 1 (unbound graphs); an unknown shape falls back to the largest known operand.
 
+- ``nodes_flops(nodes, shapes) -> list[float]``: ``node_flops`` of each node at ``shapes`` (name -> shape).
 - ``node_flops(node, shape_of) -> float`` (what ``.node_flops`` holds): multiply-adds x2 for convolutions,
   matrix products, recurrent cells (LSTM/GRU/RNN, DynamicQuantizeLSTM), attention (``com.microsoft``
   Attention/MultiHeadAttention, ONNX Attention), Einsum and their integer/QLinear forms (the same count as the
@@ -21,7 +22,7 @@ Symbolic dims count as 1 (unbound graphs); an unknown shape falls back to the la
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import onnx
 
@@ -272,6 +273,11 @@ def _control_flow(node: onnx.NodeProto, shape_of: ShapeOf) -> float:
     costs = [graph_flops(g, shape_of) for g in bodies]
     cost = max(costs, default=0.0)
     return max(cost, float(max(_largest(node, shape_of), 1)))
+
+
+def nodes_flops(nodes: Sequence[onnx.NodeProto], shapes: Mapping[str, Shape]) -> list[float]:
+    """FLOPs of each of ``nodes`` at ``shapes`` (tensor name -> shape; a name not in it: unknown)."""
+    return [node_flops(n, shapes.get) for n in nodes]
 
 
 def graph_flops(g: onnx.GraphProto, outer: ShapeOf) -> float:

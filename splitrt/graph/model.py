@@ -32,7 +32,7 @@ from onnx import helper
 from splitrt.errors import CutError, ModelError
 from splitrt.graph import shapes
 from splitrt.graph.cuts import Cut, enumerate_cuts
-from splitrt.graph.flops import node_flops
+from splitrt.graph.flops import nodes_flops
 from splitrt.graph.normalise import (
     MIN_OPSET,
     all_inputs,
@@ -264,7 +264,7 @@ def _bind(mg: ModelGraph, binding: ShapeBinding, notice: Callable[[str], None] |
             mg.generic[t] = shapes.declaration(t, mg.generic.get(t), info.shape)
     mg.inputs = [mg._tensors[i.name] for i in g.input]
     mg.outputs = [mg._tensors[o.name] for o in g.output]
-    mg.node_flops = [_flops(n, mg._tensors) for n in mg.nodes]
+    mg.node_flops = _flops(mg.nodes, mg._tensors)
     mg._cuts = None
 
 
@@ -341,7 +341,7 @@ def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
         nodes=nodes,
         inputs=[tensors[i.name] for i in g.input],
         outputs=[tensors[o.name] for o in g.output],
-        node_flops=[_flops(n, tensors) for n in nodes],
+        node_flops=_flops(nodes, tensors),
         node_inputs=node_inputs,
         producer=producer,
         consumers=consumers,
@@ -349,6 +349,6 @@ def _build(model: onnx.ModelProto, *, path: Path, sha256: str) -> ModelGraph:
     )
 
 
-def _flops(node: onnx.NodeProto, tensors: dict[str, TensorInfo]) -> float:
-    """The node's FLOPs (``splitrt.graph.flops``) at the tensors' current shapes."""
-    return node_flops(node, lambda name: t.shape if (t := tensors.get(name)) is not None else None)
+def _flops(nodes: list[onnx.NodeProto], tensors: dict[str, TensorInfo]) -> list[float]:
+    """Each node's FLOPs (``splitrt.graph.flops``) at the tensors' current shapes."""
+    return nodes_flops(nodes, {name: t.shape for name, t in tensors.items()})

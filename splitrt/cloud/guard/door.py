@@ -56,6 +56,7 @@ from splitrt.transport import wire
 __all__ = ["FrontDoor", "forwarded_peer", "lane_of"]
 
 HEALTH = "/grpc.health.v1.Health/"
+HEALTH_LANES = ("health", "watch")  # no token asked
 # Threads beyond the lanes' caps: refusals run on them (microseconds each).
 SPARE_THREADS = 16
 # Methods whose failures the server logs itself (one ``infer`` line per request).
@@ -90,6 +91,7 @@ class FrontDoor(grpc.ServerInterceptor):
         max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.tokens = tokens
+        self.auth = bool(tokens)  # calls but health's carry a token
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.max_message_bytes = max_message_bytes
         self.probes = ProbeGate(self.budget, max_message_bytes)  # Probe bodies paid for before they are read
@@ -164,13 +166,7 @@ class FrontDoor(grpc.ServerInterceptor):
         if handler is None:
             return None  # UNIMPLEMENTED, answered by gRPC without reading anything
         method = handler_call_details.method or ""
-        lane = lane_of(method)
-        verdict = (
-            None
-            if lane in ("health", "watch") or not self.tokens
-            else self.tokens.check(handler_call_details.invocation_metadata)
-        )
-        return _wrap(self, handler, method, lane, verdict)
+        return _wrap(self, handler, method, lane_of(method))
 
     def client_peer(self, ctx: Any) -> str:
         """The call's client as a gRPC peer string: the connection's peer, or, when that is a trusted proxy
@@ -208,10 +204,11 @@ class FrontDoor(grpc.ServerInterceptor):
 
 class _Call:
     """One call through the door: ``enter`` (auth, lane; aborts on refusal), reads under the lease,
-    ``finish`` (counts, logs)."""
+    ``finish`` (counts, logs), ``release`` (what the call holds, when it ends). The interceptor only routes
+    a call to its lane's wrapper: everything a call is checked against runs here, on the call's thread."""
 
-    def __init__(self, door: FrontDoor, method: str, lane: str, verdict: Verdict | None, context: Any) -> None:
-        self.door, self.method, self.lane, self.verdict, self.context = door, method, lane, verdict, context
+    def __init__(self, door: FrontDoor, method: str, lane: str, context: Any) -> None:
+        self.door, self.method, self.lane, self.context = door, method, lane, context
         self.short = method.rpartition("/")[2] or method
         self.lease: Lease | None = None
         self.peer = ""
@@ -228,11 +225,12 @@ class _Call:
     def enter(self) -> None:
         door, ctx = self.door, self.context
         peer = self.peer = door.client_peer(ctx)
-        if self.verdict is not None:
+        verdict = door.tokens.check(ctx.invocation_metadata()) if door.auth and self.lane not in HEALTH_LANES else None
+        if verdict is not None:
             with door.lock:
                 now = door.clock()
                 wait_s = door.throttle.wait_s(peer, now)
-                if wait_s <= 0 and self.verdict is Verdict.OK:
+                if wait_s <= 0 and verdict is Verdict.OK:
                     door.throttle.succeeded(peer)
                 elif wait_s <= 0:
                     door.throttle.failed(peer, now)
@@ -246,8 +244,8 @@ class _Call:
                     f"got a call; retry after {hint:g} ms",
                     hint,
                 )
-            if self.verdict is not Verdict.OK:
-                had = self.verdict is Verdict.WRONG
+            if verdict is not Verdict.OK:
+                had = verdict is Verdict.WRONG
                 door.ratelog.event("unauthenticated", peer=peer_address(peer), method=self.method, had_token=had)
                 self._refuse(
                     grpc.StatusCode.UNAUTHENTICATED,
@@ -295,6 +293,8 @@ class _Call:
         raise AssertionError("unreachable")  # abort raises
 
     def release(self) -> None:
+        """Give back what the call holds (gRPC's end-of-call callback, or ``finish``): the door's counters and
+        the lease; budget bytes only when the call holds some (a Probe's prepaid body, a counted reply)."""
         with self.door.lock:
             if self._released:
                 return
@@ -308,11 +308,12 @@ class _Call:
             self.door.reply_bytes -= reply
             if self.keep and self.lease is not None and self.lease.fired:
                 self.door.refused["reply_timeout"] += 1
-        self.door.probes.release(prepaid)
+        if self.lease is not None:
+            self.lease.ended = True
+        if prepaid:
+            self.door.probes.release(prepaid)
         if reply:
             self.door.budget.release(reply)
-        if self.lease is not None:
-            self.door.watchdog.release(self.lease)
 
     def prepay(self) -> None:
         """A Probe's bytes held before its body is read (``probes``); RESOURCE_EXHAUSTED otherwise, or
@@ -490,15 +491,13 @@ def _hold_reply(call: _Call, data: Any) -> None:
     call.door.budget.release(need if late else 0)
 
 
-def _wrap(
-    door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str, verdict: Verdict | None
-) -> grpc.RpcMethodHandler:
+def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> grpc.RpcMethodHandler:
     """``h`` as a request-streaming handler that goes through the door first (a unary reply serialised here)."""
     kw = {"request_deserializer": h.request_deserializer, "response_serializer": h.response_serializer}
     if h.response_streaming:
 
         def streaming(request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
-            call = _Call(door, method, lane, verdict, context)
+            call = _Call(door, method, lane, context)
             call.enter()
             ok = False
             try:
@@ -517,7 +516,7 @@ def _wrap(
         return grpc.stream_stream_rpc_method_handler(streaming, **kw)
 
     def unary(request_iterator: Iterator[Any], context: Any) -> Any:
-        call = _Call(door, method, lane, verdict, context)
+        call = _Call(door, method, lane, context)
         call.enter()
         ok = False
         try:

@@ -1,6 +1,8 @@
 """Time limits on what a client holds: a ``Lease`` per call, armed while the server waits on the client
 (a request body, the next stream frame or upload chunk, the client taking a reply; a Watch stream's
-whole life) and cancelled with a gRPC status by the ``Watchdog`` thread when it runs out.
+whole life) and cancelled with a gRPC status by the ``Watchdog`` thread when it runs out. A call that
+ends sets ``Lease.ended``; the watchdog forgets the lease at its next step (the call's end touches no
+lock but its own).
 
 gRPC's synchronous server waits for a request message with no timeout of its own; cancelling the call
 from another thread ends the wait (the handler's read raises) and answers with the lease's status.
@@ -36,7 +38,7 @@ def cancel_call(context: Any, code: grpc.StatusCode, details: str) -> None:
 class Lease:
     """One call's time limit; ``arm`` before waiting on the client, ``disarm`` after."""
 
-    __slots__ = ("_clock", "code", "context", "deadline_s", "fired", "life", "reason")
+    __slots__ = ("_clock", "code", "context", "deadline_s", "ended", "fired", "life", "reason")
 
     def __init__(self, context: Any, clock: Callable[[], float]) -> None:
         self.context = context
@@ -45,6 +47,7 @@ class Lease:
         self.code = grpc.StatusCode.DEADLINE_EXCEEDED
         self.reason = ""
         self.fired = False  # the watchdog ended the call
+        self.ended = False  # the call ended: the watchdog forgets the lease on its next step
         # A cap on the call's whole life (a Watch stream), kept while ``arm``/``disarm`` come and go.
         self.life: tuple[float, str, grpc.StatusCode] | None = None
 
@@ -60,7 +63,7 @@ class Lease:
 
     def due(self, now_s: float) -> bool:
         """True when a limit ran out (then ``code``/``reason`` say which)."""
-        if self.fired:
+        if self.fired or self.ended:
             return False
         if self.life is not None and now_s >= self.life[0]:
             _, self.reason, self.code = self.life
@@ -104,18 +107,16 @@ class Watchdog:
             self._leases.add(lease)
         return lease
 
-    def release(self, lease: Lease) -> None:
-        with self._lock:
-            self._leases.discard(lease)
-
     def held(self) -> int:
         with self._lock:
-            return len(self._leases)
+            return sum(not x.ended for x in self._leases)
 
     def check(self) -> int:
-        """End every call whose lease ran out; returns how many (the thread's one step)."""
+        """Forget the leases of ended calls; end every call whose lease ran out; returns how many (the
+        thread's one step)."""
         now = self._clock()
         with self._lock:
+            self._leases = {x for x in self._leases if not x.ended}
             due = [x for x in self._leases if x.due(now)]
             for lease in due:
                 lease.fired = True

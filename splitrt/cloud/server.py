@@ -31,7 +31,7 @@ from grpc_health.v1 import health, health_pb2
 
 from splitrt import __version__
 from splitrt.cloud.capacity.admission import Admission, CpuMeter, admitted
-from splitrt.cloud.capacity.cancel import CallToken, Canceller
+from splitrt.cloud.capacity.cancel import Canceller
 from splitrt.cloud.capacity.memory import (
     LOAD_PEAK_FACTOR,
     process_budget,
@@ -120,7 +120,7 @@ class CloudServer:
             next_hop=self.next_hop,
             stats=self.stats,
             ratelog=self.ratelog,
-            load=self.load,
+            cpu=self.cpu,
             default_deadline_s=config.default_deadline_s,
             max_decoded_bytes=self.max_decoded_bytes,
             max_request_bytes=config.max_request_bytes,
@@ -271,15 +271,7 @@ class CloudServer:
 
     # -- requests ----------------------------------------------------------------------------------
     def load(self) -> pb.Load:
-        a = self.admission
-        return pb.Load(
-            queue_depth=a.admitted,
-            running=a.running,
-            workers=a.workers,
-            cpu_percent=self.cpu.percent(),
-            service_ms=self.stats.service_ms(),
-            max_queue=a.max_queue,
-        )
+        return self.handler.load()
 
     def load_factor(self) -> float:
         """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``): requests
@@ -290,12 +282,6 @@ class CloudServer:
 
     def model_hashes(self) -> list[str]:
         return [m.sha256 for m in self.store.models()]
-
-    def infer(
-        self, request: wire.Framed, time_remaining_s: float | None, token: CallToken | None = None
-    ) -> wire.Framed:
-        """Run the tail for an ``InferRequest`` (``wire.Framed``): ``handler.infer``."""
-        return self.handler.infer(request, time_remaining_s, token)
 
     def status(self) -> pb.StatusReply:
         self.store.scan()  # models copied into the directory since the last look (stat only: cheap)

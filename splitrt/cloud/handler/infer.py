@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from splitrt.cloud.capacity.admission import Admission
+from splitrt.cloud.capacity.admission import Admission, CpuMeter
 from splitrt.cloud.capacity.cancel import CallToken, Canceller
 from splitrt.cloud.capacity.fairq import HEAVY, RUN
 from splitrt.cloud.capacity.memory import MemoryBudget, trim
@@ -64,7 +64,7 @@ class Handler:
         next_hop: NextHop,
         stats: ServerStats,
         ratelog: RateLog,
-        load: Callable[[], pb.Load],
+        cpu: CpuMeter,
         default_deadline_s: float,
         max_decoded_bytes: int,
         max_request_bytes: int,
@@ -72,7 +72,7 @@ class Handler:
     ) -> None:
         self.admission, self.budget, self.canceller, self.niced = admission, budget, canceller, niced
         self.store, self.tails, self.next_hop = store, tails, next_hop
-        self.stats, self.ratelog, self.load = stats, ratelog, load
+        self.stats, self.ratelog, self.cpu = stats, ratelog, cpu
         self.default_deadline_s, self.max_decoded_bytes = default_deadline_s, max_decoded_bytes
         self.max_request_bytes, self.max_run_s = max_request_bytes, max_run_s
         self.peaks = PeakEstimator()
@@ -125,6 +125,18 @@ class Handler:
             bytes_in=getattr(self._bytes_in, "value", 0),
         )
         return reply
+
+    def load(self) -> pb.Load:
+        """How busy this server is, as every reply, Probe and Status carries it (``capacity.admission``)."""
+        a = self.admission
+        return pb.Load(
+            queue_depth=a.admitted,
+            running=a.running,
+            workers=a.workers,
+            cpu_percent=self.cpu.percent(),
+            service_ms=self.stats.service_ms(),
+            max_queue=a.max_queue,
+        )
 
     def _admitted(
         self, request: wire.Framed, time_remaining_s: float | None, t0: float, token: CallToken | None

@@ -1,9 +1,10 @@
 """The ``SplitInference`` gRPC methods: Infer, InferStream, Probe, Status and PutModel, and how a failed
 request becomes a gRPC status (an abort, or an error in the stream's reply frame).
 
-``Servicer`` holds no state of its own: every method calls its backend (the ``CloudServer``, looked
-up per call so that hooks set on the server apply). Its methods take what gRPC passes them and can be
-called directly, without a gRPC server, e.g. by an in-process transport:
+``Servicer`` holds no state of its own: Infer, InferStream and the load every reply carries go straight to
+the backend's request handler (``handler.infer.Handler``); Probe, Status and PutModel to the backend (the
+``CloudServer``, looked up per call so that hooks set on the server apply). Its methods take what gRPC
+passes them and can be called directly, without a gRPC server, e.g. by an in-process transport:
 ``CloudServer(config).servicer.Infer(wire.Framed(...), context)``, where ``context`` needs what
 ``grpc.ServicerContext`` offers here: ``time_remaining()`` (Infer, InferStream) and ``abort(code,
 message)``, which must raise (Infer, Probe, PutModel).
@@ -29,6 +30,7 @@ from splitrt.transport import wire
 
 if TYPE_CHECKING:
     from splitrt.cloud.config import ServerConfig
+    from splitrt.cloud.handler.infer import Handler
     from splitrt.cloud.handler.nexthop import NextHop
 
 
@@ -44,12 +46,7 @@ class Backend(Protocol):
 
     config: ServerConfig
     next_hop: NextHop
-
-    def load(self) -> pb.Load: ...
-
-    def infer(
-        self, request: wire.Framed, time_remaining_s: float | None, token: CallToken | None = None
-    ) -> wire.Framed: ...
+    handler: Handler
 
     def status(self) -> pb.StatusReply: ...
 
@@ -90,7 +87,7 @@ class Servicer:
         try:
             if isinstance(request, wire.Malformed):
                 raise RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"Infer: {request.message}")
-            return self.backend.infer(request, self._remaining(context), call_token(context))
+            return self.backend.handler.infer(request, self._remaining(context), call_token(context))
         except RpcFailure as exc:
             if exc.retry_after_ms is not None:  # queue full: when to come back
                 context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{exc.retry_after_ms:g}"),))
@@ -105,18 +102,18 @@ class Servicer:
         for request in request_iterator:
             if isinstance(request, wire.Malformed):  # the frame has no readable request_id
                 yield pb.InferReply(
-                    load=self.backend.load(),
+                    load=self.backend.handler.load(),
                     error=pb.Error(
                         code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"
                     ),
                 )
                 continue
             try:
-                yield self.backend.infer(request, self._remaining(context), token)
+                yield self.backend.handler.infer(request, self._remaining(context), token)
             except RpcFailure as exc:
                 yield pb.InferReply(
                     request_id=request.header.request_id,
-                    load=self.backend.load(),
+                    load=self.backend.handler.load(),
                     error=pb.Error(
                         code=exc.code.name, message=self._said(exc.message), retry_after_ms=exc.retry_after_ms or 0.0
                     ),
@@ -153,7 +150,7 @@ class Servicer:
         try:
             held.__enter__()
             try:
-                reply = pb.ProbeReply(payload=bytes(n), received_bytes=received, load=self.backend.load())
+                reply = pb.ProbeReply(payload=bytes(n), received_bytes=received, load=self.backend.handler.load())
                 self.backend.next_hop.probe(header, reply, self._remaining(context))  # the next hop, if asked
             except BaseException:
                 held.__exit__(None, None, None)

@@ -207,3 +207,14 @@ def run_segments(segments: Sequence[object], feeds: dict[str, np.ndarray]) -> di
         outs = partition.pass_through(seg.outputs, feeds_, s.run(list(seg.outputs), feeds_))  # type: ignore[attr-defined]
         env.update(zip(seg.outputs, outs, strict=True))  # type: ignore[attr-defined]
     return env
+
+
+@pytest.fixture(scope="session")
+def dead_address() -> Iterator[str]:
+    """An address whose connects are refused: bound but never listening, and held for the session, so no
+    parallel test's server can take the port (a freed port can be reused at once)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{s.getsockname()[1]}"

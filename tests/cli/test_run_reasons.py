@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,19 +31,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
         yield s
 
 
-def _dead_address() -> str:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
 def _lines(out: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     docs = [json.loads(line) for line in out.splitlines()]
     return docs[:-1], docs[-1]["summary"]
 
 
-def test_a_fallback_says_why_in_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
-    dead = _dead_address()
+def test_a_fallback_says_why_in_json_and_table(capsys: pytest.CaptureFixture[str], dead_address: str) -> None:
+    dead = dead_address
     argv = ["run", "zoo:tiny_chain", "--random", "--count", "1", "--cut", "c2", "--cloud", dead, "--no-upload"]
     assert cli.main([*argv, "--json"]) == 0
     rows, summary = _lines(capsys.readouterr().out)
@@ -55,7 +48,9 @@ def test_a_fallback_says_why_in_json_and_table(capsys: pytest.CaptureFixture[str
     assert "reason" in table.splitlines()[0] and dead in table
 
 
-def test_an_onnxruntime_error_on_the_device_is_a_failed_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_onnxruntime_error_on_the_device_is_a_failed_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dead_address: str
+) -> None:
     """yolo_tiny declares free H and W, but 36 x 36 does not go through its neck (a Concat refuses 3 vs 4).
     Bound at 64 x 64 (the plan's shape), the stream's requests come at 36 x 36."""
     x = tmp_path / "x.npy"
@@ -70,7 +65,7 @@ def test_an_onnxruntime_error_on_the_device_is_a_failed_row(tmp_path: Path, caps
         "--cut",
         "device",
         "--cloud",
-        _dead_address(),
+        dead_address,
         "--dim",
         "height=64",
         "--dim",

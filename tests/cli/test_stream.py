@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,11 +87,8 @@ def test_auto_with_board_and_prior(server: CloudServer, capsys: pytest.CaptureFi
     assert len(log.read_text().splitlines()) == 5
 
 
-def test_dead_cloud_every_request_completes_locally(capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
-    rc, rows, summary, _ = run_json(capsys, "--cloud", dead, "--cut", "c30", "--count", "6", "--verify")
+def test_dead_cloud_every_request_completes_locally(capsys: pytest.CaptureFixture[str], dead_address: str) -> None:
+    rc, rows, summary, _ = run_json(capsys, "--cloud", dead_address, "--cut", "c30", "--count", "6", "--verify")
     assert rc == 0
     assert summary["completed"] == 6 and summary["failed"] == 0
     assert all(r["ok"] and r["server"] is None and r["rel_err"] < 1e-5 for r in rows)

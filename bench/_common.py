@@ -36,8 +36,27 @@ def add_grid_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--board", default="rpi4")
 
 
-def grid_cells(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
-    """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them."""
+#: (models, bandwidth scales, loads) per part of a grid, each over every trace.
+Groups = tuple[tuple[tuple[str, ...], tuple[float, ...], tuple[str, ...]], ...]
+
+
+def grid_cells(args: argparse.Namespace, groups: Groups = ()) -> list[tuple[str, str, float, str]]:
+    """(trace, model, bandwidth scale, load) of every cell, in the order the tables print them: the product
+    of ``--models``, ``--scales`` and ``--loads``; with ``groups`` (a grid of parts), the parts' cells, and
+    those options (when given) pick some of them."""
     names = [t for item in args.traces.split(",") for t in TRACE_SETS.get(item, (item,))]
-    scales = [float(x) for x in args.scales.split(",")]
-    return list(itertools.product(names, args.models.split(","), scales, args.loads.split(",")))
+    if not groups:
+        scales = [float(x) for x in args.scales.split(",")]
+        return list(itertools.product(names, args.models.split(","), scales, args.loads.split(",")))
+    cells = [
+        (t, m, sc, ld)
+        for t in names
+        for models, scales_, loads in groups
+        for m, sc, ld in itertools.product(models, scales_, loads)
+    ]
+    pick = {
+        1: args.models and set(args.models.split(",")),
+        2: args.scales and {float(x) for x in args.scales.split(",")},
+        3: args.loads and set(args.loads.split(",")),
+    }
+    return [c for c in cells if all(not want or c[k] in want for k, want in pick.items())]

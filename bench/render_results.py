@@ -207,6 +207,33 @@ def rig_grid_tables(doc: dict[str, Any]) -> list[Table]:
                 ],
             )
         )
+        held = [c for c in r["cells"] if "hold_ratio" in c]
+        if held:
+            out.append(
+                (
+                    "adaptive against adaptive-hold (the controller before held gains added up), same run",
+                    [
+                        "cell",
+                        "adaptive / router",
+                        "95 % CI",
+                        "adaptive-hold / router",
+                        "95 % CI",
+                        "adaptive-hold's plans",
+                    ],
+                    [
+                        [
+                            c["cell"],
+                            c["ratio"],
+                            "{:.3f}-{:.3f}".format(*c["ci"]),
+                            c["hold_ratio"],
+                            "{:.3f}-{:.3f}".format(*c["hold_ci"]),
+                            c["hold_plans"],
+                        ]
+                        for c in held
+                    ]
+                    + [["geometric mean", r["geomean"], "", r.get("geomean_hold", ""), "", ""]],
+                )
+            )
         out.append(
             (
                 "cells where adaptive beats the best router by >= 10 %",
@@ -370,11 +397,13 @@ BENCHES: list[Bench] = [
         name="rig_grid",
         title="Adaptive against the best router, on the kernel rig",
         what="Adaptive against the best whole-request router on real processes, a kernel-shaped link and a "
-        "throttled device: the shipped HSDPA traces x resnet50, inception_v1 x bandwidth x1, x5 x load none, "
-        "device-burst. See the [rig guide](../rig.md#what-adaptation-buys-regret-over-a-grid).",
+        "throttled device: the shipped HSDPA traces x (resnet50, inception_v1 at bandwidth x1 with load none "
+        "and device-burst; squeezenet at x1 and x5 on a busy board, device-busy). adaptive-hold is the "
+        "controller before held gains added up, run beside it. See the "
+        "[rig guide](../rig.md#what-adaptation-buys-regret-over-a-grid).",
         cheap=False,
-        how="sudo .venv/bin/python bench/bench_rig_grid.py --strategies adaptive,route,route-codec,oracle "
-        "--json grid.json   # root, about 45 min",
+        how="sudo .venv/bin/python bench/bench_rig_grid.py --strategies "
+        "adaptive,adaptive-hold,route,route-codec,oracle --json grid.json   # root, about 40 min",
     ),
     Bench(
         name="tiers",

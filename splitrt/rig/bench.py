@@ -1,7 +1,7 @@
 """The rig's benchmarks as topologies of the one runner (``rig.runner``) and report (``rig.report``):
 
 - ``run_bench`` (``splitrt bench``): one device, one cloud, one trace; the two-tier strategy set and the
-  hindsight oracles; optional device-burst / cloud-busy load;
+  hindsight oracles; optional device-burst / device-busy / cloud-busy load;
 - ``run_tiers`` (``splitrt rig bench --tiers 3``): a device, an edge (its own CPU quota) and a cloud, two
   traces (hop 1 the access link, hop 2 the backhaul), the direct path crossing both; energy objective too;
 - ``run_fleet`` (``splitrt rig fleet``): N devices (CPU quotas cycled: a mixed fleet), M servers with
@@ -32,7 +32,7 @@ TIER_STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_TWO)
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 TIER_DEFAULTS = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive")
 FLEET_DEFAULTS = ("adaptive", "device-only", "cloud-only", "static", "route", "route-codec", "oracle-route")
-LOADS = ("none", "device-burst", "cloud-busy")
+LOADS = ("none", "device-burst", "device-busy", "cloud-busy")
 OBJECTIVES = ("latency", "energy")
 # The HSDPA traces the controller and estimators were tuned on, and ones never used for tuning.
 TRACE_SETS = {
@@ -66,6 +66,7 @@ class BenchConfig:
     periodic_s: float = 5.0
     seed: int = 0
     profile_path: str | None = None  # a host profile of the model; None: the shipped one, else measured
+    guard_every_cut: bool = False  # the accuracy guard at every cut, not a spread few (``runner.RunSpec``)
 
     def __post_init__(self) -> None:
         if self.load not in LOADS:

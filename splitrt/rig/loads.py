@@ -6,6 +6,8 @@
   device's one compute thread: ~2x slower), listed in the rig's ``board_tasks`` file so the device's
   run-queue probe sees it (not the cgroup's ``tasks``: ``ip netns exec`` remounts /sys, so the device
   cannot read the cgroup tree).
+- ``device-busy``: three such processes for the whole run (~4x slower: a board other work holds at 3/4,
+  where a split can beat both running the model here and sending the input).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from splitrt.errors import RigError
 from splitrt.rig.processes import end
-from splitrt.rig.stats import burst_intervals
+from splitrt.rig.stats import DEVICE_HOGS, burst_intervals
 
 if TYPE_CHECKING:
     from splitrt.rig.harness import Rig
@@ -44,21 +46,24 @@ def during(
     def pos() -> float:  # the window position now
         return from_s + time.monotonic() - t0
 
-    def bursts() -> None:  # a hog in device 0's cgroup during the scenario's bursts after ``from_s``
+    def bursts() -> None:  # hogs in device 0's cgroup during the scenario's bursts after ``from_s``
         for a, b in burst_intervals(load, duration_s):
             if b <= from_s:
                 continue
             if stop.wait(max(0.0, max(a, from_s) - pos())):
                 return
-            hog = rig.children.popen(list(HOG_ARGV), "hog.log", host=rig.hops[0].lower[0] if rig.hops else None)
-            with contextlib.suppress(RigError):
-                rig.throttle(0, hog.pid)
-            rig.board_tasks.write_text(f"{hog.pid}\n")
+            host = rig.hops[0].lower[0] if rig.hops else None
+            hogs = [rig.children.popen(list(HOG_ARGV), "hog.log", host=host) for _ in range(DEVICE_HOGS[load])]
+            for hog in hogs:
+                with contextlib.suppress(RigError):
+                    rig.throttle(0, hog.pid)
+            rig.board_tasks.write_text("".join(f"{hog.pid}\n" for hog in hogs))
             started = pos()
             stop.wait(max(0.0, b - pos()))
             rig.board_tasks.write_text("")
-            hog.kill()
-            hog.wait(5)
+            for hog in hogs:
+                hog.kill()
+                hog.wait(5)
             applied.append((started, pos()))
             if stop.is_set():
                 return
@@ -70,7 +75,7 @@ def during(
         spec = {"model_path": str(model_path), "cloud": f"127.0.0.1:{last.port}", "clients": BUSY_CLIENTS}
         argv = [sys.executable, "-m", "splitrt.rig.worker", "busy", json.dumps({**spec, "plan": cloud_plan})]
         busy = rig.children.popen(argv, "busy.log", host=last.host)
-    elif load == "device-burst":
+    elif load in DEVICE_HOGS:
         th.start()
     try:
         yield applied

@@ -86,6 +86,9 @@ class RunSpec:
     deadline_ms: float = 5000.0
     profile_path: str | None = None  # a host profile of the model (`splitrt profile`); None: shipped, else measured
     load: str = "none"
+    # the accuracy guard measures every cut (lossy codecs then allowed at any cut that keeps the output);
+    # else accuracy.DEFAULT_CUTS spread ones: once per model, then cached
+    guard_every_cut: bool = False
     kill_at: float | None = None  # fraction of every turn
     player_step_s: float = 0.25
     seed: int = 0
@@ -190,7 +193,7 @@ def run(
         rig.calibration = calibration.calibrate(rig)
     cal = rig.calibration
     prof = Path(spec.profile_path) if spec.profile_path else profile_for(spec.model, model_file, rig.workdir, say)
-    prof = guarded_profile(prof, model_file, say)
+    prof = guarded_profile(prof, model_file, say, inner_cuts=len(mg.cuts()) if spec.guard_every_cut else None)
     host = cost_table_for(prof, mg.sha256, 1.0)
     host_device_ms, host_cloud_ms = float(host.head_ms[host.index("device")]), float(host.tail_ms[host.index("cloud")])
     figures = plan_power(profiler.load_profile(prof, sha256=mg.sha256), rig.board)

@@ -1,5 +1,5 @@
-"""The rig benchmark's arithmetic, pure (no I/O): what a trace delivers, when the device-burst load is
-on, the statistics of a run, the costs measured in it, and the oracle computed from them.
+"""The rig benchmark's arithmetic, pure (no I/O): what a trace delivers, when a device load (device-burst,
+device-busy) is on, the statistics of a run, the costs measured in it, and the oracle computed from them.
 
 - ``rigstats.oracle``: per adaptive request, the plan with the lowest modelled cost (measured costs + the
   bandwidth met, from the trace); latency = adaptive's measured latency + model(pick) - model(plan that ran).
@@ -41,8 +41,16 @@ def transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mbps: fl
     raise RigError("transfer_ms: trace too slow to deliver the bytes")
 
 
+#: Busy processes in the device's cgroup, next to its one compute thread, per load scenario: device-burst
+#: one (~2x slower) in bursts; device-busy three for the whole run (~4x: a board other work holds at 3/4).
+DEVICE_HOGS = {"device-burst": 1, "device-busy": 3}
+
+
 def burst_intervals(load: str, duration_s: float) -> list[tuple[float, float]]:
-    """device-burst: 20 s on of every 60 s (from 20 s); a shorter run gets its middle third."""
+    """When the device is loaded: device-burst 20 s on of every 60 s (from 20 s), a shorter run its middle
+    third; device-busy the whole run."""
+    if load == "device-busy":
+        return [(0.0, float(duration_s))]
     if load != "device-burst":
         return []
     if duration_s < 60:

@@ -179,6 +179,8 @@ def test_burst_schedule() -> None:
     assert rigstats.burst_intervals("device-burst", 150) == [(20.0, 40.0), (80.0, 100.0), (140.0, 150.0)]
     for other in ("none", "cloud-busy", ""):
         assert rigstats.burst_intervals(other, 150) == []
+    assert rigstats.burst_intervals("device-busy", 12) == [(0.0, 12.0)]  # loaded throughout
+    assert rigstats.DEVICE_HOGS["device-busy"] > rigstats.DEVICE_HOGS["device-burst"]
 
 
 @FEW

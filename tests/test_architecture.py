@@ -388,11 +388,6 @@ def test_no_block_of_six_lines_stands_twice() -> None:
 # method, a pure helper: ``CostTable.index``, ``Codec.parse``) and is not counted: the path a reader
 # follows is the tree of visits that lead on.
 PATH_MAX_ENTRIES = 2
-# The first request also builds: the cloud loads the model and its tail, the device its sessions. Modules over
-# the limit there, each with its bound (the test fails past it, or when one is gone from that path). A tail
-# build waits for a slot of its own in the heavy lane (builds are capped apart from runs: ``fairq``), then the
-# request waits for its run's: acquire and release twice.
-COLD_LEFT: dict[str, int] = {"cloud/capacity/admission.py": 4}
 # The server's and runtime's own loops, on their own threads: not the request's path.
 BACKGROUND_THREADS = (
     "splitrt-watchdog",
@@ -481,7 +476,7 @@ def test_one_request_enters_each_module_at_most_twice(tmp_path: Path) -> None:
     """A real ``AdaptiveDevice`` and a real ``CloudServer`` on 127.0.0.1 (one process: both sides traced), a
     zoo model split at a middle cut. The second request is the path; the first also builds (the cloud
     loads the model and its tail; the device its sessions, and asks the cloud's Status first): it is held
-    to the same limit but for ``COLD_LEFT``."""
+    to the same limit."""
     from splitrt.cloud.server import CloudServer, ServerConfig
     from splitrt.device.client.config import DeviceConfig
     from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
@@ -513,8 +508,7 @@ def test_one_request_enters_each_module_at_most_twice(tmp_path: Path) -> None:
     entries = path_entries(visits)
     assert "cloud/handler/infer.py" in entries, entries
     over = {m: n for m, n in entries.items() if n > PATH_MAX_ENTRIES}
-    cold_entries = path_entries(first)
-    cold = {m: n for m, n in cold_entries.items() if n > COLD_LEFT.get(m, PATH_MAX_ENTRIES)}
+    cold = {m: n for m, n in path_entries(first).items() if n > PATH_MAX_ENTRIES}
     how = [
         f"{v.caller or '-'} -> {v.module}:{v.function}"
         for v in [*first, *visits]
@@ -524,8 +518,6 @@ def test_one_request_enters_each_module_at_most_twice(tmp_path: Path) -> None:
         f"modules one request enters more than {PATH_MAX_ENTRIES} times: {over}, the first: {cold} (all: {entries})\n"
         + "\n".join(how)
     )
-    gone = [m for m, n in COLD_LEFT.items() if cold_entries.get(m, 0) <= PATH_MAX_ENTRIES]
-    assert not gone, f"within the limit on the first request now (or renamed): drop them from COLD_LEFT: {gone}"
 
 
 # A module name that encodes a tier count or a topology variant is a twin waiting to happen (#24): one

@@ -19,6 +19,7 @@ still going near its end. One JSON line per event on the ``splitrt.cloud`` logge
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from concurrent import futures
@@ -30,8 +31,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from splitrt import __version__
-from splitrt.cloud.capacity.admission import Admission, CpuMeter, admitted
+from splitrt.cloud.capacity.admission import Admission, admitted
 from splitrt.cloud.capacity.cancel import Canceller
+from splitrt.cloud.capacity.fairq import HEAVY
 from splitrt.cloud.capacity.memory import (
     LOAD_PEAK_FACTOR,
     process_budget,
@@ -81,14 +83,12 @@ class CloudServer:
             config.segment_cache_size,
             tail_threads(config),
             budget=self.budget,
-            slot=self.admission.acquire_heavy,  # builds: the heavy lane (fairq)
-            release_slot=self.admission.release_slot,
+            in_slot=functools.partial(self.admission.run, kind=HEAVY),  # builds: the heavy lane (fairq)
             # As many children as builds may run at once (the heavy lane's cap).
             builder=Builder(self.admission.queue.config.heavy_cap) if config.build_in_child else None,
         )
         self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
         self.max_decoded_bytes = config.decoded_cap_bytes
-        self.cpu = CpuMeter()
         self.stats = ServerStats()  # per-request outcomes: service times, metrics
         self.metrics_url: str | None = None
         self._metrics_http: Any = None
@@ -120,7 +120,6 @@ class CloudServer:
             next_hop=self.next_hop,
             stats=self.stats,
             ratelog=self.ratelog,
-            cpu=self.cpu,
             default_deadline_s=config.default_deadline_s,
             max_decoded_bytes=self.max_decoded_bytes,
             max_request_bytes=config.max_request_bytes,
@@ -271,14 +270,10 @@ class CloudServer:
 
     # -- requests ----------------------------------------------------------------------------------
     def load(self) -> pb.Load:
-        return self.handler.load()
+        return self.admission.load(self.stats.service_ms())
 
     def load_factor(self) -> float:
-        """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``): requests
-        admitted per worker or 1 / (1 - CPU busy share), whichever says busier."""
-        a = self.admission
-        cpu = min(self.cpu.percent(), 95.0) / 100.0
-        return max(1.0, a.admitted / max(1, a.workers), 1.0 / (1.0 - cpu))
+        return self.admission.load_factor()
 
     def model_hashes(self) -> list[str]:
         return [m.sha256 for m in self.store.models()]

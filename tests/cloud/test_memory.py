@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -26,7 +26,7 @@ from splitrt.cloud.capacity.memory import (
 )
 from splitrt.cloud.common import RpcFailure
 from splitrt.cloud.models.store import ModelStore
-from splitrt.cloud.models.tails import HOT_S, TailCache
+from splitrt.cloud.models.tails import HOT_S, Tail, TailCache
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import Device
 from splitrt.errors import ConfigError
@@ -172,14 +172,14 @@ def test_a_tail_build_waits_for_a_worker_slot(models_dir: Path, device: Device) 
 
         server.handler.before_tail = hold
         waiting = threading.Event()
-        take_slot = server.tails._slot
-        assert take_slot is not None
+        in_slot = server.tails._in_slot
+        assert in_slot is not None
 
-        def slot(timeout_s: float) -> bool:  # the build asks for a worker slot first
+        def slot(fn: Callable[[bool], Tail], timeout_s: float, *, what: str) -> Tail:  # the build asks for a slot
             waiting.set()
-            return take_slot(timeout_s)
+            return in_slot(fn, timeout_s, what=what)
 
-        server.tails._slot = slot
+        server.tails._in_slot = slot
         results: list[object] = []
         t1 = threading.Thread(target=lambda: results.append(_send(server, device, first)))
         t1.start()

@@ -18,21 +18,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import grpc
 import psutil
 
-from splitrt.cloud.capacity.fairq import HEAVY, RUN, FairConfig, FairQueue
+from splitrt.cloud.capacity.fairq import RUN, FairConfig, FairQueue
 from splitrt.cloud.capacity.memory import MemoryBudget
 from splitrt.cloud.common import RpcFailure
 from splitrt.errors import ConfigError
+from splitrt.transport import splitrt_pb2 as pb
+
+T = TypeVar("T")
 
 
 class Admission:
     """Bounded admission: ``workers`` run, ``max_queue`` wait, the rest are refused; who runs next is
     decided per client (``fairq``: fair in measured worker-seconds, tail builds capped).
 
-    The client is the peer address the front door saw for the call in this thread (``serving``); a
+    ``admit``/``leave`` a place among the admitted; ``run(fn, ...)`` holds a worker for exactly ``fn``'s
+    run. The client is the peer address the front door saw for the call in this thread (``serving``); a
     call that did not come through it (in-process) is the anonymous client ``""``."""
 
     def __init__(
@@ -57,10 +62,10 @@ class Admission:
         self._lock = threading.Lock()
         self._granted: dict[int, threading.Event] = {}
         self._tickets = itertools.count(1)
-        self._held = threading.local()  # this thread's granted tickets (acquire and release pair up in it)
         self._over_share: set[int] = set()  # granted tickets of clients over their share (``fairq.over_share``)
         self.admitted = 0
         self.running = 0
+        self.cpu = CpuMeter()
 
     def admit(self) -> bool:
         with self._lock:
@@ -69,15 +74,18 @@ class Admission:
             self.admitted += 1
             return True
 
-    def acquire(self, timeout_s: float, *, kind: str = RUN, client: str | None = None) -> bool:
-        """A worker for this thread within ``timeout_s`` (False if none came); ``release_slot`` gives it back."""
-        who = current_client() if client is None else client
+    def run(self, fn: Callable[[bool], T], timeout_s: float, *, what: str, kind: str = RUN) -> T:
+        """``fn(yielding)`` in a worker of ``kind`` (``fairq.HEAVY``: tail builds and unmeasured runs, at most
+        ``heavy_workers`` at once) waited for up to ``timeout_s``; the worker is given back when ``fn`` ends,
+        however. ``yielding``: the worker went to a client over its share (its run should yield the CPU).
+        DEADLINE_EXCEEDED naming ``what`` when no worker came in time."""
+        t0 = time.monotonic()
         ticket = next(self._tickets)
         ready = threading.Event()
-        end = time.monotonic() + max(0.0, timeout_s)
+        end = t0 + max(0.0, timeout_s)
         with self._lock:
             self._granted[ticket] = ready
-            self.queue.arrive(ticket, who, kind, self._clock())
+            self.queue.arrive(ticket, current_client(), kind, self._clock())
             self._dispatch()
         while not ready.is_set():
             left = end - time.monotonic()
@@ -88,45 +96,49 @@ class Admission:
                 with self._lock:
                     self._dispatch()
         with self._lock:
-            if not ready.is_set():  # timed out (a grant racing the timeout is kept)
-                self.queue.cancel(ticket, self._clock())
-                del self._granted[ticket]
-                self._dispatch()
-                return False
             del self._granted[ticket]
-            self.running += 1
-        self._stack().append(ticket)
-        return True
-
-    def acquire_heavy(self, timeout_s: float) -> bool:
-        """A worker for a tail build (``fairq.HEAVY``: at most ``heavy_workers`` at once)."""
-        return self.acquire(timeout_s, kind=HEAVY)
-
-    def release_slot(self) -> None:
-        stack = self._stack()
-        with self._lock:
-            # This thread's latest grant; a release from another thread gives back the oldest one running.
-            ticket = stack.pop() if stack else min(self.queue.running)
-            self._over_share.discard(ticket)
-            self.queue.finish(ticket, self._clock())
-            self.running -= 1
-            self._dispatch()
-
-    def yielding(self) -> bool:
-        """This thread's latest grant went to a client over its share: its run should yield the CPU."""
-        stack = self._stack()
-        with self._lock:
-            return bool(stack) and stack[-1] in self._over_share
+            granted = ready.is_set()  # a grant racing the timeout is kept
+            if granted:
+                self.running += 1
+                yielding = ticket in self._over_share
+            else:
+                self.queue.cancel(ticket, self._clock())
+                self._dispatch()
+        if not granted:
+            raise RpcFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"waited {(time.monotonic() - t0) * 1e3:.1f} ms for a worker ({what}): expected one within "
+                "the deadline",
+            )
+        try:
+            return fn(yielding)
+        finally:
+            with self._lock:
+                self._over_share.discard(ticket)
+                self.queue.finish(ticket, self._clock())
+                self.running -= 1
+                self._dispatch()
 
     def leave(self) -> None:
         with self._lock:
             self.admitted -= 1
 
-    def _stack(self) -> list[int]:
-        stack: list[int] | None = getattr(self._held, "tickets", None)
-        if stack is None:
-            stack = self._held.tickets = []
-        return stack
+    def load(self, service_ms: float) -> pb.Load:
+        """How busy the server is now, as every reply, Probe and Status carries it."""
+        return pb.Load(
+            queue_depth=self.admitted,
+            running=self.running,
+            workers=self.workers,
+            cpu_percent=self.cpu.percent(),
+            service_ms=service_ms,
+            max_queue=self.max_queue,
+        )
+
+    def load_factor(self) -> float:
+        """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``): requests
+        admitted per worker or 1 / (1 - CPU busy share), whichever says busier."""
+        cpu = min(self.cpu.percent(), 95.0) / 100.0
+        return max(1.0, self.admitted / max(1, self.workers), 1.0 / (1.0 - cpu))
 
     def _dispatch(self) -> None:
         """Under ``_lock``: grant free workers and wake their threads."""

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from splitrt.cloud.capacity.admission import Admission, CpuMeter
+from splitrt.cloud.capacity.admission import Admission
 from splitrt.cloud.capacity.cancel import CallToken, Canceller
 from splitrt.cloud.capacity.fairq import HEAVY, RUN
 from splitrt.cloud.capacity.memory import MemoryBudget, trim
@@ -64,7 +64,6 @@ class Handler:
         next_hop: NextHop,
         stats: ServerStats,
         ratelog: RateLog,
-        cpu: CpuMeter,
         default_deadline_s: float,
         max_decoded_bytes: int,
         max_request_bytes: int,
@@ -72,7 +71,7 @@ class Handler:
     ) -> None:
         self.admission, self.budget, self.canceller, self.niced = admission, budget, canceller, niced
         self.store, self.tails, self.next_hop = store, tails, next_hop
-        self.stats, self.ratelog, self.cpu = stats, ratelog, cpu
+        self.stats, self.ratelog = stats, ratelog
         self.default_deadline_s, self.max_decoded_bytes = default_deadline_s, max_decoded_bytes
         self.max_request_bytes, self.max_run_s = max_request_bytes, max_run_s
         self.peaks = PeakEstimator()
@@ -126,18 +125,6 @@ class Handler:
         )
         return reply
 
-    def load(self) -> pb.Load:
-        """How busy this server is, as every reply, Probe and Status carries it (``capacity.admission``)."""
-        a = self.admission
-        return pb.Load(
-            queue_depth=a.admitted,
-            running=a.running,
-            workers=a.workers,
-            cpu_percent=self.cpu.percent(),
-            service_ms=self.stats.service_ms(),
-            max_queue=a.max_queue,
-        )
-
     def _admitted(
         self, request: wire.Framed, time_remaining_s: float | None, t0: float, token: CallToken | None
     ) -> wire.Framed:
@@ -185,7 +172,6 @@ class Handler:
                 values=small_integers(request.tensors),
                 bytes_in=bytes_in,
                 deadline=deadline,
-                t0=t0,
                 token=token,
             )
         self._bytes_in.value = bytes_in
@@ -205,7 +191,7 @@ class Handler:
                 forwarded = answer
             else:
                 if h.next_cut_id != DEVICE_CUT:  # the next hop failed or there is none: B's tail here
-                    tail_outputs, tail_ms = self._finish(h, env, deadline, t0, token)
+                    tail_outputs, tail_ms = self._finish(h, env, deadline, token)
                     outputs.update(tail_outputs)
                     run_ms += tail_ms
                 self.next_hop.finished()
@@ -217,13 +203,13 @@ class Handler:
                 f"cannot encode outputs in output_codec {h.output_codec or 'fp32'!r}: {exc}; ask for fp32 or fp16",
             ) from exc
         reply.tail_ms = run_ms
-        reply.load.CopyFrom(self.load())
+        reply.load.CopyFrom(self.admission.load(self.stats.service_ms()))
         if onward:
             reply.edge_ms = (time.perf_counter() - t0) * 1e3
         return wire.Framed(header=reply, tensors=encoded + forwarded)
 
     def _finish(
-        self, h: pb.InferRequest, env: Mapping[str, Any], deadline: float, t0: float, token: CallToken | None
+        self, h: pb.InferRequest, env: Mapping[str, Any], deadline: float, token: CallToken | None
     ) -> tuple[dict[str, Any], float]:
         """B's tail run here on the tensors crossing B (the next hop failed, or there is none)."""
         with self.tails.lease(h.model_sha256, h.next_cut_id, timeout_s=deadline - time.monotonic()) as tail:
@@ -237,7 +223,6 @@ class Handler:
                 values=small_integer_arrays(feeds),
                 bytes_in=0,  # already held by the caller
                 deadline=deadline,
-                t0=t0,
                 token=token,
                 what=f"tail of cut {h.next_cut_id!r} (next tier failed)",
             )
@@ -283,7 +268,6 @@ class Handler:
         values: Mapping[str, np.ndarray],
         bytes_in: int,
         deadline: float,
-        t0: float,
         token: CallToken | None,
         what: str | None = None,
     ) -> tuple[list[Any], float, float]:
@@ -292,7 +276,7 @@ class Handler:
         need, unknown = self._request_bytes(header.model_sha256, key, segment, shapes, bytes_in, values)
         held = self.budget.reserve(need, f"request at cut {key!r}")
         try:
-            return self._in_slot(segment, feeds, header, what, deadline, t0, token, suspect=unknown > 0)
+            return self._in_slot(segment, feeds, header, what, deadline, token, suspect=unknown > 0)
         finally:
             self.budget.release(held)
             if held > TRIM_AFTER_BYTES and time.monotonic() >= self._next_trim:  # freed activations to the OS
@@ -306,7 +290,6 @@ class Handler:
         header: pb.InferRequest,
         what: str,
         deadline: float,
-        t0: float,
         token: CallToken | None,
         *,
         suspect: bool,
@@ -316,13 +299,8 @@ class Handler:
         # that never end, from any number of clients, then hold one worker, not all.
         measured_ms = self.stats.segment_service_ms(header.model_sha256, header.cut_id)
         kind = HEAVY if segment.run_limited or measured_ms <= 0 else RUN
-        if not self.admission.acquire(min(deadline - time.monotonic(), MAX_WAIT_S), kind=kind):
-            raise RpcFailure(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"waited {(time.perf_counter() - t0) * 1e3:.1f} ms for a worker ({what}): expected "
-                "one within the request's deadline",
-            )
-        try:
+
+        def work(yielding: bool) -> tuple[list[Any], float, float]:
             if token is not None and token.cancelled:  # its client left while it waited: nothing to compute
                 raise RpcFailure(
                     grpc.StatusCode.CANCELLED, f"{what}: the client cancelled the call while it waited for a worker"
@@ -346,15 +324,15 @@ class Handler:
             # A client over its share, and a segment stopped by the run limit before (it may burn a core until
             # the limit again), run at a lower OS priority (``niced``): the CPU goes to the others first.
             try:
-                values = self.niced.call(go) if segment.run_limited or self.admission.yielding() else go()
+                values = self.niced.call(go) if segment.run_limited or yielding else go()
             except RpcFailure as exc:
                 ran_s = time.perf_counter() - t_run
                 if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and ran_s >= limit_s and deadline > time.monotonic():
                     segment.run_limited = True  # ended by the run limit (not its deadline, nor memory before it)
                 raise
             return values, t_run, (time.perf_counter() - t_run) * 1e3
-        finally:
-            self.admission.release_slot()
+
+        return self.admission.run(work, min(deadline - time.monotonic(), MAX_WAIT_S), what=what, kind=kind)
 
 
 def _codec(name: str) -> codec.Codec:

@@ -1,9 +1,9 @@
 """The ``SplitInference`` gRPC methods: Infer, InferStream, Probe, Status and PutModel, and how a failed
 request becomes a gRPC status (an abort, or an error in the stream's reply frame).
 
-``Servicer`` holds no state of its own: Infer, InferStream and the load every reply carries go straight to
-the backend's request handler (``handler.infer.Handler``); Probe, Status and PutModel to the backend (the
-``CloudServer``, looked up per call so that hooks set on the server apply). Its methods take what gRPC
+``Servicer`` holds no state of its own: Infer and InferStream go straight to the backend's request handler
+(``handler.infer.Handler``); the rest to the backend (the ``CloudServer``, looked up per call so that
+hooks set on the server apply). Its methods take what gRPC
 passes them and can be called directly, without a gRPC server, e.g. by an in-process transport:
 ``CloudServer(config).servicer.Infer(wire.Framed(...), context)``, where ``context`` needs what
 ``grpc.ServicerContext`` offers here: ``time_remaining()`` (Infer, InferStream) and ``abort(code,
@@ -47,6 +47,8 @@ class Backend(Protocol):
     config: ServerConfig
     next_hop: NextHop
     handler: Handler
+
+    def load(self) -> pb.Load: ...
 
     def status(self) -> pb.StatusReply: ...
 
@@ -102,7 +104,7 @@ class Servicer:
         for request in request_iterator:
             if isinstance(request, wire.Malformed):  # the frame has no readable request_id
                 yield pb.InferReply(
-                    load=self.backend.handler.load(),
+                    load=self.backend.load(),
                     error=pb.Error(
                         code=grpc.StatusCode.INVALID_ARGUMENT.name, message=f"InferStream: {request.message}"
                     ),
@@ -113,7 +115,7 @@ class Servicer:
             except RpcFailure as exc:
                 yield pb.InferReply(
                     request_id=request.header.request_id,
-                    load=self.backend.handler.load(),
+                    load=self.backend.load(),
                     error=pb.Error(
                         code=exc.code.name, message=self._said(exc.message), retry_after_ms=exc.retry_after_ms or 0.0
                     ),
@@ -150,7 +152,7 @@ class Servicer:
         try:
             held.__enter__()
             try:
-                reply = pb.ProbeReply(payload=bytes(n), received_bytes=received, load=self.backend.handler.load())
+                reply = pb.ProbeReply(payload=bytes(n), received_bytes=received, load=self.backend.load())
                 self.backend.next_hop.probe(header, reply, self._remaining(context))  # the next hop, if asked
             except BaseException:
                 held.__exit__(None, None, None)

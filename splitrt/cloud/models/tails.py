@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -38,6 +38,12 @@ from splitrt.cloud.models.builder import Builder, segment_of, tensor_bytes
 from splitrt.cloud.models.store import ModelStore
 from splitrt.errors import ConfigError, ModelError
 from splitrt.graph.ort_errors import onnxruntime_errors
+
+
+class InSlot(Protocol):
+    """Runs a build in a worker slot (``Admission.run`` in the heavy lane), DEADLINE_EXCEEDED without one."""
+
+    def __call__(self, fn: Callable[[bool], Tail], timeout_s: float, *, what: str) -> Tail: ...
 
 
 @dataclass
@@ -93,8 +99,7 @@ class TailCache:
         intra_op_threads: int,
         *,
         budget: MemoryBudget | None = None,
-        slot: Callable[[float], bool] | None = None,
-        release_slot: Callable[[], None] | None = None,
+        in_slot: InSlot | None = None,
         builder: Builder | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -105,7 +110,7 @@ class TailCache:
         self.intra_op_threads = intra_op_threads
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.budget.add_evictor(self.evict)
-        self._slot, self._release_slot = slot, release_slot
+        self._in_slot = in_slot
         # Segments made in a child process (``builder``), or None: here, holding the GIL for long.
         self.builder = builder
         self._clock = clock
@@ -217,18 +222,13 @@ class TailCache:
     def _build_in_slot(self, sha256: str, cut_id: str, timeout_s: float | None) -> Tail:
         if self.builder is not None:  # what the child already refused for good: no slot for it
             self.builder.check_known(self.store.entry(sha256.partition("~")[0]).path, sha256, cut_id)
-        if self._slot is None or self._release_slot is None:
+        if self._in_slot is None:
             return self._build(sha256, cut_id)
-        if not self._slot(3600.0 if timeout_s is None else timeout_s):
-            raise RpcFailure(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"building the tail of cut {cut_id!r}: expected a worker slot within the deadline, "
-                "got none free in time",
-            )
-        try:
-            return self._build(sha256, cut_id)
-        finally:
-            self._release_slot()
+        return self._in_slot(
+            lambda _yielding: self._build(sha256, cut_id),
+            3600.0 if timeout_s is None else timeout_s,
+            what=f"building the tail of cut {cut_id!r}",
+        )
 
     def _build(self, sha256: str, cut_id: str) -> Tail:
         if self.builder is not None:

@@ -10,14 +10,15 @@ the model's figure, not the runtime's (onnxruntime's arena and session add to it
 activations, nodes in topological order, crossing tensors live until sent); ``sends_input(mg, cuts=None) ->
 [bool]`` (a graph input among the crossing tensors); ``input_layout(mg, cuts=None) -> [bool]`` (every crossing
 tensor is a graph input or only moved/reshaped/cast from one: the same data as the cut ``cloud`` sends, so such
-a cut is ``cloud`` for plans). ``profile.cutfacts.cut_facts(mg, ids) -> CutFacts``,
+a cut is ``cloud`` for plans); ``tensor_bytes(t)`` (an initializer's bytes from its dims and type).
+``profile.cutfacts.cut_facts(mg, ids) -> CutFacts``,
 ``allowed_for(mg, table, Constraints) -> Allowed | None``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from splitrt.graph.model import Cut, ModelGraph
@@ -33,7 +34,7 @@ def _bytes(mg: ModelGraph, name: str) -> int:
 def head_memory_bytes(mg: ModelGraph, cuts: Sequence[Cut] | None = None) -> list[int]:
     """Weights + peak activations of each cut's head (``cuts``: default every cut), in bytes."""
     cuts = list(cuts) if cuts is not None else mg.cuts()
-    inits = {i.name: len(i.raw_data) or _init_bytes(i) for i in mg.model.graph.initializer}
+    inits = {i.name: tensor_bytes(i) for i in mg.model.graph.initializer}
     inputs = {t.name for t in mg.inputs}
     out = []
     for cut in cuts:
@@ -61,10 +62,16 @@ def head_memory_bytes(mg: ModelGraph, cuts: Sequence[Cut] | None = None) -> list
     return out
 
 
-def _init_bytes(t: object) -> int:
-    from onnx import numpy_helper
+def tensor_bytes(t: Any) -> int:
+    """An ``onnx.TensorProto``'s data bytes, from its dims and type (its data is never read or copied)."""
+    import numpy as np
+    from onnx import helper
 
-    return int(numpy_helper.to_array(t).nbytes)  # type: ignore[arg-type]
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:  # strings and odd types: count a byte per element
+        itemsize = 1
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
 
 
 def sends_input(mg: ModelGraph, cuts: Sequence[Cut] | None = None) -> list[bool]:

@@ -315,9 +315,9 @@ def test_a_build_keeps_the_graph_it_splits_in_the_ledger(models_dir: Path, caplo
     evictor runs first): the ledger freed bytes the build still held (room for the RSS to pass the budget)
     and the next build parsed the model again. A graph being split is pinned; the unused tail goes instead."""
     from splitrt.cloud.capacity.memory import build_peak_bytes
-    from splitrt.cloud.models.builder import tensor_bytes
     from splitrt.cloud.models.store import ModelStore
     from splitrt.cloud.models.tails import TailCache
+    from splitrt.graph.memory import tensor_bytes
 
     budget = MemoryBudget(4096 * MB)
     store = ModelStore(models_dir, budget=budget)

@@ -38,8 +38,9 @@ import grpc
 from splitrt.cloud.common import RpcFailure, disk_failure
 from splitrt.cloud.models.checker import child_init
 from splitrt.errors import CutError
+from splitrt.graph.memory import tensor_bytes
 
-__all__ = ["Builder", "Made", "segment_of", "tensor_bytes"]
+__all__ = ["Builder", "Made", "segment_of"]
 
 # Models whose cut ids are remembered (the least recently built forgotten first).
 MAX_MODELS_INDEXED = 256
@@ -135,18 +136,6 @@ def _static_peak(skel: Any, inputs: list[tuple[str, str, Any]]) -> Any:
         return None
     shapes = {name: tuple(int(d) for d in shape) for name, _, shape in inputs}
     return tuple(sorted(shapes.items())), peak_bytes(skel, shapes)
-
-
-def tensor_bytes(t: Any) -> int:
-    """An ``onnx.TensorProto``'s data bytes, from its dims and type (without touching the data)."""
-    import numpy as np
-    from onnx import helper
-
-    try:
-        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    except Exception:  # strings and odd types: count a byte per element
-        itemsize = 1
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
 
 
 class Builder:

@@ -34,9 +34,10 @@ from splitrt.cloud.capacity.memory import (
     trim,
 )
 from splitrt.cloud.common import RpcFailure, log_event
-from splitrt.cloud.models.builder import Builder, segment_of, tensor_bytes
+from splitrt.cloud.models.builder import Builder, segment_of
 from splitrt.cloud.models.store import ModelStore
 from splitrt.errors import ConfigError, ModelError
+from splitrt.graph.memory import tensor_bytes
 from splitrt.graph.ort_errors import onnxruntime_errors
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from splitrt.cloud.capacity.arena import SHRINK_OPTION
 from splitrt.cloud.capacity.memory import trim
 from splitrt.cloud.common import MAX_WAIT_S, RpcFailure, log_event
 from splitrt.errors import SplitrtError
@@ -127,16 +128,20 @@ class Canceller:
         token: CallToken | None = None,
         limit_s: float | None = None,
         suspect: bool = False,
+        shrink_arena: bool = False,
     ) -> list[Any]:
         """``session.run`` that ends by ``deadline`` (``time.monotonic()``), after ``limit_s`` (the server's
         cap on one run: RESOURCE_EXHAUSTED), on ``token``'s cancel and at shutdown; RpcFailure
         DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then, INVALID_ARGUMENT when the run
-        itself fails. ``suspect``: sizes no shape tells (terminated first when memory runs out)."""
+        itself fails. ``suspect``: sizes no shape tells (terminated first when memory runs out); ``shrink_arena``:
+        the session's CPU arena frees its unused regions when the run ends."""
         now = time.monotonic()
         deadline = min(deadline, now + MAX_WAIT_S)
         capped = limit_s is not None and now + limit_s < deadline
         run = Run(what, deadline, (deadline - now) * 1e3, limit_s if capped else None)
         run.suspect = suspect
+        if shrink_arena:
+            run.options.add_run_config_entry(*SHRINK_OPTION)
         if capped and limit_s is not None:
             deadline = now + limit_s
         if self._closed:

@@ -275,9 +275,11 @@ class Handler:
         what = what or (f"segment {key}" if ">" in key else f"tail of cut {key!r}")
         need, unknown = self._request_bytes(header.model_sha256, key, segment, shapes, bytes_in, values)
         held = self.budget.reserve(need, f"request at cut {key!r}")
+        ticket, shrink = self.tails.arena.begin(need - bytes_in)  # activations: what the arena holds
         try:
-            return self._in_slot(segment, feeds, header, what, deadline, token, suspect=unknown > 0)
+            return self._in_slot(segment, feeds, header, what, deadline, token, suspect=unknown > 0, shrink=shrink)
         finally:
+            self.tails.arena.end(ticket, shrink)
             self.budget.release(held)
             if held > TRIM_AFTER_BYTES and time.monotonic() >= self._next_trim:  # freed activations to the OS
                 self._next_trim = time.monotonic() + TRIM_EVERY_S
@@ -293,6 +295,7 @@ class Handler:
         token: CallToken | None,
         *,
         suspect: bool,
+        shrink: bool,
     ) -> tuple[list[Any], float, float]:
         # A segment with no successful run yet (nothing measured: an upload may loop for ever), or whose run hit
         # the per-run limit, runs in the heavy lane (``fairq.HEAVY``: at most ``heavy_workers`` at once): runs
@@ -320,6 +323,7 @@ class Handler:
                 token=token,
                 limit_s=limit_s,
                 suspect=suspect,
+                shrink_arena=shrink,
             )
             # A client over its share, and a segment stopped by the run limit before (it may burn a core until
             # the limit again), run at a lower OS priority (``niced``): the CPU goes to the others first.

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 import grpc
 
 from splitrt.cloud.capacity.admission import current_client
+from splitrt.cloud.capacity.arena import Arena
+from splitrt.cloud.capacity.arena import session_options as arena_options
 from splitrt.cloud.capacity.memory import (
     MemoryBudget,
     build_peak_bytes,
@@ -112,6 +114,8 @@ class TailCache:
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.budget.add_evictor(self.evict)
         self._in_slot = in_slot
+        # What the sessions' shared arena keeps between runs (``Handler`` asks it before each run).
+        self.arena = Arena(self.budget)
         # Segments made in a child process (``builder``), or None: here, holding the GIL for long.
         self.builder = builder
         self._clock = clock
@@ -309,9 +313,8 @@ class TailCache:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = self.intra_op_threads
-        # No arena: a request's activations go back to the OS when it ends (an arena keeps the largest
-        # request's memory for good; one big request would hold it for every later one).
-        opts.enable_cpu_mem_arena = False
+        # The arena all tails share: a run's activations stay for the next, within the budget (``arena``).
+        arena_options(opts)
         try:
             with onnxruntime_errors(f"tail of model {sha256[:12]} at cut {cut_id!r}", stage="build"):
                 session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"], **bounded_folding(opts))

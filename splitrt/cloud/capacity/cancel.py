@@ -98,6 +98,10 @@ class Run:
         return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"{self.what} failed on the given tensors: {exc}")
 
 
+# After a run, the watch keeps sampling at its period this long, so the next run needs no wake.
+BUSY_S = 1.0
+
+
 class Canceller:
     """Terminates runs at their deadline (one watchdog thread), on their call's cancel, at shutdown,
     and over the memory budget (``rss_limit_bytes``: newest run first)."""
@@ -114,6 +118,11 @@ class Canceller:
         self._running: dict[int, Run] = {}
         self._closed = False
         self.terminated = 0
+        # When the watch wakes next, and until when it samples every ``period_s`` though nothing runs (runs
+        # came recently): a run that needs it no sooner wakes nobody (a wake per request took the GIL from
+        # the request it sampled the RSS of).
+        self._wake_at = 0.0
+        self._busy_until = 0.0
         self._thread = threading.Thread(target=self._watch, name="splitrt-canceller", daemon=True)
         self._thread.start()
 
@@ -150,7 +159,9 @@ class Canceller:
         with self._lock:
             heapq.heappush(self._heap, (deadline, seq, run))
             self._running[seq] = run
-            self._lock.notify()
+            first_check = now + self.period_s if self.rss_limit_bytes is not None else deadline
+            if min(deadline, first_check) < self._wake_at:
+                self._lock.notify()
         unlisten = token.listen(lambda: self._call_ended(run)) if token is not None else (lambda: None)
         try:
             if now >= deadline:
@@ -229,9 +240,14 @@ class Canceller:
                             f"ran past the request's deadline of {run.deadline_ms:.0f} ms: terminated",
                         )
                 wait = self._heap[0][0] - now if self._heap else MAX_WAIT_S
-                if self._running and self.rss_limit_bytes is not None:
+                if self._running:
+                    self._busy_until = now + BUSY_S
+                if self.rss_limit_bytes is not None and now < self._busy_until:
                     wait = min(wait, self.period_s)
-                self._lock.wait(timeout=max(0.001, min(wait, MAX_WAIT_S)))
+                wait = max(0.001, min(wait, MAX_WAIT_S))
+                self._wake_at = now + wait
+                self._lock.wait(timeout=wait)
+                self._wake_at = 0.0  # awake: a new run needs no notify to be seen
                 runs = sorted(self._running.items())
             # The newest suspect (sizes no shape tells), else the newest: who goes when memory runs out.
             newest = max(runs, key=lambda sr: (sr[1].suspect, sr[0]))[1] if runs else None

@@ -40,7 +40,8 @@
 
 With ``--b-pythonpath DIR`` (another tree, e.g. ``git archive 545808c | tar -x -C DIR``) a second server B
 runs that tree's splitrt: its overhead requests are taken in turn with A's and raw grpcio's (``b_*`` columns,
-``a_minus_b_ms``: the median of paired differences with a 95 % bootstrap interval), and its throughput
+``a_minus_b_ms``: the median of paired differences with a 95 % bootstrap interval; ``a_minus_b_total_ms`` the
+same end to end, which a server counting more of its work in ``tail_ms`` cannot shift), and its throughput
 rounds alternate with A's. The devices are this tree's in both cases: what differs is the server.
 
 The server runs as a subprocess (``splitrt serve``) so it does not share this process's GIL.
@@ -226,12 +227,17 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> list[dict[str, object
             if b_res:
                 b_over = [r.overhead_ms for r in b_res]
                 diffs = [a - b for a, b in zip(over, b_over, strict=True)]
+                # End to end too: a server that counts more of its work in tail_ms shows less overhead.
+                totals = [a.total_ms - b.total_ms for a, b in zip(res, b_res, strict=True)]
                 rows[-1].update(
                     {
                         "b_overhead_median_ms": statistics.median(b_over),
                         "b_over_raw_ms": statistics.median(o - m for o, m in zip(b_over, raw_ms, strict=True)),
+                        "b_tail_ms": statistics.median(r.tail_ms for r in b_res),
                         "a_minus_b_ms": statistics.median(diffs),
                         "a_minus_b_ci95": _median_ci(diffs),
+                        "a_minus_b_total_ms": statistics.median(totals),
+                        "a_minus_b_total_ci95": _median_ci(totals),
                     }
                 )
             _progress(f"overhead {label}: median {med:.3f} ms, raw grpcio {raw_med:.3f} ms (target {target:.2f})")
@@ -413,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             "load_avg_1m",
         ]
         if "a_minus_b_ms" in overhead[0]:
-            cols += ["b_overhead_median_ms", "b_over_raw_ms", "a_minus_b_ms", "a_minus_b_ci95"]
+            cols += ["b_overhead_median_ms", "b_over_raw_ms", "b_tail_ms", "a_minus_b_ms", "a_minus_b_ci95"]
+            cols += ["a_minus_b_total_ms", "a_minus_b_total_ci95"]
         print(
             f"Loopback overhead (median of {args.requests} requests; end-to-end minus head and tail; raw grpcio "
             f"round trips of the same bytes taken in turn with them; {os.cpu_count()} CPUs, load average "

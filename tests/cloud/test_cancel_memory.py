@@ -122,3 +122,31 @@ def test_the_cpu_figure_outlives_a_process_out_of_descriptors() -> None:
         for f in held:
             f.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_rss_is_read_without_a_new_descriptor() -> None:
+    """The watch's RSS comes through a descriptor kept open: it is read at the file limit too, and agrees
+    with psutil's figure."""
+    import resource
+
+    import psutil
+
+    from splitrt.cloud.capacity.memory import rss_bytes
+
+    assert abs(rss_bytes() - psutil.Process().memory_info().rss) < 8 * 2**20
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        with pytest.raises(OSError):
+            while True:  # take every descriptor left
+                held.append(open(os.devnull))  # noqa: SIM115
+        before = rss_bytes()
+        grown = np.ones(64 * 2**20 // 8)  # 64 MiB touched: the figure is read afresh, not cached
+        assert rss_bytes() - before > 32 * 2**20 and grown.sum() == grown.size
+        with pytest.raises(OSError):
+            psutil.Process().memory_info()  # what the watch read before: a new descriptor each time
+    finally:
+        for f in held:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -122,15 +122,24 @@ def limit_for(available_bytes: int, baseline_bytes: int) -> int:
 
 
 def rss_bytes() -> int:
-    """This process's RSS. The ``psutil.Process`` is kept per pid: making one reads /proc twice more, and
-    the memory watch asks every 10 ms."""
-    global _self
-    if _self is None or _self.pid != os.getpid():
-        _self = psutil.Process()
-    return int(_self.memory_info().rss)
+    """This process's RSS: ``/proc/self/statm`` read through a descriptor kept per pid (no new descriptor
+    per read), else psutil (not Linux). The memory watch asks every 10 ms while runs go, holding the GIL:
+    psutil's read, which opens the file each time, took 49 us against 12 (2026-12, load 12)."""
+    global _self, _statm
+    pid = os.getpid()
+    if _statm is None or _statm[0] != pid:
+        try:
+            _statm = (pid, os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC))
+        except FileNotFoundError:  # no /proc
+            if _self is None or _self.pid != pid:
+                _self = psutil.Process()
+            return int(_self.memory_info().rss)
+    return int(os.pread(_statm[1], 128, 0).split()[1]) * _PAGE_BYTES
 
 
 _self: psutil.Process | None = None
+_statm: tuple[int, int] | None = None  # (pid, descriptor)
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def trim() -> None:

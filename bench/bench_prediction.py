@@ -7,7 +7,9 @@ planned with), with a 95 % bootstrap interval, the medians of both figures and t
 Fallbacks and failed requests are left out (their time is a timeout, not the plan's).
 
 The same script runs against an older checkout (``PYTHONPATH=/tmp/base python bench/bench_prediction.py``):
-it uses only the runner's records, which every version has.
+it uses only the runner's records, which every version has. ``--before REV`` does it for you: the same cell
+at REV (``git archive``) and at this tree (or ``--after REV``), ``--rounds`` runs each, alternating, and one
+table of both, each plan's errors pooled over its runs.
 
     .venv/bin/python bench/bench_prediction.py [--model resnet50] [--trace hsdpa/car] [--offset 123]
         [--duration 24] [--load device-burst] [--strategies adaptive,route] [--json out.json]
@@ -19,9 +21,13 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -97,6 +103,86 @@ def terms_by_plan(records: dict[str, list[Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def request_row(r: Any, played: Any) -> dict[str, Any]:
+    """One request's figures, with the trace's mean rate over its time on the link (window position
+    ``t_s`` on, for its latency): what its upload really met, beside what the estimator said."""
+    ends = [r.t_s + k * r.latency_ms / 1e3 / 8 for k in range(9)]
+    row = {k: v for k, v in asdict(r).items() if k != "match"}
+    row["trace_mbps"] = float(np.mean([played.rate_at(t) for t in ends]))
+    return row
+
+
+def _passthrough(argv: list[str]) -> list[str]:
+    """``argv`` without the comparison's own options (and their values)."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in ("--before", "--after", "--rounds", "--json", "--label"):
+            skip = True
+        elif not x.startswith(("--before=", "--after=", "--rounds=", "--json=", "--label=")):
+            out.append(x)
+    return out
+
+
+def compare(a: argparse.Namespace, argv: list[str]) -> int:
+    """Runs of the cell at ``a.before`` and at ``a.after`` (None: this tree), alternating (``PYTHONPATH`` and
+    the working directory pick the code, the venv is this one); one table, requests pooled per plan."""
+    root = Path(__file__).resolve().parents[1]
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="splitrt-prediction-") as tmp:
+        trees = {"before": f"{tmp}/before", "after": f"{tmp}/after" if a.after else str(root)}
+        for label, rev in (("before", a.before), ("after", a.after)):
+            if rev:
+                os.makedirs(trees[label])
+                subprocess.run(f"git -C '{root}' archive {rev} | tar -x -C '{trees[label]}'", shell=True, check=True)
+        for r in range(a.rounds):
+            for label in ("before", "after") if r % 2 == 0 else ("after", "before"):
+                out = f"{tmp}/{label}{r}.json"
+                cmd = [sys.executable, str(Path(__file__).resolve()), *_passthrough(argv), "--json", out]
+                env = {**os.environ, "PYTHONPATH": trees[label]}
+                print(f"[bench_prediction] {label} round {r + 1}", file=sys.stderr, flush=True)
+                subprocess.run(cmd, env=env, cwd=trees[label], check=True, stdout=subprocess.DEVNULL)
+                with open(out) as f:
+                    runs[label].append(json.load(f))
+    records: dict[str, list[Any]] = defaultdict(list)
+    for label, results in runs.items():
+        for res in results:
+            for name, rows in res["requests"].items():
+                records[f"{label} {name}"] += [SimpleNamespace(**x) for x in rows]
+    rows = errors_by_plan(records)
+    loads = [x["load_average"][k] for v in runs.values() for x in v for k in ("before", "after")]
+    print(
+        f"prediction per plan, {a.before} (before) vs {a.after or 'this tree'} (after), {a.rounds} runs each, "
+        f"alternating: {a.model} on {a.board}, {a.trace} from {a.offset:g} s x{a.scale:g}, {a.duration:g} s, load "
+        f"{a.load}; load average (1 min) {min(x[0] for x in loads):.1f}-{max(x[0] for x in loads):.1f}"
+    )
+    print(render_rows(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"config": vars(a), "rows": rows, "runs": runs}, f, indent=1)
+    return 0
+
+
+def render_rows(rows: list[dict[str, Any]]) -> str:
+    return render(
+        ["strategy", "plan", "n", "median |m-p|/m", "95 % CI", "median measured ms", "median predicted ms", "bias"],
+        [
+            [
+                x["strategy"],
+                x["plan"],
+                str(x["n"]),
+                f"{100 * x['median_err']:.1f} %",
+                f"{100 * x['ci'][0]:.1f}-{100 * x['ci'][1]:.1f} %",
+                f"{x['median_measured_ms']:.1f}",
+                f"{x['median_predicted_ms']:.1f}",
+                f"{100 * x['bias']:+.1f} %",
+            ]
+            for x in rows
+        ],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50")
@@ -112,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", default="adaptive,route")
     p.add_argument("--label", default="", help="a name for this run in the table (e.g. before, after)")
     p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--before", default=None, metavar="REV", help="compare with this revision, alternating")
+    p.add_argument("--after", default=None, metavar="REV", help="with --before: this revision (default: this tree)")
+    p.add_argument("--rounds", type=int, default=2, help="with --before: runs of each")
     a = p.parse_args(argv)
+    if a.before:
+        return compare(a, argv if argv is not None else sys.argv[1:])
     cfg = rigbench.BenchConfig(
         model=a.model,
         trace=a.trace,
@@ -137,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in out.turns:
         records[t.name] += list(t.devices[0])
     rows = errors_by_plan(records)
+    played = out.spec.hops[0].played[0]
     means = {n: statistics.fmean(x.latency_ms for x in rs if not x.error) for n, rs in records.items()}
     result = {
         "label": a.label,
@@ -144,30 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "mean_ms": means,
         "load_average": {"before": list(load_before), "after": list(load_after)},
+        "requests": {n: [request_row(x, played) for x in rs] for n, rs in records.items()},
     }
     print(
         f"prediction per plan{' (' + a.label + ')' if a.label else ''}: {a.model} on {a.board}, {a.trace} "
         f"from {a.offset:g} s x{a.scale:g}, {a.duration:g} s, load {a.load}; load average "
         f"{'/'.join(f'{x:.2f}' for x in load_before)} before, {'/'.join(f'{x:.2f}' for x in load_after)} after"
     )
-    print(
-        render(
-            ["strategy", "plan", "n", "median |m-p|/m", "95 % CI", "median measured ms", "median predicted ms", "bias"],
-            [
-                [
-                    x["strategy"],
-                    x["plan"],
-                    str(x["n"]),
-                    f"{100 * x['median_err']:.1f} %",
-                    f"{100 * x['ci'][0]:.1f}-{100 * x['ci'][1]:.1f} %",
-                    f"{x['median_measured_ms']:.1f}",
-                    f"{x['median_predicted_ms']:.1f}",
-                    f"{100 * x['bias']:+.1f} %",
-                ]
-                for x in rows
-            ],
-        )
-    )
+    print(render_rows(rows))
     terms = terms_by_plan(records)
     result["terms"] = terms
     if terms:

@@ -5,7 +5,10 @@ payload bytes).
 ``PortShaper`` (the kernel link, root): both directions of ports ``p{j}`` of a bridge, in the switch's
 namespace: the downlink on the port's egress, the uplink on an ``ifb`` the port's ingress is redirected
 to; each an ``htb`` class with a ``bfifo`` leaf holding ``queue_ms`` of traffic at the current rate, and
-one ``tc -batch`` re-rates every port. ``burst`` is at least 2 MTU (a burst below the MTU stalls TCP).
+one ``tc -batch`` re-rates every port. The bucket holds 2 ms at the rate, at least ``MIN_BURST_BYTES``: htb
+sends a packet whenever its tokens are not negative, so what an idle link passes at once is the bucket
+plus one packet (tbf, not htb, stalls TCP below the MTU). A bucket of 2 MTU let a request of 4 KB each
+way cross a 2 Mbit/s link in 0.2 ms, not 16: small requests saw a link several times faster than the trace.
 htb, not tbf: changing a tbf's rate replaces its queue and drops what it held, which stalls TCP (RTO) at
 every step of a trace; an htb class change keeps the queue.
 
@@ -42,6 +45,9 @@ MTU_WIRE_BYTES = 1514
 TCP_PAYLOAD_BYTES = 1448
 GOODPUT_OVERHEAD = MTU_WIRE_BYTES / TCP_PAYLOAD_BYTES
 MIN_RATE_MBPS = 0.01
+# The least token bucket: a 4 KB reply at 2 Mbit/s took 12 ms of its 16 with 200 bytes (6 with 1 MTU,
+# 0.2 with 2 MTU); bulk rates at 20-50 Mbit/s stay within a few % (bench/bench_link.py).
+MIN_BURST_BYTES = 256
 # 1 s of queue: cellular base stations buffer seconds of traffic (bufferbloat); a 200 ms queue
 # tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
 KERNEL_QUEUE_MS = 1000.0
@@ -59,7 +65,7 @@ def _check_rate(mbps: float | None) -> None:
 def htb_batch(dev: str, mbps: float, first: bool, queue_ms: float = KERNEL_QUEUE_MS) -> str:
     """``tc -batch`` lines giving ``dev`` a goodput of ``mbps``: installing (``first``) or changing."""
     bits = int(mbps * 1e6 * GOODPUT_OVERHEAD)
-    burst = max(2 * MTU_WIRE_BYTES, int(bits / 8 * 0.002))
+    burst = max(MIN_BURST_BYTES, int(bits / 8 * 0.002))
     limit = max(burst + 4 * MTU_WIRE_BYTES, int(bits / 8 * queue_ms / 1000))
     verb = "add" if first else "change"
     root = f"qdisc replace dev {dev} root handle 1: htb default 1\n" if first else ""

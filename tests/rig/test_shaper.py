@@ -177,3 +177,51 @@ def test_kernel_link_follows_step_trace(direction: str) -> None:
     assert [s.target_mbps for s in steps] == [6.0, 1.5, 4.0]
     for s in steps:
         assert abs(s.error_pct) < BOUND_PCT, steps
+
+
+def _timed_exchange(client: socket.socket, up: int, down: int) -> float:
+    """Seconds for ``up`` bytes to the server and ``down`` bytes back (the server's ``_answer``)."""
+    t0 = time.perf_counter()
+    client.sendall(up.to_bytes(4, "big") + down.to_bytes(4, "big") + b"x" * up)
+    got = 0
+    while got < down:
+        got += len(client.recv(65536))
+    return time.perf_counter() - t0
+
+
+def _answer(srv: socket.socket) -> None:
+    """Per request: read its 8-byte header and ``up`` bytes, send ``down`` bytes back; until EOF."""
+    conn, _ = srv.accept()
+    with conn, srv:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while len(head := conn.recv(8, socket.MSG_WAITALL)) == 8:
+            up, down = int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+            while up > 0:
+                up -= len(conn.recv(min(up, 65536)))
+            conn.sendall(b"y" * down)
+
+
+@root
+@pytest.mark.root
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_kernel_link_gives_an_idle_request_no_free_burst(direction: str) -> None:
+    """A request after an idle gap crosses at the trace's rate: the bucket passes at most about one packet
+    at once (a bucket of 2 MTU passed 4.5 KB: a 4 KB reply took 0.2 ms on a 2 Mbit/s link). A lower bound
+    only: load can slow a transfer, never speed it up."""
+    nbytes, mbps = 8000, 1.0
+    ideal_s = nbytes * 8 / (mbps * 1e6)  # 64 ms
+    with netns.make_lan(f"spl-tq{PID}{direction}", 2) as lan:
+        a, b = lan.hosts
+        shaper.PortShaper(lan.switch_ns, 1).set_rates([mbps])
+        srv = netns.netns_call(b.ns, socket.create_server, (b.ip, 0))
+        th = threading.Thread(target=_answer, args=(srv,), daemon=True)
+        th.start()
+        with netns.netns_call(a.ns, socket.create_connection, (b.ip, srv.getsockname()[1]), timeout=20) as c:
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _timed_exchange(c, 100, 100)  # the connection's first exchange is not timed
+            took = []
+            for _ in range(4):
+                time.sleep(0.3)  # idle: the bucket refills
+                took.append(_timed_exchange(c, *((nbytes, 1) if direction == "up" else (1, nbytes))))
+        th.join(timeout=10)
+    assert min(took) >= 0.75 * ideal_s, took

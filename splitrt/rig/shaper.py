@@ -18,7 +18,10 @@ pacer (the bottleneck, ``queue_bytes`` of buffer, back-pressure to the sender th
 followed by a delay line that releases each chunk ``delay_ms`` after it left the pacer. With
 ``rate_mbps=None`` it only delays: combine it with a ``PortShaper`` to get delay on the kernel path
 (netem is absent from this kernel). The relay terminates TCP: delay is added per direction to the data,
-not per packet, so an RPC sees ``RTT + 2 * delay_ms``; it is also the non-root fallback link.
+not per packet, so an RPC sees ``RTT + 2 * delay_ms``; it is also the non-root fallback link. Its thread
+runs at a realtime priority where it may (root: ``SCHED_FIFO``, ``realtime`` True), as a kernel qdisc
+would: at the host's load of 10-20 a normal thread released 1 chunk in 70 more than 30 ms late (up to
+200 ms: requests of 0.4-1 s on a 0.2 s link); ``late_max_ms`` is the worst lateness seen.
 
 Measurement (tests, ``bench/bench_link.py``): ``measure_steps`` plays a trace on a link while a bulk TCP
 flow (its own sender thread -> ``BulkReceiver``) runs through it, and returns each step's delivered goodput.
@@ -31,6 +34,7 @@ import bisect
 import collections
 import contextlib
 import math
+import os
 import socket
 import threading
 import time
@@ -52,6 +56,7 @@ MIN_BURST_BYTES = 256
 # tail-drops a 150 KB request at 2 Mbit/s and TCP then waits out a 200+ ms RTO.
 KERNEL_QUEUE_MS = 1000.0
 RATE_CHANGE_FRACTION = 0.02  # a smaller change is not worth a tc call
+RELAY_PRIORITY = 10  # SCHED_FIFO priority of a relay's thread: above every normal thread, low among realtime
 
 
 def _check_rate(mbps: float | None) -> None:
@@ -199,6 +204,7 @@ class _Pipe:
                 wait = release - loop.time()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                self.link.late_max_ms = max(self.link.late_max_ms, (loop.time() - release) * 1e3)
                 self.line.popleft()
                 if not data:
                     if self.writer.can_write_eof():
@@ -236,6 +242,8 @@ class UserspaceLink:
         self.target, self.queue_ms = target, queue_ms
         self.delivered_bytes = 0
         self.connections = 0
+        self.late_max_ms = 0.0  # the most a chunk left its delay line after its time
+        self.realtime = False
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -261,6 +269,9 @@ class UserspaceLink:
         return max(256 * 1024, int((self.rate_mbps or 1000.0) * 1e6 / 8 * (self.delay_s + 0.05) * 2))
 
     def _run(self, listen: tuple[str, int], ns: str | None) -> None:
+        with contextlib.suppress(OSError):  # not root (or no realtime budget): a normal thread
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RELAY_PRIORITY))  # 0: this thread
+            self.realtime = True
         try:
             if ns is not None:
                 netns.enter_netns(ns)

@@ -90,6 +90,21 @@ def test_relay_adds_one_way_delay_each_way() -> None:
     echo.close()
 
 
+def test_relay_thread_is_realtime_as_root_and_counts_its_lateness() -> None:
+    """A relay stands for a kernel link: as root its thread is SCHED_FIFO, so the host's other load does not
+    delay its chunks (it did, by up to 200 ms); without root it stays a normal thread and says so."""
+    echo = _Echo()
+    with shaper.UserspaceLink(("127.0.0.1", 0), echo.addr, delay_ms=5) as link:
+        assert _roundtrip(link.port, b"x" * 1000) == b"x" * 1000
+        tid = link._thread.native_id
+        assert tid is not None
+        policy = os.sched_getscheduler(tid)
+        assert link.realtime == (os.geteuid() == 0)
+        assert (policy == os.SCHED_FIFO) == link.realtime, policy
+        assert link.late_max_ms >= 0.0
+    echo.close()
+
+
 def test_relay_unreachable_target_closes_client() -> None:
     dead = socket.create_server(("127.0.0.1", 0))
     addr = dead.getsockname()[:2]

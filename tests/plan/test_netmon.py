@@ -339,7 +339,9 @@ def test_after_a_gap_stale_spike_samples_do_not_outvote_a_fresh_one() -> None:
 
 def test_old_bandwidth_samples_age_out() -> None:
     """Probe-fed estimates (plan on the device): a dip must not outlive max_sample_age_s."""
-    aged, kept = LinkEstimator(LinkConfig(max_sample_age_s=5.0)), LinkEstimator(LinkConfig(max_sample_age_s=None))
+    flat = {"recency_half_life_s": None}  # equal weights: the window alone ages samples out
+    aged = LinkEstimator(LinkConfig(max_sample_age_s=5.0, **flat))
+    kept = LinkEstimator(LinkConfig(max_sample_age_s=None, **flat))
     for est in (aged, kept):
         for t in range(4):
             est.add_rate(float(t), 2.0)  # a dip, one probe a second
@@ -353,6 +355,26 @@ def test_old_bandwidth_samples_age_out() -> None:
     lone.add_rate(0.0, 3.0)
     lone.add_rate(100.0, 5.0)
     assert lone.samples == 2
+
+
+def test_a_change_below_the_step_ratio_is_followed_from_the_newest_sample() -> None:
+    """The rig's HSDPA windows change 1.2-2x a second (no step): 4 requests a second must price the next
+    with the rate they just met, not with the last two seconds'."""
+    est = LinkEstimator()
+    flat = LinkEstimator(LinkConfig(recency_half_life_s=None))
+    for e in (est, flat):
+        for k in range(8):
+            e.add_rate(0.25 * k, 2.0)
+        e.add_rate(2.0, 3.0)
+    assert est.steps == flat.steps == 0
+    assert est.bandwidth_mbps() > 2.5  # over half the way after one sample
+    assert flat.bandwidth_mbps() < 2.1  # the window of 8 alone: a ninth of the way
+    for e in (est, flat):
+        e.add_rate(2.25, 3.0)
+    assert est.bandwidth_mbps() >= 0.93 * 3.0
+    assert flat.bandwidth_mbps() < 0.75 * 3.0
+    with pytest.raises(ConfigError, match="recency_half_life_s"):
+        LinkConfig(recency_half_life_s=0.0)
 
 
 def test_a_probe_measures_a_transfer_longer_than_the_rtt_jitter() -> None:

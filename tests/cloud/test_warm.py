@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from splitrt.cloud.models import warm
 from splitrt.cloud.server import CloudServer, ServerConfig
-from splitrt.device.client import Device
+from splitrt.device.client import Device, DeviceConfig
 from splitrt.errors import ConfigError
 from splitrt.graph import zoo
 from splitrt.graph.model import model_sha256
@@ -64,7 +64,8 @@ def _events(caplog: pytest.LogCaptureFixture, name: str) -> list[dict[str, Any]]
 
 
 def _serve(server: CloudServer, model: Path, cuts: list[str]) -> None:
-    with Device(model, server.address) as d:
+    # 60 s: a build in a child process on a loaded host passed the Device's 10 s default.
+    with Device(model, server.address, config=DeviceConfig(timeout_s=60)) as d:
         x = d.random_inputs(seed=3)
         want = d.run_local(x)["y"]
         for cut in cuts:

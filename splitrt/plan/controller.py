@@ -228,7 +228,8 @@ class Controller:
         if len(r.tiers) == 1:
             return self.evaluate(r, DEVICE_CUT)
         if len(r.on) == 2:
-            offset = self.offset_matrix(r.tables[0], now_s) if now_s is not None else None
+            bandwidth = r.two_tier().link.bandwidth_mbps
+            offset = self.offset_matrix(r.tables[0], now_s, bandwidth) if now_s is not None else None
             return solve(
                 r.tables[0],
                 r.two_tier(),
@@ -261,13 +262,23 @@ class Controller:
         plan, value = before
         return max(0.0, (value if plan == held else 0.0) + gain - frac * margin)
 
-    def correction_ms(self, plan: str, now_s: float) -> float:
-        """What is added to ``plan``'s price now (0 unless the objective is latency)."""
-        return self.corrections.offset_ms(plan, now_s) if self.config.objective == "latency" else 0.0
+    def correction_ms(self, plan: str, now_s: float, r: _Route | None = None) -> float:
+        """What is added to ``plan``'s price now (0 unless the objective is latency): its learnt offset and,
+        on a two-tier route ``r``, the upload of what its requests sent beyond (or short of) its price."""
+        if self.config.objective != "latency":
+            return 0.0
+        extra = self.corrections.offset_ms(plan, now_s)
+        if r is not None and len(r.on) == 2:
+            extra += self.corrections.bytes_ms(r.tables[0], plan, r.two_tier().link.bandwidth_mbps)
+        return extra
 
-    def offset_matrix(self, table: CostTable, now_s: float) -> np.ndarray | None:
+    def offset_matrix(self, table: CostTable, now_s: float, bandwidth_mbps: float) -> np.ndarray | None:
         """The corrections at ``now_s`` as a (cuts, codecs) matrix of ms (None: none)."""
-        offsets = self.corrections.offsets(now_s) if self.config.objective == "latency" else {}
+        if self.config.objective != "latency":
+            return None
+        offsets = self.corrections.offsets(now_s)
+        for key in self.corrections.bytes_plans():
+            offsets[key] = offsets.get(key, 0.0) + self.corrections.bytes_ms(table, key, bandwidth_mbps)
         if not any(offsets.values()):
             return None
         m = np.zeros((len(table), len(table.codecs)))
@@ -327,7 +338,10 @@ class Controller:
         previous = self.current
         best = self.solve(r, cuts=cfg.cuts if len(r.tiers) > 1 else None, now_s=now_s)
         chosen = best
-        corr = self.correction_ms
+
+        def corr(plan: str, now_s: float) -> float:
+            return self.correction_ms(plan, now_s, r)
+
         pressure_before, self._pressure = self._pressure, ("", 0.0)  # kept only by a hold (below)
         if len(r.tiers) == 1:
             reason = "cloud unavailable: whole model on the device"
@@ -375,7 +389,7 @@ class Controller:
         price corrected at ``now_s``: the correction is a term of its own); ``live``: the tiers up now
         (default ``r``'s)."""
         links, loads, up = inputs
-        extra_ms = self.correction_ms(chosen.key, now_s)
+        extra_ms = self.correction_ms(chosen.key, now_s, r)
         previous = self.current
         switched = previous is not None and chosen.key != previous
         self.switches += int(switched)

@@ -15,6 +15,13 @@ shows it as the decision's ``correction_ms`` term), so a plan that costs more th
 within a few requests (``weight`` 0.5: 50, 75, 88 % of the excess after one, two, three requests, each step
 bounded so that one outlier cannot price a plan out).
 
+What a plan sends is priced with the profile's bytes: for an image codec at the input, the mean over the
+profile's photographs (at jpeg90 9-30 KB for a 224 x 224 photo, 18 KB on average; the rig's photograph makes
+16.4 KB). The frames a camera sends are alike from one to the next, so each request that uploaded tells
+what the plan's next frame will weigh: ``Corrections`` keeps, per plan, the ratio of the bytes sent to the
+bytes priced (the first request's, then half of each new one's; no decay: a frame does not grow stale the
+way a cost does), and the controller prices the upload with it (``bytes_ratio``).
+
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that
 its decayed price beats the plan in use, and one request there renews the evidence: a plan that stays
@@ -29,13 +36,17 @@ that made them) up to each decision's ``seen``.
 - ``CorrectionConfig(half_life_s=10, weight=0.5, max_step_fraction=0.15, min_step_ms=5, max_offset_ms=10000,
   enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most ``max_step_fraction`` of
   the smaller of the plan's price (``Observation.price_ms``) and what the request took, or ``min_step_ms``.
-- ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms)``: predicted, the price of what no estimator
+- ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms, sent_bytes=0, priced_bytes=0)``: predicted,
+  the price of what no estimator
   learns (the decision's encode + call terms); measured, what the request took beyond its head and its RPC
-  (on ``device``: beyond its run); ``price_ms`` the plan's whole price (bounds a step).
-  ``Observation.of_request(plan=, priced_ms=, total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=)`` makes
-  one from a request's figures. ``.to_json()`` / ``Observation.from_json(dict)``.
+  (on ``device``: beyond its run); ``price_ms`` the plan's whole price (bounds a step); ``sent_bytes`` what it
+  uploaded on its first hop and ``priced_bytes`` what the table priced there (0: not known, nothing learnt).
+  ``Observation.of_request(plan=, priced_ms=, total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=,
+  sent_bytes=0, priced_bytes=0)`` makes one from a request's figures. ``.to_json()`` /
+  ``Observation.from_json(dict)``.
 - ``Corrections(config)``: ``.observe(obs) -> index``, ``.offset_ms(plan, now_s) -> ms``, ``.offsets(now_s)
-  -> {plan: ms}`` (the plans with evidence), ``.seen``.
+  -> {plan: ms}`` (the plans with evidence), ``.bytes_ratio(plan) -> float`` (1: no evidence),
+  ``.bytes_ms(table, plan, bandwidth_mbps)`` (that ratio's upload beyond the price), ``.bytes_plans()``, ``.seen``.
 """
 
 from __future__ import annotations
@@ -44,8 +55,16 @@ import math
 from dataclasses import dataclass
 
 from splitrt.errors import ConfigError, PlanError
+from splitrt.plan.costmodel import MS_PER_BYTE_AT_1MBPS, CostTable
+from splitrt.plan.path import parse_plan
 
 __all__ = ["CorrectionConfig", "Corrections", "Observation"]
+
+#: A request's bytes over the priced ones, clipped (a frame 20x its price is a different input, not a
+#: frame of this camera's) ...
+BYTES_RATIO_RANGE = (0.05, 20.0)
+#: ... and how far one request moves a plan's ratio toward its own.
+BYTES_WEIGHT = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,12 +106,18 @@ class Observation:
     measured_ms: float
     t_s: float
     price_ms: float = 0.0  # the plan's whole price (its terms, before correction): bounds one request's step
+    sent_bytes: float = 0.0  # what the request uploaded on its first hop (0: not known)
+    priced_bytes: float = 0.0  # what the table priced there (0: not known)
 
     def __post_init__(self) -> None:
         for name in ("predicted_ms", "measured_ms", "t_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or (name == "predicted_ms" and value < 0):
                 raise PlanError(f"observation {name}: expected a finite number (>= 0 if a price), got {value!r}")
+        for name in ("sent_bytes", "priced_bytes"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise PlanError(f"observation {name}: expected a finite number >= 0, got {value!r}")
 
     @staticmethod
     def of_request(
@@ -104,13 +129,23 @@ class Observation:
         round_trip_ms: float,
         t_s: float,
         price_ms: float = 0.0,
+        sent_bytes: float = 0.0,
+        priced_bytes: float = 0.0,
     ) -> Observation:
         """A request's observation (the runtime and ``rig.sim`` both make it so): ``priced_ms`` the
         decision's encode + call terms; what it took (``total_ms``) beyond its head (the whole model's run
         on ``device``) and its RPC (``round_trip_ms``, 0 on ``device``: the server's queue, build and tail are
         in it); ``price_ms`` the decision's price before correction."""
         measured = total_ms - head_ms - round_trip_ms
-        return Observation(plan=plan, predicted_ms=priced_ms, measured_ms=measured, t_s=t_s, price_ms=price_ms)
+        return Observation(
+            plan=plan,
+            predicted_ms=priced_ms,
+            measured_ms=measured,
+            t_s=t_s,
+            price_ms=price_ms,
+            sent_bytes=sent_bytes,
+            priced_bytes=priced_bytes,
+        )
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -119,6 +154,8 @@ class Observation:
             "measured_ms": self.measured_ms,
             "t_s": self.t_s,
             "price_ms": self.price_ms,
+            "sent_bytes": self.sent_bytes,
+            "priced_bytes": self.priced_bytes,
         }
 
     @staticmethod
@@ -130,6 +167,8 @@ class Observation:
                 measured_ms=float(d["measured_ms"]),  # type: ignore[arg-type]
                 t_s=float(d["t_s"]),  # type: ignore[arg-type]
                 price_ms=float(d.get("price_ms", 0.0)),  # type: ignore[arg-type]
+                sent_bytes=float(d.get("sent_bytes", 0.0)),  # type: ignore[arg-type]
+                priced_bytes=float(d.get("priced_bytes", 0.0)),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"observation: expected plan, predicted_ms, measured_ms and t_s, got {d!r}") from exc
@@ -148,6 +187,7 @@ class Corrections:
     def __init__(self, config: CorrectionConfig | None = None) -> None:
         self.config = config or CorrectionConfig()
         self._plans: dict[str, _Evidence] = {}
+        self._bytes: dict[str, float] = {}  # per plan: bytes sent / bytes priced
         self.seen = 0  # observations fed so far (a decision records it; replay feeds up to it)
 
     def _decayed(self, ev: _Evidence, now_s: float) -> float:
@@ -160,6 +200,10 @@ class Corrections:
         self.seen += 1
         if not self.config.enabled:
             return index
+        if obs.sent_bytes > 0 and obs.priced_bytes > 0:
+            sample = min(BYTES_RATIO_RANGE[1], max(BYTES_RATIO_RANGE[0], obs.sent_bytes / obs.priced_bytes))
+            known = self._bytes.get(obs.plan)
+            self._bytes[obs.plan] = sample if known is None else known + BYTES_WEIGHT * (sample - known)
         cfg = self.config
         # no plan costs less than nothing: the excess is at least -predicted
         sample = min(cfg.max_offset_ms, max(-obs.predicted_ms, obs.measured_ms - obs.predicted_ms))
@@ -179,6 +223,26 @@ class Corrections:
         if ev is None or not self.config.enabled:
             return 0.0
         return self._decayed(ev, now_s)
+
+    def bytes_ratio(self, plan: str) -> float:
+        """What ``plan``'s requests sent over what the table priced (1: no evidence, or corrections off)."""
+        return self._bytes.get(plan, 1.0) if self.config.enabled else 1.0
+
+    def bytes_ms(self, table: CostTable, plan: str, bandwidth_mbps: float) -> float:
+        """The upload of what ``plan``'s requests sent beyond (or short of) ``table``'s price, at
+        ``bandwidth_mbps`` (0: no evidence, or a plan over more tiers or not in ``table``)."""
+        ratio = self.bytes_ratio(plan)
+        if ratio == 1.0 or ">" in plan:
+            return 0.0
+        cut, codec = parse_plan(plan, table.codecs[0])
+        if cut not in table.ids or codec not in table.codecs:
+            return 0.0
+        sent = float(table.sent_bytes[table.index(cut), table.codec_index(codec)])
+        return (ratio - 1.0) * sent * MS_PER_BYTE_AT_1MBPS / max(bandwidth_mbps, 1e-6)
+
+    def bytes_plans(self) -> list[str]:
+        """The plans whose bytes have evidence (``bytes_ratio``)."""
+        return list(self._bytes) if self.config.enabled else []
 
     def offsets(self, now_s: float) -> dict[str, float]:
         """Every plan with evidence and its offset at ``now_s``."""

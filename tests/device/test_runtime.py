@@ -147,6 +147,10 @@ def test_server_killed_mid_stream_loses_nothing_and_splitting_resumes(
     assert len(lines) == len(outcomes) and Decision.from_json(lines[0]).request == "0"
     for logged, again in replay(lines, table, ControllerConfig()):
         assert again.plan == logged.plan
+    # a request the cloud answered logs the bytes it sent beside those its upload was priced with
+    observed = [Decision.from_json(x).extra.get("observed") for x in lines]
+    sent = [o for o, out in zip(observed, outcomes, strict=True) if o and out.server and not out.fallback]
+    assert sent and all(o["sent_bytes"] > 0 and o["priced_bytes"] > 0 for o in sent)
 
 
 def test_failover_to_the_second_cloud_with_no_failed_request(models_dir: Path, mg: graph.ModelGraph) -> None:

@@ -95,6 +95,43 @@ def test_the_controller_drops_a_plan_that_costs_more_than_its_price() -> None:
     assert later.plan == "mid@fp32"
 
 
+def test_the_bytes_a_plan_sends_are_learnt_from_its_requests() -> None:
+    c = Corrections()
+    assert c.bytes_ratio("cloud@fp32") == 1.0 and c.bytes_plans() == []
+    seen = Observation(
+        plan="cloud@fp32", predicted_ms=1.0, measured_ms=1.0, t_s=0.0, sent_bytes=8000, priced_bytes=10000
+    )
+    c.observe(seen)
+    assert c.bytes_ratio("cloud@fp32") == pytest.approx(0.8)  # the first frame's own ratio
+    c.observe(replace(seen, sent_bytes=6000))
+    assert c.bytes_ratio("cloud@fp32") == pytest.approx(0.7)  # half-way to the next one's
+    c.observe(replace(seen, sent_bytes=0))  # not sent (a fallback): nothing learnt
+    c.observe(replace(seen, t_s=1e6))  # no decay: a frame is what it is
+    assert c.bytes_ratio("cloud@fp32") == pytest.approx(0.75)
+    assert c.bytes_plans() == ["cloud@fp32"] and c.bytes_ratio("mid@fp32") == 1.0
+    back = Observation.from_json(seen.to_json())
+    assert (back.sent_bytes, back.priced_bytes) == (8000, 10000)
+    old = {k: v for k, v in seen.to_json().items() if not k.endswith("_bytes")}  # a log line from before
+    assert Observation.from_json(old).sent_bytes == 0.0
+    with pytest.raises(PlanError, match="sent_bytes"):
+        replace(seen, sent_bytes=-1.0)
+
+
+def test_the_controller_prices_a_plans_upload_with_the_bytes_it_sent() -> None:
+    """cloud@fp32 priced at 100 KB (80 ms at 10 Mbit/s): its requests send 40 KB, so it costs 48 ms less
+    than the table says, and that makes it beat mid@fp32 (priced 32 ms below it)."""
+    ctl = Controller(_table())
+    assert ctl.decide(0.0, LINK, LOAD).plan == "mid@fp32"
+    cloud = ctl.evaluate(ctl.route(*ctl.inputs(LINK, LOAD, True)), "cloud@fp32")
+    ctl.observe(
+        Observation(plan="cloud@fp32", predicted_ms=0.0, measured_ms=0.0, t_s=0.0, sent_bytes=40e3, priced_bytes=100e3)
+    )
+    d = ctl.decide(0.5, LINK, LOAD)
+    assert d.plan == "cloud@fp32"
+    assert d.correction_ms == pytest.approx(-0.6 * 100_000 * 8 / 10e6 * 1e3)
+    assert d.predicted_ms == pytest.approx(cloud.predicted_ms - 48.0)
+
+
 def test_replay_rebuilds_the_corrections_from_the_logged_observations() -> None:
     table = _table()
     ctl = Controller(table)
@@ -104,8 +141,15 @@ def test_replay_rebuilds_the_corrections_from_the_logged_observations() -> None:
         bw = 10.0 if i % 10 < 6 else 1.0
         d = ctl.decide(t, LinkEstimate(bandwidth_mbps=bw, rtt_ms=20.0, confidence=1.0), LOAD, request=f"r{i}")
         extra = 120.0 if d.plan == "mid@fp32" else 3.0
+        sent = 60_000.0 if d.plan == "cloud@fp32" else 0.0  # cloud's frames weigh 0.6 of their price
         obs = Observation(
-            plan=d.plan, predicted_ms=d.encode_ms + d.call_ms, measured_ms=extra, t_s=t + 0.2, price_ms=d.predicted_ms
+            plan=d.plan,
+            predicted_ms=d.encode_ms + d.call_ms,
+            measured_ms=extra,
+            t_s=t + 0.2,
+            price_ms=d.predicted_ms,
+            sent_bytes=sent,
+            priced_bytes=100_000.0 if sent else 0.0,
         )
         index = ctl.observe(obs)
         lines.append(d.__class__(**{**d.__dict__, "extra": {"observed": {"index": index, **obs.to_json()}}}).to_json())

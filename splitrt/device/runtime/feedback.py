@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from splitrt.device.client.messages import HeadResult, Hops, SplitResult
 from splitrt.plan.controller import Decision
 from splitrt.plan.correction import Observation
-from splitrt.plan.costmodel import DEVICE_CUT, CostTable
+from splitrt.plan.costmodel import DEVICE_CUT, MS_PER_BYTE_AT_1MBPS, CostTable
 from splitrt.plan.observe import LocalRun, QueueReport, ReplyObservation, RequestObservation, TierReply
 
 __all__ = ["correction", "observation", "tier_reply"]
@@ -114,7 +114,10 @@ def correction(
     decision: Decision, head: HeadResult, res: SplitResult, *, answered: bool, latency_ms: float, t_s: float
 ) -> Observation:
     """What the request took beyond its head and its RPC, against its price (``plan.correction``, as
-    ``rig.sim`` feeds it): the decision's encode + call terms against what they measured."""
+    ``rig.sim`` feeds it): the decision's encode + call terms against what they measured, and the bytes it
+    uploaded against those its upload term priced."""
+    sent = res.bytes_up if answered and decision.hop_upload_ms and decision.link_mbps else 0
+    priced = decision.hop_upload_ms[0] * decision.link_mbps[0] / MS_PER_BYTE_AT_1MBPS if sent else 0.0
     return Observation.of_request(
         plan=decision.plan,
         priced_ms=decision.encode_ms + decision.call_ms,
@@ -124,4 +127,6 @@ def correction(
         round_trip_ms=res.rpc_ms + res.check_ms if answered else 0.0,
         t_s=t_s,
         price_ms=decision.predicted_ms - decision.correction_ms,
+        sent_bytes=float(sent),
+        priced_bytes=priced,
     )

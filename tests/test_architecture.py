@@ -472,19 +472,50 @@ def path_entries(visits: list[_Visit]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def test_one_request_enters_each_module_at_most_twice(tmp_path: Path) -> None:
+def _wide_chain(path: Path) -> None:
+    """Conv-Relu-Conv-Relu with seeded random weights, answering 32x32x32 float32 (128 KiB): a reply over
+    ``REPLY_COUNTED_BYTES``, which the server holds in its memory budget until the call ends."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    w1 = rng.normal(0, 0.3, (32, 3, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.1, (32, 32, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a1"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["a1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "w2"], ["a2"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["a2"], ["y"]),
+        ],
+        "wide_chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 32, 32])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+
+
+@pytest.mark.parametrize("name", ["tiny_chain", "wide_chain"])
+def test_one_request_enters_each_module_at_most_twice(tmp_path: Path, name: str) -> None:
     """A real ``AdaptiveDevice`` and a real ``CloudServer`` on 127.0.0.1 (one process: both sides traced), a
-    zoo model split at a middle cut. The second request is the path; the first also builds (the cloud
-    loads the model and its tail; the device its sessions, and asks the cloud's Status first): it is held
-    to the same limit."""
+    model split at a middle cut: ``tiny_chain`` (a small reply) and ``wide_chain`` (a 128 KiB reply, held in
+    the server's memory budget until the call ends). The second request is the path; the first also
+    builds (the cloud loads the model and its tail; the device its sessions, and asks the cloud's Status
+    first): it is held to the same limit."""
+    from splitrt.cloud.capacity.memory import REPLY_COUNTED_BYTES
     from splitrt.cloud.server import CloudServer, ServerConfig
     from splitrt.device.client.config import DeviceConfig
     from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig
     from splitrt.graph import model, zoo
     from splitrt.profile.priors import flops_table
 
-    shutil.copyfile(zoo.get("tiny_chain"), tmp_path / "tiny_chain.onnx")
-    mg = model.load(tmp_path / "tiny_chain.onnx")
+    if name == "tiny_chain":
+        shutil.copyfile(zoo.get("tiny_chain"), tmp_path / "tiny_chain.onnx")
+    else:
+        _wide_chain(tmp_path / f"{name}.onnx")
+    mg = model.load(tmp_path / f"{name}.onnx")
     cuts = [c.id for c in mg.cuts()]
     cut = cuts[len(cuts) // 2]
     outcomes: list[Any] = []
@@ -501,10 +532,27 @@ def test_one_request_enters_each_module_at_most_twice(tmp_path: Path) -> None:
             )
             with dev:
                 x = dev.local.random_inputs(seed=1)
-                first, visits = (trace_entries(lambda: outcomes.append(dev.infer(x))) for _ in range(2))
+
+                def request() -> None:
+                    outcomes.append(dev.infer(x))
+                    # The call's end (gRPC's callback, after the client has the reply) is on the path too:
+                    # its lease gives the reply's bytes back, then the lane. Read as an attribute, so the
+                    # wait enters no module.
+                    for _ in range(1000):
+                        if server.door.inside["infer"] == 0:
+                            break
+                        threading.Event().wait(0.01)
+                    ended.append(server.door.inside["infer"] == 0)
+
+                ended: list[bool] = []
+                first, visits = (trace_entries(request) for _ in range(2))
+            held = server.door.snapshot()["reply_bytes"]
     finally:
         threading.setprofile(None)  # type: ignore[arg-type]
     assert [(o.server, o.plan.split("@")[0]) for o in outcomes] == [(server.address, cut)] * 2
+    reply_bytes = sum(a.nbytes for a in outcomes[-1].outputs.values())
+    assert (reply_bytes >= REPLY_COUNTED_BYTES) == (name == "wide_chain"), reply_bytes
+    assert ended == [True, True] and held == 0  # the calls left their lane and gave their replies' bytes back
     entries = path_entries(visits)
     assert "cloud/handler/infer.py" in entries, entries
     over = {m: n for m, n in entries.items() if n > PATH_MAX_ENTRIES}

@@ -95,7 +95,6 @@ class FrontDoor(grpc.ServerInterceptor):
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.max_message_bytes = max_message_bytes
         self.probes = ProbeGate(self.budget, max_message_bytes)  # Probe bodies paid for before they are read
-        self.reply_bytes = 0  # budget bytes held by unary replies not yet taken (``_hold_reply``)
         self.limits = limits
         self.throttle = throttle
         self.watchdog = watchdog
@@ -191,21 +190,23 @@ class FrontDoor(grpc.ServerInterceptor):
 
     def snapshot(self) -> dict[str, Any]:
         """Counters for metrics: lanes (inside, caps), calls by (method, code), refusals, replies' bytes held."""
+        reply_bytes = self.watchdog.held_bytes()  # the calls' leases own their replies' bytes
         with self.lock:
             return {
                 "inside": dict(self.inside),
                 "caps": dict(self.caps),
                 "calls": dict(self.calls),
                 "refused": dict(self.refused),
-                "reply_bytes": self.reply_bytes,
+                "reply_bytes": reply_bytes,
                 "waiting_peers": self.throttle.waiting(self.clock()),
             }
 
 
 class _Call:
     """One call through the door: ``enter`` (auth, lane; aborts on refusal), reads under the lease,
-    ``finish`` (counts, logs), ``release`` (what the call holds, when it ends). The interceptor only routes
-    a call to its lane's wrapper: everything a call is checked against runs here, on the call's thread."""
+    ``finish`` (counts, logs), ``release`` (the lane and a Probe's prepaid bytes, when the call ends: the
+    lease's ``on_end``; the lease gives its replies' bytes back itself). The interceptor only routes a call
+    to its lane's wrapper: everything a call is checked against runs here, on the call's thread."""
 
     def __init__(self, door: FrontDoor, method: str, lane: str, context: Any) -> None:
         self.door, self.method, self.lane, self.context = door, method, lane, context
@@ -213,14 +214,12 @@ class _Call:
         self.lease: Lease | None = None
         self.peer = ""
         self.key = (lane, "")
-        self._released = False
         self.refused = False
         self.prepaid = 0  # budget bytes this call's Probe body was paid for before it was read
         self.declared: int | None = None
         self.read_bytes = 0  # a Probe's payload bytes, once its body is read
-        self.keep = False  # a unary reply made, not yet taken: ``release`` waits for the call's end
-        self.reply_held = 0  # budget bytes its reply holds until taken (``_hold_reply``)
-        self.on_end = False  # ``release`` is registered to run at the call's end
+        self.keep = False  # a unary reply made, not yet taken: the lease ends with the call, not the handler
+        self.on_end = False  # the lease's ``end`` is registered to run at the call's end
 
     def enter(self) -> None:
         door, ctx = self.door, self.context
@@ -275,14 +274,14 @@ class _Call:
                 hint,
             )
         serving(client_key(peer))  # whose worker-seconds this call's work is (fair queuing, ``fairq``)
-        self.lease = door.watchdog.lease(ctx)
+        self.lease = door.watchdog.lease(ctx, give_back=door.budget.release, on_end=self.release)
         if self.lane == "watch":
             age = door.limits.watch_max_age_s
             self.lease.arm_life(
                 age, f"Watch: streams last at most {age:g} s on this server; watch again", grpc.StatusCode.UNAVAILABLE
             )
-        # The lane is left however the call ends (False: it has ended already; ``finish`` then leaves it).
-        self.on_end = bool(ctx.add_callback(self.release))
+        # The lease ends however the call ends (False: it has ended already; ``finish`` then ends it).
+        self.on_end = bool(ctx.add_callback(self.lease.end))
 
     def _refuse(self, code: grpc.StatusCode, reason: str, message: str, retry_after_ms: float | None = None) -> None:
         self.door.count(self.method, code, reason)
@@ -293,27 +292,23 @@ class _Call:
         raise AssertionError("unreachable")  # abort raises
 
     def release(self) -> None:
-        """Give back what the call holds (gRPC's end-of-call callback, or ``finish``): the door's counters and
-        the lease; budget bytes only when the call holds some (a Probe's prepaid body, a counted reply)."""
+        """Give back the door's places (lane, per-address count) and a Probe's prepaid bytes: the lease's
+        ``on_end``, once the call ended (``Lease.end``)."""
         with self.door.lock:
-            if self._released:
-                return
-            self._released = True
             self.door.inside[self.lane] -= 1
             self.door.by_peer[self.key] -= 1
             if self.door.by_peer[self.key] <= 0:
                 del self.door.by_peer[self.key]
             prepaid, self.prepaid = self.prepaid, 0
-            reply, self.reply_held = self.reply_held, 0
-            self.door.reply_bytes -= reply
             if self.keep and self.lease is not None and self.lease.fired:
                 self.door.refused["reply_timeout"] += 1
-        if self.lease is not None:
-            self.lease.ended = True
         if prepaid:
             self.door.probes.release(prepaid)
-        if reply:
-            self.door.budget.release(reply)
+
+    def end(self) -> None:
+        """The handler is done with the call and nothing is left for the client to take: its lease ends."""
+        assert self.lease is not None  # ``finish`` runs only after ``enter`` admitted the call
+        self.lease.end()
 
     def prepay(self) -> None:
         """A Probe's bytes held before its body is read (``probes``); RESOURCE_EXHAUSTED otherwise, or
@@ -435,7 +430,7 @@ class _Call:
         """Count the outcome; log a failure the handler did not log itself."""
         ctx, lease = self.context, self.lease
         if self.refused:
-            self.release()
+            self.end()
             serving("")
             prepay(0)
             return
@@ -458,7 +453,7 @@ class _Call:
         if self.lane == "probe" and code is grpc.StatusCode.INVALID_ARGUMENT and undeclared_read:
             self.door.penalize_probes(self.key[1], f"{self.read_bytes} bytes read, then refused: {said}")
         if not (ok and self.keep):  # a reply still to be taken keeps its places until the call ends
-            self.release()
+            self.end()
         serving("")
         prepay(0)
         logged_by_handler = self.method in _SELF_LOGGED and not reason and code is not grpc.StatusCode.UNKNOWN
@@ -475,20 +470,21 @@ class _Call:
 
 def _hold_reply(call: _Call, data: Any) -> None:
     """A unary reply ``data`` (serialised) is made for ``call``: ``reply_held_bytes`` reserved in the budget
-    until the call ends (taken, or ended by the read timeout), evicting caches if need be;
-    RESOURCE_EXHAUSTED (the call aborted) when they do not fit. A Probe's reply was prepaid (``prepay``)."""
+    and owned by the call's lease until the call ends (taken, or ended by the read timeout), evicting caches
+    if need be; RESOURCE_EXHAUSTED (the call aborted) when they do not fit. A Probe's reply was prepaid
+    (``prepay``)."""
     n = len(data) if isinstance(data, bytes) and call.on_end and call.lane != "probe" else 0
     need = reply_held_bytes(n)
+    if not need:
+        return
     try:
-        if need:
-            call.door.budget.reserve(need, f"{call.short}: its {n >> 20} MiB reply until it is taken")
+        call.door.budget.reserve(need, f"{call.short}: its {n >> 20} MiB reply until it is taken")
     except RpcFailure as exc:
         call.context.abort(exc.code, exc.message)
         raise AssertionError("unreachable") from exc  # abort raises
-    with call.door.lock:
-        late, call.reply_held = call._released, 0 if call._released else need  # ended meanwhile: none held
-        call.door.reply_bytes += call.reply_held
-    call.door.budget.release(need if late else 0)
+    assert call.lease is not None
+    if not call.lease.hold(need):  # the call ended meanwhile: nobody will take the reply
+        call.door.budget.release(need)
 
 
 def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> grpc.RpcMethodHandler:

@@ -1,8 +1,10 @@
-"""Time limits on what a client holds: a ``Lease`` per call, armed while the server waits on the client
+"""What a client holds, bounded: a ``Lease`` per call, armed while the server waits on the client
 (a request body, the next stream frame or upload chunk, the client taking a reply; a Watch stream's
-whole life) and cancelled with a gRPC status by the ``Watchdog`` thread when it runs out. A call that
-ends sets ``Lease.ended``; the watchdog forgets the lease at its next step (the call's end touches no
-lock but its own).
+whole life) and cancelled with a gRPC status by the ``Watchdog`` thread when it runs out. The lease also
+owns the budget bytes of the replies the client has not taken (``hold``). ``Lease.end`` is the call's one
+end-of-call path (gRPC's end-of-call callback, or the handler's end): it gives the bytes back, then runs
+the owner's ``on_end`` (the door frees the call's lane); the watchdog forgets the lease at its next step
+(the call's end touches no lock but its own).
 
 gRPC's synchronous server waits for a request message with no timeout of its own; cancelling the call
 from another thread ends the wait (the handler's read raises) and answers with the lease's status.
@@ -36,13 +38,38 @@ def cancel_call(context: Any, code: grpc.StatusCode, details: str) -> None:
 
 
 class Lease:
-    """One call's time limit; ``arm`` before waiting on the client, ``disarm`` after."""
+    """One call's time limit (``arm`` before waiting on the client, ``disarm`` after) and the bytes it holds
+    until it ends (``hold``); ``end`` once the call ends, from any thread, any number of times."""
 
-    __slots__ = ("_clock", "code", "context", "deadline_s", "ended", "fired", "life", "reason")
+    __slots__ = (
+        "_clock",
+        "_give_back",
+        "_lock",
+        "_on_end",
+        "code",
+        "context",
+        "deadline_s",
+        "ended",
+        "fired",
+        "held_bytes",
+        "life",
+        "reason",
+    )
 
-    def __init__(self, context: Any, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        context: Any,
+        clock: Callable[[], float],
+        *,
+        give_back: Callable[[int], None] = lambda nbytes: None,
+        on_end: Callable[[], None] = lambda: None,
+    ) -> None:
         self.context = context
         self._clock = clock
+        self._give_back = give_back
+        self._on_end = on_end
+        self._lock = threading.Lock()
+        self.held_bytes = 0  # reserved by the owner, given back (``give_back``) when the call ends
         self.deadline_s: float | None = None
         self.code = grpc.StatusCode.DEADLINE_EXCEEDED
         self.reason = ""
@@ -57,6 +84,26 @@ class Lease:
 
     def disarm(self) -> None:
         self.deadline_s = None
+
+    def hold(self, nbytes: int) -> bool:
+        """Own ``nbytes`` the caller reserved until the call ends; False (nothing owned: the caller gives them
+        back) when it has ended already."""
+        with self._lock:
+            if self.ended:
+                return False
+            self.held_bytes += nbytes
+            return True
+
+    def end(self) -> None:
+        """The call ended: the watchdog forgets the lease, its bytes go back, ``on_end`` runs; once."""
+        with self._lock:
+            if self.ended:
+                return
+            self.ended = True
+            nbytes, self.held_bytes = self.held_bytes, 0
+        if nbytes:
+            self._give_back(nbytes)
+        self._on_end()
 
     def arm_life(self, timeout_s: float, reason: str, code: grpc.StatusCode) -> None:
         self.life = (self._clock() + timeout_s, reason, code)
@@ -101,8 +148,16 @@ class Watchdog:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def lease(self, context: Any) -> Lease:
-        lease = Lease(context, self._clock)
+    def lease(
+        self,
+        context: Any,
+        *,
+        give_back: Callable[[int], None] = lambda nbytes: None,
+        on_end: Callable[[], None] = lambda: None,
+    ) -> Lease:
+        """A lease for the call ``context``: its bytes go back through ``give_back``, then ``on_end`` runs,
+        when it ends (``Lease.end``)."""
+        lease = Lease(context, self._clock, give_back=give_back, on_end=on_end)
         with self._lock:
             self._leases.add(lease)
         return lease
@@ -110,6 +165,11 @@ class Watchdog:
     def held(self) -> int:
         with self._lock:
             return sum(not x.ended for x in self._leases)
+
+    def held_bytes(self) -> int:
+        """The bytes the calls not yet ended hold (``Lease.hold``)."""
+        with self._lock:
+            return sum(x.held_bytes for x in self._leases)
 
     def check(self) -> int:
         """Forget the leases of ended calls; end every call whose lease ran out; returns how many (the

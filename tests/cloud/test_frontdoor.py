@@ -441,6 +441,62 @@ def test_replies_not_taken_are_held_in_the_memory_budget(tmp_path: Path) -> None
         assert s.door.snapshot()["reply_bytes"] == 0
 
 
+def test_streamed_replies_not_taken_are_held_in_the_memory_budget(tmp_path: Path) -> None:
+    """An InferStream reply a client does not take (window 0) is held as a unary one is: its bytes and gRPC
+    core's copy reserved in the memory budget and counted while held, freed when the call ends."""
+    import numpy as np
+    import psutil
+
+    from splitrt.cloud.capacity.memory import REPLY_HELD_FACTOR
+
+    mib16 = 16 << 20
+    sha = _big_reply_model(tmp_path, mib16 // 4)
+    req = pb.InferRequest(model_sha256=sha, cut_id="cloud", codec="fp32", request_id="r", output_codec="fp32")
+    req.tensors.add(name="x", dtype="float32", shape=[1], codec="fp32", payload=np.ones(1, np.float32).tobytes())
+    cfg = ServerConfig(
+        models_dir=tmp_path,
+        workers=2,
+        tokens=(TOKEN,),
+        max_memory_bytes=psutil.Process().memory_info().rss + (600 << 20),
+        limits=Limits(read_timeout_s=600.0),
+    )
+    with CloudServer(cfg) as s:
+        with RawConnection("127.0.0.1", s.port, source="127.0.0.2", window_bytes=0) as raw:
+            sids = [raw.call(f"/{wire.SERVICE_NAME}/InferStream", req.SerializeToString(), AUTH) for _ in range(2)]
+            counted = 0
+            for _ in range(1200):  # until both replies are made (and held: the window stays shut)
+                counted = s.door.snapshot()["reply_bytes"]
+                if counted >= 2 * REPLY_HELD_FACTOR * mib16:
+                    break
+                time.sleep(0.05)
+            assert 2 * REPLY_HELD_FACTOR * mib16 <= counted <= 2 * REPLY_HELD_FACTOR * (mib16 + 4096)
+            assert s.budget.snapshot()["used_bytes"] >= counted
+            assert not any(raw.ended(sid) for sid in sids)
+        for _ in range(1000):  # the client left: the calls end and their replies are freed
+            if s.door.snapshot()["reply_bytes"] == 0:
+                break
+            time.sleep(0.02)
+        assert s.door.snapshot()["reply_bytes"] == 0
+
+
+def test_a_lease_gives_back_a_taken_reply_at_once_and_the_rest_at_the_end() -> None:
+    """``Lease.unhold``: a streamed reply the client took goes back to the budget then, not at the call's end;
+    never more than the lease holds, and nothing held once the call has ended."""
+    from splitrt.cloud.guard.watchdog import Lease
+
+    given: list[int] = []
+    ends: list[bool] = []
+    lease = Lease(None, time.monotonic, give_back=given.append, on_end=lambda: ends.append(True))
+    assert lease.hold(100) and lease.hold(50)
+    lease.unhold(100)
+    assert given == [100] and lease.held_bytes == 50
+    lease.unhold(80)  # more than it holds: only what it holds
+    assert given == [100, 50] and lease.held_bytes == 0
+    assert lease.hold(30)
+    lease.end()
+    assert given == [100, 50, 30] and ends == [True] and not lease.hold(10)
+
+
 def test_forwarded_peer_names_the_client_a_proxy_set() -> None:
     from splitrt.cloud.guard.door import forwarded_peer
 

@@ -468,15 +468,14 @@ class _Call:
         )
 
 
-def _hold_reply(call: _Call, data: Any) -> None:
-    """A unary reply ``data`` (serialised) is made for ``call``: ``reply_held_bytes`` reserved in the budget
-    and owned by the call's lease until the call ends (taken, or ended by the read timeout), evicting caches
-    if need be; RESOURCE_EXHAUSTED (the call aborted) when they do not fit. A Probe's reply was prepaid
-    (``prepay``)."""
-    n = len(data) if isinstance(data, bytes) and call.on_end and call.lane != "probe" else 0
-    need = reply_held_bytes(n)
+def _hold_reply(call: _Call, n: int) -> int:
+    """A reply of ``n`` bytes (serialised) is made for ``call``: ``reply_held_bytes`` reserved in the budget
+    and owned by the call's lease until the call ends (taken, or ended by the read timeout) or a streamed
+    reply is taken (``Lease.unhold``), evicting caches if need be; RESOURCE_EXHAUSTED (the call aborted)
+    when they do not fit. Returns the bytes held. A Probe's reply was prepaid (``prepay``)."""
+    need = reply_held_bytes(n if call.on_end and call.lane != "probe" else 0)
     if not need:
-        return
+        return 0
     try:
         call.door.budget.reserve(need, f"{call.short}: its {n >> 20} MiB reply until it is taken")
     except RpcFailure as exc:
@@ -485,6 +484,8 @@ def _hold_reply(call: _Call, data: Any) -> None:
     assert call.lease is not None
     if not call.lease.hold(need):  # the call ended meanwhile: nobody will take the reply
         call.door.budget.release(need)
+        return 0
+    return need
 
 
 def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> grpc.RpcMethodHandler:
@@ -495,20 +496,29 @@ def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> 
         def streaming(request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
             call = _Call(door, method, lane, context)
             call.enter()
-            ok = False
+            ok, held = False, 0
             try:
                 if h.request_streaming:
                     replies = h.stream_stream(call.frames(request_iterator), context)
                 else:
                     replies = h.unary_stream(call.first(request_iterator), context)
                 for reply in replies:
+                    # Serialised here to be counted: a reply the client does not take is held (its bytes and
+                    # gRPC core's copy) until the one after it is handed to gRPC or the call ends, as a unary
+                    # one is.
+                    data = reply if serialize is None else serialize(reply)
+                    need = _hold_reply(call, len(data) if isinstance(data, bytes) else 0)
                     call.sending()
-                    yield reply
+                    yield data
                     call.sent()
+                    assert call.lease is not None
+                    call.lease.unhold(held)  # the one before was taken
+                    held = need
                 ok = True
             finally:
                 call.finish(ok)
 
+        serialize, kw["response_serializer"] = kw["response_serializer"], None
         return grpc.stream_stream_rpc_method_handler(streaming, **kw)
 
     def unary(request_iterator: Iterator[Any], context: Any) -> Any:
@@ -526,7 +536,7 @@ def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> 
                     call.check_declared(request)
                 reply = h.unary_unary(request, context)
             data = reply if h.response_serializer is None or reply is None else h.response_serializer(reply)
-            _hold_reply(call, data)
+            _hold_reply(call, len(data) if isinstance(data, bytes) else 0)
             ok = True
             call.replied()
             return data

@@ -103,8 +103,8 @@ def _checker_thread() -> threading.Thread | None:
     """The upload checker's executor manager thread, if its child runs. The child is process-wide and
     idles for minutes by design, like a server's: the tests share it (starting a fresh interpreter per
     upload test was a third of the upload tests' time) and the session stops it at the end."""
-    checker = sys.modules.get("splitrt.cloud.models.checker")
-    pool = checker._pool if checker is not None else None
+    upload = sys.modules.get("splitrt.cloud.models.upload")
+    pool = upload.CHECKER._pool if upload is not None else None
     return getattr(pool, "_executor_manager_thread", None)
 
 
@@ -112,26 +112,27 @@ def _checker_thread() -> threading.Thread | None:
 def _checker_warm() -> None:
     # Start the child in the background now, as a server that accepts uploads does at start: the first
     # upload test need not wait for a fresh interpreter's imports (20 s at load 19, past its deadline).
-    from splitrt.cloud.models import checker
+    from splitrt.cloud.models.upload import CHECKER
 
     # Idle for the session, not 5 minutes: upload modules minutes apart would each wait for a new child.
-    checker.IDLE_S = 24 * 3600.0
-    checker.warm()
+    CHECKER.idle_s = 24 * 3600.0
+    CHECKER.warm()
 
 
 @pytest.fixture(scope="session")
 def checker_child(_checker_warm: None) -> None:
     """The upload checker's child, answering: for modules whose uploads have a deadline
     (``pytestmark = pytest.mark.usefixtures("checker_child")``)."""
-    from splitrt.cloud.models import checker
+    from splitrt.cloud.models.children import noop
+    from splitrt.cloud.models.upload import CHECKER
 
-    checker.run(checker._noop)
+    CHECKER.run(noop)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    checker = sys.modules.get("splitrt.cloud.models.checker")
-    if checker is not None:
-        checker.shutdown()
+    upload = sys.modules.get("splitrt.cloud.models.upload")
+    if upload is not None:
+        upload.CHECKER.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -51,11 +51,10 @@ from splitrt.cloud.handler.infer import Handler
 from splitrt.cloud.handler.nexthop import NextHop
 from splitrt.cloud.handler.servicer import Servicer, add_health, add_servicer
 from splitrt.cloud.metrics import ServerStats, metrics_http
-from splitrt.cloud.models import checker
 from splitrt.cloud.models.builder import Builder
 from splitrt.cloud.models.store import ModelStore
 from splitrt.cloud.models.tails import TailCache
-from splitrt.cloud.models.upload import Quota, receive_model
+from splitrt.cloud.models.upload import CHECKER, Quota, receive_model
 from splitrt.cloud.models.warm import WarmStart
 from splitrt.errors import ConfigError
 from splitrt.transport import splitrt_pb2 as pb
@@ -172,9 +171,9 @@ class CloudServer:
                 raise
         server.start()
         if cfg.allow_upload:  # the upload checker's child process, ready before the first upload
-            checker.warm()
+            CHECKER.warm()
         if self.tails.builder is not None:  # and the segment builder's, before the first tail
-            self.tails.builder.warm()
+            self.tails.builder.children.warm()
         self.watchdog.on_tick.append(self.health_gate.tick)
         self.watchdog.start()
         self._server = server
@@ -310,7 +309,7 @@ class CloudServer:
 
         def guard(size: int) -> AbstractContextManager[None]:
             # A place among the admitted and the load's transient peak; no worker slot: the check runs in
-            # the checker's child process (one at a time, at a lower priority: ``cloud.models.checker``).
+            # the checker's child process (one at a time, at a lower priority: ``upload.CHECKER``).
             return admitted(self.admission, self.budget, "upload check", size * LOAD_PEAK_FACTOR)
 
         return receive_model(

@@ -112,7 +112,7 @@ def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, de
                 directory = server.tails.builder._dir
                 assert directory is not None and list(Path(directory).iterdir()) == []  # files removed once open
                 # What the ledger counts for the child at rest covers it once it has made segments (it trims).
-                pool = server.tails.builder._pool
+                pool = server.tails.builder.children._pool
                 assert pool is not None
                 resident = sum(psutil.Process(p.pid).memory_info().rss for p in pool._processes.values())
                 assert 0 < resident <= BUILDER_RESIDENT_BYTES, resident
@@ -153,8 +153,8 @@ def test_a_child_reports_what_the_in_process_build_reports(models_dir: Path, dev
         builder = server.tails.builder
         assert builder is not None
         children: list[int] = []
-        ensure = builder._ensure
-        builder._ensure = lambda: children.append(1) or ensure()  # type: ignore[method-assign]
+        ensure = builder.children._ensure
+        builder.children._ensure = lambda: children.append(1) or ensure()  # type: ignore[method-assign]
         for cut in ("c88888", f"{good.header.cut_id}>nope"):
             req = wire.Framed(header=pb.InferRequest(request_id="r", model_sha256=sha, cut_id=cut), tensors=[])
             with pytest.raises(CloudError) as info:
@@ -173,8 +173,8 @@ def test_a_lasting_failure_is_answered_again_without_the_child(models_dir: Path,
         builder = server.tails.builder
         assert builder is not None
         children: list[str] = []
-        submit = builder._ensure
-        builder._ensure = lambda: children.append("load") or submit()  # type: ignore[method-assign]
+        submit = builder.children._ensure
+        builder.children._ensure = lambda: children.append("load") or submit()  # type: ignore[method-assign]
         said = []
         for model, cut in [(f"{sha}~bogus", "cloud"), (f"{sha}~0t", "c3"), (sha, "device")] * 3:
             req = wire.Framed(header=pb.InferRequest(request_id="r", model_sha256=model, cut_id=cut), tensors=[])
@@ -206,7 +206,7 @@ def test_stopping_does_not_wait_for_a_segment_being_made(models_dir: Path) -> No
     server.stop(0.5)
     caller.join(120)  # a guard against hanging, not a timing: without the stop it would still finish
     assert not caller.is_alive() and not server.busy()
-    assert server.tails.builder is not None and server.tails.builder._pool is None
+    assert server.tails.builder is not None and server.tails.builder.children._pool is None
     assert outcome and isinstance(outcome[0], CloudError), outcome  # it failed: nothing was built
     assert outcome[0].code == "UNAVAILABLE", outcome[0]
 

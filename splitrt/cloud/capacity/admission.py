@@ -177,7 +177,7 @@ def prepaid() -> int:
 @contextmanager
 def admitted(admission: Admission, budget: MemoryBudget, what: str, nbytes: int) -> Iterator[None]:
     """Probe and uploads are admitted like inference: a place among the admitted (RESOURCE_EXHAUSTED
-    when full) and their bytes reserved in the budget; no worker slot (upload checks run in ``checker``'s
+    when full) and their bytes reserved in the budget; no worker slot (upload checks run in ``upload.CHECKER``'s
     child)."""
     if not admission.admit():
         raise RpcFailure(

@@ -20,7 +20,7 @@ Both keep a worker free for the others' next request instead of lending it out f
 is not a CPU: the runs of a client over its share (jobs still waiting when it is granted one, another
 client active: ``over_share``) run at a lower OS priority (``cloud.capacity.niced``), so the CPU they share with a
 light client's run, and with the server's own I/O, goes to those first. (Upload
-checks take no worker: they run in a child process of their own at a lower priority, ``checker``.)
+checks take no worker: they run in a child process of their own at a lower priority, ``upload.CHECKER``.)
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 written to a file; the server's process only opens that file with onnxruntime.
 
 Why: parsing, splitting and serialising hold the interpreter's lock (GIL) for long stretches, and every
-request's thread waits for it; onnxruntime loading a *file* releases it. In the child, at ``checker.NICE``,
-that work holds no lock of the server's, and the server keeps no whole-model graph to build tails.
+request's thread waits for it; onnxruntime loading a *file* releases it. In a child (``children``), that
+work holds no lock of the server's, and the server keeps no whole-model graph to build tails.
 
 - ``Builder(max_workers)``: ``.make(path, root, sha256, cut_id, max_nodes) -> Made`` (the segment's file,
   its inputs as declared, its skeleton for ``peak``, its weights' bytes, its peak estimate at fixed input
@@ -14,21 +14,18 @@ that work holds no lock of the server's, and the server keeps no whole-model gra
   a failure that cannot change (``LASTING``: the model is named by its bytes' hash) is answered again
   without the child: per model when it did not load (or has no such ``~steps``), else per cut.
   ``.check_known(path, sha256, cut_id)`` raises those answers alone (a caller's check before it takes a
-  worker slot). ``.warm()`` starts the child(ren) now; ``.close()`` stops them at once and removes the files' directory.
+  worker slot). ``.children.warm()`` starts the children now; ``.close()`` stops them at once and removes
+  the files' directory.
   The caller deletes each ``Made.path`` once its session is open.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import shutil
 import tempfile
 import threading
 import uuid
 from collections import OrderedDict
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,7 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.common import RpcFailure, disk_failure
-from splitrt.cloud.models.checker import child_init
+from splitrt.cloud.models.children import Children
 from splitrt.errors import CutError
 from splitrt.graph.memory import tensor_bytes
 
@@ -90,7 +87,6 @@ def segment_of(graph: Any, sha256: str, cut_id: str, root: Path) -> Any:
 def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None, out: str) -> tuple[Any, ...]:
     """In the child: ("ok", inputs, skeleton bytes, weights bytes, static peak, cut ids) with the segment
     written to ``out``, or ("error", code name, message, cut ids or None)."""
-    from splitrt.cloud.capacity.memory import trim
     from splitrt.cloud.models.store import load_graph
     from splitrt.graph import model as graph_mod
     from splitrt.graph import partition
@@ -124,8 +120,6 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
         return ("ok", inputs, skel_model.SerializeToString(), weights, _static_peak(skel_model, inputs), ids)
     except RpcFailure as exc:
         return ("error", exc.code.name, exc.message, ids)
-    finally:
-        trim()
 
 
 def _static_peak(skel: Any, inputs: list[tuple[str, str, Any]]) -> Any:
@@ -139,12 +133,11 @@ def _static_peak(skel: Any, inputs: list[tuple[str, str, Any]]) -> Any:
 
 
 class Builder:
-    """A pool of ``max_workers`` child processes making segments (started on first use or ``warm``)."""
+    """Segments made by ``max_workers`` child processes (started on first use or ``children.warm``)."""
 
     def __init__(self, max_workers: int = 1) -> None:
-        self.max_workers = max_workers
+        self.children = Children("building a tail", max_workers=max_workers, imports=("onnx",))
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
         self._dir: str | None = None
         self._closed = False
         # Cut ids per model (sha256, ``~steps`` included), as the child enumerated them: a request naming
@@ -154,48 +147,23 @@ class Builder:
         # (sha256, cut id, or "" for every cut of a model that did not load) -> (code name, message).
         self._failed: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
 
-    def _ensure(self) -> tuple[ProcessPoolExecutor, str]:
+    def _directory(self) -> str:
         with self._lock:
-            if self._closed:  # a call still running after the server stopped: no new children
+            if self._closed:  # a call still running after the server stopped: no new directory
                 raise RpcFailure(grpc.StatusCode.UNAVAILABLE, "the server is shutting down: no tail is built now")
-            if self._pool is None:
-                ctx = multiprocessing.get_context("spawn")
-                self._pool = ProcessPoolExecutor(
-                    max_workers=self.max_workers, mp_context=ctx, initializer=child_init, initargs=(os.getpid(), "onnx")
-                )
             if self._dir is None:
                 try:
                     self._dir = tempfile.mkdtemp(prefix="splitrt-segments-")
                 except OSError as exc:
                     raise disk_failure(exc, "building a tail") from exc
-            return self._pool, self._dir
-
-    def warm(self) -> None:
-        pool, _ = self._ensure()
-        for _ in range(self.max_workers):
-            pool.submit(_noop)
+            return self._dir
 
     def make(self, path: Path, root: Path, sha256: str, cut_id: str, max_nodes: int | None) -> Made:
         self.check_known(path, sha256, cut_id)
-        pool, directory = self._ensure()
-        out = Path(directory) / f"{uuid.uuid4().hex}.onnx"
+        out = Path(self._directory()) / f"{uuid.uuid4().hex}.onnx"
+        what = f"building the tail of cut {cut_id!r}"
         try:
-            result = pool.submit(_make, str(path), str(root), sha256, cut_id, max_nodes, str(out)).result()
-        except BrokenProcessPool as exc:  # stopped by ``close``, or killed (out of memory, most likely)
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-                closed = self._closed
-            out.unlink(missing_ok=True)
-            if closed:
-                raise RpcFailure(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"the server is shutting down: the tail of cut {cut_id!r} was not built",
-                ) from exc
-            raise RpcFailure(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"building the tail of cut {cut_id!r}: expected its process to finish, got it killed (out of memory?)",
-            ) from exc
+            result = self.children.run(_make, str(path), str(root), sha256, cut_id, max_nodes, str(out), what=what)
         except BaseException:
             out.unlink(missing_ok=True)
             raise
@@ -241,20 +209,11 @@ class Builder:
                 )
 
     def close(self) -> None:
-        """Stop the children now (a segment in progress is abandoned: its build fails, as the server is
-        stopping; a 60 000-node model takes seconds to split and must not hold up the exit) and remove
-        the segments' directory."""
+        """Stop the children now, for good (a segment in progress is abandoned: its build fails UNAVAILABLE,
+        as the server is stopping) and remove the segments' directory."""
+        self.children.stop(terminate=True, final=True)
         with self._lock:
-            pool, self._pool = self._pool, None
             directory, self._dir = self._dir, None
             self._closed = True
-        if pool is not None:
-            for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                proc.terminate()
-            pool.shutdown(wait=True, cancel_futures=True)
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
-
-
-def _noop() -> None:
-    pass

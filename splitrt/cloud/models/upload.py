@@ -15,7 +15,10 @@ What an upload can and cannot do to the server's disk:
 - pace (``pace``, in the servicer): an upload below ``UploadPace.min_rate_bytes_per_s`` after its grace, or
   past its deadline, is cut while it waits; its file is removed and its quota freed at once;
 - the check (``graph.model.load``: normalise, constant folding bounded in size before it computes, shape
-  inference) runs inside ``guard(bytes)``: a worker slot and its memory reserved, like a request;
+  inference) runs inside ``guard(bytes)`` (a place among the admitted and its memory reserved, like a
+  request; no worker slot) in ``CHECKER``'s child at a lower CPU priority (``children``), so a client's heavy
+  upload delays mostly itself. One child per process, started with a server that accepts uploads
+  (``CHECKER.warm()``) or on first use, stopped after ``CHECK_IDLE_S`` without a check;
 - only then is the file fsynced and renamed (atomically) to ``<store>/<sha256>.onnx``. A failed, cancelled
   or refused upload removes its temporary file; one a killed server left is removed by the next
   ``ModelStore``.
@@ -34,7 +37,7 @@ from pathlib import Path
 import grpc
 
 from splitrt.cloud.common import RpcFailure, disk_failure, log_event
-from splitrt.cloud.models import checker
+from splitrt.cloud.models.children import Children
 from splitrt.cloud.models.store import ModelStore
 from splitrt.graph.walk import count_nodes, external_locations, sparse_initializers
 from splitrt.transport import splitrt_pb2 as pb
@@ -43,6 +46,12 @@ _HEX = frozenset("0123456789abcdef")
 # Graph outputs an upload may have: each cut lists the outputs its head makes, so a tail build costs
 # O(outputs^2) memory; real models have a few (detection heads: tens).
 MAX_OUTPUTS = 1024
+# A checker child without a check for this long is stopped (its memory back to the OS).
+CHECK_IDLE_S = 300.0
+# The uploads' checks, one at a time, in a child that has imported what a check needs (the store's load).
+CHECKER = Children(
+    "upload check", imports=("onnx", "splitrt.cloud.models.store", "splitrt.graph.model"), idle_s=CHECK_IDLE_S
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,8 +133,8 @@ def receive_model(
     try:
         size = _write(tmp, first, it, sha, limit, charge)
         with guard(size) if guard is not None else nullcontext():
-            # In a child at a lower priority (``checker``): seconds of CPU that do not slow the requests.
-            checker.run(_check_model, tmp, store.root, quota.max_nodes)
+            # In a child at a lower priority: seconds of CPU that do not slow the requests.
+            CHECKER.run(_check_model, tmp, store.root, quota.max_nodes)
         final = store.root / f"{sha}.onnx"
         os.replace(tmp, final)
         store.add(sha, final)

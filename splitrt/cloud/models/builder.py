@@ -87,22 +87,16 @@ def segment_of(graph: Any, sha256: str, cut_id: str, root: Path) -> Any:
 def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None, out: str) -> tuple[Any, ...]:
     """In the child: ("ok", inputs, skeleton bytes, weights bytes, static peak, cut ids) with the segment
     written to ``out``, or ("error", code name, message, cut ids or None)."""
-    from splitrt.cloud.models.store import load_graph
-    from splitrt.graph import model as graph_mod
+    from splitrt.cloud.models.store import load_graph, specialised
     from splitrt.graph import partition
     from splitrt.graph.peak import skeleton
 
     ids: list[str] | None = None
     try:
         graph = load_graph(Path(path), Path(root), max_nodes)
-        _, steps, key = sha256.partition("~")
+        base, steps, key = sha256.partition("~")
         if steps:  # "<sha256>~<steps>": the model specialised by those steps (``store.ModelStore.graph``)
-            try:
-                graph = graph_mod.derived(graph, key)
-            except Exception as exc:
-                raise RpcFailure(
-                    grpc.StatusCode.NOT_FOUND, f"model sha256 {sha256[:12]} has no specialisation {key!r}: {exc}"
-                ) from exc
+            graph = specialised(graph, base, key)
         ids = [c.id for c in graph.cuts()]
         segment = segment_of(graph, sha256, cut_id, Path(root))
         del graph

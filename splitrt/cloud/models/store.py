@@ -120,6 +120,20 @@ def load_graph(path: Path, root: Path, max_nodes: int | None) -> Any:
     return graph
 
 
+def specialised(graph: Any, base: str, key: str) -> Any:
+    """The model ``base``'s ``graph`` specialised by the steps ``key`` (``<sha256>~<steps>``:
+    ``graph.specialise``, a device bound with a sample that fixes a top-level If); NOT_FOUND for steps
+    that do not apply. What the store and the segment builder's child both derive."""
+    from splitrt.graph import model as graph_mod
+
+    try:
+        return graph_mod.derived(graph, key)
+    except Exception as exc:  # ModelError (steps that do not apply), or onnx on a strange model
+        raise RpcFailure(
+            grpc.StatusCode.NOT_FOUND, f"model sha256 {base[:12]} has no specialisation {key!r}: {exc}"
+        ) from exc
+
+
 @dataclass
 class _ModelEntry:
     sha256: str
@@ -228,8 +242,7 @@ class ModelStore:
 
     def graph(self, sha256: str) -> Any:
         """The model's graph, loaded once. ``<sha256>~<steps>`` names the model specialised by those
-        steps (``graph.specialise``: a device bound with a sample that fixes a top-level If), derived
-        here from the stored file and kept like a model of its own."""
+        steps (``specialised``), derived here from the stored file and kept like a model of its own."""
         base, sep, key = sha256.partition("~")
         if sep:
             return self._derived(base, key)
@@ -311,16 +324,12 @@ class ModelStore:
             with self._lock:
                 hit = self._specialised.get(name)
             if hit is None or hit[0]() is not graph:  # new, or its base was evicted and loaded again
-                from splitrt.graph import model as graph_mod
-
                 try:
-                    derived = graph_mod.derived(graph, key)
-                except Exception as exc:  # ModelError (steps that do not apply), or onnx on a strange model
+                    derived = specialised(graph, base, key)
+                except RpcFailure:
                     with self._lock:
                         self._graph_locks.pop(name, None)  # made-up steps must not grow this dict
-                    raise RpcFailure(
-                        grpc.StatusCode.NOT_FOUND, f"model sha256 {base[:12]} has no specialisation {key!r}: {exc}"
-                    ) from exc
+                    raise
                 hit = (weakref.ref(graph), derived)
                 with self._lock:
                     self._specialised[name] = hit

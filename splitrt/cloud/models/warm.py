@@ -165,29 +165,25 @@ class Recorder:
 
     def flush(self) -> None:
         """Write what changed since the last write (the server's stop), after any write in progress."""
+        self._write(only_changed=True)
+
+    def _write(self, *, only_changed: bool = False) -> None:
+        """Write the pairs as they are now, after any write in progress (snapshots reach the disk in order;
+        ``served`` never waits for the disk: ``_lock`` is not held while writing)."""
         with self._write_lock:
             with self._lock:
-                changed = self._changed or self._new
-            if changed:
-                self._write_held()
-
-    def _write(self) -> None:
-        with self._write_lock:
-            self._write_held()
-
-    def _write_held(self) -> None:
-        """Write the pairs as they are now (``_write_lock`` held: snapshots reach the disk in order)."""
-        with self._lock:
-            pairs = list(reversed(self._pairs))
-            self._new = self._changed = False
-            self._last_write = self._clock()
-        try:
-            write_pairs(self.path, pairs)
-            self.writes += 1
-        except OSError as exc:
-            if not self._warned:  # a read-only models directory: say it once, serve on
-                self._warned = True
-                log_event("warm_file_unwritable", logging.WARNING, file=str(self.path), error=str(exc)[:300])
+                if only_changed and not (self._changed or self._new):
+                    return
+                pairs = list(reversed(self._pairs))
+                self._new = self._changed = False
+                self._last_write = self._clock()
+            try:
+                write_pairs(self.path, pairs)
+                self.writes += 1
+            except OSError as exc:
+                if not self._warned:  # a read-only models directory: say it once, serve on
+                    self._warned = True
+                    log_event("warm_file_unwritable", logging.WARNING, file=str(self.path), error=str(exc)[:300])
 
 
 def _remove_stale(path: Path) -> None:
@@ -334,23 +330,13 @@ def warm_up(
         try:
             build(sha256, cut_id)
             counts["built"] += 1
-        except RpcFailure as exc:
-            if exc.code == grpc.StatusCode.UNAVAILABLE:  # the server is stopping
-                break
-            counts["failed"] += 1
-            log_event(
-                "warm_failed",
-                logging.WARNING,
-                model=sha256[:12],
-                cut=cut_id,
-                code=exc.code.name,
-                error=exc.message[:300],
-            )
         except Exception as exc:  # a warm-up never takes the server down; say what failed
+            if isinstance(exc, RpcFailure) and exc.code == grpc.StatusCode.UNAVAILABLE:  # the server is stopping
+                break
+            said = exc.message if isinstance(exc, RpcFailure) else f"{type(exc).__name__}: {exc}"
+            code = exc.code.name if isinstance(exc, RpcFailure) else "UNKNOWN"
             counts["failed"] += 1
-            log_event(
-                "warm_failed", logging.WARNING, model=sha256[:12], cut=cut_id, error=f"{type(exc).__name__}: {exc}"
-            )
+            log_event("warm_failed", logging.WARNING, model=sha256[:12], cut=cut_id, code=code, error=said[:300])
         counts["left"] -= 1
     if touch is not None:
         touch(list(pairs))

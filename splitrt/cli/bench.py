@@ -199,7 +199,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def table_text(result: dict[str, Any]) -> str:
     rows = []
-    for name in rigbench.STRATEGIES:
+    for name in rigbench.TWO_TIER:
         s = result["strategies"].get(name)
         if s is None:
             continue

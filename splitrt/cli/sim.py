@@ -107,10 +107,10 @@ def sim_cell(
         table,
         rtt,
     )
-    if strategies is not None:
-        if not {"adaptive", "route"} <= set(strategies):
-            raise ConfigError(f"strategies: expected adaptive and route among them, got {list(strategies)}")
-        policies = {n: p for n, p in policies.items() if n in strategies}
+    if strategies is not None and not {"adaptive", "route"} <= set(strategies):
+        raise ConfigError(f"strategies: expected adaptive and route among them, got {list(strategies)}")
+    keep = strategies if strategies is not None else rigbench.STRATEGIES  # the hold ablation when named
+    policies = {n: p for n, p in policies.items() if n in keep}
     runs = sim.simulate_all(table, policies, played, cfg)
     if strategies is None:  # static-best: the best single plan for this cell in hindsight (per-cell oracle)
         candidates = {
@@ -304,7 +304,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         print(json.dumps(r, default=float))
         return 0
     rows = []
-    for name in [n for n in [*rigbench.STRATEGIES, "static-best"] if n in r["strategies"]]:
+    for name in [n for n in [*rigbench.TWO_TIER, "static-best"] if n in r["strategies"]]:
         s = r["strategies"][name]
         plans = ", ".join(f"{p} x{n}" for p, n in sorted(s["plans"].items(), key=lambda kv: -kv[1])[:3])
         rows.append((name, s["mean_ms"], s["p50_ms"], s["p95_ms"], s["p99_ms"], s["completed"], s["switches"], plans))

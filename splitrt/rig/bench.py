@@ -27,7 +27,9 @@ from splitrt.rig.stats import burst_intervals, measured_costs
 from splitrt.rig.strategies import ONLY_THREE, ONLY_TWO, ORACLE_REFS
 from splitrt.rig.tracespec import family_median_mbps, load_trace, trace_family
 
-STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_THREE)  # two tiers (bench, fleet)
+# two tiers (bench, fleet); the hold ablation only when named (``strategies.HOLD_ABLATION``)
+TWO_TIER = tuple(n for n in strategies.STRATEGIES if n not in ONLY_THREE)
+STRATEGIES = tuple(n for n in TWO_TIER if n != strategies.HOLD_ABLATION)
 TIER_STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_TWO)
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 TIER_DEFAULTS = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive")
@@ -161,7 +163,7 @@ def strategy_policies(cfg: BenchConfig, table: Any, rtt_ms: float) -> dict[str, 
 
     family = family_median_mbps(trace_family(load_trace(cfg.trace)))
     link = Link(bandwidth_mbps=family * cfg.bandwidth_scale, rtt_ms=rtt_ms)
-    names = [n for n in STRATEGIES if n not in ORACLE_REFS]
+    names = [n for n in TWO_TIER if n not in ORACLE_REFS]
     got = strategies.choose(
         names, [table, table], [link], fixed_mbps=family, codecs=cfg.codecs, periodic_s=cfg.periodic_s
     )

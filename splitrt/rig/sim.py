@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
 from splitrt.plan.solver import parse_plan
 from splitrt.rig import traces
 from splitrt.rig.stats import in_intervals, transfer_ms
+from splitrt.rig.strategies import HOLD_ABLATION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -297,8 +298,13 @@ def simulate(
 def simulate_all(
     table: Any, policies: dict[str, str], played: traces.Trace, cfg: SimConfig
 ) -> dict[str, list[SimRequest]]:
-    """Every strategy over the same window (``device-only`` runs without a cloud, as in the rig)."""
-    return {name: simulate(table, pol, played, cfg, with_cloud=name != "device-only") for name, pol in policies.items()}
+    """Every strategy over the same window (``device-only`` runs without a cloud, as in the rig; the hold
+    ablation with ``hold_drift_fraction`` 0, as the rig's worker runs it)."""
+    held = replace(cfg, controller=replace(cfg.controller, hold_drift_fraction=0.0))
+    return {
+        name: simulate(table, pol, played, held if name == HOLD_ABLATION else cfg, with_cloud=name != "device-only")
+        for name, pol in policies.items()
+    }
 
 
 def latencies(reqs: Sequence[SimRequest]) -> list[float]:

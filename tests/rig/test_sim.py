@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -130,3 +131,12 @@ def test_route_uses_only_device_and_cloud_and_splitting_can_beat_it() -> None:
     assert {r.plan for r in route} <= {"device", "cloud@fp32"}
     assert {r.plan for r in ad[8:]} == {"mid@fp32"}
     assert statistics.fmean(r.latency_ms for r in route[8:]) > 1.5 * statistics.fmean(r.latency_ms for r in ad[8:])
+
+
+def test_the_hold_ablation_runs_adaptive_without_added_up_gains() -> None:
+    link, c = traces.constant(3.0, 60.0), cfg(jitter=0.1)  # near the breakeven: holds matter
+    runs = sim.simulate_all(TABLE, {"adaptive": "adaptive", "adaptive-hold": "adaptive"}, link, c)
+    held = replace(c, controller=replace(c.controller, hold_drift_fraction=0.0))
+    assert sim.latencies(runs["adaptive-hold"]) == sim.latencies(sim.simulate(TABLE, "adaptive", link, held))
+    assert sim.latencies(runs["adaptive"]) == sim.latencies(sim.simulate(TABLE, "adaptive", link, c))
+    assert sim.latencies(runs["adaptive"]) != sim.latencies(runs["adaptive-hold"])

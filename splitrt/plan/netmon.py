@@ -30,6 +30,11 @@ which every plan that sends was priced with), and a spike (a retransmit, a GC pa
 follows a persistent rise within ``rtt_window`` samples, a fall at once. Transfers are corrected with the
 same minimum, so queueing in the RTT samples never makes the bandwidth look higher than it is.
 
+A lone slow sample is news until the next sample: the estimate drops at once, and if the next sample is
+back within ``step_ratio`` of the estimate before it, the slow one is dropped (at most one per
+``forgive_slow_s``: a link whose transfers are often slow keeps them), so one stalled transfer does not
+hold a low estimate for ``max_sample_age_s`` while the plan it caused sends nothing to contradict it.
+
 Small transfers are RTT-dominated: their ``seconds`` minus the RTT is mostly noise. A sample counts
 for bandwidth only if it has at least ``min_bytes`` and its transfer part (``seconds - rtt``) is at
 least ``min_transfer_fraction`` of its duration; otherwise it is ignored (counted in ``ignored``),
@@ -114,6 +119,12 @@ class LinkConfig:
     max_sample_age_s: float | None = 3.0
     # A sample counts half per this many seconds it is older than the newest (module doc); None: all alike.
     recency_half_life_s: float | None = 0.15
+    # A lone slow sample that the next one contradicts (back within step_ratio of the estimate before
+    # it) is dropped then: one stalled transfer on a busy host (453 ms among 190 ms ones on the rig)
+    # pulled the estimate from 5 to 0.85 Mbit/s and held it there for max_sample_age_s, while the plan it
+    # sent to the device carried no transfer to contradict it. At most one per this many seconds, so a
+    # link whose transfers are often slow keeps them all. None: never dropped.
+    forgive_slow_s: float | None = 3.0
     # Probe when bandwidth or RTT has no sample this recent. 0.5 s: after a dip sends the plan to the
     # device, only probes tell when the link is back (bench/bench_sim.py over the HSDPA traces: adaptive
     # vs the best fixed strategy worst 1.017 at 0.5 s, 1.025 at 1 s). A bandwidth probe takes about two
@@ -192,6 +203,8 @@ class LinkEstimator:
         self.ignored = 0
         self.floors = 0  # RTT-dominated transfers counted as a lower bound (see add_transfer)
         self.steps = 0
+        self.forgiven = 0  # lone slow samples dropped (LinkConfig.forgive_slow_s)
+        self._forgiven_s: float | None = None
 
     # -- feeding ---------------------------------------------------------------------------------
     def add_rtt(self, now_s: float, rtt_ms: float) -> None:
@@ -267,6 +280,10 @@ class LinkEstimator:
                 side = 1
             elif mbps < before / cfg.step_ratio:
                 side = -1
+        if side == 0 and self._pending == 1 and self._pending_side == -1 and self._forgivable(now_s):
+            self._rates.pop()  # the lone slow sample (the newest): this one says the link is as before
+            self._forgiven_s = now_s
+            self.forgiven += 1
         if side != 0 and side == self._pending_side:
             self._pending += 1
         elif side != 0:
@@ -285,6 +302,10 @@ class LinkEstimator:
                 self._rates.popleft()
         # the window may have pushed settled samples out: pending can never exceed the window
         self._pending = min(self._pending, len(self._rates))
+
+    def _forgivable(self, now_s: float) -> bool:
+        window = self.config.forgive_slow_s
+        return window is not None and (self._forgiven_s is None or now_s - self._forgiven_s >= window)
 
     def probe_started(self, now_s: float) -> None:
         """Tell the estimator a probe went out, so :meth:`needs_probe` does not ask again at once."""

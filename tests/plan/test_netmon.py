@@ -36,8 +36,32 @@ def test_estimate_lies_within_the_samples(rates: list[float]) -> None:
     est = fed(rates)
     bw = est.estimate(len(rates)).bandwidth_mbps
     assert min(rates) * (1 - 1e-6) <= bw <= max(rates) * (1 + 1e-6)
-    window = rates[-est.samples :]
+    kept = fed(rates, config=LinkConfig(forgive_slow_s=None))  # every sample stays: the window is the last ones
+    bw = kept.estimate(len(rates)).bandwidth_mbps
+    window = rates[-kept.samples :]
     assert min(window) * (1 - 1e-6) <= bw <= max(window) * (1 + 1e-6)
+
+
+def test_a_lone_slow_sample_the_next_contradicts_is_dropped() -> None:
+    est = fed([5.0] * 4)
+    est.add_transfer(4.0, BYTES, transfer_s(0.4))  # one stalled transfer
+    assert est.estimate(4.0).bandwidth_mbps < 2.0  # news at once: the plan may leave the link
+    est.add_transfer(4.5, BYTES, transfer_s(4.0))  # the next one (a probe) says the link is as before
+    assert est.estimate(4.5).bandwidth_mbps > 4.0 and est.forgiven == 1
+    kept = fed([5.0] * 4, config=LinkConfig(forgive_slow_s=None))
+    kept.add_transfer(4.0, BYTES, transfer_s(0.4))
+    kept.add_transfer(4.5, BYTES, transfer_s(4.0))
+    # kept, the stall still weighs (less as it ages: recency weighting)
+    assert kept.estimate(4.5).bandwidth_mbps < 0.6 * est.estimate(4.5).bandwidth_mbps and kept.forgiven == 0
+
+
+def test_slow_samples_that_recur_are_kept() -> None:
+    """Alternating stalls are the link, not an accident: only one is forgiven per forgive_slow_s."""
+    est = fed([5.0] * 4)
+    for t in (4.0, 4.5, 5.0, 5.5, 6.0, 6.5):
+        est.add_transfer(t, BYTES, transfer_s(0.4 if t % 1 == 0 else 5.0))
+    assert est.forgiven == 1
+    assert est.estimate(6.5).bandwidth_mbps < 0.6 * 5.0  # the later stalls still weigh
 
 
 @given(rate, st.integers(min_value=1, max_value=30))

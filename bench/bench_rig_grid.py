@@ -2,8 +2,9 @@
 an emulated Raspberry Pi 4, over the parts of ``GRID``: resnet50 and inception_v1 at bandwidth scale 1
 with load none and device-burst; squeezenet at scale 1 and 5 on a busy board (device-busy). Prints one
 row per cell (and --json), adaptive against the best router (route, route-codec) per cell with a 95 %
-bootstrap over turns, and with ``adaptive-hold`` among the strategies the controller before held gains
-added up beside it. One rig (calibrated once) serves every cell.
+bootstrap over turns, and the ablations among the strategies beside it (``ABLATIONS``: adaptive-hold, the
+controller before held gains added up; adaptive-keep, the link estimate before a lone slow sample was
+dropped). One rig (calibrated once) serves every cell.
 
 Targets per cell: adaptive mean <= 1.10 x oracle mean, adaptive p95 <= 1.15 x oracle p95, adaptive mean
 <= 1.02 x the best of device-only, cloud-only, static and periodic, zero failed requests.
@@ -253,9 +254,7 @@ def regret_text(rows: list[dict[str, Any]]) -> str:
     calls = []
     for x in done:
         s = x["strategies"]
-        others = [
-            n for n in s if n not in ("adaptive", "adaptive-hold", "oracle", "oracle-route", "route", "route-codec")
-        ]
+        others = [n for n in s if n not in ("adaptive", *ABLATIONS, "oracle", "oracle-route", "route", "route-codec")]
         if not others:  # a grid of the routers only: the router table says it
             continue
         best = min(others, key=lambda n: s[n]["mean_ms"])
@@ -355,18 +354,23 @@ def router_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: Ablations reported beside adaptive when a cell ran them: strategy -> (key in the JSON, what it is).
+ABLATIONS = {
+    "adaptive-hold": ("hold", "the controller before held gains added up"),
+    "adaptive-keep": ("keep", "the link estimate before a lone slow sample was dropped"),
+}
+
+
 def _ablation(x: dict[str, Any], best: str) -> dict[str, Any]:
-    """``adaptive-hold`` (the controller before held gains added up), when the cell ran it: its ratio to
-    the same best router, the 95 % interval and its plans, beside adaptive's."""
-    s = x["strategies"]
-    if "adaptive-hold" not in s:
-        return {}
-    ci = regret.bootstrap_ratio(by_turn(x, "adaptive-hold"), by_turn(x, best))
-    return {
-        "hold_ratio": s["adaptive-hold"]["mean_ms"] / s[best]["mean_ms"],
-        "hold_ci": list(ci),
-        "hold_plans": _top(s["adaptive-hold"].get("plans", {})),
-    }
+    """Each ablation the cell ran (``ABLATIONS``): its ratio to the same best router, the 95 % interval
+    and its plans, beside adaptive's."""
+    s, out = x["strategies"], {}
+    for name, (key, _) in ABLATIONS.items():
+        if name in s:
+            out[f"{key}_ratio"] = s[name]["mean_ms"] / s[best]["mean_ms"]
+            out[f"{key}_ci"] = list(regret.bootstrap_ratio(by_turn(x, name), by_turn(x, best)))
+            out[f"{key}_plans"] = _top(s[name].get("plans", {}))
+    return out
 
 
 #: The grid's parts, each over every trace (issue 34: the cases a user meets). resnet50 and inception_v1
@@ -397,9 +401,13 @@ def router_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not cells:
         return {}
     calls = [c["call"] for c in cells]
-    held = [c["hold_ratio"] for c in cells if "hold_ratio" in c]
+    ablated = {
+        f"geomean_{key}": math.exp(statistics.fmean(math.log(c[f"{key}_ratio"]) for c in cells if f"{key}_ratio" in c))
+        for key, _ in ABLATIONS.values()
+        if any(f"{key}_ratio" in c for c in cells)
+    }
     return {
-        **({"geomean_hold": math.exp(statistics.fmean(math.log(r) for r in held))} if held else {}),
+        **ablated,
         "cells": cells,
         "geomean": math.exp(statistics.fmean(math.log(c["ratio"]) for c in cells)),
         "geomean_split_half": math.exp(statistics.fmean(math.log(c["ratio_split_half"]) for c in cells)),
@@ -439,27 +447,27 @@ def router_text(rows: list[dict[str, Any]]) -> str:
         f"the same with the best router chosen on the other half of the turns (no winner's curse): geometric "
         f"mean {summ['geomean_split_half']:.3f}",
     ]
-    if "geomean_hold" in summ:
+    for name, (key, what) in ABLATIONS.items():
+        if f"geomean_{key}" not in summ:
+            continue
         lines.append(
             render(
-                ["cell", "adaptive / router", "95 % CI", "adaptive-hold / router", "95 % CI", "adaptive-hold's plans"],
+                ["cell", "adaptive / router", "95 % CI", f"{name} / router", "95 % CI", f"{name}'s plans"],
                 [
                     [
                         c["cell"],
                         f"{c['ratio']:.3f}",
                         "{:.3f}-{:.3f}".format(*c["ci"]),
-                        f"{c['hold_ratio']:.3f}",
-                        "{:.3f}-{:.3f}".format(*c["hold_ci"]),
-                        c["hold_plans"],
+                        f"{c[key + '_ratio']:.3f}",
+                        "{:.3f}-{:.3f}".format(*c[key + "_ci"]),
+                        c[key + "_plans"],
                     ]
                     for c in cells
-                    if "hold_ratio" in c
+                    if key + "_ratio" in c
                 ],
             )
         )
-        lines.append(
-            f"adaptive-hold (before: gains within the margin held for good): geometric mean {summ['geomean_hold']:.3f}"
-        )
+        lines.append(f"{name} ({what}): geometric mean {summ['geomean_' + key]:.3f}")
     if summ["wins"]:
         lines.append(f"cells where adaptive beats the best router by >= {100 * (WIN - 1):.0f} %:")
         for c in summ["wins"]:

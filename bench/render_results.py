@@ -207,31 +207,29 @@ def rig_grid_tables(doc: dict[str, Any]) -> list[Table]:
                 ],
             )
         )
-        held = [c for c in r["cells"] if "hold_ratio" in c]
-        if held:
+        for name, key, what in (
+            ("adaptive-hold", "hold", "the controller before held gains added up"),
+            ("adaptive-keep", "keep", "the link estimate before a lone slow sample was dropped"),
+        ):
+            ablated = [c for c in r["cells"] if f"{key}_ratio" in c]
+            if not ablated:
+                continue
             out.append(
                 (
-                    "adaptive against adaptive-hold (the controller before held gains added up), same run",
-                    [
-                        "cell",
-                        "adaptive / router",
-                        "95 % CI",
-                        "adaptive-hold / router",
-                        "95 % CI",
-                        "adaptive-hold's plans",
-                    ],
+                    f"adaptive against {name} ({what}), in the same run",
+                    ["cell", "adaptive / router", "95 % CI", f"{name} / router", "95 % CI", f"{name}'s plans"],
                     [
                         [
                             c["cell"],
                             c["ratio"],
                             "{:.3f}-{:.3f}".format(*c["ci"]),
-                            c["hold_ratio"],
-                            "{:.3f}-{:.3f}".format(*c["hold_ci"]),
-                            c["hold_plans"],
+                            c[f"{key}_ratio"],
+                            "{:.3f}-{:.3f}".format(*c[f"{key}_ci"]),
+                            c[f"{key}_plans"],
                         ]
-                        for c in held
+                        for c in ablated
                     ]
-                    + [["geometric mean", r["geomean"], "", r.get("geomean_hold", ""), "", ""]],
+                    + [["geometric mean", r["geomean"], "", r.get(f"geomean_{key}", ""), "", ""]],
                 )
             )
         out.append(

@@ -11,7 +11,8 @@ edge (``AdaptiveDevice`` over the three tiers): ``edge-only`` (the edge runs the
 (the best cut pair at the hops' medians, the runtime's ``fixed:PLAN``) and ``adaptive``. ``adaptive-hold``
 (two tiers) is adaptive whose hysteresis holds any gain within its margin for good
 (``ControllerConfig.hold_drift_fraction`` 0, the controller before gains that persist added up): the
-before of that change, side by side in one run (``HOLD_ABLATION``). ``oracle`` and
+before of that change, side by side in one run (``HOLD_ABLATION``); ``adaptive-keep`` is adaptive whose
+link estimate keeps a lone slow sample (``LinkConfig.forgive_slow_s`` None, ``SLOW_ABLATION``). ``oracle`` and
 ``oracle-route`` are computed afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
 """
 
@@ -41,6 +42,7 @@ STRATEGIES = (
     "adaptive-2tier",
     "adaptive",
     "adaptive-hold",
+    "adaptive-keep",
     "oracle",
     "oracle-route",
 )
@@ -55,6 +57,8 @@ ONLY_TWO = (
 ONLY_THREE = ("static-2tier", "edge-only", "static-3tier", "adaptive-2tier")
 #: The ablation strategy: adaptive with ``ControllerConfig(hold_drift_fraction=0)`` (the worker sets it).
 HOLD_ABLATION = "adaptive-hold"
+#: The ablation strategy: adaptive with ``LinkConfig(forgive_slow_s=None)`` (the worker sets it).
+SLOW_ABLATION = "adaptive-keep"
 FIXED = ("device-only", "cloud-only", "static", "static-2tier", "static-fixed", "edge-only", "static-3tier")
 
 

@@ -22,6 +22,16 @@ what the plan's next frame will weigh: ``Corrections`` keeps, per plan, the rati
 bytes priced (the first request's, then half of each new one's; no decay: a frame does not grow stale the
 way a cost does), and the controller prices the upload with it (``bytes_ratio``).
 
+A plan whose uploads are too small to tell the link's rate (RTT-dominated) lets the bandwidth estimate go
+stale, so the device probes it: a probe of twice the RTT at the link's rate, which the plan's next request
+may queue behind (12.6 Mbit/s, 80 ms: some requests waited ~100-160 ms and mid, priced ~220 ms with its
+correction, cost 262 ms). That wait is the plan's: no estimator prices it, and the excess's step bound
+treats each long wait as an outlier. ``Corrections`` keeps, per plan, the mean wait its requests met
+(``Observation.probe_wait_ms``, ``WAIT_WEIGHT`` per request, each at most the plan's price), and
+``offset_ms`` adds it to the plan's mean excess. The link's sample keeps the wait: taking it out made a
+plan's own uploads RTT-dominated, bandwidth staler and probes more frequent (a fixed cloud plan went from
+200 to 299 ms in one drawn case).
+
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that
 its decayed price beats the plan in use, and one request there renews the evidence: a plan that stays
@@ -36,14 +46,14 @@ that made them) up to each decision's ``seen``.
 - ``CorrectionConfig(half_life_s=10, weight=0.5, max_step_fraction=0.15, min_step_ms=5, max_offset_ms=10000,
   enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most ``max_step_fraction`` of
   the smaller of the plan's price (``Observation.price_ms``) and what the request took, or ``min_step_ms``.
-- ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms, sent_bytes=0, priced_bytes=0)``: predicted,
-  the price of what no estimator
-  learns (the decision's encode + call terms); measured, what the request took beyond its head and its RPC
-  (on ``device``: beyond its run); ``price_ms`` the plan's whole price (bounds a step); ``sent_bytes`` what it
-  uploaded on its first hop and ``priced_bytes`` what the table priced there (0: not known, nothing learnt).
-  ``Observation.of_request(plan=, priced_ms=, total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=,
-  sent_bytes=0, priced_bytes=0)`` makes one from a request's figures. ``.to_json()`` /
-  ``Observation.from_json(dict)``.
+- ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms, sent_bytes=0, priced_bytes=0,
+  probe_wait_ms=0)``: predicted, the price of what no estimator learns (the decision's encode + call terms);
+  measured, what the request took beyond its head and its RPC (on ``device``: beyond its run); ``price_ms``
+  the plan's whole price (bounds a step); ``sent_bytes`` what it uploaded on its first hop and
+  ``priced_bytes`` what the table priced there (0: not known, nothing learnt); ``probe_wait_ms`` how long
+  of its RPC it queued behind the device's own bandwidth probe. ``Observation.of_request(plan=, priced_ms=,
+  total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=, sent_bytes=0, priced_bytes=0, probe_wait_ms=0)``
+  makes one from a request's figures. ``.to_json()`` / ``Observation.from_json(dict)``.
 - ``Corrections(config)``: ``.observe(obs) -> index``, ``.offset_ms(plan, now_s) -> ms``, ``.offsets(now_s)
   -> {plan: ms}`` (the plans with evidence), ``.bytes_ratio(plan) -> float`` (1: no evidence),
   ``.bytes_ms(table, plan, bandwidth_mbps)`` (that ratio's upload beyond the price), ``.bytes_plans()``, ``.seen``.
@@ -65,6 +75,11 @@ __all__ = ["CorrectionConfig", "Corrections", "Observation"]
 BYTES_RATIO_RANGE = (0.05, 20.0)
 #: ... and how far one request moves a plan's ratio toward its own.
 BYTES_WEIGHT = 0.5
+#: How far one request moves a plan's mean wait behind the device's own probes toward its own: about one
+#: request in four meets a probe (a probe every 0.5-1 s), so the mean is over about five. Not clipped by
+#: ``max_step_fraction`` (a wait is bounded by the probe the device chose to send: no stall of the host's),
+#: only by the plan's price.
+WAIT_WEIGHT = 0.2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,13 +123,14 @@ class Observation:
     price_ms: float = 0.0  # the plan's whole price (its terms, before correction): bounds one request's step
     sent_bytes: float = 0.0  # what the request uploaded on its first hop (0: not known)
     priced_bytes: float = 0.0  # what the table priced there (0: not known)
+    probe_wait_ms: float = 0.0  # of its RPC, the wait behind the device's own bandwidth probe on the wire
 
     def __post_init__(self) -> None:
         for name in ("predicted_ms", "measured_ms", "t_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or (name == "predicted_ms" and value < 0):
                 raise PlanError(f"observation {name}: expected a finite number (>= 0 if a price), got {value!r}")
-        for name in ("sent_bytes", "priced_bytes"):
+        for name in ("sent_bytes", "priced_bytes", "probe_wait_ms"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise PlanError(f"observation {name}: expected a finite number >= 0, got {value!r}")
@@ -131,6 +147,7 @@ class Observation:
         price_ms: float = 0.0,
         sent_bytes: float = 0.0,
         priced_bytes: float = 0.0,
+        probe_wait_ms: float = 0.0,
     ) -> Observation:
         """A request's observation (the runtime and ``rig.sim`` both make it so): ``priced_ms`` the
         decision's encode + call terms; what it took (``total_ms``) beyond its head (the whole model's run
@@ -145,6 +162,7 @@ class Observation:
             price_ms=price_ms,
             sent_bytes=sent_bytes,
             priced_bytes=priced_bytes,
+            probe_wait_ms=probe_wait_ms,
         )
 
     def to_json(self) -> dict[str, object]:
@@ -156,6 +174,7 @@ class Observation:
             "price_ms": self.price_ms,
             "sent_bytes": self.sent_bytes,
             "priced_bytes": self.priced_bytes,
+            "probe_wait_ms": self.probe_wait_ms,
         }
 
     @staticmethod
@@ -169,6 +188,7 @@ class Observation:
                 price_ms=float(d.get("price_ms", 0.0)),  # type: ignore[arg-type]
                 sent_bytes=float(d.get("sent_bytes", 0.0)),  # type: ignore[arg-type]
                 priced_bytes=float(d.get("priced_bytes", 0.0)),  # type: ignore[arg-type]
+                probe_wait_ms=float(d.get("probe_wait_ms", 0.0)),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"observation: expected plan, predicted_ms, measured_ms and t_s, got {d!r}") from exc
@@ -188,6 +208,7 @@ class Corrections:
         self.config = config or CorrectionConfig()
         self._plans: dict[str, _Evidence] = {}
         self._bytes: dict[str, float] = {}  # per plan: bytes sent / bytes priced
+        self._waits: dict[str, _Evidence] = {}  # per plan: the mean wait behind the device's own probes
         self.seen = 0  # observations fed so far (a decision records it; replay feeds up to it)
 
     def _decayed(self, ev: _Evidence, now_s: float) -> float:
@@ -205,6 +226,13 @@ class Corrections:
             known = self._bytes.get(obs.plan)
             self._bytes[obs.plan] = sample if known is None else known + BYTES_WEIGHT * (sample - known)
         cfg = self.config
+        wait = self._waits.get(obs.plan)
+        known = 0.0 if wait is None else self._decayed(wait, obs.t_s)
+        if wait is not None or obs.probe_wait_ms > 0:
+            # at most the plan's price: a probe sized at a wrong estimate (the prior 10 Mbit/s on a 1 Mbit/s
+            # link: 1.6 s on the wire) says nothing of the next ones
+            waited = min(obs.probe_wait_ms, obs.price_ms) if obs.price_ms > 0 else obs.probe_wait_ms
+            self._waits[obs.plan] = _Evidence(offset_ms=known + WAIT_WEIGHT * (waited - known), t_s=obs.t_s)
         # no plan costs less than nothing: the excess is at least -predicted
         sample = min(cfg.max_offset_ms, max(-obs.predicted_ms, obs.measured_ms - obs.predicted_ms))
         ev = self._plans.get(obs.plan)
@@ -219,10 +247,10 @@ class Corrections:
 
     def offset_ms(self, plan: str, now_s: float) -> float:
         """What is added to ``plan``'s price at ``now_s`` (0: no evidence, or none left)."""
-        ev = self._plans.get(plan)
-        if ev is None or not self.config.enabled:
+        if not self.config.enabled:
             return 0.0
-        return self._decayed(ev, now_s)
+        ev, wait = self._plans.get(plan), self._waits.get(plan)
+        return (0.0 if ev is None else self._decayed(ev, now_s)) + (0.0 if wait is None else self._decayed(wait, now_s))
 
     def bytes_ratio(self, plan: str) -> float:
         """What ``plan``'s requests sent over what the table priced (1: no evidence, or corrections off)."""
@@ -246,4 +274,8 @@ class Corrections:
 
     def offsets(self, now_s: float) -> dict[str, float]:
         """Every plan with evidence and its offset at ``now_s``."""
-        return {plan: self.offset_ms(plan, now_s) for plan in self._plans} if self.config.enabled else {}
+        return (
+            {plan: self.offset_ms(plan, now_s) for plan in {**self._plans, **self._waits}}
+            if self.config.enabled
+            else {}
+        )

@@ -12,6 +12,7 @@ the table say:
 - a request starts every ``1 / rate_hz`` seconds or when the previous one ends (the rig's paced closed
   loop); its head costs ``head_ms x device load``; a cloud plan then sends its bytes through the trace
   (``rigstats.transfer_ms``, first in first out behind a probe on the wire), waits one RTT and the tail;
+  the wait behind a probe is also the plan's correction's (its mean wait, as the runtime feeds it);
 - the table may be wrong (``device_speed``, ``cloud_speed``: what compute really takes over what the
   table says); the runtime's estimators learn it from the requests, as on a real board;
 - a probe is an RTT sample, then (when bandwidth is stale) one bandwidth probe of the size the runtime
@@ -193,6 +194,7 @@ class _Run:
             self.load, observe.LocalRun(measured_ms=head_ms, profiled_ms=float(tbl.head_ms[i])), send_at
         )
         latency_ms, send_s, round_trip_ms = head_ms, 0.0, 0.0
+        waited_ms: float | None = 0.0  # behind a probe (None: a fallback)
         outcome: dict[str, bool] = {}
         if cut != DEVICE_CUT:
             dev_i = tbl.index(DEVICE_CUT)
@@ -211,11 +213,11 @@ class _Run:
                 latency_ms = head_ms + local_ms
             else:
                 self.sent.add(cut)
-                latency_ms, send_s, round_trip_ms, served = self._remote(
+                latency_ms, send_s, round_trip_ms, waited_ms = self._remote(
                     t, send_at, i, codec, (jitter, slowed), budget.timeout_ms
                 )
-                outcome = {"served": True} if served else {"fallback": True}
-                if not served:
+                outcome = {"served": True} if waited_ms is not None else {"fallback": True}
+                if waited_ms is None:
                     latency_ms += local_ms
         latency_ms *= self.plan_cost.get(d.plan, 1.0)
         # what the request took beyond its head and its RPC, against its price, as the runtime feeds it (not
@@ -230,6 +232,7 @@ class _Run:
                     round_trip_ms=round_trip_ms,
                     t_s=t + latency_ms / 1e3,
                     price_ms=d.predicted_ms - d.correction_ms,
+                    probe_wait_ms=waited_ms or 0.0,
                 )
             )
         return SimRequest(
@@ -244,8 +247,9 @@ class _Run:
 
     def _remote(
         self, t: float, send_at: float, i: int, codec: str, factors: tuple[float, float], timeout_ms: float
-    ) -> tuple[float, float, float, bool]:
-        """(latency so far ms, seconds on the wire, round trip ms, served) of a request whose head ended at
+    ) -> tuple[float, float, float, float | None]:
+        """(latency so far ms, seconds on the wire, round trip ms, its wait behind a probe ms: None when not
+        served) of a request whose head ended at
         ``send_at`` (``factors``: this request's jitter and the device burst's slow-down): the device
         encodes and makes the call, then the wire, the RTT and the tail; the reply when it comes within
         ``timeout_ms`` of ``send_at`` (observed, as the runtime's), else the timeout's end."""
@@ -255,13 +259,17 @@ class _Run:
         sent = float(tbl.sent_bytes[i, k]) + float(tbl.reply_bytes[i])
         # the device encodes and makes the call (as slow as its compute), then the wire
         start = send_at + (float(tbl.encode_ms[i, k]) + tbl.call_ms) * slowed * self.cfg.device_speed * jitter / 1e3
+        queued_s = max(start, self.wire_free_s)
         send_s = self._wire(start, sent)
         self.busy = (start, start + send_s)
+        # Queued behind the device's own probe (the runtime's ``Clouds.probe_wait_ms``): the plan's cost (a plan
+        # whose uploads are too small to refresh bandwidth draws the probes), the correction's mean wait.
+        wait_s = max(0.0, min(send_s, queued_s - start))
         tail_ms = (float(tbl.tail_ms[i]) + float(tbl.decode_ms[i, k])) * self.cfg.cloud_speed * jitter
         net_s = send_s + self.rtt_s
         end = start + net_s + tail_ms / 1e3
         if (end - send_at) * 1e3 > timeout_ms:  # the RPC's deadline fires first: no reply to learn from
-            return (send_at - t) * 1e3 + timeout_ms, send_s, (send_at - start) * 1e3 + timeout_ms, False
+            return (send_at - t) * 1e3 + timeout_ms, send_s, (send_at - start) * 1e3 + timeout_ms, None
         # The trace carries both ways as one transfer: all of ``sent`` counts as up.
         observe.observe_reply(
             observe.ReplyObservation(
@@ -275,7 +283,7 @@ class _Run:
             link=self.link,
             load=self.load,
         )
-        return (end - t) * 1e3, send_s, (end - start) * 1e3, True
+        return (end - t) * 1e3, send_s, (end - start) * 1e3, wait_s * 1e3
 
 
 def simulate(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from splitrt.cloud.server import CloudServer, ServerConfig
 from splitrt.device.client import DeviceConfig
 from splitrt.device.runtime import AdaptiveDevice, RuntimeConfig, slow_start_after_idle
+from splitrt.device.runtime.clouds import Clouds
 from splitrt.errors import CloudError, ConfigError, InputError
 from splitrt.graph import model as graph
 from splitrt.graph import zoo
@@ -404,3 +406,21 @@ def test_every_decision_names_the_cost_table_and_its_accuracy_guard(server: Fake
         dev.infer(dev.local.random_inputs(seed=1))
     (line,) = log.getvalue().splitlines()
     assert Decision.from_json(line).extra["costs"] == costs.source
+
+
+def test_a_requests_wait_behind_the_devices_own_bandwidth_probe_is_measured() -> None:
+    clouds = Clouds(None, DeviceConfig(), backoff_initial_s=1.0, backoff_max_s=2.0, lock=threading.RLock())
+    before = time.perf_counter()
+    assert clouds.probe_wait_ms(before - 1.0, before) == 0.0  # no probe yet
+    with clouds.probing(rtt_s=0.0):
+        inside = time.perf_counter()
+        # a request sent while the probe is on the wire: its wait so far, the probe still going
+        assert clouds.probe_wait_ms(inside, inside + 1.0) == pytest.approx(1e3, rel=1e-6)
+    after = time.perf_counter()
+    # the span is kept: a request that began before and ended after waited at most the probe's time
+    assert 0.0 < clouds.probe_wait_ms(before, after + 1.0) <= (after - before) * 1e3
+    assert clouds.probe_wait_ms(after, after + 1.0) == 0.0  # sent after it: no wait
+    # the probe's reply (its last RTT) keeps no request waiting
+    with clouds.probing(rtt_s=10.0):
+        pass
+    assert clouds.probe_wait_ms(after, time.perf_counter() + 1.0) == 0.0

@@ -96,6 +96,8 @@ class SplitResult(StageTimes):
     error: CloudError | None = None
     # Three tiers (``send(..., next_cut=)``): the edge's per-hop account.
     hops: Hops | None = None
+    # Of ``network_ms``: the wait behind the device's own bandwidth probe on the wire (``device.runtime``).
+    probe_wait_ms: float = 0.0
 
     @property
     def network_ms(self) -> float:

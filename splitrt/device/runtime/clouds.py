@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -73,6 +75,10 @@ class Clouds(Mapping[str, Cloud]):
         self._lock = lock
         self._by_address: dict[str, Cloud] = {}
         self.inflight = 0  # requests on the wire now: probes wait for an idle link
+        # The device's own bandwidth probes on the wire (``time.perf_counter`` spans): a request sent meanwhile
+        # queues behind one: a cost of its plan, whose correction learns its mean (``probe_wait_ms``).
+        self._probes: deque[tuple[float, float]] = deque(maxlen=8)
+        self._probe_since: float | None = None
         # (server address, cut) a request was sent for: that tail is no longer cold (``plan.reserve``)
         self.sent: set[tuple[str, str]] = set()
 
@@ -179,6 +185,26 @@ class Clouds(Mapping[str, Cloud]):
                 self.inflight -= 1
                 if cloud is not None:
                     cloud.inflight -= 1
+
+    @contextmanager
+    def probing(self, rtt_s: float) -> Iterator[None]:
+        """Count a bandwidth probe as on the wire while the block runs, but its last ``rtt_s`` (its reply)."""
+        start = time.perf_counter()
+        with self._lock:
+            self._probe_since = start
+        try:
+            yield
+        finally:
+            end = time.perf_counter()
+            with self._lock:
+                self._probe_since = None
+                self._probes.append((start, max(start, end - rtt_s)))
+
+    def probe_wait_ms(self, start: float, end: float) -> float:
+        """How much of ``[start, end]`` (``time.perf_counter``) a bandwidth probe of this device was on the wire."""
+        with self._lock:
+            spans = [*self._probes, *([(self._probe_since, end)] if self._probe_since is not None else [])]
+        return 1e3 * sum(max(0.0, min(b, end) - max(a, start)) for a, b in spans)
 
     def close(self) -> None:
         with self._lock:

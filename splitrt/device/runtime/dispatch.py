@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from splitrt.device.client.device import Device
 from splitrt.device.client.messages import HeadResult, SplitResult
@@ -85,6 +85,7 @@ class Dispatcher:
                 if timeout_ms is None:  # no room left for the cloud: the tail runs here, within the deadline
                     why.append(f"{NOT_SENT}: {cloud.address}, deadline {deadline_ms:g} ms")
                     return self.local.finish_locally(head), None, "; ".join(why)
+                sent_at = time.perf_counter()
                 with clouds.on_wire(cloud):
                     try:
                         res = cloud.link.send(head, codec_spec=codec, timeout_s=timeout_ms / 1e3, next_cut=next_cut)
@@ -112,6 +113,9 @@ class Dispatcher:
                         why.append(f"{cloud.address}: {self.last_local_error}")
                         return self.local.finish_locally(head), None, "; ".join(why)
                 clouds.answered(cloud)
+                # queued behind our own bandwidth probe: the plan's correction learns it (``feedback.correction``)
+                waited_ms = min(max(0.0, res.network_ms), clouds.probe_wait_ms(sent_at, time.perf_counter()))
+                res = replace(res, probe_wait_ms=waited_ms)
                 answer = Answer(tier=tier, cloud=cloud, next_cut=next_cut)
                 # Another server of the planned tier answering is no fallback; a later tier, or the
                 # planned server finishing because its next tier failed, is.

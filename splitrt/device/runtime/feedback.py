@@ -129,4 +129,6 @@ def correction(
         price_ms=decision.predicted_ms - decision.correction_ms,
         sent_bytes=float(sent),
         priced_bytes=priced,
+        # a cost of the plan: one whose uploads do not refresh bandwidth draws probes
+        probe_wait_ms=res.probe_wait_ms if answered else 0.0,
     )

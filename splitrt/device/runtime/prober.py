@@ -143,9 +143,10 @@ class Prober:
             dev.config.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(dev.link.bandwidth_mbps(), 0.01) + bw.rtt_s)
         )
         try:
-            pb = c.link.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
-            if observe.probe_twice(pairs=self.pairs, link_busy=self.clouds.inflight > 0):
+            with self.clouds.probing(bw.rtt_s):
                 pb = c.link.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
+                if observe.probe_twice(pairs=self.pairs, link_busy=self.clouds.inflight > 0):
+                    pb = c.link.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
         except CloudError as exc:
             if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated
                 with self._lock:

@@ -77,3 +77,15 @@ def test_the_rapid_reset_row_through_the_edge_proxy_is_cut_there(tmp_path: Path)
     assert row["notes"]["streams"] > 0 and (cut > 0 or row["notes"]["streams"] <= 4100), row["notes"]
     assert row["legit_calls"] > 0 and row["sigterm_exit_s"] is not None
     assert attack.edge is None  # the proxy was stopped with the row
+
+
+def test_the_stream_row_sends_its_one_head_through_device_stream(tmp_path: Path) -> None:
+    b = _bench()
+    settings = b.Settings(baseline_s=1.0, attack_s=1.5, blocks=1, recover_cap_s=3.0, drain_s=1.0, quick=True)
+    request, cut = b.legit_request()
+    row = b.run_row(b.DeviceStream(), settings, set(), request, cut, tmp_path)
+    frames = row["notes"]["frames"]
+    # The head run once in ``prepare`` is a request the server serves, frame after frame, over both streams.
+    assert frames.get("OK", 0) > 2 and set(frames) == {"OK"}, frames
+    assert row["legit_calls"] > 0 and row["sigterm_exit_s"] is not None
+    assert row["pass"] == all(ok for _, ok in row["targets"])

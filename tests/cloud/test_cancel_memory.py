@@ -5,9 +5,11 @@ seam, set here above and below the limit."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -104,36 +106,37 @@ def test_the_cpu_figure_outlives_a_process_out_of_descriptors() -> None:
     """Out of file descriptors, psutil cannot read /proc/stat: the load report keeps its last figure
     instead of failing the reply that carries it (every legit Infer answered UNKNOWN beside 1100 idle
     connections at a limit of 1024)."""
-    import resource
 
     from splitrt.cloud.capacity.admission import CpuMeter
 
     meter = CpuMeter(period_s=0.0)
     first = meter.percent()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    held = []
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
-        with pytest.raises(OSError):
-            while True:  # take every descriptor left
-                held.append(open(os.devnull))  # noqa: SIM115
+    with _no_descriptor_left():
         assert meter.percent() >= 0.0 and isinstance(first, float)
-    finally:
-        for f in held:
-            f.close()
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_the_rss_is_read_without_a_new_descriptor() -> None:
     """The watch's RSS comes through a descriptor kept open: it is read at the file limit too, and agrees
     with psutil's figure."""
-    import resource
 
     import psutil
 
     from splitrt.cloud.capacity.memory import rss_bytes
 
     assert abs(rss_bytes() - psutil.Process().memory_info().rss) < 8 * 2**20
+    with _no_descriptor_left():
+        before = rss_bytes()
+        grown = np.ones(64 * 2**20 // 8)  # 64 MiB touched: the figure is read afresh, not cached
+        assert rss_bytes() - before > 32 * 2**20 and grown.sum() == grown.size
+        with pytest.raises(OSError):
+            psutil.Process().memory_info()  # what the watch read before: a new descriptor each time
+
+
+@contextlib.contextmanager
+def _no_descriptor_left() -> Iterator[None]:
+    """Inside: the process's file-descriptor limit is reached (every descriptor left is taken)."""
+    import resource
+
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held = []
     try:
@@ -141,11 +144,7 @@ def test_the_rss_is_read_without_a_new_descriptor() -> None:
         with pytest.raises(OSError):
             while True:  # take every descriptor left
                 held.append(open(os.devnull))  # noqa: SIM115
-        before = rss_bytes()
-        grown = np.ones(64 * 2**20 // 8)  # 64 MiB touched: the figure is read afresh, not cached
-        assert rss_bytes() - before > 32 * 2**20 and grown.sum() == grown.size
-        with pytest.raises(OSError):
-            psutil.Process().memory_info()  # what the watch read before: a new descriptor each time
+        yield
     finally:
         for f in held:
             f.close()

@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "rig": {"graph", "plan", "profile", "transport", "cloud", "device"},
     "cli": {"graph", "plan", "profile", "transport", "cloud", "device", "export", "rig"},
 }
-BASE = {"errors", "paths", "_lazy", ""}
+BASE = {"errors", "paths", "_lazy", "_signals", ""}
 # Libraries the pure core must not touch: sockets, sessions, processes, clocks, files.
 IMPURE = {
     "socket",
@@ -166,7 +166,7 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_base_modules_import_no_package() -> None:
-    for base in ("errors", "paths", "_lazy"):
+    for base in ("errors", "paths", "_lazy", "_signals"):
         targets = [t for _, t in imports(PKG / f"{base}.py") if t.startswith("splitrt")]
         assert targets == [], f"splitrt/{base}.py imports {targets}: it sits below every package"
 

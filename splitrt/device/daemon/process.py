@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -25,7 +24,6 @@ from collections.abc import Mapping
 from concurrent import futures
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO, cast
 from wsgiref.simple_server import WSGIServer
 
@@ -33,6 +31,7 @@ import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
+from splitrt._signals import stop_on_signals
 from splitrt.device.daemon import api, metrics
 from splitrt.device.daemon.config import DaemonConfig, ModelConfig, load_config
 from splitrt.device.daemon.costs import select_cost_table
@@ -313,14 +312,7 @@ class Daemon:
 def run(config_path: str | Path, *, ready_out: TextIO | None = None) -> int:
     """``splitrt daemon --config FILE``: start, print one JSON "ready" line, serve until SIGTERM/SIGINT/SIGHUP."""
     config = load_config(config_path)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)  # a closed terminal or `kill -HUP`: drain as for SIGTERM
+    stop = stop_on_signals()
     daemon = Daemon(config)
     try:
         endpoints = daemon.start()

@@ -44,7 +44,7 @@ test-slow: $(TEST_STAMP)
 check: $(TEST_STAMP)
 	$(BIN)/ruff check splitrt tests bench attacks
 	$(BIN)/ruff format --check splitrt tests bench attacks
-	$(BIN)/mypy splitrt
+	$(BIN)/mypy splitrt attacks
 
 bench: $(TEST_STAMP)
 	$(BIN)/python bench/run_all.py

@@ -28,7 +28,7 @@ import hashlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -468,7 +468,7 @@ def deep_nest_model(depth: int = 200) -> bytes:
     return _varint(1 << 3) + _varint(8) + _ld(8, opset) + _ld(7, graph)
 
 
-def _value_op(op: str, inputs: list[tuple[str, int, list[int]]], opset: int = 17, **attrs: Any) -> bytes:
+def _value_op(op: str, inputs: Sequence[tuple[str, int, Sequence[int]]], opset: int = 17, **attrs: Any) -> bytes:
     """``op`` on the request's ``inputs`` (name, type, shape; "" leaves an operand out), summed to a scalar."""
     g = helper.make_graph(
         [

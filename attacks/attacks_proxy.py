@@ -377,7 +377,7 @@ class SlowReader(Attack):
                 except OSError:
                     self.stop_ev.wait(0.5)
                     continue
-                sid, open_ = 1, set()
+                sid, open_ = 1, set[int]()
                 try:
                     while not self.stop_ev.is_set() and not conn.goaway:
                         fresh = b""

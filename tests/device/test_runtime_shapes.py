@@ -64,9 +64,12 @@ def runtime(mg: graph.ModelGraph, server: FakeCloud | None, **config: object) ->
 
 def test_each_shape_gets_its_own_table_and_controller(server: FakeCloud, mg: graph.ModelGraph) -> None:
     log = io.StringIO()
-    with runtime(mg, server) as dev:
+    # Every plan remote: the in-process cloud shares this CPU, so as the load factors learn the real speeds
+    # the device (no transfer) rightly wins, soonest on a busy host; the shapes' tables are the point here.
+    remote = ControllerConfig(cuts=tuple(c.id for c in mg.cuts() if c.id != "device"))
+    with runtime(mg, server, controller=remote) as dev:
         dev.log = log
-        for _ in range(2):  # a fast link (as the prober would find on 127.0.0.1): splitting pays
+        for _ in range(2):  # a fast link (as the prober would find on 127.0.0.1)
             dev.link.add_rate(dev.clock(), 500.0)
             dev.link.add_rtt(dev.clock(), 1.0)
         refs = {s: dev.local.run_local(image(s)) for s in (A, B)}
@@ -79,7 +82,7 @@ def test_each_shape_gets_its_own_table_and_controller(server: FakeCloud, mg: gra
         assert o.outputs["output0"].shape == refs[s]["output0"].shape
         assert rel_err(refs[s]["output0"], o.outputs["output0"]) < 1e-5
         assert o.decision.extra["shape"] == {"images": list(s)}
-    assert sum(o.server == server.address and not o.fallback for o in outs) >= 4, [(o.plan, o.server) for o in outs]
+    assert all(o.server == server.address and not o.fallback for o in outs), [(o.plan, o.server) for o in outs]
     # A, A, B, A, B, B, A: one table built (B's); A keeps the table it was given.
     sig_a, sig_b = signature({"images": A}), signature({"images": B})
     assert built == 1 and list(plans) == [sig_a, sig_b]
@@ -101,7 +104,7 @@ def test_each_shape_gets_its_own_table_and_controller(server: FakeCloud, mg: gra
     r, fr = t_b.head_ms[full] / profiled_table.head_ms[full], at_b.flops / mg.flops
     assert min(1.0, fr) - 1e-9 <= r <= max(1.0, fr) + 1e-9 and r != 1.0
     # The log replays: each shape's decisions through its own fresh controller.
-    pairs = replay_by_shape(log.getvalue().splitlines(), lambda sig: tables[sig or sig_a], ControllerConfig())
+    pairs = replay_by_shape(log.getvalue().splitlines(), lambda sig: tables[sig or sig_a], remote)
     assert len(pairs) == 7 and all(a.plan == b.plan for a, b in pairs)
     assert {Decision.from_json(line).extra["table"] for line in log.getvalue().splitlines()} == {"profiled", "scaled"}
 

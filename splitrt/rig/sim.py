@@ -16,7 +16,11 @@ the table say:
 - the table may be wrong (``device_speed``, ``cloud_speed``: what compute really takes over what the
   table says); the runtime's estimators learn it from the requests, as on a real board;
 - a probe is an RTT sample, then (when bandwidth is stale) one bandwidth probe of the size the runtime
-  would send, timed through the same trace;
+  would send, timed through the same trace; as the runtime's prober (one thread, ``Prober._probe``) each
+  is a blocking RPC with its deadline (``probe_timeout_s``; a bandwidth probe's scales with its size), the
+  next round starts an interval after the last one ends, and a due probe waits (up to
+  ``observe.IDLE_WAIT_ROUNDS``) while a request's whole RPC, encoding to reply, is in flight
+  (``Clouds.inflight``); a sample (a probe's, a reply's) reaches the estimators when it comes back;
 - during a device burst the other processes take ``burst_util`` of the device's CPU: compute slows by
   ``1 / (1 - burst_util)`` and the prober reads that utilisation (as psutil does on a board);
 - a request that sends pays the table's encode and call cost on the device (slowed as its compute) and
@@ -33,8 +37,10 @@ how a reply or probe becomes samples there, never in ``sim`` or a runtime (tests
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,6 +67,7 @@ class SimConfig:
     bursts: tuple[tuple[float, float], ...] = ()  # device-burst intervals, seconds into the window
     burst_util: float = 0.5  # other processes' share of the device CPU during a burst
     prober_interval_s: float = 0.25
+    probe_timeout_s: float = 2.0  # a probe RPC's deadline, as ``RuntimeConfig.probe_timeout_s``
     bandwidth_probe_pairs: bool = False  # the rig's namespaces run without slow start after idle
     jitter: float = 0.0  # relative sd of compute times; request n draws the same factor in every strategy
     # What compute really takes over what the cost table says (a profile's error): the strategies plan
@@ -81,6 +88,7 @@ class SimConfig:
             and self.rtt_ms >= 0
             and 0 <= self.burst_util < 1
             and self.prober_interval_s > 0
+            and self.probe_timeout_s > 0
             and 0 <= self.jitter < 0.5
             and self.device_speed > 0
             and self.cloud_speed > 0
@@ -89,8 +97,8 @@ class SimConfig:
         ):
             raise ConfigError(
                 "SimConfig: expected rate_hz > 0, duration_s > 0, warmup_s >= 0, rtt_ms >= 0, "
-                f"0 <= burst_util < 1, prober_interval_s > 0, 0 <= jitter < 0.5, speeds > 0, deadline_ms > 0; "
-                f"got {self!r}"
+                "0 <= burst_util < 1, prober_interval_s > 0, probe_timeout_s > 0, 0 <= jitter < 0.5, speeds > 0, "
+                f"deadline_ms > 0; got {self!r}"
             )
 
 
@@ -109,6 +117,15 @@ class SimRequest:
     fallback: bool = False
 
 
+@dataclass(frozen=True, kw_only=True)
+class SimProbe:
+    """A probe RPC the prober sent: an RTT probe (``bytes_up`` ``RTT_PROBE_BYTES``) or a bandwidth probe."""
+
+    t_s: float  # sent
+    bytes_up: int
+    seconds: float | None  # its round trip; None: its deadline came first
+
+
 class _Run:
     """One strategy through the window: the estimators, the policy, and the wire's state."""
 
@@ -118,7 +135,11 @@ class _Run:
         self.link = LinkEstimator(cfg.link)
         self.load = LoadEstimator()
         self.wire_free_s = -math.inf  # the link carries one thing at a time (FIFO)
-        self.busy: tuple[float, float] = (-math.inf, -math.inf)  # a request's send, for the prober
+        # a request's RPC, encoding to reply (the runtime's ``Clouds.inflight``): the prober waits for it
+        self.busy: tuple[float, float] = (-math.inf, -math.inf)
+        self.probe_log: list[SimProbe] = []
+        self.pending: list[tuple[float, int, Callable[[], None]]] = []  # samples fed at their end (``_later``)
+        self.order = itertools.count()
         self.next_round_s = -cfg.warmup_s
         self.probes = observe.ProbeState()  # the prober's schedule
         self.rtt_s = cfg.rtt_ms / 1e3
@@ -139,44 +160,80 @@ class _Run:
         self.wire_free_s = done
         return done - start_s
 
+    def _later(self, at_s: float, feed: Callable[[], None]) -> None:
+        """Feed an estimator when the sim's clock reaches ``at_s`` (a probe's or a reply's end): a decision
+        before then must not see it."""
+        heapq.heappush(self.pending, (at_s, next(self.order), feed))
+
+    def _feed_until(self, t_s: float) -> None:
+        while self.pending and self.pending[0][0] <= t_s:
+            heapq.heappop(self.pending)[2]()
+
     def rounds_until(self, t_s: float) -> None:
         """The prober's rounds before ``t_s``: device-load samples and probes (runtime.probe_once)."""
         cfg = self.cfg
         while self.next_round_s < t_s:
             now = self.next_round_s
-            self.next_round_s += cfg.prober_interval_s
+            self._feed_until(now)
             observe.observe_device(
                 self.load,
                 observe.DeviceSample(other_util=cfg.burst_util if in_intervals(now, cfg.bursts) else 0.0),
                 now,
             )
-            if not self.with_cloud:
-                continue
-            in_flight = self.busy[0] <= now < self.busy[1]
-            due, self.probes = observe.probe_due(self.link, self.probes, now, link_busy=in_flight)
-            if not due:
-                continue
-            rtt_probe_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s
-            observe.observe_probe(
-                self.link,
-                observe.ProbeObservation(
-                    bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_probe_s
-                ),
-                now,
-            )
-            bw = observe.bandwidth_probe(self.link, now)
-            if bw is None:
-                continue
-            at = now + self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s
-            secs = self._wire(at, bw.bytes_up + bw.bytes_down) + self.rtt_s
-            if observe.probe_twice(pairs=cfg.bandwidth_probe_pairs, link_busy=in_flight):
-                at += secs
-                secs = self._wire(at, bw.bytes_up + bw.bytes_down) + self.rtt_s
-            observe.observe_probe(
-                self.link,
-                observe.ProbeObservation(bytes_up=bw.bytes_up, bytes_down=bw.bytes_down, seconds=secs),
-                at + secs,
-            )
+            # The prober's thread blocks in its probes: the next round starts an interval after they end.
+            self.next_round_s = (self._probe(now) if self.with_cloud else now) + cfg.prober_interval_s
+        self._feed_until(t_s)
+
+    def _in_flight(self, at_s: float) -> bool:
+        return self.busy[0] <= at_s < self.busy[1]
+
+    def _probe(self, now: float) -> float:
+        """A round's probes (``Prober._probe``), when due: an RTT probe, then a bandwidth probe when no
+        transfer refreshed bandwidth; each a blocking RPC with its deadline. Returns when the round ends."""
+        cfg = self.cfg
+        due, self.probes = observe.probe_due(self.link, self.probes, now, link_busy=self._in_flight(now))
+        if not due:
+            return now
+        rtt_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s  # queued behind what is on the wire
+        if rtt_s > cfg.probe_timeout_s:  # DEADLINE_EXCEEDED: no sample (the runtime marks a failure)
+            self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=None))
+            return now + cfg.probe_timeout_s
+        self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=rtt_s))
+        rtt = observe.ProbeObservation(
+            bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_s
+        )
+        observe.observe_probe(self.link, rtt, now)  # stamped at its start, as the runtime's
+        bw = observe.bandwidth_probe(self.link, now)
+        if bw is None:
+            return now + rtt_s
+        timeout_s = max(
+            cfg.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(self.link.bandwidth_mbps(), 0.01) + bw.rtt_s)
+        )
+        at = now + rtt_s
+        secs = self._bandwidth_probe(at, bw, timeout_s)
+        # the runtime asks again once the first is back, with the link then as it is; the second counts
+        if secs is not None and observe.probe_twice(
+            pairs=cfg.bandwidth_probe_pairs, link_busy=self._in_flight(at + secs)
+        ):
+            at += secs
+            secs = self._bandwidth_probe(at, bw, timeout_s)
+        if secs is None:  # DEADLINE_EXCEEDED: the link is far slower than estimated
+            gone = observe.ProbeTimeout(bytes_up=bw.bytes_up, timeout_s=timeout_s)
+            self._later(at + timeout_s, lambda: observe.observe_probe_timeout(self.link, gone, at + timeout_s))
+            return at + timeout_s
+        done = observe.ProbeObservation(bytes_up=bw.bytes_up, bytes_down=bw.bytes_down, seconds=secs)
+        self._later(at + secs, lambda: observe.observe_probe(self.link, done, at + secs))
+        return at + secs
+
+    def _bandwidth_probe(self, at: float, bw: observe.BandwidthProbe, timeout_s: float) -> float | None:
+        """One bandwidth probe's RPC from ``at``: its seconds, None when its deadline came first."""
+        secs = self._wire(at, bw.bytes_up + bw.bytes_down) + self.rtt_s
+        if secs > timeout_s:
+            # gRPC cancels the stream at its deadline: HTTP/2 flow control leaves little of it in flight
+            self.wire_free_s = min(self.wire_free_s, at + timeout_s)
+        answered = secs if secs <= timeout_s else None
+        self.probe_log.append(SimProbe(t_s=at, bytes_up=bw.bytes_up, seconds=answered))
+        return answered
 
     def request(self, t: float, jitter: float) -> SimRequest:
         tbl = self.table
@@ -261,36 +318,41 @@ class _Run:
         start = send_at + (float(tbl.encode_ms[i, k]) + tbl.call_ms) * slowed * self.cfg.device_speed * jitter / 1e3
         queued_s = max(start, self.wire_free_s)
         send_s = self._wire(start, sent)
-        self.busy = (start, start + send_s)
         # Queued behind the device's own probe (the runtime's ``Clouds.probe_wait_ms``): the plan's cost (a plan
         # whose uploads are too small to refresh bandwidth draws the probes), the correction's mean wait.
         wait_s = max(0.0, min(send_s, queued_s - start))
         tail_ms = (float(tbl.tail_ms[i]) + float(tbl.decode_ms[i, k])) * self.cfg.cloud_speed * jitter
         net_s = send_s + self.rtt_s
         end = start + net_s + tail_ms / 1e3
+        self.busy = (send_at, min(end, send_at + timeout_ms / 1e3))  # ``Clouds.on_wire`` wraps the whole call
         if (end - send_at) * 1e3 > timeout_ms:  # the RPC's deadline fires first: no reply to learn from
             return (send_at - t) * 1e3 + timeout_ms, send_s, (send_at - start) * 1e3 + timeout_ms, None
         # The trace carries both ways as one transfer: all of ``sent`` counts as up.
-        observe.observe_reply(
-            observe.ReplyObservation(
-                bytes_up=int(sent),
-                bytes_down=0,
-                net_s=net_s,
-                tail_s=tail_ms / 1e3,
-                profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
-            ),
-            end,
-            link=self.link,
-            load=self.load,
+        reply = observe.ReplyObservation(
+            bytes_up=int(sent),
+            bytes_down=0,
+            net_s=net_s,
+            tail_s=tail_ms / 1e3,
+            profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
         )
+        self._later(end, lambda: observe.observe_reply(reply, end, link=self.link, load=self.load))
         return (end - t) * 1e3, send_s, (end - start) * 1e3, wait_s * 1e3
 
 
 def simulate(
-    table: Any, policy: str, played: traces.Trace, cfg: SimConfig, *, with_cloud: bool = True
+    table: Any,
+    policy: str,
+    played: traces.Trace,
+    cfg: SimConfig,
+    *,
+    with_cloud: bool = True,
+    probes: list[SimProbe] | None = None,
 ) -> list[SimRequest]:
-    """One strategy (``policy`` as the runtime takes it) over ``played``: the counted requests."""
+    """One strategy (``policy`` as the runtime takes it) over ``played``: the counted requests; ``probes``
+    (when given) receives every probe the prober sent, the warm-up's included."""
     run = _Run(table, policy, played, cfg, with_cloud)
+    if probes is not None:
+        run.probe_log = probes
     n_max = math.ceil((cfg.duration_s + cfg.warmup_s) * cfg.rate_hz) + 2
     jit = np.exp(np.random.default_rng(cfg.seed).normal(0.0, cfg.jitter, n_max)) if cfg.jitter > 0 else np.ones(n_max)
     out: list[SimRequest] = []

@@ -134,9 +134,64 @@ def test_route_uses_only_device_and_cloud_and_splitting_can_beat_it() -> None:
 
 
 def test_the_hold_ablation_runs_adaptive_without_added_up_gains() -> None:
-    link, c = traces.constant(3.0, 60.0), cfg(jitter=0.1)  # near the breakeven: holds matter
+    link, c = traces.constant(3.2, 60.0), cfg(jitter=0.1)  # at the breakeven (~3.3 Mbit/s): holds matter
     runs = sim.simulate_all(TABLE, {"adaptive": "adaptive", "adaptive-hold": "adaptive"}, link, c)
     held = replace(c, controller=replace(c.controller, hold_drift_fraction=0.0))
     assert sim.latencies(runs["adaptive-hold"]) == sim.latencies(sim.simulate(TABLE, "adaptive", link, held))
     assert sim.latencies(runs["adaptive"]) == sim.latencies(sim.simulate(TABLE, "adaptive", link, c))
     assert sim.latencies(runs["adaptive"]) != sim.latencies(runs["adaptive-hold"])
+
+
+def _rpcs(reqs: list[sim.SimRequest]) -> list[tuple[float, float]]:
+    return [(r.t_s + r.head_ms / 1e3, r.t_s + r.latency_ms / 1e3) for r in reqs if r.served]
+
+
+def test_the_prober_sends_nothing_while_its_own_probe_is_on_the_wire() -> None:
+    """The runtime's prober is one thread that blocks in each probe RPC (to its deadline): no RTT probe
+    queues behind its own bandwidth probe (the sim sent one every round, and read ~1 s RTTs at 0.5 Mbit/s)."""
+    probes: list[sim.SimProbe] = []
+    sim.simulate(TABLE, "fixed:device", traces.constant(0.5, 60.0), cfg(), probes=probes)
+    bandwidth = [p for p in probes if p.bytes_up > 64]
+    assert len(bandwidth) > 10 and any(p.seconds is None for p in bandwidth)  # the first one times out
+    c = cfg()
+    for p, q in itertools.pairwise(probes):
+        took = c.probe_timeout_s if p.seconds is None else p.seconds
+        assert q.t_s >= p.t_s + took - 1e-9, (p, q)
+    # nothing else on the wire: every RTT probe reads the link's RTT and its 128 bytes
+    assert all(p.seconds == pytest.approx(0.080 + 128 * 8 / 0.5e6) for p in probes if p.bytes_up == 64)
+
+
+def test_the_prober_waits_for_a_requests_whole_rpc_not_only_its_upload() -> None:
+    """``Clouds.inflight`` covers a request's call from its encoding to its reply: with a 300 ms tail and
+    idle gaps between requests, no probe starts while a request waits for its reply (the sim's "busy" was
+    the upload only)."""
+    table = CostTable(
+        ids=["cloud", "device"], head_ms=[0.0, 900.0], tail_ms=[300.0, 0.0], bytes=[20_000, 0], codecs={"fp32": 1.0}
+    )
+    probes: list[sim.SimProbe] = []
+    reqs = sim.simulate(table, "fixed:cloud@fp32", traces.constant(20.0, 60.0), cfg(rate_hz=1.0), probes=probes)
+    rpcs = _rpcs(reqs)
+    assert len(rpcs) == 60 and len(probes) > 60
+    assert not [p for p in probes if any(a <= p.t_s < b for a, b in rpcs)]
+
+
+def test_an_rtt_probe_puts_its_bytes_on_the_wire_once() -> None:
+    # 128 bytes at 0.1 Mbit/s: 10.24 ms on the wire; the bandwidth probe follows its answer at once
+    probes: list[sim.SimProbe] = []
+    sim.simulate(TABLE, "fixed:device", traces.constant(0.1, 10.0), cfg(duration_s=5.0), probes=probes)
+    rtt, bw = probes[0], probes[1]
+    assert rtt.bytes_up == 64 and rtt.seconds == pytest.approx(0.080 + 0.01024)
+    assert bw.bytes_up > 64 and bw.t_s == pytest.approx(rtt.t_s + rtt.seconds)
+
+
+def test_a_probes_sample_is_not_seen_before_it_comes_back() -> None:
+    probes: list[sim.SimProbe] = []
+    sim.simulate(TABLE, "fixed:device", traces.constant(2.0, 60.0), cfg(), probes=probes)
+    bw = next(p for p in probes if p.bytes_up > 64 and p.seconds is not None and p.t_s > 1.0)
+    assert bw.seconds is not None
+    # the estimators as the prober's round left them, just before the probe's answer and just after
+    fresh = sim._Run(TABLE, "fixed:device", traces.constant(2.0, 60.0), cfg(), True)
+    fresh.rounds_until(bw.t_s + bw.seconds - 1e-6)
+    before = fresh.link.samples
+    fresh.rounds_until(bw.t_s + bw.seconds + 1e-6)
+    assert fresh.link.samples == before + 1

@@ -203,6 +203,11 @@ def rig_grid_tables(doc: dict[str, Any]) -> list[Table]:
                     ["cells", len(r["cells"])],
                     ["geometric mean of adaptive / best router (target <= 1.00)", r["geomean"]],
                     ["the same, the router chosen on the other half of the turns", r["geomean_split_half"]],
+                    *(
+                        [["the same expected with no difference (requests relabelled within turns)", r["geomean_null"]]]
+                        if "geomean_null" in r
+                        else []
+                    ),
                     ["cells better / same / worse (95 % CI over turns)", f"{r['better']} / {r['same']} / {r['worse']}"],
                 ],
             )

@@ -28,9 +28,11 @@ may queue behind (12.6 Mbit/s, 80 ms: some requests waited ~100-160 ms and mid, 
 correction, cost 262 ms). That wait is the plan's: no estimator prices it, and the excess's step bound
 treats each long wait as an outlier. ``Corrections`` keeps, per plan, the mean wait its requests met
 (``Observation.probe_wait_ms``, ``WAIT_WEIGHT`` per request, each at most the plan's price), and
-``offset_ms`` adds it to the plan's mean excess. The link's sample keeps the wait: taking it out made a
-plan's own uploads RTT-dominated, bandwidth staler and probes more frequent (a fixed cloud plan went from
-200 to 299 ms in one drawn case).
+``offset_ms`` adds it to the plan's mean excess. The link's sample leaves the wait out
+(``ReplyObservation.probe_wait_s``): it timed the probe, not the link (a 5 KB request queued 150 ms behind one
+read 0.4 Mbit/s on a 3 Mbit/s link and adaptive fled to a device plan 1.3x its price). The price: a plan whose
+uploads are RTT-dominated keeps bandwidth stale and draws more probes (fixed cloud plans in 80 drawn
+cases: geometric mean +3 %, worst 1.8x; adaptive -0.5 %, its regret's worst 1.045 -> 1.014).
 
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that

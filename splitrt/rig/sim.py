@@ -334,6 +334,7 @@ class _Run:
             net_s=net_s,
             tail_s=tail_ms / 1e3,
             profiled_tail_s=float(tbl.tail_ms[i]) / 1e3,
+            probe_wait_s=wait_s,
         )
         self._later(end, lambda: observe.observe_reply(reply, end, link=self.link, load=self.load))
         return (end - t) * 1e3, send_s, (end - start) * 1e3, wait_s * 1e3

@@ -30,6 +30,14 @@ def test_a_reply_feeds_the_link_with_both_directions_and_the_tail_factor() -> No
     assert load.estimate(1.1).cloud_factor > 1.1
 
 
+def test_a_replys_wait_behind_the_devices_own_probe_is_not_the_links() -> None:
+    link, load = LinkEstimator(LinkConfig()), LoadEstimator()
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.01), 0.0)
+    # 0.3 s of the 0.5 s were spent queued behind our bandwidth probe: 1.004 MB in 0.2 s minus the RTT
+    observe.observe_reply(_reply(probe_wait_s=0.3), 1.0, link=link, load=load)
+    assert link.bandwidth_mbps() == pytest.approx(1_004_000 * 8 / 1e6 / 0.19, rel=1e-6)
+
+
 def test_a_reply_of_a_path_without_its_own_link_feeds_only_the_load() -> None:
     load = LoadEstimator()
     for t in (1.0, 1.1):  # the wait counts with the tail: (10 + 30) ms over 10 ms profiled

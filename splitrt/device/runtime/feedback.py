@@ -55,6 +55,7 @@ def observation(
             net_s=res.network_ms / 1e3,
             tail_s=res.tail_ms / 1e3,
             profiled_tail_s=float(table.tail_ms[table.index(cut)]) / 1e3,
+            probe_wait_s=res.probe_wait_ms / 1e3,
         )
         return RequestObservation(local=local, replies=(TierReply(tier=1, reply=reply),), queue=queue)
     # A later tier reached directly: its load, no one hop's sample.

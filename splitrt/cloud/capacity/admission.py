@@ -60,7 +60,8 @@ class Admission:
         )
         self._clock = clock
         self._lock = threading.Lock()
-        self._granted: dict[int, threading.Event] = {}
+        self._granted: dict[int, threading.Event | None] = {}  # None: not waiting yet (``run``'s first dispatch)
+        self._now: set[int] = set()  # tickets granted by their own first dispatch
         self._tickets = itertools.count(1)
         self._over_share: set[int] = set()  # granted tickets of clients over their share (``fairq.over_share``)
         self.admitted = 0
@@ -81,13 +82,14 @@ class Admission:
         DEADLINE_EXCEEDED naming ``what`` when no worker came in time."""
         t0 = time.monotonic()
         ticket = next(self._tickets)
-        ready = threading.Event()
         end = t0 + max(0.0, timeout_s)
         with self._lock:
-            self._granted[ticket] = ready
+            self._granted[ticket] = None
             self.queue.arrive(ticket, current_client(), kind, self._clock())
             self._dispatch()
-        while not ready.is_set():
+            # Granted at once (a free worker, nobody fairer waiting): no event to wait on.
+            ready = self._granted[ticket] = threading.Event() if ticket not in self._now else None
+        while ready is not None and not ready.is_set():
             left = end - time.monotonic()
             if left <= 0:
                 break
@@ -97,7 +99,8 @@ class Admission:
                     self._dispatch()
         with self._lock:
             del self._granted[ticket]
-            granted = ready.is_set()  # a grant racing the timeout is kept
+            granted = ready is None or ready.is_set()  # a grant racing the timeout is kept
+            self._now.discard(ticket)
             if granted:
                 self.running += 1
                 yielding = ticket in self._over_share
@@ -146,7 +149,11 @@ class Admission:
         for ticket in self.queue.dispatch(now):
             if self.queue.over_share(self.queue.running[ticket].client, now):
                 self._over_share.add(ticket)
-            self._granted[ticket].set()
+            ready = self._granted[ticket]
+            if ready is None:  # its thread is in ``run``'s first dispatch, under this lock
+                self._now.add(ticket)
+            else:
+                ready.set()
 
 
 # The client of the call a thread is serving (set by the front door for the call's duration).

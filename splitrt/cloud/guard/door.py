@@ -118,6 +118,7 @@ class FrontDoor(grpc.ServerInterceptor):
         self.lock = threading.Lock()
         self.calls: Counter[tuple[str, str]] = Counter()  # (method, code)
         self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     @classmethod
     def build(
@@ -165,7 +166,11 @@ class FrontDoor(grpc.ServerInterceptor):
         if handler is None:
             return None  # UNIMPLEMENTED, answered by gRPC without reading anything
         method = handler_call_details.method or ""
-        return _wrap(self, handler, method, lane_of(method))
+        # Wrapped once per registered method (bounded: unknown methods are None above), not per call.
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[method] = (handler, _wrap(self, handler, method, lane_of(method)))
+        return cached[1]
 
     def client_peer(self, ctx: Any) -> str:
         """The call's client as a gRPC peer string: the connection's peer, or, when that is a trusted proxy
@@ -446,7 +451,8 @@ class _Call:
         else:
             reason = ""
         self.door.count(self.method, code, reason)
-        said = _details(ctx)  # what an abort said (its exception is a bare ``Exception()``)
+        # What an abort said (its exception is a bare ``Exception()``); only a failure is told.
+        said = "" if code is grpc.StatusCode.OK else _details(ctx)
         # An undeclared probe refused once read (a declared one is judged before: see ``prepay``; a declared
         # one refused after, e.g. a reply over a small ``--max-message-mb``, was honest and is not held).
         undeclared_read = self.declared is None and self.read_bytes > PROBE_FREE_BYTES

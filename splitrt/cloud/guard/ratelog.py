@@ -37,30 +37,45 @@ class RateLog:
         self._logged: Counter[str] = Counter()
         self._suppressed: Counter[str] = Counter()
         self._peers: Counter[str] = Counter()
+        self._kinds: dict[tuple[str, str], str] = {}
 
     def event(self, event: str, level: int = logging.WARNING, *, peer: str = "", kind: str = "", **fields: Any) -> None:
         """Log ``event`` now, or count it in the interval's summary when its kind (``kind``, by default the
         event's name) has had its burst."""
+        if self._admit(kind or event, peer):
+            log_event(event, level, peer=peer, **fields)
+
+    def _admit(self, kind: str, peer: str) -> bool:
+        """True when an event of ``kind`` is to be logged now; else it is counted for the summary."""
         self.flush()
-        kind = kind or event
         with self._lock:
             if self._logged[kind] >= self.burst:
                 self._suppressed[kind] += 1
                 if peer and (peer in self._peers or len(self._peers) < 1024):  # bounded: peers are clients'
                     self._peers[peer] += 1
-                return
+                return False
             self._logged[kind] += 1
-        log_event(event, level, peer=peer, **fields)
+            return True
 
-    def request(self, event: str, level: int = logging.INFO, *, code: str, **fields: Any) -> None:
+    def request(
+        self,
+        event: str,
+        level: int = logging.INFO,
+        *,
+        code: str,
+        lazy: Callable[[], dict[str, Any]] | None = None,
+        **fields: Any,
+    ) -> None:
         """One served request: logged whole (``every_request``, or among the first ``burst`` of its code in
         the interval), else counted as ``<event>:<code>`` in the interval's summary; with its client (the
-        peer address the front door admitted it for)."""
+        peer address the front door admitted it for). ``lazy()``: more fields, made only for a line logged."""
         peer = current_client()
-        if self.every_request:
-            log_event(event, level, peer=peer, code=code, **fields)
-        else:
-            self.event(event, level, peer=peer, kind=f"{event}:{code}", code=code, **fields)
+        if self.every_request or self._admit(self._kinds.get((event, code)) or self._kind(event, code), peer):
+            log_event(event, level, peer=peer, code=code, **fields, **(lazy() if lazy is not None else {}))
+
+    def _kind(self, event: str, code: str) -> str:
+        kind = self._kinds[(event, code)] = f"{event}:{code}"  # bounded: events and status codes are few
+        return kind
 
     def flush(self, force: bool = False) -> None:
         """At the end of an interval: one ``suppressed`` line if anything was (the watchdog calls this

@@ -87,8 +87,6 @@ class Handler:
         """Run the request (an ``InferRequest``); the reply is an ``InferReply``. ``RpcFailure`` on refusal."""
         t0 = time.perf_counter()
         h = request.header
-        fields: dict[str, Any] = {"request_id": h.request_id, "model": h.model_sha256[:12], "cut": h.cut_id}
-        fields["codec"] = h.codec
         self._bytes_in.value = 0  # set once the request is checked; a failed one must not log the previous one's
         try:
             reply = self._admitted(request, time_remaining_s, t0, token)
@@ -103,7 +101,12 @@ class Handler:
                 queue_full=queue_full,
             )
             self.ratelog.request(  # rate-limited: a few lines per code and interval (``--log-every-request``)
-                "infer", logging.WARNING, **fields, code=exc.code.name, error=exc.message, total_ms=round(total_ms, 3)
+                "infer",
+                logging.WARNING,
+                code=exc.code.name,
+                **_fields(h),
+                error=exc.message,
+                total_ms=round(total_ms, 3),
             )
             raise
         r = reply.header
@@ -113,15 +116,18 @@ class Handler:
         )
         with self._lock:
             self.served += 1
-        self.ratelog.request(
+        bytes_in = getattr(self._bytes_in, "value", 0)
+        self.ratelog.request(  # the line's fields are made only when it is logged (most are counted)
             "infer",
-            **fields,
             code="OK",
-            tail_ms=round(r.tail_ms, 3),
-            queue_ms=round(r.queue_ms, 3),
-            build_ms=round(r.build_ms, 3),
-            total_ms=round(total_ms, 3),
-            bytes_in=getattr(self._bytes_in, "value", 0),
+            lazy=lambda: {
+                **_fields(h),
+                "tail_ms": round(r.tail_ms, 3),
+                "queue_ms": round(r.queue_ms, 3),
+                "build_ms": round(r.build_ms, 3),
+                "total_ms": round(total_ms, 3),
+                "bytes_in": bytes_in,
+            },
         )
         return reply
 
@@ -337,6 +343,11 @@ class Handler:
             return values, t_run, (time.perf_counter() - t_run) * 1e3
 
         return self.admission.run(work, min(deadline - time.monotonic(), MAX_WAIT_S), what=what, kind=kind)
+
+
+def _fields(h: pb.InferRequest) -> dict[str, Any]:
+    """A request's own fields in its log line."""
+    return {"request_id": h.request_id, "model": h.model_sha256[:12], "cut": h.cut_id, "codec": h.codec}
 
 
 def _codec(name: str) -> codec.Codec:

@@ -85,6 +85,7 @@ class CloudServer:
             in_slot=functools.partial(self.admission.run, kind=HEAVY),  # builds: the heavy lane (fairq)
             # As many children as builds may run at once (the heavy lane's cap).
             builder=Builder(self.admission.queue.config.heavy_cap) if config.build_in_child else None,
+            niced=self.niced,  # uploaded models' sessions are opened there
         )
         self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
         self.max_decoded_bytes = config.decoded_cap_bytes

@@ -331,10 +331,12 @@ class Handler:
                 suspect=suspect,
                 shrink_arena=shrink,
             )
-            # A client over its share, and a segment stopped by the run limit before (it may burn a core until
-            # the limit again), run at a lower OS priority (``niced``): the CPU goes to the others first.
+            # A client over its share, a segment stopped by the run limit before (it may burn a core until
+            # the limit again) and an uploaded model's (untrusted: its runs may cost a core whatever the
+            # client's share) run at a lower OS priority (``niced``): the CPU goes to the others first.
             try:
-                values = self.niced.call(go) if segment.run_limited or yielding else go()
+                niced = segment.run_limited or segment.untrusted or yielding
+                values = self.niced.call(go) if niced else go()
             except RpcFailure as exc:
                 ran_s = time.perf_counter() - t_run
                 if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and ran_s >= limit_s and deadline > time.monotonic():

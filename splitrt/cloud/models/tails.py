@@ -5,6 +5,9 @@ bytes by the server's ``MemoryBudget`` and in entries by ``capacity``.
   slot (clients naming many cuts queue, they do not build side by side), reserves ``build_peak_bytes`` and
   keeps ``session_bytes`` (``Tail.bytes``); with a ``builder`` the segment is made in its child
   (``child_build_bytes`` reserved meanwhile) and the session opened from its file (``session_peak_bytes``).
+- An uploaded model's tail (``store.is_upload_name``: untrusted) is opened on the ``niced`` threads, and
+  ``Tail.untrusted`` sends its runs there too (``handler.infer``): seconds of CPU for a large graph's
+  session, then every run, yield the cores to the operator's models.
 - One build per key at a time: a caller finding one in flight (a request's or the warm-up's) waits for it
   up to its own ``timeout_s`` (DEADLINE_EXCEEDED past it) and builds again only if it failed.
   ``.on_lease(sha256, cut_id)``, if set, is called after every lease whose block ended without an
@@ -13,6 +16,7 @@ bytes by the server's ``MemoryBudget`` and in entries by ``capacity``.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -35,9 +39,10 @@ from splitrt.cloud.capacity.memory import (
     session_peak_bytes,
     trim,
 )
+from splitrt.cloud.capacity.niced import NicePool
 from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.cloud.models.builder import Builder, segment_of
-from splitrt.cloud.models.store import ModelStore
+from splitrt.cloud.models.store import ModelStore, is_upload_name
 from splitrt.errors import ConfigError, ModelError
 from splitrt.graph.memory import tensor_bytes
 from splitrt.graph.ort_errors import onnxruntime_errors
@@ -67,6 +72,8 @@ class Tail:
     static_peak: Any = None
     # A run of it was terminated by the per-run limit (``runlimit``): its runs take the heavy lane since.
     run_limited: bool = False
+    # An uploaded model's: its session was opened, and its runs go, at the lower priority (``niced``).
+    untrusted: bool = False
     # Client -> when it last got this tail (monotonic s; ``TailCache.evict``), pruned to those within
     # ``HOT_S`` beyond ``RECENT_MAX`` clients.
     recent: dict[str, float] = field(default_factory=dict)
@@ -104,6 +111,7 @@ class TailCache:
         budget: MemoryBudget | None = None,
         in_slot: InSlot | None = None,
         builder: Builder | None = None,
+        niced: NicePool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if capacity < 1:
@@ -118,6 +126,8 @@ class TailCache:
         self.arena = Arena(self.budget)
         # Segments made in a child process (``builder``), or None: here, holding the GIL for long.
         self.builder = builder
+        # Where uploaded models' sessions are opened (None: on the caller's thread).
+        self.niced = niced
         self._clock = clock
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
@@ -307,7 +317,9 @@ class TailCache:
         return tail
 
     def _session(self, data: bytes | str, inputs: list[Any], sha256: str, cut_id: str) -> Tail:
-        """The session of a segment's bytes, or of its file (``str``: read without holding the GIL)."""
+        """The session of a segment's bytes, or of its file (``str``: read without holding the GIL); an
+        uploaded model's opened on the ``niced`` threads (its intra-op threads, made by the opening thread,
+        keep that priority)."""
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -315,13 +327,17 @@ class TailCache:
         opts.intra_op_num_threads = self.intra_op_threads
         # The arena all tails share: a run's activations stay for the next, within the budget (``arena``).
         arena_options(opts)
+        extra = bounded_folding(opts)
+        untrusted = is_upload_name(self.store.entry(sha256.partition("~")[0]).path)
         try:
             with onnxruntime_errors(f"tail of model {sha256[:12]} at cut {cut_id!r}", stage="build"):
-                session = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"], **bounded_folding(opts))
+                cpu = ["CPUExecutionProvider"]
+                opened = functools.partial(ort.InferenceSession, data, opts, providers=cpu, **extra)
+                session = self.niced.call(opened) if untrusted and self.niced is not None else opened()
         except ModelError as exc:  # onnxruntime's, mapped: the model is at fault, not the server
             raise RpcFailure(grpc.StatusCode.FAILED_PRECONDITION, self.store.scrub(str(exc))[:600]) from exc
         outputs = [o.name for o in session.get_outputs()]
-        return Tail(session=session, inputs=inputs, outputs=outputs)
+        return Tail(session=session, inputs=inputs, outputs=outputs, untrusted=untrusted)
 
     def touch(self, keys: list[tuple[str, str]]) -> None:
         """Make the cached ones of ``keys`` the most recently used, the first the most recent (no hit is

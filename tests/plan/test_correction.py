@@ -223,6 +223,20 @@ def _means(table: CostTable, cfg: sim.SimConfig, link: traces.Trace) -> tuple[fl
     bad="mid@fp32",
     cost=1.5,
 )
+# a 5 KB mid request queued ~150 ms behind the device's own bandwidth probe: with that wait in the link's
+# sample, 3 Mbit/s read as 0.4, mid was priced out and adaptive ran device (1.3x its price) 60 % of the time
+@example(
+    head_mid=60.0,
+    head_rest=137.18955167281848,
+    tails=(92.43313351540326, 37.84217588913392),
+    sent=(600000, 1238),
+    encode=(19.080717886722148, 1.4053242997932605),
+    call_ms=0.0,
+    mbps=3.0,
+    rtt_ms=84.28568283748253,
+    bad="device",
+    cost=1.2981169970198727,
+)
 def test_regret_against_the_best_fixed_plan_is_bounded_when_one_plan_is_mispriced(
     head_mid: float,
     head_rest: float,

@@ -530,10 +530,10 @@ def summary(rows: list[dict[str, Any]]) -> str:
     ratios = [y["mean_vs_best_other"] for y in v if math.isfinite(y.get("mean_vs_best_other", math.nan))]
     return "\n".join(
         [
-            f"{sum(1 for y in v if y['pass'])}/{n} cells meet every target",
+            f"{sum(1 for y in v if y.get('pass'))}/{n} cells meet every target",
             f"adaptive mean <= 1.10 x oracle: {sum(1 for y in v if y.get('mean_vs_oracle', math.nan) <= 1.10)}/{n}; "
             f"p95 <= 1.15 x oracle: {sum(1 for y in v if y.get('p95_vs_oracle', math.nan) <= 1.15)}/{n}; "
-            f"zero failed: {sum(1 for y in v if y['failed'] == 0)}/{n}",
+            f"zero failed: {sum(1 for y in v if y.get('failed') == 0)}/{n}",
             f"adaptive mean <= 1.02 x best other: {sum(1 for r in ratios if r <= 1.02)}/{n} "
             f"(<= 1.05: {sum(1 for r in ratios if r <= 1.05)}/{n}; geometric mean over cells "
             f"{math.exp(statistics.fmean(math.log(r) for r in ratios)) if ratios else math.nan:.3f}); "
@@ -587,7 +587,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{v.get('p95_vs_oracle', math.nan):.3f}",
                 f"{v.get('mean_vs_best_other', math.nan):.3f}",
                 "{:.2f}-{:.2f}".format(*best_ci(x)),
-                f"{v['failed']} {'PASS' if v['pass'] else 'miss'}",
+                f"{v['failed']} {'PASS' if v['pass'] else 'miss'}" if v else "-",
             )
         )
     return render(

@@ -225,7 +225,8 @@ class CloudServer:
         """Refuse new calls, drain in-flight ones for ``grace_s`` (default ``drain_timeout_s``): runs still
         going near its end are terminated (UNAVAILABLE), so a model that would run for ever cannot hold
         the shutdown; ``busy()`` says if one is stuck inside a kernel all the same."""
-        if self._server is None:
+        if self._server is None:  # never started (in-process) or stopped: its uploads' niced threads may run
+            self.niced.close()
             return
         grace = self.config.drain_timeout_s if grace_s is None else grace_s
         self.health.enter_graceful_shutdown()

@@ -67,11 +67,14 @@ def test_missing_model_is_uploaded_in_process(tmp_path: Path) -> None:
     # Uploads need a token (secure by default); the in-process transport passes no metadata and no
     # interceptor runs: the servicer is called directly.
     s = CloudServer(ServerConfig(models_dir=tmp_path, allow_upload=True, tokens=("t0ken-t0ken",), intra_op_threads=1))
-    with Device(zoo.get("tiny_chain"), config=CONFIG, transport=InProcessTransport(servicer_of(s))) as dev:
-        x = dev.random_inputs()
-        res = dev.run_detailed(x, cut="c1")  # blocking API: uploads inline, then infers
-        assert res.where == "cloud"
-        np.testing.assert_allclose(res.outputs["y"], dev.run_local(x)["y"], rtol=1e-5, atol=1e-6)
+    try:
+        with Device(zoo.get("tiny_chain"), config=CONFIG, transport=InProcessTransport(servicer_of(s))) as dev:
+            x = dev.random_inputs()
+            res = dev.run_detailed(x, cut="c1")  # blocking API: uploads inline, then infers
+            assert res.where == "cloud"
+            np.testing.assert_allclose(res.outputs["y"], dev.run_local(x)["y"], rtol=1e-5, atol=1e-6)
+    finally:
+        s.stop()  # never started: stop releases what the upload's session opened (its niced thread)
     assert (tmp_path / f"{dev.sha256}.onnx").read_bytes() == zoo.get("tiny_chain").read_bytes()
 
 

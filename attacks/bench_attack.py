@@ -1427,7 +1427,7 @@ class HostileModel(Attack):
         self.spawn(run)
 
     def disarm(self) -> None:
-        self.notes.setdefault("infer_codes", dict(self.codes))
+        self.notes["infer_codes"] = dict(self.codes)  # over every block so far
 
 
 class UploadBurst(Attack):

@@ -388,6 +388,7 @@ def router_cells(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 ABLATIONS = {
     "adaptive-hold": ("hold", "the controller before held gains added up"),
     "adaptive-keep": ("keep", "the link estimate before a lone slow sample was dropped"),
+    "adaptive-news": ("news", "the link estimate before a lone slow sample waited to be confirmed"),
 }
 
 

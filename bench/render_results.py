@@ -215,6 +215,7 @@ def rig_grid_tables(doc: dict[str, Any]) -> list[Table]:
         for name, key, what in (
             ("adaptive-hold", "hold", "the controller before held gains added up"),
             ("adaptive-keep", "keep", "the link estimate before a lone slow sample was dropped"),
+            ("adaptive-news", "news", "the link estimate before a lone slow sample waited to be confirmed"),
         ):
             ablated = [c for c in r["cells"] if f"{key}_ratio" in c]
             if not ablated:

@@ -124,9 +124,9 @@ def register(sub: Any) -> None:
 def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[str, str, dict[str, Any]]:
     """Pick (cut, codec) with the solver from the cost table (``profile.tables.build``: the profiles, else
     a shipped profile, else the FLOPs prior; ``--board``'s speed as in `plan`) and a probe of the link
-    (``plan.netmon.probe_bandwidth``: a link too fast for the probe to time, loopback, is planned at the
+    (``plan.observe.probe_bandwidth``: a link too fast for the probe to time, loopback, is planned at the
     most the probe resolves, and said so)."""
-    from splitrt.plan import costmodel, netmon, solver
+    from splitrt.plan import costmodel, observe, solver
     from splitrt.profile import boards, tables
 
     board = boards.load_board(args.board) if args.board else None
@@ -135,7 +135,7 @@ def plan_auto(dev: Device, args: argparse.Namespace, cuts: Any = None) -> tuple[
     )
     print(f"splitrt run: cost table from {costs.source}", file=sys.stderr)
     up = 1 << 20
-    probe = netmon.probe_bandwidth(
+    probe = observe.probe_bandwidth(
         [dev.probe(0, 0).seconds for _ in range(5)], [dev.probe(up, 0).seconds for _ in range(3)], up
     )
     bandwidth_mbps, rtt_s = probe.bandwidth_mbps, probe.rtt_ms / 1e3

@@ -30,10 +30,13 @@ which every plan that sends was priced with), and a spike (a retransmit, a GC pa
 follows a persistent rise within ``rtt_window`` samples, a fall at once. Transfers are corrected with the
 same minimum, so queueing in the RTT samples never makes the bandwidth look higher than it is.
 
-A lone slow sample is news until the next sample: the estimate drops at once, and if the next sample is
-back within ``step_ratio`` of the estimate before it, the slow one is dropped (at most one per
-``forgive_slow_s``: a link whose transfers are often slow keeps them), so one stalled transfer does not
-hold a low estimate for ``max_sample_age_s`` while the plan it caused sends nothing to contradict it.
+A lone slow sample is news until the next sample: the estimate drops at once, but as the harmonic mean
+of the window takes one sample (``confirm_slow``: one 0.6 Mbit/s sample among seven at 5 gives 2.6), not
+as the newest sample (which recency weighting lets set the estimate alone); the next sample confirms it
+(a step: the reset keeps both) or contradicts it. If the next sample is back within ``step_ratio`` of the
+estimate before it, the slow one is dropped (at most one per ``forgive_slow_s``: a link whose transfers
+are often slow keeps them), so one stalled transfer does not hold a low estimate for ``max_sample_age_s``
+while the plan it caused sends nothing to contradict it.
 
 Small transfers are RTT-dominated: their ``seconds`` minus the RTT is mostly noise. A sample counts
 for bandwidth only if it has at least ``min_bytes`` and its transfer part (``seconds - rtt``) is at
@@ -66,9 +69,6 @@ Directions differ (uplink vs downlink): keep one :class:`LinkEstimator` per dire
   (a one-off spike moves nothing; stale samples do not outvote a fresh one after a gap). The runtime feeds
   ``add_cloud`` with ``queue_wait_s=0`` (as the simulator does): the queue is ``LoadEstimate.queue_ms``, filled
   in from the target cloud's ``QueueEstimator``.
-- ``probe_bandwidth(rtts_s, loaded_s, nbytes) -> ProbeBandwidth`` (``splitrt run --cut auto``'s one-shot probe):
-  measured only when the transfer outlasts ``PROBE_RESOLVE`` x the RTT's jitter, else ``resolved`` False and
-  the least rate consistent with it (loopback: a 1 MiB probe comes back within the jitter).
 """
 
 from __future__ import annotations
@@ -125,6 +125,12 @@ class LinkConfig:
     # sent to the device carried no transfer to contradict it. At most one per this many seconds, so a
     # link whose transfers are often slow keeps them all. None: never dropped.
     forgive_slow_s: float | None = 3.0
+    # Until the next sample confirms it, a lone slow sample counts as one sample of the window, not as the
+    # newest (recency weighting would let it alone set the estimate): one stalled transfer (373 ms among
+    # ~200 ms ones on the rig) took the estimate from 2.7 to 0.93 Mbit/s, adaptive left cloud@jpeg90 for
+    # ``device`` (262 ms) and stayed 10 requests. A real step is the next sample's too: the step reset then
+    # takes it in full, one request later. False: the newest sample's weight, as any other.
+    confirm_slow: bool = True
     # Probe when bandwidth or RTT has no sample this recent. 0.5 s: after a dip sends the plan to the
     # device, only probes tell when the link is back (bench/bench_sim.py over the HSDPA traces: adaptive
     # vs the best fixed strategy worst 1.017 at 0.5 s, 1.025 at 1 s). A bandwidth probe takes about two
@@ -323,12 +329,22 @@ class LinkEstimator:
     def bandwidth_mbps(self) -> float:
         if not self._rates:
             return self.config.prior_bandwidth_mbps
+        rates = list(self._rates)
+        if self.config.confirm_slow and self._pending == 1 and self._pending_side == -1 and len(rates) > 1:
+            # a lone slow sample, unconfirmed: one of the window's n samples (the harmonic mean's weight),
+            # beside the estimate the others make (LinkConfig.confirm_slow)
+            n = len(rates)
+            return n / ((n - 1) / self._weighted(rates[:-1]) + 1 / rates[-1].mbps)
+        return self._weighted(rates)
+
+    def _weighted(self, rates: list[_Rate]) -> float:
+        """The harmonic mean of ``rates``, each weighted by its recency (from the newest of them)."""
         h = self.config.recency_half_life_s
         if h is None:
-            return _harmonic([r.mbps for r in self._rates])
-        newest = self._rates[-1].t_s
-        weights = [_freshness(newest - r.t_s, h) for r in self._rates]
-        return sum(weights) / sum(w / r.mbps for w, r in zip(weights, self._rates, strict=True))
+            return _harmonic([r.mbps for r in rates])
+        newest = rates[-1].t_s
+        weights = [_freshness(newest - r.t_s, h) for r in rates]
+        return sum(weights) / sum(w / r.mbps for w, r in zip(weights, rates, strict=True))
 
     def rtt_ms(self) -> float:
         return self._rtt_floor_ms() if self._rtts else self.config.prior_rtt_ms
@@ -543,58 +559,3 @@ class LoadEstimator:
         return LoadEstimate(
             device_factor=self._device.get(now_s) * self.device_speed, cloud_factor=self._cloud.get(now_s)
         )
-
-
-# -- one-shot probe (`splitrt run --cut auto`) ---------------------------------------------------------
-
-#: A probe's transfer counts as measured only when it lasts this many times the RTT samples' jitter.
-PROBE_RESOLVE = 4.0
-#: The least jitter a timed round trip is taken to have (timer and scheduling): 0.1 ms.
-PROBE_JITTER_FLOOR_S = 1e-4
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProbeBandwidth:
-    """What a few empty and a few loaded probes tell: ``bandwidth_mbps`` (measured when ``resolved``, else
-    the least rate consistent with a transfer lost in the jitter: what the probe can resolve at most),
-    ``rtt_ms`` (the median), ``transfer_ms`` (fastest loaded probe minus the RTT) and ``jitter_ms``."""
-
-    bandwidth_mbps: float
-    rtt_ms: float
-    transfer_ms: float
-    jitter_ms: float
-    resolved: bool
-
-    def note(self, nbytes: int) -> str:
-        """One line for the user: the estimate and, when not resolved, why."""
-        if self.resolved:
-            return f"{self.bandwidth_mbps:.4g} Mbit/s ({nbytes} B in {self.transfer_ms:.3g} ms beyond the RTT)"
-        return (
-            f"not measurable by a {nbytes} B probe (its {self.transfer_ms:.3g} ms beyond the RTT are within "
-            f"{PROBE_RESOLVE:g}x the RTT's jitter of {self.jitter_ms:.3g} ms): planned at its floor, "
-            f"{self.bandwidth_mbps:.4g} Mbit/s, the most this probe can resolve"
-        )
-
-
-def probe_bandwidth(rtts_s: list[float], loaded_s: list[float], nbytes: int) -> ProbeBandwidth:
-    """Bandwidth from round trips without payload (``rtts_s``) and with ``nbytes`` (``loaded_s``). The
-    transfer (the fastest loaded probe minus the median RTT) is known to within the RTT samples' spread
-    (of their middle half, at least ``PROBE_JITTER_FLOOR_S``); when it is shorter than ``PROBE_RESOLVE``
-    spreads (loopback, a LAN) the rate is not measured: ``bandwidth_mbps`` is then ``nbytes`` over
-    ``PROBE_RESOLVE + 1`` spreads, the least rate consistent with what was timed, never a division by a
-    near-zero."""
-    if not rtts_s or not loaded_s or nbytes <= 0:
-        raise PlanError(f"probe: expected RTT and loaded samples and bytes > 0, got {rtts_s}, {loaded_s}, {nbytes}")
-    ordered = sorted(_finite("rtt", x) for x in rtts_s)
-    rtt = ordered[len(ordered) // 2]
-    # the spread of the middle half (the fastest and slowest quarter dropped): one stalled round trip on a
-    # busy host (70 ms among 0.5 ms ones) says nothing of how finely the others time
-    quarter = len(ordered) // 4
-    jitter = max(ordered[len(ordered) - 1 - quarter] - ordered[quarter], PROBE_JITTER_FLOOR_S)
-    transfer = min(_finite("loaded", x) for x in loaded_s) - rtt
-    bits = nbytes * 8 / _BITS_PER_MBIT
-    resolved = transfer >= PROBE_RESOLVE * jitter
-    mbps = bits / transfer if resolved else bits / ((PROBE_RESOLVE + 1) * jitter)
-    return ProbeBandwidth(
-        bandwidth_mbps=mbps, rtt_ms=rtt * 1e3, transfer_ms=transfer * 1e3, jitter_ms=jitter * 1e3, resolved=resolved
-    )

@@ -23,13 +23,18 @@ samples, and when to probe. ``device.runtime`` (a request: its ``feedback`` buil
   ``probe_started``), ``bandwidth_probe(link, now_s) -> BandwidthProbe | None``, ``probe_twice(pairs=,
   link_busy=)``; through a relay (``device.runtime.hops``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
   hop | None``.
+- ``probe_bandwidth(rtts_s, loaded_s, nbytes) -> ProbeBandwidth`` (``splitrt run --cut auto``'s one-shot probe):
+  measured only when the transfer outlasts ``PROBE_RESOLVE`` x the RTT's jitter, else ``resolved`` False and
+  the least rate consistent with it (loopback: a 1 MiB probe comes back within the jitter).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from splitrt.errors import PlanError
 from splitrt.plan.netmon import LinkEstimator, LoadEstimator
 from splitrt.plan.queueing import QueueEstimator
 
@@ -257,3 +262,64 @@ def relay_probe_sizes(hops: Sequence[LinkEstimator], now_s: float, *, tier_due: 
     for h in hops:
         h.probe_started(now_s)
     return sizes
+
+
+# -- one-shot probe (`splitrt run --cut auto`) ---------------------------------------------------------
+
+#: A probe's transfer counts as measured only when it lasts this many times the RTT samples' jitter.
+PROBE_RESOLVE = 4.0
+#: The least jitter a timed round trip is taken to have (timer and scheduling): 0.1 ms.
+PROBE_JITTER_FLOOR_S = 1e-4
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeBandwidth:
+    """What a few empty and a few loaded probes tell: ``bandwidth_mbps`` (measured when ``resolved``, else
+    the least rate consistent with a transfer lost in the jitter: what the probe can resolve at most),
+    ``rtt_ms`` (the median), ``transfer_ms`` (fastest loaded probe minus the RTT) and ``jitter_ms``."""
+
+    bandwidth_mbps: float
+    rtt_ms: float
+    transfer_ms: float
+    jitter_ms: float
+    resolved: bool
+
+    def note(self, nbytes: int) -> str:
+        """One line for the user: the estimate and, when not resolved, why."""
+        if self.resolved:
+            return f"{self.bandwidth_mbps:.4g} Mbit/s ({nbytes} B in {self.transfer_ms:.3g} ms beyond the RTT)"
+        return (
+            f"not measurable by a {nbytes} B probe (its {self.transfer_ms:.3g} ms beyond the RTT are within "
+            f"{PROBE_RESOLVE:g}x the RTT's jitter of {self.jitter_ms:.3g} ms): planned at its floor, "
+            f"{self.bandwidth_mbps:.4g} Mbit/s, the most this probe can resolve"
+        )
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(v := float(value)):
+        raise PlanError(f"{name}: expected a finite number, got {value!r}")
+    return v
+
+
+def probe_bandwidth(rtts_s: list[float], loaded_s: list[float], nbytes: int) -> ProbeBandwidth:
+    """Bandwidth from round trips without payload (``rtts_s``) and with ``nbytes`` (``loaded_s``). The
+    transfer (the fastest loaded probe minus the median RTT) is known to within the RTT samples' spread
+    (of their middle half, at least ``PROBE_JITTER_FLOOR_S``); when it is shorter than ``PROBE_RESOLVE``
+    spreads (loopback, a LAN) the rate is not measured: ``bandwidth_mbps`` is then ``nbytes`` over
+    ``PROBE_RESOLVE + 1`` spreads, the least rate consistent with what was timed, never a division by a
+    near-zero."""
+    if not rtts_s or not loaded_s or nbytes <= 0:
+        raise PlanError(f"probe: expected RTT and loaded samples and bytes > 0, got {rtts_s}, {loaded_s}, {nbytes}")
+    ordered = sorted(_finite("rtt", x) for x in rtts_s)
+    rtt = ordered[len(ordered) // 2]
+    # the spread of the middle half (the fastest and slowest quarter dropped): one stalled round trip on a
+    # busy host (70 ms among 0.5 ms ones) says nothing of how finely the others time
+    quarter = len(ordered) // 4
+    jitter = max(ordered[len(ordered) - 1 - quarter] - ordered[quarter], PROBE_JITTER_FLOOR_S)
+    transfer = min(_finite("loaded", x) for x in loaded_s) - rtt
+    bits = nbytes * 8 / 1e6  # Mbit
+    resolved = transfer >= PROBE_RESOLVE * jitter
+    mbps = bits / transfer if resolved else bits / ((PROBE_RESOLVE + 1) * jitter)
+    return ProbeBandwidth(
+        bandwidth_mbps=mbps, rtt_ms=rtt * 1e3, transfer_ms=transfer * 1e3, jitter_ms=jitter * 1e3, resolved=resolved
+    )

@@ -29,7 +29,8 @@ from splitrt.rig.tracespec import family_median_mbps, load_trace, trace_family
 
 # two tiers (bench, fleet); the ablations only when named (``strategies.HOLD_ABLATION``, ``SLOW_ABLATION``)
 TWO_TIER = tuple(n for n in strategies.STRATEGIES if n not in ONLY_THREE)
-STRATEGIES = tuple(n for n in TWO_TIER if n not in (strategies.HOLD_ABLATION, strategies.SLOW_ABLATION))
+ABLATIONS = (strategies.HOLD_ABLATION, strategies.SLOW_ABLATION, strategies.NEWS_ABLATION)
+STRATEGIES = tuple(n for n in TWO_TIER if n not in ABLATIONS)
 TIER_STRATEGIES = tuple(n for n in strategies.STRATEGIES if n not in ONLY_TWO)
 DEFAULT_STRATEGIES = ("device-only", "cloud-only", "static", "periodic", "adaptive", "oracle")
 TIER_DEFAULTS = ("device-only", "cloud-only", "static-2tier", "edge-only", "static-3tier", "adaptive")

@@ -55,7 +55,7 @@ from splitrt.plan.netmon import LinkConfig, LinkEstimator, LoadEstimator
 from splitrt.plan.solver import parse_plan
 from splitrt.rig import traces
 from splitrt.rig.stats import in_intervals, transfer_ms
-from splitrt.rig.strategies import HOLD_ABLATION, SLOW_ABLATION
+from splitrt.rig.strategies import HOLD_ABLATION, NEWS_ABLATION, SLOW_ABLATION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,11 +370,12 @@ def simulate_all(
     table: Any, policies: dict[str, str], played: traces.Trace, cfg: SimConfig
 ) -> dict[str, list[SimRequest]]:
     """Every strategy over the same window (``device-only`` runs without a cloud, as in the rig; the hold
-    ablation with ``hold_drift_fraction`` 0 and the slow-sample one with ``forgive_slow_s`` None, as the
-    rig's worker runs them)."""
+    ablation with ``hold_drift_fraction`` 0, the slow-sample ones with ``forgive_slow_s`` None and with
+    ``confirm_slow`` False, as the rig's worker runs them)."""
     ablated = {
         HOLD_ABLATION: replace(cfg, controller=replace(cfg.controller, hold_drift_fraction=0.0)),
         SLOW_ABLATION: replace(cfg, link=replace(cfg.link, forgive_slow_s=None)),
+        NEWS_ABLATION: replace(cfg, link=replace(cfg.link, confirm_slow=False)),
     }
     return {
         name: simulate(table, pol, played, ablated.get(name, cfg), with_cloud=name != "device-only")

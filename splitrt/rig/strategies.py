@@ -12,7 +12,9 @@ edge (``AdaptiveDevice`` over the three tiers): ``edge-only`` (the edge runs the
 (two tiers) is adaptive whose hysteresis holds any gain within its margin for good
 (``ControllerConfig.hold_drift_fraction`` 0, the controller before gains that persist added up): the
 before of that change, side by side in one run (``HOLD_ABLATION``); ``adaptive-keep`` is adaptive whose
-link estimate keeps a lone slow sample (``LinkConfig.forgive_slow_s`` None, ``SLOW_ABLATION``). ``oracle`` and
+link estimate keeps a lone slow sample (``LinkConfig.forgive_slow_s`` None, ``SLOW_ABLATION``); ``adaptive-news``
+is adaptive whose link estimate takes a lone slow sample at the newest sample's weight (``LinkConfig.confirm_slow``
+False, ``NEWS_ABLATION``). ``oracle`` and
 ``oracle-route`` are computed afterwards over the ``adaptive`` / ``route`` run's request times (two tiers).
 """
 
@@ -43,6 +45,7 @@ STRATEGIES = (
     "adaptive",
     "adaptive-hold",
     "adaptive-keep",
+    "adaptive-news",
     "oracle",
     "oracle-route",
 )
@@ -59,6 +62,8 @@ ONLY_THREE = ("static-2tier", "edge-only", "static-3tier", "adaptive-2tier")
 HOLD_ABLATION = "adaptive-hold"
 #: The ablation strategy: adaptive with ``LinkConfig(forgive_slow_s=None)`` (the worker sets it).
 SLOW_ABLATION = "adaptive-keep"
+#: The ablation strategy: adaptive with ``LinkConfig(confirm_slow=False)`` (the worker sets it).
+NEWS_ABLATION = "adaptive-news"
 FIXED = ("device-only", "cloud-only", "static", "static-2tier", "static-fixed", "edge-only", "static-3tier")
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from splitrt.plan.netmon import LoadEstimator
 from splitrt.rig import protocol as P
 from splitrt.rig.models import cost_tables
-from splitrt.rig.strategies import HOLD_ABLATION, SLOW_ABLATION
+from splitrt.rig.strategies import HOLD_ABLATION, NEWS_ABLATION, SLOW_ABLATION
 
 
 def _emit(msg: dict[str, Any]) -> None:
@@ -280,6 +280,8 @@ class Agent:
         rc = RuntimeConfig(policy=msg.policy, deadline_ms=s.deadline_ms, warm_sessions=False, controller=ctl)
         if msg.name == SLOW_ABLATION:  # the link estimate before a lone slow sample was dropped
             rc = replace(rc, link=replace(rc.link, forgive_slow_s=None))
+        if msg.name == NEWS_ABLATION:  # the link estimate before a lone slow sample waited to be confirmed
+            rc = replace(rc, link=replace(rc.link, confirm_slow=False))
         if msg.tiers == 2:  # the direct path to the last tier (every server known, this device's first)
             clouds = [] if msg.policy == "fixed:device" else list(s.servers[-1])
             return AdaptiveDevice(self.mg, tables[0], clouds, config=rc, **kw)

@@ -32,7 +32,10 @@ treats each long wait as an outlier. ``Corrections`` keeps, per plan, the mean w
 (``ReplyObservation.probe_wait_s``): it timed the probe, not the link (a 5 KB request queued 150 ms behind one
 read 0.4 Mbit/s on a 3 Mbit/s link and adaptive fled to a device plan 1.3x its price). The price: a plan whose
 uploads are RTT-dominated keeps bandwidth stale and draws more probes (fixed cloud plans in 80 drawn
-cases: geometric mean +3 %, worst 1.8x; adaptive -0.5 %, its regret's worst 1.045 -> 1.014).
+cases: geometric mean +3 %, worst 1.8x; adaptive -0.5 %, its regret's worst 1.045 -> 1.014). Only such a
+plan is charged: a plan whose upload is a bandwidth sample keeps the estimate fresh itself, and
+``of_request`` leaves out the wait its request met (``draws_probes``; a probe that opened a rig turn cost
+cloud@jpeg90 37 ms and adaptive fled to cloud@jpeg95 for 11 requests).
 
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that
@@ -54,7 +57,8 @@ that made them) up to each decision's ``seen``.
   the plan's whole price (bounds a step); ``sent_bytes`` what it uploaded on its first hop and
   ``priced_bytes`` what the table priced there (0: not known, nothing learnt); ``probe_wait_ms`` how long
   of its RPC it queued behind the device's own bandwidth probe. ``Observation.of_request(plan=, priced_ms=,
-  total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=, sent_bytes=0, priced_bytes=0, probe_wait_ms=0)``
+  total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=, sent_bytes=0, priced_bytes=0, probe_wait_ms=0,
+  upload_ms=None, rtt_ms=0)`` (the wait left out when ``draws_probes(upload_ms, rtt_ms)`` is False)
   makes one from a request's figures. ``.to_json()`` / ``Observation.from_json(dict)``.
 - ``Corrections(config)``: ``.observe(obs) -> index``, ``.offset_ms(plan, now_s) -> ms``, ``.offsets(now_s)
   -> {plan: ms}`` (the plans with evidence), ``.bytes_ratio(plan) -> float`` (1: no evidence),
@@ -68,9 +72,10 @@ from dataclasses import dataclass
 
 from splitrt.errors import ConfigError, PlanError
 from splitrt.plan.costmodel import MS_PER_BYTE_AT_1MBPS, CostTable
+from splitrt.plan.netmon import LinkConfig
 from splitrt.plan.path import parse_plan
 
-__all__ = ["CorrectionConfig", "Corrections", "Observation"]
+__all__ = ["CorrectionConfig", "Corrections", "Observation", "draws_probes"]
 
 #: A request's bytes over the priced ones, clipped (a frame 20x its price is a different input, not a
 #: frame of this camera's) ...
@@ -150,12 +155,19 @@ class Observation:
         sent_bytes: float = 0.0,
         priced_bytes: float = 0.0,
         probe_wait_ms: float = 0.0,
+        upload_ms: float | None = None,
+        rtt_ms: float = 0.0,
     ) -> Observation:
         """A request's observation (the runtime and ``rig.sim`` both make it so): ``priced_ms`` the
         decision's encode + call terms; what it took (``total_ms``) beyond its head (the whole model's run
         on ``device``) and its RPC (``round_trip_ms``, 0 on ``device``: the server's queue, build and tail are
-        in it); ``price_ms`` the decision's price before correction."""
+        in it); ``price_ms`` the decision's price before correction. ``upload_ms`` and ``rtt_ms``: the decision's
+        upload and RTT terms (None: not known); a plan whose upload is a bandwidth sample (``draws_probes``
+        False) keeps the estimate fresh itself, so the probe its request met is none of its making (the
+        rig's turns start with one): its wait is not the plan's."""
         measured = total_ms - head_ms - round_trip_ms
+        if upload_ms is not None and not draws_probes(upload_ms, rtt_ms):
+            probe_wait_ms = 0.0
         return Observation(
             plan=plan,
             predicted_ms=priced_ms,
@@ -194,6 +206,18 @@ class Observation:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"observation: expected plan, predicted_ms, measured_ms and t_s, got {d!r}") from exc
+
+
+def draws_probes(
+    upload_ms: float, rtt_ms: float, min_transfer_fraction: float = LinkConfig.min_transfer_fraction
+) -> bool:
+    """Whether a plan's requests leave the bandwidth estimate stale, so that the device probes the link
+    for them: their upload (``upload_ms``, beside the round trip ``rtt_ms``) is below
+    ``min_transfer_fraction`` of the whole (``LinkConfig``'s default), which the estimator ignores. Only such
+    a plan's requests queue behind probes of its own making (``Observation.probe_wait_ms``): on the rig a
+    cloud@jpeg90 request (97 ms upload, 83 ms RTT) met a 187 ms probe at a turn's start, its plan was priced
+    37 ms up, and adaptive left it for cloud@jpeg95 (no such evidence) and held that 11 requests."""
+    return upload_ms < min_transfer_fraction * (upload_ms + rtt_ms)
 
 
 @dataclass

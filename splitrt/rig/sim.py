@@ -290,6 +290,8 @@ class _Run:
                     t_s=t + latency_ms / 1e3,
                     price_ms=d.predicted_ms - d.correction_ms,
                     probe_wait_ms=waited_ms or 0.0,
+                    upload_ms=d.hop_upload_ms[0] if d.hop_upload_ms else None,
+                    rtt_ms=d.hop_rtt_ms[0] if d.hop_rtt_ms else 0.0,
                 )
             )
         return SimRequest(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from splitrt.errors import ConfigError, PlanError
 from splitrt.plan.controller import Controller, ControllerConfig
-from splitrt.plan.correction import CorrectionConfig, Corrections, Observation
+from splitrt.plan.correction import CorrectionConfig, Corrections, Observation, draws_probes
 from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
 from splitrt.plan.replay import replay
@@ -279,3 +279,41 @@ def test_without_corrections_a_mispriced_plan_costs_its_whole_misprice() -> None
         adaptive, fixed = _means(table, cfg, link)
         regrets[enabled] = adaptive / min(fixed.values())
     assert regrets[False] > 1.3 and regrets[True] < 1.10, regrets
+
+
+def test_a_plan_whose_uploads_refresh_bandwidth_is_not_charged_the_probes_it_meets() -> None:
+    """The rig's hsdpa/train inception_v1 device-burst cell: a cloud@jpeg90 request (97 ms upload, 83 ms RTT)
+    queued 187 ms behind the probe that opened a turn; charged to its plan, the wait priced it 37 ms up and
+    adaptive left it for cloud@jpeg95, a plan without that evidence, for 11 requests. A plan whose upload is a
+    bandwidth sample keeps the estimate fresh itself: the probe was none of its making."""
+    assert not draws_probes(97.0, 83.0) and draws_probes(3.0, 80.0)  # cloud@jpeg90; a tiny cut's 2 kB
+    kw = {"priced_ms": 1.5, "total_ms": 460.0, "head_ms": 0.0, "round_trip_ms": 458.0, "t_s": 1.0}
+    assert (
+        Observation.of_request(plan="cloud@fp32", probe_wait_ms=187.0, upload_ms=97.0, rtt_ms=83.0, **kw).probe_wait_ms
+        == 0
+    )
+    assert (
+        Observation.of_request(plan="c1@fp32", probe_wait_ms=187.0, upload_ms=3.0, rtt_ms=80.0, **kw).probe_wait_ms
+        == 187
+    )
+    assert Observation.of_request(plan="c1@fp32", probe_wait_ms=187.0, **kw).probe_wait_ms == 187  # not known
+    # the controller: two cloud codecs priced alike, one request of the plan in use meets a probe
+    table = _table(codecs={"fp32": 1.0, "fp16": 0.98})
+    ctl, fast = Controller(table, ControllerConfig(codecs=None)), replace(LINK, bandwidth_mbps=40.0)
+    first = ctl.decide(0.0, fast, LOAD)
+    assert first.plan == "cloud@fp16" and first.hop_upload_ms[0] > 0.25 * first.hop_rtt_ms[0]
+    ctl.observe(
+        Observation.of_request(
+            plan=first.plan,
+            priced_ms=first.encode_ms + first.call_ms,
+            total_ms=first.predicted_ms + 187.0,
+            head_ms=0.0,
+            round_trip_ms=first.predicted_ms + 187.0 - first.encode_ms - first.call_ms,
+            t_s=0.2,
+            price_ms=first.predicted_ms,
+            probe_wait_ms=187.0,
+            upload_ms=first.hop_upload_ms[0],
+            rtt_ms=first.hop_rtt_ms[0],
+        )
+    )
+    assert ctl.decide(0.25, fast, LOAD).plan == "cloud@fp16"

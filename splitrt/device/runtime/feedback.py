@@ -132,4 +132,6 @@ def correction(
         priced_bytes=priced,
         # a cost of the plan: one whose uploads do not refresh bandwidth draws probes
         probe_wait_ms=res.probe_wait_ms if answered else 0.0,
+        upload_ms=decision.hop_upload_ms[0] if decision.hop_upload_ms else None,
+        rtt_ms=decision.hop_rtt_ms[0] if decision.hop_rtt_ms else 0.0,
     )

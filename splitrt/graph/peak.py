@@ -80,14 +80,15 @@ class PeakEstimator:
         self._cache: OrderedDict[tuple[Any, ...], Estimate] = OrderedDict()
         self._sizing: OrderedDict[str, frozenset[str]] = OrderedDict()
 
-    def sizing(self, segment: str, skel: Any) -> frozenset[str]:
-        """The skeleton's inputs whose values may decide a size (``sizing.sizing_inputs``), cached."""
+    def sizing(self, segment: str, skel: Any, known: frozenset[str] | None = None) -> frozenset[str]:
+        """The skeleton's inputs whose values may decide a size (``sizing.sizing_inputs``), cached; ``known``:
+        that answer, worked out elsewhere (where the segment was made), taken as is."""
         from splitrt.graph.sizing import sizing_inputs
 
         with self._lock:
             hit = self._sizing.get(segment)
         if hit is None:
-            hit = sizing_inputs(skel)
+            hit = known if known is not None else sizing_inputs(skel)
             with self._lock:
                 self._sizing[segment] = hit
                 while len(self._sizing) > _CACHE_ENTRIES:

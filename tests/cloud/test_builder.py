@@ -25,7 +25,8 @@ from splitrt.device.client import Device
 from splitrt.errors import CloudError
 from splitrt.graph import zoo
 from splitrt.graph.model import model_sha256
-from splitrt.graph.peak import peak_bytes
+from splitrt.graph.peak import PeakEstimator, peak_bytes
+from splitrt.graph.sizing import sizing_inputs
 from splitrt.transport import codec, wire
 from splitrt.transport import splitrt_pb2 as pb
 from splitrt.transport.grpc_transport import GrpcTransport
@@ -102,6 +103,10 @@ def test_segments_made_in_a_child_answer_as_those_made_here(models_dir: Path, de
             # the one the request path would have made here.
             for tail in server.tails._cache.values():
                 assert (tail.static_peak is not None) is in_child
+                # And which inputs' values decide a size, walked there, not on the request path here.
+                assert (tail.sizing is not None) is in_child
+                if in_child:
+                    assert tail.sizing == sizing_inputs(tail.skeleton)
                 if in_child:
                     shapes = dict(tail.static_peak[0])
                     assert shapes.keys() == {n for n, _, _ in tail.inputs}
@@ -216,3 +221,10 @@ def _try(server: CloudServer, req: wire.Framed) -> object:
         return _infer(server, req)
     except Exception as exc:
         return exc
+
+
+def test_a_sizing_answer_made_with_the_segment_is_taken_as_is() -> None:
+    """The request path asks the cache with the tail's own answer: no walk of the segment's nodes here."""
+    peaks = PeakEstimator()
+    assert peaks.sizing("m/c", None, known=frozenset({"n"})) == {"n"}  # a skeleton of None: never walked
+    assert peaks.sizing("m/c", None) == {"n"}  # cached for the estimate's own lookup

@@ -241,7 +241,7 @@ class Handler:
         integer inputs' values (estimated from the graph, ``peak``; refused beyond ``max_request_bytes``);
         and how many of its tensors' sizes no shape tells (data dependent: the memory watch's first suspects)."""
         segment = f"{sha256}/{key}"
-        sizing = self.peaks.sizing(segment, tail.skeleton) if values else frozenset()
+        sizing = self.peaks.sizing(segment, tail.skeleton, known=tail.sizing) if values else frozenset()
         values = {k: v for k, v in values.items() if k in sizing}  # token ids are data, not sizes
         static = tail.static_peak  # estimated where the segment was made, at its fixed input shapes
         if static is not None and not values and static[0] == tuple(sorted(shapes.items())):

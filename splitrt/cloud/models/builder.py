@@ -57,6 +57,9 @@ class Made:
     # (shapes sorted by name, estimate). Made here because onnx's shape inference over a large graph holds
     # the GIL; None when a dim is free.
     static_peak: tuple[tuple[tuple[str, tuple[int, ...]], ...], Any] | None = None
+    # ``sizing.sizing_inputs`` of the skeleton: made here too (a walk of every node, in Python: 0.07-0.25 s
+    # holding the GIL for a 60 000-node upload, at its first request).
+    sizing: frozenset[str] | None = None
 
 
 def segment_of(graph: Any, sha256: str, cut_id: str, root: Path) -> Any:
@@ -85,11 +88,12 @@ def segment_of(graph: Any, sha256: str, cut_id: str, root: Path) -> Any:
 
 
 def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None, out: str) -> tuple[Any, ...]:
-    """In the child: ("ok", inputs, skeleton bytes, weights bytes, static peak, cut ids) with the segment
+    """In the child: ("ok", inputs, skeleton bytes, weights bytes, static peak, sizing inputs, cut ids) with the segment
     written to ``out``, or ("error", code name, message, cut ids or None)."""
     from splitrt.cloud.models.store import load_graph, specialised
     from splitrt.graph import partition
     from splitrt.graph.peak import skeleton
+    from splitrt.graph.sizing import sizing_inputs
 
     ids: list[str] | None = None
     try:
@@ -111,7 +115,8 @@ def _make(path: str, root: str, sha256: str, cut_id: str, max_nodes: int | None,
             Path(out).unlink(missing_ok=True)
             raise disk_failure(exc, f"building the tail of cut {cut_id!r}") from exc
         del model, segment
-        return ("ok", inputs, skel_model.SerializeToString(), weights, _static_peak(skel_model, inputs), ids)
+        static = _static_peak(skel_model, inputs)
+        return ("ok", inputs, skel_model.SerializeToString(), weights, static, sorted(sizing_inputs(skel_model)), ids)
     except RpcFailure as exc:
         return ("error", exc.code.name, exc.message, ids)
 
@@ -168,7 +173,14 @@ class Builder:
             if result[1] in LASTING:
                 self._remember_failure((sha256, "" if result[-1] is None else cut_id), result[1], result[2])
             raise RpcFailure(grpc.StatusCode[result[1]], result[2])
-        return Made(path=out, inputs=result[1], skeleton=result[2], weights_bytes=int(result[3]), static_peak=result[4])
+        return Made(
+            path=out,
+            inputs=result[1],
+            skeleton=result[2],
+            weights_bytes=int(result[3]),
+            static_peak=result[4],
+            sizing=frozenset(result[5]),
+        )
 
     def _remember(self, sha256: str, ids: list[str]) -> None:
         with self._lock:

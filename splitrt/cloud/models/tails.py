@@ -70,6 +70,8 @@ class Tail:
     skeleton: Any = None
     # (shapes sorted by name, ``peak.Estimate``) made with the segment (``builder.Made.static_peak``).
     static_peak: Any = None
+    # Its inputs whose values may decide a size (``builder.Made.sizing``); None: worked out on first need.
+    sizing: frozenset[str] | None = None
     # A run of it was terminated by the per-run limit (``runlimit``): its runs take the heavy lane since.
     run_limited: bool = False
     # An uploaded model's: its session was opened, and its runs go, at the lower priority (``niced``).
@@ -306,7 +308,7 @@ class TailCache:
                 trim()
         finally:
             made.path.unlink(missing_ok=True)
-        tail.static_peak = made.static_peak
+        tail.static_peak, tail.sizing = made.static_peak, made.sizing
         return self._keep(tail, held, cost, onnx.ModelProto.FromString(made.skeleton), sha256, cut_id)
 
     def _keep(self, tail: Tail, held: int, cost: int, skel: Any, sha256: str, cut_id: str) -> Tail:

@@ -1,13 +1,7 @@
-"""How busy the server is: bounded admission of requests, and the host CPU it reports as load.
-
-- Load in every reply, ``Probe`` and ``Status`` (``pb.Load``): ``queue_depth`` (admitted: waiting + running; an
-  InferReply's counts its own request), ``running``, ``workers``, ``cpu_percent``, ``service_ms`` (EWMA of tail
-  times, every model and cut; ``SegmentInfo.service_ms`` per model and cut), ``max_queue``; ``Status.errors`` /
-  ``errors_by_code`` (Infer requests and frames). A full queue is refused before anything is checked or decoded:
-  RESOURCE_EXHAUSTED, message ``... retry after N ms``, trailing metadata ``retry-after-ms``
-  (``wire.RETRY_AFTER_KEY``; stream frames: ``Error.retry_after_ms``) = the wait of a request arriving now
-  (``expected_wait_ms``, 5 ms - 10 s); the transport maps it to ``CloudError.retry_after_ms`` (None otherwise).
-  Proto fields 30-39 are the load/admission/metrics ones.
+"""How busy the server is: bounded admission of requests (``fairq`` decides who runs next), and the load
+(``pb.Load``) every reply, ``Probe`` and ``Status`` carries. A full queue is refused before anything is
+decoded: RESOURCE_EXHAUSTED with ``retry-after-ms`` (``wire.RETRY_AFTER_KEY``; stream frames:
+``Error.retry_after_ms``), the expected wait of a request arriving now.
 """
 
 from __future__ import annotations
@@ -33,12 +27,8 @@ T = TypeVar("T")
 
 
 class Admission:
-    """Bounded admission: ``workers`` run, ``max_queue`` wait, the rest are refused; who runs next is
-    decided per client (``fairq``: fair in measured worker-seconds, tail builds capped).
-
-    ``admit``/``leave`` a place among the admitted; ``run(fn, ...)`` holds a worker for exactly ``fn``'s
-    run. The client is the peer address the front door saw for the call in this thread (``serving``); a
-    call that did not come through it (in-process) is the anonymous client ``""``."""
+    """``workers`` run, ``max_queue`` wait, the rest are refused (``admit``/``leave``); ``run`` holds a worker
+    for ``fn``'s run, per client (``serving``; in-process calls are the client ``""``)."""
 
     def __init__(
         self,
@@ -76,10 +66,8 @@ class Admission:
             return True
 
     def run(self, fn: Callable[[bool], T], timeout_s: float, *, what: str, kind: str = RUN) -> T:
-        """``fn(yielding)`` in a worker of ``kind`` (``fairq.HEAVY``: tail builds and unmeasured runs, at most
-        ``heavy_workers`` at once) waited for up to ``timeout_s``; the worker is given back when ``fn`` ends,
-        however. ``yielding``: the worker went to a client over its share (its run should yield the CPU).
-        DEADLINE_EXCEEDED naming ``what`` when no worker came in time."""
+        """``fn(yielding)`` in a worker of ``kind`` waited for up to ``timeout_s`` (DEADLINE_EXCEEDED naming
+        ``what``); ``yielding``: the client is over its share (its run should yield the CPU)."""
         t0 = time.monotonic()
         ticket = next(self._tickets)
         end = t0 + max(0.0, timeout_s)
@@ -87,13 +75,12 @@ class Admission:
             self._granted[ticket] = None
             self.queue.arrive(ticket, current_client(), kind, self._clock())
             self._dispatch()
-            # Granted at once (a free worker, nobody fairer waiting): no event to wait on.
             ready = self._granted[ticket] = threading.Event() if ticket not in self._now else None
         while ready is not None and not ready.is_set():
             left = end - time.monotonic()
             if left <= 0:
                 break
-            # Woken by a grant; also now and then, as the per-client cap loosens when others go quiet.
+            # Also now and then: the per-client cap loosens when others go quiet.
             if not ready.wait(min(left, REDISPATCH_S)):
                 with self._lock:
                     self._dispatch()
@@ -138,8 +125,7 @@ class Admission:
         )
 
     def load_factor(self) -> float:
-        """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``): requests
-        admitted per worker or 1 / (1 - CPU busy share), whichever says busier."""
+        """Load as a multiplier of tail compute time (1.0 = idle; discovery's TXT ``load``)."""
         cpu = min(self.cpu.percent(), 95.0) / 100.0
         return max(1.0, self.admitted / max(1, self.workers), 1.0 / (1.0 - cpu))
 
@@ -156,9 +142,7 @@ class Admission:
                 ready.set()
 
 
-# The client of the call a thread is serving (set by the front door for the call's duration).
-_serving = threading.local()
-# Waiters re-check this often whether a worker they may take has become free (the per-client cap).
+_serving = threading.local()  # the client of the call a thread serves (set by the front door)
 REDISPATCH_S = 0.1
 
 
@@ -172,8 +156,7 @@ def current_client() -> str:
 
 
 def prepay(nbytes: int) -> None:
-    """The front door reserved ``nbytes`` of the budget for the call this thread serves (a Probe's body,
-    before it was read): ``admitted`` reserves only what it needs beyond that."""
+    """The front door reserved ``nbytes`` for this thread's call: ``admitted`` reserves only the rest."""
     _serving.prepaid = nbytes
 
 
@@ -183,9 +166,8 @@ def prepaid() -> int:
 
 @contextmanager
 def admitted(admission: Admission, budget: MemoryBudget, what: str, nbytes: int) -> Iterator[None]:
-    """Probe and uploads are admitted like inference: a place among the admitted (RESOURCE_EXHAUSTED
-    when full) and their bytes reserved in the budget; no worker slot (upload checks run in ``upload.CHECKER``'s
-    child)."""
+    """A place among the admitted (RESOURCE_EXHAUSTED when full) and ``nbytes`` reserved; no worker slot
+    (Probe and uploads)."""
     if not admission.admit():
         raise RpcFailure(
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -217,8 +199,7 @@ class CpuMeter:
         with self._lock:
             now = time.monotonic()
             if now - self._t >= self.period_s:
-                # No descriptor left to read /proc/stat: the last figure stands; the reply carrying it
-                # must not fail.
+                # No descriptor left for /proc/stat: the last figure stands.
                 with contextlib.suppress(OSError):
                     self._value = float(psutil.cpu_percent(interval=None))
                 self._t = now

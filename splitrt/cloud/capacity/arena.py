@@ -1,21 +1,8 @@
 """The CPU arena the tail sessions share (onnxruntime's environment allocator), and the part of the memory
-budget it holds.
-
-A run's activations come from the arena and stay there for the next run: without one, each run mallocs,
-page-faults and frees them (in the server, 2026-12: a squeezenet tail ~0.2 ms more CPU and 5 more page
-faults per request). What the arena keeps is bounded and in the budget:
-
-- ``Arena.begin(need_bytes)`` before each run: ``(ticket, shrink)``. ``shrink``: the run must shrink the
-  arena when it ends (``Canceller.run(shrink_arena=True)``: its regions no run uses go back to the OS). So
-  does a run beyond ``KEEP_MAX_BYTES``, one for which the budget cannot hold ``GROWTH`` times the activations
-  of the kept runs in flight, and every run while a shrink is pending (one ran beside others, whose chunks
-  kept their regions). Else the budget holds that much more (``held_bytes``: a high-water mark, let go of
-  down to the kept runs in flight after a shrink no earlier run overlapped). ``Arena.end(ticket, shrink)``
-  after the run, whatever happened.
-- ``session_options(opts)`` makes a session use the shared arena (weights outside it: they leave with
-  their session) and returns whether it does; the arena is registered once per process, its first region
-  taken by a run of one float, since onnxruntime never shrinks an arena's first region (else the first
-  run's activations, kept for good). Where it cannot be registered, sessions have no arena.
+budget it holds: a run's activations stay for the next (without it, a squeezenet tail cost ~0.2 ms more
+CPU per request, 2026-12). ``Arena.begin(need_bytes) -> (ticket, shrink)`` before each run, ``end`` after
+it: the budget holds ``GROWTH`` x the kept runs' activations, else (or beyond ``KEEP_MAX_BYTES``, or while
+a shrink is pending) the run shrinks the arena. ``session_options`` makes a session use it.
 """
 
 from __future__ import annotations
@@ -89,8 +76,7 @@ _shared: bool | None = None
 
 
 def session_options(opts: Any) -> bool:
-    """Make ``opts`` (``onnxruntime.SessionOptions``) use the shared arena; False: no arena (it could not be
-    registered), and runs must not ask to shrink one."""
+    """Make ``opts`` use the shared arena; False: none could be registered (runs must not shrink one)."""
     shared = _share()
     opts.enable_cpu_mem_arena = shared
     if shared:
@@ -124,5 +110,5 @@ def _register() -> bool:
     opts.add_session_config_entry("session.use_env_allocators", "1")
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     seed = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    seed.run(None, {"a": np.ones(1, np.float32)})  # the arena's first region: 1 MB, for good
+    seed.run(None, {"a": np.ones(1, np.float32)})  # onnxruntime never shrinks the first region: 1 MB here
     return True

@@ -1,15 +1,7 @@
-"""Runs that end when they must: a tail run is terminated at its request's deadline, when its client
-goes away, after the per-run limit (``runlimit``), when the server shuts down, and when the process goes
-over its memory budget.
-
-onnxruntime checks a run's own ``RunOptions.terminate`` between kernels (and a Loop's iterations), so one
-watchdog thread sets it at the deadline and samples the RSS while anything runs. A run stuck inside one
-kernel still holds its worker; ``splitrt serve`` then exits at the end of its drain anyway.
-
-- ``Canceller.run`` raises RpcFailure: DEADLINE_EXCEEDED at the deadline, RESOURCE_EXHAUSTED after
-  ``limit_s`` or over the RSS limit (the newest ``suspect`` run first, else the newest; the message gives
-  the RSS peak sampled while it ran), CANCELLED on its ``CallToken`` (fired from gRPC's callback by
-  ``servicer.call_token``), UNAVAILABLE after ``.cancel_all`` (shutdown).
+"""Runs that end when they must: ``Canceller.run`` terminates a tail run (onnxruntime's
+``RunOptions.terminate``, checked between kernels) and raises RpcFailure: DEADLINE_EXCEEDED at the
+deadline, RESOURCE_EXHAUSTED past ``limit_s`` (``runlimit``) or over the RSS limit (the newest ``suspect``
+run first, else the newest), CANCELLED on its ``CallToken``, UNAVAILABLE after ``cancel_all``.
 """
 
 from __future__ import annotations
@@ -67,7 +59,6 @@ class Run:
     def __init__(self, what: str, deadline: float, deadline_ms: float, limit_s: float | None = None) -> None:
         import onnxruntime as ort
 
-        # The server's cap on one run (``runlimit``), when it ends the run before the request's deadline.
         self.limit_s = limit_s
         self.options = ort.RunOptions()
         self.options.log_severity_level = 4  # a terminated run is expected here, not an error to print
@@ -118,9 +109,8 @@ class Canceller:
         self._running: dict[int, Run] = {}
         self._closed = False
         self.terminated = 0
-        # When the watch wakes next, and until when it samples every ``period_s`` though nothing runs (runs
-        # came recently): a run that needs it no sooner wakes nobody (a wake per request took the GIL from
-        # the request it sampled the RSS of).
+        # When the watch wakes next, and until when it samples though nothing runs: a run needing it no
+        # sooner wakes nobody (a wake per request took the GIL from that request).
         self._wake_at = 0.0
         self._busy_until = 0.0
         self._thread = threading.Thread(target=self._watch, name="splitrt-canceller", daemon=True)
@@ -139,11 +129,8 @@ class Canceller:
         suspect: bool = False,
         shrink_arena: bool = False,
     ) -> list[Any]:
-        """``session.run`` that ends by ``deadline`` (``time.monotonic()``), after ``limit_s`` (the server's
-        cap on one run: RESOURCE_EXHAUSTED), on ``token``'s cancel and at shutdown; RpcFailure
-        DEADLINE_EXCEEDED / CANCELLED / UNAVAILABLE / RESOURCE_EXHAUSTED then, INVALID_ARGUMENT when the run
-        itself fails. ``suspect``: sizes no shape tells (terminated first when memory runs out); ``shrink_arena``:
-        the session's CPU arena frees its unused regions when the run ends."""
+        """``session.run`` ended as the module says (``deadline``: monotonic s); INVALID_ARGUMENT when the
+        run itself fails. ``suspect``: first to go over memory; ``shrink_arena``: see ``arena``."""
         now = time.monotonic()
         deadline = min(deadline, now + MAX_WAIT_S)
         capped = limit_s is not None and now + limit_s < deadline
@@ -216,9 +203,7 @@ class Canceller:
         return len(runs)
 
     def _sample(self) -> int | None:
-        """The process's RSS, or None when it cannot be read now: no descriptor left for /proc (a connection
-        flood at the file limit). An exception there ended the watch's thread, and with it every deadline and
-        run limit for the rest of the server's life."""
+        """The process's RSS, or None when it cannot be read now (no descriptor left): the watch must live."""
         assert self._rss is not None
         try:
             return self._rss()
@@ -253,7 +238,6 @@ class Canceller:
                 self._lock.wait(timeout=wait)
                 self._wake_at = 0.0  # awake: a new run needs no notify to be seen
                 runs = sorted(self._running.items())
-            # The newest suspect (sizes no shape tells), else the newest: who goes when memory runs out.
             newest = max(runs, key=lambda sr: (sr[1].suspect, sr[0]))[1] if runs else None
             if newest is not None and self.rss_limit_bytes is not None and self._rss is not None:
                 rss = self._sample()

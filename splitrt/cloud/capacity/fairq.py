@@ -1,26 +1,8 @@
-"""Who gets the next worker: per-client fair queuing of the server's worker slots (pure: no locks, no
-clocks, no I/O; ``admission.Admission`` drives it under its lock with ``now_s``).
-
-The algorithm is start-time fair queuing (Goyal, Vin and Cheng, 1996) with each job's cost charged as it
-is consumed, as CFS charges ``vruntime``: a client's virtual time is the worker-seconds its jobs have
-held, *including the seconds its running jobs hold now*; a free worker goes to the waiting job of the
-client with the least virtual time (first come first served within a client and on ties). A client that
-was idle starts at the system's virtual time (the least of the busy clients'), so idling banks no
-credit. The cost is measured, not declared: a tail build holding a worker 2 s, a Loop running to its
-deadline is charged what it took, and its client waits behind everyone who
-used less.
-
-Fair order alone is not enough with two workers and jobs that cannot be pre-empted: the moment no
-other client has a job waiting, a heavy client would take both workers for seconds. So two caps:
-- per client: while ``n`` clients are active (a job running or waiting, or one arrived within
-  ``active_window_s``), one client holds at most ``ceil(workers / n)`` workers (a lone client all);
-- per lane: heavy work that is not inference (``HEAVY``: tail builds) holds at most
-  ``heavy_workers`` workers at once, whoever asks.
-Both keep a worker free for the others' next request instead of lending it out for seconds. And a worker
-is not a CPU: the runs of a client over its share (jobs still waiting when it is granted one, another
-client active: ``over_share``) run at a lower OS priority (``cloud.capacity.niced``), so the CPU they share with a
-light client's run, and with the server's own I/O, goes to those first. (Upload
-checks take no worker: they run in a child process of their own at a lower priority, ``upload.CHECKER``.)
+"""Who gets the next worker: start-time fair queuing (Goyal, Vin and Cheng, 1996) of the worker slots per
+client, each job charged the worker-seconds it holds, as consumed (running jobs included); an idle client
+starts level. Caps: one client holds at most ``ceil(workers / active clients)`` workers, ``HEAVY`` jobs
+at most ``heavy_workers``; ``over_share`` marks runs that yield the CPU (``niced``). Pure: no locks,
+clocks or I/O (``admission.Admission`` drives it with ``now_s``). The design: docs/operator/server.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The server's memory budget: one ledger of the bytes it holds beyond its baseline (the design:
-docs/operator/limits.md).
-
-- ``MemoryBudget(limit_bytes | None, baseline_bytes, headroom_bytes)``: ``.reserve(n, what) -> n`` evicts
-  through the evictors registered with ``.add_evictor``, else raises RESOURCE_EXHAUSTED naming need and
-  free; never waits. ``.release(n)``, ``.try_reserve``, ``.snapshot()``.
-- The estimates (``session_bytes``, ``build_peak_bytes``, ``graph_bytes``, ``session_peak_bytes``,
-  ``child_build_bytes``, ``reply_held_bytes``, ``children_resident_bytes``) bound what the server decides
-  to hold; ``MemoryWatch`` checks the real RSS beside them. The measurements behind each factor:
-  docs/operator/limits.md.
+"""The server's memory budget: one ledger of the bytes it holds beyond its baseline, and the estimates
+(``*_bytes``) of what it decides to hold; ``cancel.Canceller`` checks the real RSS beside them. The design and
+the measurements behind each factor: docs/operator/limits.md.
 """
 
 from __future__ import annotations
@@ -26,14 +19,12 @@ from splitrt.errors import ConfigError
 MB = 1 << 20
 #: Frees at least ``n`` bytes of unused cache entries if it can (``MemoryBudget.add_evictor``).
 Evictor = Callable[[int, "str | None"], int]
-#: ``splitrt serve``'s default: the Kubernetes manifest's limit (2 GiB) less 1/8 for what no estimate
-#: sees (allocator fragmentation, gRPC's buffers, thread stacks).
+#: ``splitrt serve``'s default: the Kubernetes manifest's 2 GiB less 1/8 that no estimate sees.
 DEFAULT_MAX_MEMORY_BYTES = 1792 * MB
 #: Largest peak activation memory one request may need (``--max-request-mb``).
 DEFAULT_MAX_REQUEST_BYTES = 256 * MB
 
-# Estimated from the segment before the session exists: an RSS delta at build is wrong whenever two
-# builds overlap or the allocator reuses an evicted session's pages.
+# Estimated from the segment before the session exists (an RSS delta is wrong when builds overlap).
 SESSION_BYTES_FACTOR = 2.0
 SESSION_BYTES_FIXED = 8 * MB
 BUILD_PEAK_FACTOR = 4.5
@@ -42,34 +33,25 @@ GRAPH_BYTES_FACTOR = 1.3
 GRAPH_BYTES_PER_NODE = 4 * 1024
 # Added to the RSS measured at start: gRPC's server and the first session's one-time set-up.
 STARTUP_BYTES = 32 * MB
-# Loading a model transiently holds copies of its proto (parse, the checker's serialised copy, its C++ one).
+# Loading a model transiently holds copies of its proto.
 LOAD_PEAK_FACTOR = 4
 
 
 def build_peak_bytes(model_initializer_bytes: int) -> int:
-    """Reserved while a tail session builds, from the whole model's weights (before the segment exists):
-    ``BUILD_PEAK_FACTOR`` x the weights plus ``SESSION_BYTES_FIXED``."""
+    """Reserved while a tail session builds, from the whole model's weights."""
     return int(model_initializer_bytes * BUILD_PEAK_FACTOR) + SESSION_BYTES_FIXED
 
 
-# A session opened from a segment's file (``builder``) peaks on the parsed proto, its initializers and
-# their pre-packed copies.
-SESSION_PEAK_FACTOR = 3.5
-# The builder's child making a segment: load, normalise, cut enumeration, split, serialise.
-CHILD_BUILD_FACTOR = 4.5
-
-
-# Children at rest, the same pod's memory: multiprocessing's resource tracker (one per server, shared),
-# the segment builder's child (with the tracker), the upload checker's (without; it ends when idle and
-# comes back with the next check, so it is counted all the time).
+SESSION_PEAK_FACTOR = 3.5  # a session opened from a segment's file (``builder``)
+CHILD_BUILD_FACTOR = 4.5  # the builder's child making a segment
+# Children at rest (the same pod's memory); the checker's comes and goes, so it is counted all the time.
 TRACKER_RESIDENT_BYTES = 13 * MB
 BUILDER_RESIDENT_BYTES = 100 * MB
 CHECKER_RESIDENT_BYTES = 84 * MB
 
 
 def children_resident_bytes(*, builder: bool, checker: bool) -> int:
-    """What a server's child processes hold at rest (the same pod's memory), counted in its baseline:
-    the builder's and the checker's that it starts, and the resource tracker once if either."""
+    """What a server's child processes hold at rest, counted in its baseline."""
     total = (BUILDER_RESIDENT_BYTES if builder else 0) + (CHECKER_RESIDENT_BYTES if checker else 0)
     return total + (TRACKER_RESIDENT_BYTES if checker and not builder else 0)  # the builder's counts it
 
@@ -80,15 +62,12 @@ def session_peak_bytes(segment_initializer_bytes: int) -> int:
 
 
 def child_build_bytes(model_file_bytes: int) -> int:
-    """Reserved while the builder's child makes a segment: the child's memory is the same pod's. Only
-    the file's size is known before the child loads it; a model of many small nodes costs more per byte
-    (~4 KiB per node, ``GRAPH_BYTES_PER_NODE``), bounded by ``--max-nodes``, and is under-counted here."""
+    """Reserved while the builder's child makes a segment, from the file's size (under-counts a model of
+    many small nodes, which ``--max-nodes`` bounds)."""
     return int(model_file_bytes * CHILD_BUILD_FACTOR) + SESSION_BYTES_FIXED
 
 
-# A unary reply not yet taken by a slow reader holds its serialised bytes and gRPC core's copy until it
-# is taken or the read timeout ends the call. Smaller replies go uncounted (a lock less per request):
-# the lanes bound what they hold.
+# A reply not yet taken holds its bytes and gRPC core's copy; smaller ones go uncounted (the lanes bound them).
 REPLY_HELD_FACTOR = 2
 REPLY_COUNTED_BYTES = 64 * 1024
 
@@ -107,24 +86,22 @@ def graph_bytes(proto_bytes: int, nodes: int) -> int:
 
 
 def watch_limit(limit_bytes: int | None) -> int | None:
-    """The RSS at which running requests are terminated: below the budget by what memory can grow in a
-    sample of the watch (10 ms at a few GB/s: a Loop piling up scan outputs), so the process stays under it."""
+    """The RSS at which running requests are terminated: below the budget by what memory can grow in one
+    sample of the watch."""
     return None if limit_bytes is None else limit_bytes - min(64 * MB, limit_bytes // 16)
 
 
 def limit_for(available_bytes: int, baseline_bytes: int) -> int:
-    """The smallest budget leaving ``available_bytes`` to reserve above ``baseline_bytes`` once the watch's
-    headroom (``watch_limit``: it grows with the budget up to 64 MB) is set aside: ``watch_limit``'s inverse,
-    for sizing a budget from what it must hold rather than from the process's total."""
+    """The smallest budget leaving ``available_bytes`` to reserve above ``baseline_bytes`` and the watch's
+    headroom (``watch_limit``'s inverse)."""
     total = baseline_bytes + available_bytes
     small = -(-total * 16 // 15)  # headroom limit/16: limit - limit//16 >= total
     return small if small // 16 < 64 * MB else total + 64 * MB
 
 
 def rss_bytes() -> int:
-    """This process's RSS: ``/proc/self/statm`` read through a descriptor kept per pid (no new descriptor
-    per read), else psutil (not Linux). The memory watch asks every 10 ms while runs go, holding the GIL:
-    psutil's read, which opens the file each time, took 49 us against 12 (2026-12, load 12)."""
+    """This process's RSS: ``/proc/self/statm`` through a descriptor kept per pid, else psutil (not Linux).
+    Asked every 10 ms holding the GIL: psutil's read took 49 us against 12 (2026-12, load 12)."""
     global _self, _statm
     pid = os.getpid()
     if _statm is None or _statm[0] != pid:
@@ -161,8 +138,8 @@ _malloc_trim: Any = None
 
 
 class MemoryBudget:
-    """Bytes reserved against ``limit_bytes - baseline_bytes``; ``limit_bytes`` None: no limit (an
-    in-process server, whose process is not its own). Evictors free cache entries on demand."""
+    """Bytes reserved against ``limit_bytes - baseline_bytes - headroom_bytes`` (None: no limit);
+    ``reserve`` never waits: it evicts through the evictors, else raises RESOURCE_EXHAUSTED."""
 
     def __init__(self, limit_bytes: int | None, baseline_bytes: int = 0, headroom_bytes: int = 0) -> None:
         if limit_bytes is not None and limit_bytes <= baseline_bytes + headroom_bytes:
@@ -172,9 +149,7 @@ class MemoryBudget:
             )
         self.limit_bytes = limit_bytes
         self.baseline_bytes = baseline_bytes
-        # Kept out of what is reserved: the estimates' error margin. A server plans below the RSS at which
-        # its watch terminates runs (``watch_limit``), not up to the budget, or the watch would terminate
-        # requests (a legit one as likely as any) whenever the ledger is full and the estimates are low.
+        # The estimates' error margin: plan below the RSS at which the watch terminates runs.
         self.headroom_bytes = headroom_bytes
         self._lock = threading.Lock()
         self.used_bytes = 0
@@ -189,9 +164,8 @@ class MemoryBudget:
         return float(self.limit_bytes - self.baseline_bytes - self.headroom_bytes)
 
     def add_evictor(self, evict: Evictor) -> None:
-        """``evict(n, build_for)`` frees (``release``) at least ``n`` bytes of unused entries if it can;
-        returns what it freed. ``build_for`` (None for a request's own memory): the client a new cache
-        entry is being made for, whose reservation must not push out entries other clients use now."""
+        """``evict(n, build_for)`` releases at least ``n`` bytes of unused entries if it can (sparing what
+        clients other than ``build_for`` use now) and returns what it freed."""
         self._evictors.append(evict)
 
     def try_reserve(self, nbytes: int) -> bool:
@@ -203,8 +177,7 @@ class MemoryBudget:
             return True
 
     def reserve(self, nbytes: int, what: str, *, build_for: str | None = None) -> int:
-        """Reserve ``nbytes`` (evicting unused cache entries if needed) or raise RESOURCE_EXHAUSTED.
-        ``build_for``: a new cache entry for this client (the evictors spare what others use now)."""
+        """Reserve ``nbytes``, evicting if needed, or raise RESOURCE_EXHAUSTED naming need and free."""
         nbytes = max(0, int(nbytes))
         for _ in range(4):  # evictions race with other reservations: retry a few times, then refuse
             if self.try_reserve(nbytes):
@@ -262,12 +235,10 @@ class MemoryBudget:
 
 
 def process_budget(limit_bytes: int | None, *, builder: bool, checker: bool) -> MemoryBudget:
-    """The ledger of a server owning this process, its baseline measured now (onnxruntime imported: every
-    server loads it); None: no budget. ``builder``/``checker``: the server keeps those children."""
+    """The ledger of a server owning this process, its baseline measured now (onnxruntime imported)."""
     if limit_bytes is None:
         return MemoryBudget(None)
     import onnxruntime  # noqa: F401  (part of the baseline, not of the budget)
 
-    # Start-up (gRPC's server, the first session's thread pools and kernel registry) belongs to no cache entry.
     baseline = rss_bytes() + STARTUP_BYTES + children_resident_bytes(builder=builder, checker=checker)
     return MemoryBudget(limit_bytes, baseline, headroom_bytes=limit_bytes - (watch_limit(limit_bytes) or limit_bytes))

@@ -1,15 +1,7 @@
-"""Runs that yield the CPU: threads at a lower OS priority for the runs of a client over its share (and
-those of a segment the per-run limit stopped before: ``handler.infer``).
-
-A worker slot (``fairq``) is not a CPU: such runs are handed to threads ``nice`` steps below the server's
-priority and the handler waits for them; the worker slot, the deadline's terminate and the memory
-reservation stay the handler's. Threads of their own, because an unprivileged thread cannot raise its
-priority again. Only the calling thread's share moves (onnxruntime's intra-op threads keep the priority
-of the thread that built the session). Elsewhere than Linux (``setpriority`` on a thread id would renice
-the whole process) runs stay on the handler's thread.
-
-- ``NicePool(threads, nice)``: ``.call(fn, *args, **kwargs)`` runs ``fn`` on one of its threads (started on
-  first use) and returns its result or raises its exception; ``.close()``; ``.enabled``.
+"""Runs that yield the CPU: ``NicePool.call`` runs ``fn`` on threads ``nice`` steps below the server's
+priority (a client over its share, an upload's tail, a run-limited segment) and returns or raises what it
+did; the caller keeps the worker slot, deadline and memory. Own threads: an unprivileged thread cannot
+raise its priority again. Linux only (elsewhere ``setpriority`` renices the process): else inline.
 """
 
 from __future__ import annotations

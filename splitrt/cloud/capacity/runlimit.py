@@ -1,12 +1,6 @@
-"""How long one tail run may take before it is terminated, whatever its deadline: fair queuing cannot
-preempt a running job, so an endless run under a long deadline would hold its worker for that long.
-
-``run_limit_s(flag_s=, measured_ms=, model_bytes=)``: the operator's ``--max-run-s`` when given; else
-``RUN_FACTOR`` times what the run should take, at least ``RUN_FLOOR_S``. What it should take is the
-segment's measured service time (the server's own profile of it: the EWMA of its successful runs, 0 before
-the first) or, larger, a prior from the model's size (``PRIOR_BYTES_PER_S`` of weights per second: a
-model's compute grows with its weights). Terminated runs are never measured, so the limit cannot be
-raised by runs that hit it. Pure.
+"""How long one tail run may take, whatever its deadline (fair queuing cannot preempt a run): the
+operator's ``--max-run-s``, else ``RUN_FACTOR`` x the larger of the segment's measured service time and a
+prior from the model's weights, at least ``RUN_FLOOR_S``. Terminated runs are never measured. Pure.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Health that says when the server cannot take work: NOT_SERVING while admission has been saturated for
-longer than ``Limits.saturated_s``, SERVING again once it is not.
-
-``Saturation`` is the pure decision (``now_s`` passed in); ``HealthGate`` applies it on the watchdog's tick.
-
-- ``Saturation(threshold_s).update(saturated, now_s) -> bool``: True (degraded) once ``saturated`` has been
-  True at every update for ``threshold_s``; False at the first update that is not saturated.
-- ``HealthGate(health, saturated, threshold_s, clock)``: ``.tick()`` reads ``saturated()`` and sets the
-  ``grpc_health`` servicer's status of ``""`` and the SplitInference service when the verdict changes (a
-  servicer in graceful shutdown ignores it); ``.degraded``, ``.spells``.
-- ``saturated(admission, door)``: every worker and queue place is held, or the inference lane is full.
+"""Health NOT_SERVING while admission has been saturated for ``threshold_s`` (``Limits.saturated_s``),
+SERVING again once it is not: ``Saturation`` is the pure decision, ``HealthGate.tick`` applies it to the
+``grpc_health`` servicer (``""`` and the SplitInference service) on the watchdog's thread.
 """
 
 from __future__ import annotations
@@ -45,8 +37,7 @@ class Saturation:
 
 
 class HealthGate:
-    """Health NOT_SERVING while ``saturated()`` holds for ``threshold_s``, SERVING once it does not; called
-    from one thread (the watchdog's)."""
+    """Called from one thread (the watchdog's)."""
 
     def __init__(
         self,

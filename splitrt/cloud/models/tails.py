@@ -1,17 +1,6 @@
-"""Tail sessions: the cloud's part of a model at a cut, built on first use and kept in an LRU bounded in
-bytes by the server's ``MemoryBudget`` and in entries by ``capacity``.
-
-- ``TailCache.lease(sha, cut, timeout_s=)`` pins a tail: never evicted while leased. A build runs in a worker
-  slot (clients naming many cuts queue, they do not build side by side), reserves ``build_peak_bytes`` and
-  keeps ``session_bytes`` (``Tail.bytes``); with a ``builder`` the segment is made in its child
-  (``child_build_bytes`` reserved meanwhile) and the session opened from its file (``session_peak_bytes``).
-- An uploaded model's tail (``store.is_upload_name``: untrusted) is opened on the ``niced`` threads, and
-  ``Tail.untrusted`` sends its runs there too (``handler.infer``): seconds of CPU for a large graph's
-  session, then every run, yield the cores to the operator's models.
-- One build per key at a time: a caller finding one in flight (a request's or the warm-up's) waits for it
-  up to its own ``timeout_s`` (DEADLINE_EXCEEDED past it) and builds again only if it failed.
-  ``.on_lease(sha256, cut_id)``, if set, is called after every lease whose block ended without an
-  exception; ``.touch(keys)`` makes cached keys the most recently used, the first the most recent.
+"""Tail sessions (a model's cloud part at a cut), built on first use in a worker slot, one build per key,
+kept in an LRU bounded in bytes by the ``MemoryBudget`` and in entries by ``capacity``; a leased tail is
+never evicted. An uploaded model's tail is opened, and run, on the ``niced`` threads (``Tail.untrusted``).
 """
 
 from __future__ import annotations
@@ -59,29 +48,22 @@ class Tail:
     """A ready tail session and what it expects."""
 
     session: Any
-    # (name, dtype, declared shape); shape None: the segment declares none (any rank), () a scalar.
+    # (name, dtype, declared shape); shape None: any rank, () a scalar.
     inputs: list[tuple[str, str, tuple[int | str | None, ...] | None]]
     outputs: list[str]
     hits: int = 0
-    # What the budget holds for it (estimated at build), and how many requests are running it now.
-    bytes: int = 0
-    users: int = 0
-    # The segment's graph without its weights' data, for estimating a request's activations (``peak``).
-    skeleton: Any = None
-    # (shapes sorted by name, ``peak.Estimate``) made with the segment (``builder.Made.static_peak``).
-    static_peak: Any = None
-    # Its inputs whose values may decide a size (``builder.Made.sizing``); None: worked out on first need.
-    sizing: frozenset[str] | None = None
-    # A run of it was terminated by the per-run limit (``runlimit``): its runs take the heavy lane since.
-    run_limited: bool = False
-    # An uploaded model's: its session was opened, and its runs go, at the lower priority (``niced``).
-    untrusted: bool = False
-    # Client -> when it last got this tail (monotonic s; ``TailCache.evict``), pruned to those within
-    # ``HOT_S`` beyond ``RECENT_MAX`` clients.
+    bytes: int = 0  # what the budget holds for it
+    users: int = 0  # requests running it now
+    skeleton: Any = None  # the segment without its weights' data (``peak``)
+    static_peak: Any = None  # ``builder.Made.static_peak``
+    sizing: frozenset[str] | None = None  # ``builder.Made.sizing``; None: worked out on first need
+    run_limited: bool = False  # a run hit ``runlimit``: its runs take the heavy lane since
+    untrusted: bool = False  # an upload's: opened and run on ``niced`` threads
+    # Client -> when it last got this tail (monotonic s), pruned to ``HOT_S`` beyond ``RECENT_MAX`` clients.
     recent: dict[str, float] = field(default_factory=dict)
 
     def used_by(self, client: str, now_s: float) -> None:
-        self.recent[client] = now_s  # every hit: an assignment; the cold are dropped once there are many
+        self.recent[client] = now_s
         if len(self.recent) > RECENT_MAX:
             self.recent = {c: t for c, t in self.recent.items() if now_s - t < HOT_S}
 
@@ -89,14 +71,11 @@ class Tail:
         return any(c != client and now_s - t < HOT_S for c, t in self.recent.items())
 
 
-# A tail another client got within this many seconds is not evicted for a new tail: a client naming cut
-# after cut pushes out its own tails and cold ones, never the one a device is streaming through.
+# A tail another client got within this many seconds is not evicted for a new tail (cut-naming floods).
 HOT_S = 2.0
 RECENT_MAX = 16
 
-
-# Largest output onnxruntime (>= 1.27) may constant-fold in a tail session: graph.normalise's bound
-# (2**24 float32 elements). Its own default, 1 GiB, exceeds what a small server is given in all.
+# Largest output onnxruntime (>= 1.27) may constant-fold: graph.normalise's bound (its own default is 1 GiB).
 ORT_FOLD_MAX_BYTES = 64 * 2**20
 _ORT_FOLD_LIMIT_KEY = "optimization.constant_folding_max_output_size_in_bytes"
 
@@ -124,19 +103,15 @@ class TailCache:
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.budget.add_evictor(self.evict)
         self._in_slot = in_slot
-        # What the sessions' shared arena keeps between runs (``Handler`` asks it before each run).
         self.arena = Arena(self.budget)
-        # Segments made in a child process (``builder``), or None: here, holding the GIL for long.
-        self.builder = builder
-        # Where uploaded models' sessions are opened (None: on the caller's thread).
-        self.niced = niced
+        self.builder = builder  # None: segments made here, holding the GIL
+        self.niced = niced  # None: uploads' sessions opened on the caller's thread
         self._clock = clock
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Tail] = OrderedDict()
         self._building: dict[tuple[str, str], threading.Lock] = {}
-        # Called with (sha256, cut id) for each lease that got its tail (``warm.Recorder.served``).
+        # Called with (sha256, cut id) after each lease whose block ended without an exception.
         self.on_lease: Callable[[str, str], None] | None = None
-        # Lookups answered from the cache / that built a session (the server's metrics).
         self.cache_hits = 0
         self.cache_misses = 0
         self.evicted = 0
@@ -154,8 +129,8 @@ class TailCache:
             self.on_lease(sha256, cut_id)
 
     def get(self, sha256: str, cut_id: str, *, timeout_s: float | None = None, pin: bool = False) -> Tail:
-        """The cached tail, built if missing (in a worker slot waited for up to ``timeout_s``:
-        DEADLINE_EXCEEDED past it); ``pin`` counts the caller as a user (``lease``)."""
+        """The cached tail, built if missing (a build in flight waited for, DEADLINE_EXCEEDED past
+        ``timeout_s``); ``pin`` counts the caller as a user."""
         key = (sha256, cut_id)
         t0 = time.monotonic()
         with self._lock:
@@ -168,7 +143,6 @@ class TailCache:
                 self.cache_hits += 1
                 return tail
             build_lock = self._building.setdefault(key, threading.Lock())
-        # A build of this key in flight (a request's, or the warm-up's): wait for it, within the deadline.
         if not build_lock.acquire(timeout=-1 if timeout_s is None else max(0.0, timeout_s)):
             raise RpcFailure(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -198,8 +172,7 @@ class TailCache:
                     self.budget.release(old.bytes)
                 return tail
             finally:
-                # Also when the build failed: requests naming endless unknown cuts must not grow this dict.
-                # Only this lock: a caller that came after the pop may have set a new one, in use.
+                # Also on failure (unknown cuts must not grow it); only this lock (a later caller's may be set).
                 with self._lock:
                     if self._building.get(key) is build_lock:
                         del self._building[key]
@@ -218,9 +191,8 @@ class TailCache:
         return out
 
     def evict(self, nbytes: int, build_for: str | None = None) -> int:
-        """Drop least recently used tails no request is running until ``nbytes`` are freed (the budget's
-        evictor); for a new tail (``build_for``: its client), not those another client got within
-        ``HOT_S``. Returns the bytes released."""
+        """The budget's evictor: drop unused LRU tails, sparing those hot for others than ``build_for``,
+        until ``nbytes`` are freed; returns the bytes released."""
         freed = 0
         now = self._clock()
         with self._lock:
@@ -255,8 +227,7 @@ class TailCache:
 
     def _build_here(self, sha256: str, cut_id: str) -> Tail:
         graph = self.store.graph(sha256)
-        # The build's transient peak (segment proto, its bytes, onnxruntime's copies while it loads) is
-        # reserved before splitting, from the whole model's weights; the session keeps its share of it.
+        # The build's transient peak, from the whole model's weights; the session keeps its share.
         weights = sum(tensor_bytes(t) for t in graph.model.graph.initializer)
         held = self.budget.reserve(
             build_peak_bytes(weights),
@@ -285,8 +256,8 @@ class TailCache:
         return self._keep(tail, held, cost, skel, sha256, cut_id)
 
     def _build_from_child(self, sha256: str, cut_id: str, builder: Builder) -> Tail:
-        """The segment made by the builder's child (its memory reserved here while it works: the same
-        pod's), then its session opened from the file: onnxruntime reads a file without the GIL."""
+        """The segment made by the builder's child (its memory reserved meanwhile), the session opened from
+        its file (read without the GIL)."""
         import onnx
 
         entry = self.store.entry(sha256.partition("~")[0])
@@ -319,15 +290,13 @@ class TailCache:
         return tail
 
     def _session(self, data: bytes | str, inputs: list[Any], sha256: str, cut_id: str) -> Tail:
-        """The session of a segment's bytes, or of its file (``str``: read without holding the GIL); an
-        uploaded model's opened on the ``niced`` threads (its intra-op threads, made by the opening thread,
-        keep that priority)."""
+        """The session of a segment's bytes or file (``str``); an upload's opened on the ``niced`` threads,
+        whose priority its intra-op threads inherit."""
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.intra_op_num_threads = self.intra_op_threads
-        # The arena all tails share: a run's activations stay for the next, within the budget (``arena``).
         arena_options(opts)
         extra = bounded_folding(opts)
         untrusted = is_upload_name(self.store.entry(sha256.partition("~")[0]).path)
@@ -342,8 +311,7 @@ class TailCache:
         return Tail(session=session, inputs=inputs, outputs=outputs, untrusted=untrusted)
 
     def touch(self, keys: list[tuple[str, str]]) -> None:
-        """Make the cached ones of ``keys`` the most recently used, the first the most recent (no hit is
-        counted): the warm-up built them in priority order, which left its first the least recent."""
+        """Make the cached ones of ``keys`` the most recently used, the first the most recent; no hit counted."""
         with self._lock:
             for key in reversed(keys):
                 if key in self._cache:
@@ -359,10 +327,8 @@ class TailCache:
 
 
 def bounded_folding(opts: Any) -> dict[str, Any]:
-    """Bound onnxruntime's own constant folding for a session of an uploaded model (sets ``opts``; returns
-    the session's extra keyword arguments). Folding allocates each constant output at build, before any
-    request check and beyond the budget's estimate: onnxruntime >= 1.27 is given a bound, older ones fold
-    nothing (``graph.normalise`` already folded what it could bound)."""
+    """Bound onnxruntime's constant folding (allocated at build, beyond the budget's estimate): >= 1.27 gets
+    ``ORT_FOLD_MAX_BYTES`` in ``opts``, older ones fold nothing; returns the session's extra kwargs."""
     import onnxruntime as ort
 
     if _version(ort.__version__) >= (1, 27):
@@ -372,6 +338,6 @@ def bounded_folding(opts: Any) -> dict[str, Any]:
 
 
 def _version(text: str) -> tuple[int, int]:
-    """(major, minor) of a version string such as 1.23.2 or 1.27.0.dev20260101; (0, 0) if unreadable."""
+    """(major, minor) of a version string; (0, 0) if unreadable."""
     m = re.match(r"(\d+)\.(\d+)", text)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)

@@ -1,22 +1,10 @@
-"""Tail segments made in a child process: there the model is loaded, split at the cut and the segment
-written to a file; the server's process only opens that file with onnxruntime.
+"""Tail segments made in a child process (``children``): there the model is loaded, split and the segment
+written to a file, holding none of the server's GIL; the server only opens that file.
 
-Why: parsing, splitting and serialising hold the interpreter's lock (GIL) for long stretches, and every
-request's thread waits for it; onnxruntime loading a *file* releases it. In a child (``children``), that
-work holds no lock of the server's, and the server keeps no whole-model graph to build tails.
-
-- ``Builder(max_workers)``: ``.make(path, root, sha256, cut_id, max_nodes) -> Made`` (the segment's file,
-  its inputs as declared, its skeleton for ``peak``, its weights' bytes, its peak estimate at fixed input
-  shapes); RpcFailure as the in-process
-  build would raise it (NOT_FOUND for an unknown cut, FAILED_PRECONDITION for a model that does not
-  load or split, INVALID_ARGUMENT for ``device``; RESOURCE_EXHAUSTED if the child was killed).
-  A cut the model is known not to have (its ids come back with every segment) is NOT_FOUND at once, and
-  a failure that cannot change (``LASTING``: the model is named by its bytes' hash) is answered again
-  without the child: per model when it did not load (or has no such ``~steps``), else per cut.
-  ``.check_known(path, sha256, cut_id)`` raises those answers alone (a caller's check before it takes a
-  worker slot). ``.children.warm()`` starts the children now; ``.close()`` stops them at once and removes
-  the files' directory.
-  The caller deletes each ``Made.path`` once its session is open.
+``Builder.make(path, root, sha256, cut_id, max_nodes) -> Made`` (the caller deletes ``Made.path``) raises
+what the in-process build would (NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT; RESOURCE_EXHAUSTED if
+the child was killed). Failures that cannot change (``LASTING``) and unknown cut ids are answered again
+without the child (``check_known``, before a worker slot is taken). ``close`` stops the children.
 """
 
 from __future__ import annotations
@@ -25,12 +13,12 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
+from cachetools import LRUCache
 
 from splitrt.cloud.common import RpcFailure, disk_failure
 from splitrt.cloud.models.children import Children
@@ -39,10 +27,8 @@ from splitrt.graph.memory import tensor_bytes
 
 __all__ = ["Builder", "Made", "segment_of"]
 
-# Models whose cut ids are remembered (the least recently built forgotten first).
-MAX_MODELS_INDEXED = 256
-# Failures that the same request meets again (a model's content is its name): remembered, at most this
-# many: otherwise each request naming ``<sha256>~bogus`` costs a worker slot and a model load in the child.
+MAX_MODELS_INDEXED = 256  # models whose cut ids are remembered (LRU)
+# Failures the same request meets again (a model's content is its name), remembered up to ``MAX_FAILED``.
 LASTING = frozenset(("NOT_FOUND", "FAILED_PRECONDITION", "INVALID_ARGUMENT"))
 MAX_FAILED = 1024
 
@@ -53,12 +39,8 @@ class Made:
     inputs: list[tuple[str, str, tuple[int | str | None, ...] | None]]
     skeleton: bytes  # ``peak.skeleton`` of the segment, serialised (small: no large weights)
     weights_bytes: int
-    # The peak estimate (``peak.peak_bytes``) at the inputs' declared shapes when they are all fixed:
-    # (shapes sorted by name, estimate). Made here because onnx's shape inference over a large graph holds
-    # the GIL; None when a dim is free.
+    # (shapes sorted by name, ``peak.peak_bytes``) at the declared shapes; None when a dim is free.
     static_peak: tuple[tuple[tuple[str, tuple[int, ...]], ...], Any] | None = None
-    # ``sizing.sizing_inputs`` of the skeleton: made here too (a walk of every node, in Python: 0.07-0.25 s
-    # holding the GIL for a 60 000-node upload, at its first request).
     sizing: frozenset[str] | None = None
 
 
@@ -139,12 +121,10 @@ class Builder:
         self._lock = threading.Lock()
         self._dir: str | None = None
         self._closed = False
-        # Cut ids per model (sha256, ``~steps`` included), as the child enumerated them: a request naming
-        # a cut the model does not have is refused here, without a load in the child (an attacker naming
-        # made-up cuts would otherwise cost a whole model load each).
-        self._cut_ids: OrderedDict[str, frozenset[str]] = OrderedDict()
+        # Cut ids per model (``~steps`` included): made-up cuts are refused without a load in the child.
+        self._cut_ids: LRUCache[str, frozenset[str]] = LRUCache(MAX_MODELS_INDEXED)
         # (sha256, cut id, or "" for every cut of a model that did not load) -> (code name, message).
-        self._failed: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+        self._failed: LRUCache[tuple[str, str], tuple[str, str]] = LRUCache(MAX_FAILED)
 
     def _directory(self) -> str:
         with self._lock:
@@ -166,12 +146,13 @@ class Builder:
         except BaseException:
             out.unlink(missing_ok=True)
             raise
-        if result[-1] is not None:
-            self._remember(sha256, result[-1])
+        with self._lock:
+            if result[-1] is not None:
+                self._cut_ids[sha256] = frozenset(result[-1])
+            if result[0] != "ok" and result[1] in LASTING:
+                self._failed[(sha256, "" if result[-1] is None else cut_id)] = (result[1], result[2])
         if result[0] != "ok":
             out.unlink(missing_ok=True)
-            if result[1] in LASTING:
-                self._remember_failure((sha256, "" if result[-1] is None else cut_id), result[1], result[2])
             raise RpcFailure(grpc.StatusCode[result[1]], result[2])
         return Made(
             path=out,
@@ -182,23 +163,8 @@ class Builder:
             sizing=frozenset(result[5]),
         )
 
-    def _remember(self, sha256: str, ids: list[str]) -> None:
-        with self._lock:
-            self._cut_ids[sha256] = frozenset(ids)
-            self._cut_ids.move_to_end(sha256)
-            while len(self._cut_ids) > MAX_MODELS_INDEXED:
-                self._cut_ids.popitem(last=False)
-
-    def _remember_failure(self, key: tuple[str, str], code: str, message: str) -> None:
-        with self._lock:
-            self._failed[key] = (code, message)
-            self._failed.move_to_end(key)
-            while len(self._failed) > MAX_FAILED:
-                self._failed.popitem(last=False)
-
     def check_known(self, path: Path, sha256: str, cut_id: str) -> None:
-        """What the child answered before for this model or cut when it cannot change (``LASTING``), and
-        NOT_FOUND, as the child would answer, for a cut the model is known not to have."""
+        """Raise the child's ``LASTING`` answer for this model or cut, or NOT_FOUND for a cut it lacks."""
         with self._lock:
             failed = self._failed.get((sha256, "")) or self._failed.get((sha256, cut_id))
             ids = self._cut_ids.get(sha256)
@@ -215,8 +181,7 @@ class Builder:
                 )
 
     def close(self) -> None:
-        """Stop the children now, for good (a segment in progress is abandoned: its build fails UNAVAILABLE,
-        as the server is stopping) and remove the segments' directory."""
+        """Stop the children for good (a build in progress fails UNAVAILABLE) and remove the directory."""
         self.children.stop(terminate=True, final=True)
         with self._lock:
             directory, self._dir = self._dir, None

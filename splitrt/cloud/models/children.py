@@ -1,19 +1,7 @@
-"""Model work in child processes at a lower CPU priority: an upload's check (``upload.CHECKER``) and the
-making of tail segments (``builder``).
-
-Parsing, checking, splitting and serialising a model hold the interpreter's lock (GIL) for long stretches,
-and every request's thread waits for it. In a child that work holds none of the server's locks, and at
-``NICE`` the kernel runs requests first.
-
-- ``Children(what, max_workers=, imports=, idle_s=)``: ``.run(fn, *args, what=)`` is ``fn(*args)`` in a
-  child (a module-level function) and returns what it returns; an ``RpcFailure`` it raises is raised here
-  as is. A child killed meanwhile (out of memory, most likely) is RESOURCE_EXHAUSTED naming ``what`` (the
-  run's, else the pool's); after
-  ``stop(final=True)``, or when a final stop ends the run, UNAVAILABLE. ``.warm()`` starts the children
-  now (spawned: a clean interpreter that imports ``imports`` before it lowers its priority); they exit by
-  themselves if the server goes away. With ``idle_s``, children without work that long are stopped (their
-  memory back to the OS) and the next run starts new ones. ``.stop(terminate=)`` waits for the work in
-  progress, or abandons it.
+"""Model work (an upload's check, the making of tail segments) in spawned child processes at ``NICE``: it
+holds none of the server's GIL, and the kernel runs requests first. ``Children.run(fn, *args)`` returns
+``fn(*args)`` or re-raises its ``RpcFailure``; a killed child is RESOURCE_EXHAUSTED, a run after or cut by
+``stop(final=True)`` UNAVAILABLE. With ``idle_s``, idle children are stopped; orphans exit.
 """
 
 from __future__ import annotations
@@ -34,14 +22,12 @@ from splitrt.cloud.common import RpcFailure
 
 __all__ = ["NICE", "Children", "noop"]
 
-# The children's niceness: below the server's requests, still above nothing.
 NICE = 10
 
 
 def child_init(parent: int, modules: tuple[str, ...]) -> None:
-    """A child's initializer: ``modules`` imported first (at the server's priority: work should not wait
-    seconds for its imports on a busy host), then the lower priority ``NICE``; the child exits when the
-    server ``parent`` that started it is gone."""
+    """A child's initializer: import ``modules`` (at the server's priority), then lower it to ``NICE``;
+    exit when ``parent`` is gone."""
     for name in modules:
         importlib.import_module(name)
     os.nice(NICE)
@@ -55,8 +41,7 @@ def child_init(parent: int, modules: tuple[str, ...]) -> None:
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[bool, Any]:
-    """In the child: (True, ``fn(*args)``), or (False, (code name, message)) for an ``RpcFailure``; the
-    child's freed memory handed back to the OS after each piece of work."""
+    """In the child: (True, ``fn(*args)``), or (False, (code name, message)) for an ``RpcFailure``."""
     from splitrt.cloud.capacity.memory import trim
 
     try:
@@ -152,9 +137,8 @@ class Children:
         pool.shutdown(wait=False)
 
     def stop(self, *, terminate: bool = False, final: bool = False) -> None:
-        """Stop the children now: wait for the work in progress, or (``terminate``) abandon it (its run fails;
-        a 60 000-node model takes seconds to split and must not hold up a server's exit). The next run starts
-        new ones, unless ``final``."""
+        """Stop the children: wait for the work in progress, or (``terminate``) abandon it; the next run
+        starts new ones unless ``final``."""
         with self._lock:
             pool, self._pool = self._pool, None
             self._final = self._final or final

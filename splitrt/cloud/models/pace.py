@@ -1,13 +1,6 @@
-"""An upload's pace: below a minimum rate, or past its deadline, it is cut, and what it held is freed.
-
-An upload holds a lane place and quota while its bytes come, which a per-chunk read timeout does not
-bound. So it must average ``min_rate_bytes_per_s`` once ``grace_s`` have passed and end within
-``timeout_s`` (or the call's deadline, if earlier). A watch thread per upload cancels the call
-(``watchdog.cancel_call``); the upload's ``finally`` then removes its file and returns its quota.
-
-- ``UploadPace(min_rate_bytes_per_s, grace_s, timeout_s)``: ``ServerConfig.upload_pace``.
-- ``verdict(pace, elapsed_s=, received_bytes=, deadline_s=) -> str | None``: pure; why to cut, or None.
-- ``Paced(chunks, pace, cancel, deadline_s=)``: the chunks, counted; ``.close()`` stops its watch.
+"""An upload's pace: one averaging below ``min_rate_bytes_per_s`` after ``grace_s``, or past ``timeout_s``
+(or its deadline), is cut (a read timeout per chunk does not bound a trickle holding a lane and quota).
+``verdict`` is pure; ``Paced`` counts the chunks and its watch thread cancels the call.
 """
 
 from __future__ import annotations
@@ -28,10 +21,8 @@ __all__ = ["Paced", "UploadPace", "verdict"]
 
 @dataclass(frozen=True, kw_only=True)
 class UploadPace:
-    # A 3G uplink carries ~60-120 KiB/s; an upload averaging less than this after ``grace_s`` is cut.
     min_rate_bytes_per_s: float = 32 * 1024
     grace_s: float = 10.0
-    # An upload (whatever its deadline) ends within this: 2 GiB (the largest model) at ~2.4 MB/s.
     timeout_s: float = 900.0
 
     def check(self) -> None:

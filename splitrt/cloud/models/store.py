@@ -1,10 +1,7 @@
-"""The server's models: the ``*.onnx`` files of a directory, keyed by the sha256 of their bytes.
-
-Only a model's own data files are ever read: a model whose external-data locations (on any tensor:
-``graph.walk``) leave the directory (absolute paths, ``..``, symlinks out), name a hidden file (the warm
-file, uploads in progress) or another model, or a stored upload naming any, is refused, and so is a file
-that is not ONNX; each refusal is logged once (``model_refused``) and the file skipped until it changes. Uploads write
-``.upload-*.part`` files (``splitrt.cloud.models.upload``): the ones a killed server left are removed at start.
+"""The server's models: the ``*.onnx`` files of a directory, keyed by the sha256 of their bytes, graphs
+loaded on first use into an LRU under the memory budget. A model whose external data leaves the directory,
+names a hidden file or another model (or an upload naming any), or a file that is not ONNX, is refused,
+logged once (``model_refused``) and skipped until it changes. Leftover ``.upload-*.part`` files are removed.
 """
 
 from __future__ import annotations
@@ -65,8 +62,8 @@ def location_refused(root: Path, model_file: Path, locations: list[str]) -> tupl
 
 
 def _identify(path: Path, root: Path) -> str:
-    """The model's sha256 exactly as the device computes it (external data included), after checking
-    that it is ONNX and that its external data stays in ``root``; ``ValueError`` says why not."""
+    """The model's sha256 as the device computes it, once it is ONNX with its data in ``root``; else
+    ``ValueError``."""
     import onnx
 
     from splitrt.graph.model import model_sha256
@@ -87,15 +84,13 @@ def _identify(path: Path, root: Path) -> str:
 
 
 def scrub(root: Path, text: str) -> str:
-    """``text`` for a client: the models directory (as configured, absolute and resolved) becomes ``<server
-    path>`` (an error from loading a file names its full path; where the server keeps models is not theirs)."""
+    """``text`` for a client: the models directory (as configured, absolute, resolved) -> ``<server path>``."""
     return redact(text, [str(root), str(root.absolute()), str(root.resolve())])
 
 
 def load_graph(path: Path, root: Path, max_nodes: int | None) -> Any:
-    """The model's ``ModelGraph`` with its cuts enumerated; a graph over ``max_nodes`` (counted before the
-    load: enumerating cuts grows with it) or that does not load is FAILED_PRECONDITION. What the server's
-    graph cache and the segment builder's child (``builder``) both load."""
+    """The model's ``ModelGraph`` with its cuts enumerated; FAILED_PRECONDITION over ``max_nodes`` (counted
+    before the load) or when it does not load."""
     import onnx
 
     from splitrt.graph import model as graph_mod
@@ -121,9 +116,8 @@ def load_graph(path: Path, root: Path, max_nodes: int | None) -> Any:
 
 
 def specialised(graph: Any, base: str, key: str) -> Any:
-    """The model ``base``'s ``graph`` specialised by the steps ``key`` (``<sha256>~<steps>``:
-    ``graph.specialise``, a device bound with a sample that fixes a top-level If); NOT_FOUND for steps
-    that do not apply. What the store and the segment builder's child both derive."""
+    """``graph`` specialised by the steps ``key`` (``<sha256>~<steps>``, ``graph.specialise``); NOT_FOUND for
+    steps that do not apply."""
     from splitrt.graph import model as graph_mod
 
     try:
@@ -144,8 +138,7 @@ class _ModelEntry:
 
 
 class ModelStore:
-    """The models of a directory, by sha256 of their bytes; graphs are loaded on first use and kept in
-    an LRU bounded by the server's memory budget (``budget``), graphs over ``max_nodes`` refused."""
+    """The models of a directory, by sha256 of their bytes."""
 
     def __init__(self, root: Path, *, budget: MemoryBudget | None = None, max_nodes: int | None = None) -> None:
         self.root = Path(root)
@@ -165,11 +158,9 @@ class ModelStore:
         # path -> (mtime, size, sha256 or "" when refused)
         self._seen: dict[Path, tuple[float, int, str]] = {}
         self._graph_locks: dict[str, threading.Lock] = {}
-        # Graphs a tail build is splitting (``pinned``): never evicted meanwhile. Evicted, the ledger
-        # would free bytes the build still holds, and the next build would parse the model again.
+        # Graphs a tail build is splitting (``pinned``): never evicted meanwhile.
         self._pins: dict[str, int] = {}
-        # "<sha256>~<steps>" -> (the base graph it was derived from, weakly: an evicted base is not kept
-        # alive by it; the specialised graph). One entry per model and steps that apply: bounded.
+        # "<sha256>~<steps>" -> (weak ref to its base graph, the specialised graph); one per valid steps.
         self._specialised: dict[str, tuple[weakref.ref[Any], Any]] = {}
         for part in self.root.glob(PART_GLOB):  # uploads a killed server left half-written
             part.unlink(missing_ok=True)
@@ -223,8 +214,7 @@ class ModelStore:
     def entry(self, sha256: str) -> _ModelEntry:
         with self._lock:
             entry = self._by_sha.get(sha256)
-            # A model copied in since: look again, at most every RESCAN_S (a flood of unknown names must
-            # not make the server list its directory per request).
+            # A model copied in since: look again, at most every RESCAN_S (floods of unknown names).
             rescan = entry is None and time.monotonic() - self._scanned_s >= RESCAN_S
             if rescan:
                 self._scanned_s = time.monotonic()
@@ -241,8 +231,7 @@ class ModelStore:
         return entry
 
     def graph(self, sha256: str) -> Any:
-        """The model's graph, loaded once. ``<sha256>~<steps>`` names the model specialised by those
-        steps (``specialised``), derived here from the stored file and kept like a model of its own."""
+        """The model's graph, loaded once; ``<sha256>~<steps>``: specialised (``specialised``), kept too."""
         base, sep, key = sha256.partition("~")
         if sep:
             return self._derived(base, key)
@@ -289,9 +278,7 @@ class ModelStore:
                     del self._pins[base]
 
     def evict(self, nbytes: int, build_for: str | None = None) -> int:
-        """Drop least recently used graphs until ``nbytes`` are freed (the budget's evictor), except the
-        ones being loaded or ``pinned`` by a tail build. (Requests do not run graphs: ``build_for`` changes
-        nothing here.)"""
+        """The budget's evictor: drop LRU graphs not being loaded or ``pinned`` until ``nbytes`` are freed."""
         freed = 0
         with self._lock:
             for sha in list(self._loaded):
@@ -336,9 +323,8 @@ class ModelStore:
         return hit[1]
 
     def claim(self, nbytes: int, models: int, check: Callable[[int, int], None]) -> None:
-        """Count an upload in progress as held (``nbytes``, ``models``) until ``unclaim``, after ``check(held
-        bytes, models)`` (raises to refuse) under the same lock: concurrent uploads cannot all pass a quota
-        that only one of them fits."""
+        """Hold ``nbytes`` and ``models`` for an upload until ``unclaim``, once ``check(held bytes, models)``
+        passes under the same lock (concurrent uploads cannot all pass a quota only one fits)."""
         with self._lock:
             held = sum(e.bytes for e in self._by_sha.values()) + self._pending_bytes
             check(held, len(self._by_sha) + self._pending_models)

@@ -1,27 +1,10 @@
-"""``PutModel``: a device uploads a model the server does not have; stored only if whole and usable.
-
-What an upload can and cannot do to the server's disk:
-
-- it writes one temporary file, ``<store>/.upload-<random>.part`` (created exclusively, mode 0600), and
-  nothing else; the name the device sends (``ModelChunk.name``) is never used as a path;
-- at most ``max_model_bytes`` are written (the declared ``total_bytes`` is checked first, then every chunk);
-- the bytes must hash to the sha256 the first chunk declares, be an ONNX model that loads, and carry no
-  external data on any tensor (``graph.walk``: initializers, subgraphs', node attributes, sparse tensors; an
-  upload is one file: an external-data location could only point at files already on the server) and no
-  sparse initializer (a stored model must be servable);
-- quotas: at most ``max_models`` models and ``max_store_bytes`` in the store (the declared size must fit,
-  but only the bytes that arrived are held, chunk by chunk), at most ``max_nodes`` nodes (subgraphs
-  included) and at most ``MAX_OUTPUTS`` graph outputs before anything is computed;
-- pace (``pace``, in the servicer): an upload below ``UploadPace.min_rate_bytes_per_s`` after its grace, or
-  past its deadline, is cut while it waits; its file is removed and its quota freed at once;
-- the check (``graph.model.load``: normalise, constant folding bounded in size before it computes, shape
-  inference) runs inside ``guard(bytes)`` (a place among the admitted and its memory reserved, like a
-  request; no worker slot) in ``CHECKER``'s child at a lower CPU priority (``children``), so a client's heavy
-  upload delays mostly itself. One child per process, started with a server that accepts uploads
-  (``CHECKER.warm()``) or on first use, stopped after ``CHECK_IDLE_S`` without a check;
-- only then is the file fsynced and renamed (atomically) to ``<store>/<sha256>.onnx``. A failed, cancelled
-  or refused upload removes its temporary file; one a killed server left is removed by the next
-  ``ModelStore``.
+"""``PutModel``: a device uploads a model the server does not have; stored only if whole and usable. It
+writes one temporary file, ``<store>/.upload-<random>.part`` (exclusive, 0600; the device's name is never
+a path), at most ``max_model_bytes``, charged to the quotas chunk by chunk; the bytes must hash to the
+declared sha256 and be one self-contained ONNX model (no external data, no sparse initializer, at most
+``max_nodes`` nodes and ``MAX_OUTPUTS`` outputs) that loads, checked in ``CHECKER``'s niced child under
+``guard(bytes)``; then it is renamed to ``<store>/<sha256>.onnx``. Otherwise the file is removed. The
+threat model: docs/operator/security.md.
 """
 
 from __future__ import annotations
@@ -43,12 +26,9 @@ from splitrt.graph.walk import count_nodes, external_locations, sparse_initializ
 from splitrt.transport import splitrt_pb2 as pb
 
 _HEX = frozenset("0123456789abcdef")
-# Graph outputs an upload may have: each cut lists the outputs its head makes, so a tail build costs
-# O(outputs^2) memory; real models have a few (detection heads: tens).
+# Graph outputs an upload may have: a tail build costs O(outputs^2) memory; real models have tens at most.
 MAX_OUTPUTS = 1024
-# A checker child without a check for this long is stopped (its memory back to the OS).
-CHECK_IDLE_S = 300.0
-# The uploads' checks, one at a time, in a child that has imported what a check needs (the store's load).
+CHECK_IDLE_S = 300.0  # a checker child idle this long is stopped
 CHECKER = Children(
     "upload check", imports=("onnx", "splitrt.cloud.models.store", "splitrt.graph.model"), idle_s=CHECK_IDLE_S
 )
@@ -64,9 +44,8 @@ class Quota:
 
 
 def _claim(store: ModelStore, quota: Quota, size: int, models: int, declared: int = 0) -> None:
-    """Count ``size`` more bytes (and ``models`` more models) against the quotas, uploads in progress
-    included, or raise RESOURCE_EXHAUSTED; ``declared`` bytes must fit too, but are not held (a quota is
-    charged on what arrives: a declared size held by a trickle would squat it)."""
+    """Hold ``size`` more bytes and ``models`` more models against the quotas or raise RESOURCE_EXHAUSTED;
+    ``declared`` bytes must fit but are not held (a trickle must not squat a declared size)."""
 
     def check(held: int, count: int) -> None:
         if models and quota.max_models is not None and count >= quota.max_models:
@@ -133,7 +112,6 @@ def receive_model(
     try:
         size = _write(tmp, first, it, sha, limit, charge)
         with guard(size) if guard is not None else nullcontext():
-            # In a child at a lower priority: seconds of CPU that do not slow the requests.
             CHECKER.run(_check_model, tmp, store.root, quota.max_nodes)
         final = store.root / f"{sha}.onnx"
         os.replace(tmp, final)
@@ -150,8 +128,7 @@ def receive_model(
 def _write(
     tmp: Path, first: pb.ModelChunk, rest: Iterator[pb.ModelChunk], sha: str, limit: int, charge: Callable[[int], None]
 ) -> int:
-    """Stream the chunks into ``tmp`` (created exclusively, 0600) under ``limit``, each ``charge``d to the
-    quota first; check size and hash."""
+    """Stream the chunks into ``tmp`` under ``limit``, each ``charge``d first; check size and hash."""
     h = hashlib.sha256()
     size = 0
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -194,7 +171,7 @@ def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             f"upload: expected an ONNX model, got bytes that do not parse ({type(exc).__name__}); nothing stored",
         ) from exc
-    locations = external_locations(proto)  # on any tensor: attributes, subgraphs, sparse ones (``graph.walk``)
+    locations = external_locations(proto)  # on any tensor (``graph.walk``)
     sparse = sparse_initializers(proto)
     nodes = count_nodes(proto)
     outputs = len(proto.graph.output)

@@ -1,16 +1,9 @@
-"""Warm start: the tails a server served, remembered in its models directory and made again at start in
-the background, through ``TailCache.get`` (the heavy lane and the memory budget govern them as any build).
-Health says SERVING at once. Operators: docs/operator/server.md.
-
-- The file: ``<models>/.splitrt-warm.json`` (``WARM_FILE``), ``{"format": "splitrt-warm", "version": 1,
-  "pairs": [[sha256, cut_id], ...]}``, most recently used first, at most ``limit`` pairs (the server's
-  ``segment_cache_size``). Reading it never raises.
-- ``Recorder.served`` is cheap (a dict move). The file is written atomically, only when a pair is served
-  for the first time and at most once every ``min_interval_s``, on a daemon thread (no request waits for
-  the disk), and at ``.flush()`` in the caller's thread. An unwritable file is one
-  ``warm_file_unwritable`` warning; the server goes on.
-- ``parse_spec``, ``match_model``, ``check_cuts`` and ``choose`` are pure; ``ConfigError`` names what was
-  expected and what came.
+"""Warm start: the (model, cut) pairs a server served, remembered in ``<models>/.splitrt-warm.json``
+(``{"format": "splitrt-warm", "version": 1, "pairs": [[sha256, cut_id], ...]}``, most recent first, at
+most ``limit``) and built again at start on a daemon thread through ``TailCache.get``. Reading the file
+never raises; it is written atomically, off the request path, when a new pair is served (at most every
+``min_interval_s``) and at stop. ``parse_spec``, ``match_model``, ``check_cuts``, ``choose`` are pure.
+Operators: docs/operator/server.md.
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ from splitrt.errors import ConfigError
 WARM_FILE = ".splitrt-warm.json"
 FORMAT = "splitrt-warm"
 VERSION = 1
-# A file this large is not one of ours (``limit`` pairs take a few KiB).
 MAX_FILE_BYTES = 1 << 20
 MIN_PREFIX = 4
 DEFAULT_MIN_INTERVAL_S = 5.0
@@ -168,8 +160,7 @@ class Recorder:
         self._write(only_changed=True)
 
     def _write(self, *, only_changed: bool = False) -> None:
-        """Write the pairs as they are now, after any write in progress (snapshots reach the disk in order;
-        ``served`` never waits for the disk: ``_lock`` is not held while writing)."""
+        """Write the pairs as they are now, after any write in progress (``_lock`` not held while writing)."""
         with self._write_lock:
             with self._lock:
                 if only_changed and not (self._changed or self._new):
@@ -280,10 +271,8 @@ def choose(explicit: Sequence[Pair], remembered: Sequence[Pair], *, known: froze
 
 
 def resolve(specs: Sequence[str], store: Any, limit: int) -> list[Pair]:
-    """The (sha256, cut id) pairs ``--warm`` names, checked against the models of ``store`` (a
-    ``ModelStore``) and their cut ids (each named model loaded once, here: the server does not listen
-    yet). ``ConfigError`` for a spec that names no model, a cut the model does not have, or more pairs
-    than ``limit`` (the segment cache: the last would evict the first)."""
+    """The (sha256, cut id) pairs ``--warm`` names, checked against ``store``'s models and cut ids;
+    ``ConfigError`` for an unknown model or cut, or more than ``limit`` pairs."""
     if not specs:
         return []
     from splitrt.cloud.capacity.memory import trim
@@ -319,9 +308,8 @@ def warm_up(
     stopping: threading.Event,
     touch: Callable[[list[Pair]], None] | None = None,
 ) -> dict[str, int]:
-    """Build each pair's tail in turn (``build``: ``TailCache.get``), then ``touch`` them in that order
-    (``TailCache.touch``: the first the most recently used, the last evicted first under memory
-    pressure); returns the counts logged in ``warm_done``."""
+    """Build each pair's tail in turn, then ``touch`` them (the first the most recently used); returns the
+    counts logged in ``warm_done``."""
     t0 = time.monotonic()
     counts = {"built": 0, "failed": 0, "left": len(pairs)}
     for sha256, cut_id in pairs:
@@ -345,11 +333,8 @@ def warm_up(
 
 
 class WarmStart:
-    """A server's warm start: the explicit pairs (``specs``, checked now: ``ConfigError``) and, with
-    ``remember``, the pairs in ``models_dir``'s ``WARM_FILE`` (read by ``start``, after the server's
-    ``listening`` line) built on a daemon thread through ``tails`` (health says SERVING meanwhile: a request
-    waits on the build of its cut, or builds another cut itself); a ``Recorder`` then remembers every
-    lease whose request ran. ``stop`` ends the warm-up after the build in progress and writes the file."""
+    """The explicit pairs (``specs``, checked now: ``ConfigError``) and, with ``remember``, the file's, built
+    from ``start`` on; a ``Recorder`` remembers every lease that ran. ``stop`` ends it and writes the file."""
 
     def __init__(
         self,

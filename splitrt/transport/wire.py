@@ -14,7 +14,7 @@ Kept apart from ``codec`` (pure, no protobuf) and from ``cloud``/``device`` (one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -124,17 +124,20 @@ def serialize(message: Framed | Any) -> bytes:
     if not isinstance(message, Framed):
         return bytes(message.SerializeToString())
     field_key = _FIELD_KEYS[type(message.header)]
+    key_len = len(field_key)
     header = message.header.SerializeToString()
     parts: list[bytes | memoryview] = [header]
     offset = len(header)
     for e in message.tensors:
         head = pb.Tensor(name=e.name, dtype=e.dtype, shape=e.shape, codec=e.codec).SerializeToString()
-        payload_key = _PAYLOAD_KEY + _varint(len(e.payload))
-        fixed = len(head) + len(payload_key) + len(e.payload)
-        pad = _pad_field(offset + len(field_key) + len(head) + len(payload_key), fixed) if e.payload else b""
+        n = len(e.payload)
+        payload_key = _PAYLOAD_KEY + _varint(n)
+        before = len(head) + len(payload_key)
+        fixed = before + n
+        pad = _pad_field(offset + key_len + before, fixed) if n else b""
         size = _varint(fixed + len(pad))
         parts += [field_key, size, head, pad, payload_key, e.payload]
-        offset += len(field_key) + len(size) + fixed + len(pad)
+        offset += key_len + len(size) + fixed + len(pad)
     return b"".join(parts)
 
 
@@ -142,18 +145,28 @@ def _pad_field(before: int, fixed: int) -> bytes:
     """The ``Tensor.pad`` field (or nothing) that puts the payload at a multiple of ``ALIGN_BYTES``, given
     the payload's offset ``before`` without the tensor's length varint and the pad, and the tensor's size
     ``fixed`` without the pad (the length varint grows with the pad)."""
+    # The smallest pad when the length varint keeps its size (nearly always): no search, one check.
+    size = _varint_size(fixed)
+    extra = -(before + size) % ALIGN_BYTES
+    if extra == 1:
+        extra += ALIGN_BYTES  # a pad field takes at least 2 bytes (key, length 0)
+    if extra and _varint_size(fixed + extra) != size:
+        extra = _pad_search(before, fixed)
+    return b"" if extra == 0 else bytes([_PAD_FIELD << 3 | _LEN, extra - 2]) + _ZEROS[: extra - 2]
+
+
+def _pad_search(before: int, fixed: int) -> int:
+    """``_pad_field``'s pad length when the pad moves the length varint across a 7-bit boundary."""
     for extra in range(ALIGN_BYTES + 8):
-        if extra == 1:
-            continue  # a pad field takes at least 2 bytes (key, length 0)
-        if (before + _varint_size(fixed + extra) + extra) % ALIGN_BYTES == 0:
-            return b"" if extra == 0 else bytes([_PAD_FIELD << 3 | _LEN, extra - 2]) + _ZEROS[: extra - 2]
+        if extra != 1 and (before + _varint_size(fixed + extra) + extra) % ALIGN_BYTES == 0:
+            return extra
     raise AssertionError("unreachable: some pad of at most ALIGN_BYTES + 1 bytes aligns the payload")
 
 
-def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
+def _read_varint(buf: memoryview, i: int, n: int) -> tuple[int, int]:
     value = shift = 0
     while shift < 64:
-        if i >= len(buf):
+        if i >= n:
             break
         byte = buf[i]
         value |= (byte & 0x7F) << shift
@@ -164,8 +177,10 @@ def _read_varint(buf: memoryview, i: int) -> tuple[int, int]:
     raise ValueError(f"protobuf: expected a varint at byte {i}, got a truncated or overlong one")
 
 
-def _fields(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field number, wire type, key offset, value offset, end offset) of each field in ``buf``."""
+def _fields(buf: memoryview) -> list[tuple[int, int, int, int, int]]:
+    """(field number, wire type, key offset, value offset, end offset) of each field in ``buf`` (a list, not
+    a generator: a resumption per field cost more than the list)."""
+    out = []
     i, n = 0, len(buf)
     while i < n:
         start = i
@@ -173,37 +188,31 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
         if key < 0x80:  # one-byte varints (every key and most lengths here) read inline: per request
             i += 1
         else:
-            key, i = _read_varint(buf, i)
+            key, i = _read_varint(buf, i, n)
         number, wire_type = key >> 3, key & 7
         value = i
         if wire_type == 0:
-            _, end = _read_varint(buf, i)
+            _, end = _read_varint(buf, i, n)
         elif wire_type == 1 or wire_type == 5:
             end = i + (8 if wire_type == 1 else 4)
         elif wire_type == _LEN:
             if i < n and buf[i] < 0x80:
                 size, value = buf[i], i + 1
             else:
-                size, value = _read_varint(buf, i)
+                size, value = _read_varint(buf, i, n)
             end = value + size
         else:
             raise ValueError(f"protobuf: expected wire type 0, 1, 2 or 5, got {wire_type} at byte {start}")
-        if end > len(buf):
-            raise ValueError(f"protobuf: field {number} needs {end - start} bytes, got {len(buf) - start}")
-        yield number, wire_type, start, value, end
+        if end > n:
+            raise ValueError(f"protobuf: field {number} needs {end - start} bytes, got {n - start}")
+        out.append((number, wire_type, start, value, end))
         i = end
-
-
-def _keep(spans: list[list[int]], start: int, end: int) -> None:
-    """Add field bytes ``[start, end)`` to ``spans``, extending the last span when adjacent (a message's
-    other fields are usually one run: one slice to parse, no join)."""
-    if spans and spans[-1][1] == start:
-        spans[-1][1] = end
-    else:
-        spans.append([start, end])
+    return out
 
 
 def _joined(buf: memoryview, spans: list[list[int]]) -> bytes:
+    """The bytes of ``spans`` (``[start, end)`` runs of ``buf``; adjacent fields are extended into one run
+    by the callers: a message's other fields are usually one, so one slice to parse and no join)."""
     if len(spans) == 1:  # protobuf parses a memoryview as it does bytes (its stubs say bytes only)
         return cast(bytes, buf[spans[0][0] : spans[0][1]])
     return b"".join(buf[s:e] for s, e in spans)
@@ -216,7 +225,10 @@ def _tensor(buf: memoryview) -> Encoded:
         if number == _PAYLOAD_FIELD and wire_type == _LEN:
             payload = buf[value:end]  # the last occurrence wins, as in protobuf
         elif number != _PAD_FIELD:
-            _keep(rest, start, end)
+            if rest and rest[-1][1] == start:
+                rest[-1][1] = end
+            else:
+                rest.append([start, end])
     t = pb.Tensor.FromString(_joined(buf, rest))
     return Encoded(name=t.name, dtype=t.dtype, shape=tuple(t.shape), codec=t.codec, payload=payload)
 
@@ -233,8 +245,10 @@ def deserializer(message_type: Any) -> Callable[[bytes], Framed]:
         for number, wire_type, start, value, end in _fields(buf):
             if number == tensor_field and wire_type == _LEN:
                 tensors.append(_tensor(buf[value:end]))
+            elif rest and rest[-1][1] == start:
+                rest[-1][1] = end
             else:
-                _keep(rest, start, end)
+                rest.append([start, end])
         return Framed(header=message_type.FromString(_joined(buf, rest)), tensors=tensors)
 
     return deserialize
@@ -292,8 +306,10 @@ def probe_deserializer(data: bytes) -> ProbeBody | Malformed:
         for number, wire_type, start, value, end in _fields(buf):
             if number == _PROBE_PAYLOAD_FIELD and wire_type == _LEN:
                 payload_bytes = end - value  # the last occurrence wins, as in protobuf
+            elif rest and rest[-1][1] == start:
+                rest[-1][1] = end
             else:
-                _keep(rest, start, end)
+                rest.append([start, end])
         return ProbeBody(header=pb.ProbeRequest.FromString(_joined(buf, rest)), payload_bytes=payload_bytes)
     except Exception as exc:  # ValueError (our framing), protobuf's DecodeError
         return Malformed(
@@ -397,7 +413,10 @@ def shape_matches(expected: tuple[int | str | None, ...], actual: tuple[int, ...
     """True when ``actual`` fits ``expected`` (symbolic/unknown dims match any size)."""
     if len(expected) != len(actual):
         return False
-    return all(not isinstance(e, int) or e < 0 or e == a for e, a in zip(expected, actual, strict=True))
+    for e, a in zip(expected, actual, strict=True):  # noqa: SIM110 (no genexpr: per tensor of every request)
+        if isinstance(e, int) and e >= 0 and e != a:
+            return False
+    return True
 
 
 def describe_shape(shape: tuple[int | str | None, ...]) -> str:

@@ -1,8 +1,5 @@
-"""``splitrt serve --advertise``: announce a running ``CloudServer`` over zeroconf and keep its TXT record
-(load factor, models, ``secure`` = TLS and tokens) fresh.
-
-``ServerAdvertiser`` raises ``DiscoveryError`` for a loopback-only server without ``addresses``; devices
-warn before using a server whose ``secure`` is not ``1`` (``device.discovery.CloudFinder``).
+"""``splitrt serve --advertise``: announce a running ``CloudServer`` over zeroconf (``DiscoveryError`` for
+a loopback-only server without ``addresses``) and keep its TXT record fresh.
 """
 
 from __future__ import annotations
@@ -33,10 +30,8 @@ def local_addresses() -> list[str]:
 
 
 class ServerAdvertiser:
-    """Advertise a running ``CloudServer`` (``splitrt serve --advertise``) and keep its TXT fresh:
-    every ``every_s`` the load factor (``CloudServer.load_factor``) and the model list are read, and
-    re-announced when the model list changed, the load moved by more than 10 %, or ``refresh_s`` passed.
-    ``close()`` says goodbye (browsers drop the server at once): call it before draining the server."""
+    """Every ``every_s``, re-announce when the models changed, the load factor moved by more than 10 % or
+    ``refresh_s`` passed; ``close()`` says goodbye: call it before draining the server."""
 
     def __init__(
         self,

@@ -1,7 +1,5 @@
-"""What every part of the cloud server shares: the internal ``RpcFailure`` and the JSON-line event log.
-
-It sits below ``store``, ``tails``, ``servicer`` and ``server`` so that none of them has to import
-``server`` (which imports them all).
+"""What every part of the cloud server shares: the internal ``RpcFailure``, the JSON-line event log and
+the client of a peer; below every other module of ``cloud``.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ from typing import Any
 import grpc
 
 log = logging.getLogger("splitrt.cloud")
-# The longest any wait is given: gRPC reports ~9.2e18 s left for a call without a deadline, and waits on
-# such a number raise in ``threading``. Anything beyond it counts as no deadline.
+# The longest any wait is given (``threading`` raises on gRPC's ~9.2e18 s left of a call with no deadline).
 MAX_WAIT_S = 86_400.0
 # One encoder for every line: ``json.dumps(..., default=str)`` builds a new one per call.
 _encode = json.JSONEncoder(default=str).encode
@@ -31,8 +28,7 @@ class RpcFailure(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-        # Set when the queue was full: answered as trailing metadata ``retry-after-ms`` (Infer) or in
-        # the stream frame's ``Error.retry_after_ms``.
+        # Set when the queue was full: trailing ``retry-after-ms`` or a frame's ``Error.retry_after_ms``.
         self.retry_after_ms = retry_after_ms
 
 
@@ -40,17 +36,15 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
     """One JSON line on the ``splitrt.cloud`` logger."""
     if log.isEnabledFor(level):
         record = {"ts": round(time.time(), 6), "event": event, **fields}
-        # What ``log.log`` does, minus ``findCaller``'s walk up the stack (per request): the caller it
-        # would find is this line.
+        # ``log.log`` minus ``findCaller``'s walk up the stack (per request): the caller would be this line.
         log.handle(
             log.makeRecord(log.name, level, __file__, sys._getframe().f_lineno, _encode(record), (), None, "log_event")
         )
 
 
 def disk_failure(exc: OSError, what: str) -> RpcFailure:
-    """A server-side file error for a client: RESOURCE_EXHAUSTED when the disk is full (no space, quota),
-    UNAVAILABLE otherwise; the message names neither the file nor the raw errno (where the server keeps
-    its files is not the client's)."""
+    """A server-side file error for a client, naming neither file nor errno: RESOURCE_EXHAUSTED when the
+    disk is full, UNAVAILABLE otherwise."""
     import errno
 
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -65,9 +59,8 @@ def disk_failure(exc: OSError, what: str) -> RpcFailure:
 
 
 def redact(text: str, roots: list[str]) -> str:
-    """``text`` for a client: a path under any of ``roots`` (the models directory, the temporary directory;
-    give each as configured and resolved) becomes ``<server path>`` (an error from onnx or onnxruntime names
-    the file it read; where the server keeps its files is not the client's)."""
+    """``text`` for a client: a path under any of ``roots`` (give each as configured and resolved) becomes
+    ``<server path>``."""
     import re
 
     for root in sorted({r.rstrip("/") for r in roots if r and r.rstrip("/")}, key=len, reverse=True):

@@ -59,26 +59,19 @@ class ServerConfig:
     drain_timeout_s: float = 10.0
     # Largest model a device may upload (a single-file ONNX model is below 2 GiB: protobuf's limit).
     max_model_bytes: int = 2 * 1024**3
-    # The process's memory budget (RSS; ``splitrt.cloud.capacity.memory``): cached sessions and graphs and the
-    # requests in flight share what the process does not hold at start. None: no budget (an in-process
-    # server does not own its process); ``splitrt serve`` defaults to ``DEFAULT_MAX_MEMORY_BYTES``.
+    # The process's memory budget (RSS, ``capacity.memory``); None: none (an in-process server).
     max_memory_bytes: int | None = None
-    # A request whose estimated peak activation memory (at its shapes, ``splitrt.graph.peak``) is
-    # larger is refused (RESOURCE_EXHAUSTED) before it runs.
+    # A request whose estimated peak activation memory (``graph.peak``) is larger is refused before it runs.
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    # Store quotas for uploads (``splitrt.cloud.models.upload``) and the largest graph the server loads (nodes,
-    # subgraphs' included: cut enumeration and session builds grow with it).
+    # Store quotas for uploads and the largest graph the server loads (nodes, subgraphs' included).
     max_store_bytes: int = 4 * 1024**3
     max_models: int = 64
     max_nodes: int = 100_000
-    # onnxruntime intra-op threads per tail session (0: ``tail_threads``, the CPUs shared out among the
-    # workers, so that workers x threads does not oversubscribe the host).
+    # onnxruntime intra-op threads per tail session (0: ``tail_threads``).
     intra_op_threads: int = 0
-    # How many nice steps below the server's priority the runs of a client over its share go while others
-    # are active (``niced``; 0: none).
+    # Nice steps below the server's for the runs of a client over its share (``niced``; 0: none).
     over_share_nice: int = DEFAULT_NICE
-    # Tail segments made in child processes (``builder``: no GIL held for long while one is made);
-    # False: in this process (an in-process server, tests). ``splitrt serve`` uses children.
+    # Tail segments made in child processes (``builder``); False: in this process.
     build_in_child: bool = False
     # The next hop on a path of tiers: requests naming ``next_cut_id`` run up to it here and go on there.
     next_tier: NextTier | None = None
@@ -89,12 +82,9 @@ class ServerConfig:
     metrics_public: bool = False
     # Time and count limits on what clients hold: lanes, read timeouts, connections (``limits``).
     limits: Limits = field(default_factory=Limits)
-    # Warm start (``warm``): remember the (model, cut) pairs served in ``<models_dir>/.splitrt-warm.json``
-    # and make their tails again at start, in the background. False: neither (an in-process server, tests;
-    # ``splitrt serve --no-warm``). ``splitrt serve`` remembers.
+    # Warm start (``warm``): remember the pairs served in ``models_dir`` and build them again at start.
     warm_file: bool = False
-    # Pairs made at start besides (and before) the remembered ones: "MODEL@CUT[,CUT...]", MODEL a file
-    # name in ``models_dir`` or a sha256 prefix (``splitrt serve --warm``; checked at construction).
+    # Pairs built at start before the remembered ones: "MODEL@CUT[,CUT...]" (``--warm``).
     warm: tuple[str, ...] = ()
     # Uploads below a minimum rate or past a deadline are cut, their quota freed (``pace``).
     upload_pace: UploadPace = field(default_factory=UploadPace)
@@ -120,9 +110,8 @@ class ServerConfig:
 
 
 def tail_threads(config: ServerConfig) -> int:
-    """onnxruntime threads per tail session: ``intra_op_threads``, or (0) the CPUs this process may use
-    shared out among the workers, at least 1 (onnxruntime's default, every core per session,
-    oversubscribes the host when tails run side by side)."""
+    """onnxruntime threads per tail session: ``intra_op_threads``, or (0) this process's CPUs shared out
+    among the workers, at least 1 (onnxruntime's default oversubscribes the host)."""
     if config.intra_op_threads > 0:
         return config.intra_op_threads
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -130,6 +119,5 @@ def tail_threads(config: ServerConfig) -> int:
 
 
 def tokens_from_file(path: Path) -> tuple[str, ...]:
-    """Bearer tokens, one per line (blank lines and ``#`` comments ignored), from a file no one but its
-    owner may read (``ConfigError`` naming the file, its mode and ``chmod 600`` otherwise, as ssh does)."""
+    """Bearer tokens, one per line (``#`` comments), from a file only its owner may read (else ``ConfigError``)."""
     return credentials.read_tokens(Path(path), "token file")

@@ -1,11 +1,6 @@
 """What the server counts about its requests, for devices (service times in every ``Load``, the retry
-hint of a refusal) and for operators (Prometheus text on ``--metrics-port``).
-
-- ``ServerStats.observe(...)`` once per Infer request or stream frame: counts by gRPC code, histograms of
-  tail and server-side time, smoothed service time overall and per model and cut.
-- ``collect(server)`` renders that state, the load and the front door's counters on each scrape;
-  ``metrics_http(server, host, port)`` serves ``GET /metrics`` (a taken port is ``ConfigError`` before
-  gRPC serves).
+hint of a refusal) and for operators: ``collect`` renders it, the load and the front door's counters on
+each scrape (a ``prometheus_client`` collector), ``metrics_http`` serves ``GET /metrics``.
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ if TYPE_CHECKING:
 
 #: Histogram buckets, seconds (1 ms .. 10 s).
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-# EWMA weight of one request's tail time: ~10 requests of memory, so a model switch shows within a
-# second at tens of requests/s while one slow request does not double the figure.
+# EWMA weight of one request's tail time: ~10 requests of memory.
 SERVICE_ALPHA = 0.1
 # A refusal's hint never says "now" (clients retrying at once collide again) nor "in minutes".
 MIN_RETRY_AFTER_MS = 5.0
@@ -46,8 +40,7 @@ class _Ewma:
         self.n = 0
 
     def add(self, x: float) -> None:
-        # The first samples average plainly, so the figure is not anchored at the first request
-        # (which may have paid for a session's first run).
+        # The first samples average plainly: the first request may have paid for a session's first run.
         self.n += 1
         self.value += (x - self.value) * max(SERVICE_ALPHA, 1.0 / self.n)
 
@@ -59,7 +52,7 @@ class ServerStats:
         self._lock = threading.Lock()
         self.by_code: Counter[str] = Counter()
         self.refused = 0  # queue full
-        # Scraped as they are (registry=None: one pair per server, not the process-wide registry).
+        # registry=None: one pair per server, not the process-wide registry.
         self.tail_hist = Histogram(
             "splitrt_cloud_tail_seconds",
             "Time a tail session ran, per successful request.",
@@ -112,15 +105,14 @@ class ServerStats:
             return {code: n for code, n in sorted(self.by_code.items()) if code != "OK"}
 
     def retry_after_ms(self, *, queue_depth: int, workers: int) -> float:
-        """When a refused request may come back: when the requests held now would be through (the
-        expected wait of a request arriving now, ``plan.queueing``), so a retry is admitted and does
-        not wait long; before any request is served, one service time is unknown: the floor."""
+        """When a refused request may come back: the expected wait of one arriving now (``plan.queueing``),
+        within ``MIN_RETRY_AFTER_MS`` .. ``MAX_RETRY_AFTER_MS``."""
         wait = expected_wait_ms(queue_depth=queue_depth, workers=workers, service_ms=self.service_ms())
         return round(min(MAX_RETRY_AFTER_MS, max(MIN_RETRY_AFTER_MS, wait)), 1)
 
 
 class Scraped(Protocol):
-    """What a scrape reads of a server (``Scraped`` is one)."""
+    """What a scrape reads of a server."""
 
     stats: ServerStats
     tails: TailCache
@@ -137,7 +129,7 @@ def _one(kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: st
 
 
 def collect(server: Scraped) -> Iterator[Metric]:
-    """The server's metric families, read from its state now (a ``prometheus_client`` collector's body)."""
+    """The server's metric families, read from its state now."""
     st = server.stats
     load = server.load()
     with st._lock:
@@ -192,7 +184,6 @@ def collect(server: Scraped) -> Iterator[Metric]:
 
 
 def _door(server: Scraped) -> Iterator[Metric]:
-    """The front door's counters: every call by method and code, lanes, refusals, throttled peers."""
     snap = server.door.snapshot()
     C, G = CounterMetricFamily, GaugeMetricFamily
     yield _family(

@@ -1,4 +1,3 @@
-"""What the server can take on: admission and the fair queue (``admission``, ``fairq``), the memory budget
-and what a session or a graph is estimated to need (``memory``; a request's activations: ``graph.peak``),
-runs ended at their deadline, cancel, limit or over memory (``cancel``, ``runlimit``), runs of a client over
-its share at a lower priority (``niced``), and health while saturated (``saturation``)."""
+"""What the server can take on: ``admission`` with ``fairq``, ``memory`` (the budget) and ``arena``, runs
+ended when they must (``cancel``, ``runlimit``), ``niced`` runs, health while saturated (``saturation``).
+"""

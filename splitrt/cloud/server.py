@@ -1,20 +1,10 @@
-"""The cloud inference server's lifecycle: ``CloudServer`` wires the parts together, starts gRPC and
-drains it.
-
-``CloudServer(ServerConfig(models_dir=..., port=0)).start() -> port``; ``.address``, ``.stop(grace_s)``,
-context manager. It serves every ``*.onnx`` in ``models_dir`` under the sha256 of its bytes; a request names
-the model and the cut and carries the crossing tensors; the server runs the tail. The parts, each with its
-contract in its docstring: ``config`` (what an operator sets), ``guard`` (the front door: auth, lanes and
-leases on a call's metadata, before its body is read), ``handler`` (one request's path; the gRPC methods,
-``CloudServer.servicer``, callable without a gRPC server), ``capacity`` (admission, the memory budget, runs
-ended when they must), ``models`` (store, uploads, tail sessions, warm start), ``metrics``, ``advertise``.
-
-Statuses: NOT_FOUND (model, cut), INVALID_ARGUMENT (tensor name/dtype/shape, codec payload, bytes that do
-not parse, on every method: never INTERNAL), RESOURCE_EXHAUSTED (queue or lane full, memory, message or
-decoded size over a cap), DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED, PERMISSION_DENIED (upload
-disabled), FAILED_PRECONDITION (a stored model that does not load, split or run), UNAVAILABLE (shutting
-down). ``stop()`` refuses new calls, says NOT_SERVING and drains for ``drain_timeout_s``, terminating runs
-still going near its end. One JSON line per event on the ``splitrt.cloud`` logger; tokens never appear.
+"""The cloud inference server's lifecycle: ``CloudServer(ServerConfig(...)).start() -> port`` wires the
+parts (``config``, ``guard``, ``handler``, ``capacity``, ``models``, ``metrics``, ``advertise``), serves
+every ``*.onnx`` of ``models_dir`` under its sha256 and drains at ``stop``: new calls refused, NOT_SERVING,
+runs still going near the end of ``drain_timeout_s`` terminated. Statuses: NOT_FOUND, INVALID_ARGUMENT
+(never INTERNAL for bad bytes), RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, CANCELLED, UNAUTHENTICATED,
+PERMISSION_DENIED, FAILED_PRECONDITION (a stored model that does not load, split or run), UNAVAILABLE
+(shutting down). One JSON line per event on ``splitrt.cloud``; tokens never appear.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Bearer-token authentication of the server's calls, decided on the call's metadata alone (the front door,
-``splitrt.cloud.guard.door``, refuses before a byte of the body is read), and the per-peer throttle of
-failed attempts.
-
-``Tokens.check(metadata)`` compares the ``authorization: Bearer T`` header with every configured token
-in constant time. ``AuthThrottle`` (pure: every call takes ``now_s``) counts failures per peer address:
-after ``free_failures`` the address waits ``base_s``, doubling per further failure up to ``max_s``;
-while it waits its calls are refused before their token is looked at (a guess is neither checked nor
-answered), except on a connection that already authenticated (a device's long-lived channel from the
-same address goes on). Tokens are never logged nor in a repr.
+"""Bearer-token authentication on a call's metadata alone, and the per-peer throttle of failures.
+``Tokens.check(metadata)`` compares ``authorization: Bearer T`` with every token in constant time.
+``AuthThrottle`` (pure: ``now_s``) makes an address that failed ``free_failures`` times wait ``base_s``,
+doubling up to ``max_s``, its calls refused unchecked except on a connection that already
+authenticated. Tokens are never logged nor in a repr.
 """
 
 from __future__ import annotations

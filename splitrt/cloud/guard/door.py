@@ -1,26 +1,9 @@
-"""The server's front door: every call is authenticated, throttled and admitted to its lane on its
-metadata, before a byte of its body is read, and holds a lease while it waits on the client (operators:
-docs/operator/security.md).
-
-gRPC's synchronous server reads a unary request's whole message before any handler or interceptor
-decides, so ``FrontDoor`` (a ``grpc.ServerInterceptor``) re-registers every method as request-streaming:
-it decides when the headers arrive, then reads the message under a ``watchdog.Lease`` and calls the real
-handler. A refused call holds no slot and no buffer.
-
-Per call, in order:
-1. Auth (``auth``): health needs no token, everything else one of ``tokens`` (when any). A peer address
-   that failed too often gets RESOURCE_EXHAUSTED with ``retry-after-ms``, its token not compared.
-2. Lanes: inference, Probe, PutModel, Status, health Check and Watch each have their own cap, and one
-   peer address holds at most ``calls_per_peer`` of inference and half of the others. A full lane answers
-   RESOURCE_EXHAUSTED at once and never blocks another. A Probe's declared bytes are held in the memory
-   budget before its body is read (``probes.ProbeGate``).
-3. Leases: the request message, each upload chunk or stream frame, and each reply the client must take
-   are waited for at most their timeout (``Limits``): DEADLINE_EXCEEDED naming what did not come. A Watch
-   stream ends after ``watch_max_age_s`` (UNAVAILABLE).
-4. Behind a trusted proxy (``Limits.trusted_proxies``) the client is the address the proxy names
-   (``FrontDoor.client_peer``), so everything per address holds per device.
-5. Every outcome is counted by method and code (``FrontDoor.snapshot()``, metrics), and every failure the
-   handler does not log itself is logged, rate-limited (``ratelog.RateLog``).
+"""The server's front door (a ``grpc.ServerInterceptor`` that re-registers every method as
+request-streaming, so it decides on a call's headers before a byte of its body is read): auth and the
+guessers' throttle (``auth``), a lane per method with a per-peer share (RESOURCE_EXHAUSTED at once when
+full), a Probe's declared bytes held first (``probes``), then the body, frames and replies read under a
+``watchdog.Lease``. Behind a trusted proxy the client is the address it names. Every outcome is counted
+(``snapshot``) and failures logged, rate-limited. Operators: docs/operator/security.md.
 """
 
 from __future__ import annotations
@@ -173,9 +156,7 @@ class FrontDoor(grpc.ServerInterceptor):
         return cached[1]
 
     def client_peer(self, ctx: Any) -> str:
-        """The call's client as a gRPC peer string: the connection's peer, or, when that is a trusted proxy
-        (``Limits.trusted_proxies``), the address and port the proxy names (``forwarded_peer``). Everything
-        per client (throttle, lanes, fair queuing) then sees the device, not the proxy."""
+        """The call's client as a gRPC peer string: the connection's peer, or the one a trusted proxy names."""
         peer = ctx.peer() or ""
         if not self.limits.trusted_proxies or peer_address(peer) not in self.limits.trusted_proxies:
             return peer
@@ -208,10 +189,8 @@ class FrontDoor(grpc.ServerInterceptor):
 
 
 class _Call:
-    """One call through the door: ``enter`` (auth, lane; aborts on refusal), reads under the lease,
-    ``finish`` (counts, logs), ``release`` (the lane and a Probe's prepaid bytes, when the call ends: the
-    lease's ``on_end``; the lease gives its replies' bytes back itself). The interceptor only routes a call
-    to its lane's wrapper: everything a call is checked against runs here, on the call's thread."""
+    """One call through the door, on its thread: ``enter`` (auth, lane; aborts on refusal), reads under the
+    lease, ``finish`` (counts, logs); the lease's ``on_end`` frees the lane and a Probe's prepaid bytes."""
 
     def __init__(self, door: FrontDoor, method: str, lane: str, context: Any) -> None:
         self.door, self.method, self.lane, self.context = door, method, lane, context
@@ -421,11 +400,8 @@ class _Call:
         self.lease.disarm()
 
     def replied(self) -> None:
-        """A unary reply is made: the call keeps its lane (and the handler's admission place, held until the
-        call ends) until the client takes the reply, at most ``read_timeout_s``; then the watchdog ends the
-        call (DEADLINE_EXCEEDED) and its places are freed (``release``, on gRPC's end-of-call callback). A
-        client that never opens its HTTP/2 window so holds a place for a bounded time, and one address
-        holds at most its share of the lane."""
+        """A unary reply is made: the call keeps its places until the client takes it, at most
+        ``read_timeout_s`` (then DEADLINE_EXCEEDED)."""
         assert self.lease is not None
         t = self.door.limits.read_timeout_s
         self.lease.arm(t, f"{self.short}: expected the client to take the reply within {t:g} s, got no room")
@@ -475,10 +451,8 @@ class _Call:
 
 
 def _hold_reply(call: _Call, n: int) -> int:
-    """A reply of ``n`` bytes (serialised) is made for ``call``: ``reply_held_bytes`` reserved in the budget
-    and owned by the call's lease until the call ends (taken, or ended by the read timeout) or a streamed
-    reply is taken (``Lease.unhold``), evicting caches if need be; RESOURCE_EXHAUSTED (the call aborted)
-    when they do not fit. Returns the bytes held. A Probe's reply was prepaid (``prepay``)."""
+    """Reserve ``reply_held_bytes(n)`` for a reply, owned by the call's lease until it is taken or the call
+    ends; aborts RESOURCE_EXHAUSTED when they do not fit. Returns the bytes held (a Probe's: prepaid)."""
     need = reply_held_bytes(n if call.on_end and call.lane != "probe" else 0)
     if not need:
         return 0
@@ -509,9 +483,7 @@ def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> 
                 else:
                     replies = h.unary_stream(call.first(request_iterator), context)
                 for reply in replies:
-                    # Serialised here to be counted: a reply the client does not take is held (its bytes and
-                    # gRPC core's copy) until the one after it is handed to gRPC or the call ends, as a unary
-                    # one is.
+                    # Serialised here to be counted: held until the next is handed to gRPC or the call ends.
                     data = reply if serialize is None else serialize(reply)
                     need = _hold_reply(call, len(data) if isinstance(data, bytes) else 0)
                     call.sending()

@@ -1,10 +1,6 @@
-"""Time and count limits on what a client can hold on the server (``ServerConfig.limits``; each field
-with its ``splitrt serve`` flag), and the gRPC core options that carry the per-stream ones.
-
-Per call, the front door (``guard.door``) applies them. Per stream (gRPC core): a fixed receive window
-(``stream_window_bytes``) instead of gRPC's BDP-sized one, so a call refused on its headers pushes at
-most that much of its body into the server. Connections (how many, per address, idle, handshakes, pings, streams per
-connection) are the edge proxy's: ``deploy/proxy/haproxy.cfg``, ``docs/operator/proxy.md``.
+"""Time and count limits on what a client can hold (``ServerConfig.limits``; each field with its ``splitrt
+serve`` flag), applied per call by ``guard.door``, and the gRPC core options of the per-stream ones (a
+fixed receive window). Connections are the edge proxy's: docs/operator/proxy.md.
 """
 
 from __future__ import annotations

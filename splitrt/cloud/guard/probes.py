@@ -1,16 +1,8 @@
-"""Probes paid for before their body is read. A device declares a Probe's payload + reply bytes in
-``wire.PROBE_BYTES_KEY`` metadata; the front door holds 3 x that in the memory budget (each side held three
-times, as ``servicer.Probe`` counts; an undeclared probe: its worst case, a full message up and the largest
-reply back) before it reads the body, and an RTT ping (at most ``PROBE_FREE_BYTES``) holds nothing. Probes
-together hold at most ``PROBE_BUDGET_SHARE`` of the budget and never evict a cache entry (a probe is a
-measurement). An address whose probe body over ``PROBE_FREE_BYTES`` was read and then refused (undeclared,
-or more than declared) has its next probes refused unread for ``PROBE_PENALTY_S``: receiving a body holds
-gRPC's polling thread while it is copied.
-
-- ``declared(metadata) -> int | None``: the bytes a call declares (None: absent or not a number).
-- ``ProbeGate(budget, max_message_bytes)``: ``.cap_bytes`` (the most a probe may declare), ``.need_bytes(declared)``,
-  ``.try_hold(n) -> (fits, share_bytes)``, ``.release(n)``, ``.held_bytes``; ``.penalize(address, now_s)``,
-  ``.wait_s(address, now_s)`` (the penalty left, <= 0 when none). Thread-safe.
+"""Probes paid for before their body is read: the front door holds 3 x the payload + reply bytes a call
+declares (``wire.PROBE_BYTES_KEY``; undeclared: the worst case) in the memory budget, at most
+``PROBE_BUDGET_SHARE`` of it and never evicting; an RTT ping (<= ``PROBE_FREE_BYTES``) holds nothing. An
+address whose probe body was read and then refused has its next ones refused unread for
+``PROBE_PENALTY_S``. ``ProbeGate`` is thread-safe.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""A log that a flood cannot fill: the first ``burst`` events of a kind per interval are logged as they
-come, the rest only counted and reported as one ``suppressed`` summary line per interval (with the
-busiest peers). Served requests go through it too (``request``), per status code; ``every_request`` logs
-each, for debugging.
+"""A log a flood cannot fill: the first ``burst`` events of a kind per interval are logged, the rest
+counted into one ``suppressed`` line per interval (with the busiest peers); served requests too
+(``request``), unless ``every_request``.
 """
 
 from __future__ import annotations

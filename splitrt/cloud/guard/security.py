@@ -1,13 +1,7 @@
-"""Secure by default: what a server configuration exposes, and the choices it must make explicitly.
-
-- The server listens on 127.0.0.1 unless told otherwise.
-- Any other address needs both TLS and a bearer token, or ``insecure=True`` (``splitrt serve --insecure``):
-  then an ``insecure`` warning event at start, ``Status.insecure``/``security_warning`` and TXT ``secure=0``.
-- Uploads (``allow_upload``) need a bearer token, always; metrics beyond loopback need ``metrics_public``.
-- Token files and the TLS private key are refused when group or others may read them (mode & 0o077).
-
-``exposure(config)`` checks a ``ServerConfig`` and says what it exposes (``Exposure``); ``ConfigError`` for
-the refused combinations, naming the choice to make.
+"""Secure by default: ``exposure(config)`` says what a ``ServerConfig`` exposes (``Exposure``), and raises
+``ConfigError`` naming the choice to make for a refused one: beyond loopback without TLS and a token and
+without ``insecure``; uploads without a token; metrics beyond loopback without ``metrics_public``; a key or
+token file others may read. Operators: docs/operator/security.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""What a client holds, bounded: a ``Lease`` per call, armed while the server waits on the client
-(a request body, the next stream frame or upload chunk, the client taking a reply; a Watch stream's
-whole life) and cancelled with a gRPC status by the ``Watchdog`` thread when it runs out. The lease also
-owns the budget bytes of the replies the client has not taken (``hold``; ``unhold``: a streamed one
-taken). ``Lease.end`` is the call's one end-of-call path (gRPC's end-of-call callback, or the handler's
-end): it gives the bytes back, then runs the owner's ``on_end`` (the door frees the call's lane); the
-watchdog forgets the lease at its next step (the call's end touches no lock but its own).
-
-gRPC's synchronous server waits for a request message with no timeout of its own; cancelling the call
-from another thread ends the wait (the handler's read raises) and answers with the lease's status.
+"""What a client holds, bounded: a ``Lease`` per call, armed while the server waits on the client, is
+cancelled with its gRPC status by the ``Watchdog`` thread when it runs out (that ends gRPC's unbounded
+wait for a message). It owns the bytes of replies not yet taken (``hold``/``unhold``); ``Lease.end``, the
+call's one end path, gives them back and runs ``on_end``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""One request's path on any server of a path of tiers: ``Handler.infer``.
-
-In order: admission (else RESOURCE_EXHAUSTED with a retry hint), the segment (leased from the
-``TailCache``: not evicted while it runs), the input check (nothing inflated), the request's memory
-(``graph.peak`` at its shapes and small integer values: refused beyond ``max_request_bytes``, else
-reserved), the run in a worker slot under the canceller, then the reply, or the forward to the next hop
-(``nexthop``). No worker slot is held while a forward is on the wire. Every request is counted
-(``ServerStats``) and logged, rate-limited.
+"""One request's path on any server of a path of tiers: ``Handler.infer``: admission, the leased tail,
+the input check, the request's memory (``graph.peak``; refused beyond ``max_request_bytes``), the run in
+a worker slot under the canceller, then the reply or the forward (``nexthop``, no slot held meanwhile).
+Every request is counted and logged, rate-limited.
 """
 
 from __future__ import annotations

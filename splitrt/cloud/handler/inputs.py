@@ -1,10 +1,6 @@
-"""A request's tensors against what its tail expects: checked on arrival, decoded only in a worker slot.
-
-Checking reads only names, dtypes, shapes and the sizes they imply (nothing inflated or allocated), so
-a request is refused before it waits; decoding is left for when it holds a slot, which bounds the
-memory decoded inputs take to ``workers * max_decoded_bytes``. The small numeric tensors whose values may
-decide sizes (``small_integers``: at most ``MAX_ELEMENTS`` each) are read before the run, for the peak
-estimate (``graph.peak``); one that does not decode is left to ``decode_inputs`` to refuse.
+"""A request's tensors against what its tail expects: checked on arrival from names, dtypes and shapes
+alone (nothing allocated), decoded only in a worker slot (decoded memory <= workers x
+``max_decoded_bytes``). ``small_integers`` reads the values that may decide sizes for ``graph.peak``.
 """
 
 from __future__ import annotations

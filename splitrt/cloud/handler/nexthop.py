@@ -1,11 +1,7 @@
-"""A server's next hop (``ServerConfig.next_tier``, ``--next HOST:PORT``; operators: docs/operator/tiers.md).
-
-A request naming ``next_cut_id`` B besides its ``cut_id`` A runs the segment A -> B here (leased from the
-``TailCache`` as ``"A>B"``) and :meth:`NextHop.forward` sends B's crossing tensors on in an ordinary
-request for cut B; its outputs come back to the device undecoded. B = ``device``: nothing is forwarded.
-A next hop that fails loses nothing: this server runs B's tail itself and says so in ``next_error``,
-then skips the next hop for a doubling, capped backoff; a ``Probe`` with ``next_probe`` always tries it.
-No worker slot is held while a forward is on the wire.
+"""A server's next hop (``--next``; operators: docs/operator/tiers.md): a request for ``cut_id`` A and
+``next_cut_id`` B runs A -> B here and ``NextHop.forward`` sends B's tensors on. A failing next hop loses
+nothing: this server runs B's tail itself, says so in ``next_error`` and skips the hop for a doubling,
+capped backoff (a ``Probe`` with ``next_probe`` always tries it).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""The ``SplitInference`` gRPC methods: Infer, InferStream, Probe, Status and PutModel, and how a failed
-request becomes a gRPC status (an abort, or an error in the stream's reply frame).
-
-``Servicer`` holds no state of its own: Infer and InferStream go straight to the backend's request handler
-(``handler.infer.Handler``); the rest to the backend (the ``CloudServer``, looked up per call so that
-hooks set on the server apply). Its methods take what gRPC
-passes them and can be called directly, without a gRPC server, e.g. by an in-process transport:
-``CloudServer(config).servicer.Infer(wire.Framed(...), context)``, where ``context`` needs what
-``grpc.ServicerContext`` offers here: ``time_remaining()`` (Infer, InferStream) and ``abort(code,
-message)``, which must raise (Infer, Probe, PutModel).
+"""The ``SplitInference`` gRPC methods and how a failure becomes a status (an abort, or a stream frame's
+error). Stateless: Infer and InferStream go to ``handler.infer.Handler``, the rest to the ``CloudServer``.
+Callable without a gRPC server, given a context with ``time_remaining()`` and a raising ``abort``.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -124,94 +124,83 @@ class Scraped(Protocol):
     def load(self) -> pb.Load: ...
 
 
-def _one(kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, value: float) -> Metric:
-    return kind(name, doc, value=value)
-
-
 def collect(server: Scraped) -> Iterator[Metric]:
     """The server's metric families, read from its state now."""
-    st = server.stats
-    load = server.load()
+    st, load, tails = server.stats, server.load(), server.tails
     with st._lock:
-        by_code = sorted(st.by_code.items())
-        refused = st.refused
-    C, G = CounterMetricFamily, GaugeMetricFamily
-    yield _one(G, "splitrt_cloud_up", "1 while the server serves.", 1.0)
-    yield _family(
-        C,
-        "splitrt_cloud_requests_total",
-        "Infer requests and stream frames answered, by gRPC status code.",
-        ["code"],
-        (((c,), n) for c, n in by_code),
+        by_code, refused = sorted(st.by_code.items()), st.refused
+    yield from _families(
+        (G, "up", "1 while the server serves.", 1.0),
+        (
+            C,
+            "requests_total",
+            "Infer requests and stream frames answered, by gRPC status code.",
+            _rows("code", by_code),
+        ),
+        (
+            C,
+            "errors_total",
+            "Infer requests and stream frames answered with an error, by gRPC status code.",
+            _rows("code", [(c, n) for c, n in by_code if c != "OK"]),
+        ),
+        (
+            C,
+            "refused_total",
+            "Requests refused because the queue was full (RESOURCE_EXHAUSTED with a retry hint).",
+            refused,
+        ),
+        (G, "queue_depth", "Requests admitted and not finished (waiting + running).", load.queue_depth),
+        (G, "running", "Requests running a tail now.", load.running),
+        (G, "workers", "Tail worker slots.", load.workers),
+        (G, "max_queue", "Requests that may wait beyond the workers.", load.max_queue),
+        (G, "service_ms", "Smoothed tail time per request, milliseconds.", load.service_ms),
+        (G, "cpu_percent", "Host CPU utilisation, percent.", load.cpu_percent),
     )
-    yield _family(
-        C,
-        "splitrt_cloud_errors_total",
-        "Infer requests and stream frames answered with an error, by gRPC status code.",
-        ["code"],
-        (((c,), n) for c, n in by_code if c != "OK"),
-    )
-    yield _one(
-        C,
-        "splitrt_cloud_refused_total",
-        "Requests refused because the queue was full (RESOURCE_EXHAUSTED with a retry hint).",
-        refused,
-    )
-    yield _one(
-        G, "splitrt_cloud_queue_depth", "Requests admitted and not finished (waiting + running).", load.queue_depth
-    )
-    yield _one(G, "splitrt_cloud_running", "Requests running a tail now.", load.running)
-    yield _one(G, "splitrt_cloud_workers", "Tail worker slots.", load.workers)
-    yield _one(G, "splitrt_cloud_max_queue", "Requests that may wait beyond the workers.", load.max_queue)
-    yield _one(G, "splitrt_cloud_service_ms", "Smoothed tail time per request, milliseconds.", load.service_ms)
-    yield _one(G, "splitrt_cloud_cpu_percent", "Host CPU utilisation, percent.", load.cpu_percent)
     yield from st.tail_hist.collect()
     yield from st.total_hist.collect()
-    tails = server.tails
-    yield _one(
-        C, "splitrt_cloud_segment_cache_hits_total", "Tail lookups answered by a cached session.", tails.cache_hits
-    )
-    yield _one(C, "splitrt_cloud_segment_cache_misses_total", "Tail lookups that built a session.", tails.cache_misses)
-    yield _family(
-        C,
-        "splitrt_cloud_segment_hits_total",
-        "Requests served by each cached tail session.",
-        ["model", "cut"],
-        (((sha[:16], cut), h) for sha, cut, h in tails.snapshot()),
-    )
-    yield _one(C, "splitrt_cloud_served_total", "Requests served successfully.", server.served)
-    yield from _door(server)
-
-
-def _door(server: Scraped) -> Iterator[Metric]:
+    hits = [((sha[:16], cut), h) for sha, cut, h in tails.snapshot()]
     snap = server.door.snapshot()
-    C, G = CounterMetricFamily, GaugeMetricFamily
-    yield _family(
-        C,
-        "splitrt_cloud_calls_total",
-        "gRPC calls finished, every method, by status code (refusals at the front door included).",
-        ["method", "code"],
-        sorted(snap["calls"].items()),
-    )
-    yield _family(G, "splitrt_cloud_lane_calls", "Calls inside each lane now.", ["lane"], _keyed(snap["inside"]))
-    yield _family(G, "splitrt_cloud_lane_capacity", "Calls each lane admits at once.", ["lane"], _keyed(snap["caps"]))
-    yield _family(
-        C,
-        "splitrt_cloud_door_refused_total",
-        "Calls refused or ended by the front door, by reason (unauthenticated, throttled, lane:<lane> full, timeout).",
-        ["reason"],
-        _keyed(snap["refused"]),
-    )
-    yield _one(
-        G,
-        "splitrt_cloud_throttled_peers",
-        "Peer addresses waiting after failed authentications.",
-        snap["waiting_peers"],
+    yield from _families(
+        (C, "segment_cache_hits_total", "Tail lookups answered by a cached session.", tails.cache_hits),
+        (C, "segment_cache_misses_total", "Tail lookups that built a session.", tails.cache_misses),
+        (C, "segment_hits_total", "Requests served by each cached tail session.", (["model", "cut"], hits)),
+        (C, "served_total", "Requests served successfully.", server.served),
+        (
+            C,
+            "calls_total",
+            "gRPC calls finished, every method, by status code (refusals at the front door included).",
+            (["method", "code"], sorted(snap["calls"].items())),
+        ),
+        (G, "lane_calls", "Calls inside each lane now.", _rows("lane", snap["inside"].items())),
+        (G, "lane_capacity", "Calls each lane admits at once.", _rows("lane", snap["caps"].items())),
+        (
+            C,
+            "door_refused_total",
+            "Calls refused or ended by the front door, by reason "
+            "(unauthenticated, throttled, lane:<lane> full, timeout).",
+            _rows("reason", snap["refused"].items()),
+        ),
+        (G, "throttled_peers", "Peer addresses waiting after failed authentications.", snap["waiting_peers"]),
     )
 
 
-def _keyed(d: dict[str, float]) -> list[tuple[tuple[str], float]]:
-    return [((k,), v) for k, v in sorted(d.items())]
+C, G = CounterMetricFamily, GaugeMetricFamily
+_Rows = tuple[list[str], Any]
+
+
+def _rows(label: str, items: Iterable[tuple[str, float]]) -> _Rows:
+    return [label], [((k,), v) for k, v in sorted(items)]
+
+
+def _families(
+    *specs: tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, float | _Rows],
+) -> Iterator[Metric]:
+    """``splitrt_cloud_<name>`` families: a value, or (label names, ``(label values, value)`` rows)."""
+    for kind, name, doc, value in specs:
+        if isinstance(value, tuple):
+            yield _family(kind, f"splitrt_cloud_{name}", doc, value[0], value[1])
+        else:
+            yield kind(f"splitrt_cloud_{name}", doc, value=value)
 
 
 class _Collector:

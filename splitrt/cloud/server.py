@@ -212,9 +212,8 @@ class CloudServer:
         return f"{host}:{self.port}"
 
     def stop(self, grace_s: float | None = None) -> None:
-        """Refuse new calls, drain in-flight ones for ``grace_s`` (default ``drain_timeout_s``): runs still
-        going near its end are terminated (UNAVAILABLE), so a model that would run for ever cannot hold
-        the shutdown; ``busy()`` says if one is stuck inside a kernel all the same."""
+        """Refuse new calls, drain for ``grace_s`` (default ``drain_timeout_s``), terminating runs still going
+        near its end (UNAVAILABLE); ``busy()`` says if one is stuck inside a kernel all the same."""
         if self._server is None:  # never started (in-process) or stopped: its uploads' niced threads may run
             self.niced.close()
             return
@@ -300,8 +299,7 @@ class CloudServer:
         cfg = self.config
 
         def guard(size: int) -> AbstractContextManager[None]:
-            # A place among the admitted and the load's transient peak; no worker slot: the check runs in
-            # the checker's child process (one at a time, at a lower priority: ``upload.CHECKER``).
+            # Admitted, the load's peak reserved; no worker slot (the check runs in ``upload.CHECKER``).
             return admitted(self.admission, self.budget, "upload check", size * LOAD_PEAK_FACTOR)
 
         return receive_model(

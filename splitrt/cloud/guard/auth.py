@@ -29,9 +29,8 @@ class Verdict(enum.Enum):
 
 
 def token_matches(given: bytes, tokens: tuple[bytes, ...]) -> bool:
-    """True when ``given`` is one of ``tokens``, in time independent of where they differ: every token is
-    compared (no early exit on a match), with ``hmac.compare_digest`` on sha256 digests (equal lengths,
-    so not even a token's length shows in the timing)."""
+    """True when ``given`` is one of ``tokens``, in constant time: every token compared, by
+    ``hmac.compare_digest`` on sha256 digests (not even a length shows)."""
     digest = hashlib.sha256(given).digest()
     ok = False
     for t in tokens:
@@ -133,9 +132,8 @@ class AuthThrottle:
 
 
 def forwarded_peer(metadata: Any) -> str | None:
-    """The client a proxy names, as a gRPC peer string (``ipv4:A:P``, ``ipv6:[A]:P``): A the last entry of
-    ``x-forwarded-for``, P ``x-forwarded-client-port`` (the client's source port: its connection, which
-    the auth throttle trusts once it authenticated), else 0; None when there is no address."""
+    """The client a proxy names as a gRPC peer string (``ipv4:A:P``, ``ipv6:[A]:P``): A the last
+    ``x-forwarded-for``, P ``x-forwarded-client-port`` or 0; None without an address."""
     found: dict[str, str] = {}
     for key, v in metadata or ():
         if key in ("x-forwarded-for", "x-forwarded-client-port"):

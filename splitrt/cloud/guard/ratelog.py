@@ -65,9 +65,8 @@ class RateLog:
         lazy: Callable[[], dict[str, Any]] | None = None,
         **fields: Any,
     ) -> None:
-        """One served request: logged whole (``every_request``, or among the first ``burst`` of its code in
-        the interval), else counted as ``<event>:<code>`` in the interval's summary; with its client (the
-        peer address the front door admitted it for). ``lazy()``: more fields, made only for a line logged."""
+        """One served request: logged (``every_request``, or within its code's ``burst``), else counted as
+        ``<event>:<code>``; ``lazy()``: more fields, made only for a line logged."""
         peer = current_client()
         if self.every_request or self._admit(self._kinds.get((event, code)) or self._kind(event, code), peer):
             log_event(event, level, peer=peer, code=code, **fields, **(lazy() if lazy is not None else {}))

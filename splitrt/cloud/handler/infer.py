@@ -37,9 +37,8 @@ from splitrt.transport import splitrt_pb2 as pb
 __all__ = ["Handler"]
 
 TRIM_AFTER_BYTES = 16 << 20
-# Trims from the request path are rare: each hands the freed pages to the OS and the next large request
-# faults its buffers in afresh. The memory watch trims before it judges a run over the budget, so RSS
-# malloc keeps between trims is never charged to a request.
+# Trims from the request path are rare (the next large request would fault its pages in afresh); the memory
+# watch trims before it judges a run, so what malloc keeps is never charged to a request.
 TRIM_EVERY_S = 10.0
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -233,9 +232,8 @@ class Handler:
     def _request_bytes(
         self, sha256: str, key: str, tail: Tail, shapes: Shapes, bytes_in: int, values: Mapping[str, np.ndarray]
     ) -> tuple[int, int]:
-        """What a request holds while it runs: its message, and its activations at its shapes and its small
-        integer inputs' values (estimated from the graph, ``peak``; refused beyond ``max_request_bytes``);
-        and how many of its tensors' sizes no shape tells (data dependent: the memory watch's first suspects)."""
+        """What a request holds while it runs (its message and its activations, ``peak``; refused beyond
+        ``max_request_bytes``), and how many of its tensors' sizes no shape tells (the watch's suspects)."""
         segment = f"{sha256}/{key}"
         sizing = self.peaks.sizing(segment, tail.skeleton, known=tail.sizing) if values else frozenset()
         values = {k: v for k, v in values.items() if k in sizing}  # token ids are data, not sizes
@@ -299,9 +297,7 @@ class Handler:
         suspect: bool,
         shrink: bool,
     ) -> tuple[list[Any], float, float]:
-        # A segment with no successful run yet (nothing measured: an upload may loop for ever), or whose run hit
-        # the per-run limit, runs in the heavy lane (``fairq.HEAVY``: at most ``heavy_workers`` at once): runs
-        # that never end, from any number of clients, then hold one worker, not all.
+        # Unmeasured or run-limited segments take the heavy lane: runs that never end hold one worker, not all.
         measured_ms = self.stats.segment_service_ms(header.model_sha256, header.cut_id)
         kind = HEAVY if segment.run_limited or measured_ms <= 0 else RUN
 
@@ -327,9 +323,7 @@ class Handler:
                 suspect=suspect,
                 shrink_arena=shrink,
             )
-            # A client over its share, a segment stopped by the run limit before (it may burn a core until
-            # the limit again) and an uploaded model's (untrusted: its runs may cost a core whatever the
-            # client's share) run at a lower OS priority (``niced``): the CPU goes to the others first.
+            # Over its share, run-limited before, or an upload's: at a lower OS priority (``niced``).
             try:
                 niced = segment.run_limited or segment.untrusted or yielding
                 values = self.niced.call(go) if niced else go()

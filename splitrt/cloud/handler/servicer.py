@@ -138,9 +138,8 @@ class Servicer:
                 f"probe payload: expected at most {PROBE_MAX_PAYLOAD_BYTES} bytes, got {received}",
             )
         nbytes = n + received
-        # A bandwidth probe is admitted like a request, each side counted three times (received: gRPC's bytes,
-        # the deserialiser's, the parsed copy; reply: its serialised copy, gRPC's send buffer), and held
-        # until the reply has gone. An RTT ping is not admitted, so liveness still answers under load.
+        # A bandwidth probe is admitted like a request, each side counted three times (gRPC's and protobuf's
+        # copies), until the reply has gone; an RTT ping is not, so liveness answers under load.
         held = self.backend.admitted("probe", 3 * nbytes) if nbytes > PROBE_FREE_BYTES else nullcontext()
         try:
             held.__enter__()

@@ -45,12 +45,10 @@ def location_refused(root: Path, model_file: Path, locations: list[str]) -> tupl
     for loc in locations:
         if is_upload_name(model_file):
             return loc, "an uploaded model names no file (an upload is one self-contained file)"
-        if not loc or "\0" in loc or Path(loc).is_absolute():
-            return loc, f"expected external data inside {root}"
-        try:
-            target = (base / loc).resolve()
+        try:  # absolute, empty or with a NUL: refused as ``base`` itself is
+            target = base if not loc or "\0" in loc or Path(loc).is_absolute() else (base / loc).resolve()
         except (OSError, RuntimeError, ValueError):
-            return loc, f"expected external data inside {root}"
+            target = base
         if target == base or not target.is_relative_to(base):
             return loc, f"expected external data inside {root}"
         parts = target.relative_to(base).parts

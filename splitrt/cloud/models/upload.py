@@ -164,47 +164,34 @@ def _check_model(path: Path, root: Path, max_nodes: int | None = None) -> None:
 
     from splitrt.graph import model as graph_mod
 
+    def refuse(why: str) -> RpcFailure:
+        return RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, f"upload: {why}; nothing stored")
+
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf DecodeError and friends
-        raise RpcFailure(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"upload: expected an ONNX model, got bytes that do not parse ({type(exc).__name__}); nothing stored",
-        ) from exc
+        raise refuse(f"expected an ONNX model, got bytes that do not parse ({type(exc).__name__})") from exc
     locations = external_locations(proto)  # on any tensor (``graph.walk``)
     sparse = sparse_initializers(proto)
-    nodes = count_nodes(proto)
-    outputs = len(proto.graph.output)
+    nodes, outputs = count_nodes(proto), len(proto.graph.output)
     del proto
     if outputs > MAX_OUTPUTS:
-        raise RpcFailure(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"upload: expected at most {MAX_OUTPUTS} graph outputs, got {outputs}; nothing stored",
-        )
+        raise refuse(f"expected at most {MAX_OUTPUTS} graph outputs, got {outputs}")
     if max_nodes is not None and nodes > max_nodes:
-        raise RpcFailure(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"upload: expected at most {max_nodes} nodes (--max-nodes), got {nodes}; nothing stored",
-        )
+        raise refuse(f"expected at most {max_nodes} nodes (--max-nodes), got {nodes}")
     if locations:
-        raise RpcFailure(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"upload: expected a self-contained model (no external data), got external-data "
-            f"location {locations[0][:200]!r}; nothing stored",
+        raise refuse(
+            f"expected a self-contained model (no external data), got external-data location {locations[0][:200]!r}"
         )
     if sparse:  # onnxruntime runs them, but a model cut into segments cannot carry them
-        raise RpcFailure(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"upload: expected dense initializers, got {len(sparse)} sparse (first {sparse[0][:120]!r}); "
-            "store them dense (onnx.numpy_helper); nothing stored",
+        raise refuse(
+            f"expected dense initializers, got {len(sparse)} sparse (first {sparse[0][:120]!r}); "
+            "store them dense (onnx.numpy_helper)"
         )
     try:
         graph_mod.load(path)
     except Exception as exc:  # ModelError, or whatever onnx raises on a strange model
-        msg = str(exc).replace(str(path), "the upload")
-        raise RpcFailure(
-            grpc.StatusCode.INVALID_ARGUMENT, f"upload: not a usable ONNX model ({msg[:500]}); nothing stored"
-        ) from exc
+        raise refuse(f"not a usable ONNX model ({str(exc).replace(str(path), 'the upload')[:500]})") from exc
 
 
 def _chain(first: pb.ModelChunk, rest: Iterator[pb.ModelChunk]) -> Iterator[pb.ModelChunk]:

@@ -68,6 +68,7 @@ def redact(text: str, roots: list[str]) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=4096)  # twice per call (lanes, fair queuing), for a connection's few peers
 def peer_address(peer: str) -> str:
     """The address part of a gRPC peer string (``ipv4:10.0.0.5:51234`` -> ``10.0.0.5``,
     ``ipv6:[::1]:5`` -> ``::1``); anything else whole."""

@@ -53,7 +53,7 @@ import functools
 import math
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import zstandard
@@ -81,9 +81,12 @@ class Codec:
 
     quant: str = "fp32"
     compress: str | None = None
+    # ``image``, worked out once (read per tensor of every request).
+    _image: imagecodec.ImageSpec | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if imagecodec.parse(self.quant) is not None:
+        object.__setattr__(self, "_image", imagecodec.parse(self.quant))
+        if self._image is not None:
             if self.compress is not None:
                 raise CodecError(f"image codec {self.quant!r}: expected no compression after it, got {self.compress!r}")
             return
@@ -104,7 +107,7 @@ class Codec:
     @property
     def image(self) -> imagecodec.ImageSpec | None:
         """The image codec this spec is (``jpeg75``, ...), None for a quantisation."""
-        return imagecodec.parse(self.quant)
+        return self._image
 
     @classmethod
     def parse(cls, text: str | Codec) -> Codec:
@@ -252,7 +255,7 @@ def encode(name: str, array: np.ndarray, codec: Codec | str = "fp32", *, copy: b
         raise CodecError(f"tensor {name!r}: expected a numeric or bool array, got dtype {dtype}")
     # Little-endian already (the usual case): no new dtype to build, and a C-contiguous array is used as is.
     le = dtype if dtype.byteorder in "<|" or (dtype.byteorder == "=" and _NATIVE_LE) else dtype.newbyteorder("<")
-    image = spec.image
+    image = spec._image
     if image is not None:
         if imagecodec.applies(dtype, shape, image):
             image_payload = imagecodec.encode(name, arr, image)
@@ -309,8 +312,8 @@ def expected_bytes(dtype: str, shape: tuple[int, ...], codec: str, *, name: str 
         if dt.kind == "f":
             raise CodecError(f"tensor {name!r}: float tensors carry a float codec, got {codec!r}")
         return size * dt.itemsize
-    spec = Codec.parse(codec)
-    image = spec.image
+    spec = _parse_text(codec)  # a str here: no ``Codec.parse`` call per tensor
+    image = spec._image
     if image is not None:
         if not imagecodec.applies(dt, tuple(shape), image):
             raise CodecError(
@@ -355,7 +358,7 @@ def decode(enc: Encoded, *, max_bytes: int = MAX_TENSOR_BYTES) -> np.ndarray:
             f"bytes, expected at most {max_bytes}"
         )
     spec = Codec.parse(enc.codec) if enc.codec != RAW else _FP32
-    image = spec.image
+    image = spec._image
     if image is not None:  # the image's own header is checked against the shape before decoding
         return imagecodec.decode(name, enc.payload, dt, shape, image)
     body = enc.payload

@@ -177,10 +177,15 @@ def _read_varint(buf: memoryview, i: int, n: int) -> tuple[int, int]:
     raise ValueError(f"protobuf: expected a varint at byte {i}, got a truncated or overlong one")
 
 
-def _fields(buf: memoryview) -> list[tuple[int, int, int, int, int]]:
-    """(field number, wire type, key offset, value offset, end offset) of each field in ``buf`` (a list, not
-    a generator: a resumption per field cost more than the list)."""
-    out = []
+def _split(
+    buf: memoryview, wanted: int, *, every: bool, drop: int = -1
+) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """The fields of ``buf``: ``(value offset, end)`` of each length-delimited field numbered ``wanted`` (only
+    the last unless ``every``: memory bounded by the message, not its field count), and the ``[start, end)``
+    runs of the others but ``drop`` (adjacent ones merged: a message's other fields are usually one run, so
+    one slice to parse and no join). Raises ``ValueError`` on a malformed field."""
+    hits: list[tuple[int, int]] = []
+    rest: list[list[int]] = []
     i, n = 0, len(buf)
     while i < n:
         start = i
@@ -205,30 +210,30 @@ def _fields(buf: memoryview) -> list[tuple[int, int, int, int, int]]:
             raise ValueError(f"protobuf: expected wire type 0, 1, 2 or 5, got {wire_type} at byte {start}")
         if end > n:
             raise ValueError(f"protobuf: field {number} needs {end - start} bytes, got {n - start}")
-        out.append((number, wire_type, start, value, end))
+        if number == wanted and wire_type == _LEN:
+            if every or not hits:
+                hits.append((value, end))
+            else:
+                hits[0] = (value, end)  # the last occurrence wins, as in protobuf
+        elif number == drop:
+            pass
+        elif rest and rest[-1][1] == start:
+            rest[-1][1] = end
+        else:
+            rest.append([start, end])
         i = end
-    return out
+    return hits, rest
 
 
 def _joined(buf: memoryview, spans: list[list[int]]) -> bytes:
-    """The bytes of ``spans`` (``[start, end)`` runs of ``buf``; adjacent fields are extended into one run
-    by the callers: a message's other fields are usually one, so one slice to parse and no join)."""
     if len(spans) == 1:  # protobuf parses a memoryview as it does bytes (its stubs say bytes only)
         return cast(bytes, buf[spans[0][0] : spans[0][1]])
     return b"".join(buf[s:e] for s, e in spans)
 
 
 def _tensor(buf: memoryview) -> Encoded:
-    payload = buf[0:0]
-    rest: list[list[int]] = []
-    for number, wire_type, start, value, end in _fields(buf):
-        if number == _PAYLOAD_FIELD and wire_type == _LEN:
-            payload = buf[value:end]  # the last occurrence wins, as in protobuf
-        elif number != _PAD_FIELD:
-            if rest and rest[-1][1] == start:
-                rest[-1][1] = end
-            else:
-                rest.append([start, end])
+    hits, rest = _split(buf, _PAYLOAD_FIELD, every=False, drop=_PAD_FIELD)
+    payload = buf[hits[0][0] : hits[0][1]] if hits else buf[0:0]
     t = pb.Tensor.FromString(_joined(buf, rest))
     return Encoded(name=t.name, dtype=t.dtype, shape=tuple(t.shape), codec=t.codec, payload=payload)
 
@@ -240,15 +245,8 @@ def deserializer(message_type: Any) -> Callable[[bytes], Framed]:
 
     def deserialize(data: bytes) -> Framed:
         buf = memoryview(data).toreadonly()
-        tensors: list[Encoded] = []
-        rest: list[list[int]] = []
-        for number, wire_type, start, value, end in _fields(buf):
-            if number == tensor_field and wire_type == _LEN:
-                tensors.append(_tensor(buf[value:end]))
-            elif rest and rest[-1][1] == start:
-                rest[-1][1] = end
-            else:
-                rest.append([start, end])
+        hits, rest = _split(buf, tensor_field, every=True)
+        tensors = [_tensor(buf[value:end]) for value, end in hits]
         return Framed(header=message_type.FromString(_joined(buf, rest)), tensors=tensors)
 
     return deserialize
@@ -301,15 +299,8 @@ def probe_deserializer(data: bytes) -> ProbeBody | Malformed:
     varints; ``Malformed`` instead of raising on bytes that do not parse (INVALID_ARGUMENT)."""
     try:
         buf = memoryview(data).toreadonly()
-        payload_bytes = 0
-        rest: list[list[int]] = []
-        for number, wire_type, start, value, end in _fields(buf):
-            if number == _PROBE_PAYLOAD_FIELD and wire_type == _LEN:
-                payload_bytes = end - value  # the last occurrence wins, as in protobuf
-            elif rest and rest[-1][1] == start:
-                rest[-1][1] = end
-            else:
-                rest.append([start, end])
+        hits, rest = _split(buf, _PROBE_PAYLOAD_FIELD, every=False)
+        payload_bytes = hits[0][1] - hits[0][0] if hits else 0
         return ProbeBody(header=pb.ProbeRequest.FromString(_joined(buf, rest)), payload_bytes=payload_bytes)
     except Exception as exc:  # ValueError (our framing), protobuf's DecodeError
         return Malformed(

@@ -97,9 +97,9 @@ class FrontDoor(grpc.ServerInterceptor):
         self.peer_caps = {
             lane: limits.calls_per_peer if lane == "infer" else max(1, cap // 2) for lane, cap in self.caps.items()
         }
-        self.by_peer: Counter[tuple[str, str]] = Counter()  # (lane, address) -> calls inside
+        self.by_peer: dict[tuple[str, str], int] = {}  # (lane, address) -> calls inside
         self.lock = threading.Lock()
-        self.calls: Counter[tuple[str, str]] = Counter()  # (method, code)
+        self.calls: dict[tuple[str, str], int] = {}  # (method, code)
         self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -152,7 +152,8 @@ class FrontDoor(grpc.ServerInterceptor):
         # Wrapped once per registered method (bounded: unknown methods are None above), not per call.
         cached = self._wrapped.get(method)
         if cached is None or cached[0] is not handler:
-            cached = self._wrapped[method] = (handler, _wrap(self, handler, method, lane_of(method)))
+            wrapped = _wrap(self, handler, _Method(method, lane_of(method), self.limits))
+            cached = self._wrapped[method] = (handler, wrapped)
         return cached[1]
 
     def client_peer(self, ctx: Any) -> str:
@@ -168,9 +169,11 @@ class FrontDoor(grpc.ServerInterceptor):
         self.probes.penalize(address, self.clock())
         self.ratelog.event("probe_penalized", peer=address, seconds=PROBE_PENALTY_S, why=why[:200])
 
-    def count(self, method: str, code: grpc.StatusCode, refused: str = "") -> None:
+    def count(self, short: str, code: grpc.StatusCode, refused: str = "") -> None:
+        """One outcome of a call to method ``short`` (its last path part)."""
+        key = (short, code._name_)  # enum's documented sunder name: ``.name`` and hashing the member are calls
         with self.lock:
-            self.calls[(method.rpartition("/")[2] or method, code.name)] += 1
+            self.calls[key] = self.calls.get(key, 0) + 1
             if refused:
                 self.refused[refused] += 1
 
@@ -188,16 +191,48 @@ class FrontDoor(grpc.ServerInterceptor):
             }
 
 
+class _Method:
+    """What a method's calls are checked against, made once per registered method (not per call): its lane
+    and its lease timeouts with their reasons, formatted here."""
+
+    __slots__ = (
+        "first_reason",
+        "first_s",
+        "lane",
+        "method",
+        "next_reason",
+        "next_s",
+        "reply_reason",
+        "reply_s",
+        "short",
+        "stream_first_reason",
+        "stream_first_s",
+    )
+
+    def __init__(self, method: str, lane: str, limits: Limits) -> None:
+        self.method, self.lane = method, lane
+        self.short = short = method.rpartition("/")[2] or method
+        self.first_s = limits.health_read_timeout_s if lane in HEALTH_LANES else limits.read_timeout_s
+        self.first_reason = f"{short}: expected the request message within {self.first_s:g} s, got none"
+        self.stream_first_s = limits.read_timeout_s
+        self.stream_first_reason = f"{short}: expected the first message within {self.stream_first_s:g} s, got none"
+        # Upload chunks come back to back; stream frames come when the device has one.
+        self.next_s = limits.read_timeout_s if short == "PutModel" else limits.stream_idle_s
+        self.next_reason = f"{short}: expected the next message within {self.next_s:g} s, got none"
+        self.reply_s = t = limits.read_timeout_s
+        self.reply_reason = f"{short}: expected the client to take the reply within {t:g} s, got no room"
+
+
 class _Call:
     """One call through the door, on its thread: ``enter`` (auth, lane; aborts on refusal), reads under the
     lease, ``finish`` (counts, logs); the lease's ``on_end`` frees the lane and a Probe's prepaid bytes."""
 
-    def __init__(self, door: FrontDoor, method: str, lane: str, context: Any) -> None:
-        self.door, self.method, self.lane, self.context = door, method, lane, context
-        self.short = method.rpartition("/")[2] or method
+    def __init__(self, door: FrontDoor, m: _Method, context: Any) -> None:
+        self.door, self.m, self.context = door, m, context
+        self.method, self.lane, self.short = m.method, m.lane, m.short
         self.lease: Lease | None = None
         self.peer = ""
-        self.key = (lane, "")
+        self.key = (m.lane, "")
         self.refused = False
         self.prepaid = 0  # budget bytes this call's Probe body was paid for before it was read
         self.declared: int | None = None
@@ -238,7 +273,7 @@ class _Call:
         self.key = (self.lane, peer_address(peer))
         with door.lock:
             cap, inside = door.caps[self.lane], door.inside[self.lane]
-            peer_cap, mine = door.peer_caps[self.lane], door.by_peer[self.key]
+            peer_cap, mine = door.peer_caps[self.lane], door.by_peer.get(self.key, 0)
             admitted = inside < cap and mine < peer_cap
             if admitted:
                 door.inside[self.lane] = inside + 1
@@ -268,7 +303,7 @@ class _Call:
         self.on_end = bool(ctx.add_callback(self.lease.end))
 
     def _refuse(self, code: grpc.StatusCode, reason: str, message: str, retry_after_ms: float | None = None) -> None:
-        self.door.count(self.method, code, reason)
+        self.door.count(self.short, code, reason)
         self.refused = True  # counted and logged here: ``finish`` only releases
         if retry_after_ms is not None:
             self.context.set_trailing_metadata(((wire.RETRY_AFTER_KEY, f"{retry_after_ms:g}"),))
@@ -278,11 +313,14 @@ class _Call:
     def release(self) -> None:
         """Give back the door's places (lane, per-address count) and a Probe's prepaid bytes: the lease's
         ``on_end``, once the call ended (``Lease.end``)."""
-        with self.door.lock:
-            self.door.inside[self.lane] -= 1
-            self.door.by_peer[self.key] -= 1
-            if self.door.by_peer[self.key] <= 0:
-                del self.door.by_peer[self.key]
+        door = self.door
+        with door.lock:
+            door.inside[self.lane] -= 1
+            left = door.by_peer[self.key] - 1
+            if left > 0:
+                door.by_peer[self.key] = left
+            else:
+                del door.by_peer[self.key]
             prepaid, self.prepaid = self.prepaid, 0
             if self.keep and self.lease is not None and self.lease.fired:
                 self.door.refused["reply_timeout"] += 1
@@ -358,19 +396,18 @@ class _Call:
                 f"got {sent} (payload + reply_bytes)",
             )
 
-    def _read(self, it: Iterator[Any], timeout_s: float, what: str) -> Any:
-        assert self.lease is not None
-        self.lease.arm(timeout_s, f"{self.short}: expected {what} within {timeout_s:g} s, got none")
+    def _read(self, it: Iterator[Any], timeout_s: float, reason: str) -> Any:
+        lease = self.lease
+        assert lease is not None
+        lease.arm(timeout_s, reason)
         try:
             return next(it)
         finally:
-            self.lease.disarm()
+            lease.deadline_s = None  # ``disarm``, inline: per request
 
     def first(self, it: Iterator[Any]) -> Any:
-        lim = self.door.limits
-        timeout = lim.health_read_timeout_s if self.lane in ("health", "watch") else lim.read_timeout_s
         try:
-            return self._read(it, timeout, "the request message")
+            return self._read(it, self.m.first_s, self.m.first_reason)
         except StopIteration:
             self.context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"{self.short}: expected one request message, got none"
@@ -378,13 +415,14 @@ class _Call:
             raise AssertionError("unreachable") from None
 
     def frames(self, it: Iterator[Any]) -> Iterator[Any]:
-        lim = self.door.limits
+        m = self.m
         first = True
         while True:
-            # Upload chunks come back to back; stream frames come when the device has one.
-            timeout = lim.read_timeout_s if first or self.short == "PutModel" else lim.stream_idle_s
             try:
-                msg = self._read(it, timeout, "the first message" if first else "the next message")
+                if first:
+                    msg = self._read(it, m.stream_first_s, m.stream_first_reason)
+                else:
+                    msg = self._read(it, m.next_s, m.next_reason)
             except StopIteration:
                 return
             first = False
@@ -392,8 +430,7 @@ class _Call:
 
     def sending(self) -> None:
         assert self.lease is not None
-        t = self.door.limits.read_timeout_s
-        self.lease.arm(t, f"{self.short}: expected the client to take the reply within {t:g} s, got no room")
+        self.lease.arm(self.m.reply_s, self.m.reply_reason)
 
     def sent(self) -> None:
         assert self.lease is not None
@@ -403,8 +440,7 @@ class _Call:
         """A unary reply is made: the call keeps its places until the client takes it, at most
         ``read_timeout_s`` (then DEADLINE_EXCEEDED)."""
         assert self.lease is not None
-        t = self.door.limits.read_timeout_s
-        self.lease.arm(t, f"{self.short}: expected the client to take the reply within {t:g} s, got no room")
+        self.lease.arm(self.m.reply_s, self.m.reply_reason)
         self.keep = self.on_end
 
     def finish(self, ok: bool) -> None:
@@ -415,7 +451,7 @@ class _Call:
             serving("")
             prepay(0)
             return
-        exc = sys.exc_info()[1]
+        exc = None if ok else sys.exc_info()[1]  # ok: no exception on its way out
         code = ctx.code() if hasattr(ctx, "code") else None
         if lease is not None and lease.fired:
             code, reason = lease.code, "timeout"
@@ -426,7 +462,7 @@ class _Call:
             reason = ""
         else:
             reason = ""
-        self.door.count(self.method, code, reason)
+        self.door.count(self.short, code, reason)
         # What an abort said (its exception is a bare ``Exception()``); only a failure is told.
         said = "" if code is grpc.StatusCode.OK else _details(ctx)
         # An undeclared probe refused once read (a declared one is judged before: see ``prepay``; a declared
@@ -468,13 +504,13 @@ def _hold_reply(call: _Call, n: int) -> int:
     return need
 
 
-def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> grpc.RpcMethodHandler:
+def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, m: _Method) -> grpc.RpcMethodHandler:
     """``h`` as a request-streaming handler that goes through the door first (a unary reply serialised here)."""
     kw = {"request_deserializer": h.request_deserializer, "response_serializer": h.response_serializer}
     if h.response_streaming:
 
         def streaming(request_iterator: Iterator[Any], context: Any) -> Iterator[Any]:
-            call = _Call(door, method, lane, context)
+            call = _Call(door, m, context)
             call.enter()
             ok, held = False, 0
             try:
@@ -499,18 +535,20 @@ def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, method: str, lane: str) -> 
         serialize, kw["response_serializer"] = kw["response_serializer"], None
         return grpc.stream_stream_rpc_method_handler(streaming, **kw)
 
+    probe = m.lane == "probe"
+
     def unary(request_iterator: Iterator[Any], context: Any) -> Any:
-        call = _Call(door, method, lane, context)
+        call = _Call(door, m, context)
         call.enter()
         ok = False
         try:
             if h.request_streaming:
                 reply = h.stream_unary(call.frames(request_iterator), context)
             else:
-                if lane == "probe":
+                if probe:
                     call.prepay()
                 request = call.first(request_iterator)
-                if lane == "probe":
+                if probe:
                     call.check_declared(request)
                 reply = h.unary_unary(request, context)
             data = reply if h.response_serializer is None or reply is None else h.response_serializer(reply)

@@ -57,12 +57,14 @@ class Lease:
         *,
         give_back: Callable[[int], None] = lambda nbytes: None,
         on_end: Callable[[], None] = lambda: None,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.context = context
         self._clock = clock
         self._give_back = give_back
         self._on_end = on_end
-        self._lock = threading.Lock()
+        # Held for a few bytecodes: a watchdog's leases share one (no lock made per call).
+        self._lock = lock if lock is not None else threading.Lock()
         self.held_bytes = 0  # reserved by the owner, given back (``give_back``) when the call ends
         self.deadline_s: float | None = None
         self.code = grpc.StatusCode.DEADLINE_EXCEEDED
@@ -134,6 +136,7 @@ class Watchdog:
         self._clock = clock
         self._leases: set[Lease] = set()
         self._lock = threading.Lock()
+        self._leases_lock = threading.Lock()  # the leases' own (``Lease.hold``, ``end``): not held with ``_lock``
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.on_tick: list[Callable[[], None]] = []
@@ -159,7 +162,7 @@ class Watchdog:
     ) -> Lease:
         """A lease for the call ``context``: its bytes go back through ``give_back``, then ``on_end`` runs,
         when it ends (``Lease.end``)."""
-        lease = Lease(context, self._clock, give_back=give_back, on_end=on_end)
+        lease = Lease(context, self._clock, give_back=give_back, on_end=on_end, lock=self._leases_lock)
         with self._lock:
             self._leases.add(lease)
         return lease

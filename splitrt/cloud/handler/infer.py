@@ -163,7 +163,7 @@ class Handler:
             bytes_in = check_inputs(request, segment, self.max_decoded_bytes)  # cheap: nothing inflated yet
             out_codec = _codec(h.output_codec)
             next_codec = _codec(h.next_codec) if onward else out_codec
-            shapes = {t.name: tuple(int(d) for d in t.shape) for t in request.tensors}
+            shapes = {t.name: tuple(map(int, t.shape)) for t in request.tensors}
             values, t_run, run_ms = self._run(
                 segment,
                 lambda: decode_inputs(request, self.max_decoded_bytes),  # only in a slot: <= workers inflate
@@ -236,7 +236,8 @@ class Handler:
         ``max_request_bytes``), and how many of its tensors' sizes no shape tells (the watch's suspects)."""
         segment = f"{sha256}/{key}"
         sizing = self.peaks.sizing(segment, tail.skeleton, known=tail.sizing) if values else frozenset()
-        values = {k: v for k, v in values.items() if k in sizing}  # token ids are data, not sizes
+        # Token ids are data, not sizes.
+        values = {k: v for k, v in values.items() if k in sizing} if values else {}
         static = tail.static_peak  # estimated where the segment was made, at its fixed input shapes
         if static is not None and not values and static[0] == tuple(sorted(shapes.items())):
             est = static[1]

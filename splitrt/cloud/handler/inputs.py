@@ -90,9 +90,10 @@ def small_integers(tensors: Iterable[codec.Encoded]) -> dict[str, np.ndarray]:
     skipped: the request is refused when its inputs are decoded)."""
     out: dict[str, np.ndarray] = {}
     for t in tensors:
-        if t.dtype not in _NUMERIC or any(int(d) < 0 for d in t.shape):
+        if t.dtype not in _NUMERIC:
             continue
-        if math.prod(int(d) for d in t.shape) > MAX_ELEMENTS:
+        shape = tuple(map(int, t.shape))  # no genexprs: per tensor of every request
+        if (shape and min(shape) < 0) or math.prod(shape) > MAX_ELEMENTS:
             continue
         try:
             out[t.name] = np.array(codec.decode(t, max_bytes=8 * MAX_ELEMENTS))  # quantised: decodes to float

@@ -75,25 +75,32 @@ class Admission:
             self._granted[ticket] = None
             self.queue.arrive(ticket, current_client(), kind, self._clock())
             self._dispatch()
-            ready = self._granted[ticket] = threading.Event() if ticket not in self._now else None
-        while ready is not None and not ready.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                break
-            # Also now and then: the per-client cap loosens when others go quiet.
-            if not ready.wait(min(left, REDISPATCH_S)):
-                with self._lock:
-                    self._dispatch()
-        with self._lock:
-            del self._granted[ticket]
-            granted = ready is None or ready.is_set()  # a grant racing the timeout is kept
-            self._now.discard(ticket)
-            if granted:
+            granted = ticket in self._now
+            if granted:  # a worker at once (nothing contends): no Event, no second round under the lock
+                self._now.remove(ticket)
+                del self._granted[ticket]
                 self.running += 1
                 yielding = ticket in self._over_share
             else:
-                self.queue.cancel(ticket, self._clock())
-                self._dispatch()
+                ready = self._granted[ticket] = threading.Event()
+        if not granted:
+            while not ready.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                # Also now and then: the per-client cap loosens when others go quiet.
+                if not ready.wait(min(left, REDISPATCH_S)):
+                    with self._lock:
+                        self._dispatch()
+            with self._lock:
+                del self._granted[ticket]
+                granted = ready.is_set()  # a grant racing the timeout is kept
+                if granted:
+                    self.running += 1
+                    yielding = ticket in self._over_share
+                else:
+                    self.queue.cancel(ticket, self._clock())
+                    self._dispatch()
         if not granted:
             raise RpcFailure(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -104,7 +111,8 @@ class Admission:
             return fn(yielding)
         finally:
             with self._lock:
-                self._over_share.discard(ticket)
+                if self._over_share:
+                    self._over_share.discard(ticket)
                 self.queue.finish(ticket, self._clock())
                 self.running -= 1
                 self._dispatch()
@@ -152,7 +160,10 @@ def serving(client: str) -> None:
 
 
 def current_client() -> str:
-    return str(getattr(_serving, "client", ""))
+    try:
+        return _serving.client  # a str (``serving``); no getattr call per run
+    except AttributeError:
+        return ""
 
 
 def prepay(nbytes: int) -> None:

@@ -68,7 +68,7 @@ class FairQueue:
     def arrive(self, ticket: int, client: str, kind: str, now_s: float) -> None:
         if kind not in (RUN, HEAVY):
             raise ValueError(f"kind: expected {RUN!r} or {HEAVY!r}, got {kind!r}")
-        if ticket in self.running or any(j.ticket == ticket for j in self.waiting):
+        if ticket in self.running or (self.waiting and any(j.ticket == ticket for j in self.waiting)):
             raise ValueError(f"ticket {ticket} already queued or running")
         c = self.clients.get(client)
         if c is None:
@@ -126,11 +126,15 @@ class FairQueue:
         c = self.clients.get(client)
         if c is None:
             return self._level(now_s)
-        return c.vt_s + sum(max(0.0, now_s - j.start_s) for j in c.running.values())
+        return _vt(c, now_s)
 
     def active(self, now_s: float) -> int:
         w = self.config.active_window_s
-        return sum(1 for c in self.clients.values() if c.running or c.waiting or now_s - c.last_s <= w)
+        n = 0
+        for c in self.clients.values():  # a loop, not sum(<genexpr>): per dispatch
+            if c.running or c.waiting or now_s - c.last_s <= w:
+                n += 1
+        return n
 
     def over_share(self, client: str, now_s: float) -> bool:
         """The client wants more workers than it holds (jobs waiting) while another client is active: its
@@ -164,22 +168,34 @@ class FairQueue:
 
     def _level(self, now_s: float) -> float:
         """The system's virtual time: the least virtual time among busy clients (kept monotone)."""
-        busy = [self.virtual_s(k, now_s) for k, c in self.clients.items() if c.running or c.waiting]
-        if busy:
-            self.vt_s = max(self.vt_s, min(busy))
+        least: float | None = None
+        for c in self.clients.values():
+            if c.running or c.waiting:
+                vt = _vt(c, now_s)
+                if least is None or vt < least:
+                    least = vt
+        if least is not None:
+            self.vt_s = max(self.vt_s, least)
         return self.vt_s
 
     def _forget(self, now_s: float) -> None:
         """Drop idle clients that would start level anyway, and the oldest beyond ``MAX_REMEMBERED``."""
         level = self._level(now_s)
         w = self.config.active_window_s
-        for k in [
-            k
-            for k, c in self.clients.items()
-            if not c.running and not c.waiting and c.vt_s <= level and now_s - c.last_s > w
-        ]:
+        gone = []
+        for k, c in self.clients.items():
+            if not c.running and not c.waiting and c.vt_s <= level and now_s - c.last_s > w:
+                gone.append(k)
+        for k in gone:
             del self.clients[k]
         if len(self.clients) > MAX_REMEMBERED:
             idle = sorted((c.last_s, k) for k, c in self.clients.items() if not c.running and not c.waiting)
             for _, k in idle[: len(self.clients) - MAX_REMEMBERED]:
                 del self.clients[k]
+
+
+def _vt(c: _Client, now_s: float) -> float:
+    """``c``'s virtual time now (``FairQueue.virtual_s``); an idle client's is its charge, no sum made."""
+    if not c.running:
+        return c.vt_s
+    return c.vt_s + sum(max(0.0, now_s - j.start_s) for j in c.running.values())

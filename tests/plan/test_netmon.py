@@ -336,6 +336,40 @@ def test_device_speed_is_learned_from_heads_net_of_load() -> None:
     assert load.estimate(1000.0).device_factor == pytest.approx(1.2, rel=0.05)  # load fades, speed stays
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(0.2, 0.85),  # the burst's share of the CPU
+    st.integers(1, 4),  # heads per load sample (the prober's rounds are slower than the requests)
+    st.floats(0.9, 1.3),  # the board's true speed over the profile
+)
+def test_a_burst_starting_or_ending_is_not_learnt_as_the_boards_speed(util: float, per_round: int, true: float) -> None:
+    """Heads timed while the utilisation estimate lags a burst's start (or end) are not speed samples: the
+    speed stays near the board's own (before, 2 heads in a lagging window moved it 1.0 -> 1.36 for good)."""
+    load = LoadEstimator()
+    t, dt = 0.0, 0.25 / per_round
+    for n, phase_util in enumerate((0.0, util, 0.0, util, 0.0)):
+        for k in range(40 * per_round):
+            if k % per_round == 0:
+                load.add_device(t, other_util=phase_util)
+            load.add_head(t, measured_ms=100.0 * true / (1.0 - phase_util), profiled_ms=100.0)
+            t += dt
+            # a burst's start or end lagging the heads never moves the speed far from the board's (a plan
+            # that leaves the device then keeps the speed it has: no heads correct it)
+            if n:  # (the first phase learns the board's speed)
+                assert load.device_speed == pytest.approx(true, rel=0.12)
+
+
+def test_heads_during_a_lagging_load_estimate_are_left_out() -> None:
+    load = LoadEstimator()
+    for i in range(10):
+        load.add_device(i * 0.25, other_util=0.0)
+        load.add_head(i * 0.25, measured_ms=100.0, profiled_ms=100.0)
+    load.add_device(2.5, other_util=0.5)  # a burst: the estimate still reads ~1 (a lone sample), heads 2x
+    assert load.add_head(2.6, measured_ms=200.0, profiled_ms=100.0) is None
+    assert load.add_head(2.7, measured_ms=200.0, profiled_ms=100.0) is None
+    assert load.device_speed == pytest.approx(1.0)
+
+
 def test_one_slow_head_does_not_move_the_speed() -> None:
     load = LoadEstimator()
     for i in range(10):

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from splitrt.cloud.capacity.admission import prepay, serving
-from splitrt.cloud.capacity.memory import MemoryBudget, reply_held_bytes
+from splitrt.cloud.capacity.memory import REPLY_COUNTED_BYTES, MemoryBudget, reply_held_bytes
 from splitrt.cloud.common import RpcFailure, client_key
 from splitrt.cloud.guard.auth import AuthThrottle, ThrottleConfig, Tokens, Verdict, forwarded_peer, peer_address
 from splitrt.cloud.guard.limits import Limits
@@ -552,7 +552,8 @@ def _wrap(door: FrontDoor, h: grpc.RpcMethodHandler, m: _Method) -> grpc.RpcMeth
                     call.check_declared(request)
                 reply = h.unary_unary(request, context)
             data = reply if h.response_serializer is None or reply is None else h.response_serializer(reply)
-            _hold_reply(call, len(data) if isinstance(data, bytes) else 0)
+            if isinstance(data, bytes) and len(data) >= REPLY_COUNTED_BYTES:  # a smaller one holds nothing
+                _hold_reply(call, len(data))
             ok = True
             call.replied()
             return data

@@ -79,6 +79,8 @@ class RateLog:
         """At the end of an interval: one ``suppressed`` line if anything was (the watchdog calls this
         every tick, so the summary comes even when the flood stopped)."""
         now = self._clock()
+        if not force and now - self._start < self.interval_s:  # most calls: no lock (checked again under it)
+            return
         with self._lock:
             if not force and now - self._start < self.interval_s:
                 return

@@ -111,7 +111,7 @@ class Handler:
         )
         with self._lock:
             self.served += 1
-        bytes_in = getattr(self._bytes_in, "value", 0)
+        bytes_in = self._bytes_in.value  # set at the top of this call, on this thread
         self.ratelog.request(  # the line's fields are made only when it is logged (most are counted)
             "infer",
             code="OK",
@@ -157,7 +157,10 @@ class Handler:
             check_cuts(graph, h.cut_id, h.next_cut_id)
         key = f"{h.cut_id}>{h.next_cut_id}" if onward else h.cut_id
         t_lease = time.perf_counter()
-        with self.tails.lease(h.model_sha256, key, timeout_s=deadline - time.monotonic()) as segment:
+        # The tail's lease without a generator context (``TailCache.lease``, inlined: per request).
+        segment = self.tails.get(h.model_sha256, key, timeout_s=deadline - time.monotonic(), pin=True)
+        ok = False
+        try:
             # The first request on a cut builds its session: that is build_ms, not a wait for a worker.
             build_ms = (time.perf_counter() - t_lease) * 1e3
             bytes_in = check_inputs(request, segment, self.max_decoded_bytes)  # cheap: nothing inflated yet
@@ -175,6 +178,9 @@ class Handler:
                 deadline=deadline,
                 token=token,
             )
+            ok = True
+        finally:
+            self.tails.unpin(segment, h.model_sha256, key, ok=ok)
         self._bytes_in.value = bytes_in
         queue_ms = max((t_run - t0) * 1e3 - build_ms, 0.0)
         reply = pb.InferReply(request_id=h.request_id, queue_ms=queue_ms, build_ms=build_ms)
@@ -197,7 +203,7 @@ class Handler:
                     run_ms += tail_ms
                 self.next_hop.finished()
         try:
-            encoded = [codec.encode(n, np.asarray(v), out_codec, copy=False) for n, v in outputs.items()]
+            encoded = [codec.encode(n, v, out_codec, copy=False) for n, v in outputs.items()]  # encode: asarray
         except CodecError as exc:  # the request's outputs in the codec it asked for (NaN/Inf in int8): its own
             raise RpcFailure(
                 grpc.StatusCode.INVALID_ARGUMENT,

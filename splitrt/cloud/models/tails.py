@@ -120,12 +120,19 @@ class TailCache:
     def lease(self, sha256: str, cut_id: str, *, timeout_s: float | None = None) -> Iterator[Tail]:
         """The tail, not evicted while the caller holds it."""
         tail = self.get(sha256, cut_id, timeout_s=timeout_s, pin=True)
+        ok = False
         try:
             yield tail
+            ok = True
         finally:
-            with self._lock:
-                tail.users -= 1
-        if self.on_lease is not None:  # only when the caller's block ended without an exception
+            self.unpin(tail, sha256, cut_id, ok=ok)
+
+    def unpin(self, tail: Tail, sha256: str, cut_id: str, *, ok: bool) -> None:
+        """The end of a lease taken as ``get(..., pin=True)`` (``lease`` without a generator context, for the
+        request path); ``ok``: the holder's work ended without an exception."""
+        with self._lock:
+            tail.users -= 1
+        if ok and self.on_lease is not None:
             self.on_lease(sha256, cut_id)
 
     def get(self, sha256: str, cut_id: str, *, timeout_s: float | None = None, pin: bool = False) -> Tail:

@@ -1,7 +1,7 @@
 """Python function calls the server makes per Infer request: a deterministic, load-independent measure of its
 per-request CPU (timings on a shared host move by more than the differences sought).
 
-    .venv/bin/python bench/bench_calls.py [--size 10KB] [--requests 200] [--b-pythonpath DIR] [--json]
+    .venv/bin/python bench/bench_calls.py [--size 10KB] [--requests 200] [--b-pythonpath DIR] [--by-function] [--json]
 
 A real ``splitrt serve`` on 127.0.0.1 (``start_server``), with a profile hook (``threading.setprofile``)
 counting every ``call`` (Python functions, generator resumptions included) and ``c_call`` (builtins) on the
@@ -114,7 +114,7 @@ def measure(models: Path, model: Path, args: argparse.Namespace, pythonpath: str
         "--host",
         "127.0.0.1",
         "--workers",
-        "1",
+        str(args.workers),
         port=0,
         command=(sys.executable, str(Path(__file__).resolve()), SERVER_FLAG),
         env=env,
@@ -124,17 +124,27 @@ def measure(models: Path, model: Path, args: argparse.Namespace, pythonpath: str
     try:
         g = graph.load(model)
         cut = next(c.id for c in g.cuts() if [t.name for t in c.tensors] == ["a"])
-        with Device(g, server.address, config=DeviceConfig(timeout_s=30)) as dev:
-            x = dev.random_inputs()
+        devices = [Device(g, server.address, config=DeviceConfig(timeout_s=30)) for _ in range(args.devices)]
+        try:
+            x = devices[0].random_inputs()
             for _ in range(args.warmup):
-                dev.run_detailed(x, cut=cut)
+                devices[0].run_detailed(x, cut=cut)
             server.proc.send_signal(signal.SIGUSR1)
             _wait_file(Path(str(out) + ".armed"))
-            for _ in range(args.requests):
-                dev.run_detailed(x, cut=cut)
+            each = args.requests // args.devices
+            threads = [
+                threading.Thread(target=lambda d=d: [d.run_detailed(x, cut=cut) for _ in range(each)]) for d in devices
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
             time.sleep(0.2)  # the last call's end-of-call callbacks
             server.proc.send_signal(signal.SIGUSR2)
             _wait_file(out)
+        finally:
+            for d in devices:
+                d.close()
     finally:
         server.stop(15)
     threads = json.loads(out.read_text())
@@ -142,14 +152,15 @@ def measure(models: Path, model: Path, args: argparse.Namespace, pythonpath: str
     request = {k: v for k, v in threads.items() if not k.startswith(BACKGROUND)}
     py = sum(v.get("call", 0) for v in request.values())
     c = sum(v.get("c_call", 0) for v in request.values())
+    sent = args.requests // args.devices * args.devices
     return {
         "tree": pythonpath or "this",
-        "requests": args.requests,
-        "python_calls_per_request": round(py / args.requests, 1),
-        "c_calls_per_request": round(c / args.requests, 1),
-        "per_request": round((py + c) / args.requests, 1),
+        "requests": sent,
+        "python_calls_per_request": round(py / sent, 1),
+        "c_calls_per_request": round(c / sent, 1),
+        "per_request": round((py + c) / sent, 1),
         "threads": threads,
-        "functions": {k: v / args.requests for k, v in functions.items()},
+        "functions": {k: v / sent for k, v in functions.items()},
     }
 
 
@@ -161,9 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="10KB", help="payload: one of bench_transport's SIZES")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--devices", type=int, default=1, help="devices sending at once (a thread and channel each)")
+    p.add_argument("--workers", type=int, default=1, help="the server's --workers")
     p.add_argument("--b-pythonpath", help="another tree's splitrt, measured the same way")
     p.add_argument("--by-function", action="store_true", help="count per function too (in --json, per request)")
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     args = p.parse_args(argv)
     from bench_transport import SIZES, synthetic
 
@@ -177,11 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.b_pythonpath:
             rows.append(measure(models, model, args, args.b_pythonpath))
     load = os.getloadavg()
+    if args.json:
+        print(json.dumps({"size": args.size, "load_avg": load, "rows": rows}, indent=1))
+        return 0
     cols = ["tree", "requests", "python_calls_per_request", "c_calls_per_request", "per_request"]
     print(render(cols, [[r[k] for k in cols] for r in rows]))
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (counts do not depend on it)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"size": args.size, "load_avg": load, "rows": rows}, indent=1))
     return 0
 
 

@@ -67,8 +67,8 @@ def sim_cell(
     profiles, else a shipped profile, else the FLOPs prior, at ``board``'s speed): what `plan` and `run`
     use. ``codecs``: the plans may use only these (None: every codec the table prices), lossy ones where
     the device profile's samples agree (``min_agreement``, ``profile.costs.measured_codecs``)."""
-    if load not in ("none", "device-burst"):
-        raise ConfigError(f"load: the simulation has none and device-burst, got {load!r}")
+    if load not in ("none", *rigstats.DEVICE_HOGS):
+        raise ConfigError(f"load: expected one of none, {', '.join(rigstats.DEVICE_HOGS)}, got {load!r}")
     b = boards.load_board(board)
     if mg is None:
         mg = graph.load(models.model_path_for(model))
@@ -91,6 +91,7 @@ def sim_cell(
         duration_s=dur,
         rtt_ms=rtt,
         bursts=bursts,
+        burst_util=rigstats.burst_util(load),
         jitter=jitter,
         seed=seed,
         device_speed=device_speed,
@@ -230,7 +231,7 @@ def register(sub: Any) -> None:
         f"{','.join(rigbench.STRATEGIES)})",
     )
     p.add_argument("--bandwidth-scale", type=float, default=1.0)
-    p.add_argument("--load", default="none", choices=["none", "device-burst"])
+    p.add_argument("--load", default="none", choices=["none", "device-burst", "device-busy"])
     p.add_argument("--rate", type=float, default=4.0, help="requests per second (paced, one in flight)")
     p.add_argument("--duration", type=float, default=0.0, help="seconds of trace (0: to its end)")
     p.add_argument("--trace-offset", type=float, default=0.0)

@@ -46,6 +46,13 @@ def transfer_ms(trace: traces.Trace, start_s: float, nbytes: float, min_mbps: fl
 DEVICE_HOGS = {"device-burst": 1, "device-busy": 3}
 
 
+def burst_util(load: str) -> float:
+    """Other processes' share of the device's CPU while ``load`` is on (its hogs beside our one thread:
+    device-burst 1/2, device-busy 3/4), as the simulator plays it; 0.5 for none (no interval is loaded)."""
+    hogs = DEVICE_HOGS.get(load, 1)
+    return hogs / (hogs + 1)
+
+
 def burst_intervals(load: str, duration_s: float) -> list[tuple[float, float]]:
     """When the device is loaded: device-burst 20 s on of every 60 s (from 20 s), a shorter run its middle
     third; device-busy the whole run."""

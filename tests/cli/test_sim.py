@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from splitrt.cli import sim
+from splitrt.errors import ConfigError
 from splitrt.rig.strategies import HOLD_ABLATION, SLOW_ABLATION
 
 
@@ -12,3 +15,14 @@ def test_the_hold_ablation_runs_only_when_named() -> None:
     named = sim.sim_cell("squeezenet", "hsdpa/car", duration_s=5.0, strategies=["adaptive", "route", HOLD_ABLATION])
     assert {"adaptive", "route", HOLD_ABLATION} <= set(named["strategies"])
     assert "device-only" not in named["strategies"]
+
+
+def test_a_busy_board_is_simulated_at_the_rigs_share() -> None:
+    """device-busy (the rig grid's squeezenet cells): other work holds 3/4 of the CPU all along, so the
+    whole model on the device takes 4x what it takes unloaded."""
+    kw = {"duration_s": 5.0, "strategies": ["adaptive", "route", "device-only"]}
+    idle = sim.sim_cell("squeezenet", "hsdpa/car", **kw)["strategies"]["device-only"]
+    busy = sim.sim_cell("squeezenet", "hsdpa/car", load="device-busy", **kw)["strategies"]["device-only"]
+    assert busy["mean_ms"] == pytest.approx(4 * idle["mean_ms"], rel=1e-6)
+    with pytest.raises(ConfigError, match="device-busy"):
+        sim.sim_cell("squeezenet", "hsdpa/car", load="cloud-busy", **kw)

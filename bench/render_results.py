@@ -398,6 +398,18 @@ BENCHES: list[Bench] = [
         skip=("cells",),
     ),
     Bench(
+        name="router_sweep",
+        title="Where adaptive beats the best router, simulated",
+        what="Every shipped profile's model on a Raspberry Pi 4 x the 8 HSDPA traces x bandwidth x0.5-x5 x "
+        "device load (none, a burst, a busy board) x two prices of the device's encode (the board's compute "
+        "factor, as `splitrt sim`; 2x the host's, as the rig's CPU quota charges it): adaptive / min(route, "
+        "route-codec), and each cell >= 10 % either way with both plans' terms. See the "
+        "[rig guide](../rig.md#what-adaptation-buys-regret-over-a-grid).",
+        cheap=False,
+        how=".venv/bin/python bench/bench_router_sweep.py --json router_sweep.json   # about 6 min",
+        skip=("cells",),
+    ),
+    Bench(
         name="rig_grid",
         title="Adaptive against the best router, on the kernel rig",
         what="Adaptive against the best whole-request router on real processes, a kernel-shaped link and a "

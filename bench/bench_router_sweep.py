@@ -19,7 +19,7 @@ quota lets a burst run at the host's speed).
 
     .venv/bin/python bench/bench_router_sweep.py [--models squeezenet,resnet50] [--boards rpi4]
         [--traces tuned] [--scales 0.5,1,2,5] [--loads none,device-burst,device-busy] [--window 60]
-        [--encode board,2] [--json FILE]
+        [--encode board,2] [--jitter 0.1 --seed N] [--json FILE]
 
 Default: every shipped profile's model x rpi4 x the 8 HSDPA traces x 4 scales x 3 loads x 2 pricings
 (~2100 cells of 60 s) in about 25 minutes on a quiet 2-core host; progress on stderr.
@@ -129,6 +129,8 @@ def sweep_model(model: str, board: str, args: argparse.Namespace, say: Any) -> l
                         bursts=tuple(rigstats.burst_intervals(load, dur)),
                         burst_util=rigstats.burst_util(load),
                         controller=controller,
+                        jitter=args.jitter,
+                        seed=args.seed,
                     )
                     runs = sim.simulate_all(table, {n: n for n in ("adaptive", *ROUTERS)}, played, cfg)
                     means = {n: statistics.fmean(sim.latencies(rs)) for n, rs in runs.items()}
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=60.0, help="seconds of each trace")
     p.add_argument("--offset", type=float, default=0.0)
     p.add_argument("--rate", type=float, default=4.0)
+    p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute per request (the rig's ~0.1)")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--encode", default="board,2", help="encode pricing: board and/or N x the host's")
     p.add_argument(
         "--camera-jpeg",
@@ -229,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     wins = sorted((c for c in cells if c["ratio"] <= 1 / WIN), key=lambda c: c["ratio"])
     losses = sorted((c for c in cells if c["ratio"] >= WIN), key=lambda c: -c["ratio"])
     doc = {
-        "settings": {k: getattr(a, k) for k in ("boards", "traces", "scales", "loads", "window", "rate", "encode")}
+        "settings": {
+            k: getattr(a, k)
+            for k in ("boards", "traces", "scales", "loads", "window", "rate", "encode", "jitter", "seed")
+        }
         | {"camera_jpeg": a.camera_jpeg, "models": ",".join(models)},
         "summary": [dict(zip(SUMMARY_HEADER, r, strict=True)) for r in summary_rows(cells)],
         "wins": [dict(zip(CELL_HEADER, cell_row(c), strict=True)) for c in wins],

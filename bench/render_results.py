@@ -414,12 +414,12 @@ BENCHES: list[Bench] = [
         title="Adaptive against the best router, on the kernel rig",
         what="Adaptive against the best whole-request router on real processes, a kernel-shaped link and a "
         "throttled device: the shipped HSDPA traces x (resnet50, inception_v1 at bandwidth x1 with load none "
-        "and device-burst; squeezenet at x1 and x5 on a busy board, device-busy). adaptive-hold is the "
-        "controller before held gains added up, run beside it. See the "
+        "and device-burst; squeezenet at x1 and x5 on a busy board, device-busy); the ablations (adaptive-hold, "
+        "adaptive-keep) when run beside it. See the "
         "[rig guide](../rig.md#what-adaptation-buys-regret-over-a-grid).",
         cheap=False,
         how="sudo .venv/bin/python bench/bench_rig_grid.py --strategies "
-        "adaptive,adaptive-hold,route,route-codec,oracle --json grid.json   # root, about 40 min",
+        "adaptive,route,route-codec,oracle --json grid.json   # root, about 30 min",
     ),
     Bench(
         name="tiers",

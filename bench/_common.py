@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 import sys
 import time
 
@@ -18,6 +19,21 @@ from splitrt.rig.processes import free_port as free_port  # re-exported: the one
 def progress(tag: str, msg: str) -> None:
     """One progress line on stderr (stdout carries the table or the JSON)."""
     print(f"[{tag}] {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def prediction_figures(measured: list[float], predicted: list[float]) -> dict[str, float]:
+    """One plan's requests (issue 34): the median of |m - p| / m, the noise floor (the median of
+    |m - median(m)| / m: what the best constant prediction in hindsight scores, so an error near it is the
+    emulation's noise, not the cost model's) and the bias, median(m) / median(p) (1: none)."""
+    mid = statistics.median(measured)
+    return {
+        "n": len(measured),
+        "median_err": statistics.median(abs(m - p) / m for m, p in zip(measured, predicted, strict=True)),
+        "floor": statistics.median(abs(m - mid) / m for m in measured),
+        "ratio": mid / statistics.median(predicted),
+        "median_measured_ms": mid,
+        "median_predicted_ms": statistics.median(predicted),
+    }
 
 
 def add_grid_arguments(p: argparse.ArgumentParser) -> None:

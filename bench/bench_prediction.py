@@ -3,7 +3,10 @@
 Runs the rig (`splitrt bench`'s runner: an emulated board, a shaped kernel link, a real server) on one
 trace window and, for every plan a strategy used, prints the median of |measured - predicted| / measured
 of end-to-end latency over its requests (predicted: the decision's ``predicted_ms``, what the controller
-planned with), with a 95 % bootstrap interval, the medians of both figures and the load average.
+planned with), with a 95 % bootstrap interval, the medians of both figures and the load average; beside it
+the plan's noise floor (median |m - median(m)| / m over its own requests: the error of the best constant
+prediction in hindsight, so an error near the floor is the emulation's noise, not the cost model's) and its
+bias, median(m) / median(p). With ``--before`` the floor is over the requests pooled over the runs.
 Fallbacks and failed requests are left out (their time is a timeout, not the plan's).
 
 The same script runs against an older checkout (``PYTHONPATH=/tmp/base python bench/bench_prediction.py``):
@@ -31,6 +34,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from _common import prediction_figures
 
 from splitrt.cli import bench as cmd_bench
 from splitrt.cli.tables import render
@@ -41,7 +45,9 @@ from splitrt.rig.tracespec import family_median_mbps, load_trace, trace_family
 
 
 def errors_by_plan(records: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Per (strategy, plan): n, median relative error and its 95 % bootstrap interval, median figures."""
+    """Per (strategy, plan): n, median relative error and its 95 % bootstrap interval, the noise floor
+    (median |m - median(m)| / m of the plan's own requests: what the best constant prediction in hindsight
+    scores), the bias median(m) / median(p) (``ratio``) and median((p - m) / m) (``bias``), median figures."""
     rows = []
     rng = np.random.default_rng(0)
     for name, recs in records.items():
@@ -59,11 +65,8 @@ def errors_by_plan(records: dict[str, list[Any]]) -> list[dict[str, Any]]:
                 {
                     "strategy": name,
                     "plan": plan,
-                    "n": int(err.size),
-                    "median_err": float(np.median(err)),
+                    **prediction_figures(list(m), list(p)),
                     "ci": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))],
-                    "median_measured_ms": float(np.median(m)),
-                    "median_predicted_ms": float(np.median(p)),
                     "bias": float(np.median((p - m) / m)),
                 }
             )
@@ -166,7 +169,17 @@ def compare(a: argparse.Namespace, argv: list[str]) -> int:
 
 def render_rows(rows: list[dict[str, Any]]) -> str:
     return render(
-        ["strategy", "plan", "n", "median |m-p|/m", "95 % CI", "median measured ms", "median predicted ms", "bias"],
+        [
+            "strategy",
+            "plan",
+            "n",
+            "median |m-p|/m",
+            "95 % CI",
+            "floor",
+            "median measured ms",
+            "median predicted ms",
+            "measured / predicted",
+        ],
         [
             [
                 x["strategy"],
@@ -174,9 +187,10 @@ def render_rows(rows: list[dict[str, Any]]) -> str:
                 str(x["n"]),
                 f"{100 * x['median_err']:.1f} %",
                 f"{100 * x['ci'][0]:.1f}-{100 * x['ci'][1]:.1f} %",
+                f"{100 * x['floor']:.1f} %",
                 f"{x['median_measured_ms']:.1f}",
                 f"{x['median_predicted_ms']:.1f}",
-                f"{100 * x['bias']:+.1f} %",
+                f"{x['ratio']:.2f}",
             ]
             for x in rows
         ],

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _common import Groups, add_grid_arguments, grid_cells
+from _common import Groups, add_grid_arguments, grid_cells, prediction_figures
 
 from splitrt.cli import bench as cmd_bench
 from splitrt.cli.tables import render
@@ -157,42 +157,47 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def prediction(reqs: list[list[Any]]) -> dict[str, dict[str, float]]:
-    """Per plan of adaptive's: requests, median |measured - predicted| / measured and the median figures."""
+    """Per plan of adaptive's: requests, median |measured - predicted| / measured, its noise floor, the bias
+    median(measured) / median(predicted) and the median figures (``_common.prediction_figures``)."""
     by: dict[str, list[tuple[float, float]]] = {}
     for plan, ms, predicted in reqs:
         if ms > 0:
             by.setdefault(plan, []).append((ms, predicted))
-    return {
-        plan: {
-            "n": len(xs),
-            "median_err": statistics.median(abs(m - p) / m for m, p in xs),
-            "median_measured_ms": statistics.median(m for m, _ in xs),
-            "median_predicted_ms": statistics.median(p for _, p in xs),
-        }
-        for plan, xs in by.items()
-    }
+    return {plan: prediction_figures([m for m, _ in xs], [p for _, p in xs]) for plan, xs in by.items()}
 
 
 def prediction_text(rows: list[dict[str, Any]]) -> str:
-    """Adaptive's prediction per plan over the grid's cells (the median of the cells' medians)."""
+    """Adaptive's prediction per cell and plan: the error beside its noise floor and bias; then per plan
+    over the grid's cells (the median of the cells' medians)."""
     per: dict[str, list[tuple[int, float]]] = {}
+    cells = []
     for x in rows:
         for plan, f in x.get("prediction", {}).items():
             per.setdefault(plan, []).append((f["n"], f["median_err"]))
+            cells.append(
+                [f"{x['trace']} {x['model']} x{x['scale']:g} {x['load']}", plan, str(f["n"])]
+                + [f"{100 * f[k]:.1f} %" if k in f else "" for k in ("median_err", "floor")]
+                + [f"{f['ratio']:.2f}" if "ratio" in f else ""]
+            )
     if not per:
         return ""
-    return render(
-        ["adaptive's plan", "cells", "requests", "median over cells of median |m-p|/m", "worst cell"],
-        [
+    by_cell = render(["cell", "adaptive's plan", "n", "median |m-p|/m", "floor", "measured / predicted"], cells)
+    return (
+        by_cell
+        + "\n"
+        + render(
+            ["adaptive's plan", "cells", "requests", "median over cells of median |m-p|/m", "worst cell"],
             [
-                plan,
-                str(len(v)),
-                str(sum(n for n, _ in v)),
-                f"{100 * statistics.median(e for _, e in v):.1f} %",
-                f"{100 * max(e for _, e in v):.1f} %",
-            ]
-            for plan, v in sorted(per.items(), key=lambda kv: -sum(n for n, _ in kv[1]))
-        ],
+                [
+                    plan,
+                    str(len(v)),
+                    str(sum(n for n, _ in v)),
+                    f"{100 * statistics.median(e for _, e in v):.1f} %",
+                    f"{100 * max(e for _, e in v):.1f} %",
+                ]
+                for plan, v in sorted(per.items(), key=lambda kv: -sum(n for n, _ in kv[1]))
+            ],
+        )
     )
 
 

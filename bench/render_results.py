@@ -253,6 +253,20 @@ def rig_grid_tables(doc: dict[str, Any]) -> list[Table]:
     for c in cells:
         for plan, f in c.get("prediction", {}).items():
             per.setdefault(plan, []).append(f)
+    if any("floor" in f for fs in per.values() for f in fs):  # runs before the floor (issue 34) lack it
+        out.append(
+            (
+                "prediction per cell: the error beside its noise floor (median |m - median(m)| / m, the best "
+                "constant prediction in hindsight) and the bias median(measured) / median(predicted)",
+                ["cell", "adaptive's plan", "requests", "median |m-p|/m", "floor", "measured / predicted"],
+                [
+                    [f"{c['trace']} {c['model']} x{c['scale']:g} {c['load']}", plan]
+                    + [f.get(k) for k in ("n", "median_err", "floor", "ratio")]
+                    for c in cells
+                    for plan, f in c.get("prediction", {}).items()
+                ],
+            )
+        )
     if per:
         out.append(
             (

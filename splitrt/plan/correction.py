@@ -17,7 +17,11 @@ bounded so that one outlier cannot price a plan out). An outlier (a step beyond 
 ``min_step_ms`` until the plan's next request confirms it: on the rig one slow encode in a device-load burst
 (82 ms where 2 were priced) priced cloud@jpeg50 30 ms up, adaptive left it for cloud@jpeg75 (10 ms dearer,
 inside the hysteresis margin once there) and held that for the rest of the cell; every strategy did so in
-2-3 of 16 cells.
+2-3 of 16 cells. A request timed while the device's load estimate still lags its latest sample by more than
+``max_load_lag`` (a burst starting or ending: ``LoadEstimator.device_lag``, ``Observation.load_lag``) is no
+evidence at all: it was priced at a load it did not meet, which any plan would have met (two slow requests
+at a burst's start confirmed each other, priced cloud@jpeg50 ~40 ms up and the rig held cloud@jpeg75 for a
+cell, 1.10x the best router).
 
 What a plan sends is priced with the profile's bytes: for an image codec at the input, the mean over the
 profile's photographs (at jpeg90 9-30 KB for a 224 x 224 photo, 18 KB on average; the rig's photograph makes
@@ -53,18 +57,20 @@ the state by feeding the logged observations (``Observation.to_json``, in the lo
 that made them) up to each decision's ``seen``.
 
 - ``CorrectionConfig(half_life_s=10, weight=0.5, max_step_fraction=0.15, min_step_ms=5, max_offset_ms=10000,
-  enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most ``max_step_fraction`` of
-  the smaller of the plan's price (``Observation.price_ms``) and what the request took, or ``min_step_ms``;
-  a step beyond that bound moves it by ``min_step_ms`` unless the plan's previous step was beyond it too.
+  max_load_lag=0.3, enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most
+  ``max_step_fraction`` of the smaller of the plan's price (``Observation.price_ms``) and what the request took,
+  or ``min_step_ms``; a step beyond that bound moves it by ``min_step_ms`` unless the plan's previous step was
+  beyond it too; a request whose ``load_lag`` exceeds ``max_load_lag`` does not move it.
 - ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms, sent_bytes=0, priced_bytes=0,
-  probe_wait_ms=0)``: predicted, the price of what no estimator learns (the decision's encode + call terms);
+  probe_wait_ms=0, load_lag=0)``: predicted, the price of what no estimator learns (the decision's encode + call terms);
   measured, what the request took beyond its head and its RPC (on ``device``: beyond its run); ``price_ms``
   the plan's whole price (bounds a step); ``sent_bytes`` what it uploaded on its first hop and
   ``priced_bytes`` what the table priced there (0: not known, nothing learnt); ``probe_wait_ms`` how long
-  of its RPC it queued behind the device's own bandwidth probe. ``Observation.of_request(plan=, priced_ms=,
-  total_ms=, head_ms=, round_trip_ms=, t_s=, price_ms=, sent_bytes=0, priced_bytes=0, probe_wait_ms=0,
-  upload_ms=None, rtt_ms=0)`` (the wait left out when ``draws_probes(upload_ms, rtt_ms)`` is False)
-  makes one from a request's figures. ``.to_json()`` / ``Observation.from_json(dict)``.
+  of its RPC it queued behind the device's own bandwidth probe; ``load_lag`` the device load estimate's lag
+  when it ended. ``Observation.of_request(plan=, priced_ms=, total_ms=, head_ms=, round_trip_ms=, t_s=,
+  price_ms=, sent_bytes=0, priced_bytes=0, probe_wait_ms=0, upload_ms=None, rtt_ms=0, load_lag=0)`` (the
+  wait left out when ``draws_probes(upload_ms, rtt_ms)`` is False) makes one from a request's figures.
+  ``.to_json()`` / ``Observation.from_json(dict)``.
 - ``Corrections(config)``: ``.observe(obs) -> index``, ``.offset_ms(plan, now_s) -> ms``, ``.offsets(now_s)
   -> {plan: ms}`` (the plans with evidence), ``.bytes_ratio(plan) -> float`` (1: no evidence),
   ``.bytes_ms(table, plan, bandwidth_mbps)`` (that ratio's upload beyond the price), ``.bytes_plans()``, ``.seen``.
@@ -107,6 +113,9 @@ class CorrectionConfig:
     max_step_fraction: float = 0.15
     min_step_ms: float = 5.0
     max_offset_ms: float = 10_000.0
+    # A request timed while the device's load estimate lags its latest sample by more than this (relative:
+    # a burst's start or end, which the estimate follows in ~3 samples) tells nothing of the plan.
+    max_load_lag: float = 0.3
     enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -121,6 +130,8 @@ class CorrectionConfig:
             )
         if not (self.max_offset_ms > 0 and math.isfinite(self.max_offset_ms)):
             raise ConfigError(f"max_offset_ms: expected a finite number > 0, got {self.max_offset_ms!r}")
+        if not self.max_load_lag > 0:
+            raise ConfigError(f"max_load_lag: expected a number > 0, got {self.max_load_lag!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,13 +147,14 @@ class Observation:
     sent_bytes: float = 0.0  # what the request uploaded on its first hop (0: not known)
     priced_bytes: float = 0.0  # what the table priced there (0: not known)
     probe_wait_ms: float = 0.0  # of its RPC, the wait behind the device's own bandwidth probe on the wire
+    load_lag: float = 0.0  # how far the device's load estimate lagged its latest sample when it ended
 
     def __post_init__(self) -> None:
         for name in ("predicted_ms", "measured_ms", "t_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or (name == "predicted_ms" and value < 0):
                 raise PlanError(f"observation {name}: expected a finite number (>= 0 if a price), got {value!r}")
-        for name in ("sent_bytes", "priced_bytes", "probe_wait_ms"):
+        for name in ("sent_bytes", "priced_bytes", "probe_wait_ms", "load_lag"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise PlanError(f"observation {name}: expected a finite number >= 0, got {value!r}")
@@ -162,6 +174,7 @@ class Observation:
         probe_wait_ms: float = 0.0,
         upload_ms: float | None = None,
         rtt_ms: float = 0.0,
+        load_lag: float = 0.0,
     ) -> Observation:
         """A request's observation (the runtime and ``rig.sim`` both make it so): ``priced_ms`` the
         decision's encode + call terms; what it took (``total_ms``) beyond its head (the whole model's run
@@ -182,6 +195,7 @@ class Observation:
             sent_bytes=sent_bytes,
             priced_bytes=priced_bytes,
             probe_wait_ms=probe_wait_ms,
+            load_lag=load_lag,
         )
 
     def to_json(self) -> dict[str, object]:
@@ -194,6 +208,7 @@ class Observation:
             "sent_bytes": self.sent_bytes,
             "priced_bytes": self.priced_bytes,
             "probe_wait_ms": self.probe_wait_ms,
+            "load_lag": self.load_lag,
         }
 
     @staticmethod
@@ -208,6 +223,7 @@ class Observation:
                 sent_bytes=float(d.get("sent_bytes", 0.0)),  # type: ignore[arg-type]
                 priced_bytes=float(d.get("priced_bytes", 0.0)),  # type: ignore[arg-type]
                 probe_wait_ms=float(d.get("probe_wait_ms", 0.0)),  # type: ignore[arg-type]
+                load_lag=float(d.get("load_lag", 0.0)),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PlanError(f"observation: expected plan, predicted_ms, measured_ms and t_s, got {d!r}") from exc
@@ -265,6 +281,8 @@ class Corrections:
             # link: 1.6 s on the wire) says nothing of the next ones
             waited = min(obs.probe_wait_ms, obs.price_ms) if obs.price_ms > 0 else obs.probe_wait_ms
             self._waits[obs.plan] = _Evidence(offset_ms=known + WAIT_WEIGHT * (waited - known), t_s=obs.t_s)
+        if obs.load_lag > cfg.max_load_lag:  # priced at a load it did not meet: no plan's fact
+            return index
         # no plan costs less than nothing: the excess is at least -predicted
         sample = min(cfg.max_offset_ms, max(-obs.predicted_ms, obs.measured_ms - obs.predicted_ms))
         ev = self._plans.get(obs.plan)

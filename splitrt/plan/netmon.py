@@ -491,14 +491,18 @@ class _Ewma:
         fade = _freshness(now_s - self.t_s, self.cfg.half_life_s)
         return 1.0 + (self.value - 1.0) * fade
 
-    def settled(self, now_s: float, fraction: float) -> bool:
-        """Whether the estimate is within ``fraction`` of its latest sample (both aged alike): not still
-        catching up with a change."""
+    def lag(self, now_s: float) -> float:
+        """How far the estimate is from its latest sample (both aged alike), relative: 0 when it is not
+        catching up with a change (or has no sample)."""
         if not self._recent:
-            return True
+            return 0.0
         fade = _freshness(now_s - self.t_s, self.cfg.half_life_s)
         latest = 1.0 + (self._recent[-1][1] - 1.0) * fade
-        return abs(self.get(now_s) / latest - 1.0) <= fraction
+        return abs(self.get(now_s) / latest - 1.0)
+
+    def settled(self, now_s: float, fraction: float) -> bool:
+        """Whether the estimate is within ``fraction`` of its latest sample: not still catching up."""
+        return self.lag(now_s) <= fraction
 
 
 class LoadEstimator:
@@ -559,6 +563,11 @@ class LoadEstimator:
         self._speed_recent, med = _median3(self._speed_recent, x, self.device_speed)
         self.device_speed += cfg.speed_alpha * (med - self.device_speed)
         return x
+
+    def device_lag(self, now_s: float) -> float:
+        """How far the device's load estimate still lags its latest sample (relative, 0: settled): a request
+        timed while it lags was priced at a load it did not meet (``plan.correction``'s ``max_load_lag``)."""
+        return self._device.lag(_finite("now_s", now_s))
 
     def add_cloud(
         self, now_s: float, *, queue_wait_s: float, profiled_tail_s: float, tail_s: float | None = None

@@ -292,6 +292,7 @@ class _Run:
                     probe_wait_ms=waited_ms or 0.0,
                     upload_ms=d.hop_upload_ms[0] if d.hop_upload_ms else None,
                     rtt_ms=d.hop_rtt_ms[0] if d.hop_rtt_ms else 0.0,
+                    load_lag=self.load.device_lag(t + latency_ms / 1e3),
                 )
             )
         return SimRequest(

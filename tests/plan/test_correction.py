@@ -78,6 +78,48 @@ def test_a_lone_slow_request_does_not_price_its_plan_out() -> None:
     assert c.offset_ms("cloud@fp32", 1.5) > 25.0
 
 
+def test_requests_timed_while_the_load_estimate_lags_are_no_evidence() -> None:
+    # a device-load burst's first requests, priced at the load before it: any plan would have met them
+    c = Corrections()
+    for lag in (0.5, 0.8, 0.31):
+        c.observe(
+            Observation(plan="cloud@fp32", predicted_ms=2.0, measured_ms=84.0, t_s=1.0, price_ms=200.0, load_lag=lag)
+        )
+    assert c.seen == 3 and c.offset_ms("cloud@fp32", 1.0) == 0.0
+    # a lag within the bound counts: two slow requests in a row are learnt as before
+    for _ in range(2):
+        c.observe(
+            Observation(plan="cloud@fp32", predicted_ms=2.0, measured_ms=84.0, t_s=1.0, price_ms=200.0, load_lag=0.3)
+        )
+    assert c.offset_ms("cloud@fp32", 1.0) > 30.0
+    # the bytes a lagging request sent still count: they are no load's
+    c.observe(
+        Observation(
+            plan="mid@fp32",
+            predicted_ms=0.0,
+            measured_ms=0.0,
+            t_s=1.0,
+            sent_bytes=20.0,
+            priced_bytes=10.0,
+            load_lag=1.0,
+        )
+    )
+    assert c.bytes_ratio("mid@fp32") == 2.0 and c.offset_ms("mid@fp32", 1.0) == 0.0
+    # a looser bound learns from them
+    loose = Corrections(CorrectionConfig(max_load_lag=2.0))
+    loose.observe(
+        Observation(plan="cloud@fp32", predicted_ms=2.0, measured_ms=12.0, t_s=1.0, price_ms=200.0, load_lag=1.0)
+    )
+    assert loose.offset_ms("cloud@fp32", 1.0) == pytest.approx(5.0)
+    o = Observation(plan="cloud@fp32", predicted_ms=2.0, measured_ms=84.0, t_s=1.0, load_lag=0.75)
+    assert Observation.from_json(o.to_json()) == o
+    assert Observation.from_json({k: v for k, v in o.to_json().items() if k != "load_lag"}).load_lag == 0.0
+    with pytest.raises(ConfigError, match="max_load_lag"):
+        CorrectionConfig(max_load_lag=0.0)
+    with pytest.raises(PlanError, match="load_lag"):
+        Observation(plan="cloud@fp32", predicted_ms=0.0, measured_ms=0.0, t_s=0.0, load_lag=-0.1)
+
+
 def test_the_wait_behind_the_devices_own_probes_is_priced_at_its_mean() -> None:
     # one request in four queues 160 ms behind a bandwidth probe: the plan's mean wait is ~40 ms, which the
     # excess's 15 % step bound (an outlier's) would not learn

@@ -370,6 +370,21 @@ def test_heads_during_a_lagging_load_estimate_are_left_out() -> None:
     assert load.device_speed == pytest.approx(1.0)
 
 
+def test_the_device_lag_is_large_while_a_burst_is_followed_and_small_once_it_is() -> None:
+    load = LoadEstimator()
+    assert load.device_lag(0.0) == 0.0  # no sample: nothing to follow
+    for i in range(10):
+        load.add_device(i * 0.25, other_util=0.0)
+    assert load.device_lag(2.3) == pytest.approx(0.0)
+    lags = []
+    for i in range(10, 20):  # a burst: the factor goes 1 -> 2
+        load.add_device(i * 0.25, other_util=0.5)
+        lags.append(load.device_lag(i * 0.25 + 0.1))
+    assert lags[0] > 0.3 and lags[1] > 0.2  # the median of 3 needs two samples, the mean follows after
+    assert lags[-1] < 0.05
+    assert load.device_lag(4.9) < 0.15 and not LoadEstimator().device_lag(0.0)
+
+
 def test_one_slow_head_does_not_move_the_speed() -> None:
     load = LoadEstimator()
     for i in range(10):

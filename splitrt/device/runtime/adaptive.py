@@ -434,10 +434,17 @@ class AdaptiveDevice:
         latency_ms: float,
     ) -> dict[str, object]:
         """What the request took beyond its price, into the plan's corrections; the log line's ``observed``."""
-        obs = feedback.correction(
-            decision, head, res, answered=answer is not None, latency_ms=latency_ms, t_s=self.clock()
-        )
+        now = self.clock()
         with self._lock:
+            obs = feedback.correction(
+                decision,
+                head,
+                res,
+                answered=answer is not None,
+                latency_ms=latency_ms,
+                t_s=now,
+                load_lag=self.load.device_lag(now),
+            )
             index = sp.controller.observe(obs)
         return {"index": index, **obs.to_json()}
 

@@ -6,7 +6,7 @@ uses them too; the runtime feeds both under its lock.
 
 - ``observation(tables, cut, head, res, *, tier, next_cut, queue) -> RequestObservation``: ``tier`` the server
   tier that answered (None: finished here), ``next_cut`` the cut it was asked to forward from (a relay).
-- ``correction(decision, head, res, *, answered, latency_ms, t_s) -> Observation``.
+- ``correction(decision, head, res, *, answered, latency_ms, t_s, load_lag=0) -> Observation``.
 """
 
 from __future__ import annotations
@@ -112,11 +112,18 @@ def tier_reply(
 
 
 def correction(
-    decision: Decision, head: HeadResult, res: SplitResult, *, answered: bool, latency_ms: float, t_s: float
+    decision: Decision,
+    head: HeadResult,
+    res: SplitResult,
+    *,
+    answered: bool,
+    latency_ms: float,
+    t_s: float,
+    load_lag: float = 0.0,
 ) -> Observation:
     """What the request took beyond its head and its RPC, against its price (``plan.correction``, as
     ``rig.sim`` feeds it): the decision's encode + call terms against what they measured, and the bytes it
-    uploaded against those its upload term priced."""
+    uploaded against those its upload term priced; ``load_lag`` the device load estimate's lag at ``t_s``."""
     sent = res.bytes_up if answered and decision.hop_upload_ms and decision.link_mbps else 0
     priced = decision.hop_upload_ms[0] * decision.link_mbps[0] / MS_PER_BYTE_AT_1MBPS if sent else 0.0
     return Observation.of_request(
@@ -134,4 +141,5 @@ def correction(
         probe_wait_ms=res.probe_wait_ms if answered else 0.0,
         upload_ms=decision.hop_upload_ms[0] if decision.hop_upload_ms else None,
         rtt_ms=decision.hop_rtt_ms[0] if decision.hop_rtt_ms else 0.0,
+        load_lag=load_lag,
     )

@@ -43,7 +43,10 @@ uploads are RTT-dominated keeps bandwidth stale and draws more probes (fixed clo
 cases: geometric mean +3 %, worst 1.8x; adaptive -0.5 %, its regret's worst 1.045 -> 1.014). Only such a
 plan is charged: a plan whose upload is a bandwidth sample keeps the estimate fresh itself, and
 ``of_request`` leaves out the wait its request met (``draws_probes``; a probe that opened a rig turn cost
-cloud@jpeg90 37 ms and adaptive fled to cloud@jpeg95 for 11 requests).
+cloud@jpeg90 37 ms and adaptive fled to cloud@jpeg95 for 11 requests). Nor is a plan charged the probe an
+idle link drew: a request that started more than ``idle_gap_s`` after the previous one ended (or the first)
+met a probe any plan would have met (a rig cell's first request waits for the link's first probe: 150 ms
+would price its plan 30 ms up before any request of its own, more than cloud@jpeg50 is cheaper than jpeg75).
 
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that
@@ -57,10 +60,11 @@ the state by feeding the logged observations (``Observation.to_json``, in the lo
 that made them) up to each decision's ``seen``.
 
 - ``CorrectionConfig(half_life_s=10, weight=0.5, max_step_fraction=0.15, min_step_ms=5, max_offset_ms=10000,
-  max_load_lag=0.3, enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most
+  max_load_lag=0.3, idle_gap_s=0.5, enabled=True)``: one request moves a plan's mean by ``weight`` x its excess, at most
   ``max_step_fraction`` of the smaller of the plan's price (``Observation.price_ms``) and what the request took,
   or ``min_step_ms``; a step beyond that bound moves it by ``min_step_ms`` unless the plan's previous step was
-  beyond it too; a request whose ``load_lag`` exceeds ``max_load_lag`` does not move it.
+  beyond it too; a request whose ``load_lag`` exceeds ``max_load_lag`` does not move it; a request that
+  started ``idle_gap_s`` after the previous one ended does not move the plan's mean wait.
 - ``Observation(plan, predicted_ms, measured_ms, t_s, price_ms, sent_bytes=0, priced_bytes=0,
   probe_wait_ms=0, load_lag=0)``: predicted, the price of what no estimator learns (the decision's encode + call terms);
   measured, what the request took beyond its head and its RPC (on ``device``: beyond its run); ``price_ms``
@@ -116,6 +120,9 @@ class CorrectionConfig:
     # A request timed while the device's load estimate lags its latest sample by more than this (relative:
     # a burst's start or end, which the estimate follows in ~3 samples) tells nothing of the plan.
     max_load_lag: float = 0.3
+    # A request that started this long after the previous one ended met the probes an idle link draws (the
+    # link estimate is stale after ``LinkConfig.probe_after_s``): its wait is not its plan's.
+    idle_gap_s: float = 0.5
     enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -132,6 +139,8 @@ class CorrectionConfig:
             raise ConfigError(f"max_offset_ms: expected a finite number > 0, got {self.max_offset_ms!r}")
         if not self.max_load_lag > 0:
             raise ConfigError(f"max_load_lag: expected a number > 0, got {self.max_load_lag!r}")
+        if not self.idle_gap_s >= 0:
+            raise ConfigError(f"idle_gap_s: expected a number >= 0, got {self.idle_gap_s!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +266,7 @@ class Corrections:
         self._plans: dict[str, _Evidence] = {}
         self._bytes: dict[str, float] = {}  # per plan: bytes sent / bytes priced
         self._waits: dict[str, _Evidence] = {}  # per plan: the mean wait behind the device's own probes
+        self._last_end_s: float | None = None  # when the latest request fed ended
         self.seen = 0  # observations fed so far (a decision records it; replay feeds up to it)
 
     def _decayed(self, ev: _Evidence, now_s: float) -> float:
@@ -274,9 +284,15 @@ class Corrections:
             known = self._bytes.get(obs.plan)
             self._bytes[obs.plan] = sample if known is None else known + BYTES_WEIGHT * (sample - known)
         cfg = self.config
+        # what the request took (its head and RPC as priced), and whether the device had sent nothing for
+        # longer than the link estimate stays fresh before it started
+        took = obs.price_ms - obs.predicted_ms + obs.measured_ms
+        after_idle = self._last_end_s is None or obs.t_s - took / 1e3 - self._last_end_s > cfg.idle_gap_s
+        self._last_end_s = obs.t_s if self._last_end_s is None else max(self._last_end_s, obs.t_s)
         wait = self._waits.get(obs.plan)
         known = 0.0 if wait is None else self._decayed(wait, obs.t_s)
-        if wait is not None or obs.probe_wait_ms > 0:
+        # the probe an idle link drew is none of the plan's making (the rig's turns each start with one)
+        if not after_idle and (wait is not None or obs.probe_wait_ms > 0):
             # at most the plan's price: a probe sized at a wrong estimate (the prior 10 Mbit/s on a 1 Mbit/s
             # link: 1.6 s on the wire) says nothing of the next ones
             waited = min(obs.probe_wait_ms, obs.price_ms) if obs.price_ms > 0 else obs.probe_wait_ms
@@ -289,7 +305,6 @@ class Corrections:
         prior = 0.0 if ev is None else self._decayed(ev, obs.t_s)  # no evidence: the model's own price
         # the smaller of the price and what the request took (its head as priced): a price gone wild (a
         # bandwidth estimate 200x low priced a 43 ms request at 97 s) must not move the mean by seconds
-        took = obs.price_ms - obs.predicted_ms + obs.measured_ms
         bound = max(cfg.min_step_ms, cfg.max_step_fraction * max(0.0, min(obs.price_ms, took)))
         raw = cfg.weight * (sample - prior)
         clipped = 1 if raw > bound else -1 if raw < -bound else 0

@@ -134,6 +134,7 @@ def test_the_wait_behind_the_devices_own_probes_is_priced_at_its_mean() -> None:
     assert c.offset_ms("mid@fp32", 10.0) == pytest.approx(c.offset_ms("mid@fp32", 0.0) / 2)  # it decays alike
     # a probe sized at a wrong estimate (1.6 s on the wire) counts as at most the plan's price
     c = Corrections()
+    c.observe(Observation(plan="mid@fp32", predicted_ms=0.0, measured_ms=0.0, t_s=0.0, price_ms=150.0))
     c.observe(
         Observation(plan="mid@fp32", predicted_ms=0.0, measured_ms=0.0, t_s=0.0, price_ms=150.0, probe_wait_ms=1600.0)
     )
@@ -142,6 +143,34 @@ def test_the_wait_behind_the_devices_own_probes_is_priced_at_its_mean() -> None:
     assert Observation.from_json(o.to_json()) == o
     with pytest.raises(PlanError, match="probe_wait_ms"):
         Observation(plan="mid@fp32", predicted_ms=0.0, measured_ms=0.0, t_s=0.0, probe_wait_ms=-1.0)
+
+
+def test_the_probe_an_idle_link_drew_is_not_the_plans() -> None:
+    # requests back to back (4 Hz, 150 ms each): the probes they meet are the plan's making
+    def req(t_s: float, wait: float) -> Observation:
+        return Observation(
+            plan="mid@fp32", predicted_ms=0.0, measured_ms=0.0, t_s=t_s, price_ms=150.0, probe_wait_ms=wait
+        )
+
+    c = Corrections()
+    c.observe(req(0.15, 120.0))  # the first request: the link's first probe, any plan's
+    assert c.offset_ms("mid@fp32", 0.15) == 0.0
+    c.observe(req(0.40, 120.0))
+    assert c.offset_ms("mid@fp32", 0.40) == pytest.approx(0.2 * 120.0)
+    # a request that starts 2 s after the last ended: the estimate went stale by idling, not by the plan
+    before = c.offset_ms("mid@fp32", 2.55)
+    c.observe(req(2.55, 150.0))
+    assert c.offset_ms("mid@fp32", 2.55) == pytest.approx(before)
+    # within idle_gap_s it counts again
+    c.observe(req(2.80, 150.0))
+    assert c.offset_ms("mid@fp32", 2.80) > before + 20.0
+    # a longer idle_gap_s counts a request after 2 s idle as back to back
+    loose = Corrections(CorrectionConfig(idle_gap_s=10.0))
+    loose.observe(req(0.15, 0.0))
+    loose.observe(req(2.55, 150.0))
+    assert loose.offset_ms("mid@fp32", 2.55) == pytest.approx(0.2 * 150.0)
+    with pytest.raises(ConfigError, match="idle_gap_s"):
+        CorrectionConfig(idle_gap_s=-1.0)
 
 
 def test_disabled_corrections_count_but_learn_nothing() -> None:

@@ -7,7 +7,11 @@
   run-queue probe sees it (not the cgroup's ``tasks``: ``ip netns exec`` remounts /sys, so the device
   cannot read the cgroup tree).
 - ``device-busy``: three such processes for the whole run (~4x slower: a board other work holds at 3/4,
-  where a split can beat both running the model here and sending the input).
+  where a split can beat both running the model here and sending the input), and during the strategies'
+  settle (``at_start``, ``P.Settle``): a board busy for the whole run was busy when its estimators learnt
+  its speed. (Warmed up idle, the emulated board learnt squeezenet at 0.59 x its profile: a cgroup quota
+  lets an idle board's short run burst, 30 ms where 3 busy-loops next to it make 240, 8x, not the 4x
+  that their share of the CPU says; its first requests under load were priced 37-150 ms and took 120-240.)
 """
 
 from __future__ import annotations
@@ -31,6 +35,20 @@ if TYPE_CHECKING:
 
 BUSY_CLIENTS = 2
 HOG_ARGV = (sys.executable, "-c", "while True: pass")
+#: The longest a settle under a run's starting load may last (it ends when the settle does).
+SETTLE_MAX_S = 3600.0
+
+
+def busy_at_start(load: str) -> bool:
+    """Whether ``load`` holds the device as a run starts (device-busy), so its settle runs under it too."""
+    return load in DEVICE_HOGS and any(a <= 0.0 for a, _ in burst_intervals(load, SETTLE_MAX_S))
+
+
+@contextlib.contextmanager
+def at_start(rig: Rig, load: str, model_path: Path) -> Iterator[None]:
+    """The device load a run starts with (``busy_at_start``), applied from now until the block ends."""
+    with during(rig, load, SETTLE_MAX_S, time.monotonic(), model_path, ""):
+        yield
 
 
 @contextlib.contextmanager

@@ -71,6 +71,18 @@ class Prepare:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Settle:
+    """Uncounted requests of strategy ``name`` for ``seconds`` at ``rate_hz`` with the device's run-queue
+    probe on (``tasks_file``), after ``Prepare`` and the compute threads' throttle: its estimators learn
+    under the load the run starts with (a board busy for the whole run was busy when it learnt its speed)."""
+
+    name: str
+    seconds: float
+    rate_hz: float
+    tasks_file: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Roles:
     """Which threads compute (throttled) and which are the control plane (probers, gRPC)."""
 
@@ -149,7 +161,7 @@ class Done:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-MESSAGES = {c.__name__: c for c in (Spec, Time, Warm, Prepare, Roles, Run, Quit, Ack, Done)}
+MESSAGES = {c.__name__: c for c in (Spec, Time, Warm, Prepare, Settle, Roles, Run, Quit, Ack, Done)}
 M = TypeVar("M")
 
 

@@ -273,6 +273,13 @@ def run(
             # cores); a device with a quota of its own (a fleet's): all of it, gRPC and encoding included
             rig.unthrottle(i, w.proc.pid)
             rig.throttle(i, w.proc.pid, None if rig.config.tiers[0].cpus else (r.compute_tids, r.other_tids))
+        if loads.busy_at_start(spec.load) and spec.warmup_s > 0:
+            with loads.at_start(rig, spec.load, model_file):
+                for c in choices.values():
+                    say(f"[{c.name}] settling under {spec.load}")
+                    tasks = str(rig.board_tasks)
+                    msg = P.Settle(name=c.name, seconds=spec.warmup_s, rate_hz=spec.rate_hz, tasks_file=tasks)
+                    P.ask(workers, [msg] * n_dev, P.Ack, 900)
         turns = _play(spec, rig, workers, model_file, choices, say, live)
         rss = tuple(psutil.Process(w.proc.pid).memory_info().rss / 2**20 for w in workers)
     finally:

@@ -312,15 +312,35 @@ class Agent:
         with contextlib.suppress(Exception):
             dev.probe_once()
         st.prober.active.set()
-        t_warm, n = time.monotonic(), 0
-        while n < 2 or time.monotonic() - t_warm < msg.warmup_s:
-            if msg.rate_hz > 0:
-                time.sleep(max(0.0, t_warm + n / msg.rate_hz - time.monotonic()))
-            dev.infer(self.inputs)
-            n += 1
+        n = self._uncounted(dev, msg.warmup_s, msg.rate_hz)
         time.sleep(0.6)  # a few prober rounds
         st.prober.park()
         clock.pause()
+        return P.Ack(count=n)
+
+    def _uncounted(self, dev: Any, seconds: float, rate_hz: float) -> int:
+        """Requests for ``seconds`` (at least 2) at ``rate_hz`` (0: back to back), none recorded."""
+        t_warm, n = time.monotonic(), 0
+        while n < 2 or time.monotonic() - t_warm < seconds:
+            if rate_hz > 0:
+                time.sleep(max(0.0, t_warm + n / rate_hz - time.monotonic()))
+            dev.infer(self.inputs)
+            n += 1
+        return n
+
+    def settle(self, msg: P.Settle) -> P.Ack:
+        """``P.Settle``: uncounted requests as in a turn (its clock, prober and run-queue probe on)."""
+        st = self.strategies[msg.name]
+        st.runqueue.tasks_file = msg.tasks_file
+        st.clock.resume()
+        st.prober.active.set()
+        st.runqueue.active.set()
+        try:
+            n = self._uncounted(st.dev, msg.seconds, msg.rate_hz)
+        finally:
+            st.clock.pause()
+            st.runqueue.park()
+            st.prober.park()
         return P.Ack(count=n)
 
     def run(self, msg: P.Run) -> P.Done:
@@ -405,6 +425,7 @@ def serve(spec: P.Spec, lines: Iterable[str]) -> None:
         P.Time: agent.time,
         P.Warm: agent.warm,
         P.Prepare: agent.prepare,
+        P.Settle: agent.settle,
         P.Roles: lambda m: agent.roles(),
         P.Run: agent.run,
     }

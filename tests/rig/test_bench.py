@@ -103,6 +103,8 @@ def test_protocol_round_trips_typed_messages_and_names_a_wrong_one() -> None:
     assert P.decode(P.encode(done)) == done
     spec = P.Spec(model_path="m.onnx", servers=((A, B),), codecs=("fp32",), warm_cuts=("device", "c3"))
     assert P.decode(P.encode(spec)) == spec  # nested tuples survive JSON
+    settle = P.Settle(name="adaptive", seconds=2.0, rate_hz=4.0, tasks_file="/tmp/board_tasks")
+    assert P.decode(P.encode(settle)) == settle
     with pytest.raises(RigError, match="expected one of"):
         P.decode('{"type": "Nope"}')
 

@@ -77,7 +77,9 @@ class CloudServer:
             builder=Builder(self.admission.queue.config.heavy_cap) if config.build_in_child else None,
             niced=self.niced,  # uploaded models' sessions are opened there
         )
-        self.canceller = Canceller(rss_limit_bytes=watch_limit(config.max_memory_bytes), rss=rss_bytes)
+        watch = watch_limit(config.max_memory_bytes)
+        growth = None if watch is None or config.max_memory_bytes is None else config.max_memory_bytes - watch
+        self.canceller = Canceller(rss_limit_bytes=watch, rss=rss_bytes, growth_bytes=growth)
         self.max_decoded_bytes = config.decoded_cap_bytes
         self.stats = ServerStats()  # per-request outcomes: service times, metrics
         self.metrics_url: str | None = None

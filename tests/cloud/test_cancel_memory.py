@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from splitrt.cloud.capacity.cancel import Canceller
+from splitrt.cloud.capacity.cancel import MAX_PERIOD_S, Canceller, sample_wait_s
 from splitrt.cloud.common import RpcFailure
 from tests.hostilemodels import loop_model
 
@@ -100,6 +100,49 @@ def test_the_watch_outlives_an_rss_it_cannot_read() -> None:
             t.join(30)
         assert ended and isinstance(ended[0], RpcFailure) and ended[0].code == grpc.StatusCode.DEADLINE_EXCEEDED, ended
         fail[0] = False
+
+
+def test_far_below_the_limit_the_rss_is_sampled_as_late_as_its_growth_allows() -> None:
+    """Growing at most ``growth`` per period, the RSS cannot pass the budget (limit + growth) before the
+    next sample; at the limit, with no growth given or after an unreadable sample, every period."""
+    mb, period = 2**20, 0.01
+    limit, growth = 1728 * mb, 64 * mb
+    assert sample_wait_s(limit, limit, growth, period) == period
+    assert sample_wait_s(limit + mb, limit, growth, period) == period
+    assert sample_wait_s(100 * mb, limit, None, period) == period
+    assert sample_wait_s(200 * mb, limit, growth, period) == MAX_PERIOD_S
+    for rss_mb in (1000, 1500, 1700, 1720):
+        wait = sample_wait_s(rss_mb * mb, limit, growth, period)
+        assert period <= wait <= MAX_PERIOD_S
+        assert rss_mb * mb + growth * wait / period <= limit + growth + 1, rss_mb
+    assert sample_wait_s(1500 * mb, limit, growth, period) > sample_wait_s(1700 * mb, limit, growth, period)
+
+
+def test_sampled_less_often_the_watch_still_ends_a_run_over_the_limit() -> None:
+    session = ort.InferenceSession(loop_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    level = [100]
+    canceller = Canceller(rss_limit_bytes=10_000, rss=lambda: level[0], period_s=0.001, growth_bytes=100)
+    got: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            canceller.run(session, ["y"], {"x": np.zeros(1, np.float32)}, what="loop", deadline=time.monotonic() + 60)
+        except RpcFailure as exc:
+            got.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    end = time.monotonic() + 30
+    while canceller.every_s < MAX_PERIOD_S:  # far below the limit: sampled as rarely as allowed
+        assert time.monotonic() < end and t.is_alive()
+        time.sleep(0.01)
+    level[0] = 20_000
+    t.join(30)
+    if t.is_alive():
+        canceller.cancel_all(grpc.StatusCode.UNAVAILABLE, "the test gave up")
+        t.join(30)
+    assert got and isinstance(got[0], RpcFailure) and got[0].code == grpc.StatusCode.RESOURCE_EXHAUSTED, got
+    assert canceller.every_s == 0.001  # over the limit: back to every period
 
 
 def test_the_cpu_figure_outlives_a_process_out_of_descriptors() -> None:

@@ -91,18 +91,37 @@ class Run:
 
 # After a run, the watch keeps sampling at its period this long, so the next run needs no wake.
 BUSY_S = 1.0
+# The longest wait between two RSS samples while runs go on, however far below the limit the RSS is.
+MAX_PERIOD_S = 0.05
+
+
+def sample_wait_s(rss: int, limit: int, growth: int | None, period_s: float, max_s: float = MAX_PERIOD_S) -> float:
+    """When to sample the RSS next: growing at most ``growth`` bytes per ``period_s``, it cannot pass
+    ``limit + growth`` before then; ``period_s`` at or over ``limit``, or with no ``growth`` given."""
+    if growth is None or growth <= 0 or rss >= limit:
+        return period_s
+    return min(max_s, max(period_s, period_s * (limit + growth - rss) / growth))
 
 
 class Canceller:
     """Terminates runs at their deadline (one watchdog thread), on their call's cancel, at shutdown,
-    and over the memory budget (``rss_limit_bytes``: newest run first)."""
+    and over the memory budget (``rss_limit_bytes``: newest run first). The RSS is sampled every
+    ``period_s`` while runs go on; given ``growth_bytes`` (what it may grow per ``period_s``), less often
+    while far below the limit (``sample_wait_s``)."""
 
     def __init__(
-        self, *, rss_limit_bytes: int | None = None, rss: Callable[[], int] | None = None, period_s: float = 0.01
+        self,
+        *,
+        rss_limit_bytes: int | None = None,
+        rss: Callable[[], int] | None = None,
+        period_s: float = 0.01,
+        growth_bytes: int | None = None,
     ) -> None:
         self.rss_limit_bytes = rss_limit_bytes
         self._rss = rss
         self.period_s = period_s
+        self.growth_bytes = growth_bytes
+        self.every_s = period_s  # the wait before the next RSS sample, from the last one
         self._lock = threading.Condition()
         self._heap: list[tuple[float, int, Run]] = []
         self._seq = itertools.count()
@@ -146,7 +165,9 @@ class Canceller:
         with self._lock:
             heapq.heappush(self._heap, (deadline, seq, run))
             self._running[seq] = run
-            first_check = now + self.period_s if self.rss_limit_bytes is not None else deadline
+            # Sampling already: the next sample is due anyway (the RSS's growth is bounded, not a run's).
+            every = self.every_s if now < self._busy_until else self.period_s
+            first_check = now + every if self.rss_limit_bytes is not None else deadline
             if min(deadline, first_check) < self._wake_at:
                 self._lock.notify()
         unlisten = token.listen(lambda: self._call_ended(run)) if token is not None else (lambda: None)
@@ -232,7 +253,7 @@ class Canceller:
                 if self._running:
                     self._busy_until = now + BUSY_S
                 if self.rss_limit_bytes is not None and now < self._busy_until:
-                    wait = min(wait, self.period_s)
+                    wait = min(wait, self.every_s)
                 wait = max(0.001, min(wait, MAX_WAIT_S))
                 self._wake_at = now + wait
                 self._lock.wait(timeout=wait)
@@ -242,12 +263,14 @@ class Canceller:
             if newest is not None and self.rss_limit_bytes is not None and self._rss is not None:
                 rss = self._sample()
                 if rss is None:
+                    self.every_s = self.period_s
                     continue
                 for _, r in runs:
                     r.peak_rss = max(r.peak_rss, rss)
                 if rss > self.rss_limit_bytes:  # freed but kept by malloc does not count against a run
                     trim()  # a terminated run's activations back to the OS, not kept as heap
                     rss = self._sample() or rss
+                self.every_s = sample_wait_s(rss, self.rss_limit_bytes, self.growth_bytes, self.period_s)
                 if rss > self.rss_limit_bytes:
                     if newest.reason is None and not newest.done:  # later samples must not clear it
                         newest.over_memory = True

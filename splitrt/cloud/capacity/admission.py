@@ -50,8 +50,10 @@ class Admission:
         )
         self._clock = clock
         self._lock = threading.Lock()
-        self._granted: dict[int, threading.Event | None] = {}  # None: not waiting yet (``run``'s first dispatch)
-        self._now: set[int] = set()  # tickets granted by their own first dispatch
+        # A waiting ticket's lock, held until a dispatch grants it (None: in ``run``'s first dispatch); a
+        # bare lock, not an Event: a Condition and its waiter list per queued request cost more.
+        self._granted: dict[int, threading.Lock | None] = {}
+        self._now: set[int] = set()  # tickets granted, not yet seen by their ``run``
         self._tickets = itertools.count(1)
         self._over_share: set[int] = set()  # granted tickets of clients over their share (``fairq.over_share``)
         self.admitted = 0
@@ -76,26 +78,28 @@ class Admission:
             self.queue.arrive(ticket, current_client(), kind, self._clock())
             self._dispatch()
             granted = ticket in self._now
-            if granted:  # a worker at once (nothing contends): no Event, no second round under the lock
+            if granted:  # a worker at once (nothing contends): no lock to wait on, no second round
                 self._now.remove(ticket)
                 del self._granted[ticket]
                 self.running += 1
                 yielding = ticket in self._over_share
             else:
-                ready = self._granted[ticket] = threading.Event()
+                ready = self._granted[ticket] = threading.Lock()
+                ready.acquire()
         if not granted:
-            while not ready.is_set():
+            while True:
                 left = end - time.monotonic()
                 if left <= 0:
                     break
-                # Also now and then: the per-client cap loosens when others go quiet.
-                if not ready.wait(min(left, REDISPATCH_S)):
-                    with self._lock:
-                        self._dispatch()
+                if ready.acquire(timeout=min(left, REDISPATCH_S)):
+                    break
+                with self._lock:  # also now and then: the per-client cap loosens when others go quiet
+                    self._dispatch()
             with self._lock:
                 del self._granted[ticket]
-                granted = ready.is_set()  # a grant racing the timeout is kept
+                granted = ticket in self._now  # a grant racing the timeout is kept
                 if granted:
+                    self._now.remove(ticket)
                     self.running += 1
                     yielding = ticket in self._over_share
                 else:
@@ -143,11 +147,10 @@ class Admission:
         for ticket in self.queue.dispatch(now):
             if self.queue.over_share(self.queue.running[ticket].client, now):
                 self._over_share.add(ticket)
+            self._now.add(ticket)
             ready = self._granted[ticket]
-            if ready is None:  # its thread is in ``run``'s first dispatch, under this lock
-                self._now.add(ticket)
-            else:
-                ready.set()
+            if ready is not None:  # else its thread is in ``run``'s first dispatch, under this lock
+                ready.release()
 
 
 _serving = threading.local()  # the client of the call a thread serves (set by the front door)

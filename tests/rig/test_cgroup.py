@@ -80,3 +80,25 @@ def test_bad_fraction_is_rejected() -> None:
         assert cg.path is not None
         if cg.hierarchy is not None and cg.hierarchy.version == 1:
             assert (cg.path / "cpu.cfs_quota_us").read_text().strip() == "-1"
+
+
+@root
+@pytest.mark.root
+def test_a_quota_of_at_most_one_cpu_runs_its_threads_on_one_cpu_until_they_leave() -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs to tell a pinned thread from a free one")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    everywhere = os.sched_getaffinity(0)
+    try:
+        with cgroup.CpuThrottle(f"spl-tp{PID}", 0.25) as cg:
+            cg.pin_cpu = 1
+            cg.add_pid(child.pid)
+            assert os.sched_getaffinity(child.pid) == {1}  # a board's one core
+            cg.remove_pid(child.pid)
+            assert os.sched_getaffinity(child.pid) == everywhere
+            cg.set_fraction(2.0)  # two CPUs' quota: not one core's
+            cg.add_pid(child.pid)
+            assert os.sched_getaffinity(child.pid) == everywhere
+    finally:
+        child.kill()
+        child.wait()

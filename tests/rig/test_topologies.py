@@ -151,8 +151,11 @@ def test_a_tiny_fleet_loses_nothing_when_a_server_dies(tmp_path: Path) -> None:
         assert s["accounted"] and s["after_kill_on_killed"] == 0, name  # every request completed somewhere
     cloud = result["strategies"]["cloud-only"]
     assert cloud["local"] == 0 or cloud["fallbacks"] == cloud["local"]
-    assert cloud["by_server"][killed] > 0  # it served before the kill ...
-    assert cloud["moved"] > 0  # ... and its devices' requests moved to the survivor
+    # a strategy that served on the killed server before the kill moved its devices' requests to the survivor
+    # (cloud-only's turn may start with it still marked down from adaptive's: a slow fleet then leaves it idle
+    # until the kill: 0 requests in 7 of 12 runs at six revisions today)
+    served = [n for n in ("adaptive", "cloud-only") if result["strategies"][n]["by_server"][killed] > 0]
+    assert served and all(result["strategies"][n]["moved"] > 0 for n in served), served
     # the fleet's routing baseline: the hindsight oracle over device and cloud, on adaptive's request times
     assert {p.split("@")[0] for p in result["strategies"]["oracle-route"]["plans"]} <= {"device", "cloud"}
     assert result["verdict"]["failed"] == 0

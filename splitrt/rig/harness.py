@@ -229,10 +229,7 @@ class Rig:
         for i in range(tiers[0].count):
             cpus = tiers[0].cpus[i % len(tiers[0].cpus)] if tiers[0].cpus else None
             self.device_groups.append(self._cgroup(f"d{i}", cpus))
-            # one board: one core (``cgroup``). A fleet's devices stay spread: pinned round-robin, a 3-device
-            # fleet's cloud-only sent 3 requests in its first 2 s where spread it sent 16 (cause not found)
-            if tiers[0].count == 1:
-                self.device_groups[-1].pin_cpu = 0
+            self.device_groups[-1].pin_cpu = i % (os.cpu_count() or 1)  # a board's core (``cgroup``)
 
     def _servers(self, k: int, hop: Hop | None) -> None:
         """Tier k's servers (127.0.0.1 behind a relay, or their own address), each in its cgroup."""

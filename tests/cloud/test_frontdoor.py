@@ -497,6 +497,34 @@ def test_a_lease_gives_back_a_taken_reply_at_once_and_the_rest_at_the_end() -> N
     assert given == [100, 50, 30] and ends == [True] and not lease.hold(10)
 
 
+def test_an_ended_lease_leaves_no_cycle_through_its_owner() -> None:
+    """An owner whose bound method is the lease's ``on_end`` (the door's call) is freed by reference
+    counting once the call ended, not by the cyclic collector: it holds the call's gRPC state."""
+    import gc
+    import weakref
+
+    from splitrt.cloud.guard.watchdog import Lease
+
+    class Owner:
+        def __init__(self) -> None:
+            self.lease = Lease(object(), time.monotonic, on_end=self.release)
+            self.released = False
+
+        def release(self) -> None:
+            self.released = True
+
+    owner = Owner()
+    gone = weakref.ref(owner)
+    gc.disable()
+    try:
+        owner.lease.end()
+        assert owner.released
+        del owner
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_forwarded_peer_names_the_client_a_proxy_set() -> None:
     from splitrt.cloud.guard.door import forwarded_peer
 

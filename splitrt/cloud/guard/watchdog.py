@@ -31,6 +31,10 @@ def cancel_call(context: Any, code: grpc.StatusCode, details: str) -> None:
     context.cancel()
 
 
+def _nothing() -> None:
+    pass
+
+
 class Lease:
     """One call's time limit (``arm`` before waiting on the client, ``disarm`` after) and the bytes it holds
     until it ends (``hold``); ``end`` once the call ends, from any thread, any number of times."""
@@ -105,9 +109,12 @@ class Lease:
                 return
             self.ended = True
             nbytes, self.held_bytes = self.held_bytes, 0
+            # Dropped: an owner's bound method closes a cycle (owner -> lease -> owner) that held the
+            # call's gRPC state until the collector ran (~20 objects a call, a gen-0 pass per ~30 calls).
+            on_end, self._on_end = self._on_end, _nothing
         if nbytes:
             self._give_back(nbytes)
-        self._on_end()
+        on_end()
 
     def arm_life(self, timeout_s: float, reason: str, code: grpc.StatusCode) -> None:
         self.life = (self._clock() + timeout_s, reason, code)

@@ -93,17 +93,8 @@ def test_requests_timed_while_the_load_estimate_lags_are_no_evidence() -> None:
         )
     assert c.offset_ms("cloud@fp32", 1.0) > 30.0
     # the bytes a lagging request sent still count: they are no load's
-    c.observe(
-        Observation(
-            plan="mid@fp32",
-            predicted_ms=0.0,
-            measured_ms=0.0,
-            t_s=1.0,
-            sent_bytes=20.0,
-            priced_bytes=10.0,
-            load_lag=1.0,
-        )
-    )
+    mid = Observation(plan="mid@fp32", predicted_ms=0.0, measured_ms=0.0, t_s=1.0)
+    c.observe(replace(mid, sent_bytes=20.0, priced_bytes=10.0, load_lag=1.0))
     assert c.bytes_ratio("mid@fp32") == 2.0 and c.offset_ms("mid@fp32", 1.0) == 0.0
     # a looser bound learns from them
     loose = Corrections(CorrectionConfig(max_load_lag=2.0))

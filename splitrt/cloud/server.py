@@ -91,7 +91,7 @@ class CloudServer:
         # in-process transport): constructing a CloudServer binds no port.
         self.servicer = Servicer(self)
         self.next_hop = NextHop(config.next_tier, config.max_message_bytes)
-        self.door = FrontDoor.build(
+        self.door = FrontDoor(
             tokens=config.tokens,
             limits=config.limits,
             infer_calls=max(config.limits.max_calls, config.workers + config.max_queue + 8),

@@ -59,31 +59,36 @@ def lane_of(method: str) -> str:
 
 
 class FrontDoor(grpc.ServerInterceptor):
+    """The door, with its own rate-limited log, guessers' throttle and watchdog (which flushes the log's
+    summary); ``infer_calls`` is the inference lane's cap."""
+
     def __init__(
         self,
         *,
-        tokens: Tokens,
+        tokens: tuple[str, ...],
         limits: Limits,
         infer_calls: int,
-        throttle: AuthThrottle,
-        watchdog: Watchdog,
-        ratelog: RateLog,
         retry_after_ms: Callable[[], float] = lambda: 100.0,
-        clock: Callable[[], float] = time.monotonic,
         budget: MemoryBudget | None = None,
         max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
-        self.tokens = tokens
+        limits.check()
+        self.tokens = Tokens(tokens)
         self.auth = bool(tokens)  # calls but health's carry a token
         self.budget = budget if budget is not None else MemoryBudget(None)
         self.max_message_bytes = max_message_bytes
         self.probes = ProbeGate(self.budget, max_message_bytes)  # Probe bodies paid for before they are read
         self.limits = limits
-        self.throttle = throttle
-        self.watchdog = watchdog
-        self.ratelog = ratelog
+        self.throttle = AuthThrottle(
+            ThrottleConfig(
+                free_failures=limits.auth_free_failures, base_s=limits.auth_backoff_s, max_s=limits.auth_backoff_max_s
+            )
+        )
+        self.ratelog = RateLog(interval_s=limits.log_interval_s, every_request=limits.log_every_request)
+        self.watchdog = Watchdog()
+        self.watchdog.on_tick.append(self.ratelog.flush)
         self.retry_after_ms = retry_after_ms
-        self.clock = clock
+        self.clock: Callable[[], float] = time.monotonic
         self.caps = {
             "infer": infer_calls,
             "status": limits.status_calls,
@@ -102,39 +107,6 @@ class FrontDoor(grpc.ServerInterceptor):
         self.calls: dict[tuple[str, str], int] = {}  # (method, code)
         self.refused: Counter[str] = Counter()  # unauthenticated, throttled, lane:<lane>, timeout
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        tokens: tuple[str, ...],
-        limits: Limits,
-        infer_calls: int,
-        retry_after_ms: Callable[[], float],
-        budget: MemoryBudget | None = None,
-        max_message_bytes: int = wire.DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> FrontDoor:
-        """A door with its own rate-limited log, throttle and watchdog (which flushes the log's summary)."""
-        limits.check()
-        ratelog = RateLog(interval_s=limits.log_interval_s, every_request=limits.log_every_request)
-        watchdog = Watchdog()
-        watchdog.on_tick.append(ratelog.flush)
-        throttle = AuthThrottle(
-            ThrottleConfig(
-                free_failures=limits.auth_free_failures, base_s=limits.auth_backoff_s, max_s=limits.auth_backoff_max_s
-            )
-        )
-        return cls(
-            tokens=Tokens(tokens),
-            limits=limits,
-            infer_calls=infer_calls,
-            throttle=throttle,
-            watchdog=watchdog,
-            ratelog=ratelog,
-            retry_after_ms=retry_after_ms,
-            budget=budget,
-            max_message_bytes=max_message_bytes,
-        )
 
     def __repr__(self) -> str:
         return f"FrontDoor({self.tokens!r}, caps={self.caps})"

@@ -18,8 +18,9 @@ state machine itself would refuse to misbehave, which is the point here.
   declared_bytes)`` opens a stream whose gRPC message announces ``declared_bytes`` but carries only
   ``body_prefix_bytes`` of them; ``.call(path, message, metadata)`` sends a whole message (with
   ``window_bytes=0`` its reply never comes: a slow reader); ``.ended(stream_id)`` says whether the server
-  has finished that stream (trailers or RST_STREAM) or closed the connection. The server's frames are
-  parsed, never its HPACK.
+  has finished that stream (trailers or RST_STREAM) or closed the connection; ``.push(stream_id, body)``
+  sends a message's DATA as far as the server's HTTP/2 windows let it (a client pushing all it may). The
+  server's frames are parsed, never its HPACK.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import contextlib
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Iterable, Mapping
 
 from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple
@@ -40,6 +42,7 @@ from hyperframe.frame import (
     PingFrame,
     RstStreamFrame,
     SettingsFrame,
+    WindowUpdateFrame,
 )
 
 __all__ = [
@@ -167,6 +170,12 @@ class RawConnection:
         self.reset: dict[int, int] = {}  # stream id -> RST_STREAM error code
         self.settings: dict[int, int] = {}  # the server's SETTINGS (id -> value)
         self.closed = False
+        # Flow control (RFC 9113 6.9): what the server's WINDOW_UPDATEs added, per stream (0: the
+        # connection's), and the DATA bytes sent; SETTINGS and PINGs the server sent, to be acknowledged.
+        self.window_added: dict[int, int] = {}
+        self.sent_bytes: dict[int, int] = {}
+        self._settings_unacked = -1  # the preface acknowledged the server's first SETTINGS ahead
+        self._pings: list[bytes] = []
 
     def start_call(
         self,
@@ -215,6 +224,53 @@ class RawConnection:
                 self.reset[f.stream_id] = f.error_code
             elif isinstance(f, SettingsFrame) and "ACK" not in f.flags:
                 self.settings.update(f.settings)
+                self._settings_unacked += 1
+            elif isinstance(f, WindowUpdateFrame):
+                self.window_added[f.stream_id] = self.window_added.get(f.stream_id, 0) + f.window_increment
+            elif isinstance(f, PingFrame) and "ACK" not in f.flags:
+                self._pings.append(f.opaque_data)
+
+    def send_window(self, stream_id: int) -> int:
+        """Bytes of DATA the server lets ``stream_id`` send now: the least of its stream window (the
+        server's SETTINGS_INITIAL_WINDOW_SIZE plus its WINDOW_UPDATEs, less what was sent) and the
+        connection's (65535 plus its WINDOW_UPDATEs, less all DATA sent)."""
+        stream = self.settings.get(INITIAL_WINDOW_SIZE, 65_535) + self.window_added.get(stream_id, 0)
+        conn = 65_535 + self.window_added.get(0, 0) - sum(self.sent_bytes.values())
+        return min(stream - self.sent_bytes.get(stream_id, 0), conn)
+
+    def push(self, stream_id: int, body: bytes, *, idle_s: float = 1.0) -> int:
+        """Send ``body`` as a gRPC message (prefixed) on ``stream_id``, whose headers went
+        without DATA, as fast as the server's windows allow (SETTINGS and PINGs acknowledged), until all
+        of it is sent (END_STREAM), the stream ends or no window opens for ``idle_s``. Returns the DATA
+        bytes sent on the stream: all the server let it push."""
+        message = grpc_message(body)
+        frame_max = self.settings.get(SettingsFrame.MAX_FRAME_SIZE, 16_384)
+        idle_since = time.monotonic()
+        while not self.closed and stream_id not in self.reset and time.monotonic() - idle_since < idle_s:
+            self.sock.settimeout(10.0)  # pump leaves the socket almost non-blocking
+            if self._settings_unacked > 0 or self._pings:
+                acks = settings_frame(ack=True) * max(0, self._settings_unacked)
+                self.sock.sendall(acks + b"".join(map(ping_ack, self._pings)))
+                self._settings_unacked, self._pings = min(0, self._settings_unacked), []
+            # All the windows allow at once, the frames in one write: the most a client can push before
+            # it reads the server's answer.
+            sent = self.sent_bytes.get(stream_id, 0)
+            n = min(self.send_window(stream_id), len(message) - sent)
+            if n > 0:
+                last = sent + n == len(message)
+                chunks = range(sent, sent + n, frame_max)
+                self.sock.sendall(
+                    b"".join(
+                        data_frame(stream_id, message[i : min(i + frame_max, sent + n)], end_stream=last)
+                        for i in chunks
+                    )
+                )
+                self.sent_bytes[stream_id] = sent + n
+                idle_since = time.monotonic()
+                if last:
+                    break
+            self.pump(0.0 if n > 0 else 0.01)
+        return self.sent_bytes.get(stream_id, 0)
 
     def ended(self, stream_id: int, wait_s: float = 0.0) -> bool:
         """True once the server finished the stream or the connection is gone."""

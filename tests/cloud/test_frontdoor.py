@@ -320,7 +320,9 @@ def test_grpc_options_carry_the_stream_window_and_connection_age() -> None:
     opts = dict(grpc_options(Limits(connection_age_s=30.0)))
     assert opts["grpc.max_connection_age_ms"] == 30_000 and opts["grpc.max_connection_age_grace_ms"] == 60_000
     assert "grpc.max_connection_age_ms" not in dict(grpc_options(Limits()))
-    assert opts["grpc.http2.bdp_probe"] == 0 and opts["grpc.http2.lookahead_bytes"] == 1 << 20
+    assert opts["grpc.http2.bdp_probe"] == 0 and opts["grpc.http2.lookahead_bytes"] == 2 << 20
+    assert opts["grpc.http2.max_frame_size"] == 2 << 20  # a frame as large as the window, not 16 KiB
+    assert dict(grpc_options(Limits(stream_window_bytes=1 << 30)))["grpc.http2.max_frame_size"] == 2**24 - 1
     assert "grpc.http2.bdp_probe" not in dict(grpc_options(Limits(stream_window_bytes=None)))
     with pytest.raises(ConfigError, match="stream_window_bytes"):
         Limits(stream_window_bytes=1000).check()

@@ -245,7 +245,34 @@ def test_a_client_sends_at_most_the_stream_window_before_its_message_is_read(mod
         reply = stub.Probe(pb.ProbeRequest(payload=bytes(size), reply_bytes=64), timeout=30, metadata=declared)
         assert reply.received_bytes == size and len(reply.payload) == 64
     with CloudServer(ServerConfig(models_dir=models_dir, workers=1)) as server:
-        assert _initial_window(server.port) == Limits().stream_window_bytes == 1 << 20
+        assert _initial_window(server.port) == Limits().stream_window_bytes == 2 << 20
     with CloudServer(ServerConfig(models_dir=models_dir, workers=1, limits=Limits(stream_window_bytes=None))) as server:
         own = _initial_window(server.port)  # gRPC's own: 4 MiB from the start in grpcio 1.85, then BDP-sized
-        assert own is None or own > 1 << 20
+        assert own is None or own > 2 << 20
+
+
+def _refused_push(models_dir: Path, limits: Limits) -> int:
+    """DATA bytes a call refused on its headers (no token) pushed into a server with ``limits``, from a
+    client that sends all the windows allow before it reads, on a connection that first carried three
+    6 MiB messages (the traffic BDP probing sizes windows by)."""
+    cfg = ServerConfig(models_dir=models_dir, workers=1, tokens=(TOKEN,), limits=limits)
+    with CloudServer(cfg) as server, RawConnection("127.0.0.1", server.port) as raw:
+        raw.pump(1.0)
+        for _ in range(3):
+            sid = raw.start_call(PROBE, (*AUTH, (wire.PROBE_BYTES_KEY, str(6 * MB + 64))))
+            raw.push(sid, pb.ProbeRequest(payload=bytes(6 * MB), reply_bytes=64).SerializeToString())
+            _wait(lambda sid=sid: raw.ended(sid, wait_s=0.02), "the warm-up reply")
+        assert not raw.reset and not raw.closed
+        sid = raw.start_call(PROBE)
+        pushed = raw.push(sid, bytes(64 * MB))
+        _wait(lambda: raw.ended(sid, wait_s=0.02), "the refusal")
+        assert server.door.snapshot()["refused"].get("unauthenticated") == 1
+        return pushed
+
+
+def test_a_call_refused_on_its_headers_pushes_at_most_the_stream_window(models_dir: Path) -> None:
+    # The documented bound (docs/operator/security.md): --stream-window-kb of a message, however much the
+    # connection carried before. gRPC's own windows, sized by that traffic, let the same call push more.
+    window = Limits().stream_window_bytes
+    assert window is not None and 64 * 1024 < _refused_push(models_dir, Limits()) <= window
+    assert _refused_push(models_dir, Limits(stream_window_bytes=None)) > window

@@ -87,13 +87,14 @@ class Limits:
         60.0, "--max-connection-age-grace-s", "calls in flight on an aged connection get this long (default 60)"
     )
     # Bytes of a message a client may send before the server reads it (HTTP/2 initial stream window; the
-    # rest follows once it is read); None: gRPC's default, sized by BDP probing (unbounded).
+    # rest follows once it is read); None: gRPC's default, sized by BDP probing (unbounded). A message about
+    # as large as the window costs more than one well inside it: 2 MiB keeps 1 MB tensors inside.
     stream_window_bytes: int | None = flag(
-        1 << 20,
+        2 << 20,
         "--stream-window-kb",
         (
             "bytes (KiB) of a message a client may send before the server reads it; a call refused on its "
-            "headers pushes at most this much (default 1024; 0: gRPC's BDP-sized windows, unbounded)"
+            "headers pushes at most this much (default 2048; 0: gRPC's BDP-sized windows, unbounded)"
         ),
         scale=1024,
     )
@@ -161,6 +162,9 @@ class Limits:
             raise ConfigError(f"limits.connection_age_s: expected > 0 seconds or None, got {self.connection_age_s}")
 
 
+MAX_FRAME_BYTES = 2**24 - 1  # HTTP/2's largest SETTINGS_MAX_FRAME_SIZE (RFC 9113 6.5.2)
+
+
 def _ms(seconds: float) -> int:
     return max(1, min(2**31 - 1, int(seconds * 1000)))
 
@@ -170,7 +174,15 @@ def grpc_options(limits: Limits) -> list[tuple[str, Any]]:
     ``channel_arg_names.h``)."""
     opts: list[tuple[str, Any]] = []
     if limits.stream_window_bytes is not None:
-        opts += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", limits.stream_window_bytes)]
+        # BDP probing would grow the frame size the server accepts with the window; without it frames stay
+        # at HTTP/2's 16 KiB, a cost per frame on large messages. A frame as large as the window is no
+        # more than flow control lets a stream send anyway.
+        window = limits.stream_window_bytes
+        opts += [
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", window),
+            ("grpc.http2.max_frame_size", min(window, MAX_FRAME_BYTES)),
+        ]
     if limits.connection_age_s is not None:
         opts += [
             ("grpc.max_connection_age_ms", _ms(limits.connection_age_s)),

@@ -276,7 +276,7 @@ class Controller:
         """The corrections at ``now_s`` as a (cuts, codecs) matrix of ms (None: none)."""
         if self.config.objective != "latency":
             return None
-        offsets = self.corrections.offsets(now_s)
+        offsets = self.corrections.offsets(now_s, table.codecs)
         for key in self.corrections.bytes_plans():
             offsets[key] = offsets.get(key, 0.0) + self.corrections.bytes_ms(table, key, bandwidth_mbps)
         if not any(offsets.values()):

@@ -48,6 +48,14 @@ idle link drew: a request that started more than ``idle_gap_s`` after the previo
 met a probe any plan would have met (a rig cell's first request waits for the link's first probe: 150 ms
 would price its plan 30 ms up before any request of its own, more than cloud@jpeg50 is cheaper than jpeg75).
 
+The quality variants of one image codec at one cut (``cloud@jpeg50``, ``cloud@jpeg75``, ...) share that mean
+(``evidence_key``): they run the same encoder on the same tensor, so what their requests cost beyond the price
+is the board's, not the quality's, and a stall the plan in use met would have met the others. Kept apart, a
+device-load burst's slow encodes (22 and 62 ms where 3 were priced, a demo run at host load 4-5) priced
+cloud@jpeg50 up alone, and route, route-codec and adaptive all left it for cloud@jpeg75 (~10 ms dearer, held
+inside the hysteresis margin for 16-28 of 48 requests). What each sends (``bytes_ratio``) and the probe waits
+its uploads draw stay per plan: they do depend on the quality.
+
 Evidence goes stale: the mean decays toward 0 (the model's own price) with ``half_life_s`` since the
 plan's last request. A dropped plan is thus tried again once the evidence against it is old enough that
 its decayed price beats the plan in use, and one request there renews the evidence: a plan that stays
@@ -75,14 +83,18 @@ that made them) up to each decision's ``seen``.
   price_ms=, sent_bytes=0, priced_bytes=0, probe_wait_ms=0, upload_ms=None, rtt_ms=0, load_lag=0)`` (the
   wait left out when ``draws_probes(upload_ms, rtt_ms)`` is False) makes one from a request's figures.
   ``.to_json()`` / ``Observation.from_json(dict)``.
-- ``Corrections(config)``: ``.observe(obs) -> index``, ``.offset_ms(plan, now_s) -> ms``, ``.offsets(now_s)
-  -> {plan: ms}`` (the plans with evidence), ``.bytes_ratio(plan) -> float`` (1: no evidence),
-  ``.bytes_ms(table, plan, bandwidth_mbps)`` (that ratio's upload beyond the price), ``.bytes_plans()``, ``.seen``.
+- ``evidence_key(plan) -> str``: the key a plan's excess is kept under (its image codecs without quality).
+- ``Corrections(config)``: ``.observe(obs) -> index``, ``.offset_ms(plan, now_s) -> ms``, ``.offsets(now_s, codecs)
+  -> {plan: ms}`` (the plans with evidence, a shared key's over the image codecs among ``codecs``),
+  ``.bytes_ratio(plan) -> float`` (1: no evidence), ``.bytes_ms(table, plan, bandwidth_mbps)`` (that ratio's upload
+  beyond the price), ``.bytes_plans()``, ``.seen``.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from splitrt.errors import ConfigError, PlanError
@@ -90,7 +102,7 @@ from splitrt.plan.costmodel import MS_PER_BYTE_AT_1MBPS, CostTable
 from splitrt.plan.netmon import LinkConfig
 from splitrt.plan.path import parse_plan
 
-__all__ = ["CorrectionConfig", "Corrections", "Observation", "draws_probes"]
+__all__ = ["CorrectionConfig", "Corrections", "Observation", "draws_probes", "evidence_key"]
 
 #: A request's bytes over the priced ones, clipped (a frame 20x its price is a different input, not a
 #: frame of this camera's) ...
@@ -102,6 +114,18 @@ BYTES_WEIGHT = 0.5
 #: ``max_step_fraction`` (a wait is bounded by the probe the device chose to send: no stall of the host's),
 #: only by the plan's price.
 WAIT_WEIGHT = 0.2
+
+
+#: An image codec's quality variants (``transport.imagecodec``'s ``jpegQ`` / ``webpQ``), and a key's shared
+#: image codec (``@jpeg``: ``evidence_key``'s result).
+_QUALITY = re.compile(r"@(jpeg|webp)\d{1,3}(?=>|$)")
+_SHARED = re.compile(r"@(jpeg|webp)(?=>|$)")
+
+
+def evidence_key(plan: str) -> str:
+    """The key ``plan``'s excess is kept under: the plan with each image codec's quality dropped
+    (``cloud@jpeg75`` -> ``cloud@jpeg``; any other plan is its own key)."""
+    return _QUALITY.sub(r"@\1", plan)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,7 +325,8 @@ class Corrections:
             return index
         # no plan costs less than nothing: the excess is at least -predicted
         sample = min(cfg.max_offset_ms, max(-obs.predicted_ms, obs.measured_ms - obs.predicted_ms))
-        ev = self._plans.get(obs.plan)
+        key = evidence_key(obs.plan)
+        ev = self._plans.get(key)
         prior = 0.0 if ev is None else self._decayed(ev, obs.t_s)  # no evidence: the model's own price
         # the smaller of the price and what the request took (its head as priced): a price gone wild (a
         # bandwidth estimate 200x low priced a 43 ms request at 97 s) must not move the mean by seconds
@@ -314,14 +339,14 @@ class Corrections:
             step = clipped * cfg.min_step_ms
         else:
             step = min(bound, max(-bound, raw))
-        self._plans[obs.plan] = _Evidence(offset_ms=prior + step, t_s=obs.t_s, clipped=clipped)
+        self._plans[key] = _Evidence(offset_ms=prior + step, t_s=obs.t_s, clipped=clipped)
         return index
 
     def offset_ms(self, plan: str, now_s: float) -> float:
         """What is added to ``plan``'s price at ``now_s`` (0: no evidence, or none left)."""
         if not self.config.enabled:
             return 0.0
-        ev, wait = self._plans.get(plan), self._waits.get(plan)
+        ev, wait = self._plans.get(evidence_key(plan)), self._waits.get(plan)
         return (0.0 if ev is None else self._decayed(ev, now_s)) + (0.0 if wait is None else self._decayed(wait, now_s))
 
     def bytes_ratio(self, plan: str) -> float:
@@ -344,10 +369,15 @@ class Corrections:
         """The plans whose bytes have evidence (``bytes_ratio``)."""
         return list(self._bytes) if self.config.enabled else []
 
-    def offsets(self, now_s: float) -> dict[str, float]:
-        """Every plan with evidence and its offset at ``now_s``."""
-        return (
-            {plan: self.offset_ms(plan, now_s) for plan in {**self._plans, **self._waits}}
-            if self.config.enabled
-            else {}
-        )
+    def offsets(self, now_s: float, codecs: Sequence[str] = ()) -> dict[str, float]:
+        """Every plan with evidence and its offset at ``now_s``; a key shared by an image codec's quality
+        variants stands for each of them among ``codecs`` (a table's)."""
+        if not self.config.enabled:
+            return {}
+        plans = set(self._waits)
+        for key in self._plans:
+            if _SHARED.search(key) is None:
+                plans.add(key)
+                continue
+            plans.update(p for c in codecs if evidence_key(p := _SHARED.sub(f"@{c}", key)) == key)
+        return {plan: self.offset_ms(plan, now_s) for plan in plans}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from splitrt.errors import ConfigError, PlanError
 from splitrt.plan.controller import Controller, ControllerConfig
-from splitrt.plan.correction import CorrectionConfig, Corrections, Observation, draws_probes
+from splitrt.plan.correction import CorrectionConfig, Corrections, Observation, draws_probes, evidence_key
 from splitrt.plan.costmodel import CostTable
 from splitrt.plan.netmon import LinkEstimate, LoadEstimate
 from splitrt.plan.replay import replay
@@ -76,6 +76,39 @@ def test_a_lone_slow_request_does_not_price_its_plan_out() -> None:
     # and a lone fast one does not price it back in at once either
     c.observe(Observation(plan="cloud@fp32", predicted_ms=2.0, measured_ms=-300.0, t_s=1.5, price_ms=200.0))
     assert c.offset_ms("cloud@fp32", 1.5) > 25.0
+
+
+def test_an_image_codecs_quality_variants_share_what_their_requests_cost_beyond_the_price() -> None:
+    # a demo run's device-load burst: two encodes of cloud@jpeg50 took 22 and 62 ms where 3 were priced; kept
+    # per plan, jpeg75 (~10 ms dearer on the link, no such evidence) became the best and was held
+    codecs = {"fp32": 1.0, "jpeg50": 0.1, "jpeg75": 0.15, "fp16": 0.5}
+    ctl = Controller(
+        _table(ids=["cloud", "device"], head_ms=[0.0, 600.0], tail_ms=[90.0, 0.0], bytes=[150_528, 0], codecs=codecs),
+        ControllerConfig(codecs=("jpeg50", "jpeg75", "fp16")),
+    )
+    assert ctl.decide(0.0, LINK, LOAD).plan == "cloud@jpeg50"
+    for t, took in ((0.25, 22.0), (0.5, 62.0)):
+        ctl.observe(Observation(plan="cloud@jpeg50", predicted_ms=3.0, measured_ms=took, t_s=t, price_ms=120.0))
+    c = ctl.corrections
+    assert c.offset_ms("cloud@jpeg50", 0.5) > 10.0  # learnt ...
+    assert c.offset_ms("cloud@jpeg75", 0.5) == c.offset_ms("cloud@jpeg50", 0.5)  # ... for both qualities
+    assert c.offset_ms("cloud@fp16", 0.5) == 0.0  # another codec's encoder is its own evidence
+    assert c.offsets(0.5, ["jpeg50", "jpeg75", "fp16", "webp75"]) == {
+        "cloud@jpeg50": c.offset_ms("cloud@jpeg50", 0.5),
+        "cloud@jpeg75": c.offset_ms("cloud@jpeg50", 0.5),
+    }
+    d = ctl.decide(0.75, LINK, LOAD)
+    assert d.plan == "cloud@jpeg50" and d.correction_ms > 10.0
+    # what a plan sends still depends on its quality: that evidence stays per plan
+    sent = Observation(plan="cloud@jpeg75", predicted_ms=3.0, measured_ms=3.0, t_s=1.0, sent_bytes=2, priced_bytes=1)
+    c.observe(sent)
+    assert c.bytes_ratio("cloud@jpeg75") == 2.0 and c.bytes_ratio("cloud@jpeg50") == 1.0
+    assert [evidence_key(p) for p in ("cloud@webp90", "c3@jpeg50>c9@fp16", "device", "c3@int8+zstd")] == [
+        "cloud@webp",
+        "c3@jpeg>c9@fp16",
+        "device",
+        "c3@int8+zstd",
+    ]
 
 
 def test_requests_timed_while_the_load_estimate_lags_are_no_evidence() -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -76,3 +78,15 @@ def grid_cells(args: argparse.Namespace, groups: Groups = ()) -> list[tuple[str,
         3: args.loads and set(args.loads.split(",")),
     }
     return [c for c in cells if all(not want or c[k] in want for k, want in pick.items())]
+
+
+def run_commit() -> str:
+    """The checkout's commit (marked when its code has changes), for a benchmark's JSON: results name the code
+    that produced them (``bench/render_results.py`` prints it beside the one it renders at)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")

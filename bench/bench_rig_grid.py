@@ -25,13 +25,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
 import numpy as np
-from _common import Groups, add_grid_arguments, grid_cells, prediction_figures
+from _common import Groups, add_grid_arguments, grid_cells, prediction_figures, run_commit
 
 from splitrt.cli import bench as cmd_bench
 from splitrt.cli.tables import render
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     run: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": _commit(),
+        "commit": run_commit(),
         "load_average_start": list(os.getloadavg()),
     }
     tiers = (rig.Tier(name="device"), rig.Tier(name="cloud", weight=a.cloud_weight))
@@ -199,17 +198,6 @@ def prediction_text(rows: list[dict[str, Any]]) -> str:
             ],
         )
     )
-
-
-def _commit() -> str:
-    """The checkout's commit (marked when its code has changes), for the JSON: results name their code."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
-    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def save(a: argparse.Namespace, rows: list[dict[str, Any]], run: dict[str, Any]) -> None:

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import run_commit
+
 from splitrt.cli.tables import render
 from splitrt.graph import model as graph
 from splitrt.plan.constraints import Constraints
@@ -224,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     t0 = time.monotonic()
     load_start = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
     def say(msg: str) -> None:
         print(f"[sweep] {time.monotonic() - t0:5.0f} s {msg}", file=sys.stderr, flush=True)
@@ -245,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         "cells": [{"cell": label(c), "ratio": round(c["ratio"], 4)} for c in cells],
         "load_average_start": load_start,
         "load_average_end": load_end,
+        "started": started,
+        "commit": run_commit(),
     }
     if a.json:
         with open(a.json, "w") as f:

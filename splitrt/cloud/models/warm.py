@@ -17,9 +17,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import grpc
+from pydantic import BaseModel, Field, ValidationError
 
 from splitrt.cloud.common import RpcFailure, log_event
 from splitrt.errors import ConfigError
@@ -33,7 +34,13 @@ DEFAULT_MIN_INTERVAL_S = 5.0
 CUT_DEVICE = "device"
 
 Pair = tuple[str, str]
-_SHA = re.compile(r"^[0-9a-f]{64}(~.+)?$")
+_SHA = r"^[0-9a-f]{64}(~.+)?$"  # a model's sha256, ``~<steps>`` for a specialisation
+
+
+class _WarmFile(BaseModel):
+    format: Literal["splitrt-warm"]
+    version: Literal[1]
+    pairs: list[tuple[Annotated[str, Field(pattern=_SHA)], Annotated[str, Field(min_length=1, max_length=256)]]]
 
 
 def read_pairs(path: Path, limit: int) -> list[Pair]:
@@ -42,46 +49,20 @@ def read_pairs(path: Path, limit: int) -> list[Pair]:
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
             raise ValueError(f"expected at most {MAX_FILE_BYTES} bytes, got {path.stat().st_size}")
-        raw = path.read_bytes()
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-            raise ValueError(
-                f"expected a JSON file written by splitrt serve, got {len(raw)} bytes that are not: {exc}"
-            ) from exc
-        pairs = _pairs_of(doc)
+        doc = _WarmFile.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         log_event("warm_file", file=path.name, pairs=0, note="none yet: nothing remembered to warm")
+        return []
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(map(str, err["loc"])) or "the file"
+        said = f"{where}: {err['msg']}"[:200]
+        log_event("warm_file_ignored", logging.WARNING, file=path.name, error=f"expected a {FORMAT} file, got {said}")
         return []
     except (OSError, ValueError) as exc:
         log_event("warm_file_ignored", logging.WARNING, file=path.name, error=str(exc)[:300])
         return []
-    return pairs[:limit]
-
-
-def _pairs_of(doc: Any) -> list[Pair]:
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"expected a JSON object with format {FORMAT!r}, got {got!r}")
-    if doc.get("version") != VERSION:
-        raise ValueError(f"expected version {VERSION}, got {doc.get('version')!r}")
-    raw = doc.get("pairs")
-    if not isinstance(raw, list):
-        raise ValueError(f"expected 'pairs' to be a list, got {type(raw).__name__}")
-    out: list[Pair] = []
-    for item in raw:
-        if not (
-            isinstance(item, list)
-            and len(item) == 2
-            and isinstance(item[0], str)
-            and _SHA.match(item[0])
-            and isinstance(item[1], str)
-            and 0 < len(item[1]) <= 256
-        ):
-            raise ValueError(f"expected pairs [sha256 hex, cut id], got {json.dumps(item)[:80]}")
-        if (item[0], item[1]) not in out:
-            out.append((item[0], item[1]))
-    return out
+    return list(dict.fromkeys(doc.pairs))[:limit]
 
 
 def write_pairs(path: Path, pairs: Sequence[Pair]) -> None:

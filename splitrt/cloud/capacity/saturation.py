@@ -49,7 +49,6 @@ class HealthGate:
         self.health, self.saturated, self.clock = health, saturated, clock
         self.saturation = Saturation(threshold_s)
         self.degraded = False
-        self.spells = 0  # times health went NOT_SERVING for saturation
 
     def tick(self) -> None:
         now = self.clock()
@@ -58,7 +57,6 @@ class HealthGate:
             return
         self.degraded = degraded
         if degraded:
-            self.spells += 1
             log_event("saturated", seconds=self.saturation.threshold_s, health="NOT_SERVING")
         else:
             log_event("unsaturated", health="SERVING")

@@ -71,8 +71,6 @@ class Handler:
         self.max_request_bytes, self.max_run_s = max_request_bytes, max_run_s
         self.peaks = PeakEstimator()
         self.before_tail: Callable[[pb.InferRequest], None] | None = None
-        self.served = 0
-        self._lock = threading.Lock()
         self._bytes_in = threading.local()
         self._next_trim = 0.0  # monotonic
 
@@ -109,8 +107,6 @@ class Handler:
         self.stats.observe(
             code="OK", model_sha256=h.model_sha256, cut_id=h.cut_id, total_ms=total_ms, tail_ms=r.tail_ms
         )
-        with self._lock:
-            self.served += 1
         bytes_in = self._bytes_in.value  # set at the top of this call, on this thread
         self.ratelog.request(  # the line's fields are made only when it is logged (most are counted)
             "infer",

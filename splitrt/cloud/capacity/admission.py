@@ -60,12 +60,20 @@ class Admission:
         self.running = 0
         self.cpu = CpuMeter()
 
-    def admit(self) -> bool:
+    def enter(self, what: str, retry_after_ms: Callable[[], float]) -> None:
+        """A place among the admitted (``leave`` gives it back), or RESOURCE_EXHAUSTED naming ``what`` and
+        the hint ``retry_after_ms()``."""
         with self._lock:
-            if self.admitted >= self.workers + self.max_queue:
-                return False
-            self.admitted += 1
-            return True
+            full = self.admitted >= self.workers + self.max_queue
+            self.admitted += int(not full)
+        if full:
+            hint = retry_after_ms()
+            raise RpcFailure(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{what}: server busy, queue depth {self.admitted}, expected at most {self.workers + self.max_queue}"
+                f" (workers {self.workers} + queue {self.max_queue}); retry after {hint:g} ms",
+                retry_after_ms=hint,
+            )
 
     def run(self, fn: Callable[[bool], T], timeout_s: float, *, what: str, kind: str = RUN) -> T:
         """``fn(yielding)`` in a worker of ``kind`` waited for up to ``timeout_s`` (DEADLINE_EXCEEDED naming
@@ -182,13 +190,7 @@ def prepaid() -> int:
 def admitted(admission: Admission, budget: MemoryBudget, what: str, nbytes: int) -> Iterator[None]:
     """A place among the admitted (RESOURCE_EXHAUSTED when full) and ``nbytes`` reserved; no worker slot
     (Probe and uploads)."""
-    if not admission.admit():
-        raise RpcFailure(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"{what}: server busy, queue depth {admission.admitted}, expected at most "
-            f"{admission.workers + admission.max_queue} (workers + queue)",
-            retry_after_ms=1000.0,
-        )
+    admission.enter(what, lambda: 1000.0)
     try:
         held = budget.reserve(max(0, nbytes - prepaid()), what)
         try:

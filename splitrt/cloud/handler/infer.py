@@ -129,16 +129,8 @@ class Handler:
         deadline_s = self.default_deadline_s if time_remaining_s is None else time_remaining_s
         deadline = time.monotonic() + min(deadline_s, MAX_WAIT_S)
         a = self.admission
-        if not a.admit():
-            # Early, before any decoding, with a hint devices use to plan around this server.
-            hint = self.stats.retry_after_ms(queue_depth=a.admitted, workers=a.workers)
-            raise RpcFailure(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"server busy: queue depth {a.admitted}, expected at most "
-                f"{a.workers + a.max_queue} (workers {a.workers} + queue {a.max_queue}); "
-                f"retry after {hint:g} ms",
-                retry_after_ms=hint,
-            )
+        # Early, before any decoding, with a hint devices use to plan around this server.
+        a.enter("Infer", lambda: self.stats.retry_after_ms(queue_depth=a.admitted, workers=a.workers))
         try:
             return self._serve(request, deadline, t0, token)
         finally:

@@ -505,6 +505,15 @@ BENCHES += [
         "JPEG and WebP (the libraries missing here are skipped). See [Codecs](../concepts/codecs.md).",
     ),
     Bench(
+        name="board_emulation",
+        title="What the emulated board adds to a remote call",
+        what="A 64 B gRPC echo's round trip from a process under the rig's CPU quota, with 0, 1 and 3 "
+        "busy-loops beside it (the rig's loads), against the same call unthrottled. See the "
+        "[known limits](../known-limits.md).",
+        cheap=False,
+        how="sudo .venv/bin/python bench/bench_board_emulation.py --json board_emulation.json   # root, ~1 min",
+    ),
+    Bench(
         name="accuracy",
         title="Codecs and the model's output on real photographs",
         what="Bytes sent and output agreement of every codec at the input and at spread cuts of real-weights "

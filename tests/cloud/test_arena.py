@@ -3,6 +3,9 @@ activations back to the OS (real onnxruntime sessions through a ``TailCache``; t
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from splitrt.cloud.models.store import ModelStore
 from splitrt.cloud.models.tails import TailCache
 
 MB = 2**20
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_budget_holds_what_the_arena_keeps_until_a_clean_shrink() -> None:
@@ -53,7 +57,23 @@ def test_the_budget_holds_what_the_arena_keeps_until_a_clean_shrink() -> None:
 
 def test_a_large_run_gives_its_activations_back_even_as_a_tail_s_first_run(tmp_path: Path) -> None:
     """A tail with no weights, whose first run is large (onnxruntime never shrinks an arena's first region:
-    the shared arena's is taken when it is registered). A run without the shrink keeps them: checked too."""
+    the shared arena's is taken when it is registered). A run without the shrink keeps them: checked too.
+    Measured in a fresh interpreter: the RSS a test worker gives back depends on what earlier tests left in
+    its allocator (in one CI run a shrunk first run still held 99 MB of it)."""
+    code = f"import json; from tests.cloud.test_arena import grown_mb; print(json.dumps(grown_mb({str(tmp_path)!r})))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, kept, again = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first < 48
+    assert kept > 90  # kept by the arena: what the shrink gives back
+    assert again < -48
+
+
+def grown_mb(tmp: str) -> list[float]:
+    """The RSS growth (MB) of a 96 MiB tail run: shrunk as the tail's first run, not shrunk, shrunk again."""
+    tmp_path = Path(tmp)
     g = helper.make_graph(
         [
             helper.make_node("Mul", ["x", "x"], ["sq"]),
@@ -80,6 +100,4 @@ def test_a_large_run_gives_its_activations_back_even_as_a_tail_s_first_run(tmp_p
         return (rss_bytes() - before) / MB
 
     with cache.lease(sha, "cloud") as tail:
-        assert grown(shrink=True) < 48
-        assert grown(shrink=False) > 90  # kept by the arena: what the shrink gives back
-        assert grown(shrink=True) < -48
+        return [grown(shrink=True), grown(shrink=False), grown(shrink=True)]

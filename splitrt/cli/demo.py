@@ -201,7 +201,8 @@ def pays_case(case: dict[str, Any] | None = None) -> dict[str, Any]:
     import statistics
     from dataclasses import replace
 
-    from splitrt.plan.controller import ControllerConfig, is_image_codec
+    from splitrt.plan.controller import ControllerConfig
+    from splitrt.plan.costmodel import is_image_codec
     from splitrt.profile import boards
     from splitrt.rig import models, sim, tracespec
 

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from splitrt.errors import ConfigError, PlanError
+from splitrt.plan import costmodel
 from splitrt.plan.correction import CorrectionConfig, Corrections, Observation
 from splitrt.plan.costmodel import CLOUD_CUT, DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
 from splitrt.plan.decision import Decision
@@ -451,13 +452,6 @@ ROUTE_CODEC = "route-codec"  # routing that sends the input as an image (what a 
 
 
 _BARE = ("adaptive", "route", ROUTE_CODEC)  # the policies without an argument
-#: How an image codec's name starts (``jpeg75``, ``webp75``; ``transport.imagecodec``): plan imports no
-#: transport, and a name is all a cost table has.
-IMAGE_CODECS = ("jpeg", "webp", "avif", "png")
-
-
-def is_image_codec(name: str) -> bool:
-    return name.split("+")[0].startswith(IMAGE_CODECS)
 
 
 def parse_policy(spec: str) -> tuple[str, str]:
@@ -564,7 +558,7 @@ def route_codec_config(config: ControllerConfig, codecs: Sequence[str]) -> Contr
     guard refuses is priced out there, so the best allowed one wins), whatever ``config.codecs`` says: it is
     the router users compare with, a JPEG of the frame. A table without image codecs: its lossy ones (any
     codec but ``fp32``), else every one."""
-    image = [c for c in codecs if is_image_codec(c)]
+    image = [c for c in codecs if costmodel.is_image_codec(c)]
     lossy = [c for c in codecs if c.split("+")[0] != "fp32"]
     return replace(route_config(config), codecs=tuple(image or lossy or codecs))
 

@@ -98,7 +98,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from splitrt.errors import ConfigError, PlanError
-from splitrt.plan.costmodel import MS_PER_BYTE_AT_1MBPS, CostTable
+from splitrt.plan.costmodel import IMAGE_CODECS, MS_PER_BYTE_AT_1MBPS, CostTable
 from splitrt.plan.netmon import LinkConfig
 from splitrt.plan.path import parse_plan
 
@@ -118,8 +118,9 @@ WAIT_WEIGHT = 0.2
 
 #: An image codec's quality variants (``transport.imagecodec``'s ``jpegQ`` / ``webpQ``), and a key's shared
 #: image codec (``@jpeg``: ``evidence_key``'s result).
-_QUALITY = re.compile(r"@(jpeg|webp)\d{1,3}(?=>|$)")
-_SHARED = re.compile(r"@(jpeg|webp)(?=>|$)")
+_FORMATS = "|".join(IMAGE_CODECS)
+_QUALITY = re.compile(rf"@({_FORMATS})\d{{1,3}}(?=>|$)")
+_SHARED = re.compile(rf"@({_FORMATS})(?=>|$)")
 
 
 def evidence_key(plan: str) -> str:

@@ -54,6 +54,15 @@ import numpy.typing as npt
 
 from splitrt.errors import PlanError
 
+#: How an image codec's name starts (``jpeg75``, ``webp75``; ``transport.imagecodec``): plan imports no
+#: transport, and a name is all a cost table has.
+IMAGE_CODECS = ("jpeg", "webp", "avif", "png")
+
+
+def is_image_codec(name: str) -> bool:
+    return name.split("+")[0].startswith(IMAGE_CODECS)
+
+
 FloatArray = npt.NDArray[np.float64]
 
 #: Size of the encoded float32 part relative to raw fp32, per codec (headers neglected).

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from splitrt.errors import PlanError
-from splitrt.plan.controller import is_image_codec
+from splitrt.plan import costmodel
 from splitrt.plan.costmodel import CLOUD_CUT, DEFAULT_POWER, DEVICE_CUT, Conditions, CostTable, Link, Power
 from splitrt.plan.solver import OBJECTIVES, Plan, solve
 
@@ -128,7 +128,7 @@ def with_image_codecs(table: CostTable, codecs: Sequence[str] | None) -> list[st
     """``codecs`` and the table's image codecs (``route-codec``'s); None stays None (every codec)."""
     if codecs is None:
         return None
-    return list(dict.fromkeys([*codecs, *[c for c in table.codecs if is_image_codec(c)]]))
+    return list(dict.fromkeys([*codecs, *[c for c in table.codecs if costmodel.is_image_codec(c)]]))
 
 
 def smaller_than_input(table: CostTable, codecs: Sequence[str] | None = None) -> tuple[str, ...]:

@@ -103,11 +103,14 @@ def test_an_image_codecs_quality_variants_share_what_their_requests_cost_beyond_
     sent = Observation(plan="cloud@jpeg75", predicted_ms=3.0, measured_ms=3.0, t_s=1.0, sent_bytes=2, priced_bytes=1)
     c.observe(sent)
     assert c.bytes_ratio("cloud@jpeg75") == 2.0 and c.bytes_ratio("cloud@jpeg50") == 1.0
-    assert [evidence_key(p) for p in ("cloud@webp90", "c3@jpeg50>c9@fp16", "device", "c3@int8+zstd")] == [
+    plans = ("cloud@webp90", "c3@jpeg50>c9@fp16", "device", "c3@int8+zstd", "cloud@avif60", "c7@png9")
+    assert [evidence_key(p) for p in plans] == [
         "cloud@webp",
         "c3@jpeg>c9@fp16",
         "device",
         "c3@int8+zstd",
+        "cloud@avif",  # every image codec the planner knows (``costmodel.IMAGE_CODECS``)
+        "c7@png",
     ]
 
 

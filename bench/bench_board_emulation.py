@@ -1,21 +1,24 @@
 """What the rig's emulated board adds to one remote call: the waits of a woken thread under a CPU quota.
 
 The rig emulates a board with a CPU quota (``splitrt.rig.cgroup``: a fraction of one CPU in short CFS periods,
-pinned to one CPU), and a busy board with busy-loops in the same cgroup (``rig.loads``). A period's quota
-goes to whichever task runs first; a thread that wakes once it is spent waits for the next period. A remote
-call wakes the device's threads several times (the caller, gRPC's poller, the reply), so each call may wait
-periods that a board's own scheduler, which runs a woken thread at once, would not make it wait; the link
-estimator then reads those waits as a slow link. This measures them: a process in the board's cgroup calls
-a gRPC echo server outside it (127.0.0.1, 64 B) every 50 ms, per CFS period and number of busy-loops beside
-it, in rounds that alternate the configurations; the unthrottled call is the baseline. Root only (cgroups).
+pinned to one CPU). Busy-loops in the same cgroup (``loops``, the rig's busy board until 2026-12-07) take a
+period's quota first; a thread that wakes once it is spent waits for the next period. A remote call wakes the
+device's threads several times (the caller, gRPC's poller, the reply), so each call may wait periods that a
+board's own scheduler, which runs a woken thread at once, would not make it wait; the link estimator then
+reads those waits as a slow link. The rig now shrinks the board's quota to the device's share instead and
+keeps the busy-loops aside (``share``, ``cgroup.share_with``). This measures both: a process in the board's
+cgroup calls a gRPC echo server outside it (127.0.0.1, 64 B) every 50 ms, per CFS period, number of
+busy-loops and emulation, in rounds that alternate the configurations; the unthrottled call is the baseline.
+Root only (cgroups).
 
     sudo .venv/bin/python bench/bench_board_emulation.py [--cpu-fraction 0.17] [--periods-ms 20,6]
-        [--busy 0,1,3] [--calls 40] [--rounds 2] [--json FILE]
+        [--busy 0,1,3] [--emulation loops,share] [--calls 40] [--rounds 2] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,7 +33,7 @@ import numpy as np
 from _common import run_commit
 
 from splitrt.cli.tables import render
-from splitrt.rig.cgroup import CpuThrottle
+from splitrt.rig.cgroup import MIN_FRACTION, CpuThrottle, share_with
 
 # The device side: N echo calls 50 ms apart, their round trips (ms) as JSON on stdout. It waits for a line
 # on stdin first, so that it is in its cgroup (and its busy-loops beside it) before the first call.
@@ -63,32 +66,36 @@ def echo_server() -> tuple[grpc.Server, int]:
     return server, port
 
 
-def calls(port: int, n: int, period_us: int | None, fraction: float, busy: int) -> list[float]:
+def calls(port: int, n: int, period_us: int | None, fraction: float, busy: int, share: bool) -> list[float]:
     """Round trips (ms) of ``n`` calls from a process in a board cgroup (None: no cgroup) with ``busy``
-    busy-loops beside it, all pinned to CPU 0 as the rig pins a board."""
+    busy-loops beside it, all pinned to CPU 0 as the rig pins a board; ``share``: the busy-loops wait
+    aside and the board's quota shrinks to the caller's share (``cgroup.share_with``, the rig's loads)."""
     caller = subprocess.Popen(
         [sys.executable, "-c", CALLER, f"127.0.0.1:{port}", str(n)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    loops: list[subprocess.Popen[bytes]] = []
+    loops: list[subprocess.Popen[str]] = []
     try:
         assert caller.stdout is not None and caller.stdin is not None
         if caller.stdout.readline().strip() != "ready":
             raise RuntimeError("the caller did not reach the server")
-        with CpuThrottle(
-            f"spl-bench-board-{os.getpid()}", None if period_us is None else fraction, period_us=period_us or 100_000
-        ) as g:
-            loops = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
+        name = f"spl-bench-board-{os.getpid()}"
+        with (
+            CpuThrottle(name, None if period_us is None else fraction, period_us=period_us or 100_000) as g,
+            CpuThrottle(f"{name}-aside", MIN_FRACTION, period_us=period_us or 100_000) as aside,
+        ):
+            loops = [subprocess.Popen([sys.executable, "-c", BUSY], text=True) for _ in range(busy)]
             for p in (caller, *loops):
                 os.sched_setaffinity(p.pid, {0})
                 if period_us is not None:
                     g.add_pid(p.pid)
-            time.sleep(0.5)  # the busy-loops take their share before the first call
-            caller.stdin.write("go\n")
-            caller.stdin.flush()
-            line = caller.stdout.readline()
+            with share_with(g, aside, [p.pid for p in loops]) if share else contextlib.nullcontext():
+                time.sleep(0.5)  # the busy-loops take their share before the first call
+                caller.stdin.write("go\n")
+                caller.stdin.flush()
+                line = caller.stdout.readline()
             for p in loops:
                 p.kill()
                 p.wait()
@@ -113,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-fraction", type=float, default=0.17, help="the board's quota (rpi4 on this host: ~0.17)")
     p.add_argument("--periods-ms", default="20,6", help="CFS periods to compare (the rig's: 20)")
     p.add_argument("--busy", default="0,1,3", help="busy-loops beside the caller (device-burst: 1, device-busy: 3)")
+    p.add_argument(
+        "--emulation",
+        default="loops,share",
+        help="how busy-loops hold the board: loops (under its quota), share (aside, its quota shrunk: the rig's)",
+    )
     p.add_argument("--calls", type=int, default=40, help="calls per configuration per round")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", default=None, metavar="FILE", help="FILE '-': stdout")
@@ -121,32 +133,36 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_board_emulation: needs root (cgroups)", file=sys.stderr)
         return 2
     periods = [round(float(x) * 1000) for x in a.periods_ms.split(",")]
-    configs: list[tuple[int | None, int]] = [(None, 0)] + [
-        (per, b) for per in periods for b in map(int, a.busy.split(","))
+    modes = a.emulation.split(",")
+    if not set(modes) <= {"loops", "share"}:
+        p.error(f"--emulation: expected loops and/or share, got {a.emulation!r}")
+    configs: list[tuple[int | None, int, str]] = [(None, 0, "-")] + [
+        (per, b, m) for per in periods for b in map(int, a.busy.split(",")) for m in modes if b or m == modes[0]
     ]
     load_start = list(os.getloadavg())
     server, port = echo_server()
-    got: dict[tuple[int | None, int], list[float]] = {c: [] for c in configs}
+    got: dict[tuple[int | None, int, str], list[float]] = {c: [] for c in configs}
     try:
         for r in range(a.rounds):
             for c in configs if r % 2 == 0 else configs[::-1]:
                 print(
-                    f"[board] round {r + 1}/{a.rounds}: period {c[0]} us, {c[1]} busy-loops",
+                    f"[board] round {r + 1}/{a.rounds}: period {c[0]} us, {c[1]} busy-loops ({c[2]})",
                     file=sys.stderr,
                     flush=True,
                 )
-                got[c] += calls(port, a.calls, c[0], a.cpu_fraction, c[1])
+                got[c] += calls(port, a.calls, c[0], a.cpu_fraction, c[1], c[2] == "share")
     finally:
         server.stop(None)
-    base = statistics.median(got[(None, 0)])
+    base = statistics.median(got[(None, 0, "-")])
     rows: list[dict[str, Any]] = []
-    for (per, busy), xs in got.items():
+    for (per, busy, mode), xs in got.items():
         lo, hi = median_ci(xs)
         rows.append(
             {
                 "board": "unthrottled" if per is None else f"{a.cpu_fraction:g} CPU",
                 "period_ms": None if per is None else per / 1000,
                 "busy_loops": busy,
+                "emulation": mode if busy else "-",
                 "calls": len(xs),
                 "median_ms": round(statistics.median(xs), 2),
                 "median_95ci_ms": [round(lo, 2), round(hi, 2)],
@@ -164,12 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         render(
-            ["board", "period ms", "busy-loops", "calls", "median ms [95 % CI]", "p90 ms", "median - unthrottled"],
+            [
+                "board",
+                "period ms",
+                "busy-loops",
+                "emulation",
+                "calls",
+                "median ms [95 % CI]",
+                "p90 ms",
+                "median - unthrottled",
+            ],
             [
                 [
                     r["board"],
                     "-" if r["period_ms"] is None else f"{r['period_ms']:g}",
                     r["busy_loops"],
+                    r["emulation"],
                     r["calls"],
                     f"{r['median_ms']:.1f} [{r['median_95ci_ms'][0]:.1f}, {r['median_95ci_ms'][1]:.1f}]",
                     f"{r['p90_ms']:.1f}",

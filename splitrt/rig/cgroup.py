@@ -19,9 +19,10 @@ periods. Measured (0.17 CPU / 20 ms, beside 3 busy-loops, a 1 ms job every 250 m
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -31,6 +32,8 @@ from splitrt.rig import owners
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+MIN_FRACTION = 0.01
+MIN_QUOTA_US = 1000
 
 
 @dataclass(frozen=True)
@@ -144,11 +147,11 @@ class CpuThrottle:
 
     def set_fraction(self, cpu_fraction: float | None) -> None:
         """Change the limit on the fly (e.g. a load burst lowers the quota)."""
-        if cpu_fraction is not None and not 0.01 <= cpu_fraction <= 1024:
-            raise RigError(f"cpu_fraction must be in [0.01, 1024] or None, got {cpu_fraction}")
+        if cpu_fraction is not None and not MIN_FRACTION <= cpu_fraction <= 1024:
+            raise RigError(f"cpu_fraction must be in [{MIN_FRACTION}, 1024] or None, got {cpu_fraction}")
         h, d = self._opened()
         self.cpu_fraction = cpu_fraction
-        quota = -1 if cpu_fraction is None else max(1000, round(cpu_fraction * self.period_us))
+        quota = -1 if cpu_fraction is None else max(MIN_QUOTA_US, round(cpu_fraction * self.period_us))
         if h.version == 1:  # the quota first too: a quota above a shortened period's old one is refused
             _write(d / "cpu.cfs_quota_us", str(quota))
             _write(d / "cpu.cfs_period_us", str(self.period_us))
@@ -213,6 +216,28 @@ class CpuThrottle:
         if self.hierarchy is None or self.path is None:
             raise RigError(f"cgroup {self.name} is not open (use it as a context manager)")
         return self.hierarchy, self.path
+
+
+@contextlib.contextmanager
+def share_with(board: CpuThrottle, aside: CpuThrottle, pids: Sequence[int]) -> Iterator[None]:
+    """Other work (``pids``) holding a board: the board's quota shrinks to ``1 / (1 + len(pids))`` of what it
+    was, and ``pids`` wait in ``aside`` (its minimum quota), runnable, where a run-queue probe sees them; on
+    exit the quota is restored (the pids stay in ``aside``). Not busy-loops under the board's quota: the
+    period's quota went to them first, so every thread of the device that woke waited for the next period, a
+    wait a board's scheduler does not make (+19-39 ms per remote call: ``bench/bench_board_emulation.py``)."""
+    base, period_us = board.cpu_fraction, board.period_us
+    for pid in pids:
+        aside.add_pid(pid)
+    if base is not None:
+        share = max(MIN_FRACTION, base / (1 + len(pids)))
+        board.period_us = max(period_us, math.ceil(MIN_QUOTA_US / share))  # the kernel's least quota: 1 ms
+        board.set_fraction(share)
+    try:
+        yield
+    finally:
+        if base is not None:
+            board.period_us = period_us
+            board.set_fraction(base)
 
 
 def cleanup_cgroups(prefix: str = owners.PREFIX, *, include_live: bool = False) -> list[str]:

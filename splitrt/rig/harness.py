@@ -167,6 +167,7 @@ class Rig:
         self.servers: list[list[CloudProcess]] = []
         self.server_groups: list[list[Any]] = []
         self.device_groups: list[Any] = []
+        self.aside_group: Any = None  # where the other work of a busy board waits (``cgroup.share_with``)
         self.addresses: list[list[str]] = []
         self.userspace: Any = None  # the rate + delay relay of the userspace link
         self.calibration: Calibration | None = None
@@ -230,6 +231,10 @@ class Rig:
             cpus = tiers[0].cpus[i % len(tiers[0].cpus)] if tiers[0].cpus else None
             self.device_groups.append(self._cgroup(f"d{i}", cpus))
             self.device_groups[-1].pin_cpu = i % (os.cpu_count() or 1)  # a board's core (``cgroup``)
+        if self.device_groups:
+            from splitrt.rig.cgroup import MIN_FRACTION
+
+            self.aside_group = self._cgroup("aside", MIN_FRACTION, 1)
 
     def _servers(self, k: int, hop: Hop | None) -> None:
         """Tier k's servers (127.0.0.1 behind a relay, or their own address), each in its cgroup."""
@@ -283,7 +288,7 @@ class Rig:
         for srv in [s for tier in self.servers for s in tier]:
             srv.children.terminate_all()
         relays = [r for hop in self.hops for r in (*hop.relays, *hop.directs)] + [self.userspace]
-        groups = [*self.device_groups, *(g for tier in self.server_groups for g in tier)]
+        groups = [*self.device_groups, self.aside_group, *(g for tier in self.server_groups for g in tier)]
         for part in [*relays, *groups]:
             try:
                 if part is not None:
@@ -372,6 +377,15 @@ class Rig:
         """Device i's process into its cgroup (on cgroup v1 only its compute ``threads``, if given)."""
         if self.device_groups:
             self.device_groups[i].add_threads(pid, *(threads or ((), ())))
+
+    def board_share(self, i: int, pids: Sequence[int]) -> contextlib.AbstractContextManager[None]:
+        """Other work (``pids``) holds device i's board while the block runs (``cgroup.share_with``); with
+        no cgroups (the userspace rig) the pids run where they are."""
+        if not self.device_groups:
+            return contextlib.nullcontext()
+        from splitrt.rig import cgroup
+
+        return cgroup.share_with(self.device_groups[i], self.aside_group, pids)
 
     def unthrottle(self, i: int, pid: int) -> None:
         if self.device_groups:

@@ -2,16 +2,16 @@
 
 - ``cloud-busy``: other devices queueing on the cloud (``python -m splitrt.rig.worker busy``), for the
   whole turn, next to the server (bypassing the link).
-- ``device-burst``: a busy process in the device's cgroup during the scenario's bursts (next to the
-  device's one compute thread: ~2x slower), listed in the rig's ``board_tasks`` file so the device's
-  run-queue probe sees it (not the cgroup's ``tasks``: ``ip netns exec`` remounts /sys, so the device
-  cannot read the cgroup tree).
+- ``device-burst``: other work holding the board during the scenario's bursts: one busy process beside the
+  device's one compute thread (~2x slower). The board's quota shrinks to its share and the busy process
+  waits aside, runnable (``cgroup.share_with``): busy-loops under the board's own quota made every woken
+  device thread wait for the next CFS period, 19-39 ms per remote call that a board's scheduler does not
+  make it wait. The pids are listed in the rig's ``board_tasks`` file so the device's run-queue probe sees
+  them (not the cgroup's ``tasks``: ``ip netns exec`` remounts /sys, so the device cannot read the tree).
 - ``device-busy``: three such processes for the whole run (~4x slower: a board other work holds at 3/4,
   where a split can beat both running the model here and sending the input), and during the strategies'
   settle (``at_start``, ``P.Settle``): a board busy for the whole run was busy when its estimators learnt
-  its speed. (Warmed up idle, the emulated board learnt squeezenet at 0.59 x its profile: a cgroup quota
-  lets an idle board's short run burst, 30 ms where 3 busy-loops next to it make 240, 8x, not the 4x
-  that their share of the CPU says; its first requests under load were priced 37-150 ms and took 120-240.)
+  its speed.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from splitrt.errors import RigError
 from splitrt.rig.processes import end
 from splitrt.rig.stats import DEVICE_HOGS, burst_intervals
 
@@ -72,13 +71,11 @@ def during(
                 return
             host = rig.hops[0].lower[0] if rig.hops else None
             hogs = [rig.children.popen(list(HOG_ARGV), "hog.log", host=host) for _ in range(DEVICE_HOGS[load])]
-            for hog in hogs:
-                with contextlib.suppress(RigError):
-                    rig.throttle(0, hog.pid)
-            rig.board_tasks.write_text("".join(f"{hog.pid}\n" for hog in hogs))
-            started = pos()
-            stop.wait(max(0.0, b - pos()))
-            rig.board_tasks.write_text("")
+            with rig.board_share(0, [hog.pid for hog in hogs]):
+                rig.board_tasks.write_text("".join(f"{hog.pid}\n" for hog in hogs))
+                started = pos()
+                stop.wait(max(0.0, b - pos()))
+                rig.board_tasks.write_text("")
             for hog in hogs:
                 hog.kill()
                 hog.wait(5)

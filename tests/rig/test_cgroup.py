@@ -102,3 +102,39 @@ def test_a_quota_of_at_most_one_cpu_runs_its_threads_on_one_cpu_until_they_leave
     finally:
         child.kill()
         child.wait()
+
+
+def _quota_period(cg: cgroup.CpuThrottle) -> tuple[int, int]:
+    assert cg.hierarchy is not None and cg.path is not None
+    if cg.hierarchy.version == 1:
+        return int((cg.path / "cpu.cfs_quota_us").read_text()), int((cg.path / "cpu.cfs_period_us").read_text())
+    quota, period = (cg.path / "cpu.max").read_text().split()
+    return int(quota), int(period)
+
+
+@root
+@pytest.mark.root
+def test_other_work_takes_its_share_of_the_board_and_waits_aside_runnable() -> None:
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        with (
+            cgroup.CpuThrottle(f"spl-tb{PID}", 0.2, period_us=20_000) as board,
+            cgroup.CpuThrottle(f"spl-ta{PID}", cgroup.MIN_FRACTION, period_us=20_000) as aside,
+        ):
+            assert _quota_period(board) == (4000, 20_000)
+            with cgroup.share_with(board, aside, [h.pid for h in hogs]):
+                assert sorted(aside.pids()) == sorted(h.pid for h in hogs)
+                assert _quota_period(board) == (1000, 20_000)  # a quarter: the device's share beside 3
+                time.sleep(0.3)
+                # throttled aside, yet runnable: the device's run-queue probe counts them
+                assert {psutil.Process(h.pid).status() for h in hogs} == {psutil.STATUS_RUNNING}
+                assert sum(_cpu_share(psutil.Process(h.pid), 1.0) for h in hogs) < 0.15
+            assert _quota_period(board) == (4000, 20_000)
+            with cgroup.share_with(board, aside, [h.pid for h in hogs] * 3):  # 1/10: below 1 ms a period
+                quota, period = _quota_period(board)
+                assert quota == 1000 and period == 50_000
+            assert _quota_period(board) == (4000, 20_000)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()

@@ -137,7 +137,7 @@ def test_killed_rig_is_cleaned_up(tmp_path: Path) -> None:
         assert line and line[0] == "ready", line
         children = [int(x) for x in line[1:]]
         assert len(netns.list_netns(prefix)) == 3  # the device, the cloud, the switch between them
-        assert len(_cgroup_dirs(prefix)) == 2  # the device's quota, the cloud's weight
+        assert len(_cgroup_dirs(prefix)) == 3  # the device's quota, its busy work's aside, the cloud's weight
     finally:
         reap(proc)  # SIGKILL, then its pipe closed
     # killed without any chance to clean up: the namespaces and the cgroup are still there

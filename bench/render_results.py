@@ -508,8 +508,9 @@ BENCHES += [
         name="board_emulation",
         title="What the emulated board adds to a remote call",
         what="A 64 B gRPC echo's round trip from a process under the rig's CPU quota, with 0, 1 and 3 "
-        "busy-loops beside it (the rig's loads), against the same call unthrottled. See the "
-        "[known limits](../known-limits.md).",
+        "busy-loops beside it (the rig's loads) either under the same quota (loops) or aside with the quota "
+        "shrunk to the caller's share (share, the rig's since 83fa3a8), against the same call unthrottled. "
+        "See the [rig guide](../rig.md) and the [known limits](../known-limits.md).",
         cheap=False,
         how="sudo .venv/bin/python bench/bench_board_emulation.py --json board_emulation.json   # root, ~1 min",
     ),

@@ -224,10 +224,11 @@ def share_with(board: CpuThrottle, aside: CpuThrottle, pids: Sequence[int]) -> I
     was, and ``pids`` wait in ``aside`` (its minimum quota), runnable, where a run-queue probe sees them; on
     exit the quota is restored (the pids stay in ``aside``). Not busy-loops under the board's quota: the
     period's quota went to them first, so every thread of the device that woke waited for the next period, a
-    wait a board's scheduler does not make (+19-39 ms per remote call: ``bench/bench_board_emulation.py``)."""
+    wait a board's scheduler does not make (+19-39 ms per remote call: ``bench/bench_board_emulation.py``).
+    A board without a quota has no share to shrink: ``pids`` join it and take their share by competing."""
     base, period_us = board.cpu_fraction, board.period_us
     for pid in pids:
-        aside.add_pid(pid)
+        (aside if base is not None else board).add_pid(pid)
     if base is not None:
         share = max(MIN_FRACTION, base / (1 + len(pids)))
         board.period_us = max(period_us, math.ceil(MIN_QUOTA_US / share))  # the kernel's least quota: 1 ms

@@ -134,6 +134,10 @@ def test_other_work_takes_its_share_of_the_board_and_waits_aside_runnable() -> N
                 quota, period = _quota_period(board)
                 assert quota == 1000 and period == 50_000
             assert _quota_period(board) == (4000, 20_000)
+            board.set_fraction(None)  # no quota, no share to shrink: they compete on the board instead
+            with cgroup.share_with(board, aside, [hogs[0].pid]):
+                assert hogs[0].pid in board.pids() and hogs[0].pid not in aside.pids()
+                assert _quota_period(board)[0] == -1
     finally:
         for h in hogs:
             h.kill()

@@ -108,19 +108,26 @@ class MeasuredCosts:
     device_ratio_idle: float  # measured head time / cost-table head time, outside load bursts
     device_ratio_burst: float  # the same during device bursts
     cloud_ratio: float  # (cloud queue + tail) / cost-table tail
-    net_overhead_ms: float  # rpc - tail - queue - ideal transfer (+ encode/decode): RTT, gRPC, TCP
+    net_overhead_ms: float  # rpc - tail - queue - ideal transfer (+ encode/decode beyond their price): RTT, gRPC, TCP
     local_overhead_ms: float  # device plan: latency - head time
+    # measured / cost-table encode (device) and decode (cloud) time of the plans that ran: a candidate pays its
+    # own codec's times (a WebP encode 40x a JPEG's at the same bytes), not the mean of the plans that ran
+    encode_ratio: float = 1.0
+    decode_ratio: float = 1.0
 
 
 def measured_costs(
     table: Any, records: Iterable[Record], played: traces.Trace, bursts: Sequence[tuple[float, float]], rtt_ms: float
 ) -> MeasuredCosts:
     idle, burst, cloud, net, local = [list[float]() for _ in range(5)]
+    coded: list[tuple[float, float, float, float]] = []  # measured encode and decode, their prices
     for r in records:
         if r.error:
             continue
         cut = plan_cut(r.plan)
         i = table.index(cut)
+        if r.where == "cloud":
+            coded.append((r.encode_ms, r.decode_ms, *_codec_price(table, r.plan)))
         th = float(table.head_ms[i])
         if th >= 20.0 and r.head_ms:
             (burst if in_intervals(r.t_s, bursts) else idle).append(r.head_ms / th)
@@ -133,13 +140,30 @@ def measured_costs(
         elif cut == "device":
             local.append(r.latency_ms - r.head_ms)
     med = statistics.fmean  # means: the oracle's mean must not drop the measured jitter's share
+    # ratios of sums (a quota runs a short encode at full speed, a long one at the board's): 1 where the table
+    # prices no codec time, which then stays in the network overhead as measured
+    enc, dec, enc_price, dec_price = (sum(c[k] for c in coded) for k in range(4))
+    encode_ratio = enc / enc_price if enc_price > 0 else 1.0
+    decode_ratio = dec / dec_price if dec_price > 0 else 1.0
+    priced = sum(encode_ratio * c[2] + decode_ratio * c[3] for c in coded) / len(coded) if coded else 0.0
     return MeasuredCosts(
         device_ratio_idle=med(idle) if idle else 1.0,
         device_ratio_burst=med(burst) if burst else (med(idle) if idle else 1.0),
         cloud_ratio=med(cloud) if cloud else 1.0,
-        net_overhead_ms=med(net) if net else rtt_ms,
+        net_overhead_ms=med(net) - priced if net else rtt_ms,
         local_overhead_ms=med(local) if local else 0.0,
+        encode_ratio=encode_ratio,
+        decode_ratio=decode_ratio,
     )
+
+
+def _codec_price(table: Any, plan: str) -> tuple[float, float]:
+    """The table's encode and decode ms of ``plan`` (0, 0: a codec it does not price)."""
+    cut, _, codec = plan.partition("@")
+    if not codec or codec not in table.codecs or cut not in table.ids:
+        return 0.0, 0.0
+    i, k = table.index(cut), table.codec_index(codec)
+    return float(table.encode_ms[i, k]), float(table.decode_ms[i, k])
 
 
 def oracle(
@@ -154,7 +178,8 @@ def oracle(
 ) -> list[tuple[str, float]]:
     """Per request start time: the cheapest (plan, latency ms) in hindsight.
 
-    Every (cut, codec) is costed from the measured per-cut costs (``MeasuredCosts``) and the bandwidth
+    Every (cut, codec) is costed from the measured per-cut costs (``MeasuredCosts``, its codec's encode and
+    decode times included) and the bandwidth
     the request would have met (the trace, from the end of its head on); the oracle picks the cheapest.
     ``realized[i]`` is the plan the reference run actually used for request ``i`` and its measured
     latency. The oracle's latency is that measured latency, moved by the modelled difference between
@@ -183,9 +208,12 @@ def oracle(
             h, tail = float(table.head_ms[i]) * ratio, float(table.tail_ms[i]) * costs.cloud_ratio
             cands = [("device", 0.0, h + costs.local_overhead_ms)] if cut == "device" else []
             for k in allowed if cut != "device" else ():
-                sent = float(table.sent_bytes[i, table.codec_index(k)])
+                j = table.codec_index(k)
+                sent = float(table.sent_bytes[i, j])
                 wire = transfer_ms(played, t + h / 1e3, sent + float(reply[i]))
-                cands.append((f"{cut}@{k}", sent, h + wire + costs.net_overhead_ms + tail))
+                enc, dec = float(table.encode_ms[i, j]), float(table.decode_ms[i, j])
+                coding = costs.encode_ratio * enc + costs.decode_ratio * dec
+                cands.append((f"{cut}@{k}", sent, h + coding + wire + costs.net_overhead_ms + tail))
             for plan, sent, ms in cands:
                 if real is not None and (plan == real[0] or (cut, sent) == real_key):
                     real_model = ms if real_model is None else min(real_model, ms)

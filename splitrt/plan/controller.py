@@ -279,10 +279,13 @@ class Controller:
             return None
         offsets = self.corrections.offsets(now_s, table.codecs)
         for key in self.corrections.bytes_plans():
-            offsets[key] = offsets.get(key, 0.0) + self.corrections.bytes_ms(table, key, bandwidth_mbps)
-        if not any(offsets.values()):
+            own = offsets.get(key, self.corrections.offset_ms(key, now_s))
+            offsets[key] = own + self.corrections.bytes_ms(table, key, bandwidth_mbps)
+        shared = self.corrections.shared_ms(now_s)
+        if not shared and not any(offsets.values()):
             return None
-        m = np.zeros((len(table), len(table.codecs)))
+        # every plan that sends carries the shared part; a plan with evidence of its own, its whole offset
+        m = np.where(table.sends[:, None], shared, 0.0) * np.ones((1, len(table.codecs)))
         for key, f in offsets.items():
             if ">" in key:
                 continue  # a plan over more tiers: not a cell of this matrix

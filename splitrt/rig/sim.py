@@ -26,7 +26,10 @@ the table say:
 - a request that sends pays the table's encode and call cost on the device (slowed as its compute) and
   its decode on the cloud; ``plan_cost`` makes chosen plans cost more (or less) than the table prices
   them (``(("cloud@fp32", 1.5),)``: every request on that plan takes 1.5x), which only the controller's
-  corrections (``plan.correction``, fed after every request as the runtime feeds them) can learn.
+  corrections (``plan.correction``, fed after every request as the runtime feeds them) can learn;
+- ``stalls`` (share, ms): that share of the requests that send wait that long on the device around their
+  call, whatever their plan (a busy board's scheduler: on the rig a quota's period, 26-80 ms, about one
+  remote call in four); request n draws the same stall in every strategy, as its jitter.
 
 So a simulated run isolates the decision logic: with no jitter, adaptive and a fixed strategy on the
 same plan cost exactly the same, and any gap between them is a decision that differed.
@@ -75,6 +78,7 @@ class SimConfig:
     device_speed: float = 1.0
     cloud_speed: float = 1.0
     plan_cost: tuple[tuple[str, float], ...] = ()  # (plan key, what its requests take over what they would)
+    stalls: tuple[float, float] = (0.0, 0.0)  # (share of remote calls, ms): a busy board's waits, any plan
     seed: int = 0
     deadline_ms: float = 5000.0  # per request, as ``RuntimeConfig.deadline_ms``: the local reserve's budget
     link: LinkConfig = field(default_factory=LinkConfig)
@@ -93,12 +97,14 @@ class SimConfig:
             and self.device_speed > 0
             and self.cloud_speed > 0
             and all(f > 0 for _, f in self.plan_cost)
+            and 0 <= self.stalls[0] <= 1
+            and self.stalls[1] >= 0
             and self.deadline_ms > 0
         ):
             raise ConfigError(
                 "SimConfig: expected rate_hz > 0, duration_s > 0, warmup_s >= 0, rtt_ms >= 0, "
                 "0 <= burst_util < 1, prober_interval_s > 0, probe_timeout_s > 0, 0 <= jitter < 0.5, speeds > 0, "
-                f"deadline_ms > 0; got {self!r}"
+                f"stalls (share in [0, 1], ms >= 0), deadline_ms > 0; got {self!r}"
             )
 
 
@@ -235,7 +241,7 @@ class _Run:
         self.probe_log.append(SimProbe(t_s=at, bytes_up=bw.bytes_up, seconds=answered))
         return answered
 
-    def request(self, t: float, jitter: float) -> SimRequest:
+    def request(self, t: float, jitter: float, stall_ms: float = 0.0) -> SimRequest:
         tbl = self.table
         self.rounds_until(t)
         est = self.link.estimate(t)
@@ -271,7 +277,7 @@ class _Run:
             else:
                 self.sent.add(cut)
                 latency_ms, send_s, round_trip_ms, waited_ms = self._remote(
-                    t, send_at, i, codec, (jitter, slowed), budget.timeout_ms
+                    t, send_at + stall_ms / 1e3, i, codec, (jitter, slowed), budget.timeout_ms
                 )
                 outcome = {"served": True} if waited_ms is not None else {"fallback": True}
                 if waited_ms is None:
@@ -359,10 +365,13 @@ def simulate(
         run.probe_log = probes
     n_max = math.ceil((cfg.duration_s + cfg.warmup_s) * cfg.rate_hz) + 2
     jit = np.exp(np.random.default_rng(cfg.seed).normal(0.0, cfg.jitter, n_max)) if cfg.jitter > 0 else np.ones(n_max)
+    share, stall_ms = cfg.stalls
+    stalled = np.random.default_rng([cfg.seed, 1]).random(n_max) < share  # its own stream: jitter's stays put
     out: list[SimRequest] = []
     t = -cfg.warmup_s
-    while t < cfg.duration_s:  # request n (the n-th counted) draws jitter n
-        r = run.request(t, float(jit[min(len(out), n_max - 1)]) if t >= 0 else 1.0)
+    while t < cfg.duration_s:  # request n (the n-th counted) draws jitter n and stall n
+        n = min(len(out), n_max - 1)
+        r = run.request(t, float(jit[n]) if t >= 0 else 1.0, stall_ms if t >= 0 and stalled[n] else 0.0)
         if t >= 0:
             out.append(r)
         t = max(t + 1.0 / cfg.rate_hz, t + r.latency_ms / 1e3)

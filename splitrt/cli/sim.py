@@ -60,13 +60,15 @@ def sim_cell(
     rtt_ms: float | None = None,
     warmup_s: float = 2.0,
     min_agreement: float = MIN_AGREEMENT,
+    stalls: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, Any]:
     """Every strategy and the oracles on ``trace`` (``duration_s`` None: to its end) for ``model`` (a zoo
     name or an .onnx file; ``mg``: that model already loaded and bound); ``strategies`` (adaptive and route
     among them): only those, and no static-best search. The cost table is ``profile.tables.build``'s (the
     profiles, else a shipped profile, else the FLOPs prior, at ``board``'s speed): what `plan` and `run`
     use. ``codecs``: the plans may use only these (None: every codec the table prices), lossy ones where
-    the device profile's samples agree (``min_agreement``, ``profile.costs.measured_codecs``)."""
+    the device profile's samples agree (``min_agreement``, ``profile.costs.measured_codecs``). ``stalls``
+    (share, ms): that share of the remote calls wait that long on the device, whatever the plan (``rig.sim``)."""
     if load not in ("none", *rigstats.DEVICE_HOGS):
         raise ConfigError(f"load: expected one of none, {', '.join(rigstats.DEVICE_HOGS)}, got {load!r}")
     b = boards.load_board(board)
@@ -100,6 +102,7 @@ def sim_cell(
         controller=controller,
         deadline_ms=deadline_ms,
         warmup_s=warmup_s,
+        stalls=stalls,
     )
     policies = rigbench.strategy_policies(
         rigbench.BenchConfig(
@@ -169,6 +172,7 @@ def sim_cell(
         "codecs": list(codecs) if codecs else None,
         "cuts_excluded": dict(allowed.excluded) if allowed is not None else {},
         "jitter": jitter,
+        "stalls": list(stalls),
         "device_speed": device_speed,
         "cloud_speed": cloud_speed,
         "best_other": best,
@@ -241,6 +245,13 @@ def register(sub: Any) -> None:
         "--warmup", type=float, default=2.0, help="uncounted seconds of requests first (default 2; 0: as `run --count`)"
     )
     p.add_argument("--jitter", type=float, default=0.0, help="relative sd of compute per request (seeded)")
+    p.add_argument(
+        "--stalls",
+        default="0,0",
+        metavar="SHARE,MS",
+        help="that share of the remote calls waits MS on the device whatever the plan (a busy board's scheduler; "
+        "the rig's busy board: about 0.25,50)",
+    )
     p.add_argument("--device-speed", type=float, default=1.0, help="device compute takes this x the profile")
     p.add_argument("--cloud-speed", type=float, default=1.0, help="cloud compute takes this x the profile")
     p.add_argument("--json", metavar="FILE", default=None, help="write the results as JSON ('-': stdout)")
@@ -261,6 +272,16 @@ def profile_and_board(device: str | None, cloud: str | None, board: str | None) 
             f"{'--device' if cloud is None else '--cloud'}"
         )
     return device, cloud, board or "rpi4"
+
+
+def _stalls(text: str) -> tuple[float, float]:
+    try:
+        share, ms = (float(x) for x in text.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"--stalls: expected SHARE,MS (e.g. 0.25,50), got {text!r}") from exc
+    if not (0.0 <= share <= 1.0 and ms >= 0.0):
+        raise ConfigError(f"--stalls: expected a share in [0, 1] and ms >= 0, got {text!r}")
+    return share, ms
 
 
 def _list(text: str | None) -> list[str] | None:
@@ -299,6 +320,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         rtt_ms=args.rtt_ms,
         warmup_s=args.warmup,
         min_agreement=min_agreement(args),
+        stalls=_stalls(args.stalls),
     )
     print(f"splitrt sim: cost table from {r['cost_table']['source']}", file=sys.stderr)
     if args.json == "-":
@@ -312,7 +334,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     print(
         f"{r['model']} on {r['board']} (simulated) | trace {r['trace']} x{r['bandwidth_scale']:g} from "
         f"{r['trace_offset_s']:g} s, {r['duration_s']:g} s, rtt +{r['rtt_ms']:g} ms | load {r['load']} | "
-        f"{r['rate_hz']:g} req/s | jitter {r['jitter']:g}, true/profiled compute: device "
+        f"{r['rate_hz']:g} req/s | jitter {r['jitter']:g}, stalls {r['stalls'][0]:g} x {r['stalls'][1]:g} ms, "
+        f"true/profiled compute: device "
         f"x{r['device_speed']:g}, cloud x{r['cloud_speed']:g}"
     )
     print(render(["strategy", "mean ms", "p50 ms", "p95 ms", "p99 ms", "done", "switches", "plans"], rows))

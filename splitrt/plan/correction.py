@@ -320,9 +320,9 @@ class Corrections:
         self._shared: _Evidence | None = None  # what every plan calling a server shares (``shared_fraction``)
         self.seen = 0  # observations fed so far (a decision records it; replay feeds up to it)
 
-    def _decayed(self, ev: _Evidence, now_s: float) -> float:
+    def _decayed(self, ev: _Evidence, now_s: float, half_life_s: float | None = None) -> float:
         age = max(0.0, now_s - ev.t_s)
-        return ev.offset_ms * math.exp(-math.log(2.0) * age / self.config.half_life_s)
+        return ev.offset_ms * math.exp(-math.log(2.0) * age / (half_life_s or self.config.half_life_s))
 
     def observe(self, obs: Observation) -> int:
         """Feed one request; returns its index (0, 1, ...)."""
@@ -380,11 +380,11 @@ class Corrections:
         outliers' steps, halving in ``shared_half_life_s``; 0: none learnt, or none left)."""
         if not self.config.enabled or self._shared is None:
             return 0.0
-        age = max(0.0, now_s - self._shared.t_s)
-        return self._shared.offset_ms * math.exp(-math.log(2.0) * age / self.config.shared_half_life_s)
+        return self._decayed(self._shared, now_s, self.config.shared_half_life_s)
 
     def offset_ms(self, plan: str, now_s: float) -> float:
-        """What is added to ``plan``'s price at ``now_s`` (0: no evidence, or none left)."""
+        """What is added to ``plan``'s price at ``now_s``: its own mean and mean probe wait, and, unless
+        ``device``, the shared part (0: no evidence, or none left)."""
         if not self.config.enabled:
             return 0.0
         ev, wait = self._plans.get(evidence_key(plan)), self._waits.get(plan)

@@ -392,6 +392,10 @@ class LinkEstimator:
         newest = min(self._rates[-1].t_s, self._rtts[-1][0])
         return now_s - newest >= cfg.probe_after_s
 
+    def rtt_age_s(self, now_s: float) -> float | None:
+        """Seconds since the newest RTT sample (None: none yet)."""
+        return now_s - self._rtts[-1][0] if self._rtts else None
+
     def needs_bandwidth_probe(self, now_s: float) -> bool:
         """True when bandwidth has no sample newer than ``probe_after_s`` (transfers keep it fresh;
         an RTT-only probe is enough otherwise)."""

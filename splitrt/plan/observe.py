@@ -19,7 +19,7 @@ samples, and when to probe. ``device.runtime`` (a request: its ``feedback`` buil
   ``RTT_PROBE_BYTES``, else a transfer), ``observe_probe_timeout(link, ProbeTimeout(...), now_s)``,
   ``observe_local(load, LocalRun(measured_ms, profiled_ms), now_s)``, ``observe_device(load,
   DeviceSample(other_util), now_s)`` (clipped to [0, 1]).
-- The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy) -> (due, ProbeState)`` (marks
+- The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy, last_reply_s) -> (due, ProbeState)`` (marks
   ``probe_started``), ``bandwidth_probe(link, now_s) -> BandwidthProbe | None``, ``probe_twice(pairs=,
   link_busy=)``; through a relay (``device.runtime.hops``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
   hop | None``.
@@ -30,7 +30,9 @@ samples, and when to probe. ``device.runtime`` (a request: its ``feedback`` buil
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,6 +42,19 @@ from splitrt.plan.queueing import QueueEstimator
 
 RTT_PROBE_BYTES = 64  # an RTT probe's payload each way: tiny, so its transfer time does not count as RTT
 IDLE_WAIT_ROUNDS = 8  # prober rounds a due probe waits for an idle link (2 s at the default interval)
+# While requests flow (``RequestPace``: under REQUEST_FLOW_S apart), a probe goes out only within
+# AFTER_REPLY_S of a reply: the gap before the next request is then the longest it will be. A round of an
+# RTT and a bandwidth probe holds the link ~3 RTTs; started at a random time among requests 4 a second, it
+# delayed the next one by up to 230 ms on the rig (busy board, 80 ms RTT). 50 ms: a busy board's prober
+# thread may wait a 25 ms scheduler period before it runs.
+REQUEST_FLOW_S = 1.0
+AFTER_REPLY_S = 0.05
+GAP_PROBE_MIN_RTTS = 0.5  # a gap-sized bandwidth probe's least transfer, in RTTs
+# The least gap a probe goes into while requests flow: one RTT (a bandwidth probe then overruns it by at
+# most GAP_PROBE_MIN_RTTS); shorter (requests back to back), probes wait as for a busy link.
+MIN_GAP_RTTS = 1.0
+RTT_FRESH_S = 5.0  # while requests flow, an RTT sample this young spares a round its RTT probe
+PACE_SAMPLES = 4  # request starts before ``RequestPace`` expects the next
 BANDWIDTH_PROBE_MIN_BYTES = 16 * 1024
 BANDWIDTH_PROBE_MAX_BYTES = 1024 * 1024
 
@@ -207,6 +222,8 @@ def probe_due(
     *,
     up: bool = True,
     link_busy: bool = False,
+    last_reply_s: float | None = None,
+    gap_s: float | None = None,
     idle_wait_rounds: int = IDLE_WAIT_ROUNDS,
 ) -> tuple[bool, ProbeState]:
     """Whether a server is probed (an RTT probe) in this round, and the schedule's next state.
@@ -214,30 +231,75 @@ def probe_due(
     A server that is up is probed only when the link estimate is stale; a down one (its backoff over:
     the caller's rule) always. An up server is probed on an idle link only: an RTT probe queued behind a
     request's upload measures the queue (RTT estimates crept from 88 to 137 ms on an 80 ms link), and a
-    bandwidth probe would slow the request down. A link that is never idle (requests back to back) is
-    probed all the same after ``idle_wait_rounds`` rounds: a queued RTT sample beats none. A probe
-    that is due is recorded in ``link`` (``probe_started``)."""
+    bandwidth probe would slow the request down. While requests flow at a known pace (``gap_s``, the
+    time until the next is expected, ``RequestPace.gap_s``; None: unknown, or they do not flow) the link
+    counts as idle only within ``AFTER_REPLY_S`` of the latest reply (``last_reply_s``: the start of the
+    gap; the caller runs a round when a reply comes), and only if the gap is at least ``MIN_GAP_RTTS``
+    RTTs. A link that is never idle (requests back to back) is probed all the same after
+    ``idle_wait_rounds`` rounds: a queued RTT sample beats none. A probe that is due is recorded in
+    ``link`` (``probe_started``)."""
     if up and not link.needs_probe(now_s):
         return False, state
+    if gap_s is not None:  # requests flow: idle only at the start of a gap that fits a probe
+        since_reply_s = math.inf if last_reply_s is None else now_s - last_reply_s
+        short = gap_s < MIN_GAP_RTTS * link.rtt_ms() / 1e3
+        link_busy = link_busy or not 0 <= since_reply_s <= AFTER_REPLY_S or short
     if up and link_busy and state.waits < idle_wait_rounds:
         return False, ProbeState(waits=state.waits + 1)
     link.probe_started(now_s)
     return True, ProbeState(waits=0)
 
 
-def bandwidth_probe(link: LinkEstimator, now_s: float) -> BandwidthProbe | None:
+def bandwidth_probe(link: LinkEstimator, now_s: float, *, gap_s: float | None = None) -> BandwidthProbe | None:
     """After an RTT probe: the bandwidth probe to send, None when transfers keep bandwidth fresh.
 
     Its transfer takes about twice the RTT at the current estimate: a probe much smaller than the
     bandwidth-delay product is RTT-dominated, and the few samples that pass the estimator's filter are
-    the slow ones (a low estimate would then never recover)."""
+    the slow ones (a low estimate would then never recover). While requests flow, ``gap_s`` (the time
+    until the next request is expected, ``RequestPace.gap_s``) caps it to end before that request, down
+    to ``GAP_PROBE_MIN_RTTS`` x the RTT of transfer, still well past the estimator's filter."""
     if not link.needs_bandwidth_probe(now_s):
         return None
     rtt_s = link.estimate(now_s).rtt_ms / 1e3
-    size = link.suggest_probe_bytes(
-        target_s=max(0.05, 2 * rtt_s), lo=BANDWIDTH_PROBE_MIN_BYTES, hi=BANDWIDTH_PROBE_MAX_BYTES
-    )
+    target_s = max(0.05, 2 * rtt_s)
+    if gap_s is not None:
+        target_s = max(GAP_PROBE_MIN_RTTS * rtt_s, min(target_s, gap_s - rtt_s))
+    size = link.suggest_probe_bytes(target_s=target_s, lo=BANDWIDTH_PROBE_MIN_BYTES, hi=BANDWIDTH_PROBE_MAX_BYTES)
     return BandwidthProbe(bytes_up=size, rtt_s=rtt_s)
+
+
+def rtt_probe_needed(link: LinkEstimator, now_s: float, *, flowing: bool) -> bool:
+    """Whether a round starts with an RTT probe. While requests flow and the RTT has a sample younger than
+    ``RTT_FRESH_S``, a stale bandwidth goes straight to its bandwidth probe: the round must fit the gap
+    between two requests, and one more RTT would not (80 ms of a 130 ms gap on the rig's 3G link)."""
+    if not flowing:
+        return True
+    age_s = link.rtt_age_s(now_s)
+    return age_s is None or age_s >= RTT_FRESH_S or not link.needs_bandwidth_probe(now_s)
+
+
+class RequestPace:
+    """When the next request that sends is expected, from when the last ones started (pure: every call
+    takes the time; the callers feed the requests that send). Requests of a camera or a sensor come at a
+    steady rate; ``gap_s`` is None until ``PACE_SAMPLES`` starts are known or when they are further apart
+    than ``REQUEST_FLOW_S``."""
+
+    def __init__(self) -> None:
+        self._starts: deque[float] = deque(maxlen=PACE_SAMPLES + 1)
+
+    def started(self, now_s: float) -> None:
+        self._starts.append(float(now_s))
+
+    def gap_s(self, now_s: float) -> float | None:
+        """Seconds from ``now_s`` until the next request is expected (the median interval after the last
+        start), None when requests do not flow."""
+        if len(self._starts) < PACE_SAMPLES:
+            return None
+        starts = list(self._starts)
+        interval = sorted(b - a for a, b in itertools.pairwise(starts))[(len(starts) - 1) // 2]
+        if interval >= REQUEST_FLOW_S or now_s - starts[-1] >= REQUEST_FLOW_S:
+            return None
+        return max(0.0, starts[-1] + interval - now_s)
 
 
 def probe_twice(*, pairs: bool, link_busy: bool) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 from splitrt.errors import ConfigError, RigError
+from splitrt.plan.costmodel import CLOUD_CUT, DEVICE_CUT
 from splitrt.rig import calibration, loads, strategies
 from splitrt.rig import protocol as P
 from splitrt.rig.harness import Rig
@@ -249,6 +250,12 @@ def run(
             warm = [c.plan for c in choices.values() if c.tiers == 3 and c.plan and ">" in c.plan]
             (got,) = P.ask(workers[:1], [P.Warm(plans=tuple(dict.fromkeys([*warm, *pairs]))[:12])], P.Ack, 600)
             say(f"edge and cloud: {got.count} chain plans warmed")
+        else:  # the servers build each likely cut's tail now: a split's first request no longer pays it
+            t = base[0]  # each with its fewest bytes: the link may already be slow
+            inner = [c for c in cuts if c not in (DEVICE_CUT, CLOUD_CUT)]
+            tails = tuple(f"{c}@{t.codecs[int(t.sent_bytes[t.index(c)].argmin())]}" for c in inner)
+            (got,) = P.ask(workers[:1], [P.Warm(plans=tails)], P.Ack, 600)
+            say(f"cloud: {got.count} tails of {len(tails)} likely cuts warmed")
         for i, w in enumerate(workers):
             rig.throttle(i, w.proc.pid)
         for c in choices.values():

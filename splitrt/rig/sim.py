@@ -20,7 +20,9 @@ the table say:
   is a blocking RPC with its deadline (``probe_timeout_s``; a bandwidth probe's scales with its size), the
   next round starts an interval after the last one ends, and a due probe waits (up to
   ``observe.IDLE_WAIT_ROUNDS``) while a request's whole RPC, encoding to reply, is in flight
-  (``Clouds.inflight``); a sample (a probe's, a reply's) reaches the estimators when it comes back;
+  (``Clouds.inflight``) or, while requests flow, until a reply wakes the prober (``Prober.kick``: a round
+  of probes only, once the thread is out of its last probe); a sample (a probe's, a reply's) reaches the
+  estimators when it comes back;
 - during a device burst the other processes take ``burst_util`` of the device's CPU: compute slows by
   ``1 / (1 - burst_util)`` and the prober reads that utilisation (as psutil does on a board);
 - a request that sends pays the table's encode and call cost on the device (slowed as its compute) and
@@ -147,6 +149,10 @@ class _Run:
         self.pending: list[tuple[float, int, Callable[[], None]]] = []  # samples fed at their end (``_later``)
         self.order = itertools.count()
         self.next_round_s = -cfg.warmup_s
+        self.last_reply_s: float | None = None  # the runtime's ``last_reply_s``: its reply wakes the prober
+        self.kicks: list[float] = []  # replies not yet met by a round (``Prober.kick``)
+        self.prober_free_s = -math.inf  # when the prober's thread is out of its last probe
+        self.pace = observe.RequestPace()  # the runtime's: when the next request is expected
         self.probes = observe.ProbeState()  # the prober's schedule
         self.rtt_s = cfg.rtt_ms / 1e3
         self.plan_cost = dict(cfg.plan_cost)
@@ -178,7 +184,18 @@ class _Run:
     def rounds_until(self, t_s: float) -> None:
         """The prober's rounds before ``t_s``: device-load samples and probes (runtime.probe_once)."""
         cfg = self.cfg
-        while self.next_round_s < t_s:
+        while self.next_round_s < t_s or (self.kicks and self.kicks[0] < t_s):
+            if self.kicks and self.kicks[0] < self.next_round_s:  # a reply woke the prober: probes only
+                now = max(self.kicks[0], self.prober_free_s)  # once the thread is out of its probes
+                if now >= t_s:
+                    break
+                self.kicks.pop(0)
+                self._feed_until(now)
+                if self.with_cloud and self.pace.gap_s(now) is not None:  # ``Prober.probe_after_reply``
+                    self.prober_free_s = self._probe(now)
+                    self.next_round_s = max(self.next_round_s, self.prober_free_s)
+                continue
+            self.kicks = [k for k in self.kicks if k > self.next_round_s]
             now = self.next_round_s
             self._feed_until(now)
             observe.observe_device(
@@ -187,7 +204,8 @@ class _Run:
                 now,
             )
             # The prober's thread blocks in its probes: the next round starts an interval after they end.
-            self.next_round_s = (self._probe(now) if self.with_cloud else now) + cfg.prober_interval_s
+            self.prober_free_s = self._probe(now) if self.with_cloud else now
+            self.next_round_s = self.prober_free_s + cfg.prober_interval_s
         self._feed_until(t_s)
 
     def _in_flight(self, at_s: float) -> bool:
@@ -197,29 +215,36 @@ class _Run:
         """A round's probes (``Prober._probe``), when due: an RTT probe, then a bandwidth probe when no
         transfer refreshed bandwidth; each a blocking RPC with its deadline. Returns when the round ends."""
         cfg = self.cfg
-        due, self.probes = observe.probe_due(self.link, self.probes, now, link_busy=self._in_flight(now))
+        gap_s = self.pace.gap_s(now)
+        due, self.probes = observe.probe_due(
+            self.link, self.probes, now, link_busy=self._in_flight(now), last_reply_s=self.last_reply_s, gap_s=gap_s
+        )
         if not due:
             return now
-        rtt_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s  # queued behind what is on the wire
-        if rtt_s > cfg.probe_timeout_s:  # DEADLINE_EXCEEDED: no sample (the runtime marks a failure)
-            self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=None))
-            return now + cfg.probe_timeout_s
-        self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=rtt_s))
-        rtt = observe.ProbeObservation(
-            bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_s
-        )
-        observe.observe_probe(self.link, rtt, now)  # stamped at its start, as the runtime's
-        bw = observe.bandwidth_probe(self.link, now)
+        skip = not observe.rtt_probe_needed(self.link, now, flowing=gap_s is not None)
+        bw = observe.bandwidth_probe(self.link, now, gap_s=gap_s) if skip else None
+        at = now
         if bw is None:
-            return now + rtt_s
+            rtt_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s  # queued behind what is on the wire
+            if rtt_s > cfg.probe_timeout_s:  # DEADLINE_EXCEEDED: no sample (the runtime marks a failure)
+                self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=None))
+                return now + cfg.probe_timeout_s
+            self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=rtt_s))
+            rtt = observe.ProbeObservation(
+                bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_s
+            )
+            observe.observe_probe(self.link, rtt, now)  # stamped at its start, as the runtime's
+            bw = observe.bandwidth_probe(self.link, now, gap_s=None if gap_s is None else gap_s - rtt_s)
+            at = now + rtt_s
+            if bw is None:
+                return at
         timeout_s = max(
             cfg.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(self.link.bandwidth_mbps(), 0.01) + bw.rtt_s)
         )
-        at = now + rtt_s
         secs = self._bandwidth_probe(at, bw, timeout_s)
         # the runtime asks again once the first is back, with the link then as it is; the second counts
         if secs is not None and observe.probe_twice(
-            pairs=cfg.bandwidth_probe_pairs, link_busy=self._in_flight(at + secs)
+            pairs=cfg.bandwidth_probe_pairs, link_busy=self._in_flight(at + secs) or gap_s is not None
         ):
             at += secs
             secs = self._bandwidth_probe(at, bw, timeout_s)
@@ -260,6 +285,7 @@ class _Run:
         waited_ms: float | None = 0.0  # behind a probe (None: a fallback)
         outcome: dict[str, bool] = {}
         if cut != DEVICE_CUT:
+            self.pace.started(t)
             dev_i = tbl.index(DEVICE_CUT)
             budget = reserve.send_budget(
                 deadline_ms=self.cfg.deadline_ms,
@@ -346,6 +372,8 @@ class _Run:
             probe_wait_s=wait_s,
         )
         self._later(end, lambda: observe.observe_reply(reply, end, link=self.link, load=self.load))
+        self._later(end, lambda: setattr(self, "last_reply_s", end))
+        self.kicks.append(end)
         return (end - t) * 1e3, send_s, (end - start) * 1e3, wait_s * 1e3
 
 

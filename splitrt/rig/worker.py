@@ -75,19 +75,32 @@ class TurnThread:
     """``tick()`` every ``interval_s`` on a daemon thread, only during its strategy's turns (``active``): a
     parked strategy's probes would share the link and the CPU with the one measured."""
 
-    def __init__(self, name: str, interval_s: float, tick: Callable[[], Any]) -> None:
-        self.interval_s, self.tick = interval_s, tick
+    def __init__(
+        self, name: str, interval_s: float, tick: Callable[[], Any], on_kick: Callable[[], Any] | None = None
+    ) -> None:
+        self.interval_s, self.tick, self.on_kick = interval_s, tick, on_kick
         self.active = threading.Event()
         self._busy = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
+    def kick(self) -> None:
+        """Run ``on_kick`` now, between ticks (the runtime's prober: a reply came)."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if self.active.is_set():
+        due_s = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            kicked = self._wake.wait(max(0.0, due_s - time.monotonic()))
+            self._wake.clear()
+            full = not kicked or time.monotonic() >= due_s or self.on_kick is None
+            if self.active.is_set() and not self._stop.is_set():
                 with self._busy, contextlib.suppress(Exception):  # it never dies: the next round retries
-                    self.tick()
+                    (self.tick if full else self.on_kick or self.tick)()
+            if full:
+                due_s = time.monotonic() + self.interval_s
 
     def park(self) -> None:
         """Stop ticking; a tick under way finishes first (a probe's transfer is part of this turn)."""
@@ -98,6 +111,7 @@ class TurnThread:
     def stop(self) -> None:
         self.park()
         self._stop.set()
+        self._wake.set()
         self.thread.join(5)
 
 
@@ -251,16 +265,20 @@ class Agent:
         return P.Ack(wall_ms=statistics.median(walls[1:]))
 
     def warm(self, msg: P.Warm) -> P.Ack:
-        """One request per chain plan through the edge, so the edge and the cloud build their segments."""
+        """One request per plan, so the servers build its segments before the timed part, as a server
+        that has long served them has: a chain plan (``c3@fp16>c12@int8``) through the edge, a one-hop plan
+        (``c5@jpeg50``) to every server of the last tier."""
         from splitrt.device.client import Device
         from splitrt.plan.path import parse_path
 
         ok = 0
-        with Device(self.mg, self.spec.servers[0][0], config=self.dcfg) as d:
-            for plan in msg.plans:
-                (a, b), (codec, _) = parse_path(plan, hops=2)
-                with contextlib.suppress(Exception):
-                    d.send(self.local.run_head(self.inputs, a), codec_spec=codec, next_cut=b, timeout_s=60)
+        for plan in msg.plans:
+            chain = ">" in plan
+            for address in [self.spec.servers[0][0]] if chain else self.spec.servers[-1]:
+                (a, *b), (codec, *_) = parse_path(plan, hops=2 if chain else 1)
+                with contextlib.suppress(Exception), Device(self.mg, address, config=self.dcfg) as d:
+                    head = self.local.run_head(self.inputs, a)
+                    d.send(head, codec_spec=codec, next_cut=b[0] if chain else None, timeout_s=60)
                     ok += 1
         return P.Ack(count=ok)
 
@@ -304,10 +322,11 @@ class Agent:
         st = Strategy(
             dev=dev,
             clock=clock,
-            prober=TurnThread("rig-prober", dev.config.prober_interval_s, dev.probe_once),
+            prober=TurnThread("rig-prober", dev.config.prober_interval_s, dev.probe_once, dev.prober.probe_after_reply),
             runqueue=RunQueueProbe(dev.load, clock),
             jitter=random.Random(self.spec.seed),
         )
+        dev.on_reply = st.prober.kick  # a reply wakes the rig's prober thread, as the runtime's own
         self.strategies[msg.name] = st
         with contextlib.suppress(Exception):
             dev.probe_once()

@@ -424,3 +424,31 @@ def test_a_requests_wait_behind_the_devices_own_bandwidth_probe_is_measured() ->
     with clouds.probing(rtt_s=10.0):
         pass
     assert clouds.probe_wait_ms(after, time.perf_counter() + 1.0) == 0.0
+
+
+def test_a_reply_wakes_the_prober_into_the_gap_before_the_next_request(server: FakeCloud, mg: graph.ModelGraph) -> None:
+    """Requests 4 a second: the prober's timer is 30 s away, so only the replies can have woken it."""
+    table = flops_table(mg, device_gflops=5, cloud_gflops=100)
+    cfg = RuntimeConfig(prober_interval_s=30.0, bandwidth_probe_pairs=False)
+    with AdaptiveDevice(mg, table, [server.address], connect=server.connect, config=cfg) as dev:
+        cloud = next(iter(dev._clouds.values()))
+        sent: list[tuple[float, int]] = []
+        real_probe = cloud.link.probe
+
+        def counted(up: int, down: int, **kw: float) -> object:
+            sent.append((time.monotonic(), up))
+            return real_probe(up, down, **kw)
+
+        cloud.link.probe = counted  # type: ignore[method-assign]
+        x = dev.local.random_inputs(seed=1)
+        replies = []
+        for _ in range(10):
+            t0 = time.monotonic()
+            if dev.infer(x).server == server.address:
+                replies.append(time.monotonic())
+            time.sleep(max(0.0, 0.25 - (time.monotonic() - t0)))
+        assert len(replies) >= 6, replies
+        assert dev.pace.gap_s(dev.clock()) is not None  # a steady flow
+    assert sent, "no probe: a reply did not wake the prober"
+    # each went out about when a reply came (``infer`` returns just after it wakes the prober)
+    assert all(any(-0.05 <= t - r <= 0.1 for r in replies) for t, _ in sent), (sent, replies)

@@ -124,6 +124,54 @@ def test_a_due_probe_waits_for_an_idle_link_but_not_for_ever() -> None:
     assert due and state.waits == 0  # a queued RTT sample beats none
 
 
+def _paced(period_s: float, n: int) -> observe.RequestPace:
+    pace = observe.RequestPace()
+    for k in range(n):
+        pace.started(k * period_s)
+    return pace
+
+
+def test_the_pace_expects_the_next_request_of_a_steady_flow_only() -> None:
+    assert _paced(0.25, observe.PACE_SAMPLES - 1).gap_s(0.6) is None  # too few starts to tell
+    pace = _paced(0.25, 6)  # starts at 0 .. 1.25 s
+    assert pace.gap_s(1.35) == pytest.approx(0.15)  # the next at 1.5 s
+    assert pace.gap_s(1.6) == 0.0  # late: expected at once
+    assert pace.gap_s(1.25 + observe.REQUEST_FLOW_S) is None  # the flow stopped
+    assert _paced(1.5, 6).gap_s(7.6) is None  # further apart than REQUEST_FLOW_S: no flow to fit
+
+
+def test_while_requests_flow_a_probe_goes_right_after_a_reply_into_a_gap_that_fits() -> None:
+    def due(since_reply_s: float, gap_s: float | None) -> tuple[bool, observe.ProbeState]:
+        link = LinkEstimator(LinkConfig())  # RTT 80 ms, every estimate stale at 5 s: a probe is due
+        observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.08), 0.0)
+        return observe.probe_due(link, observe.ProbeState(), 5.0, last_reply_s=5.0 - since_reply_s, gap_s=gap_s)
+
+    assert due(0.01, 0.14)[0]  # just after a reply, 140 ms ahead (> 1 RTT): idle
+    assert due(0.1, 0.14) == (False, observe.ProbeState(waits=1))  # 100 ms after it: the next request is near
+    assert not due(0.01, 0.02)[0]  # just after a reply, but requests back to back: waits, as on a busy link
+    assert due(0.1, None)[0]  # no known pace: the reply alone does not hold it
+
+
+def test_a_probe_in_a_gap_skips_its_rtt_probe_and_fits_the_gap() -> None:
+    link = LinkEstimator(LinkConfig(prior_bandwidth_mbps=10.0))
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.08), 0.0)
+    now = 1.0  # RTT 1 s old (fresh), no bandwidth sample
+    assert not observe.rtt_probe_needed(link, now, flowing=True)
+    assert observe.rtt_probe_needed(link, now, flowing=False)
+    assert observe.rtt_probe_needed(link, observe.RTT_FRESH_S + 0.1, flowing=True)  # an old RTT sample
+    full = observe.bandwidth_probe(link, now)
+    fitted = observe.bandwidth_probe(link, now, gap_s=0.14)
+    assert full is not None and fitted is not None
+    assert full.bytes_up == int(10e6 / 8 * 0.16)  # 2 RTTs
+    assert fitted.bytes_up == int(10e6 / 8 * 0.06)  # what the gap leaves after one RTT
+    roomy = LinkEstimator(LinkConfig(prior_bandwidth_mbps=40.0))
+    observe.observe_probe(roomy, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.08), 0.0)
+    got = observe.bandwidth_probe(roomy, now, gap_s=0.14)
+    assert got is not None and got.bytes_up == int(40e6 / 8 * 0.06)  # the gap less one RTT
+    tight = observe.bandwidth_probe(roomy, now, gap_s=0.05)
+    assert tight is not None and tight.bytes_up == int(40e6 / 8 * 0.04)  # never below half an RTT
+
+
 def test_a_down_server_is_probed_even_on_a_fresh_busy_link() -> None:
     link = LinkEstimator(LinkConfig())
     observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.05), 0.0)

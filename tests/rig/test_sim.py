@@ -195,3 +195,26 @@ def test_a_probes_sample_is_not_seen_before_it_comes_back() -> None:
     before = fresh.link.samples
     fresh.rounds_until(bw.t_s + bw.seconds + 1e-6)
     assert fresh.link.samples == before + 1
+
+
+def test_while_requests_flow_probes_go_into_the_gaps_after_replies() -> None:
+    """4 requests a second whose small uploads never refresh bandwidth (RTT-dominated): the probes they
+    draw start right after a reply, sized to end before the next request, not at random among them (a
+    round of an RTT and a 2-RTT bandwidth probe held the next request up to 230 ms on the rig)."""
+    small = CostTable(
+        ids=["cloud", "device"], head_ms=[0.0, 500.0], tail_ms=[10.0, 0.0], bytes=[6000, 0], codecs={"fp32": 1.0}
+    )
+    probes: list[sim.SimProbe] = []
+    reqs = sim.simulate(
+        small, "fixed:cloud@fp32", traces.constant(5.0, 30.0), cfg(duration_s=30.0, rate_hz=4.0), probes=probes
+    )
+    replies = [r.t_s + r.latency_ms / 1e3 for r in reqs if r.served]
+    starts = [r.t_s for r in reqs]
+    late = [p for p in probes if p.t_s > 2.0]
+    assert len(late) >= 10  # the uploads draw probes all along
+    after_reply = [p for p in late if any(0 <= p.t_s - e <= 0.06 for e in replies)]
+    assert len(after_reply) >= 0.9 * len(late), [round(p.t_s, 3) for p in late]
+    # each ends about when the next request starts (sized from the estimate): none delays one by > 10 ms
+    for p in late:
+        nxt = min((s for s in starts if s > p.t_s), default=None)
+        assert p.seconds is not None and (nxt is None or p.t_s + p.seconds <= nxt + 0.01), (p, nxt)

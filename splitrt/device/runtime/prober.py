@@ -5,6 +5,7 @@ cloud back once its backoff is over."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -38,6 +39,8 @@ class Probed(Protocol):
     link: LinkEstimator
     load: LoadEstimator
     hops: hops.Hops
+    last_reply_s: float | None
+    pace: observe.RequestPace
 
 
 class Prober:
@@ -57,6 +60,7 @@ class Prober:
         psutil.cpu_percent(None)  # prime: the first call always returns 0
         self._proc.cpu_percent(None)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -65,16 +69,34 @@ class Prober:
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
 
+    def kick(self) -> None:
+        """A reply came: the link is idle until the next request, so a due probe goes out now (a round of
+        probes only, ``probe_clouds``; the load keeps its interval's samples)."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.dev.config.prober_interval_s):
+        interval_s = self.dev.config.prober_interval_s
+        due_s = time.monotonic() + interval_s  # the rounds' own timer (``dev.clock`` may be the rig's)
+        while not self._stop.is_set():
+            kicked = self._wake.wait(max(0.0, due_s - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            full = not kicked or time.monotonic() >= due_s
             try:
-                self.probe_once()
-                self._after_round()
+                if full:
+                    self.probe_once()
+                    self._after_round()
+                else:
+                    self.probe_after_reply()
             except Exception:  # the prober must never die; the next round tries again
-                continue
+                pass
+            if full:  # the next round starts an interval after this one ends
+                due_s = time.monotonic() + self.dev.config.prober_interval_s
 
     def probe_once(self) -> None:
         """One round: a device-load sample, then each cloud that is due a probe."""
@@ -86,9 +108,23 @@ class Prober:
         own = self._proc.cpu_percent(None) / 100.0 / max(psutil.cpu_count() or 1, 1)
         with self._lock:
             observe.observe_device(dev.load, observe.DeviceSample(other_util=util - own), now)
-        for c in clouds:
+        self.probe_clouds(now, clouds)
+
+    def probe_after_reply(self) -> None:
+        """The probes a reply wakes: only while requests flow at a known pace (else the next request of a
+        closed loop may start at once; the rounds' schedule applies)."""
+        now = self.dev.clock()
+        with self._lock:
+            flowing = self.dev.pace.gap_s(now) is not None
+        if flowing:
+            self.probe_clouds(now)
+
+    def probe_clouds(self, now: float | None = None, clouds: list[Cloud] | None = None) -> None:
+        """The probes of one round (no load sample): each cloud that is due one, then the later tiers."""
+        now = self.dev.clock() if now is None else now
+        for c in self.clouds.all() if clouds is None else clouds:
             self._probe(c, now)
-        if dev.hops.next:  # three tiers: the hop past the first server, and later servers reached directly
+        if self.dev.hops.next:  # three tiers: the hop past the first server, and later servers reached directly
             self._beyond(now)
 
     def _beyond(self, now: float) -> None:
@@ -112,17 +148,35 @@ class Prober:
         if not c.up and now < c.retry_at_s:
             return
         with self._lock:
+            gap_s = dev.pace.gap_s(now)
             due, self._state = observe.probe_due(
-                dev.link, self._state, now, up=c.up, link_busy=self.clouds.inflight > 0
+                dev.link,
+                self._state,
+                now,
+                up=c.up,
+                link_busy=self.clouds.inflight > 0,
+                last_reply_s=dev.last_reply_s,
+                gap_s=gap_s,
             )
         if not due:
             return
-        # An RTT probe (tiny: the transfer time must not count as RTT) ...
+        with self._lock:
+            skip = c.up and not observe.rtt_probe_needed(dev.link, now, flowing=gap_s is not None)
+            bw = observe.bandwidth_probe(dev.link, now, gap_s=gap_s) if skip else None
+        if bw is None:
+            bw = self._rtt_probe(c, now, gap_s)
+        if bw is not None:
+            self._bandwidth_probe(c, now, bw, flowing=gap_s is not None)
+
+    def _rtt_probe(self, c: Cloud, now: float, gap_s: float | None) -> observe.BandwidthProbe | None:
+        """An RTT probe (tiny: the transfer time must not count as RTT); the bandwidth probe to follow it,
+        None when transfers keep bandwidth fresh (or the cloud was down)."""
+        dev = self.dev
         try:
             pr = c.link.probe(observe.RTT_PROBE_BYTES, observe.RTT_PROBE_BYTES, timeout_s=dev.config.probe_timeout_s)
         except CloudError as exc:
             self.clouds.mark_failed(c, now, exc)
-            return
+            return None
         was_down = not c.up
         self.clouds.mark_up(c)
         with self._lock:
@@ -135,17 +189,20 @@ class Prober:
                 ),
                 now,
             )
-            # ... then a bandwidth probe, when no transfer refreshed bandwidth
-            bw = None if was_down else observe.bandwidth_probe(dev.link, now)
-        if bw is None:
-            return
+            # ... then a bandwidth probe, when no transfer refreshed bandwidth (in what is left of the gap)
+            left_s = None if gap_s is None else gap_s - pr.seconds
+            return None if was_down else observe.bandwidth_probe(dev.link, now, gap_s=left_s)
+
+    def _bandwidth_probe(self, c: Cloud, now: float, bw: observe.BandwidthProbe, *, flowing: bool) -> None:
+        """The bandwidth probe (twice where the kernel restarts idle connections and no request flows)."""
+        dev = self.dev
         timeout_s = max(
             dev.config.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(dev.link.bandwidth_mbps(), 0.01) + bw.rtt_s)
         )
         try:
             with self.clouds.probing(bw.rtt_s):
                 pb = c.link.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
-                if observe.probe_twice(pairs=self.pairs, link_busy=self.clouds.inflight > 0):
+                if observe.probe_twice(pairs=self.pairs, link_busy=self.clouds.inflight > 0 or flowing):
                     pb = c.link.probe(bw.bytes_up, bw.bytes_down, timeout_s=timeout_s)
         except CloudError as exc:
             if exc.code == "DEADLINE_EXCEEDED":  # the link is far slower than estimated

@@ -19,10 +19,11 @@ samples, and when to probe. ``device.runtime`` (a request: its ``feedback`` buil
   ``RTT_PROBE_BYTES``, else a transfer), ``observe_probe_timeout(link, ProbeTimeout(...), now_s)``,
   ``observe_local(load, LocalRun(measured_ms, profiled_ms), now_s)``, ``observe_device(load,
   DeviceSample(other_util), now_s)`` (clipped to [0, 1]).
-- The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy, last_reply_s) -> (due, ProbeState)`` (marks
-  ``probe_started``), ``bandwidth_probe(link, now_s) -> BandwidthProbe | None``, ``probe_twice(pairs=,
-  link_busy=)``; through a relay (``device.runtime.hops``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per
-  hop | None``.
+- The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy, last_reply_s, gap_s) -> (due,
+  ProbeState)`` (marks ``probe_started``), ``rtt_probe_needed(link, now_s, flowing=)``, ``bandwidth_probe(link,
+  now_s, gap_s=) -> BandwidthProbe | None``, ``probe_twice(pairs=, link_busy=)``; ``RequestPace`` (``.started(now_s)``,
+  ``.gap_s(now_s)``: when the next request that sends is expected); through a relay (``device.runtime.hops``):
+  ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per hop | None``.
 - ``probe_bandwidth(rtts_s, loaded_s, nbytes) -> ProbeBandwidth`` (``splitrt run --cut auto``'s one-shot probe):
   measured only when the transfer outlasts ``PROBE_RESOLVE`` x the RTT's jitter, else ``resolved`` False and
   the least rate consistent with it (loopback: a 1 MiB probe comes back within the jitter).
@@ -288,7 +289,7 @@ class RequestPace:
         self._starts: deque[float] = deque(maxlen=PACE_SAMPLES + 1)
 
     def started(self, now_s: float) -> None:
-        self._starts.append(float(now_s))
+        self._starts.append(_finite("now_s", now_s))
 
     def gap_s(self, now_s: float) -> float | None:
         """Seconds from ``now_s`` until the next request is expected (the median interval after the last

@@ -51,7 +51,8 @@ class Time:
 
 @dataclass(frozen=True, kw_only=True)
 class Warm:
-    """One request per chain plan so the servers build those segments before the timed part."""
+    """One request per plan (a chain plan through the edge, a one-hop plan to every last-tier server) so
+    the servers build those segments before the timed part."""
 
     plans: tuple[str, ...]
 

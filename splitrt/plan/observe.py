@@ -20,10 +20,11 @@ samples, and when to probe. ``device.runtime`` (a request: its ``feedback`` buil
   ``observe_local(load, LocalRun(measured_ms, profiled_ms), now_s)``, ``observe_device(load,
   DeviceSample(other_util), now_s)`` (clipped to [0, 1]).
 - The probe schedule: ``probe_due(link, ProbeState, now_s, *, up, link_busy, last_reply_s, gap_s) -> (due,
-  ProbeState)`` (marks ``probe_started``), ``rtt_probe_needed(link, now_s, flowing=)``, ``bandwidth_probe(link,
-  now_s, gap_s=) -> BandwidthProbe | None``, ``probe_twice(pairs=, link_busy=)``; ``RequestPace`` (``.started(now_s)``,
-  ``.gap_s(now_s)``: when the next request that sends is expected); through a relay (``device.runtime.hops``):
-  ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes per hop | None``.
+  ProbeState)`` (marks ``probe_started``), ``bandwidth_first(link, now_s, flowing=)``, ``rtt_stale(link,
+  now_s)``, ``bandwidth_probe(link, now_s, gap_s=) -> BandwidthProbe | None``, ``probe_twice(pairs=,
+  link_busy=)``; ``RequestPace`` (``.started(now_s)``, ``.gap_s(now_s)``: when the next request that sends is
+  expected); through a relay (``device.runtime.hops``): ``relay_probe_sizes(hops, now_s, tier_due=) -> sizes
+  per hop | None``.
 - ``probe_bandwidth(rtts_s, loaded_s, nbytes) -> ProbeBandwidth`` (``splitrt run --cut auto``'s one-shot probe):
   measured only when the transfer outlasts ``PROBE_RESOLVE`` x the RTT's jitter, else ``resolved`` False and
   the least rate consistent with it (loopback: a 1 MiB probe comes back within the jitter).
@@ -54,7 +55,6 @@ GAP_PROBE_MIN_RTTS = 0.5  # a gap-sized bandwidth probe's least transfer, in RTT
 # The least gap a probe goes into while requests flow: one RTT (a bandwidth probe then overruns it by at
 # most GAP_PROBE_MIN_RTTS); shorter (requests back to back), probes wait as for a busy link.
 MIN_GAP_RTTS = 1.0
-RTT_FRESH_S = 5.0  # while requests flow, an RTT sample this young spares a round its RTT probe
 PACE_SAMPLES = 4  # request starts before ``RequestPace`` expects the next
 BANDWIDTH_PROBE_MIN_BYTES = 16 * 1024
 BANDWIDTH_PROBE_MAX_BYTES = 1024 * 1024
@@ -233,15 +233,15 @@ def probe_due(
     the caller's rule) always. An up server is probed on an idle link only: an RTT probe queued behind a
     request's upload measures the queue (RTT estimates crept from 88 to 137 ms on an 80 ms link), and a
     bandwidth probe would slow the request down. While requests flow at a known pace (``gap_s``, the
-    time until the next is expected, ``RequestPace.gap_s``; None: unknown, or they do not flow) the link
-    counts as idle only within ``AFTER_REPLY_S`` of the latest reply (``last_reply_s``: the start of the
-    gap; the caller runs a round when a reply comes), and only if the gap is at least ``MIN_GAP_RTTS``
-    RTTs. A link that is never idle (requests back to back) is probed all the same after
-    ``idle_wait_rounds`` rounds: a queued RTT sample beats none. A probe that is due is recorded in
-    ``link`` (``probe_started``)."""
+    time until the next is expected, ``RequestPace.gap_s``; None: unknown, or they do not flow), a round
+    that needs a bandwidth probe counts the link idle only within ``AFTER_REPLY_S`` of the latest reply
+    (``last_reply_s``: the start of the gap; the caller runs a round when a reply comes), and only if the
+    gap is at least ``MIN_GAP_RTTS`` RTTs (``bandwidth_first``: its bandwidth probe goes first). A link
+    that is never idle (requests back to back) is probed all the same after ``idle_wait_rounds`` rounds:
+    a queued RTT sample beats none. A probe that is due is recorded in ``link`` (``probe_started``)."""
     if up and not link.needs_probe(now_s):
         return False, state
-    if gap_s is not None:  # requests flow: idle only at the start of a gap that fits a probe
+    if gap_s is not None and link.needs_bandwidth_probe(now_s):  # flowing: a bandwidth probe needs a gap
         since_reply_s = math.inf if last_reply_s is None else now_s - last_reply_s
         short = gap_s < MIN_GAP_RTTS * link.rtt_ms() / 1e3
         link_busy = link_busy or not 0 <= since_reply_s <= AFTER_REPLY_S or short
@@ -269,14 +269,18 @@ def bandwidth_probe(link: LinkEstimator, now_s: float, *, gap_s: float | None = 
     return BandwidthProbe(bytes_up=size, rtt_s=rtt_s)
 
 
-def rtt_probe_needed(link: LinkEstimator, now_s: float, *, flowing: bool) -> bool:
-    """Whether a round starts with an RTT probe. While requests flow and the RTT has a sample younger than
-    ``RTT_FRESH_S``, a stale bandwidth goes straight to its bandwidth probe: the round must fit the gap
-    between two requests, and one more RTT would not (80 ms of a 130 ms gap on the rig's 3G link)."""
-    if not flowing:
-        return True
+def bandwidth_first(link: LinkEstimator, now_s: float, *, flowing: bool) -> bool:
+    """Whether a round sends its bandwidth probe first (then an RTT probe, if RTT is stale too): while
+    requests flow, the bandwidth probe must fit the gap between two requests, and an RTT probe ahead of
+    it would take 80 ms of a 130 ms gap on the rig's 3G link. An RTT probe (64 B) after it costs the next
+    request nothing."""
+    return flowing and link.needs_bandwidth_probe(now_s)
+
+
+def rtt_stale(link: LinkEstimator, now_s: float) -> bool:
+    """Whether the RTT has no sample within ``LinkConfig.probe_after_s``."""
     age_s = link.rtt_age_s(now_s)
-    return age_s is None or age_s >= RTT_FRESH_S or not link.needs_bandwidth_probe(now_s)
+    return age_s is None or age_s >= link.config.probe_after_s
 
 
 class RequestPace:

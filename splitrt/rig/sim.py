@@ -213,7 +213,8 @@ class _Run:
 
     def _probe(self, now: float) -> float:
         """A round's probes (``Prober._probe``), when due: an RTT probe, then a bandwidth probe when no
-        transfer refreshed bandwidth; each a blocking RPC with its deadline. Returns when the round ends."""
+        transfer refreshed bandwidth; while requests flow, the bandwidth probe first (sized to the gap) and
+        the RTT probe after it; each a blocking RPC with its deadline. Returns when the round ends."""
         cfg = self.cfg
         gap_s = self.pace.gap_s(now)
         due, self.probes = observe.probe_due(
@@ -221,30 +222,44 @@ class _Run:
         )
         if not due:
             return now
-        skip = not observe.rtt_probe_needed(self.link, now, flowing=gap_s is not None)
-        bw = observe.bandwidth_probe(self.link, now, gap_s=gap_s) if skip else None
-        at = now
-        if bw is None:
-            rtt_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s  # queued behind what is on the wire
-            if rtt_s > cfg.probe_timeout_s:  # DEADLINE_EXCEEDED: no sample (the runtime marks a failure)
-                self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=None))
-                return now + cfg.probe_timeout_s
-            self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=rtt_s))
-            rtt = observe.ProbeObservation(
-                bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_s
-            )
-            observe.observe_probe(self.link, rtt, now)  # stamped at its start, as the runtime's
-            bw = observe.bandwidth_probe(self.link, now, gap_s=None if gap_s is None else gap_s - rtt_s)
-            at = now + rtt_s
-            if bw is None:
-                return at
+        if observe.bandwidth_first(self.link, now, flowing=gap_s is not None):
+            bw = observe.bandwidth_probe(self.link, now, gap_s=gap_s)
+            end = self._bandwidth_round(now, bw, flowing=True) if bw is not None else now
+            if not observe.rtt_stale(self.link, end):
+                return end
+            secs = self._rtt_probe(end)
+            return end + (cfg.probe_timeout_s if secs is None else secs)
+        secs = self._rtt_probe(now)
+        if secs is None:
+            return now + cfg.probe_timeout_s
+        bw = observe.bandwidth_probe(self.link, now, gap_s=None if gap_s is None else gap_s - secs)
+        return now + secs if bw is None else self._bandwidth_round(now + secs, bw, flowing=gap_s is not None)
+
+    def _rtt_probe(self, now: float) -> float | None:
+        """An RTT probe from ``now``, its sample stamped at its start (as the runtime's): its seconds, None
+        when its deadline came first (no sample: the runtime marks a failure)."""
+        rtt_s = self._wire(now, 2 * observe.RTT_PROBE_BYTES) + self.rtt_s  # queued behind what is on the wire
+        if rtt_s > self.cfg.probe_timeout_s:
+            self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=None))
+            return None
+        self.probe_log.append(SimProbe(t_s=now, bytes_up=observe.RTT_PROBE_BYTES, seconds=rtt_s))
+        rtt = observe.ProbeObservation(
+            bytes_up=observe.RTT_PROBE_BYTES, bytes_down=observe.RTT_PROBE_BYTES, seconds=rtt_s
+        )
+        observe.observe_probe(self.link, rtt, now)
+        return rtt_s
+
+    def _bandwidth_round(self, at: float, bw: observe.BandwidthProbe, *, flowing: bool) -> float:
+        """The bandwidth probe from ``at`` (twice where the runtime would ask twice); returns when it ends.
+        Its sample (or its timeout) reaches the estimator when it comes back."""
+        cfg = self.cfg
         timeout_s = max(
             cfg.probe_timeout_s, 4 * (bw.bytes_up * 8 / 1e6 / max(self.link.bandwidth_mbps(), 0.01) + bw.rtt_s)
         )
         secs = self._bandwidth_probe(at, bw, timeout_s)
         # the runtime asks again once the first is back, with the link then as it is; the second counts
         if secs is not None and observe.probe_twice(
-            pairs=cfg.bandwidth_probe_pairs, link_busy=self._in_flight(at + secs) or gap_s is not None
+            pairs=cfg.bandwidth_probe_pairs, link_busy=self._in_flight(at + secs) or flowing
         ):
             at += secs
             secs = self._bandwidth_probe(at, bw, timeout_s)

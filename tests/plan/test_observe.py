@@ -150,15 +150,21 @@ def test_while_requests_flow_a_probe_goes_right_after_a_reply_into_a_gap_that_fi
     assert due(0.1, 0.14) == (False, observe.ProbeState(waits=1))  # 100 ms after it: the next request is near
     assert not due(0.01, 0.02)[0]  # just after a reply, but requests back to back: waits, as on a busy link
     assert due(0.1, None)[0]  # no known pace: the reply alone does not hold it
+    # an RTT probe alone (bandwidth fresh) costs the next request nothing: it goes whenever due
+    link = LinkEstimator(LinkConfig())
+    observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.08), 0.0)
+    observe.observe_reply(_reply(), 4.9, link=link, load=LoadEstimator())
+    assert observe.probe_due(link, observe.ProbeState(), 5.0, last_reply_s=4.9, gap_s=0.14)[0]
 
 
-def test_a_probe_in_a_gap_skips_its_rtt_probe_and_fits_the_gap() -> None:
+def test_a_probe_in_a_gap_goes_before_its_rtt_probe_and_fits_the_gap() -> None:
     link = LinkEstimator(LinkConfig(prior_bandwidth_mbps=10.0))
     observe.observe_probe(link, observe.ProbeObservation(bytes_up=64, bytes_down=64, seconds=0.08), 0.0)
-    now = 1.0  # RTT 1 s old (fresh), no bandwidth sample
-    assert not observe.rtt_probe_needed(link, now, flowing=True)
-    assert observe.rtt_probe_needed(link, now, flowing=False)
-    assert observe.rtt_probe_needed(link, observe.RTT_FRESH_S + 0.1, flowing=True)  # an old RTT sample
+    now = 1.0  # no bandwidth sample: the bandwidth probe first while requests flow, else the RTT probe
+    assert observe.bandwidth_first(link, now, flowing=True)
+    assert not observe.bandwidth_first(link, now, flowing=False)
+    assert observe.rtt_stale(link, now)  # its RTT probe follows (an RTT sample 1 s old)
+    assert not observe.rtt_stale(link, 0.1)
     full = observe.bandwidth_probe(link, now)
     fitted = observe.bandwidth_probe(link, now, gap_s=0.14)
     assert full is not None and fitted is not None

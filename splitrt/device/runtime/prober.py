@@ -161,10 +161,16 @@ class Prober:
         if not due:
             return
         with self._lock:
-            skip = c.up and not observe.rtt_probe_needed(dev.link, now, flowing=gap_s is not None)
-            bw = observe.bandwidth_probe(dev.link, now, gap_s=gap_s) if skip else None
-        if bw is None:
-            bw = self._rtt_probe(c, now, gap_s)
+            first = c.up and observe.bandwidth_first(dev.link, now, flowing=gap_s is not None)
+            bw = observe.bandwidth_probe(dev.link, now, gap_s=gap_s) if first else None
+        if bw is not None:  # into the gap before the next request; the RTT probe (if due) after it
+            self._bandwidth_probe(c, now, bw, flowing=True)
+            with self._lock:
+                rtt_due = observe.rtt_stale(dev.link, dev.clock())
+            if rtt_due:
+                self._rtt_probe(c, dev.clock(), None)
+            return
+        bw = self._rtt_probe(c, now, gap_s)
         if bw is not None:
             self._bandwidth_probe(c, now, bw, flowing=gap_s is not None)
 

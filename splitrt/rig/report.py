@@ -148,7 +148,7 @@ def _synthetic(
         latency_ms=ms,
         plan=plan,
         where="local" if cut == "device" else "cloud",
-        head_ms=float(table.head_ms[i]) * ratio,
+        head_ms=float(table.head_ms[i]) * ratio if ratio is not None else 0.0,  # None: the oracle picks no head
         rpc_ms=ms,
         bytes_up=sent,
         finished_by="device" if cut == "device" else "cloud",

@@ -105,8 +105,10 @@ def summarize(
 class MeasuredCosts:
     """What the oracle knows, all measured in this rig (medians over every strategy's requests)."""
 
-    device_ratio_idle: float  # measured head time / cost-table head time, outside load bursts
-    device_ratio_burst: float  # the same during device bursts
+    # measured head time / cost-table head time, outside load bursts and during them; None: no plan that ran
+    # computed on the device, so its speed is unknown and the oracle picks no plan that does
+    device_ratio_idle: float | None
+    device_ratio_burst: float | None
     cloud_ratio: float  # (cloud queue + tail) / cost-table tail
     net_overhead_ms: float  # rpc - tail - queue - ideal transfer (+ encode/decode beyond their price): RTT, gRPC, TCP
     local_overhead_ms: float  # device plan: latency - head time
@@ -120,6 +122,7 @@ def measured_costs(
     table: Any, records: Iterable[Record], played: traces.Trace, bursts: Sequence[tuple[float, float]], rtt_ms: float
 ) -> MeasuredCosts:
     idle, burst, cloud, net, local = [list[float]() for _ in range(5)]
+    short: dict[bool, list[tuple[float, float]]] = {False: [], True: []}  # heads under 20 ms: (measured, table)
     coded: list[tuple[float, float, float, float]] = []  # measured encode and decode, their prices
     for r in records:
         if r.error:
@@ -131,6 +134,8 @@ def measured_costs(
         th = float(table.head_ms[i])
         if th >= 20.0 and r.head_ms:
             (burst if in_intervals(r.t_s, bursts) else idle).append(r.head_ms / th)
+        elif th > 0 and r.head_ms:
+            short[in_intervals(r.t_s, bursts)].append((r.head_ms, th))
         if r.where == "cloud":
             tt = float(table.tail_ms[i])
             if tt >= 5.0:
@@ -146,9 +151,19 @@ def measured_costs(
     encode_ratio = enc / enc_price if enc_price > 0 else 1.0
     decode_ratio = dec / dec_price if dec_price > 0 else 1.0
     priced = sum(encode_ratio * c[2] + decode_ratio * c[3] for c in coded) / len(coded) if coded else 0.0
+
+    def ratio(long: list[float], heads: list[tuple[float, float]]) -> float | None:
+        """Heads of 20 ms or more when some ran (a short one is a quota's full speed or a whole period);
+        else the short ones' ratio of sums; else unknown."""
+        if long:
+            return med(long)
+        return sum(m for m, _ in heads) / sum(t for _, t in heads) if heads else None
+
+    idle_ratio = ratio(idle, short[False])
+    burst_ratio = ratio(burst, short[True])
     return MeasuredCosts(
-        device_ratio_idle=med(idle) if idle else 1.0,
-        device_ratio_burst=med(burst) if burst else (med(idle) if idle else 1.0),
+        device_ratio_idle=idle_ratio,
+        device_ratio_burst=burst_ratio if burst_ratio is not None else idle_ratio,
         cloud_ratio=med(cloud) if cloud else 1.0,
         net_overhead_ms=med(net) - priced if net else rtt_ms,
         local_overhead_ms=med(local) if local else 0.0,
@@ -205,7 +220,9 @@ def oracle(
         for i, cut in enumerate(table.ids):
             if cuts is not None and cut not in cuts:
                 continue
-            h, tail = float(table.head_ms[i]) * ratio, float(table.tail_ms[i]) * costs.cloud_ratio
+            if table.head_ms[i] > 0 and ratio is None:  # the device's speed is unknown: not a plan to cost
+                continue
+            h, tail = float(table.head_ms[i]) * (ratio or 0.0), float(table.tail_ms[i]) * costs.cloud_ratio
             cands = [("device", 0.0, h + costs.local_overhead_ms)] if cut == "device" else []
             for k in allowed if cut != "device" else ():
                 j = table.codec_index(k)

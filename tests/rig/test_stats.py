@@ -356,13 +356,29 @@ def test_measured_costs_are_the_means_of_the_records() -> None:
 def test_measured_costs_defaults() -> None:
     table = _cost_records_table()
     link = traces.constant(8.0)
-    assert rigstats.measured_costs(table, [], link, [], rtt_ms=42.0) == costs(1.0, 1.0, 1.0, 42.0, 0.0)
+    unknown = replace(costs(1.0, 1.0, 1.0, 42.0, 0.0), device_ratio_idle=None, device_ratio_burst=None)
+    assert rigstats.measured_costs(table, [], link, [], rtt_ms=42.0) == unknown
     only_errors = [Record(i=0, t_s=1.0, plan="c1@fp32", error="x", latency_ms=0.0)]
-    assert rigstats.measured_costs(table, only_errors, link, [], rtt_ms=7.0) == costs(1.0, 1.0, 1.0, 7.0, 0.0)
+    assert rigstats.measured_costs(table, only_errors, link, [], rtt_ms=7.0) == replace(unknown, net_overhead_ms=7.0)
     # no request in a burst: the burst ratio falls back to the idle one
     idle_only = [_local_rec(1.0, 250.0, 260.0)]
     got = rigstats.measured_costs(table, idle_only, link, [(20.0, 40.0)], rtt_ms=7.0)
     assert got == costs(2.5, 2.5, 1.0, 7.0, 10.0)
+
+
+def test_without_a_long_head_the_device_speed_comes_from_the_short_ones_or_stays_unknown() -> None:
+    """Regression: a busy board's cell where only the input's JPEG and squeezenet's short heads ran left the
+    device at the table's idle speed (ratio 1), and the oracle ran everything there at 47 ms: 2.4x better
+    than anything measured, a quarter of the RTT."""
+    table = _cost_records_table()
+    link = traces.constant(8.0)
+    sent = [_cloud_rec(1.0, "cloud@fp32", 0.0, 75.0, 0.0, 4000, 1000, net=20.0)]
+    split = [*sent, _cloud_rec(2.0, "c2@int8", 30.0, 4.0, 0.0, 250, 1000, net=24.0)]  # c2's head: 10 ms priced
+    assert rigstats.measured_costs(table, split, link, [], rtt_ms=7.0).device_ratio_idle == pytest.approx(3.0)
+    only_cloud = rigstats.measured_costs(table, sent, link, [], rtt_ms=7.0)
+    assert only_cloud.device_ratio_idle is None and only_cloud.device_ratio_burst is None
+    picks = rigstats.oracle(table, only_cloud, [0.0, 1.0], traces.constant(0.05), [], None)
+    assert {p.partition("@")[0] for p, _ in picks} == {"cloud"}  # never a plan that computes on the device
 
 
 def test_measured_costs_take_the_codec_times_out_of_the_network_overhead_when_the_table_prices_them() -> None:

@@ -47,8 +47,8 @@ from splitrt.cloud.models.tails import TailCache
 from splitrt.cloud.models.upload import CHECKER, Quota, receive_model
 from splitrt.cloud.models.warm import WarmStart
 from splitrt.errors import ConfigError
+from splitrt.transport import imagecodec, wire
 from splitrt.transport import splitrt_pb2 as pb
-from splitrt.transport import wire
 
 __all__ = ["CloudServer", "ServerConfig", "tail_threads", "tokens_from_file"]
 
@@ -167,6 +167,7 @@ class CloudServer:
             CHECKER.warm()
         if self.tails.builder is not None:  # and the segment builder's, before the first tail
             self.tails.builder.children.warm()
+        imagecodec.warm()  # Pillow's set-up, before the first image-coded request (~20 ms)
         self.watchdog.on_tick.append(self.health_gate.tick)
         self.watchdog.start()
         self._server = server

@@ -209,6 +209,23 @@ def encode(name: str, arr: np.ndarray, spec: ImageSpec) -> bytes:
     return buf.getvalue()
 
 
+def warm() -> int:
+    """Encode and decode one small image in every format Pillow has here, so the first request does not
+    pay Pillow's import and its codecs' set-up (a server's first ``jpeg50`` input took 35 ms where the next
+    took 12). Returns how many formats worked; never raises (a missing codec fails its own request)."""
+    done = 0
+    for fmt in ("jpeg", "webp"):
+        spec = ImageSpec(fmt=fmt, quality=75)
+        x = np.zeros((1, 3, 8, 8), dtype=np.float32)
+        x[0, :, 2:6, 2:6] = 1.0
+        try:
+            if decode("warm", encode("warm", x, spec), x.dtype, x.shape, spec).shape == x.shape:
+                done += 1
+        except Exception:  # Pillow without this format: its own requests say so
+            continue
+    return done
+
+
 # ---- decode ------------------------------------------------------------------------------------------
 
 

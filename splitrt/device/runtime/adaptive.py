@@ -86,10 +86,11 @@ from splitrt.device.runtime.shapeplans import ShapePlan, ShapePlans
 from splitrt.errors import ConfigError, InputError
 from splitrt.plan import observe, reshape
 from splitrt.plan.controller import Controller, Decision, Policy
-from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power
+from splitrt.plan.costmodel import DEFAULT_POWER, DEVICE_CUT, CostTable, Power, is_image_codec
 from splitrt.plan.netmon import LinkEstimator, LoadEstimate, LoadEstimator
 from splitrt.plan.path import parse_path
 from splitrt.plan.reshape import Signature
+from splitrt.transport import imagecodec
 
 __all__ = ["IDLE_WAIT_ROUNDS", "AdaptiveDevice", "Outcome", "RuntimeConfig", "slow_start_after_idle", "status_json"]
 
@@ -165,6 +166,8 @@ class AdaptiveDevice:
                 )
         self.tables = tables
         self.table = tables[0]
+        if any(is_image_codec(c) for c in self.table.codecs):  # Pillow's set-up, not the first request's
+            imagecodec.warm()
 
         def make(ts: tuple[CostTable, ...]) -> tuple[Controller, Policy]:
             controller = Controller(ts, self.config.controller, power=power)

@@ -284,21 +284,25 @@ def rtt_stale(link: LinkEstimator, now_s: float) -> bool:
 
 
 class RequestPace:
-    """When the next request that sends is expected, from when the last ones started (pure: every call
-    takes the time; the callers feed the requests that send). Requests of a camera or a sensor come at a
-    steady rate; ``gap_s`` is None until ``PACE_SAMPLES`` starts are known or when they are further apart
-    than ``REQUEST_FLOW_S``."""
+    """When the next request is expected, from when the last ones started (pure: every call takes the time;
+    the callers feed every request, and whether it sends). Requests of a camera or a sensor come at a
+    steady rate whatever their plan, so the pace is known at once when a plan switches to the link (fed
+    only the requests that send, it took four of them, and the probes met the first ones: 80 ms on the rig).
+    ``gap_s`` is None until ``PACE_SAMPLES`` starts are known, when they are further apart than
+    ``REQUEST_FLOW_S``, or when the latest request did not send: the link is idle, any time suits a probe."""
 
     def __init__(self) -> None:
         self._starts: deque[float] = deque(maxlen=PACE_SAMPLES + 1)
+        self._sends = False
 
-    def started(self, now_s: float) -> None:
+    def started(self, now_s: float, *, sends: bool = True) -> None:
         self._starts.append(_finite("now_s", now_s))
+        self._sends = sends
 
     def gap_s(self, now_s: float) -> float | None:
         """Seconds from ``now_s`` until the next request is expected (the median interval after the last
-        start), None when requests do not flow."""
-        if len(self._starts) < PACE_SAMPLES:
+        start), None when requests do not flow or the latest did not send."""
+        if len(self._starts) < PACE_SAMPLES or not self._sends:
             return None
         starts = list(self._starts)
         interval = sorted(b - a for a, b in itertools.pairwise(starts))[(len(starts) - 1) // 2]

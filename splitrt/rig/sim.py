@@ -299,8 +299,8 @@ class _Run:
         latency_ms, send_s, round_trip_ms = head_ms, 0.0, 0.0
         waited_ms: float | None = 0.0  # behind a probe (None: a fallback)
         outcome: dict[str, bool] = {}
+        self.pace.started(t, sends=cut != DEVICE_CUT)  # every request, as the runtime's
         if cut != DEVICE_CUT:
-            self.pace.started(t)
             dev_i = tbl.index(DEVICE_CUT)
             budget = reserve.send_budget(
                 deadline_ms=self.cfg.deadline_ms,
@@ -324,6 +324,10 @@ class _Run:
                 if waited_ms is None:
                     latency_ms += local_ms
         latency_ms *= self.plan_cost.get(d.plan, 1.0)
+        if not outcome.get("served"):  # finished here: the link is idle from its end, as after a reply
+            end = t + latency_ms / 1e3
+            self._later(end, lambda: setattr(self, "last_reply_s", end))
+            self.kicks.append(end)
         # what the request took beyond its head and its RPC, against its price, as the runtime feeds it (not
         # a fallback's)
         if not outcome.get("fallback"):

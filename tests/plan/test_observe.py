@@ -140,6 +140,17 @@ def test_the_pace_expects_the_next_request_of_a_steady_flow_only() -> None:
     assert _paced(1.5, 6).gap_s(7.6) is None  # further apart than REQUEST_FLOW_S: no flow to fit
 
 
+def test_the_pace_counts_every_request_and_the_link_is_free_after_one_that_did_not_send() -> None:
+    # the rig: after a run on the device the first cloud requests met the probes (80 ms), the pace then
+    # being known only after four requests that sent
+    pace = observe.RequestPace()
+    for k in range(6):
+        pace.started(k * 0.25, sends=False)  # a run on the device
+    assert pace.gap_s(1.3) is None  # the link is idle: any time suits a probe
+    pace.started(1.5)  # the plan switches to the link: its pace is known at once
+    assert pace.gap_s(1.6) == pytest.approx(0.15)
+
+
 def test_while_requests_flow_a_probe_goes_right_after_a_reply_into_a_gap_that_fits() -> None:
     def due(since_reply_s: float, gap_s: float | None) -> tuple[bool, observe.ProbeState]:
         link = LinkEstimator(LinkConfig())  # RTT 80 ms, every estimate stale at 5 s: a probe is due

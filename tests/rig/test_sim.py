@@ -185,12 +185,14 @@ def test_an_rtt_probe_puts_its_bytes_on_the_wire_once() -> None:
 
 
 def test_a_probes_sample_is_not_seen_before_it_comes_back() -> None:
+    # requests 2 s apart: no pace, so the probes keep the prober's own schedule, which a run without
+    # requests replays
     probes: list[sim.SimProbe] = []
-    sim.simulate(TABLE, "fixed:device", traces.constant(2.0, 60.0), cfg(), probes=probes)
+    sim.simulate(TABLE, "fixed:device", traces.constant(2.0, 60.0), cfg(rate_hz=0.5), probes=probes)
     bw = next(p for p in probes if p.bytes_up > 64 and p.seconds is not None and p.t_s > 1.0)
     assert bw.seconds is not None
     # the estimators as the prober's round left them, just before the probe's answer and just after
-    fresh = sim._Run(TABLE, "fixed:device", traces.constant(2.0, 60.0), cfg(), True)
+    fresh = sim._Run(TABLE, "fixed:device", traces.constant(2.0, 60.0), cfg(rate_hz=0.5), True)
     fresh.rounds_until(bw.t_s + bw.seconds - 1e-6)
     before = fresh.link.samples
     fresh.rounds_until(bw.t_s + bw.seconds + 1e-6)

@@ -229,7 +229,7 @@ class AdaptiveDevice:
             self.local, self._clouds, self.hops, lock=self._lock, clock=lambda: self.clock(), stats=self.stats
         )
         self.prober = Prober(self, self._clouds, lock=self._lock, after_round=self._warm_if_due)
-        self.last_reply_s: float | None = None  # when the latest cloud reply came (the prober's schedule)
+        self.last_reply_s: float | None = None  # when the latest request ended (the prober's schedule)
         self.pace = observe.RequestPace()  # when the next request is expected (the probes' size)
         # Called when a reply comes: wakes the prober (the rig, driving the prober itself, replaces it).
         self.on_reply: Callable[[], None] = self.prober.kick
@@ -301,9 +301,8 @@ class AdaptiveDevice:
         route = decision.route or tuple(range(len(self.tables)))
         cuts, codecs = parse_path(decision.plan, sp.table.codecs[0], hops=len(route) - 1)
         cut = cuts[0]
-        if cut != DEVICE_CUT:
-            with self._lock:
-                self.pace.started(now)
+        with self._lock:  # every request: a plan may switch to the link at the next
+            self.pace.started(now, sends=cut != DEVICE_CUT)
         head = self.local.run_head(feeds, cut, checked=True)
         targets = self.hops.targets(route, cuts, live, now) if cut != DEVICE_CUT else []
         factor = self.load.estimate(now).device_factor
@@ -423,9 +422,10 @@ class AdaptiveDevice:
             queue=queue,
         )
         now = self.clock()
-        if answer is not None:  # the gap before the next request starts: a due probe goes out now
-            self.last_reply_s = now
-            self.on_reply()
+        # the gap before the next request starts (a reply came, or the request finished here, leaving the
+        # link idle all the same): a due probe goes out now
+        self.last_reply_s = now
+        self.on_reply()
         with self._lock:
             observe.observe_request(
                 obs,

@@ -79,6 +79,28 @@ def test_a_lone_slow_request_does_not_price_its_plan_out() -> None:
     assert c.offset_ms("cloud@fp32", 1.5) > 25.0
 
 
+def test_a_request_that_cost_its_price_is_no_outlier_after_slow_ones() -> None:
+    # sim, busy board (a quarter of the calls stalled 50 ms): stalls in a row priced cloud@jpeg50 30 ms up;
+    # the next request cost its price but, its step beyond the bound, moved the mean by min_step_ms only,
+    # and adaptive fled to a split 20 ms dearer for the rest of the run (1.05x the routers)
+    cfg = CorrectionConfig()
+    c = Corrections(cfg)
+    slow = Observation(plan="cloud@jpeg50", predicted_ms=1.3, measured_ms=81.3, t_s=1.0, price_ms=117.0)
+    for _ in range(3):
+        c.observe(slow)
+    high = c.offset_ms("cloud@jpeg50", 1.0)
+    bound = cfg.max_step_fraction * 117.0
+    assert cfg.weight * high > bound > cfg.min_step_ms  # the step back is beyond the bound
+    c.observe(Observation(plan="cloud@jpeg50", predicted_ms=1.3, measured_ms=1.3, t_s=1.0, price_ms=117.0))
+    assert c.offset_ms("cloud@jpeg50", 1.0) == pytest.approx(high - bound)  # a whole bounded step, the plan's
+    # a request far below its price is still an outlier: held to min_step_ms until a second confirms it
+    d = Corrections(cfg)
+    for _ in range(3):
+        d.observe(slow)
+    d.observe(Observation(plan="cloud@jpeg50", predicted_ms=40.0, measured_ms=0.0, t_s=1.0, price_ms=117.0))
+    assert d.offset_ms("cloud@jpeg50", 1.0) == pytest.approx(high - cfg.min_step_ms)
+
+
 def test_an_image_codecs_quality_variants_share_what_their_requests_cost_beyond_the_price() -> None:
     # a demo run's device-load burst: two encodes of cloud@jpeg50 took 22 and 62 ms where 3 were priced; kept
     # per plan, jpeg75 (~10 ms dearer on the link, no such evidence) became the best and was held

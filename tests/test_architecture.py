@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "rig": {"graph", "plan", "profile", "transport", "cloud", "device"},
     "cli": {"graph", "plan", "profile", "transport", "cloud", "device", "export", "rig"},
 }
-BASE = {"errors", "paths", "_lazy", "_signals", ""}
+BASE = {"errors", "paths", "_lazy", "_signals", "_gc", ""}
 # Libraries the pure core must not touch: sockets, sessions, processes, clocks, files.
 IMPURE = {
     "socket",
@@ -165,7 +165,7 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_base_modules_import_no_package() -> None:
-    for base in ("errors", "paths", "_lazy", "_signals"):
+    for base in ("errors", "paths", "_lazy", "_signals", "_gc"):
         targets = [t for _, t in imports(PKG / f"{base}.py") if t.startswith("splitrt")]
         assert targets == [], f"splitrt/{base}.py imports {targets}: it sits below every package"
 

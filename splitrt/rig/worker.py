@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from splitrt._gc import freeze_startup
 from splitrt.plan.netmon import LoadEstimator
 from splitrt.rig import protocol as P
 from splitrt.rig.models import cost_tables
@@ -335,6 +336,7 @@ class Agent:
         time.sleep(0.6)  # a few prober rounds
         st.prober.park()
         clock.pause()
+        freeze_startup()  # as the daemon once started: a full collection walks only what requests make
         return P.Ack(count=n)
 
     def _uncounted(self, dev: Any, seconds: float, rate_hz: float) -> int:

@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
+from splitrt._gc import freeze_startup
 from splitrt._signals import stop_on_signals
 from splitrt.device.daemon import api, metrics
 from splitrt.device.daemon.config import DaemonConfig, ModelConfig, load_config
@@ -319,6 +320,7 @@ def run(config_path: str | Path, *, ready_out: TextIO | None = None) -> int:
     except BaseException:
         daemon.stop(grace_s=0)
         raise
+    freeze_startup()  # what start-up built is never walked by a full collection again (splitrt._gc)
     out = ready_out or sys.stdout
     out.write(json.dumps({"event": "ready", **endpoints}) + "\n")
     out.flush()

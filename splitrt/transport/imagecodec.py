@@ -210,11 +210,11 @@ def encode(name: str, arr: np.ndarray, spec: ImageSpec) -> bytes:
 
 
 def warm() -> int:
-    """Encode and decode one small image in every format Pillow has here, so the first request does not
-    pay Pillow's import and its codecs' set-up (a server's first ``jpeg50`` input took 35 ms where the next
-    took 12). Returns how many formats worked; never raises (a missing codec fails its own request)."""
+    """Encode and decode one small image in every format, so that no request pays Pillow's import and its
+    codecs' set-up. Returns how many formats worked; never raises (a missing codec fails its own request)."""
+    # a real server's first jpeg50 input took 35 ms, the next 12
     done = 0
-    for fmt in ("jpeg", "webp"):
+    for fmt in _FORMATS:
         spec = ImageSpec(fmt=fmt, quality=75)
         x = np.zeros((1, 3, 8, 8), dtype=np.float32)
         x[0, :, 2:6, 2:6] = 1.0
